@@ -1,0 +1,41 @@
+# The two commands a newcomer needs: `sudo make demo` and `sudo make test`.
+# Both install what they need first (Debian packages and a venv with pinned deps).
+VENV    ?= .venv
+PY      := $(VENV)/bin/python
+PIP     := $(VENV)/bin/pip
+APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 procps
+STAMP   := $(VENV)/.installed
+
+.PHONY: install sysdeps venv test test-unit demo lint clean-venv
+
+install: sysdeps $(STAMP)
+
+sysdeps:
+	@missing=""; for p in $(APT_PKGS); do dpkg -s $$p >/dev/null 2>&1 || missing="$$missing $$p"; done; \
+	if [ -n "$$missing" ]; then \
+	  echo "installing Debian packages:$$missing"; \
+	  apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $$missing; \
+	fi
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# torch first, alone: the CPU wheel on disk satisfies the pin, nothing pulls a CUDA build.
+	$(PIP) install -q "torch==2.13.0"
+	$(PIP) install -q -e ".[dev]"
+	touch $(STAMP)
+
+test: install
+	$(VENV)/bin/pytest -q
+
+test-unit: install
+	$(VENV)/bin/pytest -q -m "not root"
+
+lint: install
+	$(VENV)/bin/ruff check .
+
+demo: install
+	$(VENV)/bin/testbed demo
+
+clean-venv:
+	rm -rf $(VENV)

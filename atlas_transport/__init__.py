@@ -1,0 +1,2 @@
+"""Atlas: multi-connection tensor transport, DC placement planner and temporal
+bandwidth-sharing scheduler."""

@@ -1,0 +1,1 @@
+"""BubbleTea: prefill-as-a-service in the idle slots of pipeline-parallel training."""

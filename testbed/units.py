@@ -1,0 +1,118 @@
+"""Parsing of the human units used in topology, workload and scenario files.
+
+Rates are bits per second ("1Gbit", "500Mbit", "2.5Gbps", "1e9"); "bps" means bits,
+as in the networking literature (tc's own "bps" means bytes: we never accept it
+silently, "Bps"/"MBps" are rejected with a hint). Sizes are bytes ("1MB" = 10**6,
+"1MiB" = 2**20). Times are seconds ("25ms", "0.5s", "100us").
+"""
+
+from __future__ import annotations
+
+import re
+
+_NUM = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
+
+_RATE_UNITS = {
+    "": 1, "bit": 1, "bps": 1, "bit/s": 1,
+    "kbit": 1e3, "kbps": 1e3, "kbit/s": 1e3,
+    "mbit": 1e6, "mbps": 1e6, "mbit/s": 1e6,
+    "gbit": 1e9, "gbps": 1e9, "gbit/s": 1e9,
+    "tbit": 1e12, "tbps": 1e12, "tbit/s": 1e12,
+}
+_SIZE_UNITS = {
+    "": 1, "b": 1,
+    "kb": 1e3, "mb": 1e6, "gb": 1e9,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30,
+    "k": 2**10, "m": 2**20, "g": 2**30,
+}
+_TIME_UNITS = {"": 1, "s": 1, "ms": 1e-3, "us": 1e-6, "µs": 1e-6, "ns": 1e-9, "min": 60}
+
+
+class UnitError(ValueError):
+    """A value whose unit or number could not be understood."""
+
+
+def _split(text: str, what: str, allowed: dict[str, float]) -> tuple[float, str]:
+    m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", text.strip())
+    if not m:
+        raise UnitError(f"{text!r} is not a {what} (expected a number with a unit, e.g. {_example(what)})")
+    return float(m.group(1)), m.group(2)
+
+
+def _example(what: str) -> str:
+    return {"rate": "'1Gbit' or '500Mbit'", "size": "'4MB' or '256KiB'", "duration": "'25ms' or '1.5s'"}[what]
+
+
+def _allowed(units: dict[str, float]) -> str:
+    return ", ".join(sorted({u for u in units if u}, key=lambda u: (units[u], u)))
+
+
+def parse_rate(value: str | int | float) -> float:
+    """Bits per second."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not a rate")
+    if isinstance(value, (int, float)):
+        return float(value)
+    number, unit = _split(value, "rate", _RATE_UNITS)
+    if unit and unit != unit.lower() and unit.endswith("Bps"):
+        raise UnitError(
+            f"{value!r}: 'Bps' (bytes per second) is ambiguous here; write the rate in bits, "
+            f"e.g. '{number * 8:g}{unit[:-3]}bit'"
+        )
+    factor = _RATE_UNITS.get(unit.lower())
+    if factor is None:
+        raise UnitError(f"{value!r}: unknown rate unit {unit!r} (allowed: {_allowed(_RATE_UNITS)})")
+    return number * factor
+
+
+def parse_size(value: str | int | float) -> int:
+    """Bytes."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not a size")
+    if isinstance(value, (int, float)):
+        return int(value)
+    number, unit = _split(value, "size", _SIZE_UNITS)
+    factor = _SIZE_UNITS.get(unit.lower())
+    if factor is None:
+        raise UnitError(f"{value!r}: unknown size unit {unit!r} (allowed: {_allowed(_SIZE_UNITS)})")
+    return int(round(number * factor))
+
+
+def parse_duration(value: str | int | float) -> float:
+    """Seconds."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not a duration")
+    if isinstance(value, (int, float)):
+        return float(value)
+    number, unit = _split(value, "duration", _TIME_UNITS)
+    factor = _TIME_UNITS.get(unit.lower() if unit != "µs" else unit)
+    if factor is None:
+        raise UnitError(f"{value!r}: unknown time unit {unit!r} (allowed: {_allowed(_TIME_UNITS)})")
+    return number * factor
+
+
+def parse_fraction(value: str | int | float) -> float:
+    """A probability: '0.1%' or 0.001."""
+    if isinstance(value, bool):
+        raise UnitError(f"{value!r} is not a fraction")
+    if isinstance(value, str):
+        text = value.strip()
+        try:
+            return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+        except ValueError:
+            raise UnitError(f"{value!r} is not a fraction (e.g. '0.1%' or 0.001)") from None
+    return float(value)
+
+
+def format_rate(bps: float) -> str:
+    for unit, factor in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+        if bps >= factor:
+            return f"{bps / factor:g}{unit}"
+    return f"{bps:g}bit"
+
+
+def format_size(nbytes: float) -> str:
+    for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= factor:
+            return f"{nbytes / factor:.3g}{unit}"
+    return f"{int(nbytes)}B"

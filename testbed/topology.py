@@ -22,10 +22,11 @@ from pydantic import (
     model_validator,
 )
 
+from testbed.configfile import ConfigError, format_validation_error
 from testbed.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
 
 
-class TopologyError(ValueError):
+class TopologyError(ConfigError):
     """A topology file that cannot be used, with the place and the fix in its message."""
 
 
@@ -312,28 +313,13 @@ def load_trace(path: Path, bin_s: float) -> list[LinkChange]:
     ]
 
 
-def _format_error(path: str, exc: ValidationError) -> str:
-    lines = [f"{path}: invalid topology ({exc.error_count()} problem{'s' if exc.error_count() > 1 else ''}):"]
-    for err in exc.errors():
-        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
-        msg = err["msg"].removeprefix("Value error, ")
-        if err["type"] == "missing":
-            msg = "required field is missing"
-        elif err["type"] == "extra_forbidden":
-            msg = "unknown field (check the spelling; see README 'Topology files')"
-        elif err["type"] == "literal_error":
-            msg = f"{msg} (got {err.get('input')!r})"
-        lines.append(f"  - {loc}: {msg}")
-    return "\n".join(lines)
-
-
 def parse_topology(data: Any, path: str = "<topology>") -> Topology:
     if not isinstance(data, dict):
         raise TopologyError(f"{path}: a topology file must be a YAML mapping with 'name', 'dcs' and 'wan'")
     try:
         topo = Topology.model_validate(data)
     except ValidationError as exc:
-        raise TopologyError(_format_error(path, exc)) from None
+        raise TopologyError(format_validation_error(path, exc, "topology")) from None
     base = Path(path).parent
     links = []
     for i, link in enumerate(topo.wan):

@@ -87,7 +87,8 @@ class Scenario(_Model):
     def _topology(cls, value: Any) -> Any:
         if isinstance(value, dict):
             try:
-                return parse_topology(value, value.get("_source", "topology"))
+                clean = {k: v for k, v in value.items() if not k.startswith("_")}
+                return parse_topology(clean, value.get("_source", "topology"))
             except TopologyError as exc:
                 raise ValueError(str(exc)) from None
         return value

@@ -1,0 +1,95 @@
+"""Scenario files and `--set` overrides: typos are refused before anything is built."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.scenario import (
+    ScenarioError,
+    apply_override,
+    load_scenario,
+    parse_set_options,
+    resolve_scenario,
+    validate_scenario,
+)
+
+TOPO = {
+    "name": "t",
+    "dcs": [{"name": "dc1", "hosts": 2}, {"name": "dc2", "hosts": 2}],
+    "wan": [{"between": ["dc1", "dc2"], "rate": "1Gbit", "delay": "25ms"}],
+}
+
+
+@pytest.fixture
+def scenario_file(tmp_path: Path) -> Path:
+    (tmp_path / "topo.yaml").write_text(yaml.safe_dump(TOPO))
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({"name": "s", "topology": "topo.yaml", "workload": {}}))
+    return path
+
+
+def test_resolve_inlines_files(scenario_file: Path) -> None:
+    data = resolve_scenario(scenario_file)
+    assert data["topology"]["name"] == "t"
+    assert data["topology"]["_source"].endswith("topo.yaml")
+    assert data["source"] == str(scenario_file)
+
+
+def test_overrides_reach_topology(scenario_file: Path) -> None:
+    scenario, data = load_scenario(scenario_file, parse_set_options(["topology.wan.0.delay=50ms", "transport.streams=4"]))
+    assert scenario.topology.wan[0].delay == pytest.approx(0.05)
+    assert scenario.transport.streams == 4
+    assert data["topology"]["wan"][0]["delay"] == "50ms"
+
+
+def test_override_may_set_a_defaulted_field(scenario_file: Path) -> None:
+    scenario, _ = load_scenario(scenario_file, {"topology.wan.0.jitter": "2ms", "bubbletea.requests.rate": 9})
+    assert scenario.topology.wan[0].jitter == pytest.approx(0.002)
+    assert scenario.bubbletea.requests.rate == 9
+
+
+@pytest.mark.parametrize(
+    ("path", "message"),
+    [
+        ("topology.wann.0.delay", "unknown parameter 'wann' (fields here: addressing, dcs"),
+        ("topology.wan.4.delay", "index '4' out of range (the list has 1 items"),
+        ("transport.strems", "unknown parameter 'strems' (fields here: chunk, congestion, streams)"),
+        ("topology.name.x", "topology.name is a value, not a section"),
+        ("a..b", "is not a parameter path"),
+    ],
+)
+def test_bad_override_paths(scenario_file: Path, path: str, message: str) -> None:
+    data = resolve_scenario(scenario_file)
+    with pytest.raises(ScenarioError) as info:
+        apply_override(data, path, 1)
+    assert message in str(info.value)
+
+
+def test_wrong_type_names_field(scenario_file: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"s.yaml: invalid scenario.*\n  - transport.streams"):
+        load_scenario(scenario_file, {"transport.streams": "lots"})
+
+
+def test_bad_topology_inside_scenario_is_reported(scenario_file: Path) -> None:
+    with pytest.raises(ScenarioError, match=r"topo.yaml: invalid topology.*\n  - wan.0.rate: 'fast' is not a rate"):
+        load_scenario(scenario_file, {"topology.wan.0.rate": "fast"})
+
+
+def test_missing_topology_and_unknown_decode_host(tmp_path: Path, scenario_file: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"name": "x", "workload": {}}))
+    with pytest.raises(ScenarioError, match="topology: required field is missing"):
+        resolve_scenario(path)
+    data = resolve_scenario(scenario_file)
+    data["bubbletea"] = {"decode_host": "dc9-h1"}
+    with pytest.raises(ScenarioError, match=r"decode_host: unknown host 'dc9-h1' \(hosts: dc1-h1"):
+        validate_scenario(data)
+
+
+def test_set_option_syntax() -> None:
+    assert parse_set_options(["a.b=8", "c=50ms", "d=[1, 2]"]) == {"a.b": 8, "c": "50ms", "d": [1, 2]}
+    with pytest.raises(ScenarioError, match="expected path=value"):
+        parse_set_options(["nonsense"])

@@ -132,6 +132,8 @@ def _model_for(model: Any, key: str) -> Any:
     field = model.model_fields.get(key)
     if field is None:
         return KeyError
+    if model is Scenario and key == "workload":
+        return _workload_model()
     return _unwrap(field.annotation)
 
 

@@ -16,6 +16,8 @@ from testbed.scenario import (
     validate_scenario,
 )
 
+WORKLOAD = Path(__file__).resolve().parents[2] / "scenarios" / "workloads" / "tiny.yaml"
+
 TOPO = {
     "name": "t",
     "dcs": [{"name": "dc1", "hosts": 2}, {"name": "dc2", "hosts": 2}],
@@ -27,7 +29,7 @@ TOPO = {
 def scenario_file(tmp_path: Path) -> Path:
     (tmp_path / "topo.yaml").write_text(yaml.safe_dump(TOPO))
     path = tmp_path / "s.yaml"
-    path.write_text(yaml.safe_dump({"name": "s", "topology": "topo.yaml", "workload": {}}))
+    path.write_text(yaml.safe_dump({"name": "s", "topology": "topo.yaml", "workload": str(WORKLOAD)}))
     return path
 
 
@@ -87,6 +89,16 @@ def test_missing_topology_and_unknown_decode_host(tmp_path: Path, scenario_file:
     data["bubbletea"] = {"decode_host": "dc9-h1"}
     with pytest.raises(ScenarioError, match=r"decode_host: unknown host 'dc9-h1' \(hosts: dc1-h1"):
         validate_scenario(data)
+
+
+def test_workload_fields_by_model(scenario_file: Path) -> None:
+    # `warmup` need not be written in the workload file to be overridable.
+    scenario, data = load_scenario(scenario_file, {"workload.warmup": 0, "workload.parallelism.dp": 1})
+    assert data["workload"]["warmup"] == 0
+    with pytest.raises(ScenarioError, match="unknown parameter 'iters'.*iterations"):
+        load_scenario(scenario_file, {"workload.iters": 3})
+    with pytest.raises(ScenarioError, match=r"invalid workload.*\n  - workload.parallelism.dp"):
+        load_scenario(scenario_file, {"workload.parallelism.dp": 0})
 
 
 def test_set_option_syntax() -> None:

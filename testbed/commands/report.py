@@ -1,0 +1,33 @@
+"""`testbed report DIR`: rebuild the table and plots from result folders alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from testbed.configfile import ConfigError
+
+
+@click.command()
+@click.argument("result_dir", type=click.Path(file_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Where to write results.csv and the plots (default: RESULT_DIR).")
+def report(result_dir: Path, out: Path | None) -> None:
+    """Rebuild results.csv, the plots and summary.txt from RESULT_DIR.
+
+    RESULT_DIR is a `testbed sweep` folder (one row per point x variant, plots against
+    the swept parameters) or one `testbed run` output folder (bars per variant).
+    """
+    from testbed.report import build_report
+
+    try:
+        rep = build_report(result_dir, out)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(rep.table)
+    counts = ", ".join(f"{n} {status}" for status, n in sorted(rep.counts.items()))
+    click.echo(f"\n{rep.results.kind} {rep.results.name}: {len(rep.results.points)} point(s) ({counts})", err=True)
+    click.echo(f"table: {rep.csv}", err=True)
+    for plot in rep.plots:
+        click.echo(f"plot:  {plot}", err=True)

@@ -1,0 +1,104 @@
+"""`testbed sweep SWEEP.yaml`: run a scenario over a parameter grid, resumably."""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from pathlib import Path
+
+import click
+
+from testbed.configfile import ConfigError
+
+
+def _load_runner(ref: str | None):
+    """`module:function` given with --runner, or None for testbed.runner.run_scenario."""
+    if ref is None:
+        if importlib.util.find_spec("testbed.runner") is None:
+            raise click.ClickException(
+                "the scenario runner (testbed/runner.py) is not installed in this checkout; "
+                "`testbed sweep` runs points with it"
+            )
+        return None
+    module_name, _, attr = ref.partition(":")
+    if not module_name or not attr:
+        raise click.ClickException(f"--runner {ref!r}: expected module:function")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise click.ClickException(f"--runner {ref!r}: cannot import {module_name} ({exc})") from None
+    runner = getattr(module, attr, None)
+    if not callable(runner):
+        raise click.ClickException(f"--runner {ref!r}: {module_name} has no function {attr!r}")
+    return runner
+
+
+@click.command()
+@click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Result folder (default results/<sweep name>). Rerun with the same folder to resume.")
+@click.option("--jobs", "-j", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="Points run at once, each in its own process and emulation.")
+@click.option("--set", "sets", multiple=True, metavar="PATH=VALUE",
+              help="Fixed override for every point, e.g. --set workload.iterations=3 (repeatable).")
+@click.option("--dry-run", is_flag=True, help="Validate the sweep and list its points; run nothing.")
+@click.option("--runner", "runner_ref", default=None, hidden=True,
+              help="module:function used instead of testbed.runner.run_scenario (tests, custom runners).")
+def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
+          runner_ref: str | None) -> None:
+    """Run SWEEP_FILE's base scenario at every point of its parameter grid.
+
+    Each point gets its own folder with its resolved scenario, point.json and
+    provenance. Finished points are skipped when the same --out is used again, so an
+    interrupted sweep resumes; failed points are recorded and rerun. At the end,
+    results.csv, plots and a summary table are written (rebuild them with
+    `testbed report DIR`).
+    """
+    from testbed.report import build_report
+    from testbed.scenario import parse_set_options
+    from testbed.sweep import (
+        SweepError,
+        default_out_dir,
+        is_finished,
+        load_sweep,
+        run_sweep,
+        sweep_size_text,
+    )
+
+    try:
+        plan = load_sweep(sweep_file, parse_set_options(sets))
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = out or default_out_dir(plan)
+    click.echo(f"sweep {plan.name}: {sweep_size_text(plan)} -> {out}", err=True)
+    if dry_run:
+        for point in plan.points:
+            done = "done" if is_finished(out / point.id, point) else "to run"
+            click.echo(f"{point.id}  seed={point.seed}  {done}")
+        return
+    runner = _load_runner(runner_ref)
+    interrupted = False
+    try:
+        outcomes = run_sweep(plan, out, jobs=jobs, runner=runner)
+    except SweepError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        interrupted = True
+        outcomes = []
+    report = build_report(out)
+    click.echo(report.table)
+    click.echo(f"\ntable: {report.csv}", err=True)
+    for plot in report.plots:
+        click.echo(f"plot:  {plot}", err=True)
+    if interrupted:
+        click.echo(f"interrupted: finished points are kept; rerun the same command "
+                   f"(with --out {out}) to resume", err=True)
+        sys.exit(130)
+    failed = [o for o in outcomes if o.status == "failed"]
+    if failed:
+        click.echo(f"\n{len(failed)} of {len(outcomes)} points failed (rerun the same command to retry them):",
+                   err=True)
+        for o in failed:
+            click.echo(f"  {o.id}: {o.error}  (see {out / o.id / 'traceback.txt'})", err=True)
+        sys.exit(1)

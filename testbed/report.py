@@ -1,0 +1,916 @@
+"""Reports: one CSV and a few plots from result folders alone.
+
+Works on the output of a sweep (`sweep.json` and one folder per point) and on the
+output folder of a single `testbed run` (its `summary.json`). Nothing is recomputed
+from a live system, so a report can be rebuilt anywhere, any time, from the files.
+
+`results.csv` has one row per point x variant: the point id, its status and seed,
+each swept parameter as written in the sweep file, the variant, then every scalar
+metric of the variant's summary flattened to a dotted column name
+(`wan_links.dc1-dc2.goodput_mbps`, `ttft_s.p95`), plus `speedup_vs_baseline`.
+Points that failed or have not run yet get one row with their status and error, so
+the table always shows the whole sweep.
+
+Plots answer the questions the testbed is for, against the swept parameter:
+iteration time per variant (measured, and predicted dotted), the speedup of each
+variant over the baseline, device utilization with and without BubbleTea and the
+training slowdown it costs, TTFT, and transport goodput when streams or bandwidth
+are swept. A second swept parameter becomes one column of panels per value.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.configfile import ConfigError
+from testbed.units import UnitError, parse_duration, parse_rate, parse_size
+
+VARIANT_ORDER = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
+BT_SUFFIX = "+bubbletea"
+COLORS = {"baseline": "#d62728", "multi-tcp": "#ff7f0e", "atlas": "#1f77b4", "dp-across-dc": "#9467bd"}
+MARKERS = ("o", "s", "D", "v", "P")  # by variant rank: baseline, multi-tcp, atlas, dp-across-dc, others
+EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+PREFERRED_METRICS = (
+    "iteration_time_s", "predicted_iteration_time_s", "device_utilization", "device_utilization_training",
+    "bubble_fraction", "training_slowdown", "prefill_requests.served", "prefill_requests.rejected",
+    "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations",
+)
+PAPER_UTILIZATION = 0.94  # the paper's best reported GPU utilization with BubbleTea
+SLOWDOWN_LIMIT = 0.01  # BubbleTea's promise: training slows down by at most 1%
+
+
+class ReportError(ConfigError):
+    """A folder that holds no results the report can read."""
+
+
+# ---------------------------------------------------------------------------- loading
+
+
+@dataclass
+class PointResult:
+    id: str
+    folder: Path
+    parameters: dict[str, Any]
+    seed: int | None
+    status: str
+    error: str | None = None
+    duration_s: float | None = None
+    summary: dict[str, Any] | None = None
+    bench: list[dict[str, Any]] | None = None
+    resolved: dict[str, Any] | None = None
+
+
+@dataclass
+class ResultSet:
+    root: Path
+    kind: str  # "sweep" or "run"
+    name: str
+    parameters: list[tuple[str, str]]  # (path, label)
+    points: list[PointResult] = field(default_factory=list)
+
+    def labels(self) -> dict[str, str]:
+        return dict(self.parameters)
+
+
+def _read_json(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise ReportError(f"{path}: unreadable JSON ({exc}); remove the file or rerun that point") from None
+
+
+def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:
+    record = _read_json(folder / "point.json") or {}
+    summary = _read_json(folder / "summary.json")
+    bench = _read_json(folder / "results.json")
+    resolved = None
+    try:
+        resolved = yaml.safe_load((folder / "scenario.resolved.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        pass
+    status = record.get("status")
+    if status is None:
+        status = "ok" if summary is not None or bench is not None else "pending"
+    if status == "ok" and summary is None and bench is None:
+        status, record["error"] = "incomplete", "status ok but no summary.json"
+    if status == "running":
+        status = "unfinished"
+    return PointResult(
+        id=pid,
+        folder=folder,
+        parameters=record.get("parameters", parameters) or {},
+        seed=record.get("seed", seed if seed is not None else (summary or {}).get("seed")),
+        status=status,
+        error=record.get("error"),
+        duration_s=record.get("duration_s"),
+        summary=summary if isinstance(summary, dict) else None,
+        bench=bench.get("results") if isinstance(bench, dict) else None,
+        resolved=resolved if isinstance(resolved, dict) else None,
+    )
+
+
+def load_results(root: str | Path) -> ResultSet:
+    """The results under `root`: a sweep's folder or one `testbed run` output folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"{root}: no such result folder")
+    if (root / "summary.json").exists() or (root / "point.json").exists() or (root / "results.json").exists():
+        point = _read_point_folder(root, root.name, {}, None)
+        name = (point.summary or {}).get("scenario") or root.name
+        return ResultSet(root, "run", str(name), [], [point])
+    sweep = _read_json(root / "sweep.json")
+    if isinstance(sweep, dict):
+        params = [(p["path"], p.get("label") or p["path"]) for p in sweep.get("parameters", [])]
+        rs = ResultSet(root, "sweep", str(sweep.get("name") or root.name), params)
+        for entry in sweep.get("points", []):
+            rs.points.append(
+                _read_point_folder(root / entry["id"], entry["id"], entry.get("parameters", {}), entry.get("seed"))
+            )
+        return rs
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and ((p / "point.json").exists() or (p / "summary.json").exists()))
+    if not folders:
+        raise ReportError(
+            f"{root}: no results here (expected the summary.json of a `testbed run`, "
+            "or the sweep.json and point folders of a `testbed sweep`)"
+        )
+    rs = ResultSet(root, "sweep", root.name, [])
+    for folder in folders:
+        rs.points.append(_read_point_folder(folder, folder.name, {}, None))
+    seen: dict[str, str] = {}
+    for pt in rs.points:
+        for path in pt.parameters:
+            seen.setdefault(path, path.split(".")[-1])
+    rs.parameters = list(seen.items())
+    return rs
+
+
+# ---------------------------------------------------------------------------- rows
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalar leaves of nested dicts, keyed by dotted path; lists are left out."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            out[name] = value
+    return out
+
+
+def variant_sort_key(name: str) -> tuple[int, int, str]:
+    base = name.removesuffix(BT_SUFFIX)
+    rank = VARIANT_ORDER.index(base) if base in VARIANT_ORDER else len(VARIANT_ORDER)
+    return (rank, int(name.endswith(BT_SUFFIX)), name)
+
+
+def _metric_key(name: str) -> tuple[int, str]:
+    return (PREFERRED_METRICS.index(name), "") if name in PREFERRED_METRICS else (len(PREFERRED_METRICS), name)
+
+
+def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
+    """CSV columns and rows: one row per point x variant (one per point without results)."""
+    rows: list[dict[str, Any]] = []
+    metrics: set[str] = set()
+    param_paths = [p for p, _ in rs.parameters]
+    for pt in rs.points:
+        head: dict[str, Any] = {"point": pt.id, "status": pt.status, "seed": pt.seed}
+        for path in param_paths:
+            head[path] = _cell(pt.parameters.get(path))
+        made = 0
+        summary = pt.summary or {}
+        variants = summary.get("variants") if isinstance(summary.get("variants"), dict) else {}
+        base_it = _number((variants.get("baseline") or {}).get("iteration_time_s"))
+        for vname in sorted(variants, key=variant_sort_key):
+            vdata = variants[vname] if isinstance(variants[vname], dict) else {}
+            flat = flatten(vdata)
+            metrics.update(flat)
+            row = dict(head, variant=vname, delay_backend=summary.get("delay_backend"), scale=summary.get("scale"))
+            row.update(flat)
+            it = _number(vdata.get("iteration_time_s"))
+            row["speedup_vs_baseline"] = base_it / it if base_it and it else None
+            rows.append(row)
+            made += 1
+        for result in pt.bench or []:
+            flat = {f"bench.{k}": v for k, v in flatten(result).items()}
+            metrics.update(flat)
+            row = dict(head, variant=f"bench:{result.get('method', '?')}", delay_backend=summary.get("delay_backend"))
+            row.update(flat)
+            rows.append(row)
+            made += 1
+        if not made:
+            rows.append(dict(head, variant=""))
+        if pt.error:
+            for row in rows[len(rows) - made - (0 if made else 1):]:
+                row["error"] = pt.error
+    columns = ["point", "status", "seed", *param_paths, "variant", "delay_backend", "scale"]
+    columns += sorted(metrics, key=_metric_key)
+    columns += ["speedup_vs_baseline", "error"]
+    return columns, rows
+
+
+def _cell(value: Any) -> Any:
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def _number(value: Any) -> float | None:
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return None
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_csv_value(row.get(c)) for c in columns])
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(round(value, 9))
+    return str(value)
+
+
+# ---------------------------------------------------------------------------- axes
+
+
+@dataclass
+class Axis:
+    """How a swept parameter maps onto a plot axis."""
+
+    path: str
+    title: str
+    convert: Callable[[Any], float | None]
+    categories: list[str] | None = None  # for values that are not numbers
+    log: bool = False
+
+    def x(self, value: Any) -> float | None:
+        if self.categories is not None:
+            text = _category(value)
+            return float(self.categories.index(text)) if text in self.categories else None
+        return self.convert(value)
+
+
+def _category(value: Any) -> str:
+    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        return Path(value).stem
+    return str(value)
+
+
+def _kind(values: list[Any]) -> str:
+    """number, duration, rate, size, or other, for the values of one parameter."""
+    kinds = set()
+    for v in values:
+        if isinstance(v, bool) or v is None:
+            return "other"
+        if isinstance(v, (int, float)):
+            kinds.add("number")
+            continue
+        if not isinstance(v, str):
+            return "other"
+        unit = re.sub(r"^\s*[-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?\s*", "", v)
+        if unit == v:
+            return "other"
+        for kind, parser in (("duration", parse_duration), ("rate", parse_rate), ("size", parse_size)):
+            try:
+                parser(v)
+            except (UnitError, ValueError):
+                continue
+            kinds.add(kind)
+            break
+        else:
+            return "other"
+    if kinds <= {"number"}:
+        return "number"
+    kinds.discard("number")
+    return kinds.pop() if len(kinds) == 1 else "other"
+
+
+def _safe(fn: Callable[[Any], float]) -> Callable[[Any], float | None]:
+    def convert(value: Any) -> float | None:
+        try:
+            out = fn(value)
+        except (UnitError, ValueError, TypeError):
+            return None
+        return out if math.isfinite(out) else None
+
+    return convert
+
+
+_NAMED = {
+    "transport.streams": "TCP streams per transfer",
+    "bubbletea.requests.rate": "prefill request rate (requests/s)",
+    "bubbletea.requests.deadline": "request deadline (s)",
+    "bubbletea.chunk_tokens": "prefill chunk (tokens)",
+    "workload.parallelism.dp": "data-parallel pipelines (DP)",
+    "workload.parallelism.pp": "pipeline stages (PP)",
+    "workload.parallelism.tp": "tensor parallelism (TP)",
+    "workload.parallelism.micro_batch": "micro-batch size (sequences)",
+    "workload.parallelism.num_micro_batches": "micro-batches per iteration",
+    "workload.scale": "tensor scale (wire size / real size)",
+    "workload.model.seq_len": "sequence length (tokens)",
+    "workload.model.hidden": "hidden size",
+    "workload.model.layers": "layers",
+}
+
+
+def axis_for(path: str, values: list[Any]) -> Axis:
+    """A readable axis for a swept parameter: WAN delay is shown as RTT in ms, rates in
+    Mbit/s, sizes in MiB; values that are not numbers become categories."""
+    kind = _kind(values)
+    if re.fullmatch(r"topology\.wan\.(\d+|\*)\.delay", path) and kind in ("duration", "number"):
+        return Axis(path, "WAN RTT (ms)  [2 x one-way delay]", _safe(lambda v: 2000 * parse_duration(v)))
+    if kind == "duration":
+        return Axis(path, f"{path} (ms)", _safe(lambda v: 1000 * parse_duration(v)))
+    if kind == "rate" or (re.fullmatch(r"topology\.wan\.(\d+|\*)\.rate", path) and kind == "number"):
+        big = max((parse_rate(v) for v in values), default=0) >= 10e9
+        div, unit = (1e9, "Gbit/s") if big else (1e6, "Mbit/s")
+        title = f"WAN bandwidth ({unit})" if path.startswith("topology.wan") else f"{path} ({unit})"
+        return Axis(path, title, _safe(lambda v: parse_rate(v) / div))
+    if kind == "size":
+        return Axis(path, f"{path} (MiB)", _safe(lambda v: parse_size(v) / 2**20))
+    if kind == "number":
+        nums = [float(v) for v in values]
+        log = min(nums) > 0 and max(nums) / min(nums) >= 16 and len(nums) >= 3
+        return Axis(path, _NAMED.get(path, path), _safe(float), log=log)
+    cats: list[str] = []
+    for v in values:
+        if _category(v) not in cats:
+            cats.append(_category(v))
+    title = "topology" if path == "topology" else "workload" if path == "workload" else _NAMED.get(path, path)
+    return Axis(path, title, _safe(float), categories=cats)
+
+
+# ---------------------------------------------------------------------------- plots
+
+
+def _color(variant: str, palette: dict[str, str]) -> str:
+    base = variant.removesuffix(BT_SUFFIX)
+    if base in COLORS:
+        return COLORS[base]
+    if base not in palette:
+        palette[base] = EXTRA_COLORS[len(palette) % len(EXTRA_COLORS)]
+    return palette[base]
+
+
+@dataclass
+class Series:
+    label: str
+    variant: str
+    metric: Callable[[dict[str, Any]], float | None]
+    dashed: bool = False
+    marker: str = "o"
+    thin: bool = False
+
+
+@dataclass
+class Panel:
+    ylabel: str
+    series: list[Series]
+    percent: bool = False
+    hlines: list[tuple[float, str]] = field(default_factory=list)
+    ymin0: bool = True
+    decimals: int | None = 0  # of percent ticks
+
+
+def _col(name: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
+    def get(row: dict[str, Any]) -> float | None:
+        value = _number(row.get(name))
+        return value * scale if value is not None else None
+
+    return get
+
+
+def _aggregate(rows: list[dict[str, Any]], axis: Axis, series: Series) -> tuple[list[float], list[float], list[float]]:
+    """Mean and standard deviation over seeds at each x, for one series."""
+    groups: dict[float, list[float]] = {}
+    for row in rows:
+        if series.variant and row.get("variant") != series.variant or row.get("status") != "ok":
+            continue
+        x = axis.x(row.get(axis.path))
+        y = series.metric(row)
+        if x is None or y is None:
+            continue
+        groups.setdefault(x, []).append(y)
+    xs = sorted(groups)
+    means = [sum(groups[x]) / len(groups[x]) for x in xs]
+    stds = [
+        math.sqrt(sum((v - m) ** 2 for v in groups[x]) / (len(groups[x]) - 1)) if len(groups[x]) > 1 else 0.0
+        for x, m in zip(xs, means, strict=True)
+    ]
+    return xs, means, stds
+
+
+def _facets(rs: ResultSet, rows: list[dict[str, Any]], primary: str) -> list[tuple[str, list[dict[str, Any]]]]:
+    """One panel column per combination of the parameters other than the x axis."""
+    others = [(p, lab) for p, lab in rs.parameters if p != primary]
+    if not others:
+        return [("", rows)]
+    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    order: list[tuple[str, ...]] = []
+    for pt in rs.points:
+        key = tuple(f"{lab}={_category(pt.parameters.get(p))}" for p, lab in others)
+        if key not in groups:
+            groups[key] = []
+            order.append(key)
+    for row in rows:
+        key = tuple(f"{lab}={_category(_parse_cell(row.get(p)))}" for p, lab in others)
+        groups.setdefault(key, []).append(row)
+        if key not in order:
+            order.append(key)
+    return [(", ".join(k), groups[k]) for k in order]
+
+
+def _parse_cell(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, list[dict[str, Any]]]],
+                 panels: list[Panel]) -> Path | None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.ticker import FuncFormatter, PercentFormatter
+
+    facets = facets[:6]
+    ncols, nrows = len(facets), len(panels)
+    fig, axes = plt.subplots(nrows, ncols, figsize=(max(6.4, 5.2 * ncols), 3.9 * nrows + 0.6),
+                             squeeze=False, sharex=True)
+    palette: dict[str, str] = {}
+    drawn = False
+    for c, (facet_title, frows) in enumerate(facets):
+        for r, panel in enumerate(panels):
+            ax = axes[r][c]
+            for s in panel.series:
+                xs, ys, errs = _aggregate(frows, axis, s)
+                if not xs:
+                    continue
+                drawn = True
+                color = _color(s.variant, palette) if s.variant else "0.35"
+                # Earlier series drawn wider, with their own marker, so equal values stay visible.
+                rank = min(variant_sort_key(s.variant)[0], len(MARKERS) - 1)
+                style = {"color": color, "linestyle": "--" if s.dashed else (":" if s.thin else "-"),
+                         "marker": None if s.thin else (s.marker if s.marker != "o" else MARKERS[rank]),
+                         "linewidth": 1.2 if s.thin else 3.2 - 0.6 * min(rank, 3),
+                         "markersize": 9 - 1.2 * min(rank, 3), "label": s.label,
+                         "alpha": 0.8 if s.thin else 0.95}
+                if any(errs):
+                    ax.errorbar(xs, ys, yerr=errs, capsize=3, **style)
+                else:
+                    ax.plot(xs, ys, **style)
+            for y, label in panel.hlines:
+                ax.axhline(y, color="0.35", linestyle=(0, (4, 3)), linewidth=1)
+                ax.annotate(label, xy=(0.01, y), xycoords=("axes fraction", "data"), xytext=(0, 3),
+                            textcoords="offset points", fontsize=8, color="0.3")
+            ax.set_ylabel(panel.ylabel)
+            if panel.percent:
+                ax.yaxis.set_major_formatter(PercentFormatter(1.0, decimals=panel.decimals))
+            if panel.ymin0:
+                ax.set_ylim(bottom=0)
+            else:  # keep zero in view: a slowdown near 0 must not look large
+                low, high = ax.get_ylim()
+                ax.set_ylim(min(low, 0.0), max(high, 0.0))
+            for y, _ in panel.hlines:  # room above a reference line for its label
+                if y > 0 and ax.get_ylim()[1] < y * 1.1:
+                    ax.set_ylim(top=y * 1.1)
+            ax.grid(True, alpha=0.3)
+            if facet_title and r == 0:
+                ax.set_title(facet_title, fontsize=10)
+            if r == nrows - 1:
+                ax.set_xlabel(axis.title)
+            if axis.categories is not None:
+                ax.set_xticks(range(len(axis.categories)))
+                ax.set_xticklabels(axis.categories)
+            elif axis.log:
+                ax.set_xscale("log", base=2)
+                ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+            handles, labels = ax.get_legend_handles_labels()
+            if handles and c == ncols - 1:  # outside the axes: never hides a line
+                ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0)
+    if not drawn:
+        plt.close(fig)
+        return None
+    fig.suptitle(title, fontsize=12)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110, bbox_inches="tight")
+    plt.close(fig)
+    return path
+
+
+def _present(rows: list[dict[str, Any]], metric: str, variant: str | None = None) -> bool:
+    return any(
+        _number(r.get(metric)) is not None and (variant is None or r.get("variant") == variant)
+        for r in rows if r.get("status") == "ok"
+    )
+
+
+def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Path]:
+    """The plots that answer the sweep's question, against its (first numeric) parameter."""
+    if not rs.parameters:
+        return []
+    axes = {p: axis_for(p, _values_of(rs, p)) for p, _ in rs.parameters}
+    streams = next((p for p, _ in rs.parameters if p.endswith("streams")), None)
+    primary = next((p for p, _ in rs.parameters if axes[p].categories is None), rs.parameters[0][0])
+    axis = axes[primary]
+    facets = _facets(rs, rows, primary)
+    variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
+                      key=variant_sort_key)
+    plain = [v for v in variants if not v.endswith(BT_SUFFIX)]
+    with_bt = [v for v in variants if v.endswith(BT_SUFFIX)]
+    title_tail = f" — sweep {rs.name}"
+    made: list[Path | None] = []
+
+    lines = [Series(v, v, _col("iteration_time_s")) for v in (plain or variants)]
+    lines += [Series(f"{v} (predicted)", v, _col("predicted_iteration_time_s"), thin=True)
+              for v in (plain or variants) if _present(rows, "predicted_iteration_time_s", v)]
+    made.append(_line_figure(out / "iteration_time.png", "Training iteration time" + title_tail, axis, facets,
+                             [Panel("iteration time (s)", lines)]))
+
+    if "baseline" in variants:
+        others = [v for v in plain if v != "baseline"]
+        if others:
+            made.append(_line_figure(
+                out / "speedup.png", "Speedup over baseline (baseline iteration time / variant's)" + title_tail,
+                axis, facets,
+                [Panel("speedup (x)", [Series(v, v, _col("speedup_vs_baseline")) for v in others],
+                       hlines=[(1.0, "baseline")])],
+            ))
+
+    if with_bt:
+        util: list[Series] = []
+        slow: list[Series] = []
+        ttft: list[Series] = []
+        for v in with_bt:
+            base = v.removesuffix(BT_SUFFIX)
+            util.append(Series(f"{base} with BubbleTea", v, _col("device_utilization")))
+            if base in variants and _present(rows, "device_utilization", base):
+                util.append(Series(f"{base} without", base, _col("device_utilization"), dashed=True, marker="s"))
+            elif _present(rows, "device_utilization_training", v):
+                util.append(Series(f"{base} training only", v, _col("device_utilization_training"),
+                                   dashed=True, marker="s"))
+            slow.append(Series(v, v, _col("training_slowdown")))
+            ttft.append(Series(f"{base} p50", v, _col("ttft_s.p50", 1000)))
+            ttft.append(Series(f"{base} p95", v, _col("ttft_s.p95", 1000), dashed=True, marker="^"))
+        made.append(_line_figure(
+            out / "utilization.png", "Device utilization with and without BubbleTea" + title_tail, axis, facets,
+            [Panel("mean device utilization", util, percent=True,
+                   hlines=[(PAPER_UTILIZATION, "paper: up to 94%")]),
+             Panel("training slowdown (vs. without BubbleTea)", slow, percent=True,
+                   hlines=[(SLOWDOWN_LIMIT, "1% limit")], ymin0=False, decimals=1)],
+        ))
+        if any(_present(rows, "ttft_s.p50", v) for v in with_bt):
+            served = [Series(v.removesuffix(BT_SUFFIX), v, _served_fraction) for v in with_bt]
+            made.append(_line_figure(
+                out / "ttft.png", "Prefill in the bubbles: time to first token and requests served" + title_tail,
+                axis, facets,
+                [Panel("TTFT (ms)", ttft), Panel("requests served", served, percent=True)],
+            ))
+
+    rate_path = next((p for p, _ in rs.parameters if re.fullmatch(r"topology\.wan\.(\d+|\*)\.rate", p)), None)
+    if streams or rate_path:
+        gp_axis = axes[streams] if streams else axis
+        gp_facets = _facets(rs, rows, streams) if streams else facets
+        series = [Series(v, v, _wan_goodput) for v in plain if _any_goodput(rows, v)]
+        panels = [Panel("WAN goodput (Mbit/s)", series)]
+        link = _link_rate_mbps(rs)
+        if rate_path:
+            series.append(Series("link rate", "", _col_rate(rate_path), thin=True))
+        elif link:
+            panels[0].hlines.append((link, f"link rate {link:g} Mbit/s"))
+        what = "streams" if streams else "bandwidth"
+        made.append(_line_figure(out / "goodput.png", f"WAN transport goodput vs {what}" + title_tail,
+                                 gp_axis, gp_facets, panels))
+    bench_plot = _bench_plot(rs, out)
+    if bench_plot:
+        made.append(bench_plot)
+    return [p for p in made if p is not None]
+
+
+def _col_rate(path: str) -> Callable[[dict[str, Any]], float | None]:
+    """The swept link rate itself, in Mbit/s: the ceiling goodput is measured against."""
+
+    def get(row: dict[str, Any]) -> float | None:
+        try:
+            return parse_rate(_parse_cell(row.get(path))) / 1e6
+        except (UnitError, TypeError, ValueError):
+            return None
+
+    return get
+
+
+def _values_of(rs: ResultSet, path: str) -> list[Any]:
+    return [pt.parameters.get(path) for pt in rs.points if path in pt.parameters]
+
+
+def _served_fraction(row: dict[str, Any]) -> float | None:
+    served = _number(row.get("prefill_requests.served"))
+    rejected = _number(row.get("prefill_requests.rejected"))
+    if served is None or rejected is None or served + rejected == 0:
+        return None
+    return served / (served + rejected)
+
+
+def _wan_goodput(row: dict[str, Any]) -> float | None:
+    values = [_number(v) for k, v in row.items() if k.startswith("wan_links.") and k.endswith(".goodput_mbps")]
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None
+
+
+def _any_goodput(rows: list[dict[str, Any]], variant: str) -> bool:
+    return any(r.get("variant") == variant and _wan_goodput(r) is not None for r in rows)
+
+
+def _link_rate_mbps(rs: ResultSet) -> float | None:
+    for pt in rs.points:
+        wan = ((pt.resolved or {}).get("topology") or {}).get("wan") or []
+        if wan:
+            try:
+                return parse_rate(wan[0]["rate"]) / 1e6
+            except (KeyError, TypeError, UnitError):
+                return None
+    return None
+
+
+def _bench_plot(rs: ResultSet, out: Path) -> Path | None:
+    """Goodput against streams from `testbed bench` results found in the folders."""
+    points: dict[str, dict[float, list[float]]] = {}
+    for pt in rs.points:
+        for r in pt.bench or []:
+            streams, gp = _number(r.get("streams")), _number(r.get("goodput_mbps"))
+            if streams is None or gp is None:
+                continue
+            points.setdefault(str(r.get("method", "?")), {}).setdefault(streams, []).append(gp)
+    if not points:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.2))
+    for method, by_streams in sorted(points.items()):
+        xs = sorted(by_streams)
+        ax.plot(xs, [sum(by_streams[x]) / len(by_streams[x]) for x in xs], marker="o", linewidth=2, label=method)
+    link = _link_rate_mbps(rs)
+    if link:
+        ax.axhline(link, color="0.35", linestyle=(0, (4, 3)), linewidth=1, label=f"link rate ({link:g} Mbit/s)")
+    all_streams = [x for by_streams in points.values() for x in by_streams if x > 0]
+    if all_streams and max(all_streams) / min(all_streams) >= 8:
+        from matplotlib.ticker import FuncFormatter
+
+        ax.set_xscale("log", base=2)
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    ax.set_xlabel("TCP streams")
+    ax.set_ylabel("goodput (Mbit/s)")
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=8)
+    ax.set_title(f"Transport benchmark: goodput vs streams — {rs.name}", fontsize=11)
+    fig.tight_layout()
+    path = out / "bench_goodput.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def run_plot(rs: ResultSet, out: Path) -> Path | None:
+    """A single run: bars per variant for iteration time, utilization and WAN goodput."""
+    pt = rs.points[0]
+    summary = pt.summary or {}
+    variants = summary.get("variants") or {}
+    names = sorted(variants, key=variant_sort_key)
+    if not names:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    palette: dict[str, str] = {}
+    colors = [_color(n, palette) for n in names]
+    hatches = ["//" if n.endswith(BT_SUFFIX) else "" for n in names]
+    fig, axes = plt.subplots(1, 3, figsize=(min(18.0, 6 + 1.6 * len(names)), 5.2))
+    xs = list(range(len(names)))
+
+    def get(name: str, key: str) -> float:
+        value = _number(flatten(variants[name]).get(key))
+        return value if value is not None else float("nan")
+
+    ax = axes[0]
+    width = 0.38
+    measured = [get(n, "iteration_time_s") for n in names]
+    predicted = [get(n, "predicted_iteration_time_s") for n in names]
+    bars = ax.bar([x - width / 2 for x in xs], measured, width, color=colors, hatch=None, label="measured")
+    for bar, h in zip(bars, hatches, strict=True):
+        bar.set_hatch(h)
+    ax.bar([x + width / 2 for x in xs], predicted, width, color="none", edgecolor=colors, linewidth=1.5,
+           linestyle="--", label="predicted")
+    _bar_labels(ax, bars, "{:.2f}")
+    ax.set_ylabel("iteration time (s)")
+    ax.set_title("Iteration time", fontsize=10)
+    ax.legend(fontsize=8)
+
+    ax = axes[1]
+    util = [get(n, "device_utilization") for n in names]
+    train = [get(n, "device_utilization_training") for n in names]
+    bars = ax.bar(xs, util, 0.6, color=colors)
+    for bar, h in zip(bars, hatches, strict=True):
+        bar.set_hatch(h)
+    if any(not math.isnan(t) for t in train):
+        ax.scatter(xs, train, marker="_", s=600, color="black", zorder=3, label="training only")
+        ax.legend(fontsize=8, loc="lower right")
+    _bar_labels(ax, bars, "{:.0%}")
+    ax.axhline(PAPER_UTILIZATION, color="0.35", linestyle=(0, (4, 3)), linewidth=1)
+    ax.annotate("paper: up to 94%", xy=(0.01, PAPER_UTILIZATION), xycoords=("axes fraction", "data"),
+                xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
+    ax.set_ylim(0, 1.08)
+    ax.set_ylabel("mean device utilization")
+    ax.yaxis.set_major_formatter(plt.matplotlib.ticker.PercentFormatter(1.0, decimals=0))
+    ax.set_title("Device utilization (hatched: with BubbleTea)", fontsize=10)
+
+    ax = axes[2]
+    links = sorted({k for n in names for k in (variants[n].get("wan_links") or {})})
+    if links:
+        w = 0.8 / len(links)
+        for j, link in enumerate(links):
+            vals = [_number(((variants[n].get("wan_links") or {}).get(link) or {}).get("goodput_mbps")) for n in names]
+            bars = ax.bar([x - 0.4 + w * (j + 0.5) for x in xs], [v if v is not None else float("nan") for v in vals],
+                          w, color=colors, alpha=1.0 - 0.25 * j, label=link if len(links) > 1 else None)
+            _bar_labels(ax, bars, "{:.0f}")
+        rate = _link_rate_mbps(rs)
+        if rate:
+            ax.axhline(rate, color="0.35", linestyle=(0, (4, 3)), linewidth=1)
+            ax.annotate(f"link rate {rate:g} Mbit/s", xy=(0.01, rate), xycoords=("axes fraction", "data"),
+                        xytext=(0, 3), textcoords="offset points", fontsize=8, color="0.3")
+        if len(links) > 1:
+            ax.legend(fontsize=8)
+    ax.set_ylabel("WAN goodput (Mbit/s)")
+    ax.set_title("WAN goodput per link", fontsize=10)
+    for ax in axes:
+        ax.set_xticks(xs)
+        ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
+        ax.grid(True, axis="y", alpha=0.3)
+        ax.set_axisbelow(True)
+    backend = summary.get("delay_backend", "?")
+    scale = summary.get("scale")
+    fig.suptitle(f"{rs.name}: per-variant results (delay backend {backend}"
+                 f"{f', scale {scale:g}' if isinstance(scale, (int, float)) else ''})", fontsize=12)
+    fig.tight_layout()
+    path = out / "summary.png"
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
+
+
+def _bar_labels(ax: Any, bars: Any, fmt: str) -> None:
+    for bar in bars:
+        h = bar.get_height()
+        if h is None or math.isnan(h):
+            continue
+        ax.annotate(fmt.format(h), (bar.get_x() + bar.get_width() / 2, h), xytext=(0, 2),
+                    textcoords="offset points", ha="center", va="bottom", fontsize=8)
+
+
+# ---------------------------------------------------------------------------- tables
+
+
+def format_table(headers: list[str], rows: Iterable[list[str]]) -> str:
+    rows = [list(map(str, r)) for r in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
+    def line(cells: list[str]) -> str:
+        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
+    out = [line(headers), line(["-" * w for w in widths])]
+    out += [line(r) for r in rows]
+    return "\n".join(out)
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return format(value, spec)
+
+
+def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
+    """A compact text table for the terminal."""
+    by_point: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_point.setdefault(r["point"], {})[r.get("variant") or ""] = r
+    variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
+                      key=variant_sort_key)
+    if rs.kind == "run" and not variants:
+        bench = [r for r in rows if str(r.get("variant", "")).startswith("bench:")]
+        headers = ["path", "method", "streams", "goodput Mbit/s", "verified"]
+        return format_table(headers, [
+            [str(r.get("bench.path", "-")), str(r.get("bench.method", "-")), str(r.get("bench.streams", "-")),
+             _fmt(_number(r.get("bench.goodput_mbps")), ".0f"), str(r.get("bench.verified", "-"))]
+            for r in bench
+        ])
+    if rs.kind == "run":
+        headers = ["variant", "iter s", "pred s", "util", "bubbles", "WAN Mbit/s", "slowdown", "served/rej", "TTFT p95"]
+        body = []
+        for v in variants:
+            r = by_point[rs.points[0].id].get(v, {})
+            served, rejected = _number(r.get("prefill_requests.served")), _number(r.get("prefill_requests.rejected"))
+            body.append([
+                v, _fmt(_number(r.get("iteration_time_s")), ".3f"),
+                _fmt(_number(r.get("predicted_iteration_time_s")), ".3f"),
+                _fmt(_number(r.get("device_utilization")), ".1%"), _fmt(_number(r.get("bubble_fraction")), ".1%"),
+                _fmt(_wan_goodput(r), ".0f"), _fmt(_number(r.get("training_slowdown")), "+.1%"),
+                f"{served:.0f}/{rejected:.0f}" if served is not None and rejected is not None else "-",
+                _fmt(_scaled(r.get("ttft_s.p95"), 1000), ".0f") + (" ms" if _number(r.get("ttft_s.p95")) is not None else ""),
+            ])
+        return format_table(headers, body)
+    labels = [lab for _, lab in rs.parameters]
+    plain = [v for v in variants if not v.endswith(BT_SUFFIX)]
+    with_bt = [v for v in variants if v.endswith(BT_SUFFIX)]
+    headers = ["point", *labels, "status"] + [f"{v} s" for v in plain]
+    speed = [v for v in plain if v != "baseline"] if "baseline" in plain else []
+    headers += [f"{v} speedup" for v in speed]
+    # BubbleTea: the headline variant only (atlas+bubbletea when present); all of them are in the CSV.
+    bt = [v for v in with_bt if v == f"atlas{BT_SUFFIX}"] or with_bt[-1:]
+    bt_base = [v.removesuffix(BT_SUFFIX) for v in bt]
+    headers += [f"util {b}" for b in bt_base] + [f"util {b}+BT" for b in bt_base]
+    headers += [f"slowdown {b}+BT" for b in bt_base]
+    body = []
+    for pt in rs.points:
+        vr = by_point.get(pt.id, {})
+        cells = [pt.id.split("-", 1)[0], *[_category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
+        cells += [_fmt(_number(vr.get(v, {}).get("iteration_time_s")), ".3f") for v in plain]
+        cells += [_fmt(_number(vr.get(v, {}).get("speedup_vs_baseline")), ".2f") + "x" for v in speed]
+        cells += [_fmt(_number(vr.get(b, {}).get("device_utilization"))
+                       or _number(vr.get(v, {}).get("device_utilization_training")), ".1%")
+                  for b, v in zip(bt_base, bt, strict=True)]
+        cells += [_fmt(_number(vr.get(v, {}).get("device_utilization")), ".1%") for v in bt]
+        cells += [_fmt(_number(vr.get(v, {}).get("training_slowdown")), "+.1%") for v in bt]
+        body.append(cells)
+    return format_table(headers, body)
+
+
+def _scaled(value: Any, factor: float) -> float | None:
+    number = _number(value)
+    return number * factor if number is not None else None
+
+
+# ---------------------------------------------------------------------------- entry point
+
+
+@dataclass
+class Report:
+    results: ResultSet
+    csv: Path
+    plots: list[Path]
+    table: str
+    columns: list[str]
+    counts: dict[str, int]
+
+
+def build_report(root: str | Path, out: str | Path | None = None) -> Report:
+    """Rebuilds results.csv, the plots and summary.txt under `out` (default: `root`)."""
+    rs = load_results(root)
+    out_dir = Path(out) if out is not None else rs.root
+    out_dir.mkdir(parents=True, exist_ok=True)
+    columns, rows = result_rows(rs)
+    csv_path = out_dir / "results.csv"
+    write_csv(csv_path, columns, rows)
+    plots = run_plot_list(rs, out_dir) if rs.kind == "run" else sweep_plots(rs, rows, out_dir)
+    table = summary_table(rs, rows)
+    counts: dict[str, int] = {}
+    for pt in rs.points:
+        counts[pt.status] = counts.get(pt.status, 0) + 1
+    (out_dir / "summary.txt").write_text(table + "\n")
+    return Report(rs, csv_path, plots, table, columns, counts)
+
+
+def run_plot_list(rs: ResultSet, out: Path) -> list[Path]:
+    plot = run_plot(rs, out)
+    plots = [plot] if plot else []
+    bench = _bench_plot(rs, out)
+    return plots + ([bench] if bench else [])

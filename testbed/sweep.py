@@ -1,0 +1,715 @@
+"""Sweeps: one scenario run over a grid of parameter values, resumable, one folder per point.
+
+A sweep file names a base scenario and the fields to vary by their dotted path in
+the resolved scenario (`topology.wan.0.delay`, `transport.streams`,
+`workload.parallelism.dp`, `bubbletea.requests.rate`; `*` selects every item of a
+list, e.g. `topology.wan.*.delay`). Values are a list, `{values: [...]}` or a range
+`{from: 10ms, to: 200ms, steps: 4, scale: linear|log}`. Swapping the whole topology
+or workload for another file (`topology: [../topologies/2dc.yaml, ...]`) sweeps the
+number of DCs or the model.
+
+Every point is built and validated *before* anything runs, so a typo in a path, a
+value of the wrong type or an empty grid is refused with the file, the field and
+what is allowed, instead of surfacing an hour into the sweep.
+
+Each point runs in `OUT/<id>/` (id: index and values, e.g.
+`p003-delay=50ms-streams=8`) holding its fully resolved scenario, `point.json`
+(parameters, seed, status, error, duration), `provenance.json` and the runner's
+outputs. A rerun with the same `--out` skips points whose status is ok and whose
+configuration is unchanged, and reruns the rest.
+"""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import itertools
+import json
+import multiprocessing
+import multiprocessing.connection
+import os
+import pickle
+import re
+import shutil
+import time
+import traceback
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from testbed.configfile import format_validation_error, read_yaml_mapping
+from testbed.progress import Progress
+from testbed.provenance import collect_provenance, write_provenance
+from testbed.scenario import (
+    Scenario,
+    ScenarioError,
+    apply_override,
+    resolve_scenario,
+    validate_scenario,
+)
+
+Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], dict[str, Any]]
+FILE_FIELDS = ("topology", "workload")  # parameters whose string values are files to read in
+POINT_FILE = "point.json"
+SWEEP_FILE = "sweep.json"
+RESOLVED_FILE = "scenario.resolved.yaml"
+
+
+class SweepError(ScenarioError):
+    """A sweep that cannot run; the message names the file, the field and what is allowed."""
+
+
+# ---------------------------------------------------------------------------- file model
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class RangeSpec(_Model):
+    start: Any = Field(alias="from", description="first value, a number or a number with a unit (10ms)")
+    to: Any = Field(description="last value, same unit as from")
+    steps: int = Field(ge=2, description="number of values, from and to included")
+    scale: Literal["linear", "log"] = "linear"
+    label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
+
+
+class ValuesSpec(_Model):
+    values: list[Any] = Field(min_length=1)
+    label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
+
+
+class SweepFile(_Model):
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="letters, digits, . _ -")
+    description: str = ""
+    base: str = Field(description="the scenario file, relative to the sweep file")
+    parameters: dict[str, Any] = Field(description="dotted path -> list of values or a range")
+    mode: Literal["grid", "zip"] = "grid"
+    repeat: int | list[int] = Field(1, description="runs per point: a count (seeds seed, seed+1, ...) or a list of seeds")
+    set: dict[str, Any] = Field(default_factory=dict, description="fixed overrides for every point")
+
+    @field_validator("parameters")
+    @classmethod
+    def _some(cls, value: dict[str, Any]) -> dict[str, Any]:
+        if not value:
+            raise ValueError(
+                "the grid is empty: give at least one parameter to vary, e.g. 'topology.wan.0.delay: [10ms, 50ms]'"
+            )
+        return value
+
+    @field_validator("repeat")
+    @classmethod
+    def _repeat(cls, value: int | list[int]) -> int | list[int]:
+        if isinstance(value, int) and value < 1:
+            raise ValueError(f"repeat must be a count of at least 1 or a list of seeds, got {value}")
+        if isinstance(value, list):
+            if not value:
+                raise ValueError("repeat: an empty list of seeds; give a count or at least one seed")
+            if len(set(value)) != len(value):
+                raise ValueError(f"repeat: seeds must be distinct, got {value}")
+        return value
+
+
+# ---------------------------------------------------------------------------- plan
+
+
+@dataclass(frozen=True)
+class Parameter:
+    path: str
+    label: str
+    values: list[Any]
+
+
+@dataclass
+class SweepPoint:
+    index: int
+    id: str
+    values: dict[str, Any]  # parameter path -> value as written in the sweep file
+    seed: int
+    resolved: dict[str, Any]
+    config_hash: str
+
+    def payload(self) -> dict[str, Any]:
+        return {
+            "index": self.index, "id": self.id, "parameters": self.values, "seed": self.seed,
+            "resolved": self.resolved, "config_hash": self.config_hash,
+        }
+
+
+@dataclass
+class SweepPlan:
+    name: str
+    description: str
+    source: Path
+    base: Path
+    mode: str
+    repeat: int | list[int]
+    parameters: list[Parameter]
+    fixed: dict[str, Any]
+    cli_overrides: dict[str, Any]
+    points: list[SweepPoint] = field(default_factory=list)
+
+    def labels(self) -> dict[str, str]:
+        return {p.path: p.label for p in self.parameters}
+
+    def describe(self) -> dict[str, Any]:
+        """What sweep.json records: enough for `testbed report` to rebuild everything."""
+        return {
+            "name": self.name,
+            "description": self.description,
+            "sweep_file": str(self.source),
+            "base": str(self.base),
+            "mode": self.mode,
+            "repeat": self.repeat,
+            "parameters": [{"path": p.path, "label": p.label, "values": p.values} for p in self.parameters],
+            "set": self.fixed,
+            "cli_set": self.cli_overrides,
+            "points": [{"id": pt.id, "parameters": pt.values, "seed": pt.seed} for pt in self.points],
+        }
+
+
+_NUMBER_UNIT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/%]*)\s*$")
+
+
+def _number_unit(value: Any, where: str, key: str) -> tuple[float, str, bool]:
+    if isinstance(value, bool) or value is None:
+        raise SweepError(f"{where}.{key}: {value!r} is not a number (e.g. 10, 0.5 or 10ms)")
+    if isinstance(value, (int, float)):
+        return float(value), "", isinstance(value, int)
+    m = _NUMBER_UNIT.match(str(value))
+    if not m:
+        raise SweepError(f"{where}.{key}: {value!r} is not a number with an optional unit (e.g. 10ms, 500Mbit)")
+    return float(m.group(1)), m.group(2), False
+
+
+def range_values(spec: RangeSpec, where: str) -> list[Any]:
+    """The values of `{from, to, steps, scale}`, keeping the unit they were written in."""
+    a, unit_a, int_a = _number_unit(spec.start, where, "from")
+    b, unit_b, int_b = _number_unit(spec.to, where, "to")
+    if unit_a != unit_b:
+        raise SweepError(
+            f"{where}: from ({spec.start!r}) and to ({spec.to!r}) must be written in the same unit"
+        )
+    if spec.scale == "log" and (a <= 0 or b <= 0):
+        raise SweepError(f"{where}: scale log needs from and to above zero, got {spec.start!r} and {spec.to!r}")
+    n = spec.steps
+    if spec.scale == "log":
+        xs = [a * (b / a) ** (i / (n - 1)) for i in range(n)]
+    else:
+        xs = [a + (b - a) * i / (n - 1) for i in range(n)]
+    if int_a and int_b and not unit_a:
+        if spec.scale == "log" or all(abs(x - round(x)) < 1e-9 for x in xs):
+            out: list[Any] = []
+            for x in xs:
+                if round(x) not in out:
+                    out.append(int(round(x)))
+            return out
+        return [round(x, 9) for x in xs]
+    if not unit_a:
+        return [round(x, 9) for x in xs]
+    return [f"{float(f'{x:.6g}'):g}{unit_a}" for x in xs]
+
+
+def parameter_values(path: str, spec: Any, where: str) -> tuple[list[Any], str | None]:
+    """Values (and an optional label) of one `parameters` entry; errors say what is allowed."""
+    allowed = "a list of values, {values: [...]} or a range {from: 10ms, to: 200ms, steps: 4}"
+    if isinstance(spec, list):
+        if not spec:
+            raise SweepError(f"{where}: an empty list of values; give at least one, e.g. [10ms, 50ms]")
+        return list(spec), None
+    if isinstance(spec, dict):
+        if "values" in spec:
+            model: type[_Model] = ValuesSpec
+        elif "from" in spec or "to" in spec or "steps" in spec:
+            model = RangeSpec
+        else:
+            raise SweepError(f"{where}: expected {allowed}; got a mapping with keys {', '.join(map(str, spec))}")
+        try:
+            parsed = model.model_validate(spec)
+        except ValidationError as exc:
+            file, _, prefix = where.partition(": ")
+            raise SweepError(format_validation_error(file, exc, "sweep", prefix=prefix)) from None
+        if isinstance(parsed, ValuesSpec):
+            return list(parsed.values), parsed.label
+        return range_values(parsed, where), parsed.label
+    hint = " (a single fixed value belongs under 'set:')" if spec is not None else ""
+    raise SweepError(f"{where}: expected {allowed}; got {spec!r}{hint}")
+
+
+def default_labels(paths: list[str], explicit: dict[str, str | None]) -> dict[str, str]:
+    """Short names for folder names and table headers: the last field of each path,
+    lengthened leftwards until unique (`delay`, or `wan.0.delay` and `wan.1.delay`)."""
+    parts = {p: p.split(".") for p in paths}
+
+    def suffix(path: str, k: int) -> str:
+        items = parts[path]
+        while k < len(items) and (items[-k].isdigit() or items[-k] == "*"):
+            k += 1
+        return ".".join(items[-k:])
+
+    width = {p: 1 for p in paths}
+    labels = {p: explicit.get(p) or suffix(p, 1) for p in paths}
+    for _ in range(64):
+        seen: dict[str, list[str]] = {}
+        for p, lab in labels.items():
+            seen.setdefault(lab, []).append(p)
+        clashes = [ps for ps in seen.values() if len(ps) > 1]
+        if not clashes:
+            return labels
+        for group in clashes:
+            for p in group:
+                if explicit.get(p):
+                    continue
+                width[p] += 1
+                labels[p] = suffix(p, width[p])
+    return labels
+
+
+def _slug(text: str, limit: int = 40) -> str:
+    text = re.sub(r"[^A-Za-z0-9._+=-]+", "_", text).strip("_")
+    return text[:limit] or "x"
+
+
+def format_value(path: str, value: Any, position: int) -> str:
+    """How a value appears in a point id."""
+    if path in FILE_FIELDS and isinstance(value, str):
+        return _slug(Path(value).stem)
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "none"
+    if isinstance(value, float):
+        return _slug(f"{value:g}")
+    if isinstance(value, (int, str)):
+        return _slug(str(value))
+    return f"v{position + 1}"
+
+
+def expand_path(data: dict[str, Any], path: str) -> list[str]:
+    """Concrete paths for `path`, with each `*` standing for every index of a list."""
+    parts = path.split(".")
+    if "*" not in parts:
+        return [path]
+    results = [([], data)]
+    for part in parts:
+        nxt = []
+        for prefix, node in results:
+            if part == "*" and isinstance(node, list):
+                nxt.extend((prefix + [str(i)], item) for i, item in enumerate(node))
+            elif isinstance(node, dict) and part in node:
+                nxt.append((prefix + [part], node[part]))
+            elif isinstance(node, list) and part.isdigit() and int(part) < len(node):
+                nxt.append((prefix + [part], node[int(part)]))
+            else:
+                nxt.append((prefix + [part], None))  # apply_override will say what is wrong
+        results = nxt
+    if not results:
+        raise SweepError(f"{path}: '*' matches no item (the list is empty)")
+    return [".".join(p) for p, _ in results]
+
+
+def config_hash(data: dict[str, Any]) -> str:
+    canon = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
+    return hashlib.sha256(canon.encode()).hexdigest()[:16]
+
+
+def _read_file_value(value: str, sweep_dir: Path, kind: str, where: str) -> dict[str, Any]:
+    path = Path(value) if Path(value).is_absolute() else sweep_dir / value
+    try:
+        data = read_yaml_mapping(path, kind, SweepError)
+    except SweepError as exc:
+        raise SweepError(f"{where}: {exc}") from None
+    data["_source"] = str(path)
+    return data
+
+
+def _indent(text: str) -> str:
+    return "\n".join("    " + line for line in text.splitlines())
+
+
+class _Builder:
+    """Applies a point's overrides to the resolved base, in a fixed order: whole-file
+    swaps first, then the sweep's `set`, then `--set`, then the swept fields."""
+
+    def __init__(self, source: Path, base: dict[str, Any], fixed: dict[str, Any], cli: dict[str, Any]) -> None:
+        self.source = source
+        self.base = base
+        self.fixed = fixed
+        self.cli = cli
+
+    def build(self, values: dict[str, Any], seed: int | None) -> dict[str, Any]:
+        data = copy.deepcopy(self.base)
+        where = f"{self.source}: parameters"
+        for path, value in values.items():
+            if path in FILE_FIELDS and isinstance(value, str):
+                data[path] = _read_file_value(value, self.source.parent, path, f"{where}.{path}")
+        for path, value in self.fixed.items():
+            for concrete in expand_path(data, path):
+                apply_override(data, concrete, copy.deepcopy(value), source=f"{self.source}: set")
+        for path, value in self.cli.items():
+            for concrete in expand_path(data, path):
+                apply_override(data, concrete, copy.deepcopy(value), source="--set")
+        for path, value in values.items():
+            if path in FILE_FIELDS and isinstance(value, str):
+                continue
+            for concrete in expand_path(data, path):
+                apply_override(data, concrete, copy.deepcopy(value), source=where)
+        if seed is not None:
+            data["seed"] = seed
+        return data
+
+
+def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) -> SweepPlan:
+    """Reads, expands and validates a sweep; every point is a valid scenario or this raises."""
+    source = Path(path)
+    raw = read_yaml_mapping(source, "sweep", SweepError)
+    try:
+        spec = SweepFile.model_validate(raw)
+    except ValidationError as exc:
+        raise SweepError(format_validation_error(str(source), exc, "sweep")) from None
+    cli = dict(cli_overrides or {})
+
+    params_in = []
+    for p, s in spec.parameters.items():
+        values, label = parameter_values(p, s, f"{source}: parameters.{p}")
+        params_in.append((p, values, label))
+    for where, mapping in (("set", spec.set), ("--set", cli)):
+        for p in mapping:
+            if p in spec.parameters:
+                raise SweepError(
+                    f"{source}: {where}: {p} is also a swept parameter; fix it in one place only"
+                )
+    if "seed" in spec.parameters and spec.repeat != 1:
+        raise SweepError(f"{source}: repeat: cannot be combined with a swept 'seed' parameter; use one or the other")
+    if spec.mode == "zip":
+        lengths = {p: len(v) for p, v, _ in params_in}
+        if len(set(lengths.values())) > 1:
+            detail = ", ".join(f"{p}: {n}" for p, n in lengths.items())
+            raise SweepError(
+                f"{source}: mode: zip pairs the i-th values of every parameter, so all lists must be "
+                f"equally long; got {detail} (or use mode: grid)"
+            )
+    labels = default_labels([p for p, _, _ in params_in], {p: lab for p, _, lab in params_in})
+    parameters = [Parameter(p, labels[p], v) for p, v, _ in params_in]
+
+    base_path = Path(spec.base) if Path(spec.base).is_absolute() else source.parent / spec.base
+    try:
+        base = resolve_scenario(base_path)
+    except ScenarioError as exc:
+        raise SweepError(f"{source}: base: {exc}") from None
+    builder = _Builder(source, base, spec.set, cli)
+
+    def check(data_values: dict[str, Any], seed: int | None, what: str) -> tuple[dict[str, Any], Scenario]:
+        try:
+            data = builder.build(data_values, seed)
+        except SweepError:
+            raise
+        except ScenarioError as exc:  # an unknown path: the message already names file and field
+            raise SweepError(str(exc)) from None
+        try:
+            return data, validate_scenario(data)
+        except ScenarioError as exc:
+            raise SweepError(f"{what} is not a valid scenario:\n{_indent(str(exc))}") from None
+
+    # Each value alone first, so an error names the parameter and value at fault.
+    for param in parameters:
+        for value in param.values:
+            check({param.path: value}, None, f"{source}: parameters.{param.path}: value {value!r}")
+
+    if spec.mode == "grid":
+        combos = list(itertools.product(*[range(len(p.values)) for p in parameters]))
+    else:
+        combos = [tuple([i] * len(parameters)) for i in range(len(parameters[0].values))]
+    seeds: list[int | None]
+    if isinstance(spec.repeat, list):
+        seeds = list(spec.repeat)
+    elif spec.repeat > 1:
+        first = builder.build({}, None).get("seed", Scenario.model_fields["seed"].default)
+        seeds = [int(first) + i for i in range(spec.repeat)]
+    else:
+        seeds = [None]
+    total = len(combos) * len(seeds)
+    width = max(3, len(str(total)))
+    plan = SweepPlan(
+        name=spec.name, description=spec.description, source=source, base=base_path, mode=spec.mode,
+        repeat=spec.repeat, parameters=parameters, fixed=spec.set, cli_overrides=cli,
+    )
+    index = 0
+    for combo in combos:
+        values = {p.path: p.values[i] for p, i in zip(parameters, combo, strict=True)}
+        tag = "-".join(f"{p.label}={format_value(p.path, p.values[i], i)}" for p, i in zip(parameters, combo, strict=True))
+        for seed in seeds:
+            index += 1
+            pid = f"p{index:0{width}d}-{tag}" + (f"-seed={seed}" if len(seeds) > 1 else "")
+            described = ", ".join(f"{k}={v!r}" for k, v in values.items())
+            data, scenario = check(values, seed, f"{source}: point {pid} ({described})")
+            plan.points.append(SweepPoint(index, pid, values, scenario.seed, data, config_hash(data)))
+    return plan
+
+
+# ---------------------------------------------------------------------------- running
+
+
+@dataclass
+class PointOutcome:
+    id: str
+    status: str  # ok | failed | interrupted | skipped
+    duration_s: float | None = None
+    error: str | None = None
+
+
+def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> dict[str, Any]:
+    """`testbed run`'s scenario runner, imported only when a point runs."""
+    from testbed.runner import run_scenario
+
+    return run_scenario(scenario, resolved, out_dir, progress=progress)
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="seconds")
+
+
+def read_point(folder: Path) -> dict[str, Any] | None:
+    try:
+        data = json.loads((folder / POINT_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def _write_json(path: Path, data: dict[str, Any]) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def is_finished(folder: Path, point: SweepPoint) -> bool:
+    """Done already: status ok, same configuration, and its summary is there."""
+    record = read_point(folder)
+    return bool(
+        record
+        and record.get("status") == "ok"
+        and record.get("config_hash") == point.config_hash
+        and (folder / "summary.json").exists()
+    )
+
+
+def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progress: Progress | None = None) -> PointOutcome:
+    """Runs one point in `folder`, recording everything; exceptions become a failed point."""
+    folder = Path(folder)
+    previous = read_point(folder) if folder.exists() else None
+    if folder.exists():
+        shutil.rmtree(folder)
+    folder.mkdir(parents=True)
+    resolved = payload["resolved"]
+    (folder / RESOLVED_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False))
+    record: dict[str, Any] = {
+        "id": payload["id"],
+        "index": payload["index"],
+        "parameters": payload["parameters"],
+        "seed": payload["seed"],
+        "status": "running",
+        "error": None,
+        "started_at": _now(),
+        "finished_at": None,
+        "duration_s": None,
+        "attempts": int((previous or {}).get("attempts", 0)) + 1,
+        "config_hash": payload["config_hash"],
+        "pid": os.getpid(),
+    }
+    _write_json(folder / POINT_FILE, record)
+    write_provenance(folder / "provenance.json", collect_provenance(seed=payload["seed"]))
+    began = time.monotonic()
+    status, error = "ok", None
+    try:
+        scenario = validate_scenario(resolved)
+        summary = runner(scenario, resolved, folder, progress)
+        if not (folder / "summary.json").exists():
+            if not isinstance(summary, dict):
+                raise RuntimeError(f"the runner returned {type(summary).__name__}, not a summary dict, and wrote no summary.json")
+            _write_json(folder / "summary.json", summary)
+        if isinstance(summary, dict) and summary.get("delay_backend"):
+            prov = json.loads((folder / "provenance.json").read_text())
+            prov["delay_backend"] = summary["delay_backend"]
+            write_provenance(folder / "provenance.json", prov)
+    except Exception as exc:  # a failed point is recorded and the sweep goes on
+        status, error = "failed", f"{type(exc).__name__}: {exc}"
+        (folder / "traceback.txt").write_text(traceback.format_exc())
+    except BaseException:  # Ctrl-C, SystemExit: record, then let the sweep stop
+        record.update(status="interrupted", error="interrupted", finished_at=_now(),
+                      duration_s=round(time.monotonic() - began, 3))
+        _write_json(folder / POINT_FILE, record)
+        raise
+    duration = time.monotonic() - began
+    record.update(status=status, error=error, finished_at=_now(), duration_s=round(duration, 3))
+    _write_json(folder / POINT_FILE, record)
+    return PointOutcome(payload["id"], status, duration, error)
+
+
+def _child_main(payload: dict[str, Any], folder: str, runner: Runner) -> None:
+    outcome = execute_point(payload, Path(folder), runner, None)
+    raise SystemExit(0 if outcome.status == "ok" else 3)
+
+
+def prepare_out_dir(plan: SweepPlan, out_dir: Path) -> list[str]:
+    """Creates or reuses `out_dir`; returns ids of point folders no longer in the plan."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    existing = out_dir / SWEEP_FILE
+    if existing.exists():
+        try:
+            old = json.loads(existing.read_text())
+        except ValueError:
+            old = {}
+        if old.get("name") not in (None, plan.name):
+            raise SweepError(
+                f"{out_dir}: holds the results of sweep {old.get('name')!r}, not {plan.name!r}; "
+                "choose another --out"
+            )
+    elif any(p for p in out_dir.iterdir() if not p.name.startswith(".")):
+        raise SweepError(
+            f"{out_dir}: not empty and not a sweep result folder (no {SWEEP_FILE}); choose an empty or new --out"
+        )
+    record = plan.describe()
+    record["updated_at"] = _now()
+    _write_json(existing, record)
+    write_provenance(out_dir / "provenance.json", collect_provenance())
+    wanted = {pt.id for pt in plan.points}
+    return sorted(
+        p.name for p in out_dir.iterdir() if p.is_dir() and (p / POINT_FILE).exists() and p.name not in wanted
+    )
+
+
+def run_sweep(
+    plan: SweepPlan,
+    out_dir: str | Path,
+    *,
+    jobs: int = 1,
+    runner: Runner | None = None,
+    progress: Progress | None = None,
+) -> list[PointOutcome]:
+    """Runs every unfinished point of `plan` under `out_dir`; returns one outcome per point."""
+    out_dir = Path(out_dir)
+    runner = runner or default_runner
+    jobs = max(1, int(jobs))
+    if jobs > 1:
+        try:
+            pickle.dumps(runner)
+        except Exception as exc:
+            raise SweepError(f"--jobs {jobs} runs points in separate processes, so the runner must be "
+                             f"importable by name ({exc})") from None
+    stale = prepare_out_dir(plan, out_dir)
+    own_progress = progress is None
+    progress = progress or Progress(len(plan.points), f"sweep {plan.name}", jobs=jobs)
+    if stale:
+        progress.log(f"{len(stale)} result folder(s) in {out_dir} are not points of this sweep any more "
+                     f"and are left out of the report: {', '.join(stale[:5])}{' ...' if len(stale) > 5 else ''}")
+    outcomes: dict[str, PointOutcome] = {}
+    todo: list[SweepPoint] = []
+    for point in plan.points:
+        if is_finished(out_dir / point.id, point):
+            outcomes[point.id] = PointOutcome(point.id, "skipped")
+            progress.skip(point.id)
+        else:
+            todo.append(point)
+    try:
+        if jobs == 1:
+            for point in todo:
+                progress.start(point.id)
+                child = progress.child(point.id)
+                result = execute_point(point.payload(), out_dir / point.id, runner, child)
+                child.close()
+                outcomes[point.id] = result
+                progress.done(point.id, ok=result.status == "ok", duration=result.duration_s,
+                              note=_short(result.error))
+        else:
+            _run_parallel(todo, out_dir, runner, jobs, progress, outcomes)
+    finally:
+        if own_progress:
+            progress.close()
+    return [outcomes[p.id] for p in plan.points if p.id in outcomes]
+
+
+def _short(error: str | None, limit: int = 100) -> str:
+    if not error:
+        return ""
+    line = error.splitlines()[0]
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
+def _run_parallel(
+    todo: list[SweepPoint], out_dir: Path, runner: Runner, jobs: int, progress: Progress,
+    outcomes: dict[str, PointOutcome],
+) -> None:
+    """One fresh process per point (its own emulation, its own prefix), `jobs` at a time."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = list(todo)
+    live: dict[Any, tuple[SweepPoint, Any, float]] = {}
+    try:
+        while queue or live:
+            while queue and len(live) < jobs:
+                point = queue.pop(0)
+                proc = ctx.Process(
+                    target=_child_main, args=(point.payload(), str(out_dir / point.id), runner),
+                    name=f"sweep-{point.id}", daemon=False,
+                )
+                progress.start(point.id)
+                proc.start()
+                live[proc.sentinel] = (point, proc, time.monotonic())
+            ready = multiprocessing.connection.wait(list(live), timeout=1.0)
+            progress.tick()
+            for sentinel in ready:
+                point, proc, began = live.pop(sentinel)
+                proc.join()
+                outcome = _outcome_from_disk(out_dir / point.id, point, proc.exitcode, time.monotonic() - began)
+                outcomes[point.id] = outcome
+                progress.done(point.id, ok=outcome.status == "ok", duration=outcome.duration_s,
+                              note=_short(outcome.error))
+    finally:
+        for point, proc, began in live.values():
+            proc.terminate()
+            proc.join(10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+            record = read_point(out_dir / point.id)
+            if record and record.get("status") == "running":
+                record.update(status="interrupted", error="interrupted", finished_at=_now(),
+                              duration_s=round(time.monotonic() - began, 3))
+                _write_json(out_dir / point.id / POINT_FILE, record)
+
+
+def _outcome_from_disk(folder: Path, point: SweepPoint, exitcode: int | None, elapsed: float) -> PointOutcome:
+    record = read_point(folder)
+    if record and record.get("status") in ("ok", "failed"):
+        return PointOutcome(point.id, record["status"], record.get("duration_s"), record.get("error"))
+    error = f"the point's process exited with code {exitcode} before recording a result (killed or crashed)"
+    folder.mkdir(parents=True, exist_ok=True)
+    record = record or {"id": point.id, "index": point.index, "parameters": point.values, "seed": point.seed,
+                        "config_hash": point.config_hash, "attempts": 1}
+    record.update(status="failed", error=error, finished_at=_now(), duration_s=round(elapsed, 3))
+    _write_json(folder / POINT_FILE, record)
+    return PointOutcome(point.id, "failed", elapsed, error)
+
+
+def default_out_dir(plan: SweepPlan) -> Path:
+    return Path("results") / plan.name
+
+
+def sweep_size_text(plan: SweepPlan) -> str:
+    shape = " x ".join(f"{len(p.values)} {p.label}" for p in plan.parameters)
+    reps = plan.repeat if isinstance(plan.repeat, int) else len(plan.repeat)
+    seeds = f" x {reps} seeds" if reps > 1 else ""
+    joiner = "zipped" if plan.mode == "zip" and len(plan.parameters) > 1 else ""
+    return f"{len(plan.points)} points ({joiner + ' ' if joiner else ''}{shape}{seeds})"
+
+
+__all__ = [
+    "PointOutcome", "Parameter", "RangeSpec", "Runner", "SweepError", "SweepFile", "SweepPlan", "SweepPoint",
+    "ValuesSpec", "config_hash", "default_out_dir", "default_runner", "execute_point", "is_finished", "load_sweep",
+    "parameter_values", "range_values", "read_point", "run_sweep", "sweep_size_text",
+]

@@ -1,0 +1,237 @@
+"""`testbed plan`: where Atlas puts the stages, and the predicted iteration times.
+
+Needs no network and no root: it reads a topology and a workload, places the
+pipeline stages (Atlas's DC-selection heuristic, and the placement of each compared
+variant), lists the WAN crossings and simulates one iteration per variant.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import click
+
+from testbed.units import UnitError, format_size, parse_rate
+
+VARIANT_NAMES = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
+
+
+def parse_gpus(text: str | None) -> dict[str, int]:
+    """'dc1=4,dc2=2' -> {'dc1': 4, 'dc2': 2}."""
+    out: dict[str, int] = {}
+    if not text:
+        return out
+    for item in text.split(","):
+        item = item.strip()
+        name, sep, count = item.partition("=")
+        if not sep or not name.strip():
+            raise click.BadParameter(f"{item!r}: expected dc=count, e.g. --gpus dc1=4,dc2=2", param_hint="--gpus")
+        try:
+            n = int(count)
+        except ValueError:
+            raise click.BadParameter(f"{item!r}: {count!r} is not a whole number of GPUs", param_hint="--gpus") from None
+        if n < 0:
+            raise click.BadParameter(f"{item!r}: GPU count must be >= 0", param_hint="--gpus")
+        out[name.strip()] = n
+    return out
+
+
+def _streams(value: str) -> int | str:
+    if value == "auto":
+        return "auto"
+    try:
+        n = int(value)
+    except ValueError:
+        raise click.BadParameter(f"{value!r}: a number of streams (1-64) or 'auto'", param_hint="--streams") from None
+    if not 1 <= n <= 64:
+        raise click.BadParameter(f"{n}: streams must be between 1 and 64", param_hint="--streams")
+    return n
+
+
+def _rate(bps: float | None) -> str:
+    if not bps:
+        return "-"
+    if bps >= 1e9:
+        return f"{bps / 1e9:.3g} Gbit/s"
+    return f"{bps / 1e6:.3g} Mbit/s"
+
+
+def _ms(seconds: float) -> str:
+    return f"{seconds * 1e3:.2f} ms"
+
+
+def _stage_ranges(stages: list[int]) -> str:
+    if not stages:
+        return "-"
+    parts, start = [], stages[0]
+    for prev, cur in zip(stages, stages[1:] + [None], strict=False):
+        if cur != prev + 1:
+            parts.append(f"{start}" if start == prev else f"{start}-{prev}")
+            start = cur
+    return ",".join(parts)
+
+
+@click.command()
+@click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Topology YAML (e.g. topologies/2dc.yaml).")
+@click.option("--workload", "workload_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
+              help="Workload YAML (e.g. scenarios/workloads/gpt-1.3b.yaml).")
+@click.option("--gpus", "gpus_text", default=None, metavar="DC=N,...",
+              help="Free GPUs per DC, overriding hosts x --gpus-per-host (e.g. dc1=4,dc2=2).")
+@click.option("--gpus-per-host", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--variants", default="baseline,multi-tcp,atlas", show_default=True,
+              help=f"Comma-separated, from: {', '.join(VARIANT_NAMES)}.")
+@click.option("--streams", default="8", show_default=True,
+              help="TCP streams per channel for multi-tcp, atlas and dp-across-dc ('auto' fills the link). "
+                   "Atlas always uses at least enough to fill the link.")
+@click.option("--baseline-placement", default="even", show_default=True,
+              type=click.Choice(["atlas", "in-order", "even", "round-robin"]),
+              help="Placement of baseline and multi-tcp.")
+@click.option("--rmem-fraction", type=click.FloatRange(0.05, 1.0), default=0.5, show_default=True,
+              help="Share of tcp_rmem used as TCP window (0.5: tcp_adv_win_scale=1; newer kernels measure it).")
+@click.option("--flow-rate", default=None, metavar="RATE",
+              help="Measured single-flow rate (e.g. 107Mbit) instead of the window model.")
+@click.option("--no-allreduce", is_flag=True, help="Leave the DP gradient all-reduce out of the iteration time.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_per_host: int, variants: str,
+         streams: str, baseline_placement: str, rmem_fraction: float, flow_rate: str | None,
+         no_allreduce: bool, as_json: bool) -> None:
+    """Place the workload's pipeline stages on the topology's DCs and predict the
+    iteration time of each variant (no emulation is started)."""
+    from atlas_transport.planner import (
+        NetParams,
+        PlacementError,
+        default_variants,
+        free_gpus,
+        predict,
+    )
+    from testbed.configfile import ConfigError
+    from testbed.topology import TopologyError, load_topology
+    from testbed.workload import load_workload
+
+    names = [v.strip() for v in variants.split(",") if v.strip()]
+    unknown = [v for v in names if v not in VARIANT_NAMES]
+    if unknown or not names:
+        raise click.BadParameter(
+            f"unknown variant(s) {', '.join(unknown) or '(none given)'} (allowed: {', '.join(VARIANT_NAMES)})",
+            param_hint="--variants",
+        )
+    try:
+        net = NetParams(
+            rmem_fraction=rmem_fraction,
+            flow_rate_bps=parse_rate(flow_rate) if flow_rate else None,
+            allreduce=not no_allreduce,
+        )
+    except UnitError as exc:
+        raise click.BadParameter(str(exc), param_hint="--flow-rate") from None
+    try:
+        topo = load_topology(topology_path)
+        wl = load_workload(workload_path)
+        eff = wl.effective(workload_path.parent)
+    except (TopologyError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        free = free_gpus(topo, gpus_per_host, parse_gpus(gpus_text))
+    except PlacementError as exc:
+        raise click.ClickException(str(exc)) from None
+    table = default_variants(_streams(streams), baseline_placement)
+    results: dict[str, Any] = {}
+    for name in names:
+        try:
+            results[name] = predict(topo, wl, table[name], free=free, gpus_per_host=gpus_per_host, net=net,
+                                    base_dir=str(workload_path.parent))
+        except PlacementError as exc:
+            results[name] = exc
+    if all(isinstance(r, Exception) for r in results.values()):
+        raise click.ClickException("no variant can be placed:\n" + "\n".join(f"  {n}: {r}" for n, r in results.items()))
+
+    wan_rate = max((link.rate for link in topo.wan), default=None)
+    if as_json:
+        doc = {
+            "topology": topo.name,
+            "workload": wl.name,
+            "scale": wl.scale,
+            "scale_note": eff.scale_note(wan_rate),
+            "free_gpus": free,
+            "effective": eff.to_json(),
+            "net": {"rmem_fraction": net.rmem_fraction, "flow_rate_bps": net.flow_rate_bps,
+                    "allreduce_included": net.allreduce},
+            "variants": {n: ({"error": str(r)} if isinstance(r, Exception) else r.to_json(topo))
+                         for n, r in results.items()},
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    _print_text(topo, wl, eff, free, results, net, wan_rate)
+    failed = [n for n, r in results.items() if isinstance(r, Exception)]
+    if "atlas" in failed:
+        raise click.ClickException(f"atlas placement: {results['atlas']}")
+
+
+def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
+    m, par = wl.model, wl.parallelism
+    echo = click.echo
+    echo(f"Workload {wl.name}: {m.name}, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}, {m.dtype}; "
+         f"dp={par.dp} pp={par.pp} tp={par.tp}, {par.num_micro_batches} micro-batches of {par.micro_batch}, "
+         f"{par.schedule}" + (f" (chunks {par.chunks})" if par.chunks > 1 else ""))
+    echo(f"  {eff.scale_note(wan_rate)}")
+    echo(f"  GPU {wl.gpu.type} {m.dtype} at {wl.gpu.efficiency:.0%} of peak x tp {par.tp} = "
+         f"{eff.effective_tflops:.1f} TFLOP/s per stage")
+    for k in range(eff.stages):
+        echo(f"  stage {k}: {eff.stage_layers[k]} layers, per micro-batch F {_ms(eff.stage_forward_s[k])}, "
+             f"B {_ms(eff.stage_backward_s[k])}")
+    echo(f"  boundary tensor per micro-batch, each way: {format_size(eff.activation_bytes)} real, "
+         f"{format_size(eff.wire_activation_bytes)} on the wire")
+    echo(f"Topology {topo.name}: " + ", ".join(f"{dc} {n} free GPUs" for dc, n in free.items()))
+    shown: set[tuple] = set()
+    for res in results.values():
+        if isinstance(res, Exception):
+            continue
+        pl = res.placement
+        if pl.stage_dc in shown:
+            continue
+        shown.add(pl.stage_dc)
+        same = [(n, r.placement.strategy) for n, r in results.items()
+                if not isinstance(r, Exception) and r.placement.stage_dc == pl.stage_dc]
+        strategies = " = ".join(dict.fromkeys(st for _, st in same))
+        echo(f"Placement {strategies} (used by {', '.join(n for n, _ in same)}):")
+        for d in range(pl.dp if pl.strategy == "dp-across" else 1):
+            prefix = f"  pipeline {d}: " if pl.strategy == "dp-across" else "  "
+            for dc in dict.fromkeys(pl.stage_dc[d]):
+                hosts = sorted({h for (pd, s), hs in pl.hosts.items() for h in hs
+                                if pl.stage_dc[pd][s] == dc and (pl.strategy != "dp-across" or pd == d)})
+                echo(f"{prefix}{dc}: stages {_stage_ranges(pl.stages_in(dc, d))}  hosts {' '.join(hosts)}")
+        crossings = pl.crossings(topo)
+        if not crossings:
+            echo("  WAN crossings: none (pipeline boundaries stay inside DCs)")
+        for c in crossings:
+            delay = topo.path_delay(c.src, c.dst)
+            via = f" via {'-'.join(c.path)}" if len(c.path) > 2 else ""
+            echo(f"  WAN crossing: boundary {c.boundary}|{c.boundary + 1} {c.src} -> {c.dst}{via}, "
+                 f"{delay * 1e3:.1f} ms one way, pipelines {','.join(map(str, c.pipelines))}")
+    echo("Predicted iteration time" + ("" if net.allreduce else " (DP all-reduce excluded)") + ":")
+    echo(f"  {'variant':<13}{'placement':<11}{'streams':>8}{'per flow':>13}{'per transfer':>14}"
+         f"{'iteration':>11}{'pipeline':>10}{'allreduce':>11}{'bubble':>8}")
+    for name, res in results.items():
+        if isinstance(res, Exception):
+            echo(f"  {name:<13}infeasible: {res}")
+            continue
+        paths = list(res.paths.values())
+        streams = "/".join(sorted({str(p.streams) for p in paths})) or "-"
+        flow = min((p.flow_rate_bps for p in paths), default=None)
+        rate = min((p.rate_bps for p in paths), default=None)
+        echo(f"  {name:<13}{res.placement.strategy:<11}{streams:>8}{_rate(flow):>13}{_rate(rate):>14}"
+             f"{res.iteration_time_s:>10.3f}s{res.pipeline_time_s:>9.3f}s{res.allreduce_s:>10.3f}s"
+             f"{res.bubble_fraction:>8.2f}")
+        if res.plan is not None:
+            firsts = res.plan.first_transfer_s(res.placement.dp)
+            echo(f"  {'':<13}temporal plan: offsets {', '.join(f'{o * 1e3:.1f}' for o in res.plan.offsets)} ms; "
+                 f"first WAN transfer per pipeline at "
+                 f"{', '.join('-' if f is None else f'{f * 1e3:.1f}' for f in firsts)} ms; "
+                 f"{sum(len(v) for v in res.plan.order.values())} transfers in planned order on "
+                 f"{len(res.plan.order)} link direction(s)")
+    first = next((r for r in results.values() if not isinstance(r, Exception)), None)
+    if first is not None:
+        echo(f"  compute only (free network): {first.compute_only_s:.3f} s; ideal bubble (p-1)/(m+p-1) = "
+             f"{first.ideal_bubble_fraction:.2f}")

@@ -1,0 +1,184 @@
+"""Drive emulated devices through a pipeline schedule.
+
+``run_worker`` is the loop of one (pipeline, rank) worker: it walks the rank's op
+list, runs each forward/backward on its `Device` and hands boundary tensors to a
+`Comm`. The Comm is the only I/O: `LocalComm` (in-process mailboxes, zero delay)
+is used here to check schedules against real devices; a multi-host runner plugs in
+one backed by the Atlas transport (send = isend, recv = wait for the tag).
+
+``run_local`` runs every worker of every pipeline as a thread in this process.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from testbed.device import Device, WorkRecord, busy_time
+from testbed.training.schedules import Schedule
+from testbed.training.simulate import TransferKey
+
+
+class Comm(Protocol):
+    def send(self, key: TransferKey, payload: Any) -> None:
+        """Hand a boundary tensor over; may return before it has arrived."""
+
+    def recv(self, key: TransferKey) -> Any:
+        """Block until the tensor `key` has arrived and return it."""
+
+    def flush(self) -> None:
+        """Block until every send of this worker has been delivered."""
+
+
+class StageWork(Protocol):
+    """What a stage computes. Seconds are model seconds for modelled devices (real
+    devices time the work itself)."""
+
+    def forward_seconds(self, stage: int) -> float | None: ...
+    def backward_seconds(self, stage: int) -> float | None: ...
+    def forward(self, stage: int, mb: int, x: Any) -> Any: ...
+    def backward(self, stage: int, mb: int, grad: Any) -> Any: ...
+
+
+@dataclass
+class ModelledWork:
+    """Timing only: the payloads are placeholders, the devices hold for the model's time."""
+
+    forward_s: list[float]
+    backward_s: list[float]
+    payload: Any = None
+
+    def forward_seconds(self, stage: int) -> float:
+        return self.forward_s[stage]
+
+    def backward_seconds(self, stage: int) -> float:
+        return self.backward_s[stage]
+
+    def forward(self, stage: int, mb: int, x: Any) -> Any:
+        return self.payload
+
+    def backward(self, stage: int, mb: int, grad: Any) -> Any:
+        return self.payload
+
+
+class ExecutorError(RuntimeError):
+    """A worker failed or waited too long for a tensor."""
+
+
+class LocalComm:
+    """In-process mailboxes shared by all workers: zero delay, unbounded buffers."""
+
+    def __init__(self, timeout_s: float = 60.0) -> None:
+        self._cv = threading.Condition()
+        self._box: dict[TransferKey, Any] = {}
+        self.timeout_s = timeout_s
+
+    def send(self, key: TransferKey, payload: Any) -> None:
+        with self._cv:
+            self._box[key] = payload
+            self._cv.notify_all()
+
+    def recv(self, key: TransferKey) -> Any:
+        with self._cv:
+            if not self._cv.wait_for(lambda: key in self._box, timeout=self.timeout_s):
+                raise ExecutorError(f"no tensor {key} after {self.timeout_s:g} s (is its sender running?)")
+            return self._box.pop(key)
+
+    def flush(self) -> None:
+        return None
+
+
+def run_worker(
+    schedule: Schedule,
+    rank: int,
+    pipeline: int,
+    device: Device,
+    comm: Comm,
+    work: StageWork,
+    *,
+    owner: str | None = None,
+    start_at: float | None = None,
+) -> list[WorkRecord]:
+    """Run one worker's op list; returns its device records (in order)."""
+    owner = owner or f"train:p{pipeline}r{rank}"
+    if start_at is not None:
+        while (left := start_at - time.time()) > 0:
+            time.sleep(left)
+    inbox: dict[tuple[str, int, int], Any] = {}
+    outbox: dict[tuple[str, int, int], Any] = {}
+    records = []
+    for op in schedule.ops[rank]:
+        k = op.kind
+        if k in ("RECV_F", "RECV_B"):
+            inbox[(op.direction(), op.stage, op.mb)] = comm.recv(TransferKey.for_op(pipeline, op))
+        elif k in ("SEND_F", "SEND_B"):
+            comm.send(TransferKey.for_op(pipeline, op), outbox.pop((op.direction(), op.stage, op.mb)))
+        elif k == "F":
+            x = inbox.pop(("fwd", op.stage, op.mb), None)
+            rec = device.run(
+                "forward", owner, duration_s=work.forward_seconds(op.stage) if device.mode == "modelled" else None,
+                fn=lambda op=op, x=x: work.forward(op.stage, op.mb, x), label=f"F{op.mb}@s{op.stage}",
+            )
+            outbox[("fwd", op.stage, op.mb)] = rec.result
+            records.append(rec)
+        else:
+            g = inbox.pop(("bwd", op.stage, op.mb), None)
+            rec = device.run(
+                "backward", owner, duration_s=work.backward_seconds(op.stage) if device.mode == "modelled" else None,
+                fn=lambda op=op, g=g: work.backward(op.stage, op.mb, g), label=f"B{op.mb}@s{op.stage}",
+            )
+            outbox[("bwd", op.stage, op.mb)] = rec.result
+            records.append(rec)
+    comm.flush()
+    return records
+
+
+def run_local(
+    schedule: Schedule,
+    pipelines: int,
+    devices: Mapping[tuple[int, int], Device],
+    work: StageWork,
+    *,
+    comm: Comm | None = None,
+    offsets: list[float] | None = None,
+) -> dict[tuple[int, int], list[WorkRecord]]:
+    """Run every (pipeline, rank) worker as a thread of this process; returns the
+    device records of each worker."""
+    comm = comm or LocalComm()
+    missing = [(d, r) for d in range(pipelines) for r in range(schedule.ranks) if (d, r) not in devices]
+    if missing:
+        raise ExecutorError(f"no device for workers {missing} (keys are (pipeline, rank))")
+    t0 = time.time() + 0.05  # all threads created before anyone starts
+    results: dict[tuple[int, int], list[WorkRecord]] = {}
+    errors: list[BaseException] = []
+
+    def body(d: int, r: int) -> None:
+        try:
+            start = t0 + (offsets[d] if offsets else 0.0)
+            results[(d, r)] = run_worker(schedule, r, d, devices[(d, r)], comm, work, start_at=start)
+        except BaseException as exc:  # reported to the caller below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=body, args=(d, r), daemon=True)
+               for d in range(pipelines) for r in range(schedule.ranks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    if errors:
+        raise ExecutorError(f"{len(errors)} worker(s) failed; first: {errors[0]!r}") from errors[0]
+    return results
+
+
+def measured_bubble_fraction(timelines: Mapping[Any, list[WorkRecord]]) -> float:
+    """Mean over devices of idle / iteration time, the iteration running from the
+    first start to the last end over all devices."""
+    spans = [r for recs in timelines.values() for r in recs]
+    if not spans:
+        return 0.0
+    t0, t1 = min(r.start for r in spans), max(r.end for r in spans)
+    fr = [1 - busy_time(recs, t0, t1) / (t1 - t0) for recs in timelines.values()]
+    return sum(fr) / len(fr)

@@ -1,0 +1,201 @@
+"""Atlas planner: the DC-selection heuristic (and its infeasible case), WAN paths and
+rates, and the iteration-time model against closed forms."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pytest
+
+from atlas_transport.planner import (
+    NetParams,
+    PlacementError,
+    Variant,
+    default_variants,
+    free_gpus,
+    place,
+    predict,
+    wan_path,
+)
+from testbed.topology import load_topology, parse_topology
+from testbed.workload import load_workload, parse_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def topo(delay: str = "25ms", rate: str = "1Gbit", hosts=(2, 2), rmem: str = "1MB", loss: float = 0.0,
+         lan: str = "10Gbit"):
+    return parse_topology({
+        "name": "t",
+        "tcp": {"rmem_max": rmem, "wmem_max": rmem},
+        "dcs": [{"name": f"dc{i + 1}", "hosts": n, "lan_rate": lan} for i, n in enumerate(hosts)],
+        "wan": [{"between": ["dc1", "dc2"], "rate": rate, "delay": delay, "loss": loss}],
+    })
+
+
+def workload(**par):
+    p = {"dp": 1, "pp": 2, "num_micro_batches": 1, "schedule": "gpipe"}
+    p.update(par)
+    return parse_workload({
+        "name": "w",
+        "model": {"layers": 4, "hidden": 1024, "heads": 8, "seq_len": 512, "vocab": 1000},
+        "parallelism": p,
+        "gpu": {"type": "A100", "efficiency": 0.5},
+    })
+
+
+# ------------------------------------------------------------------ placement
+
+def test_heuristic_fills_largest_dc_first_with_consecutive_stages() -> None:
+    pl = place({"a": 4, "b": 8, "c": 2}, pp=5, dp=2, tp=1)
+    # b: floor(8/2) = 4 stages (0-3), then a: floor(4/2) = 2, of which 1 is needed; c unused
+    assert pl.stage_dc[0] == ("b", "b", "b", "b", "a")
+    assert pl.stage_dc[1] == pl.stage_dc[0]  # DP replicas stay in the same DC
+    assert pl.used() == {"b": 8, "a": 2}
+    assert [(c.boundary, c.src, c.dst, c.pipelines) for c in pl.crossings()] == [(3, "b", "a", (0, 1))]
+
+
+def test_heuristic_uses_tp_times_dp_and_breaks_ties_in_listed_order() -> None:
+    pl = place({"x": 8, "y": 8}, pp=3, dp=2, tp=2)  # 4 GPUs per stage: 2 stages per DC
+    assert pl.stage_dc[0] == ("x", "x", "y")
+    pl = place({"x": 3, "y": 9}, pp=2, dp=1, tp=3)
+    assert pl.stage_dc[0] == ("y", "y")
+
+
+def test_infeasible_placement_names_the_shortfall() -> None:
+    with pytest.raises(PlacementError) as info:
+        place({"dc1": 5, "dc2": 3}, pp=4, dp=2, tp=1)
+    msg = str(info.value)
+    assert msg.startswith("infeasible")
+    assert "each stage needs dp x tp = 2 x 1 = 2 GPUs in one DC" in msg
+    assert "stages that fit per DC: dc1: 5 free -> 2, dc2: 3 free -> 1" in msg
+    assert "only 3 of 4 stages fit, short by 1 stages of 2 GPUs" in msg
+    assert "--gpus" in msg
+
+
+def test_hosts_are_assigned_stage_major() -> None:
+    pl = place({"dc1": 4, "dc2": 2}, pp=3, dp=2, tp=1, hosts={"dc1": ["h1", "h2", "h3", "h4"], "dc2": ["h1", "h2"]})
+    assert pl.hosts[(0, 0)] == ("dc1-h1",) and pl.hosts[(1, 0)] == ("dc1-h2",)
+    assert pl.hosts[(0, 1)] == ("dc1-h3",) and pl.hosts[(1, 2)] == ("dc2-h2",)
+    pl = place({"dc1": 4}, pp=1, dp=2, tp=2, hosts={"dc1": ["a", "b"]}, gpus_per_host=2)
+    assert pl.hosts[(0, 0)] == ("dc1-a", "dc1-a") and pl.hosts[(1, 0)] == ("dc1-b", "dc1-b")
+
+
+def test_other_strategies() -> None:
+    free = {"a": 2, "b": 8, "c": 4}
+    assert place(free, 4, strategy="in-order").stage_dc[0] == ("a", "a", "b", "b")
+    assert place(free, 4, strategy="even").stage_dc[0] == ("a", "a", "b", "c")
+    assert place(free, 4, strategy="round-robin").stage_dc[0] == ("a", "b", "c", "a")
+    assert len(place(free, 4, strategy="round-robin").crossings()) == 3
+    dp = place({"a": 2, "b": 4, "c": 2}, 2, dp=3, strategy="dp-across")
+    assert [row[0] for row in dp.stage_dc] == ["b", "a", "b"]  # whole pipelines, most free GPUs left first
+    assert dp.crossings() == []
+    with pytest.raises(PlacementError, match=r"placement even puts more GPUs in a DC than it has \(a needs 3, has 2\)"):
+        place(free, 9, strategy="even")
+    with pytest.raises(PlacementError, match="each pipeline needs pp x tp = 2 x 1 = 2 GPUs .* short by 1 pipelines"):
+        place({"a": 2, "b": 2}, 2, dp=3, strategy="dp-across")
+    with pytest.raises(PlacementError, match="unknown placement strategy 'best'"):
+        place(free, 2, strategy="best")
+
+
+def test_free_gpus_from_topology_and_override() -> None:
+    t = topo(hosts=(2, 3))
+    assert free_gpus(t) == {"dc1": 2, "dc2": 3}
+    assert free_gpus(t, gpus_per_host=4, override={"dc2": 1}) == {"dc1": 8, "dc2": 1}
+    with pytest.raises(PlacementError, match=r"unknown DC 'dc9' \(DCs in topology t: dc1, dc2\)"):
+        free_gpus(t, override={"dc9": 1})
+
+
+def test_crossing_follows_lowest_latency_route() -> None:
+    t = load_topology(ROOT / "topologies" / "3dc-triangle.yaml")
+    pl = place({"dc1": 1, "dc3": 1, "dc2": 0}, pp=2, dp=1, tp=1, strategy="in-order")
+    (c,) = pl.crossings(t)
+    assert c.path == ("dc1", "dc2", "dc3")  # 10 + 15 ms beats the direct 40 ms
+    wp = wan_path(t, "dc1", "dc3", 1, NetParams())
+    assert wp.latency_s == pytest.approx(0.025) and wp.bottleneck_bps == 500e6
+    assert wp.resources == ("wan:dc1->dc2", "wan:dc2->dc3")
+
+
+# --------------------------------------------------------------- WAN rates
+
+def test_per_flow_rate_is_window_over_rtt_and_streams_multiply() -> None:
+    t = topo(rmem="1MB")
+    one = wan_path(t, "dc1", "dc2", 1, NetParams())
+    assert one.flow_rate_bps == pytest.approx(0.5e6 * 8 / 0.05)  # half of 1 MB per 50 ms RTT = 80 Mbit/s
+    assert one.rate_bps == pytest.approx(80e6)
+    assert wan_path(t, "dc1", "dc2", 8, NetParams()).rate_bps == pytest.approx(640e6)
+    assert wan_path(t, "dc1", "dc2", 64, NetParams()).rate_bps == 1e9  # capped by the link
+    assert wan_path(t, "dc1", "dc2", "auto", NetParams()).streams == 13  # ceil(1000 / 80)
+    assert wan_path(t, "dc1", "dc2", 4, NetParams(), fill_link=True).streams == 13
+    assert wan_path(t, "dc1", "dc2", 1, NetParams(flow_rate_bps=107e6)).rate_bps == 107e6
+    assert wan_path(t, "dc1", "dc2", 1, NetParams(rmem_fraction=1.0)).rate_bps == pytest.approx(160e6)
+
+
+def test_loss_caps_a_flow_by_mathis() -> None:
+    t = topo(rmem="64MB", loss=0.01)
+    wp = wan_path(t, "dc1", "dc2", 1, NetParams())
+    assert wp.flow_rate_bps == pytest.approx(1.22 * 1448 * 8 / (0.05 * math.sqrt(0.01)))
+
+
+# ------------------------------------------------------------ iteration model
+
+def test_one_microbatch_over_one_crossing_is_the_closed_form() -> None:
+    t, wl = topo(), workload()
+    eff = wl.effective()
+    pred = predict(t, wl, Variant("x", 1, "shared", "even"))
+    assert pred.placement.stage_dc[0] == ("dc1", "dc2")
+    tx = eff.wire_activation_bytes * 8 / 80e6
+    expected = sum(eff.stage_forward_s) + sum(eff.stage_backward_s) + 2 * (0.025 + tx)
+    assert pred.pipeline_time_s == pytest.approx(expected, rel=1e-9)
+    assert pred.allreduce_s == 0.0  # dp = 1
+    assert pred.compute_only_s == pytest.approx(sum(eff.stage_forward_s) + sum(eff.stage_backward_s))
+    assert pred.wan_bytes == {"wan:dc1->dc2": eff.wire_activation_bytes, "wan:dc2->dc1": eff.wire_activation_bytes}
+
+
+@pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
+def test_zero_delay_fast_wan_gives_textbook_bubble(schedule: str) -> None:
+    t = topo(delay="0ms", rate="1000Tbit", rmem="1GB", lan="1000Tbit")
+    for pp, m in [(2, 6), (4, 8)]:
+        wl = parse_workload({
+            "name": "w", "model": {"layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512, "vocab": 8,
+                                   "tied_embeddings": True},
+            "parallelism": {"pp": pp, "num_micro_batches": m, "schedule": schedule},
+            "gpu": {"type": "H100"},
+        })
+        pred = predict(t, wl, Variant("x", 8, "shared", "even"), free={"dc1": 4, "dc2": 4})
+        assert pred.bubble_fraction == pytest.approx((pp - 1) / (m + pp - 1), abs=0.03)
+
+
+def test_variants_rank_as_atlas_expects_on_the_2dc_example() -> None:
+    t = load_topology(ROOT / "topologies" / "2dc.yaml")
+    wl = load_workload(ROOT / "scenarios" / "workloads" / "gpt-1.3b.yaml")
+    preds = {name: predict(t, wl, v) for name, v in default_variants().items()}
+    it = {n: p.iteration_time_s for n, p in preds.items()}
+    assert it["atlas"] <= it["multi-tcp"] < it["baseline"]
+    assert preds["atlas"].plan is not None
+    # keeping DP inside the DCs: dp-across-dc pays a WAN all-reduce
+    assert preds["dp-across-dc"].allreduce_s > 10 * preds["atlas"].allreduce_s
+    assert it["dp-across-dc"] > it["atlas"]
+    for p in preds.values():
+        assert p.iteration_time_s >= p.compute_only_s
+        assert p.iteration_time_s == pytest.approx(p.pipeline_time_s + p.allreduce_s)
+    no_ar = predict(t, wl, default_variants()["atlas"], net=NetParams(allreduce=False))
+    assert no_ar.iteration_time_s == pytest.approx(no_ar.pipeline_time_s)
+
+
+def test_more_delay_never_helps() -> None:
+    wl = workload(num_micro_batches=4, dp=2, schedule="1f1b")
+    times = [predict(topo(delay=d), wl, default_variants()["multi-tcp"]).iteration_time_s
+             for d in ("1ms", "10ms", "40ms")]
+    assert times == sorted(times) and times[0] < times[-1]
+
+
+def test_json_carries_placement_and_paths() -> None:
+    t = topo()
+    pred = predict(t, workload(dp=2), default_variants()["atlas"])
+    doc = pred.to_json(t)
+    assert doc["placement"]["stage_dc"] == [["dc1", "dc2"], ["dc1", "dc2"]]
+    assert doc["placement"]["wan_crossings"][0]["path"] == ["dc1", "dc2"]
+    assert doc["wan_paths"][0]["streams"] == 13
+    assert doc["temporal_plan"]["order"]

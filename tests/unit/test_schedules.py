@@ -1,0 +1,301 @@
+"""Pipeline schedules against their known forms and torch's, the simulator against
+closed forms, and real devices driven through the schedules."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from testbed.device import Device
+from testbed.training.executor import LocalComm, ModelledWork, measured_bubble_fraction, run_local
+from testbed.training.schedules import (
+    Op,
+    Schedule,
+    ScheduleError,
+    build_schedule,
+    validate,
+    with_transfers,
+)
+from testbed.training.simulate import (
+    Path as NetPath,
+)
+from testbed.training.simulate import (
+    Resource,
+    SimSpec,
+    SimulationError,
+    TransferKey,
+    max_min_rates,
+    simulate,
+    uniform_spec,
+)
+
+PAIRS = [(2, 4), (4, 8), (3, 6)]
+
+
+def ideal(p: int, m: int) -> float:
+    return (p - 1) / (m + p - 1)
+
+
+# ------------------------------------------------------------------ schedules
+
+@pytest.mark.parametrize(("p", "m"), PAIRS + [(4, 2)])
+def test_1f1b_known_form(p: int, m: int) -> None:
+    s = build_schedule("1f1b", p, m)
+    for stage in range(p):
+        ops = s.compute_ops(stage)
+        assert sum(op.kind == "F" for op in ops) == m and sum(op.kind == "B" for op in ops) == m
+        warmup = min(p - stage - 1, m)  # Narayanan et al.: p - s - 1 warm-up forwards
+        assert s.forwards_before_first_backward(stage) == min(warmup + 1, m)
+        # steady state alternates F, B; cool-down is only B
+        steady = ops[warmup: warmup + 2 * (m - warmup)]
+        assert [op.kind for op in steady] == ["F", "B"] * (m - warmup)
+        assert all(op.kind == "B" for op in ops[warmup + 2 * (m - warmup):])
+        assert [op.mb for op in ops if op.kind == "F"] == list(range(m))
+        assert [op.mb for op in ops if op.kind == "B"] == list(range(m))
+
+
+def test_gpipe_known_form() -> None:
+    s = build_schedule("gpipe", 3, 5)
+    for stage in range(3):
+        kinds = [op.kind for op in s.compute_ops(stage)]
+        assert kinds == ["F"] * 5 + ["B"] * 5
+
+
+def test_transfers_surround_compute() -> None:
+    s = build_schedule("gpipe", 2, 1)
+    assert [str(op) for op in s.ops[0]] == ["F0@s0", "SEND_F0@s0->s1", "RECV_B0@s0<-s1", "B0@s0"]
+    assert [str(op) for op in s.ops[1]] == ["RECV_F0@s1<-s0", "F0@s1", "B0@s1", "SEND_B0@s1->s0"]
+
+
+def _torch_compute_order(kind: str, p: int, m: int, v: int = 1) -> dict[int, list[tuple[str, int, int]]]:
+    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    if kind == "gpipe":
+        order = sched.ScheduleGPipe._get_pipeline_order(SimpleNamespace(_num_stages=p, _n_microbatches=m))
+    else:
+        ns = SimpleNamespace(n_local_stages=v, microbatches_per_round=m // max(1, m // p), pp_group_size=p,
+                             _n_microbatches=m)
+        order = {r: sched.ScheduleInterleaved1F1B._calculate_single_rank_operations(ns, r) for r in range(p)}
+    ct = sched._ComputationType
+    names = {ct.FORWARD: "F", ct.FULL_BACKWARD: "B"}
+    return {r: [(names[a.computation_type], a.microbatch_index, a.stage_index)
+                for a in acts if a is not None and a.computation_type in names] for r, acts in order.items()}
+
+
+@pytest.mark.parametrize(("kind", "p", "m", "v"),
+                         [("gpipe", 2, 4, 1), ("gpipe", 4, 3, 1), ("interleaved-1f1b", 2, 4, 2),
+                          ("interleaved-1f1b", 4, 8, 2), ("interleaved-1f1b", 4, 4, 3)])
+def test_compute_order_matches_torch_pipelining(kind: str, p: int, m: int, v: int) -> None:
+    ours = build_schedule(kind, p, m, v)
+    theirs = _torch_compute_order(kind, p, m, v)
+    assert {r: [(o.kind, o.mb, o.stage) for o in ours.compute_ops(r)] for r in range(p)} == theirs
+
+
+def test_interleaved_known_form() -> None:
+    p, m, v = 4, 8, 2
+    s = build_schedule("interleaved-1f1b", p, m, v)
+    for r in range(p):
+        warmup = (p - r - 1) * 2 + (v - 1) * p  # Megatron-LM
+        assert s.forwards_before_first_backward(r) == warmup + 1
+        assert {op.stage for op in s.compute_ops(r)} == {r, r + p}
+    assert s.stages == 8 and s.rank_of(5) == 1
+
+
+def test_bad_schedules_are_refused() -> None:
+    with pytest.raises(ScheduleError, match=r"unknown schedule 'zb' \(allowed: gpipe, 1f1b, interleaved-1f1b\)"):
+        build_schedule("zb", 2, 2)
+    with pytest.raises(ScheduleError, match="multiple of p"):
+        build_schedule("interleaved-1f1b", 4, 6, 2)
+    with pytest.raises(ScheduleError, match="chunks=2 is only for interleaved"):
+        build_schedule("1f1b", 2, 2, 2)
+    # stage 1 runs its backward before its forward's input arrives -> deadlock
+    order = [[Op("F", 0, 0), Op("B", 0, 0)], [Op("B", 0, 1), Op("F", 0, 1)]]
+    with pytest.raises(ScheduleError, match="before its forward"):
+        validate(Schedule("bad", 2, 1, 1, with_transfers(order, 2)))
+    # stage 0 waits for the gradient before sending the activation: deadlock
+    ops = ((Op("RECV_B", 0, 0, 1), Op("F", 0, 0), Op("SEND_F", 0, 0, 1), Op("B", 0, 0)),
+           (Op("RECV_F", 0, 1, 0), Op("F", 0, 1), Op("B", 0, 1), Op("SEND_B", 0, 1, 0)))
+    with pytest.raises(ScheduleError, match="deadlock, waiting: rank 0 at RECV_B0"):
+        validate(Schedule("bad", 2, 1, 1, ops))
+
+
+# ------------------------------------------------------------------ simulator
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+@pytest.mark.parametrize(("p", "m"), PAIRS)
+def test_simulated_bubble_is_textbook_with_zero_delay(name: str, p: int, m: int) -> None:
+    res = simulate(uniform_spec(build_schedule(name, p, m), 1, 1.0, 2.0))
+    assert res.makespan == pytest.approx((m + p - 1) * 3.0)
+    assert res.bubble_fraction() == pytest.approx(ideal(p, m), abs=1e-9)
+
+
+def test_interleaved_bubble_shrinks_by_v() -> None:
+    p, m, v = 4, 8, 2
+    s = build_schedule("interleaved-1f1b", p, m, v)
+    res = simulate(uniform_spec(s, 1, 1.0 / v, 2.0 / v))
+    assert res.bubble_fraction() == pytest.approx((p - 1) / (v * m + p - 1), abs=1e-9)
+    assert res.bubble_fraction() < ideal(p, m)
+
+
+def test_latency_and_rate_add_up_on_the_critical_path() -> None:
+    # One micro-batch over one WAN boundary: F0 -> wire -> F1, B1 -> wire -> B0.
+    s = build_schedule("gpipe", 2, 1)
+    lat, rate, nbytes = 0.025, 1e9, 1_250_000  # 10 ms on the wire
+    spec = SimSpec(s, 1, [0.1, 0.2], [0.3, 0.4], [nbytes], [nbytes],
+                   paths={(0, 0, "fwd"): NetPath(("up",), lat), (0, 0, "bwd"): NetPath(("down",), lat)},
+                   resources={"up": Resource(rate), "down": Resource(rate)})
+    res = simulate(spec)
+    assert res.makespan == pytest.approx(0.1 + 0.035 + 0.2 + 0.4 + 0.035 + 0.3)
+    t = res.transfer(TransferKey(0, 0, 0, "fwd"))
+    assert (t.start, t.end, t.arrival) == pytest.approx((0.1, 0.11, 0.135))
+
+
+def _two_pipelines(policy: str, order=None) -> SimSpec:
+    s = build_schedule("gpipe", 2, 1)
+    nbytes = 1_250_000  # 10 ms alone at 1 Gbit/s
+    paths = {(d, 0, dr): NetPath((f"l-{dr}",), 0.0) for d in range(2) for dr in ("fwd", "bwd")}
+    res = {f"l-{dr}": Resource(1e9, policy, order) for dr in ("fwd", "bwd")}
+    return SimSpec(s, 2, [0.1, 0.1], [0.1, 0.1], [nbytes], [nbytes], paths, res)
+
+
+def test_shared_link_splits_and_exclusive_link_serialises() -> None:
+    shared = simulate(_two_pipelines("shared"))
+    a, b = (shared.transfer(TransferKey(d, 0, 0, "fwd")) for d in range(2))
+    assert a.end == pytest.approx(0.12) and b.end == pytest.approx(0.12)  # both at half rate
+    excl = simulate(_two_pipelines("exclusive"))
+    a, b = (excl.transfer(TransferKey(d, 0, 0, "fwd")) for d in range(2))
+    assert sorted([a.end, b.end]) == pytest.approx([0.11, 0.12])  # one after the other, full rate
+    assert excl.makespan < shared.makespan
+    # A planned order is obeyed, even against readiness order.
+    order = (TransferKey(1, 0, 0, "fwd"), TransferKey(0, 0, 0, "fwd"))
+    spec = _two_pipelines("exclusive")
+    spec.resources["l-fwd"] = Resource(1e9, "exclusive", order)
+    planned = simulate(spec)
+    assert planned.order_on("l-fwd") == list(order)
+
+
+def test_contradictory_plan_is_reported() -> None:
+    # 1F1B, p=2, m=3: stage 0 sends activation 2 only after backward 0, which needs
+    # activation 0 to have crossed; a plan putting activation 2 first cannot run.
+    s = build_schedule("1f1b", 2, 3)
+    nbytes = 1000
+    paths = {(0, 0, dr): NetPath((f"l-{dr}",), 0.0) for dr in ("fwd", "bwd")}
+    order = tuple(TransferKey(0, 0, mb, "fwd") for mb in (2, 0, 1))
+    resources = {"l-fwd": Resource(1e9, "exclusive", order), "l-bwd": Resource(1e9)}
+    spec = SimSpec(s, 1, [0.1, 0.1], [0.1, 0.1], [nbytes], [nbytes], paths, resources)
+    with pytest.raises(SimulationError, match=r"cannot finish; waiting: .*transfers not started: p0.b0.fwd0"):
+        simulate(spec)
+
+
+def test_max_min_fairness() -> None:
+    # three flows on a 10-unit link, one capped at 2: 2, 4, 4
+    assert max_min_rates([(2, ("a",)), (100, ("a",)), (100, ("a",))], {"a": 10}) == pytest.approx([2, 4, 4])
+    # flow 0 crosses a and b; b is shared with flow 1: b is the bottleneck (3 each), flow 2 gets the rest of a
+    rates = max_min_rates([(100, ("a", "b")), (100, ("b",)), (100, ("a",))], {"a": 10, "b": 6})
+    assert rates == pytest.approx([3, 3, 7])
+    assert max_min_rates([(float("inf"), ())], {}) == [float("inf")]
+
+
+def test_idle_slots_and_offsets() -> None:
+    spec = uniform_spec(build_schedule("gpipe", 2, 2), 2, 1.0, 1.0)
+    spec.offsets = [0.0, 0.5]
+    res = simulate(spec)
+    assert res.makespan == pytest.approx(6.5)
+    assert res.idle_slots(1, 0)[0] == pytest.approx((0.0, 0.5))
+    assert res.idle_slots(0, 1, min_s=0.1)[0] == pytest.approx((0.0, 1.0))
+
+
+# --------------------------------------------------- real devices, zero delay
+
+def _measure_with_devices(tmp_path: Path, name: str, p: int, m: int, attempt: int) -> float:
+    sched = build_schedule(name, p, m)
+    devices = {(0, r): Device(f"{name}-{p}-{m}-{attempt}-r{r}", tmp_path, time_scale=1.0) for r in range(p)}
+    timelines = run_local(sched, 1, devices, ModelledWork([0.05] * p, [0.10] * p))
+    for r in range(p):
+        recs = devices[(0, r)].timeline()
+        assert len(recs) == 2 * m and [x.label for x in recs] == [f"{o.kind}{o.mb}@s{o.stage}" for o in sched.compute_ops(r)]
+    return measured_bubble_fraction(timelines)
+
+
+@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
+def test_devices_driven_through_schedule_show_textbook_bubble(tmp_path: Path, name: str) -> None:
+    """Modelled devices (50 ms forward, 100 ms backward) in threads, zero-delay comms.
+
+    The machine's two cores are shared, and a stalled thread only ever adds idle
+    time; a measurement more than 0.03 off is taken once more (a wrong schedule or
+    executor would be off both times)."""
+    for p, m in [(2, 4), (4, 8)]:
+        measured = _measure_with_devices(tmp_path, name, p, m, 0)
+        if abs(measured - ideal(p, m)) > 0.03:
+            again = _measure_with_devices(tmp_path, name, p, m, 1)
+            print(f"{name} p={p} m={m}: first measurement {measured:.4f} was off, again: {again:.4f}")
+            measured = min(measured, again, key=lambda x: abs(x - ideal(p, m)))
+        print(f"{name} p={p} m={m}: measured bubble {measured:.4f}, (p-1)/(m+p-1) = {ideal(p, m):.4f}")
+        assert measured == pytest.approx(ideal(p, m), abs=0.03)
+
+
+def test_executor_passes_tensors_along_the_pipeline(tmp_path: Path) -> None:
+    """Payloads flow F: x -> x+1 per stage, B: g -> g*2 per stage."""
+
+    class Work(ModelledWork):
+        def forward(self, stage, mb, x):
+            return (mb if x is None else x) + 1
+
+        def backward(self, stage, mb, grad):
+            return (100 if grad is None else grad) * 2
+
+    seen = []
+
+    class Spy(LocalComm):
+        def send(self, key, payload):
+            seen.append((key, payload))
+            super().send(key, payload)
+
+    sched = build_schedule("1f1b", 3, 2)
+    devices = {(0, r): Device(f"d{r}", tmp_path) for r in range(3)}
+    run_local(sched, 1, devices, Work([0.0] * 3, [0.0] * 3), comm=Spy())
+    got = dict(seen)
+    assert got[TransferKey(0, 1, 1, "fwd")] == 1 + 1 + 1  # mb 1 through stages 0 and 1
+    assert got[TransferKey(0, 0, 0, "bwd")] == 100 * 2 * 2  # gradient through stages 2 and 1
+
+
+# ---------------------------------------------------------- property checks
+
+from hypothesis import given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0.1, 100), st.sets(st.sampled_from("abc"), min_size=1)), min_size=1, max_size=6),
+       st.fixed_dictionaries({r: st.floats(1, 50) for r in "abc"}))
+def test_max_min_rates_are_feasible_and_fair(flows, caps) -> None:
+    flows = [(cap, tuple(sorted(res))) for cap, res in flows]
+    rates = max_min_rates(flows, caps)
+    for r, c in caps.items():
+        assert sum(x for x, (_, res) in zip(rates, flows, strict=True) if r in res) <= c * (1 + 1e-9)
+    for x, (cap, res) in zip(rates, flows, strict=True):
+        assert x <= cap * (1 + 1e-9)
+        # max-min: each flow is at its cap or on a full link where nobody gets more
+        saturated = [r for r in res
+                     if sum(y for y, (_, rs) in zip(rates, flows, strict=True) if r in rs) >= caps[r] * (1 - 1e-9)]
+        assert x >= cap * (1 - 1e-9) or any(
+            all(y <= x * (1 + 1e-9) for y, (_, rs) in zip(rates, flows, strict=True) if r in rs) for r in saturated
+        )
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.sampled_from(["gpipe", "1f1b"]), st.integers(1, 5), st.integers(1, 8),
+       st.floats(0.01, 1), st.floats(0.01, 1), st.floats(0, 0.2), st.floats(1e3, 1e6))
+def test_network_costs_only_add_time(name, p, m, tf, tb, latency, nbytes) -> None:
+    s = build_schedule(name, p, m)
+    free = simulate(uniform_spec(s, 1, tf, tb))
+    assert free.bubble_fraction() == pytest.approx((p - 1) / (m + p - 1), abs=1e-9)
+    paths = {(0, b, d): NetPath((f"{b}{d}",), latency) for b in range(p - 1) for d in ("fwd", "bwd")}
+    res = {f"{b}{d}": Resource(1e8) for b in range(p - 1) for d in ("fwd", "bwd")}
+    spec = SimSpec(s, 1, [tf] * p, [tb] * p, [nbytes] * (p - 1), [nbytes] * (p - 1), paths, res)
+    slow = simulate(spec)
+    assert slow.makespan >= free.makespan * (1 - 1e-9)
+    # micro-batch 0 goes down the pipeline and back: all compute plus every hop twice
+    first_round_trip = p * (tf + tb) + 2 * (p - 1) * (latency + nbytes * 8 / 1e8)
+    assert slow.makespan >= first_round_trip * (1 - 1e-9)

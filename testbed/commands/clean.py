@@ -1,0 +1,41 @@
+"""`testbed clean`: remove what crashed runs of the toolkit left behind.
+
+Works only from the toolkit's own run records (/run/testbed/<prefix>.json): each
+recorded process is killed only after its start time and its run mark are
+verified, records of runs still in progress are skipped, and nothing that is not
+listed is touched. Never Mininet's global cleanup (`mn -c`).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+
+@click.command()
+@click.option("--dry-run", is_flag=True, help="only say what would be removed")
+def clean(dry_run: bool) -> None:
+    """Remove leftovers (processes, namespaces, links, records) of crashed runs."""
+    from testbed.records import RECORD_DIR
+    from testbed.records import clean as do_clean
+
+    if os.geteuid() != 0:
+        raise click.ClickException(f"cleaning needs to read {RECORD_DIR} and kill processes: run as root (sudo)")
+    report = do_clean(dry_run=dry_run)
+    for problem in report.problems:
+        click.echo(f"warning: {problem}", err=True)
+    if not report.actions:
+        click.echo("nothing to clean")
+        return
+    verb = "would" if dry_run else "did"
+    for action in report.actions:
+        if action.kind == "skip":
+            click.echo(f"skipped        {action.target}  ({action.detail})")
+        else:
+            click.echo(f"{verb} {action.describe()}")
+    for failure in report.failures:
+        click.echo(f"failed: {failure}", err=True)
+    if report.failures:
+        sys.exit(1)

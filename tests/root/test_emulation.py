@@ -1,0 +1,226 @@
+"""Building topologies on Mininet nodes: connectivity, settings, routes, timing,
+processes, concurrent runs, time-varying links (root and namespaces needed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import statistics
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.emulation import Emulation, EmulationError
+from testbed.kernel import detect_features
+from testbed.records import RECORD_DIR, ProcFS
+from testbed.topology import load_topology, parse_topology
+
+pytestmark = pytest.mark.root
+TOPOS = Path(__file__).resolve().parents[2] / "topologies"
+ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
+
+
+def ping_rtts(src, ip: str, count: int = 10) -> list[float]:
+    src.run(["ping", "-n", "-c", "2", "-i", "0.2", "-W", "2", ip], timeout=10)  # ARP, warm-up
+    out = src.run(["ping", "-n", "-c", str(count), "-i", "0.05", "-W", "2", ip], timeout=20).stdout
+    return [float(x) for x in re.findall(r"time=([0-9.]+) ms", out)]
+
+
+def marked_pids(prefix: str) -> list[int]:
+    """Live processes that carry the run's mark (command line or environment)."""
+    procfs = ProcFS()
+    found = []
+    for pid in procfs.pids():
+        if pid == os.getpid():
+            continue
+        if prefix in (procfs.cmdline(pid) or "") or procfs.environ_has(pid, "TESTBED_RUN", prefix):
+            found.append(pid)
+    return found
+
+
+def root_links() -> list[str]:
+    return os.listdir("/sys/class/net")
+
+
+def test_2dc_connectivity_settings_and_clean_exit():
+    allowed_before = ALLOWED_CC.read_text()
+    others_before = {p.name for p in RECORD_DIR.glob("*.json")}
+    with Emulation.from_file(TOPOS / "2dc.yaml") as emu:
+        prefix = emu.prefix
+        assert re.fullmatch(r"tb[0-9a-f]{3}", prefix)
+        if not detect_features().netem:
+            assert emu.delay_backend == "relay"
+        assert emu.record is not None and emu.record.path == RECORD_DIR / f"{prefix}.json"
+        assert emu.record.path.exists()
+        print(f"\n2dc built in {emu.build_s:.2f} s, backend {emu.delay_backend}")
+        assert [h.name for h in emu.hosts()] == ["dc1-h1", "dc1-h2", "dc2-h1", "dc2-h2"]
+        assert emu.host("dc2", 1).ip == "10.200.2.11"
+        for a in emu.hosts("dc1"):
+            for b in emu.hosts("dc2"):
+                rtts = ping_rtts(a, b.ip, count=3)
+                assert len(rtts) == 3, f"{a.name} -> {b.name}: no replies"
+                assert 49 < statistics.median(rtts) < 56
+        # intra-DC: no WAN delay
+        assert statistics.median(ping_rtts(emu.host("dc1", 0), emu.host("dc1", 1).ip, 3)) < 5
+        h = emu.host("dc1", 0)
+        assert h.run(["cat", "/proc/sys/net/ipv4/tcp_rmem"]).stdout.split() == ["4096", "131072", "1000000"]
+        assert h.run(["cat", "/proc/sys/net/ipv4/tcp_congestion_control"]).stdout.strip() == "cubic"
+        assert h.run(["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() == "0"
+        gw = emu.gateway("dc1")
+        assert gw.run(["cat", "/proc/sys/net/ipv4/ip_forward"]).stdout.strip() == "1"
+        wan = emu.wan_node("dc1", "dc2")
+        for intf in wan.intfs:
+            qdiscs = wan.run(["tc", "qdisc", "show", "dev", intf]).stdout
+            assert "htb 1:" in qdiscs and "bfifo 10:" in qdiscs and "limit 6250000b" in qdiscs
+        # nothing of the run lives in the root namespace
+        assert not [name for name in root_links() if name.startswith(prefix)]
+        shells = [n.pid for n in emu.nodes()]
+    assert emu.teardown_s is not None
+    print(f"2dc torn down in {emu.teardown_s:.2f} s")
+    assert not (RECORD_DIR / f"{prefix}.json").exists()
+    assert marked_pids(prefix) == []
+    assert not [pid for pid in shells if ProcFS().start_time(pid) is not None]
+    if not others_before and not list(RECORD_DIR.glob("*.json")):
+        # no concurrent run could have changed it meanwhile: restored exactly
+        assert ALLOWED_CC.read_text() == allowed_before
+
+
+def test_triangle_build_and_teardown_times_and_routes():
+    with Emulation.from_file(TOPOS / "3dc-triangle.yaml") as emu:
+        assert len(emu.hosts()) == 12
+        print(f"\n3dc-triangle (12 hosts, 18 nodes): built in {emu.build_s:.2f} s")
+        # dc1 -> dc3 follows the lowest latency: via dc2 (20 + 30 ms), not the direct 80 ms
+        via = statistics.median(ping_rtts(emu.host("dc1", 0), emu.host("dc3", 3).ip))
+        direct12 = statistics.median(ping_rtts(emu.host("dc1", 1), emu.host("dc2", 2).ip))
+        print(f"RTT dc1->dc3 {via:.1f} ms (configured path 50 ms), dc1->dc2 {direct12:.1f} ms")
+        assert 49 < via < 56
+        assert 19.5 < direct12 < 25
+        trace = emu.host("dc1", 0).run(["ping", "-n", "-c1", "-R", emu.host("dc3", 0).ip], timeout=5).stdout
+        assert "10.201.0.2" in trace  # record route passes dc2's end of the dc1-dc2 link
+    print(f"3dc-triangle torn down in {emu.teardown_s:.2f} s")
+    assert emu.build_s < 20, "issue target: under 10 s"
+    assert emu.teardown_s < 10, "issue target: under 5 s"
+
+
+def small_topology(delay: str = "5ms", rate: str = "100Mbit", changes: list | None = None):
+    link = {"between": ["a", "b"], "rate": rate, "delay": delay}
+    if changes:
+        link["changes"] = changes
+    return parse_topology({"name": "small", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                           "wan": [link]})
+
+
+def test_popen_processes_are_recorded_and_killed_at_teardown():
+    with Emulation(small_topology()) as emu:
+        h = emu.host("a", 0)
+        proc = h.popen(["sleep", "300"])
+        assert proc.pid in [p.pid for p in emu.record.processes]
+        assert ProcFS().environ_has(proc.pid, "TESTBED_RUN", emu.prefix)
+        assert ProcFS().netns(proc.pid) == h.netns_inode
+        done = h.run(["true"], timeout=10)
+        assert done.returncode == 0
+    assert proc.poll() is not None
+    assert ProcFS().start_time(proc.pid) is None or proc.returncode is not None
+
+
+def test_exception_inside_the_block_tears_down():
+    with pytest.raises(RuntimeError, match="boom"):
+        with Emulation(small_topology()) as emu:
+            prefix = emu.prefix
+            emu.host("b", 0).popen(["sleep", "300"])
+            raise RuntimeError("boom")
+    assert marked_pids(prefix) == []
+    assert not (RECORD_DIR / f"{prefix}.json").exists()
+
+
+def test_two_runs_at_once_do_not_collide():
+    with Emulation(small_topology("5ms")) as one, Emulation(small_topology("15ms")) as two:
+        assert one.prefix != two.prefix
+        assert one.host("a", 0).ip == two.host("a", 0).ip  # same addresses, separate namespaces
+        r1 = statistics.median(ping_rtts(one.host("a", 0), one.host("b", 0).ip, 5))
+        r2 = statistics.median(ping_rtts(two.host("a", 0), two.host("b", 0).ip, 5))
+        assert 9.5 < r1 < 14 and 29.5 < r2 < 34
+        with pytest.raises(EmulationError, match=f"run prefix {one.prefix} is in use"):
+            with Emulation(small_topology(), prefix=one.prefix):
+                pass
+        assert (RECORD_DIR / f"{one.prefix}.json").exists()  # the failed attempt did not touch it
+
+
+def test_time_varying_link_changes_delay_and_rate():
+    from testbed import shaping
+    from testbed.netns import open_iproute
+
+    topo = small_topology("5ms", "100Mbit", [{"at": "1s", "delay": "20ms", "rate": "50Mbit"}])
+    with Emulation(topo) as emu:
+        a, b = emu.host("a", 0), emu.host("b", 0)
+        before = statistics.median(ping_rtts(a, b.ip, 5))
+        deadline = time.monotonic() + 6  # the change is due 1 s after the build
+        after = before
+        while time.monotonic() < deadline and after < 35:
+            after = statistics.median(ping_rtts(a, b.ip, 5))
+        wan = emu.wan_node("a", "b")
+        with open_iproute(wan.pid) as ipr:
+            state = shaping.read_shaper(ipr, wan.intfs[0])
+    print(f"\nRTT before the change {before:.1f} ms, after {after:.1f} ms; rate now {state.rate_bps / 1e6:g} Mbit/s")
+    assert 9.5 < before < 14
+    assert 39.5 < after < 45
+    assert state.rate_bps == pytest.approx(50e6, rel=0.01)
+
+
+def test_topology_objects_in_memory_are_accepted():
+    topo = load_topology(TOPOS / "2dc.yaml").model_copy()
+    with Emulation(topo, delay_backend="relay") as emu:
+        assert emu.delay_backend == "relay"
+        assert emu.topology is topo
+
+
+def test_netem_backend_requested_on_a_kernel_without_it_says_what_to_do():
+    if detect_features().netem:
+        pytest.skip("this kernel has sch_netem")
+    with pytest.raises(EmulationError, match="sch_netem"):
+        with Emulation(small_topology(), delay_backend="netem"):
+            pass
+
+
+def test_netem_backend_layout(monkeypatch):
+    """The netem path: the WAN node bridges its two interfaces, no relay runs, and
+    each egress gets HTB + a netem leaf with the link's delay, jitter and loss. On a
+    kernel without sch_netem the netem leaf is swapped for a bfifo when sent."""
+    from testbed import kernel, shaping
+
+    sent: list[tuple[str, list]] = []
+    real_apply = shaping.apply
+    has_netem = detect_features().netem
+
+    def recording_apply(ipr, ifname, requests):
+        requests = list(requests)
+        sent.append((ifname, requests))
+        if not has_netem:
+            requests = [shaping.TcRequest(r.command, "bfifo", r.handle, r.parent, {"limit": 10**6})
+                        if r.kind == "netem" else r for r in requests]
+        real_apply(ipr, ifname, requests)
+
+    monkeypatch.setattr(shaping, "apply", recording_apply)
+    monkeypatch.setattr(kernel, "choose_delay_backend", lambda features, prefer=None: "netem")
+    topo = parse_topology({"name": "n", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                           "wan": [{"between": ["a", "b"], "rate": "200Mbit", "delay": "7ms",
+                                    "jitter": "1ms", "loss": "0.5%"}]})
+    with Emulation(topo) as emu:
+        assert emu.delay_backend == "netem"
+        wan = emu.wan_node("a", "b")
+        assert wan.relay is None
+        assert not [p for p in emu.record.processes if p.kind == "relay"]
+        bridge = f"{wan.mn_name}-br"
+        for intf in wan.intfs:
+            assert f"master {bridge}" in wan.run(["ip", "-o", "link", "show", intf]).stdout
+        rtts = ping_rtts(emu.host("a", 0), emu.host("b", 0).ip, 3)
+        assert len(rtts) == 3
+    wan_requests = {ifname: reqs for ifname, reqs in sent if ifname in wan.intfs}
+    assert set(wan_requests) == set(wan.intfs)
+    for reqs in wan_requests.values():
+        assert [r.kind for r in reqs] == ["htb", "htb", "netem"]
+        netem = reqs[-1].params
+        assert netem["delay"] == 7000 and netem["jitter"] == 1000 and netem["loss"] == pytest.approx(0.5)
+        assert netem["limit"] >= 1000
+        assert reqs[1].params["rate"] == 200e6 // 8

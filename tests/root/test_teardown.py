@@ -1,0 +1,164 @@
+"""Nothing of the toolkit remains (process, namespace, interface, record) after
+(a) a normal run of `testbed topo up`, (b) Ctrl-C in the middle of `testbed topo
+check`, (c) SIGKILL of the toolkit followed by `testbed clean`."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import select
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from testbed.records import ENV_RUN, RECORD_DIR, ProcFS
+
+pytestmark = [pytest.mark.root, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+TOPO = str(REPO / "topologies" / "2dc.yaml")
+TESTBED = [sys.executable, "-m", "testbed.cli"]
+
+
+def leftovers(prefix: str, netns: set[int]) -> list[str]:
+    """Everything of run `prefix` still on the machine."""
+    procfs = ProcFS()
+    found = []
+    for pid in procfs.pids():
+        if pid == os.getpid():
+            continue
+        cmd = procfs.cmdline(pid) or ""
+        if prefix in cmd or procfs.environ_has(pid, ENV_RUN, prefix) or procfs.netns(pid) in netns:
+            if procfs.start_time(pid) is not None and not _zombie(pid):
+                found.append(f"process {pid}: {cmd[:80]}")
+    found += [f"interface {n}" for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
+    if os.path.isdir("/run/netns"):
+        found += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(prefix)]
+    if (RECORD_DIR / f"{prefix}.json").exists():
+        found.append(f"record {RECORD_DIR / f'{prefix}.json'}")
+    return found
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat[stat.rfind(")") + 2:].split()[0] == "Z"
+
+
+def read_until(proc: subprocess.Popen, pattern: str, timeout: float, stream: str = "stderr") -> tuple[str, str]:
+    """Read lines of proc's `stream` until one matches `pattern`; returns (match, all text)."""
+    pipe = getattr(proc, stream)
+    text = ""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        ready, _, _ = select.select([pipe], [], [], 0.2)
+        if ready:
+            line = pipe.readline()
+            if not line:
+                break
+            text += line
+            m = re.search(pattern, line)
+            if m:
+                return m.group(1) if m.groups() else m.group(0), text
+    raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got:\n{text}")
+
+
+def record_netns(prefix: str) -> set[int]:
+    data = json.loads((RECORD_DIR / f"{prefix}.json").read_text())
+    return {n["netns"] for n in data["nodes"] if n.get("netns")}
+
+
+def wait_gone(prefix: str, netns: set[int], timeout: float = 5.0) -> list[str]:
+    deadline = time.monotonic() + timeout
+    while True:
+        left = leftovers(prefix, netns)
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.1)
+
+
+def test_a_normal_run_of_topo_up_leaves_nothing():
+    proc = subprocess.Popen([*TESTBED, "topo", "up", TOPO], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        prefix, _ = read_until(proc, r"run (tb[0-9a-f]{3}):", 30)
+        read_until(proc, r"built in", 30)
+        netns = record_netns(prefix)
+        assert len(netns) == 7
+        out, err = proc.communicate("dc1-h1 ping -c2 -W2 dc2-h2\nnodes\nexit\n", timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 0, err
+    both = out + err  # Mininet's CLI prints node output through its logger (stderr)
+    assert "2 received" in both  # dc2-h2 was replaced by its address and answered
+    assert "wan-dc1-dc2" in both
+    assert "torn down in" in err
+    assert wait_gone(prefix, netns) == []
+
+
+def test_b_ctrl_c_in_the_middle_of_topo_check_leaves_nothing():
+    proc = subprocess.Popen([*TESTBED, "topo", "check", TOPO, "--json"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        prefix, _ = read_until(proc, r"run (tb[0-9a-f]{3}):", 30)
+        netns = record_netns(prefix)
+        read_until(proc, r"goodput dc1-h1", 60)
+        time.sleep(1.5)  # iperf3 is running now, relay busy
+        assert leftovers(prefix, netns), "the run should be alive before Ctrl-C"
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == 130, err
+    assert "interrupted: the emulation was torn down" in err
+    assert out == ""
+    assert wait_gone(prefix, netns) == []
+
+
+KILLED_SCRIPT = """
+import sys, time
+from testbed.emulation import Emulation
+emu = Emulation.from_file(sys.argv[1])
+emu.start()
+emu.host("dc2", 0).popen(["sleep", "300"])
+emu.host("dc1", 1).popen(["python3", "-c", "import time; time.sleep(300)"])
+print("READY", emu.prefix, flush=True)
+time.sleep(300)
+"""
+
+
+def test_c_sigkill_then_testbed_clean_leaves_nothing():
+    proc = subprocess.Popen([sys.executable, "-c", KILLED_SCRIPT, TOPO], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        prefix, _ = read_until(proc, r"READY (tb[0-9a-f]{3})", 60, stream="stdout")
+        netns = record_netns(prefix)
+        proc.kill()
+        proc.wait(timeout=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    time.sleep(1.0)  # node shells see EOF, the relay its parent's death
+    left = leftovers(prefix, netns)
+    print("\nleft behind by SIGKILL:", left)
+    assert any("sleep 300" in item for item in left), "the spawned processes survive SIGKILL"
+    assert not any("testbed.delayline" in item for item in left), "relays die with their parent"
+    dry = subprocess.run([*TESTBED, "clean", "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert dry.returncode == 0 and "would kill" in dry.stdout
+    assert leftovers(prefix, netns) == left
+    done = subprocess.run([*TESTBED, "clean"], capture_output=True, text=True, cwd=REPO, timeout=60)
+    print(done.stdout)
+    assert done.returncode == 0, done.stderr
+    assert "did remove-record" in done.stdout and "did kill" in done.stdout
+    assert wait_gone(prefix, netns) == []

@@ -1,0 +1,173 @@
+"""Run records and the cleanup plan, against a fake /proc tree (no root needed)."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+from pathlib import Path
+
+import pytest
+
+from testbed.records import (
+    ENV_RUN,
+    ProcFS,
+    RecordError,
+    RunRecord,
+    clean,
+    list_records,
+    plan_clean,
+    prefix_in_use,
+)
+
+ROOT_NS = 4026531840
+RUN_NS = 4026532999
+OTHER_NS = 4026533111
+
+
+def add_proc(root: Path, pid: int, start: int, cmdline: str = "", env: dict[str, str] | None = None,
+             netns: int | None = ROOT_NS, comm: str = "proc") -> None:
+    d = root / str(pid)
+    d.mkdir()
+    fields = ["S"] + ["0"] * 18 + [str(start)] + ["0"] * 10
+    (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
+    (d / "cmdline").write_bytes(b"\0".join(p.encode() for p in cmdline.split()) + b"\0")
+    (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (env or {}).items()))
+    if netns is not None:
+        (d / "ns").mkdir()
+        os.symlink(f"net:[{netns}]", d / "ns" / "net")
+
+
+@pytest.fixture
+def proc(tmp_path: Path) -> tuple[Path, ProcFS]:
+    root = tmp_path / "proc"
+    root.mkdir()
+    add_proc(root, 1, 1, "/sbin/init", netns=ROOT_NS)
+    return root, ProcFS(root)
+
+
+def make_record(tmp_path: Path, procfs: ProcFS, prefix: str = "tb123") -> RunRecord:
+    return RunRecord.create(prefix, "2dc", tmp_path / "records", procfs)
+
+
+def test_procfs_reads_stat_with_odd_comm(proc):
+    root, procfs = proc
+    add_proc(root, 4242, 777, "x", comm="a) b (c")
+    assert procfs.start_time(4242) == 777
+    assert procfs.start_time(99999) is None
+    assert procfs.netns(4242) == ROOT_NS
+    assert procfs.cmdline(4242) == "x"
+
+
+def test_claim_is_exclusive_and_private(tmp_path, proc):
+    _, procfs = proc
+    rec = make_record(tmp_path, procfs)
+    assert stat.S_IMODE(rec.path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(rec.path.stat().st_mode) == 0o600
+    with pytest.raises(RecordError, match="tb123 is already taken"):
+        make_record(tmp_path, procfs)
+
+
+def test_record_persists_every_addition(tmp_path, proc):
+    root, procfs = proc
+    add_proc(root, 500, 50, "bash --norc --noediting -is mininet:tb123d0h1", netns=RUN_NS)
+    rec = make_record(tmp_path, procfs)
+    rec.add_node("tb123d0h1", 500, procfs)
+    rec.add_process("relay", "tb123w01:python", 600, RUN_NS, procfs)
+    rec.add_sysctl("net.ipv4.tcp_allowed_congestion_control", "reno bbr", "reno bbr cubic")
+    data = json.loads(rec.path.read_text())
+    assert data["nodes"][0] == {"pid": 500, "start": 50, "kind": "node", "name": "tb123d0h1", "netns": RUN_NS}
+    assert data["processes"][0]["kind"] == "relay"
+    again = RunRecord.load(rec.path)
+    assert again.nodes == rec.nodes and again.sysctls == rec.sysctls
+    rec.drop_processes([600])
+    assert RunRecord.load(rec.path).processes == []
+    with pytest.raises(RecordError, match="does not carry the run prefix tb123"):
+        rec.add_node("h1", 1, procfs)
+    with pytest.raises(RecordError, match="does not carry the run prefix"):
+        rec.add_interface("eth0")
+
+
+def test_plan_kills_only_verified_processes(tmp_path, proc):
+    root, procfs = proc
+    rec = make_record(tmp_path, procfs)
+    rec.owner.pid, rec.owner.start = 100, 10  # the crashed toolkit: gone from /proc
+    # a node shell still alive: same start time, carries mininet:<prefix...>
+    add_proc(root, 500, 50, "bash --norc --noediting -is mininet:tb123d0h1", netns=RUN_NS)
+    rec.add_node("tb123d0h1", 500, procfs)
+    # a node whose PID was reused by somebody else since (start time differs)
+    add_proc(root, 501, 51, "bash --norc --noediting -is mininet:tb123d0h2", netns=OTHER_NS)
+    rec.add_node("tb123d0h2", 501, procfs)
+    rec.nodes[-1].start = 40
+    # a spawned process: no prefix in its command line, but marked in its environment
+    add_proc(root, 600, 60, "sleep 300", env={ENV_RUN: "tb123"}, netns=RUN_NS)
+    rec.add_process("process", "tb123d0h1:sleep", 600, RUN_NS, procfs)
+    # a recorded PID now held by an unrelated process with the same start time (paranoia):
+    # no mark in cmdline or environment, and another namespace -> left alone
+    add_proc(root, 601, 61, "postgres", env={ENV_RUN: "tb999"}, netns=OTHER_NS)
+    rec.add_process("process", "tb123d0h1:iperf3", 601, RUN_NS, procfs)
+    # not recorded, but inside the namespace a verified process of the run holds
+    add_proc(root, 700, 70, "iperf3 -s", netns=RUN_NS)
+    # not recorded, root namespace: never touched
+    add_proc(root, 800, 80, "sshd", netns=ROOT_NS)
+    rec.add_interface("tb123-x")
+    rec.add_sysctl("net.ipv4.tcp_allowed_congestion_control", "reno bbr", "reno bbr cubic")
+
+    actions = plan_clean(RunRecord.load(rec.path), procfs)
+    kills = sorted(a.pid for a in actions if a.kind == "kill")
+    assert kills == [500, 600, 700]
+    kinds = [a.kind for a in actions]
+    assert kinds[-1] == "remove-record"
+    assert "del-interface" in kinds and "restore-sysctl" in kinds
+    restore = next(a for a in actions if a.kind == "restore-sysctl")
+    assert restore.detail == "reno bbr cubic -> reno bbr"
+
+
+def test_plan_skips_a_run_in_progress(tmp_path, proc):
+    root, procfs = proc
+    rec = make_record(tmp_path, procfs)
+    add_proc(root, 100, 10, "python -m testbed topo check", netns=ROOT_NS)
+    rec.owner.pid, rec.owner.start = 100, 10
+    add_proc(root, 500, 50, "bash -is mininet:tb123d0h1", netns=RUN_NS)
+    rec.add_node("tb123d0h1", 500, procfs)
+    actions = plan_clean(rec, procfs)
+    assert [a.kind for a in actions] == ["skip"]
+    assert "still active (pid 100)" in actions[0].detail
+
+
+def test_clean_removes_a_dead_runs_record_and_nothing_else(tmp_path, proc):
+    root, procfs = proc
+    rec = make_record(tmp_path, procfs, "tbabc")
+    rec.owner.pid, rec.owner.start = 100, 10
+    rec.add_node("tbabcd0h1", 500, procfs)  # long gone
+    rec.save()
+    other = tmp_path / "records" / "notes.txt"
+    other.write_text("not ours")
+    dry = clean(tmp_path / "records", dry_run=True, procfs=procfs)
+    assert [a.kind for a in dry.actions] == ["remove-record"]
+    assert rec.path.exists()
+    done = clean(tmp_path / "records", procfs=procfs)
+    assert done.failures == []
+    assert not rec.path.exists()
+    assert other.exists()
+
+
+def test_list_records_reports_files_that_are_not_records(tmp_path, proc):
+    _, procfs = proc
+    d = tmp_path / "records"
+    make_record(tmp_path, procfs, "tb001")
+    (d / "tb002.json").write_text("{not json")
+    (d / "tb003.json").write_text(json.dumps({"prefix": "tb004", "owner": {"pid": 1, "start": 1, "kind": "owner"}}))
+    records, problems = list_records(d)
+    assert [r.prefix for r in records] == ["tb001"]
+    assert any("tb002.json: unreadable run record" in p for p in problems)
+    assert any("tb003.json: not a testbed run record" in p for p in problems)
+
+
+def test_prefix_in_use(tmp_path, proc):
+    root, procfs = proc
+    make_record(tmp_path, procfs, "tb001")
+    add_proc(root, 900, 90, "bash --norc -is mininet:tb002g0", netns=RUN_NS)
+    assert prefix_in_use("tb001", tmp_path / "records", procfs)
+    assert prefix_in_use("tb002", tmp_path / "records", procfs)
+    assert not prefix_in_use("tb003", tmp_path / "records", procfs)

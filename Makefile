@@ -3,7 +3,7 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
-APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 procps
+APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps
 STAMP   := $(VENV)/.installed
 
 .PHONY: install sysdeps venv test test-unit demo lint clean-venv

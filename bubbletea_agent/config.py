@@ -1,0 +1,213 @@
+"""The agent's configuration file (YAML or JSON), validated once at the edge, and the
+mapping from a scenario's `bubbletea:` section to one agent's configuration.
+
+Example (one agent next to worker dc0-h1)::
+
+    owner: bubbletea-dc0-h1
+    device: {name: dc0-h1-gpu0, run_dir: results/run1, mode: modelled, gpu: H100, efficiency: 0.5}
+    slots: results/run1/slots/dc0-h1.jsonl
+    out_dir: results/run1/bubbletea/dc0-h1
+    epoch: 1718000000.0           # time.time() of request time zero, the same for every agent
+    model: {preset: llama-3-8b}
+    requests: {kind: poisson, rate_per_s: 20, duration_s: 60, deadline_s: 5,
+               lengths: {kind: lognormal, mean: 512, sigma: 0.6, min: 16, max: 4096},
+               shard_index: 0, shard_count: 4}
+    admission: {chunking: true}
+    guard: {initial_rel: 0.05}
+    decode: {host: 10.0.2.1, port: 7070, streams: 4}
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from bubbletea_agent.admission import AdmissionConfig, GuardConfig
+from bubbletea_agent.engine import ModelSpec
+from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS
+from bubbletea_agent.requests import (
+    FixedLength,
+    LogNormalLength,
+    PoissonSource,
+    RequestSourceConfig,
+    TraceSource,
+    UniformLength,
+)
+
+
+class AgentConfigError(ValueError):
+    """An agent configuration that cannot be used; names the file and field."""
+
+
+class _M(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class DeviceConfig(_M):
+    """Which device to share with the training worker (testbed.device.Device)."""
+
+    name: str
+    run_dir: Path
+    mode: Literal["modelled", "real"] = "modelled"
+    gpu: str = "H100"  # the compute model's GPU (modelled mode): must match the worker's
+    peak_tflops: float | None = Field(default=None, gt=0)  # gpu "custom": dense peak
+    memory_bandwidth_gbs: float | None = Field(default=None, gt=0)  # gpu "custom"
+    efficiency: float = Field(default=0.5, gt=0, le=1)
+    tp: int = Field(default=1, ge=1)
+    profile: Path | None = None  # measured op times (compute_model.load_profile)
+    time_scale: float | None = Field(default=None, gt=0)  # None: TESTBED_TIME_SCALE or 1
+    torch_device: str = "auto"  # real mode: "cuda", "cpu" or "auto"
+    cpu_threads: int = Field(default=1, ge=1)  # real mode on CPU: torch threads (cores are shared)
+
+
+class TrackerConfig(_M):
+    quantile: float = Field(default=0.9, gt=0, le=1)
+    window: int = Field(default=32, ge=1)
+    min_gap_s: float = Field(default=0.0005, ge=0)
+
+
+class DecodeConfig(_M):
+    """The decode host that receives KV caches over atlas_transport."""
+
+    host: str
+    port: int = Field(default=7070, ge=1, le=65535)
+    streams: int | Literal["auto"] = 4
+    secret: str | None = None  # None: the ATLAS_SECRET environment variable
+    shared_clock: bool = True  # both hosts read the same time.time() (true in the testbed)
+    pad_to_logical: bool = True  # scaled-down caches: still put the true size on the wire
+    connect_timeout_s: float = Field(default=10.0, gt=0)
+
+
+class ProfileConfig(_M):
+    """Real devices: prompt lengths timed at start to fit the latency curve."""
+
+    lengths: list[int] = Field(default_factory=lambda: list(DEFAULT_PROFILE_LENGTHS), min_length=2)
+    repeats: int = Field(default=3, ge=1)
+    timeout_s: float = Field(default=120.0, gt=0)
+
+
+class AgentConfig(_M):
+    owner: str = "bubbletea"
+    device: DeviceConfig
+    slots: Path
+    out_dir: Path
+    epoch: float | None = None  # time.time() of request time zero; None: when the first slot is announced
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    requests: RequestSourceConfig
+    admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
+    guard: GuardConfig = Field(default_factory=GuardConfig)
+    tracker: TrackerConfig = Field(default_factory=TrackerConfig)
+    decode: DecodeConfig | None = None
+    profile: ProfileConfig = Field(default_factory=ProfileConfig)
+    materialise_limit_bytes: int = Field(default=64 << 20, ge=1)
+    # modelled KV caches on the wire: true size x this (the workload's `scale`, so a KV
+    # cache crosses the emulated WAN in the time the real one would take on the real link)
+    kv_wire_scale: float = Field(default=1.0, gt=0, le=1)
+    poll_s: float = Field(default=0.002, gt=0)
+    idle_poll_s: float = Field(default=0.05, gt=0)
+    settle_s: float = Field(default=0.002, ge=0)  # see Agent._settling
+    max_runtime_s: float | None = Field(default=None, gt=0)
+    slot_wait_s: float = Field(default=60.0, gt=0)  # give up if no slot is ever published
+
+
+def _format(source: str, exc: ValidationError) -> str:
+    lines = [f"{source}: invalid BubbleTea agent configuration:"]
+    for err in exc.errors():
+        loc = ".".join(str(p) for p in err["loc"]) or "(top level)"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required field is missing"
+        elif err["type"] == "extra_forbidden":
+            msg = "unknown field (check the spelling)"
+        lines.append(f"  - {loc}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_config(data: dict[str, Any], source: str = "agent config") -> AgentConfig:
+    try:
+        return AgentConfig.model_validate(data)
+    except ValidationError as exc:
+        raise AgentConfigError(_format(source, exc)) from None
+
+
+def load_config(path: str | Path) -> AgentConfig:
+    path = Path(path)
+    try:
+        text = path.read_text()
+    except OSError as exc:
+        raise AgentConfigError(f"{path}: cannot read agent configuration ({exc.strerror})") from None
+    try:
+        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
+    except (json.JSONDecodeError, yaml.YAMLError) as exc:
+        raise AgentConfigError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    if not isinstance(data, dict):
+        raise AgentConfigError(f"{path}: an agent configuration is a mapping of fields")
+    return parse_config(data, str(path))
+
+
+def _get(obj: Any, key: str, default: Any = None) -> Any:
+    if isinstance(obj, dict):
+        return obj.get(key, default)
+    return getattr(obj, key, default)
+
+
+def config_from_scenario(
+    bubbletea: Any,
+    *,
+    device: dict[str, Any],
+    slots: str | Path,
+    out_dir: str | Path,
+    shard_index: int,
+    shard_count: int,
+    duration_s: float,
+    epoch: float | None = None,
+    seed: int = 1,
+    decode: dict[str, Any] | None = None,
+    owner: str | None = None,
+    base_dir: str | Path | None = None,
+    kv_wire_scale: float = 1.0,
+) -> AgentConfig:
+    """One agent's configuration from a scenario's `bubbletea:` section (a dict or the
+    scenario's pydantic model). The request rate there is for the whole cluster: every
+    agent draws the same seeded stream and keeps its own shard of it."""
+    req = _get(bubbletea, "requests", {}) or {}
+    deadline = _get(req, "deadline")
+    shard = {"shard_index": shard_index, "shard_count": shard_count}
+    trace = _get(req, "trace")
+    if trace:
+        path = Path(trace)
+        if base_dir is not None and not path.is_absolute():
+            path = Path(base_dir) / path
+        source: Any = TraceSource(path=path, deadline_s=deadline, **shard)
+    else:
+        pt = _get(req, "prompt_tokens", {}) or {}
+        dist, mean = _get(pt, "dist", "lognormal"), float(_get(pt, "mean", 512))
+        lo, hi = int(_get(pt, "min", 16)), int(_get(pt, "max", 4096))
+        if dist == "fixed":
+            lengths: Any = FixedLength(tokens=int(round(mean)))
+        elif dist == "uniform":
+            lengths = UniformLength(min=lo, max=hi)
+        else:
+            lengths = LogNormalLength(mean=mean, sigma=float(_get(pt, "sigma", 0.6)), min=lo, max=hi)
+        source = PoissonSource(rate_per_s=float(_get(req, "rate", 5.0)), lengths=lengths, seed=seed,
+                               duration_s=duration_s, deadline_s=deadline, **shard)
+    chunk = int(_get(bubbletea, "chunk_tokens", 0) or 0)
+    model = dict(_get(bubbletea, "model", {}) or {})
+    data: dict[str, Any] = {
+        "owner": owner or f"bubbletea-{device.get('name', 'gpu')}",
+        "device": device,
+        "slots": str(slots),
+        "out_dir": str(out_dir),
+        "epoch": epoch,
+        "model": model,
+        "requests": source.model_dump(),
+        "admission": {"chunking": chunk > 0, **({"max_chunk_tokens": chunk} if chunk > 0 else {})},
+        "guard": {"initial_rel": float(_get(bubbletea, "guard", 0.05))},
+        "decode": decode,
+        "kv_wire_scale": kv_wire_scale,
+    }
+    return parse_config(data, "scenario bubbletea section")

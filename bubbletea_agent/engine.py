@@ -1,0 +1,451 @@
+"""Prefill engines: turn a prompt (or a chunk of one) into a KV cache on the device.
+
+Two modes, and every result says which one ran:
+
+* `real`: a Llama-architecture model from `transformers` (LlamaConfig/LlamaForCausalLM),
+  random weights from a seed by default or local weights from a directory (never the hub),
+  on the GPU when there is one, on the CPU for small sizes. Its forward pass runs inside
+  `Device.run(fn=...)`, so the device timeline holds the real time it took.
+* `modelled`: the device is held for the time the compute model charges for this model
+  size (`Device.run(flops=...)`), and the KV cache is a tensor of the model's true shape
+  and dtype. Caches too large to hold are materialised scaled down (fewer layers first,
+  then fewer tokens) and say so: `KVCache.scale` < 1, `logical_shape` the true shape.
+
+KV layout: `keys` and `values` are each [layers, batch, kv_heads, tokens, head_dim]
+(per layer: [batch, kv_heads, tokens, head_dim], the layout of transformers' caches).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+_DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
+
+# Llama shapes people ask about; any LlamaConfig field may override a preset.
+PRESETS: dict[str, dict[str, int]] = {
+    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096),
+    "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=8,
+                  num_key_value_heads=4, vocab_size=4096, max_position_embeddings=8192),
+    "llama-3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
+                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                         max_position_embeddings=131072),
+    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
+                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
+                       max_position_embeddings=4096),
+    "llama-3-8b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
+                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
+                       max_position_embeddings=8192),
+    "llama-3-70b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672,
+                        num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
+                        max_position_embeddings=8192),
+}
+
+
+class EngineError(RuntimeError):
+    """The prefill engine cannot be built or run as configured; says what to change."""
+
+
+class StartedLate(Exception):  # noqa: N818 - a signal, not a failure
+    """Raised by a start check inside the device hold: the device came too late for the
+    chunk to fit its slot, so nothing ran (the hold ends at once, nothing is recorded)."""
+
+
+StartCheck = Callable[[], None]
+
+
+class ModelSpec(BaseModel):
+    """Shape of the prefill model: a preset name and/or LlamaConfig fields."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preset: str | None = "tiny"
+    num_hidden_layers: int = Field(default=0, ge=0)
+    hidden_size: int = Field(default=0, ge=0)
+    intermediate_size: int = Field(default=0, ge=0)
+    num_attention_heads: int = Field(default=0, ge=0)
+    num_key_value_heads: int = Field(default=0, ge=0)
+    vocab_size: int = Field(default=0, ge=0)
+    max_position_embeddings: int = Field(default=0, ge=0)
+    head_dim: int = Field(default=0, ge=0)
+    dtype: str = "bfloat16"
+    seed: int = 0
+    weights: Path | None = None  # a local directory saved with save_pretrained()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        preset = data.get("preset", "tiny")
+        if preset is not None:
+            if preset not in PRESETS:
+                raise ValueError(f"unknown model preset {preset!r} (presets: {', '.join(PRESETS)})")
+            for key, value in PRESETS[preset].items():
+                data.setdefault(key, value)
+        return data
+
+    @model_validator(mode="after")
+    def _check(self) -> ModelSpec:
+        for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                     "num_key_value_heads", "vocab_size", "max_position_embeddings"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"model field {name} must be > 0 (set it, or name a preset)")
+        if self.dtype not in _DTYPES:
+            raise ValueError(f"model dtype {self.dtype!r} unknown (one of {', '.join(_DTYPES)})")
+        if self.num_attention_heads % self.num_key_value_heads:
+            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
+                             f"num_key_value_heads ({self.num_key_value_heads})")
+        if not self.head_dim and self.hidden_size % self.num_attention_heads:
+            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of "
+                             f"num_attention_heads ({self.num_attention_heads}), or set head_dim")
+        return self
+
+    @property
+    def kv_head_dim(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return _DTYPES[self.dtype]
+
+    @property
+    def bytes_per_elem(self) -> int:
+        return torch.empty((), dtype=self.torch_dtype).element_size()
+
+    def kv_shape(self, tokens: int, batch: int = 1) -> tuple[int, int, int, int, int]:
+        return (self.num_hidden_layers, batch, self.num_key_value_heads, tokens, self.kv_head_dim)
+
+    def kv_bytes(self, tokens: int, batch: int = 1) -> int:
+        """Bytes of K plus V for `tokens` tokens."""
+        return 2 * math.prod(self.kv_shape(tokens, batch)) * self.bytes_per_elem
+
+    def params(self) -> int:
+        """Parameter count (embeddings and LM head included, untied)."""
+        h, i, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
+        d, q, kv = self.kv_head_dim, self.num_attention_heads, self.num_key_value_heads
+        per_layer = h * d * (q + 2 * kv) + q * d * h + 3 * h * i + 2 * h
+        return L * per_layer + 2 * self.vocab_size * h + h
+
+    def llama_config(self) -> Any:
+        from transformers import LlamaConfig
+
+        fields = {k: getattr(self, k) for k in (
+            "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+            "num_key_value_heads", "vocab_size", "max_position_embeddings")}
+        if self.head_dim:
+            fields["head_dim"] = self.head_dim
+        return LlamaConfig(**fields)
+
+
+def compute_spec(spec: ModelSpec) -> Any:
+    """The same model in the compute model's terms (Llama: gated MLP, no biases, rotary
+    positions, untied head)."""
+    from testbed.compute_model import ModelSpec as CMSpec
+
+    if spec.head_dim and spec.head_dim * spec.num_attention_heads != spec.hidden_size:
+        raise EngineError(f"head_dim {spec.head_dim} x {spec.num_attention_heads} heads != hidden_size "
+                          f"{spec.hidden_size}: the compute model cannot charge this shape")
+    return CMSpec(layers=spec.num_hidden_layers, hidden=spec.hidden_size, heads=spec.num_attention_heads,
+                  seq_len=spec.max_position_embeddings, vocab=spec.vocab_size,
+                  kv_heads=spec.num_key_value_heads, ffn_hidden=spec.intermediate_size, gated_mlp=True,
+                  bias=False, positional="rotary", tied_embeddings=False,
+                  dtype={"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}[spec.dtype])
+
+
+def chunk_flops(cm_spec: Any, tokens: int, context: int = 0) -> float:
+    """Forward FLOPs of `tokens` new tokens after `context` cached ones, counted as the
+    compute model counts a prompt (Narayanan et al.: full score matrix, 4*s^2*h per layer
+    for a whole prompt; a chunk's queries see context + tokens keys), logits for the last
+    position only. With context 0 this is `compute_model.prefill_flops`."""
+    from testbed.compute_model import layer_forward_flops, logits_forward_flops
+
+    per_layer = layer_forward_flops(cm_spec, 1, tokens) + 4.0 * tokens * context * cm_spec.hidden
+    return cm_spec.layers * per_layer + logits_forward_flops(cm_spec, 1, 1)
+
+
+def compute_model_charge(spec: ModelSpec, compute_model: Any) -> Callable[[int, int], float]:
+    """seconds(tokens, context) the compute model charges for a prefill chunk: the
+    roofline of its FLOPs and of reading the weights once."""
+    from testbed.compute_model import layer_params
+
+    cm_spec = compute_spec(spec)
+    weights = cm_spec.layers * layer_params(cm_spec) * cm_spec.dtype_bytes
+
+    def seconds(tokens: int, context: int = 0) -> float:
+        if tokens <= 0:
+            return 0.0
+        return compute_model.seconds(chunk_flops(cm_spec, tokens, context), bytes_moved=weights,
+                                     op="prefill", tokens=tokens)
+
+    return seconds
+
+
+@dataclass
+class KVCache:
+    """The KV cache of one prefilled prompt, ready to ship."""
+
+    keys: torch.Tensor  # [layers, batch, kv_heads, tokens, head_dim], maybe scaled down
+    values: torch.Tensor
+    logical_shape: tuple[int, ...]  # the model's true shape of `keys`
+    mode: str  # "real" or "modelled"
+
+    @property
+    def tokens(self) -> int:
+        return self.logical_shape[3]
+
+    @property
+    def materialised_bytes(self) -> int:
+        return (self.keys.numel() + self.values.numel()) * self.keys.element_size()
+
+    @property
+    def logical_bytes(self) -> int:
+        return 2 * math.prod(self.logical_shape) * self.keys.element_size()
+
+    @property
+    def scale(self) -> float:
+        """Materialised bytes / true bytes (1.0: the whole cache is here)."""
+        return self.materialised_bytes / self.logical_bytes if self.logical_bytes else 1.0
+
+
+@dataclass
+class ChunkResult:
+    record: Any  # the device's WorkRecord for this chunk
+    partial: Any  # engine state to continue from (pass to the next chunk or finish())
+
+
+class DeviceLike(Protocol):
+    """The part of testbed.device.Device the agent uses."""
+
+    mode: str
+    time_scale: float
+
+    def run(self, kind: str, owner: str, *, flops: float | None = None,
+            duration_s: float | None = None, fn: Callable[[], Any] | None = None,
+            label: str = "") -> Any: ...
+
+    def try_run(self, kind: str, owner: str, *, flops: float | None = None,
+                duration_s: float | None = None, fn: Callable[[], Any] | None = None,
+                label: str = "") -> Any | None: ...
+
+    def timeline(self, since: float | None = None) -> list[Any]: ...
+
+
+class PrefillEngine(Protocol):
+    mode: str
+    spec: ModelSpec
+
+    def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
+                  context: int, partial: Any, final: bool = False,
+                  start_check: StartCheck | None = None) -> ChunkResult | None:
+        """Run one chunk if the device is free right now (never queue behind training);
+        None if it was busy. With `final` the KV cache is made ready inside the same
+        device hold (as an engine copies it out), so `finish` costs nothing more.
+        `start_check` runs first inside the hold and may raise StartedLate (which
+        propagates: nothing ran)."""
+        ...
+
+    def finish(self, partial: Any) -> KVCache: ...
+
+
+# --------------------------------------------------------------------------- real
+
+
+def pick_torch_device(prefer: str = "auto") -> str:
+    if prefer != "auto":
+        return prefer
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+class TransformersEngine:
+    """A real Llama model that prefills on the GPU (or the CPU for small sizes)."""
+
+    mode = "real"
+
+    def __init__(self, spec: ModelSpec, device: str = "auto", cpu_max_params: int = 300_000_000) -> None:
+        os.environ.setdefault("HF_HUB_OFFLINE", "1")
+        from transformers import LlamaForCausalLM
+
+        self.spec = spec
+        self.torch_device = pick_torch_device(device)
+        if self.torch_device == "cpu" and spec.params() > cpu_max_params:
+            raise EngineError(
+                f"model of {spec.params() / 1e6:.0f}M parameters is too large for CPU prefill "
+                f"(limit {cpu_max_params / 1e6:.0f}M): use a GPU, a smaller model (preset 'tiny' or "
+                f"'small'), or a modelled device")
+        dtype = spec.torch_dtype
+        if self.torch_device == "cpu" and dtype == torch.float16:
+            dtype = torch.float32  # fp16 matmuls are slow or missing on CPU
+        self.dtype = dtype
+        if spec.weights is not None:
+            if not Path(spec.weights).is_dir():
+                raise EngineError(f"model weights {spec.weights}: not a directory "
+                                  "(expected a save_pretrained() folder with config.json)")
+            try:
+                model = LlamaForCausalLM.from_pretrained(str(spec.weights), local_files_only=True,
+                                                         dtype=dtype)
+            except (OSError, ValueError) as exc:
+                raise EngineError(f"model weights {spec.weights}: cannot load ({exc})") from None
+        else:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(spec.seed)
+                model = LlamaForCausalLM(spec.llama_config()).to(dtype)
+        self.model = model.to(self.torch_device).eval()
+        self._gen = torch.Generator().manual_seed(spec.seed)
+
+    def sync(self) -> None:
+        if self.torch_device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    def prompt_ids(self, tokens: int) -> torch.Tensor:
+        """Token ids for a synthetic prompt (requests carry lengths, not text)."""
+        vocab = self.model.config.vocab_size
+        return torch.randint(0, vocab, (1, tokens), generator=self._gen).to(self.torch_device)
+
+    def forward(self, tokens: int, cache: Any | None) -> Any:
+        """Prefill `tokens` new tokens after `cache` (None: a new prompt); returns the cache."""
+        from transformers import DynamicCache
+
+        if cache is None:
+            cache = DynamicCache(config=self.model.config)
+        ids = self.prompt_ids(tokens)
+        with torch.inference_mode():
+            out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
+        self.sync()
+        return out.cache
+
+    def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
+                  context: int, partial: Any, final: bool = False,
+                  start_check: StartCheck | None = None) -> ChunkResult | None:
+        have = 0 if partial is None else (partial.tokens if isinstance(partial, KVCache)
+                                          else partial.get_seq_length())
+        if have != context:
+            raise EngineError(f"chunk continues at token {context} but the cache holds {have}")
+        box: dict[str, Any] = {}
+
+        def work() -> None:
+            if start_check is not None:
+                start_check()
+            cache = self.forward(tokens, partial)
+            box["cache"] = self.finish(cache) if final else cache
+
+        record = device.try_run("prefill", owner, fn=work, label=label)
+        if record is None:
+            return None
+        if "cache" not in box:
+            raise EngineError(f"device ran no prefill for {label} (record {record})")
+        return ChunkResult(record, box["cache"])
+
+    def finish(self, partial: Any) -> KVCache:
+        if isinstance(partial, KVCache):
+            return partial
+        keys = torch.stack([layer.keys for layer in partial.layers])
+        values = torch.stack([layer.values for layer in partial.layers])
+        return KVCache(keys, values, tuple(keys.shape), self.mode)
+
+    def time_prefill(self, tokens: int) -> float:
+        """Seconds of one prefill of `tokens` tokens (for profiling)."""
+        import time
+
+        t0 = time.perf_counter()
+        self.forward(tokens, None)
+        return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- modelled
+
+
+class ModelledEngine:
+    """Holds the device for the compute model's time; KV cache of the true shape/dtype."""
+
+    mode = "modelled"
+
+    def __init__(self, spec: ModelSpec, seconds_fn: Callable[[int, int], float],
+                 materialise_limit_bytes: int = 64 << 20, fill: str = "zeros", wire_scale: float = 1.0) -> None:
+        if fill not in ("zeros", "random"):
+            raise EngineError(f"KV fill {fill!r}: use 'zeros' or 'random'")
+        if not 0 < wire_scale <= 1:
+            raise EngineError(f"wire_scale {wire_scale} must be in (0, 1] (wire size / real size)")
+        self.wire_scale = wire_scale
+        self.spec = spec
+        self.seconds_fn = seconds_fn
+        self.limit = materialise_limit_bytes
+        self.fill = fill
+        self._gen = torch.Generator().manual_seed(spec.seed)
+        self._zero = torch.zeros(0, dtype=spec.torch_dtype)
+
+    def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """A read-only zero tensor of `shape`: a view of one cached buffer, so a modelled
+        KV cache costs no allocation (fresh allocations take milliseconds on a busy host)."""
+        n = math.prod(shape)
+        if self._zero.numel() < n:
+            cap = self.limit // (2 * self.spec.bytes_per_elem)
+            self._zero = torch.zeros(max(n, min(2 * self._zero.numel(), cap)), dtype=self.spec.torch_dtype)
+        return self._zero[:n].view(shape)
+
+    def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
+                  context: int, partial: Any, final: bool = False,
+                  start_check: StartCheck | None = None) -> ChunkResult | None:
+        have = partial or 0
+        if have != context:
+            raise EngineError(f"chunk continues at token {context} but {have} tokens are cached")
+        total = context + tokens
+        box: dict[str, Any] = {}
+
+        def work() -> None:  # runs inside the modelled hold
+            if start_check is not None:
+                start_check()
+            if final:
+                box["kv"] = self.finish(total)
+
+        fn = work if (final or start_check is not None) else None
+        record = device.try_run("prefill", owner, duration_s=self.seconds_fn(tokens, context),
+                                fn=fn, label=label)
+        if record is None:
+            return None
+        return ChunkResult(record, box.get("kv", total))
+
+    def materialised_shape(self, tokens: int) -> tuple[int, ...]:
+        """At most materialise_limit_bytes, and at most the wire size (true size times
+        wire_scale): fewer layers first, then fewer tokens."""
+        layers, batch, heads, _, dim = self.spec.kv_shape(tokens)
+        per_token_layer = 2 * batch * heads * dim * self.spec.bytes_per_elem
+        limit = min(self.limit, max(1, int(self.spec.kv_bytes(tokens) * self.wire_scale)))
+        keep_layers = max(1, min(layers, limit // max(1, per_token_layer * tokens)))
+        keep_tokens = tokens
+        if keep_layers == 1 and per_token_layer * tokens > limit:
+            keep_tokens = max(1, limit // per_token_layer)
+        return (keep_layers, batch, heads, keep_tokens, dim)
+
+    def finish(self, partial: Any) -> KVCache:
+        if isinstance(partial, KVCache):
+            return partial
+        tokens = int(partial)
+        shape = self.materialised_shape(tokens)
+        dtype = self.spec.torch_dtype
+        if self.fill == "zeros":
+            keys = values = self._zeros(shape)
+        else:
+            keys = torch.randn(shape, generator=self._gen).to(dtype)
+            values = torch.randn(shape, generator=self._gen).to(dtype)
+        return KVCache(keys, values, self.spec.kv_shape(tokens), self.mode)
+
+
+def build_engine(mode: str, spec: ModelSpec, *, seconds_fn: Callable[[int, int], float] | None = None,
+                 torch_device: str = "auto", materialise_limit_bytes: int = 64 << 20) -> PrefillEngine:
+    if mode == "real":
+        return TransformersEngine(spec, torch_device)
+    if mode == "modelled":
+        if seconds_fn is None:
+            raise EngineError("a modelled engine needs the compute model's charge (seconds_fn)")
+        return ModelledEngine(spec, seconds_fn, materialise_limit_bytes)
+    raise EngineError(f"engine mode {mode!r}: use 'real' or 'modelled'")

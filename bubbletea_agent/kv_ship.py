@@ -1,0 +1,409 @@
+"""KV-cache shipping from a prefill agent to a decode host over `atlas_transport`.
+
+Wire format, per request, on one channel (`send(tensor, tag)` / `recv(tag)`):
+
+    tag HEADER  int64[16]  MAGIC_KV, version, seq, materialised shape (5), logical shape (5),
+                           dtype code, mode code (0 real, 1 modelled), filler bytes
+    tag ID      uint8[n]   request id, UTF-8
+    tag PAYLOAD uint8[...] keys and values stacked [2, layers, batch, kv_heads, tokens, head_dim],
+                           sent as raw bytes (any dtype crosses any transport)
+    tag FILLER  uint8[...] only for scaled-down caches with `pad_to_logical`: bytes that make the
+                           wire carry the true cache size (times `wire_scale`, the workload's
+                           wire/real size ratio), in pieces of at most FILLER_PIECE
+    <- tag ACK  int64[4]   MAGIC_ACK, seq, arrival time (ns, decode host's monotonic clock), bytes
+
+A HEADER whose first element is MAGIC_PING is a clock probe, answered at once with an ACK
+carrying seq -1: the sender uses it to estimate the one-way delay when the two hosts do not
+share a clock. In the testbed all hosts are namespaces of one machine and share its
+`time.time()` clock (the device timeline's), so the decode host's arrival stamp is used
+directly (`shared_clock`).
+
+TTFT ends when the whole cache has arrived at the decode host. The messages of one cache
+are posted together (`isend`) so a long-RTT path costs one round trip, not one per tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import queue
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+from bubbletea_agent.engine import KVCache
+
+log = logging.getLogger(__name__)
+
+MAGIC_KV = 0x4B56_4254  # "KVBT"
+MAGIC_PING = 0x5049_4E47
+MAGIC_ACK = 0x41434B21
+VERSION = 1
+TAG_HEADER, TAG_ID, TAG_PAYLOAD, TAG_FILLER, TAG_ACK = 0x4B01, 0x4B02, 0x4B03, 0x4B04, 0x4B05
+FILLER_PIECE = 16 << 20
+
+_DTYPE_CODES = {torch.float32: 0, torch.float16: 1, torch.bfloat16: 2, torch.float64: 3}
+_CODE_DTYPES = {v: k for k, v in _DTYPE_CODES.items()}
+_MODES = {"real": 0, "modelled": 1}
+
+
+class ShipError(RuntimeError):
+    """KV shipping failed or the peer spoke something else; says which request/peer."""
+
+
+class ChannelLike(Protocol):
+    def send(self, tensor: torch.Tensor, tag: int) -> Any: ...
+    def recv(self, tag: int) -> torch.Tensor: ...
+
+
+# --------------------------------------------------------------------------- packing
+
+
+def pack(seq: int, request_id: str, kv: KVCache, pad_to_logical: bool = False,
+         wire_scale: float = 1.0) -> list[tuple[int, torch.Tensor]]:
+    """The (tag, tensor) messages that carry one KV cache."""
+    if kv.keys.shape != kv.values.shape or kv.keys.dtype != kv.values.dtype:
+        raise ShipError(f"request {request_id}: keys {tuple(kv.keys.shape)} and values "
+                        f"{tuple(kv.values.shape)} differ in shape or dtype")
+    if kv.keys.dtype not in _DTYPE_CODES:
+        raise ShipError(f"request {request_id}: KV dtype {kv.keys.dtype} cannot be shipped")
+    stacked = torch.stack([kv.keys, kv.values]).detach().to("cpu").contiguous()
+    payload = stacked.view(-1).view(torch.uint8)
+    filler = int(round(kv.logical_bytes * wire_scale)) - kv.materialised_bytes if pad_to_logical else 0
+    header = torch.tensor(
+        [MAGIC_KV, VERSION, seq, *kv.keys.shape, *kv.logical_shape,
+         _DTYPE_CODES[kv.keys.dtype], _MODES.get(kv.mode, 0), max(0, filler)], dtype=torch.int64)
+    msgs = [(TAG_HEADER, header),
+            (TAG_ID, torch.tensor(list(request_id.encode()), dtype=torch.uint8)),
+            (TAG_PAYLOAD, payload)]
+    left = max(0, filler)
+    if left:
+        piece = torch.zeros(min(left, FILLER_PIECE), dtype=torch.uint8)
+        while left:
+            n = min(left, FILLER_PIECE)
+            msgs.append((TAG_FILLER, piece[:n]))
+            left -= n
+    return msgs
+
+
+@dataclass
+class Received:
+    seq: int
+    request_id: str
+    keys: torch.Tensor
+    values: torch.Tensor
+    logical_shape: tuple[int, ...]
+    mode: str
+    wire_bytes: int
+    arrival_ns: int
+
+
+def receive_one(ch: ChannelLike, clock_ns: Callable[[], int] = time.time_ns,
+                peer: str = "peer") -> Received | None:
+    """Decode side: read one KV cache (answering clock probes on the way); None when a
+    probe was answered instead."""
+    header = ch.recv(TAG_HEADER)
+    h = header.tolist()
+    if h and h[0] == MAGIC_PING:
+        ch.send(torch.tensor([MAGIC_ACK, -1, clock_ns(), 0], dtype=torch.int64), TAG_ACK)
+        return None
+    if len(h) != 16 or h[0] != MAGIC_KV:
+        raise ShipError(f"KV stream from {peer}: bad header {h[:4]} (not a BubbleTea KV sender?)")
+    if h[1] != VERSION:
+        raise ShipError(f"KV stream from {peer}: version {h[1]}, this decode server speaks {VERSION}")
+    seq, shape, logical = h[2], tuple(h[3:8]), tuple(h[8:13])
+    dtype = _CODE_DTYPES.get(h[13])
+    if dtype is None:
+        raise ShipError(f"KV stream from {peer}: unknown dtype code {h[13]}")
+    mode = "modelled" if h[14] == 1 else "real"
+    request_id = bytes(ch.recv(TAG_ID).tolist()).decode()
+    payload = ch.recv(TAG_PAYLOAD)
+    nbytes = payload.numel()
+    want = 2 * torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+    if nbytes != want:
+        raise ShipError(f"KV stream from {peer}, request {request_id}: payload {nbytes} bytes, "
+                        f"header promised {want}")
+    filler = h[15]
+    while filler > 0:
+        piece = ch.recv(TAG_FILLER)
+        filler -= piece.numel()
+        nbytes += piece.numel()
+    arrival = clock_ns()
+    kv = payload.contiguous().view(dtype).view(2, *shape)
+    ch.send(torch.tensor([MAGIC_ACK, seq, arrival, nbytes], dtype=torch.int64), TAG_ACK)
+    return Received(seq, request_id, kv[0], kv[1], logical, mode, nbytes, arrival)
+
+
+# --------------------------------------------------------------------------- sender
+
+
+@dataclass
+class ShipResult:
+    request_id: str
+    seq: int
+    sent_at: float  # sender clock, seconds (time.time())
+    arrival: float  # arrival at the decode host, on the sender's clock
+    wire_bytes: int
+    error: str | None = None
+
+
+class KVShipper:
+    """Sender side over one channel; one request at a time, in order."""
+
+    def __init__(self, channel: ChannelLike, *, shared_clock: bool = True,
+                 pad_to_logical: bool = False, wire_scale: float = 1.0,
+                 clock: Callable[[], float] = time.time) -> None:
+        self.ch = channel
+        self.shared_clock = shared_clock
+        self.pad = pad_to_logical
+        self.wire_scale = wire_scale
+        self.clock = clock
+        self.seq = 0
+        self.one_way_s = 0.0
+        if not shared_clock:
+            self.one_way_s = self.probe_rtt() / 2
+
+    def probe_rtt(self) -> float:
+        t0 = self.clock()
+        self.ch.send(torch.tensor([MAGIC_PING] + [0] * 15, dtype=torch.int64), TAG_HEADER)
+        self._ack(-1)
+        return self.clock() - t0
+
+    def _ack(self, seq: int) -> list[int]:
+        ack = self.ch.recv(TAG_ACK).tolist()
+        if len(ack) != 4 or ack[0] != MAGIC_ACK or ack[1] != seq:
+            raise ShipError(f"decode host answered {ack} to KV message {seq} (expected an ack for it)")
+        return ack
+
+    def ship(self, request_id: str, kv: KVCache) -> ShipResult:
+        seq = self.seq
+        self.seq += 1
+        sent_at = self.clock()
+        msgs = pack(seq, request_id, kv, self.pad, self.wire_scale)
+        isend = getattr(self.ch, "isend", None)
+        if isend is None:
+            for tag, tensor in msgs:
+                self.ch.send(tensor, tag)
+        else:
+            for handle in [isend(tensor, tag) for tag, tensor in msgs]:
+                handle.wait()
+        ack = self._ack(seq)
+        if self.shared_clock:
+            arrival = ack[2] / 1e9
+        else:
+            arrival = self.clock() - self.one_way_s
+        return ShipResult(request_id, seq, sent_at, arrival, ack[3])
+
+    def close(self) -> None:
+        close = getattr(self.ch, "close", None)
+        if close is not None:
+            close()
+
+
+class AsyncShipper:
+    """Ships in a background thread so the device loop never waits on the WAN.
+    `submit()` queues, `poll()` returns finished results (errors included, never lost)."""
+
+    def __init__(self, connect: Callable[[], KVShipper], max_queue: int = 64) -> None:
+        self._connect = connect
+        self._todo: queue.Queue[tuple[str, KVCache] | None] = queue.Queue(max_queue)
+        self._done: queue.Queue[ShipResult] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="kv-shipper", daemon=True)
+        self._thread.start()
+
+    def submit(self, request_id: str, kv: KVCache) -> None:
+        """Queue a cache; ShipError at once if `max_queue` caches already wait (the link
+        to the decode host cannot keep up): the request is rejected, never stalls the agent."""
+        try:
+            self._todo.put_nowait((request_id, kv))
+        except queue.Full:
+            raise ShipError(f"{self._todo.maxsize} KV caches already wait for the decode host link; "
+                            f"{request_id} dropped") from None
+
+    def pending(self) -> int:
+        return self._todo.qsize()
+
+    def poll(self) -> list[ShipResult]:
+        out = []
+        while True:
+            try:
+                out.append(self._done.get_nowait())
+            except queue.Empty:
+                return out
+
+    def _loop(self) -> None:
+        shipper: KVShipper | None = None
+        error: str | None = None
+        while True:
+            item = self._todo.get()
+            if item is None:
+                break
+            rid, kv = item
+            if shipper is None and error is None:
+                try:
+                    shipper = self._connect()
+                except Exception as exc:  # noqa: BLE001 - reported per request, never lost
+                    error = f"cannot reach decode host: {exc}"
+                    log.error("%s", error)
+            if shipper is None:
+                self._done.put(ShipResult(rid, -1, time.time(), float("nan"), 0, error))
+                continue
+            try:
+                self._done.put(shipper.ship(rid, kv))
+            except Exception as exc:  # noqa: BLE001
+                log.error("shipping KV of %s failed: %s", rid, exc)
+                self._done.put(ShipResult(rid, -1, time.time(), float("nan"), 0, str(exc)))
+        if shipper is not None:
+            shipper.close()
+
+    def close(self, timeout: float = 30.0) -> None:
+        """Finish what is queued, then stop."""
+        self._todo.put(None)  # blocks only while the queue is full; the worker is draining it
+        self._thread.join(timeout)
+
+
+# --------------------------------------------------------------------------- in-memory channel
+
+
+class _Done:
+    def wait(self, timeout: float | None = None) -> None:
+        return None
+
+
+class MemoryChannel:
+    """One end of an in-process channel pair with the transport's send/recv(tag) shape:
+    for in-process agent runs (no network) and tests of the wire format."""
+
+    def __init__(self, inbox: dict[int, queue.Queue], outbox: dict[int, queue.Queue],
+                 lock: threading.Lock) -> None:
+        self._in, self._out, self._lock = inbox, outbox, lock
+
+    @staticmethod
+    def pair() -> tuple[MemoryChannel, MemoryChannel]:
+        a: dict[int, queue.Queue] = {}
+        b: dict[int, queue.Queue] = {}
+        lock = threading.Lock()
+        return MemoryChannel(a, b, lock), MemoryChannel(b, a, lock)
+
+    def _q(self, box: dict[int, queue.Queue], tag: int) -> queue.Queue:
+        with self._lock:
+            return box.setdefault(tag, queue.Queue())
+
+    def send(self, tensor: torch.Tensor, tag: int) -> None:
+        self._q(self._out, tag).put(tensor.clone())
+
+    def isend(self, tensor: torch.Tensor, tag: int) -> _Done:
+        self.send(tensor, tag)
+        return _Done()
+
+    def recv(self, tag: int, timeout: float | None = 30.0) -> torch.Tensor:
+        try:
+            return self._q(self._in, tag).get(timeout=timeout)
+        except queue.Empty:
+            raise ShipError(f"no message with tag {tag:#x} within {timeout} s") from None
+
+
+# --------------------------------------------------------------------------- over atlas_transport
+
+
+def transport_config(streams: int | str = 4, secret: bytes | str | None = None, **kw: Any) -> Any:
+    """An atlas_transport TransportConfig (secret None: the ATLAS_SECRET environment variable)."""
+    from atlas_transport.config import TransportConfig
+
+    return TransportConfig(streams=streams, secret=secret, **kw)
+
+
+def connect_shipper(host: str, port: int, *, streams: int | str = 4, secret: bytes | str | None = None,
+                    shared_clock: bool = True, pad_to_logical: bool = False, wire_scale: float = 1.0,
+                    **kw: Any) -> KVShipper:
+    """A shipper over a new atlas_transport channel to a decode server."""
+    from atlas_transport.endpoints import connect
+
+    ch = connect(host, port, transport_config(streams, secret, **kw))
+    return KVShipper(ch, shared_clock=shared_clock, pad_to_logical=pad_to_logical, wire_scale=wire_scale)
+
+
+class DecodeServer:
+    """The decode host's side: accepts agents' channels, receives KV caches, acknowledges
+    each with its arrival time, and logs one JSON line per cache (`log_path`)."""
+
+    def __init__(self, listener: Any, log_path: str | None = None, keep_tensors: bool = False) -> None:
+        self.listener = listener
+        self.port: int = listener.port
+        self.keep_tensors = keep_tensors
+        self.received: list[Received] = []
+        self.errors: list[str] = []
+        self._cv = threading.Condition()
+        self._stop = threading.Event()
+        self._log = open(log_path, "a", buffering=1) if log_path else None  # noqa: SIM115
+        self._threads: list[threading.Thread] = []
+        self._accept = threading.Thread(target=self._accept_loop, name="kv-decode-accept", daemon=True)
+        self._accept.start()
+
+    @classmethod
+    def start(cls, host: str, port: int, *, streams: int | str = 4, secret: bytes | str | None = None,
+              log_path: str | None = None, keep_tensors: bool = True, **kw: Any) -> DecodeServer:
+        from atlas_transport.endpoints import listen
+
+        return cls(listen(host, port, transport_config(streams, secret, **kw)), log_path, keep_tensors)
+
+    def _accept_loop(self) -> None:
+        while not self._stop.is_set():
+            try:
+                ch = self.listener.accept(timeout=0.5)
+            except TimeoutError:
+                continue
+            except Exception:  # noqa: BLE001 - listener closed
+                return
+            t = threading.Thread(target=self._serve, args=(ch,), name=f"kv-decode-{ch!r}", daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, ch: Any) -> None:
+        peer = getattr(ch, "peer", "peer")
+        try:
+            while not self._stop.is_set():
+                rx = receive_one(ch, peer=peer)
+                if rx is None:
+                    continue
+                if self._log is not None:
+                    self._log.write(json.dumps({
+                        "request_id": rx.request_id, "seq": rx.seq, "peer": peer, "mode": rx.mode,
+                        "arrival": rx.arrival_ns / 1e9, "wire_bytes": rx.wire_bytes,
+                        "logical_shape": list(rx.logical_shape)}) + "\n")
+                if not self.keep_tensors:
+                    rx.keys = rx.values = torch.empty(0)
+                with self._cv:
+                    self.received.append(rx)
+                    self._cv.notify_all()
+        except Exception as exc:  # noqa: BLE001 - peer closed or spoke nonsense
+            if not self._stop.is_set() and "closed" not in str(exc).lower():
+                log.warning("decode server: channel from %s ended: %s", peer, exc)
+                self.errors.append(f"{peer}: {exc}")
+        finally:
+            close = getattr(ch, "close", None)
+            if close is not None:
+                try:
+                    close(timeout=1.0)
+                except Exception:  # noqa: BLE001
+                    pass
+
+    def wait_for(self, n: int, timeout: float = 10.0) -> list[Received]:
+        with self._cv:
+            if not self._cv.wait_for(lambda: len(self.received) >= n, timeout):
+                raise ShipError(f"decode server got {len(self.received)} KV caches, expected {n} "
+                                f"within {timeout} s (errors: {self.errors or 'none'})")
+            return list(self.received)
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.listener.close()
+        self._accept.join(2.0)
+        for t in self._threads:
+            t.join(2.0)
+        if self._log is not None:
+            self._log.close()

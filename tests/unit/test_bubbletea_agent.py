@@ -1,0 +1,231 @@
+"""The agent loop in virtual time (bubbletea_agent.sim): utilization, accounting,
+rejections with reasons, slot corrections, and that training is never delayed."""
+
+from __future__ import annotations
+
+import pytest
+
+from bubbletea_agent.admission import AdaptiveGuard, AdmissionConfig, GuardConfig
+from bubbletea_agent.requests import (
+    FixedLength,
+    LogNormalLength,
+    PoissonSource,
+    Request,
+    TraceSource,
+)
+from bubbletea_agent.sim import periodic_schedule, simulate
+
+# one iteration per second: training busy [0, 0.3) and [0.5, 0.8); slots [0.3, 0.5), [0.8, 1.0)
+BUSY = [(0.0, 0.3), (0.5, 0.3)]
+T0 = 1000.0
+
+
+def charge(tokens: int, context: int) -> float:
+    """1 ms per chunk + 20 us per token + attention over the context."""
+    return 0.001 + 20e-6 * tokens + 2e-9 * tokens * (tokens + 2 * context)
+
+
+def poisson(rate: float, seconds: float, tokens=None, deadline=None, seed=0):
+    return PoissonSource(rate_per_s=rate, lengths=tokens or FixedLength(tokens=128), seed=seed,
+                         duration_s=seconds, deadline_s=deadline).requests()
+
+
+def test_enough_load_fills_the_bubbles_without_delaying_training():
+    sched = periodic_schedule(T0, 10, 1.0, BUSY)
+    reqs = poisson(300, 10, LogNormalLength(median=200, sigma=0.8, max=4000), deadline=5.0)
+    res = simulate(sched, reqs, charge)
+    m = res.metrics()
+    assert m["device_utilization_training"] == pytest.approx(0.6, abs=1e-6)
+    assert m["device_utilization"] >= 0.9, m
+    assert m["guard_violations"] == 0 and max(res.training_delays()) == 0.0
+    assert res.summary["arrived"] == res.summary["served"] + res.summary["rejected"]
+    assert res.summary["served"] > 100
+    assert res.agent.counters.chunks_chunked > 0  # chunked prefill fills the slot ends
+    assert m["ttft_p50_s"] is not None and m["ttft_p50_s"] <= m["ttft_p95_s"] <= m["ttft_p99_s"]
+    served = [r for r in res.rows if r["status"] == "served"]
+    # nothing runs outside a slot: every prefill lies inside a published gap
+    for rec in res.device.records:
+        if rec.kind == "prefill":
+            phase = (rec.start - T0) % 1.0
+            assert 0.3 - 1e-9 <= phase and (rec.end - T0) % 1.0 <= 1.0 + 1e-9
+            assert not (0.0 <= phase < 0.3 - 1e-9 or 0.5 <= phase < 0.8 - 1e-9)
+    assert all(r["ttft"] >= r["predicted_s"] * 0.999 for r in served)
+
+
+def test_low_load_is_all_served_and_utilization_rises_by_the_work_done():
+    sched = periodic_schedule(T0, 10, 1.0, BUSY)
+    reqs = poisson(5, 9, deadline=5.0)
+    res = simulate(sched, reqs, charge)
+    m = res.metrics()
+    assert res.summary["served"] == len(reqs) == res.summary["arrived"]
+    assert res.summary["rejected"] == 0
+    work = sum(charge(128, 0) for _ in reqs) / 10.0
+    assert m["device_utilization"] - m["device_utilization_training"] == pytest.approx(work, rel=1e-6)
+    assert m["guard_violations"] == 0
+
+
+def test_overload_rejects_with_reasons_and_training_is_not_slowed():
+    sched = periodic_schedule(T0, 6, 1.0, BUSY)
+    reqs = poisson(2000, 6, deadline=0.5)
+    res = simulate(sched, reqs, charge, admission=AdmissionConfig(max_queue=200))
+    reasons = res.summary["rejected_by_reason"]
+    assert reasons.get("queue_full", 0) > 1000 and reasons.get("deadline_passed", 0) > 0
+    assert res.summary["arrived"] == res.summary["served"] + res.summary["rejected"]
+    assert all(r["reason"] and r["detail"] for r in res.rows if r["status"] == "rejected")
+    assert res.metrics()["guard_violations"] == 0 and max(res.training_delays()) == 0.0
+
+
+def test_too_long_for_any_slot_and_for_the_model():
+    sched = periodic_schedule(T0, 3, 1.0, BUSY)
+    reqs = [Request("ok", 0.1, 100), Request("huge", 0.2, 20_000), Request("ctx", 0.3, 300_000)]
+    res = simulate(sched, reqs, charge, admission=AdmissionConfig(chunking=False))
+    by_id = {r["id"]: r for r in res.rows}
+    assert by_id["ok"]["status"] == "served"
+    assert by_id["huge"]["reason"] == "too_long" and "longest slot is 200.00 ms" in by_id["huge"]["detail"]
+    assert by_id["ctx"]["reason"] == "too_long" and "model context" in by_id["ctx"]["detail"]
+    # with chunking the long prompt is served across several slots
+    res2 = simulate(periodic_schedule(T0, 6, 1.0, BUSY), reqs[:2], charge)
+    huge = {r["id"]: r for r in res2.rows}["huge"]
+    assert huge["status"] == "served" and huge["chunks"] > 1 and huge["prefilled_tokens"] == 20_000
+
+
+def test_slots_that_end_early_are_learned():
+    # reality: every training piece starts 30 ms before the plan, so each slot ends
+    # 30 ms early; the agent first trusts the plan, then corrects it
+    sched = periodic_schedule(T0, 12, 1.0, BUSY, start_late_s=-0.03)
+    reqs = poisson(300, 12, deadline=5.0)
+    res = simulate(sched, reqs, charge)
+    late = [r for r in res.device.records if r.kind != "prefill" and r.start - r.requested > 1e-9]
+    assert late, "an uncorrected plan must hurt at first"
+    assert max(r.requested for r in late) < T0 + 3.0  # ... but only in the first iterations
+    ds, de = res.agent.tracker.offsets(0)
+    assert de == pytest.approx(-0.03, abs=1e-6)
+    assert res.summary["guard_violations"] == len(late)
+    assert res.metrics()["guard_violations"] == len(late)
+
+
+def test_slots_that_start_late_wait_for_the_device():
+    sched = periodic_schedule(T0, 5, 1.0, BUSY, start_late_s=0.02)
+    res = simulate(sched, poisson(300, 5, deadline=5.0), charge)
+    assert res.agent.counters.device_busy_retries > 0
+    assert max(res.training_delays()) == 0.0
+
+
+def test_guard_absorbs_mispredictions():
+    # the device is really 15% slower than the agent's model
+    sched = periodic_schedule(T0, 10, 1.0, BUSY)
+
+    def slow(n, p):
+        return charge(n, p) * 1.15
+
+    g = AdaptiveGuard(GuardConfig(initial_rel=0.3, min_samples=8, quantile=0.99))
+    res = simulate(sched, poisson(300, 10, deadline=5.0), slow, predict=charge, guard=g)
+    assert res.agent.admission.guard.rel_margin == pytest.approx(0.15, abs=0.01)
+    assert max(res.training_delays()) == 0.0
+    assert res.metrics()["device_utilization"] > 0.85
+
+
+def test_end_of_training_ends_every_request():
+    sched = periodic_schedule(T0, 2, 1.0, BUSY)
+    reqs = poisson(200, 4, deadline=10.0)  # arrivals continue after training ends
+    res = simulate(sched, reqs, charge)
+    s = res.summary
+    assert s["arrived"] + s["counters"]["not_arrived"] == len(reqs)
+    assert s["arrived"] == s["served"] + s["rejected"] and s["outstanding"] == 0
+    assert s["rejected_by_reason"].get("no_slots", 0) > 0
+
+
+def test_trace_replay_through_the_agent(tmp_path):
+    path = tmp_path / "trace.csv"
+    path.write_text("TIMESTAMP,ContextTokens,GeneratedTokens\n"
+                    + "".join(f"2024-05-01 10:00:{i // 10:02d}.{i % 10}000000,{64 + 8 * i},10\n"
+                              for i in range(40)))
+    reqs = TraceSource(path=path, deadline_s=3.0).requests()
+    res = simulate(periodic_schedule(T0, 6, 1.0, BUSY), reqs, charge)
+    assert res.summary["served"] == 40
+    assert len(res.rows) == 40 and all(r["ttft"] > 0 for r in res.rows)
+
+
+class VirtualLink:
+    """A Shipper whose caches arrive `delay_s` after submission, in virtual time; caches
+    of the ids in `fail` are lost."""
+
+    def __init__(self, clock, delay_s, fail=()):
+        self.clock, self.delay, self.fail = clock, delay_s, set(fail)
+        self.done, self.sent = [], []
+
+    def submit(self, rid, kv):
+        from bubbletea_agent.kv_ship import ShipResult
+
+        self.sent.append((rid, kv))
+        now = self.clock.now()
+        err = "connection reset by decode host" if rid in self.fail else None
+        self.done.append(ShipResult(rid, len(self.sent), now, now + self.delay, kv.logical_bytes, err))
+
+    def poll(self):
+        out, self.done = self.done, []
+        return out
+
+    def pending(self):
+        return 0
+
+    def close(self, timeout=30.0):
+        pass
+
+
+def test_ttft_runs_to_kv_arrival_and_lost_caches_are_rejected():
+    from bubbletea_agent.admission import AdaptiveGuard, Admission
+    from bubbletea_agent.agent import Agent
+    from bubbletea_agent.engine import ModelledEngine, ModelSpec
+    from bubbletea_agent.latency import FunctionLatency
+    from bubbletea_agent.sim import FakeClock, ListSlotFeed, SimDevice, SimTimeline
+    from bubbletea_agent.slots import SlotTracker
+
+    sched = periodic_schedule(T0, 3, 1.0, BUSY)
+    clock = FakeClock(T0 - 1.0)
+    device = SimDevice(clock, list(sched.pieces))
+    link = VirtualLink(clock, 0.25, fail={"r2"})
+    rows = []
+    spec = ModelSpec(preset="llama-3-8b")
+    agent = Agent(clock=clock, device=device, slots=ListSlotFeed(clock, sched.published),
+                  timeline=SimTimeline(device), tracker=SlotTracker(),
+                  admission=Admission(FunctionLatency(charge), AdmissionConfig(), AdaptiveGuard()),
+                  engine=ModelledEngine(spec, charge), requests=poisson(5, 2.5, seed=3), epoch=T0,
+                  shipper=link, on_record=rows.append)
+    agent.run(until=sched.t1 + 1)
+    s = agent.finish()
+    assert s["served"] == len(link.sent) - 1 and s["rejected_by_reason"] == {"ship_failed": 1}
+    by_id = {r["id"]: r for r in rows}
+    assert by_id["r2"]["reason"] == "ship_failed" and "connection reset" in by_id["r2"]["detail"]
+    for r in rows:
+        if r["status"] == "served":
+            assert r["ttft"] == pytest.approx(r["end"] - r["arrival"] + 0.25)
+            assert r["kv_bytes"] == spec.kv_bytes(128)
+
+
+def test_a_short_gap_between_training_pieces_is_not_taken_for_the_slot():
+    """The plan says the slot starts at 0.3 s, but training really runs 20 more pieces of
+    10 ms with 1 ms gaps first (the device is free in each gap). Without settling, the
+    agent grabs such a gap and training waits; with it, never."""
+    from bubbletea_agent.sim import Piece, Schedule
+    from bubbletea_agent.slots import EndOfSlots, Slot
+
+    pieces, published = [], []
+    for it in range(4):
+        base = T0 + it * 1.0
+        pieces.append(Piece(base, 0.3, f"it{it}-a"))
+        t = base + 0.3
+        for k in range(20):  # the unplanned tail of back-to-back pieces
+            pieces.append(Piece(t + 0.001, 0.010, f"it{it}-tail{k}"))
+            t += 0.011
+        pieces.append(Piece(base + 0.8, 0.2, f"it{it}-b"))
+        published.append((base - 0.5, Slot(it, 0, base + 0.3, 0.5)))
+    published.append((T0 + 4.0, EndOfSlots()))
+    sched = Schedule(pieces, published, T0, T0 + 4.0)
+    reqs = poisson(200, 4, deadline=5.0)
+    careless = simulate(sched, reqs, charge, settle_s=0.0)
+    careful = simulate(sched, reqs, charge)  # settle_s 2 ms > the 1 ms gaps
+    assert careless.metrics()["guard_violations"] > 0
+    assert careful.metrics()["guard_violations"] == 0 and max(careful.training_delays()) == 0.0
+    assert careful.agent.counters.settle_waits > 0
+    assert careful.metrics()["device_utilization"] > 0.8

@@ -1,0 +1,178 @@
+"""KV shipping: wire format and acks over an in-process channel, with a real tiny
+model's cache; the same over atlas_transport on loopback when that transport exists."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+import torch
+
+from bubbletea_agent.engine import KVCache, ModelledEngine, ModelSpec, TransformersEngine
+from bubbletea_agent.kv_ship import (
+    TAG_HEADER,
+    AsyncShipper,
+    KVShipper,
+    MemoryChannel,
+    ShipError,
+    pack,
+    receive_one,
+)
+from bubbletea_agent.sim import FakeClock, SimDevice
+
+
+@pytest.fixture(scope="module")
+def real_kv() -> KVCache:
+    eng = TransformersEngine(ModelSpec(preset="tiny", dtype="bfloat16", seed=3), device="cpu")
+    res = eng.run_chunk(SimDevice(FakeClock(), [], mode="real"), "bt", "r", 37, 0, None)
+    return eng.finish(res.partial)
+
+
+def serve(ch, n, out, clock_ns=time.time_ns):
+    def loop():
+        try:
+            while len([r for r in out if r is not None]) < n:
+                out.append(receive_one(ch, clock_ns))
+        except Exception as exc:  # surfaced by the test
+            out.append(exc)
+
+    t = threading.Thread(target=loop, daemon=True)
+    t.start()
+    return t
+
+
+def test_real_cache_roundtrip(real_kv):
+    a, b = MemoryChannel.pair()
+    got: list = []
+    t = serve(b, 1, got)
+    shipper = KVShipper(a)
+    res = shipper.ship("req-7", real_kv)
+    t.join(5)
+    rx = got[0]
+    assert rx.request_id == "req-7" and rx.seq == 0 and rx.mode == "real"
+    assert rx.keys.dtype == torch.bfloat16 and rx.keys.shape == (2, 1, 2, 37, 16)
+    assert torch.equal(rx.keys, real_kv.keys) and torch.equal(rx.values, real_kv.values)
+    assert res.wire_bytes == real_kv.materialised_bytes == rx.wire_bytes
+    assert res.arrival == pytest.approx(rx.arrival_ns / 1e9)
+    assert res.sent_at <= res.arrival + 1e-3
+
+
+def test_scaled_cache_pads_the_wire_to_the_true_size():
+    spec = ModelSpec(preset="llama-3-8b")
+    kv = ModelledEngine(spec, lambda n, p: 0.0, materialise_limit_bytes=1 << 20).finish(100)
+    assert kv.scale < 1
+    msgs = pack(0, "r", kv, pad_to_logical=True)
+    assert sum(t.numel() for _, t in msgs[2:]) == kv.logical_bytes
+    a, b = MemoryChannel.pair()
+    got: list = []
+    t = serve(b, 1, got)
+    res = KVShipper(a, pad_to_logical=True).ship("r", kv)
+    t.join(5)
+    assert res.wire_bytes == kv.logical_bytes == spec.kv_bytes(100)
+    assert got[0].logical_shape == (32, 1, 8, 100, 128)
+    assert got[0].mode == "modelled"
+
+
+def test_unshared_clock_uses_the_probed_delay(real_kv):
+    a, b = MemoryChannel.pair()
+    got: list = []
+    t = serve(b, 1, got, clock_ns=lambda: 123)  # a decode host with an unrelated clock
+    shipper = KVShipper(a, shared_clock=False)
+    res = shipper.ship("x", real_kv)
+    t.join(5)
+    assert got[0] is None  # the clock probe was answered
+    assert res.arrival > 1.0 and res.arrival <= time.time()
+
+
+def test_bad_header_is_refused():
+    a, b = MemoryChannel.pair()
+    a.send(torch.tensor([1, 2, 3], dtype=torch.int64), TAG_HEADER)
+    with pytest.raises(ShipError, match="bad header .*not a BubbleTea KV sender"):
+        receive_one(b, peer="dc1-h1")
+
+
+def test_wrong_ack_is_refused(real_kv):
+    a, b = MemoryChannel.pair()
+    from bubbletea_agent.kv_ship import MAGIC_ACK, TAG_ACK
+
+    b.send(torch.tensor([MAGIC_ACK, 99, 0, 0], dtype=torch.int64), TAG_ACK)
+    with pytest.raises(ShipError, match="answered .* to KV message 0"):
+        KVShipper(a).ship("x", real_kv)
+
+
+def test_async_shipper_reports_every_request(real_kv):
+    a, b = MemoryChannel.pair()
+    got: list = []
+    t = serve(b, 3, got)
+    ship = AsyncShipper(lambda: KVShipper(a))
+    for i in range(3):
+        ship.submit(f"r{i}", real_kv)
+    ship.close()
+    t.join(5)
+    res = ship.poll()
+    assert [r.request_id for r in res] == ["r0", "r1", "r2"] and all(r.error is None for r in res)
+
+
+def test_async_shipper_turns_connect_failure_into_errors(real_kv):
+    def boom():
+        raise ConnectionRefusedError("decode host dc2-h1:7000 refused")
+
+    ship = AsyncShipper(boom)
+    ship.submit("r0", real_kv)
+    ship.submit("r1", real_kv)
+    ship.close()
+    res = ship.poll()
+    assert [r.request_id for r in res] == ["r0", "r1"]
+    assert all("cannot reach decode host: decode host dc2-h1:7000 refused" in r.error for r in res)
+
+
+def test_real_cache_over_atlas_transport_loopback(real_kv):
+    transport = pytest.importorskip("atlas_transport.channel", reason="atlas_transport not built yet")
+    from bubbletea_agent.kv_ship import DecodeServer, connect_shipper
+
+    server = DecodeServer.start("127.0.0.1", 0, streams=2, secret=b"bt-test")
+    try:
+        shipper = connect_shipper("127.0.0.1", server.port, streams=2, secret=b"bt-test")
+        res = shipper.ship("atlas-1", real_kv)
+        shipper.close()
+        rx = server.wait_for(1, timeout=10)[0]
+    finally:
+        server.stop()
+    assert transport is not None
+    assert rx.request_id == "atlas-1"
+    assert torch.equal(rx.keys, real_kv.keys) and torch.equal(rx.values, real_kv.values)
+    assert res.wire_bytes == real_kv.materialised_bytes
+    assert res.arrival >= res.sent_at
+
+
+def test_wire_scale_ships_a_fraction_of_the_true_size():
+    spec = ModelSpec(preset="llama-3-8b")
+    eng = ModelledEngine(spec, lambda n, p: 0.0, wire_scale=0.1)
+    kv = eng.finish(1000)
+    assert kv.materialised_bytes <= 0.1 * kv.logical_bytes
+    msgs = pack(0, "r", kv, pad_to_logical=True, wire_scale=0.1)
+    assert sum(t.numel() for _, t in msgs[2:]) == round(0.1 * kv.logical_bytes)
+
+
+def test_async_shipper_backlog_full_is_an_error_not_a_stall(real_kv):
+    gate = threading.Event()
+
+    class Slow:
+        def ship(self, rid, kv):
+            gate.wait(10)
+            raise ShipError("decode host gone")
+
+        def close(self):
+            pass
+
+    ship = AsyncShipper(lambda: Slow(), max_queue=2)
+    ship.submit("a", real_kv)
+    time.sleep(0.05)  # "a" is being shipped; two more fill the queue
+    ship.submit("b", real_kv)
+    ship.submit("c", real_kv)
+    with pytest.raises(ShipError, match="2 KV caches already wait .* d dropped"):
+        ship.submit("d", real_kv)
+    gate.set()
+    ship.close()
+    assert [r.request_id for r in ship.poll()] == ["a", "b", "c"]

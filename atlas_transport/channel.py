@@ -1,0 +1,570 @@
+"""`Channel`: N authenticated TCP streams between two endpoints, carrying tagged
+tensors in both directions.
+
+Each stream has a reader and a writer thread doing blocking socket calls (the GIL is
+released for every chunk). Writers pull the next chunk from a shared queue when their
+socket is ready (work stealing: a slow stream simply takes fewer chunks); readers
+write each chunk straight into the destination tensor. A transfer is confirmed by a
+DONE frame from the receiver; until then the sender remembers which stream carried
+which chunk, and re-sends the chunks of a stream that breaks on the survivors.
+Sends complete at DONE, so `completed_at` of a send means "the peer has it".
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+from collections import defaultdict, deque
+from dataclasses import dataclass, field
+
+import torch
+
+from . import protocol as P
+from .config import TransportConfig
+from .errors import ChannelClosed, PeerLost, ProtocolError, TransportError
+from .scheduler import Chunk, InTransfer, OutTransfer, Reassembly, SendQueue
+from .sockets import StreamDown, discard, recv_bytes, recv_exact, send_parts, set_io_timeout
+from .tensors import (
+    Destination,
+    check_device,
+    check_into,
+    copy_into,
+    into_destination,
+    new_destination,
+    prepare_send,
+)
+
+log = logging.getLogger("atlas_transport")
+
+_PING = P.encode_control(P.PING)
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.1f} MiB"
+
+
+class Handle:
+    """A transfer in progress. `wait()` returns the received tensor (recv) or None
+    (send, once the peer confirmed it) and raises the transfer's error if it failed."""
+
+    def __init__(self, kind: str, tag: int, peer: str, seq: int) -> None:
+        self.kind = kind
+        self.tag = tag
+        self.peer = peer
+        self.seq = seq  # n-th send/recv on this tag
+        self.tid: int | None = None
+        self.nbytes: int | None = None
+        self.describe_tensor = ""
+        self.started_at = time.monotonic()
+        self.completed_at: float | None = None
+        self._event = threading.Event()
+        self._result: torch.Tensor | None = None
+        self._error: TransportError | None = None
+        self._progress = None  # callable -> bytes landed so far (recv)
+
+    def done(self) -> bool:
+        return self._event.is_set()
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor | None:
+        if not self._event.wait(timeout):
+            raise TimeoutError(f"{self.describe()} not complete after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
+        return self._result
+
+    @property
+    def elapsed_s(self) -> float | None:
+        return None if self.completed_at is None else self.completed_at - self.started_at
+
+    def describe(self) -> str:
+        what = f"transfer {self.tid}" if self.tid is not None else "transfer (none matched yet)"
+        size = f", {self.describe_tensor}, {_mib(self.nbytes)}" if self.nbytes is not None else ""
+        direction = "to" if self.kind == "send" else "from"
+        progress = ""
+        if self._progress is not None and self.nbytes:
+            progress = f", {_mib(self._progress())} of {_mib(self.nbytes)} received"
+        return f"{self.kind} of {what} (tag {self.tag} #{self.seq}{size}{progress}) {direction} {self.peer}"
+
+    def _finish(self, result: torch.Tensor | None) -> None:
+        if self._event.is_set():
+            return
+        self._result = result
+        self.completed_at = time.monotonic()
+        self._event.set()
+
+    def _fail(self, exc: TransportError) -> None:
+        if self._event.is_set():
+            return
+        self._error = type(exc)(f"{self.describe()} failed: {exc}")
+        self.completed_at = time.monotonic()
+        self._event.set()
+
+
+@dataclass(eq=False)
+class _RecvReq:
+    handle: Handle
+    into: torch.Tensor | None
+    device: torch.device | None
+
+
+@dataclass(eq=False)
+class _RxState:
+    dest: Destination
+    key: tuple[int, int]
+    req: _RecvReq | None = None
+    late: bool = False  # request matched after allocation: deliver by copy/move
+    ready: bool = False
+    orphan: bool = False  # its request failed (wrong destination): received, then dropped
+
+
+@dataclass(eq=False)
+class _Stream:
+    index: int
+    sock: socket.socket
+    alive: bool = True
+    reason: str = ""
+    peer_closed: bool = False
+    close_pending: bool = False
+    busy: bool = False
+    last_send: float = field(default_factory=time.monotonic)
+    ctrl: deque = field(default_factory=deque)
+    exited: int = 0
+    threads: list = field(default_factory=list)
+
+
+class Channel:
+    """Use `connect()` or `Listener.accept()` to get one; close it (or use `with`)."""
+
+    def __init__(self, socks: list[socket.socket], cfg: TransportConfig, channel_id: bytes,
+                 peer: str, *, probe: bool = False) -> None:
+        self.cfg = cfg
+        self.channel_id = channel_id
+        self.peer = peer
+        self.probe = probe
+        self.name = channel_id.hex()[:8]
+        self._limits = cfg.limits
+        self._ck_code = P.CHECKSUMS[cfg.checksum][0]
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._sendq = SendQueue()
+        self._rx = Reassembly()
+        self._next_tid = 0
+        self._send_seq: dict[int, int] = defaultdict(int)
+        self._recv_seq: dict[int, int] = defaultdict(int)
+        self._waiting: dict[tuple[int, int], _RecvReq] = {}
+        self._arrived: dict[tuple[int, int], InTransfer] = {}
+        self._failure: TransportError | None = None
+        self._closing = False
+        self._close_started = False
+        self.bytes_received = 0
+        self._streams = [_Stream(i, s) for i, s in enumerate(socks)]
+        for s in self._streams:
+            set_io_timeout(s.sock, cfg.idle_timeout_s)
+        for s in self._streams:
+            for role, fn in (("rx", self._reader), ("tx", self._writer)):
+                th = threading.Thread(target=self._run, args=(s, fn), name=f"atlas-{self.name}-s{s.index}-{role}",
+                                      daemon=True)
+                s.threads.append(th)
+                th.start()
+
+    # --- public API ---------------------------------------------------------------
+
+    @property
+    def streams(self) -> int:
+        return len(self._streams)
+
+    @property
+    def alive_streams(self) -> int:
+        with self._lock:
+            return sum(s.alive for s in self._streams)
+
+    @property
+    def chunks_resent(self) -> int:
+        """Chunks queued again on surviving streams after a stream broke."""
+        return self._sendq.resent
+
+    @property
+    def error(self) -> TransportError | None:
+        return self._failure
+
+    def isend(self, tensor: torch.Tensor, tag: int) -> Handle:
+        """Start sending; the tensor must not change until the handle completes (the
+        peer confirmed it), since a chunk may be re-sent from its memory."""
+        return self._isend(tensor, tag)
+
+    def send(self, tensor: torch.Tensor, tag: int, timeout: float | None = None) -> None:
+        self.isend(tensor, tag).wait(timeout)
+
+    def irecv(self, tag: int, *, into: torch.Tensor | None = None,
+              device: torch.device | str | None = None) -> Handle:
+        """Post a receive for the next tensor sent on `tag` (before or after it arrives)."""
+        _check_tag(tag)
+        dev = torch.device(device) if device is not None else None
+        check_device(dev)
+        if into is not None and not isinstance(into, torch.Tensor):
+            raise TypeError(f"recv_into needs a torch.Tensor, got {type(into).__name__}")
+        with self._lock:
+            seq = self._recv_seq[tag]
+            key = (tag, seq)
+            t = self._arrived.get(key)
+            if t is None or not t.owner.ready:
+                self._check_usable()
+            if t is not None:
+                del self._arrived[key]
+            self._recv_seq[tag] = seq + 1
+            h = Handle("recv", tag, self.peer, seq)
+            req = _RecvReq(h, into, dev)
+            if t is None:
+                self._waiting[key] = req
+                return h
+            state: _RxState = t.owner
+            state.req, state.late = req, True
+            self._describe_rx(h, t)
+            deliver_now = state.ready
+        if deliver_now:
+            self._deliver(state)
+        return h
+
+    def irecv_into(self, tensor: torch.Tensor, tag: int) -> Handle:
+        return self.irecv(tag, into=tensor)
+
+    def recv(self, tag: int, *, device: torch.device | str | None = None,
+             timeout: float | None = None) -> torch.Tensor:
+        return self.irecv(tag, device=device).wait(timeout)
+
+    def recv_into(self, tensor: torch.Tensor, tag: int, timeout: float | None = None) -> torch.Tensor:
+        return self.irecv(tag, into=tensor).wait(timeout)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Wait (up to `timeout`, default idle_timeout_s) for sends to be confirmed,
+        then end every stream with a CLOSE frame. Idempotent."""
+        timeout = self.cfg.idle_timeout_s if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        with self._lock:
+            first = not self._close_started
+            self._close_started = True
+            pending = [t.owner for t in self._sendq.inflight.values()]
+        if first:
+            for h in pending:
+                h._event.wait(max(0.0, deadline - time.monotonic()))
+            with self._lock:
+                self._closing = True
+                aborted = self._sendq.abort_all()
+                for s in self._streams:
+                    s.close_pending = True
+                self._cv.notify_all()
+            for t in aborted:
+                t.owner._fail(ChannelClosed(f"channel {self.name} closed before the peer confirmed it"))
+        for s in self._streams:
+            s.threads[1].join(max(0.1, min(2.0, deadline - time.monotonic())))
+        for s in self._streams:  # readers end on the peer's CLOSE/EOF; do not wait long
+            s.threads[0].join(max(0.1, min(1.0, deadline - time.monotonic())))
+        for s in self._streams:
+            _shutdown(s.sock)
+        for s in self._streams:
+            for th in s.threads:
+                th.join(2.0)
+        self._fail_all(ChannelClosed(f"channel {self.name} to {self.peer} was closed locally"))
+
+    def __enter__(self) -> Channel:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<Channel {self.name} peer={self.peer} streams={self.alive_streams}/{self.streams}>"
+
+    # --- sending ------------------------------------------------------------------
+
+    def _isend(self, tensor: torch.Tensor, tag: int, lanes: int | None = None) -> Handle:
+        _check_tag(tag)
+        out = prepare_send(tensor)
+        with self._lock:
+            self._check_usable()
+            seq = self._send_seq[tag]
+            self._send_seq[tag] = seq + 1
+            tid = self._next_tid
+            self._next_tid += 1
+            chunk = self.cfg.chunk_for(out.view.nbytes, lanes or len(self._streams))
+            meta = P.make_meta(tag, seq, out.dtype, out.shape, chunk, self._limits)
+            h = Handle("send", tag, self.peer, seq)
+            h.tid, h.nbytes, h.describe_tensor = tid, meta.total_bytes, meta.describe()
+            t = OutTransfer(tid, meta, out.view, lanes=lanes, owner=h, keepalive=out.host)
+            self._sendq.add(t)
+            self._cv.notify_all()
+        return h
+
+    def _send_chunk(self, s: _Stream, c: Chunk) -> None:
+        t = c.transfer
+        payload = t.view[c.offset:c.offset + c.length]
+        ck = P.checksum(self._ck_code, payload) if self._ck_code else 0
+        head = P.encode_data_header(t.tid, c.offset, c.length, t.meta if c.with_meta else None, self._ck_code, ck)
+        send_parts(s.sock, [head, payload], self.cfg.idle_timeout_s)
+
+    def _writer(self, s: _Stream) -> None:
+        hb = self.cfg.heartbeat_s
+        while True:
+            frame = chunk = None
+            closing = False
+            with self._cv:
+                while True:
+                    if not s.alive or self._failure is not None:
+                        return
+                    if s.ctrl:
+                        frame = s.ctrl.popleft()
+                        break
+                    if s.close_pending:
+                        frame = P.encode_control(P.CLOSE, reason="channel closed")
+                        closing = True
+                        break
+                    chunk = self._sendq.next_chunk(s.index)
+                    if chunk is not None:
+                        break
+                    wait = hb - (time.monotonic() - s.last_send)
+                    if wait <= 0:
+                        frame = _PING
+                        break
+                    self._cv.wait(wait)
+                s.busy = True
+            try:
+                if chunk is not None:
+                    self._send_chunk(s, chunk)
+                else:
+                    send_parts(s.sock, [frame], self.cfg.idle_timeout_s)
+            finally:
+                s.busy = False
+                s.last_send = time.monotonic()
+            if closing:
+                try:
+                    s.sock.shutdown(socket.SHUT_WR)
+                except OSError:
+                    pass
+                return
+
+    def _queue_ctrl(self, frame: bytes, prefer: _Stream | None = None) -> None:
+        """Queue a control frame on a live stream, preferring an idle writer. Lock held."""
+        alive = [s for s in self._streams if s.alive and not s.close_pending]
+        if not alive:
+            return
+        if prefer is not None and prefer in alive and not prefer.busy:
+            target = prefer
+        else:
+            target = min(alive, key=lambda s: (s.busy, len(s.ctrl)))
+        target.ctrl.append(frame)
+        self._cv.notify_all()
+
+    def _on_done(self, tid: int) -> None:
+        with self._lock:
+            t = self._sendq.complete(tid)
+        if t is not None:
+            t.owner._finish(None)
+
+    # --- receiving ----------------------------------------------------------------
+
+    def _reader(self, s: _Stream) -> None:
+        idle = self.cfg.idle_timeout_s
+        hbuf = bytearray(P.HEADER_SIZE)
+        hview = memoryview(hbuf)
+        scratch = memoryview(bytearray(1 << 20))
+        while True:
+            recv_exact(s.sock, hview, idle)
+            hdr = P.decode_header(hbuf, self._limits)
+            kind = hdr.type
+            if kind == P.DATA:
+                self._on_data(s, hdr, scratch)
+            elif kind == P.DONE:
+                self._on_done(hdr.tid)
+            elif kind == P.QUERY:
+                with self._lock:
+                    if self._rx.is_complete(hdr.tid):
+                        self._queue_ctrl(P.encode_control(P.DONE, hdr.tid), prefer=s)
+            elif kind == P.CLOSE:
+                reason = P.decode_reason(recv_bytes(s.sock, hdr.length, idle))
+                s.peer_closed = True
+                raise StreamDown(f"peer closed the stream ({reason})")
+            # PING: nothing to do, its arrival reset the idle clock
+
+    def _on_data(self, s: _Stream, hdr: P.FrameHeader, scratch: memoryview) -> None:
+        idle = self.cfg.idle_timeout_s
+        meta = None
+        if hdr.has_meta:
+            prefix = P.decode_meta_prefix(recv_bytes(s.sock, P.META_SIZE, idle), self._limits)
+            meta = P.decode_meta_dims(recv_bytes(s.sock, prefix.dims_size, idle), prefix)
+        with self._lock:
+            if meta is not None:
+                t, new = self._rx.announce(hdr.tid, meta)
+                if new:
+                    self._setup_rx(t)
+            t = self._rx.begin_chunk(hdr.tid, hdr.offset, hdr.length)
+        if t is None:  # a duplicate of a chunk that already landed
+            discard(s.sock, hdr.length, scratch, idle)
+            return
+        ok = False
+        try:
+            view = t.view[hdr.offset:hdr.offset + hdr.length]
+            recv_exact(s.sock, view, idle)
+            if hdr.checksum_algo and P.checksum(hdr.checksum_algo, view) != hdr.checksum:
+                raise ProtocolError(
+                    f"checksum mismatch in transfer {hdr.tid} at offset {hdr.offset} ({hdr.length} bytes)"
+                )
+            ok = True
+        finally:
+            with self._lock:
+                if ok:
+                    self.bytes_received += hdr.length
+                finished = self._rx.end_chunk(t, hdr.offset, ok)
+                if finished:
+                    self._queue_ctrl(P.encode_control(P.DONE, t.tid), prefer=s)
+                    state: _RxState = t.owner
+                    state.ready = True
+                    deliver = state.req is not None
+            if finished and deliver:
+                self._deliver(state)
+
+    def _setup_rx(self, t: InTransfer) -> None:
+        """Pick the destination of a newly announced transfer. Lock held."""
+        m = t.meta
+        key = (m.tag, m.tag_seq)
+        req = self._waiting.pop(key, None)
+        dest = None
+        orphan = False
+        if req is not None:
+            self._describe_rx(req.handle, t)
+            try:
+                if req.into is not None:
+                    why = check_into(req.into, m.dtype, m.shape)
+                    if why is not None:
+                        raise TransportError(f"cannot receive into the given tensor: {why}")
+                    dest = into_destination(req.into)
+                else:
+                    dest = new_destination(m.dtype, m.shape, req.device)
+            except Exception as exc:  # the request fails, the stream and channel do not
+                req.handle._fail(exc if isinstance(exc, TransportError) else TransportError(str(exc)))
+                req, orphan = None, True  # land it somewhere, then drop it
+        if dest is None:
+            dest = new_destination(m.dtype, m.shape)
+        t.view = dest.view
+        t.owner = _RxState(dest, key, req, orphan=orphan)
+        if req is None and not orphan:
+            self._arrived[key] = t
+
+    def _describe_rx(self, h: Handle, t: InTransfer) -> None:
+        h.tid, h.nbytes, h.describe_tensor = t.tid, t.meta.total_bytes, t.meta.describe()
+        h._progress = lambda: t.bytes_received
+
+    def _deliver(self, state: _RxState) -> None:
+        req = state.req
+        try:
+            if not state.late:
+                result = state.dest.finish()
+            elif req.into is not None:
+                buf = state.dest.buffer
+                why = check_into(req.into, _dtype_str(buf), tuple(buf.shape))
+                if why is not None:
+                    raise TransportError(f"cannot receive into the given tensor: {why}")
+                result = copy_into(req.into, buf)
+            elif req.device is not None and req.device.type != "cpu":
+                result = state.dest.buffer.to(req.device)
+            else:
+                result = state.dest.buffer
+        except TransportError as exc:
+            req.handle._fail(exc)
+            return
+        except Exception as exc:  # a torch copy failing must not kill the reader thread
+            req.handle._fail(TransportError(f"delivering the tensor failed: {exc}"))
+            return
+        req.handle._finish(result)
+
+    # --- failures -----------------------------------------------------------------
+
+    def _run(self, s: _Stream, fn) -> None:
+        try:
+            fn(s)
+        except StreamDown as exc:
+            self._stream_down(s, str(exc))
+        except ProtocolError as exc:
+            log.error("channel %s to %s, stream %d: protocol error: %s; closing the stream",
+                      self.name, self.peer, s.index, exc)
+            self._stream_down(s, f"protocol error: {exc}")
+        except Exception as exc:  # never let a thread die silently with the channel half-alive
+            log.exception("channel %s to %s, stream %d: internal error", self.name, self.peer, s.index)
+            self._stream_down(s, f"internal error: {exc!r}")
+        finally:
+            with self._lock:
+                s.exited += 1
+                last = s.exited == len(s.threads)
+            if last:
+                s.sock.close()
+
+    def _stream_down(self, s: _Stream, reason: str) -> None:
+        with self._lock:
+            if not s.alive:
+                return
+            s.alive = False
+            s.reason = reason
+            alive = [x for x in self._streams if x.alive]
+            graceful = s.peer_closed or self._closing
+            if not graceful:
+                log.warning("channel %s to %s: stream %d of %d down: %s; %d left",
+                            self.name, self.peer, s.index, len(self._streams), reason, len(alive))
+            if alive and not self._closing:
+                for tid in self._sendq.stream_lost(s.index):
+                    self._queue_ctrl(P.encode_control(P.QUERY, tid))
+            self._cv.notify_all()
+            failure = None
+            if not alive and self._failure is None:
+                if self._closing:
+                    failure = ChannelClosed(f"channel {self.name} to {self.peer} was closed locally")
+                elif all(x.peer_closed for x in self._streams):
+                    failure = ChannelClosed(f"peer {self.peer} closed channel {self.name}")
+                else:
+                    causes = "; ".join(f"stream {x.index}: {x.reason}" for x in self._streams)
+                    failure = PeerLost(f"channel {self.name} to {self.peer} lost all {len(self._streams)} "
+                                       f"streams ({causes})")
+        _shutdown(s.sock)
+        if failure is not None:
+            self._fail_all(failure)
+
+    def _fail_all(self, failure: TransportError) -> None:
+        with self._lock:
+            if self._failure is None:
+                self._failure = failure
+            failure = self._failure
+            victims = [t.owner for t in self._sendq.abort_all()]
+            victims += [r.handle for r in self._waiting.values()]
+            self._waiting.clear()
+            for t in list(self._rx.active.values()):
+                state: _RxState | None = t.owner
+                if state is not None and state.req is not None:
+                    victims.append(state.req.handle)
+            for key, t in list(self._arrived.items()):
+                if not t.owner.ready:  # partial and unclaimed: can never complete now
+                    del self._arrived[key]
+            self._cv.notify_all()
+        for h in victims:
+            h._fail(failure)
+
+    def _check_usable(self) -> None:
+        if self._failure is not None:
+            raise type(self._failure)(str(self._failure))
+        if self._close_started:
+            raise ChannelClosed(f"channel {self.name} to {self.peer} is closed")
+
+
+def _check_tag(tag: int) -> None:
+    if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= P.MAX_U63:
+        raise ValueError(f"tag must be an integer in 0..2**63-1, got {tag!r}")
+
+
+def _dtype_str(t: torch.Tensor) -> str:
+    return str(t.dtype).removeprefix("torch.")
+
+
+def _shutdown(sock: socket.socket) -> None:
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass

@@ -1,0 +1,146 @@
+"""Socket plumbing for one stream: tuning, exact reads into memoryviews, gathered
+writes, and kernel-level timeouts.
+
+Streams stay in blocking mode; SO_RCVTIMEO/SO_SNDTIMEO bound every call instead of
+Python-level timeouts, so a chunk is read with one `recv_into(..., MSG_WAITALL)`
+system call (the GIL is released for the whole chunk) and a stalled peer still
+surfaces after `idle_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from pathlib import Path
+
+from .config import TransportConfig
+from .errors import ConfigError, ConnectError
+
+SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
+TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
+TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
+_AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
+
+
+class StreamDown(Exception):
+    """A stream can no longer be used; the message says why (EOF, reset, idle)."""
+
+
+def tune(sock: socket.socket, cfg: TransportConfig, *, before_connect: bool = True) -> None:
+    """Apply the per-stream settings. Buffers must be set before connect/listen for the
+    window scale to account for them."""
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    if before_connect:
+        if cfg.sndbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.sndbuf)
+        if cfg.rcvbuf:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, cfg.rcvbuf)
+    if cfg.congestion:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cfg.congestion.encode())
+        except OSError as exc:
+            avail = _AVAILABLE_CC.read_text().strip() if _AVAILABLE_CC.exists() else "unknown"
+            raise ConfigError(
+                f"congestion={cfg.congestion!r} cannot be set ({exc.strerror}): this kernel offers "
+                f"{avail} (unprivileged processes only those in tcp_allowed_congestion_control)"
+            ) from None
+    if cfg.pacing_rate_mbps:
+        sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(cfg.pacing_rate_mbps * 1e6 / 8))
+    # Unacknowledged data older than the idle timeout kills the connection in the
+    # kernel even when the peer's host vanished without a reset.
+    sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, int(cfg.idle_timeout_s * 1000))
+
+
+def set_io_timeout(sock: socket.socket, seconds: float) -> None:
+    sock.settimeout(None)
+    sec = int(seconds)
+    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+
+
+def recv_exact(sock: socket.socket, view: memoryview, idle_s: float) -> None:
+    """Fill `view` completely from the socket (MSG_WAITALL: usually one call)."""
+    n = len(view)
+    got = 0
+    while got < n:
+        try:
+            r = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+        except (BlockingIOError, TimeoutError):
+            raise StreamDown(f"no data for {idle_s:g} s (idle timeout)") from None
+        except OSError as exc:
+            raise StreamDown(_describe(exc)) from None
+        if r == 0:
+            raise StreamDown("peer closed the connection (EOF)")
+        got += r
+
+
+def recv_bytes(sock: socket.socket, n: int, idle_s: float) -> bytes:
+    buf = bytearray(n)
+    recv_exact(sock, memoryview(buf), idle_s)
+    return bytes(buf)
+
+
+def discard(sock: socket.socket, n: int, scratch: memoryview, idle_s: float) -> None:
+    while n:
+        step = min(n, len(scratch))
+        recv_exact(sock, scratch[:step], idle_s)
+        n -= step
+
+
+def send_parts(sock: socket.socket, parts: list, idle_s: float) -> None:
+    """Write header and payload with one gathered sendmsg (no copy of the payload);
+    finish with sendall if the kernel took only part of it."""
+    try:
+        total = sum(len(p) for p in parts)
+        sent = sock.sendmsg(parts)
+        if sent == total:
+            return
+        for p in parts:
+            mv = memoryview(p).cast("B")
+            if sent >= len(mv):
+                sent -= len(mv)
+                continue
+            sock.sendall(mv[sent:])
+            sent = 0
+    except (BlockingIOError, TimeoutError):
+        raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
+    except OSError as exc:
+        raise StreamDown(_describe(exc)) from None
+
+
+def _describe(exc: OSError) -> str:
+    return exc.strerror or str(exc) or type(exc).__name__
+
+
+def open_stream(host: str, port: int, cfg: TransportConfig, deadline: float) -> socket.socket:
+    """TCP connect with the per-stream tuning applied before the SYN."""
+    remaining = deadline - time.monotonic()
+    if remaining <= 0:
+        raise ConnectError(f"connect to {host}:{port} timed out after {cfg.connect_timeout_s:g} s")
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise ConnectError(f"cannot resolve {host!r}: {exc.strerror}") from None
+    last: Exception | None = None
+    for family, kind, proto, _, addr in infos:
+        sock = socket.socket(family, kind, proto)
+        try:
+            tune(sock, cfg)
+            sock.settimeout(max(0.001, deadline - time.monotonic()))
+            sock.connect(addr)
+            return sock
+        except ConfigError:
+            sock.close()
+            raise
+        except TimeoutError:
+            sock.close()
+            raise ConnectError(
+                f"connect to {host}:{port} timed out after {cfg.connect_timeout_s:g} s "
+                "(is the listener up and the address reachable?)"
+            ) from None
+        except OSError as exc:
+            sock.close()
+            last = exc
+    raise ConnectError(f"cannot connect to {host}:{port}: {_describe(last) if isinstance(last, OSError) else last}")

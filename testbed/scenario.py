@@ -69,6 +69,30 @@ class BubbleTeaSettings(_Model):
     guard: float = Field(0.05, ge=0, description="initial guard, as a fraction of predicted duration")
 
 
+class RunnerSettings(_Model):
+    """How `testbed run` plays the scenario (testbed/runner.py); every choice visible."""
+
+    local: bool = Field(False, description="workers as local processes on 127.0.0.1, no emulated network")
+    base_port: int = Field(29500, ge=1024, le=60000, description="first TCP port of the boundary channels")
+    calibrate: bool = Field(True, description="measure per-transfer rates over the WAN before the variants")
+    calibration_transfers: int = Field(4, ge=1, le=50, description="timed tensors per stream count")
+    slow_start_after_idle: bool = Field(
+        False, description="net.ipv4.tcp_slow_start_after_idle on the hosts (off: long-lived channels keep cwnd)"
+    )
+    baseline_placement: Literal["atlas", "in-order", "even", "round-robin"] = Field(
+        "even", description="placement of baseline and multi-tcp (atlas uses its own heuristic)"
+    )
+    temporal_mode: Literal["token", "slot"] = Field(
+        "token", description="atlas: a WAN send waits for the previous one in its link's plan (token) or its slot"
+    )
+    token_margin: float = Field(
+        0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
+    )
+    iteration_lead: float = Field(0.05, ge=0.005, le=5, description="seconds from the barrier to the next common start")
+    setup_timeout: float = Field(60.0, gt=0, description="seconds for workers to start and connect")
+    iteration_timeout: float = Field(120.0, gt=0, description="seconds an iteration may take before the run fails")
+
+
 class Scenario(_Model):
     name: str
     description: str = ""
@@ -80,6 +104,7 @@ class Scenario(_Model):
     seed: int = 1
     transport: TransportSettings = TransportSettings()
     bubbletea: BubbleTeaSettings = BubbleTeaSettings()
+    runner: RunnerSettings = RunnerSettings()
     source: str = ""
 
     @field_validator("topology", mode="before")

@@ -1,0 +1,69 @@
+"""`testbed run SCENARIO.yaml`: pipeline training across the emulated DCs, every
+variant of the scenario side by side (testbed/runner.py)."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import click
+
+from testbed.configfile import ConfigError
+
+
+@click.command()
+@click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
+@click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Result folder (default results/<scenario>-<timestamp>).")
+@click.option("--set", "sets", multiple=True, metavar="PATH=VALUE",
+              help="Override a scenario parameter by its dotted path, e.g. --set topology.wan.0.delay=50ms "
+                   "(repeatable).")
+@click.option("--variants", default=None, metavar="A,B",
+              help="Run only these variants (baseline, multi-tcp, atlas, dp-across-dc; +bubbletea suffix).")
+@click.option("--local", is_flag=True,
+              help="Run the workers as local processes on 127.0.0.1, without the emulated network "
+                   "(no root needed; no WAN delay or shaping).")
+def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, local: bool) -> None:
+    """Run SCENARIO_FILE: build its topology, calibrate the WAN, then train the
+    workload under each variant and compare measured and predicted iteration times.
+
+    Writes summary.json, scenario.resolved.yaml, and per variant a timeline CSV, a
+    transfers CSV and a Gantt chart (gantt.png) to the result folder.
+    """
+    from testbed.progress import Progress
+    from testbed.runner import RunnerError, default_out_dir, run_scenario
+    from testbed.scenario import load_scenario, parse_set_options
+    from testbed.training.metrics import summary_table
+
+    try:
+        overrides = parse_set_options(sets)
+        if local:
+            overrides["runner.local"] = True
+        scenario, resolved = load_scenario(scenario_file, overrides)
+    except ConfigError as exc:
+        raise click.ClickException(str(exc)) from None
+    only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+    if variants is not None and not only:
+        raise click.BadParameter("give at least one variant, e.g. --variants baseline,atlas", param_hint="--variants")
+    out = out or default_out_dir(scenario)
+    click.echo(f"run {scenario.name} -> {out}", err=True)
+    progress = Progress(label=f"run {scenario.name}")
+    try:
+        summary = run_scenario(scenario, resolved, out, progress, variants=only)
+    except (RunnerError, ConfigError) as exc:
+        progress.close(f"run {scenario.name}: failed")
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        progress.close(f"run {scenario.name}: interrupted")
+        sys.exit(130)
+    progress.close()
+    click.echo(f"\n{summary.get('scale_note', '')}; delay backend: {summary.get('delay_backend')}")
+    click.echo(summary_table(summary["variants"]))
+    click.echo(f"\nsummary: {out / 'summary.json'}", err=True)
+    for name, v in summary["variants"].items():
+        if "gantt_png" in v:
+            click.echo(f"timeline: {out / v['gantt_png']}  ({name})", err=True)
+    failed = [n for n, v in summary["variants"].items() if v.get("error")]
+    if failed:
+        click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)}", err=True)
+        sys.exit(1)

@@ -1,0 +1,466 @@
+"""A `Comm` (testbed/training/executor.py) whose boundary tensors travel through
+atlas_transport channels, one channel per (pipeline, boundary).
+
+* Tags: a channel matches sends to receives by tag; the tag packs the iteration,
+  the boundary, the micro-batch and the direction (`tag_for` / `key_of`), so a late
+  tensor can never be taken for another one.
+* Sends never block the worker's schedule (a GPU does not wait for its NIC): they are
+  handed to the channel at once, or, under Atlas's temporal plan, by a dispatcher
+  thread that keeps each channel's order and holds a WAN send until it may use its
+  link (`Planned`): in ``token`` mode until the previous transfer in the link's
+  planned order has had its planned time on the wire (the previous sender announces
+  its start over a `TokenBus`, UDP on the DC's LAN), in ``slot`` mode until its
+  planned slot start after the iteration's common start.
+* Every tensor leaves a record (`testbed.training.metrics.TransferRecord` fields):
+  when the schedule reached the send, the planned slot, when it went to the
+  transport, when the receiver confirmed it; the receiving side records the arrival.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from testbed.training.simulate import TransferKey
+
+ITER_BITS, BOUNDARY_BITS, MB_BITS = 23, 16, 23  # + 1 direction bit = 63 bits (atlas tags are u63)
+MAX_ITERATION = (1 << ITER_BITS) - 1
+MAX_BOUNDARY = (1 << BOUNDARY_BITS) - 1
+MAX_MB = (1 << MB_BITS) - 1
+
+
+class CommError(RuntimeError):
+    """A boundary tensor that could not be sent or did not arrive in time."""
+
+
+def tag_for(key: TransferKey, iteration: int) -> int:
+    """The channel tag of boundary tensor `key` in `iteration` (unique per channel)."""
+    if not 0 <= iteration <= MAX_ITERATION:
+        raise CommError(f"iteration {iteration} out of range 0..{MAX_ITERATION} for a transfer tag")
+    if not 0 <= key.boundary <= MAX_BOUNDARY:
+        raise CommError(f"boundary {key.boundary} out of range 0..{MAX_BOUNDARY} for a transfer tag")
+    if not 0 <= key.mb <= MAX_MB:
+        raise CommError(f"micro-batch {key.mb} out of range 0..{MAX_MB} for a transfer tag")
+    if key.direction not in ("fwd", "bwd"):
+        raise CommError(f"direction {key.direction!r} is neither 'fwd' nor 'bwd'")
+    tag = iteration
+    tag = (tag << BOUNDARY_BITS) | key.boundary
+    tag = (tag << MB_BITS) | key.mb
+    return (tag << 1) | (1 if key.direction == "bwd" else 0)
+
+
+def key_of(tag: int, pipeline: int) -> tuple[int, TransferKey]:
+    """Inverse of `tag_for`: (iteration, key) of a tag on a channel of `pipeline`."""
+    if not 0 <= tag < (1 << 63):
+        raise CommError(f"tag {tag} is not a transfer tag (0..2**63-1)")
+    direction = "bwd" if tag & 1 else "fwd"
+    tag >>= 1
+    mb = tag & MAX_MB
+    tag >>= MB_BITS
+    boundary = tag & MAX_BOUNDARY
+    iteration = tag >> BOUNDARY_BITS
+    return iteration, TransferKey(pipeline, boundary, mb, direction)  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Route:
+    """A boundary channel: the peer worker, the WAN link directions crossed by what
+    this worker sends on it and by what it receives (empty inside a DC), the path's
+    one-way delay and the channel's stream count."""
+
+    peer: str
+    links: tuple[str, ...] = ()
+    latency_s: float = 0.0
+    streams: int = 1
+    recv_links: tuple[str, ...] = ()
+
+
+def wall_of(monotonic_t: float | None) -> float | None:
+    """A `time.monotonic()` instant (what the transport's handles record) on the
+    wall clock every process shares."""
+    if monotonic_t is None:
+        return None
+    return time.time() - (time.monotonic() - monotonic_t)
+
+
+@dataclass
+class _Pending:
+    key: TransferKey
+    tensor: Any
+    record: dict[str, Any]
+    planned: Planned | None
+    iteration: int
+    iteration_start: float
+
+
+@dataclass
+class _Outstanding:
+    handle: Any
+    record: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class Planned:
+    """A WAN send under the temporal plan.
+
+    slot_s: planned start, seconds after the iteration's common start (slot mode).
+    tokens: (link direction, position in that link's planned order) for each link crossed.
+    duration_s: planned time on the wire; the next token holder may start this long
+        after this send went out.
+    next_holders: (link direction, position, worker) of the transfer after this one on
+        each link, to be told when this one started.
+    """
+
+    slot_s: float | None = None
+    tokens: tuple[tuple[str, int], ...] = ()
+    duration_s: float = 0.0
+    next_holders: tuple[tuple[str, int, str], ...] = ()
+
+
+class TokenBus:
+    """Token announcements between the senders that share WAN links: one UDP socket
+    per worker; a message says that transfer `index` of `link` in `iteration` went out
+    and until when it is planned to hold the link. A lost datagram only costs the next
+    holder its token timeout."""
+
+    def __init__(self, bind_ip: str, port: int, peers: Mapping[str, tuple[str, int]],
+                 on_message: Callable[[dict[str, Any]], None]) -> None:
+        import socket
+
+        self.peers = dict(peers)
+        self.on_message = on_message
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            self.sock.bind((bind_ip, port))
+        except OSError as exc:
+            self.sock.close()
+            raise CommError(f"token bus cannot listen on {bind_ip}:{port}: {exc.strerror or exc}") from None
+        self.sock.settimeout(0.5)
+        self._closed = False
+        self._thread = threading.Thread(target=self._loop, name="comm-token-bus", daemon=True)
+        self._thread.start()
+
+    def send(self, worker: str, message: dict[str, Any]) -> None:
+        try:
+            addr = self.peers[worker]
+        except KeyError:
+            raise CommError(f"token bus: no address for worker {worker} (known: {sorted(self.peers)})") from None
+        self.sock.sendto(json.dumps(message, separators=(",", ":")).encode(), tuple(addr))
+
+    def _loop(self) -> None:
+        while not self._closed:
+            try:
+                data, _ = self.sock.recvfrom(4096)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+            try:
+                msg = json.loads(data)
+            except json.JSONDecodeError:
+                continue
+            self.on_message(msg)
+
+    def close(self) -> None:
+        self._closed = True
+        self._thread.join(1.0)
+        self.sock.close()
+
+
+class TransportComm:
+    """Comm of one worker. `channels[boundary]` is the channel to the neighbouring
+    worker across that boundary; `routes[boundary]` describes it.
+
+    `plan` maps (direction, boundary, mb) to its `Planned` entry (Atlas's temporal
+    sharing); `mode` says how it is enforced: ``token`` (wait for the previous
+    transfer on each link, announced on `bus`, or at most `token_timeout_s`) or
+    ``slot`` (wait for the planned start). `filler` is sent when the schedule passes
+    no tensor (modelled work): a byte tensor of the workload's wire size.
+    """
+
+    def __init__(
+        self,
+        pipeline: int,
+        worker: str,
+        channels: Mapping[int, Any],
+        routes: Mapping[int, Route],
+        *,
+        filler: Any,
+        plan: Mapping[tuple[str, int, int], Planned] | None = None,
+        mode: str = "token",
+        bus: Any = None,
+        token_timeout_s: float = 10.0,
+        timeout_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        if mode not in ("token", "slot"):
+            raise CommError(f"{worker}: temporal plan mode {mode!r} is neither 'token' nor 'slot'")
+        missing = set(channels) ^ set(routes)
+        if missing:
+            raise CommError(f"{worker}: channels and routes disagree on boundaries {sorted(missing)}")
+        self.pipeline = pipeline
+        self.worker = worker
+        self.channels = dict(channels)
+        self.routes = dict(routes)
+        self.filler = filler
+        self.plan = dict(plan or {})
+        self.mode = mode
+        self.bus = bus
+        self.token_timeout_s = token_timeout_s
+        self.token_timeouts = 0
+        self._ends: dict[tuple[int, str, int], float] = {}  # (iteration, link, index) -> planned link release
+        self.timeout_s = timeout_s
+        self.clock = clock
+        self.iteration = 0
+        self.iteration_start = 0.0
+        self.sent: list[dict[str, Any]] = []  # finished send records, drained by take_records()
+        self.received: list[dict[str, Any]] = []
+        self._out: list[_Outstanding] = []
+        self._queues: dict[int, deque[_Pending]] = {b: deque() for b in self.channels}
+        self._cv = threading.Condition()
+        self._error: BaseException | None = None
+        self._closed = False
+        self._thread: threading.Thread | None = None
+        if self.plan:
+            self._thread = threading.Thread(target=self._dispatch, name=f"comm-{worker}-plan", daemon=True)
+            self._thread.start()
+
+    # ------------------------------------------------------------ Comm protocol
+
+    def begin_iteration(self, iteration: int, start: float) -> None:
+        """Tags and planned slots of the sends that follow refer to this iteration."""
+        self.iteration = iteration
+        self.iteration_start = start
+
+    def send(self, key: TransferKey, payload: Any) -> None:
+        boundary = key.boundary
+        ch = self._channel(boundary)
+        route = self.routes[boundary]
+        tensor = payload if _is_tensor(payload) else self.filler
+        now = self.clock()
+        planned = self.plan.get((key.direction, boundary, key.mb))
+        record = {
+            "iteration": self.iteration, "pipeline": self.pipeline, "boundary": boundary, "mb": key.mb,
+            "direction": key.direction, "src": self.worker, "dst": route.peer, "nbytes": _nbytes(tensor),
+            "links": list(route.links), "latency_s": route.latency_s, "posted": now, "not_before": None,
+            "streams": route.streams,
+        }
+        with self._cv:
+            self._raise_if_failed()
+            queue = self._queues[boundary]
+            pending = _Pending(key, tensor, record, planned, self.iteration, self.iteration_start)
+            if queue or (planned is not None and self._release(pending, now) > now):  # keep the channel's order
+                queue.append(pending)
+                self._cv.notify_all()
+                return
+            if planned is not None:
+                record["not_before"] = now
+        self._isend(ch, key, tensor, record, planned)
+
+    def recv(self, key: TransferKey) -> Any:
+        ch = self._channel(key.boundary)
+        handle = ch.irecv(tag_for(key, self.iteration))
+        try:
+            tensor = handle.wait(self.timeout_s)
+        except TimeoutError:
+            raise CommError(
+                f"{self.worker}: {key} of iteration {self.iteration} did not arrive from "
+                f"{self.routes[key.boundary].peer} within {self.timeout_s:g} s"
+            ) from None
+        self.received.append({
+            "iteration": self.iteration, "pipeline": self.pipeline, "boundary": key.boundary, "mb": key.mb,
+            "direction": key.direction, "src": self.routes[key.boundary].peer, "dst": self.worker,
+            "nbytes": _nbytes(tensor), "links": list(self.routes[key.boundary].recv_links),
+            "latency_s": self.routes[key.boundary].latency_s, "arrived": wall_of(handle.completed_at),
+            "streams": self.routes[key.boundary].streams,
+        })
+        return tensor
+
+    def flush(self) -> None:
+        """Wait until every send so far was handed over and confirmed by its receiver."""
+        deadline = time.monotonic() + self.timeout_s
+        with self._cv:
+            while any(self._queues.values()) and self._error is None:
+                if not self._cv.wait(max(0.0, deadline - time.monotonic())):
+                    break
+            self._raise_if_failed()
+            if any(self._queues.values()):
+                raise CommError(f"{self.worker}: planned sends still waiting after {self.timeout_s:g} s")
+            out, self._out = self._out, []
+        for o in out:
+            try:
+                o.handle.wait(max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                raise CommError(
+                    f"{self.worker}: send of {o.record['direction']} micro-batch {o.record['mb']} "
+                    f"(iteration {o.record['iteration']}) to {o.record['dst']} not confirmed within "
+                    f"{self.timeout_s:g} s"
+                ) from None
+            o.record["confirmed"] = wall_of(o.handle.completed_at)
+            self.sent.append(o.record)
+
+    # ------------------------------------------------------------ records, end
+
+    def take_records(self) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+        """(sends, receives) recorded since the last call."""
+        sent, self.sent = self.sent, []
+        received, self.received = self.received, []
+        return sent, received
+
+    def close(self) -> None:
+        with self._cv:
+            self._closed = True
+            self._cv.notify_all()
+        if self._thread is not None:
+            self._thread.join(2.0)
+
+    # ------------------------------------------------------------ internals
+
+    def _channel(self, boundary: int) -> Any:
+        try:
+            return self.channels[boundary]
+        except KeyError:
+            raise CommError(
+                f"{self.worker}: no channel for boundary {boundary} (have: {sorted(self.channels)})"
+            ) from None
+
+    def _isend(self, ch: Any, key: TransferKey, tensor: Any, record: dict[str, Any],
+               planned: Planned | None = None) -> None:
+        record["sent"] = self.clock()
+        handle = ch.isend(tensor, tag_for(key, record["iteration"]))
+        with self._cv:
+            self._out.append(_Outstanding(handle, record))
+        if planned is not None and planned.tokens:
+            self._announce(record["iteration"], record["sent"], planned)
+
+    def _announce(self, iteration: int, sent: float, planned: Planned) -> None:
+        """Tell the next holder on each link when it may start (this send's planned release)."""
+        end = sent + planned.duration_s
+        with self._cv:
+            for link, index in planned.tokens:
+                self._ends[(iteration, link, index)] = end
+            self._cv.notify_all()
+        for link, index, worker in planned.next_holders:
+            if worker != self.worker and self.bus is not None:
+                self.bus.send(worker, {"it": iteration, "link": link, "idx": index - 1, "end": end})
+
+    def on_token(self, msg: dict[str, Any]) -> None:
+        """A token announcement from another sender (called by the TokenBus thread)."""
+        with self._cv:
+            self._ends[(int(msg["it"]), str(msg["link"]), int(msg["idx"]))] = float(msg["end"])
+            self._cv.notify_all()
+
+    def _release(self, p: _Pending, now: float) -> float:
+        """When `p` may go (<= now: at once; inf: waiting for a token). Lock held."""
+        e = p.planned
+        if e is None:
+            return now
+        if self.mode == "slot":
+            return -math.inf if e.slot_s is None else p.iteration_start + e.slot_s
+        at = -math.inf
+        for link, index in e.tokens:
+            if index == 0:
+                continue
+            end = self._ends.get((p.iteration, link, index - 1))
+            if end is None:
+                if now - p.record["posted"] >= self.token_timeout_s:
+                    continue  # the announcement was lost or the peer died: do not wait forever
+                return math.inf
+            at = max(at, end)
+        return at
+
+    def _raise_if_failed(self) -> None:
+        if self._error is not None:
+            raise CommError(f"{self.worker}: a planned send failed: {self._error}") from self._error
+
+    def _dispatch(self) -> None:
+        """Hand each channel's queued sends over when the plan lets them go, in order."""
+        while True:
+            due: list[tuple[int, _Pending]] = []
+            with self._cv:
+                if self._closed:
+                    return
+                now = self.clock()
+                wake = None
+                for b, q in self._queues.items():
+                    while q:
+                        at = self._release(q[0], now)
+                        if at > now:
+                            if at == math.inf:  # re-check at the token timeout
+                                at = q[0].record["posted"] + self.token_timeout_s
+                            wake = at if wake is None else min(wake, at)
+                            break
+                        p = q.popleft()
+                        if p.planned is not None:
+                            p.record["not_before"] = max(at, p.record["posted"])
+                            if self.mode == "token" and any(
+                                i > 0 and (p.iteration, link, i - 1) not in self._ends for link, i in p.planned.tokens
+                            ):
+                                self.token_timeouts += 1
+                                p.record["token_timeout"] = True
+                        due.append((b, p))
+                if not due:
+                    self._cv.wait(None if wake is None else max(0.0005, wake - now))
+                    continue
+            for b, p in due:
+                try:
+                    self._isend(self.channels[b], p.key, p.tensor, p.record, p.planned)
+                except BaseException as exc:  # surfaced by the worker's next send/flush
+                    with self._cv:
+                        self._error = exc
+            with self._cv:
+                self._cv.notify_all()
+
+
+def _is_tensor(x: Any) -> bool:
+    return x is not None and hasattr(x, "element_size") and hasattr(x, "numel")
+
+
+def _nbytes(t: Any) -> int:
+    return int(t.numel() * t.element_size()) if _is_tensor(t) else 0
+
+
+@dataclass
+class TransferLog:
+    """Append-only JSON lines of a worker's transfer records (one file per worker)."""
+
+    path: Path
+    _lines: list[str] = field(default_factory=list)
+
+    def add(self, side: str, records: list[dict[str, Any]]) -> None:
+        for r in records:
+            self._lines.append(json.dumps({"side": side, **r}, separators=(",", ":")))
+
+    def write(self) -> None:
+        if not self._lines:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        with open(self.path, "a") as fh:
+            fh.write("\n".join(self._lines) + "\n")
+        self._lines.clear()
+
+
+def read_transfer_logs(paths: list[Path]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """(sends, receives) from the workers' logs; lines cut short by a crash are skipped."""
+    sends, recvs = [], []
+    for path in paths:
+        try:
+            lines = path.read_text().splitlines()
+        except FileNotFoundError:
+            continue
+        for line in lines:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            side = rec.pop("side", None)
+            (sends if side == "send" else recvs if side == "recv" else []).append(rec)
+    return sends, recvs

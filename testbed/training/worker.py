@@ -1,0 +1,434 @@
+"""One training worker, or one end of a calibration probe, as a process on a host.
+
+    python -m testbed.training.worker JOB.json
+
+The runner (testbed/runner.py) writes a job file per process and starts it on its
+host (inside the host's network namespace under emulation). A ``train`` worker is one
+(pipeline, rank): it opens its boundary channels (it listens for the channels from
+the previous stage and connects to the next), reports ready on the runner's control
+socket, then runs each iteration when told to start it, at a common wall-clock
+instant (plus its pipeline's planned offset). Its emulated GPU is a shared
+`testbed.device.Device` in the run directory, so a BubbleTea agent next to it can
+use the same device. Transfer records go to the job's ``transfers_path``.
+
+A ``probe-send``/``probe-recv`` pair measures how long a tensor of the workload's
+wire size takes over one channel of N streams, for the runner's calibration.
+
+The shared secret of the channels comes from the environment (ATLAS_SECRET), never
+from the job file.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+log = logging.getLogger("testbed.worker")
+
+
+class WorkerError(RuntimeError):
+    """A worker that cannot start or run; the message names the worker and the cause."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ChannelJob(_Model):
+    """One boundary channel of a worker. The downstream worker (stage b+1) listens,
+    the upstream one (stage b) connects."""
+
+    boundary: int = Field(ge=0)
+    role: Literal["listen", "connect"]
+    peer: str
+    peer_ip: str
+    port: int = Field(ge=1, le=65535)
+    streams: int = Field(ge=1, le=64)
+    links: list[str] = []  # WAN link directions of this worker's *sends* on the channel
+    recv_links: list[str] = []  # ... and of what it receives on it
+    latency_s: float = Field(0.0, ge=0)
+
+
+class PlannedSend(_Model):
+    """A WAN send of this worker under the temporal plan (see transport_comm.Planned)."""
+
+    direction: Literal["fwd", "bwd"]
+    boundary: int
+    mb: int
+    start_s: float  # planned slot start, seconds after the iteration's common start
+    duration_s: float = Field(0.0, ge=0)  # planned time on the wire
+    tokens: list[tuple[str, int]] = []  # (link direction, position in its planned order)
+    next: list[tuple[str, int, str]] = []  # (link direction, position, worker) of the next transfer
+
+
+class DeviceJob(_Model):
+    name: str
+    run_dir: str
+    mode: Literal["modelled"] = "modelled"
+    time_scale: float = Field(1.0, gt=0)
+
+
+class TransportJob(_Model):
+    chunk_bytes: int | None = None
+    congestion: str | None = None
+    connect_timeout_s: float = 10.0
+
+
+class TrainJob(_Model):
+    role: Literal["train"] = "train"
+    worker: str
+    pipeline: int = Field(ge=0)
+    rank: int = Field(ge=0)
+    host: str
+    bind_ip: str
+    schedule: str
+    pp: int = Field(ge=1)
+    microbatches: int = Field(ge=1)
+    chunks: int = Field(1, ge=1)
+    forward_s: list[float]
+    backward_s: list[float]
+    wire_bytes: int = Field(ge=1)
+    iterations: int = Field(ge=1, description="all iterations, warm-up included")
+    offset_s: float = Field(0.0, ge=0)
+    plan: list[PlannedSend] = []
+    temporal_mode: Literal["token", "slot"] = "token"
+    token_port: int | None = Field(None, ge=1, le=65535)
+    token_peers: dict[str, tuple[str, int]] = {}  # worker -> (ip, token port) of senders sharing a link
+    token_timeout_s: float = Field(10.0, gt=0)
+    channels: list[ChannelJob]
+    device: DeviceJob
+    control: str
+    transfers_path: str
+    transport: TransportJob = TransportJob()
+    setup_timeout_s: float = Field(60.0, gt=0)
+    timeout_s: float = Field(120.0, gt=0)
+    slots_path: str | None = None
+    idle_slots: list[tuple[float, float]] = []  # planned idle gaps, seconds after the iteration start
+
+
+class ProbeJob(_Model):
+    role: Literal["probe-send", "probe-recv"]
+    name: str
+    bind_ip: str = "0.0.0.0"
+    peer_ip: str = ""
+    port: int = Field(ge=1, le=65535)
+    streams: int = Field(ge=1, le=64)
+    nbytes: int = Field(ge=1)
+    count: int = Field(ge=1)
+    gap_s: float = Field(0.0, ge=0)
+    start_at: float | None = None  # wall-clock instant to send the first tensor
+    period_s: float | None = Field(None, gt=0, description="send tensor k at start_at + k x period (rounds)")
+    wait_go: bool = Field(False, description="once connected, print 'connected' and read 'go <start_at>' on stdin")
+    warmup_bytes: int = Field(0, ge=0, description="one untimed tensor of this size first: opens the TCP windows")
+    out: str
+    transport: TransportJob = TransportJob()
+    timeout_s: float = Field(60.0, gt=0)
+
+
+def parse_job(data: Any, source: str = "<job>") -> TrainJob | ProbeJob:
+    """A job file's content, validated; errors name the file and the field."""
+    if not isinstance(data, dict):
+        raise WorkerError(f"{source}: a job is a JSON object with a 'role'")
+    role = data.get("role", "train")
+    model = TrainJob if role == "train" else ProbeJob if role in ("probe-send", "probe-recv") else None
+    if model is None:
+        raise WorkerError(f"{source}: role {role!r} is not one of train, probe-send, probe-recv")
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        raise WorkerError(f"{source}: {where}: {first['msg']}") from None
+
+
+def load_job(path: str | Path) -> TrainJob | ProbeJob:
+    path = Path(path)
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise WorkerError(f"{path}: no such job file") from None
+    except json.JSONDecodeError as exc:
+        raise WorkerError(f"{path}: not JSON: {exc}") from None
+    return parse_job(data, str(path))
+
+
+# ------------------------------------------------------------------ control socket
+
+class Control:
+    """The worker's end of the runner's control socket: JSON lines both ways."""
+
+    def __init__(self, path: str, worker: str, timeout_s: float) -> None:
+        self.worker = worker
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.sock.connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"{worker}: cannot reach the runner's control socket {path}: {exc}") from None
+                time.sleep(0.05)
+        self._file = self.sock.makefile("r")
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"type": kind, "worker": self.worker, **fields}) + "\n"
+        with self._lock:
+            self.sock.sendall(line.encode())
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        for line in self._file:
+            if line.strip():
+                yield json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+# ------------------------------------------------------------------ channels
+
+def transport_config(job: TrainJob | ProbeJob, streams: int) -> Any:
+    from atlas_transport import TransportConfig
+
+    kw: dict[str, Any] = {"streams": streams, "connect_timeout_s": job.transport.connect_timeout_s}
+    if job.transport.chunk_bytes:
+        kw["chunk_bytes"] = job.transport.chunk_bytes
+    if job.transport.congestion:
+        kw["congestion"] = job.transport.congestion
+    return TransportConfig(**kw)
+
+
+def connect_with_retry(ip: str, port: int, cfg: Any, deadline: float, what: str) -> Any:
+    """connect(), retried while the listener is not up yet (refused) until `deadline`."""
+    from atlas_transport import connect
+    from atlas_transport.errors import AuthenticationError, ConnectError
+
+    while True:
+        try:
+            return connect(ip, port, cfg)
+        except AuthenticationError as exc:
+            raise WorkerError(f"{what}: {exc} (are both ends started with the same ATLAS_SECRET?)") from None
+        except (ConnectError, OSError) as exc:
+            if time.monotonic() > deadline:
+                raise WorkerError(f"{what}: cannot connect to {ip}:{port}: {exc}") from None
+            time.sleep(0.1)
+
+
+def open_channels(job: TrainJob) -> dict[int, Any]:
+    """Listen for the upstream channels, connect the downstream ones, accept."""
+    from atlas_transport import listen
+
+    deadline = time.monotonic() + job.setup_timeout_s
+    listeners = {}
+    channels: dict[int, Any] = {}
+    try:
+        for c in job.channels:
+            if c.role == "listen":
+                listeners[c.boundary] = (c, listen(job.bind_ip, c.port, transport_config(job, c.streams)))
+        for c in job.channels:
+            if c.role == "connect":
+                what = f"{job.worker}: channel of boundary {c.boundary} to {c.peer}"
+                channels[c.boundary] = connect_with_retry(c.peer_ip, c.port, transport_config(job, c.streams),
+                                                          deadline, what)
+        for b, (c, lst) in listeners.items():
+            try:
+                channels[b] = lst.accept(timeout=max(0.1, deadline - time.monotonic()))
+            except TimeoutError:
+                raise WorkerError(
+                    f"{job.worker}: {c.peer} did not open the channel of boundary {b} "
+                    f"(port {c.port}) within {job.setup_timeout_s:g} s"
+                ) from None
+    except BaseException:
+        for ch in channels.values():
+            ch.close(timeout=1.0)
+        raise
+    finally:
+        for _, lst in listeners.values():
+            lst.close()
+    return channels
+
+
+# ------------------------------------------------------------------ training
+
+def run_train(job: TrainJob) -> None:
+    import torch
+
+    from testbed.device import Device
+    from testbed.training.executor import ModelledWork, run_worker
+    from testbed.training.schedules import build_schedule
+    from testbed.training.transport_comm import Planned, Route, TokenBus, TransferLog, TransportComm
+
+    control = Control(job.control, job.worker, job.setup_timeout_s)
+    try:
+        control.send("hello", pid=os.getpid(), host=job.host)
+        schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.chunks)
+        device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
+        work = ModelledWork(list(job.forward_s), list(job.backward_s))
+        channels = open_channels(job)
+        routes = {c.boundary: Route(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
+                  for c in job.channels}
+        plan = {(p.direction, p.boundary, p.mb): Planned(p.start_s, tuple(p.tokens), p.duration_s, tuple(p.next))
+                for p in job.plan}
+        filler = torch.zeros(job.wire_bytes, dtype=torch.uint8)
+        comm = TransportComm(job.pipeline, job.worker, channels, routes, filler=filler, plan=plan,
+                             mode=job.temporal_mode, token_timeout_s=job.token_timeout_s, timeout_s=job.timeout_s)
+        if job.token_port is not None and job.temporal_mode == "token":
+            comm.bus = TokenBus(job.bind_ip, job.token_port, job.token_peers, comm.on_token)
+        tlog = TransferLog(Path(job.transfers_path))
+        publisher = _slot_publisher(job)
+        control.send("ready")
+        try:
+            for msg in control.messages():
+                if msg["type"] == "stop":
+                    break
+                if msg["type"] != "go":
+                    continue
+                i, at = int(msg["iteration"]), float(msg["at"])
+                comm.begin_iteration(i, at)
+                if publisher is not None:
+                    _publish(publisher, job, i, at)
+                records = run_worker(schedule, job.rank, job.pipeline, device, comm, work,
+                                     owner=f"train:{job.worker}", start_at=at + job.offset_s)
+                sent, received = comm.take_records()
+                tlog.add("send", sent)
+                tlog.add("recv", received)
+                tlog.write()
+                control.send("iter_done", iteration=i, end=max((r.end for r in records), default=at),
+                             busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts)
+        finally:
+            if publisher is not None:
+                publisher.end()
+                publisher.close()
+            comm.close()
+            if comm.bus is not None:
+                comm.bus.close()
+            for ch in channels.values():
+                ch.close(timeout=5.0)
+        control.send("bye")
+    except BaseException as exc:
+        try:
+            control.send("error", message=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+        except OSError:
+            pass
+        raise
+    finally:
+        control.close()
+
+
+def _slot_publisher(job: TrainJob) -> Any:
+    """BubbleTea's slot feed of this worker's device (bubbletea_agent/slots.py), when asked for."""
+    if not job.slots_path:
+        return None
+    from bubbletea_agent.slots import SlotPublisher
+
+    return SlotPublisher(job.slots_path, worker=job.worker, stage=job.rank)
+
+
+def _publish(publisher: Any, job: TrainJob, iteration: int, start: float) -> None:
+    from bubbletea_agent.slots import Slot
+
+    publisher.publish([Slot(iteration, k, start + s, e - s, job.rank) for k, (s, e) in enumerate(job.idle_slots)])
+
+
+# ------------------------------------------------------------------ probes
+
+def run_probe(job: ProbeJob) -> None:
+    """Time `count` tensors over one channel. The receiver writes the arrival times,
+    the sender the hand-over and confirmation times (wall clock), to `out`."""
+    import torch
+
+    from atlas_transport import listen
+    from testbed.training.transport_comm import wall_of
+
+    cfg = transport_config(job, job.streams)
+    result: dict[str, Any] = {"name": job.name, "role": job.role, "streams": job.streams, "nbytes": job.nbytes}
+    deadline = time.monotonic() + job.timeout_s
+    if job.role == "probe-recv":
+        with listen(job.bind_ip, job.port, cfg) as lst:
+            print("listening", flush=True)
+            ch = lst.accept(timeout=job.timeout_s)
+            try:
+                if job.warmup_bytes:
+                    ch.irecv(2).wait(max(0.1, deadline - time.monotonic()))
+                arrived = []
+                for _ in range(job.count):
+                    h = ch.irecv(1)
+                    h.wait(max(0.1, deadline - time.monotonic()))
+                    arrived.append(wall_of(h.completed_at))
+                result["arrived"] = arrived
+            finally:
+                ch.close(timeout=5.0)
+    else:
+        ch = connect_with_retry(job.peer_ip, job.port, cfg, deadline, f"probe {job.name}")
+        try:
+            if job.warmup_bytes:
+                ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), 2).wait(max(0.1, deadline - time.monotonic()))
+            payload = torch.zeros(job.nbytes, dtype=torch.uint8)
+            start_at = job.start_at
+            if job.wait_go:  # all probes connected: the runner gives them one start instant
+                print("connected", flush=True)
+                words = sys.stdin.readline().split()
+                if len(words) != 2 or words[0] != "go":
+                    raise WorkerError(f"probe {job.name}: expected 'go <time>' on stdin, got {' '.join(words)!r}")
+                start_at = float(words[1])
+            if start_at is not None:
+                while (left := start_at - time.time()) > 0:
+                    time.sleep(left)
+            sent, confirmed = [], []
+            first = start_at if start_at is not None else time.time()
+            for k in range(job.count):
+                if job.period_s is not None:  # synchronised rounds with the other probes
+                    while (left := first + k * job.period_s - time.time()) > 0:
+                        time.sleep(left)
+                elif k and job.gap_s:
+                    time.sleep(job.gap_s)
+                sent.append(time.time())
+                h = ch.isend(payload, 1)
+                h.wait(max(0.1, deadline - time.monotonic()))
+                confirmed.append(wall_of(h.completed_at))
+            result.update(sent=sent, confirmed=confirmed)
+        finally:
+            ch.close(timeout=5.0)
+    tmp = Path(job.out).with_suffix(".tmp")
+    tmp.write_text(json.dumps(result))
+    os.replace(tmp, job.out)
+
+
+# ------------------------------------------------------------------ entry point
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m testbed.training.worker JOB.json  (job files are written by `testbed run`)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        job = load_job(argv[0])
+        if isinstance(job, TrainJob):
+            run_train(job)
+        else:
+            run_probe(job)
+    except WorkerError as exc:
+        print(f"worker error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

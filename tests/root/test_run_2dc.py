@@ -1,0 +1,54 @@
+"""`testbed run` end to end on the emulated 2dc topology (root): workers in the host
+namespaces, real tensors over the emulated WAN through atlas_transport, a short run
+(1 warm-up + 2 measured iterations) of baseline and atlas."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testbed.progress import Progress
+from testbed.runner import run_scenario
+from testbed.scenario import load_scenario
+
+pytestmark = pytest.mark.root
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.timeout(400)
+def test_short_atlas_2dc_run(tmp_path: Path) -> None:
+    before = namespaces()
+    scenario, resolved = load_scenario(ROOT / "scenarios/atlas-2dc.yaml", {
+        "workload.warmup": 1, "workload.iterations": 2, "variants": ["baseline", "atlas"],
+        "runner.calibration_transfers": 3, "runner.base_port": 39000,
+    })
+    out = tmp_path / "out"
+    log = io.StringIO()
+    summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
+    assert json.loads((out / "summary.json").read_text())["variants"].keys() == {"baseline", "atlas"}
+    assert summary["delay_backend"] in ("relay", "netem")
+    assert summary["scale"] == 1.0 and summary["scenario"] == "atlas-2dc"
+    assert (out / "scenario.resolved.yaml").exists()
+    base, atlas = summary["variants"]["baseline"], summary["variants"]["atlas"]
+    for v in (base, atlas):
+        assert "error" not in v, v
+        for key in ("iteration_time_s", "predicted_iteration_time_s", "device_utilization", "bubble_fraction"):
+            assert v[key] > 0
+        link = v["wan_links"]["dc1-dc2"]
+        assert link["bytes"] == 2 * 2 * 8 * 2 * summary["wire_activation_bytes"]  # 2 iterations, dp, m, fwd+bwd
+        assert link["goodput_mbps"] > 50
+        assert (out / v["gantt_png"]).exists() and (out / v["timeline_csv"]).exists()
+    assert base["streams"] == 1 and atlas["streams"] >= 8
+    assert atlas["iteration_time_s"] < base["iteration_time_s"]
+    assert atlas["wan_links"]["dc1-dc2"]["goodput_mbps"] > 2 * base["wan_links"]["dc1-dc2"]["goodput_mbps"]
+    print(log.getvalue())
+    assert namespaces() <= before  # nothing of the run is left behind

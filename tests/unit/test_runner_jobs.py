@@ -1,0 +1,234 @@
+"""Job files of the scenario runner (testbed/runner.py `build_jobs`), validated by the
+worker (testbed/training/worker.py `parse_job`): one worker per (pipeline, rank) on its
+placed host, one channel per (pipeline, boundary) with the right ends, ports, streams
+and WAN links, the temporal plan handed to the senders, BubbleTea's slot feed."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed.runner import (
+    RunnerError,
+    build_jobs,
+    calibration_pairs,
+    choose_streams,
+    plan_variant,
+    variant_names,
+)
+from testbed.scenario import load_scenario
+from testbed.training.worker import ProbeJob, TrainJob, WorkerError, parse_job
+from testbed.workload import parse_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario_file(tmp_path: Path, topology: str = "2dc.yaml", **workload_changes) -> Path:
+    wl = yaml.safe_load((ROOT / "scenarios/workloads/gpt-1.3b.yaml").read_text())
+    for dotted, value in workload_changes.items():
+        section, key = dotted.split("__")
+        wl[section][key] = value
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "jobs-test", "topology": str(ROOT / "topologies" / topology), "workload": wl,
+        "variants": ["baseline", "multi-tcp", "atlas"],
+    }))
+    return path
+
+
+def jobs_for(tmp_path: Path, variant: str, topology: str = "2dc.yaml", **changes):
+    scenario, _ = load_scenario(scenario_file(tmp_path, topology, **changes))
+    workload = parse_workload(scenario.workload)
+    setup = plan_variant(variant, scenario, workload, None, None, None)
+    ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(scenario.topology.dcs)
+           for j, h in enumerate(dc.hosts)}
+    jobs = build_jobs(setup=setup, workload=workload, topology=scenario.topology, host_ips=ips,
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", base_port=30000, iterations=3,
+                      transport={"chunk_bytes": 4 << 20, "congestion": None})
+    return setup, jobs, ips
+
+
+def test_atlas_on_2dc_one_worker_per_pipeline_and_rank(tmp_path: Path) -> None:
+    setup, jobs, ips = jobs_for(tmp_path, "atlas")
+    assert sorted(jobs) == ["p0r0", "p0r1", "p1r0", "p1r1"]
+    hosts = {w: j["host"] for w, j in jobs.items()}
+    assert hosts == {"p0r0": "dc1-h1", "p1r0": "dc1-h2", "p0r1": "dc2-h1", "p1r1": "dc2-h2"}
+    for w, j in jobs.items():
+        parsed = parse_job(j, w)
+        assert isinstance(parsed, TrainJob)
+        assert parsed.device.name.startswith(j["host"])
+        assert parsed.wire_bytes == setup.prediction.effective.wire_activation_bytes
+    up, down = jobs["p0r0"]["channels"], jobs["p0r1"]["channels"]
+    assert len(up) == len(down) == 1
+    assert up[0]["role"] == "connect" and down[0]["role"] == "listen"
+    assert up[0]["port"] == down[0]["port"]
+    assert up[0]["peer_ip"] == ips["dc2-h1"] and down[0]["peer_ip"] == ips["dc1-h1"]
+    assert up[0]["links"] == ["dc1->dc2"] and up[0]["recv_links"] == ["dc2->dc1"]
+    assert down[0]["links"] == ["dc2->dc1"] and down[0]["recv_links"] == ["dc1->dc2"]
+    assert up[0]["streams"] == setup.streams > 1
+    assert up[0]["latency_s"] == pytest.approx(0.025)
+    ports = {j["channels"][0]["port"] for j in jobs.values()}
+    assert ports == {30000, 30001}  # one per (pipeline, boundary) channel
+
+
+def test_atlas_plan_goes_to_the_senders(tmp_path: Path) -> None:
+    setup, jobs, ips = jobs_for(tmp_path, "atlas")
+    plan = setup.prediction.plan
+    assert plan is not None
+    m = 8
+    for d in range(2):
+        fwd = jobs[f"p{d}r0"]["plan"]
+        bwd = jobs[f"p{d}r1"]["plan"]
+        assert {p["direction"] for p in fwd} == {"fwd"} and {p["direction"] for p in bwd} == {"bwd"}
+        assert sorted(p["mb"] for p in fwd) == list(range(m)) == sorted(p["mb"] for p in bwd)
+        assert [p["start_s"] for p in fwd] == sorted(p["start_s"] for p in fwd)
+        assert jobs[f"p{d}r0"]["offset_s"] == plan.offsets[d] == jobs[f"p{d}r1"]["offset_s"]
+        assert all(p["duration_s"] > 0 for p in fwd + bwd)
+    # each link direction's token order: positions 0..31, each pointing at the next holder
+    for link, senders in (("dc1->dc2", ("p0r0", "p1r0")), ("dc2->dc1", ("p0r1", "p1r1"))):
+        entries = [(t[1], w, p) for w in senders for p in jobs[w]["plan"] for t in p["tokens"] if t[0] == link]
+        assert sorted(i for i, _, _ in entries) == list(range(2 * m))
+        by_pos = {i: (w, p) for i, w, p in entries}
+        for i in range(2 * m - 1):
+            (_, p), (next_worker, _) = by_pos[i], by_pos[i + 1]
+            assert p["next"] == [[link, i + 1, next_worker]] or p["next"] == [(link, i + 1, next_worker)]
+        assert by_pos[2 * m - 1][1]["next"] == []
+    for w in ("p0r0", "p1r0", "p0r1", "p1r1"):
+        j = jobs[w]
+        assert j["temporal_mode"] == "token" and j["token_port"] >= 31000
+        assert set(j["token_peers"]) == {"p0r0", "p1r0", "p0r1", "p1r1"}
+        assert j["token_peers"]["p1r0"][0] == ips["dc1-h2"]
+        parse_job(j, w)
+
+
+def test_token_margin_lengthens_the_planned_hold(tmp_path: Path) -> None:
+    from testbed.runner import Calibration
+
+    cal = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.025, rates_bps={1: 1.2e8, 8: 7e8})  # atlas: 8 streams
+    holds = {}
+    for margin in (0.0, 0.5):
+        scenario, _ = load_scenario(scenario_file(tmp_path), {"runner.token_margin": margin})
+        workload = parse_workload(scenario.workload)
+        setup = plan_variant("atlas", scenario, workload, None, cal, None)
+        plan = setup.prediction.plan
+        holds[margin] = [e - s for s, e in plan.slots.values()]
+        assert setup.rate_bps == pytest.approx(7e8 / (1 + margin))
+    assert sum(holds[0.5]) == pytest.approx(1.5 * sum(holds[0.0]))
+
+
+def test_baseline_has_one_stream_and_no_plan(tmp_path: Path) -> None:
+    setup, jobs, _ = jobs_for(tmp_path, "baseline")
+    assert setup.streams == 1
+    assert all(j["plan"] == [] and j["offset_s"] == 0 for j in jobs.values())
+    assert all(c["streams"] == 1 for j in jobs.values() for c in j["channels"])
+
+
+def test_lan_boundary_has_no_links_and_one_stream(tmp_path: Path) -> None:
+    setup, jobs, _ = jobs_for(tmp_path, "atlas", parallelism__pp=3, parallelism__dp=1)
+    # atlas places 2 stages in dc1 (2 free GPUs) and 1 in dc2
+    assert [jobs[f"p0r{r}"]["host"][:3] for r in range(3)] == ["dc1", "dc1", "dc2"]
+    lan = next(c for c in jobs["p0r0"]["channels"] if c["boundary"] == 0)
+    wan = next(c for c in jobs["p0r1"]["channels"] if c["boundary"] == 1)
+    assert lan["links"] == [] and lan["streams"] == 1 and lan["latency_s"] == 0
+    assert wan["links"] == ["dc1->dc2"] and wan["streams"] == setup.streams
+    assert {p["boundary"] for p in jobs["p0r1"]["plan"]} == {1}
+
+
+def test_multi_hop_route_lists_every_link(tmp_path: Path) -> None:
+    topo = yaml.safe_load((ROOT / "topologies/3dc-triangle.yaml").read_text())
+    topo["dcs"][1]["hosts"] = 1  # dc2 too small for a stage of 4 replicas: stages go to dc1 and dc3
+    (tmp_path / "tri.yaml").write_text(yaml.safe_dump(topo))
+    _, jobs, _ = jobs_for(tmp_path, "atlas", str(tmp_path / "tri.yaml"), parallelism__dp=4)
+    assert [jobs[f"p0r{r}"]["host"][:3] for r in range(2)] == ["dc1", "dc3"]
+    up = jobs["p0r0"]["channels"][0]
+    assert up["links"] == ["dc1->dc2", "dc2->dc3"]  # lowest latency: 10 + 15 ms, not the direct 40 ms
+    assert up["recv_links"] == ["dc3->dc2", "dc2->dc1"]
+    assert up["latency_s"] == pytest.approx(0.025)
+
+
+def test_interleaved_schedule_channels_wrap_around(tmp_path: Path) -> None:
+    _, jobs, _ = jobs_for(tmp_path, "baseline", parallelism__schedule="interleaved-1f1b",
+                          parallelism__chunks=2)
+    roles = sorted((c["boundary"], c["role"]) for c in jobs["p0r0"]["channels"])
+    # virtual stages 0..3: rank 0 holds 0 and 2, rank 1 holds 1 and 3
+    assert roles == [(0, "connect"), (1, "listen"), (2, "connect")]
+
+
+def test_bubbletea_variant_publishes_planned_idle_slots(tmp_path: Path) -> None:
+    _, jobs, _ = jobs_for(tmp_path, "atlas+bubbletea")
+    for j in jobs.values():
+        assert j["slots_path"].endswith(f"{j['device']['name']}.jsonl")
+        assert j["idle_slots"] and all(e > s for s, e in j["idle_slots"])
+    _, plain, _ = jobs_for(tmp_path, "atlas")
+    assert all(j["slots_path"] is None and j["idle_slots"] == [] for j in plain.values())
+
+
+def test_stream_choice_per_variant(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path))
+    assert choose_streams("baseline", scenario, 1e8, 1e9, None) == 1
+    assert choose_streams("multi-tcp", scenario, 1e8, 1e9, None) == 8
+    # enough streams to fill the goodput of the link (85% of 1 Gbit/s at 80 Mbit/s per flow)
+    assert choose_streams("atlas", scenario, 8e7, 1e9, None) == 11
+    assert choose_streams("atlas", scenario, 1.1e8, 1e9, None) == 8
+    assert choose_streams("atlas", scenario, 5e8, 1e9, None) == 8  # never fewer than configured
+    scenario, _ = load_scenario(scenario_file(tmp_path), {"transport.streams": "auto"})
+    assert choose_streams("multi-tcp", scenario, 1e8, 1e9, 4) == 4  # the calibrated best
+
+
+def test_variant_names_add_bubbletea_runs(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path), {"bubbletea.enabled": True})
+    assert variant_names(scenario) == ["baseline", "baseline+bubbletea", "multi-tcp", "multi-tcp+bubbletea",
+                                       "atlas", "atlas+bubbletea"]
+    scenario, _ = load_scenario(scenario_file(tmp_path))
+    assert variant_names(scenario, ["atlas", "baseline"]) == ["atlas", "baseline"]
+    with pytest.raises(RunnerError, match="unknown variant.*atlass.*allowed: baseline"):
+        variant_names(scenario, ["atlass"])
+
+
+def test_calibration_pairs_follow_each_pipelines_first_crossing(tmp_path: Path) -> None:
+    setup, _, _ = jobs_for(tmp_path, "atlas")
+    assert calibration_pairs(setup.placement) == [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")]
+
+
+def test_pp1_has_no_boundary_and_is_refused_by_name(tmp_path: Path) -> None:
+    with pytest.raises(RunnerError, match="same rank"):
+        jobs_for(tmp_path, "baseline", parallelism__pp=1, parallelism__schedule="interleaved-1f1b",
+                 parallelism__chunks=2)
+
+
+def test_job_errors_name_the_field() -> None:
+    with pytest.raises(WorkerError, match="job.json: role 'trian' is not one of train, probe-send, probe-recv"):
+        parse_job({"role": "trian"}, "job.json")
+    with pytest.raises(WorkerError, match="j.json: port: Input should be less than or equal to 65535"):
+        parse_job({"role": "probe-send", "name": "x", "port": 70000, "streams": 1, "nbytes": 1, "count": 1,
+                   "out": "o"}, "j.json")
+    with pytest.raises(WorkerError, match="a job is a JSON object"):
+        parse_job([1, 2], "j.json")
+    probe = parse_job({"role": "probe-recv", "name": "x", "port": 7000, "streams": 2, "nbytes": 10, "count": 3,
+                       "out": "o"})
+    assert isinstance(probe, ProbeJob)
+
+
+def test_dp_across_dc_is_refused_while_the_allreduce_is_not_emulated(tmp_path: Path) -> None:
+    with pytest.raises(RunnerError, match="dp-across-dc .* does not emulate the all-reduce yet"):
+        jobs_for(tmp_path, "dp-across-dc")
+
+
+def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) -> None:
+    from bubbletea_agent.job import RunnerJob
+    from testbed.runner import build_agent_jobs
+
+    _, jobs, _ = jobs_for(tmp_path, "atlas+bubbletea")
+    scenario, _ = load_scenario(scenario_file(tmp_path), {"bubbletea.enabled": True})
+    workload = parse_workload(scenario.workload)
+    decode = {"host": "10.0.1.10", "port": 32500, "streams": 4}
+    agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 120.0)
+    assert sorted(agents) == sorted(jobs)
+    assert sorted(a["agent_index"] for a in agents.values()) == [0, 1, 2, 3]
+    for wid, a in agents.items():
+        RunnerJob.model_validate(a)  # the agent's own job model accepts it
+        assert a["device"] == jobs[wid]["device"] and a["slots_path"] == jobs[wid]["slots_path"]
+        assert a["host"] == jobs[wid]["host"] and a["agent_count"] == 4 and a["decode"] == decode
+        assert a["gpu"]["type"] == "A100" and a["wire_scale"] == workload.scale

@@ -1,0 +1,167 @@
+"""Measured figures of a run from synthetic device timelines and transfer records
+(testbed/training/metrics.py): iteration spans, utilization and bubbles, WAN bytes and
+goodput, merging the two ends of a transfer, the summary table."""
+
+from __future__ import annotations
+
+import pytest
+
+from testbed.device import WorkRecord
+from testbed.training.metrics import (
+    MetricsError,
+    TransferRecord,
+    iterations,
+    merge_transfer_sides,
+    summary_table,
+    variant_metrics,
+    wan_stats,
+)
+
+
+def rec(device: str, start: float, end: float, kind: str = "forward", owner: str = "train:p0r0") -> WorkRecord:
+    return WorkRecord(device, kind, owner, "F0@s0", start, start, end, "modelled")
+
+
+def two_devices() -> dict[str, list[WorkRecord]]:
+    # iteration 0 starts at 0 (warm-up), 1 at 10, 2 at 20
+    a = [rec("a", 0, 1), rec("a", 2, 3), rec("a", 10, 11), rec("a", 12, 14), rec("a", 20, 22), rec("a", 23, 25)]
+    b = [rec("b", 1, 2), rec("b", 11, 12), rec("b", 14, 16), rec("b", 22, 23), rec("b", 24, 26)]
+    return {"a": a, "b": b}
+
+
+def test_iteration_runs_from_common_start_to_last_training_work() -> None:
+    its = iterations(two_devices(), [0.0, 10.0, 20.0])
+    assert [(it.start, it.end) for it in its] == [(0, 3), (10, 16), (20, 26)]
+    assert [it.duration for it in its] == [3, 6, 6]
+
+
+def test_reported_ends_extend_an_iteration() -> None:
+    its = iterations(two_devices(), [0.0, 10.0, 20.0], ends=[3.0, 17.5, 26.0])
+    assert its[1].end == 17.5
+
+
+def test_metrics_average_measured_iterations_only() -> None:
+    m = variant_metrics(two_devices(), [0.0, 10.0, 20.0], warmup=1)
+    assert m["iteration_time_s"] == pytest.approx(6.0)
+    assert m["warmup_iteration_times_s"] == [3.0]
+    # a: busy 3 of 6 in it.1 and 4 of 6 in it.2 -> 7/12; b: 3/6 and 3/6 -> 6/12
+    assert m["per_device_utilization"] == pytest.approx({"a": 7 / 12, "b": 6 / 12})
+    assert m["device_utilization"] == pytest.approx((7 / 12 + 6 / 12) / 2)
+    assert m["bubble_fraction"] == pytest.approx(1 - (7 / 12 + 6 / 12) / 2)
+
+
+def test_prefill_counts_for_utilization_but_not_against_bubbles() -> None:
+    tl = two_devices()
+    tl["a"].append(rec("a", 14, 16, kind="prefill", owner="bubbletea"))  # fills a's idle tail of it.1
+    m = variant_metrics(tl, [0.0, 10.0, 20.0], warmup=1)
+    assert m["per_device_utilization"]["a"] == pytest.approx(9 / 12)
+    assert m["device_utilization_training"] == pytest.approx((7 / 12 + 6 / 12) / 2)
+    assert m["bubble_fraction"] == pytest.approx(1 - m["device_utilization_training"])
+
+
+def test_no_measured_iteration_is_an_error_that_says_why() -> None:
+    with pytest.raises(MetricsError, match="no measured iterations: 3 ran, the first 3 are warm-up"):
+        variant_metrics(two_devices(), [0.0, 10.0, 20.0], warmup=3)
+
+
+def test_an_iteration_without_work_is_named() -> None:
+    with pytest.raises(MetricsError, match="iteration 3 .* has no training work"):
+        iterations(two_devices(), [0.0, 10.0, 20.0, 30.0])
+
+
+def tr(it: int, mb: int, direction: str, sent: float, arrived: float, links=("dc1->dc2",), nbytes=1_000_000,
+       latency=0.025) -> TransferRecord:
+    return TransferRecord(it, 0, 0, mb, direction, "p0r0", "p0r1", nbytes, tuple(links), latency,
+                          posted=sent, sent=sent, arrived=arrived)
+
+
+def test_wan_goodput_is_bytes_over_busy_time_without_the_flight() -> None:
+    windows = [(10.0, 20.0)]
+    transfers = [
+        tr(1, 0, "fwd", 10.0, 10.125),  # on the wire 10.0 .. 10.1
+        tr(1, 1, "fwd", 10.05, 10.175),  # overlaps: 10.05 .. 10.15 -> union 10.0 .. 10.15
+        tr(1, 0, "bwd", 11.0, 11.225, links=("dc2->dc1",)),  # 11.0 .. 11.2
+        tr(1, 2, "fwd", 12.0, 12.0, links=()),  # inside a DC: not a WAN transfer
+        tr(0, 3, "fwd", 1.0, 1.125),  # warm-up: outside the windows
+    ]
+    links, dirs = wan_stats(transfers, windows, {frozenset(("dc1", "dc2")): "dc1-dc2"})
+    assert dirs["dc1->dc2"]["bytes"] == 2_000_000
+    assert dirs["dc1->dc2"]["busy_s"] == pytest.approx(0.15)
+    assert dirs["dc1->dc2"]["goodput_mbps"] == pytest.approx(16e6 / 0.15 / 1e6)
+    assert dirs["dc2->dc1"]["goodput_mbps"] == pytest.approx(8e6 / 0.2 / 1e6)
+    link = links["dc1-dc2"]
+    assert link["bytes"] == 3_000_000 and link["transfers"] == 3
+    assert link["goodput_mbps"] == pytest.approx(24e6 / 0.35 / 1e6)
+    assert link["mean_throughput_mbps"] == pytest.approx(24e6 / 10 / 1e6)
+    assert link["directions"] == ["dc1->dc2", "dc2->dc1"]
+
+
+def test_link_name_defaults_to_sorted_dcs() -> None:
+    links, _ = wan_stats([tr(1, 0, "bwd", 10.0, 10.2, links=("dc2->dc1",))], [(10.0, 20.0)])
+    assert list(links) == ["dc1-dc2"]
+
+
+def test_both_ends_of_a_transfer_are_merged() -> None:
+    key = {"iteration": 1, "pipeline": 0, "boundary": 0, "mb": 2, "direction": "fwd"}
+    sends = [{**key, "src": "p0r0", "dst": "p0r1", "nbytes": 10, "links": ["dc1->dc2"], "latency_s": 0.025,
+              "posted": 1.0, "not_before": 1.1, "sent": 1.1, "confirmed": 1.3, "streams": 8}]
+    recvs = [{**key, "src": "p0r0", "dst": "p0r1", "nbytes": 10, "links": ["dc1->dc2"], "latency_s": 0.025,
+              "arrived": 1.25, "streams": 8},
+             {**key, "mb": 3, "src": "p0r0", "dst": "p0r1", "nbytes": 10, "arrived": 2.0}]
+    merged = merge_transfer_sides(sends, recvs)
+    assert len(merged) == 2
+    first = merged[0]
+    assert (first.sent, first.arrived, first.confirmed, first.not_before) == (1.1, 1.25, 1.3, 1.1)
+    assert first.wire_span == pytest.approx((1.1, 1.225))
+    assert merged[1].sent is None and merged[1].wire_span is None  # the sender's record was lost
+
+
+def test_summary_table_lists_each_variant_with_its_error() -> None:
+    table = summary_table({
+        "baseline": {"iteration_time_s": 2.0, "predicted_iteration_time_s": 2.1, "device_utilization": 0.2,
+                     "bubble_fraction": 0.8, "wan_links": {"dc1-dc2": {"bytes": 5e6, "goodput_mbps": 100.0}}},
+        "atlas": {"iteration_time_s": 0.8, "predicted_iteration_time_s": 0.8, "device_utilization": 0.5,
+                  "bubble_fraction": 0.5, "wan_links": {"dc1-dc2": {"bytes": 5e6, "goodput_mbps": 700.0}}},
+        "multi-tcp": {"error": "worker p0r1 exited with status 1"},
+    })
+    lines = table.splitlines()
+    assert lines[0].split()[:3] == ["variant", "iter", "s"]
+    assert "baseline" in lines[2] and "-5%" in lines[2]
+    assert "x2.50 vs baseline" in lines[3]
+    assert "multi-tcp" in lines[4] and "FAILED: worker p0r1 exited with status 1" in lines[4]
+
+
+def test_channel_rate_counts_transfers_alone_on_their_link() -> None:
+    from testbed.training.metrics import channel_rate
+
+    ts = [
+        tr(0, 0, "fwd", 0.0, 0.125),  # alone: 1 MB in 0.1 s on the wire -> 80 Mbit/s
+        tr(0, 1, "fwd", 1.0, 1.225),  # overlaps the next one: 0.2 s
+        tr(0, 2, "fwd", 1.1, 1.325),
+        tr(0, 3, "fwd", 2.0, 2.075),  # alone: 0.05 s -> 160 Mbit/s
+        tr(0, 4, "bwd", 1.0, 1.125, links=("dc2->dc1",)),  # other direction: alone
+        tr(1, 5, "fwd", 5.0, 5.025),  # not a warm-up iteration
+    ]
+    rate, n, which = channel_rate(ts, [0], min_solo=3)
+    assert (n, which) == (3, "alone on the link") and rate == pytest.approx(80e6)
+    rate, n, which = channel_rate(ts, [0], min_solo=4)  # too few alone: all of them
+    assert (n, which) == (5, "all") and rate == pytest.approx(80e6)  # 40, 40, 80, 80, 160
+    assert channel_rate(ts, [0], solo_only=False)[1:] == (5, "all")
+    assert channel_rate(ts, [7]) is None
+
+
+def test_calibration_arithmetic() -> None:
+    from testbed.runner import aggregate_rate, calibrated_rates, effective_rate
+
+    # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
+    assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)
+    assert aggregate_rate(1_000_000, [(0.0, 0.225), (1.0, 1.225)], 2, 0.025) == pytest.approx(80e6)
+    # shared channels that cannot fill the link together: the link keeps its nominal rate
+    assert calibrated_rates("baseline", 1, 1e8, 2, 1e9) == (1e8, 1e9)
+    # ... that could: they get what one gets alone; atlas holds the link alone
+    assert calibrated_rates("multi-tcp", 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
+    assert calibrated_rates("atlas", 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
+    assert calibrated_rates("atlas", 8, None, 2, 1e9) == (None, None)
+    # a calibrated aggregate of the pipelines' channels colliding sets the shared capacity
+    assert calibrated_rates("multi-tcp", 8, 4.6e8, 2, 1e9, 6.6e8) == (4.6e8 / 8, 6.6e8)
+    assert calibrated_rates("multi-tcp", 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8)  # never below one channel

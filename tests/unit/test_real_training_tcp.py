@@ -184,7 +184,7 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
     from testbed.training.executor import run_worker
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork
     from testbed.training.schedules import build_schedule
-    from testbed.training.transport_comm import Route, TransportComm
+    from testbed.training.transport_comm import Planned, Route, TransportComm
     from testbed.workload import parse_workload
 
     d, r = me
@@ -199,14 +199,14 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
                         optim=OptimConfig(**run["optim"]))
         if run.get("reorder"):
             comm: Any = ReorderingComm(boundary, delay=_delay_fn(run["reorder"], d))
-        else:  # the runner's Comm; under a plan, sends wait for their slot
+        else:  # the runner's Comm; under a plan, sends wait for their slot ("slot" mode: no token bus)
             plan = {}
             if run.get("plan") and d in run["plan"]["pipelines"]:
                 gap = run["plan"]["gap_s"]
-                plan = {(dr, b, mb): gap * (mb + 1) for b in boundary for mb in range(par.num_micro_batches)
-                        for dr in ("fwd", "bwd")}
+                plan = {(dr, b, mb): Planned(slot_s=gap * (mb + 1)) for b in boundary
+                        for mb in range(par.num_micro_batches) for dr in ("fwd", "bwd")}
             routes = {b: Route(f"b{b}", streams=run["streams"]) for b in boundary}
-            comm = TransportComm(d, f"p{d}r{r}", boundary, routes, filler=torch.zeros(1), plan=plan)
+            comm = TransportComm(d, f"p{d}r{r}", boundary, routes, filler=torch.zeros(1), plan=plan, mode="slot")
         sched = build_schedule(run["schedule"], par.pp, par.num_micro_batches, par.chunks)
         device = Device(f"p{d}r{r}", run["run_dir"], mode="real")
         offsets = run.get("offsets") or [0.0] * par.dp
@@ -292,6 +292,27 @@ class _Proc:
         return "\nits stderr:\n" + "\n".join(self.log.read_text().splitlines()[-20:])
 
 
+FOLLOW_ON = ("ChannelClosed", "PeerLost", "BrokenPipeError", "ConnectionResetError", "closed channel")
+
+
+def _follow_on(msg: str) -> bool:
+    """Whether a worker's failure (its traceback's last line) is a peer going away."""
+    tb = msg.split("\nits stderr:", 1)[0]
+    last = [line for line in tb.splitlines() if line.strip() and not line.startswith(" ")]
+    return bool(last) and "Traceback" in tb and any(name in last[-1] for name in FOLLOW_ON)
+
+
+def failure_report(run: int, errors: dict[WorkerId, str]) -> str:
+    """One message for the failed workers of a run: those that failed on their own
+    first, then those that only saw a peer go away (a closed channel, a broken pipe)."""
+    follow_on = {wid: _follow_on(msg) for wid, msg in errors.items()}
+    order = sorted(errors, key=lambda wid: (follow_on[wid], wid))
+    causes = [wid for wid in order if not follow_on[wid]]
+    head = (f"run {run} failed on workers {order}; the likely cause is on {causes}" if causes else
+            f"run {run} failed on workers {order}, each after losing a peer")
+    return "\n\n".join([head, *(f"--- worker {wid}: {errors[wid]}" for wid in order)])
+
+
 def _pump(stream: IO[str], q: queue.Queue) -> None:
     for line in stream:
         if line.startswith("{"):
@@ -316,6 +337,7 @@ class WorkerCluster:
         self.procs: dict[WorkerId, _Proc] = {}
         self.runs = 0
         self.start_timeout_s = start_timeout_s
+        self.down: str | None = None  # why a failed run left the workers unusable
 
     def __enter__(self) -> WorkerCluster:
         self.start()
@@ -353,6 +375,8 @@ class WorkerCluster:
         "seed"}) swaps in ReorderingComm instead."""
         import torch
 
+        if self.down is not None:
+            raise RuntimeError(f"the worker cluster is down since an earlier run failed:\n{self.down}")
         self.runs += 1
         k = self.runs
         peers = {f"{d},{r}": [self.address((d, r)), p.port] for (d, r), p in self.procs.items()}
@@ -364,9 +388,13 @@ class WorkerCluster:
                 "reorder": reorder, "offsets": offsets, "run_dir": str(run_dir), "t0": time.time() + 1.0}
         for (d, r), p in self.procs.items():
             msg = dict(base, out=str(run_dir / f"p{d}r{r}.pt"))
-            p.proc.stdin.write(json.dumps(msg) + "\n")
-            p.proc.stdin.flush()
-        answers = {wid: p.read(timeout_s) for wid, p in self.procs.items()}
+            try:
+                p.proc.stdin.write(json.dumps(msg) + "\n")
+                p.proc.stdin.flush()
+            except OSError as exc:
+                self.down = f"worker {(d, r)} does not take runs ({exc}){p._tail()}"
+                raise RuntimeError(self.down) from None
+        answers = self._answers(k, timeout_s)
         params: list[dict] = [{} for _ in range(self.dp)]
         losses: list[list[float]] = [[] for _ in range(self.dp)]
         for (d, r) in self.procs:
@@ -375,6 +403,26 @@ class WorkerCluster:
             if saved["losses"]:
                 losses[d] = saved["losses"]
         return {"params": params, "losses": losses, "workers": answers}
+
+    def _answers(self, k: int, timeout_s: float, grace_s: float = 20.0) -> dict[WorkerId, dict]:
+        """Every worker's answer to run `k`. One failing worker makes its peers fail too
+        (their channels to it close), so on failure it waits up to `grace_s` for the
+        others and reports every failure, the likely cause first."""
+        deadline = time.monotonic() + timeout_s
+        answers: dict[WorkerId, dict] = {}
+        errors: dict[WorkerId, str] = {}
+        for wid, p in self.procs.items():
+            left = deadline - time.monotonic()
+            if errors:
+                left = min(left, grace_s)
+            try:
+                answers[wid] = p.read(max(0.1, left))
+            except (RuntimeError, TimeoutError) as exc:
+                errors[wid] = str(exc)
+        if errors:
+            self.down = failure_report(k, errors)
+            raise RuntimeError(self.down)
+        return answers
 
     def close(self) -> None:
         for p in self.procs.values():
@@ -493,3 +541,19 @@ def test_reordering_comm_names_a_missing_boundary() -> None:
     comm = ReorderingComm({0: object()}, delay=lambda k: 0.0)
     with pytest.raises(RuntimeError, match="no channel for boundary 3"):
         comm.recv(TransferKey(0, 3, 0, "fwd"))
+
+
+def test_failure_report_names_the_failing_worker_before_its_peers() -> None:
+    def tb(last: str) -> str:
+        return f"worker failed:\nTraceback (most recent call last):\n  File \"x.py\", line 1, in f\n{last}\n\nits stderr:\n"
+
+    errors = {
+        (0, 0): tb("atlas_transport.errors.ChannelClosed: recv of transfer failed: peer 1.2.3.4:5 closed channel ab"),
+        (0, 1): tb("BrokenPipeError: [Errno 32] Broken pipe"),
+        (1, 0): tb("AttributeError: 'float' object has no attribute 'tokens'"),
+    }
+    report = failure_report(3, errors)
+    assert report.startswith("run 3 failed on workers [(1, 0), (0, 0), (0, 1)]; the likely cause is on [(1, 0)]")
+    assert report.index("'float' object") < report.index("closed channel") < report.index("Broken pipe")
+    only_peers = failure_report(4, {(0, 0): errors[(0, 0)]})
+    assert only_peers.startswith("run 4 failed on workers [(0, 0)], each after losing a peer")

@@ -85,7 +85,11 @@ class ReorderingComm:
     def send(self, key: Any, payload: Any) -> None:
         self._channel(key)
         self.asked.append(key)
-        timer = threading.Timer(self.delay(key), self._isend, args=(payload, key))
+        wait = self.delay(key)
+        if wait <= 0:  # not held back: send in order now (a 0 s timer could still overtake)
+            self._isend(payload, key)
+            return
+        timer = threading.Timer(wait, self._isend, args=(payload, key))
         timer.daemon = True
         self._timers.append(timer)
         timer.start()

@@ -59,8 +59,10 @@ from testbed.records import (
     RunRecord,
     execute,
     kill_and_wait,
+    list_records,
     plan_clean,
     prefix_in_use,
+    shared_sysctl_origin,
 )
 from testbed.topology import Topology, WanLink, load_topology
 
@@ -575,7 +577,14 @@ class Emulation:
         except OSError:
             return
         missing = sorted(wanted - set(allowed))
+        key = "net.ipv4.tcp_allowed_congestion_control"
+        assert self.record is not None
+        # Another live run may have widened the list already: take over its original
+        # value too, so whichever run ends last restores the machine's own setting.
+        inherited = shared_sysctl_origin(key, self.record)
         if not missing:
+            if inherited is not None:
+                self.record.add_sysctl(key, inherited, " ".join(allowed))
             return
         unavailable = [cc for cc in missing if cc not in available]
         if unavailable:
@@ -584,10 +593,9 @@ class Emulation:
                 f"available on this kernel (available: {' '.join(available)}): "
                 f"load it with modprobe tcp_{unavailable[0]}"
             )
-        old = " ".join(allowed)
+        old = inherited if inherited is not None else " ".join(allowed)
         new = " ".join(allowed + missing)
-        assert self.record is not None
-        self.record.add_sysctl("net.ipv4.tcp_allowed_congestion_control", old, new)
+        self.record.add_sysctl(key, old, new)
         (base / "tcp_allowed_congestion_control").write_text(new)
 
     def _create_links(self) -> None:
@@ -851,7 +859,8 @@ class Emulation:
         # 2. anything else inside our namespaces, then the node shells (their
         #    namespaces, links and qdiscs go with them), via the record.
         if self.record is not None:
-            actions = plan_clean(self.record, procfs)
+            others, _ = list_records(self.record.path.parent)
+            actions = plan_clean(self.record, procfs, others)
             failures = execute(actions, procfs)
         else:
             failures = []

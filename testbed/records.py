@@ -328,8 +328,25 @@ def host_netns(procfs: ProcFS) -> set[int]:
     return {ns for ns in found if ns is not None}
 
 
-def plan_clean(record: RunRecord, procfs: ProcFS) -> list[Action]:
-    """The actions that remove what `record` lists and still exists, nothing else."""
+def shared_sysctl_origin(key: str, record: RunRecord, procfs: ProcFS | None = None) -> str | None:
+    """The value `key` had before any still-active run (other than `record`) changed it."""
+    procfs = procfs or ProcFS()
+    others, _ = list_records(record.path.parent)
+    for other in others:
+        if other.prefix == record.prefix or not alive(other.owner, procfs):
+            continue
+        for change in other.sysctls:
+            if change.key == key:
+                return change.old
+    return None
+
+
+def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tuple[RunRecord, ...] = ()) -> list[Action]:
+    """The actions that remove what `record` lists and still exists, nothing else.
+
+    `others` are the other records on the machine: a machine-wide sysctl that a
+    still-active run also changed is left as it is (the last run restores it), so
+    one run's teardown never pulls a setting from under another's feet."""
     if record.owner.pid != os.getpid() and alive(record.owner, procfs):
         return [Action("skip", str(record.path),
                        f"run {record.prefix} is still active (pid {record.owner.pid}); not touched")]
@@ -366,7 +383,13 @@ def plan_clean(record: RunRecord, procfs: ProcFS) -> list[Action]:
         if name.startswith(record.prefix):
             actions.append(Action("del-netns", name))
     for change in record.sysctls:
-        actions.append(Action("restore-sysctl", change.key, f"{change.new} -> {change.old}"))
+        users = [o.prefix for o in others if o.prefix != record.prefix
+                 and any(c.key == change.key for c in o.sysctls) and alive(o.owner, procfs)]
+        if users:
+            actions.append(Action("keep-sysctl", change.key,
+                                  f"still needed by active run {', '.join(sorted(users))}"))
+        else:
+            actions.append(Action("restore-sysctl", change.key, f"{change.new} -> {change.old}"))
     actions.append(Action("remove-record", str(record.path)))
     return actions
 
@@ -472,7 +495,7 @@ def clean(directory: Path | None = None, dry_run: bool = False,
     actions: list[Action] = []
     failures: list[str] = []
     for record in records:
-        planned = plan_clean(record, procfs)
+        planned = plan_clean(record, procfs, records)
         actions += planned
         if not dry_run and not any(a.kind == "skip" for a in planned):
             failures += execute(planned, procfs)

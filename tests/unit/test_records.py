@@ -18,6 +18,7 @@ from testbed.records import (
     list_records,
     plan_clean,
     prefix_in_use,
+    shared_sysctl_origin,
 )
 
 ROOT_NS = 4026531840
@@ -171,3 +172,33 @@ def test_prefix_in_use(tmp_path, proc):
     assert prefix_in_use("tb001", tmp_path / "records", procfs)
     assert prefix_in_use("tb002", tmp_path / "records", procfs)
     assert not prefix_in_use("tb003", tmp_path / "records", procfs)
+
+
+def test_shared_sysctl_is_kept_for_a_live_run_and_restored_by_the_last(tmp_path, proc):
+    """Two runs widen the machine-wide allowed congestion controls: the first to end
+    must not pull the setting from under the other; the last restores the original."""
+    root, procfs = proc
+    key = "net.ipv4.tcp_allowed_congestion_control"
+    first = make_record(tmp_path, procfs, "tbaaa")
+    add_proc(root, 100, 10, "python -m testbed run", netns=ROOT_NS)
+    first.owner.pid, first.owner.start = 100, 10
+    first.add_sysctl(key, "reno bbr", "reno bbr cubic")
+    first.save()
+    second = make_record(tmp_path, procfs, "tbbbb")
+    add_proc(root, 200, 20, "python -m testbed run", netns=ROOT_NS)
+    second.owner.pid, second.owner.start = 200, 20
+    # the second run finds cubic allowed already: it takes over the machine's own value
+    assert shared_sysctl_origin(key, second, procfs) == "reno bbr"
+    second.add_sysctl(key, "reno bbr", "reno bbr cubic")
+    second.save()
+    # the first ends (its owner is gone) while the second still runs: keep the setting
+    (root / "100").rename(root / "gone100")
+    actions = plan_clean(first, procfs, [first, second])
+    kinds = {a.kind: a for a in actions}
+    assert "restore-sysctl" not in kinds
+    assert "still needed by active run tbbbb" in kinds["keep-sysctl"].detail
+    # the second ends last: it restores the machine's own value
+    (root / "200").rename(root / "gone200")
+    assert shared_sysctl_origin(key, first, procfs) is None
+    actions = plan_clean(second, procfs, [first, second])
+    assert [a.detail for a in actions if a.kind == "restore-sysctl"] == ["reno bbr cubic -> reno bbr"]

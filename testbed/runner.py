@@ -569,6 +569,14 @@ def plan_variant(
     pair = (cal.src, cal.dst) if cal else None
     flow1 = cal.rates_bps.get(1) if cal else None
     streams = choose_streams(base, scenario, flow1, _nominal_link(topo, pair) if pair else None, auto_streams)
+    if base == "atlas" and cal is not None:
+        # Filling the link by formula can take more streams than the path carries
+        # well (on long RTTs many flows collapse together): keep whichever of that
+        # count and transport.streams the calibration measured faster.
+        plain = choose_streams("multi-tcp", scenario, None, None, auto_streams)
+        measured = {n: cal.rates_bps[n] for n in (streams, plain) if n in cal.rates_bps}
+        if measured:
+            streams = max(measured, key=lambda n: measured[n])
     par = workload.parallelism
     hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     try:

@@ -118,6 +118,19 @@ def test_token_margin_lengthens_the_planned_hold(tmp_path: Path) -> None:
     assert sum(holds[0.5]) == pytest.approx(1.5 * sum(holds[0.0]))
 
 
+def test_atlas_keeps_the_stream_count_the_calibration_measured_faster(tmp_path: Path) -> None:
+    from testbed.runner import Calibration
+
+    scenario, _ = load_scenario(scenario_file(tmp_path))
+    workload = parse_workload(scenario.workload)
+    # a long path: one flow 28 Mbit/s, so filling the link by formula asks for 31 streams,
+    # but 31 streams collapsed to half of what 8 carried
+    slow = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.1, rates_bps={1: 2.8e7, 8: 2.76e8, 31: 1.4e8})
+    assert plan_variant("atlas", scenario, workload, None, slow, None).streams == 8
+    fast = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.1, rates_bps={1: 2.8e7, 8: 2.76e8, 31: 8.5e8})
+    assert plan_variant("atlas", scenario, workload, None, fast, None).streams == 31
+
+
 def test_baseline_has_one_stream_and_no_plan(tmp_path: Path) -> None:
     setup, jobs, _ = jobs_for(tmp_path, "baseline")
     assert setup.streams == 1

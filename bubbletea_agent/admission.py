@@ -104,14 +104,17 @@ class AdmissionConfig(BaseModel):
     max_in_progress: int = Field(default=1, ge=1)  # partly prefilled requests (their KV waits in memory)
 
 
-@dataclass
+@dataclass(eq=False)
 class Pending:
-    """A request in the agent's queue and how far its prefill got."""
+    """A request in the agent's queue and how far its prefill got (compared by identity)."""
 
     request: Request
     done_tokens: int = 0
     # opaque handle to the partial KV cache (engine-specific); None before the first chunk
     kv: object | None = None
+    # a chunk stopped between two layers (preemptible holds): its tokens and the layers done
+    chunk_tokens: int = 0
+    chunk_pieces_done: int = 0
 
     @property
     def left(self) -> int:
@@ -119,7 +122,7 @@ class Pending:
 
     @property
     def started(self) -> bool:
-        return self.done_tokens > 0
+        return self.done_tokens > 0 or self.chunk_pieces_done > 0
 
 
 class Action(StrEnum):
@@ -140,6 +143,27 @@ class Decision:
     @property
     def chunked(self) -> bool:
         return self.pending is not None and self.tokens < self.pending.left
+
+
+@dataclass(frozen=True)
+class PieceRun:
+    """Layers of a chunk to run now inside a preemptible hold (`Admission.next_pieces`)."""
+
+    pending: Pending
+    tokens: int  # the chunk's tokens
+    context: int  # tokens cached before the chunk
+    pieces: int  # layers to run now
+    pieces_total: int  # layers of the chunk
+    piece_s: float  # predicted seconds per layer
+    guard_s: float
+
+    @property
+    def predicted_s(self) -> float:
+        return self.pieces * self.piece_s
+
+    @property
+    def finishes_chunk(self) -> bool:
+        return self.pending.chunk_pieces_done + self.pieces >= self.pieces_total
 
 
 @dataclass
@@ -195,6 +219,47 @@ class Admission:
                                   if self.cfg.chunking else req.prompt_tokens)
         return (f"{what} needs {pred * 1e3:.2f} ms plus guard; the longest slot is "
                 f"{longest_slot_s * 1e3:.2f} ms")
+
+    def pieces_within(self, piece_s: float, pieces_left: int, room_s: float) -> int:
+        """Most layers (each `piece_s`) whose predicted time plus guard fit in room_s."""
+        if piece_s <= 0:
+            return pieces_left
+        budget = (room_s - self.guard.abs_margin) / (1.0 + self.guard.rel_margin)
+        if math.isinf(budget):
+            return pieces_left if budget > 0 else 0
+        k = min(pieces_left, max(0, math.floor(budget / piece_s + 1e-9)))
+        while k > 0 and k * piece_s + self.guard.guard_s(k * piece_s) > room_s:
+            k -= 1  # float edge
+        return k
+
+    def next_pieces(self, room_s: float, queue: Sequence[Pending], layers: int,
+                    chunk_cap: int | None = None, now_s: float | None = None) -> PieceRun | None:
+        """What to run next inside a preemptible hold with `room_s` left before the window
+        closes: layers of the chunk in progress first, else a new chunk (the whole rest
+        of the request, up to `chunk_cap` tokens or max_chunk_tokens) of the first
+        queued request of which at least one layer fits; requests not started whose
+        deadline passed by `now_s` (request time) are skipped. None: nothing fits."""
+        if room_s <= 0 or not queue:
+            return None
+        started = [p for p in queue if p.started]
+        fresh = [p for p in queue if not p.started and (now_s is None or p.request.expires_at() >= now_s)]
+        fresh = fresh[: self.cfg.lookahead]
+        if len(started) >= self.cfg.max_in_progress:
+            fresh = []
+        for p in started + fresh:
+            if p.chunk_tokens:
+                tokens = p.chunk_tokens
+            else:
+                cap = min(x for x in (chunk_cap, self.cfg.max_chunk_tokens if self.cfg.chunking else None, p.left)
+                          if x is not None)
+                tokens = max(1, cap)
+            piece_s = self.model.predict(tokens, p.done_tokens) / layers
+            k = self.pieces_within(piece_s, layers - p.chunk_pieces_done, room_s)
+            if k > 0:
+                return PieceRun(p, tokens, p.done_tokens, k, layers, piece_s, self.guard.guard_s(k * piece_s))
+            if p.started:
+                return None  # the chunk in progress goes first: wait for room for its next layer
+        return None
 
     def decide(self, remaining_s: float, queue: Sequence[Pending]) -> Decision:
         """Choose the work to start now, given `remaining_s` seconds left in an open slot.

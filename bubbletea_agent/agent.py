@@ -23,16 +23,18 @@ cannot be served before training starts, so by default they do not arrive before
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import math
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from bubbletea_agent.admission import Action, Admission, Pending
+from bubbletea_agent.admission import Action, Admission, Pending, PieceRun
 from bubbletea_agent.engine import DeviceLike, KVCache, PrefillEngine, StartedLate
 from bubbletea_agent.kv_ship import ShipResult
 from bubbletea_agent.requests import Reason, Request, RequestLedger
@@ -126,6 +128,8 @@ class Counters:
     device_busy_retries: int = 0  # admitted, but training still held the device
     settle_waits: int = 0  # admitted, but training had released the device only just now
     late_starts: int = 0  # got the device too late for the chunk to fit: nothing ran
+    holds: int = 0  # preemptible holds (layers of one or more chunks in one device hold)
+    hold_wake_late_max_s: float = 0.0  # longest a hold's sleep overran its committed end
     predicted_slot_overruns: int = 0  # a chunk ended after the slot end it was admitted for
     guard_violations: int = 0  # training had to wait for one of our prefills
     training_wait_s: float = 0.0
@@ -152,6 +156,16 @@ class Agent:
     idle_poll_s: float = 0.05  # longest sleep when nothing is expected sooner
     settle_s: float = 0.002  # idle time that proves a slot began before its sure start
     on_record: Callable[[dict[str, Any]], None] | None = None  # called once per ended request
+    # the worker's live guarantee (live.py): until when training surely leaves the device
+    # alone (-inf: no guarantee); None: no live status
+    live_bound: Callable[[], float] | None = None
+    window: str = "planned"  # what admission may fill: planned | live | both (config.py)
+    waker: Any = None  # live.Waker: sleeps end early when the worker changes state
+    arrivals_until_iteration: int | None = None  # no arrival once this iteration is announced
+    hold_chunk_tokens: int = 2048  # preemptible holds: chunk size when max_chunk_tokens is not set
+    # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
+    # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
+    realtime_holds: bool = False
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -165,6 +179,12 @@ class Agent:
     _last_training_end: float = -math.inf
     _screened_for: float | None = None
     _next_expiry: float = -math.inf
+    _arrivals_closed_at: float | None = None
+    _next_learn: float = -math.inf
+    _next_scan: float = -math.inf
+    # recent holds: start -> (window end at the last commit, committed end, actual end),
+    # so that a guard violation says whether the window or the wake-up was late
+    _recent_holds: dict[float, tuple[float, float, float]] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.on_record is not None:
@@ -178,8 +198,16 @@ class Agent:
             if self.epoch is None and isinstance(msg, Slot):
                 self.epoch = now  # training is about to start: requests start arriving now
                 log.info("first slot announced: request time zero is %.3f", now)
+            if (isinstance(msg, Slot) and self._arrivals_closed_at is None
+                    and self.arrivals_until_iteration is not None
+                    and msg.iteration >= self.arrivals_until_iteration):
+                self._arrivals_closed_at = now  # the last iteration began: no more arrivals
+                log.info("iteration %d announced: requests stop arriving", msg.iteration)
             self.tracker.publish(msg)
         self._poll_timeline()
+        if self._preemptible() and now < self._next_learn:
+            return  # live windows decide; the slot corrections are only statistics: learn now and then
+        self._next_learn = now + 0.25
         self.tracker.observe(self._training, now)
         horizon = self.tracker.horizon_start()
         keep_from = (horizon if horizon is not None else now) - 1.0
@@ -225,7 +253,10 @@ class Agent:
         rec = self.ledger.records.get(rid)
         if rec is not None:
             rec.guard_violations += 1
-        log.warning("guard violation: training waited %.2f ms for prefill %s", waited * 1e3, p.label)
+        dbg = self._recent_holds.get(round(p.start, 6))
+        extra = "" if dbg is None else (f" (window end {dbg[0]:.4f}, committed to {dbg[1]:.4f}, held until "
+                                        f"{dbg[2]:.4f}, training asked at {p.end - waited:.4f})")
+        log.warning("guard violation: training waited %.2f ms for prefill %s%s", waited * 1e3, p.label, extra)
         self._unchecked = [(q, r) for q, r in self._unchecked if q is not p]
 
     # ----------------------------------------------------------------- requests
@@ -234,9 +265,11 @@ class Agent:
         """Admit arrived requests to the queue; returns the next arrival time."""
         if self.epoch is None:
             return None
-        longest = self.tracker.longest_s()
+        longest = None if self._preemptible() else self.tracker.longest_s()
         while self._next_req < len(self.requests):
             req = self.requests[self._next_req]
+            if self._arrivals_closed_at is not None and self.epoch + req.arrival_s > self._arrivals_closed_at:
+                return None  # after the arrival window: counted as not arrived
             if self.epoch + req.arrival_s > now:
                 return self.epoch + req.arrival_s
             self._next_req += 1
@@ -257,11 +290,15 @@ class Agent:
         that no longer fit any slot."""
         if self.epoch is None:
             return
-        longest = self.tracker.longest_s()
+        preemptible = self._preemptible()
+        longest = None if preemptible else self.tracker.longest_s()
         rescreen = longest != self._screened_for
         self._screened_for = longest
         if not rescreen and now <= self._next_expiry:
             return
+        if preemptible and not rescreen and now < self._next_scan:
+            return  # holds skip expired requests themselves: a full scan now and then is enough
+        self._next_scan = now + 0.05
         keep = []
         self._next_expiry = math.inf
         for p in self.queue:
@@ -288,7 +325,9 @@ class Agent:
             if res.error is not None:
                 self._reject(res.request_id, Reason.SHIP_FAILED, res.error)
             else:
-                self.ledger.get(res.request_id).kv_bytes = res.wire_bytes
+                rec = self.ledger.get(res.request_id)
+                rec.kv_wire_bytes = res.wire_bytes
+                rec.kv_modelled_s = res.modelled_s
                 self.ledger.serve(res.request_id, res.arrival - self.epoch)
 
     # --------------------------------------------------------------------- run
@@ -306,31 +345,199 @@ class Agent:
             self.queue.clear()
             self.stopped = True
             return 0.0
-        wake = [t for t in (next_arrival, self.tracker.next_start(now)) if t is not None]
-        slot = self.tracker.current(now)
-        if slot is None or not self.queue:
+        planned_start = None if self.window == "live" else self.tracker.next_start(now)
+        wake = [t for t in (next_arrival, planned_start) if t is not None]
+        slot = self.tracker.current(now) if self.window != "live" else None
+        live_end = self._live_end(now)
+        if (slot is None and live_end is None) or not self.queue:
             return self._sleep_for(now, wake)
-        decision = self.admission.decide(slot.end - now, self.queue)
-        if decision.action is Action.WAIT:
-            return self._sleep_for(now, wake + [slot.end])
-        wait = self._settling(slot)
-        if wait > 0:
-            self.counters.settle_waits += 1
-            return wait
-        return self._run(decision, slot, now)
+        end = max(e for e in (slot.end if slot else None, live_end) if e is not None)
+        # the work starts a little after this decision: leave it the usual delay, or a
+        # chunk cut to fill the window exactly would no longer fit once it holds the device
+        slack = self.admission.guard.start_latency(0.9) or 0.0
+        if self._preemptible():
+            fits = self.admission.next_pieces(end - now - slack, self.queue, self._layers(),
+                                              self._chunk_cap()) is not None
+            decision = None
+        else:
+            decision = self.admission.decide(end - now - slack, self.queue)
+            fits = decision.action is not Action.WAIT
+        if not fits:
+            # a live window may widen as the worker confirms it (rolling bounds): look again soon
+            again = [now + self.poll_s] if live_end is not None else []
+            return self._sleep_for(now, wake + again + ([slot.end] if slot is not None else []))
+        if live_end is None or (slot is not None and slot.end > live_end + 1e-9):
+            assert slot is not None
+            wait = self._settling(slot)  # a planned window: make sure it has begun
+            if wait > 0:
+                self.counters.settle_waits += 1
+                return wait
+
+        def end_now() -> float:
+            live = self._live_end(self.clock.now())
+            return max(e for e in (slot.end if slot else None, live, -math.inf) if e is not None)
+
+        if decision is None:
+            return self._hold(end_now, now)
+        return self._run(decision, end_now, now)
+
+    # ------------------------------------------------------------ preemptible holds
+
+    def _preemptible(self) -> bool:
+        """Layer-granular holds: modelled engines, with the worker's live windows."""
+        return self.window != "planned" and self.live_bound is not None and getattr(self.engine, "mode", "") == "modelled"
+
+    def _layers(self) -> int:
+        return int(self.engine.spec.num_hidden_layers)
+
+    def _chunk_cap(self) -> int:
+        return self.admission.cfg.max_chunk_tokens or self.hold_chunk_tokens
+
+    def _hold(self, end_now: Callable[[], float], decided_at: float) -> float:
+        """One device hold that runs layers of queued chunks back to back, each group of
+        layers only if its predicted time plus the guard ends before the window's end as
+        known at that moment (`end_now`, re-read between groups). A chunk may stop between
+        two layers and go on in a later window (a real engine keeps the hidden states at
+        that layer); nothing ever runs past what the window allowed when it was committed.
+        Bookkeeping (finished requests, KV shipping, new arrivals) is done while a group
+        of layers runs, never after the last one: the hold ends when its work does."""
+        clock, layers, cap = self.clock, self._layers(), self._chunk_cap()
+        first = self.queue[0].request.id if self.queue else "idle"
+        ran: list[PieceRun] = []
+        finished: list[tuple[Pending, float]] = []
+        last = {"end": 0.0, "cursor": 0.0}
+
+        def pick(t: float) -> tuple[PieceRun | None, float]:
+            end = end_now()
+            rel_now = t - self.epoch if self.epoch is not None else None
+            return self.admission.next_pieces(end - t, self.queue, layers, cap, rel_now), end
+
+        def body() -> None:
+            cursor = clock.now()
+            while True:
+                now = clock.now()
+                t = max(now, cursor)
+                run, end = pick(t)
+                if run is None and not self.queue:
+                    self._arrivals(now)  # the queue ran dry: take what arrived meanwhile
+                    run, end = pick(t)
+                if run is None:
+                    if not ran:
+                        raise StartedLate  # the window closed before we held the device
+                    return
+                cursor = t + run.predicted_s
+                last.update(end=end, cursor=cursor)
+                # while these layers run: settle what finished, admit new arrivals
+                self._settle(finished)
+                self._arrivals(clock.now())
+                clock.sleep(cursor - clock.now())
+                woke = clock.now()
+                self.counters.hold_wake_late_max_s = max(self.counters.hold_wake_late_max_s, woke - cursor)
+                done = self._advance(run, t, woke)
+                if done is not None:
+                    finished.append((done, woke))
+                ran.append(run)
+
+        collecting = gc.isenabled()
+        gc.disable()  # a garbage collection pause inside the hold would overrun the window
+        boosted = self._realtime(True)
+        try:
+            rec = self.device.try_run("prefill", self.owner, duration_s=0.0, fn=body, label=f"{first}:hold")
+        except StartedLate:
+            self.counters.late_starts += 1
+            return 0.0
+        finally:
+            if boosted:
+                self._realtime(False)
+            if collecting:
+                gc.enable()
+        self._settle(finished)
+        if rec is None:
+            self.counters.device_busy_retries += 1
+            return self.poll_s
+        w = as_work(rec)
+        self._recent_holds[round(w.start, 6)] = (last["end"], last["cursor"], w.end)
+        if len(self._recent_holds) > 256:
+            for key in sorted(self._recent_holds)[:128]:
+                del self._recent_holds[key]
+        self.counters.holds += 1
+        self.counters.prefill_busy_s += w.end - w.start
+        self.admission.guard.observe(0.0, 0.0, w.start - decided_at)  # start latency only
+        return 0.0
+
+    def _realtime(self, on: bool) -> bool:
+        """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed."""
+        if not self.realtime_holds:
+            return False
+        try:
+            if on:
+                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            else:
+                os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
+            return True
+        except (OSError, AttributeError) as exc:
+            log.warning("real-time holds unavailable (%s): holds may end late under CPU contention", exc)
+            self.realtime_holds = False
+            return False
+
+    def _advance(self, run: PieceRun, start: float, end: float) -> Pending | None:
+        """Progress of layers that ran from `start` to `end` (wall clock): cheap state only.
+        Returns the pending if its whole prompt is now prefilled (taken off the queue)."""
+        p = run.pending
+        rec = self.ledger.get(p.request.id)
+        self.admission.guard.observe(run.predicted_s, end - start)
+        if rec.start is None:
+            rec.start = start - self.epoch
+        rec.end = end - self.epoch
+        rec.predicted_s += run.predicted_s
+        rec.actual_s += end - start
+        if p.chunk_tokens == 0:
+            p.chunk_tokens = run.tokens
+        p.chunk_pieces_done += run.pieces
+        if p.chunk_pieces_done < run.pieces_total:
+            return None
+        self.counters.chunks_run += 1
+        self.counters.chunks_chunked += int(run.tokens < p.left)
+        rec.chunks += 1
+        p.done_tokens += run.tokens
+        p.kv = p.done_tokens
+        p.chunk_tokens = p.chunk_pieces_done = 0
+        rec.prefilled_tokens = p.done_tokens
+        if p.left > 0:
+            return None
+        self.queue.remove(p)
+        return p
+
+    def _settle(self, finished: list[tuple[Pending, float]]) -> None:
+        """KV caches of fully prefilled requests: finish and ship (or serve) them."""
+        while finished:
+            p, end = finished.pop(0)
+            self._complete(p, Work("prefill", self.owner, p.request.id, end, end, end))
+
+    def _live_end(self, now: float) -> float | None:
+        """The worker's live guarantee, if it leaves any time from `now` (window live/both)."""
+        if self.live_bound is None or self.window == "planned":
+            return None
+        bound = self.live_bound()
+        return bound if bound > now else None
 
     def _sleep_for(self, now: float, wake: list[float]) -> float:
         return max(0.0, min([self.idle_poll_s] + [t - now for t in wake]))
 
-    def _run(self, decision: Any, slot: Slot, decided_at: float) -> float:
+    def _run(self, decision: Any, end_now: Callable[[], float], decided_at: float) -> float:
+        """Run the decided chunk if, once the device is held, it still ends (predicted time
+        plus guard) before the window's end as known then (`end_now`)."""
         p: Pending = decision.pending
         rid = p.request.id
         rec = self.ledger.get(rid)
         label = f"{rid}:{rec.chunks}:{decision.tokens}"
-        latest = slot.end - decision.predicted_s - decision.guard_s  # latest start that still fits
+        need = decision.predicted_s + decision.guard_s
+        window_end = end_now()
 
         def start_check() -> None:
-            if self.clock.now() > latest:
+            nonlocal window_end
+            window_end = end_now()
+            if self.clock.now() + need > window_end:
                 raise StartedLate
 
         try:
@@ -353,7 +560,7 @@ class Agent:
         self.counters.chunks_run += 1
         self.counters.chunks_chunked += int(decision.chunked)
         self.counters.prefill_busy_s += w.end - w.start
-        if w.end > slot.end:
+        if w.end > window_end:
             self.counters.predicted_slot_overruns += 1
         if rec.start is None:
             rec.start = w.start - self.epoch
@@ -397,7 +604,10 @@ class Agent:
             dt = self.step()
             if until is not None:
                 dt = min(dt, max(0.0, until - self.clock.now()))
-            self.clock.sleep(dt)
+            if self.waker is not None and dt > 0:
+                self.waker.wait(dt)  # the worker's state changes end the sleep early
+            else:
+                self.clock.sleep(dt)
 
     def finish(self, ship_timeout_s: float = 30.0, reason: Reason = Reason.RUN_ENDED,
                detail: str = "agent stopped before this request was served") -> dict[str, Any]:

@@ -80,6 +80,20 @@ class DecodeConfig(_M):
     shared_clock: bool = True  # both hosts read the same time.time() (true in the testbed)
     pad_to_logical: bool = True  # scaled-down caches: still put the true size on the wire
     connect_timeout_s: float = Field(default=10.0, gt=0)
+    # the part of a cache that does not cross the wire (true size x (1 - wire scale)) is
+    # charged at this rate (bits/s) on a modelled link queue: TTFT as if the whole cache
+    # had crossed a link of this rate (None: nothing charged)
+    rest_rate_bps: float | None = Field(default=None, gt=0)
+    # pace shipping to at most this many bits/s on the wire (None: as fast as it goes)
+    max_rate_bps: float | None = Field(default=None, gt=0)
+
+
+class LiveConfig(_M):
+    """The training worker's live status (bubbletea_agent/live.py)."""
+
+    status: Path  # the worker's status record
+    wake: Path | None = None  # FIFO the worker pokes on every state change
+    gate: Path | None = None  # the runner's gate record (between iterations)
 
 
 class ProfileConfig(_M):
@@ -102,6 +116,13 @@ class AgentConfig(_M):
     guard: GuardConfig = Field(default_factory=GuardConfig)
     tracker: TrackerConfig = Field(default_factory=TrackerConfig)
     decode: DecodeConfig | None = None
+    live: LiveConfig | None = None
+    # which windows admission may fill: "planned" (published slots, corrected from the
+    # timeline), "live" (the worker's live guarantees: never delays training), "both"
+    window: Literal["planned", "live", "both"] = "planned"
+    # no request arrives once the worker announces iteration N (the last one): each has
+    # at least one iteration of idle time to be served in (None: until duration_s)
+    arrivals_until_iteration: int | None = Field(default=None, ge=0)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     materialise_limit_bytes: int = Field(default=64 << 20, ge=1)
     # modelled KV caches on the wire: true size x this (the workload's `scale`, so a KV
@@ -110,8 +131,21 @@ class AgentConfig(_M):
     poll_s: float = Field(default=0.002, gt=0)
     idle_poll_s: float = Field(default=0.05, gt=0)
     settle_s: float = Field(default=0.002, ge=0)  # see Agent._settling
+    # CPU priority of the agent process (os.setpriority; negative needs root). On an
+    # emulated GPU the end of a prefill is the agent waking from a sleep: under CPU
+    # contention a late wake-up would hold the device past its window and delay training.
+    nice: int | None = Field(default=None, ge=-20, le=19)
+    # preemptible holds at real-time priority (SCHED_FIFO 1, needs root; like the relay delay line)
+    realtime_holds: bool = False
     max_runtime_s: float | None = Field(default=None, gt=0)
     slot_wait_s: float = Field(default=60.0, gt=0)  # give up if no slot is ever published
+
+
+def _check_window(cfg: AgentConfig, source: str) -> AgentConfig:
+    if cfg.window != "planned" and cfg.live is None:
+        raise AgentConfigError(f"{source}: window {cfg.window!r} needs a live section (live.status: the "
+                               "worker's status record); use window: planned without one")
+    return cfg
 
 
 def _format(source: str, exc: ValidationError) -> str:
@@ -129,9 +163,10 @@ def _format(source: str, exc: ValidationError) -> str:
 
 def parse_config(data: dict[str, Any], source: str = "agent config") -> AgentConfig:
     try:
-        return AgentConfig.model_validate(data)
+        cfg = AgentConfig.model_validate(data)
     except ValidationError as exc:
         raise AgentConfigError(_format(source, exc)) from None
+    return _check_window(cfg, source)
 
 
 def load_config(path: str | Path) -> AgentConfig:
@@ -170,6 +205,10 @@ def config_from_scenario(
     owner: str | None = None,
     base_dir: str | Path | None = None,
     kv_wire_scale: float = 1.0,
+    live: dict[str, Any] | None = None,
+    arrivals_until_iteration: int | None = None,
+    nice: int | None = None,
+    realtime_holds: bool = False,
 ) -> AgentConfig:
     """One agent's configuration from a scenario's `bubbletea:` section (a dict or the
     scenario's pydantic model). The request rate there is for the whole cluster: every
@@ -195,8 +234,16 @@ def config_from_scenario(
             lengths = LogNormalLength(mean=mean, sigma=float(_get(pt, "sigma", 0.6)), min=lo, max=hi)
         source = PoissonSource(rate_per_s=float(_get(req, "rate", 5.0)), lengths=lengths, seed=seed,
                                duration_s=duration_s, deadline_s=deadline, **shard)
-    chunk = int(_get(bubbletea, "chunk_tokens", 0) or 0)
+    chunk_raw = _get(bubbletea, "chunk_tokens", "auto")
+    if chunk_raw == "auto":
+        admission: dict[str, Any] = {"chunking": True}
+    else:
+        chunk = int(chunk_raw or 0)
+        admission = {"chunking": chunk > 0, **({"max_chunk_tokens": chunk} if chunk > 0 else {})}
     model = dict(_get(bubbletea, "model", {}) or {})
+    window = _get(bubbletea, "window", "live")
+    if live is None and window != "planned":
+        window = "planned"  # no live status published (e.g. a hand-made job): predictions only
     data: dict[str, Any] = {
         "owner": owner or f"bubbletea-{device.get('name', 'gpu')}",
         "device": device,
@@ -205,9 +252,14 @@ def config_from_scenario(
         "epoch": epoch,
         "model": model,
         "requests": source.model_dump(),
-        "admission": {"chunking": chunk > 0, **({"max_chunk_tokens": chunk} if chunk > 0 else {})},
+        "admission": admission,
         "guard": {"initial_rel": float(_get(bubbletea, "guard", 0.05))},
         "decode": decode,
         "kv_wire_scale": kv_wire_scale,
+        "live": live,
+        "window": window,
+        "arrivals_until_iteration": arrivals_until_iteration,
+        "nice": nice,
+        "realtime_holds": realtime_holds,
     }
     return parse_config(data, "scenario bubbletea section")

@@ -22,8 +22,15 @@ Fields (JSON object; unknown fields are ignored, as the runner may add its own):
     decode        {host, port, streams, secret}: the decode server (an address
                   reachable from this host); none: TTFT ends with the prefill
     base_dir      folder that relative paths (trace, gpu profile) are relative to
-    wire_scale    the workload's `scale` (wire size / real size): modelled KV caches
-                  cross the emulated WAN at that fraction of their true size (default 1)
+    wire_scale    wire size / true size of a KV cache: modelled KV caches cross the
+                  emulated network at that fraction of their true size (default 1; the
+                  runner passes the scenario's bubbletea.kv_wire_scale)
+    live          {status, wake, gate}: the worker's live status (bubbletea_agent/live.py)
+    iterations    training iterations of the run: requests stop arriving when the last one
+                  is announced (each arrival gets at least one iteration of idle time)
+    ready         file the agent creates once it is built (the runner waits for it)
+    nice          CPU priority of the agent process (negative: wakes first; needs root)
+    realtime_holds  run each device hold at SCHED_FIFO 1 (needs root; default false)
 """
 
 from __future__ import annotations
@@ -59,6 +66,11 @@ class RunnerJob(BaseModel):
     decode: dict[str, Any] | None = None
     base_dir: str | None = None
     wire_scale: float = Field(default=1.0, gt=0, le=1)
+    live: dict[str, Any] | None = None
+    iterations: int | None = Field(default=None, ge=1)
+    ready: str | None = None
+    nice: int | None = Field(default=None, ge=-20, le=19)
+    realtime_holds: bool = False
 
 
 def load_job(path: str | Path) -> RunnerJob:
@@ -104,7 +116,9 @@ def config_from_job(job: RunnerJob) -> AgentConfig:
         section, device=dev, slots=job.slots_path, out_dir=out.parent,
         shard_index=job.agent_index, shard_count=job.agent_count, duration_s=job.duration_s,
         epoch=job.epoch, seed=job.seed, decode=job.decode,
-        owner=f"bubbletea:{job.worker}", base_dir=job.base_dir, kv_wire_scale=job.wire_scale)
+        owner=f"bubbletea:{job.worker}", base_dir=job.base_dir, kv_wire_scale=job.wire_scale,
+        live=job.live, arrivals_until_iteration=None if job.iterations is None else job.iterations - 1,
+        nice=job.nice, realtime_holds=job.realtime_holds)
 
 
 def run_job(path: str | Path) -> dict[str, Any]:
@@ -113,4 +127,4 @@ def run_job(path: str | Path) -> dict[str, Any]:
     job = load_job(path)
     cfg = config_from_job(job)
     out = Path(job.out)
-    return run(cfg, summary_path=out, requests_path=out.with_suffix(".requests.jsonl"))
+    return run(cfg, summary_path=out, requests_path=out.with_suffix(".requests.jsonl"), ready_path=job.ready)

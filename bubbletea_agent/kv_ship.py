@@ -149,21 +149,37 @@ class ShipResult:
     arrival: float  # arrival at the decode host, on the sender's clock
     wire_bytes: int
     error: str | None = None
+    modelled_s: float = 0.0  # of arrival - sent_at: the modelled rest of the cache (see KVShipper)
 
 
 class KVShipper:
-    """Sender side over one channel; one request at a time, in order."""
+    """Sender side over one channel; one request at a time, in order.
+
+    A cache scaled down on the wire (`wire_scale` < 1) stands for the whole one: with
+    `rest_rate_bps` the bytes that did not cross (true size minus wire bytes) are charged
+    at that rate on a modelled link after the measured arrival, queued behind the rest
+    of earlier caches, so TTFT is what the whole cache would take on a link of that rate.
+    `max_rate_bps` paces shipping: a cache's wire bytes occupy at least bytes/rate
+    seconds before the next one starts (for paths shared with training, e.g. a WAN)."""
 
     def __init__(self, channel: ChannelLike, *, shared_clock: bool = True,
                  pad_to_logical: bool = False, wire_scale: float = 1.0,
-                 clock: Callable[[], float] = time.time) -> None:
+                 rest_rate_bps: float | None = None, max_rate_bps: float | None = None,
+                 clock: Callable[[], float] = time.time, sleep: Callable[[float], None] = time.sleep) -> None:
+        for name, rate in (("rest_rate_bps", rest_rate_bps), ("max_rate_bps", max_rate_bps)):
+            if rate is not None and not rate > 0:
+                raise ShipError(f"KV shipper: {name} must be > 0 bits/s, got {rate}")
         self.ch = channel
         self.shared_clock = shared_clock
         self.pad = pad_to_logical
         self.wire_scale = wire_scale
+        self.rest_rate_bps = rest_rate_bps
+        self.max_rate_bps = max_rate_bps
         self.clock = clock
+        self.sleep = sleep
         self.seq = 0
         self.one_way_s = 0.0
+        self._link_free = 0.0  # the modelled link is busy with earlier caches' rest until then
         if not shared_clock:
             self.one_way_s = self.probe_rtt() / 2
 
@@ -196,7 +212,18 @@ class KVShipper:
             arrival = ack[2] / 1e9
         else:
             arrival = self.clock() - self.one_way_s
-        return ShipResult(request_id, seq, sent_at, arrival, ack[3])
+        wire = ack[3]
+        modelled = 0.0
+        if self.rest_rate_bps is not None:
+            rest_s = max(0, kv.logical_bytes - wire) * 8 / self.rest_rate_bps
+            done = max(arrival, self._link_free) + rest_s
+            self._link_free = done
+            modelled, arrival = done - arrival, done
+        if self.max_rate_bps is not None:
+            left = sent_at + wire * 8 / self.max_rate_bps - self.clock()
+            if left > 0:
+                self.sleep(left)
+        return ShipResult(request_id, seq, sent_at, arrival, wire, modelled_s=modelled)
 
     def close(self) -> None:
         close = getattr(self.ch, "close", None)
@@ -319,12 +346,14 @@ def transport_config(streams: int | str = 4, secret: bytes | str | None = None, 
 
 def connect_shipper(host: str, port: int, *, streams: int | str = 4, secret: bytes | str | None = None,
                     shared_clock: bool = True, pad_to_logical: bool = False, wire_scale: float = 1.0,
+                    rest_rate_bps: float | None = None, max_rate_bps: float | None = None,
                     **kw: Any) -> KVShipper:
     """A shipper over a new atlas_transport channel to a decode server."""
     from atlas_transport.endpoints import connect
 
     ch = connect(host, port, transport_config(streams, secret, **kw))
-    return KVShipper(ch, shared_clock=shared_clock, pad_to_logical=pad_to_logical, wire_scale=wire_scale)
+    return KVShipper(ch, shared_clock=shared_clock, pad_to_logical=pad_to_logical, wire_scale=wire_scale,
+                     rest_rate_bps=rest_rate_bps, max_rate_bps=max_rate_bps)
 
 
 class DecodeServer:

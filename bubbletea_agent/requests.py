@@ -320,7 +320,9 @@ class RequestRecord:
     prefilled_tokens: int = 0
     predicted_s: float = 0.0  # sum over chunks
     actual_s: float = 0.0
-    kv_bytes: int = 0
+    kv_bytes: int = 0  # true size of the KV cache
+    kv_wire_bytes: int = 0  # what crossed the network to the decode host
+    kv_modelled_s: float = 0.0  # part of the TTFT charged for the bytes that did not cross
     guard_violations: int = 0
 
     def to_json(self) -> dict[str, Any]:

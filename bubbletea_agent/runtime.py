@@ -12,10 +12,12 @@ Outputs in `out_dir`:
 
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
 import signal
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -150,9 +152,22 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
             return connect_shipper(d.host, d.port, streams=d.streams, secret=d.secret,
                                    shared_clock=d.shared_clock, pad_to_logical=d.pad_to_logical,
                                    wire_scale=cfg.kv_wire_scale if cfg.device.mode == "modelled" else 1.0,
+                                   rest_rate_bps=d.rest_rate_bps, max_rate_bps=d.max_rate_bps,
                                    connect_timeout_s=d.connect_timeout_s)
 
         shipper = AsyncShipper(connect or default_connect)
+    live_bound, waker = None, None
+    if cfg.live is not None:
+        from bubbletea_agent.live import StatusReader, Waker, bound_from
+
+        status = StatusReader(cfg.live.status)
+        gate = StatusReader(cfg.live.gate) if cfg.live.gate is not None else None
+
+        def live_bound() -> float:
+            return bound_from(status.read(), gate.read() if gate is not None else None)
+
+        waker = Waker(cfg.live.wake) if cfg.live.wake is not None else None
+        notes.append(f"admission fills {cfg.window} windows (live: the worker's guarantees in {cfg.live.status})")
     context = min(cfg.admission.max_prompt_tokens, cfg.model.max_position_embeddings)
     admission_cfg = cfg.admission.model_copy(update={"max_prompt_tokens": context})
     agent = Agent(
@@ -162,18 +177,30 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         admission=Admission(latency, admission_cfg, AdaptiveGuard(cfg.guard)),
         engine=engine, requests=load_requests(cfg.requests), epoch=cfg.epoch, shipper=shipper,
         owner=cfg.owner, poll_s=cfg.poll_s, idle_poll_s=cfg.idle_poll_s, settle_s=cfg.settle_s,
-        on_record=on_record,
+        on_record=on_record, live_bound=live_bound, window=cfg.window, waker=waker,
+        arrivals_until_iteration=cfg.arrivals_until_iteration, realtime_holds=cfg.realtime_holds,
     )
     return Built(agent, device, cfg, latency, notes)
 
 
 def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
-        summary_path: str | Path | None = None, requests_path: str | Path | None = None) -> dict[str, Any]:
+        summary_path: str | Path | None = None, requests_path: str | Path | None = None,
+        ready_path: str | Path | None = None) -> dict[str, Any]:
     """Run one agent until training ends (or SIGTERM/SIGINT, or max_runtime_s); write
     its outputs (default `out_dir`/agent.json and `out_dir`/requests.jsonl); return its
-    summary."""
+    summary. `ready_path` is created once the agent is built and about to loop (the
+    runner waits for it before training starts)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    # the loop thread must get the interpreter back at once when it wakes to end a
+    # prefill, not after the KV shipper's threads used up a 5 ms switch interval
+    sys.setswitchinterval(0.0005)
+    if cfg.nice is not None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, cfg.nice)
+        except OSError as exc:
+            log.warning("cannot set CPU priority %d (%s): prefills may end late under CPU contention",
+                        cfg.nice, exc.strerror)
     summary_path = Path(summary_path) if summary_path else out / "agent.json"
     requests_path = Path(requests_path) if requests_path else out / "requests.jsonl"
     stop = {"flag": False}
@@ -187,6 +214,10 @@ def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
     with open(requests_path, "w", buffering=1) as rows:
         built = build(cfg, on_record=lambda rec: rows.write(json.dumps(rec) + "\n"), connect=connect)
         agent = built.agent
+        gc.collect()
+        gc.freeze()  # the libraries and the request list are permanent: collections stay short
+        if ready_path is not None:
+            Path(ready_path).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
         started = time.time()
         until = started + cfg.max_runtime_s if cfg.max_runtime_s else None
         log.info("BubbleTea agent %s on %s (%s mode): %d requests, latency %s", cfg.owner,

@@ -37,11 +37,17 @@ placement and same plan, with the channel rate its own warm-up iterations measur
 temporal plan) is what is tested, with the speed the network really gave. Both are
 in the summary.
 
-BubbleTea hook: a variant ``<name>+bubbletea`` (with ``bubbletea.enabled``) makes each
-worker publish its planned idle slots (bubbletea_agent/slots.py format) to
-``<variant>/run/slots/<device>.jsonl`` and starts one agent process per worker
-device on the same host (`agent_command`); it needs the agent's command line
-(``python -m bubbletea_agent``).
+BubbleTea: a variant ``<name>+bubbletea`` (``bubbletea.enabled``, for the variants in
+``bubbletea.variants``) makes each worker publish its planned idle slots
+(bubbletea_agent/slots.py) to ``<variant>/run/slots/<device>.jsonl`` and its live
+guarantee (bubbletea_agent/live.py: until when training surely leaves the device alone)
+to ``<variant>/run/live/<device>.status``; the runner keeps the gate
+(``run/live/gate.status``: the next iteration's start, or the earliest it can be). It
+starts the decode servers (``bubbletea.decode_host``: one per DC for ``same-dc``), then one
+agent per worker device on the worker's host (`agent_command`, nice -10), and waits for
+the agents to be ready before the first iteration. The variant's summary entry adds the
+agents' requests, TTFT, guard violations (training waiting for a prefill, from the device
+timelines) and the slowdown against the same variant without agents (`bubbletea_metrics`).
 """
 
 from __future__ import annotations
@@ -70,7 +76,7 @@ import yaml
 
 from testbed.configfile import ConfigError
 from testbed.progress import Progress
-from testbed.scenario import Scenario
+from testbed.scenario import DECODE_SAME_DC, Scenario
 
 BT_SUFFIX = "+bubbletea"
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -442,9 +448,10 @@ def variant_names(scenario: Scenario, only: Sequence[str] | None = None) -> list
                               f"(allowed: baseline, multi-tcp, atlas, dp-across-dc, each optionally +bubbletea)")
         return list(dict.fromkeys(only))
     out = []
+    bt = scenario.bubbletea
     for n in names:
-        if scenario.bubbletea.enabled:
-            if scenario.bubbletea.compare:
+        if bt.enabled and (bt.variants is None or n in bt.variants):
+            if bt.compare:
                 out.append(n)
             out.append(n + BT_SUFFIX)
         else:
@@ -634,6 +641,7 @@ def build_jobs(
     timeout_s: float = 120.0,
     temporal_mode: str = "token",
     token_timeout_s: float = 10.0,
+    iteration_lead_s: float = 0.05,
 ) -> dict[str, dict[str, Any]]:
     """The job file of every worker of a variant (pure: no I/O). Channel ports are
     `base_port + k` over the (pipeline, boundary) channels, so no two collide."""
@@ -691,7 +699,30 @@ def build_jobs(
                                    "links": list(bwd_links), "recv_links": list(fwd_links), "latency_s": delay})
     if plan is not None:
         add_plan(jobs, plan, sched, base_port + 1000, host_ips, temporal_mode, token_timeout_s)
+    if setup.bubbletea:
+        add_live(jobs, topology, run_dir, iteration_lead_s, local)
     return jobs
+
+
+def add_live(jobs: dict[str, dict[str, Any]], topology: Any, run_dir: Path, lead_s: float, local: bool) -> None:
+    """BubbleTea's live status for each worker (bubbletea_agent/live.py): where it goes,
+    and per boundary the nominal rate of the slowest shaped link a received tensor
+    crosses (the WAN links on the way, else the DC's LAN; none in local mode), which
+    bounds how soon the bytes still missing can arrive. The slack covers the shaper's
+    burst (1 ms at that rate, testbed/shaping.py) and a little more."""
+    from bubbletea_agent.live import status_path, wake_path
+
+    lan = {dc.name: dc.lan_rate for dc in topology.dcs}
+    for job in jobs.values():
+        rates = {}
+        for c in job["channels"]:
+            links = [topology.link(*d.split("->")).rate for d in c["recv_links"]]
+            rates[c["boundary"]] = 0.0 if local else min(links) if links else lan[job["host"].split("-", 1)[0]]
+        slowest = max(rates.values(), default=0.0)
+        name = job["device"]["name"]
+        job["live"] = {"status_path": str(status_path(run_dir, name)), "wake_path": str(wake_path(run_dir, name)),
+                       "lead_s": lead_s, "recv_rate_bps": rates,
+                       "slack_bytes": int(slowest * 1e-3 / 8) + (32 << 10)}
 
 
 def add_plan(jobs: dict[str, dict[str, Any]], plan: Any, sched: Any, token_base_port: int,
@@ -872,7 +903,8 @@ def run_workers(
     timeout = max(scenario.runner.iteration_timeout, 5 * pred)
     starts: list[float] = []
     ends: list[float] = []
-    server = None
+    servers: dict[str, subprocess.Popen] = {}
+    gate = None
     try:
         for wid, job in jobs.items():
             path = jobs_dir / f"{wid}.json"
@@ -882,13 +914,20 @@ def run_workers(
             handles.append(fh)
             procs[wid] = net.host(job["host"]).popen(worker_argv(path), env=env, stdout=fh,
                                                      stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        lead = scenario.runner.iteration_lead
         if setup.bubbletea:
-            est = iterations * max(pred, 0.1) * 2 + scenario.runner.setup_timeout
-            agents, server = start_agents(net, jobs, folder, scenario, workload, base_dir, est, env, logs, handles)
+            from bubbletea_agent.live import Gate, gate_path
+
+            gate = Gate(gate_path(Path(next(iter(jobs.values()))["device"]["run_dir"])), lead)
+            # the request source only needs to outlast the run: requests stop at the last iteration
+            horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
+            agents, servers = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
+                                           handles, horizon)
             procs.update(agents)
         ctl.wait_all("ready", scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
-        lead = scenario.runner.iteration_lead
-        at = time.time() + max(0.2, lead)
+        if setup.bubbletea:
+            wait_agents(procs, logs, folder, scenario.runner.setup_timeout)
+        at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             starts.append(at)
             ctl.broadcast("go", iteration=i, at=at)
@@ -896,7 +935,7 @@ def run_workers(
             ends.append(max(m["end"] for m in done.values()))
             kind = "warm-up" if i < workload.warmup else "iteration"
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
-            at = time.time() + lead
+            at = gate.decide(i + 1, lead) if gate else time.time() + lead
         ctl.broadcast("stop")
         ctl.wait_all("bye", 30, f"{setup.name}: stopping the workers")
         for wid, p in procs.items():  # agents end when their worker publishes the end of its slots
@@ -905,8 +944,9 @@ def run_workers(
             except subprocess.TimeoutExpired:
                 raise RunnerError(f"{wid} did not exit after the run:\n{_tail(logs[wid])}") from None
     finally:
-        if server is not None:
-            _stop({"decode-server": server})
+        if gate is not None:
+            gate.close()
+        _stop(servers)
         ctl.close()
         _stop(procs)
         for fh in handles:
@@ -920,51 +960,101 @@ def run_workers(
     return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs))
 
 
-DECODE_PORT_OFFSET = 3000  # decode server port: runner.base_port + this
+DECODE_PORT_OFFSET = 3000  # decode server ports: runner.base_port + this (+ k for the k-th server)
+DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
+# CPU priorities: an agent's prefill ends when it wakes from a sleep, so it must wake on
+# time however busy the cores are (it uses little CPU); decode servers only move KV caches.
+AGENT_NICE = -10
+DECODE_NICE = 10
+
+
+def decode_hosts(scenario: Scenario, jobs: Mapping[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Where each worker's agent ships its KV caches (worker -> decode host, None: no
+    shipping). 'same-dc': one decode server per DC, on the DC's last host, so caches
+    cross the DC's LAN only; a host name: that host for every agent."""
+    host = scenario.bubbletea.decode_host
+    if host is None:
+        return {w: None for w in jobs}
+    if host != DECODE_SAME_DC:
+        return {w: host for w in jobs}
+    last = {dc.name: f"{dc.name}-{dc.hosts[-1]}" for dc in scenario.topology.dcs}
+    return {w: last[j["host"].split("-", 1)[0]] for w, j in jobs.items()}
+
+
+def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool]:
+    """(nominal rate of the path from host src to host dst in bits/s, crosses a WAN)."""
+    a, b = src.split("-", 1)[0], dst.split("-", 1)[0]
+    if a == b:
+        return topology.dc(a).lan_rate, False
+    links, _ = path_links(topology, a, b)
+    rate = min(topology.link(*d.split("->")).rate for d in links)
+    return rate, not local
 
 
 def build_agent_jobs(jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario, workload: Any,
-                     base_dir: str | None, decode: dict[str, Any] | None, duration_s: float) -> dict[str, dict]:
+                     base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
+                     local: bool = False, duration_s: float = 600.0) -> dict[str, dict]:
     """The job file of the BubbleTea agent next to each worker (bubbletea_agent/job.py):
-    the worker's device and slot feed, the scenario's bubbletea section, this agent's
-    share of the cluster's request rate, what a prefill costs on the workload's GPU,
-    and where KV caches go. Pure: no I/O."""
+    the worker's device, slot feed and live status, the scenario's bubbletea section,
+    this agent's share of the cluster's request rate, what a prefill costs on the
+    workload's GPU, the run's iterations (requests stop arriving at the last one), and
+    where KV caches go: `decode[worker]` ({host, port, ip} or None), with the rest of a
+    scaled-down cache charged at the path's nominal rate, and shipping across a WAN paced
+    to this agent's share of bubbletea.kv_wan_rate. Pure: no I/O."""
+    bt = scenario.bubbletea
+    wan_shippers = [w for w, d in decode.items()
+                    if d is not None and kv_path(scenario.topology, jobs[w]["host"], d["host"], local)[1]]
     out = {}
     for k, (wid, job) in enumerate(sorted(jobs.items())):
+        dest = decode.get(wid)
+        ship = None
+        if dest is not None:
+            rate, wan = kv_path(scenario.topology, job["host"], dest["host"], local)
+            ship = {"host": dest["ip"], "port": dest["port"], "streams": DECODE_STREAMS, "rest_rate_bps": rate}
+            if wan and bt.kv_wan_rate is not None:
+                ship["max_rate_bps"] = bt.kv_wan_rate / len(wan_shippers)
         out[wid] = {
             "device": job["device"], "slots_path": job["slots_path"], "worker": wid, "host": job["host"],
-            "bubbletea": scenario.bubbletea.model_dump(), "seed": scenario.seed,
-            "out": str(folder / "agents" / f"{wid}.json"),
-            "agent_index": k, "agent_count": len(jobs), "duration_s": duration_s,
+            "bubbletea": bt.model_dump(), "seed": scenario.seed,
+            "out": str(folder / "agents" / f"{wid}.json"), "ready": str(folder / "agents" / f"{wid}.ready"),
+            "agent_index": k, "agent_count": len(jobs), "iterations": iterations, "duration_s": duration_s,
             "gpu": workload.gpu.model_dump(), "tp": workload.parallelism.tp, "base_dir": base_dir,
-            "wire_scale": workload.scale, "decode": decode,
+            "wire_scale": bt.kv_wire_scale, "decode": ship, "nice": AGENT_NICE, "realtime_holds": True,
+            "live": None if not job.get("live") else {
+                "status": job["live"]["status_path"], "wake": job["live"]["wake_path"],
+                "gate": str(Path(job["live"]["status_path"]).parent / "gate.status")},
         }
     return out
 
 
 def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario,
-                 workload: Any, base_dir: str | None, duration_s: float, env: dict[str, str],
-                 logs: dict[str, Path], handles: list) -> tuple[dict[str, subprocess.Popen], subprocess.Popen | None]:
-    """The decode server (on bubbletea.decode_host, if set), then one BubbleTea agent
-    per worker device on the worker's host (`agent_command`). Returns (agents, decode server)."""
+                 workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
+                 logs: dict[str, Path], handles: list,
+                 duration_s: float = 600.0) -> tuple[dict[str, subprocess.Popen], dict[str, subprocess.Popen]]:
+    """The decode servers (bubbletea.decode_host), then one BubbleTea agent per worker
+    device on the worker's host (`agent_command`). Returns (agents, decode servers)."""
     if not agent_available():
         raise RunnerError("bubbletea variants need the BubbleTea agent's command line (python -m bubbletea_agent), "
                           "which is not installed yet; set bubbletea.enabled: false or drop the +bubbletea variants")
     (folder / "agents").mkdir(parents=True, exist_ok=True)
-    server = None
-    decode = None
-    host = scenario.bubbletea.decode_host
-    if host is not None:
-        port = scenario.runner.base_port + DECODE_PORT_OFFSET
-        logs["decode-server"] = folder / "logs" / "decode-server.log"
-        fh = open(logs["decode-server"], "w")  # noqa: SIM115 (closed by the caller)
+    servers: dict[str, subprocess.Popen] = {}
+    where = decode_hosts(scenario, jobs)
+    addresses: dict[str, dict[str, Any]] = {}
+    for k, host in enumerate(sorted({h for h in where.values() if h is not None})):
+        port = scenario.runner.base_port + DECODE_PORT_OFFSET + k
+        name = f"decode-{host}"
+        logs[name] = folder / "logs" / f"{name}.log"
+        fh = open(logs[name], "w")  # noqa: SIM115 (closed by the caller)
         handles.append(fh)
-        argv = [sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
-                "--log", str(folder / "agents" / "decode.jsonl")]
-        server = net.host(host).popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
-        decode = {"host": net.host(host).ip, "port": port, "streams": 4}
+        argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
+                "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
+        servers[name] = net.host(host).popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
+    decode = {w: None if h is None else addresses[h] for w, h in where.items()}
     procs = {}
-    for wid, agent_job in build_agent_jobs(jobs, folder, scenario, workload, base_dir, decode, duration_s).items():
+    agent_jobs = build_agent_jobs(jobs, folder, scenario, workload, base_dir, decode, iterations, net.local,
+                                  duration_s)
+    for wid, agent_job in agent_jobs.items():
         path = folder / "jobs" / f"agent-{wid}.json"
         path.write_text(json.dumps(agent_job, indent=1))
         name = f"agent-{wid}"
@@ -973,7 +1063,28 @@ def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path,
         handles.append(fh)
         procs[name] = net.host(jobs[wid]["host"]).popen(agent_command(jobs[wid], path), env=env, stdout=fh,
                                                         stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
-    return procs, server
+    return procs, servers
+
+
+def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], folder: Path,
+                timeout_s: float) -> None:
+    """Wait until every agent is built (its ready file exists), so that training does
+    not start while agents still load; an agent that exits first is an error."""
+    deadline = time.monotonic() + timeout_s
+    agents = {n: p for n, p in procs.items() if n.startswith("agent-")}
+    pending = dict(agents)
+    while pending:
+        for name, p in list(pending.items()):
+            if (folder / "agents" / f"{name.removeprefix('agent-')}.ready").exists():
+                del pending[name]
+            elif p.poll() is not None:
+                raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
+                                  f"{_tail(logs[name])}")
+        if pending and time.monotonic() > deadline:
+            raise RunnerError(f"BubbleTea agents {', '.join(sorted(pending))} not ready within {timeout_s:g} s:\n"
+                              f"{_tail(logs[sorted(pending)[0]])}")
+        if pending:
+            time.sleep(0.05)
 
 
 def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]],
@@ -992,20 +1103,38 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
     for path in sorted((folder / "agents").glob("*.requests.jsonl")):
         rows += read_request_rows(path)
     req = request_summary(rows)
-    count, waited = 0, 0.0
+    count, waited, count_all = 0, 0.0, 0
     for recs in timelines.values():
         inside = [r for r in recs if any(t0 <= r.start < t1 for t0, t1 in windows)]
         c, w = guard_violations(inside)
         count, waited = count + c, waited + w
+        count_all += guard_violations(recs)[0]
+    agents: dict[str, Any] = {"engine_mode": sorted({a.get("engine_mode") for a in _agent_summaries(folder)} - {None}),
+                              "not_arrived": 0, "chunks_run": 0, "late_starts": 0, "device_busy_retries": 0}
+    for a in _agent_summaries(folder):
+        counters = a.get("counters") or {}
+        for key in ("not_arrived", "chunks_run", "late_starts", "device_busy_retries"):
+            agents[key] += int(counters.get(key) or 0)
     return {
         "prefill_requests": req["prefill_requests"],
         "ttft_s": {"p50": req["ttft_p50_s"], "p95": req["ttft_p95_s"], "p99": req["ttft_p99_s"],
                    "mean": req["ttft_mean_s"]},
         "prefill_tokens_served": req["prefill_tokens_served"],
         "guard_violations": count,
+        "guard_violations_all_iterations": count_all,
         "training_wait_on_prefill_s": waited,
         "training_slowdown": training_slowdown(iteration_s, plain_iteration_s),
+        "compared_with_iteration_time_s": plain_iteration_s,
+        "bubbletea_agents": agents,
     }
+
+
+def _agent_summaries(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((folder / "agents").glob("*.json")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            out.append(json.loads(path.read_text()))
+    return out
 
 
 # ============================================================== outputs
@@ -1241,6 +1370,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         timeout_s=max(scenario.runner.iteration_timeout, 5 * setup.prediction.iteration_time_s),
         temporal_mode=scenario.runner.temporal_mode,
         token_timeout_s=max(1.0, 2 * setup.prediction.iteration_time_s),
+        iteration_lead_s=scenario.runner.iteration_lead,
     )
     pred = setup.prediction
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
@@ -1266,6 +1396,13 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     if setup.bubbletea:
         kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
         extra = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
+        req, slow = extra["prefill_requests"], extra["training_slowdown"]
+        p50 = extra["ttft_s"]["p50"]
+        progress.log(f"  {setup.name}: utilization {m['device_utilization_training']:.0%} training -> "
+                     f"{m['device_utilization']:.0%} with prefill; {req['served']} of {req['arrived']} requests "
+                     f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
+                     f"{'-' if slow is None else f'{slow:+.1%}'}, waited {extra['training_wait_on_prefill_s'] * 1e3:.0f}"
+                     f" ms on prefill ({extra['guard_violations']} guard violations)")
     return {
         "iteration_time_s": measured_it,
         "predicted_iteration_time_s": predicted,

@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from testbed.configfile import ConfigError, format_validation_error, read_yaml_mapping
-from testbed.topology import Topology, TopologyError, parse_topology
+from testbed.topology import Rate, Topology, TopologyError, parse_topology
 
 VARIANTS = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
 
@@ -59,14 +59,46 @@ class RequestSource(_Model):
     deadline: float = Field(5.0, gt=0, description="seconds a request may wait before it is rejected")
 
 
+DECODE_SAME_DC = "same-dc"
+
+
 class BubbleTeaSettings(_Model):
+    """BubbleTea agents next to the training workers (bubbletea_agent/README.md)."""
+
     enabled: bool = False
     compare: bool = Field(True, description="also run each variant without agents, for the slowdown")
+    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] | None = Field(
+        None, description="which of the scenario's variants also run with agents (default: all)"
+    )
     requests: RequestSource = RequestSource()
-    decode_host: str | None = Field(None, description="host (dc-host, e.g. dc2-h2) receiving KV caches")
+    decode_host: str | None = Field(
+        None, description="where KV caches go: 'same-dc' (a decode server in each DC: LAN only, never the WAN), "
+                          "a host (dc-host, e.g. dc2-h2: caches from other DCs cross the WAN, paced at "
+                          "kv_wan_rate), or none (TTFT ends with the prefill)"
+    )
+    kv_wire_scale: float = Field(
+        0.001, gt=0, le=1, description="share of a KV cache's true size that crosses the emulated network; the "
+                                      "rest is charged at the path's nominal rate (TTFT as for the whole cache)"
+    )
+    kv_wan_rate: Rate | None = Field(
+        50e6, description="cap on KV bytes crossing a WAN (bits/s, all agents together; none: no cap)"
+    )
     model: dict[str, Any] = Field(default_factory=dict, description="prefill model size (LlamaConfig fields)")
-    chunk_tokens: int = Field(0, ge=0, description="chunked prefill size, 0 = whole prompts")
+    chunk_tokens: int | Literal["auto"] = Field(
+        "auto", description="chunked prefill: 'auto' = chunks of whatever fits, N = at most N tokens, 0 = whole prompts"
+    )
     guard: float = Field(0.05, ge=0, description="initial guard, as a fraction of predicted duration")
+    window: Literal["live", "planned", "both"] = Field(
+        "live", description="what admission fills: the worker's live guarantees (never delay training), the "
+                            "planned slots corrected from the timeline, or either"
+    )
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _chunk(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"chunk_tokens must be 'auto', 0 (whole prompts) or a positive token count, got {value}")
+        return value
 
 
 class RunnerSettings(_Model):
@@ -252,9 +284,16 @@ def validate_scenario(data: dict[str, Any]) -> Scenario:
             ) from None
     hosts = {f"{dc.name}-{h}" for dc in scenario.topology.dcs for h in dc.hosts}
     decode = scenario.bubbletea.decode_host
-    if decode is not None and decode not in hosts:
+    if decode is not None and decode != DECODE_SAME_DC and decode not in hosts:
         raise ScenarioError(
-            f"{source}: bubbletea.decode_host: unknown host {decode!r} (hosts: {', '.join(sorted(hosts))})"
+            f"{source}: bubbletea.decode_host: unknown host {decode!r} (hosts: {', '.join(sorted(hosts))}; or "
+            f"'{DECODE_SAME_DC}' for a decode server in each DC)"
+        )
+    extra = [v for v in scenario.bubbletea.variants or [] if v not in scenario.variants]
+    if extra:
+        raise ScenarioError(
+            f"{source}: bubbletea.variants: {', '.join(extra)} not among the scenario's variants "
+            f"({', '.join(scenario.variants)})"
         )
     return scenario
 

@@ -85,6 +85,20 @@ class TransportJob(_Model):
     connect_timeout_s: float = 10.0
 
 
+class LiveJob(_Model):
+    """BubbleTea's live status of this worker's device (bubbletea_agent/live.py): the
+    earliest time training can want the device again, kept true as the worker waits."""
+
+    status_path: str
+    wake_path: str
+    lead_s: float = Field(0.05, gt=0, description="the runner's iteration lead (barrier to next start)")
+    # boundary -> nominal rate (bits/s) of the slowest shaped link a tensor received on it
+    # crosses (0: none known, e.g. local mode)
+    recv_rate_bps: dict[int, float] = {}
+    slack_bytes: int = Field(0, ge=0, description="shaper burst: bytes that may pass it at once")
+    poll_s: float = Field(0.002, gt=0, description="how often a waiting worker refreshes its bound")
+
+
 class TrainJob(_Model):
     role: Literal["train"] = "train"
     worker: str
@@ -115,6 +129,7 @@ class TrainJob(_Model):
     timeout_s: float = Field(120.0, gt=0)
     slots_path: str | None = None
     idle_slots: list[tuple[float, float]] = []  # planned idle gaps, seconds after the iteration start
+    live: LiveJob | None = None  # BubbleTea's live status (None: not published)
 
 
 class ProbeJob(_Model):
@@ -280,17 +295,22 @@ def run_train(job: TrainJob) -> None:
         device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
         work = ModelledWork(list(job.forward_s), list(job.backward_s))
         channels = open_channels(job)
+        live = _live_reporter(job)
         routes = {c.boundary: Route(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
                   for c in job.channels}
         plan = {(p.direction, p.boundary, p.mb): Planned(p.start_s, tuple(p.tokens), p.duration_s, tuple(p.next))
                 for p in job.plan}
         filler = torch.zeros(job.wire_bytes, dtype=torch.uint8)
-        comm = TransportComm(job.pipeline, job.worker, channels, routes, filler=filler, plan=plan,
-                             mode=job.temporal_mode, token_timeout_s=job.token_timeout_s, timeout_s=job.timeout_s)
+        comm = TransportComm(job.pipeline, job.worker, _watched(channels, job, live), routes, filler=filler,
+                             plan=plan, mode=job.temporal_mode, token_timeout_s=job.token_timeout_s,
+                             timeout_s=job.timeout_s)
+        driver = comm if live is None else _live_comm(comm, live)
         if job.token_port is not None and job.temporal_mode == "token":
             comm.bus = TokenBus(job.bind_ip, job.token_port, job.token_peers, comm.on_token)
         tlog = TransferLog(Path(job.transfers_path))
         publisher = _slot_publisher(job)
+        if live is not None:
+            live.between()
         control.send("ready")
         try:
             for msg in control.messages():
@@ -302,7 +322,9 @@ def run_train(job: TrainJob) -> None:
                 comm.begin_iteration(i, at)
                 if publisher is not None:
                     _publish(publisher, job, i, at)
-                records = run_worker(schedule, job.rank, job.pipeline, device, comm, work,
+                if live is not None:
+                    live.scheduled(i, at + job.offset_s)
+                records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
                                      owner=f"train:{job.worker}", start_at=at + job.offset_s)
                 sent, received = comm.take_records()
                 tlog.add("send", sent)
@@ -310,7 +332,13 @@ def run_train(job: TrainJob) -> None:
                 tlog.write()
                 control.send("iter_done", iteration=i, end=max((r.end for r in records), default=at),
                              busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts)
+                if live is not None:
+                    live.between()  # the runner heard we are done: the next start is >= now + lead
         finally:
+            if live is not None:
+                live.ended()
+                live.close()
+                print(f"live status of {job.worker}: {json.dumps(live.stats)}", file=sys.stderr, flush=True)
             if publisher is not None:
                 publisher.end()
                 publisher.close()
@@ -337,6 +365,46 @@ def _slot_publisher(job: TrainJob) -> Any:
     from bubbletea_agent.slots import SlotPublisher
 
     return SlotPublisher(job.slots_path, worker=job.worker, stage=job.rank)
+
+
+def _live_reporter(job: TrainJob) -> Any:
+    """BubbleTea's live status writer of this worker's device, when asked for."""
+    if job.live is None:
+        return None
+    from bubbletea_agent.live import LiveReporter, Nudger, StatusWriter
+
+    return LiveReporter(StatusWriter(job.live.status_path), Nudger(job.live.wake_path), lead_s=job.live.lead_s,
+                        poll_s=job.live.poll_s)
+
+
+def _watched(channels: dict[int, Any], job: TrainJob, live: Any) -> dict[int, Any]:
+    """The channels as the Comm sees them: with live status, receives report while they wait."""
+    if live is None:
+        return channels
+    from bubbletea_agent.live import ArrivalFloor, ProgressBound, WatchedChannel
+    from bubbletea_agent.tcp_progress import TcpProgressError, TcpReceived
+
+    assert job.live is not None
+    out = {}
+    for c in job.channels:
+        rate = job.live.recv_rate_bps.get(c.boundary, 0.0)
+        progress = None
+        if rate > 0:
+            try:
+                counter = TcpReceived.for_channel(c.peer_ip, c.port, c.role, c.streams)
+                progress = ProgressBound(counter.total, rate, job.live.slack_bytes)
+            except (TcpProgressError, OSError) as exc:
+                print(f"{job.worker}: boundary {c.boundary}: no byte counts ({exc}); live bound learned instead",
+                      file=sys.stderr, flush=True)
+        floor = ArrivalFloor(job.wire_bytes * 8 / rate if rate > 0 else 0.0)
+        out[c.boundary] = WatchedChannel(channels[c.boundary], live, floor, job.wire_bytes, progress)
+    return out
+
+
+def _live_comm(comm: Any, live: Any) -> Any:
+    from bubbletea_agent.live import LiveComm
+
+    return LiveComm(comm, live)
 
 
 def _publish(publisher: Any, job: TrainJob, iteration: int, start: float) -> None:

@@ -1,0 +1,70 @@
+"""`testbed run` with BubbleTea end to end on the emulated 2dc topology (root): a short
+run of atlas and atlas+bubbletea (quickstart's workload, 1 warm-up + 2 measured
+iterations, no calibration), one agent per worker, KV caches to a decode server in each
+DC. Checks the summary's BubbleTea figures and that every request is accounted for;
+timing is asserted loosely (the machine is shared)."""
+
+from __future__ import annotations
+
+import io
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from testbed.progress import Progress
+from testbed.runner import run_scenario
+from testbed.scenario import load_scenario
+
+pytestmark = pytest.mark.root
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def namespaces() -> set[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
+    return {line.split()[0] for line in out.splitlines() if line.strip()}
+
+
+@pytest.mark.timeout(300)
+def test_short_bubbletea_run(tmp_path: Path) -> None:
+    before = namespaces()
+    scenario, resolved = load_scenario(ROOT / "scenarios/quickstart.yaml", {
+        "variants": ["atlas"], "workload.warmup": 1, "workload.iterations": 2, "runner.calibrate": False,
+        "runner.base_port": 39500, "bubbletea.requests.rate": 40,
+    })
+    out = tmp_path / "out"
+    log = io.StringIO()
+    summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
+    print(log.getvalue())
+    assert list(summary["variants"]) == ["atlas", "atlas+bubbletea"]
+    plain, bt = summary["variants"]["atlas"], summary["variants"]["atlas+bubbletea"]
+    assert "error" not in plain and "error" not in bt, (plain.get("error"), bt.get("error"))
+    for key in ("device_utilization", "device_utilization_training", "iteration_time_s"):
+        assert plain[key] > 0 and bt[key] > 0
+    for key in ("training_slowdown", "prefill_requests", "ttft_s", "guard_violations",
+                "training_wait_on_prefill_s", "compared_with_iteration_time_s", "bubbletea_agents"):
+        assert key in bt, key
+    assert bt["compared_with_iteration_time_s"] == plain["iteration_time_s"]
+    assert bt["training_slowdown"] == pytest.approx(bt["iteration_time_s"] / plain["iteration_time_s"] - 1)
+    req = bt["prefill_requests"]
+    assert req["arrived"] > 0 and req["unaccounted"] == 0
+    assert req["arrived"] == req["served"] + req["rejected"] == sum(req["rejected_by_reason"].values()) + req["served"]
+    assert req["served"] > 0
+    assert bt["ttft_s"]["p50"] <= bt["ttft_s"]["p95"] <= bt["ttft_s"]["p99"]
+    assert bt["bubbletea_agents"]["engine_mode"] == ["modelled"]
+    # prefill work filled former bubbles: utilization with prefill above training alone
+    assert bt["device_utilization"] > bt["device_utilization_training"] + 0.2
+    assert plain["device_utilization"] == pytest.approx(plain["device_utilization_training"])
+    # training was not delayed by more than a few late wake-ups (generous: shared machine)
+    assert bt["training_wait_on_prefill_s"] < 0.2
+    agents = sorted(p.name for p in (out / "atlas+bubbletea" / "agents").glob("p*.json"))
+    assert agents == ["p0r0.json", "p0r1.json", "p1r0.json", "p1r1.json"]
+    decoded = [json.loads(line) for p in (out / "atlas+bubbletea" / "agents").glob("decode-*.jsonl")
+               for line in p.read_text().splitlines()]
+    assert len(decoded) == req["served"]  # every served cache reached a decode server
+    rows = [json.loads(line) for p in (out / "atlas+bubbletea" / "agents").glob("*.requests.jsonl")
+            for line in p.read_text().splitlines()]
+    assert {r["id"] for r in rows if r["status"] == "served"} == {d["request_id"] for d in decoded}
+    assert (out / bt["gantt_png"]).exists()
+    assert namespaces() <= before  # nothing of the run is left behind

@@ -1,0 +1,229 @@
+"""BubbleTea in scenarios and in the runner: the `bubbletea:` section's validation, the
+agents' job files (decode server placement, KV pacing, live status), the live section of
+the workers' jobs, which variants run with agents, waiting for agents, and the modelled
+rest of a scaled-down KV cache."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bubbletea_agent.config import AgentConfigError, config_from_scenario, parse_config
+from bubbletea_agent.engine import ModelledEngine, ModelSpec
+from bubbletea_agent.job import RunnerJob, config_from_job
+from bubbletea_agent.kv_ship import KVShipper, MemoryChannel, ShipError, receive_one
+from testbed.runner import (
+    RunnerError,
+    build_agent_jobs,
+    build_jobs,
+    decode_hosts,
+    plan_variant,
+    variant_names,
+    wait_agents,
+)
+from testbed.scenario import ScenarioError, load_scenario
+from testbed.training.worker import TrainJob, parse_job
+from testbed.workload import parse_workload
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def scenario_file(tmp_path: Path, **bubbletea) -> Path:
+    wl = yaml.safe_load((ROOT / "scenarios/workloads/gpt-1.3b.yaml").read_text())
+    path = tmp_path / "s.yaml"
+    path.write_text(yaml.safe_dump({
+        "name": "bt-test", "topology": str(ROOT / "topologies" / "2dc.yaml"), "workload": wl,
+        "variants": ["multi-tcp", "atlas"], "bubbletea": {"enabled": True, **bubbletea},
+    }))
+    return path
+
+
+def setup_jobs(tmp_path: Path, **bubbletea):
+    scenario, _ = load_scenario(scenario_file(tmp_path, **bubbletea))
+    workload = parse_workload(scenario.workload)
+    setup = plan_variant("atlas+bubbletea", scenario, workload, None, None, None)
+    ips = {f"{dc.name}-{h}": f"10.0.{i}.{j + 10}" for i, dc in enumerate(scenario.topology.dcs)
+           for j, h in enumerate(dc.hosts)}
+    jobs = build_jobs(setup=setup, workload=workload, topology=scenario.topology, host_ips=ips,
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", base_port=30000, iterations=5,
+                      transport={"chunk_bytes": 4 << 20, "congestion": None}, iteration_lead_s=0.08)
+    return scenario, workload, jobs, ips
+
+
+# ------------------------------------------------------------------ scenario
+
+
+def test_section_defaults(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path))
+    bt = scenario.bubbletea
+    assert bt.window == "live" and bt.chunk_tokens == "auto" and bt.kv_wire_scale == 0.001
+    assert bt.kv_wan_rate == 50e6 and bt.variants is None and bt.decode_host is None
+
+
+@pytest.mark.parametrize("bubbletea, message", [
+    ({"decode_host": "dc3-h1"}, "bubbletea.decode_host: unknown host 'dc3-h1' (hosts: dc1-h1, dc1-h2, dc2-h1, "
+                                "dc2-h2; or 'same-dc' for a decode server in each DC)"),
+    ({"variants": ["baseline"]}, "bubbletea.variants: baseline not among the scenario's variants (multi-tcp, atlas)"),
+    ({"chunk_tokens": -5}, "chunk_tokens must be 'auto', 0 (whole prompts) or a positive token count, got -5"),
+    ({"kv_wan_rate": "50Mbyte"}, "kv_wan_rate"),
+    ({"kv_wire_scale": 0}, "kv_wire_scale"),
+    ({"window": "guess"}, "window"),
+])
+def test_section_errors_name_the_field(tmp_path: Path, bubbletea: dict, message: str) -> None:
+    with pytest.raises(ScenarioError) as err:
+        load_scenario(scenario_file(tmp_path, **bubbletea))
+    assert message in str(err.value) and "s.yaml" in str(err.value)
+
+
+def test_only_the_listed_variants_run_with_agents(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path, variants=["atlas"]))
+    assert variant_names(scenario) == ["multi-tcp", "atlas", "atlas+bubbletea"]
+    scenario, _ = load_scenario(scenario_file(tmp_path, variants=["atlas"], compare=False))
+    assert variant_names(scenario) == ["multi-tcp", "atlas+bubbletea"]
+
+
+# ------------------------------------------------------------------ jobs
+
+
+def test_workers_of_a_bubbletea_variant_publish_live_status(tmp_path: Path) -> None:
+    _, workload, jobs, _ = setup_jobs(tmp_path)
+    for wid, job in jobs.items():
+        parsed = parse_job(job, wid)
+        assert isinstance(parsed, TrainJob) and parsed.live is not None
+        name = job["device"]["name"]
+        assert parsed.live.status_path.endswith(f"run/live/{name}.status")
+        assert parsed.live.wake_path.endswith(f"run/live/{name}.wake")
+        assert parsed.live.lead_s == 0.08
+        # every boundary of this placement crosses the 1 Gbit/s WAN
+        assert parsed.live.recv_rate_bps == {c.boundary: 1e9 for c in parsed.channels}
+        assert parsed.live.slack_bytes == 125_000 + (32 << 10)  # the shaper's 1 ms burst and some
+
+
+def test_agents_ship_to_a_decode_server_in_their_own_dc(tmp_path: Path) -> None:
+    scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="same-dc")
+    where = decode_hosts(scenario, jobs)
+    assert {jobs[w]["host"].split("-")[0]: h.split("-")[0] for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
+    decode = {w: {"host": h, "ip": ips[h], "port": 33000} for w, h in where.items()}
+    agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
+    assert sorted(a["agent_index"] for a in agents.values()) == [0, 1, 2, 3]
+    for wid, a in agents.items():
+        job = RunnerJob.model_validate(a)
+        assert job.iterations == 5 and job.nice == -10 and job.wire_scale == 0.001
+        assert a["decode"]["host"] == ips[where[wid]] and a["decode"]["rest_rate_bps"] == 10e9  # the LAN
+        assert "max_rate_bps" not in a["decode"]  # nothing crosses the WAN: no pacing
+        assert a["live"]["status"] == jobs[wid]["live"]["status_path"]
+        assert a["live"]["gate"].endswith("run/live/gate.status")
+        cfg = config_from_job(job)
+        assert cfg.window == "live" and cfg.arrivals_until_iteration == 4 and cfg.admission.chunking
+        assert cfg.decode.rest_rate_bps == 10e9 and cfg.nice == -10
+
+
+def test_a_decode_host_in_another_dc_is_paced_at_the_wan_rate(tmp_path: Path) -> None:
+    scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="dc2-h2", kv_wan_rate="40Mbit")
+    decode = {w: {"host": "dc2-h2", "ip": ips["dc2-h2"], "port": 33000} for w in jobs}
+    agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
+    dc1 = [a for a in agents.values() if a["host"].startswith("dc1")]
+    dc2 = [a for a in agents.values() if a["host"].startswith("dc2")]
+    assert all(a["decode"]["max_rate_bps"] == 20e6 and a["decode"]["rest_rate_bps"] == 1e9 for a in dc1)
+    assert all("max_rate_bps" not in a["decode"] and a["decode"]["rest_rate_bps"] == 10e9 for a in dc2)
+
+
+def test_no_decode_host_means_no_shipping(tmp_path: Path) -> None:
+    scenario, workload, jobs, _ = setup_jobs(tmp_path)
+    assert set(decode_hosts(scenario, jobs).values()) == {None}
+    agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, {w: None for w in jobs}, 5)
+    assert all(a["decode"] is None for a in agents.values())
+
+
+def test_live_window_needs_a_live_section() -> None:
+    with pytest.raises(AgentConfigError, match="window 'live' needs a live section"):
+        parse_config({"device": {"name": "d", "run_dir": "/tmp"}, "slots": "/tmp/s", "out_dir": "/tmp/o",
+                      "requests": {"kind": "poisson", "rate_per_s": 1, "duration_s": 1,
+                                   "lengths": {"kind": "fixed", "tokens": 8}}, "window": "live"}, "x.yaml")
+    # a scenario section asking for live windows without a published status falls back
+    cfg = config_from_scenario({"window": "live"}, device={"name": "d", "run_dir": "/tmp"}, slots="/tmp/s",
+                               out_dir="/tmp/o", shard_index=0, shard_count=1, duration_s=1.0)
+    assert cfg.window == "planned"
+
+
+def test_chunk_tokens_forms() -> None:
+    kw = dict(device={"name": "d", "run_dir": "/tmp"}, slots="/tmp/s", out_dir="/tmp/o", shard_index=0,
+              shard_count=1, duration_s=1.0)
+    assert config_from_scenario({"chunk_tokens": "auto"}, **kw).admission.max_chunk_tokens is None
+    assert config_from_scenario({"chunk_tokens": 256}, **kw).admission.max_chunk_tokens == 256
+    assert config_from_scenario({"chunk_tokens": 0}, **kw).admission.chunking is False
+
+
+# ------------------------------------------------------------------ processes
+
+
+def test_an_agent_that_dies_before_training_is_reported(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    log = tmp_path / "agent-p0r0.log"
+    log.write_text("agent error: the model preset 'huge' is unknown\n")
+    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    proc.wait()
+    with pytest.raises(RunnerError, match=r"BubbleTea agent-p0r0 exited \(status 3\) before training started"
+                                          r"(.|\n)*preset 'huge' is unknown"):
+        wait_agents({"agent-p0r0": proc, "p0r0": proc}, {"agent-p0r0": log}, tmp_path, 5.0)
+
+
+def test_agents_that_never_get_ready_time_out(tmp_path: Path) -> None:
+    (tmp_path / "agents").mkdir()
+    (tmp_path / "agents" / "p0r0.ready").write_text("{}")
+    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        with pytest.raises(RunnerError, match=r"agents agent-p1r0 not ready within 0.3 s"):
+            wait_agents({"agent-p0r0": slow, "agent-p1r0": slow},
+                        {"agent-p0r0": tmp_path / "a.log", "agent-p1r0": tmp_path / "b.log"}, tmp_path, 0.3)
+    finally:
+        slow.kill()
+        slow.wait()
+
+
+# ------------------------------------------------------------------ KV caches
+
+
+def test_the_rest_of_a_scaled_cache_is_charged_at_the_link_rate_and_queues() -> None:
+    import threading
+
+    spec = ModelSpec(preset="llama-3-8b")
+    eng = ModelledEngine(spec, lambda n, p: 0.0, wire_scale=0.001)
+    kv = eng.finish(512)  # 64 MiB true size
+    a, b = MemoryChannel.pair()
+    got: list = []
+
+    def serve() -> None:
+        for _ in range(2):
+            got.append(receive_one(b))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    shipper = KVShipper(a, pad_to_logical=True, wire_scale=0.001, rest_rate_bps=10e9)
+    r1 = shipper.ship("r1", kv)
+    r2 = shipper.ship("r2", kv)
+    t.join(5)
+    wire = round(kv.logical_bytes * 0.001)
+    assert r1.wire_bytes == wire == got[0].wire_bytes
+    rest = (kv.logical_bytes - wire) * 8 / 10e9  # ~54 ms at 10 Gbit/s
+    assert r1.modelled_s == pytest.approx(rest)
+    assert r2.arrival >= r1.arrival + rest - 1e-6  # the second waits for the first on the modelled link
+
+
+def test_pacing_spaces_caches_at_the_rate_cap() -> None:
+    a, b = MemoryChannel.pair()
+    import threading
+
+    kv = ModelledEngine(ModelSpec(preset="tiny"), lambda n, p: 0.0).finish(100)
+    threading.Thread(target=lambda: [receive_one(b) for _ in range(1)], daemon=True).start()
+    now = {"t": 100.0}
+    slept: list[float] = []
+    shipper = KVShipper(a, max_rate_bps=8e3, clock=lambda: now["t"], sleep=slept.append)  # 1 kB/s
+    res = shipper.ship("r", kv)
+    assert slept == [pytest.approx(res.wire_bytes / 1e3)]
+    with pytest.raises(ShipError, match="max_rate_bps must be > 0"):
+        KVShipper(a, max_rate_bps=0)

@@ -117,6 +117,10 @@ def test_popen_processes_are_recorded_and_killed_at_teardown():
         proc = h.popen(["sleep", "300"])
         assert proc.pid in [p.pid for p in emu.record.processes]
         assert ProcFS().environ_has(proc.pid, "TESTBED_RUN", emu.prefix)
+        # mnexec enters the host's namespace just after it starts: give it a moment
+        deadline = time.monotonic() + 5
+        while ProcFS().netns(proc.pid) != h.netns_inode and time.monotonic() < deadline:
+            time.sleep(0.02)
         assert ProcFS().netns(proc.pid) == h.netns_inode
         done = h.run(["true"], timeout=10)
         assert done.returncode == 0

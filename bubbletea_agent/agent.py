@@ -335,6 +335,14 @@ class Agent:
     def step(self) -> float:
         """One round of the loop; returns how long to sleep before the next."""
         now = self.clock.now()
+        if self._preemptible() and self.queue and not self.tracker.ended:
+            # a live window just opened (the worker woke us): take it first, look around
+            # while its first layers run (`_hold` observes and admits arrivals meanwhile)
+            live_end = self._live_end(now)
+            if live_end is not None and self.admission.next_pieces(
+                    live_end - now, self.queue, self._layers(), self._chunk_cap(),
+                    now - self.epoch if self.epoch is not None else None) is not None:
+                return self._hold(lambda: self._live_end(self.clock.now()) or -math.inf, now)
         self._observe(now)
         self._ship_results()
         next_arrival = self._arrivals(now)
@@ -427,8 +435,11 @@ class Agent:
                     return
                 cursor = t + run.predicted_s
                 last.update(end=end, cursor=cursor)
-                # while these layers run: settle what finished, admit new arrivals
+                # while these layers run: settle what finished, look around, admit new arrivals
                 self._settle(finished)
+                if not ran:
+                    self._observe(clock.now())
+                    self._ship_results()
                 self._arrivals(clock.now())
                 clock.sleep(cursor - clock.now())
                 woke = clock.now()

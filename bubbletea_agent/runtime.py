@@ -149,11 +149,19 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         d = cfg.decode
 
         def default_connect() -> Any:
-            return connect_shipper(d.host, d.port, streams=d.streams, secret=d.secret,
-                                   shared_clock=d.shared_clock, pad_to_logical=d.pad_to_logical,
-                                   wire_scale=cfg.kv_wire_scale if cfg.device.mode == "modelled" else 1.0,
-                                   rest_rate_bps=d.rest_rate_bps, max_rate_bps=d.max_rate_bps,
-                                   connect_timeout_s=d.connect_timeout_s)
+            # the decode server may still be starting: retry a refused connection until the timeout
+            give_up = time.monotonic() + d.connect_timeout_s
+            while True:
+                try:
+                    return connect_shipper(d.host, d.port, streams=d.streams, secret=d.secret,
+                                           shared_clock=d.shared_clock, pad_to_logical=d.pad_to_logical,
+                                           wire_scale=cfg.kv_wire_scale if cfg.device.mode == "modelled" else 1.0,
+                                           rest_rate_bps=d.rest_rate_bps, max_rate_bps=d.max_rate_bps,
+                                           connect_timeout_s=d.connect_timeout_s)
+                except Exception as exc:  # noqa: BLE001 - refused while it starts; anything else is final
+                    if "refused" not in str(exc).lower() or time.monotonic() > give_up:
+                        raise
+                    time.sleep(0.2)
 
         shipper = AsyncShipper(connect or default_connect)
     live_bound, waker = None, None

@@ -927,6 +927,7 @@ def run_workers(
         ctl.wait_all("ready", scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
         if setup.bubbletea:
             wait_agents(procs, logs, folder, scenario.runner.setup_timeout)
+            wait_decode_servers(servers, logs, scenario.runner.setup_timeout)
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             starts.append(at)
@@ -1083,6 +1084,29 @@ def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path],
         if pending and time.monotonic() > deadline:
             raise RunnerError(f"BubbleTea agents {', '.join(sorted(pending))} not ready within {timeout_s:g} s:\n"
                               f"{_tail(logs[sorted(pending)[0]])}")
+        if pending:
+            time.sleep(0.05)
+
+
+def wait_decode_servers(servers: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float) -> None:
+    """Wait until every decode server listens (its log says so), so that the first KV
+    caches find it; one that exits first is an error."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(servers)
+    while pending:
+        for name, p in list(pending.items()):
+            try:
+                text = logs[name].read_text(errors="replace")
+            except FileNotFoundError:
+                text = ""
+            if "listening on" in text:
+                del pending[name]
+            elif p.poll() is not None:
+                raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
+                                  f"{_tail(logs[name])}")
+        if pending and time.monotonic() > deadline:
+            raise RunnerError(f"BubbleTea decode servers {', '.join(sorted(pending))} not listening within "
+                              f"{timeout_s:g} s:\n{_tail(logs[sorted(pending)[0]])}")
         if pending:
             time.sleep(0.05)
 

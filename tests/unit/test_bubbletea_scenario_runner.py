@@ -24,6 +24,7 @@ from testbed.runner import (
     plan_variant,
     variant_names,
     wait_agents,
+    wait_decode_servers,
 )
 from testbed.scenario import ScenarioError, load_scenario
 from testbed.training.worker import TrainJob, parse_job
@@ -183,6 +184,25 @@ def test_agents_that_never_get_ready_time_out(tmp_path: Path) -> None:
     finally:
         slow.kill()
         slow.wait()
+
+
+def test_training_waits_for_decode_servers_to_listen(tmp_path: Path) -> None:
+    log = tmp_path / "decode-dc1-h2.log"
+    log.write_text("decode server listening on 0.0.0.0:32500\n")
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
+    dead.wait()
+    bad = tmp_path / "decode-dc2-h2.log"
+    bad.write_text("Error: decode server on 0.0.0.0:32501: address already in use\n")
+    try:
+        wait_decode_servers({"decode-dc1-h2": alive}, {"decode-dc1-h2": log}, 5.0)  # returns at once
+        with pytest.raises(RunnerError, match=r"decode-dc2-h2 exited \(status 2\)(.|\n)*address already in use"):
+            wait_decode_servers({"decode-dc2-h2": dead}, {"decode-dc2-h2": bad}, 5.0)
+        with pytest.raises(RunnerError, match="decode servers decode-x not listening within 0.2 s"):
+            wait_decode_servers({"decode-x": alive}, {"decode-x": tmp_path / "none.log"}, 0.2)
+    finally:
+        alive.kill()
+        alive.wait()
 
 
 # ------------------------------------------------------------------ KV caches

@@ -37,6 +37,11 @@ class GuardConfig(BaseModel):
     rel_floor: float = Field(default=0.02, ge=0)
     rel_ceiling: float = Field(default=0.50, ge=0)
     abs_floor_s: float = Field(default=0.001, ge=0)
+    # preemptible holds: the guard is absolute (a layer group ends late when the host wakes
+    # the agent late, by about the same however long the group): this quantile of recent
+    # overruns, clamped to [abs_floor_s, hold_ceiling_s]
+    hold_quantile: float = Field(default=0.9, gt=0, le=1)
+    hold_ceiling_s: float = Field(default=0.005, ge=0)
 
     @model_validator(mode="after")
     def _order(self) -> GuardConfig:
@@ -51,7 +56,9 @@ class AdaptiveGuard:
     def __init__(self, cfg: GuardConfig | None = None) -> None:
         self.cfg = cfg or GuardConfig()
         self._errors: deque[float] = deque(maxlen=self.cfg.window)
+        self._overruns: deque[float] = deque(maxlen=self.cfg.window)
         self._latency: deque[float] = deque(maxlen=self.cfg.window)
+        self._hold_margin: float | None = None
         self.observed = 0
         self._margin: float | None = None
 
@@ -63,6 +70,8 @@ class AdaptiveGuard:
         if predicted_s <= 0 or not math.isfinite(actual_s):
             return
         self._errors.append(actual_s / predicted_s - 1.0)
+        self._overruns.append(actual_s - predicted_s)
+        self._hold_margin = None
         self.observed += 1
         self._margin = None
 
@@ -86,6 +95,16 @@ class AdaptiveGuard:
                 rel = float(np.quantile(np.fromiter(self._errors, float), c.quantile))
             self._margin = min(max(rel, c.rel_floor), c.rel_ceiling)
         return self._margin
+
+    @property
+    def hold_margin(self) -> float:
+        """Absolute guard of a layer group in a preemptible hold."""
+        if self._hold_margin is None:
+            c = self.cfg
+            late = (float(np.quantile(np.fromiter(self._overruns, float), c.hold_quantile))
+                    if len(self._overruns) >= c.min_samples else c.hold_ceiling_s)
+            self._hold_margin = min(max(late, c.abs_floor_s), max(c.hold_ceiling_s, c.abs_floor_s))
+        return self._hold_margin
 
     def guard_s(self, predicted_s: float) -> float:
         return predicted_s * self.rel_margin + self.abs_margin
@@ -221,14 +240,15 @@ class Admission:
                 f"{longest_slot_s * 1e3:.2f} ms")
 
     def pieces_within(self, piece_s: float, pieces_left: int, room_s: float) -> int:
-        """Most layers (each `piece_s`) whose predicted time plus guard fit in room_s."""
+        """Most layers (each `piece_s`) whose predicted time plus the hold guard (absolute:
+        `AdaptiveGuard.hold_margin`) fit in room_s."""
         if piece_s <= 0:
             return pieces_left
-        budget = (room_s - self.guard.abs_margin) / (1.0 + self.guard.rel_margin)
+        budget = room_s - self.guard.hold_margin
         if math.isinf(budget):
             return pieces_left if budget > 0 else 0
         k = min(pieces_left, max(0, math.floor(budget / piece_s + 1e-9)))
-        while k > 0 and k * piece_s + self.guard.guard_s(k * piece_s) > room_s:
+        while k > 0 and k * piece_s + self.guard.hold_margin > room_s:
             k -= 1  # float edge
         return k
 
@@ -256,7 +276,7 @@ class Admission:
             piece_s = self.model.predict(tokens, p.done_tokens) / layers
             k = self.pieces_within(piece_s, layers - p.chunk_pieces_done, room_s)
             if k > 0:
-                return PieceRun(p, tokens, p.done_tokens, k, layers, piece_s, self.guard.guard_s(k * piece_s))
+                return PieceRun(p, tokens, p.done_tokens, k, layers, piece_s, self.guard.hold_margin)
             if p.started:
                 return None  # the chunk in progress goes first: wait for room for its next layer
         return None

@@ -161,7 +161,8 @@ class Agent:
     live_bound: Callable[[], float] | None = None
     window: str = "planned"  # what admission may fill: planned | live | both (config.py)
     waker: Any = None  # live.Waker: sleeps end early when the worker changes state
-    arrivals_until_iteration: int | None = None  # no arrival once this iteration is announced
+    arrivals_until_iteration: int | None = None  # no arrival once this iteration is nearly over
+    arrivals_margin_s: float = 0.5  # ... that is, this long before its planned end
     hold_chunk_tokens: int = 2048  # preemptible holds: chunk size when max_chunk_tokens is not set
     # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
@@ -182,6 +183,7 @@ class Agent:
     _arrivals_closed_at: float | None = None
     _next_learn: float = -math.inf
     _next_scan: float = -math.inf
+    _rt_on: bool = False
     # recent holds: start -> (window end at the last commit, committed end, actual end),
     # so that a guard violation says whether the window or the wake-up was late
     _recent_holds: dict[float, tuple[float, float, float]] = field(default_factory=dict)
@@ -198,11 +200,14 @@ class Agent:
             if self.epoch is None and isinstance(msg, Slot):
                 self.epoch = now  # training is about to start: requests start arriving now
                 log.info("first slot announced: request time zero is %.3f", now)
-            if (isinstance(msg, Slot) and self._arrivals_closed_at is None
-                    and self.arrivals_until_iteration is not None
+            if (isinstance(msg, Slot) and self.arrivals_until_iteration is not None
                     and msg.iteration >= self.arrivals_until_iteration):
-                self._arrivals_closed_at = now  # the last iteration began: no more arrivals
-                log.info("iteration %d announced: requests stop arriving", msg.iteration)
+                # the last iteration began: requests stop arriving a margin before its
+                # planned end (its last slot's end), so each can still be served
+                close = max(now, msg.end - self.arrivals_margin_s)
+                if self._arrivals_closed_at is None:
+                    log.info("iteration %d announced: requests stop arriving in %.2f s", msg.iteration, close - now)
+                self._arrivals_closed_at = max(self._arrivals_closed_at or close, close)
             self.tracker.publish(msg)
         self._poll_timeline()
         if self._preemptible() and now < self._next_learn:
@@ -343,6 +348,7 @@ class Agent:
                     live_end - now, self.queue, self._layers(), self._chunk_cap(),
                     now - self.epoch if self.epoch is not None else None) is not None:
                 return self._hold(lambda: self._live_end(self.clock.now()) or -math.inf, now)
+        self._realtime(False)
         self._observe(now)
         self._ship_results()
         next_arrival = self._arrivals(now)
@@ -451,15 +457,14 @@ class Agent:
 
         collecting = gc.isenabled()
         gc.disable()  # a garbage collection pause inside the hold would overrun the window
-        boosted = self._realtime(True)
+        self._realtime(True)
         try:
             rec = self.device.try_run("prefill", self.owner, duration_s=0.0, fn=body, label=f"{first}:hold")
         except StartedLate:
             self.counters.late_starts += 1
             return 0.0
         finally:
-            if boosted:
-                self._realtime(False)
+            self._realtime(False)
             if collecting:
                 gc.enable()
         self._settle(finished)
@@ -477,19 +482,21 @@ class Agent:
         return 0.0
 
     def _realtime(self, on: bool) -> bool:
-        """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed."""
-        if not self.realtime_holds:
-            return False
+        """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed.
+        On while it holds the device and while it sleeps waiting for the worker (so that
+        it wakes at once), off for the rest of its bookkeeping."""
+        if not self.realtime_holds or on == self._rt_on:
+            return self._rt_on
         try:
             if on:
                 os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
             else:
                 os.sched_setscheduler(0, os.SCHED_OTHER, os.sched_param(0))
-            return True
+            self._rt_on = on
         except (OSError, AttributeError) as exc:
             log.warning("real-time holds unavailable (%s): holds may end late under CPU contention", exc)
             self.realtime_holds = False
-            return False
+        return self._rt_on
 
     def _advance(self, run: PieceRun, start: float, end: float) -> Pending | None:
         """Progress of layers that ran from `start` to `end` (wall clock): cheap state only.
@@ -616,6 +623,7 @@ class Agent:
             if until is not None:
                 dt = min(dt, max(0.0, until - self.clock.now()))
             if self.waker is not None and dt > 0:
+                self._realtime(True)  # wake at once when the worker pokes
                 self.waker.wait(dt)  # the worker's state changes end the sleep early
             else:
                 self.clock.sleep(dt)

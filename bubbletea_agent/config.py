@@ -120,9 +120,10 @@ class AgentConfig(_M):
     # which windows admission may fill: "planned" (published slots, corrected from the
     # timeline), "live" (the worker's live guarantees: never delays training), "both"
     window: Literal["planned", "live", "both"] = "planned"
-    # no request arrives once the worker announces iteration N (the last one): each has
-    # at least one iteration of idle time to be served in (None: until duration_s)
+    # requests stop arriving `arrivals_margin_s` before the planned end of iteration N (the
+    # last one), so that each can still be served (None: until duration_s)
     arrivals_until_iteration: int | None = Field(default=None, ge=0)
+    arrivals_margin_s: float = Field(default=0.5, ge=0)
     profile: ProfileConfig = Field(default_factory=ProfileConfig)
     materialise_limit_bytes: int = Field(default=64 << 20, ge=1)
     # modelled KV caches on the wire: true size x this (the workload's `scale`, so a KV

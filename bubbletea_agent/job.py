@@ -26,8 +26,8 @@ Fields (JSON object; unknown fields are ignored, as the runner may add its own):
                   emulated network at that fraction of their true size (default 1; the
                   runner passes the scenario's bubbletea.kv_wire_scale)
     live          {status, wake, gate}: the worker's live status (bubbletea_agent/live.py)
-    iterations    training iterations of the run: requests stop arriving when the last one
-                  is announced (each arrival gets at least one iteration of idle time)
+    iterations    training iterations of the run: requests stop arriving half a second
+                  before the last one's planned end (so that each can still be served)
     ready         file the agent creates once it is built (the runner waits for it)
     nice          CPU priority of the agent process (negative: wakes first; needs root)
     realtime_holds  run each device hold at SCHED_FIFO 1 (needs root; default false)

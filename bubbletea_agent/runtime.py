@@ -186,7 +186,8 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         engine=engine, requests=load_requests(cfg.requests), epoch=cfg.epoch, shipper=shipper,
         owner=cfg.owner, poll_s=cfg.poll_s, idle_poll_s=cfg.idle_poll_s, settle_s=cfg.settle_s,
         on_record=on_record, live_bound=live_bound, window=cfg.window, waker=waker,
-        arrivals_until_iteration=cfg.arrivals_until_iteration, realtime_holds=cfg.realtime_holds,
+        arrivals_until_iteration=cfg.arrivals_until_iteration, arrivals_margin_s=cfg.arrivals_margin_s,
+        realtime_holds=cfg.realtime_holds,
     )
     return Built(agent, device, cfg, latency, notes)
 

@@ -49,10 +49,25 @@ def admission(**cfg: Any) -> Admission:
 
 def test_pieces_within_counts_layers_that_fit_with_the_guard() -> None:
     a = admission()
+    assert a.guard.hold_margin == 0.005  # no overrun seen yet: the ceiling
     assert a.pieces_within(0.010, 4, 0.0455) == 4
-    assert a.pieces_within(0.010, 4, 0.0350) == 3  # 3 x 10 ms + 0.5 ms guard
-    assert a.pieces_within(0.010, 4, 0.0104) == 0
+    assert a.pieces_within(0.010, 4, 0.0349) == 2  # 3 x 10 ms + 5 ms guard would not fit
+    assert a.pieces_within(0.010, 4, 0.0140) == 0
     assert a.pieces_within(0.010, 2, 1.0) == 2  # never more than are left
+    assert a.pieces_within(0.010, 2, float("inf")) == 2
+
+
+def test_the_hold_guard_learns_how_late_layer_groups_end() -> None:
+    g = AdaptiveGuard(GuardConfig(abs_floor_s=0.0005, hold_ceiling_s=0.005, min_samples=4))
+    for late in (0.0001, 0.0002, 0.0001, 0.0003):
+        g.observe(0.010, 0.010 + late)
+    assert g.hold_margin == 0.0005  # small overruns: the floor
+    for _ in range(20):
+        g.observe(0.002, 0.004)  # 2 ms late, whatever the group's length
+    assert g.hold_margin == pytest.approx(0.002)
+    for _ in range(50):
+        g.observe(0.002, 0.050)
+    assert g.hold_margin == 0.005  # clamped: a stalled host is not what the guard is for
 
 
 def test_next_pieces_continues_the_started_chunk_first() -> None:
@@ -154,8 +169,8 @@ def test_holds_fill_the_windows_and_never_cross_training() -> None:
 
 
 def test_a_chunk_longer_than_any_window_goes_on_in_the_next_ones() -> None:
-    # windows of 30 ms; one 1000-token prompt needs 104 ms: it stops between layers
-    training = [(T0 + 0.03 + 0.04 * k, T0 + 0.04 + 0.04 * k) for k in range(20)]
+    # windows of 35 ms; one 1000-token prompt needs 104 ms (4 layers of 26 ms): it stops between layers
+    training = [(T0 + 0.035 + 0.045 * k, T0 + 0.045 + 0.045 * k) for k in range(20)]
     agent, device, rows = make_agent([Request("big", 0.0, 1000)], training, T0 + 0.8)
     agent.run(until=T0 + 0.8)
     s = agent.finish()
@@ -176,15 +191,18 @@ def test_no_hold_when_not_even_one_layer_fits() -> None:
     assert device.holds == [] and s["served"] == 0 and s["rejected_by_reason"] == {"no_slots": 1}
 
 
-def test_requests_stop_arriving_when_the_last_iteration_is_announced() -> None:
+def test_requests_stop_arriving_a_margin_before_the_last_iteration_ends() -> None:
     clock = FakeClock(T0)
-    published = [(T0, Slot(0, 0, T0, 0.1)), (T0 + 0.5, Slot(1, 0, T0 + 0.5, 0.1)), (T0 + 1.0, EndOfSlots())]
+    # iteration 1 is announced at 0.5 s; its last slot ends at 0.95 s
+    published = [(T0, Slot(0, 0, T0, 0.1)), (T0 + 0.5, Slot(1, 0, T0 + 0.5, 0.1)),
+                 (T0 + 0.5, Slot(1, 1, T0 + 0.8, 0.15)), (T0 + 1.0, EndOfSlots())]
     reqs = [Request(f"r{i}", 0.1 * i, 10) for i in range(10)]
     agent = Agent(clock=clock, device=HoldDevice(clock, []), slots=ListSlotFeed(clock, published),
                   timeline=NoTimeline(), tracker=SlotTracker(), admission=admission(),
                   engine=ModelledEngine(spec(), charge), requests=reqs, epoch=T0,
-                  live_bound=lambda: math.inf, window="live", arrivals_until_iteration=1)
+                  live_bound=lambda: math.inf, window="live", arrivals_until_iteration=1,
+                  arrivals_margin_s=0.3)
     agent.run(until=T0 + 1.0)
     s = agent.finish()
-    assert s["arrived"] == 6 and s["served"] == 6  # arrivals at 0.0 .. 0.5 s
-    assert s["counters"]["not_arrived"] == 4
+    assert s["arrived"] == 7 and s["served"] == 7  # arrivals at 0.0 .. 0.6 s (until 0.95 - 0.3)
+    assert s["counters"]["not_arrived"] == 3

@@ -66,7 +66,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -1067,48 +1067,45 @@ def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path,
     return procs, servers
 
 
-def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], folder: Path,
-                timeout_s: float) -> None:
-    """Wait until every agent is built (its ready file exists), so that training does
-    not start while agents still load; an agent that exits first is an error."""
+def _wait_ready(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float,
+                ready: Callable[[str], bool], what: str, state: str = "ready") -> None:
+    """Wait until `ready(name)` holds for every process; one that exits first, or a
+    deadline passed, is an error naming it with the tail of its log."""
     deadline = time.monotonic() + timeout_s
-    agents = {n: p for n, p in procs.items() if n.startswith("agent-")}
-    pending = dict(agents)
+    pending = dict(procs)
     while pending:
         for name, p in list(pending.items()):
-            if (folder / "agents" / f"{name.removeprefix('agent-')}.ready").exists():
+            if ready(name):
                 del pending[name]
             elif p.poll() is not None:
                 raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
                                   f"{_tail(logs[name])}")
         if pending and time.monotonic() > deadline:
-            raise RunnerError(f"BubbleTea agents {', '.join(sorted(pending))} not ready within {timeout_s:g} s:\n"
+            raise RunnerError(f"BubbleTea {what} {', '.join(sorted(pending))} not {state} within {timeout_s:g} s:\n"
                               f"{_tail(logs[sorted(pending)[0]])}")
         if pending:
             time.sleep(0.05)
 
 
+def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], folder: Path,
+                timeout_s: float) -> None:
+    """Wait until every agent is built (its ready file exists), so that training does
+    not start while agents still load."""
+    agents = {n: p for n, p in procs.items() if n.startswith("agent-")}
+    _wait_ready(agents, logs, timeout_s,
+                lambda name: (folder / "agents" / f"{name.removeprefix('agent-')}.ready").exists(), "agents")
+
+
 def wait_decode_servers(servers: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float) -> None:
     """Wait until every decode server listens (its log says so), so that the first KV
-    caches find it; one that exits first is an error."""
-    deadline = time.monotonic() + timeout_s
-    pending = dict(servers)
-    while pending:
-        for name, p in list(pending.items()):
-            try:
-                text = logs[name].read_text(errors="replace")
-            except FileNotFoundError:
-                text = ""
-            if "listening on" in text:
-                del pending[name]
-            elif p.poll() is not None:
-                raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
-                                  f"{_tail(logs[name])}")
-        if pending and time.monotonic() > deadline:
-            raise RunnerError(f"BubbleTea decode servers {', '.join(sorted(pending))} not listening within "
-                              f"{timeout_s:g} s:\n{_tail(logs[sorted(pending)[0]])}")
-        if pending:
-            time.sleep(0.05)
+    caches find it."""
+    def listening(name: str) -> bool:
+        try:
+            return "listening on" in logs[name].read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+
+    _wait_ready(servers, logs, timeout_s, listening, "decode servers", "listening")
 
 
 def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]],

@@ -296,7 +296,12 @@ class TransformersEngine:
             except (OSError, ValueError) as exc:
                 raise EngineError(f"model weights {spec.weights}: cannot load ({exc})") from None
         else:
-            with torch.random.fork_rng(devices=[]):
+            # Built where it runs: on the CPU first, a Llama-3-8B takes minutes and 32 GB of
+            # host memory before it ever reaches the GPU (random weights differ per device type).
+            target = torch.device(self.torch_device)
+            rng = [] if target.type != "cuda" else [
+                target.index if target.index is not None else torch.cuda.current_device()]
+            with torch.random.fork_rng(devices=rng), target:
                 torch.manual_seed(spec.seed)
                 model = LlamaForCausalLM(spec.llama_config()).to(dtype)
         self.model = model.to(self.torch_device).eval()

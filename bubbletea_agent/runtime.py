@@ -102,6 +102,30 @@ def profile_on_device(device: Any, engine: TransformersEngine, owner: str, lengt
     return fit(samples, source=f"profiled:{device.name}:{engine.torch_device}")
 
 
+LONGEST_UNCHUNKED = 4096  # profile this far when admission may run whole prompts
+
+
+def profile_lengths(cfg: AgentConfig, torch_device: str) -> list[int]:
+    """The prompt lengths to time at start. On a GPU the short lengths sit on the
+    kernel-launch floor (~23 ms for an 8B Llama on an H200 up to ~512 tokens), so
+    their slope is noise and extrapolating it to a long chunk mispredicts it by 2x
+    either way: there the profile doubles on up to the longest chunk admission may
+    run (capped at the model's context). On a CPU the configured lengths are
+    compute-bound already and the fit extrapolates well."""
+    lengths = sorted(set(cfg.profile.lengths))
+    if torch_device == "cpu":
+        return lengths
+    context = min(cfg.admission.max_prompt_tokens, cfg.model.max_position_embeddings)
+    longest = cfg.admission.max_chunk_tokens if cfg.admission.chunking and cfg.admission.max_chunk_tokens else (
+        LONGEST_UNCHUNKED)
+    longest = min(longest, context)
+    n = lengths[-1]
+    while n < longest:
+        n = min(2 * n, longest)
+        lengths.append(n)
+    return lengths
+
+
 @dataclass
 class Built:
     agent: Agent
@@ -124,7 +148,8 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
             import torch
 
             torch.set_num_threads(cfg.device.cpu_threads)
-        latency = profile_on_device(device, engine, cfg.owner, cfg.profile.lengths, cfg.profile.repeats,
+        lengths = profile_lengths(cfg, engine.torch_device)
+        latency = profile_on_device(device, engine, cfg.owner, lengths, cfg.profile.repeats,
                                     cfg.slots, cfg.profile.timeout_s)
         notes.append(f"real prefill of a Llama model on {engine.torch_device}")
     else:

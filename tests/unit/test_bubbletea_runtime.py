@@ -263,3 +263,27 @@ def test_decode_server_command_receives_and_acknowledges(tmp_path):
     logged = json.loads((tmp_path / "d.jsonl").read_text())
     assert logged["request_id"] == "cli-1" and logged["wire_bytes"] == kv.logical_bytes == res.wire_bytes
     assert logged["logical_shape"] == [4, 1, 4, 40, 32] and logged["mode"] == "modelled"
+
+
+def test_gpu_profile_reaches_the_longest_chunk_admission_may_run(tmp_path):
+    """On a GPU the short lengths sit on the launch floor (H200: ~23 ms up to 512
+    tokens for an 8B model), so the profile doubles on up to the longest chunk; on a
+    CPU the configured lengths stand."""
+    from bubbletea_agent.runtime import LONGEST_UNCHUNKED, profile_lengths
+
+    def cfg(admission, preset="tiny"):
+        return parse_config({
+            "owner": "bt", "device": {"name": "g", "run_dir": str(tmp_path), "mode": "real"},
+            "slots": str(tmp_path / "slots.jsonl"), "out_dir": str(tmp_path / "out"),
+            "model": {"preset": preset}, "requests": {"kind": "poisson", "rate_per_s": 1, "duration_s": 1,
+                                                      "lengths": {"kind": "fixed", "tokens": 64}},
+            "profile": {"lengths": [64, 16, 256]}, "admission": admission,
+        })
+
+    assert profile_lengths(cfg({"max_chunk_tokens": 3000}), "cpu") == [16, 64, 256]
+    assert profile_lengths(cfg({"max_chunk_tokens": 3000}), "cuda") == [16, 64, 256, 512, 1024, 2048, 3000]
+    assert profile_lengths(cfg({"max_chunk_tokens": 200}), "cuda") == [16, 64, 256]
+    whole = profile_lengths(cfg({"chunking": False}, preset="small"), "cuda")
+    assert whole[-1] == LONGEST_UNCHUNKED and whole[3:] == [512, 1024, 2048, 4096]
+    # never past the model's context (the tiny preset has 4096 positions)
+    assert profile_lengths(cfg({"max_chunk_tokens": 10000}), "cuda")[-1] == 4096

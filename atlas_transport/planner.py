@@ -22,8 +22,13 @@ plan. Variants:
 
 * ``baseline``: 1 stream per channel; pipelines share links when they overlap.
 * ``multi-tcp``: N streams per channel, shared.
-* ``atlas``: N streams (at least enough to fill the link), temporal sharing
-  (atlas_transport/temporal.py), Atlas placement.
+* ``atlas``: N streams (at least enough to fill the link), Atlas placement, and
+  temporal sharing (atlas_transport/temporal.py) *when it is predicted to pay*:
+  sharing ``auto`` simulates the iteration both ways and keeps temporal sharing
+  unless sharing the link is predicted faster by more than ``SHARING_MARGIN`` (a
+  fixed token order makes a ready transfer wait for its turn, which loses when the
+  link is short or one transfer cannot fill it). The prediction says which ran and
+  what each would take.
 * ``dp-across-dc``: N streams, shared, each pipeline in its own DC (DP crosses the WAN).
 
 Fill and drain come out of the simulation. The DP gradient all-reduce (ring, after
@@ -44,6 +49,8 @@ from testbed.workload import EffectiveWorkload, Workload
 
 STRATEGIES = ("atlas", "in-order", "even", "round-robin", "dp-across")
 MSS = 1448
+SHARING_MARGIN = 0.03  # temporal sharing is kept unless sharing is predicted this much faster
+Sharing = Literal["shared", "temporal", "auto"]
 
 
 class PlacementError(ValueError):
@@ -231,12 +238,14 @@ def free_gpus(topology: Topology, gpus_per_host: int = 1, override: dict[str, in
 @dataclass(frozen=True)
 class Variant:
     """streams: TCP connections per channel ("auto": enough to fill the link);
+    sharing: how channels crossing one WAN link use it ("auto": temporal unless
+    sharing is predicted faster, see `choose_sharing`);
     fill_link: use at least as many as fill the link (Atlas: giving the link to one
     transfer at a time only pays if that transfer can use all of it)."""
 
     name: str
     streams: int | Literal["auto"]
-    sharing: Literal["shared", "temporal"]
+    sharing: Sharing
     placement: str
     fill_link: bool = False
 
@@ -245,7 +254,7 @@ def default_variants(streams: int | Literal["auto"] = 8, baseline_placement: str
     return {
         "baseline": Variant("baseline", 1, "shared", baseline_placement),
         "multi-tcp": Variant("multi-tcp", streams, "shared", baseline_placement),
-        "atlas": Variant("atlas", streams, "temporal", "atlas", fill_link=True),
+        "atlas": Variant("atlas", streams, "auto", "atlas", fill_link=True),
         "dp-across-dc": Variant("dp-across-dc", streams, "shared", "dp-across"),
     }
 
@@ -334,13 +343,22 @@ class Prediction:
     spec: SimSpec = field(repr=False)
     plan: TemporalPlan | None = field(default=None, repr=False)
     effective: EffectiveWorkload | None = field(default=None, repr=False)
+    # "auto" sharing: the predicted iteration time of each way ({"temporal": s, "shared": s})
+    sharing_alternatives: dict[str, float] | None = None
+
+    @property
+    def sharing(self) -> str:
+        """How this prediction's WAN links are used: temporal (a plan) or shared."""
+        return "temporal" if self.plan is not None else "shared"
 
     def to_json(self, topology: Topology | None = None) -> dict[str, Any]:
         return {
             "variant": self.variant.name,
             "streams": self.variant.streams,
             "fill_link": self.variant.fill_link,
-            "sharing": self.variant.sharing,
+            "sharing": self.sharing,
+            "sharing_requested": self.variant.sharing,
+            "sharing_alternatives_s": self.sharing_alternatives,
             "placement": self.placement.to_json(topology),
             "predicted_iteration_time_s": self.iteration_time_s,
             "pipeline_time_s": self.pipeline_time_s,
@@ -453,23 +471,37 @@ def predict(
     net: NetParams | None = None,
     base_dir: str | None = None,
     placement: Placement | None = None,
+    effective: EffectiveWorkload | None = None,
 ) -> Prediction:
-    """Predicted iteration time of `workload` on `topology` under `variant`."""
+    """Predicted iteration time of `workload` on `topology` under `variant`;
+    `effective` replaces the workload's derived numbers (e.g. measured compute times)."""
     net = net or NetParams()
     par = workload.parallelism
-    eff = workload.effective(base_dir)
+    eff = effective or workload.effective(base_dir)
     free = free if free is not None else free_gpus(topology, gpus_per_host)
     if placement is None:
         placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement,
                           hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host)
     spec, paths = build_spec(topology, workload, placement, variant, eff, net)
     plan = None
-    if variant.sharing == "temporal":
-        links = [name for name in spec.resources if name.startswith("wan:")]
-        if links:
-            plan = derive_plan(spec, links)
-            spec = plan.apply(spec)
-    sim = simulate(spec)
+    alternatives = None
+    sim = None
+    links = [name for name in spec.resources if name.startswith("wan:")]
+    if variant.sharing != "shared" and links:
+        plan = derive_plan(spec, links)
+        planned = plan.apply(spec)
+        sim = simulate(planned)
+        if variant.sharing == "auto":
+            shared = simulate(spec)
+            alternatives = {"temporal": sim.makespan, "shared": shared.makespan}
+            if choose_sharing(sim.makespan, shared.makespan) == "shared":
+                plan, sim = None, shared
+            else:
+                spec = planned
+        else:
+            spec = planned
+    if sim is None:
+        sim = simulate(spec)
     idle_net = replace(spec, paths={}, resources={}, offsets=None)
     compute_only = simulate(idle_net).makespan
     ar = allreduce_time(topology, workload, placement, eff, sim, variant, net)
@@ -485,4 +517,11 @@ def predict(
         pipeline_time_s=sim.makespan, allreduce_s=ar, compute_only_s=compute_only,
         bubble_fraction=sim.bubble_fraction(), ideal_bubble_fraction=sched.ideal_bubble_fraction(),
         paths=paths, wan_bytes=wan_bytes, sim=sim, spec=spec, plan=plan, effective=eff,
+        sharing_alternatives=alternatives,
     )
+
+
+def choose_sharing(temporal_s: float, shared_s: float, margin: float = SHARING_MARGIN) -> str:
+    """"temporal" unless sharing the links is predicted faster by more than `margin`
+    (the plan is the point of Atlas; only a clear predicted loss overrides it)."""
+    return "shared" if shared_s < temporal_s * (1 - margin) else "temporal"

@@ -7,10 +7,15 @@ One run builds the scenario's topology once (or, with ``runner.local``, uses
    heuristic for ``atlas``, ``runner.baseline_placement`` for ``baseline`` and
    ``multi-tcp``, DP across DCs for ``dp-across-dc``) and simulates one iteration
    with the calibrated channel rates; ``atlas`` gets its temporal plan
-   (atlas_transport/temporal.py).
+   (atlas_transport/temporal.py) unless, with ``runner.atlas_sharing: auto``,
+   sharing the link is predicted faster (each way predicted with its own rates: the
+   plan's transfers hold the link ``token_margin`` longer; shared channels move what
+   the collision probe measured).
 2. **Workers.** One process per (pipeline, rank) on its placed host
-   (testbed/training/worker.py), each with a modelled GPU (`testbed.device.Device`)
-   in the variant's run directory. Every pipeline boundary is an atlas_transport
+   (testbed/training/worker.py), each with its emulated GPU (`testbed.device.Device`)
+   in the variant's run directory: modelled (durations from the compute model), or,
+   with ``gpu.mode: real``, real torch work whose parameters are checked against a
+   one-process reference at the end (testbed/training/real_mode.py). Every pipeline boundary is an atlas_transport
    channel (1 stream for ``baseline``, N for the others; 1 inside a DC) carrying
    activations forward and gradients back, of the workload's wire size. Under
    ``atlas`` pipelines start at their planned offsets and each WAN send waits for
@@ -34,8 +39,10 @@ a-priori prediction uses those rates (per-flow rate = channel rate / streams) in
 of the window model. After a variant ran, its prediction is made again, same
 placement and same plan, with the channel rate its own warm-up iterations measured
 (the first one left out): the planner's structure (fill/drain, latency, sharing,
-temporal plan) is what is tested, with the speed the network really gave. Both are
-in the summary.
+temporal plan) is what is tested, with the speed the network really gave. With real
+devices the warm-up iterations also give each stage's measured forward/backward time
+and the time outside the pipeline (gradient exchange, optimizer step), which the
+compute model cannot know. Both predictions are in the summary.
 
 BubbleTea: a variant ``<name>+bubbletea`` (``bubbletea.enabled``, for the variants in
 ``bubbletea.variants``) makes each worker publish its planned idle slots
@@ -89,6 +96,8 @@ AUTO_MARGIN = 0.10
 # (headers, HTB, window dynamics): 8 window-limited flows reached ~850 Mbit/s on the
 # 2dc topology's 1 Gbit/s link. Atlas's stream count fills this much.
 FILL_GOODPUT = 0.85
+STREAMS_MARGIN = 0.05  # atlas leaves its fill-the-link stream count only for one measured this much faster
+LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries (topo check: 955/1000)
 
 
 class RunnerError(RuntimeError):
@@ -433,6 +442,8 @@ class VariantSetup:
     rate_bps: float | None = None  # calibrated channel rate the a-priori prediction used
     colliding_bps: float | None = None  # calibrated aggregate of the pipelines' channels colliding
     final_prediction: float | None = None  # with the rate of the warm-up iterations
+    sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
+    sharing_alternatives: dict[str, float] | None = None  # atlas "auto": a-priori prediction of each way
 
 
 def variant_names(scenario: Scenario, only: Sequence[str] | None = None) -> list[str]:
@@ -496,26 +507,27 @@ def calibrated_topology(topology: Any, link_bps: float | None, pair: tuple[str, 
     return type(topology).model_validate(data)
 
 
-def calibrated_rates(base: str, streams: int, rate_bps: float | None, sharing: int, nominal_bps: float | None,
-                     colliding_bps: float | None = None) -> tuple[float | None, float | None]:
+def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None, sharing: int,
+                     nominal_bps: float | None, colliding_bps: float | None = None) -> tuple[float | None, float | None]:
     """(per-flow rate, link capacity) the prediction of a variant uses, from the
     measured rate of one channel of `streams` streams.
 
-    Temporal sharing (atlas) puts one transfer at a time on the link: its capacity is
-    that rate. Shared variants: the measured aggregate of `sharing` channels colliding
+    Temporal sharing puts one transfer at a time on the link: its capacity is that
+    rate. Shared links: the measured aggregate of `sharing` channels colliding
     (sending at once), when calibrated; at least the one-channel rate (a fluid max-min
     model cannot give two channels less than one gets alone). Without that
-    measurement: the nominal rate if the channels together stay under it, else the
-    one-channel rate."""
+    measurement (single streams, which stay far from the loss that many colliding
+    streams cause): the link's TCP goodput, each channel still capped at its own
+    measured rate."""
     if rate_bps is None:
         return None, None
-    if base == "atlas":
+    if temporal:
         return rate_bps / streams, rate_bps
     if colliding_bps is not None:
         return rate_bps / streams, max(rate_bps, colliding_bps)
-    if nominal_bps is None or sharing * rate_bps > nominal_bps:
+    if nominal_bps is None:
         return rate_bps / streams, rate_bps
-    return rate_bps / streams, nominal_bps
+    return rate_bps / streams, max(rate_bps, LINK_GOODPUT * nominal_bps)
 
 
 def _net_for(setup: VariantSetup, scenario: Scenario, workload: Any, rate_bps: float | None,
@@ -523,37 +535,49 @@ def _net_for(setup: VariantSetup, scenario: Scenario, workload: Any, rate_bps: f
     from atlas_transport.planner import NetParams
 
     nominal = _nominal_link(scenario.topology, pair) if pair else None
-    flow, link = calibrated_rates(setup.base, setup.streams, rate_bps, workload.parallelism.dp, nominal,
-                                  setup.colliding_bps)
+    flow, link = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
+                                  workload.parallelism.dp, nominal, setup.colliding_bps)
     return NetParams(flow_rate_bps=flow, allreduce=False), calibrated_topology(scenario.topology, link, pair, local)
 
 
 def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
-                    rate_bps: float | None, pair: tuple[str, str] | None, local: bool) -> Any:
+                    rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
+                    effective: Any = None) -> Any:
     """The planner's prediction (and, for atlas, temporal plan) of a placed variant
-    whose WAN channels move `rate_bps` each."""
+    whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     from atlas_transport.planner import predict
 
     net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local)
-    return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement)
+    return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
+                   effective=effective)
 
 
 def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
-              rate_bps: float, pair: tuple[str, str] | None, local: bool) -> float:
+              rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
+              compute: tuple[list[float], list[float]] | None = None) -> float:
     """Iteration time the planner predicts for the same placement and the same
-    temporal plan (token order, offsets) when the channels move `rate_bps`."""
+    temporal plan (token order, offsets) when the channels move `rate_bps` (None:
+    the calibrated rate) and, when given, each stage computes for the measured
+    (forward, backward) seconds instead of the compute model's."""
+    from dataclasses import replace
+
     from atlas_transport.planner import build_spec
     from testbed.training.simulate import simulate
 
+    eff = workload.effective(base_dir)
+    if compute is not None:
+        eff = replace(eff, stage_forward_s=list(compute[0]), stage_backward_s=list(compute[1]))
+    if rate_bps is None:
+        rate_bps = setup.rate_bps
     plan = setup.prediction.plan
-    if plan is not None and setup.rate_bps:
+    if plan is not None and setup.rate_bps and rate_bps is not None:
         # with tokens a transfer holds its link for its planned time even when it is
         # done sooner: the link cannot move more than the plan's rate
         rate_bps = min(rate_bps, setup.rate_bps)
     net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local)
     if plan is None:
-        return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local).iteration_time_s
-    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, workload.effective(base_dir), net)
+        return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff).iteration_time_s
+    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, eff, net)
     return simulate(plan.apply(spec)).makespan
 
 
@@ -576,14 +600,8 @@ def plan_variant(
     pair = (cal.src, cal.dst) if cal else None
     flow1 = cal.rates_bps.get(1) if cal else None
     streams = choose_streams(base, scenario, flow1, _nominal_link(topo, pair) if pair else None, auto_streams)
-    if base == "atlas" and cal is not None:
-        # Filling the link by formula can take more streams than the path carries
-        # well (on long RTTs many flows collapse together): keep whichever of that
-        # count and transport.streams the calibration measured faster.
-        plain = choose_streams("multi-tcp", scenario, None, None, auto_streams)
-        measured = {n: cal.rates_bps[n] for n in (streams, plain) if n in cal.rates_bps}
-        if measured:
-            streams = max(measured, key=lambda n: measured[n])
+    if base == "atlas":
+        streams = atlas_streams(streams, scenario, cal, auto_streams)
     par = workload.parallelism
     hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     try:
@@ -593,15 +611,34 @@ def plan_variant(
     if any(not h for h in placement.hosts.values()):
         raise RunnerError(f"variant {name}: placement {proto.placement} left a stage without a host")
     rate = cal.rates_bps.get(streams) if cal else None
-    if rate is not None and proto.sharing == "temporal":
-        # a transfer holds its link token_margin longer than its measured time on the
-        # wire, so that one running late does not collide with the next
-        rate /= 1 + scenario.runner.token_margin
-    variant = Variant(base, streams, proto.sharing, proto.placement, fill_link=False)
-    setup = VariantSetup(name, base, name.endswith(BT_SUFFIX), streams, variant, placement, None)
+    sharing = scenario.runner.atlas_sharing if base == "atlas" else proto.sharing
+    setup = VariantSetup(name, base, name.endswith(BT_SUFFIX), streams,
+                         Variant(base, streams, "shared", proto.placement, fill_link=False), placement, None)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
-    setup.prediction = predict_variant(setup, scenario, workload, base_dir, rate, pair, local)
-    setup.rate_bps = rate
+    options: dict[str, tuple[Any, Any, float | None]] = {}
+    for way in ("temporal", "shared"):
+        if sharing not in (way, "auto"):
+            continue
+        setup.variant = Variant(base, streams, way, proto.placement, fill_link=False)
+        way_rate = rate
+        if rate is not None and way == "temporal":
+            # a transfer holds its link token_margin longer than its measured time on
+            # the wire, so that one running late does not collide with the next
+            way_rate = rate / (1 + scenario.runner.token_margin)
+        pred = predict_variant(setup, scenario, workload, base_dir, way_rate, pair, local)
+        options[way] = (setup.variant, pred, way_rate)
+    if len(options) == 2:
+        from atlas_transport.planner import choose_sharing
+
+        times = {way: opt[1].iteration_time_s for way, opt in options.items()}
+        setup.sharing_alternatives = times
+        way = choose_sharing(times["temporal"], times["shared"])
+    else:
+        (way,) = options
+    setup.variant, setup.prediction, setup.rate_bps = options[way]
+    if setup.prediction.plan is None and way == "temporal":
+        way = "shared"  # no WAN link to plan (every crossing inside one DC)
+    setup.sharing = way
     return setup
 
 
@@ -697,11 +734,37 @@ def build_jobs(
             dj["channels"].append({"boundary": b, "role": "listen", "peer": uj["worker"],
                                    "peer_ip": host_ips[uj["host"]], "port": port, "streams": streams,
                                    "links": list(bwd_links), "recv_links": list(fwd_links), "latency_s": delay})
+    if workload.gpu.mode == "real":
+        add_real_jobs(jobs, setup, workload, topology, host_ips, run_dir, base_port)
     if plan is not None:
         add_plan(jobs, plan, sched, base_port + 1000, host_ips, temporal_mode, token_timeout_s)
     if setup.bubbletea:
         add_live(jobs, topology, run_dir, iteration_lead_s, local)
     return jobs
+
+
+def add_real_jobs(jobs: dict[str, dict[str, Any]], setup: VariantSetup, workload: Any, topology: Any,
+                  host_ips: Mapping[str, str], run_dir: Path, base_port: int) -> None:
+    """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
+    real and averages gradients with its DP peers (testbed/training/real_mode.py)."""
+    from testbed.training.real_mode import RealModeError, add_real, resolve_device
+
+    try:
+        device = resolve_device(workload)
+    except RealModeError as exc:
+        raise RunnerError(str(exc)) from None
+    add_real(jobs, workload=workload, placement=setup.placement, streams=setup.streams, topology=topology,
+             host_ips=host_ips, run_dir=run_dir, base_port=base_port, torch_device=device, worker_id=worker_id)
+
+
+def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> dict[str, Any]:
+    """What a real-device variant adds to its summary entry: ``device_mode`` and the
+    comparison with the one-process reference (``real``); nothing for modelled GPUs."""
+    if workload.gpu.mode != "real":
+        return {}
+    from testbed.training.real_mode import summary_entry
+
+    return summary_entry(folder, workload, progress.log, name)
 
 
 def add_live(jobs: dict[str, dict[str, Any]], topology: Any, run_dir: Path, lead_s: float, local: bool) -> None:
@@ -1332,10 +1395,11 @@ def prepare(scenario: Scenario, workload: Any, base_dir: str | None, names: Sequ
         calibrate(net, scenario, folder, secret, two_way, sorted(wanted), eff.wire_activation_bytes, latency,
                   progress, cal)
         sharing = min(par.dp, len(pairs))
-        shared = {choose_streams(n.removesuffix(BT_SUFFIX), scenario, cal.rate(1), _nominal_link(topo, pairs[0]), auto)
-                  for n in names if n.removesuffix(BT_SUFFIX) not in ("atlas", "baseline")}
-        if sharing > 1 and shared:
-            calibrate_link(net, scenario, folder, secret, pairs[:sharing], max(shared), cal, progress)
+        if sharing > 1:
+            # the colliding rate of every stream count that may share the link
+            # (multi-tcp; atlas when its sharing is not fixed to temporal)
+            for n in sorted(shared_stream_counts(scenario, names, cal, auto, _nominal_link(topo, pairs[0]))):
+                calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
     setups: dict[str, Any] = {}
     for name in names:
         try:
@@ -1345,6 +1409,39 @@ def prepare(scenario: Scenario, workload: Any, base_dir: str | None, names: Sequ
         except (RunnerError, ValueError) as exc:
             setups[name] = RunnerError(f"variant {name}: {exc}")
     return setups, cal
+
+
+def shared_stream_counts(scenario: Scenario, names: Sequence[str], cal: Calibration, auto: int | None,
+                         nominal_bps: float | None) -> set[int]:
+    """Stream counts of the variants that may send on a shared link at once (baseline's
+    single streams stay under the link and need no collision measurement)."""
+    counts = set()
+    for name in names:
+        base = name.removesuffix(BT_SUFFIX)
+        if base == "baseline" or (base == "atlas" and scenario.runner.atlas_sharing == "temporal"):
+            continue
+        n = choose_streams(base, scenario, cal.rate(1), nominal_bps, auto)
+        if base == "atlas":
+            n = atlas_streams(n, scenario, cal, auto)
+        counts.add(n)
+    return counts
+
+
+def atlas_streams(fill: int, scenario: Scenario, cal: Calibration | None, auto: int | None) -> int:
+    """Atlas's streams per channel: enough to fill the link by formula, unless the
+    calibration measured another count faster (more than STREAMS_MARGIN): on long
+    RTTs many flows collapse together, on short ones a single flow nearly fills the
+    link and more overflow its queue. Candidates: that count, transport.streams and
+    the single stream every calibration times."""
+    if cal is None:
+        return fill
+    plain = choose_streams("multi-tcp", scenario, None, None, auto)
+    measured = {n: cal.rates_bps[n] for n in (fill, plain, 1) if n in cal.rates_bps}
+    if not measured:
+        return fill
+    best = max(measured, key=lambda n: measured[n])
+    keep = fill if fill in measured else max(measured)
+    return keep if measured[keep] >= (1 - STREAMS_MARGIN) * measured[best] else best
 
 
 def _nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
@@ -1395,7 +1492,8 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     )
     pred = setup.prediction
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
-                 f"{setup.placement.strategy}, predicted {pred.iteration_time_s:.3f} s per iteration")
+                 f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
+                 f"{pred.iteration_time_s:.3f} s per iteration")
     run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir)
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
@@ -1403,14 +1501,31 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     measured_it = m["iteration_time_s"]
     predicted, how = pred.iteration_time_s, "calibration probe" if setup.rate_bps else "window model"
     warm = None
-    if workload.warmup:  # atlas holds the link alone: all its transfers; shared variants: the lone ones
+    temporal = setup.sharing == "temporal"
+    if workload.warmup:  # a temporal plan holds the link alone: all its transfers; shared: the lone ones
         first = 1 if workload.warmup >= 2 else 0  # the very first iteration also opens the TCP windows
-        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=setup.base != "atlas")
-        if warm is not None and warm[2] == "all" and setup.base != "atlas" and setup.streams > 1:
+        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
+        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
             warm = None  # too few transfers had the link alone: their rate would count the sharing twice
-    if warm is not None and pair is not None:
-        predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, net.local)
-        how = "warm-up"
+    compute, overhead = None, 0.0
+    if workload.gpu.mode == "real" and workload.warmup:
+        # real devices: the compute model does not know this machine; the warm-up
+        # iterations measured what each stage really takes
+        from testbed.training.metrics import iterations as iteration_spans
+        from testbed.training.metrics import pipeline_overhead, stage_compute_times
+
+        first = 1 if workload.warmup >= 2 else 0  # the very first one also pays for lazy init (CUDA, caches)
+        spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
+                 if first <= it.index < workload.warmup]
+        compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
+        overhead = pipeline_overhead(run.timelines, spans)
+    if (warm is not None and pair is not None) or compute is not None:
+        rate = warm[0] if warm is not None and pair is not None else None
+        predicted = repredict(setup, scenario, workload, base_dir, rate, pair, net.local, compute)
+        if compute is not None:
+            predicted += overhead  # the planner's model is the pipeline alone
+        how = " and ".join(w for w, used in (("warm-up rates", rate is not None),
+                                               ("warm-up compute times", compute is not None)) if used)
     setup.final_prediction = predicted
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup)
     extra: dict[str, Any] = {}
@@ -1435,6 +1550,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
             "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
             "a_priori_iteration_time_s": pred.iteration_time_s,
             "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
+            "measured_stage_forward_s": None if compute is None else compute[0],
+            "measured_stage_backward_s": None if compute is None else compute[1],
+            "measured_overhead_s": None if compute is None else overhead,
         },
         "device_utilization": m["device_utilization"],
         "device_utilization_training": m["device_utilization_training"],
@@ -1450,16 +1568,28 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         "mean_plan_wait_s": m["mean_plan_wait_s"],
         "mean_wan_transfer_s": m["mean_wan_transfer_s"],
         "streams": setup.streams,
-        "sharing": setup.variant.sharing,
+        "sharing": setup.sharing,
+        "sharing_requested": scenario.runner.atlas_sharing if setup.base == "atlas" else "shared",
+        # atlas "auto": the a-priori prediction of each way; the faster (temporal unless
+        # sharing wins by more than the planner's SHARING_MARGIN) ran
+        "sharing_alternatives_s": setup.sharing_alternatives,
         "placement": setup.placement.to_json(scenario.topology),
         "temporal_plan": None if pred.plan is None else {
             "offsets_s": pred.plan.offsets, "stagger_s": pred.plan.stagger_s,
             "transfers_planned": sum(len(v) for v in pred.plan.order.values()),
         },
         "compute_only_s": pred.compute_only_s,
+        **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_mode.py)
         **extra,
         **files,
     }
+
+
+def _alternatives(setup: VariantSetup) -> str:
+    alt = setup.sharing_alternatives
+    if not alt:
+        return ""
+    return f" (predicted temporal {alt['temporal']:.3f} s, shared {alt['shared']:.3f} s)"
 
 
 def _safe(name: str) -> str:

@@ -117,6 +117,10 @@ class RunnerSettings(_Model):
     temporal_mode: Literal["token", "slot"] = Field(
         "token", description="atlas: a WAN send waits for the previous one in its link's plan (token) or its slot"
     )
+    atlas_sharing: Literal["auto", "temporal", "shared"] = Field(
+        "auto", description="atlas: temporal plan, shared links, or auto (temporal unless the calibrated "
+        "prediction says sharing the link is faster)"
+    )
     token_margin: float = Field(
         0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
     )
@@ -277,11 +281,18 @@ def validate_scenario(data: dict[str, Any]) -> Scenario:
     if model is not None:
         wl = {k: v for k, v in scenario.workload.items() if not k.startswith("_")}
         try:
-            model.model_validate(wl)
+            workload = model.model_validate(wl)
         except ValidationError as exc:
             raise ScenarioError(
                 format_validation_error(scenario.workload.get("_source", source), exc, "workload", prefix="workload")
             ) from None
+        if workload.gpu.mode == "real":  # real devices: can this machine train the model? (before anything is built)
+            from testbed.training.real_mode import RealModeError, check_machine
+
+            try:
+                check_machine(workload)
+            except RealModeError as exc:
+                raise ScenarioError(f"{scenario.workload.get('_source', source)}: workload: {exc}") from None
     hosts = {f"{dc.name}-{h}" for dc in scenario.topology.dcs for h in dc.hosts}
     decode = scenario.bubbletea.decode_host
     if decode is not None and decode != DECODE_SAME_DC and decode not in hosts:

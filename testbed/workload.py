@@ -111,6 +111,10 @@ class GpuConfig(_Model):
     peak_tflops: float | None = Field(None, gt=0, description="custom GPUs: dense peak for the model dtype")
     memory_bandwidth_gbs: float | None = Field(None, gt=0, description="custom GPUs: GB/s")
     profile: str | None = Field(None, description="measured op times (YAML/JSON), relative to the workload file")
+    mode: Literal["modelled", "real"] = Field(
+        "modelled", description="modelled: work lasts the compute model's time; real: the stages are real torch "
+                                "modules trained on this machine (CUDA when present, else CPU; see `real:`)"
+    )
 
     @field_validator("type")
     @classmethod
@@ -137,6 +141,30 @@ class GpuConfig(_Model):
         return GpuSpec("custom", {dtype: peak}, (self.memory_bandwidth_gbs or 1e3) * 1e9, 0.0, "workload file")
 
 
+class RealOptimizer(_Model):
+    """The optimizer of real-mode training (testbed/training/real_work.py `OptimConfig`)."""
+
+    kind: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    weight_decay: float = Field(0.0, ge=0)
+
+
+class RealSettings(_Model):
+    """What the workers train when ``gpu.mode: real`` (ignored for modelled GPUs)."""
+
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch device: auto = CUDA when present")
+    seed: int = Field(0, ge=0, description="initial parameters and synthetic data")
+    optimizer: RealOptimizer = RealOptimizer()
+    threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per worker on CPU (the one-process "
+                                                     "reference uses as many: the bit-for-bit check needs it)")
+    cpu_max_params: int = Field(25_000_000, ge=1, description="largest model (parameters) trained on a CPU; "
+                                                              "bigger ones need CUDA")
+    check: bool = Field(True, description="compare the trained parameters with the one-process reference")
+
+
 class Workload(_Model):
     name: str
     description: str = ""
@@ -149,6 +177,7 @@ class Workload(_Model):
         1.0, gt=0, le=1,
         description="wire size / real size of every tensor; an emulated link of rate R stands for R/scale",
     )
+    real: RealSettings = RealSettings()
 
     @model_validator(mode="after")
     def _fits(self) -> Workload:
@@ -161,6 +190,11 @@ class Workload(_Model):
             )
         if self.model.heads % par.tp:
             raise ValueError(f"parallelism.tp ({par.tp}) must divide model.heads ({self.model.heads})")
+        if self.gpu.mode == "real" and self.scale != 1:
+            raise ValueError(
+                f"gpu.mode real sends the real activations and gradients, so scale must be 1 (got {self.scale:g}); "
+                "set scale: 1, or use gpu.mode: modelled to send scaled placeholder tensors"
+            )
         return self
 
     # ------------------------------------------------------------ derived

@@ -170,6 +170,8 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
 
 
 def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
+    from atlas_transport.planner import SHARING_MARGIN
+
     m, par = wl.model, wl.parallelism
     echo = click.echo
     echo(f"Workload {wl.name}: {m.name}, {m.layers} layers, hidden {m.hidden}, seq {m.seq_len}, {m.dtype}; "
@@ -231,6 +233,10 @@ def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
                  f"{', '.join('-' if f is None else f'{f * 1e3:.1f}' for f in firsts)} ms; "
                  f"{sum(len(v) for v in res.plan.order.values())} transfers in planned order on "
                  f"{len(res.plan.order)} link direction(s)")
+        alt = res.sharing_alternatives
+        if alt:
+            echo(f"  {'':<13}sharing {res.sharing} (pipeline predicted: temporal {alt['temporal']:.3f} s, "
+                 f"shared {alt['shared']:.3f} s; temporal unless shared is {SHARING_MARGIN:.0%} faster)")
     first = next((r for r in results.values() if not isinstance(r, Exception)), None)
     if first is not None:
         echo(f"  compute only (free network): {first.compute_only_s:.3f} s; ideal bubble (p-1)/(m+p-1) = "

@@ -145,6 +145,53 @@ def measured(its: Sequence[Iteration], warmup: int) -> list[Iteration]:
     return kept
 
 
+def stage_compute_times(
+    timelines: Mapping[str, Sequence[WorkRecord]], windows: Sequence[tuple[float, float]], stages: int
+) -> tuple[list[float], list[float]] | None:
+    """Median forward and backward seconds of each (virtual) stage over the training
+    work that began in `windows` (device labels ``F<mb>@s<stage>``, ``B<mb>@s<stage>``),
+    or None when a stage has no record of either kind: what real devices really took,
+    for predicting with them instead of the compute model."""
+    times: dict[tuple[str, int], list[float]] = {}
+    for recs in timelines.values():
+        for r in recs:
+            if r.kind not in ("forward", "backward") or "@s" not in r.label:
+                continue
+            if not any(t0 <= r.start < t1 for t0, t1 in windows):
+                continue
+            try:
+                stage = int(r.label.rsplit("@s", 1)[1])
+            except ValueError:
+                continue
+            times.setdefault((r.kind, stage), []).append(r.end - r.start)
+    out: dict[str, list[float]] = {"forward": [], "backward": []}
+    for kind, values in out.items():
+        for k in range(stages):
+            got = sorted(times.get((kind, k), []))
+            if not got:
+                return None
+            n = len(got)
+            values.append(got[n // 2] if n % 2 else (got[n // 2 - 1] + got[n // 2]) / 2)
+    return out["forward"], out["backward"]
+
+
+def pipeline_overhead(timelines: Mapping[str, Sequence[WorkRecord]], spans: Sequence[tuple[float, float]]) -> float:
+    """Median time of each iteration outside its forward/backward pipeline: from the
+    common start to the first forward, and from the last backward to the iteration's
+    end (real devices: the DP gradient exchange, the optimizer step, the barrier)."""
+    extra = []
+    for t0, t1 in spans:
+        work = [r for recs in timelines.values() for r in recs
+                if r.kind in ("forward", "backward") and t0 <= r.start < t1]
+        if work:
+            extra.append(max(0.0, min(r.start for r in work) - t0) + max(0.0, t1 - max(r.end for r in work)))
+    if not extra:
+        return 0.0
+    extra.sort()
+    n = len(extra)
+    return extra[n // 2] if n % 2 else (extra[n // 2 - 1] + extra[n // 2]) / 2
+
+
 # ---------------------------------------------------------------- devices
 
 def device_utilization(

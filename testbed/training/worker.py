@@ -11,6 +11,14 @@ instant (plus its pipeline's planned offset). Its emulated GPU is a shared
 `testbed.device.Device` in the run directory, so a BubbleTea agent next to it can
 use the same device. Transfer records go to the job's ``transfers_path``.
 
+With a ``real`` section (``workload.gpu.mode: real``, testbed/training/real_mode.py)
+the device is real: the worker trains its stages as torch modules (`RealWork`), its
+boundary channels carry the real activations and gradients (through the same
+`TransportComm`, so Atlas's temporal plan and tokens apply), it averages its
+gradients with the same-stage workers of the other pipelines over channels of its
+own (``real.dp_peers``), steps its optimizer on the device after each iteration,
+and at the end saves its parameters and per-iteration losses to ``real.out``.
+
 A ``probe-send``/``probe-recv`` pair measures how long a tensor of the workload's
 wire size takes over one channel of N streams, for the runner's calibration.
 
@@ -75,8 +83,35 @@ class PlannedSend(_Model):
 class DeviceJob(_Model):
     name: str
     run_dir: str
-    mode: Literal["modelled"] = "modelled"
+    mode: Literal["modelled", "real"] = "modelled"
     time_scale: float = Field(1.0, gt=0)
+    torch_device: str | None = None  # real mode: where torch work runs ("cpu", "cuda")
+
+
+class DpPeerJob(_Model):
+    """A channel to the worker of the same stages in another pipeline (DP replica), for
+    the gradient average. The lower DP rank listens, the higher one connects."""
+
+    dp_rank: int = Field(ge=0)
+    peer: str
+    peer_ip: str
+    port: int = Field(ge=1, le=65535)
+    role: Literal["listen", "connect"]
+    streams: int = Field(1, ge=1, le=64)
+
+
+class RealJob(_Model):
+    """Real-device training of this worker's stages (testbed/training/real_mode.py)."""
+
+    workload: dict[str, Any]  # the run's workload, as a mapping (validated again here)
+    stages: list[int] = Field(min_length=1)  # the (virtual) stages this worker holds
+    dp_rank: int = Field(ge=0)
+    seed: int = Field(0, ge=0)
+    optimizer: dict[str, Any] = {}  # OptimConfig fields
+    torch_device: str = "cpu"
+    threads: int = Field(1, ge=1)
+    dp_peers: list[DpPeerJob] = []
+    out: str  # where the parameters and losses are saved at the end (torch.save)
 
 
 class TransportJob(_Model):
@@ -130,6 +165,7 @@ class TrainJob(_Model):
     slots_path: str | None = None
     idle_slots: list[tuple[float, float]] = []  # planned idle gaps, seconds after the iteration start
     live: LiveJob | None = None  # BubbleTea's live status (None: not published)
+    real: RealJob | None = None  # real-device training (None: modelled work)
 
 
 class ProbeJob(_Model):
@@ -244,28 +280,40 @@ def connect_with_retry(ip: str, port: int, cfg: Any, deadline: float, what: str)
             time.sleep(0.1)
 
 
-def open_channels(job: TrainJob) -> dict[int, Any]:
-    """Listen for the upstream channels, connect the downstream ones, accept."""
+def _ends(job: TrainJob) -> list[tuple[tuple[str, int], ChannelJob | DpPeerJob, str]]:
+    """Every channel of a worker: ((kind, index), spec, what it is, for messages);
+    kind "b" is a pipeline boundary, "dp" a DP peer (index: its DP rank)."""
+    out: list[tuple[tuple[str, int], ChannelJob | DpPeerJob, str]] = [
+        (("b", c.boundary), c, f"the channel of boundary {c.boundary}") for c in job.channels]
+    if job.real is not None:
+        out += [(("dp", p.dp_rank), p, f"the gradient channel of DP replica {p.dp_rank}") for p in job.real.dp_peers]
+    return out
+
+
+def open_all_channels(job: TrainJob) -> tuple[dict[int, Any], dict[int, Any]]:
+    """(boundary channels by boundary, DP gradient channels by peer DP rank): listen
+    for every channel this worker accepts, connect the others, then accept."""
     from atlas_transport import listen
 
     deadline = time.monotonic() + job.setup_timeout_s
+    ends = _ends(job)
     listeners = {}
-    channels: dict[int, Any] = {}
+    channels: dict[tuple[str, int], Any] = {}
     try:
-        for c in job.channels:
+        for key, c, _ in ends:
             if c.role == "listen":
-                listeners[c.boundary] = (c, listen(job.bind_ip, c.port, transport_config(job, c.streams)))
-        for c in job.channels:
+                listeners[key] = (c, listen(job.bind_ip, c.port, transport_config(job, c.streams)))
+        for key, c, what in ends:
             if c.role == "connect":
-                what = f"{job.worker}: channel of boundary {c.boundary} to {c.peer}"
-                channels[c.boundary] = connect_with_retry(c.peer_ip, c.port, transport_config(job, c.streams),
-                                                          deadline, what)
-        for b, (c, lst) in listeners.items():
+                channels[key] = connect_with_retry(c.peer_ip, c.port, transport_config(job, c.streams),
+                                                   deadline, f"{job.worker}: {what} to {c.peer}")
+        whats = {key: what for key, _, what in ends}
+        for key, (c, lst) in listeners.items():
             try:
-                channels[b] = lst.accept(timeout=max(0.1, deadline - time.monotonic()))
+                channels[key] = lst.accept(timeout=max(0.1, deadline - time.monotonic()))
             except TimeoutError:
                 raise WorkerError(
-                    f"{job.worker}: {c.peer} did not open the channel of boundary {b} "
+                    f"{job.worker}: {c.peer} did not open {whats[key]} "
                     f"(port {c.port}) within {job.setup_timeout_s:g} s"
                 ) from None
     except BaseException:
@@ -275,7 +323,16 @@ def open_channels(job: TrainJob) -> dict[int, Any]:
     finally:
         for _, lst in listeners.values():
             lst.close()
-    return channels
+    return ({i: ch for (k, i), ch in channels.items() if k == "b"},
+            {i: ch for (k, i), ch in channels.items() if k == "dp"})
+
+
+def open_channels(job: TrainJob) -> dict[int, Any]:
+    """Listen for the upstream channels, connect the downstream ones, accept."""
+    boundary, dp = open_all_channels(job)
+    for ch in dp.values():
+        ch.close(timeout=1.0)
+    return boundary
 
 
 # ------------------------------------------------------------------ training
@@ -292,9 +349,13 @@ def run_train(job: TrainJob) -> None:
     try:
         control.send("hello", pid=os.getpid(), host=job.host)
         schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.chunks)
+        if job.real is not None:
+            torch.set_num_threads(job.real.threads)
         device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
-        work = ModelledWork(list(job.forward_s), list(job.backward_s))
-        channels = open_channels(job)
+        channels, dp_channels = open_all_channels(job)
+        owner = f"train:{job.worker}"
+        real = None if job.real is None else real_work_of(job, dp_channels)
+        work = real if real is not None else ModelledWork(list(job.forward_s), list(job.backward_s))
         live = _live_reporter(job)
         routes = {c.boundary: Route(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
                   for c in job.channels}
@@ -325,15 +386,24 @@ def run_train(job: TrainJob) -> None:
                 if live is not None:
                     live.scheduled(i, at + job.offset_s)
                 records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
-                                     owner=f"train:{job.worker}", start_at=at + job.offset_s)
+                                     owner=owner, start_at=at + job.offset_s)
+                loss = None
+                if real is not None:  # DP gradient average (network), then the step on the device
+                    if live is not None:
+                        live.busy()
+                    loss, step = end_real_iteration(real, device, owner, i)
+                    records.append(step)
                 sent, received = comm.take_records()
                 tlog.add("send", sent)
                 tlog.add("recv", received)
                 tlog.write()
                 control.send("iter_done", iteration=i, end=max((r.end for r in records), default=at),
-                             busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts)
+                             busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts,
+                             loss=loss)
                 if live is not None:
                     live.between()  # the runner heard we are done: the next start is >= now + lead
+            if real is not None:
+                save_real(job, real)
         finally:
             if live is not None:
                 live.ended()
@@ -345,7 +415,7 @@ def run_train(job: TrainJob) -> None:
             comm.close()
             if comm.bus is not None:
                 comm.bus.close()
-            for ch in channels.values():
+            for ch in [*channels.values(), *dp_channels.values()]:
                 ch.close(timeout=5.0)
         control.send("bye")
     except BaseException as exc:
@@ -356,6 +426,57 @@ def run_train(job: TrainJob) -> None:
         raise
     finally:
         control.close()
+
+
+def real_work_of(job: TrainJob, dp_channels: dict[int, Any]) -> Any:
+    """The `RealWork` of a real-mode worker: its stages as torch modules on its torch
+    device, DP gradients averaged over `dp_channels` (peer DP rank -> channel)."""
+    from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork, RealWorkError
+    from testbed.workload import WorkloadError, parse_workload
+
+    real = job.real
+    assert real is not None
+    try:
+        workload = parse_workload(real.workload, f"{job.worker}: real.workload")
+        opt = dict(real.optimizer)
+        if "betas" in opt:
+            opt["betas"] = tuple(opt["betas"])
+        sync = PeerGradSync(real.dp_rank, dp_channels, timeout_s=job.timeout_s) if dp_channels else None
+        return RealWork(workload, real.stages, seed=real.seed, dp_rank=real.dp_rank, grad_sync=sync,
+                        optim=OptimConfig(**opt), device=real.torch_device)
+    except (WorkloadError, RealWorkError, TypeError) as exc:
+        raise WorkerError(f"{job.worker}: real-mode training cannot start: {exc}") from None
+
+
+def end_real_iteration(work: Any, device: Any, owner: str, iteration: int) -> tuple[float | None, Any]:
+    """Average the gradients over DP, then step the optimizer on the device (so its
+    timeline shows it). Returns (this replica's mean loss or None, the step's record)."""
+    if work.iteration != iteration:
+        raise WorkerError(f"{owner}: the runner started iteration {iteration}, but the model has trained "
+                          f"{work.iteration}: iterations must come in order from 0")
+    steps: list[Any] = []
+    loss = work.end_iteration(step=lambda fn: steps.append(device.run("optimizer", owner, fn=fn,
+                                                                        label=f"step{iteration}")))
+    return loss, steps[0]
+
+
+def save_real(job: TrainJob, work: Any) -> None:
+    """This worker's parameters (CPU copies, the whole model's names) and per-iteration
+    losses (last stage only), with what the runner's reference needs to match them."""
+    import torch
+
+    real = job.real
+    assert real is not None
+    out = Path(real.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(out.name + ".tmp")
+    torch.save({
+        "worker": job.worker, "pipeline": job.pipeline, "rank": job.rank, "dp_rank": real.dp_rank,
+        "stages": list(work.stages), "iterations": work.iteration, "losses": list(work.losses),
+        "params": work.state_dict(), "seed": real.seed, "optimizer": dict(real.optimizer),
+        "torch_device": str(work.device), "threads": real.threads, "torch_version": torch.__version__,
+    }, tmp)
+    os.replace(tmp, out)
 
 
 def _slot_publisher(job: TrainJob) -> Any:

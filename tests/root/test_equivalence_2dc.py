@@ -9,8 +9,9 @@ WAN through atlas_transport, while the DP gradient average stays inside each DC.
 
 The workers are the real-mode worker processes of tests/unit/test_real_training_tcp.py
 (`RealWork` driven by `executor.run_worker`, boundary tensors through the runner's
-`TransportComm`), started with `host.popen` on the emulated hosts: `testbed run`
-(testbed/runner.py) has no real-device mode to drive yet. Variants, as the runner
+`TransportComm`), started with `host.popen` on the emulated hosts. `testbed run` has
+its own real-device mode (``gpu.mode: real``, tests/root/test_real_run_2dc.py); this
+test keeps its harness for the adversarial variant, which no runner variant plays. Variants, as the runner
 defines them: baseline (1 stream per channel), multi-tcp (4 streams), atlas (4
 streams, pipelines started at staggered offsets, pipeline 1's sends held to planned
 slots), plus the adversarial one (sends overtaking each other within a channel).

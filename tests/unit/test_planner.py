@@ -12,6 +12,7 @@ from atlas_transport.planner import (
     NetParams,
     PlacementError,
     Variant,
+    choose_sharing,
     default_variants,
     free_gpus,
     place,
@@ -199,3 +200,32 @@ def test_json_carries_placement_and_paths() -> None:
     assert doc["placement"]["wan_crossings"][0]["path"] == ["dc1", "dc2"]
     assert doc["wan_paths"][0]["streams"] == 13
     assert doc["temporal_plan"]["order"]
+
+
+def test_auto_sharing_keeps_the_plan_only_where_it_is_predicted_to_pay() -> None:
+    """One stream per channel cannot fill the link: holding it for one transfer at a
+    time wastes what the other pipeline could use, so "auto" shares it; with enough
+    streams to fill the link the temporal plan is kept. Both predictions are kept."""
+    t = topo(rmem="4MB")  # one flow ~640 Mbit/s of the 1 Gbit/s link
+    wl = workload(num_micro_batches=4, dp=2, schedule="1f1b")
+    one = predict(t, wl, Variant("one", 1, "auto", "atlas"))
+    forced = predict(t, wl, Variant("one", 1, "temporal", "atlas"))
+    shared = predict(t, wl, Variant("one", 1, "shared", "atlas"))
+    assert one.sharing == "shared" and one.plan is None
+    assert one.sharing_alternatives == pytest.approx({"temporal": forced.pipeline_time_s,
+                                                      "shared": shared.pipeline_time_s})
+    assert one.iteration_time_s == pytest.approx(shared.iteration_time_s)
+    assert forced.sharing == "temporal" and shared.sharing_alternatives is None
+    atlas = predict(t, wl, default_variants()["atlas"])
+    assert atlas.sharing == "temporal" and atlas.plan is not None
+    assert atlas.sharing_alternatives["temporal"] <= atlas.sharing_alternatives["shared"]
+    doc = one.to_json(t)
+    assert doc["sharing"] == "shared" and doc["sharing_requested"] == "auto"
+    assert doc["temporal_plan"] is None and set(doc["sharing_alternatives_s"]) == {"temporal", "shared"}
+
+
+def test_choose_sharing_prefers_the_plan_within_the_margin() -> None:
+    assert choose_sharing(1.0, 0.98) == "temporal"
+    assert choose_sharing(1.0, 0.96) == "shared"
+    assert choose_sharing(1.0, 1.5) == "temporal"
+    assert choose_sharing(1.0, 0.9, margin=0.2) == "temporal"

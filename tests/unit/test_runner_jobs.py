@@ -109,7 +109,8 @@ def test_token_margin_lengthens_the_planned_hold(tmp_path: Path) -> None:
     cal = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.025, rates_bps={1: 1.2e8, 8: 7e8})  # atlas: 8 streams
     holds = {}
     for margin in (0.0, 0.5):
-        scenario, _ = load_scenario(scenario_file(tmp_path), {"runner.token_margin": margin})
+        scenario, _ = load_scenario(scenario_file(tmp_path), {"runner.token_margin": margin,
+                                                              "runner.atlas_sharing": "temporal"})
         workload = parse_workload(scenario.workload)
         setup = plan_variant("atlas", scenario, workload, None, cal, None)
         plan = setup.prediction.plan
@@ -129,6 +130,52 @@ def test_atlas_keeps_the_stream_count_the_calibration_measured_faster(tmp_path: 
     assert plan_variant("atlas", scenario, workload, None, slow, None).streams == 8
     fast = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.1, rates_bps={1: 2.8e7, 8: 2.76e8, 31: 8.5e8})
     assert plan_variant("atlas", scenario, workload, None, fast, None).streams == 31
+    # a short path (10 ms RTT): one flow nearly fills the link, 8 overflow its queue
+    short = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.005, rates_bps={1: 5.15e8, 8: 4.0e8})
+    assert plan_variant("atlas", scenario, workload, None, short, None).streams == 1
+    # within the margin the fill-the-link count stays
+    close = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.005, rates_bps={1: 5.15e8, 8: 5.0e8})
+    assert plan_variant("atlas", scenario, workload, None, close, None).streams == 8
+
+
+def test_atlas_sharing_follows_the_calibrated_prediction(tmp_path: Path) -> None:
+    """When holding the link for one transfer at a time is predicted slower than
+    sharing it (here: a token margin of 200% triples every planned hold), "auto" runs
+    atlas with shared links and keeps both predictions; with the default margin the
+    plan wins; "temporal" and "shared" force the choice."""
+    from testbed.runner import Calibration
+
+    cal = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.025, rates_bps={1: 1.1e8, 8: 6.9e8},
+                      colliding_bps={8: 6.0e8})
+    picked = {}
+    for margin in (0.2, 2.0):
+        for mode in ("auto", "temporal", "shared"):
+            scenario, _ = load_scenario(scenario_file(tmp_path), {"runner.atlas_sharing": mode,
+                                                                  "runner.token_margin": margin})
+            workload = parse_workload(scenario.workload)
+            setup = plan_variant("atlas", scenario, workload, None, cal, None)
+            assert (setup.prediction.plan is not None) == (setup.sharing == "temporal")
+            assert setup.variant.sharing == setup.sharing
+            picked[margin, mode] = setup
+    slow = picked[2.0, "auto"]
+    assert slow.sharing == "shared"
+    assert slow.sharing_alternatives["shared"] < slow.sharing_alternatives["temporal"] * 0.97
+    assert slow.prediction.iteration_time_s == pytest.approx(slow.sharing_alternatives["shared"])
+    assert slow.rate_bps == pytest.approx(6.9e8)  # no token margin when shared
+    fast = picked[0.2, "auto"]
+    assert fast.sharing == "temporal" and fast.rate_bps == pytest.approx(6.9e8 / 1.2)
+    assert fast.prediction.iteration_time_s == pytest.approx(fast.sharing_alternatives["temporal"])
+    for margin in (0.2, 2.0):
+        forced = picked[margin, "temporal"]
+        assert forced.sharing == "temporal" and forced.sharing_alternatives is None
+        assert picked[margin, "shared"].sharing == "shared" and picked[margin, "shared"].prediction.plan is None
+    _, jobs, _ = jobs_for(tmp_path, "baseline")
+    assert all(not j["plan"] for j in jobs.values())
+
+
+def test_atlas_sharing_setting_is_validated(tmp_path: Path) -> None:
+    with pytest.raises(Exception, match="atlas_sharing"):
+        load_scenario(scenario_file(tmp_path), {"runner.atlas_sharing": "sometimes"})
 
 
 def test_baseline_has_one_stream_and_no_plan(tmp_path: Path) -> None:

@@ -156,12 +156,40 @@ def test_calibration_arithmetic() -> None:
     # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
     assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)
     assert aggregate_rate(1_000_000, [(0.0, 0.225), (1.0, 1.225)], 2, 0.025) == pytest.approx(80e6)
-    # shared channels that cannot fill the link together: the link keeps its nominal rate
-    assert calibrated_rates("baseline", 1, 1e8, 2, 1e9) == (1e8, 1e9)
-    # ... that could: they get what one gets alone; atlas holds the link alone
-    assert calibrated_rates("multi-tcp", 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
-    assert calibrated_rates("atlas", 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
-    assert calibrated_rates("atlas", 8, None, 2, 1e9) == (None, None)
+    # shared channels without a collision measurement: the link's TCP goodput, shared
+    # max-min (each channel capped at its own rate), so a faster channel never predicts slower
+    goodput = 1e9 * 1448 / 1514
+    assert calibrated_rates(False, 1, 1e8, 2, 1e9) == (1e8, pytest.approx(goodput))
+    assert calibrated_rates(False, 1, 5.2e8, 2, 1e9) == (5.2e8, pytest.approx(goodput))
+    assert calibrated_rates(False, 1, 5.2e8, 2, None) == (5.2e8, 5.2e8)
+    # a temporal plan holds the link alone: one channel's rate
+    assert calibrated_rates(True, 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
+    assert calibrated_rates(True, 8, None, 2, 1e9) == (None, None)
     # a calibrated aggregate of the pipelines' channels colliding sets the shared capacity
-    assert calibrated_rates("multi-tcp", 8, 4.6e8, 2, 1e9, 6.6e8) == (4.6e8 / 8, 6.6e8)
-    assert calibrated_rates("multi-tcp", 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8)  # never below one channel
+    assert calibrated_rates(False, 8, 4.6e8, 2, 1e9, 6.6e8) == (4.6e8 / 8, 6.6e8)
+    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8)  # never below one channel
+
+
+def test_measured_stage_times_and_pipeline_overhead_for_real_devices() -> None:
+    """Real devices: the warm-up iterations' median forward/backward per stage replace
+    the compute model's, and the time outside the pipeline (DP exchange, optimizer
+    step) is measured apart."""
+    from testbed.training.metrics import pipeline_overhead, stage_compute_times
+
+    def r(dev, kind, label, start, end):
+        return WorkRecord(dev, kind, "train:x", label, start, start, end, "real")
+
+    timelines = {
+        "a": [r("a", "forward", "F0@s0", 0.1, 0.2), r("a", "forward", "F1@s0", 0.2, 0.4),
+              r("a", "forward", "F2@s0", 0.4, 0.5), r("a", "backward", "B0@s0", 0.9, 1.2),
+              r("a", "optimizer", "step", 1.2, 1.5),
+              r("a", "forward", "F0@s0", 10.1, 19.0)],  # outside the windows: ignored
+        "b": [r("b", "forward", "F0@s1", 0.3, 0.35), r("b", "backward", "B0@s1", 0.5, 0.9),
+              r("b", "prefill", "p", 0.9, 0.95)],
+    }
+    fwd, bwd = stage_compute_times(timelines, [(0.0, 2.0)], 2)
+    assert fwd == pytest.approx([0.1, 0.05]) and bwd == pytest.approx([0.3, 0.4])
+    assert stage_compute_times(timelines, [(0.0, 2.0)], 3) is None  # stage 2 never ran
+    # first forward 0.1 s after the start, last backward ends 0.8 s before the end
+    assert pipeline_overhead(timelines, [(0.0, 2.0)]) == pytest.approx(0.9)
+    assert pipeline_overhead(timelines, []) == 0.0

@@ -1,4 +1,4 @@
-"""The job file the scenario runner (testbed/runner.py) hands each agent:
+"""The job file the scenario runner (testbed/bubbletea_wiring.py) hands each agent:
 `python -m bubbletea_agent <job.json>`.
 
 Fields (JSON object; unknown fields are ignored, as the runner may add its own):

@@ -101,11 +101,19 @@ class BubbleTeaSettings(_Model):
         return value
 
 
+PORT_SPAN = 5000  # ports a run uses above runner.base_port (see RunnerSettings.base_port)
+EMULATED_BASE_PORT = 29500
+
+
 class RunnerSettings(_Model):
     """How `testbed run` plays the scenario (testbed/runner.py); every choice visible."""
 
     local: bool = Field(False, description="workers as local processes on 127.0.0.1, no emulated network")
-    base_port: int = Field(29500, ge=1024, le=60000, description="first TCP port of the boundary channels")
+    base_port: int | Literal["auto"] = Field(
+        "auto", description="first TCP port of the run (channels, tokens +1000, calibration +2000, decode "
+        "servers +3000, DP gradients +4000); auto: 29500 under emulation (every host has its own namespace), "
+        "a free block on 127.0.0.1 in local mode, so that two runs on one machine never collide"
+    )
     calibrate: bool = Field(True, description="measure per-transfer rates over the WAN before the variants")
     calibration_transfers: int = Field(4, ge=1, le=50, description="timed tensors per stream count")
     slow_start_after_idle: bool = Field(
@@ -127,6 +135,15 @@ class RunnerSettings(_Model):
     iteration_lead: float = Field(0.05, ge=0.005, le=5, description="seconds from the barrier to the next common start")
     setup_timeout: float = Field(60.0, gt=0, description="seconds for workers to start and connect")
     iteration_timeout: float = Field(120.0, gt=0, description="seconds an iteration may take before the run fails")
+
+
+    @field_validator("base_port")
+    @classmethod
+    def _base_port(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1024 <= value <= 60000 - PORT_SPAN:
+            raise ValueError(f"base_port must be 'auto' or between 1024 and {60000 - PORT_SPAN} "
+                             f"(the run uses {PORT_SPAN} ports above it), got {value}")
+        return value
 
 
 class Scenario(_Model):

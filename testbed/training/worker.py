@@ -2,7 +2,7 @@
 
     python -m testbed.training.worker JOB.json
 
-The runner (testbed/runner.py) writes a job file per process and starts it on its
+The runner (testbed/run_jobs.py) writes a job file per process and starts it on its
 host (inside the host's network namespace under emulation). A ``train`` worker is one
 (pipeline, rank): it opens its boundary channels (it listens for the channels from
 the previous stage and connects to the next), reports ready on the runner's control

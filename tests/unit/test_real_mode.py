@@ -14,7 +14,8 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from testbed.runner import RunnerError, build_jobs, plan_variant
+from testbed.run_common import RunnerError
+from testbed.run_jobs import build_jobs
 from testbed.scenario import ScenarioError, load_scenario
 from testbed.training import real_mode
 from testbed.training.real_mode import (
@@ -31,6 +32,7 @@ from testbed.training.worker import (
     parse_job,
     real_work_of,
 )
+from testbed.variants import plan_variant
 from testbed.workload import WorkloadError, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -322,7 +324,7 @@ def test_local_real_run_equals_the_reference_for_every_variant(tmp_path, no_cuda
     out = tmp_path / "out"
     res = CliRunner().invoke(_cli(), [
         "run", str(SCENARIO), "--local", "--out", str(out),
-        "--set", "runner.calibrate=false", "--set", "runner.base_port=42500",
+        "--set", "runner.calibrate=false",
     ])
     assert res.exit_code == 0, res.output
     summary = json.loads((out / "summary.json").read_text())

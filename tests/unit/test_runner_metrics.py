@@ -151,7 +151,8 @@ def test_channel_rate_counts_transfers_alone_on_their_link() -> None:
 
 
 def test_calibration_arithmetic() -> None:
-    from testbed.runner import aggregate_rate, calibrated_rates, effective_rate
+    from testbed.calibration import aggregate_rate, effective_rate
+    from testbed.variants import calibrated_rates
 
     # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
     assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)

@@ -105,3 +105,51 @@ def test_set_option_syntax() -> None:
     assert parse_set_options(["a.b=8", "c=50ms", "d=[1, 2]"]) == {"a.b": 8, "c": "50ms", "d": [1, 2]}
     with pytest.raises(ScenarioError, match="expected path=value"):
         parse_set_options(["nonsense"])
+
+
+def test_base_port_is_auto_or_leaves_room_for_the_run(scenario_file: Path) -> None:
+    scenario, _ = load_scenario(scenario_file)
+    assert scenario.runner.base_port == "auto"
+    assert load_scenario(scenario_file, {"runner.base_port": 40000})[0].runner.base_port == 40000
+    with pytest.raises(ScenarioError, match=r"runner.base_port.*between 1024 and 55000 \(the run uses 5000 ports"):
+        load_scenario(scenario_file, {"runner.base_port": 58000})
+
+
+def test_local_runs_get_a_free_port_block_of_their_own(scenario_file: Path) -> None:
+    """Local mode shares one network stack: each run takes a block nobody listens on,
+    so two runs (or test workers) on one machine never collide; emulated runs keep
+    29500 (every host has its own namespace)."""
+    import socket
+
+    from testbed.progress import Progress
+    from testbed.run_common import PORT_PROBES, RunnerError, free_port_block
+    from testbed.runner import with_ports
+
+    class Seq:  # the candidates free_port_block draws, in order
+        def __init__(self, *values: int) -> None:
+            self.values = iter(values)
+
+        def randrange(self, lo: int, hi: int) -> int:
+            return next(self.values)
+
+    taken = socket.socket()
+    taken.bind(("127.0.0.1", 0))
+    taken.listen()
+    busy = taken.getsockname()[1]
+    try:
+        # a block whose first range starts on the busy port is skipped for the next candidate
+        base = free_port_block(5000, rng=Seq(busy, busy - 3000, *range(20000, 55000, 997)))
+        assert all(not (base + off <= busy < base + off + 64) for off in PORT_PROBES)
+        assert base not in (busy, busy - 3000)
+        with pytest.raises(RunnerError, match="no free block of ports on 127.0.0.1 after 1 tries"):
+            free_port_block(5000, attempts=1, rng=Seq(busy))
+    finally:
+        taken.close()
+    local, _ = load_scenario(scenario_file, {"runner.local": True})
+    a = with_ports(local, Progress(enabled=False)).runner.base_port
+    b = with_ports(local, Progress(enabled=False)).runner.base_port
+    assert isinstance(a, int) and 20000 <= a < 55000 and isinstance(b, int)
+    emulated, _ = load_scenario(scenario_file)
+    assert with_ports(emulated, Progress(enabled=False)).runner.base_port == 29500
+    fixed, _ = load_scenario(scenario_file, {"runner.local": True, "runner.base_port": 40000})
+    assert with_ports(fixed, Progress(enabled=False)).runner.base_port == 40000

@@ -16,9 +16,10 @@ same model in ONE process (testbed/training/reference.py), same seed, same data,
 same optimizer, same iterations, and compares. Two references: the micro-batched
 one does pipeline training's arithmetic and must be equal bit for bit (on CPU, same
 thread count); the global-batch one is the independent ground truth, compared with
-the tolerance of `reference.tolerance_for`. Calibration and prediction still run;
-predicted times come from the compute model of ``gpu.type``, measured times from
-the real work on this machine, and the summary says so.
+the tolerance of `reference.tolerance_for`. Calibration and prediction still run:
+the a-priori prediction comes from the compute model of ``gpu.type``; the final one
+uses the stage times the warm-up iterations measured on this machine (testbed/runner.py
+`play_variant`), and the summary says which.
 
 What may run where is checked before anything is built (`check_machine`): without
 CUDA, models above ``real.cpu_max_params`` are refused; with it, the estimated

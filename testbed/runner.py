@@ -20,9 +20,9 @@ One run builds the scenario's topology once (or, with ``runner.local``, uses
 4. **Measurement** (this module). Device timelines and transfer records give iteration
    times, utilization, bubbles and per-WAN-link bytes and goodput
    (testbed/training/metrics.py); a CSV timeline and a Gantt chart per variant. The
-   prediction is made again with the channel rate (and, with real devices, the
-   compute times) the variant's warm-up iterations measured; both predictions are in
-   the summary.
+   prediction stands as made before the run (real devices: with the compute times
+   their warm-up measured); the same model fed with the warm-up's own channel rate is
+   reported beside it.
 
 BubbleTea (testbed/bubbletea_wiring.py): a variant ``<name>+bubbletea`` also runs a
 BubbleTea agent next to every worker device, and decode servers for the KV caches; its
@@ -143,15 +143,14 @@ def run_scenario(
         "definitions": {
             "iteration_time_s": "mean over measured iterations (after warm-up) of: common start -> last training "
                                 "work of any device ends; iterations are separated by a barrier",
-            "predicted_iteration_time_s": "planner simulation of one iteration (atlas_transport/planner.py: same "
-                                          "placement, same temporal plan) fed with the WAN channel rate measured "
-                                          "in the variant's warm-up iterations, the first one left out when there "
-                                          "are two or more (median over transfers; for shared variants those alone "
-                                          "on their link); prediction.a_priori_iteration_time_s is the planner's before "
-                                          "the run, with the calibration probe's rate. Real devices (gpu.mode: "
-                                          "real): also the warm-up's measured stage compute times, plus its "
-                                          "measured time outside the pipeline. Modelled devices: DP all-reduce "
-                                          "not emulated, not included",
+            "predicted_iteration_time_s": "planner simulation of one iteration (atlas_transport/planner.py) with "
+                                          "the variant's placement and temporal plan, made before the run from the "
+                                          "calibration probe's WAN channel rates (and the aggregate of colliding "
+                                          "channels for shared links); real devices (gpu.mode: real): with the stage "
+                                          "compute times the warm-up iterations measured, plus their measured time "
+                                          "outside the pipeline. prediction.with_warmup_rates_iteration_time_s: the "
+                                          "same fed with the variant's own warm-up channel rate (diagnostic). "
+                                          "Modelled devices: DP all-reduce not emulated, not included",
             "device_utilization": "mean over devices of busy time / wall time of the measured iterations",
             "bubble_fraction": "mean over devices of idle (no training work) / wall time of the measured iterations",
             "wan_links": "bytes of the measured iterations; goodput = bytes / time the link had a transfer on the "
@@ -248,9 +247,8 @@ def prepare(scenario: Scenario, workload: Any, base_dir: str | None, names: Sequ
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
                  secret: str, iterations: int, progress: Progress, base_dir: str | None,
                  pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> dict[str, Any]:
-    """Run one variant and return its summary entry. Its prediction is made again
-    with the channel rate its warm-up iterations measured (same placement, same
-    temporal plan); the a-priori one (calibration probe) is kept beside it."""
+    """Run one variant and return its summary entry, with its prediction (made
+    before the run; real devices: with their warm-up's measured compute times)."""
     from testbed.training.metrics import channel_rate, variant_metrics
 
     folder = out / setup.name
@@ -279,33 +277,36 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
                         link_names=link_names)
     measured_it = m["iteration_time_s"]
-    predicted, how = pred.iteration_time_s, "calibration probe" if setup.rate_bps else "window model"
-    warm = None
-    temporal = setup.sharing == "temporal"
-    if workload.warmup:  # a temporal plan holds the link alone: all its transfers; shared: the lone ones
-        first = 1 if workload.warmup >= 2 else 0  # the very first iteration also opens the TCP windows
-        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
-        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
-            warm = None  # too few transfers had the link alone: their rate would count the sharing twice
+    # The headline prediction is made before the measured iterations from the
+    # calibration probe's rates; real devices add the stage times their warm-up
+    # measured (the compute model does not know this machine). The same model fed
+    # with the variant's own warm-up rates is kept as a diagnostic: under colliding
+    # multi-stream channels TCP settles into run-long regimes (loss, cwnd) that the
+    # warm-up may or may not share with the measured iterations.
+    predicted = pred.iteration_time_s
+    how = "calibration probe" if setup.rate_bps else "window model"
     compute, overhead = None, 0.0
+    first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
     if workload.gpu.mode == "real" and workload.warmup:
-        # real devices: the compute model does not know this machine; the warm-up
-        # iterations measured what each stage really takes
         from testbed.training.metrics import iterations as iteration_spans
         from testbed.training.metrics import pipeline_overhead, stage_compute_times
 
-        first = 1 if workload.warmup >= 2 else 0  # the very first one also pays for lazy init (CUDA, caches)
         spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
                  if first <= it.index < workload.warmup]
         compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
         overhead = pipeline_overhead(run.timelines, spans)
-    if (warm is not None and pair is not None) or compute is not None:
-        rate = warm[0] if warm is not None and pair is not None else None
-        predicted = repredict(setup, scenario, workload, base_dir, rate, pair, net.local, compute)
         if compute is not None:
-            predicted += overhead  # the planner's model is the pipeline alone
-        how = " and ".join(w for w, used in (("warm-up rates", rate is not None),
-                                               ("warm-up compute times", compute is not None)) if used)
+            predicted = repredict(setup, scenario, workload, base_dir, None, pair, net.local, compute) + overhead
+            how += " and warm-up compute times"
+    warm, warm_predicted = None, None
+    temporal = setup.sharing == "temporal"
+    if workload.warmup and pair is not None:  # a temporal plan holds the link alone: all its transfers
+        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
+        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
+            warm = None  # too few transfers had the link alone: their rate would count the sharing twice
+        if warm is not None:
+            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, net.local, compute)
+            warm_predicted += overhead if compute is not None else 0.0
     setup.final_prediction = predicted
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup)
     extra: dict[str, Any] = {}
@@ -327,6 +328,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
             "rates_from": how,
             "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
             "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
+            "with_warmup_rates_iteration_time_s": warm_predicted,
             "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
             "a_priori_iteration_time_s": pred.iteration_time_s,
             "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,

@@ -10,13 +10,12 @@ the link is predicted faster (each way predicted with its own rates: the plan's
 transfers hold the link ``token_margin`` longer; shared channels move what the
 collision probe measured).
 
-The a-priori prediction uses the calibrated rates (per-flow rate = channel rate /
-streams) instead of the window model. After a variant ran, its prediction is made
-again (`repredict`), same placement and same plan, with the channel rate its own
-warm-up iterations measured (the first one left out): the planner's structure
-(fill/drain, latency, sharing, temporal plan) is what is tested, with the speed the
-network really gave. With real devices the warm-up iterations also give each stage's
-measured forward/backward time, which the compute model cannot know.
+The prediction uses the calibrated rates (per-flow rate = channel rate / streams)
+instead of the window model, and is made before the variant runs: that is the
+headline `predicted_iteration_time_s`. `repredict` makes it again for the same
+placement and plan with other inputs: real devices' measured stage times (the compute
+model does not know this machine), and, as a diagnostic, the channel rate the
+variant's own warm-up iterations measured.
 """
 
 from __future__ import annotations
@@ -49,7 +48,7 @@ class VariantSetup:
     prediction: Any
     rate_bps: float | None = None  # calibrated channel rate the a-priori prediction used
     colliding_bps: float | None = None  # calibrated aggregate of the pipelines' channels colliding
-    final_prediction: float | None = None  # with the rate of the warm-up iterations
+    final_prediction: float | None = None  # the headline prediction (real devices: measured compute)
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
     sharing_alternatives: dict[str, float] | None = None  # atlas "auto": a-priori prediction of each way
 

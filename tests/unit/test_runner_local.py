@@ -25,7 +25,7 @@ def write_scenario(tmp_path: Path, **extra) -> Path:
     wl["parallelism"]["num_micro_batches"] = 2
     doc = {"name": "local-e2e", "topology": str(ROOT / "topologies/2dc.yaml"), "workload": wl,
            "variants": ["baseline", "atlas"],
-           "runner": {"local": True, "calibration_transfers": 1}}
+           "runner": {"local": True, "calibration_transfers": 1, "atlas_sharing": "temporal"}}
     doc.update(extra)
     path = tmp_path / "scenario.yaml"
     path.write_text(yaml.safe_dump(doc))

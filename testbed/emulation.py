@@ -257,20 +257,26 @@ class WanHandle(NodeHandle):
     plan: LinkPlan | None = None
     intfs: tuple[str, str] = ("", "")  # towards between[0], towards between[1]
     relay: subprocess.Popen | None = field(default=None, repr=False)
+    relay_out: _Drain | None = field(default=None, repr=False)
 
 
 class _Drain(threading.Thread):
-    """Keeps reading a pipe so the child never blocks on it; remembers the tail."""
+    """Keeps reading a pipe so the child never blocks on it; remembers the tail and
+    the latest line that starts with `watch` (a relay's STATS line)."""
 
-    def __init__(self, stream: IO[str], keep: int = 50) -> None:
+    def __init__(self, stream: IO[str], keep: int = 50, watch: str | None = None) -> None:
         super().__init__(daemon=True, name="emu-drain")
         self.stream = stream
         self.lines: deque[str] = deque(maxlen=keep)
+        self.watch = watch
+        self.watched: tuple[int, str] = (0, "")  # (how many seen, the latest)
 
     def run(self) -> None:
         try:
             for line in self.stream:
                 self.lines.append(line.rstrip())
+                if self.watch and line.startswith(self.watch):
+                    self.watched = (self.watched[0] + 1, line[len(self.watch):].strip())
         except (OSError, ValueError):
             pass
 
@@ -703,7 +709,7 @@ class Emulation:
             self._await_ready(w)
 
     def _await_ready(self, w: WanHandle) -> None:
-        from testbed.delayline import READY_LINE
+        from testbed.delayline import READY_LINE, STATS_PREFIX
 
         proc = w.relay
         assert proc is not None and proc.stdout is not None and proc.stderr is not None
@@ -717,9 +723,10 @@ class Emulation:
             if ready:
                 line = proc.stdout.readline()
                 if line.strip() == READY_LINE:
-                    out = _Drain(proc.stdout)
+                    out = _Drain(proc.stdout, watch=STATS_PREFIX)
                     out.start()
                     self._drains.append(out)
+                    w.relay_out = out
                     return
                 if line == "":
                     break
@@ -732,6 +739,35 @@ class Emulation:
             f"the delay line of {w.name} did not start (exit code {proc.returncode}): "
             f"{(err.tail() or buf).strip()[-800:] or 'no output'}"
         )
+
+    def delay_line_stats(self, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+        """Each relay delay line's counters (frames, bytes, and the drops of the relay
+        itself vs. those of the shaper queue), by WAN link name; {} with netem. A
+        relay that does not answer within `timeout_s` is left out."""
+        import json
+
+        asked = {}
+        for w in self._wans:
+            proc, out = w.relay, w.relay_out
+            if proc is None or out is None or proc.stdin is None or proc.poll() is not None:
+                continue
+            try:
+                proc.stdin.write("stats\n")
+                proc.stdin.flush()
+            except (BrokenPipeError, OSError, ValueError):
+                continue
+            asked[w] = out.watched[0]
+        stats: dict[str, dict[str, Any]] = {}
+        deadline = time.monotonic() + timeout_s
+        while asked and time.monotonic() < deadline:
+            for w in [w for w, seen in asked.items() if w.relay_out.watched[0] > seen]:  # type: ignore[union-attr]
+                try:
+                    stats[w.link.name if w.link else w.name] = json.loads(w.relay_out.watched[1])  # type: ignore[union-attr]
+                except ValueError:
+                    pass
+                del asked[w]
+            time.sleep(0.01)
+        return stats
 
     # -- processes
 

@@ -42,6 +42,8 @@ class Network(Protocol):
 
     def host(self, name: str) -> Host: ...
 
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]: ...
+
 
 @dataclass
 class LocalNetwork:
@@ -55,6 +57,9 @@ class LocalNetwork:
                 if f"{dc.name}-{h}" == name:
                     return LocalHost(name, dc.name)
         raise RunnerError(f"no host {name!r} in topology {self.topology.name}")
+
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+        return {}
 
 
 @dataclass
@@ -71,6 +76,9 @@ class EmulatedNetwork:
             return self.emu.node(name)
         except KeyError:
             raise RunnerError(f"no host {name!r} in the emulation of {self.emu.topology.name}") from None
+
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+        return self.emu.delay_line_stats()
 
 
 @contextlib.contextmanager

@@ -272,7 +272,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
                  f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
                  f"{pred.iteration_time_s:.3f} s per iteration")
+    lines_before = net.delay_line_stats()
     run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir)
+    delay_line = _delay_line_window(lines_before, net.delay_line_stats(), setup.name, progress)
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
                         link_names=link_names)
@@ -361,6 +363,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
             "transfers_planned": sum(len(v) for v in pred.plan.order.values()),
         },
         "compute_only_s": pred.compute_only_s,
+        "delay_line": delay_line,
         **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_mode.py)
         **extra,
         **files,
@@ -407,6 +410,23 @@ def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
             row = t.to_json()
             row["links"] = " ".join(row["links"])
             w.writerow([row.get(c) for c in cols])
+
+
+def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,
+                       progress: Progress) -> dict[str, Any] | None:
+    """The relay delay lines' counters over one variant (None with netem or local
+    mode), and a warning when a relay itself dropped packets."""
+    from testbed.delayline.stats import windows
+
+    if not after:
+        return None
+    stats = windows(before, after)
+    for link, w in stats.items():
+        if w["relay_drops"]:
+            progress.log(f"  {name}: warning: the delay line of {link} itself dropped {w['relay_drops']} packets "
+                         "(its queue or socket overflowed): the link lost more than configured; the machine may be "
+                         "overloaded")
+    return stats
 
 
 def _alternatives(setup: VariantSetup) -> str:

@@ -47,6 +47,10 @@ def test_short_atlas_2dc_run(tmp_path: Path) -> None:
         assert link["bytes"] == 2 * 2 * 8 * 2 * summary["wire_activation_bytes"]  # 2 iterations, dp, m, fwd+bwd
         assert link["goodput_mbps"] > 50
         assert (out / v["gantt_png"]).exists() and (out / v["timeline_csv"]).exists()
+        if summary["delay_backend"] == "relay":  # the relay's counters over the variant
+            line = v["delay_line"]["dc1-dc2"]
+            frames = [d["rx_frames"] for d in line.values() if isinstance(d, dict)]
+            assert len(frames) == 2 and min(frames) > 1000 and line["relay_drops"] >= 0
     assert base["streams"] == 1 and atlas["streams"] >= 8
     assert atlas["iteration_time_s"] < base["iteration_time_s"]
     assert atlas["wan_links"]["dc1-dc2"]["goodput_mbps"] > 2 * base["wan_links"]["dc1-dc2"]["goodput_mbps"]

@@ -751,12 +751,13 @@ class Emulation:
             proc, out = w.relay, w.relay_out
             if proc is None or out is None or proc.stdin is None or proc.poll() is not None:
                 continue
+            seen = out.watched[0]  # before asking: the answer can come back at once
             try:
                 proc.stdin.write("stats\n")
                 proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 continue
-            asked[w] = out.watched[0]
+            asked[w] = seen
         stats: dict[str, dict[str, Any]] = {}
         deadline = time.monotonic() + timeout_s
         while asked and time.monotonic() < deadline:

@@ -357,6 +357,10 @@ def bubbletea_rows(summary: Mapping[str, Any] | None, plain: str = "atlas", why_
         t1 = entry.get("iteration_time_s")
         if t0 and t1:
             why = f"{t1:.3f} s vs {t0:.3f} s per iteration"
+        drops = entry.get("wan_tail_drops") or {}
+        if entry.get("training_slowdown_note"):
+            why += (f"; WAN lost {drops.get('with_bubbletea')} packets here, {drops.get('without')} without "
+                    "BubbleTea (TCP windows shrank): rerun to compare")
     out.append(Row("bubbletea", "training slowdown with BubbleTea", None if slowdown is None else float(slowdown),
                    "+%", f"<= {SLOWDOWN_LIMIT:.0%}", _check(slowdown, lambda x: x <= SLOWDOWN_LIMIT), why))
     req = entry.get("prefill_requests") if u1 is not None else None

@@ -177,6 +177,9 @@ def run_scenario(
                         plain = summary["variants"].get(name.removesuffix(BT_SUFFIX), {}).get("iteration_time_s")
                         entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
                                              progress, base_dir, (cal.src, cal.dst) if cal else None, plain)
+                        if name.endswith(BT_SUFFIX):
+                            _compare_wan_loss(entry, summary["variants"].get(name.removesuffix(BT_SUFFIX)),
+                                              name, progress)
                     except (RunnerError, ConfigError, ValueError) as exc:
                         progress.log(f"  {name} FAILED: {exc}")
                         entry = {"error": str(exc)}
@@ -410,6 +413,31 @@ def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
             row = t.to_json()
             row["links"] = " ".join(row["links"])
             w.writerow([row.get(c) for c in cols])
+
+
+def tail_drops(entry: Mapping[str, Any] | None) -> int | None:
+    """The emulated WAN queues' tail drops over a variant (relay delay lines only)."""
+    lines = (entry or {}).get("delay_line")
+    if not lines:
+        return None
+    return sum(d["queue_drops"] for w in lines.values() for d in w.values() if isinstance(d, dict))
+
+
+def _compare_wan_loss(entry: dict[str, Any], plain: Mapping[str, Any] | None, name: str, progress: Progress) -> None:
+    """A +bubbletea variant whose WAN lost packets that its plain twin did not: TCP then
+    carries smaller windows for the rest of the run, and the slowdown it measures is
+    the network's, not the prefill's. Say so next to the slowdown."""
+    mine, theirs = tail_drops(entry), tail_drops(plain)
+    if mine is None or theirs is None:
+        return
+    entry["wan_tail_drops"] = {"with_bubbletea": mine, "without": theirs}
+    slow = entry.get("training_slowdown")
+    if mine > theirs and slow is not None and slow > 0.01:
+        note = (f"the WAN queue dropped {mine} packets in this variant and {theirs} without BubbleTea: TCP windows "
+                "shrank and stayed small, so part or all of the slowdown is the network's (waited on prefill: "
+                f"{entry.get('training_wait_on_prefill_s', 0) * 1e3:.0f} ms); rerun to compare")
+        entry["training_slowdown_note"] = note
+        progress.log(f"  {name}: note: {note}")
 
 
 def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,

@@ -136,6 +136,15 @@ def test_bubbletea_slowdown_from_iteration_times_when_not_reported() -> None:
     assert slow.value == pytest.approx(1.231 / 1.212 - 1)
 
 
+def test_bubbletea_slowdown_row_says_when_the_wan_lost_packets() -> None:
+    s = copy.deepcopy(SUMMARY)
+    bt = s["variants"]["atlas+bubbletea"]
+    bt.update(training_slowdown=0.103, wan_tail_drops={"with_bubbletea": 5, "without": 0},
+              training_slowdown_note="the WAN queue dropped 5 packets ...")
+    slow = rows_by_measure(d.bubbletea_rows(s))["training slowdown with BubbleTea"]
+    assert slow.ok is False and "WAN lost 5 packets here, 0 without BubbleTea" in slow.note
+
+
 def test_bubbletea_rows_missing_variant_say_why() -> None:
     s = copy.deepcopy(SUMMARY)
     del s["variants"]["atlas+bubbletea"]

@@ -194,3 +194,28 @@ def test_measured_stage_times_and_pipeline_overhead_for_real_devices() -> None:
     # first forward 0.1 s after the start, last backward ends 0.8 s before the end
     assert pipeline_overhead(timelines, [(0.0, 2.0)]) == pytest.approx(0.9)
     assert pipeline_overhead(timelines, []) == 0.0
+
+
+def test_slowdown_with_wan_loss_the_plain_twin_did_not_have_is_flagged() -> None:
+    import io
+
+    from testbed.progress import Progress
+    from testbed.runner import _compare_wan_loss, tail_drops
+
+    def entry(drops: int, **extra) -> dict:
+        return {"delay_line": {"dc1-dc2": {"x->y": {"queue_drops": drops}, "y->x": {"queue_drops": 0},
+                                           "relay_drops": 0}}, **extra}
+
+    assert tail_drops(entry(5)) == 5 and tail_drops({"delay_line": None}) is None and tail_drops(None) is None
+    log = io.StringIO()
+    bt = entry(5, training_slowdown=0.103, training_wait_on_prefill_s=0.0)
+    _compare_wan_loss(bt, entry(0), "atlas+bubbletea", Progress(stream=log, tty=False))
+    assert bt["wan_tail_drops"] == {"with_bubbletea": 5, "without": 0}
+    assert "dropped 5 packets in this variant and 0 without BubbleTea" in bt["training_slowdown_note"]
+    assert "atlas+bubbletea: note:" in log.getvalue()
+    calm = entry(5, training_slowdown=-0.005)
+    _compare_wan_loss(calm, entry(0), "atlas+bubbletea", Progress(stream=io.StringIO(), tty=False))
+    assert "training_slowdown_note" not in calm and calm["wan_tail_drops"]["with_bubbletea"] == 5
+    local = {"delay_line": None, "training_slowdown": 0.2}
+    _compare_wan_loss(local, {"delay_line": None}, "x", Progress(stream=io.StringIO(), tty=False))
+    assert local == {"delay_line": None, "training_slowdown": 0.2}

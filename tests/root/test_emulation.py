@@ -116,9 +116,12 @@ def test_popen_processes_are_recorded_and_killed_at_teardown():
         h = emu.host("a", 0)
         proc = h.popen(["sleep", "300"])
         assert proc.pid in [p.pid for p in emu.record.processes]
-        assert ProcFS().environ_has(proc.pid, "TESTBED_RUN", emu.prefix)
-        # mnexec enters the host's namespace just after it starts: give it a moment
+        # between fork and exec /proc/<pid>/environ is still the parent's, and mnexec
+        # enters the host's namespace just after it starts: give both a moment
         deadline = time.monotonic() + 5
+        while not ProcFS().environ_has(proc.pid, "TESTBED_RUN", emu.prefix) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert ProcFS().environ_has(proc.pid, "TESTBED_RUN", emu.prefix)
         while ProcFS().netns(proc.pid) != h.netns_inode and time.monotonic() < deadline:
             time.sleep(0.02)
         assert ProcFS().netns(proc.pid) == h.netns_inode

@@ -383,12 +383,9 @@ def build_rows(bench: Sequence[Mapping[str, Any]] | None, summary: Mapping[str, 
 
 
 def _read_json(path: Path) -> Any:
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise DemoError(f"{path}: cannot be read as JSON ({exc})") from None
+    from testbed.report import read_json
+
+    return read_json(path, lambda exc: DemoError(f"{path}: cannot be read as JSON ({exc})"))
 
 
 class DemoError(RuntimeError):

@@ -81,13 +81,21 @@ class ResultSet:
         return dict(self.parameters)
 
 
-def _read_json(path: Path) -> Any:
+def read_json(path: Path, fail: Callable[[Exception], Exception]) -> Any:
+    """The JSON document at `path`, or None when there is none; `fail` turns a file
+    that is there but unreadable into the caller's error (the demo reads results
+    the same way)."""
     try:
         return json.loads(path.read_text())
     except FileNotFoundError:
         return None
     except (OSError, ValueError) as exc:
-        raise ReportError(f"{path}: unreadable JSON ({exc}); remove the file or rerun that point") from None
+        raise fail(exc) from None
+
+
+def _read_json(path: Path) -> Any:
+    return read_json(path, lambda exc: ReportError(
+        f"{path}: unreadable JSON ({exc}); remove the file or rerun that point"))
 
 
 def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:

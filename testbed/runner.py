@@ -252,7 +252,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                  pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> dict[str, Any]:
     """Run one variant and return its summary entry, with its prediction (made
     before the run; real devices: with their warm-up's measured compute times)."""
-    from testbed.training.metrics import channel_rate, variant_metrics
+    from testbed.training.metrics import variant_metrics
 
     folder = out / setup.name
     if folder.exists():
@@ -282,36 +282,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
                         link_names=link_names)
     measured_it = m["iteration_time_s"]
-    # The headline prediction is made before the measured iterations from the
-    # calibration probe's rates; real devices add the stage times their warm-up
-    # measured (the compute model does not know this machine). The same model fed
-    # with the variant's own warm-up rates is kept as a diagnostic: under colliding
-    # multi-stream channels TCP settles into run-long regimes (loss, cwnd) that the
-    # warm-up may or may not share with the measured iterations.
-    predicted = pred.iteration_time_s
-    how = "calibration probe" if setup.rate_bps else "window model"
-    compute, overhead = None, 0.0
-    first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
-    if workload.gpu.mode == "real" and workload.warmup:
-        from testbed.training.metrics import iterations as iteration_spans
-        from testbed.training.metrics import pipeline_overhead, stage_compute_times
-
-        spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
-                 if first <= it.index < workload.warmup]
-        compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
-        overhead = pipeline_overhead(run.timelines, spans)
-        if compute is not None:
-            predicted = repredict(setup, scenario, workload, base_dir, None, pair, net.local, compute) + overhead
-            how += " and warm-up compute times"
-    warm, warm_predicted = None, None
-    temporal = setup.sharing == "temporal"
-    if workload.warmup and pair is not None:  # a temporal plan holds the link alone: all its transfers
-        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
-        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
-            warm = None  # too few transfers had the link alone: their rate would count the sharing twice
-        if warm is not None:
-            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, net.local, compute)
-            warm_predicted += overhead if compute is not None else 0.0
+    predicted, prediction = _predictions(setup, scenario, workload, base_dir, run, pair, net.local, measured_it)
     setup.final_prediction = predicted
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup)
     extra: dict[str, Any] = {}
@@ -329,18 +300,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         "iteration_time_s": measured_it,
         "predicted_iteration_time_s": predicted,
         "prediction_error": (measured_it - predicted) / predicted,
-        "prediction": {
-            "rates_from": how,
-            "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
-            "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
-            "with_warmup_rates_iteration_time_s": warm_predicted,
-            "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
-            "a_priori_iteration_time_s": pred.iteration_time_s,
-            "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
-            "measured_stage_forward_s": None if compute is None else compute[0],
-            "measured_stage_backward_s": None if compute is None else compute[1],
-            "measured_overhead_s": None if compute is None else overhead,
-        },
+        "prediction": prediction,
         "device_utilization": m["device_utilization"],
         "device_utilization_training": m["device_utilization_training"],
         "bubble_fraction": m["bubble_fraction"],
@@ -413,6 +373,54 @@ def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
             row = t.to_json()
             row["links"] = " ".join(row["links"])
             w.writerow([row.get(c) for c in cols])
+
+
+def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None, run: VariantRun,
+                 pair: tuple[str, str] | None, local: bool, measured_it: float) -> tuple[float, dict[str, Any]]:
+    """The variant's headline prediction and the summary's ``prediction`` block.
+
+    The headline is made before the measured iterations from the calibration probe's
+    rates; real devices add the stage times their warm-up measured (the compute model
+    does not know this machine). The same model fed with the variant's own warm-up
+    rates is kept as a diagnostic: under colliding multi-stream channels TCP settles
+    into run-long regimes (loss, cwnd) that the warm-up may or may not share with the
+    measured iterations."""
+    from testbed.training.metrics import channel_rate, pipeline_overhead, stage_compute_times
+    from testbed.training.metrics import iterations as iteration_spans
+
+    pred = setup.prediction
+    predicted = pred.iteration_time_s
+    how = "calibration probe" if setup.rate_bps else "window model"
+    compute, overhead = None, 0.0
+    first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
+    if workload.gpu.mode == "real" and workload.warmup:
+        spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
+                 if first <= it.index < workload.warmup]
+        compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
+        if compute is not None:
+            overhead = pipeline_overhead(run.timelines, spans)
+            predicted = repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead
+            how += " and warm-up compute times"
+    warm, warm_predicted = None, None
+    temporal = setup.sharing == "temporal"
+    if workload.warmup and pair is not None:  # a temporal plan holds the link alone: all its transfers
+        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
+        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
+            warm = None  # too few transfers had the link alone: their rate would count the sharing twice
+        if warm is not None:
+            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, local, compute) + overhead
+    return predicted, {
+        "rates_from": how,
+        "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
+        "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
+        "with_warmup_rates_iteration_time_s": warm_predicted,
+        "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
+        "a_priori_iteration_time_s": pred.iteration_time_s,
+        "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
+        "measured_stage_forward_s": None if compute is None else compute[0],
+        "measured_stage_backward_s": None if compute is None else compute[1],
+        "measured_overhead_s": None if compute is None else overhead,
+    }
 
 
 def tail_drops(entry: Mapping[str, Any] | None) -> int | None:

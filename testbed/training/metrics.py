@@ -25,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
+from statistics import median
 from typing import Any
 
 from testbed.device import WorkRecord, busy_time, merge_intervals
@@ -167,11 +168,10 @@ def stage_compute_times(
     out: dict[str, list[float]] = {"forward": [], "backward": []}
     for kind, values in out.items():
         for k in range(stages):
-            got = sorted(times.get((kind, k), []))
+            got = times.get((kind, k))
             if not got:
                 return None
-            n = len(got)
-            values.append(got[n // 2] if n % 2 else (got[n // 2 - 1] + got[n // 2]) / 2)
+            values.append(median(got))
     return out["forward"], out["backward"]
 
 
@@ -185,11 +185,7 @@ def pipeline_overhead(timelines: Mapping[str, Sequence[WorkRecord]], spans: Sequ
                 if r.kind in ("forward", "backward") and t0 <= r.start < t1]
         if work:
             extra.append(max(0.0, min(r.start for r in work) - t0) + max(0.0, t1 - max(r.end for r in work)))
-    if not extra:
-        return 0.0
-    extra.sort()
-    n = len(extra)
-    return extra[n // 2] if n % 2 else (extra[n // 2 - 1] + extra[n // 2]) / 2
+    return median(extra) if extra else 0.0
 
 
 # ---------------------------------------------------------------- devices
@@ -323,9 +319,9 @@ def channel_rate(transfers: Iterable[TransferRecord], iterations: Iterable[int],
 
     solo = [t for t in recs if alone(t)]
     chosen, which = (solo, "alone on the link") if solo_only and len(solo) >= min_solo else (recs, "all")
-    rates = sorted(t.nbytes * 8 / max(1e-6, t.wire_span[1] - t.wire_span[0]) for t in chosen)  # type: ignore[index]
+    rates = [t.nbytes * 8 / max(1e-6, t.wire_span[1] - t.wire_span[0]) for t in chosen]  # type: ignore[index]
     n = len(rates)
-    mid = rates[n // 2] if n % 2 else (rates[n // 2 - 1] + rates[n // 2]) / 2
+    mid = median(rates)
     return mid, n, which
 
 

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 import time
 from pathlib import Path
 
@@ -24,13 +23,8 @@ pytestmark = [pytest.mark.root, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
-
-
 @pytest.mark.timeout(400)
-def test_real_tiny_run_across_two_dcs_equals_one_process_for_every_variant(tmp_path: Path) -> None:
+def test_real_tiny_run_across_two_dcs_equals_one_process_for_every_variant(tmp_path: Path, namespaces) -> None:
     before = namespaces()
     scenario, resolved = load_scenario(ROOT / "scenarios/real-tiny-2dc.yaml", {"runner.base_port": 43500})
     out = tmp_path / "out"

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import io
 import json
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -19,13 +18,8 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def namespaces() -> set[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    return {line.split()[0] for line in out.splitlines() if line.strip()}
-
-
 @pytest.mark.timeout(400)
-def test_short_atlas_2dc_run(tmp_path: Path) -> None:
+def test_short_atlas_2dc_run(tmp_path: Path, namespaces) -> None:
     before = namespaces()
     scenario, resolved = load_scenario(ROOT / "scenarios/atlas-2dc.yaml", {
         "workload.warmup": 1, "workload.iterations": 2, "variants": ["baseline", "atlas"],

@@ -225,6 +225,7 @@ class TransportComm:
         self.received: list[dict[str, Any]] = []
         self._out: list[_Outstanding] = []
         self._queues: dict[int, deque[_Pending]] = {b: deque() for b in self.channels}
+        self._handing = 0  # sends the dispatcher took off a queue and is handing over (not yet in _out)
         self._cv = threading.Condition()
         self._error: BaseException | None = None
         self._closed = False
@@ -288,11 +289,11 @@ class TransportComm:
         """Wait until every send so far was handed over and confirmed by its receiver."""
         deadline = time.monotonic() + self.timeout_s
         with self._cv:
-            while any(self._queues.values()) and self._error is None:
+            while (any(self._queues.values()) or self._handing) and self._error is None:
                 if not self._cv.wait(max(0.0, deadline - time.monotonic())):
                     break
             self._raise_if_failed()
-            if any(self._queues.values()):
+            if any(self._queues.values()) or self._handing:
                 raise CommError(f"{self.worker}: planned sends still waiting after {self.timeout_s:g} s")
             out, self._out = self._out, []
         for o in out:
@@ -410,14 +411,17 @@ class TransportComm:
                 if not due:
                     self._cv.wait(None if wake is None else max(0.0005, wake - now))
                     continue
+                self._handing += len(due)  # flush() must wait for these, though the queues look empty
             for b, p in due:
                 try:
                     self._isend(self.channels[b], p.key, p.tensor, p.record, p.planned)
                 except BaseException as exc:  # surfaced by the worker's next send/flush
                     with self._cv:
                         self._error = exc
-            with self._cv:
-                self._cv.notify_all()
+                finally:
+                    with self._cv:
+                        self._handing -= 1
+                        self._cv.notify_all()
 
 
 def _is_tensor(x: Any) -> bool:

@@ -121,6 +121,39 @@ def test_slot_mode_send_waits_for_its_slot_without_blocking_and_keeps_order() ->
     assert second["sent"] >= first["sent"]
 
 
+class SlowHandoff:
+    """A channel whose isend takes a while to return (a busy transport thread)."""
+
+    def __init__(self, ch, delay_s: float) -> None:
+        self.ch, self.delay_s = ch, delay_s
+
+    def isend(self, tensor, tag):
+        time.sleep(self.delay_s)
+        return self.ch.isend(tensor, tag)
+
+    def __getattr__(self, name):
+        return getattr(self.ch, name)
+
+
+def test_flush_waits_for_a_planned_send_the_dispatcher_is_handing_over() -> None:
+    # CI once lost one record of 8: flush() saw the queue empty while the dispatcher
+    # had taken the last planned send off it but not yet handed it to the channel
+    plan = {("fwd", 0, 0): Planned(slot_s=0.05)}
+    with loopback_pair(streams=1) as (client, server):
+        up, down = comms(SlowHandoff(client, 0.3), server, plan=plan, mode="slot")
+        start = time.time()
+        up.begin_iteration(0, start)
+        down.begin_iteration(0, start)
+        up.send(TransferKey(0, 0, 0, "fwd"), None)
+        time.sleep(0.15)  # the dispatcher is now inside the slow isend
+        up.flush()
+        sent, _ = up.take_records()
+        down.recv(TransferKey(0, 0, 0, "fwd"))
+        up.close()
+        down.close()
+    assert [r["mb"] for r in sent] == [0] and sent[0]["confirmed"] >= sent[0]["sent"]
+
+
 def free_udp_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.bind(("127.0.0.1", 0))

@@ -268,6 +268,9 @@ class NetParams:
     lan_latency_s: float = 0.0
     max_streams: int = 64
     allreduce: bool = True  # add the DP gradient all-reduce to the iteration time
+    # share of a WAN link's rate that two or more colliding transfers get in total
+    # (measured by the runner's collision probe; None: the fluid model, all of it)
+    crowded_fraction: float | None = None
 
 
 @dataclass(frozen=True)
@@ -411,7 +414,9 @@ def build_spec(
                     wan[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
                 wp = wan[(a, z)]
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
-                    resources[wan_resource(x, y)] = Resource(topology.link(x, y).rate)
+                    rate = topology.link(x, y).rate
+                    crowded = None if net.crowded_fraction is None else rate * net.crowded_fraction
+                    resources[wan_resource(x, y)] = Resource(rate, crowded_bps=crowded)
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s)
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),

@@ -34,6 +34,7 @@ from testbed.scenario import Scenario
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 PROBE_WARMUP = 2  # calibration tensors sent first and not timed (connection set-up, window growth)
+COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 PROBE_WARMUP_BYTES_PER_STREAM = 2 << 20  # one big untimed tensor first: a few windows per stream
 
 
@@ -50,6 +51,7 @@ class Calibration:
     concurrent: int = 0
     colliding_bps: dict[int, float] = field(default_factory=dict)  # streams -> aggregate of `concurrent`
     # channels colliding (all sending at once), per direction
+    colliding_s: dict[int, list[float]] = field(default_factory=dict)  # streams -> their transfers' times
 
     def rate(self, streams: int) -> float:
         return self.rates_bps[streams]
@@ -59,14 +61,15 @@ class Calibration:
             "method": ("tensors of the workload's wire size timed over one atlas_transport channel from "
                        f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
                        "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
-                       f"reported apart: the aggregate of {self.concurrent} channels colliding (sending at once) "
-                       "each way"),
+                       f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
+                       "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"),
             "src": self.src, "dst": self.dst, "nbytes": self.nbytes, "one_way_delay_s": self.latency_s,
             "channel_rate_mbps": {str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
             "per_flow_rate_mbps": {str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
             "transfer_s": {str(n): v for n, v in sorted(self.transfer_s.items())},
             "concurrent_channels": self.concurrent,
             "colliding_channels_aggregate_mbps": {str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
+            "colliding_transfer_s": {str(n): v for n, v in sorted(self.colliding_s.items())},
         }
 
 
@@ -81,14 +84,15 @@ def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) ->
     return nbytes * 8 / max(1e-6, mid - latency_s)
 
 
-def aggregate_rate(nbytes: int, rounds: Sequence[tuple[float, float]], channels: int, latency_s: float) -> float:
-    """Link rate when `channels` send one tensor each at once: per round (first hand-over,
-    last arrival), channels x bytes / (median span - delay)."""
-    if not rounds:
+def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, latency_s: float) -> float:
+    """Link total while `channels` channels collide, from their transfers' hand-over to
+    arrival times: channels x bytes / (mean duration - delay). The mean, not the
+    median: colliding channels lose packets, and the rare transfer that waits out a
+    retransmission timeout is part of what collisions cost on average."""
+    if not durations:
         raise RunnerError("calibration timed no transfer")
-    spans = sorted(last - first for first, last in rounds)
-    mid = spans[len(spans) // 2] if len(spans) % 2 else (spans[len(spans) // 2 - 1] + spans[len(spans) // 2]) / 2
-    return channels * nbytes * 8 / max(1e-6, mid - latency_s)
+    mean = sum(durations) / len(durations)
+    return channels * nbytes * 8 / max(1e-6, mean - latency_s)
 
 
 class Prober:
@@ -200,25 +204,29 @@ def calibrate_link(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
     streams: int, cal: Calibration, progress: Progress,
 ) -> None:
-    """The link's capacity as the variants load it: one channel of `streams` per pair
-    and per direction, sending in synchronised rounds (as the data-parallel pipelines
-    do); per direction and round, channels x bytes over the time until the last
-    tensor arrived (so unfair sharing counts against the link)."""
-    count = scenario.runner.calibration_transfers + PROBE_WARMUP
+    """The link's total while the variants' channels collide on it: one channel of
+    `streams` per pair and per direction, sending in synchronised rounds (as the
+    data-parallel pipelines do), at least COLLISION_ROUNDS timed rounds (the mean of
+    a heavy-tailed time needs more samples than a median)."""
+    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
     prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
     single = cal.transfer_s.get(streams) or [1.0]
     period = 2.5 * sum(single) / len(single) + PROBE_GAP_S
     both = list(pairs) + [(b, a) for a, b in pairs]
     res = prober.run(both, streams, cal.nbytes, count, f"x{len(pairs)}-", period_s=period)
     rates = []
+    durations: list[float] = []
     for group in (res[:len(pairs)], res[len(pairs):]):
-        rounds = [(min(r["sent"][k] for r in group), max(r["arrived"][k] for r in group))
-                  for k in range(PROBE_WARMUP, count)]
-        rates.append(aggregate_rate(cal.nbytes, rounds, len(pairs), cal.latency_s))
+        timed = [a - s for r in group for s, a in list(zip(r["sent"], r["arrived"], strict=True))[PROBE_WARMUP:]]
+        durations += timed
+        rates.append(aggregate_rate(cal.nbytes, timed, len(pairs), cal.latency_s))
     cal.concurrent = len(pairs)
     cal.colliding_bps[streams] = sum(rates) / len(rates)
-    progress.log(f"  calibration: {len(pairs)} channels of {streams} streams at once, each way: "
-                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all")
+    cal.colliding_s[streams] = durations
+    ms = sorted(d * 1e3 for d in durations)
+    progress.log(f"  calibration: {len(pairs)} channels of {streams} streams colliding, each way: "
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
+                 f"{ms[len(ms) // 2]:.0f} ms, slowest {ms[-1]:.0f} ms of {len(ms)})")
 
 
 def calibration_pairs(placement: Any) -> list[tuple[str, str]]:

@@ -145,11 +145,12 @@ def run_scenario(
                                 "work of any device ends; iterations are separated by a barrier",
             "predicted_iteration_time_s": "planner simulation of one iteration (atlas_transport/planner.py) with "
                                           "the variant's placement and temporal plan, made before the run from the "
-                                          "calibration probe's WAN channel rates (and the aggregate of colliding "
-                                          "channels for shared links); real devices (gpu.mode: real): with the stage "
+                                          "calibration probe's WAN channel rates (a shared link carries, while "
+                                          "transfers collide on it, the probe's aggregate of colliding channels); "
+                                          "real devices (gpu.mode: real): with the stage "
                                           "compute times the warm-up iterations measured, plus their measured time "
                                           "outside the pipeline. prediction.with_warmup_rates_iteration_time_s: the "
-                                          "same fed with the variant's own warm-up channel rate (diagnostic). "
+                                          "same fed with the variant's own warm-up channel rate and colliding aggregate (diagnostic). "
                                           "Modelled devices: DP all-reduce not emulated, not included",
             "device_utilization": "mean over devices of busy time / wall time of the measured iterations",
             "bubble_fraction": "mean over devices of idle (no training work) / wall time of the measured iterations",
@@ -380,12 +381,20 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
     """The variant's headline prediction and the summary's ``prediction`` block.
 
     The headline is made before the measured iterations from the calibration probe's
-    rates; real devices add the stage times their warm-up measured (the compute model
-    does not know this machine). The same model fed with the variant's own warm-up
-    rates is kept as a diagnostic: under colliding multi-stream channels TCP settles
-    into run-long regimes (loss, cwnd) that the warm-up may or may not share with the
-    measured iterations."""
-    from testbed.training.metrics import channel_rate, pipeline_overhead, stage_compute_times
+    rates (a shared link: a channel's rate alone on it, the probe's colliding
+    aggregate while transfers collide); real devices add the stage times their
+    warm-up measured (the compute model does not know this machine). The same model
+    fed with the variant's own warm-up (solo channel rate, and the aggregate its
+    colliding transfers reached) is kept as a diagnostic: TCP's loss recovery under
+    collisions varies from iteration to iteration, and a few warm-up iterations
+    predicted multi-tcp worse than the probe did (atlas-2dc: 2 of 5 runs within 10%,
+    the probe 4 of 5)."""
+    from testbed.training.metrics import (
+        channel_rate,
+        colliding_rate,
+        pipeline_overhead,
+        stage_compute_times,
+    )
     from testbed.training.metrics import iterations as iteration_spans
 
     pred = setup.prediction
@@ -393,28 +402,36 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
     how = "calibration probe" if setup.rate_bps else "window model"
     compute, overhead = None, 0.0
     first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
+    warmup_its = range(first, workload.warmup)
     if workload.gpu.mode == "real" and workload.warmup:
         spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
-                 if first <= it.index < workload.warmup]
+                 if it.index in warmup_its]
         compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
         if compute is not None:
             overhead = pipeline_overhead(run.timelines, spans)
-            predicted = repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead
             how += " and warm-up compute times"
-    warm, warm_predicted = None, None
+            predicted = repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead
     temporal = setup.sharing == "temporal"
+    crowd = None
+    if not temporal and setup.colliding_bps is not None and pair is not None and workload.warmup:
+        crowd = colliding_rate(run.transfers, warmup_its, workload.parallelism.dp)
+    warm, warm_predicted = None, None
     if workload.warmup and pair is not None:  # a temporal plan holds the link alone: all its transfers
-        warm = channel_rate(run.transfers, range(first, workload.warmup), solo_only=not temporal)
+        warm = channel_rate(run.transfers, warmup_its, solo_only=not temporal)
         if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
             warm = None  # too few transfers had the link alone: their rate would count the sharing twice
         if warm is not None:
-            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, local, compute) + overhead
+            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, local, compute,
+                                       None if crowd is None else crowd[0]) + overhead
     return predicted, {
         "rates_from": how,
         "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
         "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
         "with_warmup_rates_iteration_time_s": warm_predicted,
         "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
+        "calibrated_colliding_aggregate_mbps": None if setup.colliding_bps is None else setup.colliding_bps / 1e6,
+        "warmup_colliding_aggregate_mbps": None if crowd is None else crowd[0] / 1e6,
+        "warmup_colliding_transfers": None if crowd is None else crowd[1],
         "a_priori_iteration_time_s": pred.iteration_time_s,
         "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
         "measured_stage_forward_s": None if compute is None else compute[0],

@@ -148,56 +148,58 @@ def calibrated_topology(topology: Any, link_bps: float | None, pair: tuple[str, 
 
 
 def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None, sharing: int,
-                     nominal_bps: float | None, colliding_bps: float | None = None) -> tuple[float | None, float | None]:
-    """(per-flow rate, link capacity) the prediction of a variant uses, from the
-    measured rate of one channel of `streams` streams.
+                     nominal_bps: float | None, colliding_bps: float | None = None
+                     ) -> tuple[float | None, float | None, float | None]:
+    """(per-flow rate, link capacity, crowded fraction) the prediction of a variant
+    uses, from the measured rate of one channel of `streams` streams.
 
     Temporal sharing puts one transfer at a time on the link: its capacity is that
-    rate. Shared links: the measured aggregate of `sharing` channels colliding
-    (sending at once), when calibrated; at least the one-channel rate (a fluid max-min
-    model cannot give two channels less than one gets alone). Without that
-    measurement (single streams, which stay far from the loss that many colliding
-    streams cause): the link's TCP goodput, each channel still capped at its own
-    measured rate."""
+    rate. Shared links: the link's TCP goodput (at least one channel's rate), each
+    channel capped at its own measured rate; while two or more transfers collide on
+    it, the measured aggregate of `sharing` colliding channels (their loss and
+    recovery make it fall short of the goodput, even of one channel alone), given as
+    a fraction of the capacity. No collision measurement (single streams, which stay
+    far from the loss that many colliding streams cause): no crowding."""
     if rate_bps is None:
-        return None, None
+        return None, None, None
     if temporal:
-        return rate_bps / streams, rate_bps
-    if colliding_bps is not None:
-        return rate_bps / streams, max(rate_bps, colliding_bps)
-    if nominal_bps is None:
-        return rate_bps / streams, rate_bps
-    return rate_bps / streams, max(rate_bps, LINK_GOODPUT * nominal_bps)
+        return rate_bps / streams, rate_bps, None
+    link = rate_bps if nominal_bps is None else max(rate_bps, LINK_GOODPUT * nominal_bps)
+    crowded = None if colliding_bps is None else min(1.0, colliding_bps / link)
+    return rate_bps / streams, link, crowded
 
 
 def _net_for(setup: VariantSetup, scenario: Scenario, workload: Any, rate_bps: float | None,
-             pair: tuple[str, str] | None, local: bool) -> tuple[Any, Any]:
+             pair: tuple[str, str] | None, local: bool, colliding_bps: float | None = None) -> tuple[Any, Any]:
     from atlas_transport.planner import NetParams
 
     nominal = nominal_link(scenario.topology, pair) if pair else None
-    flow, link = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
-                                  workload.parallelism.dp, nominal, setup.colliding_bps)
-    return NetParams(flow_rate_bps=flow, allreduce=False), calibrated_topology(scenario.topology, link, pair, local)
+    flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
+                                           workload.parallelism.dp, nominal, colliding_bps or setup.colliding_bps)
+    net = NetParams(flow_rate_bps=flow, allreduce=False, crowded_fraction=None if local else crowded)
+    return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
 def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
                     rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
-                    effective: Any = None) -> Any:
+                    effective: Any = None, colliding_bps: float | None = None) -> Any:
     """The planner's prediction (and, for atlas, temporal plan) of a placed variant
     whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     from atlas_transport.planner import predict
 
-    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local)
+    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local, colliding_bps)
     return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
                    effective=effective)
 
 
 def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
               rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
-              compute: tuple[list[float], list[float]] | None = None) -> float:
+              compute: tuple[list[float], list[float]] | None = None,
+              colliding_bps: float | None = None) -> float:
     """Iteration time the planner predicts for the same placement and the same
     temporal plan (token order, offsets) when the channels move `rate_bps` (None:
-    the calibrated rate) and, when given, each stage computes for the measured
+    the calibrated rate), colliding channels `colliding_bps` in all (None: the
+    calibrated aggregate) and, when given, each stage computes for the measured
     (forward, backward) seconds instead of the compute model's."""
     from dataclasses import replace
 
@@ -214,9 +216,10 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: 
         # with tokens a transfer holds its link for its planned time even when it is
         # done sooner: the link cannot move more than the plan's rate
         rate_bps = min(rate_bps, setup.rate_bps)
-    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local)
+    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local, colliding_bps)
     if plan is None:
-        return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff).iteration_time_s
+        return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff,
+                               colliding_bps).iteration_time_s
     spec, _ = build_spec(topo, workload, setup.placement, setup.variant, eff, net)
     return simulate(plan.apply(spec)).makespan
 

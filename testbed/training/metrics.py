@@ -294,35 +294,59 @@ def transfer_wait(transfers: Iterable[TransferRecord], windows: Sequence[tuple[f
     return {"mean_plan_wait_s": mean(waits), "mean_wan_transfer_s": mean(flights)}
 
 
+def _wan_transfers(transfers: Iterable[TransferRecord], iterations: Iterable[int]) -> list[TransferRecord]:
+    wanted = set(iterations)
+    return [t for t in transfers if t.iteration in wanted and t.links and t.wire_span is not None]
+
+
+def _alone(recs: Sequence[TransferRecord]) -> list[bool]:
+    """For each transfer: did it have its link directions to itself (no other transfer
+    on the wire there at any moment of its own time on the wire)?"""
+    by_link: dict[str, list[tuple[float, float]]] = {}
+    for t in recs:
+        for d in t.links:
+            by_link.setdefault(d, []).append(t.wire_span)  # type: ignore[arg-type]
+    out = []
+    for t in recs:
+        s0, e0 = t.wire_span  # type: ignore[misc]
+        out.append(all(sum(1 for s, e in by_link[d] if s < e0 and e > s0) <= 1 for d in t.links))  # itself once
+    return out
+
+
+def _wire_s(t: TransferRecord) -> float:
+    s, e = t.wire_span  # type: ignore[misc]
+    return max(1e-6, e - s)
+
+
 def channel_rate(transfers: Iterable[TransferRecord], iterations: Iterable[int], min_solo: int = 4,
                  solo_only: bool = True) -> tuple[float, int, str] | None:
     """Median rate (bits/s) of the WAN transfers of `iterations` over their time on the
     wire; with `solo_only`, counting only transfers that had their link directions to
     themselves (no other transfer on the wire there at the same time) when there are
     at least `min_solo` of them. Returns (rate, transfers counted, which) or None."""
-    wanted = set(iterations)
-    recs = [t for t in transfers if t.iteration in wanted and t.links and t.wire_span is not None]
+    recs = _wan_transfers(transfers, iterations)
     if not recs:
         return None
-    by_link: dict[str, list[tuple[float, float]]] = {}
-    for t in recs:
-        for d in t.links:
-            by_link.setdefault(d, []).append(t.wire_span)  # type: ignore[arg-type]
-
-    def alone(t: TransferRecord) -> bool:
-        s0, e0 = t.wire_span  # type: ignore[misc]
-        for d in t.links:
-            overlaps = sum(1 for s, e in by_link[d] if s < e0 and e > s0)
-            if overlaps > 1:  # itself counts once
-                return False
-        return True
-
-    solo = [t for t in recs if alone(t)]
+    solo = [t for t, alone in zip(recs, _alone(recs), strict=True) if alone]
     chosen, which = (solo, "alone on the link") if solo_only and len(solo) >= min_solo else (recs, "all")
-    rates = [t.nbytes * 8 / max(1e-6, t.wire_span[1] - t.wire_span[0]) for t in chosen]  # type: ignore[index]
-    n = len(rates)
-    mid = median(rates)
-    return mid, n, which
+    return median([t.nbytes * 8 / _wire_s(t) for t in chosen]), len(chosen), which
+
+
+def colliding_rate(transfers: Iterable[TransferRecord], iterations: Iterable[int], channels: int,
+                   min_count: int = 8) -> tuple[float, int] | None:
+    """What a link direction carried in all while the WAN transfers of `iterations`
+    collided on it: `channels` x mean bytes over the mean time on the wire of the
+    transfers that shared their link with another at some moment (the mean: the rare
+    retransmission timeout is part of what collisions cost). The same estimate as the
+    calibration's collision probe (testbed/calibration.py `aggregate_rate`), from the
+    run's own pattern of overlaps. Returns (bits/s, transfers counted), or None with
+    fewer than `min_count` of them."""
+    recs = _wan_transfers(transfers, iterations)
+    hit = [t for t, alone in zip(recs, _alone(recs), strict=True) if not alone]
+    if len(hit) < min_count:
+        return None
+    bits = sum(t.nbytes for t in hit) * 8 / len(hit)
+    return channels * bits / (sum(_wire_s(t) for t in hit) / len(hit)), len(hit)
 
 
 # ---------------------------------------------------------------- a variant

@@ -67,6 +67,13 @@ class Resource:
     capacity_bps: float
     policy: Literal["shared", "exclusive"] = "shared"
     order: tuple[TransferKey, ...] | None = None  # exclusive only: planned order
+    # shared only: the total while two or more transfers are on it (None: capacity_bps).
+    # Colliding multi-stream TCP channels lose packets and recover; measured, their
+    # total falls well short of what one channel alone gets from the link.
+    crowded_bps: float | None = None
+
+    def capacity(self, users: int) -> float:
+        return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
 
 
 @dataclass
@@ -315,7 +322,11 @@ class _Sim:
 
     def reschedule(self, t: float) -> None:
         flows = list(self.active.values())
-        caps = {name: res.capacity_bps for name, res in self.spec.resources.items()}
+        users: dict[str, int] = {}
+        for f in flows:
+            for name in f.path.resources:
+                users[name] = users.get(name, 0) + 1
+        caps = {name: res.capacity(users.get(name, 0)) for name, res in self.spec.resources.items()}
         rates = max_min_rates([(f.path.cap_bps, f.path.resources) for f in flows], caps)
         nxt = INF
         for f, rate in zip(flows, rates, strict=True):

@@ -150,25 +150,45 @@ def test_channel_rate_counts_transfers_alone_on_their_link() -> None:
     assert channel_rate(ts, [7]) is None
 
 
+def test_colliding_rate_counts_transfers_that_shared_their_link() -> None:
+    from testbed.training.metrics import colliding_rate
+
+    def t(it, p, mb, sent, wire, links=("dc1->dc2",)):
+        return TransferRecord(it, p, 0, mb, "fwd", f"p{p}r0", f"p{p}r1", 1_000_000, links, 0.025,
+                              sent=sent, arrived=sent + wire + 0.025)
+
+    ts = [t(1, 0, 0, 0.0, 0.2), t(1, 1, 0, 0.1, 0.3),  # these two overlap: mean 0.25 s on the wire
+          t(1, 0, 1, 1.0, 0.1),  # alone: not counted
+          t(1, 1, 1, 1.05, 0.1, ("dc2->dc1",)),  # the other direction: alone too
+          t(5, 0, 0, 0.0, 9.0), t(5, 1, 0, 0.0, 9.0)]  # not a wanted iteration
+    rate, n = colliding_rate(ts, [1], channels=2, min_count=2)
+    assert n == 2 and rate == pytest.approx(2 * 8e6 / 0.25)
+    assert colliding_rate(ts, [1], channels=2) is None  # fewer than 8: no estimate
+
+
 def test_calibration_arithmetic() -> None:
     from testbed.calibration import aggregate_rate, effective_rate
     from testbed.variants import calibrated_rates
 
     # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
     assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)
-    assert aggregate_rate(1_000_000, [(0.0, 0.225), (1.0, 1.225)], 2, 0.025) == pytest.approx(80e6)
+    # colliding channels: bytes of each over the mean time on the wire (a retransmission
+    # timeout in one collision of a few is part of what colliding costs)
+    assert aggregate_rate(1_000_000, [0.125, 0.225, 0.125, 0.125], 2, 0.025) == pytest.approx(128e6)
     # shared channels without a collision measurement: the link's TCP goodput, shared
     # max-min (each channel capped at its own rate), so a faster channel never predicts slower
     goodput = 1e9 * 1448 / 1514
-    assert calibrated_rates(False, 1, 1e8, 2, 1e9) == (1e8, pytest.approx(goodput))
-    assert calibrated_rates(False, 1, 5.2e8, 2, 1e9) == (5.2e8, pytest.approx(goodput))
-    assert calibrated_rates(False, 1, 5.2e8, 2, None) == (5.2e8, 5.2e8)
+    assert calibrated_rates(False, 1, 1e8, 2, 1e9) == (1e8, pytest.approx(goodput), None)
+    assert calibrated_rates(False, 1, 5.2e8, 2, 1e9) == (5.2e8, pytest.approx(goodput), None)
+    assert calibrated_rates(False, 1, 5.2e8, 2, None) == (5.2e8, 5.2e8, None)
     # a temporal plan holds the link alone: one channel's rate
-    assert calibrated_rates(True, 8, 7e8, 2, 1e9) == (7e8 / 8, 7e8)
-    assert calibrated_rates(True, 8, None, 2, 1e9) == (None, None)
-    # a calibrated aggregate of the pipelines' channels colliding sets the shared capacity
-    assert calibrated_rates(False, 8, 4.6e8, 2, 1e9, 6.6e8) == (4.6e8 / 8, 6.6e8)
-    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8)  # never below one channel
+    assert calibrated_rates(True, 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8, None)
+    assert calibrated_rates(True, 8, None, 2, 1e9) == (None, None, None)
+    # a calibrated aggregate of colliding channels is the link's total while they collide,
+    # as a share of its capacity: below one channel alone too, never above the link
+    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 4.78e8) == (7e8 / 8, pytest.approx(goodput),
+                                                                pytest.approx(0.5, rel=1e-3))
+    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 2e9)[2] == 1.0
 
 
 def test_measured_stage_times_and_pipeline_overhead_for_real_devices() -> None:

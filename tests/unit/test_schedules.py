@@ -175,6 +175,19 @@ def test_shared_link_splits_and_exclusive_link_serialises() -> None:
     assert planned.order_on("l-fwd") == list(order)
 
 
+def test_crowded_link_carries_its_measured_total_only_while_transfers_collide() -> None:
+    # colliding channels get 0.5 Gbit/s in total: both 1.25 MB transfers end at 40 ms
+    # (not 20); a transfer alone on the link still gets the full rate (10 ms)
+    spec = _two_pipelines("shared")
+    spec.resources = {k: Resource(1e9, crowded_bps=5e8) for k in spec.resources}
+    res = simulate(spec)
+    a, b = (res.transfer(TransferKey(d, 0, 0, "fwd")) for d in range(2))
+    assert a.end == pytest.approx(0.14) and b.end == pytest.approx(0.14)
+    spec.offsets = [0.0, 0.5]  # never at the same time
+    alone = simulate(spec)
+    assert alone.transfer(TransferKey(1, 0, 0, "fwd")).end - 0.6 == pytest.approx(0.01)
+
+
 def test_contradictory_plan_is_reported() -> None:
     # 1F1B, p=2, m=3: stage 0 sends activation 2 only after backward 0, which needs
     # activation 0 to have crossed; a plan putting activation 2 first cannot run.

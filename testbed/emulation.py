@@ -168,9 +168,11 @@ def plan_addresses(topology: Topology) -> AddressPlan:
     return AddressPlan(tuple(dcs), tuple(links), routes)
 
 
-def tcp_sysctls(rmem_max: int, wmem_max: int, congestion_control: str) -> dict[str, str]:
+def tcp_sysctls(rmem_max: int, wmem_max: int, congestion_control: str,
+                slow_start_after_idle: bool = True) -> dict[str, str]:
     """The namespaced sysctls that give a host its per-flow window limit."""
     return {
+        "net.ipv4.tcp_slow_start_after_idle": "1" if slow_start_after_idle else "0",
         "net.ipv4.tcp_congestion_control": congestion_control,
         "net.ipv4.tcp_rmem": f"4096 {min(131072, rmem_max)} {rmem_max}",
         "net.ipv4.tcp_wmem": f"4096 {min(16384, wmem_max)} {wmem_max}",
@@ -540,7 +542,8 @@ class Emulation:
             values.update(GATEWAY_SYSCTLS)
         elif isinstance(handle, HostHandle):
             tcp = self.topology.tcp_for(handle.dc)
-            values.update(tcp_sysctls(tcp.rmem_max, tcp.wmem_max, tcp.congestion_control))
+            values.update(tcp_sysctls(tcp.rmem_max, tcp.wmem_max, tcp.congestion_control,
+                                      tcp.slow_start_after_idle))
         return values
 
     def _write_sysctls(self, handle: NodeHandle, values: dict[str, str]) -> None:

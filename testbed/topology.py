@@ -65,6 +65,11 @@ class TcpSettings(_Model):
     # rate to window/RTT, as per-flow limits do on real WAN paths.
     rmem_max: Size = 6 * 2**20
     wmem_max: Size = 4 * 2**20
+    # net.ipv4.tcp_slow_start_after_idle (Linux default: on). On, a connection idle for
+    # an RTO restarts from the initial window and slow-starts up to its ssthresh: after
+    # one loss every tensor sent after a pipeline bubble ramps up slowly. Long-lived
+    # bulk WAN connections often turn it off.
+    slow_start_after_idle: bool = True
 
     def window_limited_rate(self, rtt_s: float) -> float:
         """Upper bound on one TCP flow's goodput over `rtt_s`, bits/s.

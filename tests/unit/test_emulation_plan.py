@@ -103,6 +103,8 @@ def test_tcp_sysctls_cap_the_window():
     small = tcp_sysctls(65536, 8192, "bbr")
     assert small["net.ipv4.tcp_rmem"] == "4096 65536 65536"
     assert small["net.ipv4.tcp_wmem"] == "4096 8192 8192"
+    assert values["net.ipv4.tcp_slow_start_after_idle"] == "1"  # Linux's default, unless asked
+    assert tcp_sysctls(1 << 20, 1 << 20, "cubic", slow_start_after_idle=False)["net.ipv4.tcp_slow_start_after_idle"] == "0"
 
 
 def test_rps_mask():

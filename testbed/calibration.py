@@ -23,9 +23,9 @@ from testbed.progress import Progress
 from testbed.run_common import (
     REPO_ROOT,
     RunnerError,
-    chunk_bytes,
     log_tail,
     stop_processes,
+    transport_job,
     worker_argv,
     worker_env,
 )
@@ -113,7 +113,7 @@ class Prober:
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start)."""
         t = self.scenario.transport
-        transport = {"chunk_bytes": chunk_bytes(t.chunk), "congestion": t.congestion}
+        transport = transport_job(t)
         recvs, sends, logs = {}, {}, []
         results = []
         try:

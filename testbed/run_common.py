@@ -60,6 +60,17 @@ def stop_processes(procs: Mapping[str, subprocess.Popen], grace_s: float = 3.0) 
             p.wait(2.0)
 
 
+# SO_MAX_PACING_RATE of a paced stream: any value turns Linux's internal TCP pacing on; this
+# one (a C int of bytes/s) never binds on an emulated link, so TCP's own rate applies
+PACING_CAP_MBPS = 10_000.0
+
+
+def transport_job(settings: Any) -> dict[str, Any]:
+    """The transport part of a worker's or probe's job, from the scenario's `transport`."""
+    return {"chunk_bytes": chunk_bytes(settings.chunk), "congestion": settings.congestion,
+            "pacing_rate_mbps": PACING_CAP_MBPS if settings.pacing else None}
+
+
 def chunk_bytes(value: str | int) -> int:
     from testbed.units import parse_size
 

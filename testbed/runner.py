@@ -54,7 +54,7 @@ from testbed.bubbletea_wiring import agent_available, bubbletea_metrics
 from testbed.calibration import Calibration, calibrate, calibrate_link, calibration_pairs
 from testbed.configfile import ConfigError
 from testbed.progress import Progress
-from testbed.run_common import BT_SUFFIX, RunnerError, chunk_bytes, nominal_link
+from testbed.run_common import BT_SUFFIX, RunnerError, nominal_link, transport_job
 from testbed.run_jobs import build_jobs
 from testbed.run_network import Network, open_network
 from testbed.run_workers import VariantRun, run_workers
@@ -265,7 +265,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     jobs = build_jobs(
         setup=setup, workload=workload, topology=scenario.topology, host_ips=host_ips, run_dir=run_dir,
         control=str(ctl_dir / f"{_safe(setup.name)}.sock"), base_port=scenario.runner.base_port,
-        iterations=iterations, transport={"chunk_bytes": chunk_bytes(t.chunk), "congestion": t.congestion},
+        iterations=iterations, transport=transport_job(t),
         local=net.local, setup_timeout_s=scenario.runner.setup_timeout,
         timeout_s=max(scenario.runner.iteration_timeout, 5 * setup.prediction.iteration_time_s),
         temporal_mode=scenario.runner.temporal_mode,

@@ -35,6 +35,10 @@ class TransportSettings(_Model):
     streams: int | Literal["auto"] = Field(8, description="streams per channel for multi-tcp and atlas")
     chunk: str | int = "4MiB"
     congestion: str | None = None
+    pacing: bool = Field(False, description=(
+        "pace every stream at TCP's own rate (cwnd / RTT x 1.2, twice that in slow start) instead of "
+        "sending each window at line rate: Linux's internal pacing, turned on per socket with "
+        "SO_MAX_PACING_RATE, as sch_fq would (this kernel has no fq)"))
 
     @field_validator("streams")
     @classmethod

@@ -117,6 +117,7 @@ class RealJob(_Model):
 class TransportJob(_Model):
     chunk_bytes: int | None = None
     congestion: str | None = None
+    pacing_rate_mbps: float | None = None  # per stream (SO_MAX_PACING_RATE); None: unpaced
     connect_timeout_s: float = 10.0
 
 
@@ -261,6 +262,8 @@ def transport_config(job: TrainJob | ProbeJob, streams: int) -> Any:
         kw["chunk_bytes"] = job.transport.chunk_bytes
     if job.transport.congestion:
         kw["congestion"] = job.transport.congestion
+    if job.transport.pacing_rate_mbps:
+        kw["pacing_rate_mbps"] = job.transport.pacing_rate_mbps
     return TransportConfig(**kw)
 
 

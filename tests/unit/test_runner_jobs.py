@@ -290,3 +290,27 @@ def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) 
         assert a["host"] == jobs[wid]["host"] and a["agent_count"] == 4
         assert (a["decode"]["host"], a["decode"]["port"]) == ("10.0.1.10", 32500)
         assert a["gpu"]["type"] == "A100" and a["wire_scale"] == scenario.bubbletea.kv_wire_scale
+
+
+def test_transport_pacing_reaches_the_workers_sockets(tmp_path: Path) -> None:
+    """`transport.pacing: true` gives every stream a SO_MAX_PACING_RATE (Linux's internal
+    TCP pacing), through the job file to the worker's TransportConfig; off by default."""
+    from testbed.run_common import PACING_CAP_MBPS, transport_job
+    from testbed.training.worker import transport_config
+
+    off, _ = load_scenario(scenario_file(tmp_path))
+    on, _ = load_scenario(scenario_file(tmp_path), {"transport.pacing": True})
+    assert transport_job(off.transport)["pacing_rate_mbps"] is None
+    assert transport_job(on.transport) == {"chunk_bytes": 4 << 20, "congestion": None,
+                                           "pacing_rate_mbps": PACING_CAP_MBPS}
+    assert PACING_CAP_MBPS * 1e6 / 8 < 2**31  # setsockopt takes a C int of bytes/s
+    workload = parse_workload(on.workload)
+    setup = plan_variant("multi-tcp", on, workload, None, None, None)
+    jobs = build_jobs(setup=setup, workload=workload, topology=on.topology,
+                      host_ips={f"{dc.name}-{h}": "10.0.0.1" for dc in on.topology.dcs for h in dc.hosts},
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", base_port=30000, iterations=1,
+                      transport=transport_job(on.transport))
+    job = parse_job(jobs["p0r0"], "p0r0")
+    assert transport_config(job, 8).pacing_rate_mbps == PACING_CAP_MBPS
+    with pytest.raises(Exception, match="pacing"):
+        load_scenario(scenario_file(tmp_path), {"transport.pacing": "sometimes"})

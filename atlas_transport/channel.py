@@ -25,7 +25,15 @@ from . import protocol as P
 from .config import TransportConfig
 from .errors import ChannelClosed, PeerLost, ProtocolError, TransportError
 from .scheduler import Chunk, InTransfer, OutTransfer, Reassembly, SendQueue
-from .sockets import StreamDown, discard, recv_bytes, recv_exact, send_parts, set_io_timeout
+from .sockets import (
+    StreamDown,
+    discard,
+    kernel_unsent,
+    recv_bytes,
+    recv_exact,
+    send_parts,
+    set_io_timeout,
+)
 from .tensors import (
     Destination,
     check_device,
@@ -184,6 +192,17 @@ class Channel:
     def chunks_resent(self) -> int:
         """Chunks queued again on surviving streams after a stream broke."""
         return self._sendq.resent
+
+    def unsent_bytes(self) -> int:
+        """Bytes of this channel's sends that have not left this host yet: chunks no
+        stream has taken, plus what the streams' kernel send buffers have not
+        transmitted (SIOCOUTQNSD). What a sender holding a planned slot on a link
+        has left to put on it; approximate (a chunk a stream takes while we look may
+        count twice)."""
+        with self._lock:
+            pending = self._sendq.pending_bytes()
+            socks = [s.sock for s in self._streams if s.alive]
+        return pending + sum(kernel_unsent(sock) for sock in socks)
 
     @property
     def error(self) -> TransportError | None:

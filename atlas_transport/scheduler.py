@@ -79,6 +79,11 @@ class SendQueue:
         length = t.meta.chunk_length(off) if t.meta.total_bytes else 0
         return Chunk(t, off, length, with_meta)
 
+    def pending_bytes(self) -> int:
+        """Bytes of chunks no stream has taken yet (fresh and queued again)."""
+        fresh = sum(max(0, t.meta.total_bytes - t.next_offset) for t in self._fresh)
+        return fresh + sum(t.meta.chunk_length(off) for t, off in self._resend)
+
     def stream_lost(self, stream: int) -> list[int]:
         """Queue again every unconfirmed chunk the lost stream carried; returns the ids
         of all unconfirmed transfers, whose DONE may have been lost with the stream."""

@@ -9,8 +9,10 @@ surfaces after `idle_timeout_s`.
 
 from __future__ import annotations
 
+import fcntl
 import socket
 import struct
+import sys
 import time
 from pathlib import Path
 
@@ -50,6 +52,19 @@ def tune(sock: socket.socket, cfg: TransportConfig, *, before_connect: bool = Tr
     # Unacknowledged data older than the idle timeout kills the connection in the
     # kernel even when the peer's host vanished without a reset.
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, int(cfg.idle_timeout_s * 1000))
+
+
+SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
+
+
+def kernel_unsent(sock: socket.socket) -> int:
+    """Bytes the kernel holds for this TCP socket and has not transmitted yet (0 where
+    the ioctl is missing or the socket is gone)."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), SIOCOUTQNSD, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return 0
+    return int.from_bytes(raw, sys.byteorder, signed=True)
 
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:

@@ -10,7 +10,10 @@ atlas_transport channels, one channel per (pipeline, boundary).
   link (`Planned`): in ``token`` mode until the previous transfer in the link's
   planned order has had its planned time on the wire (the previous sender announces
   its start over a `TokenBus`, UDP on the DC's LAN), in ``slot`` mode until its
-  planned slot start after the iteration's common start.
+  planned slot start after the iteration's common start. A token holder whose
+  transfer still has bytes on this host just before its planned end announces a
+  later end (what is left at the plan's rate), so a transfer slowed by loss does not
+  have the next one piled onto the link beside it.
 * Every tensor leaves a record (`testbed.training.metrics.TransferRecord` fields):
   when the schedule reached the send, the planned slot, when it went to the
   transport, when the receiver confirmed it; the receiving side records the arrival.
@@ -34,6 +37,9 @@ ITER_BITS, BOUNDARY_BITS, MB_BITS = 23, 16, 23  # + 1 direction bit = 63 bits (a
 MAX_ITERATION = (1 << ITER_BITS) - 1
 MAX_BOUNDARY = (1 << BOUNDARY_BITS) - 1
 MAX_MB = (1 << MB_BITS) - 1
+# A token holder looks at its transfer this long before the end it announced: the next
+# holder (another host of the DC, over the LAN) must hear of a later end before it starts
+WATCH_LEAD_S = 0.005
 
 
 class CommError(RuntimeError):
@@ -103,6 +109,18 @@ class _Pending:
 @dataclass
 class _Outstanding:
     handle: Any
+    record: dict[str, Any]
+
+
+@dataclass
+class _Watch:
+    """A token holder's transfer to look at just before its announced end."""
+
+    at: float  # when to look
+    iteration: int
+    planned: Any  # Planned
+    channel: Any
+    rate_bps: float  # the plan's rate: bytes / planned time on the wire
     record: dict[str, Any]
 
 
@@ -226,6 +244,8 @@ class TransportComm:
         self._out: list[_Outstanding] = []
         self._queues: dict[int, deque[_Pending]] = {b: deque() for b in self.channels}
         self._handing = 0  # sends the dispatcher took off a queue and is handing over (not yet in _out)
+        self._watches: list[_Watch] = []
+        self.slot_extensions = 0  # later ends announced for transfers still sending at their planned end
         self._cv = threading.Condition()
         self._error: BaseException | None = None
         self._closed = False
@@ -340,23 +360,43 @@ class TransportComm:
         with self._cv:
             self._out.append(_Outstanding(handle, record))
         if planned is not None and planned.tokens:
-            self._announce(record["iteration"], record["sent"], planned)
+            end = record["sent"] + planned.duration_s
+            self._announce(record["iteration"], end, planned)
+            if planned.duration_s > 0 and hasattr(ch, "unsent_bytes"):
+                rate = record["nbytes"] * 8 / planned.duration_s
+                with self._cv:
+                    self._watches.append(_Watch(end - WATCH_LEAD_S, record["iteration"], planned, ch, rate, record))
+                    self._cv.notify_all()
 
-    def _announce(self, iteration: int, sent: float, planned: Planned) -> None:
+    def _check_watch(self, w: _Watch, now: float) -> float | None:
+        """Just before its announced end: a transfer with bytes still on this host
+        announces a later end; returns when to look again (None: it is done)."""
+        left = w.channel.unsent_bytes()
+        if left <= 0:
+            return None
+        end = now + WATCH_LEAD_S + left * 8 / w.rate_bps
+        self.slot_extensions += 1
+        w.record["slot_extended_s"] = w.record.get("slot_extended_s", 0.0) + (end - (w.at + WATCH_LEAD_S))
+        self._announce(w.iteration, end, w.planned)
+        return end - WATCH_LEAD_S
+
+    def _announce(self, iteration: int, end: float, planned: Planned) -> None:
         """Tell the next holder on each link when it may start (this send's planned release)."""
-        end = sent + planned.duration_s
         with self._cv:
             for link, index in planned.tokens:
-                self._ends[(iteration, link, index)] = end
+                key = (iteration, link, index)
+                self._ends[key] = max(end, self._ends.get(key, -math.inf))
             self._cv.notify_all()
         for link, index, worker in planned.next_holders:
             if worker != self.worker and self.bus is not None:
                 self.bus.send(worker, {"it": iteration, "link": link, "idx": index - 1, "end": end})
 
     def on_token(self, msg: dict[str, Any]) -> None:
-        """A token announcement from another sender (called by the TokenBus thread)."""
+        """A token announcement from another sender (called by the TokenBus thread);
+        a later end for the same transfer (it was still sending) replaces the first."""
+        key = (int(msg["it"]), str(msg["link"]), int(msg["idx"]))
         with self._cv:
-            self._ends[(int(msg["it"]), str(msg["link"]), int(msg["idx"]))] = float(msg["end"])
+            self._ends[key] = max(float(msg["end"]), self._ends.get(key, -math.inf))
             self._cv.notify_all()
 
     def _release(self, p: _Pending, now: float) -> float:
@@ -408,10 +448,20 @@ class TransportComm:
                                 self.token_timeouts += 1
                                 p.record["token_timeout"] = True
                         due.append((b, p))
-                if not due:
+                looks = [w for w in self._watches if w.at <= now]
+                self._watches = [w for w in self._watches if w.at > now]
+                for w in self._watches:
+                    wake = w.at if wake is None else min(wake, w.at)
+                if not due and not looks:
                     self._cv.wait(None if wake is None else max(0.0005, wake - now))
                     continue
                 self._handing += len(due)  # flush() must wait for these, though the queues look empty
+            for w in looks:
+                again = self._check_watch(w, self.clock())
+                if again is not None:
+                    with self._cv:
+                        w.at = again
+                        self._watches.append(w)
             for b, p in due:
                 try:
                     self._isend(self.channels[b], p.key, p.tensor, p.record, p.planned)

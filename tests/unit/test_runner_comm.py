@@ -195,6 +195,61 @@ def test_token_mode_second_pipeline_waits_for_the_first_on_the_link() -> None:
     assert up1.token_timeouts == 0
 
 
+class Backlogged:
+    """A channel that still holds `left` bytes on this host for `hold_s` after a send."""
+
+    def __init__(self, ch, left: int, hold_s: float) -> None:
+        self.ch, self.left, self.hold_s, self.since = ch, left, hold_s, None
+
+    def isend(self, tensor, tag):
+        self.since = time.time()
+        return self.ch.isend(tensor, tag)
+
+    def unsent_bytes(self) -> int:
+        return self.left if self.since is not None and time.time() - self.since < self.hold_s else 0
+
+    def __getattr__(self, name):
+        return getattr(self.ch, name)
+
+
+def test_token_holder_still_sending_at_its_planned_end_announces_a_later_end() -> None:
+    """p0's transfer is planned 0.1 s on the wire, but 0.1 s later it still has bytes
+    on its host (loss slowed it): it tells p1, whose transfer waits for the later end,
+    instead of piling onto the link beside it."""
+    link = "dc1->dc2"
+    nbytes = 1024
+    plan0 = {("fwd", 0, 0): Planned(0.0, ((link, 0),), 0.1, ((link, 1, "p1r0"),))}
+    plan1 = {("fwd", 0, 0): Planned(0.1, ((link, 1),), 0.1, ())}
+    ports = {"p0r0": free_udp_port(), "p1r0": free_udp_port()}
+    peers = {w: ("127.0.0.1", p) for w, p in ports.items()}
+    filler = torch.zeros(nbytes, dtype=torch.uint8)
+    with loopback_pair(streams=1) as (c0, s0), loopback_pair(streams=1) as (c1, s1):
+        slow = Backlogged(c0, nbytes // 2, 0.2)  # half the tensor still here at the planned end
+        up0 = TransportComm(0, "p0r0", {0: slow}, {0: Route("p0r1", (link,))}, filler=filler, plan=plan0)
+        up1 = TransportComm(1, "p1r0", {0: c1}, {0: Route("p1r1", (link,))}, filler=filler, plan=plan1)
+        up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token)
+        up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token)
+        start = time.time()
+        for c in (up0, up1):
+            c.begin_iteration(0, start)
+        up0.send(TransferKey(0, 0, 0, "fwd"), None)
+        up1.send(TransferKey(1, 0, 0, "fwd"), None)
+        s0.recv(tag_for(TransferKey(0, 0, 0, "fwd"), 0), timeout=5)
+        s1.recv(tag_for(TransferKey(1, 0, 0, "fwd"), 0), timeout=5)
+        for c in (up0, up1):
+            c.flush()
+        (r0,), _ = up0.take_records()
+        (r1,), _ = up1.take_records()
+        for c in (up0, up1):
+            c.close()
+            c.bus.close()
+    # looked at 5 ms before its end: half the bytes left at the plan's rate -> 50 ms more,
+    # and again until the backlog cleared (0.2 s after the send)
+    assert up0.slot_extensions >= 2 and r0["slot_extended_s"] > 0.09
+    assert r1["sent"] >= r0["sent"] + 0.19
+    assert up1.token_timeouts == 0
+
+
 def test_token_mode_gives_up_waiting_after_the_token_timeout() -> None:
     link = "dc1->dc2"
     plan = {("fwd", 0, 0): Planned(0.0, ((link, 3),), 0.1, ())}  # nobody will announce token 2

@@ -58,7 +58,7 @@ def test_override_may_set_a_defaulted_field(scenario_file: Path) -> None:
     [
         ("topology.wann.0.delay", "unknown parameter 'wann' (fields here: addressing, dcs"),
         ("topology.wan.4.delay", "index '4' out of range (the list has 1 items"),
-        ("transport.strems", "unknown parameter 'strems' (fields here: chunk, congestion, streams)"),
+        ("transport.strems", "unknown parameter 'strems' (fields here: chunk, congestion, pacing, streams)"),
         ("topology.name.x", "topology.name is a value, not a section"),
         ("a..b", "is not a parameter path"),
     ],

@@ -161,7 +161,7 @@ def test_shipped_sweeps_load_on_their_base(name: str) -> None:
         ({"parameters": {"topology.wan.0.dela": ["5ms"]}},
          "sweep.yaml: parameters: topology.wan.0.dela: unknown parameter 'dela' (fields here: between, changes, delay"),
         ({"parameters": {"transport.strems": [1]}},
-         "unknown parameter 'strems' (fields here: chunk, congestion, streams)"),
+         "unknown parameter 'strems' (fields here: chunk, congestion, pacing, streams)"),
         ({"parameters": {"topology.wan.3.delay": ["5ms"]}},
          "topology.wan.3: index '3' out of range (the list has 1 items, 0..0)"),
         ({"parameters": {}},

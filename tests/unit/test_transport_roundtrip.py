@@ -124,6 +124,20 @@ def test_handles_report_completion_times(pair) -> None:
         b.irecv(6).wait(0.05)
 
 
+def test_unsent_bytes_while_a_send_is_on_this_host() -> None:
+    """What a sender still holds (queued chunks, kernel send buffers): most of a big
+    tensor just after isend (loopback moves ~2 GB/s), nothing once it is done."""
+    with loopback_pair(streams=2) as (a, b):
+        assert a.unsent_bytes() == 0
+        t = torch.zeros(256 << 20, dtype=torch.uint8)
+        h = a.isend(t, 1)
+        held = a.unsent_bytes()
+        assert 0 < held <= (256 + 2 * 4) << 20  # a chunk taken while we look may count twice
+        b.irecv(1).wait(30)
+        h.wait(10)
+        assert a.unsent_bytes() == 0
+
+
 def test_config_errors_speak_to_the_user(monkeypatch) -> None:
     monkeypatch.delenv("ATLAS_SECRET", raising=False)
     with pytest.raises(ConfigError, match="no shared secret: pass TransportConfig\\(secret=...\\) or set the environment variable ATLAS_SECRET"):

@@ -40,6 +40,21 @@ def test_lost_stream_chunks_go_first_to_survivors() -> None:
     assert q.next_chunk(0).offset == 6 * 4096  # then the never-sent rest
 
 
+def test_pending_bytes_count_untaken_and_requeued_chunks() -> None:
+    q = SendQueue()
+    q.add(transfer(0, total=3 * 4096 + 100))  # last chunk 100 bytes
+    q.add(transfer(1, total=4096))
+    assert q.pending_bytes() == 4 * 4096 + 100
+    q.next_chunk(0)
+    q.next_chunk(1)
+    assert q.pending_bytes() == 2 * 4096 + 100
+    q.stream_lost(1)  # its chunk (offset 4096) goes back
+    assert q.pending_bytes() == 3 * 4096 + 100
+    while q.next_chunk(0) is not None:
+        pass
+    assert q.pending_bytes() == 0
+
+
 def test_done_drops_pending_resends_and_repeated_done_is_harmless() -> None:
     q = SendQueue()
     t = transfer(0)

@@ -17,6 +17,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from statistics import median
 from typing import Any
 
 from testbed.progress import Progress
@@ -79,9 +80,7 @@ def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) ->
     set the rate of every transfer of the run."""
     if not durations:
         raise RunnerError("calibration timed no transfer")
-    d = sorted(durations)
-    mid = d[len(d) // 2] if len(d) % 2 else (d[len(d) // 2 - 1] + d[len(d) // 2]) / 2
-    return nbytes * 8 / max(1e-6, mid - latency_s)
+    return nbytes * 8 / max(1e-6, median(durations) - latency_s)
 
 
 def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, latency_s: float) -> float:
@@ -223,10 +222,9 @@ def calibrate_link(
     cal.concurrent = len(pairs)
     cal.colliding_bps[streams] = sum(rates) / len(rates)
     cal.colliding_s[streams] = durations
-    ms = sorted(d * 1e3 for d in durations)
     progress.log(f"  calibration: {len(pairs)} channels of {streams} streams colliding, each way: "
                  f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
-                 f"{ms[len(ms) // 2]:.0f} ms, slowest {ms[-1]:.0f} ms of {len(ms)})")
+                 f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
 
 def calibration_pairs(placement: Any) -> list[tuple[str, str]]:

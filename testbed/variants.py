@@ -147,7 +147,7 @@ def calibrated_topology(topology: Any, link_bps: float | None, pair: tuple[str, 
     return type(topology).model_validate(data)
 
 
-def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None, sharing: int,
+def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
                      nominal_bps: float | None, colliding_bps: float | None = None
                      ) -> tuple[float | None, float | None, float | None]:
     """(per-flow rate, link capacity, crowded fraction) the prediction of a variant
@@ -156,7 +156,7 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None, shari
     Temporal sharing puts one transfer at a time on the link: its capacity is that
     rate. Shared links: the link's TCP goodput (at least one channel's rate), each
     channel capped at its own measured rate; while two or more transfers collide on
-    it, the measured aggregate of `sharing` colliding channels (their loss and
+    it, the measured aggregate of the colliding channels (their loss and
     recovery make it fall short of the goodput, even of one channel alone), given as
     a fraction of the capacity. No collision measurement (single streams, which stay
     far from the loss that many colliding streams cause): no crowding."""
@@ -169,13 +169,13 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None, shari
     return rate_bps / streams, link, crowded
 
 
-def _net_for(setup: VariantSetup, scenario: Scenario, workload: Any, rate_bps: float | None,
+def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
              pair: tuple[str, str] | None, local: bool, colliding_bps: float | None = None) -> tuple[Any, Any]:
     from atlas_transport.planner import NetParams
 
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
-                                           workload.parallelism.dp, nominal, colliding_bps or setup.colliding_bps)
+                                           nominal, colliding_bps or setup.colliding_bps)
     net = NetParams(flow_rate_bps=flow, allreduce=False, crowded_fraction=None if local else crowded)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
@@ -187,7 +187,7 @@ def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Any, base
     whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     from atlas_transport.planner import predict
 
-    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local, colliding_bps)
+    net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
     return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
                    effective=effective)
 
@@ -216,10 +216,10 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: 
         # with tokens a transfer holds its link for its planned time even when it is
         # done sooner: the link cannot move more than the plan's rate
         rate_bps = min(rate_bps, setup.rate_bps)
-    net, topo = _net_for(setup, scenario, workload, rate_bps, pair, local, colliding_bps)
     if plan is None:
         return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff,
                                colliding_bps).iteration_time_s
+    net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
     spec, _ = build_spec(topo, workload, setup.placement, setup.variant, eff, net)
     return simulate(plan.apply(spec)).makespan
 

@@ -118,7 +118,7 @@ class _Watch:
 
     at: float  # when to look
     iteration: int
-    planned: Any  # Planned
+    planned: Planned
     channel: Any
     rate_bps: float  # the plan's rate: bytes / planned time on the wire
     record: dict[str, Any]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import socket
 import time
+from contextlib import contextmanager
 
 import pytest
 import torch
@@ -160,35 +161,55 @@ def free_udp_port() -> int:
         return s.getsockname()[1]
 
 
-def test_token_mode_second_pipeline_waits_for_the_first_on_the_link() -> None:
-    link = "dc1->dc2"
-    # pipeline 0's mb 0 holds the link first (0.25 s planned), then pipeline 1's mb 0
-    plan0 = {("fwd", 0, 0): Planned(0.0, ((link, 0),), 0.25, ((link, 1, "p1r0"),))}
-    plan1 = {("fwd", 0, 0): Planned(0.25, ((link, 1),), 0.25, ())}
+LINK = "dc1->dc2"
+
+
+@contextmanager
+def token_pipelines(plan0, plan1, nbytes: int = 1024, wrap0=lambda ch: ch):
+    """The first stages of pipelines 0 and 1 sending on one link under token plans,
+    each over its own loopback channel (pipeline 0's wrapped by `wrap0`), announcing
+    over TokenBuses on UDP; the iteration has begun. Yields the two comms and the
+    two receiving ends."""
     ports = {"p0r0": free_udp_port(), "p1r0": free_udp_port()}
     peers = {w: ("127.0.0.1", p) for w, p in ports.items()}
-    filler = torch.zeros(1024, dtype=torch.uint8)
+    filler = torch.zeros(nbytes, dtype=torch.uint8)
     with loopback_pair(streams=1) as (c0, s0), loopback_pair(streams=1) as (c1, s1):
-        up0 = TransportComm(0, "p0r0", {0: c0}, {0: Route("p0r1", (link,))}, filler=filler, plan=plan0)
-        up1 = TransportComm(1, "p1r0", {0: c1}, {0: Route("p1r1", (link,))}, filler=filler, plan=plan1)
+        up0 = TransportComm(0, "p0r0", {0: wrap0(c0)}, {0: Route("p0r1", (LINK,))}, filler=filler, plan=plan0)
+        up1 = TransportComm(1, "p1r0", {0: c1}, {0: Route("p1r1", (LINK,))}, filler=filler, plan=plan1)
         up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token)
         up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token)
         start = time.time()
         for c in (up0, up1):
             c.begin_iteration(0, start)
+        try:
+            yield up0, up1, s0, s1
+        finally:
+            for c in (up0, up1):
+                c.close()
+                c.bus.close()
+
+
+def both_records(up0, up1, s0, s1):
+    """Once both micro-batch 0 activations arrived: each comm's one send record."""
+    for p, server in enumerate((s0, s1)):
+        server.recv(tag_for(TransferKey(p, 0, 0, "fwd"), 0), timeout=5)
+    for c in (up0, up1):
+        c.flush()
+    (r0,), _ = up0.take_records()
+    (r1,), _ = up1.take_records()
+    return r0, r1
+
+
+def test_token_mode_second_pipeline_waits_for_the_first_on_the_link() -> None:
+    # pipeline 0's mb 0 holds the link first (0.25 s planned), then pipeline 1's mb 0
+    plan0 = {("fwd", 0, 0): Planned(0.0, ((LINK, 0),), 0.25, ((LINK, 1, "p1r0"),))}
+    plan1 = {("fwd", 0, 0): Planned(0.25, ((LINK, 1),), 0.25, ())}
+    with token_pipelines(plan0, plan1) as (up0, up1, s0, s1):
         up1.send(TransferKey(1, 0, 0, "fwd"), None)  # ready first, but second in the plan: must wait
         time.sleep(0.2)
         t0 = time.time()
         up0.send(TransferKey(0, 0, 0, "fwd"), None)
-        s1.recv(tag_for(TransferKey(1, 0, 0, "fwd"), 0), timeout=5)
-        s0.recv(tag_for(TransferKey(0, 0, 0, "fwd"), 0), timeout=5)
-        for c in (up0, up1):
-            c.flush()
-        (r0,), _ = up0.take_records()
-        (r1,), _ = up1.take_records()
-        for c in (up0, up1):
-            c.close()
-            c.bus.close()
+        r0, r1 = both_records(up0, up1, s0, s1)
     assert r0["sent"] >= t0
     assert r1["sent"] >= r0["sent"] + 0.25 - 1e-3  # held until p0's planned time on the wire was over
     assert r1["not_before"] == pytest.approx(r0["sent"] + 0.25, abs=1e-3)
@@ -216,33 +237,14 @@ def test_token_holder_still_sending_at_its_planned_end_announces_a_later_end() -
     """p0's transfer is planned 0.1 s on the wire, but 0.1 s later it still has bytes
     on its host (loss slowed it): it tells p1, whose transfer waits for the later end,
     instead of piling onto the link beside it."""
-    link = "dc1->dc2"
     nbytes = 1024
-    plan0 = {("fwd", 0, 0): Planned(0.0, ((link, 0),), 0.1, ((link, 1, "p1r0"),))}
-    plan1 = {("fwd", 0, 0): Planned(0.1, ((link, 1),), 0.1, ())}
-    ports = {"p0r0": free_udp_port(), "p1r0": free_udp_port()}
-    peers = {w: ("127.0.0.1", p) for w, p in ports.items()}
-    filler = torch.zeros(nbytes, dtype=torch.uint8)
-    with loopback_pair(streams=1) as (c0, s0), loopback_pair(streams=1) as (c1, s1):
-        slow = Backlogged(c0, nbytes // 2, 0.2)  # half the tensor still here at the planned end
-        up0 = TransportComm(0, "p0r0", {0: slow}, {0: Route("p0r1", (link,))}, filler=filler, plan=plan0)
-        up1 = TransportComm(1, "p1r0", {0: c1}, {0: Route("p1r1", (link,))}, filler=filler, plan=plan1)
-        up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token)
-        up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token)
-        start = time.time()
-        for c in (up0, up1):
-            c.begin_iteration(0, start)
+    plan0 = {("fwd", 0, 0): Planned(0.0, ((LINK, 0),), 0.1, ((LINK, 1, "p1r0"),))}
+    plan1 = {("fwd", 0, 0): Planned(0.1, ((LINK, 1),), 0.1, ())}
+    # half the tensor still on the host at the planned end, until 0.2 s after the send
+    with token_pipelines(plan0, plan1, nbytes, lambda ch: Backlogged(ch, nbytes // 2, 0.2)) as (up0, up1, s0, s1):
         up0.send(TransferKey(0, 0, 0, "fwd"), None)
         up1.send(TransferKey(1, 0, 0, "fwd"), None)
-        s0.recv(tag_for(TransferKey(0, 0, 0, "fwd"), 0), timeout=5)
-        s1.recv(tag_for(TransferKey(1, 0, 0, "fwd"), 0), timeout=5)
-        for c in (up0, up1):
-            c.flush()
-        (r0,), _ = up0.take_records()
-        (r1,), _ = up1.take_records()
-        for c in (up0, up1):
-            c.close()
-            c.bus.close()
+        r0, r1 = both_records(up0, up1, s0, s1)
     # looked at 5 ms before its end: half the bytes left at the plan's rate -> 50 ms more,
     # and again until the backlog cleared (0.2 s after the send)
     assert up0.slot_extensions >= 2 and r0["slot_extended_s"] > 0.09

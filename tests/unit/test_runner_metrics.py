@@ -178,17 +178,17 @@ def test_calibration_arithmetic() -> None:
     # shared channels without a collision measurement: the link's TCP goodput, shared
     # max-min (each channel capped at its own rate), so a faster channel never predicts slower
     goodput = 1e9 * 1448 / 1514
-    assert calibrated_rates(False, 1, 1e8, 2, 1e9) == (1e8, pytest.approx(goodput), None)
-    assert calibrated_rates(False, 1, 5.2e8, 2, 1e9) == (5.2e8, pytest.approx(goodput), None)
-    assert calibrated_rates(False, 1, 5.2e8, 2, None) == (5.2e8, 5.2e8, None)
+    assert calibrated_rates(False, 1, 1e8, 1e9) == (1e8, pytest.approx(goodput), None)
+    assert calibrated_rates(False, 1, 5.2e8, 1e9) == (5.2e8, pytest.approx(goodput), None)
+    assert calibrated_rates(False, 1, 5.2e8, None) == (5.2e8, 5.2e8, None)
     # a temporal plan holds the link alone: one channel's rate
-    assert calibrated_rates(True, 8, 7e8, 2, 1e9, 4e8) == (7e8 / 8, 7e8, None)
-    assert calibrated_rates(True, 8, None, 2, 1e9) == (None, None, None)
+    assert calibrated_rates(True, 8, 7e8, 1e9, 4e8) == (7e8 / 8, 7e8, None)
+    assert calibrated_rates(True, 8, None, 1e9) == (None, None, None)
     # a calibrated aggregate of colliding channels is the link's total while they collide,
     # as a share of its capacity: below one channel alone too, never above the link
-    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 4.78e8) == (7e8 / 8, pytest.approx(goodput),
+    assert calibrated_rates(False, 8, 7e8, 1e9, 4.78e8) == (7e8 / 8, pytest.approx(goodput),
                                                                 pytest.approx(0.5, rel=1e-3))
-    assert calibrated_rates(False, 8, 7e8, 2, 1e9, 2e9)[2] == 1.0
+    assert calibrated_rates(False, 8, 7e8, 1e9, 2e9)[2] == 1.0
 
 
 def test_measured_stage_times_and_pipeline_overhead_for_real_devices() -> None:

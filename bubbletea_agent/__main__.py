@@ -103,7 +103,7 @@ def simulate_cmd(iterations: int, period: float, busy: tuple[str, ...], rate: fl
     from bubbletea_agent.engine import ModelSpec, compute_model_charge
     from bubbletea_agent.requests import LogNormalLength, PoissonSource
     from bubbletea_agent.sim import periodic_schedule, simulate
-    from testbed.compute_model import ComputeModel, gpu_spec
+    from testbed_core.compute_model import ComputeModel, gpu_spec
 
     spec = ModelSpec(preset=preset)
     charge = compute_model_charge(spec, ComputeModel(gpu_spec(gpu), efficiency=efficiency))

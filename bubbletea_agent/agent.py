@@ -89,7 +89,7 @@ class Shipper(Protocol):
 
 
 class TimelineTail:
-    """Tails a device's timeline JSONL (testbed.device writes one line per finished work)."""
+    """Tails a device's timeline JSONL (testbed_core.device writes one line per finished work)."""
 
     def __init__(self, path: str | Path) -> None:
         self.path = Path(path)

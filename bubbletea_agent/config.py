@@ -48,7 +48,7 @@ class _M(BaseModel):
 
 
 class DeviceConfig(_M):
-    """Which device to share with the training worker (testbed.device.Device)."""
+    """Which device to share with the training worker (testbed_core.device.Device)."""
 
     name: str
     run_dir: Path

@@ -150,7 +150,7 @@ class ModelSpec(BaseModel):
 def compute_spec(spec: ModelSpec) -> Any:
     """The same model in the compute model's terms (Llama: gated MLP, no biases, rotary
     positions, untied head)."""
-    from testbed.compute_model import ModelSpec as CMSpec
+    from testbed_core.compute_model import ModelSpec as CMSpec
 
     if spec.head_dim and spec.head_dim * spec.num_attention_heads != spec.hidden_size:
         raise EngineError(f"head_dim {spec.head_dim} x {spec.num_attention_heads} heads != hidden_size "
@@ -167,7 +167,7 @@ def chunk_flops(cm_spec: Any, tokens: int, context: int = 0) -> float:
     compute model counts a prompt (Narayanan et al.: full score matrix, 4*s^2*h per layer
     for a whole prompt; a chunk's queries see context + tokens keys), logits for the last
     position only. With context 0 this is `compute_model.prefill_flops`."""
-    from testbed.compute_model import layer_forward_flops, logits_forward_flops
+    from testbed_core.compute_model import layer_forward_flops, logits_forward_flops
 
     per_layer = layer_forward_flops(cm_spec, 1, tokens) + 4.0 * tokens * context * cm_spec.hidden
     return cm_spec.layers * per_layer + logits_forward_flops(cm_spec, 1, 1)
@@ -176,7 +176,7 @@ def chunk_flops(cm_spec: Any, tokens: int, context: int = 0) -> float:
 def compute_model_charge(spec: ModelSpec, compute_model: Any) -> Callable[[int, int], float]:
     """seconds(tokens, context) the compute model charges for a prefill chunk: the
     roofline of its FLOPs and of reading the weights once."""
-    from testbed.compute_model import layer_params
+    from testbed_core.compute_model import layer_params
 
     cm_spec = compute_spec(spec)
     weights = cm_spec.layers * layer_params(cm_spec) * cm_spec.dtype_bytes
@@ -224,7 +224,7 @@ class ChunkResult:
 
 
 class DeviceLike(Protocol):
-    """The part of testbed.device.Device the agent uses."""
+    """The part of testbed_core.device.Device the agent uses."""
 
     mode: str
     time_scale: float

@@ -1,4 +1,4 @@
-"""The job file the scenario runner (testbed/bubbletea_wiring.py) hands each agent:
+"""The job file the scenario runner (testbed/run/bubbletea.py) hands each agent:
 `python -m bubbletea_agent <job.json>`.
 
 Fields (JSON object; unknown fields are ignored, as the runner may add its own):
@@ -6,7 +6,7 @@ Fields (JSON object; unknown fields are ignored, as the runner may add its own):
     device        {name, run_dir, mode, time_scale}: the worker's device, shared
     slots_path    the slot feed the worker writes (bubbletea_agent/slots.py)
     worker, host  who this agent sits next to (names its owner on the timeline)
-    bubbletea     the scenario's `bubbletea:` section (testbed/scenario.py)
+    bubbletea     the scenario's `bubbletea:` section (testbed/run/scenario.py)
     seed          the scenario seed (the request stream is drawn from it)
     out           where the agent's summary JSON goes; `<out stem>.requests.jsonl`
                   beside it gets one line per request

@@ -1,7 +1,7 @@
 """BubbleTea metrics from request records and device timelines.
 
 Inputs are plain: request rows as the agent writes them (`requests.jsonl`) and work
-records with `kind`, `start`, `end` and `requested` (testbed.device.WorkRecord). Work of
+records with `kind`, `start`, `end` and `requested` (testbed_core.device.WorkRecord). Work of
 kind "prefill" is BubbleTea's; everything else on the device is training.
 
 A guard violation is a prefill that training had to wait for: a training piece asked

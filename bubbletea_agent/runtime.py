@@ -1,4 +1,4 @@
-"""Wiring the agent to the real world: the host's emulated GPU (testbed.device), the
+"""Wiring the agent to the real world: the host's emulated GPU (testbed_core.device), the
 compute model, the slot file, the device timeline file, atlas_transport to the decode
 host, and the output files.
 
@@ -44,7 +44,7 @@ _CM_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 def compute_model_for(dev: DeviceConfig, spec: ModelSpec) -> Any:
     """The compute model that charges this device (same GPU figures as the worker's)."""
-    from testbed.compute_model import ComputeModel, GpuSpec, gpu_spec, load_profile
+    from testbed_core.compute_model import ComputeModel, GpuSpec, gpu_spec, load_profile
 
     dtype = _CM_DTYPE[spec.dtype]
     if dev.gpu.lower() == "custom":
@@ -58,7 +58,7 @@ def compute_model_for(dev: DeviceConfig, spec: ModelSpec) -> Any:
 
 
 def open_device(dev: DeviceConfig, compute: Any) -> Any:
-    from testbed.device import Device
+    from testbed_core.device import Device
 
     return Device(dev.name, dev.run_dir, mode=dev.mode, compute=compute, time_scale=dev.time_scale)
 

@@ -8,7 +8,7 @@ worker, tailed by the agent):
     {"type": "end"}
 
 * `start` is the predicted slot start in `time.time()` seconds, the clock of the device
-  timeline (testbed/device.py; one clock for every process and network namespace of the
+  timeline (testbed_core/device.py; one clock for every process and network namespace of the
   machine), `length` its predicted duration in wall seconds. `index` is the slot's position within an iteration
   (the same bubble of the schedule has the same index every iteration: that is what
   corrections are learned per). A slot published again (same iteration and index)

@@ -11,10 +11,10 @@ and the others still run):
 * `transport`: atlas_transport on loopback (one process, `loopback_pair`), goodput of
   CPU->CPU and CUDA->CUDA tensors of the same size and stream count, and their ratio
   (CUDA goes through pinned host memory both ways).
-* `device`: a matmul through `testbed.device.Device(mode="real")`: recorded duration
+* `device`: a matmul through `testbed_core.device.Device(mode="real")`: recorded duration
   against the kernels' CUDA-event time.
 * `prefill`: the BubbleTea scenario's model (Llama-3-8B, random weights) through the
-  real engine for several prompt lengths, against what `testbed/compute_model.py`
+  real engine for several prompt lengths, against what `testbed_core/compute_model.py`
   charges for an H200 at the configured efficiency; the implied efficiency is the
   roofline time at 100% over the measured time. Also the latency curve the agent
   would profile at start.
@@ -109,7 +109,7 @@ def measure_matmul(n: int = 8192, warmup: int = 3, reps: int = 10) -> dict[str, 
         a @ b
         times.append(span.stop().seconds())
     flops = 2.0 * n ** 3
-    from testbed.compute_model import gpu_spec
+    from testbed_core.compute_model import gpu_spec
 
     peak = gpu_spec("H200").peak("bf16")
     med = statistics.median(times)
@@ -183,7 +183,7 @@ def measure_transport(size_mib: int, streams: list[int], reps: int, cuda: bool) 
 
 
 def measure_device(n: int = 8192) -> dict[str, Any]:
-    from testbed.device import Device
+    from testbed_core.device import Device
 
     a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
@@ -219,8 +219,8 @@ def measure_prefill(lengths: list[int], reps: int, efficiency: float | None,
     from bubbletea_agent.engine import ModelSpec, TransformersEngine, chunk_flops, compute_spec
     from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS
     from bubbletea_agent.runtime import profile_on_device
-    from testbed.compute_model import ComputeModel, gpu_spec, layer_params
-    from testbed.device import Device
+    from testbed_core.compute_model import ComputeModel, gpu_spec, layer_params
+    from testbed_core.device import Device
 
     scenario = yaml.safe_load((ROOT / "scenarios" / "atlas-2dc-bubbletea.yaml").read_text())
     model = model or scenario["bubbletea"]["model"]
@@ -286,7 +286,7 @@ def measure_prefill(lengths: list[int], reps: int, efficiency: float | None,
 def measure_training() -> dict[str, Any]:
     from testbed.training.real_work import OptimConfig, train_in_process
     from testbed.training.reference import compare_params
-    from testbed.workload import load_workload
+    from testbed_core.workload import load_workload
 
     w = load_workload(ROOT / "scenarios" / "workloads" / "tiny.yaml")
     out: dict[str, Any] = {}

@@ -4,9 +4,9 @@ On built-in defaults, in a few minutes on a 2-core machine:
 
 1. **transport goodput** across the emulated WAN of the quickstart's topology
    (`topologies/2dc.yaml`): atlas on one TCP stream, atlas on N streams, and the
-   link itself as iperf3 measures it with as many streams (`atlas_transport.bench`);
+   link itself as iperf3 measures it with as many streams (`testbed.bench.transport`);
 2. **iteration time** of the quickstart scenario's pipeline training under the
-   baseline (one stream per WAN channel), multi-TCP and Atlas (`testbed.runner`);
+   baseline (one stream per WAN channel), multi-TCP and Atlas (`testbed.run.runner`);
 3. **BubbleTea**: device utilization of the Atlas variant without and with
    prefill agents in its bubbles, and the training slowdown they cost.
 
@@ -36,12 +36,12 @@ from pathlib import Path
 from typing import Any
 
 from testbed.progress import Progress, format_duration
+from testbed_core.constants import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 BT_SUFFIX = "+bubbletea"
 
 # The issue's targets (the same as `testbed bench transport` checks, and the
-# BubbleTea promise `testbed report` draws): see atlas_transport/bench_report.py
+# BubbleTea promise `testbed report` draws): see testbed/bench/report.py
 # and testbed/report.py.
 TARGET_LINK_FRACTION = 0.9  # atlas N streams >= 90% of iperf3 -P N
 TARGET_MULTI_SPEEDUP = 4.0  # atlas N streams >= 4x atlas on one stream
@@ -675,8 +675,8 @@ def default_out_dir() -> Path:
 def run_bench(cfg: DemoConfig, topology: Path, out: Path, progress: Progress) -> list[Any]:
     """The short transport bench across the WAN of `topology`; writes results.json,
     results.csv and goodput.png in `out` as `testbed bench transport` does."""
-    from atlas_transport import bench_report
-    from atlas_transport.bench import wan_suite
+    from testbed.bench import report as bench_report
+    from testbed.bench.transport import wan_suite
 
     out.mkdir(parents=True, exist_ok=True)
 
@@ -704,9 +704,9 @@ def run_demo(cfg: DemoConfig, out: Path, progress: PlannedProgress | None = None
              echo: Callable[[str], None] = print) -> DemoOutcome:
     """Bench, quickstart run, then the table and files. A part that fails is
     recorded (its rows say n/a and why) and the demo goes on to the next."""
-    from testbed.configfile import ConfigError
-    from testbed.runner import RunnerError, run_scenario
-    from testbed.scenario import load_scenario
+    from testbed.run.runner import RunnerError, run_scenario
+    from testbed.run.scenario import load_scenario
+    from testbed_core.configfile import ConfigError
 
     t0 = time.monotonic()
     out = Path(out)
@@ -750,7 +750,7 @@ def run_demo(cfg: DemoConfig, out: Path, progress: PlannedProgress | None = None
     if cfg.skip_bench:
         notes["transport"] = "skipped (--skip-bench)"
     else:
-        from atlas_transport.bench import BenchError
+        from testbed.bench.transport import BenchError
 
         with progress.step("transport bench"):
             try:

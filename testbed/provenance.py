@@ -21,11 +21,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
+from testbed_core.constants import REPO_ROOT
+
 PACKAGES = (
     "geo-llm-testbed", "torch", "pyroute2", "mininet", "transformers", "pydantic", "numpy",
     "matplotlib", "click", "scapy", "iperf3", "PyYAML",
 )
-REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:

@@ -31,8 +31,8 @@ from typing import Any
 
 import yaml
 
-from testbed.configfile import ConfigError
-from testbed.units import UnitError, parse_duration, parse_rate, parse_size
+from testbed_core.configfile import ConfigError
+from testbed_core.units import UnitError, parse_duration, parse_rate, parse_size
 
 VARIANT_ORDER = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
 BT_SUFFIX = "+bubbletea"

@@ -42,16 +42,16 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from testbed.configfile import format_validation_error, read_yaml_mapping
 from testbed.progress import Progress
 from testbed.provenance import collect_provenance, write_provenance
-from testbed.scenario import (
+from testbed.run.scenario import (
     Scenario,
     ScenarioError,
     apply_override,
     resolve_scenario,
     validate_scenario,
 )
+from testbed_core.configfile import format_validation_error, read_yaml_mapping
 
 Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], dict[str, Any]]
 FILE_FIELDS = ("topology", "workload")  # parameters whose string values are files to read in
@@ -465,7 +465,7 @@ class PointOutcome:
 
 def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> dict[str, Any]:
     """`testbed run`'s scenario runner, imported only when a point runs."""
-    from testbed.runner import run_scenario
+    from testbed.run.runner import run_scenario
 
     return run_scenario(scenario, resolved, out_dir, progress=progress)
 

@@ -1,7 +1,7 @@
 """`testbed bench transport`: goodput of the Atlas transport against one plain TCP
 stream, torch.distributed gloo and iperf3, over loopback and across the emulated WAN.
 
-The measuring lives in `atlas_transport.bench` (worker processes that run the same
+The measuring lives in `testbed.bench.transport` (worker processes that run the same
 way inside emulated hosts); this module parses options, runs the suites and writes
 the table, JSON, CSV and plot.
 """
@@ -16,10 +16,10 @@ from pathlib import Path
 
 import click
 
-from testbed.units import UnitError, parse_size
+from testbed_core.constants import REPO_ROOT
+from testbed_core.units import UnitError, parse_size
 
 ALL_METHODS = ("atlas", "tcp", "gloo", "iperf3")
-REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 @click.group()
@@ -90,8 +90,8 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, as_
 
     Every received tensor is checked against an xxh3 digest of what was sent.
     """
-    from atlas_transport import bench_report as report
-    from atlas_transport.bench import BenchError, loopback_suite, wan_suite
+    from testbed.bench import report
+    from testbed.bench.transport import BenchError, loopback_suite, wan_suite
 
     streams = _parse_streams(streams_text)
     methods = _parse_methods(methods_text)
@@ -120,10 +120,10 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, as_
     if not no_wan:
         topo_path = _resolve_topology(topology)
         try:
-            import testbed.emulation  # noqa: F401
+            import testbed.emulation.network  # noqa: F401
         except ImportError as exc:
             raise click.ClickException(
-                f"the WAN path needs testbed.emulation, which cannot be imported here ({exc}); "
+                f"the WAN path needs testbed.emulation.network, which cannot be imported here ({exc}); "
                 "pass --no-wan to measure loopback only") from None
         if os.geteuid() != 0:
             raise click.ClickException("the WAN path builds network namespaces and needs root: "

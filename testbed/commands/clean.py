@@ -18,8 +18,8 @@ import click
 @click.option("--dry-run", is_flag=True, help="only say what would be removed")
 def clean(dry_run: bool) -> None:
     """Remove leftovers (processes, namespaces, links, records) of crashed runs."""
-    from testbed.records import RECORD_DIR
-    from testbed.records import clean as do_clean
+    from testbed.emulation.records import RECORD_DIR
+    from testbed.emulation.records import clean as do_clean
 
     if os.geteuid() != 0:
         raise click.ClickException(f"cleaning needs to read {RECORD_DIR} and kill processes: run as root (sudo)")

@@ -72,7 +72,7 @@ def _deb_version(package: str) -> str | None:
 
 
 def gather(probe_gpu: bool = True) -> Facts:
-    from testbed.kernel import BackendError, choose_delay_backend, detect_features
+    from testbed.emulation.kernel import BackendError, choose_delay_backend, detect_features
 
     facts = Facts(euid=os.geteuid(), features=None)
     try:

@@ -13,7 +13,7 @@ from typing import Any
 
 import click
 
-from testbed.units import UnitError, format_size, parse_rate
+from testbed_core.units import UnitError, format_size, parse_rate
 
 VARIANT_NAMES = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
 
@@ -100,16 +100,16 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
          no_allreduce: bool, as_json: bool) -> None:
     """Place the workload's pipeline stages on the topology's DCs and predict the
     iteration time of each variant (no emulation is started)."""
-    from atlas_transport.planner import (
+    from testbed_core.configfile import ConfigError
+    from testbed_core.planning.planner import (
         NetParams,
         PlacementError,
         default_variants,
         free_gpus,
         predict,
     )
-    from testbed.configfile import ConfigError
-    from testbed.topology import TopologyError, load_topology
-    from testbed.workload import load_workload
+    from testbed_core.topology import TopologyError, load_topology
+    from testbed_core.workload import load_workload
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
     unknown = [v for v in names if v not in VARIANT_NAMES]
@@ -170,7 +170,7 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
 
 
 def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
-    from atlas_transport.planner import SHARING_MARGIN
+    from testbed_core.planning.planner import SHARING_MARGIN
 
     m, par = wl.model, wl.parallelism
     echo = click.echo

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import click
 
-from testbed.configfile import ConfigError
+from testbed_core.configfile import ConfigError
 
 
 @click.command()

@@ -1,5 +1,5 @@
 """`testbed run SCENARIO.yaml`: pipeline training across the emulated DCs, every
-variant of the scenario side by side (testbed/runner.py)."""
+variant of the scenario side by side (testbed/run/runner.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import click
 
-from testbed.configfile import ConfigError
+from testbed_core.configfile import ConfigError
 
 
 @click.command()
@@ -31,9 +31,9 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     transfers CSV and a Gantt chart (gantt.png) to the result folder.
     """
     from testbed.progress import Progress
-    from testbed.runner import RunnerError, default_out_dir, run_scenario
-    from testbed.scenario import load_scenario, parse_set_options
-    from testbed.training.metrics import summary_table
+    from testbed.run.metrics import summary_table
+    from testbed.run.runner import RunnerError, default_out_dir, run_scenario
+    from testbed.run.scenario import load_scenario, parse_set_options
 
     try:
         overrides = parse_set_options(sets)

@@ -9,15 +9,15 @@ from pathlib import Path
 
 import click
 
-from testbed.configfile import ConfigError
+from testbed_core.configfile import ConfigError
 
 
 def _load_runner(ref: str | None):
-    """`module:function` given with --runner, or None for testbed.runner.run_scenario."""
+    """`module:function` given with --runner, or None for testbed.run.runner.run_scenario."""
     if ref is None:
-        if importlib.util.find_spec("testbed.runner") is None:
+        if importlib.util.find_spec("testbed.run.runner") is None:
             raise click.ClickException(
-                "the scenario runner (testbed/runner.py) is not installed in this checkout; "
+                "the scenario runner (testbed/run/runner.py) is not installed in this checkout; "
                 "`testbed sweep` runs points with it"
             )
         return None
@@ -44,7 +44,7 @@ def _load_runner(ref: str | None):
               help="Fixed override for every point, e.g. --set workload.iterations=3 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Validate the sweep and list its points; run nothing.")
 @click.option("--runner", "runner_ref", default=None, hidden=True,
-              help="module:function used instead of testbed.runner.run_scenario (tests, custom runners).")
+              help="module:function used instead of testbed.run.runner.run_scenario (tests, custom runners).")
 def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
           runner_ref: str | None) -> None:
     """Run SWEEP_FILE's base scenario at every point of its parameter grid.
@@ -56,7 +56,7 @@ def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], 
     `testbed report DIR`).
     """
     from testbed.report import build_report
-    from testbed.scenario import parse_set_options
+    from testbed.run.scenario import parse_set_options
     from testbed.sweep import (
         SweepError,
         default_out_dir,

@@ -9,8 +9,8 @@ from collections.abc import Callable
 
 import click
 
-from testbed.topology import Topology, TopologyError, load_topology
-from testbed.units import format_rate, format_size
+from testbed_core.topology import Topology, TopologyError, load_topology
+from testbed_core.units import format_rate, format_size
 
 BACKENDS = click.Choice(["auto", "netem", "relay"])
 
@@ -32,9 +32,9 @@ def _load(path: str) -> Topology:
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
-    from testbed.emulation import EmulationError
-    from testbed.naming import NamingError
-    from testbed.records import RecordError
+    from testbed.emulation.naming import NamingError
+    from testbed.emulation.network import EmulationError
+    from testbed.emulation.records import RecordError
 
     return (EmulationError, NamingError, RecordError, TopologyError)
 
@@ -53,7 +53,7 @@ def _ms(seconds: float) -> str:
 
 def render_topology(topo: Topology) -> str:
     """The parsed topology as tables: DCs, WAN links, routes."""
-    from testbed.emulation import plan_addresses
+    from testbed.emulation.network import plan_addresses
 
     plan = plan_addresses(topo)
     out = [f"Topology {topo.name}" + (f": {topo.description}" if topo.description else "")]
@@ -130,7 +130,7 @@ def show(file: str) -> None:
               help="delay backend: kernel netem, the userspace relay, or auto")
 def up(file: str, backend: str) -> None:
     """Build FILE, open Mininet's CLI on it, tear it down when the CLI exits."""
-    from testbed.emulation import Emulation
+    from testbed.emulation.network import Emulation
 
     topology = _load(file)
     say = _stderr_progress()
@@ -158,8 +158,8 @@ def check(file: str, as_json: bool, backend: str, duration: int) -> None:
     Exits 1 when a link is out of tolerance: RTT off by more than max(1 ms, 3%),
     or goodput under 90% of the configured rate.
     """
-    from testbed.emulation import Emulation
-    from testbed.linkcheck import check_links
+    from testbed.emulation.linkcheck import check_links
+    from testbed.emulation.network import Emulation
 
     topology = _load(file)
     say = _stderr_progress()

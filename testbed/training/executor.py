@@ -17,9 +17,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from testbed.device import Device, WorkRecord, busy_time
-from testbed.training.schedules import Schedule
-from testbed.training.simulate import TransferKey
+from testbed_core.device import Device, WorkRecord, busy_time
+from testbed_core.schedules import Schedule
+from testbed_core.simulate import TransferKey
 
 
 class Comm(Protocol):

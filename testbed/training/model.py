@@ -34,8 +34,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from testbed.compute_model import ComputeModelError, stage_layers
-from testbed.workload import ModelConfig
+from testbed_core.compute_model import ComputeModelError, stage_layers
+from testbed_core.workload import ModelConfig
 
 DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16}
 INIT_STD = 0.02  # GPT-2 (Radford et al. 2019) and GPT-3

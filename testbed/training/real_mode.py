@@ -18,7 +18,7 @@ one does pipeline training's arithmetic and must be equal bit for bit (on CPU, s
 thread count); the global-batch one is the independent ground truth, compared with
 the tolerance of `reference.tolerance_for`. Calibration and prediction still run:
 the a-priori prediction comes from the compute model of ``gpu.type``; the final one
-uses the stage times the warm-up iterations measured on this machine (testbed/runner.py
+uses the stage times the warm-up iterations measured on this machine (testbed/run/runner.py
 `play_variant`), and the summary says which.
 
 What may run where is checked before anything is built (`check_machine`): without
@@ -63,7 +63,7 @@ def cuda_free_bytes() -> int:
 def model_params(workload: Any) -> int:
     """Parameters of the real model (testbed/training/model.py: the LM head is always
     its own weight, so a tied-embedding model counts it too)."""
-    from testbed.compute_model import param_count
+    from testbed_core.compute_model import param_count
 
     spec = workload.model_spec()
     head = workload.model.vocab * workload.model.hidden if workload.model.tied_embeddings else 0
@@ -146,7 +146,7 @@ def add_real(
     ``base_port + DP_PORT_OFFSET + k``; `streams` streams when it crosses a WAN, 1
     inside a DC). Parameters go to ``<variant>/params/<worker>.pt`` (the variant
     folder is `run_dir`'s parent)."""
-    from testbed.topology import shortest_path
+    from testbed_core.topology import shortest_path
 
     par = workload.parallelism
     wl = workload.model_dump(mode="json")
@@ -204,7 +204,7 @@ def load_worker_results(variant_folder: Path) -> list[dict[str, Any]]:
 def _references(workload_json: str, iterations: int, seed: int, device: str, threads: int) -> tuple[Any, Any]:
     from testbed.training.real_work import OptimConfig
     from testbed.training.reference import train_reference
-    from testbed.workload import parse_workload
+    from testbed_core.workload import parse_workload
 
     wl = parse_workload(json.loads(workload_json), "real-mode reference")
     opt = wl.real.optimizer.model_dump()

@@ -45,7 +45,7 @@ import torch
 import torch.nn.functional as F
 
 from testbed.training.model import GPTStage, build_stage
-from testbed.workload import Workload
+from testbed_core.workload import Workload
 
 DP_TAG_BASE = 1 << 40  # atlas_transport tags of DP gradient exchanges (stage is added)
 
@@ -454,10 +454,10 @@ def train_in_process(
     """Pipeline training with every (replica, rank) worker a thread of this process,
     on real devices (`Device(mode='real')`), through `comm` (default LocalComm).
     `offsets` delays each pipeline's start (seconds); `device` is the torch device
-    (default CPU; `testbed.device.torch_device()` picks CUDA when present)."""
-    from testbed.device import Device
+    (default CPU; `testbed_core.device.torch_device()` picks CUDA when present)."""
     from testbed.training.executor import ExecutorError, LocalComm, run_worker
-    from testbed.training.schedules import build_schedule
+    from testbed_core.device import Device
+    from testbed_core.schedules import build_schedule
 
     par = workload.parallelism
     sched = build_schedule(schedule or par.schedule, par.pp, par.num_micro_batches, par.chunks)

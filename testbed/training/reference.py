@@ -38,7 +38,7 @@ from testbed.training.real_work import (
     ordered_mean,
     set_grads,
 )
-from testbed.workload import Workload
+from testbed_core.workload import Workload
 
 RTOL = 1e-5
 ATOL = 1e-6

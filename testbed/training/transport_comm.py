@@ -14,7 +14,7 @@ atlas_transport channels, one channel per (pipeline, boundary).
   transfer still has bytes on this host just before its planned end announces a
   later end (what is left at the plan's rate), so a transfer slowed by loss does not
   have the next one piled onto the link beside it.
-* Every tensor leaves a record (`testbed.training.metrics.TransferRecord` fields):
+* Every tensor leaves a record (`testbed.run.metrics.TransferRecord` fields):
   when the schedule reached the send, the planned slot, when it went to the
   transport, when the receiver confirmed it; the receiving side records the arrival.
 """
@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.training.simulate import TransferKey
+from testbed_core.simulate import TransferKey
 
 ITER_BITS, BOUNDARY_BITS, MB_BITS = 23, 16, 23  # + 1 direction bit = 63 bits (atlas tags are u63)
 MAX_ITERATION = (1 << ITER_BITS) - 1

@@ -2,13 +2,13 @@
 
     python -m testbed.training.worker JOB.json
 
-The runner (testbed/run_jobs.py) writes a job file per process and starts it on its
+The runner (testbed/run/jobs.py) writes a job file per process and starts it on its
 host (inside the host's network namespace under emulation). A ``train`` worker is one
 (pipeline, rank): it opens its boundary channels (it listens for the channels from
 the previous stage and connects to the next), reports ready on the runner's control
 socket, then runs each iteration when told to start it, at a common wall-clock
 instant (plus its pipeline's planned offset). Its emulated GPU is a shared
-`testbed.device.Device` in the run directory, so a BubbleTea agent next to it can
+`testbed_core.device.Device` in the run directory, so a BubbleTea agent next to it can
 use the same device. Transfer records go to the job's ``transfers_path``.
 
 With a ``real`` section (``workload.gpu.mode: real``, testbed/training/real_mode.py)
@@ -343,10 +343,10 @@ def open_channels(job: TrainJob) -> dict[int, Any]:
 def run_train(job: TrainJob) -> None:
     import torch
 
-    from testbed.device import Device
     from testbed.training.executor import ModelledWork, run_worker
-    from testbed.training.schedules import build_schedule
     from testbed.training.transport_comm import Planned, Route, TokenBus, TransferLog, TransportComm
+    from testbed_core.device import Device
+    from testbed_core.schedules import build_schedule
 
     control = Control(job.control, job.worker, job.setup_timeout_s)
     try:
@@ -435,7 +435,7 @@ def real_work_of(job: TrainJob, dp_channels: dict[int, Any]) -> Any:
     """The `RealWork` of a real-mode worker: its stages as torch modules on its torch
     device, DP gradients averaged over `dp_channels` (peer DP rank -> channel)."""
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork, RealWorkError
-    from testbed.workload import WorkloadError, parse_workload
+    from testbed_core.workload import WorkloadError, parse_workload
 
     real = job.real
     assert real is not None

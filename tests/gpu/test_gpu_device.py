@@ -1,4 +1,4 @@
-"""testbed.device in mode "real" on CUDA: work given to the Device runs on the GPU and
+"""testbed_core.device in mode "real" on CUDA: work given to the Device runs on the GPU and
 the timeline records a duration that covers the kernels (the device synchronises
 before its clock stops). Skipped where there is no GPU (CI)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed.device import Device, torch_device
+from testbed_core.device import Device, torch_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,7 +13,7 @@ import yaml
 
 from bubbletea_agent.engine import KVCache, ModelSpec, TransformersEngine
 from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS, QuadraticLatency
-from testbed.device import Device
+from testbed_core.device import Device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

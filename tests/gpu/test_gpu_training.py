@@ -11,7 +11,7 @@ import torch
 
 from testbed.training.real_work import OptimConfig, train_in_process
 from testbed.training.reference import compare_params, tolerance_for
-from testbed.workload import load_workload
+from testbed_core.workload import load_workload
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

@@ -13,8 +13,8 @@ from pathlib import Path
 import pytest
 
 from testbed.progress import Progress
-from testbed.runner import run_scenario
-from testbed.scenario import load_scenario
+from testbed.run.runner import run_scenario
+from testbed.run.scenario import load_scenario
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]

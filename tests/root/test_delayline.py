@@ -25,8 +25,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import shaping
-from testbed.netns import open_iproute, temporary_netns
+from testbed.emulation import shaping
+from testbed.emulation.netns import open_iproute, temporary_netns
 
 pytestmark = pytest.mark.root
 
@@ -127,7 +127,7 @@ def relay(wan: Wan) -> Iterator[Callable[..., RelayProc]]:
     started: list[RelayProc] = []
 
     def start(*args: str, a: str = "ra", b: str = "rb") -> RelayProc:
-        rp = spawn(wan.r, [sys.executable, "-m", "testbed.delayline", "--a", a, "--b", b, *args])
+        rp = spawn(wan.r, [sys.executable, "-m", "testbed.emulation.delayline", "--a", a, "--b", b, *args])
         started.append(rp)
         assert rp.line(10) == "READY"
         return rp
@@ -323,7 +323,7 @@ def test_relay_exits_when_an_interface_vanishes(wan: Wan, relay, spare_links) ->
 
 PARENT = """
 import os, subprocess, sys, time
-child = subprocess.Popen([sys.executable, "-m", "testbed.delayline", "--a", "ra", "--b", "rb",
+child = subprocess.Popen([sys.executable, "-m", "testbed.emulation.delayline", "--a", "ra", "--b", "rb",
                           "--delay", "5ms", "--control", "none", "--parent-pid", str(os.getpid())])
 print(child.pid, flush=True)
 time.sleep(120)

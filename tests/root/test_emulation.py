@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation import Emulation, EmulationError
-from testbed.kernel import detect_features
-from testbed.records import RECORD_DIR, ProcFS
-from testbed.topology import load_topology, parse_topology
+from testbed.emulation.kernel import detect_features
+from testbed.emulation.network import Emulation, EmulationError
+from testbed.emulation.records import RECORD_DIR, ProcFS
+from testbed_core.topology import load_topology, parse_topology
 
 pytestmark = pytest.mark.root
 TOPOS = Path(__file__).resolve().parents[2] / "topologies"
@@ -155,8 +155,8 @@ def test_two_runs_at_once_do_not_collide():
 
 
 def test_time_varying_link_changes_delay_and_rate():
-    from testbed import shaping
-    from testbed.netns import open_iproute
+    from testbed.emulation import shaping
+    from testbed.emulation.netns import open_iproute
 
     topo = small_topology("5ms", "100Mbit", [{"at": "1s", "delay": "20ms", "rate": "50Mbit"}])
     with Emulation(topo) as emu:
@@ -194,7 +194,7 @@ def test_netem_backend_layout(monkeypatch):
     """The netem path: the WAN node bridges its two interfaces, no relay runs, and
     each egress gets HTB + a netem leaf with the link's delay, jitter and loss. On a
     kernel without sch_netem the netem leaf is swapped for a bfifo when sent."""
-    from testbed import kernel, shaping
+    from testbed.emulation import kernel, shaping
 
     sent: list[tuple[str, list]] = []
     real_apply = shaping.apply

@@ -51,10 +51,10 @@ VARIANTS = {
 
 
 def test_training_across_two_dcs_equals_one_process_for_every_variant(tmp_path: Path) -> None:
-    emulation = pytest.importorskip("testbed.emulation")
+    emulation = pytest.importorskip("testbed.emulation.network")
     from testbed.training.real_work import OptimConfig
     from testbed.training.reference import compare_params, tolerance_for, train_reference
-    from testbed.workload import load_workload
+    from testbed_core.workload import load_workload
 
     h = _harness()
     tiny = load_workload(ROOT / "scenarios" / "workloads" / "tiny.yaml")

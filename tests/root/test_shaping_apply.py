@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from testbed import shaping as sh
-from testbed.kernel import detect_features
-from testbed.netns import private_netns
+from testbed.emulation import shaping as sh
+from testbed.emulation.kernel import detect_features
+from testbed.emulation.netns import private_netns
 
 pytestmark = pytest.mark.root
 

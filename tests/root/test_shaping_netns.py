@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from testbed import kernel
-from testbed.netns import (
+from testbed.emulation import kernel
+from testbed.emulation.netns import (
     NetnsError,
     in_netns,
     open_iproute,

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.records import ENV_RUN, RECORD_DIR, ProcFS
+from testbed.emulation.records import ENV_RUN, RECORD_DIR, ProcFS
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -127,7 +127,7 @@ def test_b_ctrl_c_in_the_middle_of_topo_check_leaves_nothing():
 
 KILLED_SCRIPT = """
 import sys, time
-from testbed.emulation import Emulation
+from testbed.emulation.network import Emulation
 emu = Emulation.from_file(sys.argv[1])
 emu.start()
 emu.host("dc2", 0).popen(["sleep", "300"])
@@ -153,7 +153,7 @@ def test_c_sigkill_then_testbed_clean_leaves_nothing():
     left = leftovers(prefix, netns)
     print("\nleft behind by SIGKILL:", left)
     assert any("sleep 300" in item for item in left), "the spawned processes survive SIGKILL"
-    assert not any("testbed.delayline" in item for item in left), "relays die with their parent"
+    assert not any("testbed.emulation.delayline" in item for item in left), "relays die with their parent"
     dry = subprocess.run([*TESTBED, "clean", "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert dry.returncode == 0 and "would kill" in dry.stdout
     assert leftovers(prefix, netns) == left

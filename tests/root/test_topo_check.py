@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation import Emulation
-from testbed.kernel import detect_features
-from testbed.linkcheck import compare_streams
+from testbed.emulation.kernel import detect_features
+from testbed.emulation.linkcheck import compare_streams
+from testbed.emulation.network import Emulation
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("testbed.emulation")
+pytest.importorskip("testbed.emulation.network")
 
-from atlas_transport.bench import wan_suite  # noqa: E402
+from testbed.bench.transport import wan_suite  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

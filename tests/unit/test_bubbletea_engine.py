@@ -18,7 +18,7 @@ from bubbletea_agent.engine import (
     compute_spec,
 )
 from bubbletea_agent.sim import FakeClock, SimDevice
-from testbed.compute_model import ComputeModel, gpu_spec, param_count, prefill_flops
+from testbed_core.compute_model import ComputeModel, gpu_spec, param_count, prefill_flops
 
 TINY = ModelSpec(preset="tiny", dtype="float32", seed=7)
 

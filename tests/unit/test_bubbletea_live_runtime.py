@@ -12,7 +12,7 @@ from bubbletea_agent.config import config_from_scenario
 from bubbletea_agent.live import LiveReporter, Nudger, StatusWriter, status_path, wake_path
 from bubbletea_agent.metrics import guard_violations, read_request_rows
 from bubbletea_agent.slots import Slot, SlotPublisher
-from testbed.device import Device
+from testbed_core.device import Device
 
 
 def play_worker(device: Device, run_dir: Path, slots: Path, t0: float, iterations: int, period: float,

@@ -1,4 +1,4 @@
-"""The agent against the real emulated GPU (testbed.device) in wall-clock time:
+"""The agent against the real emulated GPU (testbed_core.device) in wall-clock time:
 a stand-in training worker shares the device and publishes its slots; the agent runs
 as its own process (modelled mode) or in-process with a real tiny Llama on the CPU and
 KV caches shipped over atlas_transport (real mode). Timing is never asserted tightly:
@@ -18,7 +18,7 @@ import pytest
 from bubbletea_agent.config import AgentConfigError, config_from_scenario, load_config, parse_config
 from bubbletea_agent.metrics import guard_violations, read_request_rows, summarize
 from bubbletea_agent.slots import Slot, SlotPublisher
-from testbed.device import Device
+from testbed_core.device import Device
 
 ROOT = Path(__file__).resolve().parents[2]
 

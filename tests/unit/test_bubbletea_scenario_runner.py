@@ -16,18 +16,18 @@ from bubbletea_agent.config import AgentConfigError, config_from_scenario, parse
 from bubbletea_agent.engine import ModelledEngine, ModelSpec
 from bubbletea_agent.job import RunnerJob, config_from_job
 from bubbletea_agent.kv_ship import KVShipper, MemoryChannel, ShipError, receive_one
-from testbed.bubbletea_wiring import (
+from testbed.run.bubbletea import (
     build_agent_jobs,
     decode_hosts,
     wait_agents,
     wait_decode_servers,
 )
-from testbed.run_common import RunnerError
-from testbed.run_jobs import build_jobs
-from testbed.scenario import ScenarioError, load_scenario
+from testbed.run.common import RunnerError
+from testbed.run.jobs import build_jobs
+from testbed.run.scenario import ScenarioError, load_scenario
+from testbed.run.variants import plan_variant, variant_names
 from testbed.training.worker import TrainJob, parse_job
-from testbed.variants import plan_variant, variant_names
-from testbed.workload import parse_workload
+from testbed_core.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from testbed import emulation
 from testbed.cli import main
 from testbed.commands import doctor as doctor_mod
+from testbed.emulation import network as emulation
 
 TOPOS = Path(__file__).resolve().parents[2] / "topologies"
 

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from testbed.compute_model import (
+from testbed_core.compute_model import (
     GPUS,
     ComputeModel,
     ComputeModelError,

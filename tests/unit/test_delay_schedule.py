@@ -9,8 +9,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from test_delay_schedule_frames import make_tcp_gso  # same folder (rootdir-less import)
 
-from testbed.delayline import frames as fr
-from testbed.delayline.schedule import DelayQueue, LinkParams, ParamError
+from testbed.emulation.delayline import frames as fr
+from testbed.emulation.delayline.schedule import DelayQueue, LinkParams, ParamError
 
 
 def plain(i: int, size: int = 100) -> bytes:

@@ -12,18 +12,18 @@ import time
 
 import pytest
 
-from testbed.delayline import LinkParams, relay_argv, set_command
-from testbed.delayline import __main__ as cli
-from testbed.delayline import frames as fr
-from testbed.delayline.control import (
+from testbed.emulation.delayline import LinkParams, relay_argv, set_command
+from testbed.emulation.delayline import __main__ as cli
+from testbed.emulation.delayline import frames as fr
+from testbed.emulation.delayline.control import (
     ControlError,
     QuitCommand,
     SetCommand,
     StatsCommand,
     parse_control,
 )
-from testbed.delayline.relay import EXIT_VANISHED, Port, Relay
-from testbed.delayline.schedule import DelayQueue
+from testbed.emulation.delayline.relay import EXIT_VANISHED, Port, Relay
+from testbed.emulation.delayline.schedule import DelayQueue
 
 # -- control lines ------------------------------------------------------------------
 
@@ -85,7 +85,7 @@ def test_set_command_round_trips() -> None:
 
 def test_relay_argv_parses_back() -> None:
     argv = relay_argv("w-eth0", "w-eth1", LinkParams(0.025, 0.001, 0.01), LinkParams(0.030), seed=5, parent_pid=42)
-    assert argv[1:3] == ["-m", "testbed.delayline"]
+    assert argv[1:3] == ["-m", "testbed.emulation.delayline"]
     ns = cli._parser().parse_args(argv[3:])
     assert (ns.a, ns.b, ns.seed, ns.parent_pid) == ("w-eth0", "w-eth1", 5, 42)
     a2b, b2a = cli._params(ns, False), cli._params(ns, True)

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from testbed.delayline import frames as fr
+from testbed.emulation.delayline import frames as fr
 
 
 def naive_sum(data: bytes) -> int:

@@ -3,7 +3,7 @@ queue, the loss model, or the relay itself (which makes results suspect)."""
 
 from __future__ import annotations
 
-from testbed.delayline.stats import window, windows
+from testbed.emulation.delayline.stats import window, windows
 
 
 def snap(a2b: dict, b2a: dict, kernel: dict) -> dict:

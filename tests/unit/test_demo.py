@@ -361,7 +361,7 @@ def test_expected_steps() -> None:
 
 def fake_run(monkeypatch: pytest.MonkeyPatch, summary: dict) -> list:
     """Replace run_scenario with one that writes `summary`; returns the calls."""
-    import testbed.runner
+    import testbed.run.runner
 
     calls = []
 
@@ -374,13 +374,13 @@ def fake_run(monkeypatch: pytest.MonkeyPatch, summary: dict) -> list:
         (out / "summary.json").write_text(json.dumps(s))
         return s
 
-    monkeypatch.setattr(testbed.runner, "run_scenario", run_scenario)
+    monkeypatch.setattr(testbed.run.runner, "run_scenario", run_scenario)
     return calls
 
 
 def test_run_demo_bench_failure_is_recorded_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch,
                                                                  tmp_path: Path) -> None:
-    from atlas_transport.bench import BenchError
+    from testbed.bench.transport import BenchError
 
     def broken_bench(*a, **k):
         raise BenchError("cannot build the emulation of 2dc.yaml: mnexec failed")
@@ -418,13 +418,13 @@ def test_run_demo_without_the_bubbletea_agent(monkeypatch: pytest.MonkeyPatch, t
 
 
 def test_run_demo_run_failure(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    import testbed.runner
-    from testbed.runner import RunnerError
+    import testbed.run.runner
+    from testbed.run.runner import RunnerError
 
     def failing(*a, **k):
         raise RunnerError("variant atlas: worker p0r0 did not connect within 60 s")
 
-    monkeypatch.setattr(testbed.runner, "run_scenario", failing)
+    monkeypatch.setattr(testbed.run.runner, "run_scenario", failing)
     outcome = d.run_demo(replace(d.DEFAULT, skip_bench=True), tmp_path, d.PlannedProgress({}, enabled=False),
                          echo=lambda s: None)
     assert outcome.failed == ["training"]

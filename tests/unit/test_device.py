@@ -12,8 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from testbed.compute_model import ComputeModel, gpu_spec
-from testbed.device import Device, DeviceError, WorkRecord, default_time_scale, write_timeline_csv
+from testbed_core.compute_model import ComputeModel, gpu_spec
+from testbed_core.device import (
+    Device,
+    DeviceError,
+    WorkRecord,
+    default_time_scale,
+    write_timeline_csv,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -61,7 +67,7 @@ def test_modelled_with_fn_runs_it_and_reports_overrun(tmp_path: Path) -> None:
 
 def test_real_mode_times_torch_work(tmp_path: Path) -> None:
     torch = pytest.importorskip("torch")
-    from testbed.device import torch_device
+    from testbed_core.device import torch_device
 
     dev = Device("gpu0", tmp_path, mode="real")
     a = torch.randn(128, 128, device=torch_device())
@@ -146,7 +152,7 @@ def test_two_processes_share_one_device(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import pathlib, sys, time
-        from testbed.device import Device
+        from testbed_core.device import Device
         dev = Device("gpu0", sys.argv[1], time_scale=1.0)
         barrier = pathlib.Path(sys.argv[1])
         (barrier / f"ready.{sys.argv[2]}").touch()

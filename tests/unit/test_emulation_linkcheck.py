@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from testbed.linkcheck import (
+from testbed.emulation.linkcheck import (
     Direction,
     LinkResult,
     StreamComparison,
@@ -13,7 +13,7 @@ from testbed.linkcheck import (
     parse_ping,
     streams_for,
 )
-from testbed.topology import TcpSettings
+from testbed_core.topology import TcpSettings
 
 PING = """PING 10.200.2.10 (10.200.2.10) 56(84) bytes of data.
 64 bytes from 10.200.2.10: icmp_seq=1 ttl=62 time=50.5 ms

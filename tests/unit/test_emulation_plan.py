@@ -6,15 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed import emulation
-from testbed.emulation import (
-    EmulationError,
-    plan_addresses,
-    preflight,
-    rps_mask,
-    tcp_sysctls,
-)
-from testbed.naming import (
+from testbed.emulation import network as emulation
+from testbed.emulation.naming import (
     IFNAMSIZ,
     NamingError,
     RunNames,
@@ -22,7 +15,14 @@ from testbed.naming import (
     new_prefix,
     validate_prefix,
 )
-from testbed.topology import load_topology, parse_topology
+from testbed.emulation.network import (
+    EmulationError,
+    plan_addresses,
+    preflight,
+    rps_mask,
+    tcp_sysctls,
+)
+from testbed_core.topology import load_topology, parse_topology
 
 TOPOS = Path(__file__).resolve().parents[2] / "topologies"
 

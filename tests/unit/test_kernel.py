@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from testbed import kernel
-from testbed.kernel import BackendError, KernelFeatures, choose_delay_backend
-from testbed.netns import NetnsError
+from testbed.emulation import kernel
+from testbed.emulation.kernel import BackendError, KernelFeatures, choose_delay_backend
+from testbed.emulation.netns import NetnsError
 
 FULL = KernelFeatures(
     netns=True, veth=True, htb=True, tbf=True, netem=True,

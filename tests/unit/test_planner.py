@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from atlas_transport.planner import (
+from testbed_core.planning.planner import (
     NetParams,
     PlacementError,
     Variant,
@@ -19,8 +19,8 @@ from atlas_transport.planner import (
     predict,
     wan_path,
 )
-from testbed.topology import load_topology, parse_topology
-from testbed.workload import load_workload, parse_workload
+from testbed_core.topology import load_topology, parse_topology
+from testbed_core.workload import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 

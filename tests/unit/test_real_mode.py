@@ -14,9 +14,10 @@ import torch
 import yaml
 from click.testing import CliRunner
 
-from testbed.run_common import RunnerError
-from testbed.run_jobs import build_jobs
-from testbed.scenario import ScenarioError, load_scenario
+from testbed.run.common import RunnerError
+from testbed.run.jobs import build_jobs
+from testbed.run.scenario import ScenarioError, load_scenario
+from testbed.run.variants import plan_variant
 from testbed.training import real_mode
 from testbed.training.real_mode import (
     RealModeError,
@@ -32,8 +33,7 @@ from testbed.training.worker import (
     parse_job,
     real_work_of,
 )
-from testbed.variants import plan_variant
-from testbed.workload import WorkloadError, load_workload, parse_workload
+from testbed_core.workload import WorkloadError, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SCENARIO = ROOT / "scenarios" / "real-tiny-2dc.yaml"

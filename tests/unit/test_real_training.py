@@ -12,7 +12,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from testbed.device import Device
 from testbed.training.executor import ExecutorError, LocalComm, run_local
 from testbed.training.model import (
     ModelError,
@@ -38,8 +37,9 @@ from testbed.training.reference import (
     tolerance_for,
     train_reference,
 )
-from testbed.training.schedules import build_schedule
-from testbed.workload import ModelConfig, Workload, load_workload
+from testbed_core.device import Device
+from testbed_core.schedules import build_schedule
+from testbed_core.workload import ModelConfig, Workload, load_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 SGD = OptimConfig(kind="sgd", lr=0.5)

@@ -184,12 +184,12 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
     import torch
 
     from atlas_transport import TransportConfig
-    from testbed.device import Device
     from testbed.training.executor import run_worker
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork
-    from testbed.training.schedules import build_schedule
     from testbed.training.transport_comm import Planned, Route, TransportComm
-    from testbed.workload import parse_workload
+    from testbed_core.device import Device
+    from testbed_core.schedules import build_schedule
+    from testbed_core.workload import parse_workload
 
     d, r = me
     wl = parse_workload(run["workload"], "run")
@@ -454,7 +454,7 @@ import pytest  # noqa: E402
 
 @pytest.fixture(scope="module")
 def tiny():
-    from testbed.workload import load_workload
+    from testbed_core.workload import load_workload
 
     return load_workload(HARNESS.parents[2] / "scenarios" / "workloads" / "tiny.yaml")  # dp=2, pp=2, m=4
 
@@ -522,7 +522,7 @@ def test_tcp_adam_and_interleaved_training_equal_the_reference(cluster, tiny) ->
 
 
 def test_key_tags_are_distinct_and_in_range() -> None:
-    from testbed.training.simulate import TransferKey
+    from testbed_core.simulate import TransferKey
 
     keys = [TransferKey(p, b, mb, dr) for p in range(3) for b in range(4) for mb in range(64) for dr in ("fwd", "bwd")]
     tags = {key_tag(k) for k in keys}
@@ -540,7 +540,7 @@ def test_links_of_a_worker() -> None:
 
 
 def test_reordering_comm_names_a_missing_boundary() -> None:
-    from testbed.training.simulate import TransferKey
+    from testbed_core.simulate import TransferKey
 
     comm = ReorderingComm({0: object()}, delay=lambda k: 0.0)
     with pytest.raises(RuntimeError, match="no channel for boundary 3"):

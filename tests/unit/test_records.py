@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.records import (
+from testbed.emulation.records import (
     ENV_RUN,
     ProcFS,
     RecordError,

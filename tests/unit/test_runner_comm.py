@@ -15,7 +15,6 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from atlas_transport.loopback import loopback_pair
-from testbed.training.simulate import TransferKey
 from testbed.training.transport_comm import (
     MAX_BOUNDARY,
     MAX_ITERATION,
@@ -30,6 +29,7 @@ from testbed.training.transport_comm import (
     read_transfer_logs,
     tag_for,
 )
+from testbed_core.simulate import TransferKey
 
 
 @given(st.integers(0, MAX_ITERATION), st.integers(0, MAX_BOUNDARY), st.integers(0, MAX_MB),

@@ -1,4 +1,4 @@
-"""Job files of the scenario runner (testbed/run_jobs.py `build_jobs`), validated by the
+"""Job files of the scenario runner (testbed/run/jobs.py `build_jobs`), validated by the
 worker (testbed/training/worker.py `parse_job`): one worker per (pipeline, rank) on its
 placed host, one channel per (pipeline, boundary) with the right ends, ports, streams
 and WAN links, the temporal plan handed to the senders, BubbleTea's slot feed."""
@@ -10,13 +10,13 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.calibration import calibration_pairs
-from testbed.run_common import RunnerError
-from testbed.run_jobs import build_jobs
-from testbed.scenario import load_scenario
+from testbed.run.calibration import calibration_pairs
+from testbed.run.common import RunnerError
+from testbed.run.jobs import build_jobs
+from testbed.run.scenario import load_scenario
+from testbed.run.variants import choose_streams, plan_variant, variant_names
 from testbed.training.worker import ProbeJob, TrainJob, WorkerError, parse_job
-from testbed.variants import choose_streams, plan_variant, variant_names
-from testbed.workload import parse_workload
+from testbed_core.workload import parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -100,7 +100,7 @@ def test_atlas_plan_goes_to_the_senders(tmp_path: Path) -> None:
 
 
 def test_token_margin_lengthens_the_planned_hold(tmp_path: Path) -> None:
-    from testbed.calibration import Calibration
+    from testbed.run.calibration import Calibration
 
     cal = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.025, rates_bps={1: 1.2e8, 8: 7e8})  # atlas: 8 streams
     holds = {}
@@ -116,7 +116,7 @@ def test_token_margin_lengthens_the_planned_hold(tmp_path: Path) -> None:
 
 
 def test_atlas_keeps_the_stream_count_the_calibration_measured_faster(tmp_path: Path) -> None:
-    from testbed.calibration import Calibration
+    from testbed.run.calibration import Calibration
 
     scenario, _ = load_scenario(scenario_file(tmp_path))
     workload = parse_workload(scenario.workload)
@@ -139,7 +139,7 @@ def test_atlas_sharing_follows_the_calibrated_prediction(tmp_path: Path) -> None
     sharing it (here: a token margin of 200% triples every planned hold), "auto" runs
     atlas with shared links and keeps both predictions; with the default margin the
     plan wins; "temporal" and "shared" force the choice."""
-    from testbed.calibration import Calibration
+    from testbed.run.calibration import Calibration
 
     cal = Calibration("dc1-h1", "dc2-h1", 8 << 20, 0.025, rates_bps={1: 1.1e8, 8: 6.9e8},
                       colliding_bps={8: 6.0e8})
@@ -274,7 +274,7 @@ def test_dp_across_dc_is_refused_while_the_allreduce_is_not_emulated(tmp_path: P
 
 def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) -> None:
     from bubbletea_agent.job import RunnerJob
-    from testbed.bubbletea_wiring import build_agent_jobs
+    from testbed.run.bubbletea import build_agent_jobs
 
     _, jobs, _ = jobs_for(tmp_path, "atlas+bubbletea")
     scenario, _ = load_scenario(scenario_file(tmp_path), {"bubbletea.enabled": True})
@@ -295,7 +295,7 @@ def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) 
 def test_transport_pacing_reaches_the_workers_sockets(tmp_path: Path) -> None:
     """`transport.pacing: true` gives every stream a SO_MAX_PACING_RATE (Linux's internal
     TCP pacing), through the job file to the worker's TransportConfig; off by default."""
-    from testbed.run_common import PACING_CAP_MBPS, transport_job
+    from testbed.run.common import PACING_CAP_MBPS, transport_job
     from testbed.training.worker import transport_config
 
     off, _ = load_scenario(scenario_file(tmp_path))

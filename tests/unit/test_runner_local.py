@@ -13,8 +13,8 @@ from click.testing import CliRunner
 
 from testbed.cli import main
 from testbed.progress import Progress
-from testbed.runner import RunnerError, run_scenario
-from testbed.scenario import load_scenario
+from testbed.run.runner import RunnerError, run_scenario
+from testbed.run.scenario import load_scenario
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -79,7 +79,7 @@ def test_cli_errors_speak_to_the_user(tmp_path: Path) -> None:
 
 
 def test_bubbletea_without_agent_command_line_is_refused(tmp_path: Path, monkeypatch) -> None:
-    import testbed.runner as runner_mod
+    import testbed.run.runner as runner_mod
 
     monkeypatch.setattr(runner_mod, "agent_available", lambda: False)
     scenario, resolved = load_scenario(write_scenario(tmp_path), {"bubbletea.enabled": True})
@@ -88,7 +88,7 @@ def test_bubbletea_without_agent_command_line_is_refused(tmp_path: Path, monkeyp
 
 
 def test_emulation_needs_root(tmp_path: Path, monkeypatch) -> None:
-    import testbed.runner as runner_mod
+    import testbed.run.runner as runner_mod
 
     monkeypatch.setattr(runner_mod.os, "geteuid", lambda: 1000)
     scenario, resolved = load_scenario(write_scenario(tmp_path), {"runner.local": False})

@@ -1,13 +1,12 @@
 """Measured figures of a run from synthetic device timelines and transfer records
-(testbed/training/metrics.py): iteration spans, utilization and bubbles, WAN bytes and
+(testbed/run/metrics.py): iteration spans, utilization and bubbles, WAN bytes and
 goodput, merging the two ends of a transfer, the summary table."""
 
 from __future__ import annotations
 
 import pytest
 
-from testbed.device import WorkRecord
-from testbed.training.metrics import (
+from testbed.run.metrics import (
     MetricsError,
     TransferRecord,
     iterations,
@@ -16,6 +15,7 @@ from testbed.training.metrics import (
     variant_metrics,
     wan_stats,
 )
+from testbed_core.device import WorkRecord
 
 
 def rec(device: str, start: float, end: float, kind: str = "forward", owner: str = "train:p0r0") -> WorkRecord:
@@ -132,7 +132,7 @@ def test_summary_table_lists_each_variant_with_its_error() -> None:
 
 
 def test_channel_rate_counts_transfers_alone_on_their_link() -> None:
-    from testbed.training.metrics import channel_rate
+    from testbed.run.metrics import channel_rate
 
     ts = [
         tr(0, 0, "fwd", 0.0, 0.125),  # alone: 1 MB in 0.1 s on the wire -> 80 Mbit/s
@@ -151,7 +151,7 @@ def test_channel_rate_counts_transfers_alone_on_their_link() -> None:
 
 
 def test_colliding_rate_counts_transfers_that_shared_their_link() -> None:
-    from testbed.training.metrics import colliding_rate
+    from testbed.run.metrics import colliding_rate
 
     def t(it, p, mb, sent, wire, links=("dc1->dc2",)):
         return TransferRecord(it, p, 0, mb, "fwd", f"p{p}r0", f"p{p}r1", 1_000_000, links, 0.025,
@@ -167,8 +167,8 @@ def test_colliding_rate_counts_transfers_that_shared_their_link() -> None:
 
 
 def test_calibration_arithmetic() -> None:
-    from testbed.calibration import aggregate_rate, effective_rate
-    from testbed.variants import calibrated_rates
+    from testbed.run.calibration import aggregate_rate, effective_rate
+    from testbed.run.variants import calibrated_rates
 
     # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
     assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)
@@ -195,7 +195,7 @@ def test_measured_stage_times_and_pipeline_overhead_for_real_devices() -> None:
     """Real devices: the warm-up iterations' median forward/backward per stage replace
     the compute model's, and the time outside the pipeline (DP exchange, optimizer
     step) is measured apart."""
-    from testbed.training.metrics import pipeline_overhead, stage_compute_times
+    from testbed.run.metrics import pipeline_overhead, stage_compute_times
 
     def r(dev, kind, label, start, end):
         return WorkRecord(dev, kind, "train:x", label, start, start, end, "real")
@@ -220,7 +220,7 @@ def test_slowdown_with_wan_loss_the_plain_twin_did_not_have_is_flagged() -> None
     import io
 
     from testbed.progress import Progress
-    from testbed.runner import _compare_wan_loss, tail_drops
+    from testbed.run.runner import _compare_wan_loss, tail_drops
 
     def entry(drops: int, **extra) -> dict:
         return {"delay_line": {"dc1-dc2": {"x->y": {"queue_drops": drops}, "y->x": {"queue_drops": 0},

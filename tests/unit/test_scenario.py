@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.scenario import (
+from testbed.run.scenario import (
     ScenarioError,
     apply_override,
     load_scenario,
@@ -122,8 +122,8 @@ def test_local_runs_get_a_free_port_block_of_their_own(scenario_file: Path) -> N
     import socket
 
     from testbed.progress import Progress
-    from testbed.run_common import PORT_PROBES, RunnerError, free_port_block
-    from testbed.runner import with_ports
+    from testbed.run.common import PORT_PROBES, RunnerError, free_port_block
+    from testbed.run.runner import with_ports
 
     class Seq:  # the candidates free_port_block draws, in order
         def __init__(self, *values: int) -> None:

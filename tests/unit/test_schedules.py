@@ -8,9 +8,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from testbed.device import Device
 from testbed.training.executor import LocalComm, ModelledWork, measured_bubble_fraction, run_local
-from testbed.training.schedules import (
+from testbed_core.device import Device
+from testbed_core.schedules import (
     Op,
     Schedule,
     ScheduleError,
@@ -18,10 +18,10 @@ from testbed.training.schedules import (
     validate,
     with_transfers,
 )
-from testbed.training.simulate import (
+from testbed_core.simulate import (
     Path as NetPath,
 )
-from testbed.training.simulate import (
+from testbed_core.simulate import (
     Resource,
     SimSpec,
     SimulationError,

@@ -8,7 +8,7 @@ import pytest
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import sched_htb, sched_netem
 
-from testbed import shaping as sh
+from testbed.emulation import shaping as sh
 
 
 class FakeIPRoute:

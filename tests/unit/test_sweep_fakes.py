@@ -1,4 +1,4 @@
-"""Stand-ins for `testbed.runner.run_scenario` used by the sweep and report tests.
+"""Stand-ins for `testbed.run.runner.run_scenario` used by the sweep and report tests.
 
 They write what the real runner writes (summary.json, scenario.resolved.yaml) with
 figures derived from the point's parameters by a simple window-limited TCP model,

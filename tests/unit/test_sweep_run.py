@@ -316,9 +316,9 @@ def test_missing_runner_module_is_explained(folder: Path, monkeypatch: pytest.Mo
 
     real = command.importlib.util.find_spec
     monkeypatch.setattr(command.importlib.util, "find_spec",
-                        lambda name, *a: None if name == "testbed.runner" else real(name, *a))
+                        lambda name, *a: None if name == "testbed.run.runner" else real(name, *a))
     path = write_sweep(folder, {"parameters": {"transport.streams": [2]}})
     result = cli("sweep", str(path), "--out", str(folder / "out"))
     assert result.exit_code == 1
-    assert "the scenario runner (testbed/runner.py) is not installed in this checkout" in result.stderr
+    assert "the scenario runner (testbed/run/runner.py) is not installed in this checkout" in result.stderr
     assert not (folder / "out").exists()

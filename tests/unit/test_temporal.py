@@ -7,11 +7,11 @@ import dataclasses
 
 import pytest
 
-from atlas_transport.planner import NetParams, Variant, build_spec, place, wan_resource
-from atlas_transport.temporal import TemporalPlanError, derive_plan, stagger_candidates
-from testbed.topology import parse_topology
-from testbed.training.simulate import Resource, TransferKey, simulate
-from testbed.workload import parse_workload
+from testbed_core.planning.planner import NetParams, Variant, build_spec, place, wan_resource
+from testbed_core.planning.temporal import TemporalPlanError, derive_plan, stagger_candidates
+from testbed_core.simulate import Resource, TransferKey, simulate
+from testbed_core.topology import parse_topology
+from testbed_core.workload import parse_workload
 
 TOPO = parse_topology({
     "name": "t",

@@ -7,8 +7,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.topology import TopologyError, bdp_bytes, load_topology, parse_topology
-from testbed.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
+from testbed_core.topology import TopologyError, bdp_bytes, load_topology, parse_topology
+from testbed_core.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
 
 ROOT = Path(__file__).resolve().parents[2]
 

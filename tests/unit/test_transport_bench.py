@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 from click.testing import CliRunner
 
-from atlas_transport import bench_report as report
-from atlas_transport.bench import BenchError, Measurement, measure_pair, wan_suite
+from testbed.bench import report
+from testbed.bench.transport import BenchError, Measurement, measure_pair, wan_suite
 from testbed.cli import main
 
 
@@ -68,16 +68,16 @@ def test_loopback_benchmark_end_to_end(tmp_path: Path) -> None:
 
 
 def test_wan_path_explains_a_missing_emulation(monkeypatch, tmp_path: Path) -> None:
-    monkeypatch.setitem(sys.modules, "testbed.emulation", None)  # import now fails
+    monkeypatch.setitem(sys.modules, "testbed.emulation.network", None)  # import now fails
     r = CliRunner().invoke(main, ["bench", "transport", "--out", str(tmp_path)])
     assert r.exit_code != 0
-    assert "the WAN path needs testbed.emulation" in r.output and "pass --no-wan" in r.output
-    with pytest.raises(BenchError, match="needs testbed.emulation"):
+    assert "the WAN path needs testbed.emulation.network" in r.output and "pass --no-wan" in r.output
+    with pytest.raises(BenchError, match="needs testbed.emulation.network"):
         wan_suite("topologies/2dc.yaml", streams=[1], size=1, repeat=1, methods=["atlas"], log_dir=tmp_path)
 
 
 def test_wan_path_needs_root(monkeypatch, tmp_path: Path) -> None:
-    pytest.importorskip("testbed.emulation")
+    pytest.importorskip("testbed.emulation.network")
     monkeypatch.setattr("os.geteuid", lambda: 1000)
     r = CliRunner().invoke(main, ["bench", "transport", "--out", str(tmp_path)])
     assert r.exit_code != 0 and "needs root" in r.output and "--no-wan" in r.output

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.compute_model import activation_bytes, stage_flops
-from testbed.workload import WorkloadError, load_workload, parse_workload
+from testbed_core.compute_model import activation_bytes, stage_flops
+from testbed_core.workload import WorkloadError, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[2]
 WORKLOADS = ROOT / "scenarios" / "workloads"

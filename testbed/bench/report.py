@@ -1,0 +1,172 @@
+"""Turning benchmark measurements into a table, JSON, CSV, a plot and target checks.
+
+Pure functions of a list of `Measurement`s (plus file writes), kept apart from the
+measuring so they can be tested on made-up numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.bench.transport import Measurement
+
+CSV_FIELDS = ["path", "method", "streams", "requested_streams", "goodput_mbps", "verified", "size_bytes",
+              "samples_mbps", "error"]
+
+
+@dataclass(frozen=True)
+class Check:
+    path: str
+    name: str
+    ratio: float | None
+    target: float
+    detail: str
+
+    @property
+    def ok(self) -> bool | None:
+        return None if self.ratio is None else self.ratio >= self.target
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "ratio": self.ratio, "target": self.target,
+                "ok": self.ok, "detail": self.detail}
+
+
+def _get(results: list[Measurement], path: str, method: str, streams: int | None = None,
+         auto: bool = False) -> Measurement | None:
+    for m in results:
+        if m.path != path or m.method != method or m.goodput_mbps is None or m.verified is False:
+            continue
+        if (m.requested_streams == "auto") != auto:
+            continue
+        if streams is None or m.streams == streams:
+            return m
+    return None
+
+
+def _ratio(a: Measurement | None, b: Measurement | None) -> float | None:
+    if a is None or b is None or not b.goodput_mbps:
+        return None
+    return a.goodput_mbps / b.goodput_mbps
+
+
+def _fmt(m: Measurement | None) -> str:
+    return "missing" if m is None else f"{m.goodput_mbps:.0f} Mbit/s"
+
+
+def checks(results: list[Measurement]) -> list[Check]:
+    """The issue's targets: on the WAN, atlas N=8 >= 90% of iperf3 -P 8 and >= 4x
+    atlas N=1, auto >= 90% of the best fixed N; on loopback, atlas N=1 >= 70% of one
+    iperf3 stream and not slower than gloo."""
+    out = []
+    paths = sorted({m.path for m in results})
+    if "wan" in paths:
+        a8, i8, a1 = _get(results, "wan", "atlas", 8), _get(results, "wan", "iperf3", 8), _get(results, "wan", "atlas", 1)
+        out.append(Check("wan", "atlas N=8 / iperf3 -P 8", _ratio(a8, i8), 0.9, f"{_fmt(a8)} vs {_fmt(i8)}"))
+        out.append(Check("wan", "atlas N=8 / atlas N=1", _ratio(a8, a1), 4.0, f"{_fmt(a8)} vs {_fmt(a1)}"))
+    for path in paths:
+        auto = _get(results, path, "atlas", auto=True)
+        fixed = [m for m in results if m.path == path and m.method == "atlas" and m.requested_streams != "auto"
+                 and m.goodput_mbps is not None and m.verified]
+        best = max(fixed, key=lambda m: m.goodput_mbps, default=None)
+        if auto is not None:
+            out.append(Check(path, f"atlas auto (N={auto.streams}) / best fixed (N={best.streams if best else '?'})",
+                             _ratio(auto, best), 0.9, f"{_fmt(auto)} vs {_fmt(best)}"))
+    if "loopback" in paths:
+        a1, i1, g = (_get(results, "loopback", "atlas", 1), _get(results, "loopback", "iperf3", 1),
+                     _get(results, "loopback", "gloo", 1))
+        out.append(Check("loopback", "atlas N=1 / iperf3 -P 1", _ratio(a1, i1), 0.7, f"{_fmt(a1)} vs {_fmt(i1)}"))
+        out.append(Check("loopback", "atlas N=1 / gloo", _ratio(a1, g), 1.0, f"{_fmt(a1)} vs {_fmt(g)}"))
+    return out
+
+
+def table(results: list[Measurement], found: list[Check]) -> str:
+    lines = [f"{'path':<9} {'method':<7} {'streams':>7} {'goodput Mbit/s':>15} {'verified':>9}  samples / error"]
+    for m in results:
+        streams = f"auto={m.streams}" if m.requested_streams == "auto" else str(m.streams)
+        gp = f"{m.goodput_mbps:.1f}" if m.goodput_mbps is not None else "-"
+        ver = {True: "yes", False: "NO", None: "-"}[m.verified]
+        extra = m.error or ", ".join(f"{x:.0f}" for x in m.samples_mbps)
+        lines.append(f"{m.path:<9} {m.method:<7} {streams:>7} {gp:>15} {ver:>9}  {extra}")
+    if found:
+        lines.append("")
+        lines.append("targets:")
+        for c in found:
+            verdict = {True: "ok  ", False: "MISS", None: "n/a "}[c.ok]
+            ratio = f"{c.ratio:.2f}" if c.ratio is not None else "-"
+            lines.append(f"  {verdict} {c.path:<9} {c.name:<45} {ratio:>6} (target >= {c.target:g}; {c.detail})")
+    return "\n".join(lines)
+
+
+def as_json(results: list[Measurement], found: list[Check], meta: dict[str, Any]) -> dict[str, Any]:
+    return {"results": [m.row() for m in results], "checks": [c.as_dict() for c in found], "meta": meta}
+
+
+def write_csv(results: list[Measurement], path: Path) -> None:
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=CSV_FIELDS, extrasaction="ignore")
+        w.writeheader()
+        for m in results:
+            row = m.row()
+            row["samples_mbps"] = " ".join(f"{x:g}" for x in m.samples_mbps)
+            w.writerow(row)
+
+
+def write_json(doc: dict[str, Any], path: Path) -> None:
+    path.write_text(json.dumps(doc, indent=2) + "\n")
+
+
+STYLE = {"atlas": ("tab:blue", "o", "-"), "iperf3": ("tab:gray", "s", "--"),
+         "tcp": ("tab:orange", "^", ":"), "gloo": ("tab:green", "v", ":")}
+
+
+def plot(results: list[Measurement], path: Path, title: str = "") -> None:
+    """Goodput vs streams per method, one panel per path. Single-stream methods (tcp,
+    gloo) are drawn as a horizontal line at their goodput; atlas "auto" as a star at
+    the stream count it chose; a failed verification as a red cross."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    paths = [p for p in ("loopback", "wan") if any(m.path == p for m in results)]
+    fig, axes = plt.subplots(1, max(1, len(paths)), figsize=(6.5 * max(1, len(paths)), 4.6), squeeze=False)
+    for ax, p in zip(axes[0], paths, strict=False):
+        rows = [m for m in results if m.path == p and m.goodput_mbps is not None]
+        ns = sorted({m.streams for m in rows if m.method in ("atlas", "iperf3")} | {1})
+        for method in ("iperf3", "atlas"):
+            pts = sorted((m.streams, m.goodput_mbps) for m in rows if m.method == method and m.requested_streams != "auto")
+            if pts:
+                color, marker, ls = STYLE[method]
+                label = "iperf3 -P N (ceiling)" if method == "iperf3" else "atlas, N streams"
+                ax.plot([x for x, _ in pts], [y for _, y in pts], marker=marker, linestyle=ls, color=color, label=label)
+        for method in ("tcp", "gloo"):
+            m = next((m for m in rows if m.method == method), None)
+            if m is not None:
+                color, marker, ls = STYLE[method]
+                ax.axhline(m.goodput_mbps, color=color, linestyle=ls, linewidth=1.2)
+                ax.plot([1], [m.goodput_mbps], marker=marker, color=color, linestyle="none",
+                        label=f"{'plain TCP' if method == 'tcp' else 'torch gloo'} (1 stream)")
+        auto = next((m for m in rows if m.method == "atlas" and m.requested_streams == "auto"), None)
+        if auto is not None:
+            ax.plot([auto.streams], [auto.goodput_mbps], marker="*", markersize=16, color="tab:red",
+                    linestyle="none", label=f"atlas auto (chose N={auto.streams})")
+        bad = [m for m in rows if m.verified is False]
+        if bad:
+            ax.plot([m.streams for m in bad], [m.goodput_mbps for m in bad], marker="x", markersize=12,
+                    color="red", linestyle="none", label="verification FAILED")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(ns)
+        ax.set_xticklabels([str(n) for n in ns])
+        ax.set_xlabel("TCP streams (N)")
+        ax.set_ylabel("goodput (Mbit/s)")
+        ax.set_ylim(bottom=0)
+        ax.set_title(f"{p}" + (f" - {title}" if title and p == "wan" else ""))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)

@@ -1,0 +1,346 @@
+"""The delay line's I/O: two AF_PACKET sockets (PACKET_VNET_HDR, so GSO super-packets
+pass whole), one `DelayQueue` per direction, one select() loop.
+
+Fails closed: a frame leaves only from its queue at its deadline; on exit whatever is
+queued is discarded. Never blocks: sockets are non-blocking and a frame the kernel
+refuses (ENOBUFS when the HTB leaf is full, EAGAIN when the socket send buffer is) is
+counted as a drop, so one direction can never stall the other.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import errno
+import json
+import os
+import select
+import signal
+import socket
+import struct
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TextIO
+
+from testbed.emulation.delayline import frames as fr
+from testbed.emulation.delayline.control import (
+    ControlError,
+    QuitCommand,
+    SetCommand,
+    StatsCommand,
+    parse_control,
+)
+from testbed.emulation.delayline.schedule import DelayQueue
+
+SOL_PACKET = 263
+PACKET_ADD_MEMBERSHIP = 1
+PACKET_MR_PROMISC = 1
+PACKET_STATISTICS = 6
+PACKET_VNET_HDR = 15
+PACKET_IGNORE_OUTGOING = 23
+SO_SNDBUFFORCE = 32
+SO_RCVBUFFORCE = 33
+ETH_P_ALL = 3
+PR_SET_PDEATHSIG = 1
+PR_SET_TIMERSLACK = 29
+
+EXIT_OK = 0
+EXIT_ERROR = 1
+EXIT_USAGE = 2
+EXIT_VANISHED = 3
+
+RECV_BUDGET = 64  # frames drained per socket per wakeup before serving deadlines
+IDLE_CHECK_S = 0.5  # how often to check that the interfaces still exist
+SUSPECT_CHECK_S = 0.02  # ... after the kernel reported one of them down
+_GONE = (errno.ENXIO, errno.ENODEV)
+
+
+class RelayError(RuntimeError):
+    """Setting up the relay failed; the message says what to do."""
+
+
+class InterfaceGone(Exception):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+@dataclass
+class Port:
+    """One interface: its socket (used for both receiving and sending) and buffer."""
+
+    name: str
+    ifindex: int
+    sock: socket.socket
+    buf: bytearray
+    kernel_drops: int = 0
+
+    def collect_kernel_drops(self) -> None:
+        try:
+            raw = self.sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8)
+        except OSError:
+            return
+        _packets, drops = struct.unpack("II", raw)
+        self.kernel_drops += drops  # reading resets the kernel's counters
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTERM) -> None:
+    """Ask the kernel to send ``sig`` when our parent exits; exit at once if it already
+    has (we were reparented before the request took effect)."""
+    parent = os.getppid()
+    libc = _libc()
+    libc.prctl(PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    libc.prctl(PR_SET_TIMERSLACK, 1, 0, 0, 0)  # wake up on time, not 50 us late
+    if os.getppid() != parent or (expected_parent is not None and parent != expected_parent):
+        print("delayline: parent process is gone; exiting", file=sys.stderr)
+        raise SystemExit(EXIT_OK)
+
+
+def set_scheduling(policy: str) -> str:
+    """Keep deadlines under CPU contention: "fifo" (SCHED_FIFO priority 1, the default:
+    the relay sleeps in select() and wakes on time even on a loaded machine; the
+    kernel's RT throttling still leaves 5% to others), "nice" (-10) or "normal".
+    Falls back to the next weaker policy when not permitted; returns what applied."""
+    if policy == "fifo":
+        try:
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            return "fifo"
+        except OSError:
+            policy = "nice"
+    if policy == "nice":
+        try:
+            os.setpriority(os.PRIO_PROCESS, 0, -10)
+            return "nice"
+        except OSError:
+            pass
+    return "normal"
+
+
+def open_port(name: str, frame_max: int, rcvbuf: int, sndbuf: int, promisc: bool = True) -> Port:
+    """A raw packet socket bound to one interface, with vnet headers, ignoring what
+    this host itself transmits on it."""
+    try:
+        ifindex = socket.if_nametoindex(name)
+    except OSError:
+        raise RelayError(
+            f"no interface {name!r} in this network namespace: start the delay line inside the "
+            "WAN link node (e.g. mnexec -a <pid> or ip netns exec) with its two interface names"
+        ) from None
+    try:
+        sock = socket.socket(socket.AF_PACKET, socket.SOCK_RAW | socket.SOCK_CLOEXEC, 0)
+    except PermissionError:
+        raise RelayError("AF_PACKET sockets need root (CAP_NET_RAW)") from None
+    try:
+        for opt, what in ((PACKET_VNET_HDR, "PACKET_VNET_HDR"), (PACKET_IGNORE_OUTGOING, "PACKET_IGNORE_OUTGOING")):
+            try:
+                sock.setsockopt(SOL_PACKET, opt, 1)
+            except OSError as exc:
+                raise OSError(exc.errno, f"this kernel lacks {what} (needs Linux >= 4.20): {exc.strerror}") from None
+        for opt, size in ((SO_RCVBUFFORCE, rcvbuf), (SO_SNDBUFFORCE, sndbuf)):
+            sock.setsockopt(socket.SOL_SOCKET, opt, size)
+        # Protocol 0 at socket() receives nothing; bind() starts the flow on this
+        # interface only, so no frame of another interface slips in.
+        sock.bind((name, ETH_P_ALL))
+        if promisc:  # dropped by the kernel when the socket closes
+            mreq = struct.pack("iHH8s", ifindex, PACKET_MR_PROMISC, 0, b"")
+            sock.setsockopt(SOL_PACKET, PACKET_ADD_MEMBERSHIP, mreq)
+        sock.setblocking(False)
+    except OSError as exc:
+        sock.close()
+        raise RelayError(f"cannot set up the packet socket on {name}: {exc}") from None
+    return Port(name=name, ifindex=ifindex, sock=sock, buf=bytearray(frame_max + 1))
+
+
+class Relay:
+    """Relays frames a->b and b->a through two DelayQueues until stopped."""
+
+    def __init__(
+        self,
+        a: Port,
+        b: Port,
+        a2b: DelayQueue,
+        b2a: DelayQueue,
+        *,
+        out: TextIO,
+        control_fd: int | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
+        self.a, self.b = a, b
+        self.a2b, self.b2a = a2b, b2a
+        self.out = out
+        self.control_fd = control_fd
+        self.clock = clock
+        self._stop = False
+        self._exit_code = EXIT_OK
+        self._control_buf = b""
+        self._suspect = False
+
+    # -- output ---------------------------------------------------------------------
+    def say(self, line: str) -> None:
+        try:
+            self.out.write(line + "\n")
+            self.out.flush()
+        except (BrokenPipeError, ValueError, OSError):
+            pass  # nobody listens any more; keep relaying until told to stop
+
+    def stats(self) -> dict[str, object]:
+        for port in (self.a, self.b):
+            port.collect_kernel_drops()
+        return {
+            "a": self.a.name,
+            "b": self.b.name,
+            "a2b": {**self.a2b.counters.as_dict(), "queued": len(self.a2b), "params": self.a2b.params.describe()},
+            "b2a": {**self.b2a.counters.as_dict(), "queued": len(self.b2a), "params": self.b2a.params.describe()},
+            "kernel_drops": {"a": self.a.kernel_drops, "b": self.b.kernel_drops},
+        }
+
+    # -- control --------------------------------------------------------------------
+    def _on_control(self) -> None:
+        assert self.control_fd is not None
+        try:
+            chunk = os.read(self.control_fd, 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            chunk = b""
+        if not chunk:  # EOF: keep running with the current parameters
+            self.control_fd = None
+            return
+        self._control_buf += chunk
+        *lines, self._control_buf = self._control_buf.split(b"\n")
+        for raw in lines:
+            self.handle_control(raw.decode("utf-8", "replace"))
+
+    def handle_control(self, line: str) -> None:
+        try:
+            cmd = parse_control(line)
+            if cmd is None:
+                return
+            if isinstance(cmd, StatsCommand):
+                self.say("STATS " + json.dumps(self.stats(), sort_keys=True))
+            elif isinstance(cmd, QuitCommand):
+                self.say("OK quit")
+                self._stop = True
+            elif isinstance(cmd, SetCommand):
+                targets = {"a2b": [self.a2b], "b2a": [self.b2a], "both": [self.a2b, self.b2a]}[cmd.direction]
+                new = [cmd.apply(q.params) for q in targets]  # validate all before changing any
+                for q, params in zip(targets, new, strict=True):
+                    q.set_params(params)
+                self.say(f"OK a2b {self.a2b.params.describe()} b2a {self.b2a.params.describe()}")
+        except ControlError as exc:
+            self.say(f"ERROR {exc}")
+
+    # -- data path ------------------------------------------------------------------
+    def _check_alive(self, port: Port) -> None:
+        try:
+            index = socket.if_nametoindex(port.name)
+        except OSError:
+            raise InterfaceGone(port.name) from None
+        if index != port.ifindex:  # deleted and re-created: not our link any more
+            raise InterfaceGone(port.name)
+
+    def _drain(self, port: Port, queue: DelayQueue) -> None:
+        sock, buf = port.sock, port.buf
+        size = len(buf)
+        view = memoryview(buf)
+        clock = self.clock
+        push = queue.push
+        for _ in range(RECV_BUDGET):
+            try:
+                n = sock.recv_into(buf, size, socket.MSG_TRUNC)
+            except BlockingIOError:
+                return
+            except OSError as exc:
+                if exc.errno == errno.ENETDOWN or exc.errno in _GONE:
+                    self._suspect = True
+                    self._check_alive(port)
+                    return
+                if exc.errno == errno.EINTR:
+                    continue
+                raise
+            if n >= size:  # MSG_TRUNC reports the real length
+                queue.counters.truncated += 1
+                continue
+            if n < fr.VNET_LEN + fr.ETH_LEN:
+                continue
+            push(bytes(view[:n]), clock())
+
+    def _flush(self, queue: DelayQueue, port: Port, now: float) -> None:
+        deadline = queue.next_deadline()
+        if deadline is None or deadline > now:
+            return
+        send = port.sock.send
+        counters = queue.counters
+        sent = queue.sent
+        for frame in queue.pop_due(now):
+            try:
+                send(frame)
+            except (BlockingIOError, InterruptedError):
+                counters.send_drops += 1
+                continue
+            except OSError as exc:
+                if exc.errno == errno.ENOBUFS:
+                    counters.send_drops += 1
+                    continue
+                if exc.errno in _GONE:
+                    raise InterfaceGone(port.name) from None
+                if exc.errno == errno.ENETDOWN:
+                    self._suspect = True
+                counters.send_errors += 1
+                continue
+            sent(frame)
+
+    def stop(self) -> None:
+        self._stop = True
+
+    def run(self, wakeup_fd: int | None = None) -> int:
+        """Relay until stopped (signal via ``wakeup_fd``, quit command) or until an
+        interface vanishes (returns EXIT_VANISHED)."""
+        a, b = self.a, self.b
+        sa, sb = a.sock, b.sock
+        clock = self.clock
+        next_check = clock() + IDLE_CHECK_S
+        try:
+            while not self._stop:
+                now = clock()
+                self._flush(self.a2b, b, now)
+                self._flush(self.b2a, a, now)
+                if now >= next_check:
+                    self._check_alive(a)
+                    self._check_alive(b)
+                    next_check = now + (SUSPECT_CHECK_S if self._suspect else IDLE_CHECK_S)
+                deadlines = [d for d in (self.a2b.next_deadline(), self.b2a.next_deadline()) if d is not None]
+                wake = min([next_check, *deadlines])
+                rlist: list[object] = [sa, sb]
+                if wakeup_fd is not None:
+                    rlist.append(wakeup_fd)
+                if self.control_fd is not None:
+                    rlist.append(self.control_fd)
+                ready, _, _ = select.select(rlist, [], [], max(0.0, wake - clock()))
+                for r in ready:
+                    if r is sa:
+                        self._drain(a, self.a2b)
+                    elif r is sb:
+                        self._drain(b, self.b2a)
+                    elif r == wakeup_fd:
+                        try:
+                            os.read(wakeup_fd, 512)  # type: ignore[arg-type]
+                        except BlockingIOError:
+                            pass
+                        self._stop = True
+                    elif r == self.control_fd:
+                        self._on_control()
+        except InterfaceGone as gone:
+            print(f"delayline: interface {gone.name} vanished; exiting", file=sys.stderr)
+            self._exit_code = EXIT_VANISHED
+        finally:
+            discarded = self.a2b.clear() + self.b2a.clear()  # fail closed: never early
+            if discarded:
+                print(f"delayline: discarded {discarded} queued frames on exit", file=sys.stderr)
+        return self._exit_code

@@ -1,0 +1,179 @@
+"""The delay line's scheduling core, without I/O: one `DelayQueue` per direction.
+
+Each frame is stamped when it is received and becomes due at
+``deadline = max(previous deadline, stamp + delay + jitter sample)``: jitter never
+reorders frames (a FIFO link), and a frame is never due before its stamp + delay -
+jitter. Jitter samples are uniform in [-jitter, +jitter] (netem's default
+distribution); ordering makes the mean delay slightly larger than ``delay`` when
+jitter is large compared with the gap between frames. Loss is drawn per segment of a
+GSO super-packet (see `frames.keep_segments`). Changing parameters affects frames
+received afterwards; frames already queued keep their deadlines.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import asdict, dataclass
+
+from testbed.emulation.delayline import frames as fr
+
+MAX_DELAY_S = 3600.0
+
+
+class ParamError(ValueError):
+    """A delay/jitter/loss value out of range."""
+
+
+@dataclass(frozen=True)
+class LinkParams:
+    """One direction of the delay line: seconds, seconds, probability per segment."""
+
+    delay_s: float = 0.0
+    jitter_s: float = 0.0
+    loss: float = 0.0
+
+    def __post_init__(self) -> None:
+        for name, label in (("delay_s", "delay"), ("jitter_s", "jitter")):
+            value = getattr(self, name)
+            if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= MAX_DELAY_S):
+                raise ParamError(f"{label} must be between 0 and {MAX_DELAY_S:g} s, got {value!r}")
+        if not (isinstance(self.loss, int | float) and 0.0 <= self.loss <= 1.0):
+            raise ParamError(f"loss is a probability between 0 and 1 (1% = 0.01), got {self.loss!r}")
+
+    def describe(self) -> str:
+        return f"delay={self.delay_s * 1e3:g}ms jitter={self.jitter_s * 1e3:g}ms loss={self.loss:g}"
+
+
+@dataclass
+class Counters:
+    """Per-direction counters; bytes are L2 bytes (vnet header excluded)."""
+
+    rx_frames: int = 0
+    rx_bytes: int = 0
+    tx_frames: int = 0
+    tx_bytes: int = 0
+    lost_frames: int = 0  # frames dropped whole by the loss model
+    lost_segments: int = 0  # segments dropped by the loss model
+    split_frames: int = 0  # super-packets rebuilt around lost segments
+    overflow_drops: int = 0  # the relay's own queue exceeded max_queue_bytes
+    send_drops: int = 0  # the kernel refused the frame (qdisc full: ENOBUFS/EAGAIN)
+    send_errors: int = 0  # other send failures (interface down, malformed frame)
+    truncated: int = 0  # frames larger than the receive buffer
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+
+class DelayQueue:
+    """Frames of one direction waiting for their deadline.
+
+    ``vnet``: frames start with a virtio_net_hdr (the relay's case); loss is then
+    per GSO segment, otherwise per frame.
+    """
+
+    def __init__(
+        self,
+        params: LinkParams,
+        rng: random.Random,
+        *,
+        vnet: bool = True,
+        max_queue_bytes: int = 1 << 30,
+    ):
+        self.params = params
+        self.rng = rng
+        self.vnet = vnet
+        self.max_queue_bytes = max_queue_bytes
+        self.counters = Counters()
+        self._q: deque[tuple[float, bytes]] = deque()
+        self._last_deadline = -math.inf
+        self._queued_bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._q)
+
+    @property
+    def queued_bytes(self) -> int:
+        return self._queued_bytes
+
+    def set_params(self, params: LinkParams) -> None:
+        self.params = params
+
+    def next_deadline(self) -> float | None:
+        return self._q[0][0] if self._q else None
+
+    def _deadline(self, now: float) -> float:
+        p = self.params
+        delay = p.delay_s
+        if p.jitter_s:
+            delay = max(0.0, delay + self.rng.uniform(-p.jitter_s, p.jitter_s))
+        deadline = now + delay
+        if deadline < self._last_deadline:
+            deadline = self._last_deadline
+        self._last_deadline = deadline
+        return deadline
+
+    def _survivors(self, frame: bytes) -> list[bytes]:
+        loss = self.params.loss
+        lay = fr.gso_layout(frame) if self.vnet else None
+        if lay is None:
+            if self.rng.random() < loss:
+                self.counters.lost_frames += 1
+                self.counters.lost_segments += 1
+                return []
+            return [frame]
+        rand = self.rng.random
+        lost = [rand() < loss for _ in range(lay.segments)]
+        n_lost = sum(lost)
+        if not n_lost:
+            return [frame]
+        kept = fr.keep_segments(frame, lay, lost)
+        if kept:
+            self.counters.split_frames += 1
+            self.counters.lost_segments += n_lost
+        else:
+            self.counters.lost_frames += 1
+            self.counters.lost_segments += lay.segments
+        return kept
+
+    def push(self, frame: bytes, now: float) -> None:
+        """Take a frame received at ``now`` (monotonic seconds)."""
+        c = self.counters
+        size = len(frame)
+        c.rx_frames += 1
+        c.rx_bytes += size - fr.VNET_LEN if self.vnet else size
+        if self._queued_bytes + size > self.max_queue_bytes:
+            c.overflow_drops += 1
+            return
+        if self.params.loss > 0.0:
+            out = self._survivors(frame)
+            if not out:
+                return
+            deadline = self._deadline(now)
+            for f in out:
+                self._q.append((deadline, f))
+                self._queued_bytes += len(f)
+            return
+        self._q.append((self._deadline(now), frame))  # the common, loss-free path
+        self._queued_bytes += size
+
+    def pop_due(self, now: float) -> Iterator[bytes]:
+        """Frames whose deadline is <= now, oldest first (never one before its time)."""
+        q = self._q
+        while q and q[0][0] <= now:
+            _, frame = q.popleft()
+            self._queued_bytes -= len(frame)
+            yield frame
+
+    def sent(self, frame: bytes) -> None:
+        self.counters.tx_frames += 1
+        self.counters.tx_bytes += len(frame) - fr.VNET_LEN if self.vnet else len(frame)
+
+    def clear(self) -> int:
+        """Drop everything queued (fail closed on exit); returns how many frames."""
+        n = len(self._q)
+        self._q.clear()
+        self._queued_bytes = 0
+        return n

@@ -1,0 +1,502 @@
+"""Run records: what one emulation run created, so that it can always be removed.
+
+Before a run creates anything it claims `/run/testbed/<prefix>.json` (directory mode
+0700) and then appends every object as it creates it: node shell PIDs, spawned
+processes (relays, iperf3 servers, user commands), and, if a run ever makes them,
+interfaces and named namespaces in the root namespace and changed sysctls with
+their old values. A normal teardown removes everything and deletes the record; a
+run killed with SIGKILL leaves the record behind for `testbed clean`.
+
+`clean` trusts nothing it has not verified: a PID is only killed when its start
+time (field 22 of /proc/<pid>/stat) matches the record AND it carries the run's
+mark (the prefix in its command line, e.g. `mininet:tb3a7d0h1`, or
+TESTBED_RUN=<prefix> in its environment, or the network namespace recorded for
+it). Records whose owning process is still alive belong to a run in progress
+and are left alone. Nothing outside the records is touched.
+
+The planning half (`plan_clean`) only reads a `ProcFS` and returns actions, so it
+is unit-tested against a fake /proc tree; `execute` performs them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.emulation.naming import PREFIX_RE
+
+RECORD_DIR = Path("/run/testbed")
+ENV_RUN = "TESTBED_RUN"  # set in the environment of every process a run spawns
+RECORD_VERSION = 1
+
+
+class RecordError(RuntimeError):
+    """A run record that cannot be claimed, read or written."""
+
+
+# --------------------------------------------------------------------------- /proc
+
+
+class ProcFS:
+    """Read-only view of a /proc tree (a fake one in unit tests)."""
+
+    def __init__(self, root: str | Path = "/proc") -> None:
+        self.root = Path(root)
+
+    def start_time(self, pid: int) -> int | None:
+        """Start time in clock ticks since boot, or None when the PID is gone."""
+        try:
+            text = (self.root / str(pid) / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return None
+        # comm (field 2) may contain spaces and parentheses: split after the last ')'.
+        fields = text[text.rfind(")") + 2:].split()
+        try:
+            return int(fields[19])
+        except (IndexError, ValueError):
+            return None
+
+    def cmdline(self, pid: int) -> str | None:
+        try:
+            raw = (self.root / str(pid) / "cmdline").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return None
+        return raw.replace(b"\0", b" ").decode(errors="replace").strip()
+
+    def environ_has(self, pid: int, key: str, value: str) -> bool:
+        try:
+            raw = (self.root / str(pid) / "environ").read_bytes()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return False
+        return f"{key}={value}".encode() in raw.split(b"\0")
+
+    def netns(self, pid: int) -> int | None:
+        """Inode of the network namespace of `pid`."""
+        try:
+            link = os.readlink(self.root / str(pid) / "ns" / "net")
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return None
+        # "net:[4026531840]"
+        try:
+            return int(link[link.index("[") + 1:link.index("]")])
+        except ValueError:
+            return None
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(p.name) for p in self.root.iterdir() if p.name.isdigit()]
+        except FileNotFoundError:
+            return []
+
+
+# --------------------------------------------------------------------------- record
+
+
+@dataclass
+class ProcEntry:
+    pid: int
+    start: int
+    kind: str  # "owner" | "node" | "relay" | "process"
+    name: str = ""
+    netns: int | None = None
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ProcEntry:
+        return cls(int(data["pid"]), int(data["start"]), str(data["kind"]), str(data.get("name", "")),
+                   data.get("netns"))
+
+
+@dataclass
+class SysctlChange:
+    key: str  # dotted, root namespace
+    old: str
+    new: str
+
+
+@dataclass
+class RunRecord:
+    """The on-disk inventory of one run. Every mutator persists at once."""
+
+    prefix: str
+    path: Path
+    owner: ProcEntry
+    topology: str = ""
+    created: float = 0.0
+    nodes: list[ProcEntry] = field(default_factory=list)
+    processes: list[ProcEntry] = field(default_factory=list)
+    interfaces: list[str] = field(default_factory=list)
+    netns: list[str] = field(default_factory=list)
+    sysctls: list[SysctlChange] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._lock = threading.Lock()
+
+    # -- creation / loading
+
+    @classmethod
+    def create(cls, prefix: str, topology: str = "", directory: Path | None = None,
+               procfs: ProcFS | None = None) -> RunRecord:
+        """Claim `<directory>/<prefix>.json` atomically (fails if the prefix is taken)."""
+        directory = Path(directory or RECORD_DIR)
+        procfs = procfs or ProcFS()
+        try:
+            directory.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.chmod(directory, 0o700)
+        except PermissionError:
+            raise RecordError(f"cannot create {directory}: run as root (sudo)") from None
+        pid = os.getpid()
+        owner = ProcEntry(pid, procfs.start_time(pid) or 0, "owner", procfs.cmdline(pid) or "")
+        path = directory / f"{prefix}.json"
+        record = cls(prefix, path, owner, topology, time.time())
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            raise RecordError(f"run prefix {prefix} is already taken ({path} exists)") from None
+        with os.fdopen(fd, "w") as fh:
+            fh.write(record.to_json())
+        return record
+
+    @classmethod
+    def load(cls, path: Path) -> RunRecord:
+        try:
+            data = json.loads(Path(path).read_text())
+            record = cls(
+                prefix=data["prefix"],
+                path=Path(path),
+                owner=ProcEntry.from_dict(data["owner"]),
+                topology=data.get("topology", ""),
+                created=float(data.get("created", 0.0)),
+                nodes=[ProcEntry.from_dict(e) for e in data.get("nodes", [])],
+                processes=[ProcEntry.from_dict(e) for e in data.get("processes", [])],
+                interfaces=list(data.get("interfaces", [])),
+                netns=list(data.get("netns", [])),
+                sysctls=[SysctlChange(**s) for s in data.get("sysctls", [])],
+            )
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RecordError(f"{path}: unreadable run record ({exc})") from None
+        if not PREFIX_RE.fullmatch(record.prefix) or Path(path).name != f"{record.prefix}.json":
+            raise RecordError(f"{path}: not a testbed run record (prefix {record.prefix!r})")
+        return record
+
+    def to_json(self) -> str:
+        data = {
+            "version": RECORD_VERSION,
+            "prefix": self.prefix,
+            "owner": asdict(self.owner),
+            "topology": self.topology,
+            "created": self.created,
+            "nodes": [asdict(e) for e in self.nodes],
+            "processes": [asdict(e) for e in self.processes],
+            "interfaces": self.interfaces,
+            "netns": self.netns,
+            "sysctls": [asdict(s) for s in self.sysctls],
+        }
+        return json.dumps(data, indent=1)
+
+    def save(self) -> None:
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as fh:
+            fh.write(self.to_json())
+        os.replace(tmp, self.path)
+
+    def delete(self) -> None:
+        for p in (self.path, self.path.with_name(self.path.name + ".tmp")):
+            try:
+                p.unlink()
+            except FileNotFoundError:
+                pass
+
+    # -- mutators (thread safe, persisted)
+
+    def _own(self, name: str, what: str) -> None:
+        if not name.startswith(self.prefix):
+            raise RecordError(f"{what} {name!r} does not carry the run prefix {self.prefix}")
+
+    def add_node(self, name: str, pid: int, procfs: ProcFS | None = None) -> ProcEntry:
+        self._own(name, "node")
+        procfs = procfs or ProcFS()
+        entry = ProcEntry(pid, procfs.start_time(pid) or 0, "node", name, procfs.netns(pid))
+        with self._lock:
+            self.nodes.append(entry)
+            self.save()
+        return entry
+
+    def add_process(self, kind: str, name: str, pid: int, netns: int | None,
+                    procfs: ProcFS | None = None) -> ProcEntry:
+        procfs = procfs or ProcFS()
+        entry = ProcEntry(pid, procfs.start_time(pid) or 0, kind, name, netns)
+        with self._lock:
+            self.processes.append(entry)
+            self.save()
+        return entry
+
+    def drop_processes(self, pids: Iterable[int]) -> None:
+        gone = set(pids)
+        if not gone:
+            return
+        with self._lock:
+            self.processes = [e for e in self.processes if e.pid not in gone]
+            self.save()
+
+    def add_interface(self, name: str) -> None:
+        self._own(name, "interface")
+        with self._lock:
+            self.interfaces.append(name)
+            self.save()
+
+    def add_netns(self, name: str) -> None:
+        self._own(name, "network namespace")
+        with self._lock:
+            self.netns.append(name)
+            self.save()
+
+    def add_sysctl(self, key: str, old: str, new: str) -> None:
+        with self._lock:
+            self.sysctls.append(SysctlChange(key, old, new))
+            self.save()
+
+
+def list_records(directory: Path | None = None) -> tuple[list[RunRecord], list[str]]:
+    """The records in `directory` and a message for each file that is not one."""
+    directory = Path(directory or RECORD_DIR)
+    records, problems = [], []
+    if not directory.is_dir():
+        return records, problems
+    for path in sorted(directory.glob("*.json")):
+        try:
+            records.append(RunRecord.load(path))
+        except RecordError as exc:
+            problems.append(str(exc))
+    return records, problems
+
+
+def prefix_in_use(prefix: str, directory: Path | None = None, procfs: ProcFS | None = None) -> bool:
+    """A prefix is in use when it has a record or a live node shell carries it."""
+    directory = Path(directory or RECORD_DIR)
+    if (directory / f"{prefix}.json").exists():
+        return True
+    procfs = procfs or ProcFS()
+    mark = f"mininet:{prefix}"
+    return any(mark in (procfs.cmdline(pid) or "") for pid in procfs.pids())
+
+
+# --------------------------------------------------------------------------- cleanup
+
+
+@dataclass(frozen=True)
+class Action:
+    """One step of a cleanup. kind: kill | del-interface | del-netns | restore-sysctl |
+    remove-record | skip (nothing done, with the reason)."""
+
+    kind: str
+    target: str
+    detail: str = ""
+    pid: int | None = None
+    start: int | None = None
+
+    def describe(self) -> str:
+        text = f"{self.kind:15} {self.target}"
+        return f"{text}  ({self.detail})" if self.detail else text
+
+
+def alive(entry: ProcEntry, procfs: ProcFS) -> bool:
+    """Whether the very process of `entry` still runs (same PID and start time)."""
+    return entry.start != 0 and procfs.start_time(entry.pid) == entry.start
+
+
+def belongs(entry: ProcEntry, prefix: str, procfs: ProcFS) -> bool:
+    """Whether the process of `entry` is alive and carries the run's mark."""
+    if not alive(entry, procfs):
+        return False
+    if prefix in (procfs.cmdline(entry.pid) or ""):
+        return True
+    if procfs.environ_has(entry.pid, ENV_RUN, prefix):
+        return True
+    return entry.netns is not None and procfs.netns(entry.pid) == entry.netns
+
+
+def host_netns(procfs: ProcFS) -> set[int]:
+    """Namespaces that are never a run's own: the machine's and ours."""
+    found = {procfs.netns(1), procfs.netns(os.getpid())}
+    return {ns for ns in found if ns is not None}
+
+
+def shared_sysctl_origin(key: str, record: RunRecord, procfs: ProcFS | None = None) -> str | None:
+    """The value `key` had before any still-active run (other than `record`) changed it."""
+    procfs = procfs or ProcFS()
+    others, _ = list_records(record.path.parent)
+    for other in others:
+        if other.prefix == record.prefix or not alive(other.owner, procfs):
+            continue
+        for change in other.sysctls:
+            if change.key == key:
+                return change.old
+    return None
+
+
+def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tuple[RunRecord, ...] = ()) -> list[Action]:
+    """The actions that remove what `record` lists and still exists, nothing else.
+
+    `others` are the other records on the machine: a machine-wide sysctl that a
+    still-active run also changed is left as it is (the last run restores it), so
+    one run's teardown never pulls a setting from under another's feet."""
+    if record.owner.pid != os.getpid() and alive(record.owner, procfs):
+        return [Action("skip", str(record.path),
+                       f"run {record.prefix} is still active (pid {record.owner.pid}); not touched")]
+    actions: list[Action] = []
+    killed: set[int] = set()
+    foreign = host_netns(procfs)
+    run_ns: set[int] = set()
+    # Spawned processes first (they may hold namespaces open), then node shells.
+    for entry in [*record.processes, *record.nodes]:
+        if belongs(entry, record.prefix, procfs):
+            actions.append(Action("kill", f"pid {entry.pid}", f"{entry.kind} {entry.name}".strip(),
+                                  entry.pid, entry.start))
+            killed.add(entry.pid)
+            ns = procfs.netns(entry.pid)
+            if ns is not None and ns not in foreign:
+                run_ns.add(ns)
+    # Anything else living in a namespace that a verified process of the run holds
+    # open is the run's too (e.g. a background job started from a node shell).
+    if run_ns:
+        for pid in sorted(procfs.pids()):
+            if pid in killed or pid == os.getpid():
+                continue
+            if procfs.netns(pid) in run_ns:
+                start = procfs.start_time(pid)
+                if start is not None:
+                    actions.append(Action("kill", f"pid {pid}",
+                                          f"in the run's namespace: {(procfs.cmdline(pid) or '?')[:60]}",
+                                          pid, start))
+                    killed.add(pid)
+    for name in record.interfaces:
+        if name.startswith(record.prefix):
+            actions.append(Action("del-interface", name))
+    for name in record.netns:
+        if name.startswith(record.prefix):
+            actions.append(Action("del-netns", name))
+    for change in record.sysctls:
+        users = [o.prefix for o in others if o.prefix != record.prefix
+                 and any(c.key == change.key for c in o.sysctls) and alive(o.owner, procfs)]
+        if users:
+            actions.append(Action("keep-sysctl", change.key,
+                                  f"still needed by active run {', '.join(sorted(users))}"))
+        else:
+            actions.append(Action("restore-sysctl", change.key, f"{change.new} -> {change.old}"))
+    actions.append(Action("remove-record", str(record.path)))
+    return actions
+
+
+def _root_links() -> set[str]:
+    return {p.name for p in Path("/sys/class/net").iterdir()} if Path("/sys/class/net").is_dir() else set()
+
+
+def _sysctl_path(key: str) -> Path:
+    return Path("/proc/sys") / key.replace(".", "/")
+
+
+def kill_and_wait(targets: list[tuple[int, int]], procfs: ProcFS, sig: int = signal.SIGKILL,
+                  timeout: float = 3.0) -> list[int]:
+    """Send `sig` to each (pid, start) still matching, wait until they are gone.
+    Returns the PIDs still alive after `timeout`."""
+    pending = []
+    for pid, start in targets:
+        if procfs.start_time(pid) != start:
+            continue
+        try:
+            os.kill(pid, sig)
+            pending.append((pid, start))
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + timeout
+    while pending and time.monotonic() < deadline:
+        for pid, _ in pending:
+            try:  # reap our own children so they do not linger as zombies
+                os.waitpid(pid, os.WNOHANG)
+            except ChildProcessError:
+                pass
+        pending = [(pid, start) for pid, start in pending if _running(pid, start, procfs)]
+        if pending:
+            time.sleep(0.02)
+    return [pid for pid, _ in pending]
+
+
+def _running(pid: int, start: int, procfs: ProcFS) -> bool:
+    if procfs.start_time(pid) != start:
+        return False
+    try:
+        stat = (procfs.root / str(pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[0] != "Z"  # a zombie is as good as gone
+
+
+def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
+    """Carry out `actions`; returns a message for each one that failed."""
+    procfs = procfs or ProcFS()
+    failures: list[str] = []
+    kills = [(a.pid, a.start) for a in actions if a.kind == "kill" and a.pid and a.start]
+    survivors = kill_and_wait(kills, procfs)
+    failures += [f"pid {pid} did not exit after SIGKILL" for pid in survivors]
+    links = None
+    for action in actions:
+        try:
+            if action.kind == "del-interface":
+                links = _root_links() if links is None else links
+                if action.target in links:
+                    from pyroute2 import IPRoute
+
+                    with IPRoute() as ipr:
+                        idx = ipr.link_lookup(ifname=action.target)
+                        if idx:
+                            ipr.link("del", index=idx[0])
+            elif action.kind == "del-netns":
+                from pyroute2 import netns
+
+                if action.target in netns.listnetns():
+                    netns.remove(action.target)
+            elif action.kind == "restore-sysctl":
+                path = _sysctl_path(action.target)
+                new, old = action.detail.split(" -> ", 1)
+                if path.exists() and path.read_text().split() == new.split():
+                    path.write_text(old)
+            elif action.kind == "remove-record":
+                if not survivors:
+                    for p in (Path(action.target), Path(action.target + ".tmp")):
+                        if p.exists():
+                            p.unlink()
+                else:
+                    failures.append(f"{action.target}: kept, some processes survived")
+        except Exception as exc:  # report and go on: clean must do as much as it can
+            failures.append(f"{action.kind} {action.target}: {exc}")
+    return failures
+
+
+@dataclass
+class CleanReport:
+    actions: list[Action]
+    failures: list[str]
+    problems: list[str]  # files in the record directory that are not records
+    dry_run: bool
+
+
+def clean(directory: Path | None = None, dry_run: bool = False,
+          procfs: ProcFS | None = None) -> CleanReport:
+    """Remove what crashed runs left, as listed in their records, and nothing else."""
+    procfs = procfs or ProcFS()
+    records, problems = list_records(directory)
+    actions: list[Action] = []
+    failures: list[str] = []
+    for record in records:
+        planned = plan_clean(record, procfs, records)
+        actions += planned
+        if not dry_run and not any(a.kind == "skip" for a in planned):
+            failures += execute(planned, procfs)
+    return CleanReport(actions, failures, problems, dry_run)

@@ -1,0 +1,238 @@
+"""The BubbleTea side of `testbed run`: decode servers, one agent per worker device,
+and the variant's BubbleTea metrics.
+
+A variant ``<name>+bubbletea`` (``bubbletea.enabled``, for the variants in
+``bubbletea.variants``) makes each worker publish its planned idle slots
+(bubbletea_agent/slots.py) to ``<variant>/run/slots/<device>.jsonl`` and its live
+guarantee (bubbletea_agent/live.py: until when training surely leaves the device alone)
+to ``<variant>/run/live/<device>.status``; the runner keeps the gate
+(``run/live/gate.status``: the next iteration's start, or the earliest it can be). It
+starts the decode servers (``bubbletea.decode_host``: one per DC for ``same-dc``), then one
+agent per worker device on the worker's host (`agent_command`, nice -10), and waits for
+the agents to be ready before the first iteration. The variant's summary entry adds the
+agents' requests, TTFT, guard violations (training waiting for a prefill, from the device
+timelines) and the slowdown against the same variant without agents (`bubbletea_metrics`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from testbed.run.common import REPO_ROOT, RunnerError, log_tail, path_links
+from testbed.run.network import Network
+from testbed.run.scenario import DECODE_SAME_DC, Scenario
+
+DECODE_PORT_OFFSET = 3000  # decode server ports: runner.base_port + this (+ k for the k-th server)
+DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
+# CPU priorities: an agent's prefill ends when it wakes from a sleep, so it must wake on
+# time however busy the cores are (it uses little CPU); decode servers only move KV caches.
+AGENT_NICE = -10
+DECODE_NICE = 10
+
+
+def agent_available() -> bool:
+    return importlib.util.find_spec("bubbletea_agent.__main__") is not None
+
+
+def agent_command(job: Mapping[str, Any], agent_job_path: Path) -> list[str]:
+    """How a BubbleTea agent is started next to a worker: on the worker's host, with a
+    job file naming the shared device (name, run_dir), the slot feed the worker
+    writes (slots_path) and the scenario's bubbletea settings."""
+    return [sys.executable, "-m", "bubbletea_agent", str(agent_job_path)]
+
+
+def decode_hosts(scenario: Scenario, jobs: Mapping[str, dict[str, Any]]) -> dict[str, str | None]:
+    """Where each worker's agent ships its KV caches (worker -> decode host, None: no
+    shipping). 'same-dc': one decode server per DC, on the DC's last host, so caches
+    cross the DC's LAN only; a host name: that host for every agent."""
+    host = scenario.bubbletea.decode_host
+    if host is None:
+        return {w: None for w in jobs}
+    if host != DECODE_SAME_DC:
+        return {w: host for w in jobs}
+    last = {dc.name: f"{dc.name}-{dc.hosts[-1]}" for dc in scenario.topology.dcs}
+    return {w: last[j["host"].split("-", 1)[0]] for w, j in jobs.items()}
+
+
+def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool]:
+    """(nominal rate of the path from host src to host dst in bits/s, crosses a WAN)."""
+    a, b = src.split("-", 1)[0], dst.split("-", 1)[0]
+    if a == b:
+        return topology.dc(a).lan_rate, False
+    links, _ = path_links(topology, a, b)
+    rate = min(topology.link(*d.split("->")).rate for d in links)
+    return rate, not local
+
+
+def build_agent_jobs(jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario, workload: Any,
+                     base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
+                     local: bool = False, duration_s: float = 600.0) -> dict[str, dict]:
+    """The job file of the BubbleTea agent next to each worker (bubbletea_agent/job.py):
+    the worker's device, slot feed and live status, the scenario's bubbletea section,
+    this agent's share of the cluster's request rate, what a prefill costs on the
+    workload's GPU, the run's iterations (requests stop arriving at the last one), and
+    where KV caches go: `decode[worker]` ({host, port, ip} or None), with the rest of a
+    scaled-down cache charged at the path's nominal rate, and shipping across a WAN paced
+    to this agent's share of bubbletea.kv_wan_rate. Pure: no I/O."""
+    bt = scenario.bubbletea
+    wan_shippers = [w for w, d in decode.items()
+                    if d is not None and kv_path(scenario.topology, jobs[w]["host"], d["host"], local)[1]]
+    out = {}
+    for k, (wid, job) in enumerate(sorted(jobs.items())):
+        dest = decode.get(wid)
+        ship = None
+        if dest is not None:
+            rate, wan = kv_path(scenario.topology, job["host"], dest["host"], local)
+            ship = {"host": dest["ip"], "port": dest["port"], "streams": DECODE_STREAMS, "rest_rate_bps": rate}
+            if wan and bt.kv_wan_rate is not None:
+                ship["max_rate_bps"] = bt.kv_wan_rate / len(wan_shippers)
+        out[wid] = {
+            "device": job["device"], "slots_path": job["slots_path"], "worker": wid, "host": job["host"],
+            "bubbletea": bt.model_dump(), "seed": scenario.seed,
+            "out": str(folder / "agents" / f"{wid}.json"), "ready": str(folder / "agents" / f"{wid}.ready"),
+            "agent_index": k, "agent_count": len(jobs), "iterations": iterations, "duration_s": duration_s,
+            "gpu": workload.gpu.model_dump(), "tp": workload.parallelism.tp, "base_dir": base_dir,
+            "wire_scale": bt.kv_wire_scale, "decode": ship, "nice": AGENT_NICE, "realtime_holds": True,
+            "live": None if not job.get("live") else {
+                "status": job["live"]["status_path"], "wake": job["live"]["wake_path"],
+                "gate": str(Path(job["live"]["status_path"]).parent / "gate.status")},
+        }
+    return out
+
+
+def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario,
+                 workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
+                 logs: dict[str, Path], handles: list,
+                 duration_s: float = 600.0) -> tuple[dict[str, subprocess.Popen], dict[str, subprocess.Popen]]:
+    """The decode servers (bubbletea.decode_host), then one BubbleTea agent per worker
+    device on the worker's host (`agent_command`). Returns (agents, decode servers)."""
+    if not agent_available():
+        raise RunnerError("bubbletea variants need the BubbleTea agent's command line (python -m bubbletea_agent), "
+                          "which is not installed yet; set bubbletea.enabled: false or drop the +bubbletea variants")
+    (folder / "agents").mkdir(parents=True, exist_ok=True)
+    servers: dict[str, subprocess.Popen] = {}
+    where = decode_hosts(scenario, jobs)
+    addresses: dict[str, dict[str, Any]] = {}
+    for k, host in enumerate(sorted({h for h in where.values() if h is not None})):
+        port = scenario.runner.base_port + DECODE_PORT_OFFSET + k
+        name = f"decode-{host}"
+        logs[name] = folder / "logs" / f"{name}.log"
+        fh = open(logs[name], "w")  # noqa: SIM115 (closed by the caller)
+        handles.append(fh)
+        argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
+                "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
+        servers[name] = net.host(host).popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
+    decode = {w: None if h is None else addresses[h] for w, h in where.items()}
+    procs = {}
+    agent_jobs = build_agent_jobs(jobs, folder, scenario, workload, base_dir, decode, iterations, net.local,
+                                  duration_s)
+    for wid, agent_job in agent_jobs.items():
+        path = folder / "jobs" / f"agent-{wid}.json"
+        path.write_text(json.dumps(agent_job, indent=1))
+        name = f"agent-{wid}"
+        logs[name] = folder / "logs" / f"{name}.log"
+        fh = open(logs[name], "w")  # noqa: SIM115
+        handles.append(fh)
+        procs[name] = net.host(jobs[wid]["host"]).popen(agent_command(jobs[wid], path), env=env, stdout=fh,
+                                                        stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+    return procs, servers
+
+
+def _wait_ready(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float,
+                ready: Callable[[str], bool], what: str, state: str = "ready") -> None:
+    """Wait until `ready(name)` holds for every process; one that exits first, or a
+    deadline passed, is an error naming it with the tail of its log."""
+    deadline = time.monotonic() + timeout_s
+    pending = dict(procs)
+    while pending:
+        for name, p in list(pending.items()):
+            if ready(name):
+                del pending[name]
+            elif p.poll() is not None:
+                raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
+                                  f"{log_tail(logs[name])}")
+        if pending and time.monotonic() > deadline:
+            raise RunnerError(f"BubbleTea {what} {', '.join(sorted(pending))} not {state} within {timeout_s:g} s:\n"
+                              f"{log_tail(logs[sorted(pending)[0]])}")
+        if pending:
+            time.sleep(0.05)
+
+
+def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], folder: Path,
+                timeout_s: float) -> None:
+    """Wait until every agent is built (its ready file exists), so that training does
+    not start while agents still load."""
+    agents = {n: p for n, p in procs.items() if n.startswith("agent-")}
+    _wait_ready(agents, logs, timeout_s,
+                lambda name: (folder / "agents" / f"{name.removeprefix('agent-')}.ready").exists(), "agents")
+
+
+def wait_decode_servers(servers: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float) -> None:
+    """Wait until every decode server listens (its log says so), so that the first KV
+    caches find it."""
+    def listening(name: str) -> bool:
+        try:
+            return "listening on" in logs[name].read_text(errors="replace")
+        except FileNotFoundError:
+            return False
+
+    _wait_ready(servers, logs, timeout_s, listening, "decode servers", "listening")
+
+
+def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]],
+                      plain_iteration_s: float | None, iteration_s: float) -> dict[str, Any]:
+    """Prefill requests, TTFT and guard violations of a +bubbletea variant (from the
+    agents' request records and the device timelines), and the training slowdown
+    against the same variant without agents."""
+    from bubbletea_agent.metrics import (
+        guard_violations,
+        read_request_rows,
+        request_summary,
+        training_slowdown,
+    )
+
+    rows = []
+    for path in sorted((folder / "agents").glob("*.requests.jsonl")):
+        rows += read_request_rows(path)
+    req = request_summary(rows)
+    count, waited, count_all = 0, 0.0, 0
+    for recs in timelines.values():
+        inside = [r for r in recs if any(t0 <= r.start < t1 for t0, t1 in windows)]
+        c, w = guard_violations(inside)
+        count, waited = count + c, waited + w
+        count_all += guard_violations(recs)[0]
+    agents: dict[str, Any] = {"engine_mode": sorted({a.get("engine_mode") for a in _agent_summaries(folder)} - {None}),
+                              "not_arrived": 0, "chunks_run": 0, "late_starts": 0, "device_busy_retries": 0}
+    for a in _agent_summaries(folder):
+        counters = a.get("counters") or {}
+        for key in ("not_arrived", "chunks_run", "late_starts", "device_busy_retries"):
+            agents[key] += int(counters.get(key) or 0)
+    return {
+        "prefill_requests": req["prefill_requests"],
+        "ttft_s": {"p50": req["ttft_p50_s"], "p95": req["ttft_p95_s"], "p99": req["ttft_p99_s"],
+                   "mean": req["ttft_mean_s"]},
+        "prefill_tokens_served": req["prefill_tokens_served"],
+        "guard_violations": count,
+        "guard_violations_all_iterations": count_all,
+        "training_wait_on_prefill_s": waited,
+        "training_slowdown": training_slowdown(iteration_s, plain_iteration_s),
+        "compared_with_iteration_time_s": plain_iteration_s,
+        "bubbletea_agents": agents,
+    }
+
+
+def _agent_summaries(folder: Path) -> list[dict[str, Any]]:
+    out = []
+    for path in sorted((folder / "agents").glob("*.json")):
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            out.append(json.loads(path.read_text()))
+    return out

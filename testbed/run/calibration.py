@@ -1,0 +1,238 @@
+"""WAN calibration of `testbed run`: how fast the emulated path really moves tensors
+of the workload's wire size, measured before the variants play.
+
+Tensors of the workload's wire size are timed over one channel each way between hosts
+on either side of the WAN (after an untimed tensor that opens the TCP windows), once
+per stream count the variants use, and the shared variants' channels are timed
+colliding (all sending at once). The probes are worker processes
+(testbed/training/worker.py, roles probe-recv / probe-send) on the hosts; the rates
+feed the variants' a-priori predictions (testbed/run/variants.py).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from statistics import median
+from typing import Any
+
+from testbed.progress import Progress
+from testbed.run.common import (
+    REPO_ROOT,
+    RunnerError,
+    log_tail,
+    stop_processes,
+    transport_job,
+    worker_argv,
+    worker_env,
+)
+from testbed.run.network import Network
+from testbed.run.scenario import Scenario
+
+PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
+PROBE_WARMUP = 2  # calibration tensors sent first and not timed (connection set-up, window growth)
+COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
+PROBE_WARMUP_BYTES_PER_STREAM = 2 << 20  # one big untimed tensor first: a few windows per stream
+
+
+@dataclass
+class Calibration:
+    """Measured speed of the WAN path for tensors of the workload's wire size."""
+
+    src: str
+    dst: str
+    nbytes: int
+    latency_s: float
+    transfer_s: dict[int, list[float]] = field(default_factory=dict)  # streams -> hand-over to arrival
+    rates_bps: dict[int, float] = field(default_factory=dict)  # streams -> effective channel rate
+    concurrent: int = 0
+    colliding_bps: dict[int, float] = field(default_factory=dict)  # streams -> aggregate of `concurrent`
+    # channels colliding (all sending at once), per direction
+    colliding_s: dict[int, list[float]] = field(default_factory=dict)  # streams -> their transfers' times
+
+    def rate(self, streams: int) -> float:
+        return self.rates_bps[streams]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "method": ("tensors of the workload's wire size timed over one atlas_transport channel from "
+                       f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
+                       "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
+                       f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
+                       "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"),
+            "src": self.src, "dst": self.dst, "nbytes": self.nbytes, "one_way_delay_s": self.latency_s,
+            "channel_rate_mbps": {str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
+            "per_flow_rate_mbps": {str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
+            "transfer_s": {str(n): v for n, v in sorted(self.transfer_s.items())},
+            "concurrent_channels": self.concurrent,
+            "colliding_channels_aggregate_mbps": {str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
+            "colliding_transfer_s": {str(n): v for n, v in sorted(self.colliding_s.items())},
+        }
+
+
+def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) -> float:
+    """Channel rate from timed transfers: bytes over (median duration - one-way delay).
+    The median: a rare retransmission timeout in a handful of samples would otherwise
+    set the rate of every transfer of the run."""
+    if not durations:
+        raise RunnerError("calibration timed no transfer")
+    return nbytes * 8 / max(1e-6, median(durations) - latency_s)
+
+
+def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, latency_s: float) -> float:
+    """Link total while `channels` channels collide, from their transfers' hand-over to
+    arrival times: channels x bytes / (mean duration - delay). The mean, not the
+    median: colliding channels lose packets, and the rare transfer that waits out a
+    retransmission timeout is part of what collisions cost on average."""
+    if not durations:
+        raise RunnerError("calibration timed no transfer")
+    mean = sum(durations) / len(durations)
+    return channels * nbytes * 8 / max(1e-6, mean - latency_s)
+
+
+class Prober:
+    """Runs probe-recv / probe-send pairs on hosts and reads their results."""
+
+    def __init__(self, net: Network, folder: Path, scenario: Scenario, secret: str, port: int) -> None:
+        self.net = net
+        self.folder = folder
+        self.scenario = scenario
+        self.env = worker_env(secret)
+        self.port = port
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
+            label: str = "", period_s: float | None = None,
+            offsets: Sequence[float] | None = None) -> list[dict[str, Any]]:
+        """`count` tensors over one channel per (src, dst) pair, all pairs at once
+        (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
+        `period_s`, pair k starting `offsets[k]` after the common start)."""
+        t = self.scenario.transport
+        transport = transport_job(t)
+        recvs, sends, logs = {}, {}, []
+        results = []
+        try:
+            for k, (src, dst) in enumerate(pairs):
+                name = f"{label}s{streams}-c{k}"
+                port = self.port + k
+                warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
+                rjob = {"role": "probe-recv", "name": name, "bind_ip": "0.0.0.0", "port": port, "streams": streams,
+                        "nbytes": nbytes, "count": count, "out": str(self.folder / f"{name}-recv.json"),
+                        "transport": transport, "warmup_bytes": warm}
+                rpath = self.folder / f"{name}-recv.job.json"
+                rpath.write_text(json.dumps(rjob))
+                log = open(self.folder / f"{name}-recv.log", "w")  # noqa: SIM115 (closed below)
+                logs.append(log)
+                recvs[name] = self.net.host(dst).popen(worker_argv(rpath), env=self.env, stdout=subprocess.PIPE,
+                                                       stderr=log, text=True, cwd=str(REPO_ROOT))
+                line = recvs[name].stdout.readline()
+                if "listening" not in line:
+                    recvs[name].wait(5)
+                    raise RunnerError(f"calibration receiver on {dst} did not start:\n{log_tail(Path(log.name))}")
+                sjob = {"role": "probe-send", "name": name, "peer_ip": self.net.host(dst).ip, "port": port,
+                        "streams": streams, "nbytes": nbytes, "count": count, "gap_s": PROBE_GAP_S,
+                        "wait_go": True, "period_s": period_s, "warmup_bytes": warm,
+                        "out": str(self.folder / f"{name}-send.json"), "transport": transport}
+                spath = self.folder / f"{name}-send.job.json"
+                spath.write_text(json.dumps(sjob))
+                slog = open(self.folder / f"{name}-send.log", "w")  # noqa: SIM115
+                logs.append(slog)
+                sends[name] = self.net.host(src).popen(worker_argv(spath), env=self.env, stdout=subprocess.PIPE,
+                                                       stderr=slog, stdin=subprocess.PIPE, text=True,
+                                                       cwd=str(REPO_ROOT))
+            for name, p in sends.items():  # every sender connected: one common start
+                if "connected" not in p.stdout.readline():
+                    p.wait(5)
+                    raise RunnerError(f"calibration probe {name} could not connect:\n"
+                                      f"{log_tail(self.folder / f'{name}-send.log')}")
+            t_go = time.time() + 0.2
+            for k, p in enumerate(sends.values()):
+                p.stdin.write(f"go {t_go + (offsets[k] if offsets else 0.0)}\n")
+                p.stdin.flush()
+            procs = {**{f"{n}-recv": p for n, p in recvs.items()}, **{f"{n}-send": p for n, p in sends.items()}}
+            deadline = time.monotonic() + 60 + count * 5
+            for pname, p in procs.items():
+                try:
+                    rc = p.wait(max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    raise RunnerError(f"calibration probe {pname} did not finish in time:\n"
+                                      f"{log_tail(self.folder / f'{pname}.log')}") from None
+                if rc != 0:
+                    raise RunnerError(f"calibration probe {pname} failed (exit {rc}):\n"
+                                      f"{log_tail(self.folder / f'{pname}.log')}")
+            for name in sends:
+                s = json.loads((self.folder / f"{name}-send.json").read_text())
+                r = json.loads((self.folder / f"{name}-recv.json").read_text())
+                results.append({"sent": s["sent"], "arrived": r["arrived"]})
+        finally:
+            stop_processes({**recvs, **sends})
+            for log in logs:
+                log.close()
+        return results
+
+
+def calibrate(
+    net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+    stream_counts: Sequence[int], nbytes: int, latency_s: float, progress: Progress,
+    cal: Calibration | None = None,
+) -> Calibration:
+    """Time tensors of `nbytes` over one channel per pair, all at once, once per stream
+    count (added to `cal` when given). Pass a forward and a reverse pair: pipelines
+    send activations and gradients across the WAN at the same time, and the reverse
+    traffic (and its ACKs) slows the forward one."""
+    count = scenario.runner.calibration_transfers + PROBE_WARMUP
+    cal = cal or Calibration(pairs[0][0], pairs[0][1], nbytes, latency_s)
+    prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
+    for n in sorted(set(stream_counts) - set(cal.rates_bps)):
+        durations = []
+        for res in prober.run(pairs, n, nbytes, count, "single-"):
+            durations += [a - s for s, a in zip(res["sent"], res["arrived"], strict=True)][PROBE_WARMUP:]
+        cal.transfer_s[n] = durations
+        cal.rates_bps[n] = effective_rate(nbytes, durations, latency_s)
+        progress.log(f"  calibration: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
+                     f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
+                     f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+    return cal
+
+
+def calibrate_link(
+    net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+    streams: int, cal: Calibration, progress: Progress,
+) -> None:
+    """The link's total while the variants' channels collide on it: one channel of
+    `streams` per pair and per direction, sending in synchronised rounds (as the
+    data-parallel pipelines do), at least COLLISION_ROUNDS timed rounds (the mean of
+    a heavy-tailed time needs more samples than a median)."""
+    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
+    prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
+    single = cal.transfer_s.get(streams) or [1.0]
+    period = 2.5 * sum(single) / len(single) + PROBE_GAP_S
+    both = list(pairs) + [(b, a) for a, b in pairs]
+    res = prober.run(both, streams, cal.nbytes, count, f"x{len(pairs)}-", period_s=period)
+    rates = []
+    durations: list[float] = []
+    for group in (res[:len(pairs)], res[len(pairs):]):
+        timed = [a - s for r in group for s, a in list(zip(r["sent"], r["arrived"], strict=True))[PROBE_WARMUP:]]
+        durations += timed
+        rates.append(aggregate_rate(cal.nbytes, timed, len(pairs), cal.latency_s))
+    cal.concurrent = len(pairs)
+    cal.colliding_bps[streams] = sum(rates) / len(rates)
+    cal.colliding_s[streams] = durations
+    progress.log(f"  calibration: {len(pairs)} channels of {streams} streams colliding, each way: "
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
+                 f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
+
+
+def calibration_pairs(placement: Any) -> list[tuple[str, str]]:
+    """(upstream host, downstream host) of each pipeline's first WAN crossing, in pipeline order."""
+    pairs = []
+    for d in range(placement.dp):
+        for s in range(placement.pp - 1):
+            if placement.dc_of(d, s) != placement.dc_of(d, s + 1):
+                pairs.append((placement.hosts[(d, s)][0], placement.hosts[(d, s + 1)][0]))
+                break
+    return pairs

@@ -1,0 +1,125 @@
+"""Small pieces every part of `testbed run` shares (testbed/run/runner.py and the modules it
+uses): the run's error, the ``+bubbletea`` variant suffix, how a worker process is
+started (environment, command line), how processes we started are ended, the tail of
+a log for an error message, the run's port block, and the WAN path between two DCs."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import random
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from testbed_core.constants import REPO_ROOT
+
+BT_SUFFIX = "+bubbletea"
+
+
+class RunnerError(RuntimeError):
+    """A run that could not be carried out; the message says where and what to do."""
+
+
+def worker_env(secret: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["ATLAS_SECRET"] = secret
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
+    env.setdefault("OMP_NUM_THREADS", "1")  # modelled workers do no math; keep torch from spawning threads
+    return env
+
+
+def worker_argv(job_path: Path) -> list[str]:
+    return [sys.executable, "-m", "testbed.training.worker", str(job_path)]
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        text = path.read_text(errors="replace").strip().splitlines()
+    except FileNotFoundError:
+        return "(no log)"
+    return "\n".join("    " + line for line in text[-lines:]) or "    (empty log)"
+
+
+def stop_processes(procs: Mapping[str, subprocess.Popen], grace_s: float = 3.0) -> None:
+    """End processes we started (TERM, then KILL after a grace period)."""
+    deadline = time.monotonic() + grace_s
+    for p in procs.values():
+        if p.poll() is None:
+            with contextlib.suppress(OSError):
+                p.terminate()
+    for p in procs.values():
+        try:
+            p.wait(max(0.05, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(OSError):
+                p.kill()
+            p.wait(2.0)
+
+
+# SO_MAX_PACING_RATE of a paced stream: any value turns Linux's internal TCP pacing on; this
+# one (a C int of bytes/s) never binds on an emulated link, so TCP's own rate applies
+PACING_CAP_MBPS = 10_000.0
+
+
+def transport_job(settings: Any) -> dict[str, Any]:
+    """The transport part of a worker's or probe's job, from the scenario's `transport`."""
+    return {"chunk_bytes": chunk_bytes(settings.chunk), "congestion": settings.congestion,
+            "pacing_rate_mbps": PACING_CAP_MBPS if settings.pacing else None}
+
+
+def chunk_bytes(value: str | int) -> int:
+    from testbed_core.units import parse_size
+
+    return parse_size(value) if isinstance(value, str) else int(value)
+
+
+def path_links(topology: Any, a: str, b: str) -> tuple[tuple[str, ...], float]:
+    """WAN link directions from DC a to DC b (lowest latency route) and its delay."""
+    from testbed_core.topology import shortest_path
+
+    if a == b:
+        return (), 0.0
+    path = shortest_path(a, b, topology.wan)
+    return tuple(f"{x}->{y}" for x, y in zip(path, path[1:], strict=False)), topology.path_delay(a, b)
+
+
+def nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
+    a, b = pair[0].split("-", 1)[0], pair[1].split("-", 1)[0]
+    if a == b:
+        return None
+    from testbed_core.topology import shortest_path
+
+    path = shortest_path(a, b, topo.wan)
+    return min(topo.link(x, y).rate for x, y in zip(path, path[1:], strict=False))
+
+
+PORT_PROBES = (0, 1000, 2000, 3000, 4000)  # the first port of each range a run uses (scenario.base_port)
+PORTS_PER_RANGE = 64
+
+
+def free_port_block(span: int, host: str = "127.0.0.1", attempts: int = 50, rng: random.Random | None = None) -> int:
+    """A base port whose ranges (base + each of PORT_PROBES, PORTS_PER_RANGE ports each)
+    are free on `host` right now: local-mode runs share one network stack, so two runs
+    (or two test workers) on fixed ports would collide. Racy only against a process that
+    binds the same ports between this check and the run's own listeners."""
+    rng = rng or random.Random()
+    for _ in range(attempts):
+        base = rng.randrange(20000, 60000 - span)
+        if all(_bindable(host, base + off + k) for off in PORT_PROBES for k in range(PORTS_PER_RANGE)):
+            return base
+    raise RunnerError(f"no free block of ports on {host} after {attempts} tries: too many ports in use; "
+                      "set runner.base_port to a free range")
+
+
+def _bindable(host: str, port: int) -> bool:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return False
+    return True

@@ -1,0 +1,106 @@
+"""Where the processes of `testbed run` go: the hosts of the scenario's emulated
+topology (network namespaces, built once per run: root needed), or, with
+``runner.local``, this machine on 127.0.0.1 with no emulated network. The rest of the
+runner sees only the `Network` and `Host` protocols."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import subprocess
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from testbed.progress import Progress
+from testbed.run.common import RunnerError
+from testbed.run.scenario import Scenario
+
+
+class Host(Protocol):
+    name: str
+    ip: str
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen: ...
+
+
+@dataclass
+class LocalHost:
+    """A topology host played by this machine (local mode): 127.0.0.1, no namespace."""
+
+    name: str
+    dc: str
+    ip: str = "127.0.0.1"
+
+    def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
+        return subprocess.Popen(list(argv), **kwargs)
+
+
+class Network(Protocol):
+    delay_backend: str
+    local: bool
+
+    def host(self, name: str) -> Host: ...
+
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]: ...
+
+
+@dataclass
+class LocalNetwork:
+    topology: Any
+    delay_backend: str = "none (local mode: loopback, no emulated WAN)"
+    local: bool = True
+
+    def host(self, name: str) -> Host:
+        for dc in self.topology.dcs:
+            for h in dc.hosts:
+                if f"{dc.name}-{h}" == name:
+                    return LocalHost(name, dc.name)
+        raise RunnerError(f"no host {name!r} in topology {self.topology.name}")
+
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+
+@dataclass
+class EmulatedNetwork:
+    emu: Any
+    local: bool = False
+
+    @property
+    def delay_backend(self) -> str:
+        return str(self.emu.delay_backend)
+
+    def host(self, name: str) -> Host:
+        try:
+            return self.emu.node(name)
+        except KeyError:
+            raise RunnerError(f"no host {name!r} in the emulation of {self.emu.topology.name}") from None
+
+    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+        return self.emu.delay_line_stats()
+
+
+@contextlib.contextmanager
+def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
+    """The emulated topology (root needed), or loopback in local mode."""
+    if scenario.runner.local:
+        yield LocalNetwork(scenario.topology)
+        return
+    if os.geteuid() != 0:
+        raise RunnerError("emulating the topology needs root: run as root (sudo), or set runner.local: true "
+                          "(testbed run --local) to run the workers on 127.0.0.1 without an emulated WAN")
+    from testbed.emulation.network import Emulation, EmulationError
+
+    try:
+        emu = Emulation(scenario.topology, progress=progress.log)
+        emu.start()
+    except EmulationError as exc:
+        raise RunnerError(f"building topology {scenario.topology.name}: {exc}") from None
+    try:
+        if not scenario.runner.slow_start_after_idle:
+            for h in emu.hosts():
+                h.run(["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"], check=True, timeout=10)
+        yield EmulatedNetwork(emu)
+    finally:
+        emu.stop()

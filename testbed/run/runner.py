@@ -1,0 +1,506 @@
+"""`testbed run`: geo-distributed pipeline training on the emulated testbed.
+
+One run builds the scenario's topology once (or, with ``runner.local``, uses
+127.0.0.1 and no emulated network: testbed/run/network.py), calibrates the WAN path
+(testbed/run/calibration.py), then plays each variant:
+
+1. **Placement and prediction** (testbed/run/variants.py). The Atlas planner places the
+   stages and predicts one iteration with the calibrated channel rates; ``atlas`` gets
+   its temporal plan unless, with ``runner.atlas_sharing: auto``, sharing the link is
+   predicted faster.
+2. **Workers** (testbed/run/jobs.py). One process per (pipeline, rank) on its placed
+   host (testbed/training/worker.py), each with its emulated GPU, modelled or, with
+   ``gpu.mode: real``, real torch work whose parameters are checked against a
+   one-process reference at the end (testbed/training/real_mode.py). Every pipeline
+   boundary is an atlas_transport channel; under ``atlas`` each WAN send waits for its
+   token in the link's planned order.
+3. **Synchronised iterations** (testbed/run/workers.py). Workers report ready on a
+   UNIX control socket and start each iteration at a common wall-clock instant; the
+   next one starts when all have finished (the optimizer step's barrier).
+4. **Measurement** (this module). Device timelines and transfer records give iteration
+   times, utilization, bubbles and per-WAN-link bytes and goodput
+   (testbed/run/metrics.py); a CSV timeline and a Gantt chart per variant. The
+   prediction stands as made before the run (real devices: with the compute times
+   their warm-up measured); the same model fed with the warm-up's own channel rate is
+   reported beside it.
+
+BubbleTea (testbed/run/bubbletea.py): a variant ``<name>+bubbletea`` also runs a
+BubbleTea agent next to every worker device, and decode servers for the KV caches; its
+summary entry adds the agents' requests, TTFT, guard violations and the slowdown
+against the same variant without agents.
+
+Shared pieces (the run's error, process helpers, WAN paths) are in
+testbed/run/common.py.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from testbed.progress import Progress
+from testbed.run.bubbletea import agent_available, bubbletea_metrics
+from testbed.run.calibration import Calibration, calibrate, calibrate_link, calibration_pairs
+from testbed.run.common import BT_SUFFIX, RunnerError, nominal_link, transport_job
+from testbed.run.jobs import build_jobs
+from testbed.run.network import Network, open_network
+from testbed.run.scenario import Scenario
+from testbed.run.variants import (
+    VariantSetup,
+    choose_streams,
+    plan_variant,
+    repredict,
+    shared_stream_counts,
+    variant_names,
+)
+from testbed.run.workers import VariantRun, run_workers
+from testbed_core.configfile import ConfigError
+
+AUTO_CANDIDATES = (1, 2, 4, 8, 16)
+AUTO_MARGIN = 0.10
+
+
+def default_out_dir(scenario: Scenario) -> Path:
+    return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+
+
+def with_ports(scenario: Scenario, progress: Progress) -> Scenario:
+    """The scenario with its port block fixed (runner.base_port: auto)."""
+    from testbed.run.common import free_port_block
+    from testbed.run.scenario import EMULATED_BASE_PORT, PORT_SPAN
+
+    if scenario.runner.base_port != "auto":
+        return scenario
+    if scenario.runner.local:
+        port = free_port_block(PORT_SPAN)
+        progress.log(f"local mode: ports {port}-{port + PORT_SPAN - 1} on 127.0.0.1")
+    else:
+        port = EMULATED_BASE_PORT
+    runner = scenario.runner.model_copy(update={"base_port": port})
+    return scenario.model_copy(update={"runner": runner})
+
+
+def run_scenario(
+    scenario: Scenario,
+    resolved: dict[str, Any],
+    out_dir: str | Path,
+    progress: Progress | None = None,
+    *,
+    variants: Sequence[str] | None = None,
+) -> dict[str, Any]:
+    """Run every variant of `scenario`; writes `out_dir` and returns the summary."""
+    from testbed_core.workload import WorkloadError, parse_workload
+
+    t_begin = time.time()
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    own_progress = progress is None
+    progress = progress or Progress(label=f"run {scenario.name}")
+    (out / "scenario.resolved.yaml").write_text(yaml.safe_dump(_plain(resolved), sort_keys=False))
+    wl_source = scenario.workload.get("_source", f"{scenario.source or 'scenario'}: workload")
+    try:
+        workload = parse_workload(scenario.workload, wl_source)
+    except WorkloadError as exc:
+        raise RunnerError(str(exc)) from None
+    base_dir = str(Path(wl_source).parent) if "_source" in scenario.workload else None
+    par = workload.parallelism
+    if par.pp < 2:
+        raise RunnerError(f"{wl_source}: parallelism.pp is {par.pp}; pipeline training across DCs needs pp >= 2")
+    if par.tp != 1:
+        progress.log(f"note: tp={par.tp}: each worker plays a whole tensor-parallel group on one host")
+    names = variant_names(scenario, variants)
+    if any(n.endswith(BT_SUFFIX) for n in names) and not agent_available():
+        raise RunnerError("bubbletea.enabled: the BubbleTea agent has no command line yet (python -m bubbletea_agent);"
+                          " set bubbletea.enabled: false, or drop the +bubbletea variants")
+    scenario = with_ports(scenario, progress)
+    iterations = workload.warmup + workload.iterations
+    eff = workload.effective(base_dir)
+    progress.set_total(1 + len(names))
+    secret = secrets.token_hex(16)
+    ctl_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))
+    summary: dict[str, Any] = {
+        "scenario": scenario.name, "topology": scenario.topology.name, "workload": workload.name,
+        "delay_backend": None, "scale": workload.scale,
+        "scale_note": eff.scale_note(max((link.rate for link in scenario.topology.wan), default=None)),
+        "seed": scenario.seed, "schedule": par.schedule,
+        "parallelism": {"dp": par.dp, "pp": par.pp, "tp": par.tp, "micro_batch": par.micro_batch,
+                        "num_micro_batches": par.num_micro_batches},
+        "iterations": workload.iterations, "warmup": workload.warmup,
+        "wire_activation_bytes": eff.wire_activation_bytes,
+        "stage_forward_s": eff.stage_forward_s, "stage_backward_s": eff.stage_backward_s,
+        "definitions": {
+            "iteration_time_s": "mean over measured iterations (after warm-up) of: common start -> last training "
+                                "work of any device ends; iterations are separated by a barrier",
+            "predicted_iteration_time_s": "planner simulation of one iteration (testbed_core/planning/planner.py) with "
+                                          "the variant's placement and temporal plan, made before the run from the "
+                                          "calibration probe's WAN channel rates (a shared link carries, while "
+                                          "transfers collide on it, the probe's aggregate of colliding channels); "
+                                          "real devices (gpu.mode: real): with the stage "
+                                          "compute times the warm-up iterations measured, plus their measured time "
+                                          "outside the pipeline. prediction.with_warmup_rates_iteration_time_s: the "
+                                          "same fed with the variant's own warm-up channel rate and colliding aggregate (diagnostic). "
+                                          "Modelled devices: DP all-reduce not emulated, not included",
+            "device_utilization": "mean over devices of busy time / wall time of the measured iterations",
+            "bubble_fraction": "mean over devices of idle (no training work) / wall time of the measured iterations",
+            "wan_links": "bytes of the measured iterations; goodput = bytes / time the link had a transfer on the "
+                         "wire (both directions)",
+        },
+        "runner": scenario.runner.model_dump(),
+        "variants": {},
+    }
+    try:
+        with contextlib.ExitStack() as stack:
+            stack.callback(shutil.rmtree, ctl_dir, True)
+            with progress.step("setup"):
+                net = stack.enter_context(open_network(scenario, progress))
+                summary["delay_backend"] = net.delay_backend
+                setups, cal = prepare(scenario, workload, base_dir, names, net, out, secret, eff, progress)
+                summary["calibration"] = cal.to_json() if cal else None
+            for name in names:
+                entry: dict[str, Any]
+                with progress.step(name):
+                    try:
+                        setup = setups[name]
+                        if isinstance(setup, Exception):
+                            raise setup
+                        plain = summary["variants"].get(name.removesuffix(BT_SUFFIX), {}).get("iteration_time_s")
+                        entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
+                                             progress, base_dir, (cal.src, cal.dst) if cal else None, plain)
+                        if name.endswith(BT_SUFFIX):
+                            _compare_wan_loss(entry, summary["variants"].get(name.removesuffix(BT_SUFFIX)),
+                                              name, progress)
+                    except (RunnerError, ConfigError, ValueError) as exc:
+                        progress.log(f"  {name} FAILED: {exc}")
+                        entry = {"error": str(exc)}
+                summary["variants"][name] = entry
+                _write_summary(out, summary, t_begin)
+    finally:
+        summary["duration_s"] = time.time() - t_begin
+        _write_summary(out, summary, t_begin)
+        if own_progress:
+            progress.close()
+    return summary
+
+
+def prepare(scenario: Scenario, workload: Any, base_dir: str | None, names: Sequence[str], net: Network, out: Path,
+            secret: str, eff: Any, progress: Progress) -> tuple[dict[str, Any], Calibration | None]:
+    """Calibration, then placement and prediction of every variant."""
+    from testbed_core.planning.planner import free_gpus, place
+
+    par = workload.parallelism
+    topo = scenario.topology
+    cal = None
+    auto = None
+    if scenario.runner.calibrate:
+        hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
+        pl = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts)
+        pairs = calibration_pairs(pl)
+        if not pairs:  # every stage in one DC: probe between the first two DCs
+            pairs = [(f"{topo.dcs[0].name}-{topo.dcs[0].hosts[0]}", f"{topo.dcs[-1].name}-{topo.dcs[-1].hosts[0]}")]
+        dc_a, dc_b = pairs[0][0].split("-", 1)[0], pairs[0][1].split("-", 1)[0]
+        latency = 0.0 if net.local or dc_a == dc_b else topo.path_delay(dc_a, dc_b)
+        counts = {1}
+        s = scenario.transport.streams
+        if s == "auto":
+            counts |= set(AUTO_CANDIDATES)
+        else:
+            counts.add(int(s))
+        progress.log(f"calibrating {pairs[0][0]} -> {pairs[0][1]} ({', '.join(map(str, sorted(counts)))} streams)")
+        folder = out / "calibration"
+        a, b = pairs[0]
+        two_way = [pairs[0], pairs[1][::-1] if len(pairs) > 1 else (b, a)]
+        cal = calibrate(net, scenario, folder, secret, two_way, sorted(counts), eff.wire_activation_bytes, latency,
+                        progress)
+        if s == "auto":
+            from atlas_transport.auto import choose
+
+            auto = choose({n: cal.rates_bps[n] for n in AUTO_CANDIDATES}, AUTO_MARGIN)
+        wanted = {choose_streams(n.removesuffix(BT_SUFFIX), scenario, cal.rate(1), nominal_link(topo, pairs[0]), auto)
+                  for n in names}
+        calibrate(net, scenario, folder, secret, two_way, sorted(wanted), eff.wire_activation_bytes, latency,
+                  progress, cal)
+        sharing = min(par.dp, len(pairs))
+        if sharing > 1:
+            # the colliding rate of every stream count that may share the link
+            # (multi-tcp; atlas when its sharing is not fixed to temporal)
+            for n in sorted(shared_stream_counts(scenario, names, cal, auto, nominal_link(topo, pairs[0]))):
+                calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
+    setups: dict[str, Any] = {}
+    for name in names:
+        try:
+            setups[name] = plan_variant(name, scenario, workload, base_dir, cal, auto, net.local)
+            if cal is not None and setups[name].streams not in cal.rates_bps:
+                raise RunnerError(f"variant {name}: {setups[name].streams} streams were not calibrated")
+        except (RunnerError, ValueError) as exc:
+            setups[name] = RunnerError(f"variant {name}: {exc}")
+    return setups, cal
+
+
+def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
+                 secret: str, iterations: int, progress: Progress, base_dir: str | None,
+                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> dict[str, Any]:
+    """Run one variant and return its summary entry, with its prediction (made
+    before the run; real devices: with their warm-up's measured compute times)."""
+    from testbed.run.metrics import variant_metrics
+
+    folder = out / setup.name
+    if folder.exists():
+        shutil.rmtree(folder)
+    run_dir = folder / "run"
+    run_dir.mkdir(parents=True)
+    host_ips = {h: net.host(h).ip for h in {hs[0] for hs in setup.placement.hosts.values()}}
+    t = scenario.transport
+    jobs = build_jobs(
+        setup=setup, workload=workload, topology=scenario.topology, host_ips=host_ips, run_dir=run_dir,
+        control=str(ctl_dir / f"{_safe(setup.name)}.sock"), base_port=scenario.runner.base_port,
+        iterations=iterations, transport=transport_job(t),
+        local=net.local, setup_timeout_s=scenario.runner.setup_timeout,
+        timeout_s=max(scenario.runner.iteration_timeout, 5 * setup.prediction.iteration_time_s),
+        temporal_mode=scenario.runner.temporal_mode,
+        token_timeout_s=max(1.0, 2 * setup.prediction.iteration_time_s),
+        iteration_lead_s=scenario.runner.iteration_lead,
+    )
+    pred = setup.prediction
+    progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
+                 f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
+                 f"{pred.iteration_time_s:.3f} s per iteration")
+    lines_before = net.delay_line_stats()
+    run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir)
+    delay_line = _delay_line_window(lines_before, net.delay_line_stats(), setup.name, progress)
+    link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
+    m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
+                        link_names=link_names)
+    measured_it = m["iteration_time_s"]
+    predicted, prediction = _predictions(setup, scenario, workload, base_dir, run, pair, net.local, measured_it)
+    setup.final_prediction = predicted
+    files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup)
+    extra: dict[str, Any] = {}
+    if setup.bubbletea:
+        kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
+        extra = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
+        req, slow = extra["prefill_requests"], extra["training_slowdown"]
+        p50 = extra["ttft_s"]["p50"]
+        progress.log(f"  {setup.name}: utilization {m['device_utilization_training']:.0%} training -> "
+                     f"{m['device_utilization']:.0%} with prefill; {req['served']} of {req['arrived']} requests "
+                     f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
+                     f"{'-' if slow is None else f'{slow:+.1%}'}, waited {extra['training_wait_on_prefill_s'] * 1e3:.0f}"
+                     f" ms on prefill ({extra['guard_violations']} guard violations)")
+    return {
+        "iteration_time_s": measured_it,
+        "predicted_iteration_time_s": predicted,
+        "prediction_error": (measured_it - predicted) / predicted,
+        "prediction": prediction,
+        "device_utilization": m["device_utilization"],
+        "device_utilization_training": m["device_utilization_training"],
+        "bubble_fraction": m["bubble_fraction"],
+        "predicted_bubble_fraction": pred.bubble_fraction,
+        "wan_links": m["wan_links"],
+        "wan_directions": m["wan_directions"],
+        "predicted_wan_bytes_per_iteration": pred.wan_bytes,
+        "iteration_times_s": m["iteration_times_s"],
+        "warmup_iteration_times_s": m["warmup_iteration_times_s"],
+        "iteration_time_stdev_s": m["iteration_time_stdev_s"],
+        "per_device_utilization": m["per_device_utilization"],
+        "mean_plan_wait_s": m["mean_plan_wait_s"],
+        "mean_wan_transfer_s": m["mean_wan_transfer_s"],
+        "streams": setup.streams,
+        "sharing": setup.sharing,
+        "sharing_requested": scenario.runner.atlas_sharing if setup.base == "atlas" else "shared",
+        # atlas "auto": the a-priori prediction of each way; the faster (temporal unless
+        # sharing wins by more than the planner's SHARING_MARGIN) ran
+        "sharing_alternatives_s": setup.sharing_alternatives,
+        "placement": setup.placement.to_json(scenario.topology),
+        "temporal_plan": None if pred.plan is None else {
+            "offsets_s": pred.plan.offsets, "stagger_s": pred.plan.stagger_s,
+            "transfers_planned": sum(len(v) for v in pred.plan.order.values()),
+        },
+        "compute_only_s": pred.compute_only_s,
+        "delay_line": delay_line,
+        **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_mode.py)
+        **extra,
+        **files,
+    }
+
+
+def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> dict[str, Any]:
+    """What a real-device variant adds to its summary entry: ``device_mode`` and the
+    comparison with the one-process reference (``real``); nothing for modelled GPUs."""
+    if workload.gpu.mode != "real":
+        return {}
+    from testbed.training.real_mode import summary_entry
+
+    return summary_entry(folder, workload, progress.log, name)
+
+
+def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Mapping[str, Any],
+                          setup: VariantSetup, warmup: int) -> dict[str, str]:
+    from testbed.run.gantt import gantt_png
+    from testbed_core.device import write_timeline_csv
+
+    records = sorted((r for recs in run.timelines.values() for r in recs), key=lambda r: (r.device, r.start))
+    write_timeline_csv(records, folder / "timeline.csv")
+    _write_transfers_csv(run.transfers, folder / "transfers.csv")
+    (folder / "prediction.json").write_text(json.dumps(setup.prediction.to_json(), indent=1, default=str))
+    (folder / "iterations.json").write_text(json.dumps({"starts": run.starts, "ends": run.ends, "warmup": warmup}))
+    title = (f"{name}: {metrics['iteration_time_s']:.3f} s per iteration "
+             f"(predicted {setup.final_prediction or setup.prediction.iteration_time_s:.3f} s), utilization "
+             f"{metrics['device_utilization']:.0%}, {setup.streams} stream(s) per WAN channel")
+    gantt_png(run.timelines, run.transfers, run.starts, run.ends, warmup, folder / "gantt.png", title=title)
+    return {"timeline_csv": f"{folder.name}/timeline.csv", "transfers_csv": f"{folder.name}/transfers.csv",
+            "gantt_png": f"{folder.name}/gantt.png"}
+
+
+def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
+    import csv
+
+    cols = ["iteration", "pipeline", "boundary", "mb", "direction", "src", "dst", "nbytes", "links", "streams",
+            "latency_s", "posted", "not_before", "sent", "arrived", "confirmed"]
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(cols)
+        for t in transfers:
+            row = t.to_json()
+            row["links"] = " ".join(row["links"])
+            w.writerow([row.get(c) for c in cols])
+
+
+def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None, run: VariantRun,
+                 pair: tuple[str, str] | None, local: bool, measured_it: float) -> tuple[float, dict[str, Any]]:
+    """The variant's headline prediction and the summary's ``prediction`` block.
+
+    The headline is made before the measured iterations from the calibration probe's
+    rates (a shared link: a channel's rate alone on it, the probe's colliding
+    aggregate while transfers collide); real devices add the stage times their
+    warm-up measured (the compute model does not know this machine). The same model
+    fed with the variant's own warm-up (solo channel rate, and the aggregate its
+    colliding transfers reached) is kept as a diagnostic: TCP's loss recovery under
+    collisions varies from iteration to iteration, and a few warm-up iterations
+    predicted multi-tcp worse than the probe did (atlas-2dc: 2 of 5 runs within 10%,
+    the probe 4 of 5)."""
+    from testbed.run.metrics import (
+        channel_rate,
+        colliding_rate,
+        pipeline_overhead,
+        stage_compute_times,
+    )
+    from testbed.run.metrics import iterations as iteration_spans
+
+    pred = setup.prediction
+    predicted = pred.iteration_time_s
+    how = "calibration probe" if setup.rate_bps else "window model"
+    compute, overhead = None, 0.0
+    first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
+    warmup_its = range(first, workload.warmup)
+    if workload.gpu.mode == "real" and workload.warmup:
+        spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
+                 if it.index in warmup_its]
+        compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
+        if compute is not None:
+            overhead = pipeline_overhead(run.timelines, spans)
+            how += " and warm-up compute times"
+            predicted = repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead
+    temporal = setup.sharing == "temporal"
+    crowd = None
+    if not temporal and setup.colliding_bps is not None and pair is not None and workload.warmup:
+        crowd = colliding_rate(run.transfers, warmup_its, workload.parallelism.dp)
+    warm, warm_predicted = None, None
+    if workload.warmup and pair is not None:  # a temporal plan holds the link alone: all its transfers
+        warm = channel_rate(run.transfers, warmup_its, solo_only=not temporal)
+        if warm is not None and warm[2] == "all" and not temporal and setup.streams > 1:
+            warm = None  # too few transfers had the link alone: their rate would count the sharing twice
+        if warm is not None:
+            warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, local, compute,
+                                       None if crowd is None else crowd[0]) + overhead
+    return predicted, {
+        "rates_from": how,
+        "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
+        "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
+        "with_warmup_rates_iteration_time_s": warm_predicted,
+        "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
+        "calibrated_colliding_aggregate_mbps": None if setup.colliding_bps is None else setup.colliding_bps / 1e6,
+        "warmup_colliding_aggregate_mbps": None if crowd is None else crowd[0] / 1e6,
+        "warmup_colliding_transfers": None if crowd is None else crowd[1],
+        "a_priori_iteration_time_s": pred.iteration_time_s,
+        "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
+        "measured_stage_forward_s": None if compute is None else compute[0],
+        "measured_stage_backward_s": None if compute is None else compute[1],
+        "measured_overhead_s": None if compute is None else overhead,
+    }
+
+
+def tail_drops(entry: Mapping[str, Any] | None) -> int | None:
+    """The emulated WAN queues' tail drops over a variant (relay delay lines only)."""
+    lines = (entry or {}).get("delay_line")
+    if not lines:
+        return None
+    return sum(d["queue_drops"] for w in lines.values() for d in w.values() if isinstance(d, dict))
+
+
+def _compare_wan_loss(entry: dict[str, Any], plain: Mapping[str, Any] | None, name: str, progress: Progress) -> None:
+    """A +bubbletea variant whose WAN lost packets that its plain twin did not: TCP then
+    carries smaller windows for the rest of the run, and the slowdown it measures is
+    the network's, not the prefill's. Say so next to the slowdown."""
+    mine, theirs = tail_drops(entry), tail_drops(plain)
+    if mine is None or theirs is None:
+        return
+    entry["wan_tail_drops"] = {"with_bubbletea": mine, "without": theirs}
+    slow = entry.get("training_slowdown")
+    if mine > theirs and slow is not None and slow > 0.01:
+        note = (f"the WAN queue dropped {mine} packets in this variant and {theirs} without BubbleTea: TCP windows "
+                "shrank and stayed small, so part or all of the slowdown is the network's (waited on prefill: "
+                f"{entry.get('training_wait_on_prefill_s', 0) * 1e3:.0f} ms); rerun to compare")
+        entry["training_slowdown_note"] = note
+        progress.log(f"  {name}: note: {note}")
+
+
+def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,
+                       progress: Progress) -> dict[str, Any] | None:
+    """The relay delay lines' counters over one variant (None with netem or local
+    mode), and a warning when a relay itself dropped packets."""
+    from testbed.emulation.delayline.stats import windows
+
+    if not after:
+        return None
+    stats = windows(before, after)
+    for link, w in stats.items():
+        if w["relay_drops"]:
+            progress.log(f"  {name}: warning: the delay line of {link} itself dropped {w['relay_drops']} packets "
+                         "(its queue or socket overflowed): the link lost more than configured; the machine may be "
+                         "overloaded")
+    return stats
+
+
+def _alternatives(setup: VariantSetup) -> str:
+    alt = setup.sharing_alternatives
+    if not alt:
+        return ""
+    return f" (predicted temporal {alt['temporal']:.3f} s, shared {alt['shared']:.3f} s)"
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() or c in "-_" else "_" for c in name)
+
+
+def _plain(data: Any) -> Any:
+    """The resolved scenario as plain YAML data (no private '_source' keys dropped:
+    they say where the topology and workload came from)."""
+    return json.loads(json.dumps(copy.deepcopy(data), default=str))
+
+
+def _write_summary(out: Path, summary: dict[str, Any], t_begin: float) -> None:
+    summary["duration_s"] = time.time() - t_begin
+    tmp = out / "summary.json.tmp"
+    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    os.replace(tmp, out / "summary.json")

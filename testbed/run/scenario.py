@@ -1,0 +1,348 @@
+"""Scenario files: a topology, a workload, the variants to compare, and the knobs of
+the transport and of BubbleTea, all in one validated, fully resolved document.
+
+A scenario is handled as a plain dict with the topology and workload inlined
+(`resolve_scenario`), so that `--set path=value` overrides and sweeps can change
+any field by its dotted path (`topology.wan.0.delay`, `workload.parallelism.dp`)
+before the whole is validated once (`validate_scenario`). A resolved scenario is
+written next to each run's results, so any run can be repeated exactly.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal, get_args, get_origin
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
+from testbed_core.topology import Rate, Topology, TopologyError, parse_topology
+
+VARIANTS = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
+
+
+class ScenarioError(ConfigError):
+    """A scenario, sweep or override that cannot be used; says where and why."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class TransportSettings(_Model):
+    streams: int | Literal["auto"] = Field(8, description="streams per channel for multi-tcp and atlas")
+    chunk: str | int = "4MiB"
+    congestion: str | None = None
+    pacing: bool = Field(False, description=(
+        "pace every stream at TCP's own rate (cwnd / RTT x 1.2, twice that in slow start) instead of "
+        "sending each window at line rate: Linux's internal pacing, turned on per socket with "
+        "SO_MAX_PACING_RATE, as sch_fq would (this kernel has no fq)"))
+
+    @field_validator("streams")
+    @classmethod
+    def _streams(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1 <= value <= 64:
+            raise ValueError(f"streams must be between 1 and 64 or 'auto', got {value}")
+        return value
+
+
+class PromptLengths(_Model):
+    dist: Literal["fixed", "uniform", "lognormal"] = "lognormal"
+    mean: float = Field(512, gt=0, description="tokens (fixed value, uniform midpoint, lognormal mean)")
+    sigma: float = Field(0.6, ge=0)
+    min: int = Field(16, ge=1)
+    max: int = Field(4096, ge=1)
+
+
+class RequestSource(_Model):
+    rate: float = Field(5.0, ge=0, description="Poisson arrivals per second, over the whole cluster")
+    prompt_tokens: PromptLengths = PromptLengths()
+    trace: str | None = Field(None, description="CSV trace to replay instead of Poisson arrivals")
+    deadline: float = Field(5.0, gt=0, description="seconds a request may wait before it is rejected")
+
+
+DECODE_SAME_DC = "same-dc"
+
+
+class BubbleTeaSettings(_Model):
+    """BubbleTea agents next to the training workers (bubbletea_agent/README.md)."""
+
+    enabled: bool = False
+    compare: bool = Field(True, description="also run each variant without agents, for the slowdown")
+    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] | None = Field(
+        None, description="which of the scenario's variants also run with agents (default: all)"
+    )
+    requests: RequestSource = RequestSource()
+    decode_host: str | None = Field(
+        None, description="where KV caches go: 'same-dc' (a decode server in each DC: LAN only, never the WAN), "
+                          "a host (dc-host, e.g. dc2-h2: caches from other DCs cross the WAN, paced at "
+                          "kv_wan_rate), or none (TTFT ends with the prefill)"
+    )
+    kv_wire_scale: float = Field(
+        0.001, gt=0, le=1, description="share of a KV cache's true size that crosses the emulated network; the "
+                                      "rest is charged at the path's nominal rate (TTFT as for the whole cache)"
+    )
+    kv_wan_rate: Rate | None = Field(
+        50e6, description="cap on KV bytes crossing a WAN (bits/s, all agents together; none: no cap)"
+    )
+    model: dict[str, Any] = Field(default_factory=dict, description="prefill model size (LlamaConfig fields)")
+    chunk_tokens: int | Literal["auto"] = Field(
+        "auto", description="chunked prefill: 'auto' = chunks of whatever fits, N = at most N tokens, 0 = whole prompts"
+    )
+    guard: float = Field(0.05, ge=0, description="initial guard, as a fraction of predicted duration")
+    window: Literal["live", "planned", "both"] = Field(
+        "live", description="what admission fills: the worker's live guarantees (never delay training), the "
+                            "planned slots corrected from the timeline, or either"
+    )
+
+    @field_validator("chunk_tokens")
+    @classmethod
+    def _chunk(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and value < 0:
+            raise ValueError(f"chunk_tokens must be 'auto', 0 (whole prompts) or a positive token count, got {value}")
+        return value
+
+
+PORT_SPAN = 5000  # ports a run uses above runner.base_port (see RunnerSettings.base_port)
+EMULATED_BASE_PORT = 29500
+
+
+class RunnerSettings(_Model):
+    """How `testbed run` plays the scenario (testbed/run/runner.py); every choice visible."""
+
+    local: bool = Field(False, description="workers as local processes on 127.0.0.1, no emulated network")
+    base_port: int | Literal["auto"] = Field(
+        "auto", description="first TCP port of the run (channels, tokens +1000, calibration +2000, decode "
+        "servers +3000, DP gradients +4000); auto: 29500 under emulation (every host has its own namespace), "
+        "a free block on 127.0.0.1 in local mode, so that two runs on one machine never collide"
+    )
+    calibrate: bool = Field(True, description="measure per-transfer rates over the WAN before the variants")
+    calibration_transfers: int = Field(4, ge=1, le=50, description="timed tensors per stream count")
+    slow_start_after_idle: bool = Field(
+        False, description="net.ipv4.tcp_slow_start_after_idle on the hosts (off: long-lived channels keep cwnd)"
+    )
+    baseline_placement: Literal["atlas", "in-order", "even", "round-robin"] = Field(
+        "even", description="placement of baseline and multi-tcp (atlas uses its own heuristic)"
+    )
+    temporal_mode: Literal["token", "slot"] = Field(
+        "token", description="atlas: a WAN send waits for the previous one in its link's plan (token) or its slot"
+    )
+    atlas_sharing: Literal["auto", "temporal", "shared"] = Field(
+        "auto", description="atlas: temporal plan, shared links, or auto (temporal unless the calibrated "
+        "prediction says sharing the link is faster)"
+    )
+    token_margin: float = Field(
+        0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
+    )
+    iteration_lead: float = Field(0.05, ge=0.005, le=5, description="seconds from the barrier to the next common start")
+    setup_timeout: float = Field(60.0, gt=0, description="seconds for workers to start and connect")
+    iteration_timeout: float = Field(120.0, gt=0, description="seconds an iteration may take before the run fails")
+
+
+    @field_validator("base_port")
+    @classmethod
+    def _base_port(cls, value: int | str) -> int | str:
+        if isinstance(value, int) and not 1024 <= value <= 60000 - PORT_SPAN:
+            raise ValueError(f"base_port must be 'auto' or between 1024 and {60000 - PORT_SPAN} "
+                             f"(the run uses {PORT_SPAN} ports above it), got {value}")
+        return value
+
+
+class Scenario(_Model):
+    name: str
+    description: str = ""
+    topology: Topology
+    workload: dict[str, Any]
+    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] = Field(
+        default_factory=lambda: ["baseline", "multi-tcp", "atlas"], min_length=1
+    )
+    seed: int = 1
+    transport: TransportSettings = TransportSettings()
+    bubbletea: BubbleTeaSettings = BubbleTeaSettings()
+    runner: RunnerSettings = RunnerSettings()
+    source: str = ""
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _topology(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            try:
+                clean = {k: v for k, v in value.items() if not k.startswith("_")}
+                return parse_topology(clean, value.get("_source", "topology"))
+            except TopologyError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+
+def _inline(value: Any, base: Path, kind: str) -> Any:
+    if isinstance(value, str):
+        path = (base / value) if not Path(value).is_absolute() else Path(value)
+        data = read_yaml_mapping(path, kind, ScenarioError)
+        data["_source"] = str(path)
+        return data
+    if isinstance(value, dict):
+        return value
+    raise ScenarioError(f"{kind} must be a file path or an inline mapping, got {type(value).__name__}")
+
+
+def resolve_scenario(path: str | Path) -> dict[str, Any]:
+    """The scenario as a dict with its topology and workload files read in."""
+    path = Path(path)
+    data = read_yaml_mapping(path, "scenario", ScenarioError)
+    for key in ("topology", "workload"):
+        if key not in data:
+            raise ScenarioError(f"{path}: {key}: required field is missing (a file path or a mapping)")
+        data[key] = _inline(data[key], path.parent, key)
+    data.setdefault("source", str(path))
+    return data
+
+
+def parse_value(text: str) -> Any:
+    """An override's value as YAML would read it: '8' -> 8, '50ms' stays a string."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _model_for(model: Any, key: str) -> Any:
+    """The pydantic model class behind field `key` of `model`, or None for leaves."""
+    if model is None or not (isinstance(model, type) and issubclass(model, BaseModel)):
+        return None
+    field = model.model_fields.get(key)
+    if field is None:
+        return KeyError
+    if model is Scenario and key == "workload":
+        return _workload_model()
+    return _unwrap(field.annotation)
+
+
+def _unwrap(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    origin = get_origin(annotation)
+    if origin in (list, tuple):
+        args = get_args(annotation)
+        return ("list", _unwrap(args[0]) if args else None)
+    for arg in get_args(annotation):
+        inner = _unwrap(arg)
+        if inner is not None:
+            return inner
+    return None
+
+
+def apply_override(data: dict[str, Any], dotted: str, value: Any, source: str = "--set") -> None:
+    """Set `dotted` (e.g. 'topology.wan.0.delay') in a resolved scenario dict.
+
+    Unknown paths are refused with the fields that exist at that level, so a typo in
+    a sweep is caught before anything is built.
+    """
+    parts = dotted.split(".")
+    if not dotted or any(not p for p in parts):
+        raise ScenarioError(f"{source}: {dotted!r} is not a parameter path like topology.wan.0.delay")
+    node: Any = data
+    model: Any = Scenario
+    for depth, part in enumerate(parts):
+        here = ".".join(parts[: depth + 1])
+        last = depth == len(parts) - 1
+        if isinstance(model, tuple):  # a list field
+            model = model[1]
+        if isinstance(node, list):
+            if not part.isdigit() or int(part) >= len(node):
+                raise ScenarioError(
+                    f"{source}: {here}: index {part!r} out of range (the list has {len(node)} items, 0..{len(node) - 1})"
+                )
+            key: Any = int(part)
+            child_model = model
+        elif isinstance(node, dict):
+            key = part
+            child_model = _model_for(model, part) if model is not None else None
+            if key not in node:
+                known = _known_fields(node, model)
+                if child_model is KeyError or (model is None and known):
+                    raise ScenarioError(
+                        f"{source}: {here}: unknown parameter {part!r} (fields here: {', '.join(known)})"
+                    )
+                if not last:
+                    node[key] = {}
+        else:
+            raise ScenarioError(f"{source}: {here}: {'.'.join(parts[:depth]) or 'scenario'} is a value, not a section")
+        if last:
+            node[key] = value
+            return
+        node = node[key]
+        model = None if child_model is KeyError else child_model
+
+
+def _known_fields(node: dict[str, Any], model: Any) -> list[str]:
+    names = set(k for k in node if not k.startswith("_"))
+    if isinstance(model, type) and issubclass(model, BaseModel):
+        names |= set(model.model_fields)
+    return sorted(names)
+
+
+def _workload_model() -> Any:
+    try:
+        from testbed_core import workload
+    except ImportError:  # the training layer is optional for topology-only use
+        return None
+    return getattr(workload, "Workload", None)
+
+
+def validate_scenario(data: dict[str, Any]) -> Scenario:
+    source = data.get("source") or "scenario"
+    data = copy.deepcopy(data)
+    try:
+        scenario = Scenario.model_validate(data)
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(source, exc, "scenario")) from None
+    model = _workload_model()
+    if model is not None:
+        wl = {k: v for k, v in scenario.workload.items() if not k.startswith("_")}
+        try:
+            workload = model.model_validate(wl)
+        except ValidationError as exc:
+            raise ScenarioError(
+                format_validation_error(scenario.workload.get("_source", source), exc, "workload", prefix="workload")
+            ) from None
+        if workload.gpu.mode == "real":  # real devices: can this machine train the model? (before anything is built)
+            from testbed.training.real_mode import RealModeError, check_machine
+
+            try:
+                check_machine(workload)
+            except RealModeError as exc:
+                raise ScenarioError(f"{scenario.workload.get('_source', source)}: workload: {exc}") from None
+    hosts = {f"{dc.name}-{h}" for dc in scenario.topology.dcs for h in dc.hosts}
+    decode = scenario.bubbletea.decode_host
+    if decode is not None and decode != DECODE_SAME_DC and decode not in hosts:
+        raise ScenarioError(
+            f"{source}: bubbletea.decode_host: unknown host {decode!r} (hosts: {', '.join(sorted(hosts))}; or "
+            f"'{DECODE_SAME_DC}' for a decode server in each DC)"
+        )
+    extra = [v for v in scenario.bubbletea.variants or [] if v not in scenario.variants]
+    if extra:
+        raise ScenarioError(
+            f"{source}: bubbletea.variants: {', '.join(extra)} not among the scenario's variants "
+            f"({', '.join(scenario.variants)})"
+        )
+    return scenario
+
+
+def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, dict[str, Any]]:
+    """Validated scenario and the resolved dict it came from (to save with results)."""
+    data = resolve_scenario(path)
+    for dotted, value in (overrides or {}).items():
+        apply_override(data, dotted, value)
+    return validate_scenario(data), data
+
+
+def parse_set_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for item in items:
+        if "=" not in item:
+            raise ScenarioError(f"--set {item!r}: expected path=value, e.g. --set topology.wan.0.delay=50ms")
+        key, _, raw = item.partition("=")
+        out[key.strip()] = parse_value(raw)
+    return out

@@ -1,0 +1,233 @@
+"""Playing one variant's workers: start them on their hosts, run synchronised
+iterations, collect the device timelines and transfer records.
+
+Workers connect, report ready on a UNIX control socket (it crosses network namespaces:
+it lives on the shared filesystem), and start each iteration at a common wall-clock
+instant; the next one starts when all have finished (the optimizer step's barrier),
+``runner.iteration_lead`` later. A ``+bubbletea`` variant also starts its decode
+servers and agents (testbed/run/bubbletea.py) and waits for them before the first
+iteration; the runner then keeps the gate (the next iteration's start).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import selectors
+import socket
+import subprocess
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from testbed.progress import Progress
+from testbed.run.bubbletea import start_agents, wait_agents, wait_decode_servers
+from testbed.run.common import (
+    REPO_ROOT,
+    RunnerError,
+    log_tail,
+    stop_processes,
+    worker_argv,
+    worker_env,
+)
+from testbed.run.network import Network
+from testbed.run.scenario import Scenario
+from testbed.run.variants import VariantSetup
+
+
+class Controller:
+    """The runner's end of the control socket: waits for the workers, starts each
+    iteration at a common instant, watches for crashed processes."""
+
+    def __init__(self, path: str, workers: Sequence[str], procs: Mapping[str, subprocess.Popen],
+                 logs: Mapping[str, Path], progress: Progress) -> None:
+        self.path = path
+        self.expected = set(workers)
+        self.procs = procs
+        self.logs = logs
+        self.progress = progress
+        self.sel = selectors.DefaultSelector()
+        self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.server.bind(path)
+        self.server.listen(len(workers) + 4)
+        self.server.setblocking(False)
+        self.sel.register(self.server, selectors.EVENT_READ)
+        self.conns: dict[str, socket.socket] = {}
+        self._buf: dict[socket.socket, bytes] = {}
+        self._who: dict[socket.socket, str] = {}
+        self.inbox: list[dict[str, Any]] = []
+
+    def close(self) -> None:
+        for s in list(self._buf):
+            with contextlib.suppress(OSError):
+                s.close()
+        self.server.close()
+        self.sel.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(self.path)
+
+    def _poll(self, timeout: float) -> None:
+        for key, _ in self.sel.select(timeout):
+            sock = key.fileobj
+            if sock is self.server:
+                conn, _ = self.server.accept()
+                conn.setblocking(False)
+                self._buf[conn] = b""
+                self.sel.register(conn, selectors.EVENT_READ)
+                continue
+            try:
+                data = sock.recv(65536)
+            except OSError:
+                data = b""
+            if not data:
+                self.sel.unregister(sock)
+                self._buf.pop(sock, None)
+                sock.close()
+                continue
+            buf = self._buf[sock] + data
+            *lines, rest = buf.split(b"\n")
+            self._buf[sock] = rest
+            for line in lines:
+                if not line.strip():
+                    continue
+                msg = json.loads(line)
+                if msg.get("type") == "hello":
+                    self.conns[msg["worker"]] = sock
+                    self._who[sock] = msg["worker"]
+                if msg.get("type") == "error":
+                    raise RunnerError(f"worker {msg.get('worker')} failed: {msg.get('message')}\n"
+                                      f"{log_tail(self.logs.get(msg.get('worker'), Path('-')))}")
+                self.inbox.append(msg)
+
+    def _check_procs(self) -> None:
+        for wid, p in self.procs.items():
+            rc = p.poll()
+            if rc is not None and rc != 0:
+                self._poll(0.2)  # its error message may still be in the socket
+                raise RunnerError(f"worker {wid} exited with status {rc}:\n{log_tail(self.logs[wid])}")
+
+    def wait_all(self, kind: str, timeout_s: float, what: str, iteration: int | None = None) -> dict[str, dict]:
+        """One `kind` message from every worker (for `iteration` if given)."""
+        deadline = time.monotonic() + timeout_s
+        got: dict[str, dict] = {}
+        while True:
+            keep = []
+            for msg in self.inbox:
+                if msg.get("type") == kind and (iteration is None or msg.get("iteration") == iteration):
+                    got[msg["worker"]] = msg
+                else:
+                    keep.append(msg)
+            self.inbox = keep
+            if set(got) >= self.expected:
+                return got
+            if time.monotonic() > deadline:
+                missing = sorted(self.expected - set(got))
+                hint = "\n".join(f"  {w} ({self.procs[w].args[-1] if w in self.procs else '?'}):\n{log_tail(self.logs[w], 6)}"
+                                 for w in missing[:3] if w in self.logs)
+                raise RunnerError(f"{what}: no answer from {', '.join(missing)} within {timeout_s:g} s\n{hint}")
+            self._poll(0.05)
+            self._check_procs()
+            self.progress.tick()
+
+    def broadcast(self, kind: str, **fields: Any) -> None:
+        line = (json.dumps({"type": kind, **fields}) + "\n").encode()
+        for wid in self.expected:
+            sock = self.conns.get(wid)
+            if sock is None:
+                raise RunnerError(f"worker {wid} is not connected to the control socket")
+            sock.setblocking(True)
+            try:
+                sock.sendall(line)
+            finally:
+                sock.setblocking(False)
+
+
+@dataclass
+class VariantRun:
+    starts: list[float]
+    ends: list[float]
+    timelines: dict[str, list[Any]]
+    transfers: list[Any]
+
+
+def run_workers(
+    net: Network, setup: VariantSetup, jobs: Mapping[str, dict[str, Any]], folder: Path, ctl_dir: Path,
+    secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Any, base_dir: str | None,
+) -> VariantRun:
+    """Start the workers of one variant, play its iterations, collect the records."""
+    from testbed.run.metrics import merge_transfer_sides
+    from testbed.training.transport_comm import read_transfer_logs
+    from testbed_core.device import Device
+
+    jobs_dir, logs_dir = folder / "jobs", folder / "logs"
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    logs_dir.mkdir(parents=True, exist_ok=True)
+    env = worker_env(secret)
+    procs: dict[str, subprocess.Popen] = {}
+    logs: dict[str, Path] = {}
+    handles = []
+    control = next(iter(jobs.values()))["control"]
+    ctl = Controller(control, list(jobs), procs, logs, progress)
+    pred = setup.prediction.iteration_time_s
+    timeout = max(scenario.runner.iteration_timeout, 5 * pred)
+    starts: list[float] = []
+    ends: list[float] = []
+    servers: dict[str, subprocess.Popen] = {}
+    gate = None
+    try:
+        for wid, job in jobs.items():
+            path = jobs_dir / f"{wid}.json"
+            path.write_text(json.dumps(job, indent=1))
+            logs[wid] = logs_dir / f"{wid}.log"
+            fh = open(logs[wid], "w")  # noqa: SIM115 (closed in finally)
+            handles.append(fh)
+            procs[wid] = net.host(job["host"]).popen(worker_argv(path), env=env, stdout=fh,
+                                                     stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        lead = scenario.runner.iteration_lead
+        if setup.bubbletea:
+            from bubbletea_agent.live import Gate, gate_path
+
+            gate = Gate(gate_path(Path(next(iter(jobs.values()))["device"]["run_dir"])), lead)
+            # the request source only needs to outlast the run: requests stop at the last iteration
+            horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
+            agents, servers = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
+                                           handles, horizon)
+            procs.update(agents)
+        ctl.wait_all("ready", scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
+        if setup.bubbletea:
+            wait_agents(procs, logs, folder, scenario.runner.setup_timeout)
+            wait_decode_servers(servers, logs, scenario.runner.setup_timeout)
+        at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
+        for i in range(iterations):
+            starts.append(at)
+            ctl.broadcast("go", iteration=i, at=at)
+            done = ctl.wait_all("iter_done", timeout, f"{setup.name}: iteration {i}", iteration=i)
+            ends.append(max(m["end"] for m in done.values()))
+            kind = "warm-up" if i < workload.warmup else "iteration"
+            progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
+            at = gate.decide(i + 1, lead) if gate else time.time() + lead
+        ctl.broadcast("stop")
+        ctl.wait_all("bye", 30, f"{setup.name}: stopping the workers")
+        for wid, p in procs.items():  # agents end when their worker publishes the end of its slots
+            try:
+                p.wait(60 if wid.startswith("agent-") else 15)
+            except subprocess.TimeoutExpired:
+                raise RunnerError(f"{wid} did not exit after the run:\n{log_tail(logs[wid])}") from None
+    finally:
+        if gate is not None:
+            gate.close()
+        stop_processes(servers)
+        ctl.close()
+        stop_processes(procs)
+        for fh in handles:
+            fh.close()
+    run_dir = Path(next(iter(jobs.values()))["device"]["run_dir"])
+    timelines = {}
+    for job in jobs.values():
+        dev = Device(job["device"]["name"], run_dir)
+        timelines[job["device"]["name"]] = dev.timeline()
+    sends, recvs = read_transfer_logs([Path(j["transfers_path"]) for j in jobs.values()])
+    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs))

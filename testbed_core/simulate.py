@@ -1,0 +1,398 @@
+"""Discrete-event simulation of pipeline schedules over a network of shared links.
+
+It runs the op lists of every (pipeline, rank) worker with given compute times; each
+boundary transfer travels a path of link resources with a one-way latency and a
+per-transfer rate cap (streams x window/RTT). The last byte arrives
+``latency + bytes / rate`` after the send, where the rate comes from a fluid model:
+
+* ``shared`` resource: concurrent transfers split it max-min fairly (each also held
+  to its own cap), re-computed whenever a transfer starts or ends, as TCP flows
+  roughly do;
+* ``exclusive`` resource: one transfer at a time, at full rate; in first-come order,
+  or in a planned order (a token list, as Atlas's temporal sharing enforces).
+
+Resources are one direction of a link (WAN links are full duplex). The result holds
+per-device timelines, per-transfer spans and the makespan: the predicted iteration
+time, and (with zero delay) the textbook bubble fraction. Pure computation, no I/O.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Literal
+
+from testbed_core.schedules import Op, Schedule
+
+INF = math.inf
+
+
+class SimulationError(RuntimeError):
+    """The simulated schedule cannot finish (e.g. a planned order that contradicts the
+    data dependencies)."""
+
+
+@dataclass(frozen=True, order=True)
+class TransferKey:
+    pipeline: int
+    boundary: int  # between virtual stages boundary and boundary+1
+    mb: int
+    direction: Literal["fwd", "bwd"]
+
+    def __str__(self) -> str:
+        return f"p{self.pipeline}.b{self.boundary}.{self.direction}{self.mb}"
+
+    def to_json(self) -> dict:
+        return {"pipeline": self.pipeline, "boundary": self.boundary, "mb": self.mb, "direction": self.direction}
+
+    @classmethod
+    def for_op(cls, pipeline: int, op: Op) -> TransferKey:
+        return cls(pipeline, op.boundary(), op.mb, op.direction())  # type: ignore[arg-type]
+
+
+@dataclass(frozen=True)
+class Path:
+    """How one boundary's tensors travel: through `resources` (ids of link directions),
+    with a one-way latency, each transfer capped at `cap_bps`."""
+
+    resources: tuple[str, ...] = ()
+    latency_s: float = 0.0
+    cap_bps: float = INF
+
+
+@dataclass(frozen=True)
+class Resource:
+    capacity_bps: float
+    policy: Literal["shared", "exclusive"] = "shared"
+    order: tuple[TransferKey, ...] | None = None  # exclusive only: planned order
+    # shared only: the total while two or more transfers are on it (None: capacity_bps).
+    # Colliding multi-stream TCP channels lose packets and recover; measured, their
+    # total falls well short of what one channel alone gets from the link.
+    crowded_bps: float | None = None
+
+    def capacity(self, users: int) -> float:
+        return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
+
+
+@dataclass
+class SimSpec:
+    schedule: Schedule
+    pipelines: int
+    forward_s: list[float]  # per virtual stage, per micro-batch
+    backward_s: list[float]
+    bytes_fwd: list[float]  # per boundary, activations of one micro-batch
+    bytes_bwd: list[float]  # per boundary, gradients
+    paths: dict[tuple[int, int, str], Path] = field(default_factory=dict)  # (pipeline, boundary, dir)
+    resources: dict[str, Resource] = field(default_factory=dict)
+    offsets: list[float] | None = None  # start delay of each pipeline
+    compute_fn: Callable[[int, int, str, int], float] | None = None  # (pipeline, stage, kind, mb)
+
+    def path(self, key: TransferKey) -> Path:
+        return self.paths.get((key.pipeline, key.boundary, key.direction), Path())
+
+    def nbytes(self, key: TransferKey) -> float:
+        return (self.bytes_fwd if key.direction == "fwd" else self.bytes_bwd)[key.boundary]
+
+    def compute_time(self, pipeline: int, op: Op) -> float:
+        if self.compute_fn is not None:
+            return self.compute_fn(pipeline, op.stage, op.kind, op.mb)
+        return (self.forward_s if op.kind == "F" else self.backward_s)[op.stage]
+
+
+@dataclass(frozen=True)
+class ComputeSpan:
+    pipeline: int
+    rank: int
+    stage: int
+    kind: str
+    mb: int
+    start: float
+    end: float
+
+
+@dataclass(frozen=True)
+class TransferSpan:
+    key: TransferKey
+    ready: float  # when the sender handed it over
+    start: float  # first byte on the wire
+    end: float  # last byte on the wire
+    arrival: float  # last byte at the receiver
+    nbytes: float
+    resources: tuple[str, ...]
+
+
+@dataclass
+class SimResult:
+    makespan: float
+    compute: list[ComputeSpan]
+    transfers: list[TransferSpan]
+    pipelines: int
+    ranks: int
+
+    def spans(self, pipeline: int, rank: int) -> list[ComputeSpan]:
+        return [c for c in self.compute if c.pipeline == pipeline and c.rank == rank]
+
+    def busy(self, pipeline: int, rank: int) -> float:
+        return sum(c.end - c.start for c in self.spans(pipeline, rank))
+
+    def bubble_fraction(self) -> float:
+        """Mean over devices of idle time / iteration time."""
+        if self.makespan <= 0:
+            return 0.0
+        fr = [1 - self.busy(d, r) / self.makespan for d in range(self.pipelines) for r in range(self.ranks)]
+        return sum(fr) / len(fr)
+
+    def utilization(self) -> float:
+        return 1 - self.bubble_fraction()
+
+    def idle_slots(self, pipeline: int, rank: int, min_s: float = 0.0) -> list[tuple[float, float]]:
+        gaps, cursor = [], 0.0
+        for c in sorted(self.spans(pipeline, rank), key=lambda c: c.start):
+            if c.start - cursor > min_s:
+                gaps.append((cursor, c.start))
+            cursor = max(cursor, c.end)
+        if self.makespan - cursor > min_s:
+            gaps.append((cursor, self.makespan))
+        return gaps
+
+    def order_on(self, resource: str) -> list[TransferKey]:
+        """Transfers that used `resource`, in the order they started."""
+        spans = sorted((t for t in self.transfers if resource in t.resources), key=lambda t: (t.start, t.key))
+        return [t.key for t in spans]
+
+    def transfer(self, key: TransferKey) -> TransferSpan:
+        for t in self.transfers:
+            if t.key == key:
+                return t
+        raise KeyError(str(key))
+
+
+@dataclass
+class _Flow:
+    key: TransferKey
+    path: Path
+    bits: float
+    left: float
+    ready: float
+    start: float
+    rate: float = 0.0
+
+
+def max_min_rates(flows: list[tuple[float, tuple[str, ...]]], capacity: dict[str, float]) -> list[float]:
+    """Max-min fair rates of flows (cap, resources) over resource capacities
+    (progressive filling)."""
+    rates = [0.0] * len(flows)
+    left = {r: capacity[r] for f in flows for r in f[1]}
+    todo = set(range(len(flows)))
+    while todo:
+        level = INF
+        for r, cap in left.items():
+            n = sum(1 for i in todo if r in flows[i][1])
+            if n:
+                level = min(level, cap / n)
+        level = min([level] + [flows[i][0] for i in todo])
+        if level == INF:
+            for i in todo:
+                rates[i] = INF
+            return rates
+        tol = level * 1e-12
+        frozen = {i for i in todo if flows[i][0] <= level + tol}
+        for r, cap in left.items():
+            users = [i for i in todo if r in flows[i][1]]
+            if users and cap / len(users) <= level + tol:
+                frozen.update(users)
+        for i in frozen:
+            rates[i] = level
+            for r in flows[i][1]:
+                left[r] = max(0.0, left[r] - level)
+        todo -= frozen
+    return rates
+
+
+class _Sim:
+    def __init__(self, spec: SimSpec) -> None:
+        self.spec = spec
+        self.s = spec.schedule
+        self.events: list[tuple[float, int, str, object]] = []
+        self.seq = 0
+        p = self.s.ranks
+        self.workers = [(d, r) for d in range(spec.pipelines) for r in range(p)]
+        self.pos = {w: 0 for w in self.workers}
+        self.busy_until: dict[tuple[int, int], bool] = {w: False for w in self.workers}
+        self.started = {w: False for w in self.workers}
+        self.waiting: dict[TransferKey, tuple[int, int]] = {}
+        self.arrived: set[TransferKey] = set()
+        self.compute: list[ComputeSpan] = []
+        self.transfers: list[TransferSpan] = []
+        self.active: dict[TransferKey, _Flow] = {}
+        self.pending: list[tuple[int, _Flow]] = []  # (ready seq, flow) waiting for exclusive resources
+        self.holder: dict[str, TransferKey] = {}
+        self.token = {name: 0 for name in spec.resources}
+        self.net_time = 0.0
+        self.net_version = 0
+        for name in {r for path in spec.paths.values() for r in path.resources}:
+            if name not in spec.resources:
+                raise SimulationError(f"path uses resource {name!r}, which is not defined")
+
+    def push(self, t: float, kind: str, payload: object) -> None:
+        self.seq += 1
+        heapq.heappush(self.events, (t, self.seq, kind, payload))
+
+    # -------------------------------------------------------------- workers
+
+    def advance(self, w: tuple[int, int], t: float) -> None:
+        d, r = w
+        ops = self.s.ops[r]
+        while self.pos[w] < len(ops) and not self.busy_until[w]:
+            op = ops[self.pos[w]]
+            if op.is_compute:
+                dur = self.spec.compute_time(d, op)
+                self.compute.append(ComputeSpan(d, r, op.stage, op.kind, op.mb, t, t + dur))
+                self.busy_until[w] = True
+                self.pos[w] += 1
+                self.push(t + dur, "done", w)
+                return
+            key = TransferKey.for_op(d, op)
+            if op.kind.startswith("SEND"):
+                self.send(key, t)
+            elif key not in self.arrived:
+                self.waiting[key] = w
+                return
+            self.pos[w] += 1
+
+    # -------------------------------------------------------------- network
+
+    def send(self, key: TransferKey, t: float) -> None:
+        path = self.spec.path(key)
+        bits = self.spec.nbytes(key) * 8
+        if bits <= 0 or (not path.resources and path.cap_bps == INF):
+            self.transfers.append(TransferSpan(key, t, t, t, t + path.latency_s, bits / 8, path.resources))
+            self.push(t + path.latency_s, "arrive", key)
+            return
+        self.pending.append((self.seq, _Flow(key, path, bits, bits, t, t)))
+        self.seq += 1
+        self.try_start(t)
+
+    def _exclusive(self, name: str) -> bool:
+        return self.spec.resources[name].policy == "exclusive"
+
+    def try_start(self, t: float) -> None:
+        started = False
+        wanted: set[str] = set()  # FIFO resources an earlier pending transfer waits for
+        keep = []
+        for seq, flow in self.pending:
+            ok = True
+            for name in flow.path.resources:
+                if not self._exclusive(name):
+                    continue
+                res = self.spec.resources[name]
+                if name in self.holder:
+                    ok = False
+                elif res.order is not None:
+                    i = self.token[name]
+                    if i >= len(res.order) or res.order[i] != flow.key:
+                        ok = False
+                elif name in wanted:
+                    ok = False
+            if ok:
+                if not started:
+                    self.progress(t)
+                started = True
+                flow.start = t
+                for name in flow.path.resources:
+                    if self._exclusive(name):
+                        self.holder[name] = flow.key
+                        self.token[name] += 1
+                self.active[flow.key] = flow
+            else:
+                keep.append((seq, flow))
+                wanted.update(n for n in flow.path.resources if self._exclusive(n) and self.spec.resources[n].order is None)
+        self.pending = keep
+        if started:
+            self.reschedule(t)
+
+    def progress(self, t: float) -> None:
+        dt = t - self.net_time
+        if dt > 0:
+            for f in self.active.values():
+                f.left = max(0.0, f.left - f.rate * dt) if f.rate != INF else 0.0
+        self.net_time = t
+
+    def reschedule(self, t: float) -> None:
+        flows = list(self.active.values())
+        users: dict[str, int] = {}
+        for f in flows:
+            for name in f.path.resources:
+                users[name] = users.get(name, 0) + 1
+        caps = {name: res.capacity(users.get(name, 0)) for name, res in self.spec.resources.items()}
+        rates = max_min_rates([(f.path.cap_bps, f.path.resources) for f in flows], caps)
+        nxt = INF
+        for f, rate in zip(flows, rates, strict=True):
+            f.rate = rate
+            if rate == INF:
+                nxt = t
+            elif rate > 0:
+                nxt = min(nxt, t + f.left / rate)
+        self.net_version += 1
+        if nxt < INF:
+            self.push(nxt, "net", self.net_version)
+
+    def on_net(self, t: float, version: int) -> None:
+        if version != self.net_version:
+            return
+        self.progress(t)
+        done = [f for f in self.active.values() if f.left <= 1e-9 * f.bits + 1e-6]
+        for f in done:
+            del self.active[f.key]
+            for name in f.path.resources:
+                if self.holder.get(name) == f.key:
+                    del self.holder[name]
+            self.transfers.append(TransferSpan(f.key, f.ready, f.start, t, t + f.path.latency_s, f.bits / 8, f.path.resources))
+            self.push(t + f.path.latency_s, "arrive", f.key)
+        self.reschedule(t)
+        if done:
+            self.try_start(t)
+
+    # ------------------------------------------------------------------ run
+
+    def run(self) -> SimResult:
+        offsets = self.spec.offsets or [0.0] * self.spec.pipelines
+        if len(offsets) != self.spec.pipelines:
+            raise SimulationError(f"{len(offsets)} offsets for {self.spec.pipelines} pipelines")
+        for d, off in enumerate(offsets):
+            self.push(off, "start", d)
+        while self.events:
+            t, _, kind, payload = heapq.heappop(self.events)
+            if kind == "start":
+                for r in range(self.s.ranks):
+                    self.advance((payload, r), t)  # type: ignore[arg-type]
+            elif kind == "done":
+                self.busy_until[payload] = False  # type: ignore[index]
+                self.advance(payload, t)  # type: ignore[arg-type]
+            elif kind == "arrive":
+                self.arrived.add(payload)  # type: ignore[arg-type]
+                w = self.waiting.pop(payload, None)  # type: ignore[call-overload]
+                if w is not None:
+                    self.advance(w, t)
+            elif kind == "net":
+                self.on_net(t, payload)  # type: ignore[arg-type]
+        stuck = [w for w in self.workers if self.pos[w] < len(self.s.ops[w[1]])]
+        if stuck:
+            detail = ", ".join(f"pipeline {d} rank {r} at {self.s.ops[r][self.pos[(d, r)]]}" for d, r in stuck[:6])
+            pend = ", ".join(str(f.key) for _, f in self.pending[:6])
+            raise SimulationError(f"simulation cannot finish; waiting: {detail}; transfers not started: {pend or 'none'}")
+        makespan = max((c.end for c in self.compute), default=0.0)
+        return SimResult(makespan, self.compute, self.transfers, self.spec.pipelines, self.s.ranks)
+
+
+def simulate(spec: SimSpec) -> SimResult:
+    """Run one iteration of `spec` and return the timelines."""
+    return _Sim(spec).run()
+
+
+def uniform_spec(schedule: Schedule, pipelines: int, forward_s: float, backward_s: float) -> SimSpec:
+    """Uniform stages, no network cost: the textbook setting."""
+    n = schedule.stages
+    return SimSpec(schedule, pipelines, [forward_s] * n, [backward_s] * n, [0.0] * (n - 1), [0.0] * (n - 1))

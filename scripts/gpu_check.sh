@@ -61,10 +61,10 @@ echo "== pytest: CUDA tests and unit tests that must hold with CUDA present" | t
 timeout "${GPU_CHECK_TEST_TIMEOUT:-240}" $PY -m pytest -v -s -rA -p no:cacheprovider --timeout 180 \
     --junitxml="$OUT/junit.xml" \
     tests/gpu \
-    tests/unit/test_transport_roundtrip.py \
-    tests/unit/test_device.py \
-    tests/unit/test_bubbletea_engine.py \
-    tests/unit/test_bubbletea_kv_ship.py \
+    tests/unit/transport/test_transport_roundtrip.py \
+    tests/unit/core/test_device.py \
+    tests/unit/bubbletea/test_bubbletea_engine.py \
+    tests/unit/bubbletea/test_bubbletea_kv_ship.py \
     2>&1 | tee -a "$OUT/log.txt"
 tests_rc=$?
 

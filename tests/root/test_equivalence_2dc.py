@@ -7,7 +7,7 @@ Layout (the tiny workload: dp=2, pp=2, 4 micro-batches): pipeline d's stage 0 ru
 dc1-h(d+1), its stage 1 on dc2-h(d+1), so every activation and gradient crosses the
 WAN through atlas_transport, while the DP gradient average stays inside each DC.
 
-The workers are the real-mode worker processes of tests/unit/test_real_training_tcp.py
+The workers are the real-mode worker processes of tests/unit/training/test_real_training_tcp.py
 (`RealWork` driven by `executor.run_worker`, boundary tensors through the runner's
 `TransportComm`), started with `host.popen` on the emulated hosts. `testbed run` has
 its own real-device mode (``gpu.mode: real``, tests/root/test_real_run_2dc.py); this
@@ -28,7 +28,7 @@ import pytest
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 ROOT = Path(__file__).resolve().parents[2]
-HARNESS = ROOT / "tests" / "unit" / "test_real_training_tcp.py"
+HARNESS = ROOT / "tests" / "unit" / "training" / "test_real_training_tcp.py"
 
 
 def _harness():

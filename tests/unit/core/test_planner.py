@@ -22,7 +22,7 @@ from testbed_core.planning.planner import (
 from testbed_core.topology import load_topology, parse_topology
 from testbed_core.workload import load_workload, parse_workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def topo(delay: str = "25ms", rate: str = "1Gbit", hosts=(2, 2), rmem: str = "1MB", loss: float = 0.0,

@@ -41,7 +41,7 @@ from testbed_core.device import Device
 from testbed_core.schedules import build_schedule
 from testbed_core.workload import ModelConfig, Workload, load_workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SGD = OptimConfig(kind="sgd", lr=0.5)
 ADAM = OptimConfig(kind="adam", lr=3e-3)
 

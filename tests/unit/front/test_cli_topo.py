@@ -12,7 +12,7 @@ from testbed.cli import main
 from testbed.commands import doctor as doctor_mod
 from testbed.emulation import network as emulation
 
-TOPOS = Path(__file__).resolve().parents[2] / "topologies"
+TOPOS = Path(__file__).resolve().parents[3] / "topologies"
 
 
 @pytest.fixture

@@ -24,7 +24,7 @@ from testbed.emulation.network import (
 )
 from testbed_core.topology import load_topology, parse_topology
 
-TOPOS = Path(__file__).resolve().parents[2] / "topologies"
+TOPOS = Path(__file__).resolve().parents[3] / "topologies"
 
 
 def test_2dc_addresses():

@@ -21,7 +21,7 @@ from testbed_core.device import (
     write_timeline_csv,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_modelled_run_holds_for_the_duration_and_records(tmp_path: Path) -> None:

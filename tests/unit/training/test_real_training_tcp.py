@@ -2,7 +2,7 @@
 the one-process reference, with 1 stream, N streams, planned (held) sends and sends
 that overtake each other.
 
-This file is also the worker program (``python tests/unit/test_real_training_tcp.py
+This file is also the worker program (``python tests/unit/training/test_real_training_tcp.py
 --worker``) and its driver (`WorkerCluster`), which tests/root/test_equivalence_2dc.py
 reuses on emulated hosts. Each worker is one (pipeline, rank) process: it listens on
 its address and, for every run it is sent (JSON on stdin), opens one atlas_transport
@@ -359,7 +359,7 @@ class WorkerCluster:
                 argv = [sys.executable, str(HARNESS), "--worker", "--bind", self.address(wid),
                         "--id", f"{d},{r}"]
                 proc = self.spawn(wid, argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                  stderr=open(log, "w"), text=True, env=env, cwd=str(HARNESS.parents[2]))
+                                  stderr=open(log, "w"), text=True, env=env, cwd=str(HARNESS.parents[3]))
                 p = _Proc(wid, proc, log=log)
                 threading.Thread(target=_pump, args=(proc.stdout, p.lines), daemon=True).start()
                 self.procs[wid] = p
@@ -456,7 +456,7 @@ import pytest  # noqa: E402
 def tiny():
     from testbed_core.workload import load_workload
 
-    return load_workload(HARNESS.parents[2] / "scenarios" / "workloads" / "tiny.yaml")  # dp=2, pp=2, m=4
+    return load_workload(HARNESS.parents[3] / "scenarios" / "workloads" / "tiny.yaml")  # dp=2, pp=2, m=4
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from testbed.cli import main
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOPO = str(ROOT / "topologies" / "2dc.yaml")
 WL = str(ROOT / "scenarios" / "workloads" / "gpt-1.3b.yaml")
 

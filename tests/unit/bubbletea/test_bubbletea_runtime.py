@@ -20,7 +20,7 @@ from bubbletea_agent.metrics import guard_violations, read_request_rows, summari
 from bubbletea_agent.slots import Slot, SlotPublisher
 from testbed_core.device import Device
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def play_training(device: Device, slots_path: Path, t0: float, iterations: int, period: float,

@@ -35,7 +35,7 @@ from testbed.training.worker import (
 )
 from testbed_core.workload import WorkloadError, load_workload, parse_workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "scenarios" / "real-tiny-2dc.yaml"
 
 

@@ -10,7 +10,7 @@ import yaml
 from testbed_core.topology import TopologyError, bdp_bytes, load_topology, parse_topology
 from testbed_core.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def base() -> dict:

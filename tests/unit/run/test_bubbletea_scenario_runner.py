@@ -29,7 +29,7 @@ from testbed.run.variants import plan_variant, variant_names
 from testbed.training.worker import TrainJob, parse_job
 from testbed_core.workload import parse_workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def scenario_file(tmp_path: Path, **bubbletea) -> Path:

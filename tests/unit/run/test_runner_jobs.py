@@ -18,7 +18,7 @@ from testbed.run.variants import choose_streams, plan_variant, variant_names
 from testbed.training.worker import ProbeJob, TrainJob, WorkerError, parse_job
 from testbed_core.workload import parse_workload
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def scenario_file(tmp_path: Path, topology: str = "2dc.yaml", **workload_changes) -> Path:

@@ -18,7 +18,7 @@ import torch
 from atlas_transport import ChannelClosed, PeerLost, TransportConfig, TransportError, listen
 from atlas_transport.loopback import loopback_pair
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SECRET = "failure-tests"
 
 PEER = textwrap.dedent("""

@@ -22,7 +22,7 @@ from testbed.sweep import (  # noqa: E402
     sweep_size_text,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture

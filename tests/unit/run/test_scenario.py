@@ -16,7 +16,7 @@ from testbed.run.scenario import (
     validate_scenario,
 )
 
-WORKLOAD = Path(__file__).resolve().parents[2] / "scenarios" / "workloads" / "tiny.yaml"
+WORKLOAD = Path(__file__).resolve().parents[3] / "scenarios" / "workloads" / "tiny.yaml"
 
 TOPO = {
     "name": "t",

@@ -16,7 +16,7 @@ from testbed.progress import Progress
 from testbed.run.runner import RunnerError, run_scenario
 from testbed.run.scenario import load_scenario
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def write_scenario(tmp_path: Path, **extra) -> Path:

@@ -1,0 +1,137 @@
+"""The variant registry: every way of running the same training that the testbed compares.
+
+Each variant is defined once here, with what makes it what it is: where its stages go
+(placement), how many TCP streams each WAN channel gets (stream policy), how channels
+crossing one WAN link use it (sharing), and how it is drawn (colour, report order).
+Scenario validation, the CLI's help, the planner, the run and the report all derive
+from this table, so a new variant is one entry here plus whatever is new about it.
+
+A run of a variant with BubbleTea agents beside the workers is a `RunVariant` whose
+``bubbletea`` field is true; its display name (the key in ``summary.json``) is the
+variant's name plus ``+bubbletea``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+StreamPolicy = Literal["one", "configured", "fill-link"]
+"""``one``: a single TCP stream per channel (plain TCP); ``configured``: the scenario's
+``transport.streams`` (or the calibrated best for ``auto``); ``fill-link``: at least
+enough streams to fill the link (Atlas: giving the link to one transfer at a time only
+pays if that transfer can use all of it)."""
+
+SharingPolicy = Literal["shared", "auto"]
+"""``shared``: all pipelines send when ready and share the link; ``auto``: Atlas's
+temporal plan, kept where it is predicted to pay (``runner.atlas_sharing``)."""
+
+PlacementPolicy = Literal["atlas", "baseline", "dp-across"]
+"""``atlas``: the DC-selection heuristic; ``baseline``: the scenario's
+``runner.baseline_placement`` (even by default); ``dp-across``: each DP replica in another
+DC (plain DDP across regions)."""
+
+BUBBLETEA_SUFFIX = "+bubbletea"
+
+
+class VariantError(ValueError):
+    """An unknown variant name; the message lists the known ones."""
+
+
+@dataclass(frozen=True)
+class VariantDef:
+    name: str
+    description: str
+    placement: PlacementPolicy
+    streams: StreamPolicy
+    sharing: SharingPolicy
+    colour: str
+
+
+REGISTRY: dict[str, VariantDef] = {
+    v.name: v
+    for v in (
+        VariantDef("baseline", "one TCP stream per transfer; all pipelines send when ready and share the link",
+                   placement="baseline", streams="one", sharing="shared", colour="#d62728"),
+        VariantDef("multi-tcp", "N TCP streams per transfer (transport.streams), no plan",
+                   placement="baseline", streams="configured", sharing="shared", colour="#ff7f0e"),
+        VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing",
+                   placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4"),
+        VariantDef("dp-across-dc", "each DP replica in another DC, N streams per transfer, shared links",
+                   placement="dp-across", streams="configured", sharing="shared", colour="#9467bd"),
+    )
+}
+"""Every variant, in report order."""
+
+EXTRA_COLOURS = ("#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+
+
+def variant_names() -> tuple[str, ...]:
+    return tuple(REGISTRY)
+
+
+def allowed_text() -> str:
+    """The known names, for error messages and help: 'baseline, multi-tcp, ...'."""
+    return ", ".join(REGISTRY)
+
+
+def get_variant(name: str) -> VariantDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise VariantError(f"unknown variant {name!r} (allowed: {allowed_text()})") from None
+
+
+@dataclass(frozen=True)
+class RunVariant:
+    """One run of a variant: the variant, with or without BubbleTea agents beside it."""
+
+    variant: VariantDef
+    bubbletea: bool = False
+
+    @property
+    def name(self) -> str:
+        return self.variant.name + (BUBBLETEA_SUFFIX if self.bubbletea else "")
+
+    @property
+    def base(self) -> str:
+        return self.variant.name
+
+
+def parse_run_variant(name: str) -> RunVariant:
+    """'atlas' or 'atlas+bubbletea' -> RunVariant; unknown names raise VariantError."""
+    bt = name.endswith(BUBBLETEA_SUFFIX)
+    base = name.removesuffix(BUBBLETEA_SUFFIX)
+    try:
+        return RunVariant(get_variant(base), bt)
+    except VariantError:
+        raise VariantError(f"unknown variant {name!r} (allowed: {allowed_text()}, "
+                           f"each optionally {BUBBLETEA_SUFFIX})") from None
+
+
+def base_name(name: str) -> str:
+    """The variant a run name belongs to: 'atlas+bubbletea' -> 'atlas' (unknown names pass)."""
+    return name.removesuffix(BUBBLETEA_SUFFIX)
+
+
+def has_bubbletea(name: str) -> bool:
+    return name.endswith(BUBBLETEA_SUFFIX)
+
+
+def sort_key(name: str) -> tuple[int, int, str]:
+    """Report order: registry order, each variant before its BubbleTea twin; unknown last."""
+    order = list(REGISTRY)
+    base = base_name(name)
+    return (order.index(base) if base in REGISTRY else len(order), int(has_bubbletea(name)), name)
+
+
+def colour(name: str, extra: dict[str, str] | None = None) -> str:
+    """The colour of a variant (its BubbleTea twin shares it). Unknown names get the next
+    of EXTRA_COLOURS, remembered in `extra` so that a figure stays consistent."""
+    base = base_name(name)
+    if base in REGISTRY:
+        return REGISTRY[base].colour
+    palette = extra if extra is not None else {}
+    if base not in palette:
+        palette[base] = EXTRA_COLOURS[len(palette) % len(EXTRA_COLOURS)]
+    return palette[base]

@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-unit demo lint clean-venv
+.PHONY: install sysdeps venv test test-unit demo lint layers clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -25,7 +25,10 @@ $(STAMP): pyproject.toml
 	$(PIP) install -q -e ".[dev]"
 	touch $(STAMP)
 
+# The layer contracts (pyproject.toml [tool.importlinter]) first: a structure that no
+# longer holds fails before the slower tests run.
 test: install
+	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest -q
 
 test-unit: install
@@ -33,6 +36,10 @@ test-unit: install
 
 lint: install
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/lint-imports --no-cache
+
+layers: install
+	$(VENV)/bin/lint-imports --no-cache
 
 demo: install
 	$(VENV)/bin/testbed demo

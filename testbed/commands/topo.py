@@ -53,7 +53,7 @@ def _ms(seconds: float) -> str:
 
 def render_topology(topo: Topology) -> str:
     """The parsed topology as tables: DCs, WAN links, routes."""
-    from testbed.emulation.network import plan_addresses
+    from testbed.emulation.addressing import plan_addresses
 
     plan = plan_addresses(topo)
     out = [f"Topology {topo.name}" + (f": {topo.description}" if topo.description else "")]

@@ -1,0 +1,12 @@
+"""The emulated network: DCs and WAN links built on Mininet nodes, in network namespaces.
+
+Modules, after Mininet's topo/node/link/net split:
+
+* `addressing`: the address plan (subnets, addresses, routes, veth names); pure;
+* `nodes`: the node handles and how hosts, gateways and WAN link nodes are made;
+* `network`: the lifecycle (`Emulation`: build, run programs in nodes, teardown);
+* `mininet_cli`: Mininet's interactive CLI over a running emulation (`testbed topo up`);
+* `naming`, `records`: run prefixes and names; the run records `testbed clean` works from;
+* `netns`, `kernel`, `shaping`: namespace access, kernel feature probe, qdiscs via netlink;
+* `delayline/`: the userspace delay line (relay backend); `linkcheck`: link measurements.
+"""

@@ -30,7 +30,8 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from testbed.emulation.network import Emulation, NodeHandle
+    from testbed.emulation.network import Emulation
+    from testbed.emulation.nodes import NodeHandle
     from testbed_core.topology import TcpSettings
 
 IPERF_PORT = 5201

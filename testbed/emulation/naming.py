@@ -90,10 +90,6 @@ class RunNames:
     def bridge(node: str) -> str:
         return f"{node}-br"
 
-    def owns(self, name: str) -> bool:
-        """Whether a node or interface name belongs to this run."""
-        return name.startswith(self.prefix)
-
 
 def check_topology_fits(n_dcs: int, hosts_per_dc: list[int]) -> None:
     """Raise NamingError, naming the limit, when a topology is too large to name."""

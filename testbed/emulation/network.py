@@ -1,24 +1,14 @@
-"""Build a topology on Mininet nodes, shape it, and tear it down without a trace.
+"""The lifecycle of an emulated network: build a topology on Mininet nodes, run
+programs in them, change links over time, and tear everything down without a trace.
 
-Layout (nothing is created in the root namespace):
+Layout (nothing is created in the root namespace; see `testbed.emulation.nodes` for
+each kind of node and `testbed.emulation.addressing` for the address plan):
 
     host ──veth── gateway (Linux bridge inside its namespace, LAN IP on the bridge)
     gateway ──veth── WAN link node ──veth── gateway of the other DC
 
-* every host, DC gateway and WAN link is a `mininet.node.Host` (a shell in its own
-  network namespace); links are `mininet.link.Link` veth pairs; no switch, no
-  OpenFlow controller;
-* DC i (0-based) gets subnet lan_base + (i+1)*256 /24: gateway .1, hosts .10, .11 ...;
-  WAN link k gets the /30 wan_base + 4k (.1 on between[0]'s gateway, .2 on the other);
-* gateways forward (namespaced ip_forward) along `Topology.routes()` (lowest latency),
-  so meshes of any shape work without L2 loops; hosts default-route to their gateway;
-* the WAN node is layer 2: the `relay` backend runs `python -m testbed.emulation.delayline`
-  between its two interfaces, the `netem` backend bridges them; either way both
-  egress interfaces get `testbed.emulation.shaping.egress_shaper` (HTB rate + BDP bfifo, with a
-  netem leaf under the netem backend). LAN links get HTB at the DC's lan_rate;
-* per-host TCP settings (congestion control, tcp_rmem/tcp_wmem maxima) are written
-  inside each host's namespace; offloads stay on (the relay wants GSO super-packets);
-  receive packet steering keeps each flow on one CPU (no reordering, see _enable_rps).
+Under the `relay` delay backend each WAN node runs `python -m testbed.emulation.delayline`
+between its two interfaces; under `netem` it bridges them.
 
 Everything created is listed in a run record (`testbed.emulation.records`) before or as it is
 created; teardown (normal exit, exception, Ctrl-C, SIGTERM) kills what the run
@@ -27,7 +17,6 @@ started and deletes the record, and `testbed clean` finishes the job after SIGKI
 
 from __future__ import annotations
 
-import ipaddress
 import os
 import select
 import shlex
@@ -37,12 +26,12 @@ import subprocess
 import sys
 import threading
 import time
-from collections import deque
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
+from testbed.emulation.addressing import Wiring, plan_addresses, plan_wiring
+from testbed.emulation.errors import EmulationError
 from testbed.emulation.naming import (
     RunNames,
     check_topology_fits,
@@ -51,6 +40,23 @@ from testbed.emulation.naming import (
     display_wan,
     new_prefix,
     validate_prefix,
+)
+from testbed.emulation.nodes import (
+    GatewayHandle,
+    HostHandle,
+    NodeHandle,
+    OutputDrain,
+    WanHandle,
+    close_mininet_host,
+    configure_gateway,
+    configure_host,
+    configure_wan_node,
+    enable_rps,
+    new_mininet_host,
+    node_alive,
+    node_sysctls,
+    rps_mask,
+    write_sysctls,
 )
 from testbed.emulation.records import (
     ENV_RUN,
@@ -64,229 +70,20 @@ from testbed.emulation.records import (
     prefix_in_use,
     shared_sysctl_origin,
 )
-from testbed_core.topology import Topology, WanLink, load_topology
+from testbed_core.topology import Topology, load_topology
 
-LAN_RTT_S = 0.001  # sizes the LAN queues (one BDP of a 1 ms LAN)
-HOST_BASE = 10  # first host address in a DC subnet
+__all__ = [
+    "Emulation",
+    "EmulationError",
+    "GatewayHandle",
+    "HostHandle",
+    "NodeHandle",
+    "WanHandle",
+    "preflight",
+]
+
 RELAY_READY_TIMEOUT_S = 10.0
 TERM_GRACE_S = 1.0
-
-
-class EmulationError(RuntimeError):
-    """The emulation could not be built; the message says what to do."""
-
-
-# --------------------------------------------------------------------------- addressing plan
-
-
-@dataclass(frozen=True)
-class DcPlan:
-    index: int
-    name: str
-    subnet: ipaddress.IPv4Network
-    gateway_ip: str
-    host_ips: tuple[str, ...]
-
-
-@dataclass(frozen=True)
-class LinkPlan:
-    index: int
-    a: str
-    b: str
-    subnet: ipaddress.IPv4Network
-    ip_a: str
-    ip_b: str
-
-    def ip_of(self, dc: str) -> str:
-        return self.ip_a if dc == self.a else self.ip_b
-
-    def peer_of(self, dc: str) -> str:
-        return self.b if dc == self.a else self.a
-
-
-@dataclass(frozen=True)
-class Route:
-    dst: str  # subnet
-    via: str  # next-hop gateway address
-    link: int  # index of the WAN link used
-
-
-@dataclass(frozen=True)
-class AddressPlan:
-    dcs: tuple[DcPlan, ...]
-    links: tuple[LinkPlan, ...]
-    routes: dict[str, tuple[Route, ...]]  # gateway DC -> routes to the other DCs
-
-    def dc(self, name: str) -> DcPlan:
-        for d in self.dcs:
-            if d.name == name:
-                return d
-        raise KeyError(name)
-
-    def link_between(self, a: str, b: str) -> LinkPlan:
-        for link in self.links:
-            if {link.a, link.b} == {a, b}:
-                return link
-        raise KeyError(f"no WAN link between {a} and {b}")
-
-
-def plan_addresses(topology: Topology) -> AddressPlan:
-    """Subnets, addresses and static routes for `topology` (pure: no I/O)."""
-    lan = ipaddress.ip_network(topology.addressing.lan_base)
-    wan = ipaddress.ip_network(topology.addressing.wan_base)
-    if lan.overlaps(wan):
-        raise EmulationError(
-            f"addressing.lan_base {lan} and addressing.wan_base {wan} overlap: choose disjoint networks"
-        )
-    dcs = []
-    for i, dc in enumerate(topology.dcs):
-        if (i + 1) >= 2 ** (24 - lan.prefixlen):
-            raise EmulationError(f"addressing.lan_base {lan} has no room for a /24 for DC #{i + 1}")
-        subnet = ipaddress.ip_network(f"{lan.network_address + (i + 1) * 256}/24")
-        base = subnet.network_address
-        dcs.append(DcPlan(i, dc.name, subnet, str(base + 1),
-                          tuple(str(base + HOST_BASE + j) for j in range(len(dc.hosts)))))
-    links = []
-    for k, link in enumerate(topology.wan):
-        if 4 * (k + 1) > wan.num_addresses:
-            raise EmulationError(f"addressing.wan_base {wan} has no room for WAN link #{k + 1}")
-        net = ipaddress.ip_network(f"{wan.network_address + 4 * k}/30")
-        links.append(LinkPlan(k, link.between[0], link.between[1], net,
-                              str(net.network_address + 1), str(net.network_address + 2)))
-    plan = AddressPlan(tuple(dcs), tuple(links), {})
-    routes: dict[str, tuple[Route, ...]] = {}
-    paths = topology.routes()
-    for src in dcs:
-        entries = []
-        for dst in dcs:
-            if dst.name == src.name:
-                continue
-            nxt = paths[(src.name, dst.name)][1]
-            hop = plan.link_between(src.name, nxt)
-            entries.append(Route(str(dst.subnet), hop.ip_of(nxt), hop.index))
-        routes[src.name] = tuple(entries)
-    return AddressPlan(tuple(dcs), tuple(links), routes)
-
-
-def tcp_sysctls(rmem_max: int, wmem_max: int, congestion_control: str,
-                slow_start_after_idle: bool = True) -> dict[str, str]:
-    """The namespaced sysctls that give a host its per-flow window limit."""
-    return {
-        "net.ipv4.tcp_slow_start_after_idle": "1" if slow_start_after_idle else "0",
-        "net.ipv4.tcp_congestion_control": congestion_control,
-        "net.ipv4.tcp_rmem": f"4096 {min(131072, rmem_max)} {rmem_max}",
-        "net.ipv4.tcp_wmem": f"4096 {min(16384, wmem_max)} {wmem_max}",
-        # Do not carry ssthresh/RTT from one measurement to the next.
-        "net.ipv4.tcp_no_metrics_save": "1",
-    }
-
-
-NODE_SYSCTLS = {  # every node: no IPv6 chatter (DAD, router solicitations) on the links
-    "net.ipv6.conf.all.disable_ipv6": "1",
-    "net.ipv6.conf.default.disable_ipv6": "1",
-}
-GATEWAY_SYSCTLS = {
-    "net.ipv4.ip_forward": "1",
-    "net.ipv4.conf.all.rp_filter": "0",
-    "net.ipv4.conf.default.rp_filter": "0",
-}
-OPTIONAL_PREFIXES = ("net.ipv6.",)  # absent on kernels without IPv6: skipped
-
-
-# --------------------------------------------------------------------------- handles
-
-
-@dataclass(eq=False)
-class NodeHandle:
-    """One emulated node (a Mininet Host): run programs inside its namespace."""
-
-    name: str  # display name, e.g. dc1-h1
-    node: Any  # mininet.node.Host
-    emu: Emulation = field(repr=False)
-    netns_inode: int | None = field(default=None, repr=False)
-
-    @property
-    def pid(self) -> int:
-        return int(self.node.pid)
-
-    @property
-    def mn_name(self) -> str:
-        return str(self.node.name)
-
-    def popen(self, argv: Sequence[str] | str, **popen_kwargs: Any) -> subprocess.Popen:
-        """subprocess.Popen of `argv` inside this node's namespace. Recorded, and
-        killed at teardown if still running."""
-        return self.emu._spawn(self, argv, kind="process", **popen_kwargs)
-
-    def run(self, argv: Sequence[str] | str, timeout: float | None = None, check: bool = False,
-            input: str | bytes | None = None, text: bool = True,
-            **popen_kwargs: Any) -> subprocess.CompletedProcess:
-        """Run to completion inside the node; like subprocess.run (output captured)."""
-        popen_kwargs.setdefault("stdout", subprocess.PIPE)
-        popen_kwargs.setdefault("stderr", subprocess.PIPE)
-        if input is not None:
-            popen_kwargs.setdefault("stdin", subprocess.PIPE)
-        proc = self.popen(argv, text=text, **popen_kwargs)
-        try:
-            out, err = proc.communicate(input=input, timeout=timeout)
-        except BaseException:
-            proc.kill()
-            proc.communicate()
-            raise
-        result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
-        if check:
-            result.check_returncode()
-        return result
-
-
-@dataclass(eq=False)
-class HostHandle(NodeHandle):
-    dc: str = ""
-    ip: str = ""
-    index: int = 0
-
-
-@dataclass(eq=False)
-class GatewayHandle(NodeHandle):
-    dc: str = ""
-    lan_ip: str = ""
-    wan_ips: dict[str, str] = field(default_factory=dict)  # peer DC -> own address on that link
-
-
-@dataclass(eq=False)
-class WanHandle(NodeHandle):
-    link: WanLink | None = None
-    plan: LinkPlan | None = None
-    intfs: tuple[str, str] = ("", "")  # towards between[0], towards between[1]
-    relay: subprocess.Popen | None = field(default=None, repr=False)
-    relay_out: _Drain | None = field(default=None, repr=False)
-
-
-class _Drain(threading.Thread):
-    """Keeps reading a pipe so the child never blocks on it; remembers the tail and
-    the latest line that starts with `watch` (a relay's STATS line)."""
-
-    def __init__(self, stream: IO[str], keep: int = 50, watch: str | None = None) -> None:
-        super().__init__(daemon=True, name="emu-drain")
-        self.stream = stream
-        self.lines: deque[str] = deque(maxlen=keep)
-        self.watch = watch
-        self.watched: tuple[int, str] = (0, "")  # (how many seen, the latest)
-
-    def run(self) -> None:
-        try:
-            for line in self.stream:
-                self.lines.append(line.rstrip())
-                if self.watch and line.startswith(self.watch):
-                    self.watched = (self.watched[0] + 1, line[len(self.watch):].strip())
-        except (OSError, ValueError):
-            pass
-
-    def tail(self) -> str:
-        return "\n".join(self.lines)
-
-
-# --------------------------------------------------------------------------- the emulation
 
 
 def preflight() -> None:
@@ -333,13 +130,14 @@ class Emulation:
         self._wans: list[WanHandle] = []
         self._all: list[NodeHandle] = []
         self._procs: dict[int, subprocess.Popen] = {}
-        self._drains: list[_Drain] = []
+        self._drains: list[OutputDrain] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changer: threading.Thread | None = None
         self._saved_handlers: dict[int, Any] = {}
         self._started = False
         self._procfs = ProcFS()
+        self._wiring: Wiring | None = None
 
     @classmethod
     def from_file(cls, path: str | Path, prefix: str | None = None,
@@ -425,7 +223,9 @@ class Emulation:
 
     def cli(self) -> None:
         """Mininet's interactive CLI over this emulation's nodes (display names)."""
-        _run_cli(self)
+        from testbed.emulation.mininet_cli import run_cli
+
+        run_cli(self)
 
     # -- signals
 
@@ -474,13 +274,13 @@ class Emulation:
         self._create_nodes()
         self._progress(f"run {self.prefix}: configuring {len(self._all)} namespaces")
         for handle in self._all:
-            self._write_sysctls(handle, self._sysctls_for(handle))
+            self._write_sysctls(handle, node_sysctls(handle, self.topology))
         self._progress(f"run {self.prefix}: creating links")
         self._create_links()
         self._configure()
         mask = rps_mask(os.cpu_count() or 1)
         for handle in self._all:
-            _enable_rps(handle, mask)
+            enable_rps(handle, mask)
         if self.delay_backend == "relay":
             self._progress(f"run {self.prefix}: starting {len(self._wans)} delay lines")
             self._start_relays()
@@ -504,9 +304,7 @@ class Emulation:
         raise EmulationError("could not claim a free run prefix; `testbed clean` removes leftovers")
 
     def _new_node(self, mn_name: str) -> Any:
-        from mininet.node import Host
-
-        node = Host(mn_name)
+        node = new_mininet_host(mn_name)
         assert self.record is not None
         entry = self.record.add_node(mn_name, node.pid, self._procfs)
         node._tb_netns = entry.netns
@@ -536,37 +334,12 @@ class Emulation:
             self._wans.append(w)
             self._all.append(w)
 
-    def _sysctls_for(self, handle: NodeHandle) -> dict[str, str]:
-        values = dict(NODE_SYSCTLS)
-        if isinstance(handle, GatewayHandle):
-            values.update(GATEWAY_SYSCTLS)
-        elif isinstance(handle, HostHandle):
-            tcp = self.topology.tcp_for(handle.dc)
-            values.update(tcp_sysctls(tcp.rmem_max, tcp.wmem_max, tcp.congestion_control,
-                                      tcp.slow_start_after_idle))
-        return values
-
     def _write_sysctls(self, handle: NodeHandle, values: dict[str, str]) -> None:
-        from testbed.emulation.netns import run_in_netns
-
-        def write() -> list[str]:
-            errors = []
-            for key, value in values.items():
-                path = Path("/proc/sys") / key.replace(".", "/")
-                if not path.exists() and key.startswith(OPTIONAL_PREFIXES):
-                    continue
-                try:
-                    with open(path, "w") as fh:
-                        fh.write(value)
-                except OSError as exc:
-                    errors.append(f"{key}={value}: {exc.strerror or exc}")
-            return errors
-
-        errors = run_in_netns(handle.pid, write)
+        errors = write_sysctls(handle, values)
         if errors and any("congestion_control" in e for e in errors):
             # Another run may have just restored the machine's allowed list: allow again, retry.
             self._allow_congestion_controls()
-            errors = run_in_netns(handle.pid, write)
+            errors = write_sysctls(handle, values)
         if errors:
             hint = ""
             if any("congestion_control" in e for e in errors):
@@ -610,92 +383,34 @@ class Emulation:
     def _create_links(self) -> None:
         from mininet.link import Link
 
-        names = self.names
-        assert names is not None
-        for h in self._hosts:
-            gw = self._gateways[h.dc]
-            port = len(gw.node.intfs)
-            Link(h.node, gw.node, intfName1=RunNames.intf(h.mn_name, 0),
-                 intfName2=RunNames.intf(gw.mn_name, port))
+        assert self.names is not None
+        self._wiring = plan_wiring(self.topology, self.names)
+        by_mn_name = {n.mn_name: n for n in self._all}
+        for veth in self._wiring.veths:
+            Link(by_mn_name[veth.node1].node, by_mn_name[veth.node2].node,
+                 intfName1=veth.intf1, intfName2=veth.intf2)
         for w in self._wans:
             assert w.plan is not None
-            for end, dc in enumerate((w.plan.a, w.plan.b)):
-                gw = self._gateways[dc]
-                port = len(gw.node.intfs)
-                Link(gw.node, w.node, intfName1=RunNames.intf(gw.mn_name, port), intfName2=w.intfs[end])
-                gw.wan_ips[w.plan.peer_of(dc)] = w.plan.ip_of(dc)
-
-    def _gw_intf_towards(self, gw: GatewayHandle, peer_node: Any) -> str:
-        for intf in gw.node.intfList():
-            link = intf.link
-            if link is None:
-                continue
-            other = link.intf2 if link.intf1 is intf else link.intf1
-            if other.node is peer_node:
-                return intf.name
-        raise EmulationError(f"internal: no interface of {gw.name} towards {peer_node.name}")
+            for dc in (w.plan.a, w.plan.b):
+                self._gateways[dc].wan_ips[w.plan.peer_of(dc)] = w.plan.ip_of(dc)
 
     def _configure(self) -> None:
-        from testbed.emulation import shaping
-        from testbed.emulation.netns import open_iproute
-
-        names = self.names
-        assert names is not None
+        wiring = self._wiring
+        assert wiring is not None
         for h in self._hosts:
-            dc = self.topology.dc(h.dc)
-            intf = RunNames.intf(h.mn_name, 0)
-            with open_iproute(h.pid) as ipr:
-                _up(ipr, "lo")
-                idx = _index(ipr, intf, h.name)
-                ipr.addr("add", index=idx, address=h.ip, prefixlen=24)
-                _up(ipr, intf)
-                ipr.route("add", dst="0.0.0.0/0", gateway=self.plan.dc(h.dc).gateway_ip)
-                shaping.apply(ipr, intf, shaping.egress_shaper(
-                    intf, dc.lan_rate, shaping.queue_bytes_for(dc.lan_rate, LAN_RTT_S)))
+            configure_host(h, wiring.intf_towards(h.mn_name, self._gateways[h.dc].mn_name),
+                           self.plan.dc(h.dc).gateway_ip, self.topology.dc(h.dc).lan_rate)
         for dc in self.topology.dcs:
             gw = self._gateways[dc.name]
-            dplan = self.plan.dc(dc.name)
-            bridge = RunNames.bridge(gw.mn_name)
-            with open_iproute(gw.pid) as ipr:
-                _up(ipr, "lo")
-                ipr.link("add", ifname=bridge, kind="bridge")
-                br = _index(ipr, bridge, gw.name)
-                for h in self.hosts(dc.name):
-                    port = self._gw_intf_towards(gw, h.node)
-                    pidx = _index(ipr, port, gw.name)
-                    ipr.link("set", index=pidx, master=br)
-                    shaping.apply(ipr, port, shaping.egress_shaper(
-                        port, dc.lan_rate, shaping.queue_bytes_for(dc.lan_rate, LAN_RTT_S)))
-                ipr.addr("add", index=br, address=dplan.gateway_ip, prefixlen=24)
-                _up(ipr, bridge)
-                for w in self._wans:
-                    assert w.plan is not None
-                    if dc.name not in (w.plan.a, w.plan.b):
-                        continue
-                    port = self._gw_intf_towards(gw, w.node)
-                    ipr.addr("add", index=_index(ipr, port, gw.name), address=w.plan.ip_of(dc.name),
-                             prefixlen=30)
-                    _up(ipr, port)
-                for route in self.plan.routes[dc.name]:
-                    ipr.route("add", dst=route.dst, gateway=route.via)
+            host_ports = [wiring.intf_towards(gw.mn_name, h.mn_name) for h in self.hosts(dc.name)]
+            wan_ports = []
+            for w in self._wans:
+                assert w.plan is not None
+                if dc.name in (w.plan.a, w.plan.b):
+                    wan_ports.append((wiring.intf_towards(gw.mn_name, w.mn_name), w.plan.ip_of(dc.name)))
+            configure_gateway(gw, host_ports, wan_ports, self.plan.routes[dc.name], dc.lan_rate)
         for w in self._wans:
-            assert w.link is not None and w.plan is not None
-            link = w.link
-            netem = None
-            if self.delay_backend == "netem":
-                netem = shaping.NetemParams(delay_s=link.delay, jitter_s=link.jitter, loss=link.loss)
-            with open_iproute(w.pid) as ipr:
-                _up(ipr, "lo")
-                for intf in w.intfs:
-                    _up(ipr, intf)
-                    shaping.apply(ipr, intf, shaping.egress_shaper(intf, link.rate, link.queue_bytes, netem))
-                if self.delay_backend == "netem":
-                    bridge = RunNames.bridge(w.mn_name)
-                    ipr.link("add", ifname=bridge, kind="bridge")
-                    br = _index(ipr, bridge, w.name)
-                    for intf in w.intfs:
-                        ipr.link("set", index=_index(ipr, intf, w.name), master=br)
-                    _up(ipr, bridge)
+            configure_wan_node(w, self.delay_backend)
 
     def _start_relays(self) -> None:
         from testbed.emulation.delayline import LinkParams, relay_argv
@@ -716,7 +431,7 @@ class Emulation:
 
         proc = w.relay
         assert proc is not None and proc.stdout is not None and proc.stderr is not None
-        err = _Drain(proc.stderr)
+        err = OutputDrain(proc.stderr)
         err.start()
         self._drains.append(err)
         deadline = time.monotonic() + RELAY_READY_TIMEOUT_S
@@ -726,7 +441,7 @@ class Emulation:
             if ready:
                 line = proc.stdout.readline()
                 if line.strip() == READY_LINE:
-                    out = _Drain(proc.stdout, watch=STATS_PREFIX)
+                    out = OutputDrain(proc.stdout, watch=STATS_PREFIX)
                     out.start()
                     self._drains.append(out)
                     w.relay_out = out
@@ -777,7 +492,7 @@ class Emulation:
 
     def _spawn(self, handle: NodeHandle, argv: Sequence[str] | str, kind: str,
                **popen_kwargs: Any) -> subprocess.Popen:
-        if self.record is None or not self._alive_node(handle):
+        if self.record is None or not node_alive(handle):
             raise EmulationError(f"{handle.name}: the emulation is not running")
         if isinstance(argv, str):
             argv = shlex.split(argv)
@@ -795,11 +510,6 @@ class Emulation:
         if finished:
             self.record.drop_processes(finished)
         return proc
-
-    @staticmethod
-    def _alive_node(handle: NodeHandle) -> bool:
-        shell = getattr(handle.node, "shell", None)
-        return shell is not None and shell.poll() is None
 
     # -- time-varying links
 
@@ -905,158 +615,9 @@ class Emulation:
         else:
             failures = []
         for n in self._all:
-            _close_node(n.node)
+            close_mininet_host(n.node)
         self._all.clear()
         if failures:
             print("testbed: teardown left something behind, run `testbed clean`: "
                   + "; ".join(failures), file=sys.stderr)
 
-
-def _close_node(node: Any) -> None:
-    """Release a Mininet node whose shell was killed (without Mininet's global cleanup)."""
-    from mininet.node import Node
-
-    shell = getattr(node, "shell", None)
-    if shell is None:
-        return
-    try:
-        if shell.poll() is None:
-            os.killpg(shell.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
-    master = getattr(node, "stdin", None)
-    if master is not None and not master.closed:
-        Node.outToNode.pop(master.fileno(), None)
-        Node.inToNode.pop(master.fileno(), None)
-        try:
-            master.close()
-        except OSError:
-            pass
-    try:
-        os.close(node.slave)
-    except (OSError, TypeError):
-        pass
-    try:
-        shell.wait(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        pass
-    node.shell = None
-
-
-def rps_mask(ncpus: int) -> str:
-    """All CPUs as a sysfs cpumask ("3", "ffffffff,ffffffff", ...)."""
-    value = (1 << max(1, ncpus)) - 1
-    groups = []
-    while True:
-        groups.append(f"{value & 0xFFFFFFFF:x}")
-        value >>= 32
-        if not value:
-            break
-    return ",".join(reversed(groups))
-
-
-def _enable_rps(handle: NodeHandle, mask: str) -> None:
-    """Receive packet steering on every interface of a node.
-
-    A veth delivers a packet to the backlog of the CPU that sent it; when the
-    packets of one flow are sent from different CPUs (ACK-clocked softirqs, HTB
-    timers) they overtake each other, and TCP sees reordering, spurious fast
-    retransmits and a halved window (measured: tens of retransmits per second at
-    1 Gbit/s, goodput well under the link rate). RPS hashes each flow to one CPU,
-    which keeps it in order. The node's own sysfs is reached through
-    /proc/<pid>/root (its mount namespace), without running a shell command.
-    """
-    base = Path(f"/proc/{handle.pid}/root/sys/class/net")
-    for f in base.glob("*/queues/rx-*/rps_cpus"):
-        try:
-            f.write_text(mask)
-        except OSError:  # kernels without CONFIG_RPS: nothing to do
-            return
-
-
-def _index(ipr: Any, ifname: str, where: str) -> int:
-    found = ipr.link_lookup(ifname=ifname)
-    if not found:
-        raise EmulationError(f"{where}: interface {ifname} is missing")
-    return int(found[0])
-
-
-def _up(ipr: Any, ifname: str) -> None:
-    found = ipr.link_lookup(ifname=ifname)
-    if found:
-        ipr.link("set", index=found[0], state="up")
-
-
-# --------------------------------------------------------------------------- Mininet CLI
-
-
-def _run_cli(emu: Emulation, stdin: IO[str] | None = None) -> None:
-    """Mininet's CLI, fed a mapping of our display names (and Mininet names) to
-    nodes. Commands that need a Mininet network object (switches, controllers,
-    the built-in iperf) say they are not available instead of crashing."""
-    from mininet.cli import CLI
-    from mininet.log import setLogLevel
-
-    class _Net(dict):
-        switches: list = []
-        controllers: list = []
-        links: list = []
-        terms: list = []
-
-    net = _Net()
-    for n in emu.nodes():
-        net[n.name] = n.node
-    net.hosts = [h.node for h in emu.hosts()]
-
-    def show(_line: str = "") -> None:
-        for n in emu.nodes():
-            extra = ""
-            if isinstance(n, HostHandle):
-                extra = f"{n.ip}"
-            elif isinstance(n, GatewayHandle):
-                extra = f"{n.lan_ip} " + " ".join(f"{ip}->{peer}" for peer, ip in n.wan_ips.items())
-            elif isinstance(n, WanHandle) and n.link is not None:
-                extra = (f"{n.link.rate / 1e6:g} Mbit/s, RTT {n.link.rtt_s * 1e3:g} ms "
-                         f"({emu.delay_backend})")
-            print(f"{n.name:16} {n.mn_name:12} pid {n.pid:<7} {extra}")
-
-    def pingall(_line: str = "") -> None:
-        hosts = emu.hosts()
-        lost = 0
-        for a in hosts:
-            row = []
-            for b in hosts:
-                if a is b:
-                    continue
-                ok = a.run(["ping", "-c1", "-W2", b.ip], timeout=5).returncode == 0
-                lost += not ok
-                row.append(b.name if ok else "X")
-            print(f"{a.name} -> {' '.join(row)}")
-        total = len(hosts) * (len(hosts) - 1)
-        print(f"*** Results: {100 * lost // max(total, 1)}% dropped ({total - lost}/{total} received)")
-
-    class TestbedCLI(CLI):
-        prompt = "testbed> "
-        identchars = CLI.identchars + "-"  # display names are dc1-h1, wan-dc1-dc2
-
-        def do_nodes(self, line: str) -> None:
-            "List the nodes: display name, Mininet name, PID, addresses."
-            show(line)
-
-        do_net = do_nodes
-        do_dump = do_nodes
-
-        def do_pingall(self, line: str) -> None:
-            "Ping between all hosts."
-            pingall(line)
-
-        def onecmd(self, line: str) -> Any:
-            try:
-                return super().onecmd(line)
-            except AttributeError:
-                print("*** this command needs a full Mininet network; it is not available here "
-                      "(run programs on nodes instead: `dc1-h1 iperf3 -c dc2-h1`)")
-                return None
-
-    setLogLevel("output")
-    TestbedCLI(net, stdin=stdin or sys.stdin)

@@ -2,9 +2,9 @@
 
 Before a run creates anything it claims `/run/testbed/<prefix>.json` (directory mode
 0700) and then appends every object as it creates it: node shell PIDs, spawned
-processes (relays, iperf3 servers, user commands), and, if a run ever makes them,
-interfaces and named namespaces in the root namespace and changed sysctls with
-their old values. A normal teardown removes everything and deletes the record; a
+processes (relays, iperf3 servers, user commands), and changed sysctls with their
+old values. A record can also list interfaces and named namespaces in the root
+namespace; no run creates any today, but `clean` removes those a record lists. A normal teardown removes everything and deletes the record; a
 run killed with SIGKILL leaves the record behind for `testbed clean`.
 
 `clean` trusts nothing it has not verified: a PID is only killed when its start
@@ -243,18 +243,6 @@ class RunRecord:
             return
         with self._lock:
             self.processes = [e for e in self.processes if e.pid not in gone]
-            self.save()
-
-    def add_interface(self, name: str) -> None:
-        self._own(name, "interface")
-        with self._lock:
-            self.interfaces.append(name)
-            self.save()
-
-    def add_netns(self, name: str) -> None:
-        self._own(name, "network namespace")
-        with self._lock:
-            self.netns.append(name)
             self.save()
 
     def add_sysctl(self, key: str, old: str, new: str) -> None:

@@ -36,26 +36,28 @@ def run_check() -> dict:
     return report
 
 
-def test_topo_check_2dc_json_reports_every_link_ok():
-    """The check's own verdict needs 90% of the link's rate, which the per-packet
-    relay reaches on an idle machine (930-950 Mbit/s) but not always beside the rest
-    of the suite on 2 cores (CI saw 844-896 in one direction): the test asks for the
-    RTT verdict and a working link (75%), and prints the check's verdict."""
-    attempts = []
-    for _ in range(2):  # one retry: other jobs share the 2 CPUs with the relay (RTT, goodput)
-        report = run_check()
-        attempts.append(report)
-        assert set(report) == {"delay_backend", "build_s", "teardown_s", "links"}
-        if not detect_features().netem:
-            assert report["delay_backend"] == "relay"
-        (link,) = report["links"]
-        assert (link["a"], link["b"]) == ("dc1", "dc2")
+def test_topo_check_2dc_json_gives_each_link_its_verdict():
+    """`testbed topo check --json` on the 2dc quickstart: the report carries its keys and
+    each link's configured figures; each link's verdict (`ok`) is exactly what its
+    measured figures earn (RTT within max(1 ms, 3%), goodput at least 90% of the rate in
+    the slower direction), and the exit code follows the verdicts. The RTT must be in
+    tolerance and the link must carry at least 75% of its rate: on CI's two busy cores the
+    userspace relay can fall short of the check's own 90% bar, which is then reported
+    (ok false, exit 1), not hidden."""
+    report = run_check()
+    assert set(report) == {"delay_backend", "build_s", "teardown_s", "links"}
+    if not detect_features().netem:
+        assert report["delay_backend"] == "relay"
+    links = report["links"]
+    assert [(link["a"], link["b"]) for link in links] == [("dc1", "dc2")]
+    for link in links:
         assert link["rtt_ms"]["configured"] == 50.0 and link["goodput_mbps"]["configured"] == 1000.0
-        rates = [d["goodput_mbps"] for d in link["directions"]]
-        print(f"\nbuild {report['build_s']} s, teardown {report['teardown_s']} s, RTT {link['rtt_ms']['measured']} ms, "
-              f"goodput {rates} Mbit/s, ok={link['ok']}")
-        if link["rtt_ok"] and all(r is not None and r >= 750 for r in rates):
-            break
-    last = attempts[-1]["links"][0]
-    assert last["rtt_ok"], attempts
-    assert all(d["goodput_mbps"] is not None and d["goodput_mbps"] >= 750 for d in last["directions"]), attempts
+        rtt, rate = link["rtt_ms"]["measured"], link["goodput_mbps"]["measured"]
+        rtt_ok = abs(rtt - 50.0) <= max(1.0, 0.03 * 50.0)
+        goodput_ok = rate >= 0.9 * 1000.0
+        print(f"\nbuild {report['build_s']} s, teardown {report['teardown_s']} s, RTT {rtt} ms, "
+              f"goodput {rate} Mbit/s, ok={link['ok']}")
+        assert link["rtt_ok"] == rtt_ok and link["goodput_ok"] == goodput_ok
+        assert link["ok"] == (rtt_ok and goodput_ok)
+        assert rtt_ok, f"RTT {rtt} ms is out of tolerance of the configured 50 ms"
+        assert rate >= 0.75 * 1000.0, f"the link carried {rate} Mbit/s of its 1000"

@@ -54,11 +54,6 @@ class GsoLayout:
     splittable: bool
 
 
-def l2_len(frame: bytes) -> int:
-    """Bytes on the wire side (the frame without its vnet header)."""
-    return len(frame) - VNET_LEN
-
-
 def gso_layout(frame: bytes) -> GsoLayout | None:
     """Parse a GSO super-packet; None for an ordinary (single-segment) frame."""
     if len(frame) < VNET_LEN + ETH_LEN:

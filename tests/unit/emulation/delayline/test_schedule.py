@@ -7,7 +7,7 @@ import random
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from test_delay_schedule_frames import make_tcp_gso  # same folder (rootdir-less import)
+from test_frames import make_tcp_gso  # same folder (rootdir-less import)
 
 from testbed.emulation.delayline import frames as fr
 from testbed.emulation.delayline.schedule import DelayQueue, LinkParams, ParamError

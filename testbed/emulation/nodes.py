@@ -1,0 +1,362 @@
+"""The nodes of an emulation: what hosts, DC gateways and WAN link nodes are and how
+each kind is made.
+
+Every node is a `mininet.node.Host` (a shell in its own network namespace); no
+switch, no OpenFlow controller:
+
+* a host has one interface towards its gateway, an address in its DC's /24, a default
+  route to the gateway, HTB at the DC's lan_rate on egress, and the per-host TCP
+  settings (congestion control, tcp_rmem/tcp_wmem maxima) written in its namespace;
+* a gateway forwards (namespaced ip_forward): a Linux bridge over its host ports
+  carries the LAN address, each WAN port its /30 address, and static routes lead to
+  the other DCs;
+* a WAN link node is layer 2 between two gateways: both egress interfaces get
+  `shaping.egress_shaper` (HTB rate + BDP bfifo, with a netem leaf under the netem
+  backend); under the netem backend a bridge joins them, under the relay backend the
+  lifecycle starts the delay line between them.
+
+Offloads stay on (the relay wants GSO super-packets); receive packet steering keeps
+each flow on one CPU (see `enable_rps`). The handles are what callers get back:
+run programs inside a node with `popen`/`run`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import threading
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, TYPE_CHECKING, Any
+
+from testbed.emulation.addressing import GatewayRoute, LinkPlan
+from testbed.emulation.errors import EmulationError
+from testbed.emulation.naming import RunNames
+from testbed_core.topology import Topology, WanLink
+
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
+
+LAN_RTT_S = 0.001  # sizes the LAN queues (one BDP of a 1 ms LAN)
+
+
+# --------------------------------------------------------------------------- handles
+
+
+@dataclass(eq=False)
+class NodeHandle:
+    """One emulated node (a Mininet Host): run programs inside its namespace."""
+
+    name: str  # display name, e.g. dc1-h1
+    node: Any  # mininet.node.Host
+    emu: Emulation = field(repr=False)
+    netns_inode: int | None = field(default=None, repr=False)
+
+    @property
+    def pid(self) -> int:
+        return int(self.node.pid)
+
+    @property
+    def mn_name(self) -> str:
+        return str(self.node.name)
+
+    def popen(self, argv: Sequence[str] | str, **popen_kwargs: Any) -> subprocess.Popen:
+        """subprocess.Popen of `argv` inside this node's namespace. Recorded, and
+        killed at teardown if still running."""
+        return self.emu._spawn(self, argv, kind="process", **popen_kwargs)
+
+    def run(self, argv: Sequence[str] | str, timeout: float | None = None, check: bool = False,
+            input: str | bytes | None = None, text: bool = True,
+            **popen_kwargs: Any) -> subprocess.CompletedProcess:
+        """Run to completion inside the node; like subprocess.run (output captured)."""
+        popen_kwargs.setdefault("stdout", subprocess.PIPE)
+        popen_kwargs.setdefault("stderr", subprocess.PIPE)
+        if input is not None:
+            popen_kwargs.setdefault("stdin", subprocess.PIPE)
+        proc = self.popen(argv, text=text, **popen_kwargs)
+        try:
+            out, err = proc.communicate(input=input, timeout=timeout)
+        except BaseException:
+            proc.kill()
+            proc.communicate()
+            raise
+        result = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+        if check:
+            result.check_returncode()
+        return result
+
+
+@dataclass(eq=False)
+class HostHandle(NodeHandle):
+    dc: str = ""
+    ip: str = ""
+    index: int = 0
+
+
+@dataclass(eq=False)
+class GatewayHandle(NodeHandle):
+    dc: str = ""
+    lan_ip: str = ""
+    wan_ips: dict[str, str] = field(default_factory=dict)  # peer DC -> own address on that link
+
+
+@dataclass(eq=False)
+class WanHandle(NodeHandle):
+    link: WanLink | None = None
+    plan: LinkPlan | None = None
+    intfs: tuple[str, str] = ("", "")  # towards between[0], towards between[1]
+    relay: subprocess.Popen | None = field(default=None, repr=False)
+    relay_out: OutputDrain | None = field(default=None, repr=False)
+
+
+class OutputDrain(threading.Thread):
+    """Keeps reading a pipe so the child never blocks on it; remembers the tail and
+    the latest line that starts with `watch` (a relay's STATS line)."""
+
+    def __init__(self, stream: IO[str], keep: int = 50, watch: str | None = None) -> None:
+        super().__init__(daemon=True, name="emu-drain")
+        self.stream = stream
+        self.lines: deque[str] = deque(maxlen=keep)
+        self.watch = watch
+        self.watched: tuple[int, str] = (0, "")  # (how many seen, the latest)
+
+    def run(self) -> None:
+        try:
+            for line in self.stream:
+                self.lines.append(line.rstrip())
+                if self.watch and line.startswith(self.watch):
+                    self.watched = (self.watched[0] + 1, line[len(self.watch):].strip())
+        except (OSError, ValueError):
+            pass
+
+    def tail(self) -> str:
+        return "\n".join(self.lines)
+
+
+# --------------------------------------------------------------------------- Mininet nodes
+
+
+def new_mininet_host(mn_name: str) -> Any:
+    """A Mininet Host: a shell in a fresh network (and mount) namespace."""
+    from mininet.node import Host
+
+    return Host(mn_name)
+
+
+def close_mininet_host(node: Any) -> None:
+    """Release a Mininet node whose shell was killed (without Mininet's global cleanup)."""
+    from mininet.node import Node
+
+    shell = getattr(node, "shell", None)
+    if shell is None:
+        return
+    try:
+        if shell.poll() is None:
+            os.killpg(shell.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    master = getattr(node, "stdin", None)
+    if master is not None and not master.closed:
+        Node.outToNode.pop(master.fileno(), None)
+        Node.inToNode.pop(master.fileno(), None)
+        try:
+            master.close()
+        except OSError:
+            pass
+    try:
+        os.close(node.slave)
+    except (OSError, TypeError):
+        pass
+    try:
+        shell.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        pass
+    node.shell = None
+
+
+def node_alive(handle: NodeHandle) -> bool:
+    """Whether the node's shell (and so its namespace) is still there."""
+    shell = getattr(handle.node, "shell", None)
+    return shell is not None and shell.poll() is None
+
+
+# --------------------------------------------------------------------------- sysctls
+
+
+def tcp_sysctls(rmem_max: int, wmem_max: int, congestion_control: str,
+                slow_start_after_idle: bool = True) -> dict[str, str]:
+    """The namespaced sysctls that give a host its per-flow window limit."""
+    return {
+        "net.ipv4.tcp_slow_start_after_idle": "1" if slow_start_after_idle else "0",
+        "net.ipv4.tcp_congestion_control": congestion_control,
+        "net.ipv4.tcp_rmem": f"4096 {min(131072, rmem_max)} {rmem_max}",
+        "net.ipv4.tcp_wmem": f"4096 {min(16384, wmem_max)} {wmem_max}",
+        # Do not carry ssthresh/RTT from one measurement to the next.
+        "net.ipv4.tcp_no_metrics_save": "1",
+    }
+
+
+NODE_SYSCTLS = {  # every node: no IPv6 chatter (DAD, router solicitations) on the links
+    "net.ipv6.conf.all.disable_ipv6": "1",
+    "net.ipv6.conf.default.disable_ipv6": "1",
+}
+GATEWAY_SYSCTLS = {
+    "net.ipv4.ip_forward": "1",
+    "net.ipv4.conf.all.rp_filter": "0",
+    "net.ipv4.conf.default.rp_filter": "0",
+}
+OPTIONAL_PREFIXES = ("net.ipv6.",)  # absent on kernels without IPv6: skipped
+
+
+def node_sysctls(handle: NodeHandle, topology: Topology) -> dict[str, str]:
+    """The namespaced sysctls of a node: IPv6 off everywhere, forwarding on gateways,
+    the DC's TCP settings on hosts."""
+    values = dict(NODE_SYSCTLS)
+    if isinstance(handle, GatewayHandle):
+        values.update(GATEWAY_SYSCTLS)
+    elif isinstance(handle, HostHandle):
+        tcp = topology.tcp_for(handle.dc)
+        values.update(tcp_sysctls(tcp.rmem_max, tcp.wmem_max, tcp.congestion_control,
+                                  tcp.slow_start_after_idle))
+    return values
+
+
+def write_sysctls(handle: NodeHandle, values: dict[str, str]) -> list[str]:
+    """Write `values` inside the node's namespace; one message per value that failed."""
+    from testbed.emulation.netns import run_in_netns
+
+    def write() -> list[str]:
+        errors = []
+        for key, value in values.items():
+            path = Path("/proc/sys") / key.replace(".", "/")
+            if not path.exists() and key.startswith(OPTIONAL_PREFIXES):
+                continue
+            try:
+                with open(path, "w") as fh:
+                    fh.write(value)
+            except OSError as exc:
+                errors.append(f"{key}={value}: {exc.strerror or exc}")
+        return errors
+
+    return run_in_netns(handle.pid, write)
+
+
+# --------------------------------------------------------------------------- receive steering
+
+
+def rps_mask(ncpus: int) -> str:
+    """All CPUs as a sysfs cpumask ("3", "ffffffff,ffffffff", ...)."""
+    value = (1 << max(1, ncpus)) - 1
+    groups = []
+    while True:
+        groups.append(f"{value & 0xFFFFFFFF:x}")
+        value >>= 32
+        if not value:
+            break
+    return ",".join(reversed(groups))
+
+
+def enable_rps(handle: NodeHandle, mask: str) -> None:
+    """Receive packet steering on every interface of a node.
+
+    A veth delivers a packet to the backlog of the CPU that sent it; when the
+    packets of one flow are sent from different CPUs (ACK-clocked softirqs, HTB
+    timers) they overtake each other, and TCP sees reordering, spurious fast
+    retransmits and a halved window, so goodput stays well under the link rate.
+    RPS hashes each flow to one CPU, which keeps it in order. The node's own sysfs
+    is reached through /proc/<pid>/root (its mount namespace), without running a
+    shell command.
+    """
+    base = Path(f"/proc/{handle.pid}/root/sys/class/net")
+    for f in base.glob("*/queues/rx-*/rps_cpus"):
+        try:
+            f.write_text(mask)
+        except OSError:  # kernels without CONFIG_RPS: nothing to do
+            return
+
+
+# --------------------------------------------------------------------------- configuration
+
+
+def configure_host(host: HostHandle, intf: str, gateway_ip: str, lan_rate: float) -> None:
+    """Address, default route and LAN shaper of a host whose veth is `intf`."""
+    from testbed.emulation import shaping
+    from testbed.emulation.netns import open_iproute
+
+    with open_iproute(host.pid) as ipr:
+        _up(ipr, "lo")
+        idx = _index(ipr, intf, host.name)
+        ipr.addr("add", index=idx, address=host.ip, prefixlen=24)
+        _up(ipr, intf)
+        ipr.route("add", dst="0.0.0.0/0", gateway=gateway_ip)
+        shaping.apply(ipr, intf, shaping.egress_shaper(
+            intf, lan_rate, shaping.queue_bytes_for(lan_rate, LAN_RTT_S)))
+
+
+def configure_gateway(gw: GatewayHandle, host_ports: Sequence[str], wan_ports: Sequence[tuple[str, str]],
+                      routes: Sequence[GatewayRoute], lan_rate: float) -> None:
+    """The LAN bridge over `host_ports` (shaped at `lan_rate`, carrying the gateway's
+    LAN address), each WAN port with its /30 address (`wan_ports`: (port, address)),
+    and the static routes to the other DCs."""
+    from testbed.emulation import shaping
+    from testbed.emulation.netns import open_iproute
+
+    bridge = RunNames.bridge(gw.mn_name)
+    with open_iproute(gw.pid) as ipr:
+        _up(ipr, "lo")
+        ipr.link("add", ifname=bridge, kind="bridge")
+        br = _index(ipr, bridge, gw.name)
+        for port in host_ports:
+            pidx = _index(ipr, port, gw.name)
+            ipr.link("set", index=pidx, master=br)
+            shaping.apply(ipr, port, shaping.egress_shaper(
+                port, lan_rate, shaping.queue_bytes_for(lan_rate, LAN_RTT_S)))
+        ipr.addr("add", index=br, address=gw.lan_ip, prefixlen=24)
+        _up(ipr, bridge)
+        for port, address in wan_ports:
+            ipr.addr("add", index=_index(ipr, port, gw.name), address=address, prefixlen=30)
+            _up(ipr, port)
+        for route in routes:
+            ipr.route("add", dst=route.dst, gateway=route.via)
+
+
+def configure_wan_node(w: WanHandle, delay_backend: str) -> None:
+    """Shape both egress interfaces of a WAN link node at the link's rate and queue;
+    under the netem backend add the link's delay, jitter and loss as a netem leaf and
+    bridge the two interfaces (the relay backend's delay line is started later)."""
+    from testbed.emulation import shaping
+    from testbed.emulation.netns import open_iproute
+
+    assert w.link is not None
+    link = w.link
+    netem = None
+    if delay_backend == "netem":
+        netem = shaping.NetemParams(delay_s=link.delay, jitter_s=link.jitter, loss=link.loss)
+    with open_iproute(w.pid) as ipr:
+        _up(ipr, "lo")
+        for intf in w.intfs:
+            _up(ipr, intf)
+            shaping.apply(ipr, intf, shaping.egress_shaper(intf, link.rate, link.queue_bytes, netem))
+        if delay_backend == "netem":
+            bridge = RunNames.bridge(w.mn_name)
+            ipr.link("add", ifname=bridge, kind="bridge")
+            br = _index(ipr, bridge, w.name)
+            for intf in w.intfs:
+                ipr.link("set", index=_index(ipr, intf, w.name), master=br)
+            _up(ipr, bridge)
+
+
+def _index(ipr: Any, ifname: str, where: str) -> int:
+    found = ipr.link_lookup(ifname=ifname)
+    if not found:
+        raise EmulationError(f"{where}: interface {ifname} is missing")
+    return int(found[0])
+
+
+def _up(ipr: Any, ifname: str) -> None:
+    found = ipr.link_lookup(ifname=ifname)
+    if found:
+        ipr.link("set", index=found[0], state="up")

@@ -1,6 +1,6 @@
 """`python -m bubbletea_agent`: run an agent, a decode server, or a quick simulation.
 
-    python -m bubbletea_agent job.json          (the scenario runner's job file: job.py)
+    python -m bubbletea_agent job.json          (the scenario runner's job file: job.py, an AgentJob)
     python -m bubbletea_agent run --config agent.yaml
     python -m bubbletea_agent decode-server --port 7070 --log decode.jsonl
     python -m bubbletea_agent simulate --rate 300 --period 1.0 --busy 0:0.3 --busy 0.5:0.3
@@ -100,17 +100,18 @@ def simulate_cmd(iterations: int, period: float, busy: tuple[str, ...], rate: fl
     """What-if in virtual time: the real admission logic against a periodic schedule
     with the compute model's prefill times (no network, no root, seconds to run)."""
     from bubbletea_agent.admission import AdmissionConfig
-    from bubbletea_agent.engine import ModelSpec, compute_model_charge
+    from bubbletea_agent.engine import compute_model_charge
     from bubbletea_agent.requests import LogNormalLength, PoissonSource
-    from bubbletea_agent.sim import periodic_schedule, simulate
+    from bubbletea_agent.sim import periodic_schedule, simulate_agent
     from testbed_core.compute_model import ComputeModel, gpu_spec
+    from testbed_core.contracts.bubbletea import PrefillModelSpec
 
-    spec = ModelSpec(preset=preset)
+    spec = PrefillModelSpec(preset=preset)
     charge = compute_model_charge(spec, ComputeModel(gpu_spec(gpu), efficiency=efficiency))
     sched = periodic_schedule(time.time(), iterations, period, [_span(b) for b in busy])
     reqs = PoissonSource(rate_per_s=rate, lengths=LogNormalLength(median=tokens, sigma=sigma, max=8192),
                          seed=seed, duration_s=iterations * period, deadline_s=deadline).requests()
-    res = simulate(sched, reqs, charge, admission=AdmissionConfig(chunking=not no_chunking), spec=spec)
+    res = simulate_agent(sched, reqs, charge, admission=AdmissionConfig(chunking=not no_chunking), spec=spec)
     m = res.metrics()
     click.echo(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in m.items()}, indent=1))
 
@@ -118,7 +119,7 @@ def simulate_cmd(iterations: int, period: float, busy: tuple[str, ...], rate: fl
 @main.command("job")
 @click.argument("job_path", type=click.Path(dir_okay=False))
 def job_cmd(job_path: str) -> None:
-    """Run one agent from a scenario runner's job file (see bubbletea_agent/job.py)."""
+    """Run one agent from a scenario runner's job file (an AgentJob: testbed_core/contracts/bubbletea.py)."""
     from bubbletea_agent.config import AgentConfigError
     from bubbletea_agent.engine import EngineError
     from bubbletea_agent.requests import TraceError

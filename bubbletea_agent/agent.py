@@ -15,7 +15,8 @@ Each `step()`:
 4. ships each finished KV cache (asynchronously) and records TTFT on arrival.
 
 All I/O is injected (clock, device, slot feed, timeline, shipper), so the loop runs
-in-process against a simulated device and clock (`bubbletea_agent.sim`) in tests.
+in-process against a simulated device and clock (`bubbletea_agent.sim`) in tests; the
+file readers are in runtime.py.
 Times are `time.time()` seconds, the device timeline's clock; request arrival times
 are offsets from `epoch` (given, or the moment the first slot is announced: requests
 cannot be served before training starts, so by default they do not arrive before).
@@ -24,14 +25,12 @@ cannot be served before training starts, so by default they do not arrive before
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import math
 import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 from bubbletea_agent.admission import Action, Admission, Pending, PieceRun
@@ -86,34 +85,6 @@ class Shipper(Protocol):
     def poll(self) -> Sequence[ShipResult]: ...
     def pending(self) -> int: ...
     def close(self, timeout: float = 30.0) -> None: ...
-
-
-class TimelineTail:
-    """Tails a device's timeline JSONL (testbed_core.device writes one line per finished work)."""
-
-    def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self._offset = 0
-        self._partial = b""
-
-    def poll(self) -> list[Work]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        self._offset += len(data)
-        *lines, self._partial = (self._partial + data).split(b"\n")
-        out = []
-        for raw in lines:
-            try:
-                d = json.loads(raw)
-                out.append(Work(d["kind"], d["owner"], d.get("label", ""), float(d.get("requested", d["start"])),
-                                float(d["start"]), float(d["end"])))
-            except (ValueError, KeyError, TypeError):
-                log.warning("%s: skipping unreadable timeline line %r", self.path, raw[:80])
-        return out
 
 
 def as_work(rec: Any) -> Work:

@@ -27,7 +27,6 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from bubbletea_agent.admission import AdmissionConfig, GuardConfig
-from bubbletea_agent.engine import ModelSpec
 from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS
 from bubbletea_agent.requests import (
     FixedLength,
@@ -36,6 +35,12 @@ from bubbletea_agent.requests import (
     RequestSourceConfig,
     TraceSource,
     UniformLength,
+)
+from testbed_core.contracts.bubbletea import (
+    BubbleTeaSettings,
+    KVDestination,
+    LivePaths,
+    PrefillModelSpec,
 )
 
 
@@ -110,7 +115,7 @@ class AgentConfig(_M):
     slots: Path
     out_dir: Path
     epoch: float | None = None  # time.time() of request time zero; None: when the first slot is announced
-    model: ModelSpec = Field(default_factory=ModelSpec)
+    model: PrefillModelSpec = Field(default_factory=PrefillModelSpec)
     requests: RequestSourceConfig
     admission: AdmissionConfig = Field(default_factory=AdmissionConfig)
     guard: GuardConfig = Field(default_factory=GuardConfig)
@@ -185,14 +190,8 @@ def load_config(path: str | Path) -> AgentConfig:
     return parse_config(data, str(path))
 
 
-def _get(obj: Any, key: str, default: Any = None) -> Any:
-    if isinstance(obj, dict):
-        return obj.get(key, default)
-    return getattr(obj, key, default)
-
-
 def config_from_scenario(
-    bubbletea: Any,
+    bubbletea: BubbleTeaSettings,
     *,
     device: dict[str, Any],
     slots: str | Path,
@@ -202,47 +201,46 @@ def config_from_scenario(
     duration_s: float,
     epoch: float | None = None,
     seed: int = 1,
-    decode: dict[str, Any] | None = None,
+    decode: KVDestination | None = None,
     owner: str | None = None,
     base_dir: str | Path | None = None,
     kv_wire_scale: float = 1.0,
-    live: dict[str, Any] | None = None,
+    live: LivePaths | None = None,
     arrivals_until_iteration: int | None = None,
     nice: int | None = None,
     realtime_holds: bool = False,
 ) -> AgentConfig:
-    """One agent's configuration from a scenario's `bubbletea:` section (a dict or the
-    scenario's pydantic model). The request rate there is for the whole cluster: every
-    agent draws the same seeded stream and keeps its own shard of it."""
-    req = _get(bubbletea, "requests", {}) or {}
-    deadline = _get(req, "deadline")
+    """One agent's configuration from a scenario's validated `bubbletea:` section. The
+    request rate there is for the whole cluster: every agent draws the same seeded
+    stream and keeps its own shard of it. With no model in the section, the device
+    decides: Llama-3-8B where it is modelled, the tiny preset (what a CPU can run) where
+    it is real."""
+    req = bubbletea.requests
     shard = {"shard_index": shard_index, "shard_count": shard_count}
-    trace = _get(req, "trace")
-    if trace:
-        path = Path(trace)
+    if req.trace:
+        path = Path(req.trace)
         if base_dir is not None and not path.is_absolute():
             path = Path(base_dir) / path
-        source: Any = TraceSource(path=path, deadline_s=deadline, **shard)
+        source: Any = TraceSource(path=path, deadline_s=req.deadline, **shard)
     else:
-        pt = _get(req, "prompt_tokens", {}) or {}
-        dist, mean = _get(pt, "dist", "lognormal"), float(_get(pt, "mean", 512))
-        lo, hi = int(_get(pt, "min", 16)), int(_get(pt, "max", 4096))
-        if dist == "fixed":
-            lengths: Any = FixedLength(tokens=int(round(mean)))
-        elif dist == "uniform":
-            lengths = UniformLength(min=lo, max=hi)
+        pt = req.prompt_tokens
+        if pt.dist == "fixed":
+            lengths: Any = FixedLength(tokens=int(round(pt.mean)))
+        elif pt.dist == "uniform":
+            lengths = UniformLength(min=pt.min, max=pt.max)
         else:
-            lengths = LogNormalLength(mean=mean, sigma=float(_get(pt, "sigma", 0.6)), min=lo, max=hi)
-        source = PoissonSource(rate_per_s=float(_get(req, "rate", 5.0)), lengths=lengths, seed=seed,
-                               duration_s=duration_s, deadline_s=deadline, **shard)
-    chunk_raw = _get(bubbletea, "chunk_tokens", "auto")
-    if chunk_raw == "auto":
+            lengths = LogNormalLength(mean=pt.mean, sigma=pt.sigma, min=pt.min, max=pt.max)
+        source = PoissonSource(rate_per_s=req.rate, lengths=lengths, seed=seed,
+                               duration_s=duration_s, deadline_s=req.deadline, **shard)
+    if bubbletea.chunk_tokens == "auto":
         admission: dict[str, Any] = {"chunking": True}
     else:
-        chunk = int(chunk_raw or 0)
+        chunk = bubbletea.chunk_tokens
         admission = {"chunking": chunk > 0, **({"max_chunk_tokens": chunk} if chunk > 0 else {})}
-    model = dict(_get(bubbletea, "model", {}) or {})
-    window = _get(bubbletea, "window", "live")
+    model = bubbletea.model
+    if model is None:
+        model = PrefillModelSpec(preset="llama-3-8b" if device.get("mode", "modelled") == "modelled" else "tiny")
+    window = bubbletea.window
     if live is None and window != "planned":
         window = "planned"  # no live status published (e.g. a hand-made job): predictions only
     data: dict[str, Any] = {
@@ -254,10 +252,10 @@ def config_from_scenario(
         "model": model,
         "requests": source.model_dump(),
         "admission": admission,
-        "guard": {"initial_rel": float(_get(bubbletea, "guard", 0.05))},
-        "decode": decode,
+        "guard": {"initial_rel": bubbletea.guard},
+        "decode": None if decode is None else decode.model_dump(),
         "kv_wire_scale": kv_wire_scale,
-        "live": live,
+        "live": None if live is None else live.model_dump(),
         "window": window,
         "arrivals_until_iteration": arrivals_until_iteration,
         "nice": nice,

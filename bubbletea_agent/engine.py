@@ -11,6 +11,9 @@ Two modes, and every result says which one ran:
   and dtype. Caches too large to hold are materialised scaled down (fewer layers first,
   then fewer tokens) and say so: `KVCache.scale` < 1, `logical_shape` the true shape.
 
+The model's shape is a `PrefillModelSpec` (testbed_core/contracts/bubbletea.py: the
+scenario validates it too); the torch side of it (dtype, LlamaConfig) is here.
+
 KV layout: `keys` and `values` are each [layers, batch, kv_heads, tokens, head_dim]
 (per layer: [batch, kv_heads, tokens, head_dim], the layout of transformers' caches).
 """
@@ -25,30 +28,10 @@ from pathlib import Path
 from typing import Any, Protocol
 
 import torch
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from testbed_core.contracts.bubbletea import PrefillModelSpec
 
 _DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}
-
-# Llama shapes people ask about; any LlamaConfig field may override a preset.
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096),
-    "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=4096, max_position_embeddings=8192),
-    "llama-3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         max_position_embeddings=131072),
-    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                       max_position_embeddings=4096),
-    "llama-3-8b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
-                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                       max_position_embeddings=8192),
-    "llama-3-70b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672,
-                        num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
-                        max_position_embeddings=8192),
-}
-
 
 class EngineError(RuntimeError):
     """The prefill engine cannot be built or run as configured; says what to change."""
@@ -62,92 +45,24 @@ class StartedLate(Exception):  # noqa: N818 - a signal, not a failure
 StartCheck = Callable[[], None]
 
 
-class ModelSpec(BaseModel):
-    """Shape of the prefill model: a preset name and/or LlamaConfig fields."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    preset: str | None = "tiny"
-    num_hidden_layers: int = Field(default=0, ge=0)
-    hidden_size: int = Field(default=0, ge=0)
-    intermediate_size: int = Field(default=0, ge=0)
-    num_attention_heads: int = Field(default=0, ge=0)
-    num_key_value_heads: int = Field(default=0, ge=0)
-    vocab_size: int = Field(default=0, ge=0)
-    max_position_embeddings: int = Field(default=0, ge=0)
-    head_dim: int = Field(default=0, ge=0)
-    dtype: str = "bfloat16"
-    seed: int = 0
-    weights: Path | None = None  # a local directory saved with save_pretrained()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _fill(cls, data: Any) -> Any:
-        if not isinstance(data, dict):
-            return data
-        data = dict(data)
-        preset = data.get("preset", "tiny")
-        if preset is not None:
-            if preset not in PRESETS:
-                raise ValueError(f"unknown model preset {preset!r} (presets: {', '.join(PRESETS)})")
-            for key, value in PRESETS[preset].items():
-                data.setdefault(key, value)
-        return data
-
-    @model_validator(mode="after")
-    def _check(self) -> ModelSpec:
-        for name in ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-                     "num_key_value_heads", "vocab_size", "max_position_embeddings"):
-            if getattr(self, name) <= 0:
-                raise ValueError(f"model field {name} must be > 0 (set it, or name a preset)")
-        if self.dtype not in _DTYPES:
-            raise ValueError(f"model dtype {self.dtype!r} unknown (one of {', '.join(_DTYPES)})")
-        if self.num_attention_heads % self.num_key_value_heads:
-            raise ValueError(f"num_attention_heads ({self.num_attention_heads}) must be a multiple of "
-                             f"num_key_value_heads ({self.num_key_value_heads})")
-        if not self.head_dim and self.hidden_size % self.num_attention_heads:
-            raise ValueError(f"hidden_size ({self.hidden_size}) must be a multiple of "
-                             f"num_attention_heads ({self.num_attention_heads}), or set head_dim")
-        return self
-
-    @property
-    def kv_head_dim(self) -> int:
-        return self.head_dim or self.hidden_size // self.num_attention_heads
-
-    @property
-    def torch_dtype(self) -> torch.dtype:
-        return _DTYPES[self.dtype]
-
-    @property
-    def bytes_per_elem(self) -> int:
-        return torch.empty((), dtype=self.torch_dtype).element_size()
-
-    def kv_shape(self, tokens: int, batch: int = 1) -> tuple[int, int, int, int, int]:
-        return (self.num_hidden_layers, batch, self.num_key_value_heads, tokens, self.kv_head_dim)
-
-    def kv_bytes(self, tokens: int, batch: int = 1) -> int:
-        """Bytes of K plus V for `tokens` tokens."""
-        return 2 * math.prod(self.kv_shape(tokens, batch)) * self.bytes_per_elem
-
-    def params(self) -> int:
-        """Parameter count (embeddings and LM head included, untied)."""
-        h, i, L = self.hidden_size, self.intermediate_size, self.num_hidden_layers
-        d, q, kv = self.kv_head_dim, self.num_attention_heads, self.num_key_value_heads
-        per_layer = h * d * (q + 2 * kv) + q * d * h + 3 * h * i + 2 * h
-        return L * per_layer + 2 * self.vocab_size * h + h
-
-    def llama_config(self) -> Any:
-        from transformers import LlamaConfig
-
-        fields = {k: getattr(self, k) for k in (
-            "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
-            "num_key_value_heads", "vocab_size", "max_position_embeddings")}
-        if self.head_dim:
-            fields["head_dim"] = self.head_dim
-        return LlamaConfig(**fields)
+def torch_dtype(spec: PrefillModelSpec) -> torch.dtype:
+    """The torch dtype of the model's weights and KV cache."""
+    return _DTYPES[spec.dtype]
 
 
-def compute_spec(spec: ModelSpec) -> Any:
+def llama_config(spec: PrefillModelSpec) -> Any:
+    """The transformers LlamaConfig of this shape."""
+    from transformers import LlamaConfig
+
+    fields = {k: getattr(spec, k) for k in (
+        "num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+        "num_key_value_heads", "vocab_size", "max_position_embeddings")}
+    if spec.head_dim:
+        fields["head_dim"] = spec.head_dim
+    return LlamaConfig(**fields)
+
+
+def compute_spec(spec: PrefillModelSpec) -> Any:
     """The same model in the compute model's terms (Llama: gated MLP, no biases, rotary
     positions, untied head)."""
     from testbed_core.compute_model import ModelSpec as CMSpec
@@ -173,7 +88,7 @@ def chunk_flops(cm_spec: Any, tokens: int, context: int = 0) -> float:
     return cm_spec.layers * per_layer + logits_forward_flops(cm_spec, 1, 1)
 
 
-def compute_model_charge(spec: ModelSpec, compute_model: Any) -> Callable[[int, int], float]:
+def compute_model_charge(spec: PrefillModelSpec, compute_model: Any) -> Callable[[int, int], float]:
     """seconds(tokens, context) the compute model charges for a prefill chunk: the
     roofline of its FLOPs and of reading the weights once."""
     from testbed_core.compute_model import layer_params
@@ -242,7 +157,7 @@ class DeviceLike(Protocol):
 
 class PrefillEngine(Protocol):
     mode: str
-    spec: ModelSpec
+    spec: PrefillModelSpec
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
@@ -271,7 +186,7 @@ class TransformersEngine:
 
     mode = "real"
 
-    def __init__(self, spec: ModelSpec, device: str = "auto", cpu_max_params: int = 300_000_000) -> None:
+    def __init__(self, spec: PrefillModelSpec, device: str = "auto", cpu_max_params: int = 300_000_000) -> None:
         os.environ.setdefault("HF_HUB_OFFLINE", "1")
         from transformers import LlamaForCausalLM
 
@@ -282,7 +197,7 @@ class TransformersEngine:
                 f"model of {spec.params() / 1e6:.0f}M parameters is too large for CPU prefill "
                 f"(limit {cpu_max_params / 1e6:.0f}M): use a GPU, a smaller model (preset 'tiny' or "
                 f"'small'), or a modelled device")
-        dtype = spec.torch_dtype
+        dtype = torch_dtype(spec)
         if self.torch_device == "cpu" and dtype == torch.float16:
             dtype = torch.float32  # fp16 matmuls are slow or missing on CPU
         self.dtype = dtype
@@ -303,7 +218,7 @@ class TransformersEngine:
                 target.index if target.index is not None else torch.cuda.current_device()]
             with torch.random.fork_rng(devices=rng), target:
                 torch.manual_seed(spec.seed)
-                model = LlamaForCausalLM(spec.llama_config()).to(dtype)
+                model = LlamaForCausalLM(llama_config(spec)).to(dtype)
         self.model = model.to(self.torch_device).eval()
         self._gen = torch.Generator().manual_seed(spec.seed)
 
@@ -357,14 +272,6 @@ class TransformersEngine:
         values = torch.stack([layer.values for layer in partial.layers])
         return KVCache(keys, values, tuple(keys.shape), self.mode)
 
-    def time_prefill(self, tokens: int) -> float:
-        """Seconds of one prefill of `tokens` tokens (for profiling)."""
-        import time
-
-        t0 = time.perf_counter()
-        self.forward(tokens, None)
-        return time.perf_counter() - t0
-
 
 # --------------------------------------------------------------------------- modelled
 
@@ -374,7 +281,7 @@ class ModelledEngine:
 
     mode = "modelled"
 
-    def __init__(self, spec: ModelSpec, seconds_fn: Callable[[int, int], float],
+    def __init__(self, spec: PrefillModelSpec, seconds_fn: Callable[[int, int], float],
                  materialise_limit_bytes: int = 64 << 20, fill: str = "zeros", wire_scale: float = 1.0) -> None:
         if fill not in ("zeros", "random"):
             raise EngineError(f"KV fill {fill!r}: use 'zeros' or 'random'")
@@ -386,7 +293,7 @@ class ModelledEngine:
         self.limit = materialise_limit_bytes
         self.fill = fill
         self._gen = torch.Generator().manual_seed(spec.seed)
-        self._zero = torch.zeros(0, dtype=spec.torch_dtype)
+        self._zero = torch.zeros(0, dtype=torch_dtype(spec))
 
     def _zeros(self, shape: tuple[int, ...]) -> torch.Tensor:
         """A read-only zero tensor of `shape`: a view of one cached buffer, so a modelled
@@ -394,7 +301,7 @@ class ModelledEngine:
         n = math.prod(shape)
         if self._zero.numel() < n:
             cap = self.limit // (2 * self.spec.bytes_per_elem)
-            self._zero = torch.zeros(max(n, min(2 * self._zero.numel(), cap)), dtype=self.spec.torch_dtype)
+            self._zero = torch.zeros(max(n, min(2 * self._zero.numel(), cap)), dtype=torch_dtype(self.spec))
         return self._zero[:n].view(shape)
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
@@ -436,7 +343,7 @@ class ModelledEngine:
             return partial
         tokens = int(partial)
         shape = self.materialised_shape(tokens)
-        dtype = self.spec.torch_dtype
+        dtype = torch_dtype(self.spec)
         if self.fill == "zeros":
             keys = values = self._zeros(shape)
         else:
@@ -445,7 +352,7 @@ class ModelledEngine:
         return KVCache(keys, values, self.spec.kv_shape(tokens), self.mode)
 
 
-def build_engine(mode: str, spec: ModelSpec, *, seconds_fn: Callable[[int, int], float] | None = None,
+def build_engine(mode: str, spec: PrefillModelSpec, *, seconds_fn: Callable[[int, int], float] | None = None,
                  torch_device: str = "auto", materialise_limit_bytes: int = 64 << 20) -> PrefillEngine:
     if mode == "real":
         return TransformersEngine(spec, torch_device)

@@ -15,7 +15,7 @@ import csv
 import enum
 import math
 from collections import Counter
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass, field
 from datetime import datetime
 from pathlib import Path
@@ -413,6 +413,3 @@ class RequestLedger:
                 raise LedgerError(f"request {rec.id!r} served without a TTFT")
             if rec.status == Status.REJECTED and not rec.reason:
                 raise LedgerError(f"request {rec.id!r} rejected without a reason")
-
-    def to_rows(self) -> Sequence[dict[str, Any]]:
-        return [rec.to_json() for rec in self.records.values()]

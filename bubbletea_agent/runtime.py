@@ -1,6 +1,6 @@
 """Wiring the agent to the real world: the host's emulated GPU (testbed_core.device), the
-compute model, the slot file, the device timeline file, atlas_transport to the decode
-host, and the output files.
+compute model, the slot file, the device timeline file (`TimelineTail`, over the shared
+JSON-lines tailer of tail.py), atlas_transport to the decode host, and the output files.
 
 Outputs in `out_dir`:
 * `requests.jsonl`: one line per request as it ends (id, arrival, start, end, ttft,
@@ -24,25 +24,49 @@ from pathlib import Path
 from typing import Any
 
 from bubbletea_agent.admission import AdaptiveGuard, Admission
-from bubbletea_agent.agent import Agent, TimelineTail, WallClock
+from bubbletea_agent.agent import Agent, WallClock, Work
 from bubbletea_agent.config import AgentConfig, DeviceConfig
 from bubbletea_agent.engine import (
     EngineError,
     ModelledEngine,
-    ModelSpec,
     TransformersEngine,
     compute_model_charge,
 )
 from bubbletea_agent.latency import FunctionLatency, LatencyModel, fit, profile
 from bubbletea_agent.requests import Reason, load_requests
 from bubbletea_agent.slots import SlotFeed, SlotTracker
+from bubbletea_agent.tail import JsonlTail
+from testbed_core.contracts.bubbletea import PrefillModelSpec
 
 log = logging.getLogger(__name__)
 
 _CM_DTYPE = {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}
 
 
-def compute_model_for(dev: DeviceConfig, spec: ModelSpec) -> Any:
+class TimelineTail:
+    """The agent's view of a device timeline (one JSON line per finished piece of work)."""
+
+    def __init__(self, path: str | Path) -> None:
+        self._tail = JsonlTail(path)
+
+    @property
+    def path(self) -> Path:
+        return self._tail.path
+
+    def poll(self) -> list[Work]:
+        """Work finished since the previous poll; an unreadable line is logged and skipped."""
+        out = []
+        for _, raw in self._tail.poll():
+            try:
+                d = json.loads(raw)
+                out.append(Work(d["kind"], d["owner"], d.get("label", ""), float(d.get("requested", d["start"])),
+                                float(d["start"]), float(d["end"])))
+            except (ValueError, KeyError, TypeError):
+                log.warning("%s: skipping unreadable timeline line %r", self.path, raw[:80])
+        return out
+
+
+def compute_model_for(dev: DeviceConfig, spec: PrefillModelSpec) -> Any:
     """The compute model that charges this device (same GPU figures as the worker's)."""
     from testbed_core.compute_model import ComputeModel, GpuSpec, gpu_spec, load_profile
 
@@ -107,10 +131,10 @@ LONGEST_UNCHUNKED = 4096  # profile this far when admission may run whole prompt
 
 def profile_lengths(cfg: AgentConfig, torch_device: str) -> list[int]:
     """The prompt lengths to time at start. On a GPU the short lengths sit on the
-    kernel-launch floor (~23 ms for an 8B Llama on an H200 up to ~512 tokens), so
-    their slope is noise and extrapolating it to a long chunk mispredicts it by 2x
-    either way: there the profile doubles on up to the longest chunk admission may
-    run (capped at the model's context). On a CPU the configured lengths are
+    kernel-launch floor (bubbletea_agent/README.md), so their slope is noise and
+    extrapolating it to a long chunk mispredicts it badly either way: there the
+    profile doubles on up to the longest chunk admission may run (capped at the
+    model's context). On a CPU the configured lengths are
     compute-bound already and the fit extrapolates well."""
     lengths = sorted(set(cfg.profile.lengths))
     if torch_device == "cpu":

@@ -6,7 +6,9 @@ The simulated training worker asks for the device for each piece of its schedule
 the piece's planned time, or when its previous piece ends if that is later (the
 pipeline dependency), and waits if a prefill holds the device: a prefill that
 overruns its slot delays training here exactly as it would on the emulated GPU, and
-the timeline shows it (`requested` < `start`).
+the timeline shows it (`requested` < `start`). `simulate_agent` plays a whole run and
+returns an `AgentSimResult` (not to be confused with testbed_core.simulate, the
+pipeline-schedule simulator).
 """
 
 from __future__ import annotations
@@ -218,7 +220,7 @@ def periodic_schedule(
 
 
 @dataclass
-class SimResult:
+class AgentSimResult:
     agent: Any  # bubbletea_agent.agent.Agent
     device: SimDevice
     schedule: Schedule
@@ -235,7 +237,7 @@ class SimResult:
         return [r.start - r.requested for r in self.device.records if r.kind != "prefill"]
 
 
-def simulate(
+def simulate_agent(
     schedule: Schedule,
     requests: Sequence[Any],
     charge: Callable[[int, int], float],
@@ -247,20 +249,21 @@ def simulate(
     epoch: float | None = None,
     spec: Any = None,
     **agent_kw: Any,
-) -> SimResult:
+) -> AgentSimResult:
     """Run the real agent loop against `schedule` in virtual time.
 
     `charge(tokens, context)` is what a prefill chunk really costs on the simulated
     device; `predict` what the agent believes (default: the same, a perfect model)."""
     from bubbletea_agent.admission import AdaptiveGuard, Admission, AdmissionConfig
     from bubbletea_agent.agent import Agent
-    from bubbletea_agent.engine import ModelledEngine, ModelSpec
+    from bubbletea_agent.engine import ModelledEngine
     from bubbletea_agent.latency import FunctionLatency
     from bubbletea_agent.slots import SlotTracker
+    from testbed_core.contracts.bubbletea import PrefillModelSpec
 
     clock = FakeClock(schedule.t0 - 1.0)
     device = SimDevice(clock, list(schedule.pieces))
-    engine = ModelledEngine(spec or ModelSpec(preset="tiny"), charge)
+    engine = ModelledEngine(spec or PrefillModelSpec(preset="tiny"), charge)
     model = FunctionLatency(predict or charge, source="sim")
     rows: list[dict[str, Any]] = []
     agent = Agent(
@@ -273,4 +276,4 @@ def simulate(
     agent.run(until=schedule.t1 + 1.0)
     summary = agent.finish()
     device.finish_training()
-    return SimResult(agent, device, schedule, summary, rows)
+    return AgentSimResult(agent, device, schedule, summary, rows)

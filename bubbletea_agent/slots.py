@@ -38,6 +38,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bubbletea_agent.tail import JsonlTail
+
 PROTOCOL_VERSION = 1
 
 
@@ -145,31 +147,17 @@ class SlotFeed:
     """Agent side: tail the publication file; a missing file means nothing published yet."""
 
     def __init__(self, path: str | os.PathLike) -> None:
-        self.path = Path(path)
-        self._offset = 0
-        self._partial = b""
-        self._line = 0
+        self._tail = JsonlTail(path)
+        self.path = self._tail.path
 
     def poll(self) -> list[Slot | EndOfSlots]:
-        try:
-            with self.path.open("rb") as f:
-                f.seek(self._offset)
-                data = f.read()
-        except FileNotFoundError:
-            return []
-        if not data:
-            return []
-        self._offset += len(data)
-        data = self._partial + data
-        *lines, self._partial = data.split(b"\n")
         out: list[Slot | EndOfSlots] = []
-        for raw in lines:
-            self._line += 1
+        for line, raw in self._tail.poll():
             try:
                 text = raw.decode()
             except UnicodeDecodeError:
-                raise SlotFormatError(f"{self.path}:{self._line}: not UTF-8 text") from None
-            msg = parse_line(text, f"{self.path}:{self._line}")
+                raise SlotFormatError(f"{self.path}:{line}: not UTF-8 text") from None
+            msg = parse_line(text, f"{self.path}:{line}")
             if msg is not None:
                 out.append(msg)
         return out

@@ -216,16 +216,17 @@ def measure_device(n: int = 8192) -> dict[str, Any]:
 
 def measure_prefill(lengths: list[int], reps: int, efficiency: float | None,
                     model: dict[str, Any] | None = None) -> dict[str, Any]:
-    from bubbletea_agent.engine import ModelSpec, TransformersEngine, chunk_flops, compute_spec
+    from bubbletea_agent.engine import TransformersEngine, chunk_flops, compute_spec
     from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS
     from bubbletea_agent.runtime import profile_on_device
     from testbed_core.compute_model import ComputeModel, gpu_spec, layer_params
+    from testbed_core.contracts.bubbletea import PrefillModelSpec
     from testbed_core.device import Device
 
     scenario = yaml.safe_load((ROOT / "scenarios" / "atlas-2dc-bubbletea.yaml").read_text())
     model = model or scenario["bubbletea"]["model"]
     eff = efficiency if efficiency is not None else float(scenario["workload"]["gpu"]["efficiency"])
-    spec = ModelSpec(**model)
+    spec = PrefillModelSpec(**model)
     sync()
     t0 = time.perf_counter()
     engine = TransformersEngine(spec, device=DEV)
@@ -321,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", default="128,512,1024,2048,4096,8192")
     ap.add_argument("--efficiency", type=float, default=None,
                     help="compute model efficiency (default: the BubbleTea scenario's workload.gpu)")
-    ap.add_argument("--model", default=None, help="prefill model as JSON ModelSpec fields "
+    ap.add_argument("--model", default=None, help="prefill model as JSON PrefillModelSpec fields "
                     "(default: the BubbleTea scenario's)")
     ap.add_argument("--matmul-n", type=int, default=8192)
     ap.add_argument("--skip", default="", help="comma-separated sections to skip")

@@ -17,7 +17,6 @@ timelines) and the slowdown against the same variant without agents (`bubbletea_
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import subprocess
 import sys
@@ -28,7 +27,15 @@ from typing import Any
 
 from testbed.run.common import REPO_ROOT, RunnerError, log_tail, path_links
 from testbed.run.network import Network
-from testbed.run.scenario import DECODE_SAME_DC, Scenario
+from testbed.run.scenario import Scenario
+from testbed_core.contracts.bubbletea import (
+    DECODE_SAME_DC,
+    AgentDevice,
+    AgentJob,
+    KVDestination,
+    LivePaths,
+)
+from testbed_core.contracts.worker_job import TrainJob
 
 DECODE_PORT_OFFSET = 3000  # decode server ports: runner.base_port + this (+ k for the k-th server)
 DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
@@ -38,18 +45,14 @@ AGENT_NICE = -10
 DECODE_NICE = 10
 
 
-def agent_available() -> bool:
-    return importlib.util.find_spec("bubbletea_agent.__main__") is not None
-
-
-def agent_command(job: Mapping[str, Any], agent_job_path: Path) -> list[str]:
-    """How a BubbleTea agent is started next to a worker: on the worker's host, with a
-    job file naming the shared device (name, run_dir), the slot feed the worker
-    writes (slots_path) and the scenario's bubbletea settings."""
+def agent_command(agent_job_path: Path) -> list[str]:
+    """How a BubbleTea agent is started next to a worker (on the worker's host): with
+    its job file (an AgentJob: the shared device, the slot feed the worker writes, the
+    scenario's bubbletea settings)."""
     return [sys.executable, "-m", "bubbletea_agent", str(agent_job_path)]
 
 
-def decode_hosts(scenario: Scenario, jobs: Mapping[str, dict[str, Any]]) -> dict[str, str | None]:
+def decode_hosts(scenario: Scenario, jobs: Mapping[str, TrainJob]) -> dict[str, str | None]:
     """Where each worker's agent ships its KV caches (worker -> decode host, None: no
     shipping). 'same-dc': one decode server per DC, on the DC's last host, so caches
     cross the DC's LAN only; a host name: that host for every agent."""
@@ -59,7 +62,7 @@ def decode_hosts(scenario: Scenario, jobs: Mapping[str, dict[str, Any]]) -> dict
     if host != DECODE_SAME_DC:
         return {w: host for w in jobs}
     last = {dc.name: f"{dc.name}-{dc.hosts[-1]}" for dc in scenario.topology.dcs}
-    return {w: last[j["host"].split("-", 1)[0]] for w, j in jobs.items()}
+    return {w: last[j.host.split("-", 1)[0]] for w, j in jobs.items()}
 
 
 def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool]:
@@ -72,10 +75,10 @@ def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool
     return rate, not local
 
 
-def build_agent_jobs(jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario, workload: Any,
+def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, workload: Any,
                      base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
-                     local: bool = False, duration_s: float = 600.0) -> dict[str, dict]:
-    """The job file of the BubbleTea agent next to each worker (bubbletea_agent/job.py):
+                     local: bool = False, duration_s: float = 600.0) -> dict[str, AgentJob]:
+    """The job of the BubbleTea agent next to each worker (testbed_core/contracts/bubbletea.py):
     the worker's device, slot feed and live status, the scenario's bubbletea section,
     this agent's share of the cluster's request rate, what a prefill costs on the
     workload's GPU, the run's iterations (requests stop arriving at the last one), and
@@ -84,39 +87,37 @@ def build_agent_jobs(jobs: Mapping[str, dict[str, Any]], folder: Path, scenario:
     to this agent's share of bubbletea.kv_wan_rate. Pure: no I/O."""
     bt = scenario.bubbletea
     wan_shippers = [w for w, d in decode.items()
-                    if d is not None and kv_path(scenario.topology, jobs[w]["host"], d["host"], local)[1]]
+                    if d is not None and kv_path(scenario.topology, jobs[w].host, d["host"], local)[1]]
     out = {}
     for k, (wid, job) in enumerate(sorted(jobs.items())):
         dest = decode.get(wid)
         ship = None
         if dest is not None:
-            rate, wan = kv_path(scenario.topology, job["host"], dest["host"], local)
-            ship = {"host": dest["ip"], "port": dest["port"], "streams": DECODE_STREAMS, "rest_rate_bps": rate}
-            if wan and bt.kv_wan_rate is not None:
-                ship["max_rate_bps"] = bt.kv_wan_rate / len(wan_shippers)
-        out[wid] = {
-            "device": job["device"], "slots_path": job["slots_path"], "worker": wid, "host": job["host"],
-            "bubbletea": bt.model_dump(), "seed": scenario.seed,
-            "out": str(folder / "agents" / f"{wid}.json"), "ready": str(folder / "agents" / f"{wid}.ready"),
-            "agent_index": k, "agent_count": len(jobs), "iterations": iterations, "duration_s": duration_s,
-            "gpu": workload.gpu.model_dump(), "tp": workload.parallelism.tp, "base_dir": base_dir,
-            "wire_scale": bt.kv_wire_scale, "decode": ship, "nice": AGENT_NICE, "realtime_holds": True,
-            "live": None if not job.get("live") else {
-                "status": job["live"]["status_path"], "wake": job["live"]["wake_path"],
-                "gate": str(Path(job["live"]["status_path"]).parent / "gate.status")},
-        }
+            rate, wan = kv_path(scenario.topology, job.host, dest["host"], local)
+            paced = bt.kv_wan_rate / len(wan_shippers) if wan and bt.kv_wan_rate is not None else None
+            ship = KVDestination(host=dest["ip"], port=dest["port"], streams=DECODE_STREAMS, rest_rate_bps=rate,
+                                 max_rate_bps=paced)
+        live, device = job.live, job.device
+        out[wid] = AgentJob(
+            device=AgentDevice(name=device.name, run_dir=device.run_dir, mode=device.mode,
+                               time_scale=device.time_scale, torch_device=device.torch_device),
+            slots_path=job.slots_path, worker=wid, host=job.host, bubbletea=bt, seed=scenario.seed,
+            out=folder / "agents" / f"{wid}.json", ready=folder / "agents" / f"{wid}.ready",
+            agent_index=k, agent_count=len(jobs), iterations=iterations, duration_s=duration_s,
+            gpu=workload.gpu, tp=workload.parallelism.tp, base_dir=base_dir,
+            wire_scale=bt.kv_wire_scale, decode=ship, nice=AGENT_NICE, realtime_holds=True,
+            live=None if live is None else LivePaths(status=live.status_path, wake=live.wake_path,
+                                                     gate=Path(live.status_path).parent / "gate.status"),
+        )
     return out
 
 
-def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path, scenario: Scenario,
+def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario,
                  workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
                  logs: dict[str, Path], handles: list,
                  duration_s: float = 600.0) -> tuple[dict[str, subprocess.Popen], dict[str, subprocess.Popen]]:
     """The decode servers (bubbletea.decode_host), then one BubbleTea agent per worker
     device on the worker's host (`agent_command`). Returns (agents, decode servers)."""
-    if not agent_available():
-        raise RunnerError("bubbletea variants need the BubbleTea agent's command line (python -m bubbletea_agent), "
-                          "which is not installed yet; set bubbletea.enabled: false or drop the +bubbletea variants")
     (folder / "agents").mkdir(parents=True, exist_ok=True)
     servers: dict[str, subprocess.Popen] = {}
     where = decode_hosts(scenario, jobs)
@@ -137,12 +138,12 @@ def start_agents(net: Network, jobs: Mapping[str, dict[str, Any]], folder: Path,
                                   duration_s)
     for wid, agent_job in agent_jobs.items():
         path = folder / "jobs" / f"agent-{wid}.json"
-        path.write_text(json.dumps(agent_job, indent=1))
+        path.write_text(agent_job.model_dump_json(indent=1))
         name = f"agent-{wid}"
         logs[name] = folder / "logs" / f"{name}.log"
         fh = open(logs[name], "w")  # noqa: SIM115
         handles.append(fh)
-        procs[name] = net.host(jobs[wid]["host"]).popen(agent_command(jobs[wid], path), env=env, stdout=fh,
+        procs[name] = net.host(jobs[wid].host).popen(agent_command(path), env=env, stdout=fh,
                                                         stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
     return procs, servers
 

@@ -29,8 +29,9 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
     })
     out = tmp_path / "out"
     log = io.StringIO()
-    summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
+    run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
     print(log.getvalue())
+    summary = json.loads((out / "summary.json").read_text())  # what the run hands on: summary.json
     assert list(summary["variants"]) == ["atlas", "atlas+bubbletea"]
     plain, bt = summary["variants"]["atlas"], summary["variants"]["atlas+bubbletea"]
     assert "error" not in plain and "error" not in bt, (plain.get("error"), bt.get("error"))

@@ -1,6 +1,9 @@
-"""Admission decisions: fits, does not fit, chunking, guard adaptation."""
+"""Admission decisions (bubbletea_agent/admission.py): fits, does not fit, chunking,
+guard adaptation, and the layer-granular pieces of a preemptible hold."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from pydantic import ValidationError
@@ -13,7 +16,7 @@ from bubbletea_agent.admission import (
     GuardConfig,
     Pending,
 )
-from bubbletea_agent.latency import QuadraticLatency
+from bubbletea_agent.latency import FunctionLatency, QuadraticLatency
 from bubbletea_agent.requests import Request
 
 MODEL = QuadraticLatency(a=0.001, b=1e-5, c=0.0)  # 1 ms + 10 us/token
@@ -136,3 +139,62 @@ def test_too_long():
     whole = adm(chunking=False)
     assert "4000-token prefill" in whole.too_long(ok, 0.03)  # 41 ms needed
     assert whole.too_long(ok, 0.05) is None
+
+
+# ------------------------------------------------------------------ layer-granular pieces (preemptible holds)
+
+
+LAYERS = 4
+
+
+def layer_charge(tokens: int, context: int) -> float:
+    """4 ms per chunk (the weights) + 100 us per token."""
+    return 0.004 + 1e-4 * tokens
+
+
+def hold_admission(**cfg: Any) -> Admission:
+    return Admission(FunctionLatency(layer_charge), AdmissionConfig(**cfg),
+                     AdaptiveGuard(GuardConfig(initial_rel=0.0, rel_floor=0.0, abs_floor_s=0.0005)))
+
+
+def test_pieces_within_counts_layers_that_fit_with_the_guard() -> None:
+    a = hold_admission()
+    assert a.guard.hold_margin == 0.005  # no overrun seen yet: the ceiling
+    assert a.pieces_within(0.010, 4, 0.0455) == 4
+    assert a.pieces_within(0.010, 4, 0.0349) == 2  # 3 x 10 ms + 5 ms guard would not fit
+    assert a.pieces_within(0.010, 4, 0.0140) == 0
+    assert a.pieces_within(0.010, 2, 1.0) == 2  # never more than are left
+    assert a.pieces_within(0.010, 2, float("inf")) == 2
+
+
+def test_the_hold_guard_learns_how_late_layer_groups_end() -> None:
+    g = AdaptiveGuard(GuardConfig(abs_floor_s=0.0005, hold_ceiling_s=0.005, min_samples=4))
+    for late in (0.0001, 0.0002, 0.0001, 0.0003):
+        g.observe(0.010, 0.010 + late)
+    assert g.hold_margin == 0.0005  # small overruns: the floor
+    for _ in range(20):
+        g.observe(0.002, 0.004)  # 2 ms late, whatever the group's length
+    assert g.hold_margin == pytest.approx(0.002)
+    for _ in range(50):
+        g.observe(0.002, 0.050)
+    assert g.hold_margin == 0.005  # clamped: a stalled host is not what the guard is for
+
+
+def test_next_pieces_continues_the_started_chunk_first() -> None:
+    a = hold_admission()
+    started = Pending(Request("r1", 0.0, 1000), chunk_tokens=1000, chunk_pieces_done=3)
+    fresh = Pending(Request("r2", 0.1, 10))
+    run = a.next_pieces(0.5, [fresh, started], LAYERS, chunk_cap=2048)
+    assert run is not None and run.pending is started and run.pieces == 1 and run.finishes_chunk
+    assert run.piece_s == pytest.approx(layer_charge(1000, 0) / LAYERS)
+    # no room for its next layer: nothing else jumps ahead of it
+    assert a.next_pieces(0.02, [fresh, started], LAYERS, chunk_cap=2048) is None
+
+
+def test_next_pieces_cuts_new_chunks_at_the_cap() -> None:
+    a = hold_admission()
+    p = Pending(Request("r1", 0.0, 5000))
+    run = a.next_pieces(10.0, [p], LAYERS, chunk_cap=2048)
+    assert run.tokens == 2048 and run.pieces == LAYERS
+    capped = hold_admission(max_chunk_tokens=256).next_pieces(10.0, [p], LAYERS, chunk_cap=2048)
+    assert capped.tokens == 256

@@ -10,7 +10,6 @@ from pydantic import ValidationError
 from bubbletea_agent.engine import (
     EngineError,
     ModelledEngine,
-    ModelSpec,
     TransformersEngine,
     build_engine,
     chunk_flops,
@@ -19,8 +18,9 @@ from bubbletea_agent.engine import (
 )
 from bubbletea_agent.sim import FakeClock, SimDevice
 from testbed_core.compute_model import ComputeModel, gpu_spec, param_count, prefill_flops
+from testbed_core.contracts.bubbletea import PrefillModelSpec
 
-TINY = ModelSpec(preset="tiny", dtype="float32", seed=7)
+TINY = PrefillModelSpec(preset="tiny", dtype="float32", seed=7)
 
 
 @pytest.fixture(scope="module")
@@ -29,24 +29,24 @@ def tiny_engine():
 
 
 def test_spec_presets_overrides_and_errors():
-    s = ModelSpec(preset="llama-3-8b", num_hidden_layers=4)
+    s = PrefillModelSpec(preset="llama-3-8b", num_hidden_layers=4)
     assert s.num_hidden_layers == 4 and s.hidden_size == 4096 and s.kv_head_dim == 128
     assert s.kv_shape(100) == (4, 1, 8, 100, 128)
     assert s.kv_bytes(100) == 2 * 4 * 8 * 100 * 128 * 2
     with pytest.raises(ValidationError, match="unknown model preset 'gpt9'"):
-        ModelSpec(preset="gpt9")
+        PrefillModelSpec(preset="gpt9")
     with pytest.raises(ValidationError, match="multiple of num_key_value_heads"):
-        ModelSpec(preset="tiny", num_key_value_heads=3)
+        PrefillModelSpec(preset="tiny", num_key_value_heads=3)
     with pytest.raises(ValidationError, match="hidden_size must be > 0"):
-        ModelSpec(preset=None, num_hidden_layers=2)
+        PrefillModelSpec(preset=None, num_hidden_layers=2)
     with pytest.raises(ValidationError, match="dtype 'int8' unknown"):
-        ModelSpec(dtype="int8")
+        PrefillModelSpec(dtype="int8")
 
 
 def test_params_match_the_real_model_and_the_compute_model(tiny_engine):
     real = sum(p.numel() for p in tiny_engine.model.parameters())
     assert TINY.params() == real
-    big = ModelSpec(preset="llama-3-8b")
+    big = PrefillModelSpec(preset="llama-3-8b")
     assert param_count(compute_spec(big)) == pytest.approx(big.params(), rel=1e-3)
     assert 7.9e9 < big.params() < 8.1e9  # Llama-3-8B has 8.03 B parameters
 
@@ -104,22 +104,22 @@ def test_busy_device_runs_nothing(tiny_engine):
 
 def test_local_weights_load_and_bad_paths(tmp_path, tiny_engine):
     tiny_engine.model.save_pretrained(tmp_path / "w")
-    spec = ModelSpec(preset="tiny", dtype="float32", weights=tmp_path / "w")
+    spec = PrefillModelSpec(preset="tiny", dtype="float32", weights=tmp_path / "w")
     eng = TransformersEngine(spec, device="cpu")
     a = dict(tiny_engine.model.named_parameters())
     b = dict(eng.model.named_parameters())
     assert torch.equal(a["model.layers.0.mlp.up_proj.weight"], b["model.layers.0.mlp.up_proj.weight"])
     with pytest.raises(EngineError, match="not a directory"):
-        TransformersEngine(ModelSpec(weights=tmp_path / "missing"), device="cpu")
+        TransformersEngine(PrefillModelSpec(weights=tmp_path / "missing"), device="cpu")
     (tmp_path / "empty").mkdir()
     with pytest.raises(EngineError, match="cannot load"):
-        TransformersEngine(ModelSpec(weights=tmp_path / "empty"), device="cpu")
+        TransformersEngine(PrefillModelSpec(weights=tmp_path / "empty"), device="cpu")
 
 
 def test_random_weights_follow_the_seed():
-    a = TransformersEngine(ModelSpec(preset="tiny", seed=1), device="cpu")
-    b = TransformersEngine(ModelSpec(preset="tiny", seed=1), device="cpu")
-    c = TransformersEngine(ModelSpec(preset="tiny", seed=2), device="cpu")
+    a = TransformersEngine(PrefillModelSpec(preset="tiny", seed=1), device="cpu")
+    b = TransformersEngine(PrefillModelSpec(preset="tiny", seed=1), device="cpu")
+    c = TransformersEngine(PrefillModelSpec(preset="tiny", seed=2), device="cpu")
     w = "model.layers.1.self_attn.q_proj.weight"
     pa, pb, pc = (dict(e.model.named_parameters())[w] for e in (a, b, c))
     assert torch.equal(pa, pb) and not torch.equal(pa, pc)
@@ -127,11 +127,11 @@ def test_random_weights_follow_the_seed():
 
 def test_too_big_for_cpu():
     with pytest.raises(EngineError, match=r"8030M parameters is too large for CPU prefill.*modelled device"):
-        TransformersEngine(ModelSpec(preset="llama-3-8b"), device="cpu")
+        TransformersEngine(PrefillModelSpec(preset="llama-3-8b"), device="cpu")
 
 
 def test_compute_model_charge_and_chunk_flops():
-    spec = ModelSpec(preset="llama-3-8b")
+    spec = PrefillModelSpec(preset="llama-3-8b")
     cm_spec = compute_spec(spec)
     assert chunk_flops(cm_spec, 512, 0) == pytest.approx(prefill_flops(cm_spec, 512))
     # a chunk after context attends to more keys
@@ -147,7 +147,7 @@ def test_compute_model_charge_and_chunk_flops():
 def test_modelled_engine_holds_the_device_for_the_charge():
     clock = FakeClock(0.0)
     dev = SimDevice(clock, [], time_scale=2.0)
-    spec = ModelSpec(preset="llama-3-8b")
+    spec = PrefillModelSpec(preset="llama-3-8b")
     eng = ModelledEngine(spec, lambda n, p: 1e-4 * n + 1e-6 * p)
     r1 = eng.run_chunk(dev, "bt", "a:0", 100, 0, None)
     assert r1.record.end - r1.record.start == pytest.approx(2 * 0.01)  # time_scale applies
@@ -162,7 +162,7 @@ def test_modelled_engine_holds_the_device_for_the_charge():
 
 
 def test_modelled_kv_scaled_down_when_too_large():
-    spec = ModelSpec(preset="llama-3-70b")
+    spec = PrefillModelSpec(preset="llama-3-70b")
     eng = ModelledEngine(spec, lambda n, p: 0.0, materialise_limit_bytes=8 << 20)
     kv = eng.finish(8192)
     assert kv.logical_shape == (80, 1, 8, 8192, 128)

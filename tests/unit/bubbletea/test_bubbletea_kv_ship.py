@@ -1,5 +1,6 @@
 """KV shipping: wire format and acks over an in-process channel, with a real tiny
-model's cache; the same over atlas_transport on loopback when that transport exists."""
+model's cache; the same over atlas_transport on loopback; scaled-down caches (the rest
+charged at the link rate on a modelled queue) and pacing at a rate cap."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import time
 import pytest
 import torch
 
-from bubbletea_agent.engine import KVCache, ModelledEngine, ModelSpec, TransformersEngine
+from bubbletea_agent.engine import KVCache, ModelledEngine, TransformersEngine
 from bubbletea_agent.kv_ship import (
     TAG_HEADER,
     AsyncShipper,
@@ -20,11 +21,12 @@ from bubbletea_agent.kv_ship import (
     receive_one,
 )
 from bubbletea_agent.sim import FakeClock, SimDevice
+from testbed_core.contracts.bubbletea import PrefillModelSpec
 
 
 @pytest.fixture(scope="module")
 def real_kv() -> KVCache:
-    eng = TransformersEngine(ModelSpec(preset="tiny", dtype="bfloat16", seed=3), device="cpu")
+    eng = TransformersEngine(PrefillModelSpec(preset="tiny", dtype="bfloat16", seed=3), device="cpu")
     res = eng.run_chunk(SimDevice(FakeClock(), [], mode="real"), "bt", "r", 37, 0, None)
     return eng.finish(res.partial)
 
@@ -59,7 +61,7 @@ def test_real_cache_roundtrip(real_kv):
 
 
 def test_scaled_cache_pads_the_wire_to_the_true_size():
-    spec = ModelSpec(preset="llama-3-8b")
+    spec = PrefillModelSpec(preset="llama-3-8b")
     kv = ModelledEngine(spec, lambda n, p: 0.0, materialise_limit_bytes=1 << 20).finish(100)
     assert kv.scale < 1
     msgs = pack(0, "r", kv, pad_to_logical=True)
@@ -128,7 +130,6 @@ def test_async_shipper_turns_connect_failure_into_errors(real_kv):
 
 
 def test_real_cache_over_atlas_transport_loopback(real_kv):
-    transport = pytest.importorskip("atlas_transport.channel", reason="atlas_transport not built yet")
     from bubbletea_agent.kv_ship import DecodeServer, connect_shipper
 
     server = DecodeServer.start("127.0.0.1", 0, streams=2, secret=b"bt-test")
@@ -139,7 +140,6 @@ def test_real_cache_over_atlas_transport_loopback(real_kv):
         rx = server.wait_for(1, timeout=10)[0]
     finally:
         server.stop()
-    assert transport is not None
     assert rx.request_id == "atlas-1"
     assert torch.equal(rx.keys, real_kv.keys) and torch.equal(rx.values, real_kv.values)
     assert res.wire_bytes == real_kv.materialised_bytes
@@ -147,7 +147,7 @@ def test_real_cache_over_atlas_transport_loopback(real_kv):
 
 
 def test_wire_scale_ships_a_fraction_of_the_true_size():
-    spec = ModelSpec(preset="llama-3-8b")
+    spec = PrefillModelSpec(preset="llama-3-8b")
     eng = ModelledEngine(spec, lambda n, p: 0.0, wire_scale=0.1)
     kv = eng.finish(1000)
     assert kv.materialised_bytes <= 0.1 * kv.logical_bytes
@@ -176,3 +176,44 @@ def test_async_shipper_backlog_full_is_an_error_not_a_stall(real_kv):
     gate.set()
     ship.close()
     assert [r.request_id for r in ship.poll()] == ["a", "b", "c"]
+
+
+def test_the_rest_of_a_scaled_cache_is_charged_at_the_link_rate_and_queues() -> None:
+    import threading
+
+    spec = PrefillModelSpec(preset="llama-3-8b")
+    eng = ModelledEngine(spec, lambda n, p: 0.0, wire_scale=0.001)
+    kv = eng.finish(512)  # 64 MiB true size
+    a, b = MemoryChannel.pair()
+    got: list = []
+
+    def serve() -> None:
+        for _ in range(2):
+            got.append(receive_one(b))
+
+    t = threading.Thread(target=serve, daemon=True)
+    t.start()
+    shipper = KVShipper(a, pad_to_logical=True, wire_scale=0.001, rest_rate_bps=10e9)
+    r1 = shipper.ship("r1", kv)
+    r2 = shipper.ship("r2", kv)
+    t.join(5)
+    wire = round(kv.logical_bytes * 0.001)
+    assert r1.wire_bytes == wire == got[0].wire_bytes
+    rest = (kv.logical_bytes - wire) * 8 / 10e9  # ~54 ms at 10 Gbit/s
+    assert r1.modelled_s == pytest.approx(rest)
+    assert r2.arrival >= r1.arrival + rest - 1e-6  # the second waits for the first on the modelled link
+
+
+def test_pacing_spaces_caches_at_the_rate_cap() -> None:
+    a, b = MemoryChannel.pair()
+    import threading
+
+    kv = ModelledEngine(PrefillModelSpec(preset="tiny"), lambda n, p: 0.0).finish(100)
+    threading.Thread(target=lambda: [receive_one(b) for _ in range(1)], daemon=True).start()
+    now = {"t": 100.0}
+    slept: list[float] = []
+    shipper = KVShipper(a, max_rate_bps=8e3, clock=lambda: now["t"], sleep=slept.append)  # 1 kB/s
+    res = shipper.ship("r", kv)
+    assert slept == [pytest.approx(res.wire_bytes / 1e3)]
+    with pytest.raises(ShipError, match="max_rate_bps must be > 0"):
+        KVShipper(a, max_rate_bps=0)

@@ -1,8 +1,9 @@
-"""The agent against the real emulated GPU (testbed_core.device) in wall-clock time:
-a stand-in training worker shares the device and publishes its slots; the agent runs
-as its own process (modelled mode) or in-process with a real tiny Llama on the CPU and
-KV caches shipped over atlas_transport (real mode). Timing is never asserted tightly:
-the machine is shared."""
+"""The agent wired to the real world (bubbletea_agent/runtime.py) against the emulated
+GPU (testbed_core.device) in wall-clock time: a stand-in training worker shares the
+device and publishes its slots (or its live status); the agent runs as its own process
+(modelled mode, from a runner's job file), in-process with a real tiny Llama on the CPU
+and KV caches shipped over atlas_transport (real mode), or in-process filling the
+worker's live windows. Timing is never asserted tightly: the machine is shared."""
 
 from __future__ import annotations
 
@@ -15,9 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from bubbletea_agent.config import AgentConfigError, config_from_scenario, load_config, parse_config
+from bubbletea_agent.config import config_from_scenario, parse_config
+from bubbletea_agent.live import LiveReporter, Nudger, StatusWriter, status_path, wake_path
 from bubbletea_agent.metrics import guard_violations, read_request_rows, summarize
 from bubbletea_agent.slots import Slot, SlotPublisher
+from testbed_core.contracts.bubbletea import BubbleTeaSettings, LivePaths
 from testbed_core.device import Device
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,7 +67,7 @@ def test_agent_process_fills_bubbles_on_the_emulated_gpu(tmp_path):
                       "model": {"preset": "llama-3-8b"}},
         "seed": 5, "out": str(tmp_path / "agents" / "p0-s0.json"),
         "agent_index": 0, "agent_count": 2, "duration_s": 3.0,
-        "gpu": {"type": "H100", "efficiency": 0.5}, "some_runner_field": 1,
+        "gpu": {"type": "H100", "efficiency": 0.5},
     }
     (tmp_path / "agents").mkdir()
     (tmp_path / "job.json").write_text(json.dumps(job))
@@ -108,7 +111,6 @@ def test_agent_process_fills_bubbles_on_the_emulated_gpu(tmp_path):
 
 
 def test_real_tiny_llama_on_device_ships_kv_over_atlas(tmp_path):
-    pytest.importorskip("atlas_transport.channel")
     from bubbletea_agent.kv_ship import DecodeServer
     from bubbletea_agent.runtime import run
 
@@ -160,115 +162,9 @@ def test_real_tiny_llama_on_device_ships_kv_over_atlas(tmp_path):
         "device_utilization_training", "device_utilization", "guard_violations", "ttft_p50_s")}))
 
 
-def test_config_errors_name_the_file_and_field(tmp_path):
-    bad = tmp_path / "a.yaml"
-    bad.write_text("device: {name: x, run_dir: /tmp}\nslots: s\nout_dir: o\nrequests: {kind: poisson, rate_per_s: 1, lengths: {kind: fixed, tokens: 8}}\nfoo: 1\n")
-    with pytest.raises(AgentConfigError) as exc:
-        load_config(bad)
-    msg = str(exc.value)
-    assert "a.yaml: invalid BubbleTea agent configuration" in msg
-    assert "foo: unknown field" in msg and "requests.poisson: poisson request source needs duration_s or count" in msg
-    with pytest.raises(AgentConfigError, match="cannot read"):
-        load_config(tmp_path / "missing.yaml")
-    (tmp_path / "b.yaml").write_text("- 1\n")
-    with pytest.raises(AgentConfigError, match="is a mapping"):
-        load_config(tmp_path / "b.yaml")
-
-
-def test_cli_reports_config_errors(tmp_path):
-    (tmp_path / "a.yaml").write_text("owner: x\n")
-    proc = subprocess.run([sys.executable, "-m", "bubbletea_agent", "run", "--config", str(tmp_path / "a.yaml")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert "device: required field is missing" in proc.stderr
-
-
-def test_config_from_scenario_section(tmp_path):
-    section = {"enabled": True, "requests": {"rate": 40, "deadline": 4.0,
-                                             "prompt_tokens": {"dist": "lognormal", "mean": 600, "sigma": 0.5,
-                                                               "min": 16, "max": 2048}},
-               "model": {"preset": "llama-3-8b", "num_hidden_layers": 8}, "chunk_tokens": 256, "guard": 0.08}
-    cfgs = [config_from_scenario(section, device={"name": f"g{i}", "run_dir": str(tmp_path)},
-                                 slots=tmp_path / f"s{i}", out_dir=tmp_path / f"o{i}", shard_index=i,
-                                 shard_count=2, duration_s=10, epoch=123.0, seed=9) for i in range(2)]
-    c = cfgs[0]
-    assert c.requests.rate_per_s == 40 and c.requests.lengths.mean == 600 and c.requests.deadline_s == 4.0
-    assert c.admission.chunking and c.admission.max_chunk_tokens == 256
-    assert c.guard.initial_rel == 0.08 and c.model.num_hidden_layers == 8 and c.epoch == 123.0
-    from bubbletea_agent.requests import load_requests
-
-    a, b = (load_requests(x.requests) for x in cfgs)
-    assert not {r.id for r in a} & {r.id for r in b} and 300 < len(a) + len(b) < 500
-    whole = config_from_scenario({"chunk_tokens": 0, "requests": {"trace": "t.csv"}},
-                                 device={"name": "g", "run_dir": str(tmp_path)}, slots="s", out_dir="o",
-                                 shard_index=0, shard_count=1, duration_s=5, base_dir=tmp_path)
-    assert not whole.admission.chunking and whole.requests.path == tmp_path / "t.csv"
-
-
-def test_job_file_defaults_and_errors(tmp_path, caplog):
-    from bubbletea_agent.job import config_from_job, load_job
-
-    base = {"device": {"name": "g0", "run_dir": str(tmp_path), "mode": "modelled", "time_scale": 1.0},
-            "slots_path": "s.jsonl", "worker": "p1-s0", "out": str(tmp_path / "agents" / "p1-s0.json")}
-    (tmp_path / "j.json").write_text(json.dumps(base))
-    cfg = config_from_job(load_job(tmp_path / "j.json"))
-    assert cfg.model.preset == "llama-3-8b" and cfg.device.gpu == "H100" and cfg.owner == "bubbletea:p1-s0"
-    assert cfg.requests.shard_count == 1 and cfg.requests.duration_s == 600 and cfg.epoch is None
-    assert cfg.out_dir == tmp_path / "agents" and cfg.decode is None
-    assert "takes the whole request rate" in caplog.text
-    real = dict(base, device=dict(base["device"], mode="real"),
-                gpu={"type": "custom", "peak_tflops": 50, "efficiency": 0.4}, agent_index=2, agent_count=3,
-                decode={"host": "10.0.0.9", "port": 7071})
-    (tmp_path / "k.json").write_text(json.dumps(real))
-    cfg = config_from_job(load_job(tmp_path / "k.json"))
-    assert cfg.model.preset == "tiny" and cfg.device.gpu == "custom" and cfg.device.peak_tflops == 50
-    assert cfg.requests.shard_index == 2 and cfg.decode.host == "10.0.0.9" and cfg.decode.port == 7071
-    (tmp_path / "bad.json").write_text("{nope")
-    with pytest.raises(AgentConfigError, match=r"bad.json: the agent job is not JSON"):
-        load_job(tmp_path / "bad.json")
-    (tmp_path / "short.json").write_text(json.dumps({"device": {}, "worker": "w"}))
-    with pytest.raises(AgentConfigError, match=r"short.json: invalid agent job: slots_path: Field required"):
-        load_job(tmp_path / "short.json")
-
-
-def test_decode_server_command_receives_and_acknowledges(tmp_path):
-    pytest.importorskip("atlas_transport.channel")
-    import os
-    import signal
-
-    from bubbletea_agent.engine import ModelledEngine, ModelSpec
-    from bubbletea_agent.kv_ship import connect_shipper
-
-    env = dict(os.environ, ATLAS_SECRET="bt-cli")
-    proc = subprocess.Popen([sys.executable, "-m", "bubbletea_agent", "decode-server", "--host", "127.0.0.1",
-                             "--port", "0", "--streams", "2", "--log", str(tmp_path / "d.jsonl")],
-                            cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    try:
-        line = ""
-        while "listening on" not in line:
-            line = proc.stderr.readline()
-            assert line, "decode server exited before listening"
-        port = int(line.rsplit(":", 1)[1])
-        kv = ModelledEngine(ModelSpec(preset="small"), lambda n, p: 0.0).finish(40)
-        shipper = connect_shipper("127.0.0.1", port, streams=2, secret="bt-cli")
-        res = shipper.ship("cli-1", kv)
-        shipper.close()
-        proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.communicate()
-    assert json.loads(out.strip().splitlines()[-1])["received"] == 1
-    logged = json.loads((tmp_path / "d.jsonl").read_text())
-    assert logged["request_id"] == "cli-1" and logged["wire_bytes"] == kv.logical_bytes == res.wire_bytes
-    assert logged["logical_shape"] == [4, 1, 4, 40, 32] and logged["mode"] == "modelled"
-
-
 def test_gpu_profile_reaches_the_longest_chunk_admission_may_run(tmp_path):
-    """On a GPU the short lengths sit on the launch floor (H200: ~23 ms up to 512
-    tokens for an 8B model), so the profile doubles on up to the longest chunk; on a
-    CPU the configured lengths stand."""
+    """On a GPU the short lengths sit on the kernel-launch floor, so the profile doubles
+    on up to the longest chunk admission may run; on a CPU the configured lengths stand."""
     from bubbletea_agent.runtime import LONGEST_UNCHUNKED, profile_lengths
 
     def cfg(admission, preset="tiny"):
@@ -287,3 +183,69 @@ def test_gpu_profile_reaches_the_longest_chunk_admission_may_run(tmp_path):
     assert whole[-1] == LONGEST_UNCHUNKED and whole[3:] == [512, 1024, 2048, 4096]
     # never past the model's context (the tiny preset has 4096 positions)
     assert profile_lengths(cfg({"max_chunk_tokens": 10000}), "cuda")[-1] == 4096
+
+
+# ------------------------------------------------------------------ live windows
+
+
+def play_worker(device: Device, run_dir: Path, slots: Path, t0: float, iterations: int, period: float,
+                busy: list[tuple[float, float]]) -> None:
+    """Busy spans each iteration; in between, the live status says when the next begins
+    (like SCHEDULED), and the next iteration's start is announced as it is decided."""
+    name = device.name
+    rep = LiveReporter(StatusWriter(status_path(run_dir, name)), Nudger(wake_path(run_dir, name)), lead_s=0.05)
+    with SlotPublisher(slots, worker="w") as pub:
+        for it in range(iterations):
+            base = t0 + it * period
+            pub.publish([Slot(it, 0, base + busy[0][1], period / 2)])  # epoch and iteration count
+            for off, dur in busy:
+                rep.scheduled(it, base + off)
+                wait = base + off - time.time()
+                if wait > 0:
+                    time.sleep(wait)
+                rep.busy()
+                device.run("forward", "train:w", duration_s=dur, label=f"it{it}")
+        rep.between()
+        time.sleep(max(0.0, t0 + iterations * period - time.time()))
+        rep.ended()
+        pub.end()
+    rep.close()
+
+
+def test_agent_fills_live_windows_on_the_emulated_gpu(tmp_path: Path) -> None:
+    from bubbletea_agent.runtime import run
+
+    run_dir = tmp_path / "run"
+    dev = {"name": "dc1-h1-p0r0", "run_dir": str(run_dir), "mode": "modelled", "time_scale": 1.0,
+           "gpu": "A100", "efficiency": 0.5}
+    device = Device(dev["name"], run_dir, mode="modelled", time_scale=1.0)
+    slots = run_dir / "slots" / "w.jsonl"
+    live = LivePaths(status=status_path(run_dir, dev["name"]), wake=wake_path(run_dir, dev["name"]))
+    section = BubbleTeaSettings.model_validate({
+        "requests": {"rate": 60, "deadline": 1.0,
+                     "prompt_tokens": {"dist": "lognormal", "mean": 300, "sigma": 0.5, "min": 16, "max": 2048}},
+        "model": {"preset": "llama-3-8b"}, "window": "live"})
+    cfg = config_from_scenario(section, device=dev, slots=slots, out_dir=tmp_path / "agent", shard_index=0,
+                               shard_count=1, duration_s=30.0, seed=2, live=live, arrivals_until_iteration=5)
+    assert cfg.window == "live" and cfg.live is not None
+    result: dict = {}
+    agent = threading.Thread(target=lambda: result.update(run(cfg, install_signals=False)), daemon=True)
+    agent.start()
+    time.sleep(1.5)  # the agent loads
+    t0 = time.time() + 0.2
+    play_worker(device, run_dir, slots, t0, 6, 0.4, [(0.0, 0.1), (0.2, 0.1)])
+    agent.join(60)
+    assert result, "agent did not finish"
+    rows = read_request_rows(tmp_path / "agent" / "requests.jsonl")
+    assert len(rows) == result["arrived"] == result["served"] + result["rejected"] and result["served"] > 10
+    records = device.timeline()
+    window = [r for r in records if t0 <= r.start < t0 + 2.4]
+    training = [r for r in window if r.kind == "forward"]
+    prefill = [r for r in window if r.kind == "prefill"]
+    busy = sum(r.end - r.start for r in training + prefill)
+    print(f"\nlive windows: utilization {busy / 2.4:.0%} (training {sum(r.end - r.start for r in training) / 2.4:.0%})"
+          f", {len(prefill)} holds, guard violations {guard_violations(window)}")
+    assert busy / 2.4 > 0.75  # training alone: 50%
+    assert result["counters"]["holds"] > 5
+    count, waited = guard_violations(window)
+    assert waited < 0.1  # a late wake-up on a loaded host may cost a little; never a whole hold

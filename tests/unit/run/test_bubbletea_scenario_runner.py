@@ -1,7 +1,7 @@
-"""BubbleTea in scenarios and in the runner: the `bubbletea:` section's validation, the
-agents' job files (decode server placement, KV pacing, live status), the live section of
-the workers' jobs, which variants run with agents, waiting for agents, and the modelled
-rest of a scaled-down KV cache."""
+"""BubbleTea in scenarios and in the runner (testbed/run/bubbletea.py): the `bubbletea:`
+section's validation, the agents' jobs (decode server placement, KV pacing, live status,
+written and read through the contract), the live section of the workers' jobs, which
+variants run with agents, and waiting for agents and decode servers."""
 
 from __future__ import annotations
 
@@ -12,22 +12,20 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bubbletea_agent.config import AgentConfigError, config_from_scenario, parse_config
-from bubbletea_agent.engine import ModelledEngine, ModelSpec
-from bubbletea_agent.job import RunnerJob, config_from_job
-from bubbletea_agent.kv_ship import KVShipper, MemoryChannel, ShipError, receive_one
+from bubbletea_agent.job import config_from_job, load_job
 from testbed.run.bubbletea import (
     build_agent_jobs,
     decode_hosts,
     wait_agents,
     wait_decode_servers,
 )
-from testbed.run.common import RunnerError
+from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs
+from testbed.run.ports import PortPlan
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant, variant_names
-from testbed.training.worker import TrainJob, parse_job
-from testbed_core.workload import parse_workload
+from testbed.training.worker.job import parse_job
+from testbed_core.contracts.worker_job import TrainJob
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -44,13 +42,13 @@ def scenario_file(tmp_path: Path, **bubbletea) -> Path:
 
 def setup_jobs(tmp_path: Path, **bubbletea):
     scenario, _ = load_scenario(scenario_file(tmp_path, **bubbletea))
-    workload = parse_workload(scenario.workload)
+    workload = scenario.workload
     setup = plan_variant("atlas+bubbletea", scenario, workload, None, None, None)
     ips = {f"{dc.name}-{h}": f"10.0.{i}.{j + 10}" for i, dc in enumerate(scenario.topology.dcs)
            for j, h in enumerate(dc.hosts)}
     jobs = build_jobs(setup=setup, workload=workload, topology=scenario.topology, host_ips=ips,
-                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", base_port=30000, iterations=5,
-                      transport={"chunk_bytes": 4 << 20, "congestion": None}, iteration_lead_s=0.08)
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", ports=PortPlan(30000), iterations=5,
+                      transport=transport_job(scenario.transport), iteration_lead_s=0.08)
     return scenario, workload, jobs, ips
 
 
@@ -92,9 +90,9 @@ def test_only_the_listed_variants_run_with_agents(tmp_path: Path) -> None:
 def test_workers_of_a_bubbletea_variant_publish_live_status(tmp_path: Path) -> None:
     _, workload, jobs, _ = setup_jobs(tmp_path)
     for wid, job in jobs.items():
-        parsed = parse_job(job, wid)
+        parsed = parse_job(job.model_dump_json(), wid)  # what the worker reads
         assert isinstance(parsed, TrainJob) and parsed.live is not None
-        name = job["device"]["name"]
+        name = job.device.name
         assert parsed.live.status_path.endswith(f"run/live/{name}.status")
         assert parsed.live.wake_path.endswith(f"run/live/{name}.wake")
         assert parsed.live.lead_s == 0.08
@@ -106,17 +104,19 @@ def test_workers_of_a_bubbletea_variant_publish_live_status(tmp_path: Path) -> N
 def test_agents_ship_to_a_decode_server_in_their_own_dc(tmp_path: Path) -> None:
     scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="same-dc")
     where = decode_hosts(scenario, jobs)
-    assert {jobs[w]["host"].split("-")[0]: h.split("-")[0] for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
+    assert {jobs[w].host.split("-")[0]: h.split("-")[0] for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
     decode = {w: {"host": h, "ip": ips[h], "port": 33000} for w, h in where.items()}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
-    assert sorted(a["agent_index"] for a in agents.values()) == [0, 1, 2, 3]
+    assert sorted(a.agent_index for a in agents.values()) == [0, 1, 2, 3]
     for wid, a in agents.items():
-        job = RunnerJob.model_validate(a)
+        (tmp_path / f"{wid}.json").write_text(a.model_dump_json())
+        job = load_job(tmp_path / f"{wid}.json")  # what the agent reads is what the runner wrote
+        assert job == a and job.bubbletea == scenario.bubbletea and job.gpu == workload.gpu
         assert job.iterations == 5 and job.nice == -10 and job.wire_scale == 0.001
-        assert a["decode"]["host"] == ips[where[wid]] and a["decode"]["rest_rate_bps"] == 10e9  # the LAN
-        assert "max_rate_bps" not in a["decode"]  # nothing crosses the WAN: no pacing
-        assert a["live"]["status"] == jobs[wid]["live"]["status_path"]
-        assert a["live"]["gate"].endswith("run/live/gate.status")
+        assert a.decode.host == ips[where[wid]] and a.decode.rest_rate_bps == 10e9  # the LAN
+        assert a.decode.max_rate_bps is None  # nothing crosses the WAN: no pacing
+        assert str(a.live.status) == jobs[wid].live.status_path
+        assert str(a.live.gate).endswith("run/live/gate.status")
         cfg = config_from_job(job)
         assert cfg.window == "live" and cfg.arrivals_until_iteration == 4 and cfg.admission.chunking
         assert cfg.decode.rest_rate_bps == 10e9 and cfg.nice == -10
@@ -126,36 +126,17 @@ def test_a_decode_host_in_another_dc_is_paced_at_the_wan_rate(tmp_path: Path) ->
     scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="dc2-h2", kv_wan_rate="40Mbit")
     decode = {w: {"host": "dc2-h2", "ip": ips["dc2-h2"], "port": 33000} for w in jobs}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
-    dc1 = [a for a in agents.values() if a["host"].startswith("dc1")]
-    dc2 = [a for a in agents.values() if a["host"].startswith("dc2")]
-    assert all(a["decode"]["max_rate_bps"] == 20e6 and a["decode"]["rest_rate_bps"] == 1e9 for a in dc1)
-    assert all("max_rate_bps" not in a["decode"] and a["decode"]["rest_rate_bps"] == 10e9 for a in dc2)
+    dc1 = [a for a in agents.values() if a.host.startswith("dc1")]
+    dc2 = [a for a in agents.values() if a.host.startswith("dc2")]
+    assert all(a.decode.max_rate_bps == 20e6 and a.decode.rest_rate_bps == 1e9 for a in dc1)
+    assert all(a.decode.max_rate_bps is None and a.decode.rest_rate_bps == 10e9 for a in dc2)
 
 
 def test_no_decode_host_means_no_shipping(tmp_path: Path) -> None:
     scenario, workload, jobs, _ = setup_jobs(tmp_path)
     assert set(decode_hosts(scenario, jobs).values()) == {None}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, {w: None for w in jobs}, 5)
-    assert all(a["decode"] is None for a in agents.values())
-
-
-def test_live_window_needs_a_live_section() -> None:
-    with pytest.raises(AgentConfigError, match="window 'live' needs a live section"):
-        parse_config({"device": {"name": "d", "run_dir": "/tmp"}, "slots": "/tmp/s", "out_dir": "/tmp/o",
-                      "requests": {"kind": "poisson", "rate_per_s": 1, "duration_s": 1,
-                                   "lengths": {"kind": "fixed", "tokens": 8}}, "window": "live"}, "x.yaml")
-    # a scenario section asking for live windows without a published status falls back
-    cfg = config_from_scenario({"window": "live"}, device={"name": "d", "run_dir": "/tmp"}, slots="/tmp/s",
-                               out_dir="/tmp/o", shard_index=0, shard_count=1, duration_s=1.0)
-    assert cfg.window == "planned"
-
-
-def test_chunk_tokens_forms() -> None:
-    kw = dict(device={"name": "d", "run_dir": "/tmp"}, slots="/tmp/s", out_dir="/tmp/o", shard_index=0,
-              shard_count=1, duration_s=1.0)
-    assert config_from_scenario({"chunk_tokens": "auto"}, **kw).admission.max_chunk_tokens is None
-    assert config_from_scenario({"chunk_tokens": 256}, **kw).admission.max_chunk_tokens == 256
-    assert config_from_scenario({"chunk_tokens": 0}, **kw).admission.chunking is False
+    assert all(a.decode is None for a in agents.values())
 
 
 # ------------------------------------------------------------------ processes
@@ -205,44 +186,3 @@ def test_training_waits_for_decode_servers_to_listen(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ KV caches
-
-
-def test_the_rest_of_a_scaled_cache_is_charged_at_the_link_rate_and_queues() -> None:
-    import threading
-
-    spec = ModelSpec(preset="llama-3-8b")
-    eng = ModelledEngine(spec, lambda n, p: 0.0, wire_scale=0.001)
-    kv = eng.finish(512)  # 64 MiB true size
-    a, b = MemoryChannel.pair()
-    got: list = []
-
-    def serve() -> None:
-        for _ in range(2):
-            got.append(receive_one(b))
-
-    t = threading.Thread(target=serve, daemon=True)
-    t.start()
-    shipper = KVShipper(a, pad_to_logical=True, wire_scale=0.001, rest_rate_bps=10e9)
-    r1 = shipper.ship("r1", kv)
-    r2 = shipper.ship("r2", kv)
-    t.join(5)
-    wire = round(kv.logical_bytes * 0.001)
-    assert r1.wire_bytes == wire == got[0].wire_bytes
-    rest = (kv.logical_bytes - wire) * 8 / 10e9  # ~54 ms at 10 Gbit/s
-    assert r1.modelled_s == pytest.approx(rest)
-    assert r2.arrival >= r1.arrival + rest - 1e-6  # the second waits for the first on the modelled link
-
-
-def test_pacing_spaces_caches_at_the_rate_cap() -> None:
-    a, b = MemoryChannel.pair()
-    import threading
-
-    kv = ModelledEngine(ModelSpec(preset="tiny"), lambda n, p: 0.0).finish(100)
-    threading.Thread(target=lambda: [receive_one(b) for _ in range(1)], daemon=True).start()
-    now = {"t": 100.0}
-    slept: list[float] = []
-    shipper = KVShipper(a, max_rate_bps=8e3, clock=lambda: now["t"], sleep=slept.append)  # 1 kB/s
-    res = shipper.ship("r", kv)
-    assert slept == [pytest.approx(res.wire_bytes / 1e3)]
-    with pytest.raises(ShipError, match="max_rate_bps must be > 0"):
-        KVShipper(a, max_rate_bps=0)

@@ -11,11 +11,10 @@ from .protocol import CHECKSUMS, MAX_STREAMS, MIN_CHUNK, Limits
 
 SECRET_ENV = "ATLAS_SECRET"
 
-# Chosen by measurement (`testbed bench transport --chunk-size ...`, 256 MiB tensors,
-# this 2-core machine): on loopback N=1, median 22.4 Gbit/s with 1 MiB chunks against
-# 18.7 with 256 KiB and 18.7 with 4 MiB; on the 2dc WAN (50 ms RTT) N=8 / N=16,
-# 804 / 909 Mbit/s with 1 MiB against 764 / 857 with 4 MiB (a smaller chunk shortens
-# the tail, where streams finish their last chunks unevenly) and 809 / 926 with 256 KiB.
+# Chosen by measurement with `testbed bench transport --chunk-size ...` on loopback and
+# on the emulated 2dc WAN: larger chunks cost fewer frames and system calls, smaller
+# ones shorten the tail, where streams finish their last chunks unevenly; 1 MiB did
+# best on loopback and about as well as the others across the WAN.
 DEFAULT_CHUNK_BYTES = 1 << 20
 # Smallest chunk used when cutting a small tensor across streams.
 MIN_SPLIT_CHUNK = 256 << 10

@@ -154,10 +154,6 @@ class Progress:
         with self._lock:
             return sum(self.durations) / len(self.durations) if self.durations else None
 
-    def remaining_s(self) -> float | None:
-        """Own estimate for a child, seen from its parent (None when unknown)."""
-        return self.eta_s()
-
     def eta_s(self) -> float | None:
         """Seconds left: mean step time x steps not started, plus what the running
         steps still need, shared among the parallel jobs."""

@@ -30,6 +30,7 @@ PACKAGES = (
 
 
 def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]:
+    """Installed version of each distribution (None when it is not installed)."""
     out: dict[str, str | None] = {}
     for name in names:
         try:
@@ -95,4 +96,5 @@ def collect_provenance(
 
 
 def write_provenance(path: Path, record: dict[str, Any]) -> None:
+    """Write a record from `collect_provenance` as indented JSON."""
     path.write_text(json.dumps(record, indent=2, sort_keys=False, default=str) + "\n")

@@ -37,7 +37,6 @@ from typing import Literal
 
 import yaml
 
-DType = Literal["bf16", "fp16", "fp32"]
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
 #: Backward pass / forward pass FLOPs (Narayanan et al. 2021, Sec. 5.1).
@@ -173,6 +172,7 @@ def layer_params(m: ModelSpec) -> int:
 
 
 def embedding_params(m: ModelSpec) -> int:
+    """Token embedding, plus learned position embeddings (none with rotary positions)."""
     return m.vocab * m.hidden + (m.seq_len * m.hidden if m.positional == "learned" else 0)
 
 
@@ -182,6 +182,7 @@ def head_params(m: ModelSpec) -> int:
 
 
 def param_count(m: ModelSpec) -> int:
+    """All parameters of the model (tested against the published GPT-2 small count)."""
     return embedding_params(m) + m.layers * layer_params(m) + head_params(m)
 
 
@@ -209,6 +210,7 @@ def logits_forward_flops(m: ModelSpec, micro_batch: int, seq_len: int | None = N
 
 
 def backward_factor(recompute: bool) -> float:
+    """Backward FLOPs per forward FLOP of a transformer layer."""
     return BACKWARD_FACTOR_RECOMPUTE if recompute else BACKWARD_FACTOR
 
 
@@ -251,13 +253,6 @@ def stage_flops(m: ModelSpec, stages: int, micro_batch: int, *, recompute: bool 
     return out
 
 
-def training_flops(m: ModelSpec, batch: int, *, recompute: bool = False) -> float:
-    """FLOPs of one training iteration over `batch` sequences (all stages)."""
-    layers = m.layers * layer_forward_flops(m, batch)
-    logits = logits_forward_flops(m, batch)
-    return layers * (1 + backward_factor(recompute)) + logits * (1 + BACKWARD_FACTOR)
-
-
 def prefill_flops(m: ModelSpec, tokens: int, *, all_logits: bool = False) -> float:
     """Forward FLOPs of prefilling a prompt of `tokens` tokens (batch 1).
 
@@ -276,16 +271,6 @@ def activation_bytes(m: ModelSpec, micro_batch: int, seq_len: int | None = None)
     micro_batch x seq_len x hidden x bytes_per_elem (activations forward, their
     gradients backward, same shape)."""
     return micro_batch * (seq_len or m.seq_len) * m.hidden * m.dtype_bytes
-
-
-def kv_cache_bytes(m: ModelSpec, tokens: int, layers: int | None = None) -> int:
-    """KV cache of a prompt: 2 (K and V) x layers x kv_heads x head_dim x tokens x bytes."""
-    n = m.layers if layers is None else layers
-    return 2 * n * m.n_kv_heads * m.head_dim * tokens * m.dtype_bytes
-
-
-def weight_bytes(params: int, m: ModelSpec) -> int:
-    return params * m.dtype_bytes
 
 
 # --------------------------------------------------------------- measured profiles
@@ -329,6 +314,7 @@ class Profile:
 
 
 def load_profile(path: str | Path) -> Profile:
+    """Read a measured profile (YAML, or JSON by suffix); errors name the file and the op."""
     path = Path(path)
     if not path.exists():
         raise ComputeModelError(f"{path}: no such profile file")
@@ -396,10 +382,9 @@ class ComputeModel:
         memory = bytes_moved / (self.gpu.memory_bandwidth * self.efficiency * self.tp)
         return max(compute, memory)
 
-    def prefill_seconds(self, m: ModelSpec, tokens: int, *, layers: int | None = None) -> float:
-        """Prefill of a prompt on this GPU group: all of the model unless `layers` says
-        how many layers live here (the weights are read once per prefill)."""
-        n = m.layers if layers is None else layers
-        flops = prefill_flops(m, tokens) * (n / m.layers)
-        weights = n * layer_params(m) * m.dtype_bytes
-        return self.seconds(flops, bytes_moved=weights, op="prefill", tokens=tokens)
+    def prefill_seconds(self, m: ModelSpec, tokens: int) -> float:
+        """Prefill of a prompt through the whole model on this GPU group: the roofline
+        of its FLOPs and of reading the layers' weights once (BubbleTea's engine charges
+        its chunks by the same rule, and its tests compare against this)."""
+        weights = m.layers * layer_params(m) * m.dtype_bytes
+        return self.seconds(prefill_flops(m, tokens), bytes_moved=weights, op="prefill", tokens=tokens)

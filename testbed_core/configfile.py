@@ -16,6 +16,8 @@ class ConfigError(ValueError):
 
 
 def read_yaml_mapping(path: str | Path, kind: str, error: type[ConfigError] = ConfigError) -> dict[str, Any]:
+    """The top-level mapping of a YAML file; a missing file, bad YAML or a non-mapping
+    raises `error` naming the file and the `kind` of file expected."""
     path = Path(path)
     if not path.exists():
         raise error(f"{path}: no such {kind} file")
@@ -29,6 +31,9 @@ def read_yaml_mapping(path: str | Path, kind: str, error: type[ConfigError] = Co
 
 
 def format_validation_error(source: str, exc: ValidationError, kind: str, prefix: str = "") -> str:
+    """pydantic's errors as one message: the file, then one line per problem with the
+    field as a dotted path (after `prefix`, for a section validated on its own) and
+    pydantic's wording made plainer for missing, unknown and enumerated fields."""
     count = exc.error_count()
     lines = [f"{source}: invalid {kind} ({count} problem{'s' if count > 1 else ''}):"]
     for err in exc.errors():

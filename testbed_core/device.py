@@ -102,6 +102,7 @@ class WorkRecord:
 
 
 def merge_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The union of `spans` as sorted, disjoint intervals (empty spans dropped)."""
     out: list[tuple[float, float]] = []
     for s, e in sorted(spans):
         if e <= s:
@@ -114,11 +115,13 @@ def merge_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float
 
 
 def busy_time(records: list[WorkRecord], t0: float, t1: float) -> float:
+    """Seconds of [t0, t1] covered by some record (overlaps counted once)."""
     spans = [(max(r.start, t0), min(r.end, t1)) for r in records]
     return sum(e - s for s, e in merge_intervals(spans))
 
 
 def idle_gaps(records: list[WorkRecord], t0: float, t1: float, min_s: float = 0.0) -> list[tuple[float, float]]:
+    """The stretches of [t0, t1] longer than `min_s` that no record covers."""
     gaps, cursor = [], t0
     for s, e in merge_intervals([(max(r.start, t0), min(r.end, t1)) for r in records]):
         if s - cursor > min_s:
@@ -203,6 +206,8 @@ class Device:
             self._local.release()
 
     def modelled_seconds(self, flops: float | None, duration_s: float | None, op: str | None = None) -> float:
+        """Model seconds of a piece of modelled work: `duration_s` as given, else the
+        compute model's time for `flops` (a measured profile's time for `op` first)."""
         if duration_s is not None:
             if duration_s < 0:
                 raise DeviceError(f"{self.name}: duration_s must be >= 0, got {duration_s}")

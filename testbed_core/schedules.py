@@ -18,8 +18,9 @@ runs its list in order. The forms are those of:
 The compute orders of GPipe and interleaved 1F1B equal the schedule IR of
 ``torch.distributed.pipelining`` (tested); 1F1B equals what its ``Schedule1F1B`` runs
 (its ``_get_pipeline_order`` IR is off by one micro-batch on the last rank in torch
-2.13, so the test checks the known form instead). We write our own because its schedules drive torch.distributed process groups, while ours
-drive emulated devices and the Atlas transport.
+2.13, so the test checks the known form instead). We write our own because its
+schedules drive torch.distributed process groups, while ours drive emulated devices
+and the Atlas transport.
 """
 
 from __future__ import annotations
@@ -81,16 +82,6 @@ class Schedule:
 
     def compute_ops(self, rank: int) -> list[Op]:
         return [op for op in self.ops[rank] if op.is_compute]
-
-    def forwards_before_first_backward(self, rank: int) -> int:
-        """Forwards a rank runs before its first backward: for 1F1B the p-s-1 warm-up
-        forwards plus the first forward of the steady 1F1B phase."""
-        n = 0
-        for op in self.compute_ops(rank):
-            if op.kind == "B":
-                break
-            n += 1
-        return n
 
     def ideal_bubble_fraction(self) -> float:
         """(p-1)/(m+p-1) for GPipe and 1F1B; (p-1)/(v*m+p-1) interleaved (uniform stages)."""

@@ -144,9 +144,6 @@ class SimResult:
         fr = [1 - self.busy(d, r) / self.makespan for d in range(self.pipelines) for r in range(self.ranks)]
         return sum(fr) / len(fr)
 
-    def utilization(self) -> float:
-        return 1 - self.bubble_fraction()
-
     def idle_slots(self, pipeline: int, rank: int, min_s: float = 0.0) -> list[tuple[float, float]]:
         gaps, cursor = [], 0.0
         for c in sorted(self.spans(pipeline, rank), key=lambda c: c.start):
@@ -391,8 +388,3 @@ def simulate(spec: SimSpec) -> SimResult:
     """Run one iteration of `spec` and return the timelines."""
     return _Sim(spec).run()
 
-
-def uniform_spec(schedule: Schedule, pipelines: int, forward_s: float, backward_s: float) -> SimSpec:
-    """Uniform stages, no network cost: the textbook setting."""
-    n = schedule.stages
-    return SimSpec(schedule, pipelines, [forward_s] * n, [backward_s] * n, [0.0] * (n - 1), [0.0] * (n - 1))

@@ -105,6 +105,7 @@ def parse_fraction(value: str | int | float) -> float:
 
 
 def format_rate(bps: float) -> str:
+    """A rate in bits per second as the largest unit that keeps it >= 1: '2.5Gbit', '500Mbit'."""
     for unit, factor in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
         if bps >= factor:
             return f"{bps / factor:g}{unit}"
@@ -112,6 +113,7 @@ def format_rate(bps: float) -> str:
 
 
 def format_size(nbytes: float) -> str:
+    """A size in bytes in binary units, three significant digits: '1MiB', '6.25MiB', '512B'."""
     for unit, factor in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
         if nbytes >= factor:
             return f"{nbytes / factor:.3g}{unit}"

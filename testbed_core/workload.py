@@ -5,7 +5,7 @@ split (dp x pp x tp, micro-batches, schedule) and *on what* (a named GPU and an
 efficiency, or a measured profile). From it come the per-stage compute times and the
 tensor sizes at pipeline boundaries (testbed_core/compute_model.py).
 
-``scale`` lets a real-world setting run on the ~1 Gbit/s WAN one machine can emulate:
+``scale`` lets a real-world setting run on the slower WAN one machine can emulate:
 every tensor put on the wire is ``scale`` times its real size, so on an emulated link
 of rate R it takes as long as the real tensor would on a link of rate ``R / scale``.
 Compute times are not scaled, so transfer-to-compute ratios hold. Example: scale 0.1
@@ -34,8 +34,6 @@ from testbed_core.compute_model import (
 )
 from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
 from testbed_core.constants import WORKLOADS_DIR
-
-SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b")
 
 
 class WorkloadError(ConfigError):

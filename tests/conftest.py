@@ -1,5 +1,21 @@
-"""Test-suite wiring: tests marked `root` need root and network namespaces and are
-skipped (with the reason) elsewhere."""
+"""Test-suite wiring shared by the tests of every layer.
+
+Markers (registered in pyproject.toml):
+
+* ``root``: needs root and network namespaces; skipped, with the reason, when not root.
+* ``gpu``: needs a CUDA GPU; skipped, with the reason, where torch sees none. torch is
+  imported for that check only when a collected test carries the marker.
+
+Fixtures:
+
+* ``child_env``: the environment for a Python child process that must import this
+  checkout (the repository root first on PYTHONPATH), whatever the child's working
+  directory and whether or not the package is installed.
+* ``tiny_workload``: the shipped ``scenarios/workloads/tiny.yaml``, loaded.
+
+Paths to shipped files come from ``testbed_core.constants`` (REPO_ROOT,
+TOPOLOGIES_DIR, SCENARIOS_DIR, WORKLOADS_DIR), not from each test's own ``__file__``.
+"""
 
 from __future__ import annotations
 
@@ -7,11 +23,40 @@ import os
 
 import pytest
 
+from testbed_core.constants import REPO_ROOT, WORKLOADS_DIR
+
+
+def _cuda_available() -> bool:
+    try:
+        import torch
+    except ImportError:
+        return False
+    return bool(torch.cuda.is_available())
+
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    if os.geteuid() == 0:
-        return
-    skip = pytest.mark.skip(reason="needs root and network namespaces (run as root, e.g. sudo make test)")
-    for item in items:
-        if "root" in item.keywords:
+    if os.geteuid() != 0:
+        skip = pytest.mark.skip(reason="needs root and network namespaces (run as root, e.g. sudo make test)")
+        for item in items:
+            if "root" in item.keywords:
+                item.add_marker(skip)
+    gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
+    if gpu_items and not _cuda_available():
+        skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false here)")
+        for item in gpu_items:
             item.add_marker(skip)
+
+
+@pytest.fixture()
+def child_env() -> dict[str, str]:
+    """os.environ with this checkout first on PYTHONPATH, for `python -c ...` children."""
+    path = [str(REPO_ROOT), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+    return dict(os.environ, PYTHONPATH=os.pathsep.join(path))
+
+
+@pytest.fixture()
+def tiny_workload():
+    """scenarios/workloads/tiny.yaml: the small real-mode model (dp=2, pp=2)."""
+    from testbed_core.workload import load_workload
+
+    return load_workload(WORKLOADS_DIR / "tiny.yaml")

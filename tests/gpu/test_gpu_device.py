@@ -9,7 +9,7 @@ import torch
 
 from testbed_core.device import Device, torch_device
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 
 def test_torch_device_picks_cuda() -> None:

@@ -5,37 +5,36 @@ over atlas_transport on loopback to a decode server, bit-exact. Skipped without 
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 import yaml
 
-from bubbletea_agent.engine import KVCache, ModelSpec, TransformersEngine
+from bubbletea_agent.engine import KVCache, TransformersEngine
 from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS, QuadraticLatency
+from testbed_core.constants import SCENARIOS_DIR
+from testbed_core.contracts.bubbletea import PrefillModelSpec
 from testbed_core.device import Device
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[2]
-SCENARIO = ROOT / "scenarios" / "atlas-2dc-bubbletea.yaml"
+SCENARIO = SCENARIOS_DIR / "atlas-2dc-bubbletea.yaml"
 
 
 @pytest.fixture(scope="module")
-def spec() -> ModelSpec:
+def spec() -> PrefillModelSpec:
     model = yaml.safe_load(SCENARIO.read_text())["bubbletea"]["model"]
-    return ModelSpec(**model)
+    return PrefillModelSpec(**model)
 
 
 @pytest.fixture(scope="module")
-def engine(spec: ModelSpec) -> TransformersEngine:
+def engine(spec: PrefillModelSpec) -> TransformersEngine:
     eng = TransformersEngine(spec, device="auto")
     yield eng
     del eng.model
     torch.cuda.empty_cache()
 
 
-def test_engine_builds_on_the_gpu(spec: ModelSpec, engine: TransformersEngine) -> None:
+def test_engine_builds_on_the_gpu(spec: PrefillModelSpec, engine: TransformersEngine) -> None:
     assert spec.num_hidden_layers == 32 and spec.hidden_size == 4096  # llama-3-8b
     assert engine.torch_device == "cuda"
     params = list(engine.model.parameters())
@@ -82,8 +81,8 @@ def test_latency_profile_at_agent_start_fits_a_monotone_curve(engine, tmp_path) 
 
 def test_agent_profile_reaches_the_longest_chunk_and_predicts_it(engine, tmp_path) -> None:
     """The agent's GPU profile doubles on to the longest chunk admission may run, so a
-    4096-token chunk is predicted from measured long prefills, not from the slope of
-    the launch floor (which mispredicted it 2x either way on an H200)."""
+    4096-token chunk is predicted from measured long prefills, not extrapolated from
+    short ones, whose times are dominated by the kernel-launch floor."""
     import time
 
     from bubbletea_agent.config import parse_config

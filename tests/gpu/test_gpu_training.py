@@ -4,18 +4,14 @@ must agree within RTOL/ATOL below (the observed maximum is printed). Skipped wit
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import pytest
 import torch
 
 from testbed.training.real_work import OptimConfig, train_in_process
 from testbed.training.reference import compare_params, tolerance_for
-from testbed_core.workload import load_workload
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
-ROOT = Path(__file__).resolve().parents[2]
 RTOL, ATOL = 1e-4, 1e-6  # fp32, TF32 off (torch's default for matmuls)
 
 
@@ -27,9 +23,9 @@ def atol_for(optim: OptimConfig) -> float:
 
 @pytest.mark.parametrize("optim", [OptimConfig(kind="sgd", lr=0.5), OptimConfig(kind="adam", lr=3e-3)],
                          ids=["sgd", "adam"])
-def test_tiny_workload_on_cuda_matches_the_cpu(optim: OptimConfig, tmp_path) -> None:
+def test_tiny_workload_on_cuda_matches_the_cpu(optim: OptimConfig, tiny_workload, tmp_path) -> None:
     assert not torch.backends.cuda.matmul.allow_tf32
-    w = load_workload(ROOT / "scenarios" / "workloads" / "tiny.yaml")
+    w = tiny_workload
     cpu = train_in_process(w, str(tmp_path / "cpu"), iterations=3, optim=optim, device="cpu")
     gpu = train_in_process(w, str(tmp_path / "gpu"), iterations=3, optim=optim, device="cuda")
     assert len(gpu.params) == w.parallelism.dp

@@ -10,7 +10,7 @@ import torch
 from atlas_transport import TransportConfig
 from atlas_transport.loopback import loopback_pair
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 
 MIB = 1 << 20
 

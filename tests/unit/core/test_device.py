@@ -21,8 +21,6 @@ from testbed_core.device import (
     write_timeline_csv,
 )
 
-ROOT = Path(__file__).resolve().parents[3]
-
 
 def test_modelled_run_holds_for_the_duration_and_records(tmp_path: Path) -> None:
     dev = Device("gpu0", tmp_path, time_scale=1.0)
@@ -66,7 +64,8 @@ def test_modelled_with_fn_runs_it_and_reports_overrun(tmp_path: Path) -> None:
 
 
 def test_real_mode_times_torch_work(tmp_path: Path) -> None:
-    torch = pytest.importorskip("torch")
+    import torch  # a pinned dependency: never skipped
+
     from testbed_core.device import torch_device
 
     dev = Device("gpu0", tmp_path, mode="real")
@@ -146,7 +145,7 @@ def test_timeline_survives_a_torn_line_and_exports_csv(tmp_path: Path) -> None:
     assert WorkRecord.from_json(dev.timeline()[0].to_json()) == dev.timeline()[0]
 
 
-def test_two_processes_share_one_device(tmp_path: Path) -> None:
+def test_two_processes_share_one_device(tmp_path: Path, child_env: dict[str, str]) -> None:
     """A training worker and an agent in separate processes: never overlapping,
     the later one waits, both appear in the same timeline."""
     script = textwrap.dedent(
@@ -165,7 +164,7 @@ def test_two_processes_share_one_device(tmp_path: Path) -> None:
     )
     t0 = time.time()
     procs = [
-        subprocess.Popen([sys.executable, "-c", script, str(tmp_path), kind, owner], cwd=ROOT)
+        subprocess.Popen([sys.executable, "-c", script, str(tmp_path), kind, owner], env=child_env)
         for kind, owner in (("forward", "train:p0r0"), ("prefill", "bubbletea"))
     ]
     for p in procs:

@@ -28,7 +28,6 @@ from testbed_core.simulate import (
     TransferKey,
     max_min_rates,
     simulate,
-    uniform_spec,
 )
 
 PAIRS = [(2, 4), (4, 8), (3, 6)]
@@ -36,6 +35,19 @@ PAIRS = [(2, 4), (4, 8), (3, 6)]
 
 def ideal(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
+
+
+def uniform_spec(schedule: Schedule, pipelines: int, forward_s: float, backward_s: float) -> SimSpec:
+    """Uniform stages, no network cost: the textbook setting."""
+    n = schedule.stages
+    return SimSpec(schedule, pipelines, [forward_s] * n, [backward_s] * n, [0.0] * (n - 1), [0.0] * (n - 1))
+
+
+def forwards_before_first_backward(s: Schedule, rank: int) -> int:
+    """Forwards a rank runs before its first backward: for 1F1B the p-s-1 warm-up
+    forwards plus the first forward of the steady 1F1B phase."""
+    kinds = [op.kind for op in s.compute_ops(rank)]
+    return kinds.index("B") if "B" in kinds else len(kinds)
 
 
 # ------------------------------------------------------------------ schedules
@@ -47,7 +59,7 @@ def test_1f1b_known_form(p: int, m: int) -> None:
         ops = s.compute_ops(stage)
         assert sum(op.kind == "F" for op in ops) == m and sum(op.kind == "B" for op in ops) == m
         warmup = min(p - stage - 1, m)  # Narayanan et al.: p - s - 1 warm-up forwards
-        assert s.forwards_before_first_backward(stage) == min(warmup + 1, m)
+        assert forwards_before_first_backward(s, stage) == min(warmup + 1, m)
         # steady state alternates F, B; cool-down is only B
         steady = ops[warmup: warmup + 2 * (m - warmup)]
         assert [op.kind for op in steady] == ["F", "B"] * (m - warmup)
@@ -70,7 +82,8 @@ def test_transfers_surround_compute() -> None:
 
 
 def _torch_compute_order(kind: str, p: int, m: int, v: int = 1) -> dict[int, list[tuple[str, int, int]]]:
-    sched = pytest.importorskip("torch.distributed.pipelining.schedules")
+    from torch.distributed.pipelining import schedules as sched  # torch is a pinned dependency
+
     if kind == "gpipe":
         order = sched.ScheduleGPipe._get_pipeline_order(SimpleNamespace(_num_stages=p, _n_microbatches=m))
     else:
@@ -97,7 +110,7 @@ def test_interleaved_known_form() -> None:
     s = build_schedule("interleaved-1f1b", p, m, v)
     for r in range(p):
         warmup = (p - r - 1) * 2 + (v - 1) * p  # Megatron-LM
-        assert s.forwards_before_first_backward(r) == warmup + 1
+        assert forwards_before_first_backward(s, r) == warmup + 1
         assert {op.stage for op in s.compute_ops(r)} == {r, r + p}
     assert s.stages == 8 and s.rank_of(5) == 1
 

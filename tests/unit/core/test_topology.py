@@ -7,10 +7,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from testbed_core.constants import TOPOLOGIES_DIR
 from testbed_core.topology import TopologyError, bdp_bytes, load_topology, parse_topology
 from testbed_core.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
-
-ROOT = Path(__file__).resolve().parents[3]
 
 
 def base() -> dict:
@@ -23,14 +22,14 @@ def base() -> dict:
 
 @pytest.mark.parametrize("name", ["2dc", "3dc-triangle", "4dc-regions"])
 def test_shipped_topologies_load(name: str) -> None:
-    topo = load_topology(ROOT / "topologies" / f"{name}.yaml")
+    topo = load_topology(TOPOLOGIES_DIR / f"{name}.yaml")
     assert topo.dcs and topo.wan
     for link in topo.wan:
         assert link.queue_bytes >= bdp_bytes(link.rate, link.rtt_s)
 
 
 def test_2dc_is_window_limited() -> None:
-    topo = load_topology(ROOT / "topologies" / "2dc.yaml")
+    topo = load_topology(TOPOLOGIES_DIR / "2dc.yaml")
     link = topo.wan[0]
     assert link.rtt_s == pytest.approx(0.050)
     assert link.rate == 1e9
@@ -146,7 +145,7 @@ def test_invalid_yaml(tmp_path: Path) -> None:
 
 
 def test_routes_follow_lowest_latency() -> None:
-    topo = load_topology(ROOT / "topologies" / "3dc-triangle.yaml")
+    topo = load_topology(TOPOLOGIES_DIR / "3dc-triangle.yaml")
     assert topo.routes()[("dc1", "dc3")] == ["dc1", "dc2", "dc3"]
     assert topo.path_delay("dc1", "dc3") == pytest.approx(0.025)
 

@@ -10,10 +10,8 @@ import pytest
 import yaml
 
 from testbed_core.compute_model import activation_bytes, stage_flops
+from testbed_core.constants import WORKLOADS_DIR as WORKLOADS
 from testbed_core.workload import WorkloadError, load_workload, parse_workload
-
-ROOT = Path(__file__).resolve().parents[3]
-WORKLOADS = ROOT / "scenarios" / "workloads"
 
 
 def base() -> dict:

@@ -121,13 +121,38 @@ def test_step_context_marks_failures_and_reraises() -> None:
     assert p.done_count == 2 and p.failed_count == 1
 
 
-def test_a_closed_pipe_never_crashes_the_work() -> None:
-    stream = io.StringIO()
-    p = Progress(1, "x", stream=stream, tty=False)
-    stream.close()
+class BrokenPipe(io.StringIO):
+    """A stderr whose reader went away: every write fails, as on a closed pipe."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.attempts = 0
+
+    def write(self, text: str) -> int:
+        self.attempts += 1
+        raise BrokenPipeError(32, "Broken pipe")
+
+
+@pytest.mark.parametrize("tty", [False, True])
+def test_a_closed_pipe_never_crashes_the_work(tty: bool) -> None:
+    stream = BrokenPipe()
+    p = Progress(2, "x", stream=stream, tty=tty)
+    ran = []
     with p.step("a"):
-        pass
+        ran.append("a")
+    p.log("a note")
+    p.skip("b")
     p.close()
+    assert ran == ["a"]
+    assert (p.done_count, p.failed_count, p.skipped_count) == (2, 0, 1)  # counted as if printed
+    assert stream.attempts > 0  # the reporter did try to write, and swallowed the errors
+    closed = io.StringIO()
+    q = Progress(1, "x", stream=closed, tty=False)
+    closed.close()  # writing to a closed file raises ValueError: swallowed too
+    with q.step("a"):
+        pass
+    q.close()
+    assert q.done_count == 1 and q.failed_count == 0
 
 
 @pytest.mark.parametrize(("seconds", "text"), [(None, "--"), (0.4, "0s"), (42, "42s"), (185, "3m05s"),

@@ -67,14 +67,26 @@ def test_mutated_valid_bytes(flips: list[tuple[int, int]], cut: int, split: int)
 
 
 @FUZZ
-@given(st.binary(min_size=P.HELLO_SIZE, max_size=P.HELLO_SIZE))
-def test_handshake_decoders_on_arbitrary_bytes(data: bytes) -> None:
-    for fn, size in ((P.decode_hello, P.HELLO_SIZE), (P.decode_challenge, P.CHALLENGE_SIZE),
-                     (P.decode_result, P.RESULT_SIZE)):
+@given(st.binary(min_size=P.HELLO_SIZE, max_size=P.HELLO_SIZE), st.booleans())
+def test_handshake_decoders_on_arbitrary_bytes(data: bytes, magic: bool) -> None:
+    """Random bytes, half of them behind the right magic so the field checks run too:
+    a decoder either refuses with ProtocolError or returns fields within the limits."""
+    if magic:
+        data = P.MAGIC + data[len(P.MAGIC):]
+    try:
+        hello = P.decode_hello(data[:P.HELLO_SIZE])
+    except ProtocolError:
+        pass
+    else:
+        assert 1 <= hello.stream_count <= P.MAX_STREAMS and hello.stream_index < hello.stream_count
+        assert hello.flags & ~P.FLAG_PROBE == 0
+    for fn, size in ((P.decode_challenge, P.CHALLENGE_SIZE), (P.decode_result, P.RESULT_SIZE)):
         try:
-            fn(data[:size])
+            reply = fn(data[:size])
         except ProtocolError:
-            pass
+            continue
+        assert reply.reason_length <= P.MAX_REASON
+        assert P.status_name(reply.status) != f"status {reply.status}"  # a known status
 
 
 @FUZZ

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import textwrap
 import time
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,7 +17,6 @@ import torch
 from atlas_transport import ChannelClosed, PeerLost, TransportConfig, TransportError, listen
 from atlas_transport.loopback import loopback_pair
 
-ROOT = Path(__file__).resolve().parents[3]
 SECRET = "failure-tests"
 
 PEER = textwrap.dedent("""
@@ -34,19 +32,18 @@ PEER = textwrap.dedent("""
 """).replace("{secret}", SECRET)
 
 
-def spawn_peer(role: str, port: int, pacing_mbps: float = 10000) -> subprocess.Popen:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+def spawn_peer(env: dict[str, str], role: str, port: int, pacing_mbps: float = 10000) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", PEER, role, str(port), str(pacing_mbps)], env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     return p
 
 
 @pytest.fixture()
-def peer_factory():
+def peer_factory(child_env: dict[str, str]):
     procs = []
 
     def make(*args, **kw):
-        p = spawn_peer(*args, **kw)
+        p = spawn_peer(child_env, *args, **kw)
         procs.append(p)
         return p
 

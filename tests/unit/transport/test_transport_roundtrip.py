@@ -185,7 +185,7 @@ def test_receive_device_checked_before_data_arrives(pair) -> None:
     assert torch.equal(b.recv(8, device="cpu", timeout=10), torch.ones(3))
 
 
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+@pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 def test_cuda_tensors(pair) -> None:
     a, b = pair
     x = torch.randn(1000, 33, device="cuda")

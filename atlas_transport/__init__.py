@@ -1,7 +1,9 @@
-"""Atlas: multi-connection tensor transport, DC placement planner and temporal
-bandwidth-sharing scheduler."""
+"""Atlas's multi-connection tensor transport: one transfer striped over N TCP streams.
 
-# --- transport exports (lazy: importing the planner must not pull in torch) ---
+A leaf library: it imports nothing from the testbed, so it runs alone between real
+machines. Placement and the temporal plan live in `testbed_core.planning`."""
+
+# Exports are resolved lazily: `import atlas_transport` does not pull in torch.
 _TRANSPORT_EXPORTS = {
     "TransportConfig": "config", "listen": "endpoints", "connect": "endpoints",
     "Listener": "endpoints", "Channel": "channel", "Handle": "channel",

@@ -19,6 +19,7 @@ import torch
 
 from .channel import Channel
 from .config import TransportConfig
+from .connector import open_channel
 from .errors import TransportError
 
 log = logging.getLogger("atlas_transport")
@@ -49,8 +50,6 @@ def choose(goodput: dict[int, float], margin: float) -> int:
 
 def probe_streams(host: str, port: int, cfg: TransportConfig) -> ProbeResult:
     """Measure goodput to a listener for each candidate stream count (no caching)."""
-    from .endpoints import open_channel
-
     ch = open_channel(host, port, cfg, max(cfg.auto_candidates), probe=True)
     try:
         payload = torch.zeros(cfg.auto_probe_bytes, dtype=torch.uint8)

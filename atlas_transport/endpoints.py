@@ -1,4 +1,5 @@
-"""Opening channels: `listen()` / `Listener.accept()` on one side, `connect()` on the other.
+"""Opening channels: `listen()` / `Listener.accept()` on one side, `connect()` on the other
+(the streams themselves are opened by `connector.open_channel`).
 
 The connector opens the N streams of a channel in parallel, each with its own
 handshake; the listener authenticates each stream, groups streams by channel id and
@@ -10,26 +11,24 @@ completes are dropped after `connect_timeout_s`. Probe channels (opened by the
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import socket
 import threading
 import time
 from dataclasses import dataclass, field
 
-from . import protocol as P
+from .auto import streams_for
 from .channel import Channel
 from .config import TransportConfig
+from .connector import open_channel
 from .errors import (
-    AuthenticationError,
     ChannelClosed,
     ConfigError,
     ConnectError,
-    ProtocolError,
     TransportError,
 )
-from .handshake import client_handshake, server_handshake
-from .sockets import open_stream, tune
+from .handshake import server_handshake
+from .sockets import tune
 
 log = logging.getLogger("atlas_transport")
 
@@ -208,46 +207,5 @@ def connect(host: str, port: int, cfg: TransportConfig | None = None) -> Channel
     cfg.resolved_secret()
     n = cfg.streams
     if n == "auto":
-        from .auto import streams_for
-
         n = streams_for(host, port, cfg)
     return open_channel(host, port, cfg, n)
-
-
-_ERROR_RANK = (AuthenticationError, ProtocolError, ConfigError, ConnectError)
-
-
-def open_channel(host: str, port: int, cfg: TransportConfig, n: int, *, probe: bool = False) -> Channel:
-    secret = cfg.resolved_secret()
-    cid = os.urandom(P.CHANNEL_ID_BYTES)
-    deadline = time.monotonic() + cfg.connect_timeout_s
-    peer = f"{host}:{port}"
-    socks: list[socket.socket | None] = [None] * n
-    errors: list[Exception] = []
-
-    def one(i: int) -> None:
-        try:
-            sock = open_stream(host, port, cfg, deadline)
-        except Exception as exc:
-            errors.append(exc)
-            return
-        try:
-            hello = P.Hello(P.VERSION, P.FLAG_PROBE if probe else 0, i, n, cid, os.urandom(P.NONCE_BYTES))
-            client_handshake(sock, secret, hello, deadline, peer)
-            socks[i] = sock
-        except Exception as exc:
-            sock.close()
-            errors.append(exc)
-
-    threads = [threading.Thread(target=one, args=(i,), daemon=True) for i in range(n)]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        for s in socks:
-            if s is not None:
-                s.close()
-        errors.sort(key=lambda e: next((k for k, cls in enumerate(_ERROR_RANK) if isinstance(e, cls)), 99))
-        raise errors[0]
-    return Channel(socks, cfg, cid, peer, probe=probe)  # type: ignore[arg-type]

@@ -130,6 +130,7 @@ def show(file: str) -> None:
               help="delay backend: kernel netem, the userspace relay, or auto")
 def up(file: str, backend: str) -> None:
     """Build FILE, open Mininet's CLI on it, tear it down when the CLI exits."""
+    from testbed.emulation.mininet_cli import run_cli
     from testbed.emulation.network import Emulation
 
     topology = _load(file)
@@ -139,7 +140,7 @@ def up(file: str, backend: str) -> None:
         with emu:
             say(f"built in {emu.build_s:.2f} s (delay backend {emu.delay_backend}); "
                 "`nodes` lists them, `exit` or Ctrl-D tears down")
-            emu.cli()
+            run_cli(emu)
         say(f"torn down in {emu.teardown_s:.2f} s")
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None

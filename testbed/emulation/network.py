@@ -221,12 +221,6 @@ class Emulation:
                 return n
         raise KeyError(f"no node named {name!r}")
 
-    def cli(self) -> None:
-        """Mininet's interactive CLI over this emulation's nodes (display names)."""
-        from testbed.emulation.mininet_cli import run_cli
-
-        run_cli(self)
-
     # -- signals
 
     def _install_signal_handlers(self) -> None:

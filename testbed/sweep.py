@@ -52,8 +52,11 @@ from testbed.run.scenario import (
     validate_scenario,
 )
 from testbed_core.configfile import format_validation_error, read_yaml_mapping
+from testbed_core.contracts.summary import Summary
 
-Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], dict[str, Any]]
+Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], Summary]
+"""Runs one point: (scenario, resolved scenario, point folder, progress) -> its summary
+(written to the folder as summary.json by the runner, or else by the sweep)."""
 FILE_FIELDS = ("topology", "workload")  # parameters whose string values are files to read in
 POINT_FILE = "point.json"
 SWEEP_FILE = "sweep.json"
@@ -463,7 +466,7 @@ class PointOutcome:
     error: str | None = None
 
 
-def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> dict[str, Any]:
+def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> Summary:
     """`testbed run`'s scenario runner, imported only when a point runs."""
     from testbed.run.runner import run_scenario
 
@@ -529,13 +532,14 @@ def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progres
     try:
         scenario = validate_scenario(resolved)
         summary = runner(scenario, resolved, folder, progress)
+        if not isinstance(summary, Summary):
+            raise RuntimeError(f"the runner returned {type(summary).__name__}, not a Summary "
+                               "(testbed_core/contracts/summary.py)")
         if not (folder / "summary.json").exists():
-            if not isinstance(summary, dict):
-                raise RuntimeError(f"the runner returned {type(summary).__name__}, not a summary dict, and wrote no summary.json")
-            _write_json(folder / "summary.json", summary)
-        if isinstance(summary, dict) and summary.get("delay_backend"):
+            (folder / "summary.json").write_text(summary.to_json())
+        if summary.delay_backend:
             prov = json.loads((folder / "provenance.json").read_text())
-            prov["delay_backend"] = summary["delay_backend"]
+            prov["delay_backend"] = summary.delay_backend
             write_provenance(folder / "provenance.json", prov)
     except Exception as exc:  # a failed point is recorded and the sweep goes on
         status, error = "failed", f"{type(exc).__name__}: {exc}"

@@ -1,5 +1,5 @@
 """`testbed demo`: the mission's three results in one table and one figure, on
-built-in defaults (what `sudo make demo` runs; the logic is in testbed/demo.py)."""
+built-in defaults (what `sudo make demo` runs; the logic is in the testbed/demo/ package)."""
 
 from __future__ import annotations
 

@@ -28,6 +28,7 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
+from testbed_core.contracts.summary import Summary, VariantFailure
 from testbed_core.device import WorkRecord, busy_time, merge_intervals
 
 TRAINING_KINDS = ("forward", "backward", "optimizer", "allreduce")
@@ -392,24 +393,22 @@ def _stdev(values: Sequence[float]) -> float:
 
 # ---------------------------------------------------------------- the table
 
-def summary_table(variants: Mapping[str, Mapping[str, Any]]) -> str:
+def summary_table(summary: Summary) -> str:
     """Fixed-width table of the variants of one run (what `testbed run` prints last)."""
     head = f"{'variant':<22}{'iter s':>9}{'pred s':>9}{'err':>7}{'util':>7}{'bubble':>8}{'WAN MB':>9}{'Mbit/s':>8}"
     lines = [head, "-" * len(head)]
-    base = (variants.get("baseline") or {}).get("iteration_time_s")
-    for name, v in variants.items():
-        if v.get("error"):
-            lines.append(f"{name:<22}FAILED: {v['error']}")
+    baseline = summary.result("baseline")
+    base = baseline.iteration_time_s if baseline else None
+    for name, v in summary.variants.items():
+        if isinstance(v, VariantFailure):
+            lines.append(f"{name:<22}FAILED: {v.error}")
             continue
-        it, pred = v.get("iteration_time_s"), v.get("predicted_iteration_time_s")
+        it, pred = v.iteration_time_s, v.predicted_iteration_time_s
         err = f"{(it - pred) / pred:+.0%}" if it and pred else "-"
-        wan = v.get("wan_links") or {}
-        nbytes = sum(x.get("bytes", 0) for x in wan.values())
-        gps = [x["goodput_mbps"] for x in wan.values() if x.get("goodput_mbps")]
         speed = f"  x{base / it:.2f} vs baseline" if base and it and name != "baseline" else ""
         lines.append(
-            f"{name:<22}{_f(it, '.3f'):>9}{_f(pred, '.3f'):>9}{err:>7}{_f(v.get('device_utilization'), '.0%'):>7}"
-            f"{_f(v.get('bubble_fraction'), '.0%'):>8}{nbytes / 1e6:>9.1f}{_f(gps[0] if len(gps) == 1 else (sum(gps) if gps else None), '.0f'):>8}"
+            f"{name:<22}{_f(it, '.3f'):>9}{_f(pred, '.3f'):>9}{err:>7}{_f(v.device_utilization, '.0%'):>7}"
+            f"{_f(v.bubble_fraction, '.0%'):>8}{v.wan_bytes() / 1e6:>9.1f}{_f(v.goodput_mbps(), '.0f'):>8}"
             f"{speed}"
         )
     return "\n".join(lines)

@@ -7,13 +7,21 @@ from __future__ import annotations
 import copy
 import csv
 import json
+import os
+import shutil
+import sys
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
 
-from testbed import demo as d
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import summary_builders as b  # noqa: E402
+
+from testbed import demo as d  # noqa: E402
+from testbed.demo import run as demo_run  # noqa: E402
+from testbed_core.contracts.summary import Summary  # noqa: E402
 
 # What `testbed bench transport` saved (results.json "results"), from a run here.
 BENCH = [
@@ -29,21 +37,26 @@ BENCH = [
      "requested_streams": 8, "size_bytes": 0, "samples_mbps": [755.8], "auto_probe_mbps": None, "error": None},
 ]
 
-# The parts of a quickstart summary.json the demo reads (figures from a run here).
-SUMMARY = {
-    "scenario": "quickstart", "delay_backend": "relay",
-    "variants": {
-        "baseline": {"iteration_time_s": 3.448, "device_utilization": 0.069, "streams": 1},
-        "multi-tcp": {"iteration_time_s": 1.558, "device_utilization": 0.16, "streams": 8},
-        "atlas": {"iteration_time_s": 1.212, "device_utilization": 0.199, "streams": 8},
-        "atlas+bubbletea": {
-            "iteration_time_s": 1.231, "device_utilization": 0.238, "device_utilization_training": 0.199,
-            "streams": 8, "training_slowdown": 0.0155,
-            "prefill_requests": {"arrived": 28, "served": 28, "rejected": 0},
-            "ttft_s": {"p50": 0.075, "p95": 0.85},
-        },
-    },
-}
+# A quickstart summary.json with the figures the demo reads.
+_ATLAS = b.variant("atlas", 1.212, device_utilization=0.199, streams=8)
+SUMMARY = b.summary({
+    "baseline": b.variant("baseline", 3.448, device_utilization=0.069, streams=1),
+    "multi-tcp": b.variant("multi-tcp", 1.558, device_utilization=0.16, streams=8),
+    "atlas": _ATLAS,
+    "atlas+bubbletea": b.with_bubbletea(_ATLAS, "atlas+bubbletea", iteration_time_s=1.231, device_utilization=0.238,
+                                        training_slowdown=0.0155, served=28, arrived=28),
+})
+
+
+def edited(summary: Summary, **variants) -> Summary:
+    """`summary` with variants replaced (an entry) or removed (None)."""
+    out = summary.model_copy(deep=True)
+    for name, entry in variants.items():
+        if entry is None:
+            del out.variants[name]
+        else:
+            out.variants[name] = entry
+    return out
 
 
 def rows_by_measure(rows: list[d.Row]) -> dict[str, d.Row]:
@@ -104,9 +117,7 @@ def test_training_rows() -> None:
 
 
 def test_training_rows_without_multi_tcp_and_with_a_failed_variant() -> None:
-    s = copy.deepcopy(SUMMARY)
-    del s["variants"]["multi-tcp"]
-    s["variants"]["baseline"] = {"error": "worker p0r1 exited with code 1"}
+    s = edited(SUMMARY, **{"multi-tcp": None, "baseline": b.failure("worker p0r1 exited with code 1")})
     rows = rows_by_measure(d.training_rows(s))
     assert not any("multi-tcp" in m for m in rows)
     base = rows["baseline iteration time"]
@@ -130,24 +141,24 @@ def test_bubbletea_rows() -> None:
 
 
 def test_bubbletea_slowdown_from_iteration_times_when_not_reported() -> None:
-    s = copy.deepcopy(SUMMARY)
-    del s["variants"]["atlas+bubbletea"]["training_slowdown"]
+    bt = b.with_bubbletea(_ATLAS, "atlas+bubbletea", iteration_time_s=1.231, device_utilization=0.238,
+                          training_slowdown=None)
+    s = edited(SUMMARY, **{"atlas+bubbletea": bt})
     slow = rows_by_measure(d.bubbletea_rows(s))["training slowdown with BubbleTea"]
     assert slow.value == pytest.approx(1.231 / 1.212 - 1)
 
 
 def test_bubbletea_slowdown_row_says_when_the_wan_lost_packets() -> None:
-    s = copy.deepcopy(SUMMARY)
-    bt = s["variants"]["atlas+bubbletea"]
-    bt.update(training_slowdown=0.103, wan_tail_drops={"with_bubbletea": 5, "without": 0},
-              training_slowdown_note="the WAN queue dropped 5 packets ...")
+    bt = b.with_bubbletea(_ATLAS, "atlas+bubbletea", iteration_time_s=1.231, device_utilization=0.238,
+                          training_slowdown=0.103, wan_tail_drops={"with_bubbletea": 5, "without": 0},
+                          training_slowdown_note="the WAN queue dropped 5 packets ...")
+    s = edited(SUMMARY, **{"atlas+bubbletea": bt})
     slow = rows_by_measure(d.bubbletea_rows(s))["training slowdown with BubbleTea"]
     assert slow.ok is False and "WAN lost 5 packets here, 0 without BubbleTea" in slow.note
 
 
 def test_bubbletea_rows_missing_variant_say_why() -> None:
-    s = copy.deepcopy(SUMMARY)
-    del s["variants"]["atlas+bubbletea"]
+    s = edited(SUMMARY, **{"atlas+bubbletea": None})
     rows = rows_by_measure(d.bubbletea_rows(s, why_missing="not run: the BubbleTea agent is not installed"))
     assert rows["utilization without BubbleTea (atlas)"].value == pytest.approx(0.199)
     for m in ("utilization with BubbleTea (atlas+bubbletea)", "training slowdown with BubbleTea"):
@@ -159,8 +170,7 @@ def test_bubbletea_rows_missing_variant_say_why() -> None:
 
 
 def test_bubbletea_rows_failed_variant() -> None:
-    s = copy.deepcopy(SUMMARY)
-    s["variants"]["atlas+bubbletea"] = {"error": "agent-p0r0 exited: ModuleNotFoundError: transformers"}
+    s = edited(SUMMARY, **{"atlas+bubbletea": b.failure("agent-p0r0 exited: ModuleNotFoundError: transformers")})
     rows = rows_by_measure(d.bubbletea_rows(s))
     assert "atlas+bubbletea failed: agent-p0r0 exited" in rows["training slowdown with BubbleTea"].note
 
@@ -182,13 +192,13 @@ def test_table_with_nothing_measured_shows_na() -> None:
     assert all(r.value is None for r in rows)
 
 
-def save_demo_folder(out: Path, bench: list | None = BENCH, summary: dict | None = SUMMARY) -> None:
+def save_demo_folder(out: Path, bench: list | None = BENCH, summary: Summary | None = SUMMARY) -> None:
     if bench is not None:
         (out / "transport").mkdir(parents=True)
         (out / "transport" / "results.json").write_text(json.dumps({"results": bench, "checks": [], "meta": {}}))
     if summary is not None:
         (out / "quickstart").mkdir(parents=True)
-        (out / "quickstart" / "summary.json").write_text(json.dumps(summary))
+        (out / "quickstart" / "summary.json").write_text(summary.to_json())
 
 
 def test_outputs_rebuilt_from_saved_results(tmp_path: Path) -> None:
@@ -230,8 +240,7 @@ def test_plot_has_three_readable_panels(tmp_path: Path) -> None:
 
 
 def test_plot_with_missing_parts_still_draws(tmp_path: Path) -> None:
-    s = copy.deepcopy(SUMMARY)
-    del s["variants"]["atlas+bubbletea"]
+    s = edited(SUMMARY, **{"atlas+bubbletea": None})
     rows = d.build_rows(None, s, bench_note="skipped (--skip-bench)", bubbletea_note="not run: no agent")
     path = d.plot(rows, tmp_path / "demo.png")
     assert path.stat().st_size > 10_000
@@ -253,7 +262,7 @@ def test_load_rows_with_only_the_run(tmp_path: Path) -> None:
 def test_load_rows_refuses_a_corrupt_file(tmp_path: Path) -> None:
     save_demo_folder(tmp_path)
     (tmp_path / "quickstart" / "summary.json").write_text("{not json")
-    with pytest.raises(d.DemoError, match="summary.json: cannot be read as JSON"):
+    with pytest.raises(d.DemoError, match="summary.json: unreadable JSON"):
         d.load_rows(tmp_path)
 
 
@@ -299,8 +308,8 @@ def test_prerequisites_scenario_missing(tmp_path: Path) -> None:
 def test_cli_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
     from testbed.cli import main
 
-    monkeypatch.setattr(d.os, "geteuid", lambda: 1000)
-    monkeypatch.setattr(d, "probe_libiperf", lambda: None)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(demo_run, "probe_libiperf", lambda: None)
     result = CliRunner().invoke(main, ["demo", "--out", "/nonexistent/never-written"])
     assert result.exit_code == 1
     assert "the demo cannot run here" in result.output and "needs root" in result.output
@@ -310,9 +319,9 @@ def test_cli_refuses_without_root(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_cli_refuses_without_mnexec(monkeypatch: pytest.MonkeyPatch) -> None:
     from testbed.cli import main
 
-    real = d.shutil.which
-    monkeypatch.setattr(d.os, "geteuid", lambda: 0)
-    monkeypatch.setattr(d.shutil, "which", lambda name: None if name == "mnexec" else real(name) or "/bin/x")
+    real = shutil.which
+    monkeypatch.setattr(os, "geteuid", lambda: 0)
+    monkeypatch.setattr(shutil, "which", lambda name: None if name == "mnexec" else real(name) or "/bin/x")
     result = CliRunner().invoke(main, ["demo", "--skip-bench"])
     assert result.exit_code == 1
     assert "mnexec (Mininet's helper" in result.output
@@ -359,7 +368,7 @@ def test_expected_steps() -> None:
 
 # ------------------------------------------------------------------ orchestration
 
-def fake_run(monkeypatch: pytest.MonkeyPatch, summary: dict) -> list:
+def fake_run(monkeypatch: pytest.MonkeyPatch, summary: Summary) -> list:
     """Replace run_scenario with one that writes `summary`; returns the calls."""
     import testbed.run.runner
 
@@ -369,9 +378,9 @@ def fake_run(monkeypatch: pytest.MonkeyPatch, summary: dict) -> list:
         calls.append(list(variants))
         out = Path(out)
         out.mkdir(parents=True, exist_ok=True)
-        kept = {k: v for k, v in summary["variants"].items() if k in variants}
-        s = {**summary, "variants": kept}
-        (out / "summary.json").write_text(json.dumps(s))
+        s = summary.model_copy(deep=True)
+        s.variants = {k: v for k, v in s.variants.items() if k in variants}
+        (out / "summary.json").write_text(s.to_json())
         return s
 
     monkeypatch.setattr(testbed.run.runner, "run_scenario", run_scenario)
@@ -385,8 +394,8 @@ def test_run_demo_bench_failure_is_recorded_and_the_run_goes_on(monkeypatch: pyt
     def broken_bench(*a, **k):
         raise BenchError("cannot build the emulation of 2dc.yaml: mnexec failed")
 
-    monkeypatch.setattr(d, "run_bench", broken_bench)
-    monkeypatch.setattr(d, "bubbletea_unavailable", lambda: None)
+    monkeypatch.setattr(demo_run, "run_bench", broken_bench)
+    monkeypatch.setattr(demo_run, "bubbletea_unavailable", lambda: None)
     calls = fake_run(monkeypatch, SUMMARY)
     outcome = d.run_demo(d.DEFAULT, tmp_path, d.PlannedProgress({}, enabled=False), echo=lambda s: None)
     assert calls == [list(d.DEFAULT.variants)]
@@ -402,8 +411,8 @@ def test_run_demo_bench_failure_is_recorded_and_the_run_goes_on(monkeypatch: pyt
 
 
 def test_run_demo_without_the_bubbletea_agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    monkeypatch.setattr(d, "bubbletea_unavailable", lambda: "the BubbleTea agent (python -m bubbletea_agent) "
-                                                             "is not installed")
+    monkeypatch.setattr(demo_run, "bubbletea_unavailable", lambda: "the BubbleTea agent (python -m bubbletea_agent) "
+                                                                    "is not installed")
     calls = fake_run(monkeypatch, SUMMARY)
     said = []
     cfg = replace(d.DEFAULT, skip_bench=True)

@@ -1,6 +1,7 @@
 """Stand-ins for `testbed.run.runner.run_scenario` used by the sweep and report tests.
 
-They write what the real runner writes (summary.json, scenario.resolved.yaml) with
+They write what the real runner writes (summary.json through its model, built with
+summary_builders.py, and scenario.resolved.yaml) with
 figures derived from the point's parameters by a simple window-limited TCP model,
 so aggregation and plots are exercised on real files whose numbers move with the
 swept values. Importable by name (`test_sweep_fakes:fake_runner`) so that the
@@ -9,95 +10,86 @@ swept values. Importable by name (`test_sweep_fakes:fake_runner`) so that the
 
 from __future__ import annotations
 
-import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import summary_builders as builders  # noqa: E402
+
+from testbed_core.contracts.summary import Summary, VariantResult  # noqa: E402
+
 BYTES_PER_ITERATION = 40e6  # what crosses the WAN per iteration, bytes
 COMPUTE_S = 1.0
 
 
-def make_summary(scenario: Any) -> dict[str, Any]:
+def make_summary(scenario: Any) -> Summary:
     link = scenario.topology.wan[0]
     rtt, rate = link.rtt_s, link.rate
     window = scenario.topology.tcp_for(link.between[0]).window_limited_rate(rtt)
     streams = scenario.transport.streams if isinstance(scenario.transport.streams, int) else 8
     noise = 1 + 0.02 * ((scenario.seed * 7919) % 5) / 5
 
-    def variant(n_streams: int, share: float, crossings: int) -> dict[str, Any]:
+    def variant(name: str, n_streams: int, share: float, crossings: int) -> VariantResult:
         goodput = min(rate, n_streams * window)
         it = (COMPUTE_S + share * BYTES_PER_ITERATION * 8 / goodput + crossings * rtt) * noise
         util = 0.9 * COMPUTE_S / it
-        return {
-            "iteration_time_s": it,
-            "predicted_iteration_time_s": it * 1.03,
-            "device_utilization": util,
-            "bubble_fraction": 1 - util / 0.9,
-            "wan_links": {link.name: {"bytes": int(BYTES_PER_ITERATION * 3), "goodput_mbps": goodput / 1e6}},
-        }
+        return builders.variant(
+            name, it, predicted_s=it * 1.03, device_utilization=util, streams=n_streams, bubble_fraction=1 - util / 0.9,
+            wan={link.name: builders.wan_link(int(BYTES_PER_ITERATION * 3), goodput / 1e6)},
+        )
 
-    variants = {
-        "baseline": variant(1, 1.0, 4),
-        "multi-tcp": variant(streams, 1.0, 4),
-        "atlas": variant(streams, 0.3, 2),
+    variants: dict[str, VariantResult] = {
+        "baseline": variant("baseline", 1, 1.0, 4),
+        "multi-tcp": variant("multi-tcp", streams, 1.0, 4),
+        "atlas": variant("atlas", streams, 0.3, 2),
     }
     variants = {k: v for k, v in variants.items() if k in scenario.variants}
     if scenario.bubbletea.enabled:
         load = min(1.0, scenario.bubbletea.requests.rate / 10)
         for name in list(variants):
             base = variants[name]
-            served = int(200 * load)
-            variants[f"{name}+bubbletea"] = dict(
-                base,
-                iteration_time_s=base["iteration_time_s"] * 1.004,
-                device_utilization_training=base["device_utilization"],
-                device_utilization=base["device_utilization"] + (1 - base["device_utilization"]) * 0.9 * load,
-                training_slowdown=0.004,
-                prefill_requests={"served": served, "rejected": 3, "rejected_by_reason": {"deadline": 3}},
-                ttft_s={"p50": 0.2 + rtt, "p95": 0.5 + 2 * rtt, "p99": 0.7 + 3 * rtt},
-                guard_violations=0,
+            variants[f"{name}+bubbletea"] = builders.with_bubbletea(
+                base, f"{name}+bubbletea", iteration_time_s=base.iteration_time_s * 1.004,
+                device_utilization=base.device_utilization + (1 - base.device_utilization) * 0.9 * load,
+                training_slowdown=0.004, served=int(200 * load), rejected=3,
+                ttft_p50=0.2 + rtt, ttft_p95=0.5 + 2 * rtt,
             )
-    return {
-        "scenario": scenario.name,
-        "delay_backend": "relay",
-        "scale": 1.0,
-        "seed": scenario.seed,
-        "variants": variants,
-    }
+    return builders.summary(dict(variants), scenario=scenario.name, seed=scenario.seed)
 
 
-def fake_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> dict[str, Any]:
+def fake_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> Summary:
     summary = make_summary(scenario)
     pause = float(os.environ.get("FAKE_RUNNER_SLEEP", "0"))
     if progress is not None:
-        progress.set_total(len(summary["variants"]))
-    for name in summary["variants"]:
+        progress.set_total(len(summary.variants))
+    for name in summary.variants:
         if progress is not None:
             progress.start(name)
-        time.sleep(pause / max(1, len(summary["variants"])))
+        time.sleep(pause / max(1, len(summary.variants)))
         if progress is not None:
             progress.done(name)
     (out_dir / "scenario.resolved.yaml").write_text(yaml.safe_dump(resolved, sort_keys=False))
-    (out_dir / "summary.json").write_text(json.dumps(summary, indent=2))
+    (out_dir / "summary.json").write_text(summary.to_json())
     return summary
 
 
-def failing_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> dict[str, Any]:
+def failing_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> Summary:
     raise RuntimeError("emulation failed: no free run prefix")
 
 
-def flaky_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> dict[str, Any]:
+def flaky_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> Summary:
     """Fails on the long-RTT points only."""
     if scenario.topology.wan[0].rtt_s > 0.15:
         raise RuntimeError(f"relay lost its queue at RTT {scenario.topology.wan[0].rtt_s * 1000:g} ms")
     return fake_runner(scenario, resolved, out_dir, progress)
 
 
-def returning_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> dict[str, Any]:
+def returning_runner(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> Summary:
     """Returns the summary without writing it: the sweep must write summary.json itself."""
     return make_summary(scenario)
 
@@ -133,5 +125,5 @@ def write_sweep(folder: Path, body: dict[str, Any], name: str = "sweep.yaml") ->
     return path
 
 
-def fail_if_called(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> dict[str, Any]:
+def fail_if_called(scenario: Any, resolved: dict[str, Any], out_dir: Path, progress: Any = None) -> Summary:
     raise AssertionError("a point ran although the sweep should have been refused")

@@ -31,6 +31,7 @@ from testbed.cli import main  # noqa: E402
 from testbed.progress import Progress  # noqa: E402
 from testbed.report import build_report  # noqa: E402
 from testbed.sweep import SweepError, load_sweep, run_sweep  # noqa: E402
+from testbed_core.contracts.summary import read_summary  # noqa: E402
 
 ROOT = HERE.parents[1]
 DELAYS = ["5ms", "25ms", "50ms", "100ms"]
@@ -76,8 +77,8 @@ def test_each_point_has_its_folder_config_record_and_provenance(folder: Path) ->
     assert prov["python"]["version"].startswith("3.")
     assert prov["packages"]["torch"].startswith("2.13.0")
     assert "pyroute2" in prov["packages"] and "commit" in prov["git"]
-    summary = json.loads((out / pid / "summary.json").read_text())
-    assert summary["variants"]["atlas"]["iteration_time_s"] < summary["variants"]["baseline"]["iteration_time_s"]
+    summary = read_summary(out / pid / "summary.json")
+    assert summary.result("atlas").iteration_time_s < summary.result("baseline").iteration_time_s
     sweep = json.loads((out / "sweep.json").read_text())
     assert [p["id"] for p in sweep["points"]] == [p.id for p in plan.points]
     assert sweep["parameters"] == [{"path": "topology.wan.0.delay", "label": "delay", "values": DELAYS[:2]}]
@@ -129,16 +130,16 @@ def test_changed_configuration_is_rerun(folder: Path) -> None:
     run(load_sweep(path), out, runner=fake_runner)
     outcomes = run(load_sweep(path, {"topology.wan.0.rate": "500Mbit"}), out, runner=fake_runner)
     assert [o.status for o in outcomes] == ["ok", "ok"]
-    summary = json.loads((out / "p001-delay=5ms" / "summary.json").read_text())
-    assert summary["variants"]["atlas"]["wan_links"]["dc1-dc2"]["goodput_mbps"] <= 500
+    summary = read_summary(out / "p001-delay=5ms" / "summary.json")
+    assert summary.result("atlas").wan_links["dc1-dc2"].goodput_mbps <= 500
 
 
 def test_summary_returned_but_not_written_is_saved(folder: Path) -> None:
     plan = load_sweep(write_sweep(folder, {"parameters": {"transport.streams": [2]}}))
     out = folder / "out"
     run(plan, out, runner=returning_runner)
-    summary = json.loads((out / plan.points[0].id / "summary.json").read_text())
-    assert set(summary["variants"]) == {"baseline", "multi-tcp", "atlas"}
+    summary = read_summary(out / plan.points[0].id / "summary.json")
+    assert set(summary.variants) == {"baseline", "multi-tcp", "atlas"}
 
 
 def test_interrupted_point_is_marked_and_rerun(folder: Path) -> None:

@@ -4,6 +4,9 @@ goodput, merging the two ends of a transfer, the summary table."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
 
 from testbed.run.metrics import (
@@ -16,6 +19,9 @@ from testbed.run.metrics import (
     wan_stats,
 )
 from testbed_core.device import WorkRecord
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "front"))
+import summary_builders as builders  # noqa: E402  (summaries built through the summary.json model)
 
 
 def rec(device: str, start: float, end: float, kind: str = "forward", owner: str = "train:p0r0") -> WorkRecord:
@@ -117,13 +123,13 @@ def test_both_ends_of_a_transfer_are_merged() -> None:
 
 
 def test_summary_table_lists_each_variant_with_its_error() -> None:
-    table = summary_table({
-        "baseline": {"iteration_time_s": 2.0, "predicted_iteration_time_s": 2.1, "device_utilization": 0.2,
-                     "bubble_fraction": 0.8, "wan_links": {"dc1-dc2": {"bytes": 5e6, "goodput_mbps": 100.0}}},
-        "atlas": {"iteration_time_s": 0.8, "predicted_iteration_time_s": 0.8, "device_utilization": 0.5,
-                  "bubble_fraction": 0.5, "wan_links": {"dc1-dc2": {"bytes": 5e6, "goodput_mbps": 700.0}}},
-        "multi-tcp": {"error": "worker p0r1 exited with status 1"},
-    })
+    table = summary_table(builders.summary({
+        "baseline": builders.variant("baseline", 2.0, predicted_s=2.1, device_utilization=0.2,
+                                     wan={"dc1-dc2": builders.wan_link(5_000_000, 100.0)}),
+        "atlas": builders.variant("atlas", 0.8, device_utilization=0.5,
+                                  wan={"dc1-dc2": builders.wan_link(5_000_000, 700.0)}),
+        "multi-tcp": builders.failure("worker p0r1 exited with status 1"),
+    }))
     lines = table.splitlines()
     assert lines[0].split()[:3] == ["variant", "iter", "s"]
     assert "baseline" in lines[2] and "-5%" in lines[2]
@@ -220,22 +226,26 @@ def test_slowdown_with_wan_loss_the_plain_twin_did_not_have_is_flagged() -> None
     import io
 
     from testbed.progress import Progress
-    from testbed.run.runner import _compare_wan_loss, tail_drops
+    from testbed.run.runner import _compare_wan_loss
 
-    def entry(drops: int, **extra) -> dict:
-        return {"delay_line": {"dc1-dc2": {"x->y": {"queue_drops": drops}, "y->x": {"queue_drops": 0},
-                                           "relay_drops": 0}}, **extra}
+    def plain(drops: int | None):
+        return builders.variant("atlas", 1.0, delay_line=None if drops is None else builders.delay_line(drops))
 
-    assert tail_drops(entry(5)) == 5 and tail_drops({"delay_line": None}) is None and tail_drops(None) is None
+    def entry(drops: int | None, slowdown: float):
+        return builders.with_bubbletea(plain(drops), "atlas+bubbletea", iteration_time_s=1.0 + slowdown,
+                                       device_utilization=0.6, training_slowdown=slowdown)
+
+    assert plain(5).tail_drops() == 5 and plain(None).tail_drops() is None
     log = io.StringIO()
-    bt = entry(5, training_slowdown=0.103, training_wait_on_prefill_s=0.0)
-    _compare_wan_loss(bt, entry(0), "atlas+bubbletea", Progress(stream=log, tty=False))
-    assert bt["wan_tail_drops"] == {"with_bubbletea": 5, "without": 0}
-    assert "dropped 5 packets in this variant and 0 without BubbleTea" in bt["training_slowdown_note"]
+    bt = entry(5, 0.103)
+    _compare_wan_loss(bt, plain(0), "atlas+bubbletea", Progress(stream=log, tty=False))
+    assert bt.wan_tail_drops.model_dump() == {"with_bubbletea": 5, "without": 0}
+    assert "dropped 5 packets in this variant and 0 without BubbleTea" in bt.training_slowdown_note
     assert "atlas+bubbletea: note:" in log.getvalue()
-    calm = entry(5, training_slowdown=-0.005)
-    _compare_wan_loss(calm, entry(0), "atlas+bubbletea", Progress(stream=io.StringIO(), tty=False))
-    assert "training_slowdown_note" not in calm and calm["wan_tail_drops"]["with_bubbletea"] == 5
-    local = {"delay_line": None, "training_slowdown": 0.2}
-    _compare_wan_loss(local, {"delay_line": None}, "x", Progress(stream=io.StringIO(), tty=False))
-    assert local == {"delay_line": None, "training_slowdown": 0.2}
+    calm = entry(5, -0.005)
+    _compare_wan_loss(calm, plain(0), "atlas+bubbletea", Progress(stream=io.StringIO(), tty=False))
+    assert "training_slowdown_note" not in calm.model_dump() and calm.wan_tail_drops.with_bubbletea == 5
+    local = entry(None, 0.2)
+    before = local.model_dump()
+    _compare_wan_loss(local, plain(None), "x", Progress(stream=io.StringIO(), tty=False))
+    assert local.model_dump() == before and "wan_tail_drops" not in before

@@ -1,264 +1,31 @@
-"""Reports: one CSV and a few plots from result folders alone.
+"""The plots of a report, drawn from its rows (loading.py) and nothing else.
 
-Works on the output of a sweep (`sweep.json` and one folder per point) and on the
-output folder of a single `testbed run` (its `summary.json`). Nothing is recomputed
-from a live system, so a report can be rebuilt anywhere, any time, from the files.
-
-`results.csv` has one row per point x variant: the point id, its status and seed,
-each swept parameter as written in the sweep file, the variant, then every scalar
-metric of the variant's summary flattened to a dotted column name
-(`wan_links.dc1-dc2.goodput_mbps`, `ttft_s.p95`), plus `speedup_vs_baseline`.
-Points that failed or have not run yet get one row with their status and error, so
-the table always shows the whole sweep.
-
-Plots answer the questions the testbed is for, against the swept parameter:
-iteration time per variant (measured, and predicted dotted), the speedup of each
-variant over the baseline, device utilization with and without BubbleTea and the
-training slowdown it costs, TTFT, and transport goodput when streams or bandwidth
-are swept. A second swept parameter becomes one column of panels per value.
+Sweeps: against the swept parameter, iteration time per variant (measured, and
+predicted dotted), the speedup of each variant over the baseline, device utilization
+with and without BubbleTea and the training slowdown it costs, TTFT, and transport
+goodput when streams or bandwidth are swept; a second swept parameter becomes one
+column of panels per value. A single run: bars per variant. Variant order and colours
+come from the variant registry (testbed_core/variants.py), so every figure of the
+testbed draws a variant alike.
 """
 
 from __future__ import annotations
 
-import csv
-import json
 import math
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from testbed_core.configfile import ConfigError
+from testbed.report.loading import ResultSet, category, number, parse_cell, wan_goodput
+from testbed_core.contracts.summary import VariantResult
 from testbed_core.units import UnitError, parse_duration, parse_rate, parse_size
+from testbed_core.variants import base_name, colour, has_bubbletea, sort_key
 
-VARIANT_ORDER = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
-BT_SUFFIX = "+bubbletea"
-COLORS = {"baseline": "#d62728", "multi-tcp": "#ff7f0e", "atlas": "#1f77b4", "dp-across-dc": "#9467bd"}
-MARKERS = ("o", "s", "D", "v", "P")  # by variant rank: baseline, multi-tcp, atlas, dp-across-dc, others
-EXTRA_COLORS = ("#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
-PREFERRED_METRICS = (
-    "iteration_time_s", "predicted_iteration_time_s", "device_utilization", "device_utilization_training",
-    "bubble_fraction", "training_slowdown", "prefill_requests.served", "prefill_requests.rejected",
-    "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations",
-)
+MARKERS = ("o", "s", "D", "v", "P")  # by variant rank in the registry; the last for the others
 PAPER_UTILIZATION = 0.94  # the paper's best reported GPU utilization with BubbleTea
 SLOWDOWN_LIMIT = 0.01  # BubbleTea's promise: training slows down by at most 1%
-
-
-class ReportError(ConfigError):
-    """A folder that holds no results the report can read."""
-
-
-# ---------------------------------------------------------------------------- loading
-
-
-@dataclass
-class PointResult:
-    id: str
-    folder: Path
-    parameters: dict[str, Any]
-    seed: int | None
-    status: str
-    error: str | None = None
-    duration_s: float | None = None
-    summary: dict[str, Any] | None = None
-    bench: list[dict[str, Any]] | None = None
-    resolved: dict[str, Any] | None = None
-
-
-@dataclass
-class ResultSet:
-    root: Path
-    kind: str  # "sweep" or "run"
-    name: str
-    parameters: list[tuple[str, str]]  # (path, label)
-    points: list[PointResult] = field(default_factory=list)
-
-    def labels(self) -> dict[str, str]:
-        return dict(self.parameters)
-
-
-def read_json(path: Path, fail: Callable[[Exception], Exception]) -> Any:
-    """The JSON document at `path`, or None when there is none; `fail` turns a file
-    that is there but unreadable into the caller's error (the demo reads results
-    the same way)."""
-    try:
-        return json.loads(path.read_text())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise fail(exc) from None
-
-
-def _read_json(path: Path) -> Any:
-    return read_json(path, lambda exc: ReportError(
-        f"{path}: unreadable JSON ({exc}); remove the file or rerun that point"))
-
-
-def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:
-    record = _read_json(folder / "point.json") or {}
-    summary = _read_json(folder / "summary.json")
-    bench = _read_json(folder / "results.json")
-    resolved = None
-    try:
-        resolved = yaml.safe_load((folder / "scenario.resolved.yaml").read_text())
-    except (OSError, yaml.YAMLError):
-        pass
-    status = record.get("status")
-    if status is None:
-        status = "ok" if summary is not None or bench is not None else "pending"
-    if status == "ok" and summary is None and bench is None:
-        status, record["error"] = "incomplete", "status ok but no summary.json"
-    if status == "running":
-        status = "unfinished"
-    return PointResult(
-        id=pid,
-        folder=folder,
-        parameters=record.get("parameters", parameters) or {},
-        seed=record.get("seed", seed if seed is not None else (summary or {}).get("seed")),
-        status=status,
-        error=record.get("error"),
-        duration_s=record.get("duration_s"),
-        summary=summary if isinstance(summary, dict) else None,
-        bench=bench.get("results") if isinstance(bench, dict) else None,
-        resolved=resolved if isinstance(resolved, dict) else None,
-    )
-
-
-def load_results(root: str | Path) -> ResultSet:
-    """The results under `root`: a sweep's folder or one `testbed run` output folder."""
-    root = Path(root)
-    if not root.is_dir():
-        raise ReportError(f"{root}: no such result folder")
-    if (root / "summary.json").exists() or (root / "point.json").exists() or (root / "results.json").exists():
-        point = _read_point_folder(root, root.name, {}, None)
-        name = (point.summary or {}).get("scenario") or root.name
-        return ResultSet(root, "run", str(name), [], [point])
-    sweep = _read_json(root / "sweep.json")
-    if isinstance(sweep, dict):
-        params = [(p["path"], p.get("label") or p["path"]) for p in sweep.get("parameters", [])]
-        rs = ResultSet(root, "sweep", str(sweep.get("name") or root.name), params)
-        for entry in sweep.get("points", []):
-            rs.points.append(
-                _read_point_folder(root / entry["id"], entry["id"], entry.get("parameters", {}), entry.get("seed"))
-            )
-        return rs
-    folders = sorted(p for p in root.iterdir() if p.is_dir() and ((p / "point.json").exists() or (p / "summary.json").exists()))
-    if not folders:
-        raise ReportError(
-            f"{root}: no results here (expected the summary.json of a `testbed run`, "
-            "or the sweep.json and point folders of a `testbed sweep`)"
-        )
-    rs = ResultSet(root, "sweep", root.name, [])
-    for folder in folders:
-        rs.points.append(_read_point_folder(folder, folder.name, {}, None))
-    seen: dict[str, str] = {}
-    for pt in rs.points:
-        for path in pt.parameters:
-            seen.setdefault(path, path.split(".")[-1])
-    rs.parameters = list(seen.items())
-    return rs
-
-
-# ---------------------------------------------------------------------------- rows
-
-
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Scalar leaves of nested dicts, keyed by dotted path; lists are left out."""
-    out: dict[str, Any] = {}
-    for key, value in data.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            out.update(flatten(value, name + "."))
-        elif isinstance(value, (int, float, str, bool)) or value is None:
-            out[name] = value
-    return out
-
-
-def variant_sort_key(name: str) -> tuple[int, int, str]:
-    base = name.removesuffix(BT_SUFFIX)
-    rank = VARIANT_ORDER.index(base) if base in VARIANT_ORDER else len(VARIANT_ORDER)
-    return (rank, int(name.endswith(BT_SUFFIX)), name)
-
-
-def _metric_key(name: str) -> tuple[int, str]:
-    return (PREFERRED_METRICS.index(name), "") if name in PREFERRED_METRICS else (len(PREFERRED_METRICS), name)
-
-
-def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
-    """CSV columns and rows: one row per point x variant (one per point without results)."""
-    rows: list[dict[str, Any]] = []
-    metrics: set[str] = set()
-    param_paths = [p for p, _ in rs.parameters]
-    for pt in rs.points:
-        head: dict[str, Any] = {"point": pt.id, "status": pt.status, "seed": pt.seed}
-        for path in param_paths:
-            head[path] = _cell(pt.parameters.get(path))
-        made = 0
-        summary = pt.summary or {}
-        variants = summary.get("variants") if isinstance(summary.get("variants"), dict) else {}
-        base_it = _number((variants.get("baseline") or {}).get("iteration_time_s"))
-        for vname in sorted(variants, key=variant_sort_key):
-            vdata = variants[vname] if isinstance(variants[vname], dict) else {}
-            flat = flatten(vdata)
-            metrics.update(flat)
-            row = dict(head, variant=vname, delay_backend=summary.get("delay_backend"), scale=summary.get("scale"))
-            row.update(flat)
-            it = _number(vdata.get("iteration_time_s"))
-            row["speedup_vs_baseline"] = base_it / it if base_it and it else None
-            rows.append(row)
-            made += 1
-        for result in pt.bench or []:
-            flat = {f"bench.{k}": v for k, v in flatten(result).items()}
-            metrics.update(flat)
-            row = dict(head, variant=f"bench:{result.get('method', '?')}", delay_backend=summary.get("delay_backend"))
-            row.update(flat)
-            rows.append(row)
-            made += 1
-        if not made:
-            rows.append(dict(head, variant=""))
-        if pt.error:
-            for row in rows[len(rows) - made - (0 if made else 1):]:
-                row["error"] = pt.error
-    columns = ["point", "status", "seed", *param_paths, "variant", "delay_backend", "scale"]
-    columns += sorted(metrics, key=_metric_key)
-    columns += ["speedup_vs_baseline", "error"]
-    return columns, rows
-
-
-def _cell(value: Any) -> Any:
-    if isinstance(value, (dict, list)):
-        return json.dumps(value, sort_keys=True)
-    return value
-
-
-def _number(value: Any) -> float | None:
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, (int, float)):
-        return float(value) if math.isfinite(value) else None
-    return None
-
-
-def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
-    with path.open("w", newline="") as fh:
-        writer = csv.writer(fh)
-        writer.writerow(columns)
-        for row in rows:
-            writer.writerow([_csv_value(row.get(c)) for c in columns])
-
-
-def _csv_value(value: Any) -> str:
-    if value is None:
-        return ""
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, float):
-        return repr(round(value, 9))
-    return str(value)
 
 
 # ---------------------------------------------------------------------------- axes
@@ -276,15 +43,9 @@ class Axis:
 
     def x(self, value: Any) -> float | None:
         if self.categories is not None:
-            text = _category(value)
+            text = category(value)
             return float(self.categories.index(text)) if text in self.categories else None
         return self.convert(value)
-
-
-def _category(value: Any) -> str:
-    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
-        return Path(value).stem
-    return str(value)
 
 
 def _kind(values: list[Any]) -> str:
@@ -365,22 +126,13 @@ def axis_for(path: str, values: list[Any]) -> Axis:
         return Axis(path, _NAMED.get(path, path), _safe(float), log=log)
     cats: list[str] = []
     for v in values:
-        if _category(v) not in cats:
-            cats.append(_category(v))
+        if category(v) not in cats:
+            cats.append(category(v))
     title = "topology" if path == "topology" else "workload" if path == "workload" else _NAMED.get(path, path)
     return Axis(path, title, _safe(float), categories=cats)
 
 
 # ---------------------------------------------------------------------------- plots
-
-
-def _color(variant: str, palette: dict[str, str]) -> str:
-    base = variant.removesuffix(BT_SUFFIX)
-    if base in COLORS:
-        return COLORS[base]
-    if base not in palette:
-        palette[base] = EXTRA_COLORS[len(palette) % len(EXTRA_COLORS)]
-    return palette[base]
 
 
 @dataclass
@@ -405,7 +157,7 @@ class Panel:
 
 def _col(name: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
     def get(row: dict[str, Any]) -> float | None:
-        value = _number(row.get(name))
+        value = number(row.get(name))
         return value * scale if value is not None else None
 
     return get
@@ -439,25 +191,16 @@ def _facets(rs: ResultSet, rows: list[dict[str, Any]], primary: str) -> list[tup
     groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
     order: list[tuple[str, ...]] = []
     for pt in rs.points:
-        key = tuple(f"{lab}={_category(pt.parameters.get(p))}" for p, lab in others)
+        key = tuple(f"{lab}={category(pt.parameters.get(p))}" for p, lab in others)
         if key not in groups:
             groups[key] = []
             order.append(key)
     for row in rows:
-        key = tuple(f"{lab}={_category(_parse_cell(row.get(p)))}" for p, lab in others)
+        key = tuple(f"{lab}={category(parse_cell(row.get(p)))}" for p, lab in others)
         groups.setdefault(key, []).append(row)
         if key not in order:
             order.append(key)
     return [(", ".join(k), groups[k]) for k in order]
-
-
-def _parse_cell(value: Any) -> Any:
-    if isinstance(value, str) and value[:1] in "[{":
-        try:
-            return json.loads(value)
-        except ValueError:
-            return value
-    return value
 
 
 def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, list[dict[str, Any]]]],
@@ -482,9 +225,9 @@ def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, lis
                 if not xs:
                     continue
                 drawn = True
-                color = _color(s.variant, palette) if s.variant else "0.35"
+                color = colour(s.variant, palette) if s.variant else "0.35"
                 # Earlier series drawn wider, with their own marker, so equal values stay visible.
-                rank = min(variant_sort_key(s.variant)[0], len(MARKERS) - 1)
+                rank = min(sort_key(s.variant)[0], len(MARKERS) - 1)
                 style = {"color": color, "linestyle": "--" if s.dashed else (":" if s.thin else "-"),
                          "marker": None if s.thin else (s.marker if s.marker != "o" else MARKERS[rank]),
                          "linewidth": 1.2 if s.thin else 3.2 - 0.6 * min(rank, 3),
@@ -535,7 +278,7 @@ def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, lis
 
 def _present(rows: list[dict[str, Any]], metric: str, variant: str | None = None) -> bool:
     return any(
-        _number(r.get(metric)) is not None and (variant is None or r.get("variant") == variant)
+        number(r.get(metric)) is not None and (variant is None or r.get("variant") == variant)
         for r in rows if r.get("status") == "ok"
     )
 
@@ -550,9 +293,9 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
     axis = axes[primary]
     facets = _facets(rs, rows, primary)
     variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
-                      key=variant_sort_key)
-    plain = [v for v in variants if not v.endswith(BT_SUFFIX)]
-    with_bt = [v for v in variants if v.endswith(BT_SUFFIX)]
+                      key=sort_key)
+    plain = [v for v in variants if not has_bubbletea(v)]
+    with_bt = [v for v in variants if has_bubbletea(v)]
     title_tail = f" — sweep {rs.name}"
     made: list[Path | None] = []
 
@@ -577,7 +320,7 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
         slow: list[Series] = []
         ttft: list[Series] = []
         for v in with_bt:
-            base = v.removesuffix(BT_SUFFIX)
+            base = base_name(v)
             util.append(Series(f"{base} with BubbleTea", v, _col("device_utilization")))
             if base in variants and _present(rows, "device_utilization", base):
                 util.append(Series(f"{base} without", base, _col("device_utilization"), dashed=True, marker="s"))
@@ -595,7 +338,7 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
                    hlines=[(SLOWDOWN_LIMIT, "1% limit")], ymin0=False, decimals=1)],
         ))
         if any(_present(rows, "ttft_s.p50", v) for v in with_bt):
-            served = [Series(v.removesuffix(BT_SUFFIX), v, _served_fraction) for v in with_bt]
+            served = [Series(base_name(v), v, _served_fraction) for v in with_bt]
             made.append(_line_figure(
                 out / "ttft.png", "Prefill in the bubbles: time to first token and requests served" + title_tail,
                 axis, facets,
@@ -606,7 +349,7 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
     if streams or rate_path:
         gp_axis = axes[streams] if streams else axis
         gp_facets = _facets(rs, rows, streams) if streams else facets
-        series = [Series(v, v, _wan_goodput) for v in plain if _any_goodput(rows, v)]
+        series = [Series(v, v, wan_goodput) for v in plain if _any_goodput(rows, v)]
         panels = [Panel("WAN goodput (Mbit/s)", series)]
         link = _link_rate_mbps(rs)
         if rate_path:
@@ -616,9 +359,9 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
         what = "streams" if streams else "bandwidth"
         made.append(_line_figure(out / "goodput.png", f"WAN transport goodput vs {what}" + title_tail,
                                  gp_axis, gp_facets, panels))
-    bench_plot = _bench_plot(rs, out)
-    if bench_plot:
-        made.append(bench_plot)
+    bench = bench_plot(rs, out)
+    if bench:
+        made.append(bench)
     return [p for p in made if p is not None]
 
 
@@ -627,7 +370,7 @@ def _col_rate(path: str) -> Callable[[dict[str, Any]], float | None]:
 
     def get(row: dict[str, Any]) -> float | None:
         try:
-            return parse_rate(_parse_cell(row.get(path))) / 1e6
+            return parse_rate(parse_cell(row.get(path))) / 1e6
         except (UnitError, TypeError, ValueError):
             return None
 
@@ -639,21 +382,15 @@ def _values_of(rs: ResultSet, path: str) -> list[Any]:
 
 
 def _served_fraction(row: dict[str, Any]) -> float | None:
-    served = _number(row.get("prefill_requests.served"))
-    rejected = _number(row.get("prefill_requests.rejected"))
+    served = number(row.get("prefill_requests.served"))
+    rejected = number(row.get("prefill_requests.rejected"))
     if served is None or rejected is None or served + rejected == 0:
         return None
     return served / (served + rejected)
 
 
-def _wan_goodput(row: dict[str, Any]) -> float | None:
-    values = [_number(v) for k, v in row.items() if k.startswith("wan_links.") and k.endswith(".goodput_mbps")]
-    values = [v for v in values if v is not None]
-    return sum(values) if values else None
-
-
 def _any_goodput(rows: list[dict[str, Any]], variant: str) -> bool:
-    return any(r.get("variant") == variant and _wan_goodput(r) is not None for r in rows)
+    return any(r.get("variant") == variant and wan_goodput(r) is not None for r in rows)
 
 
 def _link_rate_mbps(rs: ResultSet) -> float | None:
@@ -667,12 +404,12 @@ def _link_rate_mbps(rs: ResultSet) -> float | None:
     return None
 
 
-def _bench_plot(rs: ResultSet, out: Path) -> Path | None:
+def bench_plot(rs: ResultSet, out: Path) -> Path | None:
     """Goodput against streams from `testbed bench` results found in the folders."""
     points: dict[str, dict[float, list[float]]] = {}
     for pt in rs.points:
         for r in pt.bench or []:
-            streams, gp = _number(r.get("streams")), _number(r.get("goodput_mbps"))
+            streams, gp = number(r.get("streams")), number(r.get("goodput_mbps"))
             if streams is None or gp is None:
                 continue
             points.setdefault(str(r.get("method", "?")), {}).setdefault(streams, []).append(gp)
@@ -711,25 +448,24 @@ def _bench_plot(rs: ResultSet, out: Path) -> Path | None:
 
 def run_plot(rs: ResultSet, out: Path) -> Path | None:
     """A single run: bars per variant for iteration time, utilization and WAN goodput."""
-    pt = rs.points[0]
-    summary = pt.summary or {}
-    variants = summary.get("variants") or {}
-    names = sorted(variants, key=variant_sort_key)
-    if not names:
+    summary = rs.points[0].summary
+    if summary is None or not summary.variants:
         return None
+    names = sorted(summary.variants, key=sort_key)
+    ran = {n: summary.result(n) for n in names}
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     palette: dict[str, str] = {}
-    colors = [_color(n, palette) for n in names]
-    hatches = ["//" if n.endswith(BT_SUFFIX) else "" for n in names]
+    colors = [colour(n, palette) for n in names]
+    hatches = ["//" if has_bubbletea(n) else "" for n in names]
     fig, axes = plt.subplots(1, 3, figsize=(min(18.0, 6 + 1.6 * len(names)), 5.2))
     xs = list(range(len(names)))
 
     def get(name: str, key: str) -> float:
-        value = _number(flatten(variants[name]).get(key))
+        value = number(getattr(ran[name], key, None))
         return value if value is not None else float("nan")
 
     ax = axes[0]
@@ -765,11 +501,11 @@ def run_plot(rs: ResultSet, out: Path) -> Path | None:
     ax.set_title("Device utilization (hatched: with BubbleTea)", fontsize=10)
 
     ax = axes[2]
-    links = sorted({k for n in names for k in (variants[n].get("wan_links") or {})})
+    links = sorted({k for v in ran.values() if v is not None for k in v.wan_links})
     if links:
         w = 0.8 / len(links)
         for j, link in enumerate(links):
-            vals = [_number(((variants[n].get("wan_links") or {}).get(link) or {}).get("goodput_mbps")) for n in names]
+            vals = [_link_goodput(ran[n], link) for n in names]
             bars = ax.bar([x - 0.4 + w * (j + 0.5) for x in xs], [v if v is not None else float("nan") for v in vals],
                           w, color=colors, alpha=1.0 - 0.25 * j, label=link if len(links) > 1 else None)
             _bar_labels(ax, bars, "{:.0f}")
@@ -787,8 +523,8 @@ def run_plot(rs: ResultSet, out: Path) -> Path | None:
         ax.set_xticklabels(names, rotation=20, ha="right", fontsize=9)
         ax.grid(True, axis="y", alpha=0.3)
         ax.set_axisbelow(True)
-    backend = summary.get("delay_backend", "?")
-    scale = summary.get("scale")
+    backend = summary.delay_backend
+    scale = summary.scale
     fig.suptitle(f"{rs.name}: per-variant results (delay backend {backend}"
                  f"{f', scale {scale:g}' if isinstance(scale, (int, float)) else ''})", fontsize=12)
     fig.tight_layout()
@@ -796,6 +532,11 @@ def run_plot(rs: ResultSet, out: Path) -> Path | None:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _link_goodput(entry: VariantResult | None, link: str) -> float | None:
+    found = entry.wan_links.get(link) if entry is not None else None
+    return number(found.goodput_mbps) if found is not None else None
 
 
 def _bar_labels(ax: Any, bars: Any, fmt: str) -> None:
@@ -807,118 +548,11 @@ def _bar_labels(ax: Any, bars: Any, fmt: str) -> None:
                     textcoords="offset points", ha="center", va="bottom", fontsize=8)
 
 
-# ---------------------------------------------------------------------------- tables
 
 
-def format_table(headers: list[str], rows: Iterable[list[str]]) -> str:
-    rows = [list(map(str, r)) for r in rows]
-    widths = [max([len(h)] + [len(r[i]) for r in rows]) for i, h in enumerate(headers)]
-    def line(cells: list[str]) -> str:
-        return "  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(cells, widths, strict=True))).rstrip()
-    out = [line(headers), line(["-" * w for w in widths])]
-    out += [line(r) for r in rows]
-    return "\n".join(out)
-
-
-def _fmt(value: float | None, spec: str) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return "-"
-    return format(value, spec)
-
-
-def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
-    """A compact text table for the terminal."""
-    by_point: dict[str, dict[str, dict[str, Any]]] = {}
-    for r in rows:
-        by_point.setdefault(r["point"], {})[r.get("variant") or ""] = r
-    variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
-                      key=variant_sort_key)
-    if rs.kind == "run" and not variants:
-        bench = [r for r in rows if str(r.get("variant", "")).startswith("bench:")]
-        headers = ["path", "method", "streams", "goodput Mbit/s", "verified"]
-        return format_table(headers, [
-            [str(r.get("bench.path", "-")), str(r.get("bench.method", "-")), str(r.get("bench.streams", "-")),
-             _fmt(_number(r.get("bench.goodput_mbps")), ".0f"), str(r.get("bench.verified", "-"))]
-            for r in bench
-        ])
-    if rs.kind == "run":
-        headers = ["variant", "iter s", "pred s", "util", "bubbles", "WAN Mbit/s", "slowdown", "served/rej", "TTFT p95"]
-        body = []
-        for v in variants:
-            r = by_point[rs.points[0].id].get(v, {})
-            served, rejected = _number(r.get("prefill_requests.served")), _number(r.get("prefill_requests.rejected"))
-            body.append([
-                v, _fmt(_number(r.get("iteration_time_s")), ".3f"),
-                _fmt(_number(r.get("predicted_iteration_time_s")), ".3f"),
-                _fmt(_number(r.get("device_utilization")), ".1%"), _fmt(_number(r.get("bubble_fraction")), ".1%"),
-                _fmt(_wan_goodput(r), ".0f"), _fmt(_number(r.get("training_slowdown")), "+.1%"),
-                f"{served:.0f}/{rejected:.0f}" if served is not None and rejected is not None else "-",
-                _fmt(_scaled(r.get("ttft_s.p95"), 1000), ".0f") + (" ms" if _number(r.get("ttft_s.p95")) is not None else ""),
-            ])
-        return format_table(headers, body)
-    labels = [lab for _, lab in rs.parameters]
-    plain = [v for v in variants if not v.endswith(BT_SUFFIX)]
-    with_bt = [v for v in variants if v.endswith(BT_SUFFIX)]
-    headers = ["point", *labels, "status"] + [f"{v} s" for v in plain]
-    speed = [v for v in plain if v != "baseline"] if "baseline" in plain else []
-    headers += [f"{v} speedup" for v in speed]
-    # BubbleTea: the headline variant only (atlas+bubbletea when present); all of them are in the CSV.
-    bt = [v for v in with_bt if v == f"atlas{BT_SUFFIX}"] or with_bt[-1:]
-    bt_base = [v.removesuffix(BT_SUFFIX) for v in bt]
-    headers += [f"util {b}" for b in bt_base] + [f"util {b}+BT" for b in bt_base]
-    headers += [f"slowdown {b}+BT" for b in bt_base]
-    body = []
-    for pt in rs.points:
-        vr = by_point.get(pt.id, {})
-        cells = [pt.id.split("-", 1)[0], *[_category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
-        cells += [_fmt(_number(vr.get(v, {}).get("iteration_time_s")), ".3f") for v in plain]
-        cells += [_fmt(_number(vr.get(v, {}).get("speedup_vs_baseline")), ".2f") + "x" for v in speed]
-        cells += [_fmt(_number(vr.get(b, {}).get("device_utilization"))
-                       or _number(vr.get(v, {}).get("device_utilization_training")), ".1%")
-                  for b, v in zip(bt_base, bt, strict=True)]
-        cells += [_fmt(_number(vr.get(v, {}).get("device_utilization")), ".1%") for v in bt]
-        cells += [_fmt(_number(vr.get(v, {}).get("training_slowdown")), "+.1%") for v in bt]
-        body.append(cells)
-    return format_table(headers, body)
-
-
-def _scaled(value: Any, factor: float) -> float | None:
-    number = _number(value)
-    return number * factor if number is not None else None
-
-
-# ---------------------------------------------------------------------------- entry point
-
-
-@dataclass
-class Report:
-    results: ResultSet
-    csv: Path
-    plots: list[Path]
-    table: str
-    columns: list[str]
-    counts: dict[str, int]
-
-
-def build_report(root: str | Path, out: str | Path | None = None) -> Report:
-    """Rebuilds results.csv, the plots and summary.txt under `out` (default: `root`)."""
-    rs = load_results(root)
-    out_dir = Path(out) if out is not None else rs.root
-    out_dir.mkdir(parents=True, exist_ok=True)
-    columns, rows = result_rows(rs)
-    csv_path = out_dir / "results.csv"
-    write_csv(csv_path, columns, rows)
-    plots = run_plot_list(rs, out_dir) if rs.kind == "run" else sweep_plots(rs, rows, out_dir)
-    table = summary_table(rs, rows)
-    counts: dict[str, int] = {}
-    for pt in rs.points:
-        counts[pt.status] = counts.get(pt.status, 0) + 1
-    (out_dir / "summary.txt").write_text(table + "\n")
-    return Report(rs, csv_path, plots, table, columns, counts)
-
-
-def run_plot_list(rs: ResultSet, out: Path) -> list[Path]:
+def run_plots(rs: ResultSet, out: Path) -> list[Path]:
+    """The plots of a single run folder: bars per variant, and the bench's goodput."""
     plot = run_plot(rs, out)
     plots = [plot] if plot else []
-    bench = _bench_plot(rs, out)
+    bench = bench_plot(rs, out)
     return plots + ([bench] if bench else [])

@@ -1,0 +1,298 @@
+"""Reading result folders: a sweep's (``sweep.json`` and one folder per point) or one
+`testbed run` output folder, and the flat table (``results.csv``) made from them.
+
+Run summaries are read through their model (testbed_core/contracts/summary.py), so
+a folder whose summary.json does not match what `testbed run` writes is refused with
+the file and the key at fault. ``results.csv`` has one row per point x variant: the
+point id, its status and seed, each swept parameter as written in the sweep file, the
+variant, then every scalar of the variant's summary entry flattened to a dotted
+column name (``wan_links.dc1-dc2.goodput_mbps``, ``ttft_s.p95``), plus
+``speedup_vs_baseline``. Points that failed or have not run yet get one row with
+their status and error, so the table always shows the whole sweep.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from testbed_core.configfile import ConfigError
+from testbed_core.contracts.summary import Summary, VariantResult
+from testbed_core.variants import sort_key
+
+PREFERRED_METRICS = (
+    "iteration_time_s", "predicted_iteration_time_s", "device_utilization", "device_utilization_training",
+    "bubble_fraction", "training_slowdown", "prefill_requests.served", "prefill_requests.rejected",
+    "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations",
+)
+"""The columns that come first in results.csv, in this order; the rest follow sorted."""
+
+
+class ReportError(ConfigError):
+    """A folder that holds no results the report can read."""
+
+
+@dataclass
+class PointResult:
+    """One point of a sweep (or the one folder of a run), as its files say."""
+
+    id: str
+    folder: Path
+    parameters: dict[str, Any]
+    seed: int | None
+    status: str
+    error: str | None = None
+    duration_s: float | None = None
+    summary: Summary | None = None
+    bench: list[dict[str, Any]] | None = None
+    resolved: dict[str, Any] | None = None
+
+
+@dataclass
+class ResultSet:
+    """Every point under a result folder, with the swept parameters (path, label)."""
+
+    root: Path
+    kind: str  # "sweep" or "run"
+    name: str
+    parameters: list[tuple[str, str]]  # (path, label)
+    points: list[PointResult] = field(default_factory=list)
+
+    def labels(self) -> dict[str, str]:
+        return dict(self.parameters)
+
+
+def read_json(path: Path, fail: Callable[[Exception], Exception]) -> Any:
+    """The JSON document at `path`, or None when there is none; `fail` turns a file
+    that is there but unreadable into the caller's error (the demo reads results
+    the same way)."""
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, ValueError) as exc:
+        raise fail(exc) from None
+
+
+def _read_json(path: Path) -> Any:
+    return read_json(path, lambda exc: ReportError(
+        f"{path}: unreadable JSON ({exc}); remove the file or rerun that point"))
+
+
+def read_summary_file(path: Path, fail: Callable[[str], Exception]) -> Summary | None:
+    """The run summary at `path` through its model, or None when there is none; `fail`
+    turns a file that is there but unreadable, or not a summary, into the caller's
+    error (the demo reads its run the same way)."""
+    try:
+        text = path.read_text()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise fail(f"{path}: unreadable ({exc})") from None
+    try:
+        return Summary.model_validate_json(text)
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            raise fail(f"{path}: unreadable JSON ({exc.errors()[0]['msg']})") from None
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise fail(f"{path}: not the summary.json of a `testbed run` ({where})") from None
+
+
+def _read_summary(path: Path) -> Summary | None:
+    return read_summary_file(path, lambda why: ReportError(f"{why}; remove the file or rerun that point"))
+
+
+def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:
+    record = _read_json(folder / "point.json") or {}
+    summary = _read_summary(folder / "summary.json")
+    bench = _read_json(folder / "results.json")
+    resolved = None
+    try:
+        resolved = yaml.safe_load((folder / "scenario.resolved.yaml").read_text())
+    except (OSError, yaml.YAMLError):
+        pass
+    status = record.get("status")
+    if status is None:
+        status = "ok" if summary is not None or bench is not None else "pending"
+    if status == "ok" and summary is None and bench is None:
+        status, record["error"] = "incomplete", "status ok but no summary.json"
+    if status == "running":
+        status = "unfinished"
+    return PointResult(
+        id=pid,
+        folder=folder,
+        parameters=record.get("parameters", parameters) or {},
+        seed=record.get("seed", seed if seed is not None else (summary.seed if summary else None)),
+        status=status,
+        error=record.get("error"),
+        duration_s=record.get("duration_s"),
+        summary=summary,
+        bench=bench.get("results") if isinstance(bench, dict) else None,
+        resolved=resolved if isinstance(resolved, dict) else None,
+    )
+
+
+def load_results(root: str | Path) -> ResultSet:
+    """The results under `root`: a sweep's folder or one `testbed run` output folder."""
+    root = Path(root)
+    if not root.is_dir():
+        raise ReportError(f"{root}: no such result folder")
+    if (root / "summary.json").exists() or (root / "point.json").exists() or (root / "results.json").exists():
+        point = _read_point_folder(root, root.name, {}, None)
+        name = point.summary.scenario if point.summary else root.name
+        return ResultSet(root, "run", str(name), [], [point])
+    sweep = _read_json(root / "sweep.json")
+    if isinstance(sweep, dict):
+        params = [(p["path"], p.get("label") or p["path"]) for p in sweep.get("parameters", [])]
+        rs = ResultSet(root, "sweep", str(sweep.get("name") or root.name), params)
+        for entry in sweep.get("points", []):
+            rs.points.append(
+                _read_point_folder(root / entry["id"], entry["id"], entry.get("parameters", {}), entry.get("seed"))
+            )
+        return rs
+    folders = sorted(p for p in root.iterdir() if p.is_dir() and ((p / "point.json").exists() or (p / "summary.json").exists()))
+    if not folders:
+        raise ReportError(
+            f"{root}: no results here (expected the summary.json of a `testbed run`, "
+            "or the sweep.json and point folders of a `testbed sweep`)"
+        )
+    rs = ResultSet(root, "sweep", root.name, [])
+    for folder in folders:
+        rs.points.append(_read_point_folder(folder, folder.name, {}, None))
+    seen: dict[str, str] = {}
+    for pt in rs.points:
+        for path in pt.parameters:
+            seen.setdefault(path, path.split(".")[-1])
+    rs.parameters = list(seen.items())
+    return rs
+
+
+# ---------------------------------------------------------------------------- rows
+
+
+def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Scalar leaves of nested dicts, keyed by dotted path; lists are left out."""
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            out.update(flatten(value, name + "."))
+        elif isinstance(value, (int, float, str, bool)) or value is None:
+            out[name] = value
+    return out
+
+
+def _metric_key(name: str) -> tuple[int, str]:
+    return (PREFERRED_METRICS.index(name), "") if name in PREFERRED_METRICS else (len(PREFERRED_METRICS), name)
+
+
+def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
+    """CSV columns and rows: one row per point x variant (one per point without results)."""
+    rows: list[dict[str, Any]] = []
+    metrics: set[str] = set()
+    param_paths = [p for p, _ in rs.parameters]
+    for pt in rs.points:
+        head: dict[str, Any] = {"point": pt.id, "status": pt.status, "seed": pt.seed}
+        for path in param_paths:
+            head[path] = cell(pt.parameters.get(path))
+        made = 0
+        summary = pt.summary
+        variants = summary.variants if summary else {}
+        delay_backend = summary.delay_backend if summary else None
+        baseline = summary.result("baseline") if summary else None
+        base_it = number(baseline.iteration_time_s) if baseline else None
+        for vname in sorted(variants, key=sort_key):
+            entry = variants[vname]
+            flat = flatten(entry.model_dump(mode="json"))
+            metrics.update(flat)
+            row = dict(head, variant=vname, delay_backend=delay_backend, scale=summary.scale if summary else None)
+            row.update(flat)
+            it = number(entry.iteration_time_s) if isinstance(entry, VariantResult) else None
+            row["speedup_vs_baseline"] = base_it / it if base_it and it else None
+            rows.append(row)
+            made += 1
+        for result in pt.bench or []:
+            flat = {f"bench.{k}": v for k, v in flatten(result).items()}
+            metrics.update(flat)
+            row = dict(head, variant=f"bench:{result.get('method', '?')}", delay_backend=delay_backend)
+            row.update(flat)
+            rows.append(row)
+            made += 1
+        if not made:
+            rows.append(dict(head, variant=""))
+        if pt.error:
+            for row in rows[len(rows) - made - (0 if made else 1):]:
+                row["error"] = pt.error
+    columns = ["point", "status", "seed", *param_paths, "variant", "delay_backend", "scale"]
+    columns += sorted(metrics, key=_metric_key)
+    columns += ["speedup_vs_baseline", "error"]
+    return columns, rows
+
+
+def cell(value: Any) -> Any:
+    """A parameter value as one CSV cell (lists and mappings as JSON)."""
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, sort_keys=True)
+    return value
+
+
+def number(value: Any) -> float | None:
+    """A finite number from a table cell or a summary field, else None."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    return None
+
+
+def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+    """results.csv: empty cells for missing values, booleans as true/false."""
+    with path.open("w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for row in rows:
+            writer.writerow([_csv_value(row.get(c)) for c in columns])
+
+
+def _csv_value(value: Any) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, float):
+        return repr(round(value, 9))
+    return str(value)
+
+
+
+
+def category(value: Any) -> str:
+    """A parameter value as a label: a swapped-in file by its stem, else as written."""
+    if isinstance(value, str) and value.endswith((".yaml", ".yml")):
+        return Path(value).stem
+    return str(value)
+
+
+def parse_cell(value: Any) -> Any:
+    """The value behind a CSV cell (`cell`): JSON lists and mappings decoded."""
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value
+    return value
+
+
+def wan_goodput(row: dict[str, Any]) -> float | None:
+    """A row's WAN goodput: the sum over its links (None without WAN traffic)."""
+    values = [number(v) for k, v in row.items() if k.startswith("wan_links.") and k.endswith(".goodput_mbps")]
+    values = [v for v in values if v is not None]
+    return sum(values) if values else None

@@ -1,0 +1,395 @@
+"""``summary.json``: what one `testbed run` measured and predicted, as one typed document.
+
+The runner (testbed/run/runner.py) builds a `Summary` and writes it with
+`Summary.to_json`; `testbed report`, `testbed demo`, `testbed sweep` and the tests read
+it back with `Summary.model_validate_json` (or `read_summary`). One model on both
+sides: a key the runner renames or drops fails the readers' validation at once,
+instead of surfacing as a missing column in a report.
+
+The document keeps the shape it always had: per-variant entries are flat (the
+BubbleTea metrics and the real-device check sit beside the iteration time), and a
+few keys exist only where they apply. Those keys are listed in a model's
+``ABSENT_UNLESS_SET``: they are written only when given (or read), so a plain
+variant has no ``ttft_s`` at all rather than ``"ttft_s": null``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+
+from testbed_core.contracts.calibration import CalibrationReport
+
+__all__ = [
+    "AgentCounters", "Crossing", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
+    "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
+    "RealReference", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
+    "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
+]
+
+
+class _Doc(BaseModel):
+    """A part of summary.json: unknown keys are refused (a renamed key is a bug in the
+    writer or a reader, not data), assignments are validated, and the keys named in
+    ``ABSENT_UNLESS_SET`` are written only when they were given."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
+
+    ABSENT_UNLESS_SET: ClassVar[frozenset[str]] = frozenset()
+
+    @model_serializer(mode="wrap")
+    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
+        data = handler(self)
+        if isinstance(data, dict):
+            for key in self.ABSENT_UNLESS_SET - self.model_fields_set:
+                data.pop(key, None)
+            data = self._ordered(data)
+        return data
+
+    def _ordered(self, data: dict[str, Any]) -> dict[str, Any]:
+        """The written key order, when it is not the fields' (see DelayLineWindow)."""
+        return data
+
+
+# ------------------------------------------------------------------ the run
+
+
+class Parallelism(_Doc):
+    dp: int
+    pp: int
+    tp: int
+    micro_batch: int
+    num_micro_batches: int
+
+
+class Definitions(_Doc):
+    """What the headline figures mean, written into every summary so that the file
+    explains itself."""
+
+    iteration_time_s: str = (
+        "mean over measured iterations (after warm-up) of: common start -> last training work of any device ends; "
+        "iterations are separated by a barrier")
+    predicted_iteration_time_s: str = (
+        "planner simulation of one iteration (testbed_core/planning/planner.py) with the variant's placement and "
+        "temporal plan, made before the run from the calibration probe's WAN channel rates (a shared link carries, "
+        "while transfers collide on it, the probe's aggregate of colliding channels); real devices (gpu.mode: real): "
+        "with the stage compute times the warm-up iterations measured, plus their measured time outside the "
+        "pipeline. prediction.with_warmup_rates_iteration_time_s: the same fed with the variant's own warm-up "
+        "channel rate and colliding aggregate (diagnostic). Modelled devices: DP all-reduce not emulated, not "
+        "included")
+    device_utilization: str = "mean over devices of busy time / wall time of the measured iterations"
+    bubble_fraction: str = "mean over devices of idle (no training work) / wall time of the measured iterations"
+    wan_links: str = ("bytes of the measured iterations; goodput = bytes / time the link had a transfer on the wire "
+                      "(both directions)")
+
+
+DEFINITIONS = Definitions()
+
+
+# ------------------------------------------------------------------ one variant's parts
+
+
+class Prediction(_Doc):
+    """``prediction``: where the headline prediction's rates came from, and the same
+    model fed with the variant's own warm-up (a diagnostic)."""
+
+    rates_from: str
+    warmup_channel_rate_mbps: float | None
+    warmup_transfers_counted: str | None
+    with_warmup_rates_iteration_time_s: float | None
+    calibrated_channel_rate_mbps: float | None
+    calibrated_colliding_aggregate_mbps: float | None
+    warmup_colliding_aggregate_mbps: float | None
+    warmup_colliding_transfers: int | None
+    a_priori_iteration_time_s: float
+    a_priori_error: float
+    measured_stage_forward_s: list[float] | None
+    measured_stage_backward_s: list[float] | None
+    measured_overhead_s: float | None
+
+
+class WanDirection(_Doc):
+    """One direction of a WAN link over the measured iterations."""
+
+    bytes: int
+    transfers: int
+    busy_s: float
+    goodput_mbps: float | None
+    mean_throughput_mbps: float | None
+
+
+class WanLink(WanDirection):
+    """A WAN link, both directions together; goodput is comparable to the link's rate."""
+
+    directions: list[str]
+
+
+class Crossing(_Doc):
+    boundary: int
+    src: str
+    dst: str
+    path: list[str]
+    pipelines: list[int]
+
+
+class Placement(_Doc):
+    """Where the variant's stages ran: DC per (pipeline, stage), hosts per ``p<d>s<s>``."""
+
+    strategy: str
+    pp: int
+    dp: int
+    tp: int
+    free_gpus: dict[str, int]
+    used_gpus: dict[str, int]
+    stage_dc: list[list[str]]
+    hosts: dict[str, list[str]]
+    wan_crossings: list[Crossing]
+
+
+class TemporalPlanInfo(_Doc):
+    offsets_s: list[float]
+    stagger_s: float
+    transfers_planned: int
+
+
+class DelayLineDirection(_Doc):
+    """A relay delay line's counters in one direction over the variant
+    (testbed/emulation/delayline/stats.py)."""
+
+    rx_frames: int
+    rx_bytes: int
+    tx_frames: int
+    tx_bytes: int
+    lost_frames: int
+    lost_segments: int
+    split_frames: int
+    overflow_drops: int
+    send_drops: int
+    send_errors: int
+    truncated: int
+    socket_drops: int
+    queue_drops: int
+    loss_model: int
+    relay_drops: int
+
+
+class DelayLineWindow(_Doc):
+    """One WAN link's relay over the variant: its two directions by name
+    (``"dc1->dc2"``), then ``relay_drops`` (the relay's own drops, both ways)."""
+
+    model_config = ConfigDict(extra="allow")
+    __pydantic_extra__: dict[str, DelayLineDirection] = Field(init=False)  # type: ignore[assignment]
+
+    relay_drops: int
+
+    def _ordered(self, data: dict[str, Any]) -> dict[str, Any]:
+        if "relay_drops" in data:
+            data["relay_drops"] = data.pop("relay_drops")
+        return data
+
+    def directions(self) -> dict[str, DelayLineDirection]:
+        return dict(self.__pydantic_extra__ or {})
+
+    @classmethod
+    def of(cls, directions: dict[str, DelayLineDirection], relay_drops: int) -> DelayLineWindow:
+        return cls.model_validate({**{k: v.model_dump() for k, v in directions.items()}, "relay_drops": relay_drops})
+
+
+class RealReference(_Doc):
+    model_config = ConfigDict(extra="allow")  # the comparisons' descriptions and losses
+    what: str
+
+
+class RealCheck(_Doc):
+    """``real``: the parameters real-device workers trained, against the one-process
+    reference (testbed/training/real_mode.py)."""
+
+    device: str | list[str]
+    torch_threads: int
+    seed: int
+    optimizer: dict[str, Any]
+    iterations_trained: int
+    note: str
+    identical: bool
+    max_abs_param_diff: float
+    within_tolerance: bool
+    equivalent: bool
+    reference: RealReference
+    losses: list[float] | None
+    losses_identical: bool | None
+    replicas: dict[str, dict[str, str]]
+    params_files: list[str]
+
+
+class RealCheckSkipped(_Doc):
+    """``real`` when the comparison could not be made: why."""
+
+    ABSENT_UNLESS_SET = frozenset({"note"})
+    error: str
+    note: str | None = None
+
+
+class PrefillRequests(_Doc):
+    arrived: int
+    served: int
+    rejected: int
+    rejected_by_reason: dict[str, int] = Field(default_factory=dict)
+    unaccounted: int = 0
+
+
+class Ttft(_Doc):
+    """Time to first token of the served prefill requests, seconds (None: none served)."""
+
+    p50: float | None
+    p95: float | None
+    p99: float | None
+    mean: float | None
+
+
+class AgentCounters(_Doc):
+    engine_mode: list[str]
+    not_arrived: int
+    chunks_run: int
+    late_starts: int
+    device_busy_retries: int
+
+
+class WanTailDrops(_Doc):
+    with_bubbletea: int
+    without: int
+
+
+BUBBLETEA_KEYS = frozenset({
+    "prefill_requests", "ttft_s", "prefill_tokens_served", "guard_violations", "guard_violations_all_iterations",
+    "training_wait_on_prefill_s", "training_slowdown", "compared_with_iteration_time_s", "bubbletea_agents",
+})
+"""The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
+
+
+class VariantResult(_Doc):
+    """The entry of a variant that ran: measured, predicted, how it ran, and where its
+    per-variant files are (relative to the run folder)."""
+
+    ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note"}
+
+    iteration_time_s: float
+    predicted_iteration_time_s: float
+    prediction_error: float
+    prediction: Prediction
+    device_utilization: float
+    device_utilization_training: float
+    bubble_fraction: float
+    predicted_bubble_fraction: float
+    wan_links: dict[str, WanLink]
+    wan_directions: dict[str, WanDirection]
+    predicted_wan_bytes_per_iteration: dict[str, float]
+    iteration_times_s: list[float]
+    warmup_iteration_times_s: list[float]
+    iteration_time_stdev_s: float
+    per_device_utilization: dict[str, float]
+    mean_plan_wait_s: float
+    mean_wan_transfer_s: float
+    streams: int
+    sharing: str
+    sharing_requested: str
+    sharing_alternatives_s: dict[str, float] | None
+    placement: Placement
+    temporal_plan: TemporalPlanInfo | None
+    compute_only_s: float
+    delay_line: dict[str, DelayLineWindow] | None
+    # real devices (gpu.mode: real) only
+    device_mode: Literal["real"] | None = None
+    real: RealCheck | RealCheckSkipped | None = None
+    # +bubbletea variants only
+    prefill_requests: PrefillRequests | None = None
+    ttft_s: Ttft | None = None
+    prefill_tokens_served: int | None = None
+    guard_violations: int | None = None
+    guard_violations_all_iterations: int | None = None
+    training_wait_on_prefill_s: float | None = None
+    training_slowdown: float | None = None
+    compared_with_iteration_time_s: float | None = None
+    bubbletea_agents: AgentCounters | None = None
+    # the variant's files
+    timeline_csv: str
+    transfers_csv: str
+    gantt_png: str
+    # +bubbletea variants whose WAN lost packets (relay delay lines only)
+    wan_tail_drops: WanTailDrops | None = None
+    training_slowdown_note: str | None = None
+
+    @property
+    def has_bubbletea(self) -> bool:
+        return "prefill_requests" in self.model_fields_set
+
+    def goodput_mbps(self) -> float | None:
+        """Total WAN goodput: the one link's, or the sum over links (None without WAN traffic)."""
+        values = [link.goodput_mbps for link in self.wan_links.values() if link.goodput_mbps]
+        if not values:
+            return None
+        return values[0] if len(values) == 1 else sum(values)
+
+    def wan_bytes(self) -> int:
+        return sum(link.bytes for link in self.wan_links.values())
+
+    def tail_drops(self) -> int | None:
+        """The emulated WAN queues' tail drops over the variant (relay delay lines only)."""
+        if not self.delay_line:
+            return None
+        return sum(d.queue_drops for w in self.delay_line.values() for d in w.directions().values())
+
+
+class VariantFailure(_Doc):
+    """The entry of a variant that failed: what went wrong."""
+
+    error: str
+
+
+VariantEntry = VariantResult | VariantFailure
+
+
+class Summary(_Doc):
+    """The whole ``summary.json`` of one `testbed run`."""
+
+    ABSENT_UNLESS_SET = frozenset({"calibration", "duration_s"})
+
+    scenario: str
+    topology: str
+    workload: str
+    delay_backend: str | None = None
+    scale: float
+    scale_note: str
+    seed: int
+    schedule: str
+    parallelism: Parallelism
+    iterations: int
+    warmup: int
+    wire_activation_bytes: int
+    stage_forward_s: list[float]
+    stage_backward_s: list[float]
+    definitions: Definitions = Field(default_factory=Definitions)
+    runner: dict[str, Any]
+    """The scenario's ``runner`` section as the run used it (ports fixed)."""
+    variants: dict[str, VariantEntry] = Field(default_factory=dict)
+    calibration: CalibrationReport | None = None
+    """None: not calibrated (``runner.calibrate: false``); absent: the set-up failed first."""
+    duration_s: float | None = None
+
+    def result(self, name: str) -> VariantResult | None:
+        """The entry of variant `name` if it ran (None: absent or failed)."""
+        entry = self.variants.get(name)
+        return entry if isinstance(entry, VariantResult) else None
+
+    def failed(self) -> list[str]:
+        return [n for n, v in self.variants.items() if isinstance(v, VariantFailure)]
+
+    def to_json(self) -> str:
+        """The file's text (what `testbed run` writes)."""
+        return self.model_dump_json(indent=2)
+
+
+def read_summary(path: str | Path) -> Summary:
+    """A run's summary.json; raises OSError, or pydantic's ValidationError naming the key."""
+    return Summary.model_validate_json(Path(path).read_text())

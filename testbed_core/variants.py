@@ -13,6 +13,7 @@ variant's name plus ``+bubbletea``.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -40,12 +41,18 @@ class VariantError(ValueError):
 
 @dataclass(frozen=True)
 class VariantDef:
+    """One variant: what it does differently, as policies the planner and the runner
+    dispatch on (never on the name). ``default``: compared when a scenario or
+    `testbed plan` names no variants (``dp-across-dc`` is not: only its DP
+    all-reduce crosses the WAN, which `testbed run` does not emulate)."""
+
     name: str
     description: str
     placement: PlacementPolicy
     streams: StreamPolicy
     sharing: SharingPolicy
     colour: str
+    default: bool = True
 
 
 REGISTRY: dict[str, VariantDef] = {
@@ -58,7 +65,8 @@ REGISTRY: dict[str, VariantDef] = {
         VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing",
                    placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4"),
         VariantDef("dp-across-dc", "each DP replica in another DC, N streams per transfer, shared links",
-                   placement="dp-across", streams="configured", sharing="shared", colour="#9467bd"),
+                   placement="dp-across", streams="configured", sharing="shared", colour="#9467bd",
+                   default=False),
     )
 }
 """Every variant, in report order."""
@@ -70,9 +78,21 @@ def variant_names() -> tuple[str, ...]:
     return tuple(REGISTRY)
 
 
-def allowed_text() -> str:
-    """The known names, for error messages and help: 'baseline, multi-tcp, ...'."""
-    return ", ".join(REGISTRY)
+def default_names() -> tuple[str, ...]:
+    """The variants compared when none are named, in registry order."""
+    return tuple(name for name, v in REGISTRY.items() if v.default)
+
+
+def allowed_text(bubbletea: bool = False) -> str:
+    """The known names, for error messages and help: 'baseline, multi-tcp, ...'
+    (with `bubbletea`, saying that each may take the suffix)."""
+    text = ", ".join(REGISTRY)
+    return f"{text}, each optionally {BUBBLETEA_SUFFIX}" if bubbletea else text
+
+
+def help_text() -> str:
+    """One line per variant, for command-line help: '<name>: <description>'."""
+    return "\n".join(f"{v.name}: {v.description}" for v in REGISTRY.values())
 
 
 def get_variant(name: str) -> VariantDef:
@@ -105,8 +125,27 @@ def parse_run_variant(name: str) -> RunVariant:
     try:
         return RunVariant(get_variant(base), bt)
     except VariantError:
-        raise VariantError(f"unknown variant {name!r} (allowed: {allowed_text()}, "
-                           f"each optionally {BUBBLETEA_SUFFIX})") from None
+        raise VariantError(f"unknown variant {name!r} (allowed: {allowed_text(bubbletea=True)})") from None
+
+
+def parse_variants(names: Iterable[str]) -> list[VariantDef]:
+    """The variants named, in the order given; a VariantError names every unknown one."""
+    names = list(names)
+    _refuse_unknown([n for n in names if n not in REGISTRY], bubbletea=False)
+    return [REGISTRY[n] for n in names]
+
+
+def parse_run_variants(names: Iterable[str]) -> list[RunVariant]:
+    """The runs named ('atlas', 'atlas+bubbletea', ...), in the order given, each once;
+    a VariantError names every unknown one."""
+    names = list(dict.fromkeys(names))
+    _refuse_unknown([n for n in names if base_name(n) not in REGISTRY], bubbletea=True)
+    return [parse_run_variant(n) for n in names]
+
+
+def _refuse_unknown(unknown: list[str], bubbletea: bool) -> None:
+    if unknown:
+        raise VariantError(f"unknown variant(s) {', '.join(unknown)} (allowed: {allowed_text(bubbletea)})")
 
 
 def base_name(name: str) -> str:

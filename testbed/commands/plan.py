@@ -2,20 +2,35 @@
 
 Needs no network and no root: it reads a topology and a workload, places the
 pipeline stages (Atlas's DC-selection heuristic, and the placement of each compared
-variant), lists the WAN crossings and simulates one iteration per variant.
+variant), lists the WAN crossings and simulates one iteration per variant. The
+variants, their order and what the options apply to come from the registry
+(testbed_core/variants.py).
 """
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import click
 
 from testbed_core.units import UnitError, format_size, parse_rate
+from testbed_core.variants import (
+    REGISTRY,
+    VariantDef,
+    VariantError,
+    allowed_text,
+    default_names,
+    help_text,
+    parse_variants,
+)
 
-VARIANT_NAMES = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
+
+def _names(keep: Callable[[VariantDef], bool]) -> str:
+    """The registry's variants that `keep` accepts, for help texts: 'multi-tcp, atlas'."""
+    return ", ".join(n for n, v in REGISTRY.items() if keep(v))
 
 
 def parse_gpus(text: str | None) -> dict[str, int]:
@@ -73,7 +88,7 @@ def _stage_ranges(stages: list[int]) -> str:
     return ",".join(parts)
 
 
-@click.command()
+@click.command(epilog="\b\nVariants:\n" + help_text())
 @click.option("--topology", "topology_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
               help="Topology YAML (e.g. topologies/2dc.yaml).")
 @click.option("--workload", "workload_path", required=True, type=click.Path(dir_okay=False, path_type=Path),
@@ -81,14 +96,15 @@ def _stage_ranges(stages: list[int]) -> str:
 @click.option("--gpus", "gpus_text", default=None, metavar="DC=N,...",
               help="Free GPUs per DC, overriding hosts x --gpus-per-host (e.g. dc1=4,dc2=2).")
 @click.option("--gpus-per-host", type=click.IntRange(1, 64), default=1, show_default=True)
-@click.option("--variants", default="baseline,multi-tcp,atlas", show_default=True,
-              help=f"Comma-separated, from: {', '.join(VARIANT_NAMES)}.")
+@click.option("--variants", default=",".join(default_names()), show_default=True,
+              help=f"Comma-separated, from: {', '.join(REGISTRY)}.")
 @click.option("--streams", default="8", show_default=True,
-              help="TCP streams per channel for multi-tcp, atlas and dp-across-dc ('auto' fills the link). "
-                   "Atlas always uses at least enough to fill the link.")
+              help=f"TCP streams per channel for {_names(lambda v: v.streams != 'one')} ('auto' fills the "
+                   f"link); those that fill the link ({_names(lambda v: v.streams == 'fill-link')}) use at least "
+                   "enough to fill it.")
 @click.option("--baseline-placement", default="even", show_default=True,
               type=click.Choice(["atlas", "in-order", "even", "round-robin"]),
-              help="Placement of baseline and multi-tcp.")
+              help=f"Placement of {_names(lambda v: v.placement == 'baseline')}.")
 @click.option("--rmem-fraction", type=click.FloatRange(0.05, 1.0), default=0.5, show_default=True,
               help="Share of tcp_rmem used as TCP window (0.5: tcp_adv_win_scale=1; newer kernels measure it).")
 @click.option("--flow-rate", default=None, metavar="RATE",
@@ -101,23 +117,19 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
     """Place the workload's pipeline stages on the topology's DCs and predict the
     iteration time of each variant (no emulation is started)."""
     from testbed_core.configfile import ConfigError
-    from testbed_core.planning.planner import (
-        NetParams,
-        PlacementError,
-        default_variants,
-        free_gpus,
-        predict,
-    )
+    from testbed_core.planning.network import NetParams
+    from testbed_core.planning.placement import PlacementError, free_gpus
+    from testbed_core.planning.prediction import Variant, predict
     from testbed_core.topology import TopologyError, load_topology
     from testbed_core.workload import load_workload
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
-    unknown = [v for v in names if v not in VARIANT_NAMES]
-    if unknown or not names:
-        raise click.BadParameter(
-            f"unknown variant(s) {', '.join(unknown) or '(none given)'} (allowed: {', '.join(VARIANT_NAMES)})",
-            param_hint="--variants",
-        )
+    if not names:
+        raise click.BadParameter(f"give at least one variant (allowed: {allowed_text()})", param_hint="--variants")
+    try:
+        chosen = parse_variants(names)
+    except VariantError as exc:
+        raise click.BadParameter(str(exc), param_hint="--variants") from None
     try:
         net = NetParams(
             rmem_fraction=rmem_fraction,
@@ -136,14 +148,15 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
         free = free_gpus(topo, gpus_per_host, parse_gpus(gpus_text))
     except PlacementError as exc:
         raise click.ClickException(str(exc)) from None
-    table = default_variants(_streams(streams), baseline_placement)
+    n_streams = _streams(streams)
     results: dict[str, Any] = {}
-    for name in names:
+    for definition in chosen:
         try:
-            results[name] = predict(topo, wl, table[name], free=free, gpus_per_host=gpus_per_host, net=net,
-                                    base_dir=str(workload_path.parent))
+            results[definition.name] = predict(
+                topo, wl, Variant.of(definition, n_streams, baseline_placement), free=free,
+                gpus_per_host=gpus_per_host, net=net, base_dir=str(workload_path.parent))
         except PlacementError as exc:
-            results[name] = exc
+            results[definition.name] = exc
     if all(isinstance(r, Exception) for r in results.values()):
         raise click.ClickException("no variant can be placed:\n" + "\n".join(f"  {n}: {r}" for n, r in results.items()))
 
@@ -164,13 +177,13 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
         click.echo(json.dumps(doc, indent=2))
         return
     _print_text(topo, wl, eff, free, results, net, wan_rate)
-    failed = [n for n, r in results.items() if isinstance(r, Exception)]
-    if "atlas" in failed:
-        raise click.ClickException(f"atlas placement: {results['atlas']}")
+    for name, res in results.items():  # Atlas's own placement is the point of the plan: it must fit
+        if isinstance(res, Exception) and REGISTRY[name].placement == "atlas":
+            raise click.ClickException(f"{name} placement: {res}")
 
 
 def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
-    from testbed_core.planning.planner import SHARING_MARGIN
+    from testbed_core.planning.prediction import SHARING_MARGIN
 
     m, par = wl.model, wl.parallelism
     echo = click.echo

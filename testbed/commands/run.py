@@ -9,9 +9,10 @@ from pathlib import Path
 import click
 
 from testbed_core.configfile import ConfigError
+from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
 
 
-@click.command()
+@click.command(epilog="\b\nVariants:\n" + help_text())
 @click.argument("scenario_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Result folder (default results/<scenario>-<timestamp>).")
@@ -19,7 +20,7 @@ from testbed_core.configfile import ConfigError
               help="Override a scenario parameter by its dotted path, e.g. --set topology.wan.0.delay=50ms "
                    "(repeatable).")
 @click.option("--variants", default=None, metavar="A,B",
-              help="Run only these variants (baseline, multi-tcp, atlas, dp-across-dc; +bubbletea suffix).")
+              help=f"Run only these variants ({', '.join(REGISTRY)}; {BUBBLETEA_SUFFIX} suffix).")
 @click.option("--local", is_flag=True,
               help="Run the workers as local processes on 127.0.0.1, without the emulated network "
                    "(no root needed; no WAN delay or shaping).")
@@ -57,13 +58,14 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
         progress.close(f"run {scenario.name}: interrupted")
         sys.exit(130)
     progress.close()
-    click.echo(f"\n{summary.get('scale_note', '')}; delay backend: {summary.get('delay_backend')}")
-    click.echo(summary_table(summary["variants"]))
+    click.echo(f"\n{summary.scale_note}; delay backend: {summary.delay_backend}")
+    click.echo(summary_table(summary))
     click.echo(f"\nsummary: {out / 'summary.json'}", err=True)
-    for name, v in summary["variants"].items():
-        if "gantt_png" in v:
-            click.echo(f"timeline: {out / v['gantt_png']}  ({name})", err=True)
-    failed = [n for n, v in summary["variants"].items() if v.get("error")]
+    for name in summary.variants:
+        v = summary.result(name)
+        if v is not None:
+            click.echo(f"timeline: {out / v.gantt_png}  ({name})", err=True)
+    failed = summary.failed()
     if failed:
         click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)}", err=True)
         sys.exit(1)

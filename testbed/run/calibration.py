@@ -6,7 +6,8 @@ on either side of the WAN (after an untimed tensor that opens the TCP windows), 
 per stream count the variants use, and the shared variants' channels are timed
 colliding (all sending at once). The probes are worker processes
 (testbed/training/worker.py, roles probe-recv / probe-send) on the hosts; the rates
-feed the variants' a-priori predictions (testbed/run/variants.py).
+feed the variants' a-priori predictions (testbed/run/variants.py). The result is a
+`Calibration` (testbed_core/contracts/calibration.py, re-exported here).
 """
 
 from __future__ import annotations
@@ -15,7 +16,6 @@ import json
 import subprocess
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -32,46 +32,14 @@ from testbed.run.common import (
 )
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
+from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration
+
+__all__ = ["PROBE_WARMUP", "Calibration", "Prober", "aggregate_rate", "calibrate", "calibrate_link",
+           "calibration_pairs", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
-PROBE_WARMUP = 2  # calibration tensors sent first and not timed (connection set-up, window growth)
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 PROBE_WARMUP_BYTES_PER_STREAM = 2 << 20  # one big untimed tensor first: a few windows per stream
-
-
-@dataclass
-class Calibration:
-    """Measured speed of the WAN path for tensors of the workload's wire size."""
-
-    src: str
-    dst: str
-    nbytes: int
-    latency_s: float
-    transfer_s: dict[int, list[float]] = field(default_factory=dict)  # streams -> hand-over to arrival
-    rates_bps: dict[int, float] = field(default_factory=dict)  # streams -> effective channel rate
-    concurrent: int = 0
-    colliding_bps: dict[int, float] = field(default_factory=dict)  # streams -> aggregate of `concurrent`
-    # channels colliding (all sending at once), per direction
-    colliding_s: dict[int, list[float]] = field(default_factory=dict)  # streams -> their transfers' times
-
-    def rate(self, streams: int) -> float:
-        return self.rates_bps[streams]
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "method": ("tensors of the workload's wire size timed over one atlas_transport channel from "
-                       f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
-                       "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
-                       f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
-                       "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"),
-            "src": self.src, "dst": self.dst, "nbytes": self.nbytes, "one_way_delay_s": self.latency_s,
-            "channel_rate_mbps": {str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
-            "per_flow_rate_mbps": {str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
-            "transfer_s": {str(n): v for n, v in sorted(self.transfer_s.items())},
-            "concurrent_channels": self.concurrent,
-            "colliding_channels_aggregate_mbps": {str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
-            "colliding_transfer_s": {str(n): v for n, v in sorted(self.colliding_s.items())},
-        }
 
 
 def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) -> float:
@@ -112,7 +80,7 @@ class Prober:
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start)."""
         t = self.scenario.transport
-        transport = transport_job(t)
+        transport = transport_job(t).model_dump()
         recvs, sends, logs = {}, {}, []
         results = []
         try:
@@ -185,7 +153,7 @@ def calibrate(
     send activations and gradients across the WAN at the same time, and the reverse
     traffic (and its ACKs) slows the forward one."""
     count = scenario.runner.calibration_transfers + PROBE_WARMUP
-    cal = cal or Calibration(pairs[0][0], pairs[0][1], nbytes, latency_s)
+    cal = cal or Calibration(src=pairs[0][0], dst=pairs[0][1], nbytes=nbytes, latency_s=latency_s)
     prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
     for n in sorted(set(stream_counts) - set(cal.rates_bps)):
         durations = []

@@ -1,7 +1,11 @@
 """Where the processes of `testbed run` go: the hosts of the scenario's emulated
 topology (network namespaces, built once per run: root needed), or, with
 ``runner.local``, this machine on 127.0.0.1 with no emulated network. The rest of the
-runner sees only the `Network` and `Host` protocols."""
+runner sees only the `Network` and `Host` protocols.
+
+The run's TCP ports are a network matter too: every emulated host has its own
+namespace, so a fixed block serves, while local-mode runs share this machine's stack
+and take a free block (`with_ports`)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,8 @@ from typing import Any, Protocol
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
-from testbed.run.scenario import Scenario
+from testbed.run.ports import free_port_block
+from testbed.run.scenario import EMULATED_BASE_PORT, PORT_SPAN, Scenario
 
 
 class Host(Protocol):
@@ -104,3 +109,17 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
         yield EmulatedNetwork(emu)
     finally:
         emu.stop()
+
+
+def with_ports(scenario: Scenario, progress: Progress) -> Scenario:
+    """The scenario with its port block fixed (``runner.base_port: auto``): the
+    emulated block under emulation, a block free right now on 127.0.0.1 in local mode."""
+    if scenario.runner.base_port != "auto":
+        return scenario
+    if scenario.runner.local:
+        port = free_port_block(PORT_SPAN)
+        progress.log(f"local mode: ports {port}-{port + PORT_SPAN - 1} on 127.0.0.1")
+    else:
+        port = EMULATED_BASE_PORT
+    runner = scenario.runner.model_copy(update={"base_port": port})
+    return scenario.model_copy(update={"runner": runner})

@@ -1,33 +1,37 @@
 """`testbed run`: geo-distributed pipeline training on the emulated testbed.
 
-One run builds the scenario's topology once (or, with ``runner.local``, uses
-127.0.0.1 and no emulated network: testbed/run/network.py), calibrates the WAN path
-(testbed/run/calibration.py), then plays each variant:
+`run_scenario` follows the data, one step after the other, each step in its module:
 
-1. **Placement and prediction** (testbed/run/variants.py). The Atlas planner places the
-   stages and predicts one iteration with the calibrated channel rates; ``atlas`` gets
-   its temporal plan unless, with ``runner.atlas_sharing: auto``, sharing the link is
-   predicted faster.
-2. **Workers** (testbed/run/jobs.py). One process per (pipeline, rank) on its placed
-   host (testbed/training/worker.py), each with its emulated GPU, modelled or, with
-   ``gpu.mode: real``, real torch work whose parameters are checked against a
-   one-process reference at the end (testbed/training/real_mode.py). Every pipeline
-   boundary is an atlas_transport channel; under ``atlas`` each WAN send waits for its
-   token in the link's planned order.
-3. **Synchronised iterations** (testbed/run/workers.py). Workers report ready on a
-   UNIX control socket and start each iteration at a common wall-clock instant; the
-   next one starts when all have finished (the optimizer step's barrier).
-4. **Measurement** (this module). Device timelines and transfer records give iteration
-   times, utilization, bubbles and per-WAN-link bytes and goodput
-   (testbed/run/metrics.py); a CSV timeline and a Gantt chart per variant. The
-   prediction stands as made before the run (real devices: with the compute times
-   their warm-up measured); the same model fed with the warm-up's own channel rate is
-   reported beside it.
+1. **Scenario** (testbed/run/scenario.py): validated once into typed models (topology,
+   workload, variants); `check_runnable` adds what the runner needs of it.
+2. **Variants** (testbed/run/variants.py, from the registry testbed_core/variants.py):
+   which variant runs there are, each with or without BubbleTea agents.
+3. **Network** (testbed/run/network.py): the scenario's topology built once, or, with
+   ``runner.local``, 127.0.0.1 and no emulated network; the run's port block.
+4. **Calibration** (`calibrate_wan`, measurements in testbed/run/calibration.py): the
+   channel rates of the WAN path for every stream count the variants use.
+5. **Placement and prediction** (testbed/run/variants.py): the planner places the
+   stages and predicts one iteration with the calibrated rates; a variant whose
+   sharing policy is ``auto`` (Atlas) gets its temporal plan unless, with
+   ``runner.atlas_sharing: auto``, sharing the link is predicted faster.
+6. **Variant runs** (`play_variant`): one worker process per (pipeline, rank) on its
+   placed host (testbed/run/jobs.py, testbed/training/worker.py), each with its
+   emulated GPU, modelled or, with ``gpu.mode: real``, real torch work checked against
+   a one-process reference (testbed/training/real_mode.py); every pipeline boundary
+   is an atlas_transport channel, and under a temporal plan each WAN send waits for
+   its token in the link's planned order. Workers start each iteration at a common
+   wall-clock instant and the next when all have finished (testbed/run/workers.py).
+7. **Summary**: device timelines and transfer records give iteration times,
+   utilization, bubbles and per-WAN-link bytes and goodput (testbed/run/metrics.py),
+   a CSV timeline and a Gantt chart per variant, and summary.json. The prediction
+   stands as made before the run (real devices: with the compute times their warm-up
+   measured); the same model fed with the warm-up's own channel rate is reported
+   beside it.
 
-BubbleTea (testbed/run/bubbletea.py): a variant ``<name>+bubbletea`` also runs a
-BubbleTea agent next to every worker device, and decode servers for the KV caches; its
-summary entry adds the agents' requests, TTFT, guard violations and the slowdown
-against the same variant without agents.
+BubbleTea (testbed/run/bubbletea.py): a run ``<name>+bubbletea`` also runs a BubbleTea
+agent next to every worker device, and decode servers for the KV caches; its summary
+entry adds the agents' requests, TTFT, guard violations and the slowdown against the
+same variant without agents.
 
 Shared pieces (the run's error, process helpers, WAN paths) are in
 testbed/run/common.py.
@@ -51,22 +55,33 @@ from typing import Any
 import yaml
 
 from testbed.progress import Progress
-from testbed.run.bubbletea import agent_available, bubbletea_metrics
+from testbed.run.bubbletea import bubbletea_metrics
 from testbed.run.calibration import Calibration, calibrate, calibrate_link, calibration_pairs
 from testbed.run.common import BT_SUFFIX, RunnerError, nominal_link, transport_job
 from testbed.run.jobs import build_jobs
-from testbed.run.network import Network, open_network
+from testbed.run.network import Network, open_network, with_ports
+from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
 from testbed.run.variants import (
     VariantSetup,
     choose_streams,
-    plan_variant,
+    plan_variants,
     repredict,
+    run_variants,
     shared_stream_counts,
-    variant_names,
 )
 from testbed.run.workers import VariantRun, run_workers
 from testbed_core.configfile import ConfigError
+from testbed_core.contracts.summary import (
+    Parallelism,
+    Summary,
+    VariantFailure,
+    VariantResult,
+    WanTailDrops,
+)
+from testbed_core.planning.placement import free_gpus, place
+from testbed_core.variants import RunVariant
+from testbed_core.workload import EffectiveWorkload
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
 AUTO_MARGIN = 0.10
@@ -76,22 +91,6 @@ def default_out_dir(scenario: Scenario) -> Path:
     return Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def with_ports(scenario: Scenario, progress: Progress) -> Scenario:
-    """The scenario with its port block fixed (runner.base_port: auto)."""
-    from testbed.run.common import free_port_block
-    from testbed.run.scenario import EMULATED_BASE_PORT, PORT_SPAN
-
-    if scenario.runner.base_port != "auto":
-        return scenario
-    if scenario.runner.local:
-        port = free_port_block(PORT_SPAN)
-        progress.log(f"local mode: ports {port}-{port + PORT_SPAN - 1} on 127.0.0.1")
-    else:
-        port = EMULATED_BASE_PORT
-    runner = scenario.runner.model_copy(update={"base_port": port})
-    return scenario.model_copy(update={"runner": runner})
-
-
 def run_scenario(
     scenario: Scenario,
     resolved: dict[str, Any],
@@ -99,158 +98,136 @@ def run_scenario(
     progress: Progress | None = None,
     *,
     variants: Sequence[str] | None = None,
-) -> dict[str, Any]:
-    """Run every variant of `scenario`; writes `out_dir` and returns the summary."""
-    from testbed_core.workload import WorkloadError, parse_workload
-
+) -> Summary:
+    """Run every variant of `scenario`; writes `out_dir/summary.json` (after every
+    variant, so that an interrupted run keeps what it measured) and returns it."""
     t_begin = time.time()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     own_progress = progress is None
     progress = progress or Progress(label=f"run {scenario.name}")
     (out / "scenario.resolved.yaml").write_text(yaml.safe_dump(_plain(resolved), sort_keys=False))
-    wl_source = scenario.workload.get("_source", f"{scenario.source or 'scenario'}: workload")
-    try:
-        workload = parse_workload(scenario.workload, wl_source)
-    except WorkloadError as exc:
-        raise RunnerError(str(exc)) from None
-    base_dir = str(Path(wl_source).parent) if "_source" in scenario.workload else None
+    workload, base_dir = scenario.workload, scenario.workload_dir
     par = workload.parallelism
-    if par.pp < 2:
-        raise RunnerError(f"{wl_source}: parallelism.pp is {par.pp}; pipeline training across DCs needs pp >= 2")
-    if par.tp != 1:
-        progress.log(f"note: tp={par.tp}: each worker plays a whole tensor-parallel group on one host")
-    names = variant_names(scenario, variants)
-    if any(n.endswith(BT_SUFFIX) for n in names) and not agent_available():
-        raise RunnerError("bubbletea.enabled: the BubbleTea agent has no command line yet (python -m bubbletea_agent);"
-                          " set bubbletea.enabled: false, or drop the +bubbletea variants")
+    check_runnable(scenario, progress)
+    runs = run_variants(scenario, variants)
+    names = [run.name for run in runs]
     scenario = with_ports(scenario, progress)
     iterations = workload.warmup + workload.iterations
     eff = workload.effective(base_dir)
     progress.set_total(1 + len(names))
     secret = secrets.token_hex(16)
     ctl_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))
-    summary: dict[str, Any] = {
-        "scenario": scenario.name, "topology": scenario.topology.name, "workload": workload.name,
-        "delay_backend": None, "scale": workload.scale,
-        "scale_note": eff.scale_note(max((link.rate for link in scenario.topology.wan), default=None)),
-        "seed": scenario.seed, "schedule": par.schedule,
-        "parallelism": {"dp": par.dp, "pp": par.pp, "tp": par.tp, "micro_batch": par.micro_batch,
-                        "num_micro_batches": par.num_micro_batches},
-        "iterations": workload.iterations, "warmup": workload.warmup,
-        "wire_activation_bytes": eff.wire_activation_bytes,
-        "stage_forward_s": eff.stage_forward_s, "stage_backward_s": eff.stage_backward_s,
-        "definitions": {
-            "iteration_time_s": "mean over measured iterations (after warm-up) of: common start -> last training "
-                                "work of any device ends; iterations are separated by a barrier",
-            "predicted_iteration_time_s": "planner simulation of one iteration (testbed_core/planning/planner.py) with "
-                                          "the variant's placement and temporal plan, made before the run from the "
-                                          "calibration probe's WAN channel rates (a shared link carries, while "
-                                          "transfers collide on it, the probe's aggregate of colliding channels); "
-                                          "real devices (gpu.mode: real): with the stage "
-                                          "compute times the warm-up iterations measured, plus their measured time "
-                                          "outside the pipeline. prediction.with_warmup_rates_iteration_time_s: the "
-                                          "same fed with the variant's own warm-up channel rate and colliding aggregate (diagnostic). "
-                                          "Modelled devices: DP all-reduce not emulated, not included",
-            "device_utilization": "mean over devices of busy time / wall time of the measured iterations",
-            "bubble_fraction": "mean over devices of idle (no training work) / wall time of the measured iterations",
-            "wan_links": "bytes of the measured iterations; goodput = bytes / time the link had a transfer on the "
-                         "wire (both directions)",
-        },
-        "runner": scenario.runner.model_dump(),
-        "variants": {},
-    }
+    summary = Summary(
+        scenario=scenario.name, topology=scenario.topology.name, workload=workload.name, delay_backend=None,
+        scale=workload.scale,
+        scale_note=eff.scale_note(max((link.rate for link in scenario.topology.wan), default=None)),
+        seed=scenario.seed, schedule=par.schedule,
+        parallelism=Parallelism(dp=par.dp, pp=par.pp, tp=par.tp, micro_batch=par.micro_batch,
+                                num_micro_batches=par.num_micro_batches),
+        iterations=workload.iterations, warmup=workload.warmup,
+        wire_activation_bytes=eff.wire_activation_bytes,
+        stage_forward_s=eff.stage_forward_s, stage_backward_s=eff.stage_backward_s,
+        runner=scenario.runner.model_dump(),
+    )
     try:
         with contextlib.ExitStack() as stack:
             stack.callback(shutil.rmtree, ctl_dir, True)
             with progress.step("setup"):
                 net = stack.enter_context(open_network(scenario, progress))
-                summary["delay_backend"] = net.delay_backend
-                setups, cal = prepare(scenario, workload, base_dir, names, net, out, secret, eff, progress)
-                summary["calibration"] = cal.to_json() if cal else None
+                summary.delay_backend = net.delay_backend
+                cal, auto = calibrate_wan(scenario, runs, net, out, secret, eff, progress)
+                setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local)
+                summary.calibration = cal.report() if cal else None
             for name in names:
-                entry: dict[str, Any]
+                entry: VariantResult | VariantFailure
                 with progress.step(name):
                     try:
                         setup = setups[name]
                         if isinstance(setup, Exception):
                             raise setup
-                        plain = summary["variants"].get(name.removesuffix(BT_SUFFIX), {}).get("iteration_time_s")
+                        twin = summary.result(name.removesuffix(BT_SUFFIX))
+                        plain = twin.iteration_time_s if twin else None
                         entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
                                              progress, base_dir, (cal.src, cal.dst) if cal else None, plain)
                         if name.endswith(BT_SUFFIX):
-                            _compare_wan_loss(entry, summary["variants"].get(name.removesuffix(BT_SUFFIX)),
-                                              name, progress)
+                            _compare_wan_loss(entry, twin, name, progress)
                     except (RunnerError, ConfigError, ValueError) as exc:
                         progress.log(f"  {name} FAILED: {exc}")
-                        entry = {"error": str(exc)}
-                summary["variants"][name] = entry
+                        entry = VariantFailure(error=str(exc))
+                summary.variants[name] = entry
                 _write_summary(out, summary, t_begin)
     finally:
-        summary["duration_s"] = time.time() - t_begin
         _write_summary(out, summary, t_begin)
         if own_progress:
             progress.close()
     return summary
 
 
-def prepare(scenario: Scenario, workload: Any, base_dir: str | None, names: Sequence[str], net: Network, out: Path,
-            secret: str, eff: Any, progress: Progress) -> tuple[dict[str, Any], Calibration | None]:
-    """Calibration, then placement and prediction of every variant."""
-    from testbed_core.planning.planner import free_gpus, place
+def check_runnable(scenario: Scenario, progress: Progress) -> None:
+    """What the runner needs of the workload beyond a valid file: a pipeline to split
+    across DCs (pp >= 2); a tensor-parallel group is played by one worker."""
+    par = scenario.workload.parallelism
+    if par.pp < 2:
+        where = scenario.workload_source or f"{scenario.source or 'scenario'}: workload"
+        raise RunnerError(f"{where}: parallelism.pp is {par.pp}; pipeline training across DCs needs pp >= 2")
+    if par.tp != 1:
+        progress.log(f"note: tp={par.tp}: each worker plays a whole tensor-parallel group on one host")
 
-    par = workload.parallelism
+
+def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, out: Path, secret: str,
+                  eff: EffectiveWorkload, progress: Progress) -> tuple[Calibration | None, int | None]:
+    """The calibration (None when ``runner.calibrate`` is off) and, for
+    ``transport.streams: auto``, the stream count it found best.
+
+    It times tensors of the workload's wire size on the path Atlas's placement
+    crosses (or between the first and last DC when it crosses none): first a single
+    stream and the configured count (or the auto candidates), then every count the
+    variant runs will use, then, when pipelines share the link, the colliding
+    aggregate of every count that may send on a shared link."""
+    if not scenario.runner.calibrate:
+        return None, None
+    par = scenario.workload.parallelism
     topo = scenario.topology
-    cal = None
+    hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
+    pl = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts)
+    pairs = calibration_pairs(pl)
+    if not pairs:  # every stage in one DC: probe between the first two DCs
+        pairs = [(f"{topo.dcs[0].name}-{topo.dcs[0].hosts[0]}", f"{topo.dcs[-1].name}-{topo.dcs[-1].hosts[0]}")]
+    dc_a, dc_b = pairs[0][0].split("-", 1)[0], pairs[0][1].split("-", 1)[0]
+    latency = 0.0 if net.local or dc_a == dc_b else topo.path_delay(dc_a, dc_b)
+    counts = {1}
+    s = scenario.transport.streams
+    if s == "auto":
+        counts |= set(AUTO_CANDIDATES)
+    else:
+        counts.add(int(s))
+    progress.log(f"calibrating {pairs[0][0]} -> {pairs[0][1]} ({', '.join(map(str, sorted(counts)))} streams)")
+    folder = out / "calibration"
+    a, b = pairs[0]
+    two_way = [pairs[0], pairs[1][::-1] if len(pairs) > 1 else (b, a)]
+    cal = calibrate(net, scenario, folder, secret, two_way, sorted(counts), eff.wire_activation_bytes, latency,
+                    progress)
     auto = None
-    if scenario.runner.calibrate:
-        hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
-        pl = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts)
-        pairs = calibration_pairs(pl)
-        if not pairs:  # every stage in one DC: probe between the first two DCs
-            pairs = [(f"{topo.dcs[0].name}-{topo.dcs[0].hosts[0]}", f"{topo.dcs[-1].name}-{topo.dcs[-1].hosts[0]}")]
-        dc_a, dc_b = pairs[0][0].split("-", 1)[0], pairs[0][1].split("-", 1)[0]
-        latency = 0.0 if net.local or dc_a == dc_b else topo.path_delay(dc_a, dc_b)
-        counts = {1}
-        s = scenario.transport.streams
-        if s == "auto":
-            counts |= set(AUTO_CANDIDATES)
-        else:
-            counts.add(int(s))
-        progress.log(f"calibrating {pairs[0][0]} -> {pairs[0][1]} ({', '.join(map(str, sorted(counts)))} streams)")
-        folder = out / "calibration"
-        a, b = pairs[0]
-        two_way = [pairs[0], pairs[1][::-1] if len(pairs) > 1 else (b, a)]
-        cal = calibrate(net, scenario, folder, secret, two_way, sorted(counts), eff.wire_activation_bytes, latency,
-                        progress)
-        if s == "auto":
-            from atlas_transport.auto import choose
+    if s == "auto":
+        from atlas_transport.auto import choose
 
-            auto = choose({n: cal.rates_bps[n] for n in AUTO_CANDIDATES}, AUTO_MARGIN)
-        wanted = {choose_streams(n.removesuffix(BT_SUFFIX), scenario, cal.rate(1), nominal_link(topo, pairs[0]), auto)
-                  for n in names}
-        calibrate(net, scenario, folder, secret, two_way, sorted(wanted), eff.wire_activation_bytes, latency,
-                  progress, cal)
-        sharing = min(par.dp, len(pairs))
-        if sharing > 1:
-            # the colliding rate of every stream count that may share the link
-            # (multi-tcp; atlas when its sharing is not fixed to temporal)
-            for n in sorted(shared_stream_counts(scenario, names, cal, auto, nominal_link(topo, pairs[0]))):
-                calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
-    setups: dict[str, Any] = {}
-    for name in names:
-        try:
-            setups[name] = plan_variant(name, scenario, workload, base_dir, cal, auto, net.local)
-            if cal is not None and setups[name].streams not in cal.rates_bps:
-                raise RunnerError(f"variant {name}: {setups[name].streams} streams were not calibrated")
-        except (RunnerError, ValueError) as exc:
-            setups[name] = RunnerError(f"variant {name}: {exc}")
-    return setups, cal
+        auto = choose({n: cal.rates_bps[n] for n in AUTO_CANDIDATES}, AUTO_MARGIN)
+    nominal = nominal_link(topo, pairs[0])
+    wanted = {choose_streams(run, scenario, cal.rate(1), nominal, auto) for run in runs}
+    calibrate(net, scenario, folder, secret, two_way, sorted(wanted), eff.wire_activation_bytes, latency,
+              progress, cal)
+    sharing = min(par.dp, len(pairs))
+    if sharing > 1:
+        # the colliding rate of every stream count that may share the link
+        for n in sorted(shared_stream_counts(scenario, runs, cal, auto, nominal)):
+            calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
+    return cal, auto
 
 
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
                  secret: str, iterations: int, progress: Progress, base_dir: str | None,
-                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> dict[str, Any]:
+                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> VariantResult:
     """Run one variant and return its summary entry, with its prediction (made
     before the run; real devices: with their warm-up's measured compute times)."""
     from testbed.run.metrics import variant_metrics
@@ -264,7 +241,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     t = scenario.transport
     jobs = build_jobs(
         setup=setup, workload=workload, topology=scenario.topology, host_ips=host_ips, run_dir=run_dir,
-        control=str(ctl_dir / f"{_safe(setup.name)}.sock"), base_port=scenario.runner.base_port,
+        control=str(ctl_dir / f"{_safe(setup.name)}.sock"), ports=PortPlan(scenario.runner.base_port),
         iterations=iterations, transport=transport_job(t),
         local=net.local, setup_timeout_s=scenario.runner.setup_timeout,
         timeout_s=max(scenario.runner.iteration_timeout, 5 * setup.prediction.iteration_time_s),
@@ -297,7 +274,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                      f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
                      f"{'-' if slow is None else f'{slow:+.1%}'}, waited {extra['training_wait_on_prefill_s'] * 1e3:.0f}"
                      f" ms on prefill ({extra['guard_violations']} guard violations)")
-    return {
+    return VariantResult.model_validate({
         "iteration_time_s": measured_it,
         "predicted_iteration_time_s": predicted,
         "prediction_error": (measured_it - predicted) / predicted,
@@ -317,7 +294,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         "mean_wan_transfer_s": m["mean_wan_transfer_s"],
         "streams": setup.streams,
         "sharing": setup.sharing,
-        "sharing_requested": scenario.runner.atlas_sharing if setup.base == "atlas" else "shared",
+        "sharing_requested": setup.sharing_requested,
         # atlas "auto": the a-priori prediction of each way; the faster (temporal unless
         # sharing wins by more than the planner's SHARING_MARGIN) ran
         "sharing_alternatives_s": setup.sharing_alternatives,
@@ -331,7 +308,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_mode.py)
         **extra,
         **files,
-    }
+    })
 
 
 def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> dict[str, Any]:
@@ -339,7 +316,7 @@ def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> di
     comparison with the one-process reference (``real``); nothing for modelled GPUs."""
     if workload.gpu.mode != "real":
         return {}
-    from testbed.training.real_mode import summary_entry
+    from testbed.run.real_check import summary_entry
 
     return summary_entry(folder, workload, progress.log, name)
 
@@ -386,9 +363,9 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
     warm-up measured (the compute model does not know this machine). The same model
     fed with the variant's own warm-up (solo channel rate, and the aggregate its
     colliding transfers reached) is kept as a diagnostic: TCP's loss recovery under
-    collisions varies from iteration to iteration, and a few warm-up iterations
-    predicted multi-tcp worse than the probe did (atlas-2dc: 2 of 5 runs within 10%,
-    the probe 4 of 5)."""
+    collisions varies from iteration to iteration, so a few warm-up iterations are a
+    noisier sample of the shared link than the probe's (README: how the prediction
+    treats a shared link)."""
     from testbed.run.metrics import (
         channel_rate,
         colliding_rate,
@@ -440,28 +417,20 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
     }
 
 
-def tail_drops(entry: Mapping[str, Any] | None) -> int | None:
-    """The emulated WAN queues' tail drops over a variant (relay delay lines only)."""
-    lines = (entry or {}).get("delay_line")
-    if not lines:
-        return None
-    return sum(d["queue_drops"] for w in lines.values() for d in w.values() if isinstance(d, dict))
-
-
-def _compare_wan_loss(entry: dict[str, Any], plain: Mapping[str, Any] | None, name: str, progress: Progress) -> None:
+def _compare_wan_loss(entry: VariantResult, plain: VariantResult | None, name: str, progress: Progress) -> None:
     """A +bubbletea variant whose WAN lost packets that its plain twin did not: TCP then
     carries smaller windows for the rest of the run, and the slowdown it measures is
     the network's, not the prefill's. Say so next to the slowdown."""
-    mine, theirs = tail_drops(entry), tail_drops(plain)
+    mine, theirs = entry.tail_drops(), None if plain is None else plain.tail_drops()
     if mine is None or theirs is None:
         return
-    entry["wan_tail_drops"] = {"with_bubbletea": mine, "without": theirs}
-    slow = entry.get("training_slowdown")
+    entry.wan_tail_drops = WanTailDrops(with_bubbletea=mine, without=theirs)
+    slow = entry.training_slowdown
     if mine > theirs and slow is not None and slow > 0.01:
         note = (f"the WAN queue dropped {mine} packets in this variant and {theirs} without BubbleTea: TCP windows "
                 "shrank and stayed small, so part or all of the slowdown is the network's (waited on prefill: "
-                f"{entry.get('training_wait_on_prefill_s', 0) * 1e3:.0f} ms); rerun to compare")
-        entry["training_slowdown_note"] = note
+                f"{(entry.training_wait_on_prefill_s or 0) * 1e3:.0f} ms); rerun to compare")
+        entry.training_slowdown_note = note
         progress.log(f"  {name}: note: {note}")
 
 
@@ -499,8 +468,9 @@ def _plain(data: Any) -> Any:
     return json.loads(json.dumps(copy.deepcopy(data), default=str))
 
 
-def _write_summary(out: Path, summary: dict[str, Any], t_begin: float) -> None:
-    summary["duration_s"] = time.time() - t_begin
+def _write_summary(out: Path, summary: Summary, t_begin: float) -> None:
+    """summary.json through its model (testbed_core/contracts/summary.py), replaced whole."""
+    summary.duration_s = time.time() - t_begin
     tmp = out / "summary.json.tmp"
-    tmp.write_text(json.dumps(summary, indent=2, default=str))
+    tmp.write_text(summary.to_json())
     os.replace(tmp, out / "summary.json")

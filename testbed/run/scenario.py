@@ -4,8 +4,10 @@ the transport and of BubbleTea, all in one validated, fully resolved document.
 A scenario is handled as a plain dict with the topology and workload inlined
 (`resolve_scenario`), so that `--set path=value` overrides and sweeps can change
 any field by its dotted path (`topology.wan.0.delay`, `workload.parallelism.dp`)
-before the whole is validated once (`validate_scenario`). A resolved scenario is
-written next to each run's results, so any run can be repeated exactly.
+before the whole is validated once (`validate_scenario`) into typed models: the
+`Topology`, the `Workload` and the variants of the registry (testbed_core/variants.py),
+so nothing downstream parses a part of it again. A resolved scenario is written next
+to each run's results, so any run can be repeated exactly.
 """
 
 from __future__ import annotations
@@ -18,9 +20,10 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
-from testbed_core.topology import Rate, Topology, TopologyError, parse_topology
-
-VARIANTS = ("baseline", "multi-tcp", "atlas", "dp-across-dc")
+from testbed_core.contracts.bubbletea import DECODE_SAME_DC, BubbleTeaSettings
+from testbed_core.topology import Topology, TopologyError, parse_topology
+from testbed_core.variants import VariantError, default_names, get_variant
+from testbed_core.workload import Workload
 
 
 class ScenarioError(ConfigError):
@@ -45,63 +48,6 @@ class TransportSettings(_Model):
     def _streams(cls, value: int | str) -> int | str:
         if isinstance(value, int) and not 1 <= value <= 64:
             raise ValueError(f"streams must be between 1 and 64 or 'auto', got {value}")
-        return value
-
-
-class PromptLengths(_Model):
-    dist: Literal["fixed", "uniform", "lognormal"] = "lognormal"
-    mean: float = Field(512, gt=0, description="tokens (fixed value, uniform midpoint, lognormal mean)")
-    sigma: float = Field(0.6, ge=0)
-    min: int = Field(16, ge=1)
-    max: int = Field(4096, ge=1)
-
-
-class RequestSource(_Model):
-    rate: float = Field(5.0, ge=0, description="Poisson arrivals per second, over the whole cluster")
-    prompt_tokens: PromptLengths = PromptLengths()
-    trace: str | None = Field(None, description="CSV trace to replay instead of Poisson arrivals")
-    deadline: float = Field(5.0, gt=0, description="seconds a request may wait before it is rejected")
-
-
-DECODE_SAME_DC = "same-dc"
-
-
-class BubbleTeaSettings(_Model):
-    """BubbleTea agents next to the training workers (bubbletea_agent/README.md)."""
-
-    enabled: bool = False
-    compare: bool = Field(True, description="also run each variant without agents, for the slowdown")
-    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] | None = Field(
-        None, description="which of the scenario's variants also run with agents (default: all)"
-    )
-    requests: RequestSource = RequestSource()
-    decode_host: str | None = Field(
-        None, description="where KV caches go: 'same-dc' (a decode server in each DC: LAN only, never the WAN), "
-                          "a host (dc-host, e.g. dc2-h2: caches from other DCs cross the WAN, paced at "
-                          "kv_wan_rate), or none (TTFT ends with the prefill)"
-    )
-    kv_wire_scale: float = Field(
-        0.001, gt=0, le=1, description="share of a KV cache's true size that crosses the emulated network; the "
-                                      "rest is charged at the path's nominal rate (TTFT as for the whole cache)"
-    )
-    kv_wan_rate: Rate | None = Field(
-        50e6, description="cap on KV bytes crossing a WAN (bits/s, all agents together; none: no cap)"
-    )
-    model: dict[str, Any] = Field(default_factory=dict, description="prefill model size (LlamaConfig fields)")
-    chunk_tokens: int | Literal["auto"] = Field(
-        "auto", description="chunked prefill: 'auto' = chunks of whatever fits, N = at most N tokens, 0 = whole prompts"
-    )
-    guard: float = Field(0.05, ge=0, description="initial guard, as a fraction of predicted duration")
-    window: Literal["live", "planned", "both"] = Field(
-        "live", description="what admission fills: the worker's live guarantees (never delay training), the "
-                            "planned slots corrected from the timeline, or either"
-    )
-
-    @field_validator("chunk_tokens")
-    @classmethod
-    def _chunk(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and value < 0:
-            raise ValueError(f"chunk_tokens must be 'auto', 0 (whole prompts) or a positive token count, got {value}")
         return value
 
 
@@ -154,9 +100,14 @@ class Scenario(_Model):
     name: str
     description: str = ""
     topology: Topology
-    workload: dict[str, Any]
-    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] = Field(
-        default_factory=lambda: ["baseline", "multi-tcp", "atlas"], min_length=1
+    workload: Workload
+    workload_source: str | None = Field(
+        None, description="the workload file, when it was one (relative gpu.profile paths are read from its "
+                          "folder); validate_scenario fills it in"
+    )
+    variants: list[str] = Field(
+        default_factory=lambda: list(default_names()), min_length=1,
+        description="variants to compare, in order (names from testbed_core/variants.py)",
     )
     seed: int = 1
     transport: TransportSettings = TransportSettings()
@@ -174,6 +125,21 @@ class Scenario(_Model):
             except TopologyError as exc:
                 raise ValueError(str(exc)) from None
         return value
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, value: list[str]) -> list[str]:
+        for name in value:
+            try:
+                get_variant(name)
+            except VariantError as exc:
+                raise ValueError(str(exc)) from None
+        return value
+
+    @property
+    def workload_dir(self) -> str | None:
+        """The workload file's folder (None for an inline workload)."""
+        return str(Path(self.workload_source).parent) if self.workload_source else None
 
 
 def _inline(value: Any, base: Path, kind: str) -> Any:
@@ -214,8 +180,6 @@ def _model_for(model: Any, key: str) -> Any:
     field = model.model_fields.get(key)
     if field is None:
         return KeyError
-    if model is Scenario and key == "workload":
-        return _workload_model()
     return _unwrap(field.annotation)
 
 
@@ -283,37 +247,34 @@ def _known_fields(node: dict[str, Any], model: Any) -> list[str]:
     return sorted(names)
 
 
-def _workload_model() -> Any:
-    try:
-        from testbed_core import workload
-    except ImportError:  # the training layer is optional for topology-only use
-        return None
-    return getattr(workload, "Workload", None)
-
-
 def validate_scenario(data: dict[str, Any]) -> Scenario:
+    """The resolved scenario dict as a `Scenario`. The workload is validated first, on
+    its own, so that its errors name the workload file (``_source``) rather than the
+    scenario."""
     source = data.get("source") or "scenario"
     data = copy.deepcopy(data)
+    raw = data.get("workload")
+    if isinstance(raw, dict):
+        wl_source = raw.get("_source")
+        try:
+            data["workload"] = Workload.model_validate({k: v for k, v in raw.items() if not str(k).startswith("_")})
+        except ValidationError as exc:
+            raise ScenarioError(
+                format_validation_error(wl_source or source, exc, "workload", prefix="workload")
+            ) from None
+        if wl_source:
+            data["workload_source"] = wl_source
     try:
         scenario = Scenario.model_validate(data)
     except ValidationError as exc:
         raise ScenarioError(format_validation_error(source, exc, "scenario")) from None
-    model = _workload_model()
-    if model is not None:
-        wl = {k: v for k, v in scenario.workload.items() if not k.startswith("_")}
-        try:
-            workload = model.model_validate(wl)
-        except ValidationError as exc:
-            raise ScenarioError(
-                format_validation_error(scenario.workload.get("_source", source), exc, "workload", prefix="workload")
-            ) from None
-        if workload.gpu.mode == "real":  # real devices: can this machine train the model? (before anything is built)
-            from testbed.training.real_mode import RealModeError, check_machine
+    if scenario.workload.gpu.mode == "real":  # real devices: can this machine train the model? (before anything is built)
+        from testbed.run.real_check import RealModeError, check_machine
 
-            try:
-                check_machine(workload)
-            except RealModeError as exc:
-                raise ScenarioError(f"{scenario.workload.get('_source', source)}: workload: {exc}") from None
+        try:
+            check_machine(scenario.workload)
+        except RealModeError as exc:
+            raise ScenarioError(f"{scenario.workload_source or source}: workload: {exc}") from None
     hosts = {f"{dc.name}-{h}" for dc in scenario.topology.dcs for h in dc.hosts}
     decode = scenario.bubbletea.decode_host
     if decode is not None and decode != DECODE_SAME_DC and decode not in hosts:

@@ -1,14 +1,16 @@
 """Variant planning of `testbed run`: which variants run, and for each its stream
 count, placement, sharing of the WAN links and predicted iteration time.
 
-The Atlas planner places the stages (its own heuristic for ``atlas``,
-``runner.baseline_placement`` for ``baseline`` and ``multi-tcp``, DP across DCs for
-``dp-across-dc``) and simulates one iteration with the calibrated channel rates
-(testbed/run/calibration.py); ``atlas`` gets its temporal plan
-(testbed_core/planning/temporal.py) unless, with ``runner.atlas_sharing: auto``, sharing
-the link is predicted faster (each way predicted with its own rates: the plan's
-transfers hold the link ``token_margin`` longer; shared channels move what the
-collision probe measured).
+Every decision dispatches on the variant's policies in the registry
+(testbed_core/variants.py), never on its name: the placement policy picks the
+planner's strategy (its own heuristic, ``runner.baseline_placement``, or DP across
+DCs), the stream policy the TCP streams per channel, the sharing policy whether the
+temporal plan is tried. The planner (testbed_core/planning/) places the stages and
+simulates one iteration with the calibrated channel rates (testbed/run/calibration.py);
+a variant with sharing ``auto`` gets its temporal plan (testbed_core/planning/temporal.py)
+unless, with ``runner.atlas_sharing: auto``, sharing the link is predicted faster (each
+way predicted with its own rates: the plan's transfers hold the link ``token_margin``
+longer; shared channels move what the collision probe measured).
 
 The prediction uses the calibrated rates (per-flow rate = channel rate / streams)
 instead of the window model, and is made before the variant runs: that is the
@@ -22,85 +24,150 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
 
 from testbed.run.calibration import Calibration
-from testbed.run.common import BT_SUFFIX, RunnerError, nominal_link
+from testbed.run.common import RunnerError, nominal_link
 from testbed.run.scenario import Scenario
+from testbed_core.planning.network import NetParams
+from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
+from testbed_core.planning.prediction import (
+    Prediction,
+    Sharing,
+    Variant,
+    build_spec,
+    choose_sharing,
+    predict,
+)
+from testbed_core.simulate import simulate
+from testbed_core.topology import Topology
+from testbed_core.variants import (
+    RunVariant,
+    VariantDef,
+    VariantError,
+    has_bubbletea,
+    parse_run_variant,
+    parse_run_variants,
+)
+from testbed_core.workload import EffectiveWorkload, Workload
 
 # Share of a WAN link's nominal rate that TCP goodput reaches through the shaper
-# (headers, HTB, window dynamics): 8 window-limited flows reached ~850 Mbit/s on the
-# 2dc topology's 1 Gbit/s link. Atlas's stream count fills this much.
+# (headers, HTB, window dynamics). The fill-the-link stream count fills this much.
 FILL_GOODPUT = 0.85
-STREAMS_MARGIN = 0.05  # atlas leaves its fill-the-link stream count only for one measured this much faster
-LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries (topo check: 955/1000)
+STREAMS_MARGIN = 0.05  # fill-link leaves its formula's stream count only for one measured this much faster
+LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
+MAX_STREAMS = 64
+DEFAULT_AUTO_STREAMS = 8  # transport.streams: auto before (or without) a calibration
 
 
 @dataclass
 class VariantSetup:
-    name: str  # as reported, e.g. "atlas+bubbletea"
-    base: str  # baseline, multi-tcp, atlas, dp-across-dc
-    bubbletea: bool
+    """One variant run as planned: its streams, placement, WAN sharing and prediction."""
+
+    run: RunVariant  # the registry's variant, and whether BubbleTea agents run beside it
     streams: int
-    variant: Any  # testbed_core.planning.planner.Variant
-    placement: Any
-    prediction: Any
+    variant: Variant  # the planner's variant as predicted (streams, sharing way, placement strategy)
+    placement: Placement
+    prediction: Prediction | None
     rate_bps: float | None = None  # calibrated channel rate the a-priori prediction used
     colliding_bps: float | None = None  # calibrated aggregate of the pipelines' channels colliding
     final_prediction: float | None = None  # the headline prediction (real devices: measured compute)
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
-    sharing_alternatives: dict[str, float] | None = None  # atlas "auto": a-priori prediction of each way
+    sharing_requested: str = "shared"  # what the scenario asked for: "shared", "temporal" or "auto"
+    sharing_alternatives: dict[str, float] | None = None  # sharing "auto": a-priori prediction of each way
+
+    @property
+    def name(self) -> str:
+        """As reported (the key in summary.json), e.g. "atlas+bubbletea"."""
+        return self.run.name
+
+    @property
+    def base(self) -> str:
+        """The registry variant's name, e.g. "atlas"."""
+        return self.run.base
+
+    @property
+    def bubbletea(self) -> bool:
+        return self.run.bubbletea
+
+    @property
+    def definition(self) -> VariantDef:
+        return self.run.variant
 
 
-def variant_names(scenario: Scenario, only: Sequence[str] | None = None) -> list[str]:
-    """The variants to run, in order: the scenario's (or `only`), each also with
-    BubbleTea when it is enabled (and without it too when `compare` is set)."""
-    names = list(scenario.variants)
+def _definition(variant: str | VariantDef | RunVariant) -> VariantDef:
+    """The registry entry of a variant given by name ('atlas', 'atlas+bubbletea'), run or entry."""
+    if isinstance(variant, RunVariant):
+        return variant.variant
+    if isinstance(variant, VariantDef):
+        return variant
+    try:
+        return parse_run_variant(variant).variant
+    except VariantError as exc:
+        raise RunnerError(str(exc)) from None
+
+
+# ------------------------------------------------------------------ which runs
+
+def run_variants(scenario: Scenario, only: Sequence[str] | None = None) -> list[RunVariant]:
+    """The variant runs, in order: the scenario's (or `only`, any variant of the
+    registry), each also with BubbleTea when it is enabled (and without it too when
+    `compare` is set)."""
     if only:
-        allowed = set(names) | {f"{n}{BT_SUFFIX}" for n in names}
-        unknown = [v for v in only if v not in allowed and v.removesuffix(BT_SUFFIX) not in
-                   ("baseline", "multi-tcp", "atlas", "dp-across-dc")]
-        if unknown:
-            raise RunnerError(f"--variants: unknown variant(s) {', '.join(unknown)} "
-                              f"(allowed: baseline, multi-tcp, atlas, dp-across-dc, each optionally +bubbletea)")
-        return list(dict.fromkeys(only))
+        try:
+            return parse_run_variants(only)
+        except VariantError as exc:
+            raise RunnerError(f"--variants: {exc}") from None
     out = []
     bt = scenario.bubbletea
-    for n in names:
-        if bt.enabled and (bt.variants is None or n in bt.variants):
+    for name in scenario.variants:
+        definition = _definition(name)
+        if bt.enabled and (bt.variants is None or name in bt.variants):
             if bt.compare:
-                out.append(n)
-            out.append(n + BT_SUFFIX)
+                out.append(RunVariant(definition))
+            out.append(RunVariant(definition, bubbletea=True))
         else:
-            out.append(n)
+            out.append(RunVariant(definition))
     return out
 
 
-def choose_streams(base: str, scenario: Scenario, flow_bps: float | None, link_bps: float | None,
-                   auto: int | None) -> int:
-    """TCP streams per WAN channel: 1 for baseline; transport.streams (or the
-    calibrated best for 'auto') for multi-tcp and dp-across-dc; for atlas at least
-    enough streams to fill the link (the planner's rule), counted against the
-    goodput a shaped link gives TCP (FILL_GOODPUT of its nominal rate)."""
-    if base == "baseline":
-        return 1
+def variant_names(scenario: Scenario, only: Sequence[str] | None = None) -> list[str]:
+    """The names of `run_variants`, as reported ("atlas", "atlas+bubbletea", ...)."""
+    return [r.name for r in run_variants(scenario, only)]
+
+
+# ------------------------------------------------------------------ streams and sharing
+
+def configured_streams(scenario: Scenario, auto: int | None) -> int:
+    """transport.streams, or for 'auto' the calibrated best (`auto`)."""
     s = scenario.transport.streams
-    n = (auto or 8) if s == "auto" else int(s)
-    if base == "atlas" and flow_bps and link_bps:
-        n = max(n, min(64, math.ceil(FILL_GOODPUT * link_bps / flow_bps - 1e-9)))
+    return (auto or DEFAULT_AUTO_STREAMS) if s == "auto" else int(s)
+
+
+def choose_streams(variant: str | VariantDef | RunVariant, scenario: Scenario, flow_bps: float | None,
+                   link_bps: float | None, auto: int | None) -> int:
+    """TCP streams per WAN channel by the variant's stream policy: ``one``: 1;
+    ``configured``: transport.streams (or the calibrated best for 'auto'); ``fill-link``:
+    at least enough streams to fill the link (the planner's rule), counted against the
+    goodput a shaped link gives TCP (FILL_GOODPUT of its nominal rate)."""
+    policy = _definition(variant).streams
+    if policy == "one":
+        return 1
+    n = configured_streams(scenario, auto)
+    if policy == "fill-link" and flow_bps and link_bps:
+        n = max(n, min(MAX_STREAMS, math.ceil(FILL_GOODPUT * link_bps / flow_bps - 1e-9)))
     return n
 
 
-def atlas_streams(fill: int, scenario: Scenario, cal: Calibration | None, auto: int | None) -> int:
-    """Atlas's streams per channel: enough to fill the link by formula, unless the
-    calibration measured another count faster (more than STREAMS_MARGIN): on long
-    RTTs many flows collapse together, on short ones a single flow nearly fills the
-    link and more overflow its queue. Candidates: that count, transport.streams and
-    the single stream every calibration times."""
+def fill_link_streams(fill: int, scenario: Scenario, cal: Calibration | None, auto: int | None) -> int:
+    """Streams per channel of a fill-link variant: enough to fill the link by formula,
+    unless the calibration measured another count faster (more than STREAMS_MARGIN):
+    on long RTTs many flows collapse together, on short ones a single flow nearly
+    fills the link and more overflow its queue. Candidates: that count,
+    transport.streams and the single stream every calibration times."""
     if cal is None:
         return fill
-    plain = choose_streams("multi-tcp", scenario, None, None, auto)
+    plain = configured_streams(scenario, auto)
     measured = {n: cal.rates_bps[n] for n in (fill, plain, 1) if n in cal.rates_bps}
     if not measured:
         return fill
@@ -109,23 +176,43 @@ def atlas_streams(fill: int, scenario: Scenario, cal: Calibration | None, auto: 
     return keep if measured[keep] >= (1 - STREAMS_MARGIN) * measured[best] else best
 
 
-def shared_stream_counts(scenario: Scenario, names: Sequence[str], cal: Calibration, auto: int | None,
-                         nominal_bps: float | None) -> set[int]:
-    """Stream counts of the variants that may send on a shared link at once (baseline's
-    single streams stay under the link and need no collision measurement)."""
+def variant_streams(variant: str | VariantDef | RunVariant, scenario: Scenario, cal: Calibration | None,
+                    auto: int | None, nominal_bps: float | None) -> int:
+    """The streams a variant runs with: its policy's count, and for fill-link the
+    calibration's verdict on it (`fill_link_streams`)."""
+    definition = _definition(variant)
+    flow1 = cal.rates_bps.get(1) if cal else None
+    n = choose_streams(definition, scenario, flow1, nominal_bps, auto)
+    if definition.streams == "fill-link":
+        n = fill_link_streams(n, scenario, cal, auto)
+    return n
+
+
+def requested_sharing(variant: str | VariantDef | RunVariant, scenario: Scenario) -> Sharing:
+    """How the variant asks to use its WAN links: its sharing policy, with ``auto``
+    resolved by ``runner.atlas_sharing`` (which may fix it to temporal or shared)."""
+    definition = _definition(variant)
+    return scenario.runner.atlas_sharing if definition.sharing == "auto" else definition.sharing
+
+
+def shared_stream_counts(scenario: Scenario, runs: Sequence[str | RunVariant], cal: Calibration,
+                         auto: int | None, nominal_bps: float | None) -> set[int]:
+    """Stream counts of the variants that may send on a shared link at once: every
+    variant whose sharing is not fixed to temporal, except single-stream ones (a
+    single stream stays under the link and needs no collision measurement)."""
     counts = set()
-    for name in names:
-        base = name.removesuffix(BT_SUFFIX)
-        if base == "baseline" or (base == "atlas" and scenario.runner.atlas_sharing == "temporal"):
+    for run in runs:
+        definition = _definition(run)
+        if definition.streams == "one" or requested_sharing(definition, scenario) == "temporal":
             continue
-        n = choose_streams(base, scenario, cal.rate(1), nominal_bps, auto)
-        if base == "atlas":
-            n = atlas_streams(n, scenario, cal, auto)
-        counts.add(n)
+        counts.add(variant_streams(definition, scenario, cal, auto, nominal_bps))
     return counts
 
 
-def calibrated_topology(topology: Any, link_bps: float | None, pair: tuple[str, str] | None, local: bool) -> Any:
+# ------------------------------------------------------------------ the prediction's network
+
+def calibrated_topology(topology: Topology, link_bps: float | None, pair: tuple[str, str] | None,
+                        local: bool) -> Topology:
     """The topology as the predictor sees it: WAN link rates scaled so that the link of
     the calibrated path has `link_bps` (what the transport gets from it: protocol
     overhead, shaper accuracy, the traffic pattern); no delays in local mode."""
@@ -170,9 +257,8 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
 
 
 def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
-             pair: tuple[str, str] | None, local: bool, colliding_bps: float | None = None) -> tuple[Any, Any]:
-    from testbed_core.planning.planner import NetParams
-
+             pair: tuple[str, str] | None, local: bool,
+             colliding_bps: float | None = None) -> tuple[NetParams, Topology]:
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
                                            nominal, colliding_bps or setup.colliding_bps)
@@ -180,19 +266,19 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
-def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
-                    rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
-                    effective: Any = None, colliding_bps: float | None = None) -> Any:
-    """The planner's prediction (and, for atlas, temporal plan) of a placed variant
-    whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
-    from testbed_core.planning.planner import predict
+# ------------------------------------------------------------------ prediction
 
+def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                    rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
+                    effective: EffectiveWorkload | None = None, colliding_bps: float | None = None) -> Prediction:
+    """The planner's prediction (and, for temporal sharing, the plan) of a placed
+    variant whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
     return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
                    effective=effective)
 
 
-def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None,
+def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
               rate_bps: float | None, pair: tuple[str, str] | None, local: bool,
               compute: tuple[list[float], list[float]] | None = None,
               colliding_bps: float | None = None) -> float:
@@ -201,16 +287,12 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: 
     the calibrated rate), colliding channels `colliding_bps` in all (None: the
     calibrated aggregate) and, when given, each stage computes for the measured
     (forward, backward) seconds instead of the compute model's."""
-    from dataclasses import replace
-
-    from testbed_core.planning.planner import build_spec
-    from testbed_core.simulate import simulate
-
     eff = workload.effective(base_dir)
     if compute is not None:
         eff = replace(eff, stage_forward_s=list(compute[0]), stage_backward_s=list(compute[1]))
     if rate_bps is None:
         rate_bps = setup.rate_bps
+    assert setup.prediction is not None, "repredict needs the variant's a-priori prediction (plan_variant)"
     plan = setup.prediction.plan
     if plan is not None and setup.rate_bps and rate_bps is not None:
         # with tokens a transfer holds its link for its planned time even when it is
@@ -224,45 +306,43 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: 
     return simulate(plan.apply(spec)).makespan
 
 
-def plan_variant(
-    name: str, scenario: Scenario, workload: Any, base_dir: str | None, cal: Calibration | None,
-    auto_streams: int | None, local: bool = False,
-) -> VariantSetup:
-    from testbed_core.planning.planner import Variant, default_variants, free_gpus, place
+# ------------------------------------------------------------------ one variant's plan
 
-    base = name.removesuffix(BT_SUFFIX)
-    if base == "dp-across-dc":
+def plan_variant(
+    variant: str | RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
+    cal: Calibration | None, auto_streams: int | None, local: bool = False,
+) -> VariantSetup:
+    """Place a variant run, choose its streams and WAN sharing, and predict it."""
+    run = variant if isinstance(variant, RunVariant) else RunVariant(_definition(variant), has_bubbletea(variant))
+    definition = run.variant
+    if definition.placement == "dp-across":
         raise RunnerError(
-            "dp-across-dc puts each pipeline in one DC, so only the DP gradient all-reduce crosses the WAN, "
+            f"{definition.name} puts each pipeline in one DC, so only the DP gradient all-reduce crosses the WAN, "
             "and the runner does not emulate the all-reduce yet: the result would be compute alone. "
-            "`testbed plan --variants dp-across-dc` predicts it; drop it from variants here"
+            f"`testbed plan --variants {definition.name}` predicts it; drop it from variants here"
         )
-    table = default_variants(8, scenario.runner.baseline_placement)
-    proto = table[base]
     topo = scenario.topology
+    strategy = strategy_for(definition.placement, scenario.runner.baseline_placement)
     pair = (cal.src, cal.dst) if cal else None
-    flow1 = cal.rates_bps.get(1) if cal else None
-    streams = choose_streams(base, scenario, flow1, nominal_link(topo, pair) if pair else None, auto_streams)
-    if base == "atlas":
-        streams = atlas_streams(streams, scenario, cal, auto_streams)
+    streams = variant_streams(definition, scenario, cal, auto_streams, nominal_link(topo, pair) if pair else None)
     par = workload.parallelism
     hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     try:
-        placement = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=proto.placement, hosts=hosts)
+        placement = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
     except ValueError as exc:
-        raise RunnerError(f"variant {name}: {exc}") from None
+        raise RunnerError(f"variant {run.name}: {exc}") from None
     if any(not h for h in placement.hosts.values()):
-        raise RunnerError(f"variant {name}: placement {proto.placement} left a stage without a host")
+        raise RunnerError(f"variant {run.name}: placement {strategy} left a stage without a host")
     rate = cal.rates_bps.get(streams) if cal else None
-    sharing = scenario.runner.atlas_sharing if base == "atlas" else proto.sharing
-    setup = VariantSetup(name, base, name.endswith(BT_SUFFIX), streams,
-                         Variant(base, streams, "shared", proto.placement, fill_link=False), placement, None)
+    sharing = requested_sharing(definition, scenario)
+    setup = VariantSetup(run, streams, Variant(definition.name, streams, "shared", strategy), placement, None,
+                         sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
-    options: dict[str, tuple[Any, Any, float | None]] = {}
+    options: dict[str, tuple[Variant, Prediction, float | None]] = {}
     for way in ("temporal", "shared"):
         if sharing not in (way, "auto"):
             continue
-        setup.variant = Variant(base, streams, way, proto.placement, fill_link=False)
+        setup.variant = Variant(definition.name, streams, way, strategy)
         way_rate = rate
         if rate is not None and way == "temporal":
             # a transfer holds its link token_margin longer than its measured time on
@@ -271,8 +351,6 @@ def plan_variant(
         pred = predict_variant(setup, scenario, workload, base_dir, way_rate, pair, local)
         options[way] = (setup.variant, pred, way_rate)
     if len(options) == 2:
-        from testbed_core.planning.planner import choose_sharing
-
         times = {way: opt[1].iteration_time_s for way, opt in options.items()}
         setup.sharing_alternatives = times
         way = choose_sharing(times["temporal"], times["shared"])
@@ -283,3 +361,20 @@ def plan_variant(
         way = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = way
     return setup
+
+
+def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Workload, base_dir: str | None,
+                  cal: Calibration | None, auto_streams: int | None,
+                  local: bool) -> dict[str, VariantSetup | RunnerError]:
+    """`plan_variant` of every run, by name; a run that cannot be planned gets its
+    error instead, so that the others still run."""
+    setups: dict[str, VariantSetup | RunnerError] = {}
+    for run in runs:
+        try:
+            setup = plan_variant(run, scenario, workload, base_dir, cal, auto_streams, local)
+            if cal is not None and setup.streams not in cal.rates_bps:
+                raise RunnerError(f"variant {run.name}: {setup.streams} streams were not calibrated")
+            setups[run.name] = setup
+        except (RunnerError, ValueError) as exc:
+            setups[run.name] = RunnerError(f"variant {run.name}: {exc}")
+    return setups

@@ -1,5 +1,6 @@
-"""Atlas planner: the DC-selection heuristic (and its infeasible case), WAN paths and
-rates, and the iteration-time model against closed forms."""
+"""Atlas planning (testbed_core/planning/): the DC-selection heuristic (and its
+infeasible case), WAN paths and rates, the iteration-time model against closed forms,
+and the variants as the registry defines them."""
 
 from __future__ import annotations
 
@@ -8,18 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from testbed_core.planning.planner import (
-    NetParams,
-    PlacementError,
-    Variant,
-    choose_sharing,
-    default_variants,
-    free_gpus,
-    place,
-    predict,
-    wan_path,
-)
+from testbed_core.planning.network import NetParams, wan_path
+from testbed_core.planning.placement import PlacementError, free_gpus, place
+from testbed_core.planning.prediction import Variant, choose_sharing, default_variants, predict
 from testbed_core.topology import load_topology, parse_topology
+from testbed_core.variants import REGISTRY
 from testbed_core.workload import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -229,3 +223,12 @@ def test_choose_sharing_prefers_the_plan_within_the_margin() -> None:
     assert choose_sharing(1.0, 0.96) == "shared"
     assert choose_sharing(1.0, 1.5) == "temporal"
     assert choose_sharing(1.0, 0.9, margin=0.2) == "temporal"
+
+
+def test_default_variants_follow_the_registry() -> None:
+    table = default_variants(streams=4, baseline_placement="in-order")
+    assert list(table) == list(REGISTRY)
+    assert table["baseline"] == Variant("baseline", 1, "shared", "in-order")
+    assert table["multi-tcp"] == Variant("multi-tcp", 4, "shared", "in-order")
+    assert table["atlas"] == Variant("atlas", 4, "auto", "atlas", fill_link=True)
+    assert table["dp-across-dc"] == Variant("dp-across-dc", 4, "shared", "dp-across")

@@ -9,6 +9,7 @@ import pytest
 from click.testing import CliRunner
 
 from testbed.cli import main
+from testbed_core.variants import REGISTRY
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPO = str(ROOT / "topologies" / "2dc.yaml")
@@ -102,3 +103,14 @@ def test_measured_flow_rate_and_no_allreduce() -> None:
     assert base["wan_paths"][0]["per_flow_rate_bps"] == 107e6
     assert base["predicted_iteration_time_s"] == base["pipeline_time_s"]
     assert doc["net"]["allreduce_included"] is False
+
+
+def test_help_lists_the_registry() -> None:
+    res = run("--help")
+    assert res.exit_code == 0
+    text = " ".join(res.output.split())
+    assert "from: baseline, multi-tcp, atlas, dp-across-dc." in text
+    for v in REGISTRY.values():
+        assert f"{v.name}: {v.description}" in text
+    res = run("--topology", TOPO, "--workload", WL, "--variants", ",")
+    assert res.exit_code != 0 and "give at least one variant (allowed: baseline, multi-tcp" in res.output

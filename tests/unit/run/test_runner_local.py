@@ -4,7 +4,6 @@ emulated network, no root), and the command's error messages."""
 from __future__ import annotations
 
 import io
-import json
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ from testbed.cli import main
 from testbed.progress import Progress
 from testbed.run.runner import RunnerError, run_scenario
 from testbed.run.scenario import load_scenario
+from testbed_core.contracts.summary import read_summary
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -38,28 +38,27 @@ def test_local_run_writes_summary_timelines_and_gantt(tmp_path: Path) -> None:
     out = tmp_path / "out"
     stream = io.StringIO()
     summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=stream, tty=False))
-    on_disk = json.loads((out / "summary.json").read_text())
-    assert on_disk["variants"].keys() == summary["variants"].keys() == {"baseline", "atlas"}
-    assert summary["delay_backend"].startswith("none (local mode")
-    assert summary["scale"] == 1.0 and summary["seed"] == 1
-    assert summary["calibration"]["channel_rate_mbps"].keys() >= {"1"}
+    on_disk = read_summary(out / "summary.json")
+    assert on_disk == summary
+    assert summary.variants.keys() == {"baseline", "atlas"} and not summary.failed()
+    assert summary.delay_backend.startswith("none (local mode")
+    assert summary.scale == 1.0 and summary.seed == 1
+    assert summary.calibration.channel_rate_mbps.keys() >= {"1"}
     assert (out / "scenario.resolved.yaml").exists()
-    for v in summary["variants"].values():
-        assert "error" not in v, v
-        for key in ("iteration_time_s", "predicted_iteration_time_s", "device_utilization", "bubble_fraction",
-                    "wan_links"):
-            assert key in v
-        assert v["iteration_time_s"] > 0 and 0 < v["device_utilization"] <= 1
-        assert len(v["iteration_times_s"]) == 1 and len(v["warmup_iteration_times_s"]) == 1
-        link = v["wan_links"]["dc1-dc2"]
+    for name in summary.variants:
+        v = summary.result(name)
+        assert v.iteration_time_s > 0 and 0 < v.device_utilization <= 1
+        assert v.predicted_iteration_time_s > 0 and 0 < v.bubble_fraction < 1
+        assert len(v.iteration_times_s) == 1 and len(v.warmup_iteration_times_s) == 1
+        link = v.wan_links["dc1-dc2"]
         # 2 pipelines x 2 micro-batches, activations and gradients, over the one WAN crossing
-        assert link["transfers"] == 8
-        assert link["bytes"] == 8 * summary["wire_activation_bytes"]
-        assert (out / v["gantt_png"]).stat().st_size > 10_000
-        rows = (out / v["timeline_csv"]).read_text().splitlines()
+        assert link.transfers == 8
+        assert link.bytes == 8 * summary.wire_activation_bytes
+        assert (out / v.gantt_png).stat().st_size > 10_000
+        rows = (out / v.timeline_csv).read_text().splitlines()
         assert rows[0].startswith("device,kind,owner") and len(rows) == 1 + 4 * 2 * 2 * 2  # 4 devices, F+B
-    assert summary["variants"]["atlas"]["temporal_plan"] is not None
-    assert summary["variants"]["baseline"]["streams"] == 1
+    assert summary.result("atlas").temporal_plan is not None
+    assert summary.result("baseline").streams == 1
     assert "calibration:" in stream.getvalue()
 
 
@@ -76,15 +75,6 @@ def test_cli_errors_speak_to_the_user(tmp_path: Path) -> None:
     assert res.exit_code != 0 and "give at least one variant" in res.output
     res = runner.invoke(main, ["run", str(path), "--set", "runner.colour=blue"])
     assert res.exit_code != 0 and "unknown parameter 'colour'" in res.output
-
-
-def test_bubbletea_without_agent_command_line_is_refused(tmp_path: Path, monkeypatch) -> None:
-    import testbed.run.runner as runner_mod
-
-    monkeypatch.setattr(runner_mod, "agent_available", lambda: False)
-    scenario, resolved = load_scenario(write_scenario(tmp_path), {"bubbletea.enabled": True})
-    with pytest.raises(RunnerError, match="BubbleTea agent has no command line yet"):
-        run_scenario(scenario, resolved, tmp_path / "o", Progress(stream=io.StringIO(), tty=False))
 
 
 def test_emulation_needs_root(tmp_path: Path, monkeypatch) -> None:

@@ -15,6 +15,7 @@ from testbed.run.scenario import (
     resolve_scenario,
     validate_scenario,
 )
+from testbed_core.workload import Workload
 
 WORKLOAD = Path(__file__).resolve().parents[3] / "scenarios" / "workloads" / "tiny.yaml"
 
@@ -101,6 +102,29 @@ def test_workload_fields_by_model(scenario_file: Path) -> None:
         load_scenario(scenario_file, {"workload.parallelism.dp": 0})
 
 
+def test_workload_is_typed_once_with_its_file(scenario_file: Path, tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file, {"workload.parallelism.dp": 1})
+    assert isinstance(scenario.workload, Workload) and scenario.workload.parallelism.dp == 1
+    assert scenario.workload_source == str(WORKLOAD) and scenario.workload_dir == str(WORKLOAD.parent)
+    data = resolve_scenario(scenario_file)  # an inline workload has no file, hence no folder
+    data["workload"] = {k: v for k, v in data["workload"].items() if k != "_source"}
+    inline = validate_scenario(data)
+    assert inline.workload == load_scenario(scenario_file)[0].workload
+    assert inline.workload_source is None and inline.workload_dir is None
+    with pytest.raises(ScenarioError, match=r"^[^\n]*tiny.yaml: invalid workload"):  # the workload file, not s.yaml
+        load_scenario(scenario_file, {"workload.gpu.efficiency": 7})
+
+
+def test_variants_come_from_the_registry(scenario_file: Path) -> None:
+    scenario, _ = load_scenario(scenario_file)
+    assert scenario.variants == ["baseline", "multi-tcp", "atlas"]
+    assert load_scenario(scenario_file, {"variants": ["dp-across-dc", "atlas"]})[0].variants == ["dp-across-dc",
+                                                                                                   "atlas"]
+    with pytest.raises(ScenarioError, match=r"s.yaml: invalid scenario.*\n  - variants: unknown variant 'turbo' "
+                                            r"\(allowed: baseline, multi-tcp, atlas, dp-across-dc\)"):
+        load_scenario(scenario_file, {"variants": ["atlas", "turbo"]})
+
+
 def test_set_option_syntax() -> None:
     assert parse_set_options(["a.b=8", "c=50ms", "d=[1, 2]"]) == {"a.b": 8, "c": "50ms", "d": [1, 2]}
     with pytest.raises(ScenarioError, match="expected path=value"):
@@ -122,8 +146,9 @@ def test_local_runs_get_a_free_port_block_of_their_own(scenario_file: Path) -> N
     import socket
 
     from testbed.progress import Progress
-    from testbed.run.common import PORT_PROBES, RunnerError, free_port_block
-    from testbed.run.runner import with_ports
+    from testbed.run.common import RunnerError
+    from testbed.run.network import with_ports
+    from testbed.run.ports import PORTS_CHECKED, PortPlan, free_port_block
 
     class Seq:  # the candidates free_port_block draws, in order
         def __init__(self, *values: int) -> None:
@@ -139,7 +164,7 @@ def test_local_runs_get_a_free_port_block_of_their_own(scenario_file: Path) -> N
     try:
         # a block whose first range starts on the busy port is skipped for the next candidate
         base = free_port_block(5000, rng=Seq(busy, busy - 3000, *range(20000, 55000, 997)))
-        assert all(not (base + off <= busy < base + off + 64) for off in PORT_PROBES)
+        assert all(not (r.first <= busy < r.first + PORTS_CHECKED) for r in PortPlan(base).ranges())
         assert base not in (busy, busy - 3000)
         with pytest.raises(RunnerError, match="no free block of ports on 127.0.0.1 after 1 tries"):
             free_port_block(5000, attempts=1, rng=Seq(busy))

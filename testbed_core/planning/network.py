@@ -1,0 +1,93 @@
+"""The network model of the prediction: how fast one transfer crosses the WAN.
+
+Each (pipeline, boundary, direction) is one transport channel whose tensors go one
+after another over its N TCP connections, so a channel moves at most
+``N x per-flow rate``. The per-flow rate is the TCP window over the RTT
+(window = min(sender tcp_wmem max, receiver tcp_rmem max x rmem_fraction)) and, on
+lossy links, Mathis et al.'s ``1.22 MSS / (RTT sqrt(loss))``; a measured rate
+(`NetParams.flow_rate_bps`, e.g. the runner's calibration) replaces the formula. A
+route between two DCs is the lowest-latency path of WAN links; its bottleneck is the
+slowest of them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any
+
+from testbed_core.topology import Topology, shortest_path
+
+MSS = 1448
+
+
+@dataclass(frozen=True)
+class NetParams:
+    """Knobs of the network model (all visible in the output)."""
+
+    rmem_fraction: float = 0.5  # share of tcp_rmem advertised as window (Linux tcp_adv_win_scale=1)
+    flow_rate_bps: float | None = None  # a measured single-flow rate; overrides the window model
+    lan_latency_s: float = 0.0
+    max_streams: int = 64
+    allreduce: bool = True  # add the DP gradient all-reduce to the iteration time
+    # share of a WAN link's rate that two or more colliding transfers get in total
+    # (measured by the runner's collision probe; None: the fluid model, all of it)
+    crowded_fraction: float | None = None
+
+
+@dataclass(frozen=True)
+class WanPath:
+    src: str
+    dst: str
+    dcs: tuple[str, ...]
+    resources: tuple[str, ...]
+    latency_s: float
+    bottleneck_bps: float
+    flow_rate_bps: float
+    streams: int
+
+    @property
+    def rtt_s(self) -> float:
+        return 2 * self.latency_s
+
+    @property
+    def rate_bps(self) -> float:
+        """One transfer's rate when it has the path to itself."""
+        return min(self.bottleneck_bps, self.streams * self.flow_rate_bps)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"src": self.src, "dst": self.dst, "path": list(self.dcs), "links": list(self.resources),
+                "one_way_latency_s": self.latency_s, "bottleneck_bps": self.bottleneck_bps,
+                "per_flow_rate_bps": self.flow_rate_bps, "streams": self.streams,
+                "transfer_rate_bps": self.rate_bps}
+
+
+def wan_resource(a: str, b: str) -> str:
+    return f"wan:{a}->{b}"
+
+
+def wan_path(
+    topology: Topology, src: str, dst: str, streams: int | str, net: NetParams, *, fill_link: bool = False
+) -> WanPath:
+    """Route, latency and rates between two DCs; with `fill_link`, at least enough
+    streams for one transfer to fill the bottleneck link."""
+    dcs = tuple(shortest_path(src, dst, topology.wan))
+    links = [topology.link(x, y) for x, y in zip(dcs, dcs[1:], strict=False)]
+    latency = sum(link.delay for link in links)
+    rtt = 2 * latency
+    bottleneck = min(link.rate for link in links)
+    if net.flow_rate_bps is not None:
+        flow = net.flow_rate_bps
+    else:
+        window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
+        flow = window * 8 / rtt if rtt > 0 else math.inf
+        loss = 1 - math.prod(1 - link.loss for link in links)
+        if loss > 0 and rtt > 0:
+            flow = min(flow, 1.22 * MSS * 8 / (rtt * math.sqrt(loss)))  # Mathis et al. 1997
+    fill = 1 if flow >= bottleneck else min(net.max_streams, math.ceil(bottleneck / flow - 1e-9))
+    n = fill if streams == "auto" else int(streams)
+    if fill_link:
+        n = max(n, fill)
+    return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
+                   latency, bottleneck, flow, n)
+

@@ -1,0 +1,277 @@
+"""The prediction: how long one training iteration takes for a variant on a placement.
+
+The pipeline schedule is simulated (testbed_core/simulate.py) with each stage's
+compute time from the workload's compute model, every pipeline boundary carrying
+``micro_batch x seq_len x hidden x bytes`` (times the workload's scale) each way per
+micro-batch, and every WAN crossing costing its one-way latency plus the transfer
+time at the rates of the network model (testbed_core/planning/network.py). Channels
+crossing the same WAN link direction share it max-min fairly, or go one at a time
+under a temporal plan (testbed_core/planning/temporal.py).
+
+What a variant changes is defined once, in testbed_core/variants.py; `Variant` is
+that definition made concrete for one prediction (a stream count, a placement
+strategy). Sharing ``auto`` (Atlas) simulates the iteration both ways and keeps
+temporal sharing unless sharing the link is predicted faster by more than
+``SHARING_MARGIN``: a fixed token order makes a ready transfer wait for its turn,
+which loses when the link is short or one transfer cannot fill it. The prediction
+says which ran and what each would take.
+
+Fill and drain come out of the simulation. The DP gradient all-reduce (ring, after
+each stage's last backward) is added unless switched off; it is reported apart.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
+from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
+from testbed_core.planning.temporal import TemporalPlan, derive_plan
+from testbed_core.schedules import build_schedule
+from testbed_core.simulate import Path, Resource, SimResult, SimSpec, simulate
+from testbed_core.topology import Topology
+from testbed_core.variants import REGISTRY, VariantDef
+from testbed_core.workload import EffectiveWorkload, Workload
+
+SHARING_MARGIN = 0.03  # temporal sharing is kept unless sharing is predicted this much faster
+Sharing = Literal["shared", "temporal", "auto"]
+
+
+@dataclass(frozen=True)
+class Variant:
+    """A variant as one prediction runs it.
+
+    streams: TCP connections per channel ("auto": enough to fill the link);
+    sharing: how channels crossing one WAN link use it ("auto": temporal unless
+    sharing is predicted faster, see `choose_sharing`);
+    placement: the `place` strategy;
+    fill_link: use at least as many streams as fill the link (Atlas: giving the link
+    to one transfer at a time only pays if that transfer can use all of it)."""
+
+    name: str
+    streams: int | Literal["auto"]
+    sharing: Sharing
+    placement: str
+    fill_link: bool = False
+
+    @classmethod
+    def of(cls, definition: VariantDef, streams: int | Literal["auto"] = 8,
+           baseline_placement: str = "even") -> Variant:
+        """The registry's `definition` with `streams` for the variants whose stream
+        policy is not a single stream, and `baseline_placement` for those placed
+        like the baseline."""
+        return cls(
+            definition.name,
+            1 if definition.streams == "one" else streams,
+            definition.sharing,
+            strategy_for(definition.placement, baseline_placement),
+            fill_link=definition.streams == "fill-link",
+        )
+
+
+def default_variants(streams: int | Literal["auto"] = 8, baseline_placement: str = "even") -> dict[str, Variant]:
+    """Every variant of the registry, in its order, as `predict` runs it."""
+    return {name: Variant.of(d, streams, baseline_placement) for name, d in REGISTRY.items()}
+
+@dataclass
+class Prediction:
+    variant: Variant
+    placement: Placement
+    iteration_time_s: float
+    pipeline_time_s: float  # the schedule alone, without the all-reduce
+    allreduce_s: float  # time the all-reduce adds (included in iteration_time_s if net.allreduce)
+    compute_only_s: float  # the same schedule with a free, instant network
+    bubble_fraction: float
+    ideal_bubble_fraction: float
+    paths: dict[tuple[str, str], WanPath]
+    wan_bytes: dict[str, float]  # per link direction, per iteration (wire bytes)
+    sim: SimResult = field(repr=False)
+    spec: SimSpec = field(repr=False)
+    plan: TemporalPlan | None = field(default=None, repr=False)
+    effective: EffectiveWorkload | None = field(default=None, repr=False)
+    # "auto" sharing: the predicted iteration time of each way ({"temporal": s, "shared": s})
+    sharing_alternatives: dict[str, float] | None = None
+
+    @property
+    def sharing(self) -> str:
+        """How this prediction's WAN links are used: temporal (a plan) or shared."""
+        return "temporal" if self.plan is not None else "shared"
+
+    def to_json(self, topology: Topology | None = None) -> dict[str, Any]:
+        return {
+            "variant": self.variant.name,
+            "streams": self.variant.streams,
+            "fill_link": self.variant.fill_link,
+            "sharing": self.sharing,
+            "sharing_requested": self.variant.sharing,
+            "sharing_alternatives_s": self.sharing_alternatives,
+            "placement": self.placement.to_json(topology),
+            "predicted_iteration_time_s": self.iteration_time_s,
+            "pipeline_time_s": self.pipeline_time_s,
+            "allreduce_s": self.allreduce_s,
+            "compute_only_s": self.compute_only_s,
+            "bubble_fraction": self.bubble_fraction,
+            "ideal_bubble_fraction": self.ideal_bubble_fraction,
+            "wan_paths": [p.to_json() for p in self.paths.values()],
+            "wan_bytes_per_iteration": self.wan_bytes,
+            "temporal_plan": self.plan.to_json() if self.plan else None,
+        }
+
+
+def channel_resource(pipeline: int, boundary: int, direction: str) -> str:
+    return f"chan:p{pipeline}:b{boundary}:{direction}"
+
+
+def build_spec(
+    topology: Topology,
+    workload: Workload,
+    placement: Placement,
+    variant: Variant,
+    eff: EffectiveWorkload,
+    net: NetParams,
+) -> tuple[SimSpec, dict[tuple[str, str], WanPath]]:
+    """The simulation of one iteration of `workload` placed on `topology`.
+
+    Each (pipeline, boundary, direction) is one transport channel: its tensors go
+    one after another over its own connections (a FIFO resource at streams x per-flow
+    rate on the WAN, the LAN rate inside a DC); on the WAN they also share the link
+    directions of their route with every other channel.
+    """
+    par = workload.parallelism
+    sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
+    nbytes = [float(eff.wire_activation_bytes)] * (sched.stages - 1)
+    resources: dict[str, Resource] = {}
+    paths: dict[tuple[int, int, str], Path] = {}
+    wan: dict[tuple[str, str], WanPath] = {}
+    for d in range(par.dp):
+        for b in range(sched.stages - 1):
+            ra, rb = sched.rank_of(b), sched.rank_of(b + 1)
+            for direction, src, dst in (("fwd", ra, rb), ("bwd", rb, ra)):
+                a, z = placement.dc_of(d, src), placement.dc_of(d, dst)
+                chan = channel_resource(d, b, direction)
+                if a == z:
+                    resources[chan] = Resource(topology.dc(a).lan_rate, "exclusive")
+                    paths[(d, b, direction)] = Path((chan,), net.lan_latency_s)
+                    continue
+                if (a, z) not in wan:
+                    wan[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+                wp = wan[(a, z)]
+                for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
+                    rate = topology.link(x, y).rate
+                    crowded = None if net.crowded_fraction is None else rate * net.crowded_fraction
+                    resources[wan_resource(x, y)] = Resource(rate, crowded_bps=crowded)
+                resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+                paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s)
+    spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
+                   paths, resources)
+    return spec, wan
+
+
+def allreduce_time(
+    topology: Topology, workload: Workload, placement: Placement, eff: EffectiveWorkload,
+    sim: SimResult, variant: Variant, net: NetParams,
+) -> float:
+    """Extra time the ring all-reduce of each stage's gradients adds after its last
+    backward: 2(dp-1)/dp of the stage's (wire-scaled) gradient bytes at the slowest
+    hop of the ring, plus 2(dp-1) one-way latencies. Stages whose rings share a WAN
+    link share its rate."""
+    dp = workload.parallelism.dp
+    if dp == 1:
+        return 0.0
+    sched = build_schedule(workload.parallelism.schedule, workload.parallelism.pp,
+                           workload.parallelism.num_micro_batches, workload.parallelism.chunks)
+    dtype_bytes = workload.model_spec().dtype_bytes
+    finish = sim.makespan
+    wan_load: dict[str, float] = {}
+    wan_start: dict[str, float] = {}
+    wan_info: dict[str, tuple[float, float]] = {}
+    for k in range(sched.stages):
+        r = sched.rank_of(k)
+        grad_bytes = eff.stage_params[k] * dtype_bytes * workload.scale
+        volume = 2 * (dp - 1) / dp * grad_bytes * 8
+        last_b = max(c.end for c in sim.compute if c.stage == k and c.kind == "B")
+        ring = [placement.dc_of(d, r) for d in range(dp)]
+        hops = [(ring[i], ring[(i + 1) % dp]) for i in range(dp) if ring[i] != ring[(i + 1) % dp]]
+        if not hops:
+            lan = topology.dc(ring[0]).lan_rate
+            finish = max(finish, last_b + volume / lan + 2 * (dp - 1) * net.lan_latency_s)
+            continue
+        for a, z in hops:
+            wp = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+            for res in wp.resources:
+                wan_load[res] = wan_load.get(res, 0.0) + volume
+                wan_start[res] = min(wan_start.get(res, math.inf), last_b)
+                lat, rate = wan_info.get(res, (0.0, math.inf))
+                wan_info[res] = (max(lat, wp.latency_s), min(rate, wp.rate_bps))
+    for res, bits in wan_load.items():
+        lat, rate = wan_info[res]
+        finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
+    return finish - sim.makespan
+
+
+def predict(
+    topology: Topology,
+    workload: Workload,
+    variant: Variant,
+    *,
+    free: dict[str, int] | None = None,
+    gpus_per_host: int = 1,
+    net: NetParams | None = None,
+    base_dir: str | None = None,
+    placement: Placement | None = None,
+    effective: EffectiveWorkload | None = None,
+) -> Prediction:
+    """Predicted iteration time of `workload` on `topology` under `variant`;
+    `effective` replaces the workload's derived numbers (e.g. measured compute times)."""
+    net = net or NetParams()
+    par = workload.parallelism
+    eff = effective or workload.effective(base_dir)
+    free = free if free is not None else free_gpus(topology, gpus_per_host)
+    if placement is None:
+        placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement,
+                          hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host)
+    spec, paths = build_spec(topology, workload, placement, variant, eff, net)
+    plan = None
+    alternatives = None
+    sim = None
+    links = [name for name in spec.resources if name.startswith("wan:")]
+    if variant.sharing != "shared" and links:
+        plan = derive_plan(spec, links)
+        planned = plan.apply(spec)
+        sim = simulate(planned)
+        if variant.sharing == "auto":
+            shared = simulate(spec)
+            alternatives = {"temporal": sim.makespan, "shared": shared.makespan}
+            if choose_sharing(sim.makespan, shared.makespan) == "shared":
+                plan, sim = None, shared
+            else:
+                spec = planned
+        else:
+            spec = planned
+    if sim is None:
+        sim = simulate(spec)
+    idle_net = replace(spec, paths={}, resources={}, offsets=None)
+    compute_only = simulate(idle_net).makespan
+    ar = allreduce_time(topology, workload, placement, eff, sim, variant, net)
+    wan_bytes: dict[str, float] = {}
+    for t in sim.transfers:
+        for res in t.resources:
+            if res.startswith("wan:"):
+                wan_bytes[res] = wan_bytes.get(res, 0.0) + t.nbytes
+    sched = spec.schedule
+    return Prediction(
+        variant=variant, placement=placement,
+        iteration_time_s=sim.makespan + (ar if net.allreduce else 0.0),
+        pipeline_time_s=sim.makespan, allreduce_s=ar, compute_only_s=compute_only,
+        bubble_fraction=sim.bubble_fraction(), ideal_bubble_fraction=sched.ideal_bubble_fraction(),
+        paths=paths, wan_bytes=wan_bytes, sim=sim, spec=spec, plan=plan, effective=eff,
+        sharing_alternatives=alternatives,
+    )
+
+
+def choose_sharing(temporal_s: float, shared_s: float, margin: float = SHARING_MARGIN) -> str:
+    """"temporal" unless sharing the links is predicted faster by more than `margin`
+    (the plan is the point of Atlas; only a clear predicted loss overrides it)."""
+    return "shared" if shared_s < temporal_s * (1 - margin) else "temporal"

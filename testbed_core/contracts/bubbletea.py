@@ -20,6 +20,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from testbed_core.topology import Rate
+from testbed_core.variants import VariantError, parse_variants
 from testbed_core.workload import GpuConfig
 
 
@@ -152,8 +153,9 @@ class BubbleTeaSettings(_Model):
 
     enabled: bool = False
     compare: bool = Field(True, description="also run each variant without agents, for the slowdown")
-    variants: list[Literal["baseline", "multi-tcp", "atlas", "dp-across-dc"]] | None = Field(
-        None, description="which of the scenario's variants also run with agents (default: all)"
+    variants: list[str] | None = Field(
+        None, description="which of the scenario's variants also run with agents (default: all; names from "
+                          "testbed_core/variants.py)"
     )
     requests: RequestSource = RequestSource()
     decode_host: str | None = Field(
@@ -180,6 +182,16 @@ class BubbleTeaSettings(_Model):
         "live", description="what admission fills: the worker's live guarantees (never delay training), the "
                             "planned slots corrected from the timeline, or either"
     )
+
+    @field_validator("variants")
+    @classmethod
+    def _known_variants(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None:
+            try:
+                parse_variants(value)
+            except VariantError as exc:
+                raise ValueError(str(exc)) from None
+        return value
 
     @field_validator("model", mode="before")
     @classmethod

@@ -72,7 +72,7 @@ class Definitions(_Doc):
         "mean over measured iterations (after warm-up) of: common start -> last training work of any device ends; "
         "iterations are separated by a barrier")
     predicted_iteration_time_s: str = (
-        "planner simulation of one iteration (testbed_core/planning/planner.py) with the variant's placement and "
+        "planner simulation of one iteration (testbed_core/planning/prediction.py) with the variant's placement and "
         "temporal plan, made before the run from the calibration probe's WAN channel rates (a shared link carries, "
         "while transfers collide on it, the probe's aggregate of colliding channels); real devices (gpu.mode: real): "
         "with the stage compute times the warm-up iterations measured, plus their measured time outside the "

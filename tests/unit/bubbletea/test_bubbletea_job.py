@@ -66,3 +66,16 @@ def test_a_written_job_reads_back_unchanged(tmp_path):
     assert cfg.device.profile == tmp_path / "prof.yaml" and cfg.requests.path == tmp_path / "t.csv"
     assert cfg.decode.max_rate_bps == 25e6 and cfg.live.gate == tmp_path / "gate.status"
     assert cfg.arrivals_until_iteration == 5 and cfg.kv_wire_scale == 0.01 and cfg.realtime_holds
+
+
+def test_bubbletea_variants_come_from_the_registry():
+    """`bubbletea.variants` takes the registry's names; a typo is refused with the allowed list."""
+    from pydantic import ValidationError
+
+    from testbed_core.variants import variant_names
+
+    assert BubbleTeaSettings(variants=list(variant_names())).variants == list(variant_names())
+    with pytest.raises(ValidationError) as err:
+        BubbleTeaSettings(variants=["atlas", "atlsa"])
+    assert "unknown variant(s) atlsa" in str(err.value)
+    assert "allowed: baseline, multi-tcp, atlas, dp-across-dc" in str(err.value)

@@ -1,14 +1,13 @@
 """Small pieces every part of `testbed run` shares (testbed/run/runner.py and the modules it
 uses): the run's error, the ``+bubbletea`` variant suffix, how a worker process is
 started (environment, command line), how processes we started are ended, the tail of
-a log for an error message, the run's port block, and the WAN path between two DCs."""
+a log for an error message, the transport part of a job, and the WAN path between two
+DCs. The run's ports are handed out by testbed/run/ports.py."""
 
 from __future__ import annotations
 
 import contextlib
 import os
-import random
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed_core.constants import REPO_ROOT
+from testbed_core.contracts.worker_job import TransportJob
 
 BT_SUFFIX = "+bubbletea"
 
@@ -26,6 +26,8 @@ class RunnerError(RuntimeError):
 
 
 def worker_env(secret: str) -> dict[str, str]:
+    """The environment of a worker process: the channels' secret (never in a job file)
+    and the repository on the import path."""
     env = dict(os.environ)
     env["ATLAS_SECRET"] = secret
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH", "")) if p)
@@ -34,10 +36,12 @@ def worker_env(secret: str) -> dict[str, str]:
 
 
 def worker_argv(job_path: Path) -> list[str]:
+    """The command line of a worker or probe process (testbed/training/worker/)."""
     return [sys.executable, "-m", "testbed.training.worker", str(job_path)]
 
 
 def log_tail(path: Path, lines: int = 15) -> str:
+    """The last lines of a process's log, indented, for an error message."""
     try:
         text = path.read_text(errors="replace").strip().splitlines()
     except FileNotFoundError:
@@ -66,13 +70,18 @@ def stop_processes(procs: Mapping[str, subprocess.Popen], grace_s: float = 3.0) 
 PACING_CAP_MBPS = 10_000.0
 
 
-def transport_job(settings: Any) -> dict[str, Any]:
+CONNECT_TIMEOUT_S = 10.0  # to open all streams of a channel and finish its handshake, once the peer listens
+
+
+def transport_job(settings: Any) -> TransportJob:
     """The transport part of a worker's or probe's job, from the scenario's `transport`."""
-    return {"chunk_bytes": chunk_bytes(settings.chunk), "congestion": settings.congestion,
-            "pacing_rate_mbps": PACING_CAP_MBPS if settings.pacing else None}
+    return TransportJob(chunk_bytes=chunk_bytes(settings.chunk), congestion=settings.congestion,
+                        pacing_rate_mbps=PACING_CAP_MBPS if settings.pacing else None,
+                        connect_timeout_s=CONNECT_TIMEOUT_S)
 
 
 def chunk_bytes(value: str | int) -> int:
+    """``transport.chunk`` in bytes (a size like "4MiB", or a number of bytes)."""
     from testbed_core.units import parse_size
 
     return parse_size(value) if isinstance(value, str) else int(value)
@@ -89,6 +98,8 @@ def path_links(topology: Any, a: str, b: str) -> tuple[tuple[str, ...], float]:
 
 
 def nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
+    """The nominal rate of the slowest WAN link between the DCs of two hosts (None
+    inside one DC)."""
     a, b = pair[0].split("-", 1)[0], pair[1].split("-", 1)[0]
     if a == b:
         return None
@@ -96,30 +107,3 @@ def nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
 
     path = shortest_path(a, b, topo.wan)
     return min(topo.link(x, y).rate for x, y in zip(path, path[1:], strict=False))
-
-
-PORT_PROBES = (0, 1000, 2000, 3000, 4000)  # the first port of each range a run uses (scenario.base_port)
-PORTS_PER_RANGE = 64
-
-
-def free_port_block(span: int, host: str = "127.0.0.1", attempts: int = 50, rng: random.Random | None = None) -> int:
-    """A base port whose ranges (base + each of PORT_PROBES, PORTS_PER_RANGE ports each)
-    are free on `host` right now: local-mode runs share one network stack, so two runs
-    (or two test workers) on fixed ports would collide. Racy only against a process that
-    binds the same ports between this check and the run's own listeners."""
-    rng = rng or random.Random()
-    for _ in range(attempts):
-        base = rng.randrange(20000, 60000 - span)
-        if all(_bindable(host, base + off + k) for off in PORT_PROBES for k in range(PORTS_PER_RANGE)):
-            return base
-    raise RunnerError(f"no free block of ports on {host} after {attempts} tries: too many ports in use; "
-                      "set runner.base_port to a free range")
-
-
-def _bindable(host: str, port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        try:
-            s.bind((host, port))
-        except OSError:
-            return False
-    return True

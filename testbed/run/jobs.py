@@ -1,5 +1,6 @@
-"""The job files of a variant's workers (pure: no I/O), read by
-testbed/training/worker.py.
+"""The job files of a variant's workers (pure: no I/O): one
+`testbed_core.contracts.worker_job.TrainJob` per worker, read by
+testbed/training/worker/.
 
 One process per (pipeline, rank) on its placed host, each with its emulated GPU
 (`testbed_core.device.Device`) in the variant's run directory: modelled (durations from
@@ -12,7 +13,8 @@ previous transfer in its link's planned order has had its planned time on the wi
 (plus ``runner.token_margin``); senders announce their start to the next holder over
 UDP on the DC's LAN (``runner.temporal_mode: slot`` waits for the planned slot start
 instead). With BubbleTea each worker also gets its planned idle slots and where to
-publish its live status (bubbletea_agent/live.py).
+publish its live status (bubbletea_agent/live.py). Every port comes from the run's
+`PortPlan` (testbed/run/ports.py).
 """
 
 from __future__ import annotations
@@ -22,14 +24,32 @@ from pathlib import Path
 from typing import Any
 
 from testbed.run.common import RunnerError, path_links
+from testbed.run.ports import PortPlan
 from testbed.run.variants import VariantSetup
+from testbed_core.contracts.worker_job import (
+    ChannelJob,
+    DeviceJob,
+    LiveJob,
+    PlannedSend,
+    RealJob,
+    TemporalJob,
+    TokenBusJob,
+    TrainJob,
+    TransportJob,
+)
+
+LIVE_POLL_S = 0.002  # how often a worker waiting for a tensor refreshes its live status
+SHAPER_BURST_S = 1e-3  # the shaper's burst at its rate (testbed/emulation/shaping.py)
+LIVE_SLACK_EXTRA_BYTES = 32 << 10  # ... and a little more
 
 
 def worker_id(pipeline: int, rank: int) -> str:
+    """A worker's name: its job file, log, transfer records and control messages use it."""
     return f"p{pipeline}r{rank}"
 
 
 def device_name(pipeline: int, rank: int, host: str) -> str:
+    """The name of a worker's emulated GPU (its timeline, BubbleTea's slot feed and live status)."""
     return f"{host}-p{pipeline}r{rank}"
 
 
@@ -41,18 +61,19 @@ def build_jobs(
     host_ips: Mapping[str, str],
     run_dir: Path,
     control: str,
-    base_port: int,
+    ports: PortPlan,
     iterations: int,
-    transport: Mapping[str, Any],
+    transport: TransportJob,
     local: bool = False,
     setup_timeout_s: float = 60.0,
     timeout_s: float = 120.0,
     temporal_mode: str = "token",
     token_timeout_s: float = 10.0,
     iteration_lead_s: float = 0.05,
-) -> dict[str, dict[str, Any]]:
-    """The job file of every worker of a variant (pure: no I/O). Channel ports are
-    `base_port + k` over the (pipeline, boundary) channels, so no two collide."""
+) -> dict[str, TrainJob]:
+    """The job of every worker of a variant, by worker name (pure: no I/O). Channel
+    ports are the `ports.channels` range over the (pipeline, boundary) channels, so no
+    two collide."""
     from testbed_core.schedules import build_schedule
 
     par = workload.parallelism
@@ -60,31 +81,50 @@ def build_jobs(
     sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
     pl = setup.placement
     plan = setup.prediction.plan
-    jobs: dict[str, dict[str, Any]] = {}
+    hosts = {worker_id(d, r): pl.hosts[(d, r)][0] for d in range(par.dp) for r in range(par.pp)}
+    devices = {worker_id(d, r): device_name(d, r, pl.hosts[(d, r)][0]) for d in range(par.dp) for r in range(par.pp)}
+    channels = boundary_channels(setup, workload, topology, sched, hosts, host_ips, ports)
+    real: dict[str, RealJob] = {}
+    torch_device = None
+    if workload.gpu.mode == "real":
+        torch_device = real_device(workload)
+        real = add_real_jobs(setup, workload, topology, hosts, host_ips, run_dir, ports, torch_device)
+    temporal = ({} if plan is None else
+                temporal_jobs(plan, sched, hosts, host_ips, ports, temporal_mode, token_timeout_s))
+    live = live_jobs(channels, hosts, devices, topology, run_dir, iteration_lead_s, local) if setup.bubbletea else {}
+    jobs: dict[str, TrainJob] = {}
     for d in range(par.dp):
         for r in range(par.pp):
-            host = pl.hosts[(d, r)][0]
             wid = worker_id(d, r)
+            host, dev = hosts[wid], devices[wid]
             slots: list[tuple[float, float]] = []
             if setup.bubbletea:
                 slots = [(s, e) for s, e in setup.prediction.sim.idle_slots(d, r, min_s=1e-3)]
-            jobs[wid] = {
-                "role": "train", "worker": wid, "pipeline": d, "rank": r, "host": host,
-                "bind_ip": "0.0.0.0" if not local else "127.0.0.1",
-                "schedule": par.schedule, "pp": par.pp, "microbatches": par.num_micro_batches, "chunks": par.chunks,
-                "forward_s": list(eff.stage_forward_s), "backward_s": list(eff.stage_backward_s),
-                "wire_bytes": int(eff.wire_activation_bytes), "iterations": iterations,
-                "offset_s": float(plan.offsets[d]) if plan is not None else 0.0,
-                "plan": [], "channels": [],
-                "device": {"name": device_name(d, r, host), "run_dir": str(run_dir), "mode": "modelled",
-                           "time_scale": 1.0},
-                "control": control,
-                "transfers_path": str(run_dir / "transfers" / f"{wid}.jsonl"),
-                "transport": dict(transport),
-                "setup_timeout_s": setup_timeout_s, "timeout_s": timeout_s,
-                "slots_path": str(run_dir / "slots" / f"{device_name(d, r, host)}.jsonl") if setup.bubbletea else None,
-                "idle_slots": slots,
-            }
+            jobs[wid] = TrainJob(
+                role="train", worker=wid, pipeline=d, rank=r, host=host,
+                bind_ip="0.0.0.0" if not local else "127.0.0.1",
+                schedule=par.schedule, pp=par.pp, microbatches=par.num_micro_batches, chunks=par.chunks,
+                forward_s=list(eff.stage_forward_s), backward_s=list(eff.stage_backward_s),
+                wire_bytes=int(eff.wire_activation_bytes), iterations=iterations,
+                offset_s=float(plan.offsets[d]) if plan is not None else 0.0,
+                channels=channels[wid], transport=transport, temporal=temporal.get(wid),
+                device=DeviceJob(name=dev, run_dir=str(run_dir), mode=workload.gpu.mode,
+                                 time_scale=1.0, torch_device=torch_device),
+                control=control, transfers_path=str(run_dir / "transfers" / f"{wid}.jsonl"),
+                setup_timeout_s=setup_timeout_s, timeout_s=timeout_s,
+                slots_path=str(run_dir / "slots" / f"{dev}.jsonl") if setup.bubbletea else None,
+                idle_slots=slots, live=live.get(wid), real=real.get(wid),
+            )
+    return jobs
+
+
+def boundary_channels(setup: VariantSetup, workload: Any, topology: Any, sched: Any, hosts: Mapping[str, str],
+                      host_ips: Mapping[str, str], ports: PortPlan) -> dict[str, list[ChannelJob]]:
+    """Both ends of every (pipeline, boundary) channel, by worker: the upstream worker
+    connects, the downstream one listens; WAN channels get the variant's streams."""
+    par = workload.parallelism
+    pl = setup.placement
+    out: dict[str, list[ChannelJob]] = {w: [] for w in hosts}
     k = 0
     for d in range(par.dp):
         for b in range(sched.stages - 1):
@@ -92,69 +132,72 @@ def build_jobs(
             if up == down:
                 raise RunnerError(f"boundary {b} joins two stages of the same rank {up}: "
                                   "the runner needs pp >= 2 for every boundary to be a channel")
-            uj, dj = jobs[worker_id(d, up)], jobs[worker_id(d, down)]
-            dc_up, dc_down = pl.dc_of(d, up), pl.dc_of(d, down)
-            fwd_links, delay = path_links(topology, dc_up, dc_down)
-            bwd_links, _ = path_links(topology, dc_down, dc_up)
+            uw, dw = worker_id(d, up), worker_id(d, down)
+            fwd_links, delay = path_links(topology, pl.dc_of(d, up), pl.dc_of(d, down))
+            bwd_links, _ = path_links(topology, pl.dc_of(d, down), pl.dc_of(d, up))
             streams = setup.streams if fwd_links else 1
-            port = base_port + k
+            port = ports.channels.port(k)
             k += 1
-            uj["channels"].append({"boundary": b, "role": "connect", "peer": dj["worker"],
-                                   "peer_ip": host_ips[dj["host"]], "port": port, "streams": streams,
-                                   "links": list(fwd_links), "recv_links": list(bwd_links), "latency_s": delay})
-            dj["channels"].append({"boundary": b, "role": "listen", "peer": uj["worker"],
-                                   "peer_ip": host_ips[uj["host"]], "port": port, "streams": streams,
-                                   "links": list(bwd_links), "recv_links": list(fwd_links), "latency_s": delay})
-    if workload.gpu.mode == "real":
-        add_real_jobs(jobs, setup, workload, topology, host_ips, run_dir, base_port)
-    if plan is not None:
-        add_plan(jobs, plan, sched, base_port + 1000, host_ips, temporal_mode, token_timeout_s)
-    if setup.bubbletea:
-        add_live(jobs, topology, run_dir, iteration_lead_s, local)
-    return jobs
+            out[uw].append(ChannelJob(boundary=b, role="connect", peer=dw, peer_ip=host_ips[hosts[dw]], port=port,
+                                      streams=streams, links=list(fwd_links), recv_links=list(bwd_links),
+                                      latency_s=delay))
+            out[dw].append(ChannelJob(boundary=b, role="listen", peer=uw, peer_ip=host_ips[hosts[uw]], port=port,
+                                      streams=streams, links=list(bwd_links), recv_links=list(fwd_links),
+                                      latency_s=delay))
+    return out
 
 
-def add_real_jobs(jobs: dict[str, dict[str, Any]], setup: VariantSetup, workload: Any, topology: Any,
-                  host_ips: Mapping[str, str], run_dir: Path, base_port: int) -> None:
-    """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
-    real and averages gradients with its DP peers (testbed/training/real_mode.py)."""
-    from testbed.training.real_mode import RealModeError, add_real, resolve_device
+def real_device(workload: Any) -> str:
+    """The torch device of a real-mode run here; RunnerError when it cannot run here."""
+    from testbed.run.real_check import RealModeError, resolve_device
 
     try:
-        device = resolve_device(workload)
+        return resolve_device(workload)
     except RealModeError as exc:
         raise RunnerError(str(exc)) from None
-    add_real(jobs, workload=workload, placement=setup.placement, streams=setup.streams, topology=topology,
-             host_ips=host_ips, run_dir=run_dir, base_port=base_port, torch_device=device, worker_id=worker_id)
 
 
-def add_live(jobs: dict[str, dict[str, Any]], topology: Any, run_dir: Path, lead_s: float, local: bool) -> None:
+def add_real_jobs(setup: VariantSetup, workload: Any, topology: Any, hosts: Mapping[str, str],
+                  host_ips: Mapping[str, str], run_dir: Path, ports: PortPlan, torch_device: str) -> dict[str, RealJob]:
+    """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
+    real and averages gradients with its DP peers (testbed/training/real_mode.py)."""
+    from testbed.training.real_mode import real_jobs
+
+    return real_jobs(workload=workload, placement=setup.placement, streams=setup.streams, topology=topology,
+                     worker_ips={w: host_ips[h] for w, h in hosts.items()}, variant_folder=Path(run_dir).parent,
+                     dp_port=ports.dp_gradients.port, torch_device=torch_device, worker_id=worker_id)
+
+
+def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str], devices: Mapping[str, str],
+              topology: Any, run_dir: Path, lead_s: float, local: bool) -> dict[str, LiveJob]:
     """BubbleTea's live status for each worker (bubbletea_agent/live.py): where it goes,
     and per boundary the nominal rate of the slowest shaped link a received tensor
     crosses (the WAN links on the way, else the DC's LAN; none in local mode), which
     bounds how soon the bytes still missing can arrive. The slack covers the shaper's
-    burst (1 ms at that rate, testbed/emulation/shaping.py) and a little more."""
+    burst and a little more."""
     from bubbletea_agent.live import status_path, wake_path
 
     lan = {dc.name: dc.lan_rate for dc in topology.dcs}
-    for job in jobs.values():
+    out = {}
+    for wid, chans in channels.items():
         rates = {}
-        for c in job["channels"]:
-            links = [topology.link(*d.split("->")).rate for d in c["recv_links"]]
-            rates[c["boundary"]] = 0.0 if local else min(links) if links else lan[job["host"].split("-", 1)[0]]
+        for c in chans:
+            links = [topology.link(*d.split("->")).rate for d in c.recv_links]
+            rates[c.boundary] = 0.0 if local else min(links) if links else lan[hosts[wid].split("-", 1)[0]]
         slowest = max(rates.values(), default=0.0)
-        name = job["device"]["name"]
-        job["live"] = {"status_path": str(status_path(run_dir, name)), "wake_path": str(wake_path(run_dir, name)),
-                       "lead_s": lead_s, "recv_rate_bps": rates,
-                       "slack_bytes": int(slowest * 1e-3 / 8) + (32 << 10)}
+        name = devices[wid]
+        out[wid] = LiveJob(status_path=str(status_path(run_dir, name)), wake_path=str(wake_path(run_dir, name)),
+                           lead_s=lead_s, recv_rate_bps=rates, poll_s=LIVE_POLL_S,
+                           slack_bytes=int(slowest * SHAPER_BURST_S / 8) + LIVE_SLACK_EXTRA_BYTES)
+    return out
 
 
-def add_plan(jobs: dict[str, dict[str, Any]], plan: Any, sched: Any, token_base_port: int,
-             host_ips: Mapping[str, str], mode: str, token_timeout_s: float) -> None:
+def temporal_jobs(plan: Any, sched: Any, hosts: Mapping[str, str], host_ips: Mapping[str, str], ports: PortPlan,
+                  mode: str, token_timeout_s: float) -> dict[str, TemporalJob]:
     """Hand the temporal plan to the senders: for each WAN send its slot, its place in
     each link's token order, how long it holds the link (its planned time on the wire)
-    and who holds the next token; and to each sender the token-bus addresses of the
-    others."""
+    and who holds the next token; and, in token mode, to each sender the token-bus
+    addresses of the others (token ports: the `ports.tokens` range, by worker name)."""
 
     def sender(key: Any) -> str:
         rank = sched.rank_of(key.boundary) if key.direction == "fwd" else sched.rank_of(key.boundary + 1)
@@ -168,19 +211,19 @@ def add_plan(jobs: dict[str, dict[str, Any]], plan: Any, sched: Any, token_base_
             tokens.setdefault(key, []).append((link, i))
             if i + 1 < len(keys):
                 nexts.setdefault(key, []).append((link, i + 1, sender(keys[i + 1])))
+    sends: dict[str, list[PlannedSend]] = {}
     for key, (start, end) in plan.slots.items():
-        jobs[sender(key)]["plan"].append({
-            "direction": key.direction, "boundary": key.boundary, "mb": key.mb, "start_s": float(start),
-            "duration_s": float(end - start), "tokens": tokens.get(key, []), "next": nexts.get(key, []),
-        })
-    senders = sorted(w for w, j in jobs.items() if j["plan"])
-    ports = {w: token_base_port + i for i, w in enumerate(sorted(jobs))}
-    peers = {w: (host_ips[jobs[w]["host"]], ports[w]) for w in senders}
-    for w in senders:
-        job = jobs[w]
-        job["plan"].sort(key=lambda p: p["start_s"])
-        job["temporal_mode"] = mode
-        job["token_timeout_s"] = token_timeout_s
-        if mode == "token":
-            job["token_port"] = ports[w]
-            job["token_peers"] = {k: list(v) for k, v in peers.items()}
+        sends.setdefault(sender(key), []).append(PlannedSend(
+            direction=key.direction, boundary=key.boundary, mb=key.mb, start_s=float(start),
+            duration_s=float(end - start), tokens=tokens.get(key, []), next=nexts.get(key, []),
+        ))
+    token_ports = {w: ports.tokens.port(i) for i, w in enumerate(sorted(hosts))}
+    peers = {w: (host_ips[hosts[w]], token_ports[w]) for w in sorted(sends)}
+    return {
+        w: TemporalJob(
+            mode=mode, token_timeout_s=token_timeout_s,
+            sends=sorted(ws, key=lambda p: p.start_s),
+            token_bus=TokenBusJob(port=token_ports[w], peers=peers) if mode == "token" else None,
+        )
+        for w, ws in sends.items()
+    }

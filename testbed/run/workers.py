@@ -36,6 +36,7 @@ from testbed.run.common import (
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
 from testbed.run.variants import VariantSetup
+from testbed_core.contracts.worker_job import TrainJob
 
 
 class Controller:
@@ -147,6 +148,9 @@ class Controller:
 
 @dataclass
 class VariantRun:
+    """What playing a variant recorded: each iteration's common start and last end,
+    each device's timeline, and the transfers (both sides merged)."""
+
     starts: list[float]
     ends: list[float]
     timelines: dict[str, list[Any]]
@@ -154,10 +158,11 @@ class VariantRun:
 
 
 def run_workers(
-    net: Network, setup: VariantSetup, jobs: Mapping[str, dict[str, Any]], folder: Path, ctl_dir: Path,
+    net: Network, setup: VariantSetup, jobs: Mapping[str, TrainJob], folder: Path, ctl_dir: Path,
     secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Any, base_dir: str | None,
 ) -> VariantRun:
-    """Start the workers of one variant, play its iterations, collect the records."""
+    """Start the workers of one variant (their jobs written to ``<variant>/jobs/<worker>.json``),
+    play its iterations, collect the records."""
     from testbed.run.metrics import merge_transfer_sides
     from testbed.training.transport_comm import read_transfer_logs
     from testbed_core.device import Device
@@ -169,7 +174,8 @@ def run_workers(
     procs: dict[str, subprocess.Popen] = {}
     logs: dict[str, Path] = {}
     handles = []
-    control = next(iter(jobs.values()))["control"]
+    first = next(iter(jobs.values()))
+    control, run_dir = first.control, Path(first.device.run_dir)
     ctl = Controller(control, list(jobs), procs, logs, progress)
     pred = setup.prediction.iteration_time_s
     timeout = max(scenario.runner.iteration_timeout, 5 * pred)
@@ -180,17 +186,17 @@ def run_workers(
     try:
         for wid, job in jobs.items():
             path = jobs_dir / f"{wid}.json"
-            path.write_text(json.dumps(job, indent=1))
+            path.write_text(job.model_dump_json(indent=1))
             logs[wid] = logs_dir / f"{wid}.log"
             fh = open(logs[wid], "w")  # noqa: SIM115 (closed in finally)
             handles.append(fh)
-            procs[wid] = net.host(job["host"]).popen(worker_argv(path), env=env, stdout=fh,
+            procs[wid] = net.host(job.host).popen(worker_argv(path), env=env, stdout=fh,
                                                      stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         lead = scenario.runner.iteration_lead
         if setup.bubbletea:
             from bubbletea_agent.live import Gate, gate_path
 
-            gate = Gate(gate_path(Path(next(iter(jobs.values()))["device"]["run_dir"])), lead)
+            gate = Gate(gate_path(run_dir), lead)
             # the request source only needs to outlast the run: requests stop at the last iteration
             horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
             agents, servers = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
@@ -224,10 +230,8 @@ def run_workers(
         stop_processes(procs)
         for fh in handles:
             fh.close()
-    run_dir = Path(next(iter(jobs.values()))["device"]["run_dir"])
     timelines = {}
     for job in jobs.values():
-        dev = Device(job["device"]["name"], run_dir)
-        timelines[job["device"]["name"]] = dev.timeline()
-    sends, recvs = read_transfer_logs([Path(j["transfers_path"]) for j in jobs.values()])
+        timelines[job.device.name] = Device(job.device.name, run_dir).timeline()
+    sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
     return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs))

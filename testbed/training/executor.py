@@ -23,6 +23,9 @@ from testbed_core.simulate import TransferKey
 
 
 class Comm(Protocol):
+    """How a worker's schedule moves boundary tensors (in-process queues, or
+    atlas_transport channels: testbed/training/transport_comm.py)."""
+
     def send(self, key: TransferKey, payload: Any) -> None:
         """Hand a boundary tensor over; may return before it has arrived."""
 

@@ -85,6 +85,8 @@ def _apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.
 
 
 class Attention(nn.Module):
+    """Causal self-attention (grouped-query when kv_heads < heads, rotary or learned positions)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         self.heads = cfg.heads
@@ -117,6 +119,8 @@ class Attention(nn.Module):
 
 
 class Mlp(nn.Module):
+    """The block's MLP (gated when the config says so)."""
+
     def __init__(self, cfg: ModelConfig) -> None:
         super().__init__()
         ffn = cfg.ffn_hidden or 4 * cfg.hidden

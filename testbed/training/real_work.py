@@ -429,6 +429,9 @@ class RealWork:
 
 @dataclass
 class InProcessResult:
+    """A threads-only pipeline training (`train_in_process`): per replica its
+    parameters and losses, the device records, and how long it took."""
+
     params: list[dict[str, torch.Tensor]]  # per DP replica: the whole model's parameters
     losses: list[list[float]]  # per DP replica, per iteration
     records: dict[tuple[int, int], list[Any]]  # (pipeline, rank) -> device WorkRecords

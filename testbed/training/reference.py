@@ -13,12 +13,12 @@ Two references, two tolerances (fp32, CPU):
   reductions by thread, so 1 and 2 threads differ in the last bit): that is the
   proof that Atlas's reordering changes nothing.
 * mode "global" is the independent ground truth (one batch, one mean). Compared with
-  torch.allclose semantics, |a - b| <= atol + rtol * |b| elementwise: SGD uses
-  RTOL = 1e-5, ATOL = 1e-6 (measured on the tiny workload after 3 steps of SGD lr
-  0.5: largest difference 2.2e-8). Adam divides each gradient by its own running
-  magnitude, which turns the rounding of near-zero gradients into visible update
-  differences (measured 3.2e-5 at lr 3e-3, i.e. 1% of a step), so for Adam atol is
-  5% of lr. A misrouted micro-batch is off by orders of magnitude more (tested).
+  torch.allclose semantics, |a - b| <= atol + rtol * |b| elementwise: with SGD only
+  the order of the summations differs, so a tight RTOL and ATOL hold. Adam divides
+  each gradient by its own running magnitude, which turns the rounding of near-zero
+  gradients into visible update differences, so for Adam atol is a fraction of one
+  step's size (of lr). A misrouted micro-batch is off by orders of magnitude more
+  (the tests check that it is caught).
 """
 
 from __future__ import annotations
@@ -54,6 +54,8 @@ def tolerance_for(optim: OptimConfig) -> tuple[float, float]:
 
 @dataclass
 class ReferenceResult:
+    """What a reference training produced: its final parameters and its losses."""
+
     params: dict[str, torch.Tensor]  # the whole model, CPU copies
     losses: list[float]  # per iteration, before its step
 
@@ -133,6 +135,8 @@ def _train(workload: Workload, iterations: int, seed: int, optim: OptimConfig | 
 
 @dataclass(frozen=True)
 class ParamDiff:
+    """How a candidate's parameters differ from a reference's (`compare_params`)."""
+
     ok: bool
     max_abs: float
     max_rel: float

@@ -76,10 +76,11 @@ def key_of(tag: int, pipeline: int) -> tuple[int, TransferKey]:
 
 
 @dataclass(frozen=True)
-class Route:
-    """A boundary channel: the peer worker, the WAN link directions crossed by what
-    this worker sends on it and by what it receives (empty inside a DC), the path's
-    one-way delay and the channel's stream count."""
+class ChannelPath:
+    """Where a boundary channel of this worker goes: the peer worker, the WAN link
+    directions crossed by what this worker sends on it and by what it receives
+    (empty inside a DC), the path's one-way delay and the channel's stream count.
+    Every transfer record of the channel carries these."""
 
     peer: str
     links: tuple[str, ...] = ()
@@ -195,7 +196,7 @@ class TokenBus:
 
 class TransportComm:
     """Comm of one worker. `channels[boundary]` is the channel to the neighbouring
-    worker across that boundary; `routes[boundary]` describes it.
+    worker across that boundary; `paths[boundary]` says where it goes.
 
     `plan` maps (direction, boundary, mb) to its `Planned` entry (Atlas's temporal
     sharing); `mode` says how it is enforced: ``token`` (wait for the previous
@@ -209,7 +210,7 @@ class TransportComm:
         pipeline: int,
         worker: str,
         channels: Mapping[int, Any],
-        routes: Mapping[int, Route],
+        paths: Mapping[int, ChannelPath],
         *,
         filler: Any,
         plan: Mapping[tuple[str, int, int], Planned] | None = None,
@@ -221,13 +222,13 @@ class TransportComm:
     ) -> None:
         if mode not in ("token", "slot"):
             raise CommError(f"{worker}: temporal plan mode {mode!r} is neither 'token' nor 'slot'")
-        missing = set(channels) ^ set(routes)
+        missing = set(channels) ^ set(paths)
         if missing:
-            raise CommError(f"{worker}: channels and routes disagree on boundaries {sorted(missing)}")
+            raise CommError(f"{worker}: channels and paths disagree on boundaries {sorted(missing)}")
         self.pipeline = pipeline
         self.worker = worker
         self.channels = dict(channels)
-        self.routes = dict(routes)
+        self.paths = dict(paths)
         self.filler = filler
         self.plan = dict(plan or {})
         self.mode = mode
@@ -264,15 +265,15 @@ class TransportComm:
     def send(self, key: TransferKey, payload: Any) -> None:
         boundary = key.boundary
         ch = self._channel(boundary)
-        route = self.routes[boundary]
+        path = self.paths[boundary]
         tensor = payload if _is_tensor(payload) else self.filler
         now = self.clock()
         planned = self.plan.get((key.direction, boundary, key.mb))
         record = {
             "iteration": self.iteration, "pipeline": self.pipeline, "boundary": boundary, "mb": key.mb,
-            "direction": key.direction, "src": self.worker, "dst": route.peer, "nbytes": _nbytes(tensor),
-            "links": list(route.links), "latency_s": route.latency_s, "posted": now, "not_before": None,
-            "streams": route.streams,
+            "direction": key.direction, "src": self.worker, "dst": path.peer, "nbytes": _nbytes(tensor),
+            "links": list(path.links), "latency_s": path.latency_s, "posted": now, "not_before": None,
+            "streams": path.streams,
         }
         with self._cv:
             self._raise_if_failed()
@@ -294,14 +295,14 @@ class TransportComm:
         except TimeoutError:
             raise CommError(
                 f"{self.worker}: {key} of iteration {self.iteration} did not arrive from "
-                f"{self.routes[key.boundary].peer} within {self.timeout_s:g} s"
+                f"{self.paths[key.boundary].peer} within {self.timeout_s:g} s"
             ) from None
         self.received.append({
             "iteration": self.iteration, "pipeline": self.pipeline, "boundary": key.boundary, "mb": key.mb,
-            "direction": key.direction, "src": self.routes[key.boundary].peer, "dst": self.worker,
-            "nbytes": _nbytes(tensor), "links": list(self.routes[key.boundary].recv_links),
-            "latency_s": self.routes[key.boundary].latency_s, "arrived": wall_of(handle.completed_at),
-            "streams": self.routes[key.boundary].streams,
+            "direction": key.direction, "src": self.paths[key.boundary].peer, "dst": self.worker,
+            "nbytes": _nbytes(tensor), "links": list(self.paths[key.boundary].recv_links),
+            "latency_s": self.paths[key.boundary].latency_s, "arrived": wall_of(handle.completed_at),
+            "streams": self.paths[key.boundary].streams,
         })
         return tensor
 

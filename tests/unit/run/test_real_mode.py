@@ -1,11 +1,11 @@
-"""Real-device runs of `testbed run` (``workload.gpu.mode: real``, testbed/training/real_mode.py):
-the switch and its error messages, the job files of a real variant, the equivalence
+"""Real-device runs of `testbed run` (``workload.gpu.mode: real``; the workers' side in
+testbed/training/real_mode.py, the runner's check in testbed/run/real_check.py): the
+switch and its error messages, the job files of a real variant, the equivalence
 check against the one-process reference, and `testbed run --local` of
 scenarios/real-tiny-2dc.yaml end to end (every variant's parameters equal the reference)."""
 
 from __future__ import annotations
 
-import copy
 import json
 from pathlib import Path
 
@@ -14,25 +14,17 @@ import torch
 import yaml
 from click.testing import CliRunner
 
+from testbed.run import real_check
 from testbed.run.common import RunnerError
 from testbed.run.jobs import build_jobs
+from testbed.run.ports import PortPlan
+from testbed.run.real_check import RealModeError, equivalence, model_params, resolve_device
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant
-from testbed.training import real_mode
-from testbed.training.real_mode import (
-    RealModeError,
-    add_real,
-    equivalence,
-    model_params,
-    resolve_device,
-)
-from testbed.training.worker import (
-    TrainJob,
-    WorkerError,
-    end_real_iteration,
-    parse_job,
-    real_work_of,
-)
+from testbed.training.real_mode import real_jobs
+from testbed.training.worker.job import WorkerError, parse_job
+from testbed.training.worker.real import end_real_iteration, real_work_of
+from testbed_core.contracts.worker_job import TrainJob, TransportJob
 from testbed_core.workload import WorkloadError, load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -62,7 +54,7 @@ def scenario_file(tmp_path: Path, workload: dict, topology: Path = ROOT / "topol
 
 @pytest.fixture
 def no_cuda(monkeypatch):
-    monkeypatch.setattr(real_mode, "cuda_available", lambda: False)
+    monkeypatch.setattr(real_check, "cuda_available", lambda: False)
 
 
 # ------------------------------------------------------------------ the switch and its messages
@@ -70,7 +62,7 @@ def no_cuda(monkeypatch):
 
 def test_the_shipped_scenario_is_real_and_loads(no_cuda) -> None:
     scenario, _ = load_scenario(SCENARIO)
-    wl = parse_workload(scenario.workload)
+    wl = scenario.workload
     assert wl.gpu.mode == "real" and wl.scale == 1 and wl.real.device == "auto"
     assert scenario.variants == ["baseline", "multi-tcp", "atlas"]
     assert resolve_device(wl) == "cpu"
@@ -97,7 +89,7 @@ def test_a_model_too_big_for_the_cpu_is_refused_with_its_size_and_what_to_do(tmp
     # raising the limit lets it through (the user's explicit choice)
     big["real"] = {"cpu_max_params": 2_000_000_000}
     scenario, _ = load_scenario(scenario_file(tmp_path, big))
-    assert parse_workload(scenario.workload).real.cpu_max_params == 2_000_000_000
+    assert scenario.workload.real.cpu_max_params == 2_000_000_000
 
 
 def _cli():
@@ -148,14 +140,15 @@ def jobs_for(tmp_path: Path, variant: str, workload: dict, **extra):
 
 
 def jobs_of(tmp_path: Path, variant: str, scenario):
-    wl = parse_workload(scenario.workload)
+    wl = scenario.workload
     setup = plan_variant(variant, scenario, wl, None, None, None)
     ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(scenario.topology.dcs)
            for j, h in enumerate(dc.hosts)}
     run_dir = tmp_path / variant / "run"
     jobs = build_jobs(setup=setup, workload=wl, topology=scenario.topology, host_ips=ips, run_dir=run_dir,
-                      control="/tmp/ctl.sock", base_port=30000, iterations=4,
-                      transport={"chunk_bytes": 4 << 20, "congestion": None})
+                      control="/tmp/ctl.sock", ports=PortPlan(30000), iterations=4,
+                      transport=TransportJob(chunk_bytes=4 << 20, congestion=None, pacing_rate_mbps=None,
+                                             connect_timeout_s=10.0))
     return setup, wl, jobs, ips
 
 
@@ -164,33 +157,34 @@ def test_real_jobs_train_their_stages_and_pair_the_dp_replicas(tmp_path, no_cuda
     setup, wl, jobs, ips = jobs_for(tmp_path, variant, real_tiny())
     assert sorted(jobs) == ["p0r0", "p0r1", "p1r0", "p1r1"]
     for wid, job in jobs.items():
-        parsed = parse_job(job, wid)
-        assert isinstance(parsed, TrainJob) and parsed.real is not None
+        parsed = parse_job(job.model_dump_json(), wid)
+        assert isinstance(parsed, TrainJob) and parsed.real is not None and parsed == job
         assert parsed.device.mode == "real" and parsed.device.torch_device == "cpu"
         assert parsed.real.stages == [parsed.rank] and parsed.real.dp_rank == parsed.pipeline
-        assert parsed.real.seed == 0 and parsed.real.optimizer["lr"] == 0.5 and parsed.real.threads == 1
+        assert parsed.real.seed == 0 and parsed.real.optimizer.lr == 0.5 and parsed.real.threads == 1
         assert parsed.real.out == str(tmp_path / variant / "params" / f"{wid}.pt")
-        assert parse_workload(parsed.real.workload) == wl
+        assert parsed.real.workload == wl
         # boundary channels are those of a modelled run: the real tensors use them
         assert [c.boundary for c in parsed.channels] == [0]
         (peer,) = parsed.real.dp_peers
         assert peer.dp_rank == 1 - parsed.pipeline and peer.peer == f"p{1 - parsed.pipeline}r{parsed.rank}"
         assert peer.role == ("listen" if parsed.pipeline == 0 else "connect")
-        assert peer.peer_ip == ips[jobs[peer.peer]["host"]]
+        assert peer.peer_ip == ips[jobs[peer.peer].host]
         # Atlas and even placements keep a stage's replicas in one DC: one stream on the LAN
-        assert job["host"].split("-")[0] == jobs[peer.peer]["host"].split("-")[0] and peer.streams == 1
-    ports = {j["real"]["dp_peers"][0]["port"] for j in jobs.values()}
-    assert ports == {30000 + real_mode.DP_PORT_OFFSET, 30001 + real_mode.DP_PORT_OFFSET}  # one per rank
+        assert job.host.split("-")[0] == jobs[peer.peer].host.split("-")[0] and peer.streams == 1
+    ports = {j.real.dp_peers[0].port for j in jobs.values()}
+    first = PortPlan(30000).dp_gradients.first
+    assert ports == {first, first + 1}  # one per rank
     if variant == "atlas":
-        assert any(j["plan"] for j in jobs.values())  # the temporal plan still goes to the senders
+        assert any(j.temporal for j in jobs.values())  # the temporal plan still goes to the senders
 
 
 def test_modelled_jobs_stay_modelled(tmp_path) -> None:
     wl = real_tiny(gpu__mode="modelled")
     _, _, jobs, _ = jobs_for(tmp_path, "atlas", wl)
     for wid, job in jobs.items():
-        assert job["device"]["mode"] == "modelled" and "real" not in job
-        assert parse_job(job, wid).real is None
+        assert job.device.mode == "modelled" and job.device.torch_device is None and job.real is None
+        assert parse_job(job.model_dump_json(), wid).real is None
 
 
 def test_interleaved_dp3_and_dp_across_dcs(tmp_path, no_cuda) -> None:
@@ -200,13 +194,13 @@ def test_interleaved_dp3_and_dp_across_dcs(tmp_path, no_cuda) -> None:
     topo["dcs"][0]["hosts"], topo["dcs"][1]["hosts"] = 3, 3
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(topo))
     _, _, jobs, _ = jobs_for(tmp_path, "atlas", wl, topology=tmp_path / "t.yaml")
-    assert jobs["p2r1"]["real"]["stages"] == [1, 3]
-    peers = {w: sorted(p["dp_rank"] for p in j["real"]["dp_peers"]) for w, j in jobs.items()}
+    assert jobs["p2r1"].real.stages == [1, 3]
+    peers = {w: sorted(p.dp_rank for p in j.real.dp_peers) for w, j in jobs.items()}
     assert peers["p0r0"] == [1, 2] and peers["p1r0"] == [0, 2] and peers["p2r1"] == [0, 1]
-    ports = [p["port"] for j in jobs.values() for p in j["real"]["dp_peers"]]
+    ports = [p.port for j in jobs.values() for p in j.real.dp_peers]
     assert len(set(ports)) == 6 and len(ports) == 12  # 3 pairs x 2 ranks, both ends
     for wid, job in jobs.items():
-        parse_job(job, wid)
+        assert parse_job(job.model_dump_json(), wid) == job
 
     # a placement that puts a stage's replicas in different DCs: the DP channel crosses the WAN
     class Split:
@@ -214,20 +208,21 @@ def test_interleaved_dp3_and_dp_across_dcs(tmp_path, no_cuda) -> None:
             return "dc1" if d == 0 else "dc2"
 
     scenario, _ = load_scenario(scenario_file(tmp_path, real_tiny()))
-    two = {w: {"worker": w, "host": j["host"], "device": {}} for w, j in jobs.items() if w[1] in "01"}
+    two = real_jobs(workload=parse_workload(real_tiny()), placement=Split(), streams=6, topology=scenario.topology,
+                    worker_ips=dict.fromkeys(["p0r0", "p0r1", "p1r0", "p1r1"], "10.9.9.9"),
+                    variant_folder=tmp_path / "v", dp_port=lambda k: 100 + k, torch_device="cpu",
+                    worker_id=lambda d, r: f"p{d}r{r}")
     assert sorted(two) == ["p0r0", "p0r1", "p1r0", "p1r1"]
-    add_real(two, workload=parse_workload(real_tiny()), placement=Split(), streams=6, topology=scenario.topology,
-             host_ips={j["host"]: "10.9.9.9" for j in two.values()}, run_dir=tmp_path / "v" / "run",
-             base_port=100, torch_device="cpu", worker_id=lambda d, r: f"p{d}r{r}")
-    assert {p["streams"] for j in two.values() for p in j["real"]["dp_peers"]} == {6}
+    assert {p.streams for j in two.values() for p in j.dp_peers} == {6}
+    assert sorted(p.port for j in two.values() for p in j.dp_peers) == [100, 100, 101, 101]
 
 
 def test_build_jobs_refuses_a_real_run_this_machine_cannot_do(tmp_path, monkeypatch) -> None:
     # validated on a machine with CUDA, run on one without
-    monkeypatch.setattr(real_mode, "cuda_available", lambda: True)
-    monkeypatch.setattr(real_mode, "cuda_free_bytes", lambda: 80 << 30)
+    monkeypatch.setattr(real_check, "cuda_available", lambda: True)
+    monkeypatch.setattr(real_check, "cuda_free_bytes", lambda: 80 << 30)
     scenario, _ = load_scenario(scenario_file(tmp_path, real_tiny(real__cpu_max_params=1000)))
-    monkeypatch.setattr(real_mode, "cuda_available", lambda: False)
+    monkeypatch.setattr(real_check, "cuda_available", lambda: False)
     with pytest.raises(RunnerError, match="234,880 parameters, too many to train on the CPU"):
         jobs_of(tmp_path, "atlas", scenario)
 
@@ -237,14 +232,21 @@ def test_build_jobs_refuses_a_real_run_this_machine_cannot_do(tmp_path, monkeypa
 
 def test_worker_real_work_errors_name_the_worker(tmp_path, no_cuda) -> None:
     _, _, jobs, _ = jobs_for(tmp_path, "atlas", real_tiny())
-    job = copy.deepcopy(jobs["p0r0"])
-    job["real"]["stages"] = [7]
+    job = jobs["p0r0"]
+
+    def with_real(**changes) -> TrainJob:  # unvalidated: what RealWork itself refuses
+        return job.model_copy(update={"real": job.real.model_copy(update=changes)})
+
     with pytest.raises(WorkerError, match=r"p0r0: real-mode training cannot start: stages \[7\]: give distinct"):
-        real_work_of(parse_job(job, "p0r0"), {1: object()})
-    job = copy.deepcopy(jobs["p0r0"])
-    job["real"]["optimizer"] = {"kind": "sgd", "lr": -1}
+        real_work_of(with_real(stages=[7]), {1: object()})
+    bad_lr = job.real.optimizer.model_copy(update={"lr": -1})
     with pytest.raises(WorkerError, match="real-mode training cannot start: optimizer lr=-1"):
-        real_work_of(parse_job(job, "p0r0"), {1: object()})
+        real_work_of(with_real(optimizer=bad_lr), {1: object()})
+    # the job file itself refuses such an optimizer, naming the field
+    data = json.loads(job.model_dump_json())
+    data["real"]["optimizer"]["lr"] = -1
+    with pytest.raises(WorkerError, match=r"p0r0.json: real.optimizer.lr: Input should be greater than 0"):
+        parse_job(json.dumps(data), "p0r0.json")
 
     class Work:
         iteration = 2
@@ -257,7 +259,7 @@ def test_worker_real_work_errors_name_the_worker(tmp_path, no_cuda) -> None:
 
 
 def _save_like_workers(folder: Path, result, wl, iterations: int) -> None:
-    """What worker.save_real writes, from a threads-only run of the same training."""
+    """What real_mode.save_params writes, from a threads-only run of the same training."""
     par = wl.parallelism
     (folder / "params").mkdir(parents=True)
     for d in range(par.dp):
@@ -290,7 +292,7 @@ def test_equivalence_says_identical_then_different(tmp_path) -> None:
     assert eq["losses"] == acc.losses and eq["losses_identical"]
     assert eq["reference"]["global_batch"]["atol"] == 1e-6 and eq["params_files"][0] == "atlas/params/p0r0.pt"
     assert "compute model of gpu.type A100" in eq["note"]
-    line = real_mode.describe(eq)
+    line = real_check.describe(eq)
     assert "parameters bit-identical to the one-process reference" in line and "cpu, 3 iterations" in line
     # one replica's parameter off by a little: no longer identical, nor within tolerance
     bad = tmp_path / "bad"
@@ -302,15 +304,15 @@ def test_equivalence_says_identical_then_different(tmp_path) -> None:
     assert not eq["identical"] and not eq["within_tolerance"] and not eq["equivalent"]
     assert eq["max_abs_param_diff"] == pytest.approx(1e-3, rel=1e-3)
     assert "head.weight" in eq["replicas"]["1"]["micro_batched"]
-    assert "parameters DIFFERENT from the one-process reference" in real_mode.describe(eq)
+    assert "parameters DIFFERENT from the one-process reference" in real_check.describe(eq)
     # a replica that saved nothing is named
     (bad / "params" / "p1r0.pt").unlink()
     (bad / "params" / "p1r1.pt").unlink()
     with pytest.raises(RealModeError, match=r"no parameters of DP replica\(s\) \[1\]"):
         equivalence(bad, wl)
-    entry = real_mode.summary_entry(bad, wl)
+    entry = real_check.summary_entry(bad, wl)
     assert entry["device_mode"] == "real" and "no parameters of DP replica(s) [1]" in entry["real"]["error"]
-    assert real_mode.summary_entry(bad, parse_workload(real_tiny(gpu__mode="modelled"))) == {}
+    assert real_check.summary_entry(bad, parse_workload(real_tiny(gpu__mode="modelled"))) == {}
     with pytest.raises(RealModeError, match="no saved parameters"):
         equivalence(tmp_path / "nothing", wl)
 

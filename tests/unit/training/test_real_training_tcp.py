@@ -186,7 +186,7 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
     from atlas_transport import TransportConfig
     from testbed.training.executor import run_worker
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork
-    from testbed.training.transport_comm import Planned, Route, TransportComm
+    from testbed.training.transport_comm import ChannelPath, Planned, TransportComm
     from testbed_core.device import Device
     from testbed_core.schedules import build_schedule
     from testbed_core.workload import parse_workload
@@ -209,8 +209,8 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
                 gap = run["plan"]["gap_s"]
                 plan = {(dr, b, mb): Planned(slot_s=gap * (mb + 1)) for b in boundary
                         for mb in range(par.num_micro_batches) for dr in ("fwd", "bwd")}
-            routes = {b: Route(f"b{b}", streams=run["streams"]) for b in boundary}
-            comm = TransportComm(d, f"p{d}r{r}", boundary, routes, filler=torch.zeros(1), plan=plan, mode="slot")
+            paths = {b: ChannelPath(f"b{b}", streams=run["streams"]) for b in boundary}
+            comm = TransportComm(d, f"p{d}r{r}", boundary, paths, filler=torch.zeros(1), plan=plan, mode="slot")
         sched = build_schedule(run["schedule"], par.pp, par.num_micro_batches, par.chunks)
         device = Device(f"p{d}r{r}", run["run_dir"], mode="real")
         offsets = run.get("offsets") or [0.0] * par.dp

@@ -19,9 +19,9 @@ from testbed.training.transport_comm import (
     MAX_BOUNDARY,
     MAX_ITERATION,
     MAX_MB,
+    ChannelPath,
     CommError,
     Planned,
-    Route,
     TokenBus,
     TransferLog,
     TransportComm,
@@ -59,9 +59,9 @@ def test_tag_out_of_range_is_named() -> None:
 
 def comms(client, server, plan=None, timeout_s=10.0, mode="token"):
     filler = torch.zeros(64 * 1024, dtype=torch.uint8)
-    up = TransportComm(0, "p0r0", {0: client}, {0: Route("p0r1", ("dc1->dc2",), 0.0, 2, ("dc2->dc1",))},
+    up = TransportComm(0, "p0r0", {0: client}, {0: ChannelPath("p0r1", ("dc1->dc2",), 0.0, 2, ("dc2->dc1",))},
                        filler=filler, plan=plan, timeout_s=timeout_s, mode=mode)
-    down = TransportComm(0, "p0r1", {0: server}, {0: Route("p0r0", ("dc2->dc1",), 0.0, 2, ("dc1->dc2",))},
+    down = TransportComm(0, "p0r1", {0: server}, {0: ChannelPath("p0r0", ("dc2->dc1",), 0.0, 2, ("dc1->dc2",))},
                          filler=filler, timeout_s=timeout_s)
     return up, down
 
@@ -174,8 +174,8 @@ def token_pipelines(plan0, plan1, nbytes: int = 1024, wrap0=lambda ch: ch):
     peers = {w: ("127.0.0.1", p) for w, p in ports.items()}
     filler = torch.zeros(nbytes, dtype=torch.uint8)
     with loopback_pair(streams=1) as (c0, s0), loopback_pair(streams=1) as (c1, s1):
-        up0 = TransportComm(0, "p0r0", {0: wrap0(c0)}, {0: Route("p0r1", (LINK,))}, filler=filler, plan=plan0)
-        up1 = TransportComm(1, "p1r0", {0: c1}, {0: Route("p1r1", (LINK,))}, filler=filler, plan=plan1)
+        up0 = TransportComm(0, "p0r0", {0: wrap0(c0)}, {0: ChannelPath("p0r1", (LINK,))}, filler=filler, plan=plan0)
+        up1 = TransportComm(1, "p1r0", {0: c1}, {0: ChannelPath("p1r1", (LINK,))}, filler=filler, plan=plan1)
         up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token)
         up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token)
         start = time.time()
@@ -256,7 +256,7 @@ def test_token_mode_gives_up_waiting_after_the_token_timeout() -> None:
     link = "dc1->dc2"
     plan = {("fwd", 0, 0): Planned(0.0, ((link, 3),), 0.1, ())}  # nobody will announce token 2
     with loopback_pair(streams=1) as (client, server):
-        up = TransportComm(0, "p0r0", {0: client}, {0: Route("p0r1", (link,))},
+        up = TransportComm(0, "p0r0", {0: client}, {0: ChannelPath("p0r1", (link,))},
                            filler=torch.zeros(16, dtype=torch.uint8), plan=plan, token_timeout_s=0.3)
         up.begin_iteration(0, time.time())
         t = time.time()

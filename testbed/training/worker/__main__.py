@@ -1,0 +1,38 @@
+"""``python -m testbed.training.worker JOB.json``: run the job, exit 1 with a one-line
+message for a job that cannot run (WorkerError), 2 for a wrong command line."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from testbed.training.worker.job import WorkerError, load_job
+from testbed_core.contracts.worker_job import TrainJob
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the job file named on the command line; the exit status (see the module doc)."""
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1 or argv[0] in ("-h", "--help"):
+        print("usage: python -m testbed.training.worker JOB.json  (job files are written by `testbed run`)",
+              file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        job = load_job(argv[0])
+        if isinstance(job, TrainJob):
+            from testbed.training.worker.train import run_train
+
+            run_train(job)
+        else:
+            from testbed.training.worker.probe import run_probe
+
+            run_probe(job)
+    except WorkerError as exc:
+        print(f"worker error: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""The worker's end of the runner's control socket (testbed/run/workers.py `Controller`).
+
+JSON lines both ways over a UNIX socket on the shared filesystem (it crosses network
+namespaces). The worker says ``hello``, ``ready``, ``iter_done`` per iteration,
+``bye`` or ``error``; the runner says ``go`` (an iteration and its common start) and
+``stop``."""
+
+from __future__ import annotations
+
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from typing import Any
+
+from testbed.training.worker.job import WorkerError
+
+
+class Control:
+    """The worker's end of the runner's control socket: JSON lines both ways."""
+
+    def __init__(self, path: str, worker: str, timeout_s: float) -> None:
+        self.worker = worker
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        deadline = time.monotonic() + timeout_s
+        while True:
+            try:
+                self.sock.connect(path)
+                break
+            except (FileNotFoundError, ConnectionRefusedError) as exc:
+                if time.monotonic() > deadline:
+                    raise WorkerError(f"{worker}: cannot reach the runner's control socket {path}: {exc}") from None
+                time.sleep(0.05)
+        self._file = self.sock.makefile("r")
+        self._lock = threading.Lock()
+
+    def send(self, kind: str, **fields: Any) -> None:
+        line = json.dumps({"type": kind, "worker": self.worker, **fields}) + "\n"
+        with self._lock:
+            self.sock.sendall(line.encode())
+
+    def messages(self) -> Iterator[dict[str, Any]]:
+        for line in self._file:
+            if line.strip():
+                yield json.loads(line)
+
+    def close(self) -> None:
+        try:
+            self.sock.close()
+        except OSError:
+            pass

@@ -1,0 +1,128 @@
+"""The training loop of a ``train`` worker: connect to the runner, open the channels,
+then run each iteration of its schedule when the runner says ``go`` (at the common
+start plus its pipeline's planned offset), write its transfer records and report the
+iteration done, until the runner says ``stop``."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import traceback
+from pathlib import Path
+from typing import Any
+
+from testbed.training.worker.channels import open_all_channels
+from testbed.training.worker.control import Control
+from testbed.training.worker.live import (
+    live_comm,
+    live_reporter,
+    publish_slots,
+    slot_publisher,
+    watched,
+)
+from testbed.training.worker.real import end_real_iteration, real_work_of
+from testbed_core.contracts.worker_job import TrainJob
+
+
+def temporal_comm_args(job: TrainJob) -> dict[str, Any]:
+    """The `TransportComm` arguments of the job's temporal plan (none without a plan)."""
+    from testbed.training.transport_comm import Planned
+
+    if job.temporal is None:
+        return {}
+    plan = {(p.direction, p.boundary, p.mb): Planned(p.start_s, tuple(p.tokens), p.duration_s, tuple(p.next))
+            for p in job.temporal.sends}
+    return {"plan": plan, "mode": job.temporal.mode, "token_timeout_s": job.temporal.token_timeout_s}
+
+
+def run_train(job: TrainJob) -> None:
+    """Run a training worker to its end; any failure is also reported to the runner
+    (an ``error`` message with the traceback) before it propagates."""
+    import torch
+
+    from testbed.training.executor import ModelledWork, run_worker
+    from testbed.training.real_mode import save_params
+    from testbed.training.transport_comm import ChannelPath, TokenBus, TransferLog, TransportComm
+    from testbed_core.device import Device
+    from testbed_core.schedules import build_schedule
+
+    control = Control(job.control, job.worker, job.setup_timeout_s)
+    try:
+        control.send("hello", pid=os.getpid(), host=job.host)
+        schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.chunks)
+        if job.real is not None:
+            torch.set_num_threads(job.real.threads)
+        device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
+        channels, dp_channels = open_all_channels(job)
+        owner = f"train:{job.worker}"
+        real = None if job.real is None else real_work_of(job, dp_channels)
+        work = real if real is not None else ModelledWork(list(job.forward_s), list(job.backward_s))
+        live = live_reporter(job)
+        paths = {c.boundary: ChannelPath(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
+                 for c in job.channels}
+        filler = torch.zeros(job.wire_bytes, dtype=torch.uint8)
+        comm = TransportComm(job.pipeline, job.worker, watched(channels, job, live), paths, filler=filler,
+                             timeout_s=job.timeout_s, **temporal_comm_args(job))
+        driver = comm if live is None else live_comm(comm, live)
+        if job.temporal is not None and job.temporal.token_bus is not None:
+            bus = job.temporal.token_bus
+            comm.bus = TokenBus(job.bind_ip, bus.port, bus.peers, comm.on_token)
+        tlog = TransferLog(Path(job.transfers_path))
+        publisher = slot_publisher(job)
+        if live is not None:
+            live.between()
+        control.send("ready")
+        try:
+            for msg in control.messages():
+                if msg["type"] == "stop":
+                    break
+                if msg["type"] != "go":
+                    continue
+                i, at = int(msg["iteration"]), float(msg["at"])
+                comm.begin_iteration(i, at)
+                if publisher is not None:
+                    publish_slots(publisher, job, i, at)
+                if live is not None:
+                    live.scheduled(i, at + job.offset_s)
+                records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
+                                     owner=owner, start_at=at + job.offset_s)
+                loss = None
+                if real is not None:  # DP gradient average (network), then the step on the device
+                    if live is not None:
+                        live.busy()
+                    loss, step = end_real_iteration(real, device, owner, i)
+                    records.append(step)
+                sent, received = comm.take_records()
+                tlog.add("send", sent)
+                tlog.add("recv", received)
+                tlog.write()
+                control.send("iter_done", iteration=i, end=max((r.end for r in records), default=at),
+                             busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts,
+                             loss=loss)
+                if live is not None:
+                    live.between()  # the runner heard we are done: the next start is >= now + lead
+            if real is not None:
+                save_params(job, real)
+        finally:
+            if live is not None:
+                live.ended()
+                live.close()
+                print(f"live status of {job.worker}: {json.dumps(live.stats)}", file=sys.stderr, flush=True)
+            if publisher is not None:
+                publisher.end()
+                publisher.close()
+            comm.close()
+            if comm.bus is not None:
+                comm.bus.close()
+            for ch in [*channels.values(), *dp_channels.values()]:
+                ch.close(timeout=5.0)
+        control.send("bye")
+    except BaseException as exc:
+        try:
+            control.send("error", message=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+        except OSError:
+            pass
+        raise
+    finally:
+        control.close()

@@ -1,5 +1,5 @@
 """Small pieces every part of `testbed run` shares (testbed/run/runner.py and the modules it
-uses): the run's error, the ``+bubbletea`` variant suffix, how a worker process is
+uses): the run's error, how a worker process is
 started (environment, command line), how processes we started are ended, the tail of
 a log for an error message, the transport part of a job, and the WAN path between two
 DCs. The run's ports are handed out by testbed/run/ports.py."""
@@ -17,8 +17,6 @@ from typing import Any
 
 from testbed_core.constants import REPO_ROOT
 from testbed_core.contracts.worker_job import TransportJob
-
-BT_SUFFIX = "+bubbletea"
 
 
 class RunnerError(RuntimeError):

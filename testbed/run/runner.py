@@ -15,9 +15,9 @@
    sharing policy is ``auto`` (Atlas) gets its temporal plan unless, with
    ``runner.atlas_sharing: auto``, sharing the link is predicted faster.
 6. **Variant runs** (`play_variant`): one worker process per (pipeline, rank) on its
-   placed host (testbed/run/jobs.py, testbed/training/worker.py), each with its
+   placed host (testbed/run/jobs.py, testbed/training/worker/), each with its
    emulated GPU, modelled or, with ``gpu.mode: real``, real torch work checked against
-   a one-process reference (testbed/training/real_mode.py); every pipeline boundary
+   a one-process reference (testbed/run/real_check.py); every pipeline boundary
    is an atlas_transport channel, and under a temporal plan each WAN send waits for
    its token in the link's planned order. Workers start each iteration at a common
    wall-clock instant and the next when all have finished (testbed/run/workers.py).
@@ -57,7 +57,7 @@ import yaml
 from testbed.progress import Progress
 from testbed.run.bubbletea import bubbletea_metrics
 from testbed.run.calibration import Calibration, calibrate, calibrate_link, calibration_pairs
-from testbed.run.common import BT_SUFFIX, RunnerError, nominal_link, transport_job
+from testbed.run.common import RunnerError, nominal_link, transport_job
 from testbed.run.jobs import build_jobs
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
@@ -139,18 +139,19 @@ def run_scenario(
                 cal, auto = calibrate_wan(scenario, runs, net, out, secret, eff, progress)
                 setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local)
                 summary.calibration = cal.report() if cal else None
-            for name in names:
+            for run in runs:
+                name = run.name
                 entry: VariantResult | VariantFailure
                 with progress.step(name):
                     try:
                         setup = setups[name]
                         if isinstance(setup, Exception):
                             raise setup
-                        twin = summary.result(name.removesuffix(BT_SUFFIX))
+                        twin = summary.result(run.base)
                         plain = twin.iteration_time_s if twin else None
                         entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
                                              progress, base_dir, (cal.src, cal.dst) if cal else None, plain)
-                        if name.endswith(BT_SUFFIX):
+                        if run.bubbletea:
                             _compare_wan_loss(entry, twin, name, progress)
                     except (RunnerError, ConfigError, ValueError) as exc:
                         progress.log(f"  {name} FAILED: {exc}")
@@ -305,7 +306,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         },
         "compute_only_s": pred.compute_only_s,
         "delay_line": delay_line,
-        **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_mode.py)
+        **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_check.py)
         **extra,
         **files,
     })

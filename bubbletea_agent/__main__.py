@@ -15,6 +15,8 @@ import time
 
 import click
 
+from testbed_core.readiness import announce_ready
+
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="log every step decision")
@@ -67,6 +69,7 @@ def decode_server_cmd(host: str, port: int, streams: str, log_path: str | None, 
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     click.echo(f"decode server listening on {host}:{server.port}", err=True)
+    announce_ready(port=server.port)
     done.wait(duration)
     server.stop()
     click.echo(json.dumps({"received": len(server.received), "errors": server.errors}))

@@ -70,5 +70,4 @@ def run_job(path: str | Path) -> dict[str, Any]:
 
     job = load_job(path)
     cfg = config_from_job(job)
-    return run(cfg, summary_path=job.out, requests_path=job.out.with_suffix(".requests.jsonl"),
-               ready_path=job.ready)
+    return run(cfg, summary_path=job.out, requests_path=job.out.with_suffix(".requests.jsonl"))

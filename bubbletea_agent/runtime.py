@@ -37,6 +37,7 @@ from bubbletea_agent.requests import Reason, load_requests
 from bubbletea_agent.slots import SlotFeed, SlotTracker
 from bubbletea_agent.tail import JsonlTail
 from testbed_core.contracts.bubbletea import PrefillModelSpec
+from testbed_core.readiness import announce_ready
 
 log = logging.getLogger(__name__)
 
@@ -242,12 +243,11 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
 
 
 def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
-        summary_path: str | Path | None = None, requests_path: str | Path | None = None,
-        ready_path: str | Path | None = None) -> dict[str, Any]:
+        summary_path: str | Path | None = None, requests_path: str | Path | None = None) -> dict[str, Any]:
     """Run one agent until training ends (or SIGTERM/SIGINT, or max_runtime_s); write
     its outputs (default `out_dir`/agent.json and `out_dir`/requests.jsonl); return its
-    summary. `ready_path` is created once the agent is built and about to loop (the
-    runner waits for it before training starts)."""
+    summary. Once the agent is built and about to loop it announces readiness
+    (testbed_core.readiness: the runner waits for it before training starts)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the loop thread must get the interpreter back at once when it wakes to end a
@@ -274,8 +274,7 @@ def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
         agent = built.agent
         gc.collect()
         gc.freeze()  # the libraries and the request list are permanent: collections stay short
-        if ready_path is not None:
-            Path(ready_path).write_text(json.dumps({"pid": os.getpid(), "at": time.time()}))
+        announce_ready(pid=os.getpid(), at=time.time(), requests=len(agent.requests))
         started = time.time()
         until = started + cfg.max_runtime_s if cfg.max_runtime_s else None
         log.info("BubbleTea agent %s on %s (%s mode): %d requests, latency %s", cfg.owner,

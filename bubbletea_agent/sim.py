@@ -23,6 +23,9 @@ import numpy as np
 
 from bubbletea_agent.agent import Work
 from bubbletea_agent.slots import EndOfSlots, Slot
+from testbed_core.device import WorkRecord
+
+SIM_DEVICE = "sim"  # the one device of a simulation, as its records name it
 
 
 class FakeClock:
@@ -34,17 +37,6 @@ class FakeClock:
 
     def sleep(self, seconds: float) -> None:
         self.t += max(0.0, seconds)
-
-
-@dataclass(frozen=True)
-class SimRecord:
-    kind: str
-    owner: str
-    label: str
-    requested: float
-    start: float
-    end: float
-    result: Any = None
 
 
 @dataclass
@@ -65,14 +57,14 @@ class SimDevice:
     training: list[Piece]
     mode: str = "modelled"
     time_scale: float = 1.0
-    records: list[SimRecord] = field(default_factory=list)
+    records: list[WorkRecord] = field(default_factory=list)
     _next: int = 0
     _free_at: float = -np.inf
     _prev_end: float = -np.inf
-    _visible: list[tuple[float, int, SimRecord]] = field(default_factory=list)
+    _visible: list[tuple[float, int, WorkRecord]] = field(default_factory=list)
     _seq: int = 0
 
-    def _add(self, rec: SimRecord) -> None:
+    def _add(self, rec: WorkRecord) -> None:
         self.records.append(rec)
         heapq.heappush(self._visible, (rec.end, self._seq, rec))
         self._seq += 1
@@ -86,7 +78,7 @@ class SimDevice:
                 return
             start = max(requested, self._free_at)
             end = start + piece.duration
-            self._add(SimRecord(piece.kind, "trainer", piece.label, requested, start, end))
+            self._add(WorkRecord(SIM_DEVICE, piece.kind, "trainer", piece.label, requested, start, end, self.mode))
             self._free_at = self._prev_end = end
             self._next += 1
 
@@ -96,7 +88,7 @@ class SimDevice:
         return self._free_at > now
 
     def _do(self, kind: str, owner: str, duration_s: float | None, fn: Callable[[], Any] | None,
-            label: str) -> SimRecord | None:
+            label: str) -> WorkRecord | None:
         now = self.clock.now()
         self._settle(now)
         if self._free_at > now:
@@ -111,23 +103,23 @@ class SimDevice:
         if duration_s is None:
             raise ValueError("simulated work needs duration_s or fn")
         end = now + duration_s * (self.time_scale if self.mode == "modelled" else 1.0)
-        rec = SimRecord(kind, owner, label, now, now, end, result)
+        rec = WorkRecord(SIM_DEVICE, kind, owner, label, now, now, end, self.mode, result=result)
         self._add(rec)
         self._free_at = end
         self.clock.t = end
         return rec
 
     def try_run(self, kind: str, owner: str, *, flops: float | None = None, duration_s: float | None = None,
-                fn: Callable[[], Any] | None = None, label: str = "") -> SimRecord | None:
+                fn: Callable[[], Any] | None = None, label: str = "") -> WorkRecord | None:
         return self._do(kind, owner, duration_s, fn, label)
 
     def run(self, kind: str, owner: str, *, flops: float | None = None, duration_s: float | None = None,
-            fn: Callable[[], Any] | None = None, label: str = "") -> SimRecord:
+            fn: Callable[[], Any] | None = None, label: str = "") -> WorkRecord:
         while (rec := self._do(kind, owner, duration_s, fn, label)) is None:
             self.clock.t = self._free_at
         return rec
 
-    def timeline(self, since: float | None = None) -> list[SimRecord]:
+    def timeline(self, since: float | None = None) -> list[WorkRecord]:
         now = self.clock.now()
         self._settle(now)
         return sorted((r for r in self.records if r.end <= now and (since is None or r.end > since)),

@@ -18,15 +18,16 @@ from __future__ import annotations
 
 import contextlib
 import json
-import subprocess
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from testbed.run.common import REPO_ROOT, RunnerError, log_tail, path_links
+from testbed.process import Process, ProcessError, start
+from testbed.run.common import REPO_ROOT, RunnerError, path_links
 from testbed.run.network import Network
+from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.bubbletea import (
     DECODE_SAME_DC,
@@ -37,7 +38,6 @@ from testbed_core.contracts.bubbletea import (
 )
 from testbed_core.contracts.worker_job import TrainJob
 
-DECODE_PORT_OFFSET = 3000  # decode server ports: runner.base_port + this (+ k for the k-th server)
 DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
 # CPU priorities: an agent's prefill ends when it wakes from a sleep, so it must wake on
 # time however busy the cores are (it uses little CPU); decode servers only move KV caches.
@@ -102,7 +102,7 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
             device=AgentDevice(name=device.name, run_dir=device.run_dir, mode=device.mode,
                                time_scale=device.time_scale, torch_device=device.torch_device),
             slots_path=job.slots_path, worker=wid, host=job.host, bubbletea=bt, seed=scenario.seed,
-            out=folder / "agents" / f"{wid}.json", ready=folder / "agents" / f"{wid}.ready",
+            out=folder / "agents" / f"{wid}.json",
             agent_index=k, agent_count=len(jobs), iterations=iterations, duration_s=duration_s,
             gpu=workload.gpu, tp=workload.parallelism.tp, base_dir=base_dir,
             wire_scale=bt.kv_wire_scale, decode=ship, nice=AGENT_NICE, realtime_holds=True,
@@ -114,23 +114,24 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
 
 def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario,
                  workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
-                 logs: dict[str, Path], handles: list,
-                 duration_s: float = 600.0) -> tuple[dict[str, subprocess.Popen], dict[str, subprocess.Popen]]:
-    """The decode servers (bubbletea.decode_host), then one BubbleTea agent per worker
-    device on the worker's host (`agent_command`). Returns (agents, decode servers)."""
+                 logs: dict[str, Path], duration_s: float = 600.0) -> tuple[dict[str, Process], dict[str, Process]]:
+    """The decode servers (bubbletea.decode_host, ports from the run's PortPlan), then one
+    BubbleTea agent per worker device on the worker's host (`agent_command`), each
+    started with a readiness pipe (testbed.process). Returns (agents, decode servers);
+    `wait_ready` waits for both."""
     (folder / "agents").mkdir(parents=True, exist_ok=True)
-    servers: dict[str, subprocess.Popen] = {}
+    servers: dict[str, Process] = {}
     where = decode_hosts(scenario, jobs)
     addresses: dict[str, dict[str, Any]] = {}
+    ports = PortPlan(scenario.runner.base_port).decode
     for k, host in enumerate(sorted({h for h in where.values() if h is not None})):
-        port = scenario.runner.base_port + DECODE_PORT_OFFSET + k
+        port = ports.port(k)
         name = f"decode-{host}"
         logs[name] = folder / "logs" / f"{name}.log"
-        fh = open(logs[name], "w")  # noqa: SIM115 (closed by the caller)
-        handles.append(fh)
         argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
                 "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
-        servers[name] = net.host(host).popen(argv, env=env, stdout=fh, stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        servers[name] = start(argv, popen=net.host(host).popen, env=env, log_path=logs[name], name=name,
+                              cwd=str(REPO_ROOT))
         addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
     decode = {w: None if h is None else addresses[h] for w, h in where.items()}
     procs = {}
@@ -141,52 +142,22 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         path.write_text(agent_job.model_dump_json(indent=1))
         name = f"agent-{wid}"
         logs[name] = folder / "logs" / f"{name}.log"
-        fh = open(logs[name], "w")  # noqa: SIM115
-        handles.append(fh)
-        procs[name] = net.host(jobs[wid].host).popen(agent_command(path), env=env, stdout=fh,
-                                                        stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+        procs[name] = start(agent_command(path), popen=net.host(jobs[wid].host).popen, env=env,
+                            log_path=logs[name], name=f"BubbleTea {name}", cwd=str(REPO_ROOT))
     return procs, servers
 
 
-def _wait_ready(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float,
-                ready: Callable[[str], bool], what: str, state: str = "ready") -> None:
-    """Wait until `ready(name)` holds for every process; one that exits first, or a
-    deadline passed, is an error naming it with the tail of its log."""
+def wait_ready(procs: Mapping[str, Process], timeout_s: float) -> None:
+    """Wait until every process (agents: built, about to loop; decode servers:
+    listening) announced readiness, so that training does not start while agents still
+    load and the first KV caches find their server. One that exits first, or is not
+    ready within `timeout_s` in all, is a RunnerError naming it with the tail of its log."""
     deadline = time.monotonic() + timeout_s
-    pending = dict(procs)
-    while pending:
-        for name, p in list(pending.items()):
-            if ready(name):
-                del pending[name]
-            elif p.poll() is not None:
-                raise RunnerError(f"BubbleTea {name} exited (status {p.returncode}) before training started:\n"
-                                  f"{log_tail(logs[name])}")
-        if pending and time.monotonic() > deadline:
-            raise RunnerError(f"BubbleTea {what} {', '.join(sorted(pending))} not {state} within {timeout_s:g} s:\n"
-                              f"{log_tail(logs[sorted(pending)[0]])}")
-        if pending:
-            time.sleep(0.05)
-
-
-def wait_agents(procs: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], folder: Path,
-                timeout_s: float) -> None:
-    """Wait until every agent is built (its ready file exists), so that training does
-    not start while agents still load."""
-    agents = {n: p for n, p in procs.items() if n.startswith("agent-")}
-    _wait_ready(agents, logs, timeout_s,
-                lambda name: (folder / "agents" / f"{name.removeprefix('agent-')}.ready").exists(), "agents")
-
-
-def wait_decode_servers(servers: Mapping[str, subprocess.Popen], logs: Mapping[str, Path], timeout_s: float) -> None:
-    """Wait until every decode server listens (its log says so), so that the first KV
-    caches find it."""
-    def listening(name: str) -> bool:
+    for name, p in procs.items():
         try:
-            return "listening on" in logs[name].read_text(errors="replace")
-        except FileNotFoundError:
-            return False
-
-    _wait_ready(servers, logs, timeout_s, listening, "decode servers", "listening")
+            p.wait_ready(max(0.1, deadline - time.monotonic()))
+        except ProcessError as exc:
+            raise RunnerError(f"BubbleTea {name} did not start: {exc}") from None
 
 
 def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]],

@@ -31,6 +31,7 @@ from testbed.run.common import (
     worker_env,
 )
 from testbed.run.network import Network
+from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration
 
@@ -65,12 +66,12 @@ def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, laten
 class Prober:
     """Runs probe-recv / probe-send pairs on hosts and reads their results."""
 
-    def __init__(self, net: Network, folder: Path, scenario: Scenario, secret: str, port: int) -> None:
+    def __init__(self, net: Network, folder: Path, scenario: Scenario, secret: str, ports: PortRange) -> None:
         self.net = net
         self.folder = folder
         self.scenario = scenario
         self.env = worker_env(secret)
-        self.port = port
+        self.ports = ports
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
@@ -86,7 +87,7 @@ class Prober:
         try:
             for k, (src, dst) in enumerate(pairs):
                 name = f"{label}s{streams}-c{k}"
-                port = self.port + k
+                port = self.ports.port(k)
                 warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
                 rjob = {"role": "probe-recv", "name": name, "bind_ip": "0.0.0.0", "port": port, "streams": streams,
                         "nbytes": nbytes, "count": count, "out": str(self.folder / f"{name}-recv.json"),
@@ -154,7 +155,7 @@ def calibrate(
     traffic (and its ACKs) slows the forward one."""
     count = scenario.runner.calibration_transfers + PROBE_WARMUP
     cal = cal or Calibration(src=pairs[0][0], dst=pairs[0][1], nbytes=nbytes, latency_s=latency_s)
-    prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration)
     for n in sorted(set(stream_counts) - set(cal.rates_bps)):
         durations = []
         for res in prober.run(pairs, n, nbytes, count, "single-"):
@@ -176,7 +177,7 @@ def calibrate_link(
     data-parallel pipelines do), at least COLLISION_ROUNDS timed rounds (the mean of
     a heavy-tailed time needs more samples than a median)."""
     count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
-    prober = Prober(net, folder, scenario, secret, scenario.runner.base_port + 2000)
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration)
     single = cal.transfer_s.get(streams) or [1.0]
     period = 2.5 * sum(single) / len(single) + PROBE_GAP_S
     both = list(pairs) + [(b, a) for a, b in pairs]

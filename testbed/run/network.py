@@ -18,8 +18,8 @@ from typing import Any, Protocol
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
-from testbed.run.ports import free_port_block
-from testbed.run.scenario import EMULATED_BASE_PORT, PORT_SPAN, Scenario
+from testbed.run.ports import PORT_SPAN, free_port_block
+from testbed.run.scenario import EMULATED_BASE_PORT, Scenario
 
 
 class Host(Protocol):

@@ -19,6 +19,7 @@ from typing import Any, Literal, get_args, get_origin
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from testbed.run.ports import PORT_SPAN
 from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
 from testbed_core.contracts.bubbletea import DECODE_SAME_DC, BubbleTeaSettings
 from testbed_core.topology import Topology, TopologyError, parse_topology
@@ -51,7 +52,6 @@ class TransportSettings(_Model):
         return value
 
 
-PORT_SPAN = 5000  # ports a run uses above runner.base_port (see RunnerSettings.base_port)
 EMULATED_BASE_PORT = 29500
 
 

@@ -23,8 +23,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from testbed.process import Process
 from testbed.progress import Progress
-from testbed.run.bubbletea import start_agents, wait_agents, wait_decode_servers
+from testbed.run.bubbletea import start_agents, wait_ready
 from testbed.run.common import (
     REPO_ROOT,
     RunnerError,
@@ -182,6 +183,8 @@ def run_workers(
     starts: list[float] = []
     ends: list[float] = []
     servers: dict[str, subprocess.Popen] = {}
+    agents: dict[str, Process] = {}
+    decoders: dict[str, Process] = {}
     gate = None
     try:
         for wid, job in jobs.items():
@@ -199,13 +202,13 @@ def run_workers(
             gate = Gate(gate_path(run_dir), lead)
             # the request source only needs to outlast the run: requests stop at the last iteration
             horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
-            agents, servers = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
-                                           handles, horizon)
-            procs.update(agents)
+            agents, decoders = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
+                                            horizon)
+            procs.update({name: a.popen for name, a in agents.items()})
+            servers = {name: d.popen for name, d in decoders.items()}
         ctl.wait_all("ready", scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
         if setup.bubbletea:
-            wait_agents(procs, logs, folder, scenario.runner.setup_timeout)
-            wait_decode_servers(servers, logs, scenario.runner.setup_timeout)
+            wait_ready({**agents, **decoders}, scenario.runner.setup_timeout)
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             starts.append(at)
@@ -225,6 +228,8 @@ def run_workers(
     finally:
         if gate is not None:
             gate.close()
+        for started in (*agents.values(), *decoders.values()):
+            started.close()  # the readiness pipes (wait_ready closes them too)
         stop_processes(servers)
         ctl.close()
         stop_processes(procs)

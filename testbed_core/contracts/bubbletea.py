@@ -267,7 +267,6 @@ class AgentJob(_Model):
     live: LivePaths | None = None
     iterations: int | None = Field(None, ge=1, description="training iterations of the run: requests stop "
                                                            "arriving a margin before the last one's planned end")
-    ready: Path | None = Field(None, description="file the agent creates once built (the runner waits for it)")
     nice: int | None = Field(None, ge=-20, le=19, description="CPU priority of the agent (negative: wakes "
                                                               "first; needs root)")
     realtime_holds: bool = Field(False, description="run each device hold at SCHED_FIFO 1 (needs root)")

@@ -1,15 +1,12 @@
-"""Pipeline schedules against their known forms and torch's, the simulator against
-closed forms, and real devices driven through the schedules."""
+"""Pipeline schedules against their known forms and torch's, and the simulator against
+closed forms (devices driven through the schedules: tests/unit/training/test_executor.py)."""
 
 from __future__ import annotations
 
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
-from testbed.training.executor import LocalComm, ModelledWork, measured_bubble_fraction, run_local
-from testbed_core.device import Device
 from testbed_core.schedules import (
     Op,
     Schedule,
@@ -230,60 +227,6 @@ def test_idle_slots_and_offsets() -> None:
     assert res.makespan == pytest.approx(6.5)
     assert res.idle_slots(1, 0)[0] == pytest.approx((0.0, 0.5))
     assert res.idle_slots(0, 1, min_s=0.1)[0] == pytest.approx((0.0, 1.0))
-
-
-# --------------------------------------------------- real devices, zero delay
-
-def _measure_with_devices(tmp_path: Path, name: str, p: int, m: int, attempt: int) -> float:
-    sched = build_schedule(name, p, m)
-    devices = {(0, r): Device(f"{name}-{p}-{m}-{attempt}-r{r}", tmp_path, time_scale=1.0) for r in range(p)}
-    timelines = run_local(sched, 1, devices, ModelledWork([0.05] * p, [0.10] * p))
-    for r in range(p):
-        recs = devices[(0, r)].timeline()
-        assert len(recs) == 2 * m and [x.label for x in recs] == [f"{o.kind}{o.mb}@s{o.stage}" for o in sched.compute_ops(r)]
-    return measured_bubble_fraction(timelines)
-
-
-@pytest.mark.parametrize("name", ["gpipe", "1f1b"])
-def test_devices_driven_through_schedule_show_textbook_bubble(tmp_path: Path, name: str) -> None:
-    """Modelled devices (50 ms forward, 100 ms backward) in threads, zero-delay comms.
-
-    The machine's two cores are shared, and a stalled thread only ever adds idle
-    time; a measurement more than 0.03 off is taken once more (a wrong schedule or
-    executor would be off both times)."""
-    for p, m in [(2, 4), (4, 8)]:
-        measured = _measure_with_devices(tmp_path, name, p, m, 0)
-        if abs(measured - ideal(p, m)) > 0.03:
-            again = _measure_with_devices(tmp_path, name, p, m, 1)
-            print(f"{name} p={p} m={m}: first measurement {measured:.4f} was off, again: {again:.4f}")
-            measured = min(measured, again, key=lambda x: abs(x - ideal(p, m)))
-        print(f"{name} p={p} m={m}: measured bubble {measured:.4f}, (p-1)/(m+p-1) = {ideal(p, m):.4f}")
-        assert measured == pytest.approx(ideal(p, m), abs=0.03)
-
-
-def test_executor_passes_tensors_along_the_pipeline(tmp_path: Path) -> None:
-    """Payloads flow F: x -> x+1 per stage, B: g -> g*2 per stage."""
-
-    class Work(ModelledWork):
-        def forward(self, stage, mb, x):
-            return (mb if x is None else x) + 1
-
-        def backward(self, stage, mb, grad):
-            return (100 if grad is None else grad) * 2
-
-    seen = []
-
-    class Spy(LocalComm):
-        def send(self, key, payload):
-            seen.append((key, payload))
-            super().send(key, payload)
-
-    sched = build_schedule("1f1b", 3, 2)
-    devices = {(0, r): Device(f"d{r}", tmp_path) for r in range(3)}
-    run_local(sched, 1, devices, Work([0.0] * 3, [0.0] * 3), comm=Spy())
-    got = dict(seen)
-    assert got[TransferKey(0, 1, 1, "fwd")] == 1 + 1 + 1  # mb 1 through stages 0 and 1
-    assert got[TransferKey(0, 0, 0, "bwd")] == 100 * 2 * 2  # gradient through stages 2 and 1
 
 
 # ---------------------------------------------------------- property checks

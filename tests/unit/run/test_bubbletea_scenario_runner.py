@@ -5,7 +5,7 @@ variants run with agents, and waiting for agents and decode servers."""
 
 from __future__ import annotations
 
-import subprocess
+import os
 import sys
 from pathlib import Path
 
@@ -13,11 +13,11 @@ import pytest
 import yaml
 
 from bubbletea_agent.job import config_from_job, load_job
+from testbed.process import Process, start
 from testbed.run.bubbletea import (
     build_agent_jobs,
     decode_hosts,
-    wait_agents,
-    wait_decode_servers,
+    wait_ready,
 )
 from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs
@@ -142,47 +142,52 @@ def test_no_decode_host_means_no_shipping(tmp_path: Path) -> None:
 # ------------------------------------------------------------------ processes
 
 
+def _start(tmp_path: Path, name: str, code: str) -> Process:
+    return start([sys.executable, "-c", code], log_path=tmp_path / f"{name}.log", name=name, cwd=str(ROOT))
+
+
+ANNOUNCE = "from testbed_core.readiness import announce_ready; import time; announce_ready(); time.sleep(30)"
+
+
 def test_an_agent_that_dies_before_training_is_reported(tmp_path: Path) -> None:
-    (tmp_path / "agents").mkdir()
-    log = tmp_path / "agent-p0r0.log"
-    log.write_text("agent error: the model preset 'huge' is unknown\n")
-    proc = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
-    proc.wait()
-    with pytest.raises(RunnerError, match=r"BubbleTea agent-p0r0 exited \(status 3\) before training started"
-                                          r"(.|\n)*preset 'huge' is unknown"):
-        wait_agents({"agent-p0r0": proc, "p0r0": proc}, {"agent-p0r0": log}, tmp_path, 5.0)
+    dead = _start(tmp_path, "agent-p0r0", "import sys; print(\"agent error: the model preset 'huge' is unknown\"); "
+                                          "sys.exit(3)")
+    with pytest.raises(RunnerError, match=r"BubbleTea agent-p0r0 did not start: .*exited with code 3 before it "
+                                          r"was ready(.|\n)*preset 'huge' is unknown"):
+        wait_ready({"agent-p0r0": dead}, 10.0)
 
 
 def test_agents_that_never_get_ready_time_out(tmp_path: Path) -> None:
-    (tmp_path / "agents").mkdir()
-    (tmp_path / "agents" / "p0r0.ready").write_text("{}")
-    slow = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ready = _start(tmp_path, "agent-p0r0", ANNOUNCE)
+    slow = _start(tmp_path, "agent-p1r0", "import time; time.sleep(30)")
     try:
-        with pytest.raises(RunnerError, match=r"agents agent-p1r0 not ready within 0.3 s"):
-            wait_agents({"agent-p0r0": slow, "agent-p1r0": slow},
-                        {"agent-p0r0": tmp_path / "a.log", "agent-p1r0": tmp_path / "b.log"}, tmp_path, 0.3)
+        with pytest.raises(RunnerError, match=r"agent-p1r0 did not start: .*not ready within"):
+            wait_ready({"agent-p0r0": ready, "agent-p1r0": slow}, 3.0)
+        assert ready.info == {}  # the first one announced, so only the second is named
     finally:
-        slow.kill()
-        slow.wait()
+        for p in (ready, slow):
+            p.popen.kill()
+            p.popen.wait()
 
 
 def test_training_waits_for_decode_servers_to_listen(tmp_path: Path) -> None:
-    log = tmp_path / "decode-dc1-h2.log"
-    log.write_text("decode server listening on 0.0.0.0:32500\n")
-    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
-    dead = subprocess.Popen([sys.executable, "-c", "raise SystemExit(2)"])
-    dead.wait()
-    bad = tmp_path / "decode-dc2-h2.log"
-    bad.write_text("Error: decode server on 0.0.0.0:32501: address already in use\n")
+    """The real decode server announces readiness once it listens (port 0: any free one);
+    one that cannot bind is reported with its own message."""
+    argv = [sys.executable, "-m", "bubbletea_agent", "decode-server", "--host", "127.0.0.1", "--port", "0",
+            "--streams", "1"]
+    env = {**os.environ, "ATLAS_SECRET": "test-secret"}
+    server = start(argv, log_path=tmp_path / "decode-a.log", name="decode-a", env=env, cwd=str(ROOT))
     try:
-        wait_decode_servers({"decode-dc1-h2": alive}, {"decode-dc1-h2": log}, 5.0)  # returns at once
-        with pytest.raises(RunnerError, match=r"decode-dc2-h2 exited \(status 2\)(.|\n)*address already in use"):
-            wait_decode_servers({"decode-dc2-h2": dead}, {"decode-dc2-h2": bad}, 5.0)
-        with pytest.raises(RunnerError, match="decode servers decode-x not listening within 0.2 s"):
-            wait_decode_servers({"decode-x": alive}, {"decode-x": tmp_path / "none.log"}, 0.2)
+        wait_ready({"decode-a": server}, 60.0)
+        port = server.info["port"]
+        assert port > 0
+        taken = start([*argv[:-3], str(port), "--streams", "1"], log_path=tmp_path / "decode-b.log",
+                      name="decode-b", env=env, cwd=str(ROOT))
+        with pytest.raises(RunnerError, match=rf"decode-b did not start: .*exited with code 1(.|\n)*:{port}"):
+            wait_ready({"decode-b": taken}, 60.0)
     finally:
-        alive.kill()
-        alive.wait()
+        server.popen.terminate()
+        server.popen.wait(10)
 
 
 # ------------------------------------------------------------------ KV caches

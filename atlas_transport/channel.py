@@ -70,7 +70,11 @@ class Handle:
         self._event = threading.Event()
         self._result: torch.Tensor | None = None
         self._error: TransportError | None = None
-        self._progress = None  # callable -> bytes landed so far (recv)
+        # Bytes landed so far (recv): a callable while the transfer runs, frozen to a
+        # number when it ends so the handle no longer references the transfer (and
+        # its buffer) once it completed or failed.
+        self._progress = None
+        self._landed: int | None = None
 
     def done(self) -> bool:
         return self._event.is_set()
@@ -91,14 +95,16 @@ class Handle:
         size = f", {self.describe_tensor}, {_mib(self.nbytes)}" if self.nbytes is not None else ""
         direction = "to" if self.kind == "send" else "from"
         progress = ""
-        if self._progress is not None and self.nbytes:
-            progress = f", {_mib(self._progress())} of {_mib(self.nbytes)} received"
+        landed = self._progress() if self._progress is not None else self._landed
+        if landed is not None and self.nbytes:
+            progress = f", {_mib(landed)} of {_mib(self.nbytes)} received"
         return f"{self.kind} of {what} (tag {self.tag} #{self.seq}{size}{progress}) {direction} {self.peer}"
 
     def _finish(self, result: torch.Tensor | None) -> None:
         if self._event.is_set():
             return
         self._result = result
+        self._freeze()
         self.completed_at = time.monotonic()
         self._event.set()
 
@@ -106,8 +112,14 @@ class Handle:
         if self._event.is_set():
             return
         self._error = type(exc)(f"{self.describe()} failed: {exc}")
+        self._freeze()
         self.completed_at = time.monotonic()
         self._event.set()
+
+    def _freeze(self) -> None:
+        if self._progress is not None:
+            self._landed = self._progress()
+            self._progress = None
 
 
 @dataclass(eq=False)
@@ -119,12 +131,12 @@ class _RecvReq:
 
 @dataclass(eq=False)
 class _RxState:
-    dest: Destination
+    dest: Destination | None  # None: its request was refused, the bytes are discarded
     key: tuple[int, int]
     req: _RecvReq | None = None
     late: bool = False  # request matched after allocation: deliver by copy/move
     ready: bool = False
-    orphan: bool = False  # its request failed (wrong destination): received, then dropped
+    orphan: bool = False  # its request failed (wrong destination): read off the wire, not stored
 
 
 @dataclass(eq=False)
@@ -192,6 +204,35 @@ class Channel:
     def chunks_resent(self) -> int:
         """Chunks queued again on surviving streams after a stream broke."""
         return self._sendq.resent
+
+    def held_bytes(self) -> int:
+        """Bytes of buffers this channel allocated for incoming transfers and still
+        holds: partial transfers, and complete ones no receive has claimed yet (a
+        `recv_into` destination is the caller's memory and does not count). What a
+        peer's announcements cost this process; 0 once the channel has failed."""
+        with self._lock:
+            held = {id(t): t for t in self._rx.active.values()}
+            held.update((id(t), t) for t in self._arrived.values())
+            return sum(t.meta.total_bytes for t in held.values()
+                       if t.owner is not None and t.owner.dest is not None and t.owner.dest.owned)
+
+    def drop_stream(self, index: int, reason: str = "dropped on purpose") -> bool:
+        """Cut stream `index` now, as a network fault would (for fault injection).
+
+        Its TCP connection is shut down; the peer sees it end; both sides re-send the
+        chunks that stream carried and the peer has not confirmed on the remaining
+        streams, and the channel goes on with one stream less. Dropping the last live
+        stream fails the channel with `PeerLost`, naming `reason`. Returns False when
+        the stream was already down (nothing to do), True when this call dropped it."""
+        n = len(self._streams)
+        if isinstance(index, bool) or not isinstance(index, int) or not 0 <= index < n:
+            raise ValueError(f"drop_stream({index!r}): channel {self.name} to {self.peer} has streams 0..{n - 1}")
+        s = self._streams[index]
+        with self._lock:
+            if not s.alive:
+                return False
+        self._stream_down(s, f"dropped locally: {reason}")
+        return True
 
     def unsent_bytes(self) -> int:
         """Bytes of this channel's sends that have not left this host yet: chunks no
@@ -423,12 +464,15 @@ class Channel:
             return
         ok = False
         try:
-            view = t.view[hdr.offset:hdr.offset + hdr.length]
-            recv_exact(s.sock, view, idle)
-            if hdr.checksum_algo and P.checksum(hdr.checksum_algo, view) != hdr.checksum:
-                raise ProtocolError(
-                    f"checksum mismatch in transfer {hdr.tid} at offset {hdr.offset} ({hdr.length} bytes)"
-                )
+            if t.view is None:  # its receive was refused: read the bytes off the wire, keep nothing
+                discard(s.sock, hdr.length, scratch, idle)
+            else:
+                view = t.view[hdr.offset:hdr.offset + hdr.length]
+                recv_exact(s.sock, view, idle)
+                if hdr.checksum_algo and P.checksum(hdr.checksum_algo, view) != hdr.checksum:
+                    raise ProtocolError(
+                        f"checksum mismatch in transfer {hdr.tid} at offset {hdr.offset} ({hdr.length} bytes)"
+                    )
             ok = True
         finally:
             with self._lock:
@@ -462,10 +506,10 @@ class Channel:
                     dest = new_destination(m.dtype, m.shape, req.device)
             except Exception as exc:  # the request fails, the stream and channel do not
                 req.handle._fail(exc if isinstance(exc, TransportError) else TransportError(str(exc)))
-                req, orphan = None, True  # land it somewhere, then drop it
-        if dest is None:
+                req, orphan = None, True  # its bytes are read and discarded, nothing is allocated
+        if dest is None and not orphan:
             dest = new_destination(m.dtype, m.shape)
-        t.view = dest.view
+        t.view = dest.view if dest is not None else None
         t.owner = _RxState(dest, key, req, orphan=orphan)
         if req is None and not orphan:
             self._arrived[key] = t
@@ -500,17 +544,23 @@ class Channel:
     # --- failures -----------------------------------------------------------------
 
     def _run(self, s: _Stream, fn) -> None:
+        reason = None
         try:
             fn(s)
         except StreamDown as exc:
-            self._stream_down(s, str(exc))
+            reason = str(exc)
         except ProtocolError as exc:
             log.error("channel %s to %s, stream %d: protocol error: %s; closing the stream",
                       self.name, self.peer, s.index, exc)
-            self._stream_down(s, f"protocol error: {exc}")
+            reason = f"protocol error: {exc}"
         except Exception as exc:  # never let a thread die silently with the channel half-alive
             log.exception("channel %s to %s, stream %d: internal error", self.name, self.peer, s.index)
-            self._stream_down(s, f"internal error: {exc!r}")
+            reason = f"internal error: {exc!r}"
+        # Outside the except clauses: the exception's traceback, whose frames hold views
+        # of tensor memory, is gone before transfers are failed and their memory released.
+        try:
+            if reason is not None:
+                self._stream_down(s, reason)
         finally:
             with self._lock:
                 s.exited += 1
@@ -545,26 +595,46 @@ class Channel:
                                        f"streams ({causes})")
         _shutdown(s.sock)
         if failure is not None:
+            self._join_streams(deadline=time.monotonic() + 2.0)
             self._fail_all(failure)
 
+    def _join_streams(self, deadline: float) -> None:
+        """Wait (bounded) for the stream threads to end; every socket is shut down by
+        now, so they end at once. Their frames hold views of transfer memory: once
+        they are gone, failing the transfers releases that memory immediately."""
+        me = threading.current_thread()
+        for x in self._streams:
+            for th in x.threads:
+                if th is not me and th.ident is not None:
+                    th.join(max(0.0, deadline - time.monotonic()))
+
     def _fail_all(self, failure: TransportError) -> None:
+        """Fail every pending transfer and drop the channel's references to their
+        memory (staging copies, partial and announced-but-unfinished receive buffers),
+        so it is freed now by reference counting, not later by the garbage collector.
+        Complete transfers nobody claimed yet stay receivable."""
         with self._lock:
+            victims = self._release_pending()
             if self._failure is None:
                 self._failure = failure
             failure = self._failure
-            victims = [t.owner for t in self._sendq.abort_all()]
-            victims += [r.handle for r in self._waiting.values()]
-            self._waiting.clear()
-            for t in list(self._rx.active.values()):
-                state: _RxState | None = t.owner
-                if state is not None and state.req is not None:
-                    victims.append(state.req.handle)
-            for key, t in list(self._arrived.items()):
-                if not t.owner.ready:  # partial and unclaimed: can never complete now
-                    del self._arrived[key]
             self._cv.notify_all()
         for h in victims:
             h._fail(failure)
+
+    def _release_pending(self) -> list[Handle]:
+        """Forget every unfinished transfer; returns the handles to fail. Lock held.
+        A function of its own so that no local variable still points at a transfer
+        once the handles are failed (whoever wakes up sees the memory gone)."""
+        victims = [t.owner for t in self._sendq.abort_all()]
+        victims += [r.handle for r in self._waiting.values()]
+        self._waiting.clear()
+        for key in [k for k, t in self._arrived.items() if not t.owner.ready]:
+            del self._arrived[key]  # partial and unclaimed: can never complete now
+        for t in self._rx.drop_all():
+            if t.owner is not None and t.owner.req is not None:
+                victims.append(t.owner.req.handle)
+        return victims
 
     def _check_usable(self) -> None:
         if self._failure is not None:

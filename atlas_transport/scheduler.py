@@ -145,6 +145,12 @@ class Reassembly:
     def is_complete(self, tid: int) -> bool:
         return tid < self._done_below or tid in self._done_above
 
+    def drop_all(self) -> list[InTransfer]:
+        """Forget every unfinished transfer (the channel failed); returns them."""
+        out = list(self.active.values())
+        self.active.clear()
+        return out
+
     def announce(self, tid: int, meta: TensorMeta) -> tuple[InTransfer | None, bool]:
         """Register a description; returns (transfer or None if already complete, is_new)."""
         if self.is_complete(tid):

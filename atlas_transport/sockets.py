@@ -69,26 +69,87 @@ def kernel_unsent(sock: socket.socket) -> int:
 
 def set_io_timeout(sock: socket.socket, seconds: float) -> None:
     sock.settimeout(None)
+    _set_rcvtimeo(sock, seconds)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, _timeval(seconds))
+
+
+def _timeval(seconds: float) -> bytes:
     sec = int(seconds)
-    tv = struct.pack("ll", sec, int((seconds - sec) * 1e6))
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, tv)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDTIMEO, tv)
+    return struct.pack("ll", sec, int((seconds - sec) * 1e6))
+
+
+def _set_rcvtimeo(sock: socket.socket, seconds: float) -> None:
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVTIMEO, _timeval(seconds))
+
+
+_TCP_INFO_LAST_DATA_RECV = 52  # struct tcp_info: u32 ms since the last data segment arrived
+_MIN_REWAIT_S = 0.01
+
+
+def silent_s(sock: socket.socket) -> float | None:
+    """Seconds since the kernel last received data on this TCP socket (TCP_INFO
+    tcpi_last_data_recv), or None where that is unavailable."""
+    try:
+        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+    except (OSError, AttributeError):
+        return None
+    if len(raw) < _TCP_INFO_LAST_DATA_RECV + 4:
+        return None
+    return struct.unpack_from("I", raw, _TCP_INFO_LAST_DATA_RECV)[0] / 1000.0
 
 
 def recv_exact(sock: socket.socket, view: memoryview, idle_s: float) -> None:
-    """Fill `view` completely from the socket (MSG_WAITALL: usually one call)."""
+    """Fill `view` completely from the socket (MSG_WAITALL: usually one call).
+
+    The stream is declared dead once the peer has sent nothing for `idle_s`, counted
+    from the last byte that arrived, also in the middle of a frame. SO_RCVTIMEO bounds
+    one whole call, so a call that returns only part of `view` may have waited up to
+    `idle_s` already: instead of waiting a full `idle_s` again (which would detect a
+    peer that stopped mid-frame only after up to twice the timeout), the next call
+    waits only for what is left of the idle window, measured by the kernel
+    (TCP_INFO). Only this slow path pays for the extra system calls.
+    """
     n = len(view)
     got = 0
-    while got < n:
-        try:
-            r = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
-        except (BlockingIOError, TimeoutError):
-            raise StreamDown(f"no data for {idle_s:g} s (idle timeout)") from None
-        except OSError as exc:
-            raise StreamDown(_describe(exc)) from None
-        if r == 0:
-            raise StreamDown("peer closed the connection (EOF)")
-        got += r
+    shortened = False
+    try:
+        while got < n:
+            try:
+                r = sock.recv_into(view[got:], n - got, socket.MSG_WAITALL)
+            except (BlockingIOError, TimeoutError):
+                # Nothing at all for a whole (possibly shortened) window: since the
+                # window is what was left of idle_s, the peer was silent for idle_s.
+                raise StreamDown(_idle_message(idle_s, got, n)) from None
+            except OSError as exc:
+                raise StreamDown(_describe(exc)) from None
+            if r == 0:
+                raise StreamDown("peer closed the connection (EOF)" + _progress(got, n))
+            got += r
+            if got == n:
+                return
+            # A short read: the call's timer ran out (or a signal arrived) mid-frame.
+            silent = silent_s(sock)
+            if silent is None:
+                continue  # no kernel clock: wait a full window again (conservative)
+            left = idle_s - silent
+            if left <= 0:
+                raise StreamDown(_idle_message(idle_s, got, n))
+            _set_rcvtimeo(sock, max(_MIN_REWAIT_S, left))
+            shortened = True
+    finally:
+        if shortened:
+            try:
+                _set_rcvtimeo(sock, idle_s)
+            except OSError:
+                pass
+
+
+def _progress(got: int, n: int) -> str:
+    return f", {got} of {n} bytes of a frame read" if got else ""
+
+
+def _idle_message(idle_s: float, got: int, n: int) -> str:
+    return f"no data for {idle_s:g} s (idle timeout){_progress(got, n)}"
 
 
 def recv_bytes(sock: socket.socket, n: int, idle_s: float) -> bytes:

@@ -69,6 +69,7 @@ class Destination:
     buffer: torch.Tensor  # contiguous CPU tensor the chunks are written into
     view: memoryview
     finish: Callable[[], torch.Tensor]  # returns what the user receives
+    owned: bool = True  # the transport allocated `buffer` (False: it is the caller's tensor)
 
 
 def check_device(device: torch.device | None) -> None:
@@ -110,7 +111,7 @@ def into_destination(t: torch.Tensor) -> Destination:
     if t.is_cuda:
         staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     elif t.is_contiguous() and not t.is_conj() and not t.is_neg():
-        return Destination(t, byte_view(t), lambda: t)
+        return Destination(t, byte_view(t), lambda: t, owned=False)
     else:
         staging = torch.empty(t.shape, dtype=t.dtype)
 

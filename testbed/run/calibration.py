@@ -34,6 +34,7 @@ from testbed.run.network import Network
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration
+from testbed_core.contracts.worker_job import ProbeJob
 
 __all__ = ["PROBE_WARMUP", "Calibration", "Prober", "aggregate_rate", "calibrate", "calibrate_link",
            "calibration_pairs", "effective_rate"]
@@ -81,7 +82,7 @@ class Prober:
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start)."""
         t = self.scenario.transport
-        transport = transport_job(t).model_dump()
+        transport = transport_job(t)
         recvs, sends, logs = {}, {}, []
         results = []
         try:
@@ -89,11 +90,11 @@ class Prober:
                 name = f"{label}s{streams}-c{k}"
                 port = self.ports.port(k)
                 warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
-                rjob = {"role": "probe-recv", "name": name, "bind_ip": "0.0.0.0", "port": port, "streams": streams,
-                        "nbytes": nbytes, "count": count, "out": str(self.folder / f"{name}-recv.json"),
-                        "transport": transport, "warmup_bytes": warm}
+                rjob = ProbeJob(role="probe-recv", name=name, bind_ip="0.0.0.0", port=port, streams=streams,
+                                nbytes=nbytes, count=count, out=str(self.folder / f"{name}-recv.json"),
+                                transport=transport, warmup_bytes=warm)
                 rpath = self.folder / f"{name}-recv.job.json"
-                rpath.write_text(json.dumps(rjob))
+                rpath.write_text(rjob.model_dump_json(indent=1))
                 log = open(self.folder / f"{name}-recv.log", "w")  # noqa: SIM115 (closed below)
                 logs.append(log)
                 recvs[name] = self.net.host(dst).popen(worker_argv(rpath), env=self.env, stdout=subprocess.PIPE,
@@ -102,12 +103,12 @@ class Prober:
                 if "listening" not in line:
                     recvs[name].wait(5)
                     raise RunnerError(f"calibration receiver on {dst} did not start:\n{log_tail(Path(log.name))}")
-                sjob = {"role": "probe-send", "name": name, "peer_ip": self.net.host(dst).ip, "port": port,
-                        "streams": streams, "nbytes": nbytes, "count": count, "gap_s": PROBE_GAP_S,
-                        "wait_go": True, "period_s": period_s, "warmup_bytes": warm,
-                        "out": str(self.folder / f"{name}-send.json"), "transport": transport}
+                sjob = ProbeJob(role="probe-send", name=name, peer_ip=self.net.host(dst).ip, port=port,
+                                streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
+                                wait_go=True, period_s=period_s, warmup_bytes=warm,
+                                out=str(self.folder / f"{name}-send.json"), transport=transport)
                 spath = self.folder / f"{name}-send.job.json"
-                spath.write_text(json.dumps(sjob))
+                spath.write_text(sjob.model_dump_json(indent=1))
                 slog = open(self.folder / f"{name}-send.log", "w")  # noqa: SIM115
                 logs.append(slog)
                 sends[name] = self.net.host(src).popen(worker_argv(spath), env=self.env, stdout=subprocess.PIPE,

@@ -12,7 +12,6 @@ iteration; the runner then keeps the gate (the next iteration's start).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import selectors
 import socket
@@ -21,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from testbed.process import Process
 from testbed.progress import Progress
@@ -37,7 +36,21 @@ from testbed.run.common import (
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
 from testbed.run.variants import VariantSetup
+from testbed_core.contracts.control import (
+    Bye,
+    ControlError,
+    Go,
+    Hello,
+    IterDone,
+    Ready,
+    Stop,
+    WorkerFailed,
+    WorkerMessage,
+    parse_worker_message,
+)
 from testbed_core.contracts.worker_job import TrainJob
+
+M = TypeVar("M", Hello, Ready, IterDone, Bye)
 
 
 class Controller:
@@ -60,7 +73,7 @@ class Controller:
         self.conns: dict[str, socket.socket] = {}
         self._buf: dict[socket.socket, bytes] = {}
         self._who: dict[socket.socket, str] = {}
-        self.inbox: list[dict[str, Any]] = []
+        self.inbox: list[WorkerMessage] = []
 
     def close(self) -> None:
         for s in list(self._buf):
@@ -95,13 +108,16 @@ class Controller:
             for line in lines:
                 if not line.strip():
                     continue
-                msg = json.loads(line)
-                if msg.get("type") == "hello":
-                    self.conns[msg["worker"]] = sock
-                    self._who[sock] = msg["worker"]
-                if msg.get("type") == "error":
-                    raise RunnerError(f"worker {msg.get('worker')} failed: {msg.get('message')}\n"
-                                      f"{log_tail(self.logs.get(msg.get('worker'), Path('-')))}")
+                try:
+                    msg = parse_worker_message(line)
+                except ControlError as exc:
+                    raise RunnerError(str(exc)) from None
+                if isinstance(msg, Hello):
+                    self.conns[msg.worker] = sock
+                    self._who[sock] = msg.worker
+                if isinstance(msg, WorkerFailed):
+                    raise RunnerError(f"worker {msg.worker} failed: {msg.message}\n"
+                                      f"{log_tail(self.logs.get(msg.worker, Path('-')))}")
                 self.inbox.append(msg)
 
     def _check_procs(self) -> None:
@@ -111,15 +127,15 @@ class Controller:
                 self._poll(0.2)  # its error message may still be in the socket
                 raise RunnerError(f"worker {wid} exited with status {rc}:\n{log_tail(self.logs[wid])}")
 
-    def wait_all(self, kind: str, timeout_s: float, what: str, iteration: int | None = None) -> dict[str, dict]:
-        """One `kind` message from every worker (for `iteration` if given)."""
+    def wait_all(self, kind: type[M], timeout_s: float, what: str, iteration: int | None = None) -> dict[str, M]:
+        """One `kind` message from every worker (for `iteration` if given), by worker."""
         deadline = time.monotonic() + timeout_s
-        got: dict[str, dict] = {}
+        got: dict[str, M] = {}
         while True:
             keep = []
             for msg in self.inbox:
-                if msg.get("type") == kind and (iteration is None or msg.get("iteration") == iteration):
-                    got[msg["worker"]] = msg
+                if isinstance(msg, kind) and (iteration is None or getattr(msg, "iteration", None) == iteration):
+                    got[msg.worker] = msg
                 else:
                     keep.append(msg)
             self.inbox = keep
@@ -134,8 +150,8 @@ class Controller:
             self._check_procs()
             self.progress.tick()
 
-    def broadcast(self, kind: str, **fields: Any) -> None:
-        line = (json.dumps({"type": kind, **fields}) + "\n").encode()
+    def broadcast(self, msg: Go | Stop) -> None:
+        line = msg.line()
         for wid in self.expected:
             sock = self.conns.get(wid)
             if sock is None:
@@ -206,20 +222,20 @@ def run_workers(
                                             horizon)
             procs.update({name: a.popen for name, a in agents.items()})
             servers = {name: d.popen for name, d in decoders.items()}
-        ctl.wait_all("ready", scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
+        ctl.wait_all(Ready, scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
         if setup.bubbletea:
             wait_ready({**agents, **decoders}, scenario.runner.setup_timeout)
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             starts.append(at)
-            ctl.broadcast("go", iteration=i, at=at)
-            done = ctl.wait_all("iter_done", timeout, f"{setup.name}: iteration {i}", iteration=i)
-            ends.append(max(m["end"] for m in done.values()))
+            ctl.broadcast(Go(iteration=i, at=at))
+            done = ctl.wait_all(IterDone, timeout, f"{setup.name}: iteration {i}", iteration=i)
+            ends.append(max(m.end for m in done.values()))
             kind = "warm-up" if i < workload.warmup else "iteration"
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
             at = gate.decide(i + 1, lead) if gate else time.time() + lead
-        ctl.broadcast("stop")
-        ctl.wait_all("bye", 30, f"{setup.name}: stopping the workers")
+        ctl.broadcast(Stop())
+        ctl.wait_all(Bye, 30, f"{setup.name}: stopping the workers")
         for wid, p in procs.items():  # agents end when their worker publishes the end of its slots
             try:
                 p.wait(60 if wid.startswith("agent-") else 15)

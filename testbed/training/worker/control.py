@@ -1,20 +1,25 @@
 """The worker's end of the runner's control socket (testbed/run/workers.py `Controller`).
 
 JSON lines both ways over a UNIX socket on the shared filesystem (it crosses network
-namespaces). The worker says ``hello``, ``ready``, ``iter_done`` per iteration,
-``bye`` or ``error``; the runner says ``go`` (an iteration and its common start) and
-``stop``."""
+namespaces), each a model of testbed_core/contracts/control.py: the worker says
+``hello``, ``ready``, ``iter_done`` per iteration, ``bye`` or ``error``; the runner says
+``go`` (an iteration and its common start) and ``stop``."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
 from collections.abc import Iterator
-from typing import Any
 
 from testbed.training.worker.job import WorkerError
+from testbed_core.contracts.control import (
+    ControlError,
+    Go,
+    Stop,
+    WorkerMessage,
+    parse_runner_message,
+)
 
 
 class Control:
@@ -35,15 +40,18 @@ class Control:
         self._file = self.sock.makefile("r")
         self._lock = threading.Lock()
 
-    def send(self, kind: str, **fields: Any) -> None:
-        line = json.dumps({"type": kind, "worker": self.worker, **fields}) + "\n"
+    def send(self, msg: WorkerMessage) -> None:
         with self._lock:
-            self.sock.sendall(line.encode())
+            self.sock.sendall(msg.line())
 
-    def messages(self) -> Iterator[dict[str, Any]]:
+    def messages(self) -> Iterator[Go | Stop]:
+        """The runner's messages, in order; WorkerError on a malformed one."""
         for line in self._file:
             if line.strip():
-                yield json.loads(line)
+                try:
+                    yield parse_runner_message(line)
+                except ControlError as exc:
+                    raise WorkerError(f"{self.worker}: {exc}") from None
 
     def close(self) -> None:
         try:

@@ -22,6 +22,7 @@ from testbed.training.worker.live import (
     watched,
 )
 from testbed.training.worker.real import end_real_iteration, real_work_of
+from testbed_core.contracts.control import Bye, Hello, IterDone, Ready, Stop, WorkerFailed
 from testbed_core.contracts.worker_job import TrainJob
 
 
@@ -49,7 +50,7 @@ def run_train(job: TrainJob) -> None:
 
     control = Control(job.control, job.worker, job.setup_timeout_s)
     try:
-        control.send("hello", pid=os.getpid(), host=job.host)
+        control.send(Hello(worker=job.worker, pid=os.getpid(), host=job.host))
         schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.chunks)
         if job.real is not None:
             torch.set_num_threads(job.real.threads)
@@ -72,14 +73,12 @@ def run_train(job: TrainJob) -> None:
         publisher = slot_publisher(job)
         if live is not None:
             live.between()
-        control.send("ready")
+        control.send(Ready(worker=job.worker))
         try:
             for msg in control.messages():
-                if msg["type"] == "stop":
+                if isinstance(msg, Stop):
                     break
-                if msg["type"] != "go":
-                    continue
-                i, at = int(msg["iteration"]), float(msg["at"])
+                i, at = msg.iteration, msg.at
                 comm.begin_iteration(i, at)
                 if publisher is not None:
                     publish_slots(publisher, job, i, at)
@@ -97,9 +96,10 @@ def run_train(job: TrainJob) -> None:
                 tlog.add("send", sent)
                 tlog.add("recv", received)
                 tlog.write()
-                control.send("iter_done", iteration=i, end=max((r.end for r in records), default=at),
-                             busy=sum(r.end - r.start for r in records), token_timeouts=comm.token_timeouts,
-                             loss=loss)
+                control.send(IterDone(worker=job.worker, iteration=i,
+                                      end=max((r.end for r in records), default=at),
+                                      busy=sum(r.end - r.start for r in records),
+                                      token_timeouts=comm.token_timeouts, loss=loss))
                 if live is not None:
                     live.between()  # the runner heard we are done: the next start is >= now + lead
             if real is not None:
@@ -117,10 +117,11 @@ def run_train(job: TrainJob) -> None:
                 comm.bus.close()
             for ch in [*channels.values(), *dp_channels.values()]:
                 ch.close(timeout=5.0)
-        control.send("bye")
+        control.send(Bye(worker=job.worker))
     except BaseException as exc:
         try:
-            control.send("error", message=f"{type(exc).__name__}: {exc}", trace=traceback.format_exc())
+            control.send(WorkerFailed(worker=job.worker, message=f"{type(exc).__name__}: {exc}",
+                                      trace=traceback.format_exc()))
         except OSError:
             pass
         raise

@@ -83,11 +83,32 @@ class TcpSettings(_Model):
         return min(self.rmem_max / 2, self.wmem_max) * 8 / rtt_s
 
 
+MAX_DC_GPUS = 10_000_000
+
+
 class Datacenter(_Model):
     name: str = Field(pattern=DC_NAME, description="short lowercase name, used in host and interface names")
-    hosts: list[str] = Field(min_length=1)
+    # Either hosts (emulated, one per emulated worker) or gpus (a DC's size for prediction
+    # at paper scale: `testbed whatif`, `testbed plan`; such a DC cannot be emulated).
+    hosts: list[str] = []
+    gpus: int | None = Field(None, ge=1, le=MAX_DC_GPUS, description="DC size in GPUs, instead of hosts")
     lan_rate: Rate = 10e9
     tcp: TcpSettings | None = None
+
+    @model_validator(mode="after")
+    def _hosts_or_gpus(self) -> Datacenter:
+        if self.gpus is not None and self.hosts:
+            raise ValueError(
+                f"DC {self.name}: give either hosts (an emulated DC) or gpus (a DC size for prediction only), not both"
+            )
+        if self.gpus is None and not self.hosts:
+            raise ValueError(f"DC {self.name}: give hosts (a count or names, to emulate it) or gpus (its size, "
+                             "for prediction only)")
+        return self
+
+    def gpu_count(self, gpus_per_host: int = 1) -> int:
+        """GPUs of the DC: its `gpus`, or hosts x gpus_per_host."""
+        return self.gpus if self.gpus is not None else len(self.hosts) * gpus_per_host
 
     @field_validator("hosts", mode="before")
     @classmethod
@@ -225,6 +246,17 @@ class Topology(_Model):
                     f"DCs {', '.join(sorted(unreachable))} have no WAN path to {names[0]}: add WAN links"
                 )
         return self
+
+    def require_emulable(self) -> None:
+        """Raise TopologyError when a DC is given as a GPU count (no hosts to build)."""
+        sized = [dc for dc in self.dcs if not dc.hosts]
+        if sized:
+            names = ", ".join(f"{dc.name} ({dc.gpus} GPUs)" for dc in sized)
+            raise TopologyError(
+                f"topology {self.name}: DCs {names} are given as GPU counts, which predictions use "
+                "(testbed whatif, testbed plan) but the emulation cannot build: it runs one worker per host. "
+                "Give each DC `hosts:` (at most 64) to emulate it"
+            )
 
     def dc(self, name: str) -> Datacenter:
         for dc in self.dcs:

@@ -113,6 +113,7 @@ class Emulation:
                  delay_backend: str | None = None, *, records_dir: Path | None = None,
                  progress: Callable[[str], None] | None = None) -> None:
         self.topology = topology
+        topology.require_emulable()  # DCs given as GPU counts are for predictions only
         self.plan = plan_addresses(topology)
         check_topology_fits(len(topology.dcs), [len(dc.hosts) for dc in topology.dcs])
         self._requested_prefix = validate_prefix(prefix) if prefix else None

@@ -193,8 +193,8 @@ def _assign_hosts(
 
 
 def free_gpus(topology: Topology, gpus_per_host: int = 1, override: dict[str, int] | None = None) -> dict[str, int]:
-    """Free GPUs per DC: hosts x gpus_per_host, unless overridden (unknown DCs refused)."""
-    free = {dc.name: len(dc.hosts) * gpus_per_host for dc in topology.dcs}
+    """Free GPUs per DC: its `gpus`, or hosts x gpus_per_host, unless overridden (unknown DCs refused)."""
+    free = {dc.name: dc.gpu_count(gpus_per_host) for dc in topology.dcs}
     for dc, n in (override or {}).items():
         if dc not in free:
             raise PlacementError(f"--gpus: unknown DC {dc!r} (DCs in topology {topology.name}: {', '.join(free)})")

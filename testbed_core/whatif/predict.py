@@ -1,0 +1,463 @@
+"""The fast prediction of one variant: the planner's model (testbed_core/planning/), at paper scale.
+
+Same inputs and the same model as `testbed_core.planning.prediction.predict`: the
+variant's placement, each stage's compute time, every pipeline boundary carrying the
+wire activation bytes each way per micro-batch over a channel (LAN rate inside a DC;
+on the WAN ``streams x per-flow rate``, through the link directions of the route,
+plus the one-way latency), shared links or Atlas's temporal sharing (pipelines
+staggered by each of the planner's candidate strides, links one transfer at a time,
+first come first served, the fastest stride kept), ``auto`` choosing between them
+with the same margin, and the DP all-reduce added by the planner's own
+`allreduce_time`. What makes it fast (testbed_core/whatif/engine.py):
+
+* shared links: the DP pipelines of a placement are identical and start together, so
+  they move in lockstep and one of them stands for all, each holding
+  ``capacity(D users) / D`` of a link it shares with the D; if one pipeline's own
+  transfers overlap on a link (rates then change over time), that one pipeline goes
+  through the exact simulator instead (`FastPrediction.method` says so);
+* temporal sharing: every pipeline runs, but no fluid model is solved (a link held
+  alone moves a transfer at its full rate), and a stride is skipped when it cannot
+  win: the last pipeline starts ``(D - 1) x stride`` late and cannot finish before its
+  own run alone, so once that bound passes the best time found, larger strides stop;
+* the bubble fraction, WAN bytes and device busy time are closed forms (compute
+  seconds per device do not depend on the timing; bytes are counts x size).
+
+The exact simulator stays the reference (`testbed plan --exact`); the unit tests
+check both agree on randomized small cases. The result also keeps every idle gap of
+every device, which `testbed_core.whatif.prefill` turns into BubbleTea's prefill
+capacity.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
+from testbed_core.planning.placement import Placement, free_gpus, place
+from testbed_core.planning.prediction import Variant, allreduce_time, choose_sharing
+from testbed_core.planning.temporal import TemporalPlan, stagger_candidates
+from testbed_core.schedules import Schedule, build_schedule
+from testbed_core.simulate import (
+    ComputeSpan,
+    Path,
+    Resource,
+    SimResult,
+    SimSpec,
+    TransferKey,
+    simulate,
+)
+from testbed_core.topology import Topology
+from testbed_core.whatif.engine import Compiled, EngineResult, Route, overlaps, run
+from testbed_core.workload import EffectiveWorkload, Workload
+
+PLAN_TIE = 1e-9  # a stride replaces the best only when faster by this fraction (as derive_plan)
+
+
+@dataclass
+class Gaps:
+    """Idle gaps of the devices over one pipeline iteration: `seconds[i]` of idle
+    time on `weight[i]` devices (identical pipelines are counted once, weighted)."""
+
+    seconds: np.ndarray
+    weight: np.ndarray
+
+
+@dataclass
+class FastPrediction:
+    """What `predict` reports, plus what the what-if needs (busy time, idle gaps,
+    the all-reduce's WAN bytes) and how it was computed."""
+
+    variant: Variant
+    placement: Placement
+    iteration_time_s: float
+    pipeline_time_s: float
+    allreduce_s: float
+    compute_only_s: float
+    bubble_fraction: float  # mean over devices of idle / pipeline time (as the planner's)
+    ideal_bubble_fraction: float
+    paths: dict[tuple[str, str], WanPath]
+    wan_bytes: dict[str, float]  # pipeline transfers per link direction per iteration
+    allreduce_wan_bytes: dict[str, float]  # the DP all-reduce's, per link direction
+    devices: int  # stage replicas (each a tp-GPU group)
+    busy_s: float  # mean compute seconds per device per iteration
+    gaps: Gaps = field(repr=False)
+    method: str = "fast"
+    sharing_alternatives: dict[str, float] | None = None
+    stagger_s: float | None = None
+    staggers: list[tuple[float, float | None]] = field(default_factory=list)  # (stride, time; None: bound skip)
+    plan: TemporalPlan | None = field(default=None, repr=False)
+    offsets: list[float] | None = None
+
+    @property
+    def sharing(self) -> str:
+        return "temporal" if self.stagger_s is not None else "shared"
+
+    @property
+    def utilization(self) -> float:
+        """Mean over devices of compute time / iteration time (all-reduce included)."""
+        return self.busy_s / self.iteration_time_s if self.iteration_time_s > 0 else 0.0
+
+    def to_json(self, topology: Topology | None = None) -> dict[str, Any]:
+        return {
+            "variant": self.variant.name,
+            "method": self.method,
+            "streams": self.variant.streams,
+            "fill_link": self.variant.fill_link,
+            "sharing": self.sharing,
+            "sharing_requested": self.variant.sharing,
+            "sharing_alternatives_s": self.sharing_alternatives,
+            "placement": self.placement.to_json(topology),
+            "predicted_iteration_time_s": self.iteration_time_s,
+            "pipeline_time_s": self.pipeline_time_s,
+            "allreduce_s": self.allreduce_s,
+            "compute_only_s": self.compute_only_s,
+            "bubble_fraction": self.bubble_fraction,
+            "ideal_bubble_fraction": self.ideal_bubble_fraction,
+            "utilization": self.utilization,
+            "wan_paths": [p.to_json() for p in self.paths.values()],
+            "wan_bytes_per_iteration": self.wan_bytes,
+            "allreduce_wan_bytes_per_iteration": self.allreduce_wan_bytes,
+            "stagger_s": self.stagger_s,
+            "staggers_tried": [{"stagger_s": s, "iteration_s": t} for s, t in self.staggers],
+            "temporal_plan": self.plan.to_json() if self.plan else None,
+        }
+
+
+@dataclass
+class _Net:
+    """The channels of every placement row (a pipeline class), as engine routes."""
+
+    rows: list[tuple[str, ...]]  # distinct placement rows
+    row_of: list[int]  # per pipeline
+    shared: list[list[Route]]  # per row, per channel: link shares of the lockstep pipelines
+    exclusive: list[list[Route]]  # per row, per channel: links held alone
+    links: list[str]  # link direction resource ids
+    capacity: list[float]
+    crowded: list[float | None]
+    wan_channels: dict[tuple[int, int], tuple[str, WanPath]]  # (row, channel) -> (channel resource, path)
+    paths: dict[tuple[str, str], WanPath]
+    lan: dict[tuple[int, int], float]  # (row, channel) -> LAN rate
+
+
+def _network(topology: Topology, sched: Schedule, placement: Placement, variant: Variant, net: NetParams,
+             bits: float) -> _Net:
+    rows = list(dict.fromkeys(placement.stage_dc))
+    index = {row: i for i, row in enumerate(rows)}
+    row_of = [index[row] for row in placement.stage_dc]
+    count = [row_of.count(i) for i in range(len(rows))]
+    paths: dict[tuple[str, str], WanPath] = {}
+    links: list[str] = []
+    capacity: list[float] = []
+    crowded: list[float | None] = []
+    wan_channels: dict[tuple[int, int], tuple[str, WanPath]] = {}
+    lan: dict[tuple[int, int], float] = {}
+    raw: list[list[tuple[float, float, tuple[int, ...]]]] = []  # per row, per channel: (cap, latency, links)
+    for i, row in enumerate(rows):
+        chans: list[tuple[float, float, tuple[int, ...]]] = []
+        for b in range(sched.stages - 1):
+            ra, rb = sched.rank_of(b), sched.rank_of(b + 1)
+            for direction, src, dst in (("fwd", ra, rb), ("bwd", rb, ra)):
+                a, z = row[src], row[dst]
+                if a == z:
+                    lan[(i, len(chans))] = topology.dc(a).lan_rate
+                    chans.append((topology.dc(a).lan_rate, net.lan_latency_s, ()))
+                    continue
+                if (a, z) not in paths:
+                    paths[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+                wp = paths[(a, z)]
+                ids = []
+                for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
+                    res = wan_resource(x, y)
+                    if res not in links:
+                        rate = topology.link(x, y).rate
+                        links.append(res)
+                        capacity.append(rate)
+                        crowded.append(None if net.crowded_fraction is None else rate * net.crowded_fraction)
+                    ids.append(links.index(res))
+                wan_channels[(i, len(chans))] = (f"chan:{b}:{direction}", wp)
+                chans.append((wp.streams * wp.flow_rate_bps, wp.latency_s, tuple(ids)))
+        raw.append(chans)
+    shared: list[list[Route]] = []
+    exclusive: list[list[Route]] = []
+    for i, chans in enumerate(raw):
+        d = count[i]
+        sh, ex = [], []
+        for cap, lat, ids in chans:
+            alone = min([cap] + [capacity[k] for k in ids])
+            # d lockstep pipelines on a link: d users (crowded from 2), each a 1/d share
+            share = min([cap] + [_lockstep_share(capacity[k], crowded[k], d) for k in ids])
+            sh.append(Route(bits / share, lat, ids))
+            ex.append(Route(bits / alone, lat, ids))
+        shared.append(sh)
+        exclusive.append(ex)
+    return _Net(rows, row_of, shared, exclusive, links, capacity, crowded, wan_channels, paths, lan)
+
+
+def _lockstep_share(capacity: float, crowded: float | None, pipelines: int) -> float:
+    total = crowded if pipelines >= 2 and crowded is not None else capacity
+    return total / pipelines
+
+
+def _reduced_exact(compiled: Compiled, fwd: list[float], bwd: list[float], nbytes: float, netw: _Net, row: int,
+                   pipelines: int) -> EngineResult:
+    """One pipeline of a lockstep class through the exact simulator, each link at the
+    class's lockstep share (used when the pipeline's own transfers overlap on a link)."""
+    sched = compiled.schedule
+    resources: dict[str, Resource] = {}
+    paths: dict[tuple[int, int, str], Path] = {}
+    for ch in range(compiled.channels):
+        b, direction = divmod(ch, 2)
+        dname = "fwd" if direction == 0 else "bwd"
+        chan = f"chan:{b}:{dname}"
+        if (row, ch) in netw.lan:
+            resources[chan] = Resource(netw.lan[(row, ch)], "exclusive")
+            paths[(0, b, dname)] = Path((chan,), netw.shared[row][ch].latency_s)
+            continue
+        _, wp = netw.wan_channels[(row, ch)]
+        resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+        for k in netw.shared[row][ch].links:
+            cap, crowd = netw.capacity[k], netw.crowded[k]
+            if pipelines >= 2:
+                resources[netw.links[k]] = Resource(_lockstep_share(cap, crowd, pipelines))
+            else:
+                resources[netw.links[k]] = Resource(cap, crowded_bps=crowd)
+        paths[(0, b, dname)] = Path((chan, *wp.resources), wp.latency_s)
+    nb = [nbytes] * (sched.stages - 1)
+    sim = simulate(SimSpec(sched, 1, list(fwd), list(bwd), nb, list(nb), paths, resources))
+    return _from_sim(sim, compiled, fwd, bwd)
+
+
+def _from_sim(sim: SimResult, compiled: Compiled, fwd: list[float], bwd: list[float]) -> EngineResult:
+    p = compiled.schedule.ranks
+    starts = np.empty((sim.pipelines * p, compiled.compute_per_rank))
+    fill = [0] * (sim.pipelines * p)
+    for c in sim.compute:  # appended in each worker's execution order
+        w = c.pipeline * p + c.rank
+        starts[w, fill[w]] = c.start
+        fill[w] += 1
+    durations = np.array([[bwd[x] if y else fwd[x] for kind, x, y in compiled.ops[r] if kind == 0]
+                          for r in range(p)])
+    return EngineResult(sim.makespan, starts, durations, [], sim.pipelines, p)
+
+
+def _last_backward(result: EngineResult, compiled: Compiled) -> dict[int, float]:
+    """Per virtual stage, when its last backward ends (over all pipelines)."""
+    p = compiled.schedule.ranks
+    ends = result.ends
+    out: dict[int, float] = {}
+    for r in range(p):
+        j = -1
+        last: dict[int, int] = {}
+        for kind, x, y in compiled.ops[r]:
+            if kind == 0:
+                j += 1
+                if y:
+                    last[x] = j
+        rows = ends[r::p]
+        for stage, idx in last.items():
+            out[stage] = max(out.get(stage, -math.inf), float(rows[:, idx].max()))
+    return out
+
+
+def _gaps(result: EngineResult, makespan: float, weight: float) -> Gaps:
+    starts, ends = result.starts, result.ends
+    before = starts[:, :1]
+    between = starts[:, 1:] - ends[:, :-1]
+    after = makespan - ends[:, -1:]
+    g = np.concatenate([before, between, after], axis=1).ravel()
+    g = g[g > 1e-12]
+    return Gaps(g, np.full(g.shape, float(weight)))
+
+
+def _allreduce(topology: Topology, workload: Workload, placement: Placement, eff: EffectiveWorkload,
+               makespan: float, last_b: dict[int, float], variant: Variant, net: NetParams
+               ) -> tuple[float, dict[str, float]]:
+    """The planner's all-reduce time (its own function, fed the last backward of each
+    stage) and the bytes its rings put on each WAN link direction."""
+    sched_ranks = workload.parallelism.pp
+    spans = [ComputeSpan(0, k % sched_ranks, k, "B", 0, t, t) for k, t in sorted(last_b.items())]
+    fake = SimResult(makespan, spans, [], 1, sched_ranks)
+    ar = allreduce_time(topology, workload, placement, eff, fake, variant, net)
+    dp = workload.parallelism.dp
+    wan: dict[str, float] = {}
+    if dp > 1:
+        dtype_bytes = workload.model_spec().dtype_bytes
+        routes: dict[tuple[str, str], WanPath] = {}
+        for k in range(eff.stages):
+            r = k % sched_ranks
+            volume = 2 * (dp - 1) / dp * eff.stage_params[k] * dtype_bytes * workload.scale
+            ring = [placement.dc_of(d, r) for d in range(dp)]
+            for i in range(dp):
+                a, z = ring[i], ring[(i + 1) % dp]
+                if a == z:
+                    continue
+                if (a, z) not in routes:
+                    routes[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+                for res in routes[(a, z)].resources:
+                    wan[res] = wan.get(res, 0.0) + volume
+    return ar, wan
+
+
+def _stub_spec(sched: Schedule, pipelines: int, fwd: list[float], bwd: list[float], nbytes: float,
+               netw: _Net) -> SimSpec:
+    """A spec with the WAN paths of one pipeline per row: enough for the planner's
+    `stagger_candidates` (which looks at one transfer alone on a link and the stage times)."""
+    resources: dict[str, Resource] = {}
+    paths: dict[tuple[int, int, str], Path] = {}
+    for (row, ch), (chan, wp) in netw.wan_channels.items():
+        b, direction = divmod(ch, 2)
+        resources[f"{chan}:{row}"] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+        for k in netw.exclusive[row][ch].links:
+            resources[netw.links[k]] = Resource(netw.capacity[k])
+        paths[(row, b, "fwd" if direction == 0 else "bwd")] = Path((f"{chan}:{row}", *wp.resources), wp.latency_s)
+    nb = [nbytes] * max(sched.stages - 1, 0)
+    return SimSpec(sched, pipelines, list(fwd), list(bwd), nb, list(nb), paths, resources)
+
+
+def _plan(result: EngineResult, compiled: Compiled, netw: _Net, offsets: list[float], stagger: float,
+          tried: list[tuple[float, float]]) -> TemporalPlan:
+    """The token order and slots of the kept stride, as the planner's TemporalPlan."""
+    order: dict[str, list[tuple[float, TransferKey]]] = {}
+    slots: dict[TransferKey, tuple[float, float]] = {}
+    resources_of: dict[TransferKey, tuple[str, ...]] = {}
+    for d, x, s, e in result.wan:
+        b, mb, direction = compiled.channel_of(x)
+        key = TransferKey(d, b, mb, "fwd" if direction == 0 else "bwd")
+        ch = b * 2 + direction
+        names = tuple(netw.links[k] for k in netw.exclusive[netw.row_of[d]][ch].links)
+        slots[key] = (s, e)
+        resources_of[key] = names
+        for name in names:
+            order.setdefault(name, []).append((s, key))
+    ordered = {name: [k for _, k in sorted(v)] for name, v in sorted(order.items())}
+    return TemporalPlan(list(offsets), ordered, slots, resources_of, stagger, result.makespan, list(tried))
+
+
+def fast_predict(
+    topology: Topology,
+    workload: Workload,
+    variant: Variant,
+    *,
+    free: dict[str, int] | None = None,
+    gpus_per_host: int = 1,
+    net: NetParams | None = None,
+    base_dir: str | None = None,
+    placement: Placement | None = None,
+    effective: EffectiveWorkload | None = None,
+    keep_plan: bool = False,
+) -> FastPrediction:
+    """The planner's prediction of `workload` on `topology` under `variant`, computed
+    the fast way (see the module docstring); `keep_plan` also builds Atlas's token
+    order (as `TemporalPlan`, for display)."""
+    net = net or NetParams()
+    par = workload.parallelism
+    eff = effective or workload.effective(base_dir)
+    free = free if free is not None else free_gpus(topology, gpus_per_host)
+    if placement is None:
+        hosts = {dc.name: list(dc.hosts) for dc in topology.dcs if dc.hosts}
+        placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement, hosts=hosts or None,
+                          gpus_per_host=gpus_per_host)
+    sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
+    compiled = Compiled.of(sched)
+    fwd, bwd = list(eff.stage_forward_s), list(eff.stage_backward_s)
+    nbytes = float(eff.wire_activation_bytes)
+    netw = _network(topology, sched, placement, variant, net, nbytes * 8)
+    D = par.dp
+    counts = [netw.row_of.count(i) for i in range(len(netw.rows))]
+    wan_rows = sorted({row for row, _ in netw.wan_channels})
+
+    # ---- shared links: one pipeline per placement row, in lockstep with its twins
+    def shared_run() -> tuple[float, list[tuple[EngineResult, int]], str]:
+        if len(wan_rows) > 1:  # rows that meet on links do not move in lockstep: the exact model
+            whole = _from_sim(simulate(_full_spec(topology, workload, placement, variant, eff, net)),
+                              compiled, fwd, bwd)
+            return whole.makespan, [(whole, 1)], "exact"
+        out, method = [], "fast"
+        for i in range(len(netw.rows)):
+            res = run(compiled, fwd, bwd, [netw.shared[i]], [0], record_wan=True)
+            if res.wan and overlaps(res, compiled, [netw.shared[i]], [0]):
+                res, method = _reduced_exact(compiled, fwd, bwd, nbytes, netw, i, counts[i]), "fast+exact-pipeline"
+            out.append((res, counts[i]))
+        return max(r.makespan for r, _ in out), out, method
+
+    # ---- temporal: every pipeline, links held alone, the planner's strides
+    def temporal_run() -> tuple[float, EngineResult, float, list[tuple[float, float | None]], list[float]]:
+        stub = _stub_spec(sched, D, fwd, bwd, nbytes, netw)
+        candidates = stagger_candidates(stub, set(netw.links))
+        last_row = netw.row_of[-1]
+        alone = run(compiled, fwd, bwd, [netw.exclusive[last_row]], [0], links=len(netw.links),
+                    exclusive_links=True).makespan
+        best: tuple[float, float, EngineResult] | None = None
+        tried: list[tuple[float, float | None]] = []
+        for delta in candidates:
+            if best is not None and (D - 1) * delta + alone >= best[1] * (1 - PLAN_TIE):
+                tried.append((delta, None))
+                continue
+            offsets = [d * delta for d in range(D)]
+            res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
+                      exclusive_links=True, record_wan=keep_plan)
+            tried.append((delta, res.makespan))
+            if best is None or res.makespan < best[1] * (1 - PLAN_TIE):
+                best = (delta, res.makespan, res)
+        assert best is not None  # stagger_candidates always has 0
+        return best[1], best[2], best[0], tried, [d * best[0] for d in range(D)]
+
+    method = "fast"
+    alternatives = None
+    stagger = None
+    staggers: list[tuple[float, float | None]] = []
+    plan = None
+    offsets = None
+    if variant.sharing != "shared" and netw.links:
+        t_makespan, t_res, delta, staggers, offs = temporal_run()
+        chosen = "temporal"
+        if variant.sharing == "auto":
+            s_makespan, s_runs, s_method = shared_run()
+            alternatives = {"temporal": t_makespan, "shared": s_makespan}
+            chosen = choose_sharing(t_makespan, s_makespan)
+        if chosen == "temporal":
+            makespan, runs, stagger, offsets = t_makespan, [(t_res, 1)], delta, offs
+            if keep_plan:
+                plan = _plan(t_res, compiled, netw, offs, delta, [(s, t) for s, t in staggers if t is not None])
+        else:
+            makespan, runs, method = s_makespan, s_runs, s_method
+    else:
+        makespan, runs, method = shared_run()
+
+    last_b: dict[int, float] = {}
+    for res, _ in runs:
+        for k, t in _last_backward(res, compiled).items():
+            last_b[k] = max(last_b.get(k, -math.inf), t)
+    ar, ar_wan = _allreduce(topology, workload, placement, eff, makespan, last_b, variant, net)
+    gaps = [_gaps(res, makespan, w) for res, w in runs]
+    all_gaps = Gaps(np.concatenate([g.seconds for g in gaps]), np.concatenate([g.weight for g in gaps]))
+    busy_rank = runs[0][0].durations.sum(axis=1)
+    busy = float(busy_rank.mean())
+    free_net = [[Route(0.0, 0.0)] * compiled.channels]
+    compute_only = run(compiled, fwd, bwd, free_net, [0]).makespan
+    wan_bytes: dict[str, float] = {}
+    for (row, ch), _ in netw.wan_channels.items():
+        for k in netw.shared[row][ch].links:
+            name = netw.links[k]
+            wan_bytes[name] = wan_bytes.get(name, 0.0) + nbytes * sched.microbatches * counts[row]
+    return FastPrediction(
+        variant=variant, placement=placement,
+        iteration_time_s=makespan + (ar if net.allreduce else 0.0),
+        pipeline_time_s=makespan, allreduce_s=ar, compute_only_s=compute_only,
+        bubble_fraction=1 - busy / makespan if makespan > 0 else 0.0,
+        ideal_bubble_fraction=sched.ideal_bubble_fraction(),
+        paths=netw.paths, wan_bytes=wan_bytes, allreduce_wan_bytes=ar_wan,
+        devices=D * sched.ranks, busy_s=busy, gaps=all_gaps, method=method,
+        sharing_alternatives=alternatives, stagger_s=stagger, staggers=staggers, plan=plan, offsets=offsets,
+    )
+
+
+def _full_spec(topology: Topology, workload: Workload, placement: Placement, variant: Variant,
+               eff: EffectiveWorkload, net: NetParams) -> SimSpec:
+    from testbed_core.planning.prediction import build_spec
+
+    return build_spec(topology, workload, placement, variant, eff, net)[0]

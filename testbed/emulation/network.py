@@ -18,12 +18,14 @@ started and deletes the record, and `testbed clean` finishes the job after SIGKI
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import shlex
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -184,6 +186,20 @@ class Emulation:
             self._restore_signals(old)
             self._restore_signal_handlers()
             self.teardown_s = time.perf_counter() - t0
+
+    def temp_dir(self, purpose: str) -> Path:
+        """A new private folder in the system's temporary directory, named
+        ``<prefix>-<purpose>-<random>`` and recorded before it is created, so that the
+        teardown, or `testbed clean` after a crash, removes it with what is in it
+        (e.g. the runner's control sockets)."""
+        if self.record is None or not self._started:
+            raise EmulationError("the emulation is not running: use `with Emulation(...) as emu:`")
+        if not purpose.replace("-", "").isalnum():
+            raise ValueError(f"temp_dir purpose {purpose!r}: letters, digits and '-' only")
+        path = Path(tempfile.gettempdir()).resolve() / f"{self.prefix}-{purpose}-{secrets.token_hex(4)}"
+        self.record.add_path(path)
+        path.mkdir(mode=0o700)
+        return path
 
     # -- accessors
 

@@ -2,8 +2,9 @@
 
 Before a run creates anything it claims `/run/testbed/<prefix>.json` (directory mode
 0700) and then appends every object as it creates it: node shell PIDs, spawned
-processes (relays, iperf3 servers, user commands), and changed sysctls with their
-old values. A record can also list interfaces and named namespaces in the root
+processes (relays, iperf3 servers, user commands), changed sysctls with their
+old values, and the temporary folders and sockets it made (named with the prefix,
+recorded before they are created). A record can also list interfaces and named namespaces in the root
 namespace; no run creates any today, but `clean` removes those a record lists. A normal teardown removes everything and deletes the record; a
 run killed with SIGKILL leaves the record behind for `testbed clean`.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import threading
 import time
@@ -133,6 +135,7 @@ class RunRecord:
     interfaces: list[str] = field(default_factory=list)
     netns: list[str] = field(default_factory=list)
     sysctls: list[SysctlChange] = field(default_factory=list)
+    paths: list[str] = field(default_factory=list)  # temporary folders and sockets (absolute)
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -177,6 +180,7 @@ class RunRecord:
                 interfaces=list(data.get("interfaces", [])),
                 netns=list(data.get("netns", [])),
                 sysctls=[SysctlChange(**s) for s in data.get("sysctls", [])],
+                paths=[str(p) for p in data.get("paths", [])],
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RecordError(f"{path}: unreadable run record ({exc})") from None
@@ -196,6 +200,7 @@ class RunRecord:
             "interfaces": self.interfaces,
             "netns": self.netns,
             "sysctls": [asdict(s) for s in self.sysctls],
+            "paths": self.paths,
         }
         return json.dumps(data, indent=1)
 
@@ -243,6 +248,17 @@ class RunRecord:
             return
         with self._lock:
             self.processes = [e for e in self.processes if e.pid not in gone]
+            self.save()
+
+    def add_path(self, path: str | Path) -> None:
+        """Record a temporary folder or socket before it is created: an absolute path
+        whose name starts with the run prefix (what `clean` verifies before removing)."""
+        path = Path(path)
+        if not path.is_absolute():
+            raise RecordError(f"temporary path {str(path)!r} must be absolute")
+        self._own(path.name, "temporary path")
+        with self._lock:
+            self.paths.append(str(path))
             self.save()
 
     def add_sysctl(self, key: str, old: str, new: str) -> None:
@@ -370,6 +386,10 @@ def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tupl
     for name in record.netns:
         if name.startswith(record.prefix):
             actions.append(Action("del-netns", name))
+    for raw in record.paths:
+        path = Path(raw)
+        if path.is_absolute() and path.name.startswith(record.prefix) and os.path.lexists(path):
+            actions.append(Action("remove-path", str(path), "folder" if path.is_dir() else "file"))
     for change in record.sysctls:
         users = [o.prefix for o in others if o.prefix != record.prefix
                  and any(c.key == change.key for c in o.sysctls) and alive(o.owner, procfs)]
@@ -450,6 +470,12 @@ def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
 
                 if action.target in netns.listnetns():
                     netns.remove(action.target)
+            elif action.kind == "remove-path":
+                path = Path(action.target)
+                if path.is_dir() and not path.is_symlink():
+                    shutil.rmtree(path)
+                elif os.path.lexists(path):
+                    path.unlink()
             elif action.kind == "restore-sysctl":
                 path = _sysctl_path(action.target)
                 new, old = action.detail.split(" -> ", 1)

@@ -12,8 +12,10 @@ from __future__ import annotations
 import contextlib
 import os
 import subprocess
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 from testbed.progress import Progress
@@ -47,6 +49,11 @@ class Network(Protocol):
 
     def host(self, name: str) -> Host: ...
 
+    def temp_dir(self, purpose: str) -> Path:
+        """A new private temporary folder for this run (removed by the caller; under
+        emulation also by the teardown, or by `testbed clean` after a crash)."""
+        ...
+
     def delay_line_stats(self) -> dict[str, dict[str, Any]]: ...
 
 
@@ -62,6 +69,9 @@ class LocalNetwork:
                 if f"{dc.name}-{h}" == name:
                     return LocalHost(name, dc.name)
         raise RunnerError(f"no host {name!r} in topology {self.topology.name}")
+
+    def temp_dir(self, purpose: str) -> Path:
+        return Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
 
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return {}
@@ -81,6 +91,9 @@ class EmulatedNetwork:
             return self.emu.node(name)
         except KeyError:
             raise RunnerError(f"no host {name!r} in the emulation of {self.emu.topology.name}") from None
+
+    def temp_dir(self, purpose: str) -> Path:
+        return self.emu.temp_dir(purpose)
 
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return self.emu.delay_line_stats()

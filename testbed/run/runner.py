@@ -45,7 +45,6 @@ import json
 import os
 import secrets
 import shutil
-import tempfile
 import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -117,7 +116,6 @@ def run_scenario(
     eff = workload.effective(base_dir)
     progress.set_total(1 + len(names))
     secret = secrets.token_hex(16)
-    ctl_dir = Path(tempfile.mkdtemp(prefix="tbrun-"))
     summary = Summary(
         scenario=scenario.name, topology=scenario.topology.name, workload=workload.name, delay_backend=None,
         scale=workload.scale,
@@ -132,9 +130,10 @@ def run_scenario(
     )
     try:
         with contextlib.ExitStack() as stack:
-            stack.callback(shutil.rmtree, ctl_dir, True)
             with progress.step("setup"):
                 net = stack.enter_context(open_network(scenario, progress))
+                ctl_dir = net.temp_dir("ctl")  # the control sockets; removed with the network, or by clean
+                stack.callback(shutil.rmtree, ctl_dir, True)
                 summary.delay_backend = net.delay_backend
                 cal, auto = calibrate_wan(scenario, runs, net, out, secret, eff, progress)
                 setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local)

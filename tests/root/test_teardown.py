@@ -1,16 +1,19 @@
-"""Nothing of the toolkit remains (process, namespace, interface, record) after
-(a) a normal run of `testbed topo up`, (b) Ctrl-C in the middle of `testbed topo
-check`, (c) SIGKILL of the toolkit followed by `testbed clean`."""
+"""Nothing of the toolkit remains (process, namespace, interface, record, temporary
+folder or socket) after (a) a normal run of `testbed topo up`, (b) Ctrl-C in the
+middle of `testbed topo check`, (c) SIGKILL of the toolkit followed by `testbed clean`,
+(d) SIGKILL of `testbed run` at random moments followed by `testbed clean`."""
 
 from __future__ import annotations
 
 import json
 import os
+import random
 import re
 import select
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -40,6 +43,8 @@ def leftovers(prefix: str, netns: set[int]) -> list[str]:
         found += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(prefix)]
     if (RECORD_DIR / f"{prefix}.json").exists():
         found.append(f"record {RECORD_DIR / f'{prefix}.json'}")
+    tmp = Path(tempfile.gettempdir())
+    found += [f"temporary {p}" for p in tmp.iterdir() if p.name.startswith(f"{prefix}-")]
     return found
 
 
@@ -132,6 +137,10 @@ emu = Emulation.from_file(sys.argv[1])
 emu.start()
 emu.host("dc2", 0).popen(["sleep", "300"])
 emu.host("dc1", 1).popen(["python3", "-c", "import time; time.sleep(300)"])
+import socket
+ctl = emu.temp_dir("ctl")
+sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+sock.bind(str(ctl / "runner.sock"))
 print("READY", emu.prefix, flush=True)
 time.sleep(300)
 """
@@ -154,6 +163,7 @@ def test_c_sigkill_then_testbed_clean_leaves_nothing():
     print("\nleft behind by SIGKILL:", left)
     assert any("sleep 300" in item for item in left), "the spawned processes survive SIGKILL"
     assert not any("testbed.emulation.delayline" in item for item in left), "relays die with their parent"
+    assert any(item.startswith("temporary ") for item in left), "the run's temporary folder survives SIGKILL"
     dry = subprocess.run([*TESTBED, "clean", "--dry-run"], capture_output=True, text=True, cwd=REPO, timeout=60)
     assert dry.returncode == 0 and "would kill" in dry.stdout
     assert leftovers(prefix, netns) == left
@@ -162,3 +172,34 @@ def test_c_sigkill_then_testbed_clean_leaves_nothing():
     assert done.returncode == 0, done.stderr
     assert "did remove-record" in done.stdout and "did kill" in done.stdout
     assert wait_gone(prefix, netns) == []
+    assert "did remove-path" in done.stdout
+
+
+def test_d_testbed_run_killed_at_random_moments_then_clean_leaves_nothing():
+    """`testbed run` of the quickstart (its workers, agents, decode servers, relays,
+    control sockets) killed with SIGKILL at a random moment of its setup or training
+    (seeded: the moments are printed), then `testbed clean`: nothing of it is left."""
+    rng = random.Random(int(os.environ.get("TESTBED_KILL_SEED", "11")))
+    scenario = str(REPO / "scenarios" / "quickstart.yaml")
+    for _ in range(2):
+        out_dir = Path(tempfile.mkdtemp(prefix="tbtest-kill-"))
+        proc = subprocess.Popen([*TESTBED, "run", scenario, "-o", str(out_dir), "--variants", "atlas+bubbletea"],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        try:
+            prefix, _ = read_until(proc, r"run (tb[0-9a-f]{3}):", 60)
+            netns = record_netns(prefix)
+            moment = rng.uniform(1.0, 25.0)
+            print(f"\nrun {prefix}: SIGKILL after {moment:.1f} s")
+            time.sleep(moment)
+            proc.kill()
+            proc.wait(timeout=10)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        time.sleep(1.0)
+        print("left behind:", leftovers(prefix, netns))
+        done = subprocess.run([*TESTBED, "clean"], capture_output=True, text=True, cwd=REPO, timeout=120)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert wait_gone(prefix, netns, timeout=10) == [], done.stdout
+        subprocess.run(["rm", "-rf", str(out_dir)], check=False)

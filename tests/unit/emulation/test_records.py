@@ -202,3 +202,35 @@ def test_shared_sysctl_is_kept_for_a_live_run_and_restored_by_the_last(tmp_path,
     assert shared_sysctl_origin(key, first, procfs) is None
     actions = plan_clean(second, procfs, [first, second])
     assert [a.detail for a in actions if a.kind == "restore-sysctl"] == ["reno bbr cubic -> reno bbr"]
+
+
+def test_temporary_paths_are_recorded_checked_and_removed_by_clean(tmp_path, proc):
+    """A crashed run's temporary folder (with a socket in it) and file are removed by
+    clean; a path without the run prefix, or relative, is refused when recorded."""
+    import socket
+
+    root, procfs = proc
+    rec = make_record(tmp_path, procfs, "tbabc")
+    rec.owner.pid, rec.owner.start = 100, 10  # the run is gone
+    with pytest.raises(RecordError, match=r"temporary path 'ctl' must be absolute"):
+        rec.add_path("ctl")
+    with pytest.raises(RecordError, match=r"temporary path 'other-ctl' does not carry the run prefix tbabc"):
+        rec.add_path(tmp_path / "other-ctl")
+    folder, file, never = tmp_path / "tbabc-ctl-1234", tmp_path / "tbabc-x.json", tmp_path / "tbabc-never"
+    for p in (folder, file, never):
+        rec.add_path(p)
+    folder.mkdir()
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+        s.bind(str(folder / "baseline.sock"))
+    file.write_text("{}")
+    assert RunRecord.load(rec.path).paths == [str(folder), str(file), str(never)]
+    bystander = tmp_path / "tbabd-ctl"  # another run's: not listed, not touched
+    bystander.mkdir()
+    dry = clean(tmp_path / "records", dry_run=True, procfs=procfs)
+    assert [(a.kind, a.target) for a in dry.actions] == [
+        ("remove-path", str(folder)), ("remove-path", str(file)), ("remove-record", str(rec.path))]
+    assert folder.exists()
+    done = clean(tmp_path / "records", procfs=procfs)
+    assert done.failures == []
+    assert not folder.exists() and not file.exists() and not rec.path.exists()
+    assert bystander.exists()

@@ -18,7 +18,8 @@ with the same margin, and the DP all-reduce added by the planner's own
 * temporal sharing: every pipeline runs, but no fluid model is solved (a link held
   alone moves a transfer at its full rate), and a stride is skipped when it cannot
   win: the last pipeline starts ``(D - 1) x stride`` late and cannot finish before its
-  own run alone, so once that bound passes the best time found, larger strides stop;
+  own run alone (sound when a pipeline has one channel per link direction, so that
+  the others can only delay its transfers, not reorder them; otherwise none is skipped);
 * the bubble fraction, WAN bytes and device busy time are closed forms (compute
   seconds per device do not depend on the timing; bytes are counts x size).
 
@@ -391,10 +392,16 @@ def fast_predict(
         last_row = netw.row_of[-1]
         alone = run(compiled, fwd, bwd, [netw.exclusive[last_row]], [0], links=len(netw.links),
                     exclusive_links=True).makespan
+        # The skip bound holds when a pipeline has at most one channel on each link
+        # direction: its own transfers there then keep their order, and the others only
+        # delay them. Otherwise (an order among its own transfers could change) every
+        # stride runs.
+        users = [(row, k) for (row, ch) in netw.wan_channels for k in netw.exclusive[row][ch].links]
+        may_skip = len(users) == len(set(users))
         best: tuple[float, float, EngineResult] | None = None
         tried: list[tuple[float, float | None]] = []
         for delta in candidates:
-            if best is not None and (D - 1) * delta + alone >= best[1] * (1 - PLAN_TIE):
+            if may_skip and best is not None and (D - 1) * delta + alone >= best[1] * (1 - PLAN_TIE):
                 tried.append((delta, None))
                 continue
             offsets = [d * delta for d in range(D)]

@@ -25,6 +25,10 @@ def test_8192_gpus_over_5_dcs_every_variant_in_seconds() -> None:
     par = wl.parallelism
     assert (par.dp, par.pp, par.tp, par.num_micro_batches, par.schedule) == (64, 16, 8, 64, "1f1b")
     assert sum(dc.gpu_count() for dc in topo.dcs) == 8192 and len(topo.dcs) == 5
+    # the first use on a machine compiles the engine's loop (numba, ~6 s of CPU, cached
+    # in __pycache__ afterwards): done here first so the timing is the prediction's
+    small = load_workload(ROOT / "scenarios/workloads/gpt-1.3b.yaml")
+    fast_predict(load_topology(ROOT / "topologies/2dc.yaml"), small, default_variants(8)["atlas"])
     cpu0, wall0 = time.process_time(), time.perf_counter()
     out = {name: fast_predict(topo, wl, v) for name, v in default_variants(8).items()}
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0

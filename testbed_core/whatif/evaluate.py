@@ -1,0 +1,117 @@
+"""One what-if: every variant of a workload on a topology, with BubbleTea's prefill capacity.
+
+`evaluate` runs the fast predictor (testbed_core/whatif/predict.py) per variant,
+applies a run's measured efficiencies when given (testbed_core/whatif/calibration.py),
+and turns each variant's bubbles into prefill capacity (testbed_core/whatif/prefill.py).
+Each variant's result is an `Outcome`: the row of the what-if's table, CSV and JSON.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict
+
+from testbed_core.planning.network import NetParams
+from testbed_core.planning.placement import PlacementError
+from testbed_core.planning.prediction import Variant
+from testbed_core.topology import Topology
+from testbed_core.variants import parse_variants
+from testbed_core.whatif.calibration import Efficiencies
+from testbed_core.whatif.grid import Prefill
+from testbed_core.whatif.predict import FastPrediction, fast_predict
+from testbed_core.whatif.prefill import prefill_capacity
+from testbed_core.workload import Workload
+
+
+class Outcome(BaseModel):
+    """One variant's predicted iteration (None where it could not be placed: `error` says why)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    variant: str
+    feasible: bool
+    error: str | None = None
+    placement: str | None = None
+    sharing: str | None = None
+    method: str | None = None
+    iteration_s: float | None = None
+    pipeline_s: float | None = None
+    allreduce_s: float | None = None
+    overhead_s: float | None = None
+    compute_only_s: float | None = None
+    utilization: float | None = None
+    bubble_fraction: float | None = None
+    wan_bytes: float | None = None
+    allreduce_wan_bytes: float | None = None
+    prefill_tokens_per_s: float | None = None
+    utilization_with_bubbletea: float | None = None
+    devices: int | None = None
+    predict_s: float | None = None
+
+
+def evaluate(
+    topology: Topology,
+    workload: Workload,
+    names: list[str],
+    *,
+    streams: int | str = 8,
+    baseline_placement: str = "even",
+    net: NetParams | None = None,
+    calibration: Efficiencies | None = None,
+    prefill: Prefill | None = None,
+    free: dict[str, int] | None = None,
+    base_dir: str | Path | None = None,
+    keep: dict[str, FastPrediction] | None = None,
+) -> list[Outcome]:
+    """Every variant of `names` predicted on `topology` (with `calibration` applied);
+    `keep`, when given, receives each variant's full prediction."""
+    net = net or NetParams()
+    prefill = prefill or Prefill()
+    if calibration is not None:
+        topology, net = calibration.apply(topology, net)
+    eff = workload.effective(base_dir)
+    cm = workload.compute_model(base_dir)
+    spec = workload.model_spec()
+    scale = calibration.compute_scale if calibration is not None else 1.0
+    overhead = calibration.overhead_s if calibration is not None else 0.0
+    if calibration is not None:
+        eff = calibration.apply_compute(eff)
+
+    def cost(tokens: int) -> float:
+        return cm.prefill_seconds(spec, tokens) * scale
+
+    out = []
+    for definition in parse_variants(names):
+        variant = Variant.of(definition, streams, baseline_placement)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        try:
+            p = fast_predict(topology, workload, variant, free=free, net=net, effective=eff)
+        except PlacementError as exc:
+            out.append(Outcome(variant=definition.name, feasible=False, error=str(exc)))
+            continue
+        iteration = p.iteration_time_s + overhead
+        cap = prefill_capacity(p.gaps, iteration, p.devices, p.busy_s, cost, chunk_tokens=prefill.chunk_tokens,
+                               min_tokens=min(prefill.min_tokens, prefill.chunk_tokens), guard=prefill.guard)
+        out.append(Outcome(
+            variant=definition.name, feasible=True, placement=p.placement.strategy, sharing=p.sharing,
+            method=p.method, iteration_s=iteration, pipeline_s=p.pipeline_time_s, allreduce_s=p.allreduce_s,
+            overhead_s=overhead, compute_only_s=p.compute_only_s, utilization=p.busy_s / iteration,
+            bubble_fraction=p.bubble_fraction, wan_bytes=sum(p.wan_bytes.values()),
+            allreduce_wan_bytes=sum(p.allreduce_wan_bytes.values()), prefill_tokens_per_s=cap.tokens_per_s,
+            utilization_with_bubbletea=cap.utilization_with_prefill, devices=p.devices,
+            predict_s=time.perf_counter() - t0,
+        ))
+        if keep is not None:
+            keep[definition.name] = p
+    return out
+
+
+def outcome_fields() -> list[str]:
+    return list(Outcome.model_fields)
+
+
+def as_row(outcome: Outcome, **extra: Any) -> dict[str, Any]:
+    return {**extra, **outcome.model_dump()}

@@ -19,6 +19,7 @@ COMMANDS: dict[str, str] = {
     "clean": "testbed.commands.clean:clean",
     "bench": "testbed.commands.bench:bench",
     "plan": "testbed.commands.plan:plan",
+    "whatif": "testbed.commands.whatif:whatif",
     "run": "testbed.commands.run:run",
     "sweep": "testbed.commands.sweep:sweep",
     "report": "testbed.commands.report:report",

@@ -2,9 +2,11 @@
 
 Needs no network and no root: it reads a topology and a workload, places the
 pipeline stages (Atlas's DC-selection heuristic, and the placement of each compared
-variant), lists the WAN crossings and simulates one iteration per variant. The
-variants, their order and what the options apply to come from the registry
-(testbed_core/variants.py).
+variant), lists the WAN crossings and predicts one iteration per variant: with the
+fast predictor (testbed_core/whatif/predict.py, the same model, seconds at paper
+scale), or with `--exact` the event simulator it is checked against
+(testbed_core/planning/prediction.py). The variants, their order and what the options
+apply to come from the registry (testbed_core/variants.py).
 """
 
 from __future__ import annotations
@@ -110,10 +112,13 @@ def _stage_ranges(stages: list[int]) -> str:
 @click.option("--flow-rate", default=None, metavar="RATE",
               help="Measured single-flow rate (e.g. 107Mbit) instead of the window model.")
 @click.option("--no-allreduce", is_flag=True, help="Leave the DP gradient all-reduce out of the iteration time.")
+@click.option("--exact", is_flag=True,
+              help="Simulate with the exact event simulator (the reference; minutes to hours beyond a few "
+                   "hundred GPUs) instead of the fast predictor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_per_host: int, variants: str,
          streams: str, baseline_placement: str, rmem_fraction: float, flow_rate: str | None,
-         no_allreduce: bool, as_json: bool) -> None:
+         no_allreduce: bool, exact: bool, as_json: bool) -> None:
     """Place the workload's pipeline stages on the topology's DCs and predict the
     iteration time of each variant (no emulation is started)."""
     from testbed_core.configfile import ConfigError
@@ -121,6 +126,7 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
     from testbed_core.planning.placement import PlacementError, free_gpus
     from testbed_core.planning.prediction import Variant, predict
     from testbed_core.topology import TopologyError, load_topology
+    from testbed_core.whatif.predict import fast_predict
     from testbed_core.workload import load_workload
 
     names = [v.strip() for v in variants.split(",") if v.strip()]
@@ -151,10 +157,14 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
     n_streams = _streams(streams)
     results: dict[str, Any] = {}
     for definition in chosen:
+        variant = Variant.of(definition, n_streams, baseline_placement)
         try:
-            results[definition.name] = predict(
-                topo, wl, Variant.of(definition, n_streams, baseline_placement), free=free,
-                gpus_per_host=gpus_per_host, net=net, base_dir=str(workload_path.parent))
+            if exact:
+                results[definition.name] = predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host,
+                                                   net=net, base_dir=str(workload_path.parent), effective=eff)
+            else:
+                results[definition.name] = fast_predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host,
+                                                        net=net, effective=eff, keep_plan=True)
         except PlacementError as exc:
             results[definition.name] = exc
     if all(isinstance(r, Exception) for r in results.values()):
@@ -165,6 +175,7 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
         doc = {
             "topology": topo.name,
             "workload": wl.name,
+            "predictor": "exact" if exact else "fast",
             "scale": wl.scale,
             "scale_note": eff.scale_note(wan_rate),
             "free_gpus": free,
@@ -177,6 +188,8 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
         click.echo(json.dumps(doc, indent=2))
         return
     _print_text(topo, wl, eff, free, results, net, wan_rate)
+    click.echo("  predicted by " + ("the exact event simulator (--exact)" if exact else
+                                    "the fast predictor (the same model; --exact for the event simulator)"))
     for name, res in results.items():  # Atlas's own placement is the point of the plan: it must fit
         if isinstance(res, Exception) and REGISTRY[name].placement == "atlas":
             raise click.ClickException(f"{name} placement: {res}")
@@ -216,7 +229,8 @@ def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
             for dc in dict.fromkeys(pl.stage_dc[d]):
                 hosts = sorted({h for (pd, s), hs in pl.hosts.items() for h in hs
                                 if pl.stage_dc[pd][s] == dc and (pl.strategy != "dp-across" or pd == d)})
-                echo(f"{prefix}{dc}: stages {_stage_ranges(pl.stages_in(dc, d))}  hosts {' '.join(hosts)}")
+                where = f"hosts {' '.join(hosts)}" if hosts else f"{len(pl.stages_in(dc, d)) * pl.tp * (1 if pl.strategy == 'dp-across' else pl.dp)} GPUs"
+                echo(f"{prefix}{dc}: stages {_stage_ranges(pl.stages_in(dc, d))}  {where}")
         crossings = pl.crossings(topo)
         if not crossings:
             echo("  WAN crossings: none (pipeline boundaries stay inside DCs)")
@@ -224,7 +238,7 @@ def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
             delay = topo.path_delay(c.src, c.dst)
             via = f" via {'-'.join(c.path)}" if len(c.path) > 2 else ""
             echo(f"  WAN crossing: boundary {c.boundary}|{c.boundary + 1} {c.src} -> {c.dst}{via}, "
-                 f"{delay * 1e3:.1f} ms one way, pipelines {','.join(map(str, c.pipelines))}")
+                 f"{delay * 1e3:.1f} ms one way, pipelines {_stage_ranges(list(c.pipelines))}")
     echo("Predicted iteration time" + ("" if net.allreduce else " (DP all-reduce excluded)") + ":")
     echo(f"  {'variant':<13}{'placement':<11}{'streams':>8}{'per flow':>13}{'per transfer':>14}"
          f"{'iteration':>11}{'pipeline':>10}{'allreduce':>11}{'bubble':>8}")

@@ -258,7 +258,8 @@ def _plot(records: list[dict], grid, path: Path) -> None:
         ax.set_xlabel("GPUs")
         ax.set_ylabel("GPU utilization (compute / iteration)")
         ax.set_title(f"Utilization, with and without BubbleTea: {bw:g} Gbit/s")
-        ax.legend(fontsize=7, loc="center left")
+        if ax.get_legend_handles_labels()[0]:
+            ax.legend(fontsize=7, loc="center left")
     fig.suptitle(f"what-if {grid.name}: pp={grid.pp} tp={grid.tp}, dp = GPUs / {grid.pp * grid.tp}; "
                  f"DCs in a chain, every WAN link {rtt:g} ms RTT (all points: results.csv)")
     fig.tight_layout()

@@ -1,0 +1,227 @@
+"""`testbed whatif` (one topology and grid mode), the grid file, BubbleTea's prefill
+capacity, the calibration from a run folder, DCs given as GPU counts, and every error
+a user can reach there, checked by its message."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+from click.testing import CliRunner
+
+from testbed.commands.whatif import whatif
+from testbed_core.contracts.calibration import Calibration
+from testbed_core.topology import TopologyError, parse_topology
+from testbed_core.whatif.calibration import CalibrationError, load_efficiencies
+from testbed_core.whatif.grid import GridError, load_grid, point_setup, points
+from testbed_core.whatif.predict import Gaps
+from testbed_core.whatif.prefill import prefill_capacity
+
+ROOT = Path(__file__).resolve().parents[3]
+sys.path.insert(0, str(ROOT / "tests/unit/front"))
+import summary_builders as builders  # noqa: E402  (the summaries the front's tests build through the contract)
+
+TOPO = str(ROOT / "topologies/2dc.yaml")
+WORKLOAD = str(ROOT / "scenarios/workloads/gpt-1.3b.yaml")
+
+
+def test_whatif_prints_every_variant() -> None:
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD])
+    assert res.exit_code == 0, res.output
+    for name in ("baseline", "multi-tcp", "atlas", "dp-across-dc"):
+        assert name in res.output
+    assert "prefill tok/s" in res.output and "predicted in" in res.output
+
+
+def test_whatif_json_has_the_figures_of_each_variant() -> None:
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--variants", "baseline,atlas",
+                                      "--json"])
+    assert res.exit_code == 0, res.output
+    doc = json.loads(res.output)
+    rows = {v["variant"]: v for v in doc["variants"]}
+    assert set(rows) == {"baseline", "atlas"}
+    for r in rows.values():
+        assert r["iteration_s"] > r["compute_only_s"] > 0
+        assert 0 < r["utilization"] < r["utilization_with_bubbletea"] <= 1
+        assert r["wan_bytes"] > 0 and r["prefill_tokens_per_s"] > 0
+    assert rows["atlas"]["iteration_s"] < rows["baseline"]["iteration_s"]
+
+
+@pytest.mark.parametrize("args, message", [
+    ([], "give --topology and --workload, or --grid"),
+    (["--grid", "g.yaml", "--topology", TOPO], "--grid takes its topologies and workload from the grid file"),
+    (["--topology", TOPO, "--workload", WORKLOAD, "--variants", "atlas,nope"], "unknown variant(s) nope"),
+    (["--topology", TOPO, "--workload", WORKLOAD, "--streams", "0"], "streams must be between 1 and 64"),
+    (["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc9=4"], "unknown DC 'dc9'"),
+    (["--topology", "nope.yaml", "--workload", WORKLOAD], "no such topology file"),
+])
+def test_whatif_usage_errors_say_what_to_do(args: list[str], message: str) -> None:
+    res = CliRunner().invoke(whatif, args)
+    assert res.exit_code != 0
+    assert message in res.output
+
+
+def test_whatif_all_variants_infeasible_says_why() -> None:
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc1=1,dc2=1"])
+    assert res.exit_code != 0
+    assert "no variant can be placed" in res.output and "infeasible" in res.output
+
+
+# ------------------------------------------------------------------ grid mode
+
+def _grid_file(tmp_path: Path, **over) -> Path:
+    data = {
+        "name": "tiny", "workload": str(ROOT / "scenarios/workloads/gpt-1.3b.yaml"), "pp": 4, "tp": 1,
+        "variants": ["baseline", "atlas", "dp-across-dc"],
+        "grid": {"gpus": [8, 16], "dcs": [2], "rtt": ["20ms"], "bandwidth": ["1Gbit", "10Gbit"]},
+    }
+    data.update(over)
+    path = tmp_path / "grid.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_grid_writes_csv_points_and_plot(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    res = CliRunner().invoke(whatif, ["--grid", str(_grid_file(tmp_path)), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert len(rows) == 2 * 1 * 1 * 2 * 3  # points x variants
+    atlas = [r for r in rows if r["variant"] == "atlas"]
+    assert all(r["feasible"] == "True" and float(r["speedup_vs_baseline"]) > 0 for r in atlas)
+    assert {int(r["dp"]) for r in rows} == {2, 4}
+    assert (out / "whatif.png").stat().st_size > 10_000
+    assert len(json.loads((out / "points.json").read_text())["points"]) == 4
+
+
+def test_grid_point_topology_splits_stages_largest_first() -> None:
+    grid, wl = load_grid(ROOT / "scenarios/whatif-scale.yaml")
+    assert min(grid.grid.gpus) == 64 and max(grid.grid.gpus) == 16384
+    assert min(grid.grid.dcs) == 2 and max(grid.grid.dcs) == 8
+    pt = next(p for p in points(grid) if p.gpus == 1024 and p.dcs == 3) if 3 in grid.grid.dcs else None
+    pt = pt or next(p for p in points(grid) if p.gpus == 1024 and p.dcs == 4)
+    topo, point_wl = point_setup(grid, wl, pt)
+    dp = 1024 // (grid.pp * grid.tp)
+    assert point_wl.parallelism.dp == dp
+    sizes = [dc.gpus for dc in topo.dcs]
+    assert sum(sizes) == 1024 and sizes == sorted(sizes, reverse=True)
+    assert all(link.rate == pt.bandwidth_bps and link.delay == pt.rtt_s / 2 for link in topo.wan)
+
+
+@pytest.mark.parametrize("over, message", [
+    ({"pp": 2, "grid": {"gpus": [8], "dcs": [3], "rtt": ["1ms"], "bandwidth": ["1Gbit"]}},
+     "more than pp=2 stages"),
+    ({"variants": ["atlas", "nope"]}, "unknown variant(s) nope"),
+    ({"grid": {"gpus": [8], "dcs": [2], "rtt": ["1ms"], "bandwidth": ["1Gbyte"]}}, "unknown rate unit"),
+    ({"workload": "missing.yaml"}, "no such workload file"),
+    ({"tp": 3}, "does not divide the model's 16 heads"),
+    ({"colour": "red"}, "colour"),
+])
+def test_grid_file_errors_name_the_field(tmp_path: Path, over: dict, message: str) -> None:
+    with pytest.raises(GridError, match="grid.yaml") as info:
+        load_grid(_grid_file(tmp_path, **over))
+    assert message in str(info.value)
+
+
+def test_grid_point_that_cannot_be_built_is_reported_per_variant(tmp_path: Path) -> None:
+    path = _grid_file(tmp_path, grid={"gpus": [6], "dcs": [2], "rtt": ["1ms"], "bandwidth": ["1Gbit"]})
+    out = tmp_path / "o"
+    res = CliRunner().invoke(whatif, ["--grid", str(path), "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    rows = list(csv.DictReader((out / "results.csv").open()))
+    assert rows and all("not a multiple of pp x tp = 4" in r["error"] for r in rows)
+
+
+# ------------------------------------------------------------------ prefill capacity
+
+def test_prefill_fills_whole_chunks_then_the_largest_that_fits() -> None:
+    def cost(tokens: int) -> float:  # 1 ms per 32 tokens
+        return tokens / 32 * 1e-3
+
+    # a 40 ms gap: with a 10% guard a 512-token chunk needs 17.6 ms -> 2 chunks (35.2 ms),
+    # then 4.8 ms left: 128 tokens need 4.4 ms, 160 need 5.5 ms -> 128
+    gaps = Gaps(np.array([0.040, 0.001]), np.array([3.0, 1.0]))
+    cap = prefill_capacity(gaps, iteration_s=0.1, devices=4, training_busy_s=0.05, cost=cost,
+                           chunk_tokens=512, min_tokens=32, guard=0.1)
+    assert cap.tokens_per_iteration == 3 * (2 * 512 + 128)
+    assert cap.tokens_per_s == pytest.approx(3 * 1152 / 0.1)
+    assert cap.busy_s_per_iteration == pytest.approx(3 * (2 * 0.016 + 0.004))
+    assert cap.utilization_with_prefill == pytest.approx((4 * 0.05 + 3 * 0.036) / 0.4)
+
+
+def test_prefill_refuses_impossible_chunks() -> None:
+    with pytest.raises(ValueError, match="min_tokens"):
+        prefill_capacity(Gaps(np.array([1.0]), np.array([1.0])), 1, 1, 0, lambda n: 1e-3, chunk_tokens=16,
+                         min_tokens=32)
+
+
+# ------------------------------------------------------------------ calibration
+
+def _run_folder(tmp_path: Path, *, calibrated: bool = True) -> Path:
+    """A run folder as `testbed run` leaves it, built through the contracts."""
+    folder = tmp_path / "run"
+    folder.mkdir()
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8_388_608, latency_s=0.025,
+                      rates_bps={1: 108e6, 8: 700e6}, concurrent=2, colliding_bps={8: 420e6})
+    summary = builders.summary({"atlas": builders.variant("atlas", 2.1)},
+                               calibration=cal.report() if calibrated else None)
+    (folder / "summary.json").write_text(summary.to_json())
+    scenario = yaml.safe_load((ROOT / "scenarios/atlas-2dc.yaml").read_text())
+    scenario["topology"] = yaml.safe_load((ROOT / "topologies/2dc.yaml").read_text())
+    scenario["workload"] = yaml.safe_load((ROOT / "scenarios/workloads/gpt-1.3b.yaml").read_text())
+    (folder / "scenario.resolved.yaml").write_text(yaml.safe_dump(scenario))
+    return folder
+
+
+def test_calibration_ratios_from_a_run_folder(tmp_path: Path) -> None:
+    eff = load_efficiencies(_run_folder(tmp_path))
+    # 2dc: 1 MB windows (rmem 1 MB x 0.5 advertised) over 50 ms RTT: 80 Mbit/s modelled, 108 measured
+    assert eff.flow_efficiency == pytest.approx(108e6 / (0.5e6 * 8 / 0.05))
+    assert eff.link_efficiency == pytest.approx(0.7)
+    assert eff.crowded_fraction == pytest.approx(0.6)
+    topo = parse_topology(yaml.safe_load((ROOT / "topologies/2dc.yaml").read_text()))
+    from testbed_core.planning.network import NetParams
+
+    calibrated, net = eff.apply(topo, NetParams())
+    assert calibrated.wan[0].rate == pytest.approx(0.7e9)
+    assert net.crowded_fraction == pytest.approx(0.6)
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--calibration",
+                                      str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    assert "calibrated by" in res.output and "link goodput x0.70" in res.output
+
+
+def test_calibration_errors_say_what_is_missing(tmp_path: Path) -> None:
+    with pytest.raises(CalibrationError, match="no summary.json"):
+        load_efficiencies(tmp_path)
+    folder = _run_folder(tmp_path, calibrated=False)
+    with pytest.raises(CalibrationError, match="has no WAN calibration"):
+        load_efficiencies(folder)
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--calibration", str(folder)])
+    assert res.exit_code != 0 and "--calibration:" in res.output
+
+
+# ------------------------------------------------------------------ DCs as GPU counts
+
+def test_dc_sizes_as_gpu_counts_and_the_emulation_refuses_them() -> None:
+    topo = parse_topology({"name": "big", "dcs": [{"name": "a", "gpus": 2048}, {"name": "b", "hosts": 2}],
+                           "wan": [{"between": ["a", "b"], "rate": "10Gbit", "delay": "10ms"}]})
+    assert [dc.gpu_count(4) for dc in topo.dcs] == [2048, 8]
+    with pytest.raises(TopologyError, match=r"a \(2048 GPUs\) are given as GPU counts.*Give each DC `hosts:`"):
+        topo.require_emulable()
+
+
+@pytest.mark.parametrize("dc, message", [
+    ({"name": "a", "gpus": 8, "hosts": 2}, "give either hosts"),
+    ({"name": "a"}, "give hosts (a count or names, to emulate it) or gpus"),
+    ({"name": "a", "gpus": 0}, "greater than or equal to 1"),
+])
+def test_dc_needs_hosts_or_gpus(dc: dict, message: str) -> None:
+    with pytest.raises(TopologyError) as info:
+        parse_topology({"name": "t", "dcs": [dc]})
+    assert message in str(info.value)

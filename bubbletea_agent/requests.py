@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import enum
+import io
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable
@@ -23,6 +24,11 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from testbed_core.configfile import MAX_TRACE_BYTES, ConfigError, read_text
+
+MAX_TRACE_REQUESTS = 1_000_000  # rows of a replayed trace
+MAX_TRACE_TOKENS = 2**24  # prompt or generated tokens of one request
 
 
 @dataclass(frozen=True)
@@ -171,7 +177,7 @@ class PoissonSource(_Sharded):
         ])
 
 
-class TraceError(ValueError):
+class TraceError(ConfigError):
     """A request trace that cannot be read; the message names the file and line."""
 
 
@@ -214,13 +220,20 @@ def _parse_time(text: str) -> float:
 
 
 def read_trace(cfg: TraceSource) -> list[Request]:
+    """The requests of a CSV trace. The file is read through the toolkit's one reading
+    path (testbed_core.configfile.read_text: a UTF-8 text file of at most
+    MAX_TRACE_BYTES) and may hold at most MAX_TRACE_REQUESTS rows."""
     path = cfg.path
+    text = read_text(path, "request trace", TraceError, max_bytes=MAX_TRACE_BYTES)
     try:
-        handle = path.open(newline="", encoding="utf-8")
-    except OSError as exc:
-        raise TraceError(f"request trace {path}: cannot open ({exc.strerror})") from None
+        return _read_rows(cfg, path, text)
+    except csv.Error as exc:
+        raise TraceError(f"{path}: not a CSV trace ({exc})") from None
+
+
+def _read_rows(cfg: TraceSource, path: Path, text: str) -> list[Request]:
     rows: list[tuple[float, int, int]] = []
-    with handle:
+    with io.StringIO(text, newline="") as handle:
         reader = csv.DictReader(handle)
         header = reader.fieldnames
         if not header:
@@ -237,6 +250,9 @@ def read_trace(cfg: TraceSource) -> list[Request]:
                                  "set timestamp_column / tokens_column to the trace's names")
         for row in reader:
             line = reader.line_num
+            if len(rows) >= MAX_TRACE_REQUESTS:
+                raise TraceError(f"{path}:{line}: more than {MAX_TRACE_REQUESTS} requests; replay a part of the "
+                                 "trace (cut the file)")
             if None in row or any(row.get(c) is None for c in wanted):
                 raise TraceError(f"{path}:{line}: expected {len(header)} fields ({', '.join(header)}), "
                                  f"got a row of a different length")
@@ -274,6 +290,8 @@ def _parse_count(text: str, path: Path, line: int, column: str) -> int:
         raise TraceError(f"{path}:{line}: {column} {text!r} is not a number") from None
     if not math.isfinite(value) or value < 0 or value != int(value):
         raise TraceError(f"{path}:{line}: {column} {text!r} is not a whole, non-negative token count")
+    if value > MAX_TRACE_TOKENS:
+        raise TraceError(f"{path}:{line}: {column} {text!r} is above {MAX_TRACE_TOKENS} tokens")
     return int(value)
 
 

@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from testbed.progress import Progress
 from testbed.provenance import collect_provenance, write_provenance
@@ -51,7 +51,7 @@ from testbed.run.scenario import (
     resolve_scenario,
     validate_scenario,
 )
-from testbed_core.configfile import format_validation_error, read_yaml_mapping
+from testbed_core.configfile import ConfigModel, format_validation_error, read_yaml_mapping
 from testbed_core.contracts.summary import Summary
 
 Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], Summary]
@@ -61,6 +61,8 @@ FILE_FIELDS = ("topology", "workload")  # parameters whose string values are fil
 POINT_FILE = "point.json"
 SWEEP_FILE = "sweep.json"
 RESOLVED_FILE = "scenario.resolved.yaml"
+MAX_POINTS = 10_000  # runs of one sweep (points x repeats), each a whole `testbed run`
+MAX_REPEAT = 1000
 
 
 class SweepError(ScenarioError):
@@ -70,14 +72,14 @@ class SweepError(ScenarioError):
 # ---------------------------------------------------------------------------- file model
 
 
-class _Model(BaseModel):
+class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
 
 
 class RangeSpec(_Model):
     start: Any = Field(alias="from", description="first value, a number or a number with a unit (10ms)")
     to: Any = Field(description="last value, same unit as from")
-    steps: int = Field(ge=2, description="number of values, from and to included")
+    steps: int = Field(ge=2, le=MAX_POINTS, description="number of values, from and to included")
     scale: Literal["linear", "log"] = "linear"
     label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
 
@@ -88,7 +90,7 @@ class ValuesSpec(_Model):
 
 
 class SweepFile(_Model):
-    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$", description="letters, digits, . _ -")
+    name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="letters, digits, . _ -")
     description: str = ""
     base: str = Field(description="the scenario file, relative to the sweep file")
     parameters: dict[str, Any] = Field(description="dotted path -> list of values or a range")
@@ -110,6 +112,8 @@ class SweepFile(_Model):
     def _repeat(cls, value: int | list[int]) -> int | list[int]:
         if isinstance(value, int) and value < 1:
             raise ValueError(f"repeat must be a count of at least 1 or a list of seeds, got {value}")
+        if isinstance(value, int) and value > MAX_REPEAT:
+            raise ValueError(f"repeat: at most {MAX_REPEAT} runs per point, got {value}")
         if isinstance(value, list):
             if not value:
                 raise ValueError("repeat: an empty list of seeds; give a count or at least one seed")
@@ -397,6 +401,18 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
                 f"{source}: mode: zip pairs the i-th values of every parameter, so all lists must be "
                 f"equally long; got {detail} (or use mode: grid)"
             )
+    runs = len(spec.repeat) if isinstance(spec.repeat, list) else spec.repeat
+    points = max(len(v) for _, v, _ in params_in)
+    if spec.mode == "grid":
+        points = 1
+        for _, values, _ in params_in:
+            points *= len(values)
+    if points * runs > MAX_POINTS:
+        sizes = " x ".join(str(len(v)) for _, v, _ in params_in) + (f" x {runs} repeats" if runs > 1 else "")
+        raise SweepError(
+            f"{source}: parameters: the sweep has {points * runs} runs ({sizes}), more than {MAX_POINTS}; "
+            "sweep fewer values, split it into several sweeps, or use mode: zip"
+        )
     labels = default_labels([p for p, _, _ in params_in], {p: lab for p, _, lab in params_in})
     parameters = [Parameter(p, labels[p], v) for p, v, _ in params_in]
 

@@ -11,9 +11,8 @@ import ipaddress
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
-    BaseModel,
+    AfterValidator,
     BeforeValidator,
     ConfigDict,
     Field,
@@ -22,9 +21,43 @@ from pydantic import (
     model_validator,
 )
 
-from testbed_core.configfile import ConfigError, format_validation_error
+from testbed_core.configfile import (
+    MAX_TRACE_BYTES,
+    ConfigError,
+    ConfigModel,
+    format_validation_error,
+    read_text,
+    read_yaml,
+)
 from testbed_core.constants import TOPOLOGIES_DIR
-from testbed_core.units import UnitError, parse_duration, parse_fraction, parse_rate, parse_size
+from testbed_core.units import (
+    UnitError,
+    format_rate,
+    format_size,
+    parse_duration,
+    parse_fraction,
+    parse_rate,
+    parse_size,
+)
+
+# Bounds of a topology's values: physically sensible, and within every limit the
+# emulation would otherwise hit only once it is built (tests/unit/core/test_hostile_topology.py
+# checks that the builder's own limits still match these).
+MIN_RATE_BPS = 1e3  # 1 kbit/s; tc itself takes 8 bit/s and up
+MAX_RATE_BPS = 10e12  # 10 Tbit/s: above NVLink-class links inside a DC (HTB takes 64-bit rates)
+MAX_DELAY_S = 10.0  # one way; geostationary satellite paths are ~0.3 s, netem stops at ~274 s
+MAX_CHANGE_AT_S = 86_400.0  # a link change at most a day into the run
+MAX_CHANGES = 10_000  # rate/delay steps of one link (each is a tc or delay-line command)
+QUEUE_MIN_BYTES = 1514  # one full Ethernet frame (testbed/emulation/shaping.py ETH_FRAME)
+QUEUE_MAX_BYTES = 2**31 - 1  # bfifo's limit is a signed 32-bit byte count
+MAX_IN_FLIGHT_BYTES = 256 * 2**20  # the delay line's queue (its --max-queue default): rate x (delay + jitter)
+TCP_BUFFER_MIN = 4096  # the hosts' tcp_rmem/tcp_wmem minimum (testbed/emulation/nodes.py)
+TCP_BUFFER_MAX = 2**31 - 1  # the kernel's int sysctl
+MAX_HOSTS_PER_DC = 64  # testbed/emulation/naming.py: host names and the DC's /24
+MAX_EMULATED_DCS = 36  # testbed/emulation/naming.py: one base-36 digit per DC in interface names
+MAX_DCS = 1000  # DCs given as GPU counts (prediction only)
+TRACE_BIN_MIN_S = 0.001  # trace timestamps are milliseconds
+TRACE_BIN_MAX_S = 10.0  # one 1500-byte packet per bin stays above MIN_RATE_BPS
 
 
 class TopologyError(ConfigError):
@@ -33,8 +66,10 @@ class TopologyError(ConfigError):
 
 def _unit(parser):
     def convert(value: Any) -> Any:
-        if value is None or isinstance(value, bool):
+        if value is None:
             return value
+        if isinstance(value, bool):
+            raise ValueError(f"{str(value).lower()} is a yes/no value, not a {parser.__name__.removeprefix('parse_')}")
         if isinstance(value, (str, int, float)):
             try:
                 return parser(value)
@@ -45,16 +80,36 @@ def _unit(parser):
     return BeforeValidator(convert)
 
 
-Rate = Annotated[float, _unit(parse_rate), Field(gt=0, description="bits per second")]
+def _within(low: float, high: float, fmt: Any, what: str, why: str) -> AfterValidator:
+    def check(value: float) -> float:
+        if not low <= value <= high:
+            raise ValueError(f"{what} {fmt(value)} is out of range: allowed {fmt(low)} to {fmt(high)} ({why})")
+        return value
+
+    return AfterValidator(check)
+
+
+def _seconds(value: float) -> str:
+    return f"{value * 1e3:g}ms" if 0 < value < 1 else f"{value:g}s"
+
+
+Rate = Annotated[float, _unit(parse_rate), Field(gt=0, description="bits per second"),
+                 _within(MIN_RATE_BPS, MAX_RATE_BPS, format_rate, "rate", "bits per second; 10Tbit is above any "
+                         "single link")]
 Duration = Annotated[float, _unit(parse_duration), Field(ge=0, description="seconds")]
+Delay = Annotated[Duration, _within(0, MAX_DELAY_S, _seconds, "delay", "one way; satellite paths are ~300ms")]
 Size = Annotated[int, _unit(parse_size), Field(gt=0, description="bytes")]
+TcpBuffer = Annotated[Size, _within(TCP_BUFFER_MIN, TCP_BUFFER_MAX, format_size, "buffer",
+                                    "tcp_rmem/tcp_wmem take 4096 bytes to the kernel's int limit")]
+Queue = Annotated[Size, _within(QUEUE_MIN_BYTES, QUEUE_MAX_BYTES, format_size, "queue",
+                                "at least one full frame; bfifo counts bytes in a signed 32-bit field")]
 Fraction = Annotated[float, _unit(parse_fraction), Field(ge=0, le=1)]
 
 CongestionControl = Literal["cubic", "bbr", "reno", "htcp", "vegas", "dctcp"]
 DC_NAME = r"^[a-z][a-z0-9]{0,7}$"
 
 
-class _Model(BaseModel):
+class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -64,8 +119,8 @@ class TcpSettings(_Model):
     congestion_control: CongestionControl = "cubic"
     # Maxima of net.ipv4.tcp_rmem / tcp_wmem: they cap one flow's window, hence its
     # rate to window/RTT, as per-flow limits do on real WAN paths.
-    rmem_max: Size = 6 * 2**20
-    wmem_max: Size = 4 * 2**20
+    rmem_max: TcpBuffer = 6 * 2**20
+    wmem_max: TcpBuffer = 4 * 2**20
     # net.ipv4.tcp_slow_start_after_idle (Linux default: on). On, a connection idle for
     # an RTO restarts from the initial window and slow-starts up to its ssthresh: after
     # one loss every tensor sent after a pipeline bubble ramps up slowly. Long-lived
@@ -116,9 +171,12 @@ class Datacenter(_Model):
         if isinstance(value, bool):
             raise ValueError("hosts must be a count (e.g. 2) or a list of host names")
         if isinstance(value, int):
-            if value < 1 or value > 64:
-                raise ValueError(f"hosts must be between 1 and 64, got {value}")
+            if value < 1 or value > MAX_HOSTS_PER_DC:
+                raise ValueError(f"hosts must be between 1 and {MAX_HOSTS_PER_DC}, got {value}")
             return [f"h{i}" for i in range(1, value + 1)]
+        if isinstance(value, list) and len(value) > MAX_HOSTS_PER_DC:
+            raise ValueError(f"at most {MAX_HOSTS_PER_DC} hosts per DC (the emulation's naming and the DC's "
+                             f"/24), got {len(value)}")
         return value
 
     @field_validator("hosts")
@@ -127,7 +185,7 @@ class Datacenter(_Model):
         import re
 
         for name in value:
-            if not re.fullmatch(r"[a-z][a-z0-9]{0,5}", name):
+            if not isinstance(name, str) or not re.fullmatch(r"[a-z][a-z0-9]{0,5}", name):
                 raise ValueError(
                     f"host name {name!r} must be 1-6 lowercase letters/digits starting with a letter"
                 )
@@ -139,26 +197,59 @@ class Datacenter(_Model):
 class LinkChange(_Model):
     """A step change of a WAN link at `at` seconds after the topology is up."""
 
-    at: Duration
+    at: Annotated[Duration, _within(0, MAX_CHANGE_AT_S, _seconds, "change time", "at most a day into the run")]
     rate: Rate | None = None
-    delay: Duration | None = None
-    jitter: Duration | None = None
+    delay: Delay | None = None
+    jitter: Delay | None = None
     loss: Fraction | None = None
 
 
 class WanLink(_Model):
     between: tuple[str, str]
     rate: Rate
-    delay: Duration = Field(description="one-way delay; RTT is twice this")
-    jitter: Duration = 0.0
+    delay: Delay = Field(description="one-way delay; RTT is twice this")
+    jitter: Delay = 0.0
     loss: Fraction = 0.0
     # Bytes of queue at the bottleneck; default one bandwidth-delay product.
-    queue: Size | Literal["auto"] = "auto"
-    changes: list[LinkChange] = []
+    queue: Queue | Literal["auto"] = "auto"
+    changes: list[LinkChange] = Field([], max_length=MAX_CHANGES)
     # A Mahimahi-style trace (one line per 1500-byte delivery opportunity, in ms),
     # relative to the topology file; turned into rate changes.
     trace: str | None = None
-    trace_bin: Duration = 0.1
+    trace_bin: Annotated[Duration, _within(TRACE_BIN_MIN_S, TRACE_BIN_MAX_S, _seconds, "trace_bin",
+                                           "trace timestamps are milliseconds")] = 0.1
+
+    @field_validator("queue", mode="before")
+    @classmethod
+    def _queue(cls, value: Any) -> Any:
+        if isinstance(value, str) and value.strip().lower() == "auto":
+            return "auto"
+        if value is None or isinstance(value, (bool, list, dict)):
+            raise ValueError(f"queue must be 'auto' (one bandwidth-delay product) or a size in bytes like 4MB, "
+                             f"got {value!r}")
+        return value
+
+    @model_validator(mode="after")
+    def _physical(self) -> WanLink:
+        """Every state of the link (its start and after each change) within what the
+        shaper and the delay line can hold."""
+        rate, delay, jitter = self.rate, self.delay, self.jitter
+        for i, change in enumerate([None, *self.changes]):
+            if change is not None:
+                rate = change.rate if change.rate is not None else rate
+                delay = change.delay if change.delay is not None else delay
+                jitter = change.jitter if change.jitter is not None else jitter
+            where = "" if change is None else f"changes.{i - 1}: "
+            if jitter > delay:
+                raise ValueError(f"{where}jitter ({_seconds(jitter)}) must not exceed delay ({_seconds(delay)}): "
+                                 "the delay varies uniformly by +-jitter around delay")
+            in_flight = rate * (delay + jitter) / 8
+            if in_flight > MAX_IN_FLIGHT_BYTES:
+                raise ValueError(
+                    f"{where}rate x (delay + jitter) is {format_size(in_flight)} in flight one way, above the "
+                    f"{format_size(MAX_IN_FLIGHT_BYTES)} the delay line can hold: lower the rate or the delay"
+                )
+        return self
 
     @field_validator("between")
     @classmethod
@@ -212,19 +303,29 @@ class Addressing(_Model):
             raise ValueError(f"{value!r} must be an IPv4 network of /16 or larger")
         return value
 
+    @model_validator(mode="after")
+    def _disjoint(self) -> Addressing:
+        if ipaddress.ip_network(self.lan_base).overlaps(ipaddress.ip_network(self.wan_base)):
+            raise ValueError(f"lan_base {self.lan_base} and wan_base {self.wan_base} overlap: choose disjoint networks")
+        return self
+
 
 class Topology(_Model):
     name: str
     description: str = ""
     source: str = ""
     tcp: TcpSettings = TcpSettings()
-    dcs: list[Datacenter] = Field(min_length=1)
-    wan: list[WanLink] = []
+    dcs: list[Datacenter] = Field(min_length=1, max_length=MAX_DCS)
+    wan: list[WanLink] = Field([], max_length=MAX_DCS * (MAX_DCS - 1) // 2)
     addressing: Addressing = Addressing()
 
     @model_validator(mode="after")
     def _references(self) -> Topology:
         names = [dc.name for dc in self.dcs]
+        emulated = [dc for dc in self.dcs if dc.hosts]
+        if len(emulated) > MAX_EMULATED_DCS:
+            raise ValueError(f"at most {MAX_EMULATED_DCS} DCs with hosts (the emulation's interface names give "
+                             f"each DC one base-36 digit), got {len(emulated)}")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"DC names must be unique; repeated: {', '.join(sorted(dup))}")
@@ -325,30 +426,50 @@ def shortest_path(a: str, b: str, links: list[WanLink]) -> list[str]:
 
 
 def load_trace(path: Path, bin_s: float) -> list[LinkChange]:
-    """Turn a Mahimahi trace (ms timestamps of 1500-byte delivery opportunities)
-    into one rate step per `bin_s`, over one period of the trace."""
-    stamps: list[int] = []
-    for lineno, line in enumerate(path.read_text().splitlines(), start=1):
+    """Turn a Mahimahi trace (ms timestamps of 1500-byte delivery opportunities,
+    non-decreasing) into one rate step per `bin_s`, over one period of the trace.
+    The file is read through `read_text` (at most MAX_TRACE_BYTES of UTF-8 text) and
+    its period may give at most MAX_CHANGES steps."""
+    text = read_text(path, "link trace", TopologyError, max_bytes=MAX_TRACE_BYTES)
+    bin_ms = max(1, int(round(bin_s * 1000)))
+    limit_ms = MAX_CHANGES * bin_ms
+    counts: dict[int, int] = {}
+    last = -1
+    for lineno, line in enumerate(text.splitlines(), start=1):
         line = line.strip()
         if not line or line.startswith("#"):
             continue
-        try:
-            stamps.append(int(line))
-        except ValueError:
+        if not line.isascii() or not line.isdigit():
             raise TopologyError(
-                f"{path}:{lineno}: trace lines must be integer millisecond timestamps, got {line!r}"
-            ) from None
-    if not stamps:
-        raise TopologyError(f"{path}: the trace is empty")
-    period_ms = max(stamps[-1], 1)
-    bin_ms = max(1, int(bin_s * 1000))
-    counts = [0] * ((period_ms + bin_ms - 1) // bin_ms)
-    for ms in stamps:
-        counts[min(len(counts) - 1, ms // bin_ms)] += 1
-    return [
-        LinkChange(at=i * bin_ms / 1000, rate=max(count, 1) * 1500 * 8 / (bin_ms / 1000))
-        for i, count in enumerate(counts)
-    ]
+                f"{path}:{lineno}: trace lines must be whole, non-negative millisecond timestamps, "
+                f"got {line[:40]!r}"
+            )
+        ms = int(line)
+        if ms < last:
+            raise TopologyError(f"{path}:{lineno}: timestamp {ms} is before the previous one ({last}); "
+                                "a trace lists delivery times in order")
+        if ms >= limit_ms:
+            raise TopologyError(
+                f"{path}:{lineno}: timestamp {ms} ms is past {limit_ms} ms: a trace may give at most "
+                f"{MAX_CHANGES} rate steps of trace_bin {_seconds(bin_s)}; raise trace_bin or shorten the trace"
+            )
+        last = ms
+        counts[ms // bin_ms] = counts.get(ms // bin_ms, 0) + 1
+    if not counts:
+        raise TopologyError(f"{path}: the trace is empty (no timestamp lines)")
+    period_ms = max(last, 1)
+    bins = (period_ms + bin_ms - 1) // bin_ms
+    counts[bins - 1] = counts.get(bins - 1, 0) + sum(n for k, n in counts.items() if k >= bins)
+    changes = []
+    for i in range(bins):
+        rate = max(counts.get(i, 0), 1) * 1500 * 8 / (bin_ms / 1000)
+        if rate > MAX_RATE_BPS:
+            raise TopologyError(
+                f"{path}: {counts[i]} deliveries in the {bin_ms} ms from {i * bin_ms} ms make "
+                f"{format_rate(rate)}, above {format_rate(MAX_RATE_BPS)}; check the trace's timestamps"
+            )
+        changes.append(LinkChange(at=i * bin_ms / 1000, rate=rate))
+    return changes
 
 
 def parse_topology(data: Any, path: str = "<topology>") -> Topology:
@@ -363,21 +484,20 @@ def parse_topology(data: Any, path: str = "<topology>") -> Topology:
     for i, link in enumerate(topo.wan):
         if link.trace:
             trace = (base / link.trace) if not Path(link.trace).is_absolute() else Path(link.trace)
-            if not trace.exists():
-                raise TopologyError(f"{path}: wan.{i}.trace: file {trace} does not exist")
-            link = link.model_copy(update={"changes": load_trace(trace, link.trace_bin)})
+            try:
+                changes = load_trace(trace, link.trace_bin)
+            except TopologyError as exc:
+                raise TopologyError(f"{path}: wan.{i}.trace: {exc}") from None
+            try:
+                link = WanLink.model_validate({**link.model_dump(), "changes": changes})
+            except ValidationError as exc:
+                raise TopologyError(format_validation_error(path, exc, "topology", prefix=f"wan.{i}")) from None
         links.append(link)
     return topo.model_copy(update={"wan": links})
 
 
 def load_topology(path: str | Path) -> Topology:
     path = Path(path)
-    if not path.exists():
-        shipped = sorted(p.name for p in TOPOLOGIES_DIR.glob("*.yaml"))
-        hint = f" (shipped topologies: {', '.join(shipped)})" if shipped else ""
-        raise TopologyError(f"{path}: no such topology file{hint}")
-    try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as exc:
-        raise TopologyError(f"{path}: not valid YAML: {exc}") from None
-    return parse_topology(data, str(path))
+    shipped = sorted(p.name for p in TOPOLOGIES_DIR.glob("*.yaml"))
+    hint = f" (shipped topologies: {', '.join(shipped)})" if shipped else ""
+    return parse_topology(read_yaml(path, "topology", TopologyError, missing_hint=hint), str(path))

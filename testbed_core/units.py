@@ -8,6 +8,7 @@ silently, "Bps"/"MBps" are rejected with a hint). Sizes are bytes ("1MB" = 10**6
 
 from __future__ import annotations
 
+import math
 import re
 
 _NUM = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
@@ -32,11 +33,28 @@ class UnitError(ValueError):
     """A value whose unit or number could not be understood."""
 
 
+def _finite(value: int | float, what: str, shown: object = None) -> float:
+    """`value` as a float; infinities, NaNs and numbers beyond a float's range are refused."""
+    try:
+        number = float(value)
+    except OverflowError:
+        number = math.inf
+    if not math.isfinite(number):
+        text = repr(shown if shown is not None else value)
+        raise UnitError(f"{text if len(text) <= 40 else text[:37] + '...'} is not a finite {what}")
+    return number
+
+
 def _split(text: str, what: str, allowed: dict[str, float]) -> tuple[float, str]:
     m = re.fullmatch(_NUM + r"\s*([a-zA-Zµ/]*)", text.strip())
     if not m:
-        raise UnitError(f"{text!r} is not a {what} (expected a number with a unit, e.g. {_example(what)})")
-    return float(m.group(1)), m.group(2)
+        raise UnitError(f"{_short(text)} is not a {what} (expected a number with a unit, e.g. {_example(what)})")
+    return _finite(float(m.group(1)), what, text), m.group(2)
+
+
+def _short(text: str, limit: int = 40) -> str:
+    shown = repr(text)
+    return shown if len(shown) <= limit else shown[: limit - 3] + "..."
 
 
 def _example(what: str) -> str:
@@ -52,7 +70,7 @@ def parse_rate(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a rate")
     if isinstance(value, (int, float)):
-        return float(value)
+        return _finite(value, "rate")
     number, unit = _split(value, "rate", _RATE_UNITS)
     if unit and unit != unit.lower() and unit.endswith("Bps"):
         raise UnitError(
@@ -61,7 +79,7 @@ def parse_rate(value: str | int | float) -> float:
         )
     factor = _RATE_UNITS.get(unit.lower())
     if factor is None:
-        raise UnitError(f"{value!r}: unknown rate unit {unit!r} (allowed: {_allowed(_RATE_UNITS)})")
+        raise UnitError(f"{_short(value)}: unknown rate unit {_short(unit, 20)} (allowed: {_allowed(_RATE_UNITS)})")
     return number * factor
 
 
@@ -70,11 +88,11 @@ def parse_size(value: str | int | float) -> int:
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a size")
     if isinstance(value, (int, float)):
-        return int(value)
+        return int(_finite(value, "size"))
     number, unit = _split(value, "size", _SIZE_UNITS)
     factor = _SIZE_UNITS.get(unit.lower())
     if factor is None:
-        raise UnitError(f"{value!r}: unknown size unit {unit!r} (allowed: {_allowed(_SIZE_UNITS)})")
+        raise UnitError(f"{_short(value)}: unknown size unit {_short(unit, 20)} (allowed: {_allowed(_SIZE_UNITS)})")
     return int(round(number * factor))
 
 
@@ -83,11 +101,11 @@ def parse_duration(value: str | int | float) -> float:
     if isinstance(value, bool):
         raise UnitError(f"{value!r} is not a duration")
     if isinstance(value, (int, float)):
-        return float(value)
+        return _finite(value, "duration")
     number, unit = _split(value, "duration", _TIME_UNITS)
     factor = _TIME_UNITS.get(unit.lower() if unit != "µs" else unit)
     if factor is None:
-        raise UnitError(f"{value!r}: unknown time unit {unit!r} (allowed: {_allowed(_TIME_UNITS)})")
+        raise UnitError(f"{_short(value)}: unknown time unit {_short(unit, 20)} (allowed: {_allowed(_TIME_UNITS)})")
     return number * factor
 
 
@@ -98,15 +116,16 @@ def parse_fraction(value: str | int | float) -> float:
     if isinstance(value, str):
         text = value.strip()
         try:
-            return float(text[:-1]) / 100 if text.endswith("%") else float(text)
+            number = float(text[:-1]) / 100 if text.endswith("%") else float(text)
         except ValueError:
-            raise UnitError(f"{value!r} is not a fraction (e.g. '0.1%' or 0.001)") from None
-    return float(value)
+            raise UnitError(f"{_short(value)} is not a fraction (e.g. '0.1%' or 0.001)") from None
+        return _finite(number, "fraction", value)
+    return _finite(value, "fraction")
 
 
 def format_rate(bps: float) -> str:
     """A rate in bits per second as the largest unit that keeps it >= 1: '2.5Gbit', '500Mbit'."""
-    for unit, factor in (("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
+    for unit, factor in (("Tbit", 1e12), ("Gbit", 1e9), ("Mbit", 1e6), ("kbit", 1e3)):
         if bps >= factor:
             return f"{bps / factor:g}{unit}"
     return f"{bps:g}bit"

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from testbed_core.compute_model import (
     GPUS,
@@ -32,15 +32,37 @@ from testbed_core.compute_model import (
     load_profile,
     stage_flops,
 )
-from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
+from testbed_core.configfile import (
+    ConfigError,
+    ConfigModel,
+    format_validation_error,
+    read_yaml_mapping,
+)
 from testbed_core.constants import WORKLOADS_DIR
+
+# Upper bounds of a workload's numbers: far above any model trained today, low enough
+# that the compute model and the planner stay in range (an absurd value is a typo).
+MAX_LAYERS = 10_000
+MAX_WIDTH = 2**20  # hidden, ffn_hidden
+MAX_SEQ_LEN = 2**24
+MAX_VOCAB = 2**24
+MAX_HEADS = 2**14
+MAX_DP = 100_000
+MAX_PP = 10_000
+MAX_TP = 1024
+MAX_MICRO_BATCH = 2**16
+MAX_MICRO_BATCHES = 2**16
+MAX_CHUNKS = 64
+MAX_ITERATIONS = 100_000
+MAX_TFLOPS = 1e6  # per GPU; today's largest are a few thousand
+MAX_MEMORY_GBS = 1e6
 
 
 class WorkloadError(ConfigError):
     """A workload file that cannot be used; the message names file, field and fix."""
 
 
-class _Model(BaseModel):
+class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
@@ -49,13 +71,13 @@ class ModelConfig(_Model):
     learned positions, tied embeddings); set the rest for Llama-style models."""
 
     name: str = "model"
-    layers: int = Field(ge=1)
-    hidden: int = Field(ge=1)
-    seq_len: int = Field(ge=1)
-    vocab: int = Field(ge=1)
-    heads: int = Field(ge=1)
-    kv_heads: int | None = Field(None, ge=1, description="grouped-query attention; default = heads")
-    ffn_hidden: int | None = Field(None, ge=1, description="MLP width; default 4 x hidden")
+    layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden: int = Field(ge=1, le=MAX_WIDTH)
+    seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
+    vocab: int = Field(ge=1, le=MAX_VOCAB)
+    heads: int = Field(ge=1, le=MAX_HEADS)
+    kv_heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="grouped-query attention; default = heads")
+    ffn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="MLP width; default 4 x hidden")
     gated_mlp: bool = False
     bias: bool = True
     positional: Literal["learned", "rotary"] = "learned"
@@ -80,13 +102,13 @@ class ModelConfig(_Model):
 
 
 class Parallelism(_Model):
-    dp: int = Field(1, ge=1, description="data-parallel pipelines (kept inside a DC by Atlas)")
-    pp: int = Field(1, ge=1, description="pipeline stages (the only parallelism that crosses the WAN)")
-    tp: int = Field(1, ge=1, description="tensor-parallel GPUs per stage (inside a host group)")
-    micro_batch: int = Field(1, ge=1, description="sequences per micro-batch")
-    num_micro_batches: int = Field(ge=1, description="micro-batches per iteration per pipeline")
+    dp: int = Field(1, ge=1, le=MAX_DP, description="data-parallel pipelines (kept inside a DC by Atlas)")
+    pp: int = Field(1, ge=1, le=MAX_PP, description="pipeline stages (the only parallelism that crosses the WAN)")
+    tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel GPUs per stage (inside a host group)")
+    micro_batch: int = Field(1, ge=1, le=MAX_MICRO_BATCH, description="sequences per micro-batch")
+    num_micro_batches: int = Field(ge=1, le=MAX_MICRO_BATCHES, description="micro-batches per iteration per pipeline")
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
-    chunks: int = Field(1, ge=1, description="model chunks per stage (interleaved-1f1b only)")
+    chunks: int = Field(1, ge=1, le=MAX_CHUNKS, description="model chunks per stage (interleaved-1f1b only)")
     activation_recompute: bool = False
 
     @model_validator(mode="after")
@@ -107,8 +129,8 @@ class Parallelism(_Model):
 class GpuConfig(_Model):
     type: str = Field(description=f"one of {', '.join(GPUS)} or custom")
     efficiency: float = Field(0.5, gt=0, le=1, description="fraction of peak the kernels sustain (MFU)")
-    peak_tflops: float | None = Field(None, gt=0, description="custom GPUs: dense peak for the model dtype")
-    memory_bandwidth_gbs: float | None = Field(None, gt=0, description="custom GPUs: GB/s")
+    peak_tflops: float | None = Field(None, gt=0, le=MAX_TFLOPS, description="custom GPUs: dense peak for the model dtype")
+    memory_bandwidth_gbs: float | None = Field(None, gt=0, le=MAX_MEMORY_GBS, description="custom GPUs: GB/s")
     profile: str | None = Field(None, description="measured op times (YAML/JSON), relative to the workload file")
     mode: Literal["modelled", "real"] = Field(
         "modelled", description="modelled: work lasts the compute model's time; real: the stages are real torch "
@@ -144,7 +166,7 @@ class RealOptimizer(_Model):
     """The optimizer of real-mode training (testbed/training/real_work.py `OptimConfig`)."""
 
     kind: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0)
+    lr: float = Field(0.05, gt=0, le=100)
     momentum: float = Field(0.0, ge=0, lt=1)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
@@ -155,11 +177,11 @@ class RealSettings(_Model):
     """What the workers train when ``gpu.mode: real`` (ignored for modelled GPUs)."""
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch device: auto = CUDA when present")
-    seed: int = Field(0, ge=0, description="initial parameters and synthetic data")
+    seed: int = Field(0, ge=0, le=2**63 - 1, description="initial parameters and synthetic data")
     optimizer: RealOptimizer = RealOptimizer()
     threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per worker on CPU (the one-process "
                                                      "reference uses as many: the bit-for-bit check needs it)")
-    cpu_max_params: int = Field(25_000_000, ge=1, description="largest model (parameters) trained on a CPU; "
+    cpu_max_params: int = Field(25_000_000, ge=1, le=10**13, description="largest model (parameters) trained on a CPU; "
                                                               "bigger ones need CUDA")
     check: bool = Field(True, description="compare the trained parameters with the one-process reference")
 
@@ -170,8 +192,8 @@ class Workload(_Model):
     model: ModelConfig
     parallelism: Parallelism
     gpu: GpuConfig
-    iterations: int = Field(5, ge=1, description="measured iterations, after warm-up")
-    warmup: int = Field(1, ge=0, description="iterations run first and not measured")
+    iterations: int = Field(5, ge=1, le=MAX_ITERATIONS, description="measured iterations, after warm-up")
+    warmup: int = Field(1, ge=0, le=MAX_ITERATIONS, description="iterations run first and not measured")
     scale: float = Field(
         1.0, gt=0, le=1,
         description="wire size / real size of every tensor; an emulated link of rate R stands for R/scale",
@@ -302,10 +324,6 @@ def parse_workload(data: Any, source: str = "<workload>") -> Workload:
 def load_workload(path: str | Path) -> Workload:
     """Read and validate a workload file; errors name the file and the field."""
     path = Path(path)
-    if not path.exists():
-        shipped = sorted(
-            p.name for p in WORKLOADS_DIR.glob("*.yaml")
-        )
-        hint = f" (shipped workloads in scenarios/workloads/: {', '.join(shipped)})" if shipped else ""
-        raise WorkloadError(f"{path}: no such workload file{hint}")
-    return parse_workload(read_yaml_mapping(path, "workload", WorkloadError), str(path))
+    shipped = sorted(p.name for p in WORKLOADS_DIR.glob("*.yaml"))
+    hint = f" (shipped workloads in scenarios/workloads/: {', '.join(shipped)})" if shipped else ""
+    return parse_workload(read_yaml_mapping(path, "workload", WorkloadError, missing_hint=hint), str(path))

@@ -1,15 +1,26 @@
 """`testbed run SCENARIO.yaml`: pipeline training across the emulated DCs, every
-variant of the scenario side by side (testbed/run/runner.py)."""
+variant of the scenario side by side (testbed/run/runner.py).
+
+Everything that can be known before the emulation is built is checked first, as
+`testbed plan` does (`preflight`): the scenario file and its parts, the variants, each
+variant's placement and prediction, the workload's compute model and, for an emulated
+run, whether this machine can build it. A refused run creates no result folder."""
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import click
 
 from testbed_core.configfile import ConfigError
 from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
+
+if TYPE_CHECKING:
+    from testbed.progress import Progress
+    from testbed.run.scenario import Scenario
 
 
 @click.command(epilog="\b\nVariants:\n" + help_text())
@@ -46,9 +57,14 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
     if variants is not None and not only:
         raise click.BadParameter("give at least one variant, e.g. --variants baseline,atlas", param_hint="--variants")
+    progress = Progress(label=f"run {scenario.name}")
+    problems = preflight(scenario, only, progress)
+    if problems:
+        progress.close(f"run {scenario.name}: refused")
+        raise click.ClickException(f"{scenario_file}: this run cannot start (nothing was built):\n"
+                                   + "\n".join(f"  - {p}" for p in problems))
     out = out or default_out_dir(scenario)
     click.echo(f"run {scenario.name} -> {out}", err=True)
-    progress = Progress(label=f"run {scenario.name}")
     try:
         summary = run_scenario(scenario, resolved, out, progress, variants=only)
     except (RunnerError, ConfigError) as exc:
@@ -69,3 +85,48 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     if failed:
         click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)}", err=True)
         sys.exit(1)
+
+
+def preflight(scenario: Scenario, only: Sequence[str] | None, progress: Progress) -> list[str]:
+    """What would make the run fail once built, found before anything is built: the
+    runner's own requirements (pp >= 2), the variants (``--variants`` or the
+    scenario's), each variant's placement on the topology and its prediction, the
+    workload's compute model (a gpu.profile file), and for an emulated run root and
+    Mininet. Returns the problems, one line each; empty when the run can start."""
+    from testbed.run.common import RunnerError
+    from testbed.run.runner import check_runnable
+    from testbed.run.variants import plan_variant, run_variants
+
+    try:
+        check_runnable(scenario, progress)
+        runs = run_variants(scenario, only)
+    except (RunnerError, ConfigError) as exc:
+        return [str(exc)]
+    problems = []
+    try:
+        scenario.workload.effective(scenario.workload_dir)
+    except (ConfigError, ValueError) as exc:
+        problems.append(f"{scenario.workload_source or 'workload'}: {exc}")
+    for run_variant in runs:
+        try:
+            plan_variant(run_variant, scenario, scenario.workload, scenario.workload_dir, None, None,
+                         scenario.runner.local)
+        except (RunnerError, ValueError) as exc:
+            text = str(exc)
+            prefix = f"variant {run_variant.name}: "
+            problems.append(text if text.startswith(prefix) else prefix + text)
+    if problems and not only:
+        problems.append("drop these from the scenario's variants, or choose others with --variants")
+    if not scenario.runner.local:
+        try:
+            scenario.topology.require_emulable()
+        except ConfigError as exc:
+            problems.append(str(exc))
+        from testbed.emulation.network import EmulationError
+        from testbed.emulation.network import preflight as machine_preflight
+
+        try:
+            machine_preflight()
+        except EmulationError as exc:
+            problems.append(f"{exc} (or run the workers without the emulated network: --local)")
+    return problems

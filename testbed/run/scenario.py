@@ -16,29 +16,47 @@ import copy
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from atlas_transport.config import TransportConfig
+from atlas_transport.protocol import MIN_CHUNK
 from testbed.run.ports import PORT_SPAN
-from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
+from testbed_core.compute_model import activation_bytes
+from testbed_core.configfile import (
+    ConfigError,
+    ConfigModel,
+    format_validation_error,
+    load_yaml_text,
+    read_yaml_mapping,
+)
 from testbed_core.contracts.bubbletea import DECODE_SAME_DC, BubbleTeaSettings
-from testbed_core.topology import Topology, TopologyError, parse_topology
+from testbed_core.topology import CongestionControl, Topology, TopologyError, parse_topology
+from testbed_core.units import UnitError, format_size, parse_size
 from testbed_core.variants import VariantError, default_names, get_variant
 from testbed_core.workload import Workload
+
+MAX_CHUNK_BYTES = TransportConfig.__dataclass_fields__["max_chunk_bytes"].default
+MAX_TENSOR_BYTES = TransportConfig.__dataclass_fields__["max_tensor_bytes"].default
+MAX_STREAMS = 64  # per channel; every stream is a socket and a thread on both ends
+MAX_TIMEOUT_S = 86_400.0
+MAX_REQUEST_RATE = 100_000.0  # prefill requests per second over the whole cluster
+MAX_PROMPT_TOKENS = 2**24
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._+-]{0,99}$"  # it names the result folder
 
 
 class ScenarioError(ConfigError):
     """A scenario, sweep or override that cannot be used; says where and why."""
 
 
-class _Model(BaseModel):
+class _Model(ConfigModel):
     model_config = ConfigDict(extra="forbid")
 
 
 class TransportSettings(_Model):
     streams: int | Literal["auto"] = Field(8, description="streams per channel for multi-tcp and atlas")
-    chunk: str | int = "4MiB"
-    congestion: str | None = None
+    chunk: str | int = Field("4MiB", description=f"largest piece of a tensor sent as one frame ({MIN_CHUNK} bytes "
+                                                  f"to {format_size(MAX_CHUNK_BYTES)})")
+    congestion: CongestionControl | None = None
     pacing: bool = Field(False, description=(
         "pace every stream at TCP's own rate (cwnd / RTT x 1.2, twice that in slow start) instead of "
         "sending each window at line rate: Linux's internal pacing, turned on per socket with "
@@ -47,8 +65,20 @@ class TransportSettings(_Model):
     @field_validator("streams")
     @classmethod
     def _streams(cls, value: int | str) -> int | str:
-        if isinstance(value, int) and not 1 <= value <= 64:
-            raise ValueError(f"streams must be between 1 and 64 or 'auto', got {value}")
+        if isinstance(value, int) and not 1 <= value <= MAX_STREAMS:
+            raise ValueError(f"streams must be between 1 and {MAX_STREAMS} or 'auto', got {value}")
+        return value
+
+    @field_validator("chunk")
+    @classmethod
+    def _chunk(cls, value: str | int) -> str | int:
+        try:
+            size = parse_size(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+        if not MIN_CHUNK <= size <= MAX_CHUNK_BYTES:
+            raise ValueError(f"chunk must be between {MIN_CHUNK} bytes and {format_size(MAX_CHUNK_BYTES)} "
+                             f"(the transport's frame limits), got {value!r}")
         return value
 
 
@@ -83,8 +113,13 @@ class RunnerSettings(_Model):
         0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
     )
     iteration_lead: float = Field(0.05, ge=0.005, le=5, description="seconds from the barrier to the next common start")
-    setup_timeout: float = Field(60.0, gt=0, description="seconds for workers to start and connect")
-    iteration_timeout: float = Field(120.0, gt=0, description="seconds an iteration may take before the run fails")
+    dp_allreduce: bool = Field(True, description="with dp > 1, all-reduce each stage's gradients over the network "
+                               "after every iteration (parameters x dtype bytes x scale; real devices always do)")
+    dp_bucket: int = Field(25 << 20, ge=1 << 16, le=1 << 30,
+                           description="bytes per DP all-reduce message (the bucket), as DDP's bucket_cap")
+    setup_timeout: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="seconds for workers to start and connect")
+    iteration_timeout: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S,
+                                     description="seconds an iteration may take before the run fails")
 
 
     @field_validator("base_port")
@@ -97,7 +132,7 @@ class RunnerSettings(_Model):
 
 
 class Scenario(_Model):
-    name: str
+    name: str = Field(pattern=NAME_PATTERN, description="letters, digits, . _ + -; it names the result folder")
     description: str = ""
     topology: Topology
     workload: Workload
@@ -109,7 +144,7 @@ class Scenario(_Model):
         default_factory=lambda: list(default_names()), min_length=1,
         description="variants to compare, in order (names from testbed_core/variants.py)",
     )
-    seed: int = 1
+    seed: int = Field(1, ge=0, le=2**32 - 1)
     transport: TransportSettings = TransportSettings()
     bubbletea: BubbleTeaSettings = BubbleTeaSettings()
     runner: RunnerSettings = RunnerSettings()
@@ -120,7 +155,7 @@ class Scenario(_Model):
     def _topology(cls, value: Any) -> Any:
         if isinstance(value, dict):
             try:
-                clean = {k: v for k, v in value.items() if not k.startswith("_")}
+                clean = {k: v for k, v in value.items() if not str(k).startswith("_")}
                 return parse_topology(clean, value.get("_source", "topology"))
             except TopologyError as exc:
                 raise ValueError(str(exc)) from None
@@ -166,10 +201,11 @@ def resolve_scenario(path: str | Path) -> dict[str, Any]:
 
 
 def parse_value(text: str) -> Any:
-    """An override's value as YAML would read it: '8' -> 8, '50ms' stays a string."""
+    """An override's value as YAML would read it (the same strict reading as the files:
+    '8' -> 8, 'true' -> True, '50ms' and 'yes' stay text)."""
     try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError:
+        return load_yaml_text(text, "--set", "value", ScenarioError)
+    except ScenarioError:
         return text
 
 
@@ -288,7 +324,42 @@ def validate_scenario(data: dict[str, Any]) -> Scenario:
             f"{source}: bubbletea.variants: {', '.join(extra)} not among the scenario's variants "
             f"({', '.join(scenario.variants)})"
         )
+    _check_limits(scenario, source)
     return scenario
+
+
+def _check_limits(scenario: Scenario, source: str) -> None:
+    """What a run would otherwise hit only once built: the transport's largest tensor,
+    a request source that could not be generated, a request trace that cannot be read."""
+    wl = scenario.workload
+    wire = max(1, round(activation_bytes(wl.model_spec(), wl.parallelism.micro_batch) * wl.scale))
+    if wire > MAX_TENSOR_BYTES:
+        where = scenario.workload_source or f"{source}: workload"
+        raise ScenarioError(
+            f"{where}: one boundary tensor is {format_size(wire)} on the wire (micro_batch x seq_len x hidden "
+            f"x dtype bytes x scale), above the transport's {format_size(MAX_TENSOR_BYTES)} per tensor: lower "
+            "micro_batch or scale"
+        )
+    bt = scenario.bubbletea
+    if not bt.enabled:
+        return
+    req = bt.requests
+    if req.rate > MAX_REQUEST_RATE:
+        raise ScenarioError(f"{source}: bubbletea.requests.rate: {req.rate:g} requests/s is above "
+                            f"{MAX_REQUEST_RATE:g} (the whole cluster's arrivals, generated up front)")
+    pt = req.prompt_tokens
+    if max(pt.mean, pt.max, pt.min) > MAX_PROMPT_TOKENS:
+        raise ScenarioError(f"{source}: bubbletea.requests.prompt_tokens: at most {MAX_PROMPT_TOKENS} tokens")
+    if req.trace:
+        from bubbletea_agent.requests import TraceError, TraceSource, read_trace
+
+        path = Path(req.trace)
+        if scenario.workload_dir is not None and not path.is_absolute():
+            path = Path(scenario.workload_dir) / path  # as the agents read it (testbed/run/bubbletea.py)
+        try:
+            read_trace(TraceSource(path=path, deadline_s=req.deadline))
+        except TraceError as exc:
+            raise ScenarioError(f"{source}: bubbletea.requests.trace: {exc}") from None
 
 
 def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, dict[str, Any]]:

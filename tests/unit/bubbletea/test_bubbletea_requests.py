@@ -112,7 +112,7 @@ def test_trace_missing_column_file_and_empty(tmp_path):
     path.write_text("time,tokens\n1,2\n")
     with pytest.raises(TraceError, match=r"t.csv:1: no column 'TIMESTAMP' .*timestamp_column"):
         TraceSource(path=path).requests()
-    with pytest.raises(TraceError, match=r"nope.csv: cannot open"):
+    with pytest.raises(TraceError, match=r"nope.csv: no such request trace file"):
         TraceSource(path=tmp_path / "nope.csv").requests()
     empty = tmp_path / "e.csv"
     empty.write_text("")

@@ -150,7 +150,7 @@ def test_one_microbatch_over_one_crossing_is_the_closed_form() -> None:
 
 @pytest.mark.parametrize("schedule", ["gpipe", "1f1b"])
 def test_zero_delay_fast_wan_gives_textbook_bubble(schedule: str) -> None:
-    t = topo(delay="0ms", rate="1000Tbit", rmem="1GB", lan="1000Tbit")
+    t = topo(delay="0ms", rate="10Tbit", rmem="1GB", lan="10Tbit")
     for pp, m in [(2, 6), (4, 8)]:
         wl = parse_workload({
             "name": "w", "model": {"layers": 8, "hidden": 1024, "heads": 8, "seq_len": 512, "vocab": 8,

@@ -64,10 +64,12 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
     """Predict iteration time, utilization, bubbles, WAN bytes and BubbleTea's prefill
     capacity per variant, at any scale (no emulation is started)."""
     from testbed_core.planning.network import NetParams
-    from testbed_core.whatif.calibration import CalibrationError, load_efficiencies
+    from testbed_core.whatif.calibration import CalibrationError, load_efficiencies, run_setting
 
-    if grid_path is None and (topology_path is None or workload_path is None):
-        raise click.UsageError("give --topology and --workload, or --grid (e.g. --grid scenarios/whatif-scale.yaml)")
+    own_run = calibration_dir is not None and grid_path is None and topology_path is None and workload_path is None
+    if grid_path is None and not own_run and (topology_path is None or workload_path is None):
+        raise click.UsageError("give --topology and --workload, or --grid (e.g. --grid scenarios/whatif-scale.yaml), "
+                               "or --calibration RUN_DIR alone (the run's own topology and workload)")
     if grid_path is not None and (topology_path is not None or workload_path is not None):
         raise click.UsageError("--grid takes its topologies and workload from the grid file: "
                                "drop --topology/--workload")
@@ -89,12 +91,19 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
     if grid_path is not None:
         _grid(grid_path, out_dir, names, cal, net, as_json)
         return
-    _single(topology_path, workload_path, gpus_text, names, n_streams, baseline_placement, cal, net,  # type: ignore[arg-type]
-            chunk_tokens, guard, as_json)
+    setting = None
+    if own_run:
+        try:
+            setting = run_setting(calibration_dir)  # type: ignore[arg-type]
+        except CalibrationError as exc:
+            raise click.ClickException(f"--calibration: {exc}") from None
+    _single(topology_path, workload_path, gpus_text, names, n_streams, baseline_placement, cal, net,
+            chunk_tokens, guard, as_json, setting)
 
 
-def _single(topology_path: Path, workload_path: Path, gpus_text: str | None, names: list[str], streams: int | str,
-            baseline_placement: str, cal, net, chunk_tokens: int, guard: float, as_json: bool) -> None:
+def _single(topology_path: Path | None, workload_path: Path | None, gpus_text: str | None, names: list[str],
+            streams: int | str, baseline_placement: str, cal, net, chunk_tokens: int, guard: float, as_json: bool,
+            setting=None) -> None:
     from testbed_core.configfile import ConfigError
     from testbed_core.planning.placement import PlacementError, free_gpus
     from testbed_core.topology import load_topology
@@ -103,15 +112,18 @@ def _single(topology_path: Path, workload_path: Path, gpus_text: str | None, nam
     from testbed_core.workload import load_workload
 
     try:
-        topo = load_topology(topology_path)
-        wl = load_workload(workload_path)
+        if setting is not None:
+            topo, wl = setting
+        else:
+            topo, wl = load_topology(topology_path), load_workload(workload_path)  # type: ignore[arg-type]
         free = free_gpus(topo, 1, parse_gpus(gpus_text))
     except (ConfigError, PlacementError) as exc:
         raise click.ClickException(str(exc)) from None
     prefill = Prefill(chunk_tokens=chunk_tokens, min_tokens=min(32, chunk_tokens), guard=guard)
     t0 = time.perf_counter()
     rows = evaluate(topo, wl, names, streams=streams, baseline_placement=baseline_placement, net=net,
-                    calibration=cal, prefill=prefill, free=free, base_dir=workload_path.parent)
+                    calibration=cal, prefill=prefill, free=free,
+                    base_dir=workload_path.parent if workload_path is not None else None)
     took = time.perf_counter() - t0
     if all(not r.feasible for r in rows):
         raise click.ClickException("no variant can be placed:\n" + "\n".join(f"  {r.variant}: {r.error}" for r in rows))
@@ -132,7 +144,8 @@ def _single(topology_path: Path, workload_path: Path, gpus_text: str | None, nam
         echo(f"  calibrated by {cal.source} ({cal.measured_on}): per-flow x{cal.flow_efficiency:.2f}, "
              f"link goodput x{cal.link_efficiency:.2f}, colliding channels "
              f"{'-' if cal.crowded_fraction is None else f'{cal.crowded_fraction:.2f}'} of it, compute "
-             f"x{cal.compute_scale:.2f}, overhead {cal.overhead_s * 1e3:.1f} ms/iteration")
+             f"x{cal.compute_scale:.2f}, overhead {cal.overhead_s * 1e3:.1f} ms/iteration, planned transfers "
+             f"hold links x{cal.temporal_hold:.2f}")
     echo(f"  {'variant':<13}{'iteration':>11}{'util':>7}{'bubble':>8}{'WAN/iter':>11}{'allreduce':>11}"
          f"{'AR WAN':>10}{'prefill tok/s':>15}{'util+BT':>9}  sharing")
     for r in rows:

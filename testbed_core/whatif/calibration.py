@@ -11,11 +11,15 @@ that they carry to another topology:
 * ``link_efficiency``: the best measured channel rate over the link's nominal rate
   (the TCP goodput a shaped link gives one transfer); it scales every WAN link rate;
 * ``crowded_fraction``: what channels colliding on the link moved in all, over that
-  goodput (the planner's ``NetParams.crowded_fraction``);
+  goodput (the planner's ``NetParams.crowded_fraction``; above 1 when two colliding
+  channels together move more than one alone, never above the nominal rate);
 * ``compute_scale``: measured stage compute time over the compute model's (only
   when the run trained real devices; else 1);
 * ``overhead_s``: time per iteration outside the pipeline the run measured (real
-  devices: gradient exchange, optimizer step; else 0), added to each prediction.
+  devices: gradient exchange, optimizer step; else 0), added to each prediction;
+* ``temporal_hold``: how much longer than its calibrated wire time Atlas's runner
+  holds a link for one planned transfer (``1 + runner.token_margin``, so that a
+  transfer running late does not collide with the next); temporal predictions use it.
 
 Without a calibration the what-if uses the model's own numbers (efficiency 1, the
 fluid model's sharing, no overhead).
@@ -33,7 +37,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 from testbed_core.contracts.summary import Summary, VariantResult, read_summary
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.topology import Topology, TopologyError, parse_topology
-from testbed_core.workload import EffectiveWorkload, WorkloadError, parse_workload
+from testbed_core.workload import EffectiveWorkload, Workload, WorkloadError, parse_workload
 
 
 class CalibrationError(ValueError):
@@ -51,6 +55,7 @@ class Efficiencies(BaseModel):
     crowded_fraction: float | None = None
     compute_scale: float = 1.0
     overhead_s: float = 0.0
+    temporal_hold: float = 1.0
     measured_on: str = ""
 
     def apply(self, topology: Topology, net: NetParams) -> tuple[Topology, NetParams]:
@@ -110,12 +115,7 @@ def load_efficiencies(run_dir: str | Path) -> Efficiencies:
     if cal is None or not cal.channel_rate_mbps:
         raise CalibrationError(f"{summary_path}: the run has no WAN calibration (runner.calibrate was off, or the "
                                "run used --local): run it over the emulated WAN to calibrate a what-if")
-    try:
-        resolved = yaml.safe_load(scenario_path.read_text())
-        topo = parse_topology(resolved["topology"], str(scenario_path))
-        workload = parse_workload(resolved["workload"], str(scenario_path))
-    except (yaml.YAMLError, KeyError, TypeError, TopologyError, WorkloadError) as exc:
-        raise CalibrationError(f"{scenario_path}: cannot read the run's topology and workload: {exc}") from None
+    topo, workload = run_setting(folder)
     src, dst = cal.src.split("-", 1)[0], cal.dst.split("-", 1)[0]
     if src == dst:
         raise CalibrationError(f"{summary_path}: the calibration ran inside DC {src}: no WAN path was measured")
@@ -129,20 +129,35 @@ def load_efficiencies(run_dir: str | Path) -> Efficiencies:
     colliding = {int(n): r * 1e6 for n, r in cal.colliding_channels_aggregate_mbps.items()}
     if colliding:
         most = max(colliding)
-        crowded = min(1.0, colliding[most] / max(goodput, model.bottleneck_bps * link_eff))
+        crowded = min(1.0 / link_eff, colliding[most] / (model.bottleneck_bps * link_eff))
     return Efficiencies(
         source=str(folder), flow_efficiency=flow_eff, link_efficiency=link_eff, crowded_fraction=crowded,
-        compute_scale=_compute_scale(summary, workload), overhead_s=_overhead(summary),
+        compute_scale=_compute_scale(summary), overhead_s=_overhead(summary),
+        temporal_hold=1.0 + float(summary.runner.get("token_margin", 0.0) or 0.0)
+        if summary.runner.get("temporal_mode", "token") == "token" else 1.0,
         measured_on=f"{summary.scenario}: {src} -> {dst}, {model.rtt_s * 1e3:.0f} ms RTT, "
                     f"{model.bottleneck_bps / 1e6:.0f} Mbit/s nominal",
     )
+
+
+def run_setting(run_dir: str | Path) -> tuple[Topology, Workload]:
+    """The topology and workload a run folder's scenario ran (to predict the run itself)."""
+    path = Path(run_dir) / "scenario.resolved.yaml"
+    try:
+        resolved = yaml.safe_load(path.read_text())
+        topology = {k: v for k, v in resolved["topology"].items() if not str(k).startswith("_")}  # e.g. _source
+        return parse_topology(topology, str(path)), parse_workload(resolved["workload"], str(path))
+    except OSError as exc:
+        raise CalibrationError(f"{path}: cannot read it ({exc.strerror}): is {run_dir} a `testbed run` folder?") from None
+    except (yaml.YAMLError, KeyError, TypeError, TopologyError, WorkloadError) as exc:
+        raise CalibrationError(f"{path}: cannot read the run's topology and workload: {exc}") from None
 
 
 def _results(summary: Summary) -> list[VariantResult]:
     return [r for name in summary.variants if (r := summary.result(name)) is not None]
 
 
-def _compute_scale(summary: Summary, workload) -> float:
+def _compute_scale(summary: Summary) -> float:
     """Measured over modelled stage compute (real devices only; else 1)."""
     ratios = []
     model = sum(summary.stage_forward_s) + sum(summary.stage_backward_s)

@@ -88,7 +88,8 @@ def evaluate(
         variant = Variant.of(definition, streams, baseline_placement)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         try:
-            p = fast_predict(topology, workload, variant, free=free, net=net, effective=eff)
+            p = fast_predict(topology, workload, variant, free=free, net=net, effective=eff,
+                             hold=calibration.temporal_hold if calibration is not None else 1.0)
         except PlacementError as exc:
             out.append(Outcome(variant=definition.name, feasible=False, error=str(exc)))
             continue

@@ -350,10 +350,14 @@ def fast_predict(
     placement: Placement | None = None,
     effective: EffectiveWorkload | None = None,
     keep_plan: bool = False,
+    hold: float = 1.0,
 ) -> FastPrediction:
     """The planner's prediction of `workload` on `topology` under `variant`, computed
     the fast way (see the module docstring); `keep_plan` also builds Atlas's token
-    order (as `TemporalPlan`, for display)."""
+    order (as `TemporalPlan`, for display). `hold` > 1: under temporal sharing a
+    transfer holds its links that many times its wire time (a runner that plans each
+    transfer longer than calibrated, as `testbed run`'s token margin does; 1 is the
+    planner's model)."""
     net = net or NetParams()
     par = workload.parallelism
     eff = effective or workload.effective(base_dir)
@@ -366,7 +370,12 @@ def fast_predict(
     compiled = Compiled.of(sched)
     fwd, bwd = list(eff.stage_forward_s), list(eff.stage_backward_s)
     nbytes = float(eff.wire_activation_bytes)
+    if hold < 1:
+        raise ValueError(f"hold must be >= 1, got {hold}")
     netw = _network(topology, sched, placement, variant, net, nbytes * 8)
+    if hold != 1.0:
+        netw.exclusive = [[Route(r.seconds * hold, r.latency_s, r.links) if r.links else r for r in row]
+                          for row in netw.exclusive]
     D = par.dp
     counts = [netw.row_of.count(i) for i in range(len(netw.rows))]
     wan_rows = sorted({row for row, _ in netw.wan_channels})

@@ -169,7 +169,8 @@ def _run_folder(tmp_path: Path, *, calibrated: bool = True) -> Path:
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8_388_608, latency_s=0.025,
                       rates_bps={1: 108e6, 8: 700e6}, concurrent=2, colliding_bps={8: 420e6})
     summary = builders.summary({"atlas": builders.variant("atlas", 2.1)},
-                               calibration=cal.report() if calibrated else None)
+                               calibration=cal.report() if calibrated else None,
+                               runner={"local": False, "temporal_mode": "token", "token_margin": 0.2})
     (folder / "summary.json").write_text(summary.to_json())
     scenario = yaml.safe_load((ROOT / "scenarios/atlas-2dc.yaml").read_text())
     scenario["topology"] = yaml.safe_load((ROOT / "topologies/2dc.yaml").read_text())
@@ -184,6 +185,7 @@ def test_calibration_ratios_from_a_run_folder(tmp_path: Path) -> None:
     assert eff.flow_efficiency == pytest.approx(108e6 / (0.5e6 * 8 / 0.05))
     assert eff.link_efficiency == pytest.approx(0.7)
     assert eff.crowded_fraction == pytest.approx(0.6)
+    assert eff.temporal_hold == pytest.approx(1.2)  # the run's token margin
     topo = parse_topology(yaml.safe_load((ROOT / "topologies/2dc.yaml").read_text()))
     from testbed_core.planning.network import NetParams
 
@@ -225,3 +227,10 @@ def test_dc_needs_hosts_or_gpus(dc: dict, message: str) -> None:
     with pytest.raises(TopologyError) as info:
         parse_topology({"name": "t", "dcs": [dc]})
     assert message in str(info.value)
+
+
+def test_calibration_alone_predicts_the_runs_own_setting(tmp_path: Path) -> None:
+    folder = _run_folder(tmp_path)
+    res = CliRunner().invoke(whatif, ["--calibration", str(folder), "--variants", "atlas", "--no-allreduce"])
+    assert res.exit_code == 0, res.output
+    assert "on 2dc" in res.output and "hold links x1.20" in res.output

@@ -189,3 +189,24 @@ def test_variant_that_cannot_be_placed_says_why() -> None:
     with pytest.raises(PlacementError, match="infeasible"):
         fast_predict(topo, wl, Variant("atlas", "auto", "auto", "atlas", fill_link=True))
     assert place({"a": 8, "b": 8}, 4, 2, 1).stage_dc[0] == ("a", "a", "a", "a")
+
+
+def test_hold_lengthens_only_planned_transfers() -> None:
+    """`hold` (a runner's token margin) stretches what a planned transfer holds of its
+    link; shared links and the default are the planner's model."""
+    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
+                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],  # a stage each
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
+    wl = parse_workload({
+        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
+        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
+    })
+    temporal = Variant("atlas", "auto", "temporal", "atlas", fill_link=True)
+    shared = Variant("multi-tcp", 8, "shared", "even")
+    base = fast_predict(topo, wl, temporal)
+    assert base.sharing == "temporal"
+    assert base.iteration_time_s == pytest.approx(predict(topo, wl, temporal).iteration_time_s, rel=1e-9)
+    assert fast_predict(topo, wl, temporal, hold=1.5).pipeline_time_s > base.pipeline_time_s
+    assert fast_predict(topo, wl, shared, hold=1.5).pipeline_time_s == fast_predict(topo, wl, shared).pipeline_time_s
+    with pytest.raises(ValueError, match="hold must be >= 1"):
+        fast_predict(topo, wl, temporal, hold=0.5)

@@ -6,6 +6,7 @@ import json
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import click
 
@@ -85,25 +86,72 @@ def render_topology(topo: Topology) -> str:
     return "\n".join(out)
 
 
+def _pct(value: float | None) -> str:
+    return "-" if value is None else f"{value * 100:.3g}%"
+
+
+def _flag(ok: bool) -> str:
+    return "ok" if ok else "OUT"
+
+
 def render_check(report: dict) -> str:
+    """The check's verdicts as one table, then each direction's train, rate and goodput."""
     rows = []
     for link in report["links"]:
         rtt, gp = link["rtt_ms"], link["goodput_mbps"]
-        dirs = " / ".join(
-            f"{d['goodput_mbps']:.0f}" if d.get("goodput_mbps") is not None else "-" for d in link["directions"])
-        rows.append([f"{link['a']} <-> {link['b']}", f"{rtt['configured']:g}",
-                     "-" if rtt["measured"] is None else f"{rtt['measured']:.2f}",
-                     "ok" if link["rtt_ok"] else "OUT",
-                     f"{gp['configured']:g}", "-" if gp["measured"] is None else f"{gp['measured']:.0f}",
-                     dirs, "ok" if link["goodput_ok"] else "OUT", link["endpoints"],
-                     "ok" if link["ok"] else "FAIL"])
+        rtt_cfg = link.get("rtt_expected_ms") or rtt["configured"]
+        rates = " / ".join("-" if d.get("rate_mbps") is None else f"{d['rate_mbps']:.0f}" for d in link["directions"])
+        goodput = " / ".join("-" if d.get("goodput_mbps") is None else f"{d['goodput_mbps']:.0f}"
+                             for d in link["directions"])
+        losses = " / ".join(_pct(d["train"]["loss"]) if d.get("train") else "-" for d in link["directions"])
+        rows.append([
+            f"{link['a']} <-> {link['b']}",
+            f"{rtt_cfg:g}", "-" if rtt["measured"] is None else f"{rtt['measured']:.2f}", _flag(link["rtt_ok"]),
+            _pct(link["loss"]["configured"]), losses, _flag(link["loss_ok"]),
+            f"{link['jitter_ms']:g}", _flag(link["delay_ok"]),
+            f"{gp['configured']:g}", rates, _flag(link["rate_ok"]),
+            goodput, _flag(link["goodput_ok"]) if link["goodput_judged"] else "(lossy)",
+            "ok" if link["ok"] else "FAIL",
+        ])
     lines = [
         f"delay backend: {report['delay_backend']}   build: {report['build_s']:.2f} s   "
         f"teardown: {report['teardown_s']:.2f} s",
-        _table(["link", "RTT cfg ms", "RTT ms", "RTT?", "rate Mbit/s", "goodput", "(a->b / b->a)", "rate?",
-                "endpoints", "verdict"], rows),
-        "tolerance: RTT within max(1 ms, 3%) of the configured RTT (worse direction); "
-        "goodput >= 90% of the rate in both directions",
+        _table(["link", "RTT cfg ms", "RTT ms", "RTT?", "loss cfg", "loss a->b / b->a", "loss?", "jitter ms",
+                "delay?", "rate Mbit/s", "UDP rate", "rate?", "TCP goodput", "goodput?", "verdict"], rows),
+    ]
+    for link in report["links"]:
+        offset = link.get("path_offset_ms")
+        lines.append("")
+        lines.append(f"{link['a']} <-> {link['b']} ({link['endpoints']})"
+                     + (f"; relay path latency {offset:.3f} ms each way left out of the delay" if offset else ""))
+        for d in link["directions"]:
+            t = d.get("train")
+            if t:
+                lo, hi = t["loss_ci95"]
+                dm, mm = t["delay_ms"], t["model_ms"]
+                lines.append(
+                    f"  {d['src']} -> {d['dst']}: {t['lost']} of {t['sent']} lost ({_pct(t['loss'])}, 95% CI "
+                    f"{_pct(lo)}-{_pct(hi)}); one-way ms min {dm['min']:.3f} median {dm['p50']:.3f} "
+                    f"max {dm['max']:.3f} (model median {mm['p50']:.3f}); early {t['early']}, late {t['late']}, "
+                    f"reordered {t['reordered']}")
+            n = d.get("node")
+            if n:
+                nd = n["delay_ms"]
+                lines.append(f"    through the WAN node: {n['lost']} of {n['entered']} lost ({_pct(n['loss'])}); "
+                             f"ms min {nd['min']:.3f} median {nd['p50']:.3f} max {nd['max']:.3f}; "
+                             f"reordered {n['reordered']}")
+            if d.get("expected_goodput_mbps") is not None:
+                lines.append(f"    TCP goodput {d['goodput_mbps']:.0f} Mbit/s with {d['streams']} streams; "
+                             f"expected under this loss {d['expected_goodput_mbps']:.0f} Mbit/s")
+        if link.get("pcap"):
+            lines.append(f"  capture: {link['pcap']} (capture drops {link['capture_drops']}); "
+                         f"histogram: {link['histogram']}")
+    lines += [
+        "",
+        "tolerance: RTT within 0.3 ms of the configured RTT (train medians; under jitter, of the order-keeping "
+        "model's); loss: none on a loss-free link, else the configured rate inside the 99% interval; delay: none "
+        "early, <= 1% late by over 1 ms, median within 0.3 ms of the model, no reordering; UDP rate within 5%; "
+        "TCP goodput >= 90% of the rate both ways (loss-free links only)",
     ]
     return "\n".join(lines)
 
@@ -153,22 +201,37 @@ def up(file: str, backend: str) -> None:
               help="delay backend: kernel netem, the userspace relay, or auto")
 @click.option("--duration", type=click.IntRange(1, 60), default=4, show_default=True,
               help="seconds of iperf3 per direction (after slow start, which is not counted)")
-def check(file: str, as_json: bool, backend: str, duration: int) -> None:
+@click.option("--deep", is_flag=True,
+              help="also capture each link's UDP train on its WAN node: writes a pcapng and a delay histogram "
+                   "(PNG) per link into --out")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="folder for --deep's files (default: topo-check-<topology name>)")
+def check(file: str, as_json: bool, backend: str, duration: int, deep: bool, out_dir: str | None) -> None:
     """Build FILE, measure every WAN link both ways, compare with the file.
 
-    Exits 1 when a link is out of tolerance: RTT off by more than max(1 ms, 3%),
-    or goodput under 90% of the configured rate.
+    Per link: RTT, loss, delay distribution and order from a UDP train both ways;
+    the shaper's rate from a UDP blast; TCP goodput with iperf3. Exits 1 when a link
+    is out of tolerance (the table's last line says what the tolerances are).
     """
     from testbed.emulation.linkcheck import check_links
     from testbed.emulation.network import Emulation
 
     topology = _load(file)
     say = _stderr_progress()
+    deep_dir = None
+    if deep:
+        deep_dir = Path(out_dir or f"topo-check-{topology.name}")
+        try:
+            deep_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise click.ClickException(f"--out {deep_dir}: cannot create the folder: {exc.strerror}") from None
+    elif out_dir is not None:
+        raise click.UsageError("--out names the folder for --deep's files; add --deep")
     try:
         emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
         with emu:
             say(f"built {len(emu.nodes())} nodes in {emu.build_s:.2f} s, delay backend {emu.delay_backend}")
-            results = check_links(emu, duration=duration, progress=say)
+            results = check_links(emu, duration=duration, progress=say, deep_dir=deep_dir)
             say("tearing down")
         say(f"torn down in {emu.teardown_s:.2f} s")
     except _user_errors() as exc:

@@ -11,8 +11,18 @@ Endpoints: the first host of each DC when the link is the lowest-latency route
 between its two DCs (the normal case); otherwise traffic between those hosts would
 take another path, so the two gateways measure the link directly over its /30.
 
-Tolerance (issue #2): RTT within max(1 ms, 3%) of the configured RTT, goodput at
-least 90% of the configured rate.
+Then, without TCP (`testbed.emulation.probe`, judged by `testbed.emulation.trainstats`):
+a UDP train both ways at once gives each direction's loss (with its confidence
+interval), one-way delay distribution (min, median, max against the configured
+jitter range, from kernel receive timestamps) and reordering, and the precise RTT
+(the sum of the two median one-way delays); a UDP GSO blast above the link rate one
+way, then the other, gives the shaper's rate from the WAN node's egress byte counters.
+
+Verdict: RTT within 0.3 ms of the configured RTT (of the FIFO jitter model's median
+under jitter); loss, delay and rate as configured (see `trainstats`); and, on a
+loss-free link, TCP goodput at least 90% of the rate. A lossy link cannot carry its
+full rate over TCP, so there the goodput is shown beside what TCP can expect under
+that loss (`trainstats.expected_tcp_goodput`) instead of being judged.
 """
 
 from __future__ import annotations
@@ -27,7 +37,12 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from testbed.emulation import pcapcheck, trainstats
 
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
@@ -40,14 +55,14 @@ PING_RE = re.compile(r"time[=<]([0-9.]+) ms")
 
 @dataclass(frozen=True)
 class Tolerance:
-    rtt_abs_s: float = 0.001
-    rtt_rel: float = 0.03
+    rtt_abs_s: float = 0.0003
+    rtt_rel: float = 0.0
     goodput_frac: float = 0.90
 
     def rtt_ok(self, configured_s: float, measured_s: float | None) -> bool:
         if measured_s is None or math.isnan(measured_s):
             return False
-        return abs(measured_s - configured_s) <= max(self.rtt_abs_s, self.rtt_rel * configured_s)
+        return abs(measured_s - configured_s) <= max(self.rtt_abs_s, self.rtt_rel * configured_s) + 1e-9
 
     def goodput_ok(self, configured_bps: float, measured_bps: float | None) -> bool:
         return measured_bps is not None and measured_bps >= self.goodput_frac * configured_bps
@@ -81,6 +96,10 @@ class Direction:
     streams: int = 0
     retransmits: int | None = None
     error: str | None = None
+    expected_goodput_mbps: float | None = None  # TCP under the link's loss (lossy links)
+    rate_mbps: float | None = None  # the shaper's rate under a UDP blast
+    train: trainstats.DirectionTrain | None = None
+    node: pcapcheck.NodePass | None = None  # the train through the WAN node (--deep)
 
 
 @dataclass
@@ -91,16 +110,35 @@ class LinkResult:
     configured_rtt_ms: float
     configured_mbps: float
     directions: list[Direction] = field(default_factory=list)
+    configured_loss: float = 0.0
+    configured_jitter_ms: float = 0.0
+    path_offset_ms: float | None = None  # the relay path's latency left out of the delay
+    expected_rtt_ms: float | None = None  # the FIFO model's median RTT (= configured without jitter)
+    train_rtt_ms: float | None = None  # sum of the two median one-way delays of the train
+    pcap: str | None = None  # --deep: the capture on the WAN node and its histogram
+    histogram: str | None = None
+    capture_drops: int | None = None
     rtt_ok: bool = False
     goodput_ok: bool = False
+    loss_ok: bool = False
+    delay_ok: bool = False
+    rate_ok: bool = False
+
+    @property
+    def lossy(self) -> bool:
+        return self.configured_loss > 0
 
     @property
     def ok(self) -> bool:
-        return self.rtt_ok and self.goodput_ok
+        """RTT, loss, delay and rate as configured; TCP goodput judged on loss-free links only."""
+        return (self.rtt_ok and self.loss_ok and self.delay_ok and self.rate_ok
+                and (self.goodput_ok or self.lossy))
 
     @property
     def measured_rtt_ms(self) -> float | None:
-        """The direction furthest from the configured RTT."""
+        """The train's RTT (precise to microseconds); ping's worse direction without it."""
+        if self.train_rtt_ms is not None:
+            return self.train_rtt_ms
         values = [d.rtt_ms_median for d in self.directions if d.rtt_ms_median is not None]
         if not values:
             return None
@@ -115,12 +153,20 @@ class LinkResult:
         return min(v for v in values if v is not None)
 
     def judge(self, tol: Tolerance) -> None:
-        rtts = [d.rtt_ms_median for d in self.directions]
         rates = [d.goodput_mbps for d in self.directions]
-        self.rtt_ok = bool(rtts) and all(
-            tol.rtt_ok(self.configured_rtt_ms / 1e3, None if r is None else r / 1e3) for r in rtts)
+        expected = self.expected_rtt_ms if self.expected_rtt_ms is not None else self.configured_rtt_ms
+        measured = self.measured_rtt_ms
+        self.rtt_ok = tol.rtt_ok(expected / 1e3, None if measured is None else measured / 1e3)
         self.goodput_ok = bool(rates) and all(
             tol.goodput_ok(self.configured_mbps * 1e6, None if r is None else r * 1e6) for r in rates)
+        trains = [d.train for d in self.directions]
+        self.loss_ok = bool(trains) and all(
+            t is not None and trainstats.loss_ok(t, self.configured_loss) for t in trains)
+        self.delay_ok = bool(trains) and all(
+            t is not None and trainstats.delay_ok(t) for t in trains)
+        self.rate_ok = bool(self.directions) and all(
+            trainstats.rate_ok(self.configured_mbps * 1e6, None if d.rate_mbps is None else d.rate_mbps * 1e6)
+            for d in self.directions)
 
     def as_json(self) -> dict[str, Any]:
         return {
@@ -130,12 +176,33 @@ class LinkResult:
                        "measured": _round(self.measured_rtt_ms, 3)},
             "goodput_mbps": {"configured": round(self.configured_mbps, 3),
                              "measured": _round(self.measured_mbps, 1)},
+            "loss": {"configured": self.configured_loss,
+                     "measured": [None if d.train is None else d.train.loss for d in self.directions]},
+            "jitter_ms": self.configured_jitter_ms,
+            "path_offset_ms": _round(self.path_offset_ms, 4),
+            "rtt_expected_ms": _round(self.expected_rtt_ms, 3),
             "ok": self.ok,
             "rtt_ok": self.rtt_ok,
             "goodput_ok": self.goodput_ok,
+            "goodput_judged": not self.lossy,
+            "loss_ok": self.loss_ok,
+            "delay_ok": self.delay_ok,
+            "rate_ok": self.rate_ok,
             "endpoints": self.endpoints,
-            "directions": [asdict(d) for d in self.directions],
+            "pcap": self.pcap,
+            "histogram": self.histogram,
+            "capture_drops": self.capture_drops,
+            "directions": [_direction_json(d) for d in self.directions],
         }
+
+
+def _direction_json(d: Direction) -> dict[str, Any]:
+    out = asdict(d)
+    out["train"] = None if d.train is None else d.train.as_json()
+    out["node"] = None if d.node is None else d.node.as_json()
+    for key in ("expected_goodput_mbps", "rate_mbps", "rtt_ms_median", "rtt_ms_mean", "goodput_mbps"):
+        out[key] = _round(out[key], 3)
+    return out
 
 
 def _round(value: float | None, digits: int) -> float | None:
@@ -192,6 +259,88 @@ def measure_goodput(src: NodeHandle, dst: NodeHandle, dst_ip: str, streams: int,
     return IperfResult(data.get("bps"), data.get("retransmits"), data.get("error"))
 
 
+PROBE_PORT = 47000
+BLAST_PORT = 47001
+BLAST_OVERLOAD = 1.15  # the blast offers 115% of the link rate: the shaper must cut it
+BLAST_S = 2.0
+RATE_WINDOW = (0.7, 1.7)  # seconds into the blast over which the egress counters are read
+
+
+def _probe_argv(*args: str) -> list[str]:
+    return [sys.executable, "-m", "testbed.emulation.probe", *args]
+
+
+def _json_line(text: str) -> dict[str, Any] | None:
+    lines = [line for line in text.splitlines() if line.startswith("{")]
+    return json.loads(lines[-1]) if lines else None
+
+
+def measure_trains(na: NodeHandle, ip_a: str, nb: NodeHandle, ip_b: str, count: int, pps: float,
+                   linger_s: float, folder: Path, port: int = PROBE_PORT) -> tuple[dict, dict]:
+    """Run a train a->b and b->a at once; returns each end's report (its `records`
+    file holds what it received)."""
+    procs = []
+    for node, peer, tag in ((na, ip_b, "a"), (nb, ip_a, "b")):
+        procs.append(node.popen(_probe_argv("train", "--peer", peer, "--port", str(port), "--count", str(count),
+                                            "--pps", f"{pps:g}", "--linger", f"{linger_s:g}",
+                                            "--out", str(folder / f"train-{tag}.bin")),
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    reports = []
+    for proc in procs:
+        try:
+            out, err = proc.communicate(timeout=count / pps + linger_s + 30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            out, err = proc.communicate()
+        report = _json_line(out)
+        if report is None:
+            raise RuntimeError(f"the probe train failed (exit {proc.returncode}): {err.strip()[-400:]}")
+        reports.append(report)
+    return reports[0], reports[1]
+
+
+def _tx_bytes(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, int]:
+    from testbed.emulation.netns import open_iproute
+
+    with open_iproute(wan.pid) as ipr:
+        out = {}
+        for msg in ipr.get_links():
+            name = msg.get_attr("IFLA_IFNAME")
+            if name in intfs:
+                out[name] = int(msg.get_attr("IFLA_STATS64")["tx_bytes"])
+        return out
+
+
+def measure_rate(emu: Emulation, a: str, b: str, src: NodeHandle, dst_ip: str, rate_bps: float) -> dict[str, float]:
+    """Blast UDP from `src` to `dst_ip` above the rate of link a-b; the WAN node's egress
+    byte counters over the steady part give the rate each interface sends at (bits/s,
+    L2 bytes as HTB counts them), by interface name."""
+    wan = emu.wan_node(a, b)
+    blast = src.popen(_probe_argv("blast", "--peer", dst_ip, "--port", str(BLAST_PORT),
+                                  "--rate", f"{rate_bps * BLAST_OVERLOAD:g}", "--duration", f"{BLAST_S:g}"),
+                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    t_start = time.monotonic()
+    try:
+        time.sleep(max(0.0, t_start + RATE_WINDOW[0] - time.monotonic()))
+        t1, c1 = time.monotonic(), _tx_bytes(wan, wan.intfs)
+        time.sleep(max(0.0, t_start + RATE_WINDOW[1] - time.monotonic()))
+        t2, c2 = time.monotonic(), _tx_bytes(wan, wan.intfs)
+    finally:
+        try:
+            blast.communicate(timeout=BLAST_S + 30)
+        except subprocess.TimeoutExpired:
+            blast.kill()
+            blast.communicate()
+    return {name: 8 * (c2[name] - c1[name]) / (t2 - t1) for name in c1 if name in c2}
+
+
+def _egress_towards(emu: Emulation, a: str, b: str) -> str:
+    """The WAN node's interface that sends towards DC b."""
+    wan = emu.wan_node(a, b)
+    assert wan.plan is not None and emu._wiring is not None
+    return emu._wiring.intf_towards(wan.mn_name, emu.gateway(b).mn_name)
+
+
 def _endpoints(emu: Emulation, a: str, b: str) -> tuple[str, NodeHandle, str, NodeHandle, str]:
     """(kind, node in a, its address, node in b, its address) to measure link a-b."""
     routes = emu.topology.routes()
@@ -209,9 +358,12 @@ def omit_for(rtt_s: float) -> int:
 
 
 def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4, omit: int | None = None,
-                pings: int = 20, progress: Callable[[str], None] | None = None) -> list[LinkResult]:
+                pings: int = 20, progress: Callable[[str], None] | None = None,
+                deep_dir: Path | None = None) -> list[LinkResult]:
     """Measure every WAN link in both directions and judge it against `tol`.
-    `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT)."""
+    `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT).
+    `deep_dir`: also capture each train on the WAN node and write there, per link, the
+    pcapng and a delay histogram (PNG)."""
     tol = tol or Tolerance()
     say = progress or (lambda msg: None)
     results = []
@@ -220,7 +372,10 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
         kind, na, ip_a, nb, ip_b = _endpoints(emu, a, b)
         tcp = emu.topology.tcp_for(a) if kind == "hosts" else None
         tcp_b = emu.topology.tcp_for(b) if kind == "hosts" else None
-        result = LinkResult(a, b, kind, link.rtt_s * 1e3, link.rate / 1e6)
+        result = LinkResult(a, b, kind, link.rtt_s * 1e3, link.rate / 1e6, configured_loss=link.loss,
+                            configured_jitter_ms=link.jitter * 1e3)
+        offset = emu.path_offsets.get(link.name)
+        result.path_offset_ms = None if offset is None else offset.offset_s * 1e3
         for src, dst, ip_dst, settings in ((na, nb, ip_b, tcp), (nb, na, ip_a, tcp_b)):
             d = Direction(src.name, dst.name)
             say(f"{link.name}: RTT {src.name} -> {dst.name}")
@@ -236,10 +391,92 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
             d.goodput_mbps = None if got.bps is None else got.bps / 1e6
             d.retransmits = got.retransmits
             d.error = got.error
+            if link.loss > 0:
+                cc = (settings or emu.topology.tcp_for(a)).congestion_control
+                d.expected_goodput_mbps = trainstats.expected_tcp_goodput(
+                    link.rate, link.rtt_s, link.loss, d.streams, cc) / 1e6
             result.directions.append(d)
+        _packet_checks(emu, link, result, na, ip_a, nb, ip_b, emu.temp_dir("linkcheck"), deep_dir, say)
         result.judge(tol)
         results.append(result)
     return results
+
+
+def _start_capture(emu: Emulation, a: str, b: str, out: Path) -> subprocess.Popen[str]:
+    wan = emu.wan_node(a, b)
+    proc = wan.popen(_probe_argv("capture", "--port", str(PROBE_PORT), "--out", str(out),
+                                 *(arg for intf in wan.intfs for arg in ("--intf", intf))),
+                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdout is not None
+    line = proc.stdout.readline()
+    if line.strip() != "READY":
+        proc.kill()
+        _out, err = proc.communicate()
+        raise RuntimeError(f"the capture on {wan.name} did not start: {err.strip()[-400:]}")
+    return proc
+
+
+def _stop_capture(proc: subprocess.Popen[str]) -> dict[str, Any]:
+    proc.terminate()
+    try:
+        out, err = proc.communicate(timeout=120)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    report = _json_line(out)
+    if report is None:
+        raise RuntimeError(f"the capture failed (exit {proc.returncode}): {err.strip()[-400:]}")
+    return report
+
+
+def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle, ip_a: str, nb: NodeHandle,
+                   ip_b: str, folder: Path, deep_dir: Path | None, say: Callable[[str], None]) -> None:
+    """The UDP train (loss, delay, order, precise RTT) and the rate blast of one link;
+    with `deep_dir`, the train captured on the WAN node too."""
+    a, b = link.between
+    count = trainstats.train_size(link.loss)
+    pps = trainstats.train_pps(count)
+    linger = 2 * (link.delay + link.jitter) + 1.0
+    capture = None
+    if deep_dir is not None:
+        result.pcap = str(deep_dir / f"{link.name}.pcapng")
+        say(f"{link.name}: capturing on {emu.wan_node(a, b).name}")
+        capture = _start_capture(emu, a, b, Path(result.pcap))
+    say(f"{link.name}: UDP train both ways, {count} datagrams at {pps:g}/s")
+    try:
+        rep_a, rep_b = measure_trains(na, ip_a, nb, ip_b, count, pps, linger, folder)
+    finally:
+        cap = _stop_capture(capture) if capture is not None else None
+    delay_s, jitter_s = link.delay, link.jitter
+    for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):
+        records = trainstats.read_records(Path(receiver["records"]))
+        d.train = trainstats.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps)
+    if cap is not None and deep_dir is not None:
+        result.capture_drops = int(cap["drops"])
+        say(f"{link.name}: reading {cap['packets']} captured datagrams")
+        seen = pcapcheck.read_capture(Path(cap["pcap"]))
+        towards_b, towards_a = _egress_towards(emu, a, b), _egress_towards(emu, b, a)
+        panels = []
+        for d, src_ip, (into, out_of), records_of in (
+                (result.directions[0], ip_a, (towards_a, towards_b), rep_b),
+                (result.directions[1], ip_b, (towards_b, towards_a), rep_a)):
+            d.node = pcapcheck.node_pass(seen, src_ip, into, out_of)
+            rec = trainstats.read_records(Path(records_of["records"]))
+            e2e = (rec["rx"].astype(np.int64) - rec["sent"].astype(np.int64)) / 1e9
+            panels.append((f"{d.src} -> {d.dst}", e2e, d.node.delays_s))
+        result.histogram = str(deep_dir / f"{link.name}-delay.png")
+        pcapcheck.histogram_png(Path(result.histogram),
+                                f"{link.name}: delay {link.delay * 1e3:g} ms, jitter {link.jitter * 1e3:g} ms, "
+                                f"loss {link.loss * 100:g}%", panels, delay_s, jitter_s)
+    t_ab, t_ba = result.directions[0].train, result.directions[1].train
+    if t_ab is not None and t_ba is not None and t_ab.received and t_ba.received:
+        result.train_rtt_ms = t_ab.delay_ms["p50"] + t_ba.delay_ms["p50"]
+        result.expected_rtt_ms = t_ab.model_ms["p50"] + t_ba.model_ms["p50"]
+    for d, src, dst_ip, towards in ((result.directions[0], na, ip_b, b), (result.directions[1], nb, ip_a, a)):
+        say(f"{link.name}: UDP blast {d.src} -> {d.dst} at {BLAST_OVERLOAD:g}x the rate, {BLAST_S:g} s")
+        rates = measure_rate(emu, a, b, src, dst_ip, link.rate)
+        got = rates.get(_egress_towards(emu, a, b) if towards == b else _egress_towards(emu, b, a))
+        d.rate_mbps = None if got is None else got / 1e6
 
 
 @dataclass(frozen=True)

@@ -141,6 +141,7 @@ class Emulation:
         self._started = False
         self._procfs = ProcFS()
         self._wiring: Wiring | None = None
+        self.path_offsets: dict[str, Any] = {}  # link name -> delayline.calibrate.PathOffset (relay only)
 
     @classmethod
     def from_file(cls, path: str | Path, prefix: str | None = None,
@@ -436,6 +437,10 @@ class Emulation:
             w.relay = proc
         for w in self._wans:  # started all at once; now wait for each READY
             self._await_ready(w)
+        from testbed.emulation.delayline.calibrate import calibrate_relays
+
+        # the path's own latency, measured per link, is left out of each relay's delay
+        self.path_offsets = calibrate_relays(self._wans, self._gateways, self._progress)
 
     def _await_ready(self, w: WanHandle) -> None:
         from testbed.emulation.delayline import READY_LINE, STATS_PREFIX

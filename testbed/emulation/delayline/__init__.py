@@ -39,9 +39,11 @@ def relay_argv(
     argv = [python, "-m", "testbed.emulation.delayline", "--a", a, "--b", b,
             "--delay", _ms(a2b.delay_s), "--jitter", _ms(a2b.jitter_s), "--loss", repr(a2b.loss),
             "--control", control]
+    if a2b.offset_s:
+        argv += ["--offset", _ms(a2b.offset_s)]
     if b2a is not None and b2a != a2b:
         argv += ["--delay-b-to-a", _ms(b2a.delay_s), "--jitter-b-to-a", _ms(b2a.jitter_s),
-                 "--loss-b-to-a", repr(b2a.loss)]
+                 "--loss-b-to-a", repr(b2a.loss), "--offset-b-to-a", _ms(b2a.offset_s)]
     if seed is not None:
         argv += ["--seed", str(seed)]
     if parent_pid is not None:
@@ -50,7 +52,7 @@ def relay_argv(
 
 
 def set_command(direction: str = "both", *, delay_s: float | None = None, jitter_s: float | None = None,
-                loss: float | None = None) -> str:
+                loss: float | None = None, offset_s: float | None = None) -> str:
     """A control line (newline included) changing the given parameters."""
     parts = ["set", direction]
     if delay_s is not None:
@@ -59,8 +61,10 @@ def set_command(direction: str = "both", *, delay_s: float | None = None, jitter
         parts.append(f"jitter={_ms(jitter_s)}")
     if loss is not None:
         parts.append(f"loss={loss!r}")
+    if offset_s is not None:
+        parts.append(f"offset={_ms(offset_s)}")
     if len(parts) == 2:
-        raise ValueError("set_command needs at least one of delay_s, jitter_s, loss")
+        raise ValueError("set_command needs at least one of delay_s, jitter_s, loss, offset_s")
     return " ".join(parts) + "\n"
 
 

@@ -45,6 +45,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jitter-b-to-a", help="jitter b->a (default: --jitter)")
     p.add_argument("--loss", default="0", help="loss probability per segment, e.g. 0.001 or 0.1%% (default 0)")
     p.add_argument("--loss-b-to-a", help="loss b->a (default: --loss)")
+    p.add_argument("--offset", default="0ms",
+                   help="the path's own one-way latency outside the relay's queue, subtracted from --delay "
+                        "so that the path's total is --delay (default 0ms)")
+    p.add_argument("--offset-b-to-a", help="offset b->a (default: --offset)")
     p.add_argument("--seed", type=int, help="random seed for jitter and loss (default: random, printed on stderr)")
     p.add_argument("--control", choices=("stdin", "none"), default="stdin", help="where control commands come from")
     p.add_argument("--control-fd", type=int, metavar="FD", help="read control commands from this inherited fd")
@@ -66,6 +70,7 @@ def _params(ns: argparse.Namespace, b_to_a: bool) -> LinkParams:
         ("delay", parse_duration, "delay_s"),
         ("jitter", parse_duration, "jitter_s"),
         ("loss", parse_fraction, "loss"),
+        ("offset", parse_duration, "offset_s"),
     ):
         own = getattr(ns, f"{name}_b_to_a") if b_to_a else None
         flag, raw = (f"--{name}-b-to-a", own) if own is not None else (f"--{name}", getattr(ns, name))

@@ -2,6 +2,8 @@
 parsed without I/O.
 
     set [a2b|b2a|both] delay=50ms jitter=1ms loss=0.01   change parameters (default: both)
+    set offset=0.12ms                                    the path's own one-way latency, left
+                                                         out of the queue's delay
     stats                                                print a STATS line now
     quit                                                 exit (like SIGTERM)
 
@@ -20,7 +22,8 @@ from testbed_core.units import UnitError, parse_duration, parse_fraction
 
 Direction = Literal["a2b", "b2a", "both"]
 _DIRECTIONS = ("a2b", "b2a", "both")
-_KEYS = {"delay": "delay_s", "jitter": "jitter_s", "loss": "loss"}
+_KEYS = {"delay": "delay_s", "jitter": "jitter_s", "loss": "loss", "offset": "offset_s"}
+_ALLOWED = "delay, jitter, loss, offset"
 
 
 class ControlError(ValueError):
@@ -33,10 +36,12 @@ class SetCommand:
     delay_s: float | None = None
     jitter_s: float | None = None
     loss: float | None = None
+    offset_s: float | None = None
 
     def apply(self, current: LinkParams) -> LinkParams:
         """New parameters for one direction; raises ControlError when out of range."""
-        changes = {k: v for k, v in (("delay_s", self.delay_s), ("jitter_s", self.jitter_s), ("loss", self.loss)) if v is not None}
+        changes = {k: v for k, v in (("delay_s", self.delay_s), ("jitter_s", self.jitter_s), ("loss", self.loss),
+                                     ("offset_s", self.offset_s)) if v is not None}
         try:
             return replace(current, **changes)
         except ParamError as exc:
@@ -74,7 +79,7 @@ def parse_control(line: str) -> Command | None:
     if args and args[0].lower() in _DIRECTIONS:
         direction = args.pop(0).lower()  # type: ignore[assignment]
     if not args:
-        raise ControlError("'set' needs at least one of delay=, jitter=, loss= (e.g. 'set delay=50ms')")
+        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset= (e.g. 'set delay=50ms')")
     values: dict[str, float] = {}
     for arg in args:
         key, sep, raw = arg.partition("=")
@@ -93,7 +98,7 @@ def parse_control(line: str) -> Command | None:
             )
         field = _KEYS.get(key)
         if field is None:
-            raise ControlError(f"unknown parameter {key!r} (allowed: delay, jitter, loss)")
+            raise ControlError(f"unknown parameter {key!r} (allowed: {_ALLOWED})")
         if field in values:
             raise ControlError(f"{key} given twice")
         try:
@@ -103,7 +108,7 @@ def parse_control(line: str) -> Command | None:
         if values[field] < 0:
             raise ControlError(f"{key} must not be negative, got {raw!r}")
     if not any(k in values for k in _KEYS.values()):
-        raise ControlError("'set' needs at least one of delay=, jitter=, loss=")
+        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset=")
     cmd = SetCommand(direction=direction, **values)
     cmd.apply(LinkParams())  # range check now, so the reply names the problem
     return cmd

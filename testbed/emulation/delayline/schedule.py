@@ -1,9 +1,12 @@
 """The delay line's scheduling core, without I/O: one `DelayQueue` per direction.
 
 Each frame is stamped when it is received and becomes due at
-``deadline = max(previous deadline, stamp + delay + jitter sample)``: jitter never
-reorders frames (a FIFO link), and a frame is never due before its stamp + delay -
-jitter. Jitter samples are uniform in [-jitter, +jitter] (netem's default
+``deadline = max(previous deadline, stamp + delay - offset + jitter sample)``: jitter
+never reorders frames (a FIFO link), and a frame is never due before its stamp + delay -
+offset - jitter. ``offset`` is the path's own one-way latency outside the queue (the
+relay's wake-ups, the veths, the gateways: measured when the emulation starts, see
+`testbed.emulation.delayline.calibrate`), so that the end-to-end delay, not the queue's,
+equals the configured one. Jitter samples are uniform in [-jitter, +jitter] (netem's default
 distribution); ordering makes the mean delay slightly larger than ``delay`` when
 jitter is large compared with the gap between frames. Loss is drawn per segment of a
 GSO super-packet (see `frames.keep_segments`). Changing parameters affects frames
@@ -29,22 +32,31 @@ class ParamError(ValueError):
 
 @dataclass(frozen=True)
 class LinkParams:
-    """One direction of the delay line: seconds, seconds, probability per segment."""
+    """One direction of the delay line: seconds, seconds, probability per segment, and
+    the path latency (seconds) the queue leaves out so that the path's total is ``delay``."""
 
     delay_s: float = 0.0
     jitter_s: float = 0.0
     loss: float = 0.0
+    offset_s: float = 0.0
 
     def __post_init__(self) -> None:
-        for name, label in (("delay_s", "delay"), ("jitter_s", "jitter")):
+        for name, label in (("delay_s", "delay"), ("jitter_s", "jitter"), ("offset_s", "offset")):
             value = getattr(self, name)
             if not (isinstance(value, int | float) and math.isfinite(value) and 0 <= value <= MAX_DELAY_S):
                 raise ParamError(f"{label} must be between 0 and {MAX_DELAY_S:g} s, got {value!r}")
         if not (isinstance(self.loss, int | float) and 0.0 <= self.loss <= 1.0):
             raise ParamError(f"loss is a probability between 0 and 1 (1% = 0.01), got {self.loss!r}")
 
+    @property
+    def queue_delay_s(self) -> float:
+        """What the queue itself holds a frame (before jitter): delay less the path's own
+        latency, never negative."""
+        return max(0.0, self.delay_s - self.offset_s)
+
     def describe(self) -> str:
-        return f"delay={self.delay_s * 1e3:g}ms jitter={self.jitter_s * 1e3:g}ms loss={self.loss:g}"
+        text = f"delay={self.delay_s * 1e3:g}ms jitter={self.jitter_s * 1e3:g}ms loss={self.loss:g}"
+        return text + (f" offset={self.offset_s * 1e3:.4g}ms" if self.offset_s else "")
 
 
 @dataclass
@@ -106,7 +118,7 @@ class DelayQueue:
 
     def _deadline(self, now: float) -> float:
         p = self.params
-        delay = p.delay_s
+        delay = p.queue_delay_s
         if p.jitter_s:
             delay = max(0.0, delay + self.rng.uniform(-p.jitter_s, p.jitter_s))
         deadline = now + delay

@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
+from testbed.commands.topo import render_check
+from testbed.emulation import trainstats
 from testbed.emulation.linkcheck import (
     Direction,
     LinkResult,
@@ -31,13 +34,13 @@ def test_parse_ping():
     assert parse_ping("From 10.0.0.1 icmp_seq=1 Destination Host Unreachable") == []
 
 
-def test_rtt_tolerance_is_max_of_1ms_and_3_percent():
+def test_rtt_tolerance_is_0_3_ms_at_any_rtt():
     tol = Tolerance()
-    assert tol.rtt_ok(0.050, 0.0514)  # 1.4 ms off, 3% of 50 ms is 1.5 ms
-    assert not tol.rtt_ok(0.050, 0.0516)
-    assert tol.rtt_ok(0.010, 0.0109)  # 0.9 ms off: within the 1 ms floor
-    assert not tol.rtt_ok(0.010, 0.0111)
+    assert tol.rtt_ok(0.050, 0.0503) and tol.rtt_ok(0.200, 0.1997)
+    assert not tol.rtt_ok(0.050, 0.0504)
+    assert not tol.rtt_ok(0.200, 0.2004)  # no percentage slack on long paths
     assert not tol.rtt_ok(0.050, None)
+    assert Tolerance(rtt_abs_s=0.001, rtt_rel=0.03).rtt_ok(0.050, 0.0514)
 
 
 def test_goodput_tolerance_is_90_percent():
@@ -56,34 +59,80 @@ def test_streams_cover_the_window_limit():
     assert streams_for(1e11, 0.2, capped) == 64  # bounded
 
 
-def _link(rtts, rates):
-    r = LinkResult("dc1", "dc2", "hosts", 50.0, 1000.0)
-    for rtt, rate in zip(rtts, rates, strict=True):
-        r.directions.append(Direction("dc1-h1", "dc2-h1", rtt_ms_median=rtt, goodput_mbps=rate))
+def _train(src, delay_ms, n=2000, lost=0, jitter_ms=0.0, late=0, configured_ms=25.0):
+    """A direction's train: n sent, `lost` of them missing, one-way delays around delay_ms."""
+    ms = 1_000_000
+    rng = np.random.default_rng(3)
+    rows = []
+    for i in range(n - lost):
+        d = delay_ms + (rng.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0.0) + (5.0 if i < late else 0.0)
+        rows.append((i, i * ms, int(i * ms + d * ms)))
+    recs = np.array(rows, dtype=np.dtype([("seq", "<u4"), ("sent", "<u8"), ("rx", "<u8")]))
+    return trainstats.analyse(src, "x", recs, n, configured_ms / 1e3, jitter_ms / 1e3, 1000)
+
+
+def _link(rtts, rates, *, loss=0.0, lost=(0, 0), train_ms=(25.0, 25.0), udp=(990.0, 990.0), n=2000):
+    r = LinkResult("dc1", "dc2", "hosts", 50.0, 1000.0, configured_loss=loss)
+    for rtt, rate, k, delay, got in zip(rtts, rates, lost, train_ms, udp, strict=True):
+        d = Direction("dc1-h1", "dc2-h1", rtt_ms_median=rtt, goodput_mbps=rate, rate_mbps=got)
+        d.train = None if delay is None else _train("dc1-h1", delay, n=n, lost=k)
+        r.directions.append(d)
+    if all(d.train is not None for d in r.directions):
+        r.train_rtt_ms = sum(d.train.delay_ms["p50"] for d in r.directions)  # type: ignore[union-attr]
+        r.expected_rtt_ms = sum(d.train.model_ms["p50"] for d in r.directions)  # type: ignore[union-attr]
     r.judge(Tolerance())
     return r
 
 
 def test_link_verdict_uses_both_directions():
     good = _link([50.4, 50.6], [950.0, 930.0])
-    assert good.ok and good.rtt_ok and good.goodput_ok
-    assert good.measured_rtt_ms == 50.6  # the direction further from 50
+    assert good.ok and good.rtt_ok and good.goodput_ok and good.loss_ok and good.delay_ok and good.rate_ok
+    assert good.measured_rtt_ms == pytest.approx(50.0)  # the train's, not ping's coarse medians
     assert good.measured_mbps == 930.0  # the slower direction
     slow_back = _link([50.4, 50.6], [950.0, 850.0])
     assert not slow_back.ok and slow_back.rtt_ok and not slow_back.goodput_ok
-    late = _link([50.4, 52.0], [950.0, 950.0])
-    assert not late.ok and not late.rtt_ok
-    failed = _link([None, 50.2], [None, 950.0])
-    assert not failed.ok and failed.measured_mbps is None
+    late = _link([50.4, 52.0], [950.0, 950.0], train_ms=(25.0, 25.4))
+    assert not late.ok and not late.rtt_ok and not late.delay_ok
+    lossy_by_mistake = _link([50.4, 50.6], [950.0, 930.0], lost=(0, 1))
+    assert not lossy_by_mistake.ok and not lossy_by_mistake.loss_ok
+    shaper_off = _link([50.4, 50.6], [950.0, 930.0], udp=(990.0, 930.0))
+    assert not shaper_off.ok and not shaper_off.rate_ok
+    failed = _link([None, 50.2], [None, 950.0], train_ms=(None, 25.0))
+    assert not failed.ok and failed.measured_mbps is None and failed.measured_rtt_ms == 50.2
+
+
+def test_lossy_link_is_judged_on_loss_delay_and_rate_not_tcp_goodput():
+    """0.1% loss caps TCP far below the rate: the link is ok when the train's loss is
+    consistent with 0.1% and its delay and UDP rate are right."""
+    n = trainstats.train_size(0.001)
+    lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 90), n=n)
+    assert lossy.ok and lossy.loss_ok and not lossy.goodput_ok
+    too_lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 200), n=n)
+    assert not too_lossy.ok and not too_lossy.loss_ok
 
 
 def test_json_shape():
     data = _link([50.4, 50.6], [950.0, 930.0]).as_json()
     assert data["a"] == "dc1" and data["b"] == "dc2"
-    assert data["rtt_ms"] == {"configured": 50.0, "measured": 50.6}
+    assert data["rtt_ms"] == {"configured": 50.0, "measured": 50.0}
     assert data["goodput_mbps"] == {"configured": 1000.0, "measured": 930.0}
-    assert data["ok"] is True
+    assert data["loss"] == {"configured": 0.0, "measured": [0.0, 0.0]}
+    assert data["ok"] is True and data["goodput_judged"] is True
     assert len(data["directions"]) == 2
+    train = data["directions"][0]["train"]
+    assert train["sent"] == 2000 and train["lost"] == 0 and train["loss_ci95"][1] < 0.002
+    assert set(train["delay_ms"]) == {"min", "p50", "p99", "max"}
+
+
+def test_render_check_shows_verdicts_and_the_loss_interval():
+    report = {"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1,
+              "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 90),
+                               n=trainstats.train_size(0.001)).as_json()]}
+    report["links"][0]["directions"][0]["expected_goodput_mbps"] = 126.0
+    text = render_check(report)
+    assert "(lossy)" in text and text.splitlines()[3].endswith("ok")
+    assert "100 of 95" in text and "95% CI" in text
+    assert "expected under this loss 126 Mbit/s" in text
 
 
 def test_stream_comparison_ratio():

@@ -39,13 +39,14 @@ def test_other_commands_and_blank_lines() -> None:
     ("line", "message"),
     [
         ("jump", "unknown command 'jump' (allowed: set, stats, quit)"),
-        ("set", "'set' needs at least one of delay=, jitter=, loss="),
+        ("set", "'set' needs at least one of delay=, jitter=, loss=, offset="),
         ("set a2b", "'set' needs at least one of"),
         ("set delay", "expected key=value, got 'delay'"),
         ("set delay=", "expected key=value"),
         ("set delay=5parsec", "delay: '5parsec': unknown time unit 'parsec'"),
         ("set rate=1Gbit", "does not shape rate: HTB on the WAN node's egress"),
-        ("set colour=red", "unknown parameter 'colour' (allowed: delay, jitter, loss)"),
+        ("set colour=red", "unknown parameter 'colour' (allowed: delay, jitter, loss, offset)"),
+        ("set offset=-1ms", "offset must not be negative"),
         ("set loss=2", "loss is a probability between 0 and 1"),
         ("set delay=-5ms", "delay must not be negative"),
         ("set delay=1ms delay=2ms", "delay given twice"),
@@ -65,3 +66,13 @@ def test_set_command_round_trips() -> None:
     assert parse_control(line) == SetCommand("a2b", delay_s=pytest.approx(0.0125), loss=pytest.approx(0.002))
     with pytest.raises(ValueError, match="at least one"):
         set_command("both")
+
+
+def test_offset_is_set_on_its_own_and_survives_delay_changes() -> None:
+    """The calibrated path latency stays when a time-varying link changes its delay."""
+    cmd = parse_control(set_command("both", offset_s=0.00012))
+    assert cmd == SetCommand("both", offset_s=pytest.approx(0.00012))
+    calibrated = cmd.apply(LinkParams(delay_s=0.025))
+    changed = parse_control(set_command("both", delay_s=0.05)).apply(calibrated)  # type: ignore[union-attr]
+    assert changed.offset_s == pytest.approx(0.00012) and changed.delay_s == pytest.approx(0.05)
+    assert "offset=0.12ms" in changed.describe()

@@ -18,7 +18,10 @@ def test_relay_argv_parses_back() -> None:
     assert (a2b.delay_s, a2b.jitter_s, a2b.loss) == pytest.approx((0.025, 0.001, 0.01))
     assert (b2a.delay_s, b2a.jitter_s, b2a.loss) == pytest.approx((0.030, 0.0, 0.0))
     symmetric = relay_argv("x", "y", LinkParams(0.01))
-    assert "--delay-b-to-a" not in symmetric
+    assert "--delay-b-to-a" not in symmetric and "--offset" not in symmetric
+    offset = cli._parser().parse_args(relay_argv("x", "y", LinkParams(0.01, offset_s=0.0002))[3:])
+    assert cli._params(offset, False).offset_s == pytest.approx(0.0002)
+    assert cli._params(offset, True).offset_s == pytest.approx(0.0002)
 
 
 @pytest.mark.parametrize(
@@ -28,6 +31,7 @@ def test_relay_argv_parses_back() -> None:
         (["--a", "x0", "--b", "x1", "--delay", "1 lightyear"], "--delay: '1 lightyear'"),
         (["--a", "x0", "--b", "x1", "--delay", "1ms", "--loss-b-to-a", "3"], "b->a: loss is a probability"),
         (["--a", "x0", "--b", "x1", "--delay", "1ms", "--jitter=-1ms"], "--jitter: must not be negative"),
+        (["--a", "x0", "--b", "x1", "--delay", "1ms", "--offset", "soon"], "--offset: 'soon'"),
         (["--a", "x0", "--b", "x1", "--delay", "1ms", "--max-queue", "lots"], "--max-queue/--sockbuf"),
         (["--a", "x0", "--b", "x1", "--delay", "1ms", "--control-fd", "987"], "--control-fd 987"),
         (["--a", "tbnoiface0", "--b", "tbnoiface1", "--delay", "1ms", "--control", "none"],

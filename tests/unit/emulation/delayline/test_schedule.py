@@ -34,6 +34,16 @@ def test_frames_leave_exactly_after_the_delay() -> None:
     assert q.next_deadline() is None and len(q) == 0 and q.queued_bytes == 0
 
 
+def test_offset_shortens_the_queue_delay_never_below_zero() -> None:
+    """The path's own latency is left out of the queue, so the path's total is the delay."""
+    q = DelayQueue(LinkParams(delay_s=0.025, offset_s=0.0002), random.Random(1))
+    q.push(plain(0), now=10.0)
+    assert q.next_deadline() == pytest.approx(10.0248)
+    q = DelayQueue(LinkParams(delay_s=0.0001, offset_s=0.0002), random.Random(1))
+    q.push(plain(0), now=10.0)
+    assert q.next_deadline() == pytest.approx(10.0)
+
+
 def test_counters_count_l2_bytes() -> None:
     q = DelayQueue(LinkParams(delay_s=0.0), random.Random(1))
     for i in range(3):

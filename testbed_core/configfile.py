@@ -373,6 +373,5 @@ def format_validation_error(source: str, exc: ValidationError, kind: str, prefix
     count = len(by_loc)
     lines = [f"{source}: invalid {kind} ({count} problem{'s' if count > 1 else ''}):"]
     for loc, msgs in by_loc.items():
-        text = "; or ".join(msgs).replace("\n", "\n    ")  # a nested file's own message, indented
-        lines.append(f"  - {loc or '(top level)'}: {text}")
+        lines.append(f"  - {loc or '(top level)'}: {'; or '.join(msgs)}")
     return "\n".join(lines)

@@ -195,7 +195,10 @@ def resolve_scenario(path: str | Path) -> dict[str, Any]:
     for key in ("topology", "workload"):
         if key not in data:
             raise ScenarioError(f"{path}: {key}: required field is missing (a file path or a mapping)")
-        data[key] = _inline(data[key], path.parent, key)
+        try:
+            data[key] = _inline(data[key], path.parent, key)
+        except ScenarioError as exc:
+            raise ScenarioError(f"{path}: {key}: {exc}") from None
     data.setdefault("source", str(path))
     return data
 

@@ -32,11 +32,15 @@ def _random_case(rng: random.Random):
         wan.append({"between": ["dc1", f"dc{n}"], "rate": "1Gbit", "delay": "30ms"})
     topo = parse_topology({"name": "r", "tcp": {"rmem_max": "1MB", "wmem_max": "1MB"}, "dcs": dcs, "wan": wan})
     dp = rng.randint(1, 3)
+    pp = rng.randint(2, 5)
+    schedule = rng.choice(["gpipe", "1f1b", "1f1b", "interleaved-1f1b"])
+    par = {"dp": dp, "pp": pp, "num_micro_batches": rng.randint(1, 4), "schedule": schedule}
+    if schedule == "interleaved-1f1b":
+        par.update(num_micro_batches=pp * rng.randint(1, 2), chunks=2)
     wl = parse_workload({
         "name": "w",
         "model": {"layers": 12, "hidden": 1024, "heads": 8, "seq_len": 512, "vocab": 1000},
-        "parallelism": {"dp": dp, "pp": rng.randint(2, 5), "num_micro_batches": rng.randint(1, 4),
-                        "schedule": rng.choice(["gpipe", "1f1b"])},
+        "parallelism": par,
         "gpu": {"type": "A100", "efficiency": 0.5},
         "scale": rng.choice([1.0, 0.1]),
     })
@@ -88,8 +92,8 @@ def test_fast_agrees_with_exact_on_a_few_random_cases() -> None:
 @pytest.mark.slow
 def test_fast_agrees_with_exact_on_randomized_small_cases() -> None:
     """The issue's floor: within 1% on at least 50 configurations (GPipe and 1F1B,
-    2-5 DCs, shared and temporal links); here 55 topology x workload shapes, each with
-    every variant, and nearly all agree to rounding."""
+    2-5 DCs, shared and temporal links); here 55 topology x workload shapes (interleaved
+    1F1B too), each with every variant, and nearly all agree to rounding."""
     errors, seen = _compare(20261201, 55)
     assert len(errors) >= 150
     exact_to_rounding = sum(e < 1e-9 for e in errors) / len(errors)
@@ -97,7 +101,7 @@ def test_fast_agrees_with_exact_on_randomized_small_cases() -> None:
     assert exact_to_rounding >= 0.9
     # both schedules, both ways of using links, the lockstep shortcut and its
     # fall-back, and 2 to 5 DCs
-    assert {s for s, *_ in seen} == {"gpipe", "1f1b"}
+    assert {s for s, *_ in seen} == {"gpipe", "1f1b", "interleaved-1f1b"}
     assert {sh for _, sh, *_ in seen} == {"shared", "temporal"}
     assert {m for _, _, m, _ in seen} >= {"fast", "fast+exact-pipeline"}
     assert {n for *_, n in seen} == {2, 3, 4, 5}

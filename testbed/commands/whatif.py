@@ -70,9 +70,9 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
     if grid_path is None and not own_run and (topology_path is None or workload_path is None):
         raise click.UsageError("give --topology and --workload, or --grid (e.g. --grid scenarios/whatif-scale.yaml), "
                                "or --calibration RUN_DIR alone (the run's own topology and workload)")
-    if grid_path is not None and (topology_path is not None or workload_path is not None):
-        raise click.UsageError("--grid takes its topologies and workload from the grid file: "
-                               "drop --topology/--workload")
+    if grid_path is not None and (topology_path is not None or workload_path is not None or gpus_text):
+        raise click.UsageError("--grid takes its topologies, DC sizes and workload from the grid file: "
+                               "drop --topology/--workload/--gpus")
     names = [v.strip() for v in variants.split(",") if v.strip()]
     try:
         if not names:

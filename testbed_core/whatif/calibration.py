@@ -76,7 +76,7 @@ class Efficiencies(BaseModel):
                 dc.pop("hosts")
             if dc.get("gpus") is None:
                 dc.pop("gpus", None)
-        for link in data["wan"]:
+        for link in data["wan"]:  # steady rates: the predictions never read a link's changes
             link["rate"] = link["rate"] * self.link_efficiency
             link["changes"] = []
             link.pop("trace", None)

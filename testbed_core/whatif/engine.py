@@ -21,8 +21,10 @@ So each worker (pipeline, rank) runs its op list as a max-plus recurrence until 
 needs a tensor that has not been decided yet; WAN transfers on exclusive links wait
 in a heap ordered by the time they became ready (ties in send order) and are decided
 in that order. Nothing is approximated: given the same routes it reproduces the exact
-simulator's timelines (tests/unit/core/test_whatif_engine.py compares them). Cost:
-a few hundred nanoseconds per op, no rate recomputation.
+simulator's timelines (tests/unit/core/test_whatif_fast_predict.py compares them), up
+to the order of two transfers that become ready at the same instant (ties go to the
+one whose compute started first, then to the first sent; the exact simulator's order
+there comes from the rounding of its fluid bookkeeping). No rate is ever recomputed.
 
 Shared links where one pipeline's own transfers overlap (a route through a DC that
 another boundary also crosses) do change rates over time; `overlaps` finds them, and

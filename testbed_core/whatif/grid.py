@@ -154,6 +154,10 @@ def point_setup(grid: Grid, base: Workload, point: GridPoint) -> tuple[Topology,
                                         "dcs": dcs, "wan": wan})
     except ValidationError as exc:
         raise PointError(f"topology: {format_validation_error('grid point', exc, 'topology')}") from None
-    par = base.parallelism.model_copy(update={"dp": dp, "pp": grid.pp, "tp": grid.tp})
-    workload = base.model_copy(update={"parallelism": par})
+    data = base.model_dump()
+    data["parallelism"].update(dp=dp, pp=grid.pp, tp=grid.tp)
+    try:
+        workload = Workload.model_validate(data)
+    except ValidationError as exc:
+        raise PointError(format_validation_error("grid point", exc, "workload")) from None
     return topo, workload

@@ -3,8 +3,9 @@
 `engine.run` builds the step arrays and calls `run_steps`; the Python loop in
 `engine.run_reference` is the readable twin, and the unit tests check both give the
 same timelines. Compiled once per machine (numba caches the machine code next to this
-file, in __pycache__); a few milliseconds per 100,000 ops afterwards, which is what
-lets Atlas's stride search run every candidate of the planner at paper scale.
+file, in __pycache__). Compiled, the loop costs nanoseconds per op instead of the
+interpreter's microseconds, which is what lets Atlas's stride search run the planner's
+candidates at paper scale.
 """
 
 from __future__ import annotations

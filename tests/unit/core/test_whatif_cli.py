@@ -18,7 +18,7 @@ from testbed.commands.whatif import whatif
 from testbed_core.contracts.calibration import Calibration
 from testbed_core.topology import TopologyError, parse_topology
 from testbed_core.whatif.calibration import CalibrationError, load_efficiencies
-from testbed_core.whatif.grid import GridError, load_grid, point_setup, points
+from testbed_core.whatif.grid import GridError, PointError, load_grid, point_setup, points
 from testbed_core.whatif.predict import Gaps
 from testbed_core.whatif.prefill import prefill_capacity
 
@@ -54,7 +54,9 @@ def test_whatif_json_has_the_figures_of_each_variant() -> None:
 
 @pytest.mark.parametrize("args, message", [
     ([], "give --topology and --workload, or --grid"),
-    (["--grid", "g.yaml", "--topology", TOPO], "--grid takes its topologies and workload from the grid file"),
+    (["--grid", "g.yaml", "--topology", TOPO], "--grid takes its topologies, DC sizes and workload"),
+    (["--grid", "g.yaml", "--gpus", "dc1=4"], "drop --topology/--workload/--gpus"),
+    (["--calibration", "/nonexistent-run"], "no summary.json"),
     (["--topology", TOPO, "--workload", WORKLOAD, "--variants", "atlas,nope"], "unknown variant(s) nope"),
     (["--topology", TOPO, "--workload", WORKLOAD, "--streams", "0"], "streams must be between 1 and 64"),
     (["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc9=4"], "unknown DC 'dc9'"),
@@ -234,3 +236,13 @@ def test_calibration_alone_predicts_the_runs_own_setting(tmp_path: Path) -> None
     res = CliRunner().invoke(whatif, ["--calibration", str(folder), "--variants", "atlas", "--no-allreduce"])
     assert res.exit_code == 0, res.output
     assert "on 2dc" in res.output and "hold links x1.20" in res.output
+
+
+def test_grid_point_whose_workload_breaks_a_rule_says_which(tmp_path: Path) -> None:
+    wl = yaml.safe_load((ROOT / "scenarios/workloads/gpt-1.3b.yaml").read_text())
+    wl["parallelism"].update(schedule="interleaved-1f1b", chunks=2, pp=2, num_micro_batches=4)
+    (tmp_path / "il.yaml").write_text(yaml.safe_dump(wl))
+    grid, base = load_grid(_grid_file(tmp_path, workload="il.yaml", pp=3,
+                                      grid={"gpus": [6], "dcs": [2], "rtt": ["1ms"], "bandwidth": ["1Gbit"]}))
+    with pytest.raises(PointError, match=r"num_micro_batches \(4\) to be a multiple of pp \(3\)"):
+        point_setup(grid, base, points(grid)[0])

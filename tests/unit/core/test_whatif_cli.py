@@ -246,3 +246,19 @@ def test_grid_point_whose_workload_breaks_a_rule_says_which(tmp_path: Path) -> N
                                       grid={"gpus": [6], "dcs": [2], "rtt": ["1ms"], "bandwidth": ["1Gbit"]}))
     with pytest.raises(PointError, match=r"num_micro_batches \(4\) to be a multiple of pp \(3\)"):
         point_setup(grid, base, points(grid)[0])
+
+
+def test_plan_uses_the_fast_predictor_and_exact_on_request() -> None:
+    from testbed.commands.plan import plan
+
+    docs = {}
+    for extra in ([], ["--exact"]):
+        res = CliRunner().invoke(plan, ["--topology", TOPO, "--workload", WORKLOAD, "--json", *extra])
+        assert res.exit_code == 0, res.output
+        docs[bool(extra)] = json.loads(res.output)
+    assert (docs[False]["predictor"], docs[True]["predictor"]) == ("fast", "exact")
+    for name, fast in docs[False]["variants"].items():
+        exact = docs[True]["variants"][name]
+        assert fast["predicted_iteration_time_s"] == pytest.approx(exact["predicted_iteration_time_s"], rel=1e-9)
+        assert fast["sharing"] == exact["sharing"]
+        assert bool(fast["temporal_plan"]) == bool(exact["temporal_plan"])

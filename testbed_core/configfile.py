@@ -31,6 +31,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, ValidationInfo, field_validator
 from yaml.constructor import ConstructorError
 from yaml.nodes import MappingNode, Node, ScalarNode, SequenceNode
+from yaml.reader import ReaderError
 from yaml.scanner import ScannerError
 
 MAX_CONFIG_BYTES = 1 << 20  # a topology, workload, scenario or sweep file
@@ -227,19 +228,29 @@ def _describe_yaml_error(exc: yaml.YAMLError) -> str:
 def load_yaml_text(text: str, source: str, kind: str, error: type[ConfigError] = ConfigError) -> Any:
     """The document in `text` read with `StrictLoader`; any problem raises `error`
     naming `source` and, where known, the line."""
-    loader = StrictLoader(text)
+    try:
+        loader = StrictLoader(text)
+    except ReaderError as exc:  # the whole text is checked for control characters first
+        raise error(f"{source}: not valid YAML for a {kind} file: {_describe_reader_error(exc, text)}") from None
     try:
         node = loader.get_single_node()
         if node is None:
             return None
         _expanded_size(node)
         return loader.construct_document(node)
+    except ReaderError as exc:
+        raise error(f"{source}: not valid YAML for a {kind} file: {_describe_reader_error(exc, text)}") from None
     except yaml.YAMLError as exc:
         raise error(f"{source}: not valid YAML for a {kind} file: {_describe_yaml_error(exc)}") from None
     except (ValueError, RecursionError) as exc:  # a scalar a constructor could not take
         raise error(f"{source}: not valid YAML for a {kind} file: {exc}") from None
     finally:
         loader.dispose()
+
+
+def _describe_reader_error(exc: ReaderError, text: str) -> str:
+    line = text[: exc.position].count("\n") + 1
+    return f"line {line}: control character #x{exc.character:04x} is not allowed in YAML text"
 
 
 def read_yaml(path: str | Path, kind: str, error: type[ConfigError] = ConfigError,

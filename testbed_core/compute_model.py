@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-import yaml
+from testbed_core.configfile import ConfigError, load_yaml_text, read_text
 
 DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp16": 2, "fp32": 4}
 
@@ -45,7 +45,7 @@ BACKWARD_FACTOR = 2.0
 BACKWARD_FACTOR_RECOMPUTE = 3.0
 
 
-class ComputeModelError(ValueError):
+class ComputeModelError(ConfigError):
     """A GPU, profile or model description the compute model cannot use."""
 
 
@@ -316,13 +316,14 @@ class Profile:
 def load_profile(path: str | Path) -> Profile:
     """Read a measured profile (YAML, or JSON by suffix); errors name the file and the op."""
     path = Path(path)
-    if not path.exists():
-        raise ComputeModelError(f"{path}: no such profile file")
-    text = path.read_text()
-    try:
-        data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
-    except (json.JSONDecodeError, yaml.YAMLError) as exc:
-        raise ComputeModelError(f"{path}: not valid {'JSON' if path.suffix == '.json' else 'YAML'}: {exc}") from None
+    text = read_text(path, "profile", ComputeModelError)  # a regular UTF-8 file of sane size
+    if path.suffix == ".json":
+        try:
+            data = json.loads(text)
+        except (json.JSONDecodeError, RecursionError) as exc:
+            raise ComputeModelError(f"{path}: not valid JSON: {exc}") from None
+    else:
+        data = load_yaml_text(text, str(path), "profile", ComputeModelError)
     if isinstance(data, dict) and "ops" in data:
         data = data["ops"]
     if not isinstance(data, dict) or not data:

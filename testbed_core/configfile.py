@@ -54,7 +54,7 @@ def _size_text(nbytes: int) -> str:
 # ---------------------------------------------------------------------------- reading
 
 
-def read_text(path: str | Path, kind: str, error: type[ConfigError] = ConfigError,
+def read_text(path: str | Path, kind: str, error: type[Exception] = ConfigError,
               max_bytes: int = MAX_CONFIG_BYTES, missing_hint: str = "") -> str:
     """The UTF-8 text of a `kind` file (a UTF-8 byte-order mark is dropped). Raises
     `error` naming the file for a missing file, a directory, anything not a regular
@@ -225,7 +225,7 @@ def _describe_yaml_error(exc: yaml.YAMLError) -> str:
     return text
 
 
-def load_yaml_text(text: str, source: str, kind: str, error: type[ConfigError] = ConfigError) -> Any:
+def load_yaml_text(text: str, source: str, kind: str, error: type[Exception] = ConfigError) -> Any:
     """The document in `text` read with `StrictLoader`; any problem raises `error`
     naming `source` and, where known, the line."""
     try:

@@ -20,6 +20,7 @@ from bubbletea_agent.requests import TraceSource
 from testbed.run.scenario import load_scenario
 from testbed.sweep import load_sweep
 from testbed_core.configfile import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_NODES, ConfigError
+from testbed_core.compute_model import load_profile
 from testbed_core.constants import SCENARIOS_DIR, TOPOLOGIES_DIR, WORKLOADS_DIR
 from testbed_core.topology import load_topology, load_trace
 from testbed_core.workload import load_workload
@@ -47,8 +48,9 @@ LOADERS: dict[str, Callable[[Path], object]] = {
     "sweep": load_sweep,
     "link trace": _trace,
     "request trace": _requests,
+    "profile": load_profile,  # a workload's gpu.profile
 }
-YAML_LOADERS = {k: v for k, v in LOADERS.items() if k in ("topology", "workload", "scenario", "sweep")}
+YAML_LOADERS = {k: v for k, v in LOADERS.items() if k in ("topology", "workload", "scenario", "sweep", "profile")}
 
 
 def refused(load: Callable[[Path], object], path: Path, *needles: str) -> str:

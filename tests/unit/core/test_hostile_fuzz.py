@@ -1,6 +1,6 @@
 """Random documents fed to every loader (topology, workload, scenario, sweep, link
-trace, request trace): each either loads or raises the toolkit's own ConfigError, whose
-message names the file and holds none of the libraries' internals. Anything else (a
+trace, request trace, gpu profile): each either loads or raises the toolkit's own
+ConfigError, whose message names the file and holds none of the libraries' internals. Anything else (a
 traceback, a hang, a MemoryError) fails the test.
 
 Three kinds of input: random bytes and text as a file; random YAML documents; and
@@ -27,6 +27,7 @@ from hypothesis import strategies as st
 from bubbletea_agent.requests import TraceSource
 from testbed.run.scenario import load_scenario
 from testbed.sweep import load_sweep
+from testbed_core.compute_model import load_profile
 from testbed_core.configfile import ConfigError
 from testbed_core.constants import TOPOLOGIES_DIR, WORKLOADS_DIR
 from testbed_core.topology import load_topology, load_trace
@@ -102,6 +103,7 @@ def _requests(path: Path) -> object:
 
 YAML_LOADERS: dict[str, Callable[[Path], object]] = {
     "topology": load_topology, "workload": load_workload, "scenario": load_scenario, "sweep": load_sweep,
+    "profile": load_profile,
 }
 ALL_LOADERS = {**YAML_LOADERS, "link trace": _trace, "request trace": _requests}
 
@@ -166,7 +168,12 @@ def test_random_documents(folder: Path, kind: str, doc: Any) -> None:
     check(YAML_LOADERS[kind], write(folder, yaml.safe_dump(doc)))
 
 
-_VALID = {"topology": topology_doc, "workload": workload_doc, "scenario": scenario_doc, "sweep": sweep_doc}
+def profile_doc() -> dict[str, Any]:
+    return {"ops": {"forward": 0.01, "backward": 0.02}}
+
+
+_VALID = {"topology": topology_doc, "workload": workload_doc, "scenario": scenario_doc, "sweep": sweep_doc,
+          "profile": profile_doc}
 
 
 @pytest.mark.parametrize("kind", YAML_LOADERS)

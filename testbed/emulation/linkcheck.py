@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from testbed.emulation import pcapcheck, trainstats
+from testbed.emulation.probe import GSO_SEGMENT
 
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
@@ -299,7 +300,8 @@ def measure_trains(na: NodeHandle, ip_a: str, nb: NodeHandle, ip_b: str, count: 
     return reports[0], reports[1]
 
 
-def _tx_bytes(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, int]:
+def _tx_counters(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, tuple[int, int]]:
+    """(bytes, packets) each interface has sent; a GSO super-packet counts once."""
     from testbed.emulation.netns import open_iproute
 
     with open_iproute(wan.pid) as ipr:
@@ -307,14 +309,23 @@ def _tx_bytes(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, int]:
         for msg in ipr.get_links():
             name = msg.get_attr("IFLA_IFNAME")
             if name in intfs:
-                out[name] = int(msg.get_attr("IFLA_STATS64")["tx_bytes"])
+                stats = msg.get_attr("IFLA_STATS64")
+                out[name] = (int(stats["tx_bytes"]), int(stats["tx_packets"]))
         return out
+
+
+def wire_bits(d_bytes: int, d_packets: int, segment: int = GSO_SEGMENT, headers: int = 14 + 20 + 8) -> float:
+    """Bits the blast's frames take once cut into segments. Every segment carries
+    `segment` payload bytes and its own Ethernet, IPv4 and UDP headers, which HTB
+    charges for (qdisc_pkt_len) but the interface's byte counter, counting each GSO
+    super-packet (whole, or rebuilt around lost segments) once, does not."""
+    return 8.0 * max(0, d_bytes - d_packets * headers) * (segment + headers) / segment
 
 
 def measure_rate(emu: Emulation, a: str, b: str, src: NodeHandle, dst_ip: str, rate_bps: float) -> dict[str, float]:
     """Blast UDP from `src` to `dst_ip` above the rate of link a-b; the WAN node's egress
-    byte counters over the steady part give the rate each interface sends at (bits/s,
-    L2 bytes as HTB counts them), by interface name."""
+    counters over the steady part give the rate each interface sends at (bits/s of
+    segmented frames, as HTB counts them: `wire_bits`), by interface name."""
     wan = emu.wan_node(a, b)
     blast = src.popen(_probe_argv("blast", "--peer", dst_ip, "--port", str(BLAST_PORT),
                                   "--rate", f"{rate_bps * BLAST_OVERLOAD:g}", "--duration", f"{BLAST_S:g}"),
@@ -322,16 +333,17 @@ def measure_rate(emu: Emulation, a: str, b: str, src: NodeHandle, dst_ip: str, r
     t_start = time.monotonic()
     try:
         time.sleep(max(0.0, t_start + RATE_WINDOW[0] - time.monotonic()))
-        t1, c1 = time.monotonic(), _tx_bytes(wan, wan.intfs)
+        t1, c1 = time.monotonic(), _tx_counters(wan, wan.intfs)
         time.sleep(max(0.0, t_start + RATE_WINDOW[1] - time.monotonic()))
-        t2, c2 = time.monotonic(), _tx_bytes(wan, wan.intfs)
+        t2, c2 = time.monotonic(), _tx_counters(wan, wan.intfs)
     finally:
         try:
             blast.communicate(timeout=BLAST_S + 30)
         except subprocess.TimeoutExpired:
             blast.kill()
             blast.communicate()
-    return {name: 8 * (c2[name] - c1[name]) / (t2 - t1) for name in c1 if name in c2}
+    return {name: wire_bits(c2[name][0] - c1[name][0], c2[name][1] - c1[name][1]) / (t2 - t1)
+            for name in c1 if name in c2}
 
 
 def _egress_towards(emu: Emulation, a: str, b: str) -> str:
@@ -463,7 +475,9 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
             d.node = pcapcheck.node_pass(seen, src_ip, into, out_of)
             rec = trainstats.read_records(Path(records_of["records"]))
             e2e = (rec["rx"].astype(np.int64) - rec["sent"].astype(np.int64)) / 1e9
-            panels.append((f"{d.src} -> {d.dst}", e2e, d.node.delays_s))
+            sent = np.sort(rec["sent"].astype(np.int64))
+            model = trainstats.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s)
+            panels.append((f"{d.src} -> {d.dst}", e2e, d.node.delays_s, model))
         result.histogram = str(deep_dir / f"{link.name}-delay.png")
         pcapcheck.histogram_png(Path(result.histogram),
                                 f"{link.name}: delay {link.delay * 1e3:g} ms, jitter {link.jitter * 1e3:g} ms, "

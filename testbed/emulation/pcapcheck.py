@@ -106,17 +106,18 @@ def node_pass(seen: list[Seen], src: str, in_intf: str, out_intf: str) -> NodePa
                     reordered=reordered, delays_s=delays)
 
 
-def histogram_png(path: Path, title: str, panels: list[tuple[str, np.ndarray, np.ndarray]],
+def histogram_png(path: Path, title: str, panels: list[tuple[str, np.ndarray, np.ndarray, np.ndarray]],
                   delay_s: float, jitter_s: float) -> None:
-    """One panel per direction: end-to-end and through-the-node delay histograms, with
-    the configured delay and jitter range marked."""
+    """One panel per direction (label, end-to-end delays, through-the-node delays, the
+    order-keeping model's delays for the same send times; seconds): histograms, the
+    model as a line, the configured delay and jitter range marked."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(len(panels), 1, figsize=(8, 3.2 * len(panels)), squeeze=False)
-    for ax, (label, e2e_s, node_s) in zip(axes[:, 0], panels, strict=True):
+    for ax, (label, e2e_s, node_s, model_s) in zip(axes[:, 0], panels, strict=True):
         values = [v for v in (e2e_s, node_s) if v.size]
         if values:
             lo = min(float(v.min()) for v in values) * 1e3
@@ -126,6 +127,9 @@ def histogram_png(path: Path, title: str, panels: list[tuple[str, np.ndarray, np
                 ax.hist(e2e_s * 1e3, bins=bins, alpha=0.6, label=f"end to end (host to host), n={e2e_s.size}")
             if node_s.size:
                 ax.hist(node_s * 1e3, bins=bins, alpha=0.6, label=f"through the WAN node, n={node_s.size}")
+            if model_s.size:
+                ax.hist(model_s * 1e3, bins=bins, histtype="step", color="k", linewidth=1,
+                        label="configured (order-keeping uniform jitter model)")
         ax.axvline(delay_s * 1e3, color="k", linestyle="--", linewidth=1, label="configured delay")
         if jitter_s > 0:
             for edge in (delay_s - jitter_s, delay_s + jitter_s):

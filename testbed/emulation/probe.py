@@ -143,9 +143,8 @@ def _attach_filter(sock: socket.socket, prog: list[tuple[int, int, int, int]]) -
 
     raw = b"".join(struct.pack("HBBI", *ins) for ins in prog)
     buf = ctypes.create_string_buffer(raw)
-    fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))
+    fprog = struct.pack("HL", len(prog), ctypes.addressof(buf))  # the kernel copies the program
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
-    sock._tb_filter = buf  # type: ignore[attr-defined]  # keep the program alive with the socket
 
 
 def _capture(intfs: Sequence[str], port: int, out: Path) -> dict:

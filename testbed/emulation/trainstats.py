@@ -33,7 +33,7 @@ TARGET_REL_HALF_WIDTH = 0.2  # 95% interval of the loss estimate: +-20% of the c
 LOSSLESS_TRAIN = 2000  # datagrams on a loss-free link: 0 lost bounds the loss below 0.15% (95%)
 MAX_TRAIN = 120_000
 MAX_PPS = 5_000  # per direction: the Python delay line keeps up with small datagrams on a busy 2-core box
-MIN_PPS = 1_000
+MIN_PPS = 2_000
 MAX_TRAIN_S = 20.0
 DELAY_TOL_S = 0.0003  # median delay and min delay within 0.3 ms of the model
 LATE_TOL_S = 0.001  # later than delay + jitter by more than this counts as late
@@ -75,19 +75,25 @@ def read_records(path: Path) -> np.ndarray:
     return np.frombuffer(raw[: n * RECORD.size], dtype=dt)
 
 
-def fifo_model_quantiles(send_s: Sequence[float] | np.ndarray, delay_s: float, jitter_s: float,
-                         qs: Sequence[float] = (0.0, 0.5, 1.0), seed: int = 1) -> list[float]:
-    """Delay quantiles of an order-keeping link with uniform +-jitter for datagrams
+def fifo_model_delays(send_s: Sequence[float] | np.ndarray, delay_s: float, jitter_s: float,
+                      seed: int = 1) -> np.ndarray:
+    """One draw of the delays an order-keeping link with uniform +-jitter gives datagrams
     sent at `send_s` (the delay line's rule: deadline = max(previous, sent + delay + U))."""
     t = np.asarray(send_s, dtype=float)
-    if t.size == 0:
-        return [math.nan for _ in qs]
-    if jitter_s <= 0:
-        return [delay_s for _ in qs]
+    if jitter_s <= 0 or t.size == 0:
+        return np.full(t.size, delay_s)
     rng = np.random.default_rng(seed)
     raw = t + np.maximum(0.0, delay_s + rng.uniform(-jitter_s, jitter_s, t.size))
-    deadlines = np.maximum.accumulate(raw)
-    return [float(v) for v in np.quantile(deadlines - t, qs)]
+    return np.maximum.accumulate(raw) - t
+
+
+def fifo_model_quantiles(send_s: Sequence[float] | np.ndarray, delay_s: float, jitter_s: float,
+                         qs: Sequence[float] = (0.0, 0.5, 1.0), seed: int = 1) -> list[float]:
+    """Quantiles of `fifo_model_delays`."""
+    delays = fifo_model_delays(send_s, delay_s, jitter_s, seed)
+    if delays.size == 0:
+        return [math.nan for _ in qs]
+    return [float(v) for v in np.quantile(delays, qs)]
 
 
 @dataclass

@@ -27,25 +27,41 @@ def test_eight_streams_get_at_least_4x_one_stream_across_the_2dc_wan():
     assert cmp.ratio >= 4
 
 
-def run_check() -> dict:
-    out = subprocess.run([sys.executable, "-m", "testbed.cli", "topo", "check", str(TOPO), "--json"],
-                         capture_output=True, text=True, cwd=REPO, timeout=180)
+def run_check(topo: Path, *extra: str) -> dict:
+    out = subprocess.run([sys.executable, "-m", "testbed.cli", "topo", "check", str(topo), "--json", *extra],
+                         capture_output=True, text=True, cwd=REPO, timeout=240)
     assert out.returncode in (0, 1), out.stderr
     report = json.loads(out.stdout)
-    assert (out.returncode == 0) == all(link["ok"] for link in report["links"])
+    assert (out.returncode == 0) == all(link["ok"] for link in report["links"]), out.stderr
     return report
+
+
+def _verdicts_follow_figures(link: dict) -> None:
+    """Each verdict is exactly what the link's figures earn (see linkcheck/trainstats)."""
+    for d in link["directions"]:
+        t = d["train"]
+        assert t["sent"] > 0 and t["received"] + t["lost"] >= t["sent"]
+    loss_ok = all((t["lost"] == 0) if link["loss"]["configured"] == 0
+                  else t["loss_ci99"][0] <= link["loss"]["configured"] <= t["loss_ci99"][1]
+                  for t in (d["train"] for d in link["directions"]))
+    assert link["loss_ok"] == loss_ok
+    rate_ok = all(abs(d["rate_mbps"] / link["goodput_mbps"]["configured"] - 1) <= 0.05 for d in link["directions"])
+    assert link["rate_ok"] == rate_ok
+    rtt_ok = abs(link["rtt_ms"]["measured"] - link["rtt_expected_ms"]) <= 0.3 + 1e-6
+    assert link["rtt_ok"] == rtt_ok
+    assert link["ok"] == (link["rtt_ok"] and link["loss_ok"] and link["delay_ok"] and link["rate_ok"]
+                          and (link["goodput_ok"] or not link["goodput_judged"]))
 
 
 def test_topo_check_2dc_json_gives_each_link_its_verdict():
     """`testbed topo check --json` on the 2dc quickstart: the report carries its keys and
-    each link's configured figures; each link's verdict (`ok`) is exactly what its
-    measured figures earn (RTT within max(1 ms, 3%), goodput at least 90% of the rate in
-    the slower direction), and the exit code follows the verdicts. The RTT must be in
-    tolerance and the link must carry a quarter of its rate (it works at all): on CI's two
-    busy cores the userspace relay has fallen to 44% of the rate, short of the check's own
-    90% bar, which is then reported (ok false, exit 1), not hidden; the delay line's
-    throughput floor belongs to the fidelity work, not to this verdict test."""
-    report = run_check()
+    each link's configured figures; each link's verdicts are exactly what its measured
+    figures earn, and the exit code follows them. The calibrated RTT must be within the
+    issue's 0.3 ms (plus 0.2 ms for a shared machine), the train lose nothing and keep
+    order, and the link carry a quarter of its rate over TCP (it works at all: on CI's two
+    busy cores the userspace relay has fallen to 44% of the rate, which the check then
+    reports, not hides)."""
+    report = run_check(TOPO)
     assert set(report) == {"delay_backend", "build_s", "teardown_s", "links"}
     if not detect_features().netem:
         assert report["delay_backend"] == "relay"
@@ -53,12 +69,62 @@ def test_topo_check_2dc_json_gives_each_link_its_verdict():
     assert [(link["a"], link["b"]) for link in links] == [("dc1", "dc2")]
     for link in links:
         assert link["rtt_ms"]["configured"] == 50.0 and link["goodput_mbps"]["configured"] == 1000.0
+        _verdicts_follow_figures(link)
         rtt, rate = link["rtt_ms"]["measured"], link["goodput_mbps"]["measured"]
-        rtt_ok = abs(rtt - 50.0) <= max(1.0, 0.03 * 50.0)
-        goodput_ok = rate >= 0.9 * 1000.0
-        print(f"\nbuild {report['build_s']} s, teardown {report['teardown_s']} s, RTT {rtt} ms, "
-              f"goodput {rate} Mbit/s, ok={link['ok']}")
-        assert link["rtt_ok"] == rtt_ok and link["goodput_ok"] == goodput_ok
-        assert link["ok"] == (rtt_ok and goodput_ok)
-        assert rtt_ok, f"RTT {rtt} ms is out of tolerance of the configured 50 ms"
+        print(f"\nbuild {report['build_s']} s, RTT {rtt} ms (path offset {link['path_offset_ms']} ms), "
+              f"goodput {rate} Mbit/s, UDP rate {[d['rate_mbps'] for d in link['directions']]}, ok={link['ok']}")
+        if report["delay_backend"] == "relay":
+            assert link["path_offset_ms"] is not None and 0 <= link["path_offset_ms"] <= 2.0
+        assert abs(rtt - 50.0) <= 0.5, f"RTT {rtt} ms is not within 0.3 ms (+0.2) of the configured 50 ms"
+        for d in link["directions"]:
+            assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
         assert rate >= 0.25 * 1000.0, f"the link carried {rate} Mbit/s of its 1000"
+
+
+LOSSY = """
+name: lossy3
+description: a 10 ms RTT link with 1% loss and +-1 ms jitter, and a 200 ms RTT link
+tcp: {congestion_control: cubic, rmem_max: 4MB, wmem_max: 4MB}
+dcs:
+  - {name: p, hosts: 1}
+  - {name: q, hosts: 1}
+  - {name: r, hosts: 1}
+wan:
+  - {between: [p, q], rate: 300Mbit, delay: 5ms, jitter: 1ms, loss: 1%}
+  - {between: [q, r], rate: 200Mbit, delay: 100ms}
+"""
+
+
+def test_topo_check_deep_verifies_loss_jitter_and_rtt_from_10_to_200_ms(tmp_path: Path):
+    """A lossy, jittery 10 ms RTT link and a 200 ms RTT link, checked with --deep: the
+    train's loss is consistent with the configured 1% (its interval stated), nothing
+    arrives early or out of order, the capture on the WAN node sees the same datagrams
+    lost, the pcapng and the histogram are written, TCP's expected goodput under the loss
+    is shown, and TCP goodput is not judged on the lossy link. Both RTTs are within the
+    issue's 0.3 ms (plus 0.2 ms for a shared machine) of the configured (model's) RTT."""
+    topo = tmp_path / "lossy3.yaml"
+    topo.write_text(LOSSY)
+    out = tmp_path / "deep"
+    report = run_check(topo, "--deep", "--out", str(out), "--duration", "1")
+    lossy, far = report["links"]
+    for link in (lossy, far):
+        _verdicts_follow_figures(link)
+        print(f"\n{link['a']}-{link['b']}: RTT {link['rtt_ms']['measured']} (model {link['rtt_expected_ms']}), "
+              f"loss {link['loss']['measured']}, rate {[d['rate_mbps'] for d in link['directions']]}, "
+              f"ok={link['ok']}")
+        assert abs(link["rtt_ms"]["measured"] - link["rtt_expected_ms"]) <= 0.5
+        assert Path(link["pcap"]).stat().st_size > 0 and link["capture_drops"] == 0
+        assert Path(link["histogram"]).read_bytes()[:4] == b"\x89PNG"
+    assert lossy["goodput_judged"] is False and far["goodput_judged"] is True
+    assert lossy["rtt_expected_ms"] > 10.0  # jitter with order kept: datagrams wait for slower ones
+    for d in lossy["directions"]:
+        t, node = d["train"], d["node"]
+        assert t["sent"] >= 9000  # sized for +-20% at 95% around 1%
+        assert t["loss_ci95"][0] < 0.01 < t["loss_ci95"][1] or not lossy["loss_ok"]
+        assert 0.005 < t["loss"] < 0.02
+        assert t["early"] == 0 and t["reordered"] == 0 and node["reordered"] == 0
+        assert abs(node["lost"] - t["lost"]) <= 3  # the link lost them, not the hosts
+        assert 4.0 - 0.3 <= t["delay_ms"]["min"] and t["delay_ms"]["p50"] <= 6.3
+        assert 0 < d["expected_goodput_mbps"] < 300
+    for d in far["directions"]:
+        assert d["train"]["lost"] == 0 and d["node"]["lost"] == 0

@@ -6,8 +6,9 @@ super-packet are lost, `keep_segments` rebuilds the surviving runs as their own
 (smaller) GSO packets, exactly as if the lost segments had been dropped on the wire:
 sequence numbers, IPv4 id, lengths, IPv4 header checksum, the partial TCP checksum
 and the TCP flags that GSO puts on the first (CWR) or last (FIN, PSH) segment only.
-Frames we cannot rebuild (UDP GSO, IP options we do not parse, VLAN tags) are dropped
-whole when any of their segments is lost.
+UDP GSO (UDP_SEGMENT) super-packets are rebuilt the same way (UDP length, IPv4 id and
+checksum, the partial UDP checksum). Frames we cannot rebuild (UFO, IP options we do
+not parse, VLAN tags) are dropped whole when any of their segments is lost.
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ def gso_layout(frame: bytes) -> GsoLayout | None:
         splittable = gso_type in (GSO_TCPV4, GSO_TCPV6) and (ipv == 4) == (gso_type == GSO_TCPV4)
     elif proto == IPPROTO_UDP and len(frame) >= l4 + 8:
         hdr_end = l4 + 8
+        splittable = gso_type == GSO_UDP_L4 and ipv in (4, 6)
     if hdr_end < 0 or hdr_end > len(frame):
         hdr_end = min(len(frame), VNET_LEN + hdr_len) if hdr_len else len(frame)
         splittable = False
@@ -118,18 +120,18 @@ def ones_sum(data: bytes | bytearray | memoryview) -> int:
     return s or 0xFFFF
 
 
-def _pseudo_sum(hdr: bytearray, lay: GsoLayout, l4_len: int) -> int:
+def _pseudo_sum(hdr: bytearray, lay: GsoLayout, l4_len: int, proto: int = IPPROTO_TCP) -> int:
     if lay.ipv == 4:
         src_dst = hdr[lay.l3 + 12 : lay.l3 + 20]
-        pseudo = bytes(src_dst) + struct.pack("!BBH", 0, IPPROTO_TCP, l4_len)
+        pseudo = bytes(src_dst) + struct.pack("!BBH", 0, proto, l4_len)
     else:
         src_dst = hdr[lay.l3 + 8 : lay.l3 + 40]
-        pseudo = bytes(src_dst) + struct.pack("!IxxxB", l4_len, IPPROTO_TCP)
+        pseudo = bytes(src_dst) + struct.pack("!IxxxB", l4_len, proto)
     return ones_sum(pseudo)
 
 
 def _run(frame: bytes, lay: GsoLayout, first: int, stop: int) -> bytes:
-    """Segments [first, stop) of a TCP super-packet as a frame of their own."""
+    """Segments [first, stop) of a TCP or UDP super-packet as a frame of their own."""
     mss = lay.gso_size
     start = lay.hdr_end + first * mss
     end = min(lay.hdr_end + stop * mss, len(frame))
@@ -137,14 +139,18 @@ def _run(frame: bytes, lay: GsoLayout, first: int, stop: int) -> bytes:
     hdr = bytearray(frame[: lay.hdr_end])
     l3, l4 = lay.l3, lay.l4
     l4_len = (lay.hdr_end - l4) + (end - start)
-    seq = (int.from_bytes(hdr[l4 + 4 : l4 + 8], "big") + first * mss) & 0xFFFFFFFF
-    hdr[l4 + 4 : l4 + 8] = seq.to_bytes(4, "big")
-    flags = hdr[l4 + 13]
-    if first > 0:
-        flags &= ~TCP_CWR & 0xFF
-    if stop < lay.segments:
-        flags &= ~(TCP_FIN | TCP_PSH) & 0xFF
-    hdr[l4 + 13] = flags
+    udp = lay.gso_type == GSO_UDP_L4
+    if udp:
+        hdr[l4 + 4 : l4 + 6] = l4_len.to_bytes(2, "big")
+    else:
+        seq = (int.from_bytes(hdr[l4 + 4 : l4 + 8], "big") + first * mss) & 0xFFFFFFFF
+        hdr[l4 + 4 : l4 + 8] = seq.to_bytes(4, "big")
+        flags = hdr[l4 + 13]
+        if first > 0:
+            flags &= ~TCP_CWR & 0xFF
+        if stop < lay.segments:
+            flags &= ~(TCP_FIN | TCP_PSH) & 0xFF
+        hdr[l4 + 13] = flags
     if lay.ipv == 4:
         ihl = l4 - l3
         hdr[l3 + 2 : l3 + 4] = (ihl + l4_len).to_bytes(2, "big")
@@ -156,7 +162,9 @@ def _run(frame: bytes, lay: GsoLayout, first: int, stop: int) -> bytes:
         hdr[l3 + 4 : l3 + 6] = ((l4 - l3 - 40) + l4_len).to_bytes(2, "big")
     # CHECKSUM_PARTIAL: the check field carries the pseudo-header sum, the sender's
     # device (or software) completes it over header and payload.
-    hdr[l4 + 16 : l4 + 18] = _pseudo_sum(hdr, lay, l4_len).to_bytes(2, "big")
+    csum_offset = 6 if udp else 16
+    proto = IPPROTO_UDP if udp else IPPROTO_TCP
+    hdr[l4 + csum_offset : l4 + csum_offset + 2] = _pseudo_sum(hdr, lay, l4_len, proto).to_bytes(2, "big")
     gso_type = lay.gso_type | (GSO_ECN if lay.ecn and first == 0 else 0)
     VNET.pack_into(
         hdr,
@@ -166,7 +174,7 @@ def _run(frame: bytes, lay: GsoLayout, first: int, stop: int) -> bytes:
         lay.hdr_end - VNET_LEN,
         mss if count > 1 else 0,
         l4 - VNET_LEN,
-        16,
+        csum_offset,
     )
     return bytes(hdr) + frame[start:end]
 

@@ -144,3 +144,13 @@ def test_slow_start_is_left_out_longer_on_long_paths():
     assert omit_for(0.05) == 1
     assert omit_for(0.1) == 2
     assert omit_for(0.2) == 3
+
+
+def test_rate_counts_each_segment_headers_as_htb_does():
+    """A 44-segment GSO frame is one packet and 61,642 bytes to the interface counter, but
+    44 frames of 1,442 bytes on the wire (and to HTB)."""
+    from testbed.emulation.linkcheck import wire_bits
+
+    assert wire_bits(61_642, 1) == pytest.approx(8 * 44 * (1400 + 42))
+    assert wire_bits(61_642 + 42 + 10 * 1400, 2) == pytest.approx(8 * 54 * (1400 + 42))  # one rebuilt around a loss
+    assert wire_bits(0, 0) == 0.0

@@ -57,7 +57,7 @@ def test_histogram_png(tmp_path: Path) -> None:
     rng = np.random.default_rng(1)
     e2e = 0.025 + rng.uniform(-0.002, 0.002, 500)
     path = tmp_path / "h.png"
-    pcapcheck.histogram_png(path, "test", [("a -> b", e2e, e2e - 0.0002), ("b -> a", e2e, np.array([]))],
+    pcapcheck.histogram_png(path, "test", [("a -> b", e2e, e2e - 0.0002, e2e), ("b -> a", e2e, np.array([]), e2e)],
                             0.025, 0.002)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

@@ -192,3 +192,63 @@ def test_any_loss_pattern_preserves_surviving_bytes(nseg: int, data: st.DataObje
     assert got == kept
     for f in out:
         complete_and_verify(f)
+
+
+def make_udp_gso(ipv: int = 4, payload: bytes = bytes(range(256)) * 20, gso_size: int = 1400,
+                 ip_id: int = 0x1234) -> bytes:
+    """A UDP_SEGMENT super-packet as the kernel hands it to a PACKET_VNET_HDR socket."""
+    eth = b"\x02" * 6 + b"\x04" * 6 + struct.pack("!H", fr.ETH_P_IP if ipv == 4 else fr.ETH_P_IPV6)
+    udp_len = 8 + len(payload)
+    if ipv == 4:
+        src, dst = bytes([10, 0, 0, 1]), bytes([10, 0, 0, 2])
+        ip = bytearray(struct.pack("!BBHHHBBH4s4s", 0x45, 0, 20 + udp_len, ip_id, 0x4000, 64, 17, 0, src, dst))
+        ip[10:12] = struct.pack("!H", ~naive_sum(bytes(ip)) & 0xFFFF)
+        pseudo = src + dst + struct.pack("!BBH", 0, 17, udp_len)
+    else:
+        src, dst = bytes(range(16)), bytes(range(16, 32))
+        ip = bytearray(struct.pack("!IHBB16s16s", 0x60000000, udp_len, 17, 64, src, dst))
+        pseudo = src + dst + struct.pack("!IxxxB", udp_len, 17)
+    udp = struct.pack("!HHHH", 47001, 47001, udp_len, naive_sum(pseudo))
+    l4 = fr.ETH_LEN + len(ip)
+    vnet = fr.VNET.pack(fr.F_NEEDS_CSUM, fr.GSO_UDP_L4, l4 + 8, gso_size, l4, 6)
+    return vnet + eth + bytes(ip) + udp + payload
+
+
+def complete_and_verify_udp(frame: bytes) -> bytes:
+    """Finish the partial UDP checksum and check it, the UDP length and the IP header;
+    returns the UDP payload."""
+    flags, _gt, _hl, _gs, cstart, coff = fr.VNET.unpack_from(frame, 0)
+    assert flags & fr.F_NEEDS_CSUM and coff == 6
+    pkt = bytearray(frame[fr.VNET_LEN :])
+    pkt[cstart + coff : cstart + coff + 2] = struct.pack("!H", ~naive_sum(bytes(pkt[cstart:])) & 0xFFFF)
+    udp_len = struct.unpack_from("!H", pkt, cstart + 4)[0]
+    assert udp_len == len(pkt) - cstart
+    if struct.unpack_from("!H", pkt, 12)[0] == fr.ETH_P_IP:
+        assert naive_sum(bytes(pkt[14:34])) == 0xFFFF, "bad IPv4 header checksum"
+        assert struct.unpack_from("!H", pkt, 16)[0] == len(pkt) - 14
+        pseudo = bytes(pkt[26:34]) + struct.pack("!BBH", 0, 17, udp_len)
+    else:
+        assert struct.unpack_from("!H", pkt, 18)[0] == udp_len
+        pseudo = bytes(pkt[22:54]) + struct.pack("!IxxxB", udp_len, 17)
+    assert naive_sum(pseudo + bytes(pkt[cstart:])) == 0xFFFF, "bad UDP checksum"
+    return bytes(pkt[cstart + 8 :])
+
+
+@pytest.mark.parametrize("ipv", [4, 6])
+def test_udp_gso_loses_only_the_lost_segments(ipv: int) -> None:
+    """UDP_SEGMENT super-packets (QUIC, the link check's rate blast) lose single datagrams,
+    not the whole super-packet: dropping it whole would multiply the loss rate by its
+    segment count."""
+    payload = bytes((i * 11) & 0xFF for i in range(5000))  # 4 segments of 1400, the last 800
+    frame = make_udp_gso(ipv=ipv, payload=payload)
+    lay = fr.gso_layout(frame)
+    assert lay is not None and lay.splittable and lay.segments == 4
+    complete_and_verify_udp(frame)
+    out = split(frame, {1})
+    assert len(out) == 2
+    assert [complete_and_verify_udp(f) for f in out] == [payload[:1400], payload[2800:]]
+    gso = [fr.VNET.unpack_from(f, 0) for f in out]
+    assert gso[0][1] == fr.GSO_NONE and gso[1][1] == fr.GSO_UDP_L4 and gso[1][3] == 1400
+    if ipv == 4:
+        ids = [struct.unpack_from("!H", f, fr.VNET_LEN + fr.ETH_LEN + 4)[0] for f in out]
+        assert ids == [0x1234, 0x1236]  # as if the kernel had cut segments 0 and 2-3

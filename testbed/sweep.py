@@ -9,8 +9,9 @@ or workload for another file (`topology: [../topologies/2dc.yaml, ...]`) sweeps 
 number of DCs or the model.
 
 Every point is built and validated *before* anything runs, so a typo in a path, a
-value of the wrong type or an empty grid is refused with the file, the field and
-what is allowed, instead of surfacing an hour into the sweep.
+value of the wrong type, an empty or oversized grid, or a point whose placement is
+infeasible (checked as `testbed run` does, testbed/run/preflight.py) is refused with
+the file, the field and what is allowed, instead of surfacing an hour into the sweep.
 
 Each point runs in `OUT/<id>/` (id: index and values, e.g.
 `p003-delay=50ms-streams=8`) holding its fully resolved scenario, `point.json`
@@ -458,6 +459,10 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
         name=spec.name, description=spec.description, source=source, base=base_path, mode=spec.mode,
         repeat=spec.repeat, parameters=parameters, fixed=spec.set, cli_overrides=cli,
     )
+    # every point's placements and variants, as `testbed run` checks them (once per distinct shape)
+    from testbed.run.preflight import preflight, shape_key
+
+    verdicts: dict[str, list[str]] = {}
     index = 0
     for combo in combos:
         values = {p.path: p.values[i] for p, i in zip(parameters, combo, strict=True)}
@@ -467,6 +472,12 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
             pid = f"p{index:0{width}d}-{tag}" + (f"-seed={seed}" if len(seeds) > 1 else "")
             described = ", ".join(f"{k}={v!r}" for k, v in values.items())
             data, scenario = check(values, seed, f"{source}: point {pid} ({described})")
+            key = shape_key(scenario)
+            if key not in verdicts:
+                verdicts[key] = preflight(scenario, machine=False)
+            if verdicts[key]:
+                raise SweepError(f"{source}: point {pid} ({described}) cannot run (nothing was built):\n"
+                                 + "\n".join(f"  - {p}" for p in verdicts[key]))
             plan.points.append(SweepPoint(index, pid, values, scenario.seed, data, config_hash(data)))
     return plan
 

@@ -2,25 +2,20 @@
 variant of the scenario side by side (testbed/run/runner.py).
 
 Everything that can be known before the emulation is built is checked first, as
-`testbed plan` does (`preflight`): the scenario file and its parts, the variants, each
-variant's placement and prediction, the workload's compute model and, for an emulated
-run, whether this machine can build it. A refused run creates no result folder."""
+`testbed plan` does (testbed/run/preflight.py): the scenario file and its parts, the
+variants, each variant's placement and prediction, the workload's compute model and,
+for an emulated run, whether this machine can build it. A refused run creates no
+result folder."""
 
 from __future__ import annotations
 
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import click
 
 from testbed_core.configfile import ConfigError
 from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
-
-if TYPE_CHECKING:
-    from testbed.progress import Progress
-    from testbed.run.scenario import Scenario
 
 
 @click.command(epilog="\b\nVariants:\n" + help_text())
@@ -44,6 +39,7 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     """
     from testbed.progress import Progress
     from testbed.run.metrics import summary_table
+    from testbed.run.preflight import preflight
     from testbed.run.runner import RunnerError, default_out_dir, run_scenario
     from testbed.run.scenario import load_scenario, parse_set_options
 
@@ -58,7 +54,7 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     if variants is not None and not only:
         raise click.BadParameter("give at least one variant, e.g. --variants baseline,atlas", param_hint="--variants")
     progress = Progress(label=f"run {scenario.name}")
-    problems = preflight(scenario, only, progress)
+    problems = preflight(scenario, only, progress)  # nothing is built, no folder made, before this passes
     if problems:
         progress.close(f"run {scenario.name}: refused")
         raise click.ClickException(f"{scenario_file}: this run cannot start (nothing was built):\n"
@@ -86,47 +82,3 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
         click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)}", err=True)
         sys.exit(1)
 
-
-def preflight(scenario: Scenario, only: Sequence[str] | None, progress: Progress) -> list[str]:
-    """What would make the run fail once built, found before anything is built: the
-    runner's own requirements (pp >= 2), the variants (``--variants`` or the
-    scenario's), each variant's placement on the topology and its prediction, the
-    workload's compute model (a gpu.profile file), and for an emulated run root and
-    Mininet. Returns the problems, one line each; empty when the run can start."""
-    from testbed.run.common import RunnerError
-    from testbed.run.runner import check_runnable
-    from testbed.run.variants import plan_variant, run_variants
-
-    try:
-        check_runnable(scenario, progress)
-        runs = run_variants(scenario, only)
-    except (RunnerError, ConfigError) as exc:
-        return [str(exc)]
-    problems = []
-    try:
-        scenario.workload.effective(scenario.workload_dir)
-    except (ConfigError, ValueError) as exc:
-        problems.append(f"{scenario.workload_source or 'workload'}: {exc}")
-    for run_variant in runs:
-        try:
-            plan_variant(run_variant, scenario, scenario.workload, scenario.workload_dir, None, None,
-                         scenario.runner.local)
-        except (RunnerError, ValueError) as exc:
-            text = str(exc)
-            prefix = f"variant {run_variant.name}: "
-            problems.append(text if text.startswith(prefix) else prefix + text)
-    if problems and not only:
-        problems.append("drop these from the scenario's variants, or choose others with --variants")
-    if not scenario.runner.local:
-        try:
-            scenario.topology.require_emulable()
-        except ConfigError as exc:
-            problems.append(str(exc))
-        from testbed.emulation.network import EmulationError
-        from testbed.emulation.network import preflight as machine_preflight
-
-        try:
-            machine_preflight()
-        except EmulationError as exc:
-            problems.append(f"{exc} (or run the workers without the emulated network: --local)")
-    return problems

@@ -91,3 +91,17 @@ def test_bad_scenario_files(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, tex
 def test_a_missing_profile_is_found_first(scenario_file: Path) -> None:
     out = refused(scenario_file, "--set", "workload.gpu.profile=nope.yaml")
     assert "no such profile file" in out
+
+
+def test_a_sweep_point_that_cannot_run_is_refused_when_loaded(scenario_file: Path, tmp_path: Path) -> None:
+    from testbed.sweep import SweepError, load_sweep
+
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text(f"name: dps\nbase: {scenario_file}\nparameters:\n  workload.parallelism.dp: [1, 2, 9]\n")
+    with pytest.raises(SweepError) as info:
+        load_sweep(sweep)
+    msg = str(info.value)
+    assert "sweep.yaml: point p003-dp=9 (workload.parallelism.dp=9) cannot run (nothing was built)" in msg
+    assert "variant atlas: infeasible" in msg
+    sweep.write_text(f"name: dps\nbase: {scenario_file}\nparameters:\n  workload.parallelism.dp: [1, 2]\n")
+    assert len(load_sweep(sweep).points) == 2

@@ -169,6 +169,23 @@ def test_control_changes_delay_live(wan: Wan, relay) -> None:
     assert abs(statistics.mean(rtts) - 20.0) <= 1.0
 
 
+def test_offset_leaves_the_path_latency_out_of_the_delay(wan: Wan, relay) -> None:
+    """`set offset=` (what the builder's calibration sends) shortens the relay's queue by
+    the path's own latency each way, and survives a later change of the delay."""
+    rp = relay("--delay", "25ms")
+    ping(wan, 2)
+    plain = statistics.median(ping(wan, 20))
+    assert rp.send("set offset=5ms").startswith("OK a2b delay=25ms jitter=0ms loss=0 offset=5ms")
+    time.sleep(0.06)
+    offset = statistics.median(ping(wan, 20))
+    assert rp.send("set delay=20ms").startswith("OK a2b delay=20ms jitter=0ms loss=0 offset=5ms")
+    time.sleep(0.06)
+    changed = statistics.median(ping(wan, 20))
+    print(f"\nmedian RTT: 2 x 25 ms {plain:.2f} ms; offset 5 ms {offset:.2f} ms; then 2 x 20 ms {changed:.2f} ms")
+    assert abs((plain - offset) - 10.0) <= 2.0  # generous: the box is shared; the effect is 10 ms
+    assert abs((plain - changed) - 20.0) <= 2.0
+
+
 RECEIVER = """
 import hashlib, socket, sys
 srv = socket.create_server(("0.0.0.0", 5201 + int(sys.argv[1])))

@@ -89,6 +89,10 @@ def _within(low: float, high: float, fmt: Any, what: str, why: str) -> AfterVali
     return AfterValidator(check)
 
 
+def _bytes(value: float) -> str:
+    return f"{int(value)}B" if value < 10 * 1024 else format_size(value)
+
+
 def _seconds(value: float) -> str:
     return f"{value * 1e3:g}ms" if 0 < value < 1 else f"{value:g}s"
 
@@ -99,10 +103,10 @@ Rate = Annotated[float, _unit(parse_rate), Field(gt=0, description="bits per sec
 Duration = Annotated[float, _unit(parse_duration), Field(ge=0, description="seconds")]
 Delay = Annotated[Duration, _within(0, MAX_DELAY_S, _seconds, "delay", "one way; satellite paths are ~300ms")]
 Size = Annotated[int, _unit(parse_size), Field(gt=0, description="bytes")]
-TcpBuffer = Annotated[Size, _within(TCP_BUFFER_MIN, TCP_BUFFER_MAX, format_size, "buffer",
+TcpBuffer = Annotated[Size, _within(TCP_BUFFER_MIN, TCP_BUFFER_MAX, _bytes, "buffer",
                                     "tcp_rmem/tcp_wmem take 4096 bytes to the kernel's int limit")]
-Queue = Annotated[Size, _within(QUEUE_MIN_BYTES, QUEUE_MAX_BYTES, format_size, "queue",
-                                "at least one full frame; bfifo counts bytes in a signed 32-bit field")]
+QUEUE_WHY = "at least one full frame; bfifo counts bytes in a signed 32-bit field"
+Queue = Annotated[Size, _within(QUEUE_MIN_BYTES, QUEUE_MAX_BYTES, _bytes, "queue", QUEUE_WHY)]
 Fraction = Annotated[float, _unit(parse_fraction), Field(ge=0, le=1)]
 
 CongestionControl = Literal["cubic", "bbr", "reno", "htcp", "vegas", "dctcp"]
@@ -168,8 +172,8 @@ class Datacenter(_Model):
     @field_validator("hosts", mode="before")
     @classmethod
     def _expand_count(cls, value: Any) -> Any:
-        if isinstance(value, bool):
-            raise ValueError("hosts must be a count (e.g. 2) or a list of host names")
+        if isinstance(value, (bool, str, float)) or value is None:
+            raise ValueError(f"hosts must be a count (e.g. 2) or a list of host names, got {value!r}")
         if isinstance(value, int):
             if value < 1 or value > MAX_HOSTS_PER_DC:
                 raise ValueError(f"hosts must be between 1 and {MAX_HOSTS_PER_DC}, got {value}")
@@ -227,7 +231,14 @@ class WanLink(_Model):
         if value is None or isinstance(value, (bool, list, dict)):
             raise ValueError(f"queue must be 'auto' (one bandwidth-delay product) or a size in bytes like 4MB, "
                              f"got {value!r}")
-        return value
+        try:
+            size = parse_size(value)
+        except UnitError as exc:
+            raise ValueError(f"queue must be 'auto' or a size: {exc}") from None
+        if not QUEUE_MIN_BYTES <= size <= QUEUE_MAX_BYTES:
+            raise ValueError(f"queue {_bytes(size)} is out of range: allowed "
+                             f"{_bytes(QUEUE_MIN_BYTES)} to {_bytes(QUEUE_MAX_BYTES)} ({QUEUE_WHY})")
+        return size
 
     @model_validator(mode="after")
     def _physical(self) -> WanLink:

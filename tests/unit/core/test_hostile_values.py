@@ -63,10 +63,11 @@ def with_link(**fields: Any) -> dict[str, Any]:
     ({"jitter": "20s"}, ("wan.0.jitter", "allowed 0s to 10s")),
     ({"jitter": "30ms"}, ("jitter (30ms) must not exceed delay (25ms)",)),
     ({"loss": 1.5}, ("wan.0.loss", "less than or equal to 1")),
-    ({"queue": 100}, ("wan.0.queue", "queue 100B is out of range: allowed 1.48KiB to 2GiB")),
-    ({"queue": "3GiB"}, ("wan.0.queue", "allowed 1.48KiB to 2GiB", "bfifo")),
+    ({"queue": 100}, ("wan.0.queue", "queue 100B is out of range: allowed 1514B to 2GiB")),
+    ({"queue": -5}, ("wan.0.queue", "queue -5B is out of range: allowed 1514B to 2GiB")),
+    ({"queue": "3GiB"}, ("wan.0.queue", "allowed 1514B to 2GiB", "bfifo")),
     ({"queue": True}, ("wan.0.queue", "queue must be 'auto'",)),
-    ({"queue": "lots"}, ("wan.0.queue", "'lots' is not a size", "or Input should be 'auto'")),
+    ({"queue": "lots"}, ("wan.0.queue", "queue must be 'auto' or a size: 'lots' is not a size")),
     ({"rate": "10Tbit", "delay": "1s"}, ("in flight one way", "above the 256MiB the delay line can hold")),
     ({"trace_bin": "0.1ms"}, ("wan.0.trace_bin", "allowed 1ms to 10s")),
     ({"changes": [{"at": "2d"}]}, ("wan.0.changes.0.at", "unknown time unit")),
@@ -86,7 +87,7 @@ def test_largest_sensible_link_is_accepted() -> None:
 
 
 @pytest.mark.parametrize(("tcp", "needle"), [
-    ({"rmem_max": 1024}, "tcp.rmem_max: buffer 1KiB is out of range: allowed 4KiB to 2GiB"),
+    ({"rmem_max": 1024}, "tcp.rmem_max: buffer 1024B is out of range: allowed 4096B to 2GiB"),
     ({"wmem_max": "4GiB"}, "tcp.wmem_max: buffer 4GiB is out of range"),
     ({"congestion_control": "warp"}, "tcp.congestion_control: Input should be 'cubic'"),
 ])
@@ -100,6 +101,8 @@ def test_host_and_dc_counts() -> None:
     data = base()
     data["dcs"][0]["hosts"] = 65
     topo_error(data, "dcs.0.hosts: hosts must be between 1 and 64, got 65")
+    data["dcs"][0]["hosts"] = "yes"  # YAML 1.1 made it true, pydantic 1 host
+    topo_error(data, "dcs.0.hosts: hosts must be a count (e.g. 2) or a list of host names, got 'yes'")
     data["dcs"][0]["hosts"] = [f"h{i}" for i in range(65)]
     topo_error(data, "dcs.0.hosts: at most 64 hosts per DC", "got 65")
     data = base()

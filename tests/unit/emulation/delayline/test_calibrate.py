@@ -7,6 +7,7 @@ import pytest
 
 from testbed.emulation.delayline.calibrate import (
     MAX_OFFSET_S,
+    best_round,
     MIN_REPLIES,
     PROBE_DELAY_S,
     offset_from_rtts,
@@ -38,3 +39,11 @@ def test_offset_is_never_negative_and_capped() -> None:
 def test_too_few_replies_apply_no_offset() -> None:
     got = offset_from_rtts("l", [0.0043] * (MIN_REPLIES - 1))
     assert got.offset_s == 0.0 and "no offset applied" in got.note
+
+
+def test_the_quieter_round_counts() -> None:
+    quiet = offset_from_rtts("l", [2 * PROBE_DELAY_S + 0.0003] * 20)
+    busy = offset_from_rtts("l", [2 * PROBE_DELAY_S + 0.0009] * 20)
+    failed = offset_from_rtts("l", [])
+    assert best_round([busy, quiet, failed]) is quiet
+    assert best_round([failed, busy]) is busy

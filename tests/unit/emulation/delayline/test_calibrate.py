@@ -7,9 +7,9 @@ import pytest
 
 from testbed.emulation.delayline.calibrate import (
     MAX_OFFSET_S,
-    best_round,
     MIN_REPLIES,
     PROBE_DELAY_S,
+    best_round,
     offset_from_rtts,
     ping_rtts,
 )

@@ -185,33 +185,42 @@ StrictLoader.add_constructor("tag:yaml.org,2002:float", _construct_float)
 
 def _expanded_size(root: Node) -> int:
     """Nodes of the document with every alias expanded, stopping past `MAX_NODES`;
-    raises on a recursive alias. Memoised, so a shared subtree is walked once."""
-    sizes: dict[int, int] = {}
+    raises on a recursive alias, and when aliases nest the document deeper than
+    `MAX_DEPTH` (a chain of aliases, each adding levels, would otherwise build a
+    document too deep for anything that walks it). Memoised, so a shared subtree is
+    walked once."""
+    seen: dict[int, tuple[int, int]] = {}  # node -> (expanded size, expanded depth)
     open_nodes: set[int] = set()
 
-    def walk(node: Node) -> int:
+    def walk(node: Node) -> tuple[int, int]:
         key = id(node)
-        if key in sizes:
-            return sizes[key]
+        if key in seen:
+            return seen[key]
         if key in open_nodes:
             _yaml_problem("an alias refers to the mapping or list that contains it (a recursive structure)",
                           node.start_mark)
         open_nodes.add(key)
-        total = 1
+        children: list[Node] = []
         if isinstance(node, SequenceNode):
-            for child in node.value:
-                total += walk(child)
+            children = list(node.value)
         elif isinstance(node, MappingNode):
-            for k, v in node.value:
-                total += walk(k) + walk(v)
+            children = [n for pair in node.value for n in pair]
+        total, depth = 1, 0
+        for child in children:
+            size, child_depth = walk(child)
+            total += size
+            depth = max(depth, child_depth)
+        depth += 1 if children else 0
         open_nodes.discard(key)
-        sizes[key] = total
+        seen[key] = (total, depth)
         if total > MAX_NODES:
             _yaml_problem(f"the document expands to more than {MAX_NODES} values (its aliases repeat "
                           "too much)", node.start_mark)
-        return total
+        if depth > MAX_DEPTH:
+            _yaml_problem(f"its aliases nest the document deeper than {MAX_DEPTH} levels", node.start_mark)
+        return total, depth
 
-    return walk(root)
+    return walk(root)[0]
 
 
 def _describe_yaml_error(exc: yaml.YAMLError) -> str:

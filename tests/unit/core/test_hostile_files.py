@@ -19,8 +19,8 @@ import yaml
 from bubbletea_agent.requests import TraceSource
 from testbed.run.scenario import load_scenario
 from testbed.sweep import load_sweep
-from testbed_core.configfile import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_NODES, ConfigError
 from testbed_core.compute_model import load_profile
+from testbed_core.configfile import MAX_CONFIG_BYTES, MAX_DEPTH, MAX_NODES, ConfigError
 from testbed_core.constants import SCENARIOS_DIR, TOPOLOGIES_DIR, WORKLOADS_DIR
 from testbed_core.topology import load_topology, load_trace
 from testbed_core.workload import load_workload
@@ -155,6 +155,13 @@ def test_alias_bomb(kind: str, tmp_path: Path) -> None:
     lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 10) + "]" for i in range(1, 9)]
     path = _write(tmp_path, "\n".join(lines) + "\n")
     refused(LOADERS[kind], path, f"more than {MAX_NODES} values", "aliases")
+
+
+def test_alias_chain_too_deep(tmp_path: Path) -> None:
+    # each alias adds 30 levels: few nodes, but a document too deep for json.dumps or deepcopy
+    lines = ["a0: &a0 " + "[" * 30 + "x" + "]" * 30]
+    lines += [f"a{i}: &a{i} " + "[" * 30 + f"*a{i - 1}" + "]" * 30 for i in range(1, 60)]
+    refused(load_sweep, _write(tmp_path, "\n".join(lines) + "\n"), f"aliases nest the document deeper than {MAX_DEPTH}")
 
 
 def test_modest_aliases_are_fine(tmp_path: Path) -> None:

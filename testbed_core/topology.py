@@ -242,25 +242,35 @@ class WanLink(_Model):
 
     @model_validator(mode="after")
     def _physical(self) -> WanLink:
-        """Every state of the link (its start and after each change) within what the
-        shaper and the delay line can hold."""
-        rate, delay, jitter = self.rate, self.delay, self.jitter
-        for i, change in enumerate([None, *self.changes]):
-            if change is not None:
-                rate = change.rate if change.rate is not None else rate
-                delay = change.delay if change.delay is not None else delay
-                jitter = change.jitter if change.jitter is not None else jitter
-            where = "" if change is None else f"changes.{i - 1}: "
+        """Jitter within delay in every state of the link (its start and after each change)."""
+        for where, _, delay, jitter in self._states():
             if jitter > delay:
                 raise ValueError(f"{where}jitter ({_seconds(jitter)}) must not exceed delay ({_seconds(delay)}): "
                                  "the delay varies uniformly by +-jitter around delay")
+        return self
+
+    def _states(self) -> list[tuple[str, float, float, float]]:
+        """(where, rate, delay, jitter) at the start and after each change."""
+        rate, delay, jitter = self.rate, self.delay, self.jitter
+        states = [("", rate, delay, jitter)]
+        for i, change in enumerate(self.changes):
+            rate = change.rate if change.rate is not None else rate
+            delay = change.delay if change.delay is not None else delay
+            jitter = change.jitter if change.jitter is not None else jitter
+            states.append((f"changes.{i}: ", rate, delay, jitter))
+        return states
+
+    def emulation_problem(self) -> str | None:
+        """Why the emulation could not carry this link (None when it can): the bytes in
+        flight one way must fit the delay line's queue in every state. Checked for
+        topologies that are emulated (with hosts), not for prediction-only ones."""
+        for where, rate, delay, jitter in self._states():
             in_flight = rate * (delay + jitter) / 8
             if in_flight > MAX_IN_FLIGHT_BYTES:
-                raise ValueError(
-                    f"{where}rate x (delay + jitter) is {format_size(in_flight)} in flight one way, above the "
-                    f"{format_size(MAX_IN_FLIGHT_BYTES)} the delay line can hold: lower the rate or the delay"
-                )
-        return self
+                return (f"{where}rate x (delay + jitter) is {format_size(in_flight)} in flight one way, above the "
+                        f"{format_size(MAX_IN_FLIGHT_BYTES)} the delay line can hold: lower the rate or the delay "
+                        "(DCs given as GPU counts, for predictions only, have no such limit)")
+        return None
 
     @field_validator("between")
     @classmethod
@@ -337,6 +347,10 @@ class Topology(_Model):
         if len(emulated) > MAX_EMULATED_DCS:
             raise ValueError(f"at most {MAX_EMULATED_DCS} DCs with hosts (the emulation's interface names give "
                              f"each DC one base-36 digit), got {len(emulated)}")
+        for i, link in enumerate(self.wan if emulated else []):
+            problem = link.emulation_problem()
+            if problem:
+                raise ValueError(f"wan.{i}: {problem}")
         dup = {n for n in names if names.count(n) > 1}
         if dup:
             raise ValueError(f"DC names must be unique; repeated: {', '.join(sorted(dup))}")
@@ -503,6 +517,9 @@ def parse_topology(data: Any, path: str = "<topology>") -> Topology:
                 link = WanLink.model_validate({**link.model_dump(), "changes": changes})
             except ValidationError as exc:
                 raise TopologyError(format_validation_error(path, exc, "topology", prefix=f"wan.{i}")) from None
+            problem = link.emulation_problem() if any(dc.hosts for dc in topo.dcs) else None
+            if problem:
+                raise TopologyError(f"{path}: wan.{i}: {problem}")
         links.append(link)
     return topo.model_copy(update={"wan": links})
 

@@ -81,6 +81,13 @@ def test_link_bounds(fields: dict[str, Any], needles: tuple[str, ...]) -> None:
     topo_error(with_link(**fields), *needles)
 
 
+def test_prediction_only_topologies_have_no_delay_line_limit() -> None:
+    data = with_link(rate="100Gbit", delay="100ms")  # 1.2GiB in flight: too much for the delay line
+    topo_error(data, "wan.0: rate x (delay + jitter) is 1.16GiB in flight one way")
+    data["dcs"] = [{"name": "dc1", "gpus": 4096}, {"name": "dc2", "gpus": 4096}]
+    assert parse_topology(data).wan[0].rate == 100e9
+
+
 def test_largest_sensible_link_is_accepted() -> None:
     topo = parse_topology(with_link(rate="10Gbit", delay="200ms", jitter="10ms", queue="64MiB"))
     assert topo.wan[0].rate == 10e9

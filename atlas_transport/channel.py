@@ -179,6 +179,7 @@ class Channel:
         self._closing = False
         self._close_started = False
         self.bytes_received = 0
+        self._stream_rate: float | None = None  # bytes/s per stream of recent large sends
         self._streams = [_Stream(i, s) for i, s in enumerate(socks)]
         for s in self._streams:
             set_io_timeout(s.sock, cfg.idle_timeout_s)
@@ -204,6 +205,14 @@ class Channel:
     def chunks_resent(self) -> int:
         """Chunks queued again on surviving streams after a stream broke."""
         return self._sendq.resent
+
+    @property
+    def stream_rate_mbps(self) -> float | None:
+        """Per-stream goodput of this channel's recent large sends (Mbit/s), from
+        first chunk out to DONE; None until one was confirmed. Sizes the chunks of
+        later sends (TransportConfig.chunk_target_s)."""
+        rate = self._stream_rate
+        return None if rate is None else rate * 8 / 1e6
 
     def held_bytes(self) -> int:
         """Bytes of buffers this channel allocated for incoming transfers and still
@@ -348,7 +357,7 @@ class Channel:
             self._send_seq[tag] = seq + 1
             tid = self._next_tid
             self._next_tid += 1
-            chunk = self.cfg.chunk_for(out.view.nbytes, lanes or len(self._streams))
+            chunk = self.cfg.chunk_for(out.view.nbytes, lanes or len(self._streams), self._stream_rate)
             meta = P.make_meta(tag, seq, out.dtype, out.shape, chunk, self._limits)
             h = Handle("send", tag, self.peer, seq)
             h.tid, h.nbytes, h.describe_tensor = tid, meta.total_bytes, meta.describe()
@@ -382,6 +391,8 @@ class Channel:
                         break
                     chunk = self._sendq.next_chunk(s.index)
                     if chunk is not None:
+                        if chunk.transfer.started_at is None:
+                            chunk.transfer.started_at = time.monotonic()
                         break
                     wait = hb - (time.monotonic() - s.last_send)
                     if wait <= 0:
@@ -417,10 +428,23 @@ class Channel:
         self._cv.notify_all()
 
     def _on_done(self, tid: int) -> None:
+        now = time.monotonic()
         with self._lock:
             t = self._sendq.complete(tid)
+            if t is not None:
+                self._learn_rate(t, now)
         if t is not None:
             t.owner._finish(None)
+
+    def _learn_rate(self, t: OutTransfer, now: float) -> None:
+        """Fold a confirmed send into the per-stream rate estimate. Lock held. Only
+        sends of several chunks count: a small one measures latency, not rate; time
+        spent queued behind other sends makes the estimate low, never high."""
+        if t.started_at is None or t.meta.total_bytes < 4 * self.cfg.chunk_bytes:
+            return
+        lanes = max(1, len(t.sent_on))
+        rate = t.meta.total_bytes / max(now - t.started_at, 1e-6) / lanes
+        self._stream_rate = rate if self._stream_rate is None else (self._stream_rate + rate) / 2
 
     # --- receiving ----------------------------------------------------------------
 

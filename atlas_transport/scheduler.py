@@ -28,6 +28,7 @@ class OutTransfer:
     lanes: int | None = None  # only streams with index < lanes may carry it (probing)
     owner: Any = None  # the channel's handle, opaque here
     keepalive: Any = None  # the tensor behind `view`, held until DONE
+    started_at: float | None = None  # when a stream took its first chunk (set by the channel)
     next_offset: int = 0
     handed_out: bool = False
     meta_sent_on: set[int] = field(default_factory=set)

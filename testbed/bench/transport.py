@@ -14,9 +14,13 @@ and both end with {"event": "result", ...} (or {"event": "error", "message": ...
 Each tensor/tcp/gloo run sends one warm-up transfer, then `repeat` timed transfers of
 random bytes; a transfer counts from the first byte handed to the transport until
 the receiver confirmed the last (an ack for tcp and gloo, DONE for atlas). The server
-checks an xxh3 digest of every transfer it received. iperf3 runs for a duration and
-is reported as the reference ceiling; it carries no tensor, so its "verified" only
-means that the test ran and the server received data.
+checks an xxh3 digest of every transfer it received, outside the timed window: it
+says "ready" once it has checked one and posted the next receive, and the client
+waits for that before it starts the next clock (a digest of 256 MiB takes as long as
+the transfer and would otherwise compete for the CPU with whichever method overlaps
+it best). iperf3 runs for a duration and is reported as the reference ceiling; it
+carries no tensor, so its "verified" only means that the test ran and the server
+received data.
 """
 
 from __future__ import annotations
@@ -43,7 +47,7 @@ import xxhash
 from testbed_core.constants import REPO_ROOT
 
 METHODS = ("atlas", "tcp", "gloo", "iperf3")
-MANIFEST_TAG, DATA_TAG = 1, 2
+MANIFEST_TAG, DATA_TAG, READY_TAG, ACK_TAG = 1, 2, 3, 4
 _TCP_HEADER = struct.Struct("!QQQ")  # size, transfers, digest
 
 Launcher = Callable[[list[str], dict[str, str], IO[bytes]], subprocess.Popen]
@@ -65,6 +69,7 @@ class Measurement:
     samples_mbps: list[float] = field(default_factory=list)
     auto_probe_mbps: dict[str, float] | None = None
     error: str | None = None
+    round: int = 0  # which pass over the methods (--rounds): ratios pair measurements of one round
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -113,14 +118,15 @@ def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
         with lst.accept(timeout=a.timeout) as ch:
             size, count, digest = (int(x) for x in ch.recv(MANIFEST_TAG, timeout=a.timeout))
             digest &= (1 << 64) - 1
-            bufs = [torch.zeros(size, dtype=torch.uint8) for _ in range(min(2, count))]  # pre-faulted
-            pending = deque(ch.irecv_into(b, DATA_TAG) for b in bufs)
+            buf = torch.zeros(size, dtype=torch.uint8)  # pre-faulted
+            pending = ch.irecv_into(buf, DATA_TAG)
             ok = []
             for i in range(count):
-                buf = pending.popleft().wait(a.timeout)
-                if i + len(bufs) < count:
-                    pending.append(ch.irecv_into(buf, DATA_TAG))
+                pending.wait(a.timeout)
                 ok.append(_digest(byte_view(buf)) == digest)
+                if i + 1 < count:
+                    pending = ch.irecv_into(buf, DATA_TAG)  # posted before the client may send
+                ch.send(torch.ones(1), READY_TAG, timeout=a.timeout)
             return {"verified": all(ok), "received": len(ok)}
 
 
@@ -140,11 +146,13 @@ def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
     with connect(a.host, a.port, cfg) as ch:
         ch.send(torch.tensor([a.size, a.repeat + 1, _signed(digest)], dtype=torch.int64), MANIFEST_TAG)
         ch.send(data, DATA_TAG)  # warm-up
+        ch.recv(READY_TAG, timeout=a.timeout)
         seconds = []
         for _ in range(a.repeat):
             t0 = time.perf_counter()
-            ch.send(data, DATA_TAG)
+            ch.send(data, DATA_TAG)  # returns at the receiver's DONE
             seconds.append(time.perf_counter() - t0)
+            ch.recv(READY_TAG, timeout=a.timeout)  # the server checked it and posted the next receive
         used = ch.streams
     probe = cached_streams(a.host, a.port) if streams == "auto" else None
     return {"streams": used, "samples_mbps": _goodput(a.size, seconds),
@@ -176,6 +184,7 @@ def serve_tcp(a: argparse.Namespace) -> dict[str, Any]:
                 _recv_exact(conn, memoryview(buf))
                 conn.sendall(b"k")  # ack first: verification is not part of the timing
                 ok.append(_digest(buf) == digest)
+                conn.sendall(b"r")  # ready for the next one
             return {"verified": all(ok), "received": len(ok)}
 
 
@@ -192,6 +201,8 @@ def client_tcp(a: argparse.Namespace) -> dict[str, Any]:
                 raise BenchError("the tcp server did not acknowledge the transfer")
             if i:
                 seconds.append(time.perf_counter() - t0)
+            if conn.recv(1) != b"r":
+                raise BenchError("the tcp server did not say it was ready for the next transfer")
     return {"streams": 1, "samples_mbps": _goodput(a.size, seconds)}
 
 
@@ -224,8 +235,9 @@ def serve_gloo(a: argparse.Namespace) -> dict[str, Any]:
     ok = []
     for _ in range(count):
         pg.recv([buf], 1, DATA_TAG).wait()
-        pg.send([ack], 1, DATA_TAG + 1).wait()
+        pg.send([ack], 1, ACK_TAG).wait()
         ok.append(_digest(buf.numpy()) == digest)
+        pg.send([ack], 1, READY_TAG).wait()
     return {"verified": all(ok), "received": len(ok)}
 
 
@@ -245,9 +257,10 @@ def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
     for i in range(a.repeat + 1):
         t0 = time.perf_counter()
         pg.send([data], 0, DATA_TAG).wait()
-        pg.recv([ack], 0, DATA_TAG + 1).wait()
+        pg.recv([ack], 0, ACK_TAG).wait()
         if i:
             seconds.append(time.perf_counter() - t0)
+        pg.recv([ack], 0, READY_TAG).wait()
     return {"streams": 1, "samples_mbps": _goodput(a.size, seconds)}
 
 
@@ -408,16 +421,17 @@ def _stop(proc: subprocess.Popen) -> None:
 def measure_pair(path: str, method: str, streams: int | str, size: int, repeat: int, *,
                  server_launch: Launcher, client_launch: Launcher, server_ip: str, client_ip: str,
                  secret: str, log_dir: Path, iperf_seconds: float = 3.0, timeout: float | None = None,
-                 congestion: str | None = None, chunk_bytes: int | None = None) -> Measurement:
+                 congestion: str | None = None, chunk_bytes: int | None = None,
+                 round_index: int = 0) -> Measurement:
     """Run one server/client pair and merge what both report. Never raises for a
     failed measurement: the error is recorded in the Measurement."""
-    label = f"{path}-{method}-{streams}"
+    label = f"{path}-{method}-{streams}" + (f"-round{round_index}" if round_index else "")
     if timeout is None:  # generous: a window-limited WAN stream may crawl at ~20 Mbit/s
         timeout = 60.0 + (repeat + 1) * (size * 8 / 20e6 if method != "iperf3" else iperf_seconds + 5)
     env = _worker_env(secret)
     log_dir.mkdir(parents=True, exist_ok=True)
     m = Measurement(path, method, streams if isinstance(streams, int) else 0, None, None,
-                    requested_streams=streams, size_bytes=size if method != "iperf3" else 0)
+                    requested_streams=streams, size_bytes=size if method != "iperf3" else 0, round=round_index)
     deadline = time.monotonic() + timeout
     common = {"timeout": timeout, "congestion": congestion}
     with open(log_dir / f"{label}-server.log", "wb") as serr, open(log_dir / f"{label}-client.log", "wb") as cerr:
@@ -469,9 +483,12 @@ def _why(event: dict[str, Any] | None, what: str, log: Path) -> str:
 def run_suite(path: str, *, streams: list[int | str], size: int, repeat: int, methods: list[str],
               server_launch: Launcher, client_launch: Launcher, server_ip: str, client_ip: str,
               log_dir: Path, iperf_seconds: float = 3.0, congestion: str | None = None,
-              chunk_bytes: int | None = None,
+              chunk_bytes: int | None = None, rounds: int = 1,
               on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:
-    """All measurements of one path: atlas per N, tcp, gloo, iperf3 per numeric N."""
+    """All measurements of one path: atlas per N, tcp, gloo, iperf3 per numeric N,
+    `rounds` times over, interleaved (round 0 of every method, then round 1, ...), so
+    that load from other processes that comes and goes hits every method alike and
+    the ratios of one round compare measurements taken moments apart."""
     secret = os.urandom(16).hex()
     plan: list[tuple[str, int | str]] = []
     for method in methods:
@@ -482,13 +499,15 @@ def run_suite(path: str, *, streams: list[int | str], size: int, repeat: int, me
         else:
             plan.append((method, 1))
     results = []
-    for method, n in plan:
-        m = measure_pair(path, method, n, size, repeat, server_launch=server_launch, client_launch=client_launch,
-                         server_ip=server_ip, client_ip=client_ip, secret=secret, log_dir=log_dir,
-                         iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk_bytes)
-        results.append(m)
-        if on_result:
-            on_result(m)
+    for r in range(rounds):
+        for method, n in plan:
+            m = measure_pair(path, method, n, size, repeat, server_launch=server_launch, client_launch=client_launch,
+                             server_ip=server_ip, client_ip=client_ip, secret=secret, log_dir=log_dir,
+                             iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk_bytes,
+                             round_index=r)
+            results.append(m)
+            if on_result:
+                on_result(m)
     return results
 
 

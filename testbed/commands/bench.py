@@ -71,6 +71,9 @@ def _resolve_topology(path: str) -> Path:
 @click.option("--size", "size_text", default="256MiB", show_default=True, help="tensor size per transfer")
 @click.option("--repeat", default=3, show_default=True, type=click.IntRange(1, 100),
               help="timed transfers (iperf3 tests) per measurement; the median is reported")
+@click.option("--rounds", default=1, show_default=True, type=click.IntRange(1, 50),
+              help="passes over all methods, interleaved; targets are judged on the median of the "
+                   "per-round ratios and their spread is shown (use 5 or more on a busy machine)")
 @click.option("--json", "as_json", is_flag=True, help="print JSON on stdout instead of the table")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="where results.json, results.csv, goodput.png and worker logs go "
@@ -83,7 +86,8 @@ def _resolve_topology(path: str) -> Path:
               help="duration of each iperf3 test")
 @click.option("--congestion", default=None, help="TCP congestion control for atlas streams (default: system)")
 @click.option("--chunk-size", "chunk_text", default=None, help="atlas chunk size, e.g. 1MiB (default: the library's)")
-def transport(topology: str, streams_text: str, size_text: str, repeat: int, as_json: bool, out_dir: str | None,
+def transport(topology: str, streams_text: str, size_text: str, repeat: int, rounds: int, as_json: bool,
+              out_dir: str | None,
               no_wan: bool, no_loopback: bool, methods_text: str, between: str | None, iperf_seconds: float,
               congestion: str | None, chunk_text: str | None) -> None:
     """Goodput of atlas (per stream count), plain TCP, gloo and iperf3 -P N.
@@ -132,18 +136,19 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, as_
     out.mkdir(parents=True, exist_ok=True)
 
     def progress(m) -> None:
-        what = f"{m.path} {m.method} N={m.requested_streams}"
+        what = f"{m.path} {m.method} N={m.requested_streams}" + (f" round {m.round + 1}/{rounds}" if rounds > 1 else "")
         if m.error:
             click.echo(f"  {what}: FAILED: {m.error}", err=True)
         else:
             click.echo(f"  {what}: {m.goodput_mbps:.1f} Mbit/s (streams {m.streams}, verified {m.verified})", err=True)
 
     common = dict(streams=streams, size=size, repeat=repeat, methods=methods, log_dir=out / "logs",
-                  iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk, on_result=progress)
+                  iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk, rounds=rounds,
+                  on_result=progress)
     results = []
     try:
         if not no_loopback:
-            click.echo(f"loopback: {len(methods)} methods, {size_text} x {repeat}", err=True)
+            click.echo(f"loopback: {len(methods)} methods, {size_text} x {repeat}, {rounds} round(s)", err=True)
             results += loopback_suite(**common)
         if topo_path is not None:
             click.echo(f"wan: building {topo_path} (this takes a while)", err=True)
@@ -152,7 +157,7 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, as_
         raise click.ClickException(str(exc)) from None
 
     found = report.checks(results)
-    meta = {"size_bytes": size, "repeat": repeat, "chunk_bytes": chunk, "topology": str(topo_path) if topo_path else None,
+    meta = {"size_bytes": size, "repeat": repeat, "rounds": rounds, "chunk_bytes": chunk, "topology": str(topo_path) if topo_path else None,
             "host": platform.node(), "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     doc = report.as_json(results, found, meta)
     report.write_json(doc, out / "results.json")

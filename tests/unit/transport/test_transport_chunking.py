@@ -1,0 +1,59 @@
+"""Chunk sizing: chunk_bytes until the channel has measured its streams, then chunks
+that take about chunk_target_s on a stream (fewer frames on fast paths), bounded by
+chunk_max_bytes, and small tensors still spread over every stream."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from atlas_transport import ConfigError, TransportConfig
+from atlas_transport.loopback import loopback_pair
+
+MiB = 1 << 20
+
+
+def test_chunk_for_grows_with_the_measured_rate_within_bounds() -> None:
+    cfg = TransportConfig(secret="x")  # 1 MiB chunks, 10 ms target, 16 MiB at most
+    assert cfg.chunk_for(256 * MiB, 1) == MiB  # nothing measured yet
+    assert cfg.chunk_for(256 * MiB, 1, 12.5e6) == MiB  # 100 Mbit/s: 10 ms is 125 kB, keep the floor
+    assert cfg.chunk_for(256 * MiB, 1, 800e6) == 8_000_000 // 4096 * 4096  # 10 ms at 800 MB/s
+    assert cfg.chunk_for(256 * MiB, 1, 10e9) == 16 * MiB  # capped
+    assert cfg.chunk_for(8 * MiB, 4, 10e9) == MiB  # a small tensor still gives every stream two chunks
+    fixed = TransportConfig(secret="x", chunk_target_s=None, chunk_bytes=2 * MiB)
+    assert fixed.chunk_for(256 * MiB, 1, 10e9) == 2 * MiB
+    big = TransportConfig(secret="x", chunk_bytes=32 * MiB)  # chunk_bytes above chunk_max_bytes: kept
+    assert big.chunk_for(256 * MiB, 1, 10e9) == 32 * MiB
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"chunk_target_s": 0}, "chunk_target_s=0: use seconds in (0, 10], or None for fixed chunks of chunk_bytes"),
+    ({"chunk_target_s": True}, "chunk_target_s=True: use seconds"),
+    ({"chunk_max_bytes": 100}, "chunk_max_bytes=100: use 4096..268435456 bytes (max_chunk_bytes; default 16777216)"),
+    ({"chunk_max_bytes": 1 << 30}, "chunk_max_bytes=1073741824: use 4096..268435456"),
+])
+def test_chunk_settings_are_checked(kw, message) -> None:
+    with pytest.raises(ConfigError) as info:
+        TransportConfig(secret="x", **kw)
+    assert message in str(info.value)
+
+
+def test_a_channel_learns_its_stream_rate_and_sends_larger_chunks() -> None:
+    cfg = TransportConfig(streams=1, secret="x", idle_timeout_s=10)
+    x = torch.arange(16 * MiB // 4, dtype=torch.int32)  # 16 MiB
+
+    def chunk_of(b, tag: int) -> int:  # a complete, unclaimed transfer keeps its description
+        return b._arrived[(tag, 0)].meta.chunk_bytes
+
+    with loopback_pair(cfg) as (a, b):
+        assert a.stream_rate_mbps is None
+        a.send(torch.ones(4), 1)  # too small to measure a rate
+        assert a.stream_rate_mbps is None and torch.equal(b.recv(1, timeout=10), torch.ones(4))
+        a.send(x, 2, timeout=30)
+        assert chunk_of(b, 2) == MiB  # before any measurement
+        assert torch.equal(b.recv(2, timeout=10), x)
+        rate = a.stream_rate_mbps
+        assert rate is not None and rate > 0
+        a.send(x, 3, timeout=30)
+        assert chunk_of(b, 3) == cfg.chunk_for(x.nbytes, 1, rate * 1e6 / 8)
+        assert torch.equal(b.recv(3, timeout=10), x)  # whatever the chunk, the tensor arrives whole

@@ -263,8 +263,10 @@ def measure_goodput(src: NodeHandle, dst: NodeHandle, dst_ip: str, streams: int,
 PROBE_PORT = 47000
 BLAST_PORT = 47001
 BLAST_OVERLOAD = 1.15  # the blast offers 115% of the link rate: the shaper must cut it
-BLAST_S = 2.0
-RATE_WINDOW = (0.7, 1.7)  # seconds into the blast over which the egress counters are read
+BLAST_S = 2.2
+RATE_WINDOW = (0.6, 2.0)  # seconds into the blast over which the egress counters are read ...
+RATE_STEP_S = 0.2  # ... every RATE_STEP_S
+RATE_QUANTILE = 0.75
 
 
 def _probe_argv(*args: str) -> list[str]:
@@ -322,28 +324,47 @@ def wire_bits(d_bytes: int, d_packets: int, segment: int = GSO_SEGMENT, headers:
     return 8.0 * max(0, d_bytes - d_packets * headers) * (segment + headers) / segment
 
 
+def shaper_rate(samples: Sequence[tuple[float, int, int]], quantile: float = RATE_QUANTILE) -> float | None:
+    """The rate (bits/s) a shaper sends at while it has a backlog, from (time, tx bytes,
+    tx packets) samples of its interface: the `quantile` of the rates over successive
+    intervals. A feed that lags now and then (the relay or the sender losing the CPU on
+    a busy machine) lets the queue run dry in some intervals and lowers their rate; the
+    upper quantile is what the shaper gives when fed."""
+    rates = [wire_bits(b2 - b1, p2 - p1) / (t2 - t1)
+             for (t1, b1, p1), (t2, b2, p2) in zip(samples, samples[1:], strict=False) if t2 > t1]
+    if not rates:
+        return None
+    return float(np.quantile(rates, quantile))
+
+
 def measure_rate(emu: Emulation, a: str, b: str, src: NodeHandle, dst_ip: str, rate_bps: float) -> dict[str, float]:
     """Blast UDP from `src` to `dst_ip` above the rate of link a-b; the WAN node's egress
-    counters over the steady part give the rate each interface sends at (bits/s of
-    segmented frames, as HTB counts them: `wire_bits`), by interface name."""
+    counters, read every RATE_STEP_S over the steady part, give the rate each interface
+    sends at (`shaper_rate`; bits/s of segmented frames as HTB counts them, `wire_bits`),
+    by interface name."""
     wan = emu.wan_node(a, b)
     blast = src.popen(_probe_argv("blast", "--peer", dst_ip, "--port", str(BLAST_PORT),
                                   "--rate", f"{rate_bps * BLAST_OVERLOAD:g}", "--duration", f"{BLAST_S:g}"),
                       stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     t_start = time.monotonic()
+    samples: dict[str, list[tuple[float, int, int]]] = {}
     try:
-        time.sleep(max(0.0, t_start + RATE_WINDOW[0] - time.monotonic()))
-        t1, c1 = time.monotonic(), _tx_counters(wan, wan.intfs)
-        time.sleep(max(0.0, t_start + RATE_WINDOW[1] - time.monotonic()))
-        t2, c2 = time.monotonic(), _tx_counters(wan, wan.intfs)
+        at = RATE_WINDOW[0]
+        while at <= RATE_WINDOW[1] + 1e-9:
+            time.sleep(max(0.0, t_start + at - time.monotonic()))
+            before = time.monotonic()
+            counters = _tx_counters(wan, wan.intfs)
+            now = (before + time.monotonic()) / 2
+            for name, (nbytes, npackets) in counters.items():
+                samples.setdefault(name, []).append((now, nbytes, npackets))
+            at += RATE_STEP_S
     finally:
         try:
             blast.communicate(timeout=BLAST_S + 30)
         except subprocess.TimeoutExpired:
             blast.kill()
             blast.communicate()
-    return {name: wire_bits(c2[name][0] - c1[name][0], c2[name][1] - c1[name][1]) / (t2 - t1)
-            for name in c1 if name in c2}
+    return {name: rate for name, got in samples.items() if (rate := shaper_rate(got)) is not None}
 
 
 def _egress_towards(emu: Emulation, a: str, b: str) -> str:
@@ -371,8 +392,11 @@ def omit_for(rtt_s: float) -> int:
 
 def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4, omit: int | None = None,
                 pings: int = 20, progress: Callable[[str], None] | None = None,
-                deep_dir: Path | None = None) -> list[LinkResult]:
+                deep_dir: Path | None = None,
+                loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH) -> list[LinkResult]:
     """Measure every WAN link in both directions and judge it against `tol`.
+    `loss_precision`: the train is sized so that the loss estimate's 95% interval is
+    +- this fraction of a lossy link's configured loss.
     `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT).
     `deep_dir`: also capture each train on the WAN node and write there, per link, the
     pcapng and a delay histogram (PNG)."""
@@ -408,7 +432,8 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
                 d.expected_goodput_mbps = trainstats.expected_tcp_goodput(
                     link.rate, link.rtt_s, link.loss, d.streams, cc) / 1e6
             result.directions.append(d)
-        _packet_checks(emu, link, result, na, ip_a, nb, ip_b, emu.temp_dir("linkcheck"), deep_dir, say)
+        _packet_checks(emu, link, result, na, ip_a, nb, ip_b, emu.temp_dir("linkcheck"), deep_dir, say,
+                       loss_precision)
         result.judge(tol)
         results.append(result)
     return results
@@ -442,11 +467,12 @@ def _stop_capture(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 
 def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle, ip_a: str, nb: NodeHandle,
-                   ip_b: str, folder: Path, deep_dir: Path | None, say: Callable[[str], None]) -> None:
+                   ip_b: str, folder: Path, deep_dir: Path | None, say: Callable[[str], None],
+                   loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH) -> None:
     """The UDP train (loss, delay, order, precise RTT) and the rate blast of one link;
     with `deep_dir`, the train captured on the WAN node too."""
     a, b = link.between
-    count = trainstats.train_size(link.loss)
+    count = trainstats.train_size(link.loss, loss_precision)
     pps = trainstats.train_pps(count)
     linger = 2 * (link.delay + link.jitter) + 1.0
     capture = None

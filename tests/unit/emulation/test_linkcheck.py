@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -154,3 +156,36 @@ def test_rate_counts_each_segment_headers_as_htb_does():
     assert wire_bits(61_642, 1) == pytest.approx(8 * 44 * (1400 + 42))
     assert wire_bits(61_642 + 42 + 10 * 1400, 2) == pytest.approx(8 * 54 * (1400 + 42))  # one rebuilt around a loss
     assert wire_bits(0, 0) == 0.0
+
+
+def test_shaper_rate_is_what_the_shaper_gives_while_fed():
+    from testbed.emulation.linkcheck import shaper_rate, wire_bits
+
+    frame = 61_642  # one 44-segment blast frame: 63,448 bytes on the wire
+    per_step = 788  # frames per 0.2 s at ~2 Gbit/s of wire bits
+    samples, b, n = [], 0, 0
+    for i in range(8):
+        samples.append((i * 0.2, b, n))
+        k = per_step if i not in (2, 5) else per_step // 2  # the feed lagged twice
+        b, n = b + k * frame, n + k
+    rate = shaper_rate(samples)
+    assert rate == pytest.approx(wire_bits(per_step * frame, per_step) / 0.2)
+    assert shaper_rate(samples[:1]) is None
+
+
+def test_check_options_are_explained(tmp_path):
+    """`--out` without `--deep`, and an --out folder that cannot be made, are refused
+    before anything is built (no root needed to reach them)."""
+    from click.testing import CliRunner
+
+    from testbed.cli import main
+
+    topo = str(Path(__file__).resolve().parents[3] / "topologies" / "2dc.yaml")
+    result = CliRunner().invoke(main, ["topo", "check", topo, "--out", str(tmp_path / "x")])
+    assert result.exit_code == 2 and "--out names the folder for --deep's files; add --deep" in result.output
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    result = CliRunner().invoke(main, ["topo", "check", topo, "--deep", "--out", str(blocker / "sub")])
+    assert result.exit_code == 1 and f"--out {blocker / 'sub'}: cannot create the folder" in result.output
+    result = CliRunner().invoke(main, ["topo", "check", topo, "--loss-precision", "0"])
+    assert result.exit_code == 2 and "--loss-precision" in result.output

@@ -113,6 +113,7 @@ class LinkResult:
     directions: list[Direction] = field(default_factory=list)
     configured_loss: float = 0.0
     configured_jitter_ms: float = 0.0
+    tcp_measured: bool = True  # False: `topo check --no-tcp`
     path_offset_ms: float | None = None  # the relay path's latency left out of the delay
     expected_rtt_ms: float | None = None  # the FIFO model's median RTT (= configured without jitter)
     train_rtt_ms: float | None = None  # sum of the two median one-way delays of the train
@@ -130,10 +131,15 @@ class LinkResult:
         return self.configured_loss > 0
 
     @property
+    def goodput_judged(self) -> bool:
+        """TCP goodput counts on loss-free links, when it was measured."""
+        return self.tcp_measured and not self.lossy
+
+    @property
     def ok(self) -> bool:
         """RTT, loss, delay and rate as configured; TCP goodput judged on loss-free links only."""
         return (self.rtt_ok and self.loss_ok and self.delay_ok and self.rate_ok
-                and (self.goodput_ok or self.lossy))
+                and (self.goodput_ok or not self.goodput_judged))
 
     @property
     def measured_rtt_ms(self) -> float | None:
@@ -185,7 +191,7 @@ class LinkResult:
             "ok": self.ok,
             "rtt_ok": self.rtt_ok,
             "goodput_ok": self.goodput_ok,
-            "goodput_judged": not self.lossy,
+            "goodput_judged": self.goodput_judged,
             "loss_ok": self.loss_ok,
             "delay_ok": self.delay_ok,
             "rate_ok": self.rate_ok,
@@ -393,8 +399,10 @@ def omit_for(rtt_s: float) -> int:
 def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4, omit: int | None = None,
                 pings: int = 20, progress: Callable[[str], None] | None = None,
                 deep_dir: Path | None = None,
-                loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH) -> list[LinkResult]:
+                loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH,
+                tcp_goodput: bool = True) -> list[LinkResult]:
     """Measure every WAN link in both directions and judge it against `tol`.
+    `tcp_goodput=False` leaves iperf3 out (the link is then judged without it).
     `loss_precision`: the train is sized so that the loss estimate's 95% interval is
     +- this fraction of a lossy link's configured loss.
     `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT).
@@ -409,7 +417,7 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
         tcp = emu.topology.tcp_for(a) if kind == "hosts" else None
         tcp_b = emu.topology.tcp_for(b) if kind == "hosts" else None
         result = LinkResult(a, b, kind, link.rtt_s * 1e3, link.rate / 1e6, configured_loss=link.loss,
-                            configured_jitter_ms=link.jitter * 1e3)
+                            configured_jitter_ms=link.jitter * 1e3, tcp_measured=tcp_goodput)
         offset = emu.path_offsets.get(link.name)
         result.path_offset_ms = None if offset is None else offset.offset_s * 1e3
         for src, dst, ip_dst, settings in ((na, nb, ip_b, tcp), (nb, na, ip_a, tcp_b)):
@@ -421,12 +429,13 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
                 d.rtt_ms_mean = statistics.fmean(samples) * 1e3
                 d.rtt_samples = len(samples)
             d.streams = streams_for(link.rate, link.rtt_s, settings)
-            skip = omit if omit is not None else omit_for(link.rtt_s)
-            say(f"{link.name}: goodput {src.name} -> {dst.name}, {d.streams} streams, {duration + skip} s")
-            got = measure_goodput(src, dst, ip_dst, d.streams, duration, skip)
-            d.goodput_mbps = None if got.bps is None else got.bps / 1e6
-            d.retransmits = got.retransmits
-            d.error = got.error
+            if tcp_goodput:
+                skip = omit if omit is not None else omit_for(link.rtt_s)
+                say(f"{link.name}: goodput {src.name} -> {dst.name}, {d.streams} streams, {duration + skip} s")
+                got = measure_goodput(src, dst, ip_dst, d.streams, duration, skip)
+                d.goodput_mbps = None if got.bps is None else got.bps / 1e6
+                d.retransmits = got.retransmits
+                d.error = got.error
             if link.loss > 0:
                 cc = (settings or emu.topology.tcp_for(a)).congestion_control
                 d.expected_goodput_mbps = trainstats.expected_tcp_goodput(

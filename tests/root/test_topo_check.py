@@ -83,29 +83,31 @@ def test_topo_check_2dc_json_gives_each_link_its_verdict():
 
 LOSSY = """
 name: lossy3
-description: a 10 ms RTT link with 1% loss and +-1 ms jitter, and a 200 ms RTT link
+description: a 10 ms RTT link with 2% loss and +-1 ms jitter, and a 200 ms RTT link
 tcp: {congestion_control: cubic, rmem_max: 4MB, wmem_max: 4MB}
 dcs:
   - {name: p, hosts: 1}
   - {name: q, hosts: 1}
   - {name: r, hosts: 1}
 wan:
-  - {between: [p, q], rate: 300Mbit, delay: 5ms, jitter: 1ms, loss: 1%}
+  - {between: [p, q], rate: 300Mbit, delay: 5ms, jitter: 1ms, loss: 2%}
   - {between: [q, r], rate: 200Mbit, delay: 100ms}
 """
 
 
 def test_topo_check_deep_verifies_loss_jitter_and_rtt_from_10_to_200_ms(tmp_path: Path):
-    """A lossy, jittery 10 ms RTT link and a 200 ms RTT link, checked with --deep: the
-    train's loss is consistent with the configured 1% (its interval stated), nothing
-    arrives early or out of order, the capture on the WAN node sees the same datagrams
-    lost, the pcapng and the histogram are written, TCP's expected goodput under the loss
-    is shown, and TCP goodput is not judged on the lossy link. Both RTTs are within the
-    issue's 0.3 ms (plus 0.2 ms for a shared machine) of the configured (model's) RTT."""
+    """A lossy, jittery 10 ms RTT link and a 200 ms RTT link, checked with --deep (and
+    --no-tcp, for time): the train's loss is consistent with the configured 2% (its
+    interval stated), nothing arrives early or out of order, the capture on the WAN node
+    sees the same datagrams lost, the pcapng and the histogram are written, TCP's
+    expected goodput under the loss is shown, the UDP rate is the configured one on the
+    lossy link too (UDP GSO loses segments, not whole super-packets). Both RTTs are within
+    the issue's 0.3 ms (plus 0.2 ms for a shared machine) of the configured (model's)
+    RTT."""
     topo = tmp_path / "lossy3.yaml"
     topo.write_text(LOSSY)
     out = tmp_path / "deep"
-    report = run_check(topo, "--deep", "--out", str(out), "--duration", "1")
+    report = run_check(topo, "--deep", "--out", str(out), "--no-tcp")
     lossy, far = report["links"]
     for link in (lossy, far):
         _verdicts_follow_figures(link)
@@ -115,16 +117,17 @@ def test_topo_check_deep_verifies_loss_jitter_and_rtt_from_10_to_200_ms(tmp_path
         assert abs(link["rtt_ms"]["measured"] - link["rtt_expected_ms"]) <= 0.5
         assert Path(link["pcap"]).stat().st_size > 0 and link["capture_drops"] == 0
         assert Path(link["histogram"]).read_bytes()[:4] == b"\x89PNG"
-    assert lossy["goodput_judged"] is False and far["goodput_judged"] is True
+    assert lossy["goodput_judged"] is False and far["goodput_judged"] is False  # --no-tcp
     assert lossy["rtt_expected_ms"] > 10.0  # jitter with order kept: datagrams wait for slower ones
     for d in lossy["directions"]:
         t, node = d["train"], d["node"]
-        assert t["sent"] >= 9000  # sized for +-20% at 95% around 1%
-        assert t["loss_ci95"][0] < 0.01 < t["loss_ci95"][1] or not lossy["loss_ok"]
-        assert 0.005 < t["loss"] < 0.02
+        assert t["sent"] >= 4500  # sized for +-20% at 95% around 2%
+        assert t["loss_ci95"][0] < 0.02 < t["loss_ci95"][1] or not lossy["loss_ok"]
+        assert 0.01 < t["loss"] < 0.04
         assert t["early"] == 0 and t["reordered"] == 0 and node["reordered"] == 0
         assert abs(node["lost"] - t["lost"]) <= 3  # the link lost them, not the hosts
         assert 4.0 - 0.3 <= t["delay_ms"]["min"] and t["delay_ms"]["p50"] <= 6.3
-        assert 0 < d["expected_goodput_mbps"] < 300
+        assert 0 < d["expected_goodput_mbps"] < 300 and d["goodput_mbps"] is None
+        assert d["rate_mbps"] >= 0.9 * 300
     for d in far["directions"]:
         assert d["train"]["lost"] == 0 and d["node"]["lost"] == 0

@@ -189,3 +189,16 @@ def test_check_options_are_explained(tmp_path):
     assert result.exit_code == 1 and f"--out {blocker / 'sub'}: cannot create the folder" in result.output
     result = CliRunner().invoke(main, ["topo", "check", topo, "--loss-precision", "0"])
     assert result.exit_code == 2 and "--loss-precision" in result.output
+
+
+def test_without_tcp_the_link_is_judged_on_the_packet_figures():
+    r = LinkResult("dc1", "dc2", "hosts", 50.0, 1000.0, tcp_measured=False)
+    for _ in range(2):
+        d = Direction("dc1-h1", "dc2-h1", rate_mbps=995.0)
+        d.train = _train("dc1-h1", 25.0)
+        r.directions.append(d)
+    r.train_rtt_ms, r.expected_rtt_ms = 50.0, 50.0
+    r.judge(Tolerance())
+    assert r.ok and not r.goodput_ok and not r.goodput_judged
+    text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [r.as_json()]})
+    assert "(no TCP)" in text

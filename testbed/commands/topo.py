@@ -152,7 +152,8 @@ def render_check(report: dict) -> str:
         "",
         "tolerance: RTT within 0.3 ms of the configured RTT (train medians; under jitter, of the order-keeping "
         "model's); loss: none on a loss-free link, else the configured rate inside the 99% interval; delay: none "
-        "early, <= 5% late by over 1 ms, median within 0.3 ms of the model, no reordering; UDP rate within 5%; "
+        "early, <= 5% late by over 1 ms, median within 0.3 ms of the model, no reordering (relay; netem's jitter "
+        "reorders); UDP rate within 5%; "
         "TCP goodput >= 90% of the rate both ways (loss-free links, unless --no-tcp)",
     ]
     return "\n".join(lines)

@@ -495,9 +495,11 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
     finally:
         cap = _stop_capture(capture) if capture is not None else None
     delay_s, jitter_s = link.delay, link.jitter
+    keep_order = emu.delay_backend != "netem"  # netem's jitter reorders (tfifo sorts by send time)
     for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):
         records = trainstats.read_records(Path(receiver["records"]))
-        d.train = trainstats.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps)
+        d.train = trainstats.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps,
+                                     keep_order=keep_order)
     if cap is not None and deep_dir is not None:
         result.capture_drops = int(cap["drops"])
         say(f"{link.name}: reading {cap['packets']} captured datagrams")
@@ -511,7 +513,8 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
             rec = trainstats.read_records(Path(records_of["records"]))
             e2e = (rec["rx"].astype(np.int64) - rec["sent"].astype(np.int64)) / 1e9
             sent = np.sort(rec["sent"].astype(np.int64))
-            model = trainstats.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s)
+            model = trainstats.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s,
+                                                 keep_order=keep_order)
             panels.append((f"{d.src} -> {d.dst}", e2e, d.node.delays_s, model))
         result.histogram = str(deep_dir / f"{link.name}-delay.png")
         pcapcheck.histogram_png(Path(result.histogram),

@@ -14,6 +14,9 @@ for the one before it, and the delay distribution depends on how closely the
 datagrams follow each other. `fifo_model_quantiles` draws the configured uniform
 jitter for the train's own send times, applies the same ordering rule and gives the
 distribution the link should show; the measured median is compared with the model's.
+netem (under HTB, without its own rate) sorts by send time instead, so jitter there
+reorders and delays are independent: with ``keep_order=False`` the model has no
+ordering rule and reordering is not held against the link.
 """
 
 from __future__ import annotations
@@ -76,21 +79,22 @@ def read_records(path: Path) -> np.ndarray:
 
 
 def fifo_model_delays(send_s: Sequence[float] | np.ndarray, delay_s: float, jitter_s: float,
-                      seed: int = 1) -> np.ndarray:
+                      seed: int = 1, keep_order: bool = True) -> np.ndarray:
     """One draw of the delays an order-keeping link with uniform +-jitter gives datagrams
-    sent at `send_s` (the delay line's rule: deadline = max(previous, sent + delay + U))."""
+    sent at `send_s` (the delay line's rule: deadline = max(previous, sent + delay + U));
+    independent uniform delays with ``keep_order=False`` (netem)."""
     t = np.asarray(send_s, dtype=float)
     if jitter_s <= 0 or t.size == 0:
         return np.full(t.size, delay_s)
     rng = np.random.default_rng(seed)
     raw = t + np.maximum(0.0, delay_s + rng.uniform(-jitter_s, jitter_s, t.size))
-    return np.maximum.accumulate(raw) - t
+    return (np.maximum.accumulate(raw) if keep_order else raw) - t
 
 
 def fifo_model_quantiles(send_s: Sequence[float] | np.ndarray, delay_s: float, jitter_s: float,
-                         qs: Sequence[float] = (0.0, 0.5, 1.0), seed: int = 1) -> list[float]:
+                         qs: Sequence[float] = (0.0, 0.5, 1.0), seed: int = 1, keep_order: bool = True) -> list[float]:
     """Quantiles of `fifo_model_delays`."""
-    delays = fifo_model_delays(send_s, delay_s, jitter_s, seed)
+    delays = fifo_model_delays(send_s, delay_s, jitter_s, seed, keep_order)
     if delays.size == 0:
         return [math.nan for _ in qs]
     return [float(v) for v in np.quantile(delays, qs)]
@@ -115,12 +119,14 @@ class DirectionTrain:
     delay_ms: dict[str, float]  # min, p50, p99, max (measured, end to end)
     model_ms: dict[str, float]  # min, p50, max of the FIFO model for the same send times
     pps: float
+    keep_order: bool = True  # the link is meant to keep order (the relay); netem's jitter reorders
 
     def as_json(self) -> dict:
         return {
             "src": self.src, "dst": self.dst, "sent": self.sent, "received": self.received, "lost": self.lost,
             "loss": self.loss, "loss_ci95": list(self.loss_ci95), "loss_ci99": list(self.loss_ci99),
-            "reordered": self.reordered, "duplicates": self.duplicates, "early": self.early, "late": self.late,
+            "reordered": self.reordered, "keep_order": self.keep_order, "duplicates": self.duplicates,
+            "early": self.early, "late": self.late,
             "pps": self.pps,
             "delay_ms": {k: round(v, 4) for k, v in self.delay_ms.items()},
             "model_ms": {k: round(v, 4) for k, v in self.model_ms.items()},
@@ -128,7 +134,7 @@ class DirectionTrain:
 
 
 def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, jitter_s: float,
-            pps: float) -> DirectionTrain:
+            pps: float, keep_order: bool = True) -> DirectionTrain:
     """The figures of one direction from its receiver's records and its sender's count."""
     seqs = records["seq"].astype(np.int64)
     unique = np.unique(seqs)
@@ -144,7 +150,8 @@ def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, 
     else:
         delay_ms = {"min": math.nan, "p50": math.nan, "p99": math.nan, "max": math.nan}
     send_s = np.sort(records["sent"].astype(np.int64)) / 1e9 if records.size else np.array([])
-    model = fifo_model_quantiles(send_s - (send_s[0] if send_s.size else 0.0), delay_s, jitter_s)
+    model = fifo_model_quantiles(send_s - (send_s[0] if send_s.size else 0.0), delay_s, jitter_s,
+                                 keep_order=keep_order)
     return DirectionTrain(
         src=src, dst=dst, sent=sent, received=received, lost=lost, loss=lost / sent if sent else math.nan,
         loss_ci95=wilson_interval(lost, sent, Z95), loss_ci99=wilson_interval(lost, sent, Z99),
@@ -152,6 +159,7 @@ def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, 
         early=int(np.count_nonzero(delays < delay_s - jitter_s - DELAY_TOL_S)),
         late=int(np.count_nonzero(delays > delay_s + jitter_s + LATE_TOL_S)), delay_ms=delay_ms,
         model_ms={"min": model[0] * 1e3, "p50": model[1] * 1e3, "max": model[2] * 1e3}, pps=pps,
+        keep_order=keep_order,
     )
 
 
@@ -172,7 +180,8 @@ def delay_ok(train: DirectionTrain) -> bool:
     d = train.delay_ms
     if train.received == 0 or any(math.isnan(v) for v in d.values()):
         return False
-    return bool(train.early == 0 and train.late <= LATE_FRACTION * train.received and train.reordered == 0
+    in_order = train.reordered == 0 or not train.keep_order
+    return bool(train.early == 0 and train.late <= LATE_FRACTION * train.received and in_order
                 and abs(d["p50"] - train.model_ms["p50"]) <= DELAY_TOL_S * 1e3)
 
 

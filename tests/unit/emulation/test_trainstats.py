@@ -112,3 +112,17 @@ def test_expected_tcp_goodput_under_loss() -> None:
     assert ts.expected_tcp_goodput(400e6, 0.05, 0.001, 1000, "cubic") == 400e6  # capped at the rate
     assert ts.expected_tcp_goodput(400e6, 0.05, 0.001, 1, "bbr") == 400e6
     assert ts.expected_tcp_goodput(400e6, 0.05, 0.0, 1, "reno") == 400e6
+
+
+def test_netem_model_is_independent_and_may_reorder() -> None:
+    """netem's jitter (tfifo) reorders and leaves delays independent: the model's median
+    stays at the delay however dense the train, and reordering is not a fault there."""
+    dense = np.arange(4000) * 0.0001
+    _lo, mid, _hi = ts.fifo_model_quantiles(dense, 0.025, 0.002, keep_order=False)
+    assert abs(mid - 0.025) < 0.0002
+    ms = 1_000_000
+    rows = [(i, i * ms, i * ms + 25 * ms) for i in range(200)]
+    rows[50], rows[51] = rows[51], rows[50]  # 51 arrives first
+    for keep in (True, False):
+        t = ts.analyse("a", "b", records(rows), sent=200, delay_s=0.025, jitter_s=0.0, pps=1000, keep_order=keep)
+        assert t.reordered == 1 and ts.delay_ok(t) is (not keep)

@@ -64,12 +64,15 @@ def test_streams_cover_the_window_limit():
 def _train(src, delay_ms, n=2000, lost=0, jitter_ms=0.0, late=0, configured_ms=25.0):
     """A direction's train: n sent, `lost` of them missing, one-way delays around delay_ms."""
     ms = 1_000_000
-    rng = np.random.default_rng(3)
-    rows = []
-    for i in range(n - lost):
-        d = delay_ms + (rng.uniform(-jitter_ms, jitter_ms) if jitter_ms else 0.0) + (5.0 if i < late else 0.0)
-        rows.append((i, i * ms, int(i * ms + d * ms)))
-    recs = np.array(rows, dtype=np.dtype([("seq", "<u4"), ("sent", "<u8"), ("rx", "<u8")]))
+    k = n - lost
+    delays = np.full(k, delay_ms)
+    if jitter_ms:
+        delays += np.random.default_rng(3).uniform(-jitter_ms, jitter_ms, k)
+    delays[:late] += 5.0
+    recs = np.zeros(k, dtype=np.dtype([("seq", "<u4"), ("sent", "<u8"), ("rx", "<u8")]))
+    recs["seq"] = np.arange(k)
+    recs["sent"] = np.arange(k) * ms
+    recs["rx"] = recs["sent"] + (delays * ms).astype(np.uint64)
     return trainstats.analyse(src, "x", recs, n, configured_ms / 1e3, jitter_ms / 1e3, 1000)
 
 

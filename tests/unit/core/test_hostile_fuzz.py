@@ -7,7 +7,7 @@ Three kinds of input: random bytes and text as a file; random YAML documents; an
 valid documents with one field replaced by a random value (which reaches the
 validators behind the first level of checks).
 
-Each test draws 40 examples from a fixed seed (a few seconds in all); for a deeper run,
+Each test draws 20 examples from a fixed seed (a few seconds in all); for a deeper run,
 ``TESTBED_FUZZ_EXAMPLES=600 TESTBED_FUZZ_RANDOM=1 pytest tests/unit/core/test_hostile_fuzz.py``."""
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from testbed_core.workload import load_workload
 
 INTERNALS = ("function-after", "function-before", "functools", " at 0x", "For further information",
              "Traceback", "<unicode string>")
-FUZZ = settings(max_examples=int(os.environ.get("TESTBED_FUZZ_EXAMPLES", "40")), deadline=None,
+FUZZ = settings(max_examples=int(os.environ.get("TESTBED_FUZZ_EXAMPLES", "20")), deadline=None,
                 suppress_health_check=[HealthCheck.too_slow],
                 derandomize=not os.environ.get("TESTBED_FUZZ_RANDOM"))
 

@@ -16,7 +16,7 @@ from typing import Any
 from testbed.bench.transport import Measurement
 
 CSV_FIELDS = ["path", "method", "streams", "requested_streams", "goodput_mbps", "verified", "size_bytes",
-              "samples_mbps", "error", "round"]
+              "samples_mbps", "error", "round", "cpu_ms_per_gib"]
 
 
 @dataclass(frozen=True)
@@ -89,10 +89,16 @@ def summarize(results: list[Measurement]) -> list[Measurement]:
             samples_mbps=[m.goodput_mbps for m in good],
             verified=all(verified) if verified else None,
             streams=statistics.mode(m.streams for m in good) if good else first.streams,
+            cpu_ms_per_gib=_median_or_none(m.cpu_ms_per_gib for m in good),
             error="; ".join(f"round {m.round}: {m.error}" for m in failed) or None,
             round=-1,
         ))
     return out
+
+
+def _median_or_none(values) -> float | None:
+    xs = [x for x in values if x is not None]
+    return round(statistics.median(xs), 1) if xs else None
 
 
 def _check(results: list[Measurement], path: str, name: str, target: float, a_of, b_of) -> Check:
@@ -154,16 +160,20 @@ def checks(results: list[Measurement]) -> list[Check]:
 
 def table(results: list[Measurement], found: list[Check]) -> str:
     """One row per measurement; with several rounds, one row per method with the
-    median over rounds and each round's goodput."""
+    median over rounds and each round's goodput. CPU ms/GiB: both ends' CPU time per
+    GiB moved (on a shared machine, goodput follows the CPU share a method gets; this
+    column says what each needs)."""
     n_rounds = len(rounds_of(results))
     what = f"per round ({n_rounds} rounds)" if n_rounds > 1 else "samples"
-    lines = [f"{'path':<9} {'method':<7} {'streams':>7} {'goodput Mbit/s':>15} {'verified':>9}  {what} / error"]
+    lines = [f"{'path':<9} {'method':<7} {'streams':>7} {'goodput Mbit/s':>15} {'CPU ms/GiB':>10} {'verified':>9}  "
+             f"{what} / error"]
     for m in summarize(results):
         streams = f"auto={m.streams}" if m.requested_streams == "auto" else str(m.streams)
         gp = f"{m.goodput_mbps:.1f}" if m.goodput_mbps is not None else "-"
+        cpu = f"{m.cpu_ms_per_gib:.0f}" if m.cpu_ms_per_gib is not None else "-"
         ver = {True: "yes", False: "NO", None: "-"}[m.verified]
         extra = m.error or ", ".join(f"{x:.0f}" for x in m.samples_mbps)
-        lines.append(f"{m.path:<9} {m.method:<7} {streams:>7} {gp:>15} {ver:>9}  {extra}")
+        lines.append(f"{m.path:<9} {m.method:<7} {streams:>7} {gp:>15} {cpu:>10} {ver:>9}  {extra}")
     if found:
         lines.append("")
         lines.append("targets:")

@@ -21,6 +21,11 @@ the transfer and would otherwise compete for the CPU with whichever method overl
 it best). iperf3 runs for a duration and is reported as the reference ceiling; it
 carries no tensor, so its "verified" only means that the test ran and the server
 received data.
+
+Both workers also report the CPU time their process spent (all threads, user and
+system: `getrusage`) during the timed part, so each measurement comes with the CPU
+it cost per GiB at both ends together. On a machine shared with other work, goodput
+follows the CPU share each method gets, and CPU per GiB says which one needs less.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import socket
 import statistics
 import struct
@@ -70,6 +76,7 @@ class Measurement:
     auto_probe_mbps: dict[str, float] | None = None
     error: str | None = None
     round: int = 0  # which pass over the methods (--rounds): ratios pair measurements of one round
+    cpu_ms_per_gib: float | None = None  # CPU time of both ends per GiB moved (timed part only)
 
     def row(self) -> dict[str, Any]:
         return asdict(self)
@@ -98,6 +105,33 @@ def _goodput(size: int, seconds: list[float]) -> list[float]:
     return [size * 8 / s / 1e6 for s in seconds]
 
 
+class _CpuMeter:
+    """CPU seconds (user + system, every thread of this process) spent inside
+    start()/stop() windows, and the bytes moved in them."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.nbytes = 0
+        self._t0: float | None = None
+
+    @staticmethod
+    def now() -> float:
+        r = resource.getrusage(resource.RUSAGE_SELF)
+        return r.ru_utime + r.ru_stime
+
+    def start(self) -> None:
+        self._t0 = self.now()
+
+    def stop(self, nbytes: int) -> None:
+        if self._t0 is not None:
+            self.seconds += self.now() - self._t0
+            self.nbytes += nbytes
+            self._t0 = None
+
+    def fields(self) -> dict[str, float | int]:
+        return {"cpu_s": self.seconds, "cpu_bytes": self.nbytes}
+
+
 def _secret() -> str:
     secret = os.environ.get("ATLAS_SECRET")
     if not secret:
@@ -121,13 +155,16 @@ def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
             buf = torch.zeros(size, dtype=torch.uint8)  # pre-faulted
             pending = ch.irecv_into(buf, DATA_TAG)
             ok = []
+            cpu = _CpuMeter()
             for i in range(count):
                 pending.wait(a.timeout)
+                cpu.stop(size)  # the first (warm-up) transfer is not metered
                 ok.append(_digest(byte_view(buf)) == digest)
                 if i + 1 < count:
                     pending = ch.irecv_into(buf, DATA_TAG)  # posted before the client may send
+                    cpu.start()
                 ch.send(torch.ones(1), READY_TAG, timeout=a.timeout)
-            return {"verified": all(ok), "received": len(ok)}
+            return {"verified": all(ok), "received": len(ok), **cpu.fields()}
 
 
 def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
@@ -148,14 +185,17 @@ def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
         ch.send(data, DATA_TAG)  # warm-up
         ch.recv(READY_TAG, timeout=a.timeout)
         seconds = []
+        cpu = _CpuMeter()
         for _ in range(a.repeat):
+            cpu.start()
             t0 = time.perf_counter()
             ch.send(data, DATA_TAG)  # returns at the receiver's DONE
             seconds.append(time.perf_counter() - t0)
+            cpu.stop(a.size)
             ch.recv(READY_TAG, timeout=a.timeout)  # the server checked it and posted the next receive
         used = ch.streams
     probe = cached_streams(a.host, a.port) if streams == "auto" else None
-    return {"streams": used, "samples_mbps": _goodput(a.size, seconds),
+    return {"streams": used, "samples_mbps": _goodput(a.size, seconds), **cpu.fields(),
             "auto_probe_mbps": {str(k): v for k, v in probe.goodput_mbps.items()} if probe else None}
 
 
@@ -179,13 +219,18 @@ def serve_tcp(a: argparse.Namespace) -> dict[str, Any]:
             _recv_exact(conn, memoryview(head))
             size, count, digest = _TCP_HEADER.unpack(head)
             buf = np.zeros(size, dtype=np.uint8)
+            buf[:] = 0  # pre-faulted, as the other methods' buffers
             ok = []
-            for _ in range(count):
+            cpu = _CpuMeter()
+            for i in range(count):
+                if i:
+                    cpu.start()
                 _recv_exact(conn, memoryview(buf))
                 conn.sendall(b"k")  # ack first: verification is not part of the timing
+                cpu.stop(size)
                 ok.append(_digest(buf) == digest)
                 conn.sendall(b"r")  # ready for the next one
-            return {"verified": all(ok), "received": len(ok)}
+            return {"verified": all(ok), "received": len(ok), **cpu.fields()}
 
 
 def client_tcp(a: argparse.Namespace) -> dict[str, Any]:
@@ -194,16 +239,20 @@ def client_tcp(a: argparse.Namespace) -> dict[str, Any]:
     with socket.create_connection((a.host, a.port), timeout=a.timeout) as conn:
         conn.sendall(_TCP_HEADER.pack(a.size, a.repeat + 1, _digest(data)))
         seconds = []
+        cpu = _CpuMeter()
         for i in range(a.repeat + 1):
+            if i:
+                cpu.start()
             t0 = time.perf_counter()
             conn.sendall(view)
             if conn.recv(1) != b"k":
                 raise BenchError("the tcp server did not acknowledge the transfer")
             if i:
                 seconds.append(time.perf_counter() - t0)
+                cpu.stop(a.size)
             if conn.recv(1) != b"r":
                 raise BenchError("the tcp server did not say it was ready for the next transfer")
-    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds)}
+    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds), **cpu.fields()}
 
 
 def _gloo_group(store: Any, rank: int, ip: str, timeout: float) -> Any:
@@ -233,12 +282,16 @@ def serve_gloo(a: argparse.Namespace) -> dict[str, Any]:
     buf = torch.zeros(size, dtype=torch.uint8)
     ack = torch.ones(1)
     ok = []
-    for _ in range(count):
+    cpu = _CpuMeter()
+    for i in range(count):
+        if i:
+            cpu.start()
         pg.recv([buf], 1, DATA_TAG).wait()
         pg.send([ack], 1, ACK_TAG).wait()
+        cpu.stop(size)
         ok.append(_digest(buf.numpy()) == digest)
         pg.send([ack], 1, READY_TAG).wait()
-    return {"verified": all(ok), "received": len(ok)}
+    return {"verified": all(ok), "received": len(ok), **cpu.fields()}
 
 
 def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
@@ -254,14 +307,18 @@ def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
     pg.send([torch.tensor([a.size, a.repeat + 1, _signed(digest)], dtype=torch.int64)], 0, MANIFEST_TAG).wait()
     ack = torch.zeros(1)
     seconds = []
+    cpu = _CpuMeter()
     for i in range(a.repeat + 1):
+        if i:
+            cpu.start()
         t0 = time.perf_counter()
         pg.send([data], 0, DATA_TAG).wait()
         pg.recv([ack], 0, ACK_TAG).wait()
         if i:
             seconds.append(time.perf_counter() - t0)
+            cpu.stop(a.size)
         pg.recv([ack], 0, READY_TAG).wait()
-    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds)}
+    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds), **cpu.fields()}
 
 
 _KEEP: list[Any] = []  # iperf3 wrapper objects must outlive the process (their __del__ closes stdio)
@@ -279,19 +336,23 @@ def serve_iperf3(a: argparse.Namespace) -> dict[str, Any]:
     port = a.port or _free_port(a.bind)
     _emit("ready", port=port)
     received = []
+    cpu = _CpuMeter()
     for _ in range(a.count):
         srv = iperf3.Server()
         _KEEP.append(srv)
         srv.bind_address, srv.port, srv.verbose = a.bind, port, False
+        cpu.start()  # waiting for the client costs no CPU
         r = srv.run()
         received.append(0 if r is None or r.error else r.received_bytes)
-    return {"verified": all(received), "received": len(received)}
+        cpu.stop(received[-1])
+    return {"verified": all(received), "received": len(received), **cpu.fields()}
 
 
 def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
     import iperf3
 
     samples, verified = [], True
+    cpu = _CpuMeter()
     for _ in range(a.repeat):
         deadline = time.monotonic() + a.timeout
         while True:
@@ -299,6 +360,7 @@ def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
             _KEEP.append(c)
             c.server_hostname, c.port, c.num_streams = a.host, a.port, int(a.streams)
             c.duration, c.verbose = max(1, round(a.seconds)), False
+            cpu.start()
             r = c.run()
             if r.error and "connect" in r.error.lower() and time.monotonic() < deadline:
                 time.sleep(0.1)  # the server runs its next test in a moment
@@ -306,9 +368,10 @@ def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
             break
         if r.error:
             raise BenchError(f"iperf3 -P {a.streams} to {a.host}:{a.port} failed: {r.error}")
+        cpu.stop(r.received_bytes)
         samples.append(r.received_Mbps)
         verified &= r.received_bytes > 0  # iperf3 carries no tensor: the test ran and data arrived
-    return {"streams": int(a.streams), "samples_mbps": samples, "verified": verified}
+    return {"streams": int(a.streams), "samples_mbps": samples, "verified": verified, **cpu.fields()}
 
 
 _SERVERS = {"atlas": serve_atlas, "tcp": serve_tcp, "gloo": serve_gloo, "iperf3": serve_iperf3}
@@ -465,7 +528,18 @@ def measure_pair(path: str, method: str, streams: int | str, size: int, repeat: 
     m.streams = int(c_res.get("streams") or m.streams)
     m.auto_probe_mbps = c_res.get("auto_probe_mbps")
     m.verified = bool(s_res["verified"]) and bool(c_res.get("verified", True))
+    m.cpu_ms_per_gib = _cpu_per_gib(c_res, s_res)
     return m
+
+
+def _cpu_per_gib(*sides: dict[str, Any]) -> float | None:
+    """CPU milliseconds per GiB, both ends together (None if a side did not meter)."""
+    total = 0.0
+    for side in sides:
+        if not side.get("cpu_bytes"):
+            return None
+        total += side["cpu_s"] / (side["cpu_bytes"] / 2**30)
+    return round(total * 1000, 1)
 
 
 def _why(event: dict[str, Any] | None, what: str, log: Path) -> str:

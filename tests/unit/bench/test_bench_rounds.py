@@ -21,7 +21,8 @@ def rounds() -> list[Measurement]:
     rows = []
     for r in range(3):
         for method, values in goodput.items():
-            rows.append(Measurement("loopback", method, 1, values[r], True, 1, 1 << 20, [values[r]], round=r))
+            rows.append(Measurement("loopback", method, 1, values[r], True, 1, 1 << 20, [values[r]], round=r,
+                                    cpu_ms_per_gib=500.0 + 10 * r))
     return rows
 
 
@@ -51,16 +52,18 @@ def test_summary_table_json_and_plot(tmp_path: Path) -> None:
     rows.append(Measurement("loopback", "atlas", 2, 15000.0, True, 2, 1 << 20, [15000.0], round=1))
     summary = {(m.method, m.streams): m for m in report.summarize(rows)}
     assert summary[("atlas", 1)].goodput_mbps == 9000.0 and summary[("atlas", 1)].samples_mbps == [9000, 4000, 9500]
-    assert summary[("atlas", 2)].goodput_mbps == 15000.0
+    assert summary[("atlas", 2)].goodput_mbps == 15000.0 and summary[("atlas", 2)].cpu_ms_per_gib is None
+    assert summary[("atlas", 1)].cpu_ms_per_gib == 510.0  # median over rounds
     assert summary[("atlas", 2)].error == "round 0: atlas client failed"
     text = report.table(rows, report.checks(rows))
-    assert "per round (3 rounds)" in text and "9000, 4000, 9500" in text
+    assert "per round (3 rounds)" in text and "CPU ms/GiB" in text
+    assert "loopback  atlas         1          9000.0        510       yes  9000, 4000, 9500" in text
     assert "0.95 (target >= 0.9; median 9000 Mbit/s vs 10000 Mbit/s; 0.90..0.98 over 3 rounds)" in text
     doc = report.as_json(rows, report.checks(rows), {})
     assert len(doc["results"]) == 14 and {r["round"] for r in doc["results"]} == {0, 1, 2}
     assert len(doc["summary"]) == 5
     report.write_csv(rows, tmp_path / "r.csv")
-    assert (tmp_path / "r.csv").read_text().splitlines()[0].endswith(",error,round")
+    assert (tmp_path / "r.csv").read_text().splitlines()[0].endswith(",error,round,cpu_ms_per_gib")
     report.plot(rows, tmp_path / "g.png")
     assert (tmp_path / "g.png").read_bytes()[:4] == b"\x89PNG"
 

@@ -145,6 +145,12 @@ def render_check(report: dict) -> str:
                 measured = "not measured" if d["goodput_mbps"] is None else f"{d['goodput_mbps']:.0f} Mbit/s"
                 lines.append(f"    TCP goodput {measured} with {d['streams']} streams; "
                              f"expected under this loss {d['expected_goodput_mbps']:.0f} Mbit/s")
+        relay = link.get("relay_during_train")
+        if relay and any(v["relay_drops"] or v["queue_drops"] for v in relay.values()):
+            lines.append("  the relay during the train: " + "; ".join(
+                f"{k}: {v['relay_drops']} dropped by the relay itself ({v['socket_drops']} by its socket), "
+                f"{v['queue_drops']} by the shaper's queue, {v['loss_model']} by the loss model"
+                for k, v in relay.items()))
         if link.get("pcap"):
             lines.append(f"  capture: {link['pcap']} (capture drops {link['capture_drops']}); "
                          f"histogram: {link['histogram']}")

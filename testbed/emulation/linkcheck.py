@@ -117,6 +117,7 @@ class LinkResult:
     path_offset_ms: float | None = None  # the relay path's latency left out of the delay
     expected_rtt_ms: float | None = None  # the FIFO model's median RTT (= configured without jitter)
     train_rtt_ms: float | None = None  # sum of the two median one-way delays of the train
+    relay: dict[str, dict[str, int]] | None = None  # the relay's own drops during the train (`relay_drops`)
     pcap: str | None = None  # --deep: the capture on the WAN node and its histogram
     histogram: str | None = None
     capture_drops: int | None = None
@@ -196,6 +197,7 @@ class LinkResult:
             "delay_ok": self.delay_ok,
             "rate_ok": self.rate_ok,
             "endpoints": self.endpoints,
+            "relay_during_train": self.relay,
             "pcap": self.pcap,
             "histogram": self.histogram,
             "capture_drops": self.capture_drops,
@@ -373,6 +375,18 @@ def measure_rate(emu: Emulation, a: str, b: str, src: NodeHandle, dst_ip: str, r
     return {name: rate for name, got in samples.items() if (rate := shaper_rate(got)) is not None}
 
 
+def relay_drops(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Per direction of a relay, between two STATS snapshots: what its loss model dropped
+    (segments), what the shaper's queue refused, and what the relay itself lost (its
+    socket's ring or its own queue overflowing: the emulator's fault, not the link's)."""
+    from testbed.emulation.delayline.stats import window
+
+    got = window(before, after)
+    return {name: {"loss_model": d["loss_model"], "queue_drops": d["queue_drops"], "relay_drops": d["relay_drops"],
+                   "socket_drops": d["socket_drops"]}
+            for name, d in got.items() if isinstance(d, dict)}
+
+
 def _egress_towards(emu: Emulation, a: str, b: str) -> str:
     """The WAN node's interface that sends towards DC b."""
     wan = emu.wan_node(a, b)
@@ -490,10 +504,14 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
         say(f"{link.name}: capturing on {emu.wan_node(a, b).name}")
         capture = _start_capture(emu, a, b, Path(result.pcap))
     say(f"{link.name}: UDP train both ways, {count} datagrams at {pps:g}/s")
+    before = emu.delay_line_stats().get(link.name)
     try:
         rep_a, rep_b = measure_trains(na, ip_a, nb, ip_b, count, pps, linger, folder)
     finally:
         cap = _stop_capture(capture) if capture is not None else None
+    after = emu.delay_line_stats().get(link.name)
+    if before is not None and after is not None:
+        result.relay = relay_drops(before, after)
     delay_s, jitter_s = link.delay, link.jitter
     keep_order = emu.delay_backend != "netem"  # netem's jitter reorders (tfifo sorts by send time)
     for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):

@@ -205,3 +205,18 @@ def test_without_tcp_the_link_is_judged_on_the_packet_figures():
     assert r.ok and not r.goodput_ok and not r.goodput_judged
     text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [r.as_json()]})
     assert "(no TCP)" in text
+
+
+def test_relay_drops_during_the_train_are_attributed_and_shown():
+    from testbed.emulation.linkcheck import relay_drops
+
+    before = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 1}, "b2a": {}, "kernel_drops": {"a": 0, "b": 0}}
+    after = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 9, "lost_segments": 2, "send_drops": 1},
+             "b2a": {}, "kernel_drops": {"a": 5, "b": 0}}
+    got = relay_drops(before, after)
+    assert got["w-eth0->w-eth1"] == {"loss_model": 2, "queue_drops": 1, "relay_drops": 5, "socket_drops": 5}
+    assert got["w-eth1->w-eth0"]["relay_drops"] == 0
+    link = _link([50.1, 50.1], [950.0, 950.0]).as_json()
+    link["relay_during_train"] = got
+    text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [link]})
+    assert "w-eth0->w-eth1: 5 dropped by the relay itself (5 by its socket), 1 by the shaper's queue" in text

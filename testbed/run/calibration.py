@@ -34,7 +34,7 @@ from testbed.run.network import Network
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration
-from testbed_core.contracts.worker_job import ProbeJob
+from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 __all__ = ["PROBE_WARMUP", "Calibration", "Prober", "aggregate_rate", "calibrate", "calibrate_link",
            "calibration_pairs", "effective_rate"]
@@ -195,6 +195,89 @@ def calibrate_link(
     progress.log(f"  calibration: {len(pairs)} channels of {streams} streams colliding, each way: "
                  f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
                  f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
+
+
+def time_rings(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+               streams: int, grad_bytes: int, count: int, label: str) -> tuple[list[float], int]:
+    """Run the training workers' DP ring all-reduce (testbed/training/allreduce.py) of
+    `grad_bytes` between each pair of hosts, all pairs at once from one common start,
+    `count` times. Returns (the slowest pair's seconds per run, bytes each replica sent)."""
+    ports = PortPlan(scenario.runner.base_port).calibration
+    transport = transport_job(scenario.transport)
+    env = worker_env(secret)
+    folder.mkdir(parents=True, exist_ok=True)
+    procs: dict[str, subprocess.Popen] = {}
+    logs = []
+    try:
+        for k, (a, b) in enumerate(pairs):
+            for rank, (me, peer, end) in enumerate(((a, b, "listen"), (b, a, "connect"))):
+                name = f"{label}ring{k}-r{rank}"
+                job = RingProbeJob(role="probe-ring", name=name, channel=end, bind_ip="0.0.0.0",
+                                   peer_ip=net.host(peer).ip, port=ports.port(k), streams=streams, dp_rank=rank,
+                                   grad_bytes=grad_bytes, bucket_bytes=scenario.runner.dp_bucket, count=count,
+                                   out=str(folder / f"{name}.json"), transport=transport,
+                                   timeout_s=scenario.runner.iteration_timeout)
+                path = folder / f"{name}.job.json"
+                path.write_text(job.model_dump_json(indent=1))
+                log = open(folder / f"{name}.log", "w")  # noqa: SIM115 (closed below)
+                logs.append(log)
+                procs[name] = net.host(me).popen(worker_argv(path), env=env, stdout=subprocess.PIPE, stderr=log,
+                                                 stdin=subprocess.PIPE, text=True, cwd=str(REPO_ROOT))
+                if end == "listen" and "listening" not in procs[name].stdout.readline():
+                    procs[name].wait(5)
+                    raise RunnerError(f"calibration ring {name} on {me} did not start:\n"
+                                      f"{log_tail(folder / f'{name}.log')}")
+        for name, p in procs.items():
+            if "connected" not in p.stdout.readline():
+                p.wait(5)
+                raise RunnerError(f"calibration ring {name} could not connect:\n{log_tail(folder / f'{name}.log')}")
+        t_go = time.time() + 0.2
+        for p in procs.values():
+            p.stdin.write(f"go {t_go}\n")
+            p.stdin.flush()
+        for name, p in procs.items():
+            try:
+                rc = p.wait(scenario.runner.iteration_timeout + 30)
+            except subprocess.TimeoutExpired:
+                raise RunnerError(f"calibration ring {name} did not finish in time:\n"
+                                  f"{log_tail(folder / f'{name}.log')}") from None
+            if rc != 0:
+                raise RunnerError(f"calibration ring {name} failed (exit {rc}):\n{log_tail(folder / f'{name}.log')}")
+        results = [json.loads((folder / f"{name}.json").read_text()) for name in procs]
+    finally:
+        stop_processes(procs)
+        for log in logs:
+            log.close()
+    slowest = [max(r["times_s"][i] for r in results) for i in range(count)]
+    return slowest, int(results[0]["bytes_sent"])
+
+
+def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+                  grad_bytes: int, cal: Calibration, progress: Progress) -> None:
+    """The rate of the DP all-reduce inside a DC: the workers' own ring of `grad_bytes`
+    (the largest stage's gradients) between the hosts of DP neighbours, all pairs at
+    once (as the rings of every stage run together), single-stream channels; rate =
+    bytes each replica sends / median time (the first run, which opens the connections'
+    windows, not counted)."""
+    count = scenario.runner.calibration_transfers + 1
+    times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-")
+    timed = times[1:]
+    cal.lan_pairs, cal.lan_nbytes, cal.lan_transfer_s = [tuple(p) for p in pairs], grad_bytes, timed
+    cal.lan_rate_bps = sent * 8 / max(1e-6, median(timed))
+    progress.log(f"  calibration: DP all-reduce inside the DCs, {len(pairs)} ring(s) at once, "
+                 f"{grad_bytes / 1e6:.1f} MB gradients: {cal.lan_rate_bps / 1e6:.0f} Mbit/s per replica "
+                 f"(rings {', '.join(f'{t * 1e3:.0f}' for t in timed)} ms)")
+
+
+def dp_lan_pairs(placement: Any) -> list[tuple[str, str]]:
+    """(host of DP replica 0, host of replica 1) of each rank whose first two replicas
+    are in one DC on different hosts: the all-reduce channels the LAN probe times."""
+    out = []
+    for r in range(placement.pp):
+        a, b = placement.hosts[(0, r)][0], placement.hosts[(1, r)][0]
+        if a != b and placement.dc_of(0, r) == placement.dc_of(1, r):
+            out.append((a, b))
+    return out
 
 
 def calibration_pairs(placement: Any) -> list[tuple[str, str]]:

@@ -29,6 +29,8 @@ from testbed.run.variants import VariantSetup
 from testbed_core.contracts.worker_job import (
     ChannelJob,
     DeviceJob,
+    DpPeerJob,
+    DpSyncJob,
     LiveJob,
     PlannedSend,
     RealJob,
@@ -70,10 +72,13 @@ def build_jobs(
     temporal_mode: str = "token",
     token_timeout_s: float = 10.0,
     iteration_lead_s: float = 0.05,
+    dp_allreduce: bool = True,
+    dp_bucket_bytes: int = 25 << 20,
 ) -> dict[str, TrainJob]:
     """The job of every worker of a variant, by worker name (pure: no I/O). Channel
     ports are the `ports.channels` range over the (pipeline, boundary) channels, so no
-    two collide."""
+    two collide. With dp > 1 the workers all-reduce their gradients after each
+    iteration (`dp_allreduce`; always with real devices, whose replicas must agree)."""
     from testbed_core.schedules import build_schedule
 
     par = workload.parallelism
@@ -88,7 +93,9 @@ def build_jobs(
     torch_device = None
     if workload.gpu.mode == "real":
         torch_device = real_device(workload)
-        real = add_real_jobs(setup, workload, topology, hosts, host_ips, run_dir, ports, torch_device)
+        real = add_real_jobs(workload, run_dir, torch_device)
+    dp = (dp_sync_jobs(setup, workload, eff, topology, hosts, host_ips, ports, dp_bucket_bytes)
+          if par.dp > 1 and (dp_allreduce or real) else {})
     temporal = ({} if plan is None else
                 temporal_jobs(plan, sched, hosts, host_ips, ports, temporal_mode, token_timeout_s))
     live = live_jobs(channels, hosts, devices, topology, run_dir, iteration_lead_s, local) if setup.bubbletea else {}
@@ -113,7 +120,7 @@ def build_jobs(
                 control=control, transfers_path=str(run_dir / "transfers" / f"{wid}.jsonl"),
                 setup_timeout_s=setup_timeout_s, timeout_s=timeout_s,
                 slots_path=str(run_dir / "slots" / f"{dev}.jsonl") if setup.bubbletea else None,
-                idle_slots=slots, live=live.get(wid), real=real.get(wid),
+                idle_slots=slots, live=live.get(wid), real=real.get(wid), dp=dp.get(wid),
             )
     return jobs
 
@@ -157,15 +164,49 @@ def real_device(workload: Any) -> str:
         raise RunnerError(str(exc)) from None
 
 
-def add_real_jobs(setup: VariantSetup, workload: Any, topology: Any, hosts: Mapping[str, str],
-                  host_ips: Mapping[str, str], run_dir: Path, ports: PortPlan, torch_device: str) -> dict[str, RealJob]:
+def add_real_jobs(workload: Any, run_dir: Path, torch_device: str) -> dict[str, RealJob]:
     """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
-    real and averages gradients with its DP peers (testbed/training/real_mode.py)."""
+    real (testbed/training/real_mode.py)."""
     from testbed.training.real_mode import real_jobs
 
-    return real_jobs(workload=workload, placement=setup.placement, streams=setup.streams, topology=topology,
-                     worker_ips={w: host_ips[h] for w, h in hosts.items()}, variant_folder=Path(run_dir).parent,
-                     dp_port=ports.dp_gradients.port, torch_device=torch_device, worker_id=worker_id)
+    return real_jobs(workload=workload, variant_folder=Path(run_dir).parent, torch_device=torch_device,
+                     worker_id=worker_id)
+
+
+def grad_wire_bytes(workload: Any, eff: Any, rank: int) -> int:
+    """The gradient bytes a worker of `rank` all-reduces: its stages' parameters x the
+    dtype's bytes x the workload's scale (at least one byte)."""
+    par = workload.parallelism
+    params = sum(eff.stage_params[c * par.pp + rank] for c in range(par.chunks))
+    return max(1, int(params * workload.model_spec().dtype_bytes * workload.scale))
+
+
+def dp_sync_jobs(setup: VariantSetup, workload: Any, eff: Any, topology: Any, hosts: Mapping[str, str],
+                 host_ips: Mapping[str, str], ports: PortPlan, bucket_bytes: int) -> dict[str, DpSyncJob]:
+    """The DP gradient all-reduce of every worker (pure): one channel per pair of
+    replicas of a rank (the lower DP rank listens; the k-th pair on the k-th port of
+    `ports.dp_gradients`; the variant's streams when it crosses a WAN, 1 inside a DC)."""
+    par = workload.parallelism
+    pl = setup.placement
+    peers: dict[str, list[DpPeerJob]] = {worker_id(d, r): [] for d in range(par.dp) for r in range(par.pp)}
+    k = 0
+    for r in range(par.pp):
+        for d in range(par.dp):
+            for e in range(d + 1, par.dp):
+                lo, hi = worker_id(d, r), worker_id(e, r)
+                links, _ = path_links(topology, pl.dc_of(d, r), pl.dc_of(e, r))
+                port = ports.dp_gradients.port(k)
+                k += 1
+                n = setup.streams if links else 1
+                peers[lo].append(DpPeerJob(dp_rank=e, peer=hi, peer_ip=host_ips[hosts[hi]], port=port, role="listen",
+                                           streams=n))
+                peers[hi].append(DpPeerJob(dp_rank=d, peer=lo, peer_ip=host_ips[hosts[lo]], port=port, role="connect",
+                                           streams=n))
+    return {
+        worker_id(d, r): DpSyncJob(dp_rank=d, dp=par.dp, peers=peers[worker_id(d, r)],
+                                   grad_bytes=grad_wire_bytes(workload, eff, r), bucket_bytes=bucket_bytes)
+        for d in range(par.dp) for r in range(par.pp)
+    }
 
 
 def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str], devices: Mapping[str, str],

@@ -55,9 +55,16 @@ import yaml
 
 from testbed.progress import Progress
 from testbed.run.bubbletea import bubbletea_metrics
-from testbed.run.calibration import Calibration, calibrate, calibrate_link, calibration_pairs
+from testbed.run.calibration import (
+    Calibration,
+    calibrate,
+    calibrate_lan,
+    calibrate_link,
+    calibration_pairs,
+    dp_lan_pairs,
+)
 from testbed.run.common import RunnerError, nominal_link, transport_job
-from testbed.run.jobs import build_jobs
+from testbed.run.jobs import build_jobs, grad_wire_bytes
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
@@ -101,7 +108,7 @@ def run_scenario(
     """Run every variant of `scenario`; writes `out_dir/summary.json` (after every
     variant, so that an interrupted run keeps what it measured) and returns it."""
     t_begin = time.time()
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()  # the workers run from the repository: their paths must be absolute
     out.mkdir(parents=True, exist_ok=True)
     own_progress = progress is None
     progress = progress or Progress(label=f"run {scenario.name}")
@@ -222,6 +229,11 @@ def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, 
         # the colliding rate of every stream count that may share the link
         for n in sorted(shared_stream_counts(scenario, runs, cal, auto, nominal)):
             calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
+    lan = dp_lan_pairs(pl) if par.dp > 1 and scenario.runner.dp_allreduce and scenario.workload.gpu.mode != "real" \
+        else []
+    if lan:
+        grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
+        calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress)
     return cal, auto
 
 
@@ -248,6 +260,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         temporal_mode=scenario.runner.temporal_mode,
         token_timeout_s=max(1.0, 2 * setup.prediction.iteration_time_s),
         iteration_lead_s=scenario.runner.iteration_lead,
+        dp_allreduce=scenario.runner.dp_allreduce, dp_bucket_bytes=scenario.runner.dp_bucket,
     )
     pred = setup.prediction
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
@@ -304,11 +317,31 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
             "transfers_planned": sum(len(v) for v in pred.plan.order.values()),
         },
         "compute_only_s": pred.compute_only_s,
+        "allreduce": _allreduce_entry(run, pred, setup, workload, scenario.runner.dp_bucket),
         "delay_line": delay_line,
         **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_check.py)
         **extra,
         **files,
     })
+
+
+def _allreduce_entry(run: VariantRun, pred: Any, setup: VariantSetup, workload: Any,
+                     bucket: int) -> dict[str, Any] | None:
+    """The DP all-reduce of a variant whose modelled workers ran it: the slowest
+    worker's time per measured iteration, its mean, the a-priori prediction of the
+    time it adds after the pipeline, and the bytes its rings send across WAN links
+    per iteration (replicas whose ring neighbour is in another DC)."""
+    from testbed.training.allreduce import ring_plan
+
+    times = [t for t in run.allreduce_s[workload.warmup:] if t is not None]
+    if not times:
+        return None
+    par, pl = workload.parallelism, setup.placement
+    eff = pred.effective or workload.effective()
+    wan = sum(ring_plan(d, par.dp, grad_wire_bytes(workload, eff, r), bucket).bytes_sent
+              for r in range(par.pp) for d in range(par.dp) if pl.dc_of(d, r) != pl.dc_of((d + 1) % par.dp, r))
+    return {"measured_s": times, "mean_s": sum(times) / len(times), "predicted_added_s": pred.allreduce_s,
+            "wan_bytes_per_iteration": wan}
 
 
 def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> dict[str, Any]:

@@ -71,6 +71,7 @@ class VariantSetup:
     prediction: Prediction | None
     rate_bps: float | None = None  # calibrated channel rate the a-priori prediction used
     colliding_bps: float | None = None  # calibrated aggregate of the pipelines' channels colliding
+    lan_rate_bps: float | None = None  # calibrated rate of one DP all-reduce channel inside a DC
     final_prediction: float | None = None  # the headline prediction (real devices: measured compute)
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
     sharing_requested: str = "shared"  # what the scenario asked for: "shared", "temporal" or "auto"
@@ -262,7 +263,10 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
                                            nominal, colliding_bps or setup.colliding_bps)
-    net = NetParams(flow_rate_bps=flow, allreduce=False, crowded_fraction=None if local else crowded)
+    allreduce = scenario.workload.parallelism.dp > 1 and (
+        scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
+    net = NetParams(flow_rate_bps=flow, allreduce=allreduce, crowded_fraction=None if local else crowded,
+                    lan_rate_bps=setup.lan_rate_bps)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -315,11 +319,11 @@ def plan_variant(
     """Place a variant run, choose its streams and WAN sharing, and predict it."""
     run = variant if isinstance(variant, RunVariant) else RunVariant(_definition(variant), has_bubbletea(variant))
     definition = run.variant
-    if definition.placement == "dp-across":
+    if definition.placement == "dp-across" and not scenario.runner.dp_allreduce and scenario.workload.gpu.mode != "real":
         raise RunnerError(
             f"{definition.name} puts each pipeline in one DC, so only the DP gradient all-reduce crosses the WAN, "
-            "and the runner does not emulate the all-reduce yet: the result would be compute alone. "
-            f"`testbed plan --variants {definition.name}` predicts it; drop it from variants here"
+            "and runner.dp_allreduce is false: the result would be compute alone. Set runner.dp_allreduce: true "
+            f"(--set runner.dp_allreduce=true) or drop {definition.name} from the variants"
         )
     topo = scenario.topology
     strategy = strategy_for(definition.placement, scenario.runner.baseline_placement)
@@ -338,6 +342,7 @@ def plan_variant(
     setup = VariantSetup(run, streams, Variant(definition.name, streams, "shared", strategy), placement, None,
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
+    setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     options: dict[str, tuple[Variant, Prediction, float | None]] = {}
     for way in ("temporal", "shared"):
         if sharing not in (way, "auto"):

@@ -172,6 +172,7 @@ class VariantRun:
     ends: list[float]
     timelines: dict[str, list[Any]]
     transfers: list[Any]
+    allreduce_s: list[float | None]  # per iteration: the slowest worker's DP all-reduce (None: none ran)
 
 
 def run_workers(
@@ -198,6 +199,7 @@ def run_workers(
     timeout = max(scenario.runner.iteration_timeout, 5 * pred)
     starts: list[float] = []
     ends: list[float] = []
+    allreduce: list[float | None] = []
     servers: dict[str, subprocess.Popen] = {}
     agents: dict[str, Process] = {}
     decoders: dict[str, Process] = {}
@@ -231,6 +233,8 @@ def run_workers(
             ctl.broadcast(Go(iteration=i, at=at))
             done = ctl.wait_all(IterDone, timeout, f"{setup.name}: iteration {i}", iteration=i)
             ends.append(max(m.end for m in done.values()))
+            rings = [m.allreduce_s for m in done.values() if m.allreduce_s is not None]
+            allreduce.append(max(rings) if rings else None)
             kind = "warm-up" if i < workload.warmup else "iteration"
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
             at = gate.decide(i + 1, lead) if gate else time.time() + lead
@@ -255,4 +259,4 @@ def run_workers(
     for job in jobs.values():
         timelines[job.device.name] = Device(job.device.name, run_dir).timeline()
     sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
-    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs))
+    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce)

@@ -7,8 +7,8 @@ workers, on the same hosts, train the workload's model for real: each holds its
 stages as torch modules (`real_work.RealWork`, on CUDA when present, else on the
 CPU), its boundary channels carry the real activations and gradients (through
 `TransportComm`, so Atlas's temporal plan and tokens still apply), the workers of a
-stage average their gradients over channels of their own (`real_jobs`: one per pair
-of DP replicas), and the device records its own timeline. At the end each worker
+stage average their gradients over channels of their own (the job's ``dp`` part: one
+per pair of DP replicas), and the device records its own timeline. At the end each worker
 saves its parameters and per-iteration losses to ``<variant>/params/<worker>.pt``
 (`save_params`), which the runner's check reads back (`load_worker_results`,
 testbed/run/real_check.py).
@@ -17,11 +17,11 @@ testbed/run/real_check.py).
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from testbed_core.contracts.worker_job import DpPeerJob, RealJob, TrainJob
+from testbed_core.contracts.worker_job import RealJob, TrainJob
 
 PARAMS_DIR = "params"  # <variant folder>/params/<worker>.pt
 
@@ -41,44 +41,21 @@ def params_dir(variant_folder: Path) -> Path:
 def real_jobs(
     *,
     workload: Any,
-    placement: Any,
-    streams: int,
-    topology: Any,
-    worker_ips: Mapping[str, str],
     variant_folder: Path,
-    dp_port: Callable[[int], int],
     torch_device: str,
     worker_id: Callable[[int, int], str],
 ) -> dict[str, RealJob]:
-    """The ``real`` part of every worker's job (pure: no I/O): the stages it trains
-    on `torch_device`, and one DP gradient channel per pair of replicas of a rank (the
-    lower DP rank listens; the k-th pair on port `dp_port(k)`; `streams` streams when
-    it crosses a WAN, 1 inside a DC). Parameters go to ``<variant>/params/<worker>.pt``."""
-    from testbed_core.topology import shortest_path
-
+    """The ``real`` part of every worker's job (pure: no I/O): the stages it trains on
+    `torch_device`; parameters go to ``<variant>/params/<worker>.pt``. Its DP gradient
+    channels are the job's ``dp`` part (testbed/run/jobs.py `dp_sync_jobs`)."""
     par = workload.parallelism
     out = params_dir(variant_folder)
     real = workload.real
-    peers: dict[str, list[DpPeerJob]] = {worker_id(d, r): [] for d in range(par.dp) for r in range(par.pp)}
-    k = 0
-    for r in range(par.pp):
-        for d in range(par.dp):
-            for e in range(d + 1, par.dp):
-                lo, hi = worker_id(d, r), worker_id(e, r)
-                crosses = placement.dc_of(d, r) != placement.dc_of(e, r) and bool(
-                    shortest_path(placement.dc_of(d, r), placement.dc_of(e, r), topology.wan))
-                port = dp_port(k)
-                k += 1
-                n = streams if crosses else 1
-                peers[lo].append(DpPeerJob(dp_rank=e, peer=hi, peer_ip=worker_ips[hi], port=port, role="listen",
-                                           streams=n))
-                peers[hi].append(DpPeerJob(dp_rank=d, peer=lo, peer_ip=worker_ips[lo], port=port, role="connect",
-                                           streams=n))
     return {
         worker_id(d, r): RealJob(
             workload=workload, stages=[c * par.pp + r for c in range(par.chunks)], dp_rank=d, seed=real.seed,
             optimizer=real.optimizer, torch_device=torch_device, threads=real.threads,
-            dp_peers=peers[worker_id(d, r)], out=str(out / f"{worker_id(d, r)}.pt"),
+            out=str(out / f"{worker_id(d, r)}.pt"),
         )
         for d in range(par.dp) for r in range(par.pp)
     }

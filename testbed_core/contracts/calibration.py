@@ -31,6 +31,11 @@ class CalibrationReport(BaseModel):
     concurrent_channels: int
     colliding_channels_aggregate_mbps: dict[str, float]
     colliding_transfer_s: dict[str, list[float]]
+    # the DP all-reduce's channels inside a DC (None: no all-reduce inside a DC to predict)
+    lan_pairs: list[tuple[str, str]] | None = None
+    lan_nbytes: int | None = None
+    lan_channel_rate_mbps: float | None = None
+    lan_transfer_s: list[float] | None = None
 
     def rate_mbps(self, streams: int) -> float | None:
         return self.channel_rate_mbps.get(str(streams))
@@ -54,6 +59,10 @@ class Calibration(BaseModel):
     concurrent: int = 0
     colliding_bps: dict[int, float] = Field(default_factory=dict)
     colliding_s: dict[int, list[float]] = Field(default_factory=dict)
+    lan_pairs: list[tuple[str, str]] | None = None
+    lan_nbytes: int | None = None
+    lan_rate_bps: float | None = None
+    lan_transfer_s: list[float] | None = None
 
     def rate(self, streams: int) -> float:
         return self.rates_bps[streams]
@@ -65,7 +74,11 @@ class Calibration(BaseModel):
                     f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
                     "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
                     f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
-                    "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"),
+                    "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"
+                    + ("; inside the DCs: the workers' DP ring all-reduce of the largest stage's gradients "
+                       "(lan_nbytes) between DP neighbours, all rings at once, rate = bytes each replica sends / "
+                       "median ring time (the first not timed)"
+                       if self.lan_rate_bps is not None else "")),
             src=self.src, dst=self.dst, nbytes=self.nbytes, one_way_delay_s=self.latency_s,
             channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
             per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
@@ -73,6 +86,9 @@ class Calibration(BaseModel):
             concurrent_channels=self.concurrent,
             colliding_channels_aggregate_mbps={str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
             colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
+            lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
+            lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,
+            lan_transfer_s=self.lan_transfer_s,
         )
 
     def to_json(self) -> dict:

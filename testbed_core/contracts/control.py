@@ -48,6 +48,7 @@ class IterDone(_Msg):
     busy: float = Field(ge=0)  # seconds the worker's device worked in the iteration
     token_timeouts: int = Field(ge=0)  # temporal plan: tokens waited for in vain (sent anyway)
     loss: float | None  # real mode: the iteration's loss on the last stage; None otherwise
+    allreduce_s: float | None = Field(ge=0)  # modelled DP all-reduce: seconds it took; None: none ran
 
 
 class Bye(_Msg):

@@ -110,6 +110,16 @@ class Prediction(_Doc):
     measured_overhead_s: float | None
 
 
+class AllReduceResult(_Doc):
+    """``allreduce``: the DP gradient all-reduce of modelled workers (a ring over the
+    network after each iteration's last backward)."""
+
+    measured_s: list[float]  # per measured iteration: the slowest worker's ring
+    mean_s: float
+    predicted_added_s: float  # what the a-priori prediction adds after the pipeline for it
+    wan_bytes_per_iteration: int  # what the rings send across WAN links (0: every ring inside a DC)
+
+
 class WanDirection(_Doc):
     """One direction of a WAN link over the measured iterations."""
 
@@ -298,6 +308,7 @@ class VariantResult(_Doc):
     placement: Placement
     temporal_plan: TemporalPlanInfo | None
     compute_only_s: float
+    allreduce: AllReduceResult | None = None  # modelled DP all-reduce (None: dp 1, off, or real devices)
     delay_line: dict[str, DelayLineWindow] | None
     # real devices (gpu.mode: real) only
     device_mode: Literal["real"] | None = None

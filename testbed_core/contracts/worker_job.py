@@ -119,8 +119,23 @@ class RealJob(_Model):
     optimizer: RealOptimizer
     torch_device: str
     threads: int = Field(ge=1)
-    dp_peers: list[DpPeerJob]
     out: str  # where the parameters and losses are saved at the end (torch.save)
+
+
+class DpSyncJob(_Model):
+    """The data-parallel gradient all-reduce of this worker's stages with the workers of
+    the same stages in the other pipelines, after each iteration's last backward, over
+    one atlas_transport channel per pair of replicas (`peers`; the ring uses those to
+    its neighbours). Modelled devices send placeholder bytes: a ring all-reduce
+    (reduce-scatter, then all-gather: 2(dp-1) steps of ``grad_bytes / dp`` to the next
+    replica) in buckets of ``bucket_bytes``. Real devices average their real gradients
+    (testbed/training/real_work.py `PeerGradSync`)."""
+
+    dp_rank: int = Field(ge=0)
+    dp: int = Field(ge=2)
+    peers: list[DpPeerJob] = Field(min_length=1)
+    grad_bytes: int = Field(ge=1)  # this worker's gradients on the wire: parameters x dtype bytes x scale
+    bucket_bytes: int = Field(ge=1)
 
 
 class LiveJob(_Model):
@@ -172,6 +187,7 @@ class TrainJob(_Model):
     idle_slots: list[tuple[float, float]]  # planned idle gaps, seconds after the iteration start
     live: LiveJob | None
     real: RealJob | None  # real-device training (None: modelled work)
+    dp: DpSyncJob | None  # the DP gradient all-reduce (None: dp 1, or runner.dp_allreduce off)
 
 
 class ProbeJob(_Model):
@@ -195,5 +211,25 @@ class ProbeJob(_Model):
     timeout_s: float = Field(60.0, gt=0)
 
 
-WorkerJob = Annotated[TrainJob | ProbeJob, Field(discriminator="role")]
-WORKER_JOB: TypeAdapter[TrainJob | ProbeJob] = TypeAdapter(WorkerJob)
+class RingProbeJob(_Model):
+    """One replica of a calibration ring: the DP all-reduce of the training workers
+    (testbed/training/allreduce.py) between two hosts, `count` times, each timed."""
+
+    role: Literal["probe-ring"]
+    name: str
+    channel: Literal["listen", "connect"]  # this end of the one channel between the two replicas
+    bind_ip: str
+    peer_ip: str
+    port: Port
+    streams: Streams
+    dp_rank: int = Field(ge=0, le=1)
+    grad_bytes: int = Field(ge=1)
+    bucket_bytes: int = Field(ge=1)
+    count: int = Field(ge=1)
+    out: str
+    transport: TransportJob
+    timeout_s: float = Field(gt=0)
+
+
+WorkerJob = Annotated[TrainJob | ProbeJob | RingProbeJob, Field(discriminator="role")]
+WORKER_JOB: TypeAdapter[TrainJob | ProbeJob | RingProbeJob] = TypeAdapter(WorkerJob)

@@ -30,6 +30,7 @@ class NetParams:
     lan_latency_s: float = 0.0
     max_streams: int = 64
     allreduce: bool = True  # add the DP gradient all-reduce to the iteration time
+    lan_rate_bps: float | None = None  # a measured rate of one channel inside a DC; overrides the DC's lan_rate
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)
     crowded_fraction: float | None = None

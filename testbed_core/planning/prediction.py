@@ -176,7 +176,9 @@ def allreduce_time(
     """Extra time the ring all-reduce of each stage's gradients adds after its last
     backward: 2(dp-1)/dp of the stage's (wire-scaled) gradient bytes at the slowest
     hop of the ring, plus 2(dp-1) one-way latencies. Stages whose rings share a WAN
-    link share its rate."""
+    link share it: one ring alone moves at its channel's rate, several together at
+    what colliding channels get of the link (``net.crowded_fraction`` of its rate, at
+    least one channel's rate)."""
     dp = workload.parallelism.dp
     if dp == 1:
         return 0.0
@@ -187,6 +189,7 @@ def allreduce_time(
     wan_load: dict[str, float] = {}
     wan_start: dict[str, float] = {}
     wan_info: dict[str, tuple[float, float]] = {}
+    wan_rings: dict[str, int] = {}
     for k in range(sched.stages):
         r = sched.rank_of(k)
         grad_bytes = eff.stage_params[k] * dtype_bytes * workload.scale
@@ -195,7 +198,7 @@ def allreduce_time(
         ring = [placement.dc_of(d, r) for d in range(dp)]
         hops = [(ring[i], ring[(i + 1) % dp]) for i in range(dp) if ring[i] != ring[(i + 1) % dp]]
         if not hops:
-            lan = topology.dc(ring[0]).lan_rate
+            lan = net.lan_rate_bps or topology.dc(ring[0]).lan_rate
             finish = max(finish, last_b + volume / lan + 2 * (dp - 1) * net.lan_latency_s)
             continue
         for a, z in hops:
@@ -205,8 +208,12 @@ def allreduce_time(
                 wan_start[res] = min(wan_start.get(res, math.inf), last_b)
                 lat, rate = wan_info.get(res, (0.0, math.inf))
                 wan_info[res] = (max(lat, wp.latency_s), min(rate, wp.rate_bps))
+                wan_rings[res] = wan_rings.get(res, 0) + 1
     for res, bits in wan_load.items():
         lat, rate = wan_info[res]
+        if wan_rings[res] > 1:  # several rings' channels collide on the link
+            a, z = res.removeprefix("wan:").split("->")
+            rate = max(rate, topology.link(a, z).rate * (net.crowded_fraction or 1.0))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
 

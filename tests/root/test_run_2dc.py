@@ -50,3 +50,36 @@ def test_short_atlas_2dc_run(tmp_path: Path, namespaces) -> None:
     assert atlas.wan_links["dc1-dc2"].goodput_mbps > 2 * base.wan_links["dc1-dc2"].goodput_mbps
     print(log.getvalue())
     assert namespaces() <= before  # nothing of the run is left behind
+
+
+@pytest.mark.timeout(600)
+def test_dp_across_dc_all_reduces_its_gradients_over_the_wan(tmp_path: Path, namespaces) -> None:
+    """scenarios/dp-2dc.yaml, short, dp-across-dc alone: each pipeline in one DC, so the
+    rings of both stages cross the WAN every iteration (their bytes, and no faster than
+    the link allows); the DP ring inside a DC was calibrated first, and the
+    all-reduce is predicted."""
+    from testbed.training.allreduce import ring_plan
+
+    before = namespaces()
+    scenario, resolved = load_scenario(ROOT / "scenarios/dp-2dc.yaml", {
+        "workload.warmup": 1, "workload.iterations": 1, "variants": ["dp-across-dc"],
+        "runner.calibration_transfers": 2, "runner.base_port": 39000,
+    })
+    out = tmp_path / "out"
+    log = io.StringIO()
+    summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
+    print(log.getvalue())
+    assert not summary.failed(), summary.variants
+    assert summary.calibration.lan_channel_rate_mbps > 0 and len(summary.calibration.lan_transfer_s) == 2
+    across = summary.result("dp-across-dc")
+    assert [set(dcs) for dcs in across.placement.stage_dc] == [{"dc1"}, {"dc2"}]  # a pipeline per DC
+    assert not any(link.bytes for link in across.wan_links.values())  # the pipelines stay inside their DC
+    wl = scenario.workload
+    grads = [int(p * 2 * wl.scale) for p in wl.effective().stage_params]  # bf16
+    per_way = sum(ring_plan(0, 2, g, scenario.runner.dp_bucket).bytes_sent for g in grads)
+    assert across.allreduce.wan_bytes_per_iteration == 2 * per_way  # both replicas of both stages
+    # the link carries at most 1 Gbit/s each way: the rings cannot finish sooner
+    assert across.allreduce.mean_s >= 0.9 * per_way * 8 / 1e9
+    assert across.allreduce.predicted_added_s > 0
+    assert abs(across.prediction_error) < 0.5, f"prediction off by {across.prediction_error:+.0%}"
+    assert namespaces() <= before

@@ -7,7 +7,7 @@ import logging
 import sys
 
 from testbed.training.worker.job import WorkerError, load_job
-from testbed_core.contracts.worker_job import TrainJob
+from testbed_core.contracts.worker_job import RingProbeJob, TrainJob
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -24,6 +24,10 @@ def main(argv: list[str] | None = None) -> int:
             from testbed.training.worker.train import run_train
 
             run_train(job)
+        elif isinstance(job, RingProbeJob):
+            from testbed.training.worker.probe import run_ring_probe
+
+            run_ring_probe(job)
         else:
             from testbed.training.worker.probe import run_probe
 

@@ -1,5 +1,5 @@
 """Opening a worker's channels: its pipeline boundary channels (`ChannelJob`) and, in
-real mode, its DP gradient channels (`DpPeerJob`). Every channel is an
+with dp > 1, its DP gradient channels (`DpPeerJob`). Every channel is an
 atlas_transport channel with the job's transport settings and its own stream count."""
 
 from __future__ import annotations
@@ -41,8 +41,8 @@ def _ends(job: TrainJob) -> list[tuple[tuple[str, int], ChannelJob | DpPeerJob, 
     kind "b" is a pipeline boundary, "dp" a DP peer (index: its DP rank)."""
     out: list[tuple[tuple[str, int], ChannelJob | DpPeerJob, str]] = [
         (("b", c.boundary), c, f"the channel of boundary {c.boundary}") for c in job.channels]
-    if job.real is not None:
-        out += [(("dp", p.dp_rank), p, f"the gradient channel of DP replica {p.dp_rank}") for p in job.real.dp_peers]
+    if job.dp is not None:
+        out += [(("dp", p.dp_rank), p, f"the gradient channel of DP replica {p.dp_rank}") for p in job.dp.peers]
     return out
 
 

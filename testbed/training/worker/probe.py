@@ -13,7 +13,7 @@ from typing import Any
 
 from testbed.training.worker.channels import connect_with_retry, transport_config
 from testbed.training.worker.job import WorkerError
-from testbed_core.contracts.worker_job import ProbeJob
+from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 
 def run_probe(job: ProbeJob) -> None:
@@ -75,4 +75,42 @@ def run_probe(job: ProbeJob) -> None:
             ch.close(timeout=5.0)
     tmp = Path(job.out).with_suffix(".tmp")
     tmp.write_text(json.dumps(result))
+    os.replace(tmp, job.out)
+
+
+def run_ring_probe(job: RingProbeJob) -> None:
+    """Open the one channel to the other replica, wait for the runner's common start
+    ('connected', then 'go <time>' on stdin, as the other probes), then run the
+    training workers' DP ring all-reduce `count` times; write each run's seconds and
+    the bytes each replica sent to `out`."""
+    import torch
+
+    from atlas_transport import listen
+    from testbed.training.allreduce import ring_allreduce, ring_plan
+
+    cfg = transport_config(job.transport, job.streams)
+    deadline = time.monotonic() + job.timeout_s
+    if job.channel == "listen":
+        with listen(job.bind_ip, job.port, cfg) as lst:
+            print("listening", flush=True)
+            ch = lst.accept(timeout=job.timeout_s)
+    else:
+        ch = connect_with_retry(job.peer_ip, job.port, cfg, deadline, f"ring probe {job.name}")
+    try:
+        plan = ring_plan(job.dp_rank, 2, job.grad_bytes, job.bucket_bytes)
+        bucket = max(plan.messages)
+        filler, landing = torch.zeros(bucket, dtype=torch.uint8), torch.empty(bucket, dtype=torch.uint8)
+        print("connected", flush=True)
+        words = sys.stdin.readline().split()
+        if len(words) != 2 or words[0] != "go":
+            raise WorkerError(f"ring probe {job.name}: expected 'go <time>' on stdin, got {' '.join(words)!r}")
+        while (left := float(words[1]) - time.time()) > 0:
+            time.sleep(left)
+        peer = {1 - job.dp_rank: ch}
+        times = [ring_allreduce(plan, peer, filler, landing, max(0.1, deadline - time.monotonic()))
+                 for _ in range(job.count)]
+    finally:
+        ch.close(timeout=5.0)
+    tmp = Path(job.out).with_suffix(".tmp")
+    tmp.write_text(json.dumps({"name": job.name, "times_s": times, "bytes_sent": plan.bytes_sent}))
     os.replace(tmp, job.out)

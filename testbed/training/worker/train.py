@@ -8,10 +8,12 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 import traceback
 from pathlib import Path
 from typing import Any
 
+from testbed.training.allreduce import ring_allreduce, ring_plan
 from testbed.training.worker.channels import open_all_channels
 from testbed.training.worker.control import Control
 from testbed.training.worker.live import (
@@ -63,6 +65,11 @@ def run_train(job: TrainJob) -> None:
         paths = {c.boundary: ChannelPath(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
                  for c in job.channels}
         filler = torch.zeros(job.wire_bytes, dtype=torch.uint8)
+        ring = None
+        if job.dp is not None and real is None:  # modelled devices: the ring moves placeholder bytes
+            ring = ring_plan(job.dp.dp_rank, job.dp.dp, job.dp.grad_bytes, job.dp.bucket_bytes)
+            bucket = max(ring.messages)
+            ring_out, ring_in = torch.zeros(bucket, dtype=torch.uint8), torch.empty(bucket, dtype=torch.uint8)
         comm = TransportComm(job.pipeline, job.worker, watched(channels, job, live), paths, filler=filler,
                              timeout_s=job.timeout_s, **temporal_comm_args(job))
         driver = comm if live is None else live_comm(comm, live)
@@ -86,7 +93,12 @@ def run_train(job: TrainJob) -> None:
                     live.scheduled(i, at + job.offset_s)
                 records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
                                      owner=owner, start_at=at + job.offset_s)
-                loss = None
+                loss, allreduce_s = None, None
+                if ring is not None:
+                    if live is not None:
+                        live.busy()
+                    allreduce_s = ring_allreduce(ring, dp_channels, ring_out, ring_in, job.timeout_s)
+                    ring_end = time.time()
                 if real is not None:  # DP gradient average (network), then the step on the device
                     if live is not None:
                         live.busy()
@@ -96,8 +108,10 @@ def run_train(job: TrainJob) -> None:
                 tlog.add("send", sent)
                 tlog.add("recv", received)
                 tlog.write()
-                control.send(IterDone(worker=job.worker, iteration=i,
-                                      end=max((r.end for r in records), default=at),
+                end = max((r.end for r in records), default=at)
+                if ring is not None:
+                    end = max(end, ring_end)
+                control.send(IterDone(worker=job.worker, iteration=i, end=end, allreduce_s=allreduce_s,
                                       busy=sum(r.end - r.start for r in records),
                                       token_timeouts=comm.token_timeouts, loss=loss))
                 if live is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -16,12 +17,11 @@ from click.testing import CliRunner
 
 from testbed.run import real_check
 from testbed.run.common import RunnerError
-from testbed.run.jobs import build_jobs
+from testbed.run.jobs import build_jobs, dp_sync_jobs
 from testbed.run.ports import PortPlan
 from testbed.run.real_check import RealModeError, equivalence, model_params, resolve_device
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant
-from testbed.training.real_mode import real_jobs
 from testbed.training.worker.job import WorkerError, parse_job
 from testbed.training.worker.real import end_real_iteration, real_work_of
 from testbed_core.contracts.worker_job import TrainJob, TransportJob
@@ -166,13 +166,13 @@ def test_real_jobs_train_their_stages_and_pair_the_dp_replicas(tmp_path, no_cuda
         assert parsed.real.workload == wl
         # boundary channels are those of a modelled run: the real tensors use them
         assert [c.boundary for c in parsed.channels] == [0]
-        (peer,) = parsed.real.dp_peers
+        (peer,) = parsed.dp.peers
         assert peer.dp_rank == 1 - parsed.pipeline and peer.peer == f"p{1 - parsed.pipeline}r{parsed.rank}"
         assert peer.role == ("listen" if parsed.pipeline == 0 else "connect")
         assert peer.peer_ip == ips[jobs[peer.peer].host]
         # Atlas and even placements keep a stage's replicas in one DC: one stream on the LAN
         assert job.host.split("-")[0] == jobs[peer.peer].host.split("-")[0] and peer.streams == 1
-    ports = {j.real.dp_peers[0].port for j in jobs.values()}
+    ports = {j.dp.peers[0].port for j in jobs.values()}
     first = PortPlan(30000).dp_gradients.first
     assert ports == {first, first + 1}  # one per rank
     if variant == "atlas":
@@ -184,6 +184,8 @@ def test_modelled_jobs_stay_modelled(tmp_path) -> None:
     _, _, jobs, _ = jobs_for(tmp_path, "atlas", wl)
     for wid, job in jobs.items():
         assert job.device.mode == "modelled" and job.device.torch_device is None and job.real is None
+        # ... and all-reduce placeholder gradients of their stage's size with the other replica
+        assert job.dp is not None and job.dp.dp == 2 and job.dp.grad_bytes > 0
         assert parse_job(job.model_dump_json(), wid).real is None
 
 
@@ -195,9 +197,9 @@ def test_interleaved_dp3_and_dp_across_dcs(tmp_path, no_cuda) -> None:
     (tmp_path / "t.yaml").write_text(yaml.safe_dump(topo))
     _, _, jobs, _ = jobs_for(tmp_path, "atlas", wl, topology=tmp_path / "t.yaml")
     assert jobs["p2r1"].real.stages == [1, 3]
-    peers = {w: sorted(p.dp_rank for p in j.real.dp_peers) for w, j in jobs.items()}
+    peers = {w: sorted(p.dp_rank for p in j.dp.peers) for w, j in jobs.items()}
     assert peers["p0r0"] == [1, 2] and peers["p1r0"] == [0, 2] and peers["p2r1"] == [0, 1]
-    ports = [p.port for j in jobs.values() for p in j.real.dp_peers]
+    ports = [p.port for j in jobs.values() for p in j.dp.peers]
     assert len(set(ports)) == 6 and len(ports) == 12  # 3 pairs x 2 ranks, both ends
     for wid, job in jobs.items():
         assert parse_job(job.model_dump_json(), wid) == job
@@ -208,13 +210,14 @@ def test_interleaved_dp3_and_dp_across_dcs(tmp_path, no_cuda) -> None:
             return "dc1" if d == 0 else "dc2"
 
     scenario, _ = load_scenario(scenario_file(tmp_path, real_tiny()))
-    two = real_jobs(workload=parse_workload(real_tiny()), placement=Split(), streams=6, topology=scenario.topology,
-                    worker_ips=dict.fromkeys(["p0r0", "p0r1", "p1r0", "p1r1"], "10.9.9.9"),
-                    variant_folder=tmp_path / "v", dp_port=lambda k: 100 + k, torch_device="cpu",
-                    worker_id=lambda d, r: f"p{d}r{r}")
+    split = SimpleNamespace(placement=Split(), streams=6)
+    workload = parse_workload(real_tiny())
+    two = dp_sync_jobs(split, workload, workload.effective(), scenario.topology,
+                       {w: "h" for w in ["p0r0", "p0r1", "p1r0", "p1r1"]}, {"h": "10.9.9.9"}, PortPlan(30000), 1 << 20)
     assert sorted(two) == ["p0r0", "p0r1", "p1r0", "p1r1"]
-    assert {p.streams for j in two.values() for p in j.dp_peers} == {6}
-    assert sorted(p.port for j in two.values() for p in j.dp_peers) == [100, 100, 101, 101]
+    assert {p.streams for j in two.values() for p in j.peers} == {6}
+    first = PortPlan(30000).dp_gradients.first
+    assert sorted(p.port for j in two.values() for p in j.peers) == [first, first, first + 1, first + 1]
 
 
 def test_build_jobs_refuses_a_real_run_this_machine_cannot_do(tmp_path, monkeypatch) -> None:

@@ -288,9 +288,28 @@ def test_job_errors_name_the_field(tmp_path: Path) -> None:
         parse_job(json.dumps(data), "p0r0.json")
 
 
-def test_dp_across_dc_is_refused_while_the_allreduce_is_not_emulated(tmp_path: Path) -> None:
-    with pytest.raises(RunnerError, match="dp-across-dc .* does not emulate the all-reduce yet"):
-        jobs_for(tmp_path, "dp-across-dc")
+def test_dp_across_dc_keeps_pipelines_in_a_dc_and_all_reduces_across_the_wan(tmp_path: Path) -> None:
+    """Each pipeline wholly in one DC: no boundary channel crosses the WAN, while every
+    worker's DP channel does, with the variant's streams; the gradients on the wire are
+    the stage's parameters x bf16 bytes x scale."""
+    setup, jobs, ips = jobs_for(tmp_path, "dp-across-dc")
+    eff = setup.prediction.effective
+    scale = yaml.safe_load((ROOT / "scenarios/workloads/gpt-1.3b.yaml").read_text())["scale"]
+    for job in jobs.values():
+        assert all(not c.links for c in job.channels)  # boundary channels stay in the DC
+        assert job.dp is not None and job.dp.dp == 2 and job.dp.dp_rank == job.pipeline
+        (peer,) = job.dp.peers
+        assert peer.streams == setup.streams == 8 and peer.peer_ip == ips[jobs[peer.peer].host]
+        assert job.host.split("-")[0] != jobs[peer.peer].host.split("-")[0]
+        assert job.dp.grad_bytes == int(eff.stage_params[job.rank] * 2 * scale)
+    assert setup.prediction.allreduce_s > 0
+
+
+def test_dp_across_dc_is_refused_when_the_allreduce_is_off(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path), {"runner.dp_allreduce": False})
+    with pytest.raises(RunnerError, match=r"dp-across-dc puts each pipeline in one DC, .*runner.dp_allreduce is "
+                                          r"false: the result would be compute alone. Set runner.dp_allreduce: true"):
+        plan_variant("dp-across-dc", scenario, scenario.workload, None, None, None)
 
 
 def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) -> None:

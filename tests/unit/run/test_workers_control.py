@@ -34,13 +34,13 @@ def controller(tmp_path: Path, workers: list[str]) -> Controller:
 
 
 def test_messages_round_trip_and_unknown_or_incomplete_ones_are_refused() -> None:
-    done = IterDone(worker="p0r1", iteration=3, end=12.5, busy=0.4, token_timeouts=0, loss=None)
+    done = IterDone(worker="p0r1", iteration=3, end=12.5, busy=0.4, token_timeouts=0, loss=None, allreduce_s=0.2)
     assert parse_worker_message(done.line()) == done
     assert parse_runner_message(Go(iteration=1, at=5.0).line()) == Go(iteration=1, at=5.0)
     with pytest.raises(ControlError, match=r"malformed control message from the worker: .*iter_done.*end: Field "
                                            r"required.*same checkout"):
         parse_worker_message(b'{"type": "iter_done", "worker": "w", "iteration": 1, "busy": 0, '
-                             b'"token_timeouts": 0, "loss": null}')
+                             b'"token_timeouts": 0, "loss": null, "allreduce_s": null}')
     with pytest.raises(ControlError, match="from the runner"):
         parse_runner_message('{"type": "hello", "worker": "w", "pid": 1, "host": "h"}')
     with pytest.raises(ControlError, match="from the worker"):
@@ -61,7 +61,7 @@ def test_the_runner_waits_for_every_worker_and_starts_them_together(tmp_path: Pa
             if isinstance(msg, Stop):
                 break
             c.send(IterDone(worker=name, iteration=msg.iteration, end=msg.at + 1, busy=0.5, token_timeouts=0,
-                            loss=None))
+                            loss=None, allreduce_s=None))
         c.close()
 
     threads = [threading.Thread(target=worker, args=(w,)) for w in ("p0r0", "p0r1")]

@@ -44,7 +44,8 @@ class VariantDef:
     """One variant: what it does differently, as policies the planner and the runner
     dispatch on (never on the name). ``default``: compared when a scenario or
     `testbed plan` names no variants (``dp-across-dc`` is not: only its DP
-    all-reduce crosses the WAN, which `testbed run` does not emulate)."""
+    all-reduce crosses the WAN, so it needs ``runner.dp_allreduce``, and its
+    all-reduce of a large model's gradients over the WAN is slow to emulate)."""
 
     name: str
     description: str

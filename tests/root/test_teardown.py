@@ -57,20 +57,26 @@ def _zombie(pid: int) -> bool:
 
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout: float, stream: str = "stderr") -> tuple[str, str]:
-    """Read lines of proc's `stream` until one matches `pattern`; returns (match, all text)."""
-    pipe = getattr(proc, stream)
+    """Read lines of proc's `stream` until one matches `pattern`; returns (match, all text).
+    Reads the pipe's fd directly: select() on a text pipe misses lines its reader has
+    already buffered (two lines written together)."""
+    fd = getattr(proc, stream).fileno()
+    pending = proc.__dict__.setdefault("_pending_" + stream, [""])  # what followed the last match
     text = ""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        ready, _, _ = select.select([pipe], [], [], 0.2)
-        if ready:
-            line = pipe.readline()
-            if not line:
-                break
-            text += line
+        while "\n" in pending[0]:
+            line, pending[0] = pending[0].split("\n", 1)
+            text += line + "\n"
             m = re.search(pattern, line)
             if m:
                 return m.group(1) if m.groups() else m.group(0), text
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if ready:
+            chunk = os.read(fd, 65536)
+            if not chunk:
+                break
+            pending[0] += chunk.decode(errors="replace")
     raise AssertionError(f"no line matching {pattern!r} within {timeout} s; got:\n{text}")
 
 

@@ -8,5 +8,9 @@ Modules, after Mininet's topo/node/link/net split:
 * `mininet_cli`: Mininet's interactive CLI over a running emulation (`testbed topo up`);
 * `naming`, `records`: run prefixes and names; the run records `testbed clean` works from;
 * `netns`, `kernel`, `shaping`: namespace access, kernel feature probe, qdiscs via netlink;
-* `delayline/`: the userspace delay line (relay backend); `linkcheck`: link measurements.
+* `delayline/`: the userspace delay line (relay backend; `delayline.calibrate` measures each
+  link's own path latency at start);
+* `linkcheck`: link measurements (`testbed topo check`), with `probe` (UDP trains, rate
+  blast and capture run inside nodes), `trainstats` (loss intervals, the jitter model,
+  verdicts) and `pcapcheck` (the WAN node's capture read with scapy, histograms).
 """

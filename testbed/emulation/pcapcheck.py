@@ -120,8 +120,14 @@ def histogram_png(path: Path, title: str, panels: list[tuple[str, np.ndarray, np
     for ax, (label, e2e_s, node_s, model_s) in zip(axes[:, 0], panels, strict=True):
         values = [v for v in (e2e_s, node_s) if v.size]
         if values:
-            lo = min(float(v.min()) for v in values) * 1e3
-            hi = max(float(v.max()) for v in values) * 1e3
+            everything = np.concatenate(values) * 1e3
+            lo = float(everything.min())
+            # a few datagrams held up by a busy machine would squeeze the shape into one bar:
+            # the axis ends 1 ms past the jitter range or 0.5 ms past the 99th percentile, the rest is counted
+            hi = max((delay_s + jitter_s) * 1e3 + 1.0, float(np.quantile(everything, 0.99)) + 0.5)
+            beyond = int(np.count_nonzero(everything > hi))
+            if beyond:
+                label += f" ({beyond} beyond {hi:.1f} ms, up to {float(everything.max()):.1f} ms)"
             bins = np.linspace(lo - 0.05, hi + 0.05, 80)
             if e2e_s.size:
                 ax.hist(e2e_s * 1e3, bins=bins, alpha=0.6, label=f"end to end (host to host), n={e2e_s.size}")

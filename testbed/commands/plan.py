@@ -7,6 +7,11 @@ fast predictor (testbed_core/whatif/predict.py, the same model, seconds at paper
 scale), or with `--exact` the event simulator it is checked against
 (testbed_core/planning/prediction.py). The variants, their order and what the options
 apply to come from the registry (testbed_core/variants.py).
+
+With `--search`, each variant placed by Atlas's heuristic is also placed by the
+network-aware search (testbed_core/planning/search.py: candidates scored by the fast
+predictor, within a budget) and shown beside it as `<variant>:search`, with how many
+candidates were scored and how much faster the search's placement is predicted.
 """
 
 from __future__ import annotations
@@ -28,6 +33,9 @@ from testbed_core.variants import (
     help_text,
     parse_variants,
 )
+
+SEARCH_DEFAULTS = (1000, 30)  # testbed_core.planning.search's DEFAULT_CANDIDATES, DEFAULT_SECONDS (a test
+# checks they agree; importing that module here would slow every command's start)
 
 
 def _names(keep: Callable[[VariantDef], bool]) -> str:
@@ -112,19 +120,29 @@ def _stage_ranges(stages: list[int]) -> str:
 @click.option("--flow-rate", default=None, metavar="RATE",
               help="Measured single-flow rate (e.g. 107Mbit) instead of the window model.")
 @click.option("--no-allreduce", is_flag=True, help="Leave the DP gradient all-reduce out of the iteration time.")
+@click.option("--search", "search", is_flag=True,
+              help=f"Also place {_names(lambda v: v.placement == 'atlas')} by the network-aware search (candidate "
+                   "DC subsets, orders and stages per DC, scored by the fast predictor) and show it beside the "
+                   "heuristic as <variant>:search.")
+@click.option("--search-candidates", type=click.IntRange(1, 1_000_000), default=None, metavar="N",
+              help=f"Search budget: at most N candidates scored [default: {SEARCH_DEFAULTS[0]}].")
+@click.option("--search-seconds", type=click.FloatRange(0.01, 3600), default=None, metavar="S",
+              help=f"Search budget: stop after S seconds, keeping the fastest so far [default: {SEARCH_DEFAULTS[1]:g}].")
 @click.option("--exact", is_flag=True,
               help="Simulate with the exact event simulator (the reference; minutes to hours beyond a few "
                    "hundred GPUs) instead of the fast predictor.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
 def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_per_host: int, variants: str,
          streams: str, baseline_placement: str, rmem_fraction: float, flow_rate: str | None,
-         no_allreduce: bool, exact: bool, as_json: bool) -> None:
+         no_allreduce: bool, search: bool, search_candidates: int | None, search_seconds: float | None,
+         exact: bool, as_json: bool) -> None:
     """Place the workload's pipeline stages on the topology's DCs and predict the
     iteration time of each variant (no emulation is started)."""
     from testbed_core.configfile import ConfigError
     from testbed_core.planning.network import NetParams
     from testbed_core.planning.placement import PlacementError, free_gpus
     from testbed_core.planning.prediction import Variant, predict
+    from testbed_core.planning.search import SEARCH, SearchBudget, search_placement
     from testbed_core.topology import TopologyError, load_topology
     from testbed_core.whatif.predict import fast_predict
     from testbed_core.workload import load_workload
@@ -154,19 +172,39 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
         free = free_gpus(topo, gpus_per_host, parse_gpus(gpus_text))
     except PlacementError as exc:
         raise click.ClickException(str(exc)) from None
+    if (search_candidates is not None or search_seconds is not None) and not search:
+        raise click.UsageError("--search-candidates and --search-seconds bound the search: add --search")
+    budget = SearchBudget(**{k: v for k, v in (("candidates", search_candidates), ("seconds", search_seconds))
+                             if v is not None})
     n_streams = _streams(streams)
     results: dict[str, Any] = {}
-    for definition in chosen:
-        variant = Variant.of(definition, n_streams, baseline_placement)
+    searches: dict[str, Any] = {}
+
+    def one(name: str, variant: Variant, placement: Any = None) -> None:
         try:
             if exact:
-                results[definition.name] = predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host,
-                                                   net=net, base_dir=str(workload_path.parent), effective=eff)
+                results[name] = predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host, net=net,
+                                        base_dir=str(workload_path.parent), effective=eff, placement=placement)
             else:
-                results[definition.name] = fast_predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host,
-                                                        net=net, effective=eff, keep_plan=True)
+                results[name] = fast_predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host, net=net,
+                                             effective=eff, keep_plan=True, placement=placement)
         except PlacementError as exc:
-            results[definition.name] = exc
+            results[name] = exc
+
+    for definition in chosen:
+        variant = Variant.of(definition, n_streams, baseline_placement)
+        one(definition.name, variant)
+        if search and definition.placement == "atlas":
+            name = f"{definition.name}:{SEARCH}"
+            found = Variant.of(definition, n_streams, baseline_placement)
+            found = Variant(found.name, found.streams, found.sharing, SEARCH, fill_link=found.fill_link)
+            try:
+                searches[name] = search_placement(topo, wl, found, predictor=fast_predict, free=free,
+                                                  gpus_per_host=gpus_per_host, net=net, effective=eff, budget=budget)
+            except PlacementError as exc:
+                results[name] = exc
+                continue
+            one(name, found, searches[name].placement)
     if all(isinstance(r, Exception) for r in results.values()):
         raise click.ClickException("no variant can be placed:\n" + "\n".join(f"  {n}: {r}" for n, r in results.items()))
 
@@ -184,14 +222,17 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
                     "allreduce_included": net.allreduce},
             "variants": {n: ({"error": str(r)} if isinstance(r, Exception) else r.to_json(topo))
                          for n, r in results.items()},
+            "searches": {n: r.to_json(topo) for n, r in searches.items()},
         }
         click.echo(json.dumps(doc, indent=2))
         return
     _print_text(topo, wl, eff, free, results, net, wan_rate)
+    for name, found in searches.items():
+        _print_search(name, found, results)
     click.echo("  predicted by " + ("the exact event simulator (--exact)" if exact else
                                     "the fast predictor (the same model; --exact for the event simulator)"))
     for name, res in results.items():  # Atlas's own placement is the point of the plan: it must fit
-        if isinstance(res, Exception) and REGISTRY[name].placement == "atlas":
+        if isinstance(res, Exception) and REGISTRY[name.split(":")[0]].placement == "atlas":
             raise click.ClickException(f"{name} placement: {res}")
 
 
@@ -268,3 +309,26 @@ def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
     if first is not None:
         echo(f"  compute only (free network): {first.compute_only_s:.3f} s; ideal bubble (p-1)/(m+p-1) = "
              f"{first.ideal_bubble_fraction:.2f}")
+
+
+def _print_search(name: str, found: Any, results: dict[str, Any]) -> None:
+    """The search beside the heuristic: both placements, their predicted times, the budget."""
+    from testbed_core.planning.search import describe_row
+
+    echo = click.echo
+    base = name.split(":")[0]
+    echo(f"Placement search for {base}: {found.budget_text()}; scored by the fast predictor")
+    echo(f"  {'heuristic (largest DC first)':<32}{describe_row(found.heuristic.stage_dc[0]):<36}"
+         f"{found.heuristic_time_s:>9.3f}s")
+    speed = found.speedup
+    gain = "" if speed is None else (f"  {speed:.2f}x the heuristic's speed" if speed > 1 + 1e-9
+                                     else "  (the heuristic's placement is the fastest found)")
+    echo(f"  {'search (fastest predicted)':<32}{describe_row(found.placement.stage_dc[0]):<36}"
+         f"{found.iteration_time_s:>9.3f}s{gain}")
+    others = [(row, t) for row, t in found.ranked if row != found.placement.stage_dc[0]][:3]
+    if others:
+        echo("  next: " + "; ".join(f"{describe_row(row)} {t:.3f} s" for row, t in others))
+    res = results.get(name)
+    if res is not None and not isinstance(res, Exception) and abs(res.iteration_time_s - found.iteration_time_s) > \
+            1e-6 * max(1.0, found.iteration_time_s):
+        echo(f"  (row {name} above: the same placement by the predictor asked for, {res.iteration_time_s:.3f} s)")

@@ -109,6 +109,10 @@ class RunnerSettings(_Model):
         "auto", description="atlas: temporal plan, shared links, or auto (temporal unless the calibrated "
         "prediction says sharing the link is faster)"
     )
+    atlas_placement: Literal["heuristic", "search"] = Field(
+        "heuristic", description="atlas: the DC-selection heuristic (largest DC first), or search (candidate "
+        "placements scored by the fast predictor, the fastest kept; testbed_core/planning/search.py)"
+    )
     token_margin: float = Field(
         0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
     )

@@ -30,7 +30,7 @@ from testbed.run.calibration import Calibration
 from testbed.run.common import RunnerError, nominal_link
 from testbed.run.scenario import Scenario
 from testbed_core.planning.network import NetParams
-from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
+from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
 from testbed_core.planning.prediction import (
     Prediction,
     Sharing,
@@ -39,6 +39,7 @@ from testbed_core.planning.prediction import (
     choose_sharing,
     predict,
 )
+from testbed_core.planning.search import search_placement
 from testbed_core.simulate import simulate
 from testbed_core.topology import Topology
 from testbed_core.variants import (
@@ -49,6 +50,7 @@ from testbed_core.variants import (
     parse_run_variant,
     parse_run_variants,
 )
+from testbed_core.whatif.predict import fast_predict
 from testbed_core.workload import EffectiveWorkload, Workload
 
 # Share of a WAN link's nominal rate that TCP goodput reaches through the shaper
@@ -326,13 +328,19 @@ def plan_variant(
             f"(--set runner.dp_allreduce=true) or drop {definition.name} from the variants"
         )
     topo = scenario.topology
-    strategy = strategy_for(definition.placement, scenario.runner.baseline_placement)
+    strategy = strategy_for(definition.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)
     pair = (cal.src, cal.dst) if cal else None
     streams = variant_streams(definition, scenario, cal, auto_streams, nominal_link(topo, pair) if pair else None)
     par = workload.parallelism
     hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     try:
-        placement = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
+        if strategy == SEARCH:  # runner.atlas_placement: search, scored on the nominal network as `testbed plan --search`
+            scored = Variant(definition.name, streams, requested_sharing(definition, scenario), SEARCH,
+                             fill_link=definition.streams == "fill-link")
+            placement = search_placement(topo, workload, scored, predictor=fast_predict, hosts=hosts, base_dir=base_dir,
+                                         net=NetParams(allreduce=par.dp > 1 and scenario.runner.dp_allreduce)).placement
+        else:
+            placement = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
     except ValueError as exc:
         raise RunnerError(f"variant {run.name}: {exc}") from None
     if any(not h for h in placement.hosts.values()):

@@ -7,7 +7,9 @@ first, and gives each DC ``floor(free / (tp * dp))`` consecutive stages until al
 ``pp`` are placed; if they do not all fit, the request is infeasible and the error
 says by how much. Filling the largest DC first minimises the pipeline boundaries that
 cross the WAN. The other strategies (``in-order``, ``even``, ``round-robin``,
-``dp-across``, see `place`) exist to compare against it.
+``dp-across``, see `place`) exist to compare against it. ``search``
+(testbed_core/planning/search.py) is not a rule but a search: it scores candidate
+assignments with the predictor, so it is run by `search_placement`, not by `place`.
 
 A variant names a placement *policy* (testbed_core/variants.py); `strategy_for`
 turns it into the strategy `place` runs.
@@ -16,12 +18,15 @@ turns it into the strategy `place` runs.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 from testbed_core.topology import Topology, shortest_path
 from testbed_core.variants import PlacementPolicy
 
 STRATEGIES = ("atlas", "in-order", "even", "round-robin", "dp-across")
+SEARCH = "search"  # the network-aware strategy of testbed_core/planning/search.py
+AtlasPlacement = Literal["heuristic", "search"]
+"""How Atlas places its stages: the paper's DC-selection heuristic, or the search."""
 
 
 class PlacementError(ValueError):
@@ -167,9 +172,21 @@ def place(
                 raise _shortfall(free, pp, dp, tp, len(rows), per_pipe, "pipelines")
             left[options[0]] -= per_pipe
             rows.append(tuple([options[0]] * pp))
+    elif strategy == SEARCH:
+        raise PlacementError("placement 'search' scores candidates with the predictor: run it with "
+                             "testbed_core.planning.search.search_placement (or place_variant), not place()")
     else:
-        raise PlacementError(f"unknown placement strategy {strategy!r} (allowed: {', '.join(STRATEGIES)})")
+        raise PlacementError(f"unknown placement strategy {strategy!r} (allowed: {', '.join(STRATEGIES)}, "
+                             f"or {SEARCH} through search_placement)")
     return Placement(strategy, pp, dp, tp, tuple(rows), _assign_hosts(rows, tp, hosts, gpus_per_host), dict(free))
+
+
+def from_rows(strategy: str, rows: list[tuple[str, ...]], free: dict[str, int], tp: int,
+              hosts: dict[str, list[str]] | None = None, gpus_per_host: int = 1) -> Placement:
+    """A placement of the given stage rows (one per pipeline), with hosts assigned as
+    `place` assigns them; the caller has checked that the rows fit `free`."""
+    return Placement(strategy, len(rows[0]), len(rows), tp, tuple(rows), _assign_hosts(rows, tp, hosts, gpus_per_host),
+                     dict(free))
 
 
 def _assign_hosts(
@@ -203,7 +220,13 @@ def free_gpus(topology: Topology, gpus_per_host: int = 1, override: dict[str, in
 
 
 
-def strategy_for(policy: PlacementPolicy, baseline_placement: str = "even") -> str:
+def strategy_for(policy: PlacementPolicy, baseline_placement: str = "even",
+                 atlas_placement: AtlasPlacement = "heuristic") -> str:
     """The `place` strategy of a variant's placement policy: ``baseline`` variants use
-    the scenario's (or the CLI's) baseline placement, the others their own."""
-    return baseline_placement if policy == "baseline" else policy
+    the scenario's (or the CLI's) baseline placement, ``atlas`` ones the heuristic or,
+    with `atlas_placement` ``search``, the network-aware search; the others their own."""
+    if policy == "baseline":
+        return baseline_placement
+    if policy == "atlas" and atlas_placement == "search":
+        return SEARCH
+    return policy

@@ -43,7 +43,8 @@ class TransportConfig:
         long a control frame such as DONE waits behind it, and how unevenly streams
         finish a transfer). None: always chunk_bytes.
     chunk_max_bytes: largest chunk chunk_target_s may grow to (never below
-        chunk_bytes; the peer must accept it: its max_chunk_bytes).
+        chunk_bytes, never above max_chunk_bytes; the peer must accept it too: its
+        max_chunk_bytes).
     secret: shared secret for the HMAC handshake; default: environment ATLAS_SECRET.
     congestion: TCP congestion control per stream (cubic, bbr, reno); None = system default.
     sndbuf / rcvbuf: SO_SNDBUF / SO_RCVBUF in bytes; None = kernel autotuning.
@@ -92,10 +93,10 @@ class TransportConfig:
             raise ConfigError(f"chunk_target_s={self.chunk_target_s!r}: use seconds in (0, 10], "
                               f"or None for fixed chunks of chunk_bytes (default {DEFAULT_CHUNK_TARGET_S})")
         if not isinstance(self.chunk_max_bytes, int) or isinstance(self.chunk_max_bytes, bool) \
-                or not MIN_CHUNK <= self.chunk_max_bytes <= self.max_chunk_bytes:
+                or self.chunk_max_bytes < MIN_CHUNK:
             raise ConfigError(
-                f"chunk_max_bytes={self.chunk_max_bytes!r}: use {MIN_CHUNK}..{self.max_chunk_bytes} bytes "
-                f"(max_chunk_bytes; default {DEFAULT_CHUNK_MAX_BYTES})"
+                f"chunk_max_bytes={self.chunk_max_bytes!r}: use at least {MIN_CHUNK} bytes "
+                f"(default {DEFAULT_CHUNK_MAX_BYTES}; chunks never exceed max_chunk_bytes either)"
             )
         if self.checksum not in CHECKSUMS:
             hint = " (no fast CRC32C implementation is installed; xxh3 is the fastest)" if self.checksum == "crc32c" else ""
@@ -146,7 +147,7 @@ class TransportConfig:
         base = self.chunk_bytes
         if self.chunk_target_s is not None and stream_rate_Bps:
             grown = int(stream_rate_Bps * self.chunk_target_s) // MIN_CHUNK * MIN_CHUNK
-            base = max(base, min(self.chunk_max_bytes, grown))
+            base = max(base, min(self.chunk_max_bytes, self.max_chunk_bytes, grown))
         share = -(-total_bytes // max(1, 2 * streams))
         share = -(-share // MIN_CHUNK) * MIN_CHUNK
         return max(MIN_CHUNK, min(base, max(MIN_SPLIT_CHUNK, share)))

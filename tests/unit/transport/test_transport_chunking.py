@@ -24,13 +24,16 @@ def test_chunk_for_grows_with_the_measured_rate_within_bounds() -> None:
     assert fixed.chunk_for(256 * MiB, 1, 10e9) == 2 * MiB
     big = TransportConfig(secret="x", chunk_bytes=32 * MiB)  # chunk_bytes above chunk_max_bytes: kept
     assert big.chunk_for(256 * MiB, 1, 10e9) == 32 * MiB
+    strict = TransportConfig(secret="x", max_chunk_bytes=4 * MiB)  # never above what this end accepts
+    assert strict.chunk_for(256 * MiB, 1, 10e9) == 4 * MiB
 
 
 @pytest.mark.parametrize("kw, message", [
     ({"chunk_target_s": 0}, "chunk_target_s=0: use seconds in (0, 10], or None for fixed chunks of chunk_bytes"),
     ({"chunk_target_s": True}, "chunk_target_s=True: use seconds"),
-    ({"chunk_max_bytes": 100}, "chunk_max_bytes=100: use 4096..268435456 bytes (max_chunk_bytes; default 16777216)"),
-    ({"chunk_max_bytes": 1 << 30}, "chunk_max_bytes=1073741824: use 4096..268435456"),
+    ({"chunk_max_bytes": 100}, "chunk_max_bytes=100: use at least 4096 bytes (default 16777216; "
+                               "chunks never exceed max_chunk_bytes either)"),
+    ({"chunk_max_bytes": 2.5}, "chunk_max_bytes=2.5: use at least 4096 bytes"),
 ])
 def test_chunk_settings_are_checked(kw, message) -> None:
     with pytest.raises(ConfigError) as info:

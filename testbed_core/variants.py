@@ -27,6 +27,10 @@ SharingPolicy = Literal["shared", "auto"]
 """``shared``: all pipelines send when ready and share the link; ``auto``: Atlas's
 temporal plan, kept where it is predicted to pay (``runner.atlas_sharing``)."""
 
+CommPolicy = Literal["atlas", "gloo"]
+"""``atlas``: every tensor over atlas_transport channels; ``gloo``: torch.distributed with
+the gloo backend (one TCP connection per pair of ranks, ``dist.all_reduce`` for DP)."""
+
 PlacementPolicy = Literal["atlas", "baseline", "dp-across"]
 """``atlas``: the DC-selection heuristic; ``baseline``: the scenario's
 ``runner.baseline_placement`` (even by default); ``dp-across``: each DP replica in another
@@ -54,6 +58,7 @@ class VariantDef:
     sharing: SharingPolicy
     colour: str
     default: bool = True
+    comm: CommPolicy = "atlas"
 
 
 REGISTRY: dict[str, VariantDef] = {
@@ -68,11 +73,15 @@ REGISTRY: dict[str, VariantDef] = {
         VariantDef("dp-across-dc", "each DP replica in another DC, N streams per transfer, shared links",
                    placement="dp-across", streams="configured", sharing="shared", colour="#9467bd",
                    default=False),
+        VariantDef("torch-gloo", "baseline's placement, every send/recv and the DP all-reduce through "
+                   "torch.distributed (gloo) over the same network: what is run today",
+                   placement="baseline", streams="one", sharing="shared", colour="#8c564b", default=False,
+                   comm="gloo"),
     )
 }
 """Every variant, in report order."""
 
-EXTRA_COLOURS = ("#2ca02c", "#8c564b", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
+EXTRA_COLOURS = ("#2ca02c", "#e377c2", "#17becf", "#bcbd22", "#7f7f7f")
 
 
 def variant_names() -> tuple[str, ...]:

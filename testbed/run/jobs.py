@@ -31,6 +31,7 @@ from testbed_core.contracts.worker_job import (
     DeviceJob,
     DpPeerJob,
     DpSyncJob,
+    GlooJob,
     LiveJob,
     PlannedSend,
     RealJob,
@@ -96,6 +97,7 @@ def build_jobs(
         real = add_real_jobs(workload, run_dir, torch_device)
     dp = (dp_sync_jobs(setup, workload, eff, topology, hosts, host_ips, ports, dp_bucket_bytes)
           if par.dp > 1 and (dp_allreduce or real) else {})
+    gloo = gloo_jobs(workload, channels, hosts, host_ips, ports) if setup.definition.comm == "gloo" else {}
     temporal = ({} if plan is None else
                 temporal_jobs(plan, sched, hosts, host_ips, ports, temporal_mode, token_timeout_s))
     live = live_jobs(channels, hosts, devices, topology, run_dir, iteration_lead_s, local) if setup.bubbletea else {}
@@ -121,6 +123,7 @@ def build_jobs(
                 setup_timeout_s=setup_timeout_s, timeout_s=timeout_s,
                 slots_path=str(run_dir / "slots" / f"{dev}.jsonl") if setup.bubbletea else None,
                 idle_slots=slots, live=live.get(wid), real=real.get(wid), dp=dp.get(wid),
+                gloo=gloo.get(wid),
             )
     return jobs
 
@@ -152,6 +155,27 @@ def boundary_channels(setup: VariantSetup, workload: Any, topology: Any, sched: 
                                       streams=streams, links=list(bwd_links), recv_links=list(fwd_links),
                                       latency_s=delay))
     return out
+
+
+def gloo_jobs(workload: Any, channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str],
+              host_ips: Mapping[str, str], ports: PortPlan) -> dict[str, GlooJob]:
+    """torch-gloo (pure): every worker's rank in one process group (pipeline x pp + rank;
+    the store on rank 0's host, on the run's store port), the rank across each of its
+    boundaries, and each stage's DP group."""
+    par = workload.parallelism
+
+    def rank_of(wid: str) -> int:
+        d, r = wid[1:].split("r")
+        return int(d) * par.pp + int(r)
+
+    groups = [[d * par.pp + r for d in range(par.dp)] for r in range(par.pp)]
+    store = host_ips[hosts[worker_id(0, 0)]]
+    return {
+        wid: GlooJob(store_ip=store, port=ports.store.port(0), rank=rank_of(wid), own_ip=host_ips[hosts[wid]],
+                     world_size=par.dp * par.pp, peers={c.boundary: rank_of(c.peer) for c in chans},
+                     dp_groups=groups, dp_group=rank_of(wid) % par.pp)
+        for wid, chans in channels.items()
+    }
 
 
 def real_device(workload: Any) -> str:

@@ -11,7 +11,8 @@ channels              one per (pipeline, boundary) channel (testbed/run/jobs.py)
 tokens                one UDP token bus per worker, by worker name (Atlas)
 calibration           one per calibration probe pair (testbed/run/calibration.py)
 decode                one per BubbleTea decode server (testbed/run/bubbletea.py)
-dp_gradients          one per pair of DP replicas of a rank (real mode)
+dp_gradients          one per pair of DP replicas of a rank (the DP all-reduce)
+store                 torch-gloo: the process group's store (testbed/training/gloo_comm.py)
 ====================  =========================================================
 
 `free_port_block` finds a base whose ranges are free, for local runs with
@@ -27,7 +28,7 @@ from dataclasses import dataclass
 from testbed.run.common import RunnerError
 
 RANGE_SIZE = 1000  # ports per part of the run
-RANGES = ("channels", "tokens", "calibration", "decode", "dp_gradients")  # in this order above the base
+RANGES = ("channels", "tokens", "calibration", "decode", "dp_gradients", "store")  # in this order above the base
 PORT_SPAN = RANGE_SIZE * len(RANGES)  # ports a run uses above its base
 PORTS_CHECKED = 64  # of each range, checked free by free_port_block (a run rarely uses more)
 
@@ -76,6 +77,10 @@ class PortPlan:
     @property
     def dp_gradients(self) -> PortRange:
         return self._range("dp_gradients")
+
+    @property
+    def store(self) -> PortRange:
+        return self._range("store")
 
     def ranges(self) -> list[PortRange]:
         """Every range of the run, in port order."""

@@ -41,7 +41,7 @@ from testbed_core.planning.prediction import (
 )
 from testbed_core.planning.search import search_placement
 from testbed_core.simulate import simulate
-from testbed_core.topology import Topology
+from testbed_core.topology import MAX_RATE_BPS, Topology
 from testbed_core.variants import (
     RunVariant,
     VariantDef,
@@ -233,6 +233,11 @@ def calibrated_topology(topology: Topology, link_bps: float | None, pair: tuple[
             link["delay"] = 0.0
             link["jitter"] = 0.0
             link["rate"] = max(link["rate"], link_bps or 0.0)
+    for link in data["wan"]:  # loopback in local mode can time a transfer too quick to measure
+        link["rate"] = min(link["rate"], MAX_RATE_BPS)
+        for ch in link.get("changes") or []:
+            if ch.get("rate") is not None:
+                ch["rate"] = min(ch["rate"], MAX_RATE_BPS)
     data.pop("source", None)
     return type(topology).model_validate(data)
 
@@ -327,6 +332,9 @@ def plan_variant(
             "and runner.dp_allreduce is false: the result would be compute alone. Set runner.dp_allreduce: true "
             f"(--set runner.dp_allreduce=true) or drop {definition.name} from the variants"
         )
+    if definition.comm == "gloo" and scenario.workload.gpu.mode == "real":
+        raise RunnerError(f"{definition.name} runs modelled devices only (gpu.mode: modelled); real devices "
+                          "train over atlas_transport: drop it from the variants of a real-mode run")
     topo = scenario.topology
     strategy = strategy_for(definition.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)
     pair = (cal.src, cal.dst) if cal else None

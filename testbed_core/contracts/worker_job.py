@@ -138,6 +138,21 @@ class DpSyncJob(_Model):
     bucket_bytes: int = Field(ge=1)
 
 
+class GlooJob(_Model):
+    """The ``torch-gloo`` variant's network (testbed/training/gloo_comm.py): one
+    torch.distributed process group (gloo) of every worker instead of atlas_transport
+    channels; the store listens on the first worker's host."""
+
+    store_ip: str
+    port: Port
+    rank: int = Field(ge=0)  # this worker's rank in the group
+    own_ip: str  # this worker's address: gloo binds to the interface that has it
+    world_size: int = Field(ge=2)
+    peers: dict[int, int]  # boundary -> the rank across it
+    dp_groups: list[list[int]]  # every stage's DP group, in the order each worker creates them
+    dp_group: int = Field(ge=0)  # which of them is this worker's
+
+
 class LiveJob(_Model):
     """BubbleTea's live status of this worker's device (bubbletea_agent/live.py): the
     earliest time training can want the device again, kept true as the worker waits."""
@@ -188,6 +203,7 @@ class TrainJob(_Model):
     live: LiveJob | None
     real: RealJob | None  # real-device training (None: modelled work)
     dp: DpSyncJob | None  # the DP gradient all-reduce (None: dp 1, or runner.dp_allreduce off)
+    gloo: GlooJob | None  # torch-gloo: torch.distributed instead of atlas_transport (None: atlas_transport)
 
 
 class ProbeJob(_Model):

@@ -39,6 +39,8 @@ def connect_with_retry(ip: str, port: int, cfg: Any, deadline: float, what: str)
 def _ends(job: TrainJob) -> list[tuple[tuple[str, int], ChannelJob | DpPeerJob, str]]:
     """Every channel of a worker: ((kind, index), spec, what it is, for messages);
     kind "b" is a pipeline boundary, "dp" a DP peer (index: its DP rank)."""
+    if job.gloo is not None:  # torch.distributed carries everything (testbed/training/gloo_comm.py)
+        return []
     out: list[tuple[tuple[str, int], ChannelJob | DpPeerJob, str]] = [
         (("b", c.boundary), c, f"the channel of boundary {c.boundary}") for c in job.channels]
     if job.dp is not None:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.training.allreduce import ring_allreduce, ring_plan
+from testbed.training.gloo_comm import GlooChannel, close_gloo, gloo_allreduce, init_gloo
 from testbed.training.worker.channels import open_all_channels
 from testbed.training.worker.control import Control
 from testbed.training.worker.live import (
@@ -57,7 +58,15 @@ def run_train(job: TrainJob) -> None:
         if job.real is not None:
             torch.set_num_threads(job.real.threads)
         device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
+        gloo_group = None
+        if job.gloo is not None:  # torch-gloo: the process group carries the pipeline and the all-reduce
+            groups = init_gloo(store_ip=job.gloo.store_ip, port=job.gloo.port, rank=job.gloo.rank,
+                               world_size=job.gloo.world_size, own_ip=job.gloo.own_ip, timeout_s=job.setup_timeout_s,
+                               groups=job.gloo.dp_groups)
+            gloo_group = groups[job.gloo.dp_group]
         channels, dp_channels = open_all_channels(job)
+        if job.gloo is not None:
+            channels = {b: GlooChannel(peer, job.wire_bytes) for b, peer in job.gloo.peers.items()}
         owner = f"train:{job.worker}"
         real = None if job.real is None else real_work_of(job, dp_channels)
         work = real if real is not None else ModelledWork(list(job.forward_s), list(job.backward_s))
@@ -65,8 +74,10 @@ def run_train(job: TrainJob) -> None:
         paths = {c.boundary: ChannelPath(c.peer, tuple(c.links), c.latency_s, c.streams, tuple(c.recv_links))
                  for c in job.channels}
         filler = torch.zeros(job.wire_bytes, dtype=torch.uint8)
-        ring = None
-        if job.dp is not None and real is None:  # modelled devices: the ring moves placeholder bytes
+        ring = gloo_buffer = None
+        if job.dp is not None and gloo_group is not None:
+            gloo_buffer = torch.zeros(max(1, min(job.dp.grad_bytes, job.dp.bucket_bytes) // 4), dtype=torch.float32)
+        elif job.dp is not None and real is None:  # modelled devices: the ring moves placeholder bytes
             ring = ring_plan(job.dp.dp_rank, job.dp.dp, job.dp.grad_bytes, job.dp.bucket_bytes)
             bucket = max(ring.messages)
             ring_out, ring_in = torch.zeros(bucket, dtype=torch.uint8), torch.empty(bucket, dtype=torch.uint8)
@@ -94,10 +105,13 @@ def run_train(job: TrainJob) -> None:
                 records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
                                      owner=owner, start_at=at + job.offset_s)
                 loss, allreduce_s = None, None
-                if ring is not None:
+                if ring is not None or gloo_buffer is not None:
                     if live is not None:
                         live.busy()
-                    allreduce_s = ring_allreduce(ring, dp_channels, ring_out, ring_in, job.timeout_s)
+                    if ring is not None:
+                        allreduce_s = ring_allreduce(ring, dp_channels, ring_out, ring_in, job.timeout_s)
+                    else:
+                        allreduce_s = gloo_allreduce(gloo_group, job.dp.grad_bytes, job.dp.bucket_bytes, gloo_buffer)
                     ring_end = time.time()
                 if real is not None:  # DP gradient average (network), then the step on the device
                     if live is not None:
@@ -109,7 +123,7 @@ def run_train(job: TrainJob) -> None:
                 tlog.add("recv", received)
                 tlog.write()
                 end = max((r.end for r in records), default=at)
-                if ring is not None:
+                if allreduce_s is not None:
                     end = max(end, ring_end)
                 control.send(IterDone(worker=job.worker, iteration=i, end=end, allreduce_s=allreduce_s,
                                       busy=sum(r.end - r.start for r in records),
@@ -131,6 +145,8 @@ def run_train(job: TrainJob) -> None:
                 comm.bus.close()
             for ch in [*channels.values(), *dp_channels.values()]:
                 ch.close(timeout=5.0)
+            if job.gloo is not None:
+                close_gloo()
         control.send(Bye(worker=job.worker))
     except BaseException as exc:
         try:

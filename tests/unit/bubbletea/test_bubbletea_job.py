@@ -78,4 +78,4 @@ def test_bubbletea_variants_come_from_the_registry():
     with pytest.raises(ValidationError) as err:
         BubbleTeaSettings(variants=["atlas", "atlsa"])
     assert "unknown variant(s) atlsa" in str(err.value)
-    assert "allowed: baseline, multi-tcp, atlas, dp-across-dc" in str(err.value)
+    assert "allowed: baseline, multi-tcp, atlas, dp-across-dc, torch-gloo" in str(err.value)

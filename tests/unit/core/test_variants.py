@@ -23,7 +23,7 @@ from testbed_core.variants import (
     sort_key,
 )
 
-ALLOWED = "allowed: baseline, multi-tcp, atlas, dp-across-dc"
+ALLOWED = "allowed: baseline, multi-tcp, atlas, dp-across-dc, torch-gloo"
 
 
 def test_unknown_names_are_refused_with_the_allowed_list() -> None:
@@ -42,8 +42,8 @@ def test_unknown_names_are_refused_with_the_allowed_list() -> None:
 
 
 def test_registry_order_is_the_report_order() -> None:
-    assert list(REGISTRY) == ["baseline", "multi-tcp", "atlas", "dp-across-dc"]
-    assert default_names() == ("baseline", "multi-tcp", "atlas")  # dp-across-dc only when asked for
+    assert list(REGISTRY) == ["baseline", "multi-tcp", "atlas", "dp-across-dc", "torch-gloo"]
+    assert default_names() == ("baseline", "multi-tcp", "atlas")  # dp-across-dc, torch-gloo only when asked for
     shuffled = ["atlas+bubbletea", "unknown", "dp-across-dc", "atlas", "baseline+bubbletea", "multi-tcp", "baseline"]
     assert sorted(shuffled, key=sort_key) == [
         "baseline", "baseline+bubbletea", "multi-tcp", "atlas", "atlas+bubbletea", "dp-across-dc", "unknown"]
@@ -73,7 +73,10 @@ def test_run_variants_parse_the_bubbletea_suffix() -> None:
 
 
 def test_policies_set_each_variant_apart() -> None:
-    ways = {(v.placement, v.streams, v.sharing) for v in REGISTRY.values()}
+    ways = {(v.placement, v.streams, v.sharing, v.comm) for v in REGISTRY.values()}
     assert len(ways) == len(REGISTRY)  # no two variants are the same thing under two names
     assert REGISTRY["atlas"].streams == "fill-link" and REGISTRY["atlas"].sharing == "auto"
     assert REGISTRY["baseline"].streams == "one"
+    # torch-gloo is the baseline through torch.distributed: only its comm differs
+    assert (REGISTRY["torch-gloo"].placement, REGISTRY["torch-gloo"].streams, REGISTRY["torch-gloo"].comm) == (
+        "baseline", "one", "gloo")

@@ -72,7 +72,7 @@ def test_infeasible_placement_is_an_error_with_the_shortfall() -> None:
         (("--gpus", "dc1=four"), "'four' is not a whole number of GPUs"),
         (("--gpus", "dc1=-1"), "GPU count must be >= 0"),
         (("--gpus", "dc9=4"), "unknown DC 'dc9' (DCs in topology 2dc: dc1, dc2)"),
-        (("--variants", "atlas,fast"), "unknown variant(s) fast (allowed: baseline, multi-tcp, atlas, dp-across-dc)"),
+        (("--variants", "atlas,fast"), "unknown variant(s) fast (allowed: baseline, multi-tcp, atlas, dp-across-dc, torch-gloo)"),
         (("--streams", "many"), "a number of streams (1-64) or 'auto'"),
         (("--streams", "100"), "streams must be between 1 and 64"),
         (("--flow-rate", "10MBps"), "'Bps' (bytes per second) is ambiguous"),
@@ -109,7 +109,7 @@ def test_help_lists_the_registry() -> None:
     res = run("--help")
     assert res.exit_code == 0
     text = " ".join(res.output.split())
-    assert "from: baseline, multi-tcp, atlas, dp-across-dc." in text
+    assert "from: baseline, multi-tcp, atlas, dp-across-dc, torch-gloo." in text
     for v in REGISTRY.values():
         assert f"{v.name}: {v.description}" in text
     res = run("--topology", TOPO, "--workload", WL, "--variants", ",")

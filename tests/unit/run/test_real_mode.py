@@ -347,3 +347,9 @@ def test_local_real_run_equals_the_reference_for_every_variant(tmp_path, no_cuda
         assert kinds == {"forward", "backward", "optimizer"}
         assert f"{name}: real training on cpu, 5 iterations: parameters bit-identical" in res.output
     assert summary["variants"]["atlas"]["temporal_plan"] is not None
+
+
+def test_torch_gloo_refuses_real_devices(tmp_path) -> None:
+    scenario, _ = load_scenario(scenario_file(tmp_path, real_tiny()))
+    with pytest.raises(RunnerError, match=r"torch-gloo runs modelled devices only \(gpu.mode: modelled\)"):
+        plan_variant("torch-gloo", scenario, scenario.workload, None, None, None)

@@ -351,3 +351,24 @@ def test_transport_pacing_reaches_the_workers_sockets(tmp_path: Path) -> None:
     assert transport_config(job.transport, 8).pacing_rate_mbps == PACING_CAP_MBPS
     with pytest.raises(Exception, match="pacing"):
         load_scenario(scenario_file(tmp_path), {"transport.pacing": "sometimes"})
+
+
+def test_torch_gloo_jobs_join_one_group_with_the_baselines_placement(tmp_path: Path) -> None:
+    """torch-gloo: one gloo rank per worker (pipeline x pp + rank), the store on rank 0's
+    host at the run's store port, the rank across each boundary, each stage's DP group;
+    its placement and single streams are the baseline's; no atlas channel is opened."""
+    base, _, _ = jobs_for(tmp_path, "baseline")
+    setup, jobs, ips = jobs_for(tmp_path, "torch-gloo")
+    assert setup.placement.stage_dc == base.placement.stage_dc and setup.streams == 1
+    ranks = {w: j.gloo.rank for w, j in jobs.items()}
+    assert ranks == {"p0r0": 0, "p0r1": 1, "p1r0": 2, "p1r1": 3}
+    for w, job in jobs.items():
+        g = job.gloo
+        assert g.world_size == 4 and g.store_ip == ips[jobs["p0r0"].host] and g.port == PortPlan(30000).store.first
+        assert g.own_ip == ips[job.host] and g.dp_groups == [[0, 2], [1, 3]] and g.dp_group == job.rank
+        assert g.peers == {0: ranks[f"p{job.pipeline}r{1 - job.rank}"]}
+        assert parse_job(job.model_dump_json(), w) == job
+    from testbed.training.worker.channels import _ends
+
+    assert all(_ends(job) == [] for job in jobs.values())
+

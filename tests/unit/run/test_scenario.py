@@ -121,7 +121,7 @@ def test_variants_come_from_the_registry(scenario_file: Path) -> None:
     assert load_scenario(scenario_file, {"variants": ["dp-across-dc", "atlas"]})[0].variants == ["dp-across-dc",
                                                                                                    "atlas"]
     with pytest.raises(ScenarioError, match=r"s.yaml: invalid scenario.*\n  - variants: unknown variant 'turbo' "
-                                            r"\(allowed: baseline, multi-tcp, atlas, dp-across-dc\)"):
+                                            r"\(allowed: baseline, multi-tcp, atlas, dp-across-dc, torch-gloo\)"):
         load_scenario(scenario_file, {"variants": ["atlas", "turbo"]})
 
 
@@ -135,7 +135,7 @@ def test_base_port_is_auto_or_leaves_room_for_the_run(scenario_file: Path) -> No
     scenario, _ = load_scenario(scenario_file)
     assert scenario.runner.base_port == "auto"
     assert load_scenario(scenario_file, {"runner.base_port": 40000})[0].runner.base_port == 40000
-    with pytest.raises(ScenarioError, match=r"runner.base_port.*between 1024 and 55000 \(the run uses 5000 ports"):
+    with pytest.raises(ScenarioError, match=r"runner.base_port.*between 1024 and 54000 \(the run uses 6000 ports"):
         load_scenario(scenario_file, {"runner.base_port": 58000})
 
 

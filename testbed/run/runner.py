@@ -69,12 +69,14 @@ from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
 from testbed.run.variants import (
+    DEFAULT_AUTO_STREAMS,
     VariantSetup,
     choose_streams,
     plan_variants,
     repredict,
     run_variants,
     shared_stream_counts,
+    variant_placement,
 )
 from testbed.run.workers import VariantRun, run_workers
 from testbed_core.configfile import ConfigError
@@ -85,8 +87,7 @@ from testbed_core.contracts.summary import (
     VariantResult,
     WanTailDrops,
 )
-from testbed_core.planning.placement import free_gpus, place
-from testbed_core.variants import RunVariant
+from testbed_core.variants import RunVariant, get_variant
 from testbed_core.workload import EffectiveWorkload
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
@@ -196,8 +197,9 @@ def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, 
         return None, None
     par = scenario.workload.parallelism
     topo = scenario.topology
-    hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
-    pl = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts)
+    # the path Atlas's own placement crosses (the search's, with runner.atlas_placement: search)
+    pl = variant_placement(get_variant("atlas"), scenario, scenario.workload, DEFAULT_AUTO_STREAMS,
+                           scenario.workload_dir)
     pairs = calibration_pairs(pl)
     if not pairs:  # every stage in one DC: probe between the first two DCs
         pairs = [(f"{topo.dcs[0].name}-{topo.dcs[0].hosts[0]}", f"{topo.dcs[-1].name}-{topo.dcs[-1].hosts[0]}")]

@@ -319,6 +319,23 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
 
 # ------------------------------------------------------------------ one variant's plan
 
+def variant_placement(definition: VariantDef, scenario: Scenario, workload: Workload, streams: int,
+                      base_dir: str | None) -> Placement:
+    """Where a variant's stages go: its placement policy's strategy, or, for
+    ``runner.atlas_placement: search``, the search's best placement scored on the
+    nominal network (as `testbed plan --search`). ValueError when it does not fit."""
+    topo = scenario.topology
+    strategy = strategy_for(definition.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)
+    par = workload.parallelism
+    hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
+    if strategy == SEARCH:
+        scored = Variant(definition.name, streams, requested_sharing(definition, scenario), SEARCH,
+                         fill_link=definition.streams == "fill-link")
+        return search_placement(topo, workload, scored, predictor=fast_predict, hosts=hosts, base_dir=base_dir,
+                                net=NetParams(allreduce=par.dp > 1 and scenario.runner.dp_allreduce)).placement
+    return place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
+
+
 def plan_variant(
     variant: str | RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
     cal: Calibration | None, auto_streams: int | None, local: bool = False,
@@ -339,16 +356,8 @@ def plan_variant(
     strategy = strategy_for(definition.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)
     pair = (cal.src, cal.dst) if cal else None
     streams = variant_streams(definition, scenario, cal, auto_streams, nominal_link(topo, pair) if pair else None)
-    par = workload.parallelism
-    hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     try:
-        if strategy == SEARCH:  # runner.atlas_placement: search, scored on the nominal network as `testbed plan --search`
-            scored = Variant(definition.name, streams, requested_sharing(definition, scenario), SEARCH,
-                             fill_link=definition.streams == "fill-link")
-            placement = search_placement(topo, workload, scored, predictor=fast_predict, hosts=hosts, base_dir=base_dir,
-                                         net=NetParams(allreduce=par.dp > 1 and scenario.runner.dp_allreduce)).placement
-        else:
-            placement = place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
+        placement = variant_placement(definition, scenario, workload, streams, base_dir)
     except ValueError as exc:
         raise RunnerError(f"variant {run.name}: {exc}") from None
     if any(not h for h in placement.hosts.values()):

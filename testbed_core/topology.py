@@ -48,6 +48,7 @@ MAX_RATE_BPS = 10e12  # 10 Tbit/s: above NVLink-class links inside a DC (HTB tak
 MAX_DELAY_S = 10.0  # one way; geostationary satellite paths are ~0.3 s, netem stops at ~274 s
 MAX_CHANGE_AT_S = 86_400.0  # a link change at most a day into the run
 MAX_CHANGES = 10_000  # rate/delay steps of one link (each is a tc or delay-line command)
+MAX_DOWN_S = 3_600.0  # a link taken down on purpose stays down at most an hour (a fault, not a topology)
 QUEUE_MIN_BYTES = 1514  # one full Ethernet frame (testbed/emulation/shaping.py ETH_FRAME)
 QUEUE_MAX_BYTES = 2**31 - 1  # bfifo's limit is a signed 32-bit byte count
 MAX_IN_FLIGHT_BYTES = 256 * 2**20  # the delay line's queue (its --max-queue default): rate x (delay + jitter)
@@ -199,13 +200,40 @@ class Datacenter(_Model):
 
 
 class LinkChange(_Model):
-    """A step change of a WAN link at `at` seconds after the topology is up."""
+    """A step change of a WAN link at `at` seconds after the topology is up.
+
+    ``down: true`` cuts the link (every frame dropped both ways: an outage on purpose)
+    until ``duration`` has passed or a later change says ``down: false``."""
 
     at: Annotated[Duration, _within(0, MAX_CHANGE_AT_S, _seconds, "change time", "at most a day into the run")]
     rate: Rate | None = None
     delay: Delay | None = None
     jitter: Delay | None = None
     loss: Fraction | None = None
+    down: bool | None = None
+    duration: Annotated[Duration, _within(0.001, MAX_DOWN_S, _seconds, "down duration",
+                                          "an outage on purpose lasts 1ms to an hour")] | None = None
+
+    @field_validator("down", mode="before")
+    @classmethod
+    def _yes_no(cls, value: Any) -> Any:
+        if value is None or isinstance(value, bool):
+            return value
+        raise ValueError(f"down is true (cut the link) or false (restore it), got {value!r}")
+
+    @model_validator(mode="after")
+    def _duration_needs_down(self) -> LinkChange:
+        if self.duration is not None and self.down is not True:
+            raise ValueError("duration is how long a link stays down: it goes with down: true "
+                             "(or restore the link with a later change saying down: false)")
+        return self
+
+    def steps(self) -> list[LinkChange]:
+        """This change as the steps the emulation applies: a ``down: true`` with a
+        ``duration`` becomes the cut and, `duration` later, ``down: false``."""
+        if self.duration is None:
+            return [self]
+        return [self.model_copy(update={"duration": None}), LinkChange(at=self.at + self.duration, down=False)]
 
 
 class WanLink(_Model):
@@ -285,7 +313,27 @@ class WanLink(_Model):
         times = [c.at for c in value]
         if times != sorted(times):
             raise ValueError("changes must be listed in increasing 'at' order")
+        down_until: tuple[int, float] | None = None  # (the change that cut the link, when it comes back)
+        for i, change in enumerate(value):
+            if down_until is not None and change.at >= down_until[1]:
+                down_until = None
+            if change.down is True:
+                if down_until is not None:
+                    raise ValueError(f"changes.{i}: the link is already down (since changes.{down_until[0]}): "
+                                     "restore it first (down: false, or a duration that ends before this change)")
+                down_until = (i, change.at + change.duration if change.duration is not None else float("inf"))
+            elif change.down is False:
+                if down_until is None:
+                    raise ValueError(f"changes.{i}: down: false restores a link, but the link is not down at "
+                                     f"{_seconds(change.at)} (take it down first with down: true)")
+                down_until = None
         return value
+
+    def steps(self) -> list[LinkChange]:
+        """Every change as the emulation applies it, in time order (a down with a
+        duration is followed by its restore)."""
+        out = [step for change in self.changes for step in change.steps()]
+        return sorted(out, key=lambda c: c.at)
 
     @property
     def rtt_s(self) -> float:

@@ -137,6 +137,8 @@ class Emulation:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._changer: threading.Thread | None = None
+        self._relay_io = threading.Lock()
+        self._link_state: dict[str, tuple[float, float, float, float, bool]] = {}  # see change_link
         self._saved_handlers: dict[int, Any] = {}
         self._started = False
         self._procfs = ProcFS()
@@ -487,8 +489,9 @@ class Emulation:
                 continue
             seen = out.watched[0]  # before asking: the answer can come back at once
             try:
-                proc.stdin.write("stats\n")
-                proc.stdin.flush()
+                with self._relay_io:
+                    proc.stdin.write("stats\n")
+                    proc.stdin.flush()
             except (BrokenPipeError, OSError, ValueError):
                 continue
             asked[w] = seen
@@ -533,7 +536,8 @@ class Emulation:
         events = []
         for w in self._wans:
             assert w.link is not None
-            for change in w.link.changes:
+            self._link_state[w.link.name] = (w.link.rate, w.link.delay, w.link.jitter, w.link.loss, False)
+            for change in w.link.steps():
                 events.append((change.at, w, change))
         if not events:
             return
@@ -541,45 +545,64 @@ class Emulation:
         t0 = time.monotonic()
 
         def loop() -> None:
-            state = {id(w): (w.link.rate, w.link.delay, w.link.jitter, w.link.loss)
-                     for w in self._wans if w.link is not None}
             for at, w, change in events:
                 if self._stop.wait(max(0.0, t0 + at - time.monotonic())):
                     return
-                rate, delay, jitter, loss = state[id(w)]
-                rate = change.rate if change.rate is not None else rate
-                delay = change.delay if change.delay is not None else delay
-                jitter = change.jitter if change.jitter is not None else jitter
-                loss = change.loss if change.loss is not None else loss
-                state[id(w)] = (rate, delay, jitter, loss)
                 try:
-                    self._apply_change(w, change, rate, delay, jitter, loss)
+                    self.change_link(w.link.name, rate=change.rate, delay=change.delay, jitter=change.jitter,
+                                     loss=change.loss, down=change.down)
                 except Exception as exc:  # report, keep the run going
                     print(f"testbed: change of {w.name} at {at:g}s failed: {exc}", file=sys.stderr)
 
         self._changer = threading.Thread(target=loop, daemon=True, name="emu-changes")
         self._changer.start()
 
-    def _apply_change(self, w: WanHandle, change: Any, rate: float, delay: float, jitter: float,
-                      loss: float) -> None:
+    def link_state(self, name: str) -> tuple[float, float, float, float, bool]:
+        """(rate bit/s, one-way delay s, jitter s, loss, down) of WAN link `name` now."""
+        with self._lock:
+            try:
+                return self._link_state[name]
+            except KeyError:
+                raise EmulationError(f"no WAN link {name!r} (links: {', '.join(sorted(self._link_state))})") from None
+
+    def change_link(self, name: str, *, rate: float | None = None, delay: float | None = None,
+                    jitter: float | None = None, loss: float | None = None, down: bool | None = None) -> None:
+        """Change WAN link `name` now, both ways (None keeps a value): the topology's
+        `changes` and the faults of `testbed run` (testbed/run/faults.py) come here. A
+        link that is down drops every frame: the relay's ``down`` (frames on the wire
+        are lost too), or netem's loss of 100% with the shaper."""
+        with self._lock:
+            old = self._link_state.get(name)
+            if old is None:
+                raise EmulationError(f"no WAN link {name!r} (links: {', '.join(sorted(self._link_state))})")
+            new = tuple(o if v is None else v for o, v in zip(old, (rate, delay, jitter, loss, down), strict=True))
+            self._link_state[name] = new  # type: ignore[assignment]
+        handle = next(w for w in self._wans if w.link is not None and w.link.name == name)
+        self._apply_change(handle, old, new)  # type: ignore[arg-type]
+
+    def _apply_change(self, w: WanHandle, old: tuple[float, float, float, float, bool],
+                      new: tuple[float, float, float, float, bool]) -> None:
         from testbed.emulation import shaping
         from testbed.emulation.netns import open_iproute
 
         assert w.link is not None
         queue = w.link.queue_bytes
-        delay_changed = any(v is not None for v in (change.delay, change.jitter, change.loss))
+        rate, delay, jitter, loss, down = new
+        rate_changed = rate != old[0]
+        delay_changed = new[1:] != old[1:]
         with open_iproute(w.pid) as ipr:
             for intf in w.intfs:
-                if change.rate is not None:
+                if rate_changed:
                     shaping.apply(ipr, intf, shaping.change_rate(rate))
                 if delay_changed and self.delay_backend == "netem":
                     shaping.apply(ipr, intf, shaping.change_netem(
-                        shaping.NetemParams(delay_s=delay, jitter_s=jitter, loss=loss), rate, queue))
+                        shaping.NetemParams(delay_s=delay, jitter_s=jitter, loss=1.0 if down else loss), rate, queue))
         if delay_changed and self.delay_backend == "relay" and w.relay and w.relay.stdin:
             from testbed.emulation.delayline import set_command
 
-            w.relay.stdin.write(set_command("both", delay_s=delay, jitter_s=jitter, loss=loss))
-            w.relay.stdin.flush()
+            with self._relay_io:  # one whole line at a time: the changes, the faults and stats share the pipe
+                w.relay.stdin.write(set_command("both", delay_s=delay, jitter_s=jitter, loss=loss, down=down))
+                w.relay.stdin.flush()
 
     # -- teardown
 

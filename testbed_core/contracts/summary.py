@@ -183,6 +183,8 @@ class DelayLineDirection(_Doc):
     queue_drops: int
     loss_model: int
     relay_drops: int
+    down_drops: int = 0
+    """Frames dropped while the link was down on purpose (a `down` change or a link fault)."""
 
 
 class DelayLineWindow(_Doc):

@@ -52,7 +52,7 @@ def relay_argv(
 
 
 def set_command(direction: str = "both", *, delay_s: float | None = None, jitter_s: float | None = None,
-                loss: float | None = None, offset_s: float | None = None) -> str:
+                loss: float | None = None, offset_s: float | None = None, down: bool | None = None) -> str:
     """A control line (newline included) changing the given parameters."""
     parts = ["set", direction]
     if delay_s is not None:
@@ -63,8 +63,10 @@ def set_command(direction: str = "both", *, delay_s: float | None = None, jitter
         parts.append(f"loss={loss!r}")
     if offset_s is not None:
         parts.append(f"offset={_ms(offset_s)}")
+    if down is not None:
+        parts.append(f"down={'on' if down else 'off'}")
     if len(parts) == 2:
-        raise ValueError("set_command needs at least one of delay_s, jitter_s, loss, offset_s")
+        raise ValueError("set_command needs at least one of delay_s, jitter_s, loss, offset_s, down")
     return " ".join(parts) + "\n"
 
 

@@ -4,6 +4,8 @@ parsed without I/O.
     set [a2b|b2a|both] delay=50ms jitter=1ms loss=0.01   change parameters (default: both)
     set offset=0.12ms                                    the path's own one-way latency, left
                                                          out of the queue's delay
+    set down=on | down=off                               cut the link (every frame dropped) or
+                                                         restore it (a fault on purpose)
     stats                                                print a STATS line now
     quit                                                 exit (like SIGTERM)
 
@@ -23,7 +25,8 @@ from testbed_core.units import UnitError, parse_duration, parse_fraction
 Direction = Literal["a2b", "b2a", "both"]
 _DIRECTIONS = ("a2b", "b2a", "both")
 _KEYS = {"delay": "delay_s", "jitter": "jitter_s", "loss": "loss", "offset": "offset_s"}
-_ALLOWED = "delay, jitter, loss, offset"
+_ALLOWED = "delay, jitter, loss, offset, down"
+_ON = {"on": True, "1": True, "true": True, "yes": True, "off": False, "0": False, "false": False, "no": False}
 
 
 class ControlError(ValueError):
@@ -37,11 +40,12 @@ class SetCommand:
     jitter_s: float | None = None
     loss: float | None = None
     offset_s: float | None = None
+    down: bool | None = None
 
     def apply(self, current: LinkParams) -> LinkParams:
         """New parameters for one direction; raises ControlError when out of range."""
         changes = {k: v for k, v in (("delay_s", self.delay_s), ("jitter_s", self.jitter_s), ("loss", self.loss),
-                                     ("offset_s", self.offset_s)) if v is not None}
+                                     ("offset_s", self.offset_s), ("down", self.down)) if v is not None}
         try:
             return replace(current, **changes)
         except ParamError as exc:
@@ -79,8 +83,10 @@ def parse_control(line: str) -> Command | None:
     if args and args[0].lower() in _DIRECTIONS:
         direction = args.pop(0).lower()  # type: ignore[assignment]
     if not args:
-        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset= (e.g. 'set delay=50ms')")
+        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset=, down= "
+                           "(e.g. 'set delay=50ms')")
     values: dict[str, float] = {}
+    down: bool | None = None
     for arg in args:
         key, sep, raw = arg.partition("=")
         key = key.lower()
@@ -90,6 +96,13 @@ def parse_control(line: str) -> Command | None:
             if raw.lower() not in _DIRECTIONS:
                 raise ControlError(f"dir={raw!r}: allowed directions are a2b, b2a, both")
             direction = raw.lower()  # type: ignore[assignment]
+            continue
+        if key == "down":
+            if down is not None:
+                raise ControlError("down given twice")
+            if raw.lower() not in _ON:
+                raise ControlError(f"down={raw!r}: allowed on or off (also 1/0, true/false, yes/no)")
+            down = _ON[raw.lower()]
             continue
         if key == "rate":
             raise ControlError(
@@ -107,8 +120,8 @@ def parse_control(line: str) -> Command | None:
             raise ControlError(f"{key}: {exc}") from None
         if values[field] < 0:
             raise ControlError(f"{key} must not be negative, got {raw!r}")
-    if not any(k in values for k in _KEYS.values()):
-        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset=")
-    cmd = SetCommand(direction=direction, **values)
+    if not any(k in values for k in _KEYS.values()) and down is None:
+        raise ControlError("'set' needs at least one of delay=, jitter=, loss=, offset=, down=")
+    cmd = SetCommand(direction=direction, down=down, **values)
     cmd.apply(LinkParams())  # range check now, so the reply names the problem
     return cmd

@@ -10,7 +10,9 @@ equals the configured one. Jitter samples are uniform in [-jitter, +jitter] (net
 distribution); ordering makes the mean delay slightly larger than ``delay`` when
 jitter is large compared with the gap between frames. Loss is drawn per segment of a
 GSO super-packet (see `frames.keep_segments`). Changing parameters affects frames
-received afterwards; frames already queued keep their deadlines.
+received afterwards; frames already queued keep their deadlines. A link that is ``down``
+(a fault on purpose: the cable cut) drops every frame it receives, and every queued frame
+that falls due while it is down (what was on the wire is lost too).
 """
 
 from __future__ import annotations
@@ -39,6 +41,7 @@ class LinkParams:
     jitter_s: float = 0.0
     loss: float = 0.0
     offset_s: float = 0.0
+    down: bool = False
 
     def __post_init__(self) -> None:
         for name, label in (("delay_s", "delay"), ("jitter_s", "jitter"), ("offset_s", "offset")):
@@ -47,6 +50,8 @@ class LinkParams:
                 raise ParamError(f"{label} must be between 0 and {MAX_DELAY_S:g} s, got {value!r}")
         if not (isinstance(self.loss, int | float) and 0.0 <= self.loss <= 1.0):
             raise ParamError(f"loss is a probability between 0 and 1 (1% = 0.01), got {self.loss!r}")
+        if not isinstance(self.down, bool):
+            raise ParamError(f"down is yes/no (the link is cut while it is on), got {self.down!r}")
 
     @property
     def queue_delay_s(self) -> float:
@@ -56,7 +61,8 @@ class LinkParams:
 
     def describe(self) -> str:
         text = f"delay={self.delay_s * 1e3:g}ms jitter={self.jitter_s * 1e3:g}ms loss={self.loss:g}"
-        return text + (f" offset={self.offset_s * 1e3:.4g}ms" if self.offset_s else "")
+        text += f" offset={self.offset_s * 1e3:.4g}ms" if self.offset_s else ""
+        return text + (" down" if self.down else "")
 
 
 @dataclass
@@ -74,6 +80,7 @@ class Counters:
     send_drops: int = 0  # the kernel refused the frame (qdisc full: ENOBUFS/EAGAIN)
     send_errors: int = 0  # other send failures (interface down, malformed frame)
     truncated: int = 0  # frames larger than the receive buffer
+    down_drops: int = 0  # frames dropped because the link was down (received, or due, while down)
 
     def as_dict(self) -> dict[str, int]:
         return asdict(self)
@@ -156,6 +163,9 @@ class DelayQueue:
         size = len(frame)
         c.rx_frames += 1
         c.rx_bytes += size - fr.VNET_LEN if self.vnet else size
+        if self.params.down:
+            c.down_drops += 1
+            return
         if self._queued_bytes + size > self.max_queue_bytes:
             c.overflow_drops += 1
             return
@@ -177,6 +187,9 @@ class DelayQueue:
         while q and q[0][0] <= now:
             _, frame = q.popleft()
             self._queued_bytes -= len(frame)
+            if self.params.down:  # on the wire when the link went down: lost
+                self.counters.down_drops += 1
+                continue
             yield frame
 
     def sent(self, frame: bytes) -> None:

@@ -2,7 +2,7 @@
 snapshots (testbed/emulation/delayline/relay.py `stats`): frames and bytes per direction, and
 the drops split by who dropped them. ``queue_drops`` are the emulated link's own tail
 drops (the kernel refused the frame: the shaper's queue was full), ``loss_model`` the
-configured random loss; ``relay_drops`` (the relay's own queue overflowing, the packet
+configured random loss, ``down_drops`` the frames of a link taken down on purpose; ``relay_drops`` (the relay's own queue overflowing, the packet
 socket's ring overflowing, truncated frames) are the emulator's fault: the link lost
 more than it was told to, and results taken while they grow are suspect."""
 
@@ -12,7 +12,7 @@ from collections.abc import Mapping
 from typing import Any
 
 COUNTERS = ("rx_frames", "rx_bytes", "tx_frames", "tx_bytes", "lost_frames", "lost_segments", "split_frames",
-            "overflow_drops", "send_drops", "send_errors", "truncated")
+            "overflow_drops", "send_drops", "send_errors", "truncated", "down_drops")
 
 
 def _direction(before: Mapping[str, Any], after: Mapping[str, Any]) -> dict[str, int]:

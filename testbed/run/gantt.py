@@ -28,6 +28,9 @@ IDLE_COLOR = "#fbe3e1"
 PIPELINE_COLORS = ("#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4edd", "#f4a261", "#457b9d")
 
 
+FAULT_COLOR = "#c62828"
+
+
 def _device_sort_key(name: str) -> tuple:
     # names are "<host>-p<d>r<r>": order by pipeline, then rank
     tail = name.rsplit("-", 1)[-1]
@@ -47,8 +50,12 @@ def gantt_png(
     path: str | Path,
     *,
     title: str = "",
+    faults: Sequence[Any] = (),
 ) -> Path:
-    """Draw the measured iterations of a variant to `path` (PNG)."""
+    """Draw the measured iterations of a variant to `path` (PNG). Each fault injected on
+    purpose (`FaultRecord`s, testbed/run/faults.py) that happened is a shaded band over
+    its duration (a line for an instant one, like a killed worker) with its label; the
+    chart then starts early enough to show it."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,6 +63,9 @@ def gantt_png(
     from matplotlib.patches import Patch
 
     first = min(warmup, len(starts) - 1)
+    happened = [f for f in faults if getattr(f, "started", None) is not None]
+    for f in happened:  # a fault during a warm-up iteration: start the chart there
+        first = min([first, *(i for i in f.iterations if i < len(starts))])
     t0 = starts[first]
     t1 = max(ends[first:]) if ends else t0 + 1
     span = max(t1 - t0, 1e-6)
@@ -113,6 +123,25 @@ def gantt_png(
                     ha="center", va="center", fontsize=8,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0}, zorder=5)
 
+    for f in happened:
+        a = f.started - t0
+        b = (f.ended if f.ended is not None else t1) - t0
+        if b - a > 1e-3:
+            ax.axvspan(a, b, color=FAULT_COLOR, alpha=0.22, zorder=0.5)
+        else:
+            ax.axvline(a, color=FAULT_COLOR, linewidth=2.0, zorder=4)
+        label = f.description.split(" at iteration")[0]
+        if getattr(f, "transport_resumed_s", None) is not None:
+            label += f"; transfers resumed {f.transport_resumed_s:.2f} s after"
+        if getattr(f, "caught_done_s", None) is not None:
+            label += f", those caught done {f.caught_done_s:.2f} s after"
+        if f.recovery_s is not None:
+            label += f"; next iteration done {f.recovery_s:.2f} s after"
+        elif f.outcome == "failed":
+            label += "; the run failed"
+        ax.text(a, rows - 0.5, label, ha="left", va="bottom", fontsize=8, color=FAULT_COLOR,
+                bbox={"facecolor": "white", "edgecolor": FAULT_COLOR, "pad": 1.5, "alpha": 0.9}, zorder=6)
+
     ax.set_yticks(range(rows))
     ax.set_yticklabels(labels, fontsize=8)
     ax.set_ylim(rows - 0.4, -0.9)
@@ -123,6 +152,8 @@ def gantt_png(
     kinds = {r.kind for recs in timelines.values() for r in recs}
     handles += [Patch(color=KIND_COLORS.get(k, OTHER_COLOR), label=k) for k in sorted(kinds - {"forward", "backward"})]
     handles.append(Patch(color=IDLE_COLOR, label="idle (bubble)"))
+    if happened:
+        handles.append(Patch(color=FAULT_COLOR, alpha=0.3, label="fault injected on purpose"))
     if links:
         handles += [Patch(color=PIPELINE_COLORS[d % len(PIPELINE_COLORS)], label=f"WAN transfer, pipeline {d}")
                     for d in pipelines]

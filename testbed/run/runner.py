@@ -149,6 +149,7 @@ def run_scenario(
             for run in runs:
                 name = run.name
                 entry: VariantResult | VariantFailure
+                faults = None
                 with progress.step(name):
                     try:
                         setup = setups[name]
@@ -156,13 +157,20 @@ def run_scenario(
                             raise setup
                         twin = summary.result(run.base)
                         plain = twin.iteration_time_s if twin else None
+                        faults = fault_injector(scenario, net, name)
                         entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
-                                             progress, base_dir, (cal.src, cal.dst) if cal else None, plain)
+                                             progress, base_dir, (cal.src, cal.dst) if cal else None, plain, faults)
                         if run.bubbletea:
                             _compare_wan_loss(entry, twin, name, progress)
                     except (RunnerError, ConfigError, ValueError) as exc:
-                        progress.log(f"  {name} FAILED: {exc}")
-                        entry = VariantFailure(error=str(exc))
+                        error = faults.explain(str(exc)) if faults is not None else str(exc)
+                        progress.log(f"  {name} FAILED: {error}")
+                        entry = VariantFailure(error=error)
+                    if faults is not None:
+                        records = faults.records(entry.error if isinstance(entry, VariantFailure) else None)
+                        summary.faults = [*summary.faults, *records]  # assigned: written to summary.json
+                        for rec in records:
+                            progress.log(f"  {name}: fault {fault_line(rec)}")
                 summary.variants[name] = entry
                 _write_summary(out, summary, t_begin)
     finally:
@@ -170,6 +178,31 @@ def run_scenario(
         if own_progress:
             progress.close()
     return summary
+
+
+def fault_injector(scenario: Scenario, net: Network, variant: str) -> Any:
+    """The faults of one variant's run (testbed/run/faults.py), None when none are listed."""
+    if not scenario.faults:
+        return None
+    from testbed.run.faults import FaultInjector
+
+    return FaultInjector(scenario.faults, variant, scenario.workload.warmup, getattr(net, "emu", None),
+                         topology=scenario.topology)
+
+
+def fault_line(rec: Any) -> str:
+    """One line of the run's log on a fault and what followed it."""
+    if rec.started is None:
+        return f"{rec.description}: {rec.outcome}{f' ({rec.error})' if rec.error else ''}"
+    lasted = f"{rec.ended - rec.started:.2f} s" if rec.ended is not None else "until the end"
+    times = ", ".join(f"{a.iteration}: {a.time_s:.3f} s{'*' if a.overlapped else ''}" for a in rec.around)
+    recovery = "-" if rec.recovery_s is None else f"{rec.recovery_s:.2f} s"
+    dropped = "" if rec.dropped_frames is None else f", {rec.dropped_frames} frames dropped"
+    resumed = "" if rec.transport_resumed_s is None else \
+        f", transfers resumed {rec.transport_resumed_s:.2f} s after, the {rec.transfers_caught} caught in it done " \
+        f"{'-' if rec.caught_done_s is None else f'{rec.caught_done_s:.2f} s'} after"
+    return (f"{rec.description}: {rec.outcome}, lasted {lasted}, iterations {times} (* overlapped), recovery "
+            f"{recovery}{dropped}{resumed}")
 
 
 def check_runnable(scenario: Scenario, progress: Progress) -> None:
@@ -241,7 +274,8 @@ def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, 
 
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
                  secret: str, iterations: int, progress: Progress, base_dir: str | None,
-                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None) -> VariantResult:
+                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None,
+                 faults: Any = None) -> VariantResult:
     """Run one variant and return its summary entry, with its prediction (made
     before the run; real devices: with their warm-up's measured compute times)."""
     from testbed.run.metrics import variant_metrics
@@ -264,21 +298,29 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         iteration_lead_s=scenario.runner.iteration_lead,
         dp_allreduce=scenario.runner.dp_allreduce, dp_bucket_bytes=scenario.runner.dp_bucket,
     )
+    if scenario.runner.verify_tensors:
+        jobs = {w: j.model_copy(update={"verify_tensors": True}) for w, j in jobs.items()}
     pred = setup.prediction
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
                  f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
                  f"{pred.iteration_time_s:.3f} s per iteration")
     lines_before = net.delay_line_stats()
-    run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir)
+    run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir,
+                      faults)
     delay_line = _delay_line_window(lines_before, net.delay_line_stats(), setup.name, progress)
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
                         link_names=link_names)
     measured_it = m["iteration_time_s"]
+    if faults is not None:
+        faults.transfers = run.transfers  # what the transport did around each fault
     predicted, prediction = _predictions(setup, scenario, workload, base_dir, run, pair, net.local, measured_it)
     setup.final_prediction = predicted
-    files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup)
+    files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup,
+                                  faults.records() if faults is not None else ())
     extra: dict[str, Any] = {}
+    if scenario.runner.verify_tensors:
+        extra["tensors_verified"] = run.tensors_verified
     if setup.bubbletea:
         kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
         extra = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
@@ -357,7 +399,7 @@ def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> di
 
 
 def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Mapping[str, Any],
-                          setup: VariantSetup, warmup: int) -> dict[str, str]:
+                          setup: VariantSetup, warmup: int, faults: Sequence[Any] = ()) -> dict[str, str]:
     from testbed.run.gantt import gantt_png
     from testbed_core.device import write_timeline_csv
 
@@ -369,7 +411,8 @@ def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Map
     title = (f"{name}: {metrics['iteration_time_s']:.3f} s per iteration "
              f"(predicted {setup.final_prediction or setup.prediction.iteration_time_s:.3f} s), utilization "
              f"{metrics['device_utilization']:.0%}, {setup.streams} stream(s) per WAN channel")
-    gantt_png(run.timelines, run.transfers, run.starts, run.ends, warmup, folder / "gantt.png", title=title)
+    gantt_png(run.timelines, run.transfers, run.starts, run.ends, warmup, folder / "gantt.png", title=title,
+              faults=faults)
     return {"timeline_csv": f"{folder.name}/timeline.csv", "transfers_csv": f"{folder.name}/transfers.csv",
             "gantt_png": f"{folder.name}/gantt.png"}
 

@@ -20,6 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from atlas_transport.config import TransportConfig
 from atlas_transport.protocol import MIN_CHUNK
+from testbed.run.faults import MAX_FAULTS, Fault, check_faults
 from testbed.run.ports import PORT_SPAN
 from testbed_core.compute_model import activation_bytes
 from testbed_core.configfile import (
@@ -124,6 +125,8 @@ class RunnerSettings(_Model):
     setup_timeout: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="seconds for workers to start and connect")
     iteration_timeout: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S,
                                      description="seconds an iteration may take before the run fails")
+    verify_tensors: bool = Field(False, description="modelled workers send a pattern per (iteration, micro-batch, "
+                                 "direction) that the receiver checks byte for byte; the summary counts them")
 
 
     @field_validator("base_port")
@@ -152,6 +155,8 @@ class Scenario(_Model):
     transport: TransportSettings = TransportSettings()
     bubbletea: BubbleTeaSettings = BubbleTeaSettings()
     runner: RunnerSettings = RunnerSettings()
+    faults: list[Fault] = Field([], max_length=MAX_FAULTS, description=(
+        "faults injected on purpose (testbed/run/faults.py): link-down, delay-spike, kill-worker"))
     source: str = ""
 
     @field_validator("topology", mode="before")
@@ -332,6 +337,10 @@ def validate_scenario(data: dict[str, Any]) -> Scenario:
             f"({', '.join(scenario.variants)})"
         )
     _check_limits(scenario, source)
+    try:
+        check_faults(scenario.faults, scenario.topology, scenario.workload, scenario.runner.local)
+    except ValueError as exc:
+        raise ScenarioError(f"{source}: {exc}") from None
     return scenario
 
 

@@ -173,14 +173,17 @@ class VariantRun:
     timelines: dict[str, list[Any]]
     transfers: list[Any]
     allreduce_s: list[float | None]  # per iteration: the slowest worker's DP all-reduce (None: none ran)
+    tensors_verified: int = 0  # received tensors whose pattern the receiver checked (runner.verify_tensors)
 
 
 def run_workers(
     net: Network, setup: VariantSetup, jobs: Mapping[str, TrainJob], folder: Path, ctl_dir: Path,
     secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Any, base_dir: str | None,
+    faults: Any = None,
 ) -> VariantRun:
     """Start the workers of one variant (their jobs written to ``<variant>/jobs/<worker>.json``),
-    play its iterations, collect the records."""
+    play its iterations, collect the records. `faults` (a testbed/run/faults.py
+    `FaultInjector`) hears of each iteration's start and end and injects its faults."""
     from testbed.run.metrics import merge_transfer_sides
     from testbed.training.transport_comm import read_transfer_logs
     from testbed_core.device import Device
@@ -214,6 +217,8 @@ def run_workers(
             procs[wid] = net.host(job.host).popen(worker_argv(path), env=env, stdout=fh,
                                                      stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
         lead = scenario.runner.iteration_lead
+        if faults is not None:
+            faults.procs = procs
         if setup.bubbletea:
             from bubbletea_agent.live import Gate, gate_path
 
@@ -230,9 +235,13 @@ def run_workers(
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             starts.append(at)
+            if faults is not None:
+                faults.iteration_started(i, at)
             ctl.broadcast(Go(iteration=i, at=at))
             done = ctl.wait_all(IterDone, timeout, f"{setup.name}: iteration {i}", iteration=i)
             ends.append(max(m.end for m in done.values()))
+            if faults is not None:
+                faults.iteration_ended(i, ends[-1])
             rings = [m.allreduce_s for m in done.values() if m.allreduce_s is not None]
             allreduce.append(max(rings) if rings else None)
             kind = "warm-up" if i < workload.warmup else "iteration"
@@ -246,6 +255,8 @@ def run_workers(
             except subprocess.TimeoutExpired:
                 raise RunnerError(f"{wid} did not exit after the run:\n{log_tail(logs[wid])}") from None
     finally:
+        if faults is not None:
+            faults.close()  # links restored before anything else stops
         if gate is not None:
             gate.close()
         for started in (*agents.values(), *decoders.values()):
@@ -259,4 +270,5 @@ def run_workers(
     for job in jobs.values():
         timelines[job.device.name] = Device(job.device.name, run_dir).timeline()
     sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
-    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce)
+    verified = sum(1 for r in recvs if r.get("verified"))
+    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified)

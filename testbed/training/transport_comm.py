@@ -25,6 +25,7 @@ import json
 import math
 import threading
 import time
+import zlib
 from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -40,6 +41,9 @@ MAX_MB = (1 << MB_BITS) - 1
 # A token holder looks at its transfer this long before the end it announced: the next
 # holder (another host of the DC, over the LAN) must hear of a later end before it starts
 WATCH_LEAD_S = 0.005
+
+
+VERIFY_SEED = 0x5EED  # the seeded bytes every worker's patterns are rotations of (TransportComm verify)
 
 
 class CommError(RuntimeError):
@@ -202,7 +206,12 @@ class TransportComm:
     sharing); `mode` says how it is enforced: ``token`` (wait for the previous
     transfer on each link, announced on `bus`, or at most `token_timeout_s`) or
     ``slot`` (wait for the planned start). `filler` is sent when the schedule passes
-    no tensor (modelled work): a byte tensor of the workload's wire size.
+    no tensor (modelled work): a byte tensor of the workload's wire size. With `verify`,
+    each modelled send carries instead a pattern of its own (`pattern`: a seeded random
+    byte tensor rotated by a hash of (iteration, pipeline, boundary, micro-batch,
+    direction)) that the receiver compares byte for byte (`verified` counts them): a
+    tensor cut, mixed up or garbled on the way (a link fault, a transport bug) fails the
+    run with a message naming it instead of passing unseen.
     """
 
     def __init__(
@@ -219,6 +228,7 @@ class TransportComm:
         token_timeout_s: float = 10.0,
         timeout_s: float = 120.0,
         clock: Callable[[], float] = time.time,
+        verify: bool = False,
     ) -> None:
         if mode not in ("token", "slot"):
             raise CommError(f"{worker}: temporal plan mode {mode!r} is neither 'token' nor 'slot'")
@@ -230,6 +240,13 @@ class TransportComm:
         self.channels = dict(channels)
         self.paths = dict(paths)
         self.filler = filler
+        self.verified = 0  # received tensors whose pattern matched (verify)
+        self._base = None
+        if verify:
+            import torch
+
+            gen = torch.Generator().manual_seed(VERIFY_SEED)
+            self._base = torch.randint(0, 256, (max(1, _nbytes(filler)),), dtype=torch.uint8, generator=gen)
         self.plan = dict(plan or {})
         self.mode = mode
         self.bus = bus
@@ -266,7 +283,12 @@ class TransportComm:
         boundary = key.boundary
         ch = self._channel(boundary)
         path = self.paths[boundary]
-        tensor = payload if _is_tensor(payload) else self.filler
+        if _is_tensor(payload):
+            tensor = payload
+        elif self._base is not None:
+            tensor = self.pattern(key, self.iteration)
+        else:
+            tensor = self.filler
         now = self.clock()
         planned = self.plan.get((key.direction, boundary, key.mb))
         record = {
@@ -297,14 +319,37 @@ class TransportComm:
                 f"{self.worker}: {key} of iteration {self.iteration} did not arrive from "
                 f"{self.paths[key.boundary].peer} within {self.timeout_s:g} s"
             ) from None
+        checked = self._check(key, tensor) if self._base is not None else None
         self.received.append({
             "iteration": self.iteration, "pipeline": self.pipeline, "boundary": key.boundary, "mb": key.mb,
             "direction": key.direction, "src": self.paths[key.boundary].peer, "dst": self.worker,
             "nbytes": _nbytes(tensor), "links": list(self.paths[key.boundary].recv_links),
             "latency_s": self.paths[key.boundary].latency_s, "arrived": wall_of(handle.completed_at),
             "streams": self.paths[key.boundary].streams,
+            **({} if checked is None else {"verified": checked}),
         })
         return tensor
+
+    def pattern(self, key: TransferKey, iteration: int) -> Any:
+        """The modelled tensor of `key` in `iteration` (verify): its own rotation of the
+        seeded random bytes, so that every byte depends on which transfer it is."""
+        assert self._base is not None
+        ident = f"{iteration}:{self.pipeline}:{key.boundary}:{key.mb}:{key.direction}".encode()
+        return self._base.roll(zlib.crc32(ident) % self._base.numel())
+
+    def _check(self, key: TransferKey, tensor: Any) -> bool:
+        import torch
+
+        want = self.pattern(key, self.iteration)
+        got = tensor.reshape(-1).view(torch.uint8) if _is_tensor(tensor) else None
+        if got is None or got.numel() != want.numel() or not torch.equal(got, want):
+            bad = "not a tensor" if got is None else (
+                f"{got.numel()} bytes, expected {want.numel()}" if got.numel() != want.numel()
+                else f"{int((got != want).sum())} of {want.numel()} bytes differ")
+            raise CommError(f"{self.worker}: {key} of iteration {self.iteration} from {self.paths[key.boundary].peer} "
+                            f"failed verification ({bad}): the tensor was damaged or mixed up on the way")
+        self.verified += 1
+        return True
 
     def flush(self) -> None:
         """Wait until every send so far was handed over and confirmed by its receiver."""

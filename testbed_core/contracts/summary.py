@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from testbed_core.contracts.calibration import CalibrationReport
 
 __all__ = [
-    "AgentCounters", "Crossing", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
+    "AgentCounters", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
     "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
     "RealReference", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
     "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
@@ -284,7 +284,8 @@ class VariantResult(_Doc):
     """The entry of a variant that ran: measured, predicted, how it ran, and where its
     per-variant files are (relative to the run folder)."""
 
-    ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note"}
+    ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note",
+                                          "tensors_verified"}
 
     iteration_time_s: float
     predicted_iteration_time_s: float
@@ -299,6 +300,9 @@ class VariantResult(_Doc):
     predicted_wan_bytes_per_iteration: dict[str, float]
     iteration_times_s: list[float]
     warmup_iteration_times_s: list[float]
+    tensors_verified: int | None = None
+    """Modelled tensors whose every byte the receiver checked against the pattern of
+    its (iteration, micro-batch, direction) (``runner.verify_tensors``); absent when off."""
     iteration_time_stdev_s: float
     per_device_utilization: dict[str, float]
     mean_plan_wait_s: float
@@ -354,6 +358,53 @@ class VariantResult(_Doc):
         return sum(d.queue_drops for w in self.delay_line.values() for d in w.directions().values())
 
 
+class IterationAround(_Doc):
+    """One iteration near a fault: its index (warm-ups count from 0), its measured time,
+    and whether it overlapped the fault."""
+
+    iteration: int
+    time_s: float
+    overlapped: bool
+
+
+class FaultRecord(_Doc):
+    """A fault injected on purpose (a scenario's ``faults:``, testbed/run/faults.py) and
+    what followed it in one variant's run. Times are wall-clock seconds (time.time())."""
+
+    variant: str
+    kind: Literal["link-down", "delay-spike", "kill-worker"]
+    target: str
+    """The WAN link (``dc1-dc2``) or the worker (``p0r1``)."""
+    description: str
+    planned_iteration: int
+    """The iteration whose start the fault's ``at`` counts from."""
+    outcome: Literal["survived", "failed", "not-reached"]
+    """survived: the run finished every iteration; failed: the variant failed after it
+    (``error``); not-reached: the run ended (or failed) before the fault's time."""
+    started: float | None = None
+    ended: float | None = None
+    iterations: list[int] = Field(default_factory=list)
+    """The iterations that were running while the fault lasted."""
+    around: list[IterationAround] = Field(default_factory=list)
+    """The iteration before the fault, those it overlapped, and the one after."""
+    recovery_s: float | None = None
+    """From the fault's end to the end of the first iteration that started after it
+    (None: no iteration started after it)."""
+    transfers_caught: int | None = None
+    """WAN transfers on the link that were under way while the fault lasted (link faults)."""
+    transport_resumed_s: float | None = None
+    """From the fault's end to the first transfer on the link that completed after it:
+    how long the transport (TCP's retransmission back-off, the streams) took to carry
+    data again (link faults; None: no transfer completed after it)."""
+    caught_done_s: float | None = None
+    """From the fault's end to the completion of the last transfer caught in it: how
+    long the transfers it interrupted took to get through once it was over."""
+    dropped_frames: int | None = None
+    """Frames the delay line dropped while the link was down (TCP sends them again);
+    None where unknown (netem, or not a link-down)."""
+    error: str | None = None
+
+
 class VariantFailure(_Doc):
     """The entry of a variant that failed: what went wrong."""
 
@@ -366,7 +417,7 @@ VariantEntry = VariantResult | VariantFailure
 class Summary(_Doc):
     """The whole ``summary.json`` of one `testbed run`."""
 
-    ABSENT_UNLESS_SET = frozenset({"calibration", "duration_s"})
+    ABSENT_UNLESS_SET = frozenset({"calibration", "duration_s", "faults"})
 
     scenario: str
     topology: str
@@ -389,6 +440,8 @@ class Summary(_Doc):
     calibration: CalibrationReport | None = None
     """None: not calibrated (``runner.calibrate: false``); absent: the set-up failed first."""
     duration_s: float | None = None
+    faults: list[FaultRecord] = Field(default_factory=list)
+    """The faults injected on purpose and what followed each (empty: none listed)."""
 
     def result(self, name: str) -> VariantResult | None:
         """The entry of variant `name` if it ran (None: absent or failed)."""

@@ -203,6 +203,7 @@ class TrainJob(_Model):
     live: LiveJob | None
     real: RealJob | None  # real-device training (None: modelled work)
     dp: DpSyncJob | None  # the DP gradient all-reduce (None: dp 1, or runner.dp_allreduce off)
+    verify_tensors: bool = False  # modelled sends carry a per-transfer pattern the receiver checks (faults)
     gloo: GlooJob | None  # torch-gloo: torch.distributed instead of atlas_transport (None: atlas_transport)
 
 

@@ -82,7 +82,8 @@ def run_train(job: TrainJob) -> None:
             bucket = max(ring.messages)
             ring_out, ring_in = torch.zeros(bucket, dtype=torch.uint8), torch.empty(bucket, dtype=torch.uint8)
         comm = TransportComm(job.pipeline, job.worker, watched(channels, job, live), paths, filler=filler,
-                             timeout_s=job.timeout_s, **temporal_comm_args(job))
+                             timeout_s=job.timeout_s, verify=job.verify_tensors and real is None,
+                             **temporal_comm_args(job))
         driver = comm if live is None else live_comm(comm, live)
         if job.temporal is not None and job.temporal.token_bus is not None:
             bus = job.temporal.token_bus

@@ -45,7 +45,7 @@ def test_other_commands_and_blank_lines() -> None:
         ("set delay=", "expected key=value"),
         ("set delay=5parsec", "delay: '5parsec': unknown time unit 'parsec'"),
         ("set rate=1Gbit", "does not shape rate: HTB on the WAN node's egress"),
-        ("set colour=red", "unknown parameter 'colour' (allowed: delay, jitter, loss, offset)"),
+        ("set colour=red", "unknown parameter 'colour' (allowed: delay, jitter, loss, offset, down)"),
         ("set offset=-1ms", "offset must not be negative"),
         ("set loss=2", "loss is a probability between 0 and 1"),
         ("set delay=-5ms", "delay must not be negative"),

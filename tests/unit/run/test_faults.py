@@ -1,0 +1,248 @@
+"""Faults on purpose (testbed/run/faults.py): a scenario's `faults:` refused with the
+file, the field and what is allowed; the injector's scheduling, link changes, worker
+kill and the records it writes, with a fake emulation and clock (no root)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from testbed.run.faults import DelaySpike, FaultInjector, KillWorker, LinkDown
+from testbed.run.scenario import ScenarioError, load_scenario
+from testbed_core.contracts.summary import Summary
+from testbed_core.topology import parse_topology
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+def _write(tmp_path: Path, faults: list[Any], **runner: Any) -> Path:
+    data = yaml.safe_load((REPO / "scenarios" / "faults-2dc.yaml").read_text())
+    data["topology"] = str(REPO / "topologies" / "2dc.yaml")
+    data["faults"] = faults
+    data["runner"].update(runner)
+    path = tmp_path / "f.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_shipped_scenario_loads_with_its_outage() -> None:
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    (fault,) = scenario.faults
+    assert isinstance(fault, LinkDown) and fault.duration == 2.0 and fault.link == "dc1-dc2"
+    assert scenario.runner.verify_tensors and not scenario.runner.dp_allreduce
+
+
+@pytest.mark.parametrize(("fault", "message"), [
+    ({"kind": "link-up", "link": "dc1-dc2"}, "faults.0: kind must be one of link-down, delay-spike, kill-worker"),
+    ({"kind": "link-down", "link": "dc1-dc9", "duration": "2s"},
+     "faults.0.link: no WAN link 'dc1-dc9' in topology 2dc \\(links: dc1-dc2\\)"),
+    ({"kind": "link-down", "link": "dc1-dc2"}, "faults.0.link-down.duration: required field is missing"),
+    ({"kind": "link-down", "link": "dc1-dc2", "duration": "7200s"},
+     "duration 7200s is out of range: allowed 1ms to 3600s"),
+    ({"kind": "link-down", "link": "dc1-dc2", "duration": "2s", "at": "2h"}, "faults.0.link-down.at: .*unknown time unit"),
+    ({"kind": "link-down", "link": "dc1-dc2", "duration": "2s", "iteration": 4},
+     "faults.0.iteration: 4 is past the run's last iteration \\(3: warm-ups count from 0, 1 warm-up \\+ 3 measured\\)"),
+    ({"kind": "delay-spike", "link": "dc1-dc2", "delay": "50s", "duration": "1s"},
+     "faults.0.delay-spike.delay: delay 50s is out of range: allowed 0s to 10s"),
+    ({"kind": "kill-worker", "worker": "w1"}, "a worker is named p<pipeline>r<rank> \\(e.g. p0r1"),
+    ({"kind": "kill-worker", "worker": "p2r0"},
+     "faults.0.worker: no worker 'p2r0': workers are p<pipeline>r<rank> with pipeline 0 to 1 \\(dp=2\\)"),
+    ({"kind": "kill-worker", "worker": "p0r1", "colour": "red"}, "faults.0.kill-worker.colour"),
+])
+def test_bad_faults_are_refused_before_building(tmp_path: Path, fault: dict[str, Any], message: str) -> None:
+    path = _write(tmp_path, [fault])
+    with pytest.raises(ScenarioError, match=message) as info:
+        load_scenario(path)
+    assert str(path) in str(info.value)
+
+
+def test_link_faults_need_the_emulated_network(tmp_path: Path) -> None:
+    path = _write(tmp_path, [{"kind": "link-down", "link": "dc2-dc1", "duration": "1s"}], local=True)
+    with pytest.raises(ScenarioError, match="faults.0: a link-down needs the emulated network"):
+        load_scenario(path)
+    load_scenario(_write(tmp_path, [{"kind": "kill-worker", "worker": "p1r1"}], local=True))  # fine locally
+
+
+class FakeEmulation:
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, dict[str, Any]]] = []
+        self.drops = 0
+        self.lock = threading.Lock()
+
+    def change_link(self, name: str, **kw: Any) -> None:
+        with self.lock:
+            self.calls.append((name, kw))
+            if kw.get("down") is False:
+                self.drops += 7  # frames dropped during the outage
+
+    def link_state(self, name: str) -> tuple[float, float, float, float, bool]:
+        return (1e9, 0.025, 0.0, 0.0, False)
+
+    def delay_line_stats(self) -> dict[str, Any]:
+        return {"dc1-dc2": {"a2b": {"down_drops": self.drops}, "b2a": {"down_drops": 0}}}
+
+
+class FakeProc:
+    def __init__(self) -> None:
+        self.killed = False
+
+    def kill(self) -> None:
+        self.killed = True
+
+
+def _topology() -> Any:
+    return parse_topology(yaml.safe_load((REPO / "topologies" / "2dc.yaml").read_text()), "2dc.yaml")
+
+
+def _wait(cond: Any, timeout: float = 3.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert cond()
+
+
+def test_link_down_is_applied_from_its_iteration_restored_and_recorded() -> None:
+    emu = FakeEmulation()
+    fault = LinkDown(kind="link-down", link="dc2-dc1", iteration=1, at=0.02, duration=0.05)
+    inj = FaultInjector([fault], "atlas", 1, emu, topology=_topology())
+    t = time.time()
+    inj.iteration_started(0, t)
+    inj.iteration_ended(0, t + 0.01)
+    assert emu.calls == []  # armed from iteration 1 only
+    t1 = time.time()
+    inj.iteration_started(1, t1)
+    _wait(lambda: len(emu.calls) == 2)
+    assert emu.calls == [("dc1-dc2", {"down": True}), ("dc1-dc2", {"down": False})]
+    inj.iteration_ended(1, time.time())
+    t2 = time.time()
+    inj.iteration_started(2, t2)
+    inj.iteration_ended(2, t2 + 0.1)
+    inj.close()
+    (rec,) = inj.records()
+    assert rec.outcome == "survived" and rec.target == "dc1-dc2" and rec.iterations == [1]
+    assert rec.started is not None and rec.ended is not None
+    assert rec.started - t1 >= 0.02 and rec.ended - rec.started >= 0.05
+    assert [(a.iteration, a.overlapped) for a in rec.around] == [(0, False), (1, True), (2, False)]
+    assert rec.recovery_s == pytest.approx(t2 + 0.1 - rec.ended)
+    assert rec.dropped_frames == 7
+    # the summary carries it
+    summary = Summary.model_validate({**_summary_base(), "faults": [rec.model_dump()]})
+    assert '"recovery_s"' in summary.to_json()
+
+
+def test_delay_spike_restores_the_delay_it_found() -> None:
+    emu = FakeEmulation()
+    inj = FaultInjector([DelaySpike(kind="delay-spike", link="dc1-dc2", delay=0.3, duration=0.03)], "atlas", 0, emu,
+                        topology=_topology())
+    inj.iteration_started(0, time.time())
+    _wait(lambda: len(emu.calls) == 2)
+    assert emu.calls == [("dc1-dc2", {"delay": 0.3}), ("dc1-dc2", {"delay": 0.025})]
+
+
+def test_close_restores_a_link_still_down_and_cancels_unfired() -> None:
+    emu = FakeEmulation()
+    faults = [LinkDown(kind="link-down", link="dc1-dc2", at=0.0, duration=60),
+              LinkDown(kind="link-down", link="dc1-dc2", iteration=3, duration=1)]
+    inj = FaultInjector(faults, "atlas", 0, emu, topology=_topology())
+    inj.iteration_started(0, time.time())
+    _wait(lambda: len(emu.calls) == 1)
+    inj.close()
+    assert emu.calls[-1] == ("dc1-dc2", {"down": False})
+    recs = inj.records(error="iteration 0: no answer")
+    assert [r.outcome for r in recs] == ["failed", "not-reached"]
+    assert recs[0].error == "iteration 0: no answer" and recs[0].recovery_s is None
+
+
+def test_kill_worker_kills_at_its_iteration_and_names_itself_in_the_error() -> None:
+    proc = FakeProc()
+    inj = FaultInjector([KillWorker(kind="kill-worker", worker="p0r1", iteration=1)], "atlas", 1, None)
+    inj.procs = {"p0r1": proc}
+    inj.iteration_started(0, time.time())
+    time.sleep(0.02)
+    inj.iteration_ended(0, time.time())
+    assert not proc.killed
+    inj.iteration_started(1, time.time())
+    _wait(lambda: proc.killed)
+    error = inj.explain("worker p0r1 exited with status -9")
+    assert error == ("worker p0r1 exited with status -9 (after the fault injected on purpose: kill-worker p0r1 at "
+                     "iteration 1 + 0s)")
+    (rec,) = inj.records(error)
+    assert rec.outcome == "failed" and rec.iterations == [1] and "kill-worker p0r1" in (rec.error or "")
+
+
+def test_a_fault_that_cannot_be_applied_is_recorded_not_raised() -> None:
+    inj = FaultInjector([KillWorker(kind="kill-worker", worker="p1r1")], "atlas", 0, None)
+    inj.iteration_started(0, time.time())
+    _wait(lambda: bool(inj.errors))
+    (rec,) = inj.records()
+    assert rec.outcome == "failed" and "no worker process p1r1" in (rec.error or "")
+
+
+def _summary_base() -> dict[str, Any]:
+    return {"scenario": "s", "topology": "t", "workload": "w", "scale": 1.0, "scale_note": "", "seed": 1,
+            "schedule": "1f1b", "parallelism": {"dp": 1, "pp": 2, "tp": 1, "micro_batch": 1, "num_micro_batches": 1},
+            "iterations": 1, "warmup": 0, "wire_activation_bytes": 1, "stage_forward_s": [0.1],
+            "stage_backward_s": [0.1], "runner": {}}
+
+
+def test_summary_without_faults_keeps_its_keys() -> None:
+    assert "faults" not in Summary.model_validate(_summary_base()).to_json()
+
+
+def test_link_fault_records_the_transfers_it_caught_and_when_they_resumed() -> None:
+    from testbed.run.metrics import TransferRecord
+
+    emu = FakeEmulation()
+    inj = FaultInjector([LinkDown(kind="link-down", link="dc1-dc2", at=0.0, duration=0.05)], "atlas", 0, emu,
+                        topology=_topology())
+    t = time.time()
+    inj.iteration_started(0, t)
+    _wait(lambda: len(emu.calls) == 2)
+    inj.iteration_ended(0, time.time())
+    inj.iteration_started(1, time.time())
+    inj.iteration_ended(1, time.time() + 0.5)
+    rec0 = inj.records()[0]
+    assert rec0.started is not None and rec0.ended is not None
+    a, b = rec0.started, rec0.ended
+
+    def tr(links: tuple[str, ...], sent: float, arrived: float) -> TransferRecord:
+        return TransferRecord(iteration=0, pipeline=0, boundary=0, mb=0, direction="fwd", src="p0r0", dst="p0r1",
+                              nbytes=1, links=links, sent=sent, arrived=arrived)
+
+    inj.transfers = [tr(("dc1->dc2",), a - 0.01, b + 0.3), tr(("dc2->dc1",), b + 0.1, b + 0.2),
+                     tr((), a, b + 0.01), tr(("dc1->dc2",), a - 1, a - 0.5)]
+    (rec,) = inj.records()
+    assert rec.transfers_caught == 1
+    assert rec.transport_resumed_s == pytest.approx(0.2)
+    assert rec.caught_done_s == pytest.approx(0.3)
+
+
+def test_gantt_shades_each_fault_and_labels_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import matplotlib.axes
+
+    from testbed.run.gantt import gantt_png
+    from testbed_core.contracts.summary import FaultRecord
+    from testbed_core.device import WorkRecord
+
+    spans: list[tuple[float, float]] = []
+    texts: list[str] = []
+    real_span, real_text = matplotlib.axes.Axes.axvspan, matplotlib.axes.Axes.text
+    monkeypatch.setattr(matplotlib.axes.Axes, "axvspan", lambda self, a, b, **kw: spans.append((a, b))
+                        or real_span(self, a, b, **kw))
+    monkeypatch.setattr(matplotlib.axes.Axes, "text", lambda self, x, y, s, **kw: texts.append(s)
+                        or real_text(self, x, y, s, **kw))
+    rec = FaultRecord(variant="atlas", kind="link-down", target="dc1-dc2", planned_iteration=1, outcome="survived",
+                      description="link-down dc1-dc2 for 2s at iteration 1 + 0.3s", started=101.3, ended=103.3,
+                      iterations=[1], recovery_s=1.5, transport_resumed_s=0.8, caught_done_s=1.2)
+    work = [WorkRecord(device="d0", kind="forward", owner="w", label="F0", requested=100.0, start=100.0, end=100.5,
+                       mode="modelled")]
+    gantt_png({"d0": work}, [], [100.0, 101.0, 103.5], [100.9, 103.4, 104.8], 1, tmp_path / "g.png", faults=[rec])
+    assert (tmp_path / "g.png").stat().st_size > 0
+    assert spans == [(pytest.approx(0.3), pytest.approx(2.3))]
+    assert ("link-down dc1-dc2 for 2s; transfers resumed 0.80 s after, those caught done 1.20 s after; next "
+            "iteration done 1.50 s after") in texts

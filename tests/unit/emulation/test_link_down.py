@@ -81,3 +81,22 @@ def test_change_link_sends_down_and_up_to_the_relay(monkeypatch: pytest.MonkeyPa
                      "set both delay=25ms jitter=0ms loss=0.0 down=off"]
     with pytest.raises(EmulationError, match="no WAN link 'dc1-dc3' \\(links: dc1-dc2\\)"):
         emu.change_link("dc1-dc3", down=True)
+
+
+def test_netem_backend_takes_a_link_down_as_total_loss_and_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+
+    import testbed.emulation.netns as netns
+    from testbed.emulation import shaping
+
+    seen: list[Any] = []
+    monkeypatch.setattr(netns, "open_iproute", lambda pid: contextlib.nullcontext(None))
+    monkeypatch.setattr(shaping, "change_netem", lambda params, rate, queue: seen.append(params) or [])
+    monkeypatch.setattr(shaping, "apply", lambda ipr, intf, requests: None)
+    emu, relay = _emulation(_topology([]))
+    emu.delay_backend = "netem"
+    emu._wans[0].intfs = ["eth0", "eth1"]  # type: ignore[misc]
+    emu.change_link("dc1-dc2", down=True)
+    emu.change_link("dc1-dc2", down=False)
+    assert [p.loss for p in seen] == [1.0, 1.0, 0.0, 0.0]  # both interfaces, then restored
+    assert relay.stdin.getvalue() == ""

@@ -76,6 +76,14 @@ class DelaySpike(_Fault):
     duration: Lasting
 
 
+class Partition(_Fault):
+    """Every WAN link of DC `dc` cut both ways for `duration`: the DC cut off from the others."""
+
+    kind: Literal["partition"]
+    dc: str = Field(description="a DC of the topology")
+    duration: Lasting
+
+
 class KillWorker(_Fault):
     """A training worker killed (SIGKILL): the variant must fail cleanly, naming the fault."""
 
@@ -90,7 +98,7 @@ class KillWorker(_Fault):
         return value
 
 
-FAULT_KINDS = ("link-down", "delay-spike", "kill-worker")
+FAULT_KINDS = ("link-down", "delay-spike", "partition", "kill-worker")
 
 
 def _kind(value: Any) -> str | None:
@@ -100,19 +108,24 @@ def _kind(value: Any) -> str | None:
 
 Fault = Annotated[
     Annotated[LinkDown, Tag("link-down")] | Annotated[DelaySpike, Tag("delay-spike")]
-    | Annotated[KillWorker, Tag("kill-worker")],
+    | Annotated[Partition, Tag("partition")] | Annotated[KillWorker, Tag("kill-worker")],
     Discriminator(_kind, custom_error_type="fault_kind",
                   custom_error_message=f"kind must be one of {', '.join(FAULT_KINDS)}"),
 ]
 
 
-def describe(fault: LinkDown | DelaySpike | KillWorker, warmup: int) -> str:
+AnyFault = LinkDown | DelaySpike | Partition | KillWorker
+
+
+def describe(fault: AnyFault, warmup: int) -> str:
     it = fault.iteration if fault.iteration is not None else warmup
     when = f"iteration {it} + {_seconds(fault.at)}"
     if isinstance(fault, LinkDown):
         return f"link-down {fault.link} for {_seconds(fault.duration)} at {when}"
     if isinstance(fault, DelaySpike):
         return f"delay-spike {fault.link} to {_seconds(fault.delay)} for {_seconds(fault.duration)} at {when}"
+    if isinstance(fault, Partition):
+        return f"partition {fault.dc} for {_seconds(fault.duration)} at {when}"
     return f"kill-worker {fault.worker} at {when}"
 
 
@@ -125,7 +138,7 @@ def link_name(topology: Any, given: str) -> str | None:
     return None
 
 
-def check_faults(faults: Sequence[LinkDown | DelaySpike | KillWorker], topology: Any, workload: Any,
+def check_faults(faults: Sequence[AnyFault], topology: Any, workload: Any,
                  local: bool) -> None:
     """What the models alone cannot check, against the scenario's topology and workload;
     raises ValueError naming ``faults.<i>.<field>`` and what is allowed."""
@@ -139,7 +152,16 @@ def check_faults(faults: Sequence[LinkDown | DelaySpike | KillWorker], topology:
             raise ValueError(f"faults.{i}.iteration: {f.iteration} is past the run's last iteration "
                              f"({total - 1}: warm-ups count from 0, {workload.warmup} warm-up + "
                              f"{workload.iterations} measured)")
-        if isinstance(f, LinkDown | DelaySpike):
+        if isinstance(f, Partition):
+            dcs = [dc.name for dc in topology.dcs]
+            if local:
+                raise ValueError(f"faults.{i}: a partition needs the emulated network; runner.local runs on "
+                                 "127.0.0.1 without WAN links (run as root without --local)")
+            if f.dc not in dcs:
+                raise ValueError(f"faults.{i}.dc: no DC {f.dc!r} in topology {topology.name} (DCs: {', '.join(dcs)})")
+            if not any(f.dc in link.between for link in topology.wan):
+                raise ValueError(f"faults.{i}.dc: {f.dc} has no WAN link to cut")
+        elif isinstance(f, LinkDown | DelaySpike):
             if local:
                 raise ValueError(f"faults.{i}: a {f.kind} needs the emulated network; runner.local runs on "
                                  "127.0.0.1 without WAN links (run as root without --local)")
@@ -161,7 +183,7 @@ class FaultInjector:
     faults then, as `check_faults` ensures); `procs` the workers' processes by name.
     """
 
-    def __init__(self, faults: Sequence[LinkDown | DelaySpike | KillWorker], variant: str, warmup: int,
+    def __init__(self, faults: Sequence[AnyFault], variant: str, warmup: int,
                  emulation: Any, *, clock: Callable[[], float] = time.time,
                  topology: Any = None) -> None:
         self.faults = list(faults)
@@ -180,7 +202,8 @@ class FaultInjector:
         self._timers: list[threading.Timer] = []
         self._lock = threading.Lock()
         self._closed = False
-        self._drops_before: dict[str, int] = {}
+        self._drops_before: dict[int, int] = {}  # by fault: the links' down_drops when it began
+        self._dropped: dict[int, int] = {}  # by fault: frames its links dropped while it lasted (-1: unknown)
         self.transfers: Sequence[Any] = ()  # the variant's TransferRecords, once it ran (testbed/run/metrics.py)
 
     # ------------------------------------------------------------ hooks
@@ -227,6 +250,15 @@ class FaultInjector:
     def _link(self, f: LinkDown | DelaySpike) -> str:
         return link_name(self.topology, f.link) or f.link if self.topology is not None else f.link
 
+    def _links(self, f: LinkDown | DelaySpike | Partition) -> list[str]:
+        """The WAN links a link fault changes (a partition: every link of its DC)."""
+        if isinstance(f, Partition):
+            return [link.name for link in self.topology.wan if f.dc in link.between] if self.topology else []
+        return [self._link(f)]
+
+    def _target(self, f: AnyFault) -> str:
+        return f.worker if isinstance(f, KillWorker) else f.dc if isinstance(f, Partition) else self._link(f)
+
     def _begin(self, n: int) -> None:
         f = self.faults[n]
         with self._lock:
@@ -241,15 +273,20 @@ class FaultInjector:
                 proc.kill()
                 self.ended[n] = self.started[n]
                 return
-            name = self._link(f)
-            if isinstance(f, LinkDown):
-                self._drops_before[name] = self._down_drops(name)
-                self.emulation.change_link(name, down=True)
-                restore: Callable[[], None] = lambda: self.emulation.change_link(name, down=False)  # noqa: E731
+            if isinstance(f, LinkDown | Partition):
+                names = self._links(f)
+                self._drops_before[n] = self._down_drops(names)
+                for name in names:
+                    self.emulation.change_link(name, down=True)
+
+                def restore() -> None:
+                    for name in names:
+                        self.emulation.change_link(name, down=False)
             else:
+                name = self._link(f)
                 old = self.emulation.link_state(name)[1]
                 self.emulation.change_link(name, delay=f.delay)
-                restore = lambda: self.emulation.change_link(name, delay=old)  # noqa: E731
+                restore = lambda: self.emulation.change_link(name, delay=old)  # type: ignore[assignment]  # noqa: E731
             self.started[n] = self.clock()
             with self._lock:
                 self._restore[n] = restore
@@ -267,23 +304,27 @@ class FaultInjector:
             self.errors[n] = f"could not undo {describe(self.faults[n], self.warmup)}: {exc}"
         self.ended[n] = self.clock()
         f = self.faults[n]
-        if isinstance(f, LinkDown):
-            name = self._link(f)
-            self._drops_before[name] = self._down_drops(name) - self._drops_before.get(name, 0)
+        if isinstance(f, LinkDown | Partition):
+            before, after = self._drops_before.get(n, -1), self._down_drops(self._links(f))
+            self._dropped[n] = after - before if before >= 0 and after >= 0 else -1
 
-    def _ends(self, f: LinkDown | DelaySpike) -> tuple[str, str]:
-        a, _, b = self._link(f).partition("-")
-        return a, b
+    def _ways(self, f: LinkDown | DelaySpike | Partition) -> set[str]:
+        """The WAN directions (``dc1->dc2``) of the links the fault changes."""
+        out = set()
+        for name in self._links(f):
+            a, _, b = name.partition("-")
+            out |= {f"{a}->{b}", f"{b}->{a}"}
+        return out
 
-    def _down_drops(self, name: str) -> int:
-        """The relay's down_drops of link `name` so far, both ways (-1: unknown)."""
+    def _down_drops(self, names: Sequence[str]) -> int:
+        """The relays' down_drops of links `names` so far, both ways (-1: unknown)."""
         try:
-            stats = self.emulation.delay_line_stats().get(name)
+            stats = self.emulation.delay_line_stats()
         except Exception:
             return -1
-        if not stats:
+        if any(not stats.get(name) for name in names):
             return -1
-        return sum(int(stats.get(d, {}).get("down_drops", 0)) for d in ("a2b", "b2a"))
+        return sum(int(stats[name].get(d, {}).get("down_drops", 0)) for name in names for d in ("a2b", "b2a"))
 
     # ------------------------------------------------------------ recording
 
@@ -295,7 +336,7 @@ class FaultInjector:
             base = f.iteration if f.iteration is not None else self.warmup
             rec: dict[str, Any] = {
                 "variant": self.variant, "kind": f.kind, "description": describe(f, self.warmup),
-                "target": f.worker if isinstance(f, KillWorker) else self._link(f), "planned_iteration": base,
+                "target": self._target(f), "planned_iteration": base,
             }
             start, end = self.started.get(n), self.ended.get(n)
             if start is None:
@@ -310,7 +351,7 @@ class FaultInjector:
             near = ([before[-1]] if before else []) + over + ([after[0]] if after else [])
             caught = resumed = caught_done = None
             if not isinstance(f, KillWorker) and self.transfers:
-                ways = {f"{a}->{b}" for a, b in (self._ends(f), self._ends(f)[::-1])}
+                ways = self._ways(f)
                 on_link = [t for t in self.transfers if ways & set(getattr(t, "links", ()))
                            and t.sent is not None and t.arrived is not None]
                 hit = [t.arrived for t in on_link if t.sent <= end_t and t.arrived >= start]
@@ -319,9 +360,9 @@ class FaultInjector:
                 later = [t.arrived for t in on_link if t.arrived > end_t]
                 resumed = min(later) - end_t if later else None
             dropped = None
-            if isinstance(f, LinkDown) and end is not None:
-                d = self._drops_before.get(self._link(f))
-                dropped = d if d is not None and d >= 0 else None
+            if isinstance(f, LinkDown | Partition) and end is not None:
+                d = self._dropped.get(n, -1)
+                dropped = d if d >= 0 else None
             rec.update(
                 started=start, ended=end, iterations=sorted(set(over + running)),
                 around=[IterationAround(iteration=i, time_s=self.ends[i] - self.starts[i], overlapped=i in over)

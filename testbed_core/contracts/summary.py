@@ -372,9 +372,9 @@ class FaultRecord(_Doc):
     what followed it in one variant's run. Times are wall-clock seconds (time.time())."""
 
     variant: str
-    kind: Literal["link-down", "delay-spike", "kill-worker"]
+    kind: Literal["link-down", "delay-spike", "partition", "kill-worker"]
     target: str
-    """The WAN link (``dc1-dc2``) or the worker (``p0r1``)."""
+    """The WAN link (``dc1-dc2``), the DC cut off (``dc2``) or the worker (``p0r1``)."""
     description: str
     planned_iteration: int
     """The iteration whose start the fault's ``at`` counts from."""

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
-from testbed.run.faults import DelaySpike, FaultInjector, KillWorker, LinkDown
+from testbed.run.faults import DelaySpike, FaultInjector, KillWorker, LinkDown, Partition
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed_core.contracts.summary import Summary
 from testbed_core.topology import parse_topology
@@ -38,7 +38,8 @@ def test_shipped_scenario_loads_with_its_outage() -> None:
 
 
 @pytest.mark.parametrize(("fault", "message"), [
-    ({"kind": "link-up", "link": "dc1-dc2"}, "faults.0: kind must be one of link-down, delay-spike, kill-worker"),
+    ({"kind": "link-up", "link": "dc1-dc2"}, "faults.0: kind must be one of link-down, delay-spike, partition, kill-worker"),
+    ({"kind": "partition", "dc": "dc7", "duration": "1s"}, "faults.0.dc: no DC 'dc7' in topology 2dc \\(DCs: dc1, dc2\\)"),
     ({"kind": "link-down", "link": "dc1-dc9", "duration": "2s"},
      "faults.0.link: no WAN link 'dc1-dc9' in topology 2dc \\(links: dc1-dc2\\)"),
     ({"kind": "link-down", "link": "dc1-dc2"}, "faults.0.link-down.duration: required field is missing"),
@@ -246,3 +247,18 @@ def test_gantt_shades_each_fault_and_labels_it(tmp_path: Path, monkeypatch: pyte
     assert spans == [(pytest.approx(0.3), pytest.approx(2.3))]
     assert ("link-down dc1-dc2 for 2s; transfers resumed 0.80 s after, those caught done 1.20 s after; next "
             "iteration done 1.50 s after") in texts
+
+
+def test_partition_cuts_every_link_of_its_dc_and_restores_them() -> None:
+    emu = FakeEmulation()
+    topo = parse_topology(yaml.safe_load((REPO / "topologies" / "3dc-triangle.yaml").read_text()), "3dc.yaml")
+    inj = FaultInjector([Partition(kind="partition", dc="dc2", duration=0.03)], "atlas", 0, emu, topology=topo)
+    inj.iteration_started(0, time.time())
+    _wait(lambda: len(emu.calls) == 4)
+    touching = sorted(link.name for link in topo.wan if "dc2" in link.between)
+    assert len(touching) == 2
+    assert sorted(n for n, kw in emu.calls[:2]) == touching and all(kw == {"down": True} for _, kw in emu.calls[:2])
+    assert all(kw == {"down": False} for _, kw in emu.calls[2:])
+    inj.close()
+    (rec,) = inj.records()
+    assert rec.kind == "partition" and rec.target == "dc2" and rec.description.startswith("partition dc2 for 30ms")

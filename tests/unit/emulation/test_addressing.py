@@ -7,9 +7,8 @@ from pathlib import Path
 import pytest
 
 from testbed.emulation.addressing import plan_addresses, plan_wiring
-from testbed.emulation.errors import EmulationError
 from testbed.emulation.naming import RunNames
-from testbed_core.topology import load_topology, parse_topology
+from testbed_core.topology import TopologyError, load_topology, parse_topology
 
 TOPOS = Path(__file__).resolve().parents[3] / "topologies"
 
@@ -46,13 +45,13 @@ def test_triangle_routes_follow_lowest_latency():
 
 
 def test_overlapping_bases_are_refused():
-    topo = parse_topology({
-        "name": "x", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
-        "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "1ms"}],
-        "addressing": {"lan_base": "10.0.0.0/8", "wan_base": "10.201.0.0/16"},
-    })
-    with pytest.raises(EmulationError, match="overlap: choose disjoint networks"):
-        plan_addresses(topo)
+    # refused when the file is read (Addressing's own check), before any address plan
+    with pytest.raises(TopologyError, match="overlap: choose disjoint networks"):
+        parse_topology({
+            "name": "x", "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+            "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "1ms"}],
+            "addressing": {"lan_base": "10.0.0.0/8", "wan_base": "10.201.0.0/16"},
+        })
 
 
 def test_2dc_wiring_numbers_gateway_ports_hosts_first():

@@ -290,7 +290,11 @@ class FaultInjector:
             self.started[n] = self.clock()
             with self._lock:
                 self._restore[n] = restore
-            self._arm(f.duration, lambda: self._end(n, restore))
+                closed = self._closed  # the run ended while it was being applied: undo it now
+            if closed:
+                self._end(n, restore)
+            else:
+                self._arm(f.duration, lambda: self._end(n, restore))
         except Exception as exc:  # recorded; the run goes on
             self.errors[n] = f"could not apply {describe(f, self.warmup)}: {exc}"
 

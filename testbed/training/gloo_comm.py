@@ -126,11 +126,21 @@ class GlooChannel:
         """Nothing to close per peer: the process group ends with `close_gloo`."""
 
 
-def close_gloo() -> None:
+def close_gloo(timeout_s: float = 30.0) -> None:
+    """Leave the process group once every rank is done with it (a barrier first: a rank
+    that tears its gloo threads down while a peer still talks to it can abort the
+    process at exit)."""
+    import datetime
+
     import torch.distributed as dist
 
-    if dist.is_initialized():
-        dist.destroy_process_group()
+    if not dist.is_initialized():
+        return
+    try:
+        dist.monitored_barrier(timeout=datetime.timedelta(seconds=timeout_s))
+    except RuntimeError:
+        pass  # a peer is gone already: nothing left to wait for
+    dist.destroy_process_group()
 
 
 def gloo_allreduce(group: Any, grad_bytes: int, bucket_bytes: int, buffer: Any) -> float:

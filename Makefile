@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-unit demo lint layers clean-venv
+.PHONY: install sysdeps venv test test-unit floors demo lint layers clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -33,6 +33,11 @@ test: install
 
 test-unit: install
 	$(VENV)/bin/pytest -q -m "not root"
+
+# Benchmark floors (issue targets asserted with a margin on this machine's timings):
+# run on a quiet machine, not in the default suite.
+floors: install
+	TESTBED_FLOOR_TESTS=1 $(VENV)/bin/pytest -q tests/unit/bench/test_transport_floor.py
 
 lint: install
 	$(VENV)/bin/ruff check .

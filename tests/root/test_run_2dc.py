@@ -63,14 +63,14 @@ def test_dp_across_dc_all_reduces_its_gradients_over_the_wan(tmp_path: Path, nam
     before = namespaces()
     scenario, resolved = load_scenario(ROOT / "scenarios/dp-2dc.yaml", {
         "workload.warmup": 1, "workload.iterations": 1, "variants": ["dp-across-dc", "torch-gloo"],
-        "runner.calibration_transfers": 2, "runner.base_port": 39000,
+        "runner.calibration_transfers": 1, "runner.base_port": 39000,
     })
     out = tmp_path / "out"
     log = io.StringIO()
     summary = run_scenario(scenario, resolved, out, Progress(label="t", stream=log, tty=False))
     print(log.getvalue())
     assert not summary.failed(), summary.variants
-    assert summary.calibration.lan_channel_rate_mbps > 0 and len(summary.calibration.lan_transfer_s) == 2
+    assert summary.calibration.lan_channel_rate_mbps > 0 and len(summary.calibration.lan_transfer_s) == 1
     across = summary.result("dp-across-dc")
     assert [set(dcs) for dcs in across.placement.stage_dc] == [{"dc1"}, {"dc2"}]  # a pipeline per DC
     assert not any(link.bytes for link in across.wan_links.values())  # the pipelines stay inside their DC

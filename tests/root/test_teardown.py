@@ -184,10 +184,11 @@ def test_c_sigkill_then_testbed_clean_leaves_nothing():
 def test_d_testbed_run_killed_at_random_moments_then_clean_leaves_nothing():
     """`testbed run` of the quickstart (its workers, agents, decode servers, relays,
     control sockets) killed with SIGKILL at a random moment of its setup or training
-    (seeded: the moments are printed), then `testbed clean`: nothing of it is left."""
+    (seeded: the moments are printed; TESTBED_KILLS=N kills N runs, TESTBED_KILL_SEED
+    picks the moments), then `testbed clean`: nothing of it is left."""
     rng = random.Random(int(os.environ.get("TESTBED_KILL_SEED", "11")))
     scenario = str(REPO / "scenarios" / "quickstart.yaml")
-    for _ in range(2):
+    for _ in range(int(os.environ.get("TESTBED_KILLS", "1"))):
         out_dir = Path(tempfile.mkdtemp(prefix="tbtest-kill-"))
         proc = subprocess.Popen([*TESTBED, "run", scenario, "-o", str(out_dir), "--variants", "atlas+bubbletea"],
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)

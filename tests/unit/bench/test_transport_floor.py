@@ -1,10 +1,13 @@
 """The loopback speed floor of issue 15 (atlas with one stream >= 0.9x `iperf3 -P 1`
 and not slower than gloo), asserted with a margin (0.8x) on the median of three
 interleaved rounds, since other work on a shared machine swings one measurement by
-2x. Slow: about half a minute."""
+2x. Slow (about half a minute) and a timing: it runs where TESTBED_FLOOR_TESTS=1
+(`make floors`), not in the default suite, so that CI's two busy cores never fail a
+submission on a benchmark's noise."""
 
 from __future__ import annotations
 
+import os
 import shutil
 from pathlib import Path
 
@@ -13,7 +16,11 @@ import pytest
 from testbed.bench import report
 from testbed.bench.transport import loopback_suite
 
-pytestmark = pytest.mark.slow
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(os.environ.get("TESTBED_FLOOR_TESTS") != "1",
+                       reason="a benchmark floor: set TESTBED_FLOOR_TESTS=1 (make floors) to run it"),
+]
 
 
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 binary (apt install iperf3)")

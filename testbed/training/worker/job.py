@@ -7,7 +7,7 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from testbed_core.contracts.worker_job import WORKER_JOB, ProbeJob, TrainJob
+from testbed_core.contracts.worker_job import WORKER_JOB, ProbeJob, RingProbeJob, TrainJob
 
 
 class WorkerError(RuntimeError):
@@ -17,7 +17,7 @@ class WorkerError(RuntimeError):
 ROLES = "train, probe-send, probe-recv"
 
 
-def parse_job(text: str | bytes, source: str = "<job>") -> TrainJob | ProbeJob:
+def parse_job(text: str | bytes, source: str = "<job>") -> TrainJob | ProbeJob | RingProbeJob:
     """A job file's JSON text, validated; errors name the source and the field."""
     try:
         return WORKER_JOB.validate_json(text)
@@ -37,7 +37,7 @@ def parse_job(text: str | bytes, source: str = "<job>") -> TrainJob | ProbeJob:
         raise WorkerError(f"{source}: {where}: {first['msg']}") from None
 
 
-def load_job(path: str | Path) -> TrainJob | ProbeJob:
+def load_job(path: str | Path) -> TrainJob | ProbeJob | RingProbeJob:
     """The job file at `path`, validated."""
     path = Path(path)
     try:

@@ -30,6 +30,7 @@ from testbed_core.configfile import (
     read_yaml,
 )
 from testbed_core.constants import TOPOLOGIES_DIR
+from testbed_core.servers import ServerPlan
 from testbed_core.units import (
     UnitError,
     format_rate,
@@ -387,10 +388,16 @@ class Topology(_Model):
     dcs: list[Datacenter] = Field(min_length=1, max_length=MAX_DCS)
     wan: list[WanLink] = Field([], max_length=MAX_DCS * (MAX_DCS - 1) // 2)
     addressing: Addressing = Addressing()
+    # Optional: which server emulates which DC (testbed_core/servers.py); None = this machine.
+    servers: ServerPlan | None = None
 
     @model_validator(mode="after")
     def _references(self) -> Topology:
         names = [dc.name for dc in self.dcs]
+        if self.servers is not None:
+            problem = self.servers.placement_problem(names)
+            if problem:
+                raise ValueError(problem)
         emulated = [dc for dc in self.dcs if dc.hosts]
         if len(emulated) > MAX_EMULATED_DCS:
             raise ValueError(f"at most {MAX_EMULATED_DCS} DCs with hosts (the emulation's interface names give "
@@ -553,6 +560,8 @@ def parse_topology(data: Any, path: str = "<topology>") -> Topology:
     except ValidationError as exc:
         raise TopologyError(format_validation_error(path, exc, "topology")) from None
     base = Path(path).parent
+    if topo.servers is not None:  # key paths are relative to the topology file
+        topo = topo.model_copy(update={"servers": topo.servers.resolved(base)})
     links = []
     for i, link in enumerate(topo.wan):
         if link.trace:

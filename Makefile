@@ -3,10 +3,10 @@
 VENV    ?= .venv
 PY      := $(VENV)/bin/python
 PIP     := $(VENV)/bin/pip
-APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps
+APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps openssh-server openssh-client sudo
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-unit floors demo lint layers clean-venv
+.PHONY: install sysdeps venv test test-cluster test-unit floors demo lint layers clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -30,6 +30,10 @@ $(STAMP): pyproject.toml
 test: install
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest -q
+
+# The multi-server tests alone (as root: server namespaces with their own sshd; `make test` runs them too).
+test-cluster: install
+	$(VENV)/bin/pytest -q -m cluster tests/cluster
 
 test-unit: install
 	$(VENV)/bin/pytest -q -m "not root"

@@ -144,6 +144,7 @@ class Emulation:
         self._procfs = ProcFS()
         self._wiring: Wiring | None = None
         self.path_offsets: dict[str, Any] = {}  # link name -> delayline.calibrate.PathOffset (relay only)
+        self.cluster: Any = None  # cluster.build.ClusterBuild when the topology places DCs on servers
 
     @classmethod
     def from_file(cls, path: str | Path, prefix: str | None = None,
@@ -283,6 +284,8 @@ class Emulation:
             raise EmulationError(str(exc)) from None
         self._claim_record()
         assert self.names is not None and self.record is not None
+        if self.topology.servers is not None:  # DCs on several servers (testbed/emulation/cluster/)
+            self._start_cluster()
         self._progress(f"run {self.prefix}: creating nodes")
         self._allow_congestion_controls()
         self._create_nodes()
@@ -317,8 +320,17 @@ class Emulation:
             return
         raise EmulationError("could not claim a free run prefix; `testbed clean` removes leftovers")
 
+    def _start_cluster(self) -> None:
+        from testbed.emulation.cluster.build import ClusterBuild
+
+        assert self.names is not None and self.topology.servers is not None
+        self.cluster = ClusterBuild(self.topology, self.topology.servers, self.prefix, self.temp_dir("ssh"),
+                                    self._progress)
+        self.cluster.place_run(self.names)
+        self.cluster.connect()
+
     def _new_node(self, mn_name: str) -> Any:
-        node = new_mininet_host(mn_name)
+        node = self.cluster.new_node(mn_name) if self.cluster is not None else new_mininet_host(mn_name)
         assert self.record is not None
         entry = self.record.add_node(mn_name, node.pid, self._procfs)
         node._tb_netns = entry.netns
@@ -401,8 +413,13 @@ class Emulation:
         self._wiring = plan_wiring(self.topology, self.names)
         by_mn_name = {n.mn_name: n for n in self._all}
         for veth in self._wiring.veths:
+            if self.cluster is not None:  # a veth on one server, a tunnel between two
+                self.cluster.link(by_mn_name[veth.node1].node, by_mn_name[veth.node2].node, veth.intf1, veth.intf2)
+                continue
             Link(by_mn_name[veth.node1].node, by_mn_name[veth.node2].node,
                  intfName1=veth.intf1, intfName2=veth.intf2)
+        if self.cluster is not None:
+            self.cluster.set_mtu([n.pid for n in self._all])
         for w in self._wans:
             assert w.plan is not None
             for dc in (w.plan.a, w.plan.b):

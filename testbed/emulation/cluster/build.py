@@ -1,0 +1,311 @@
+"""Building one emulation over several servers with Mininet's cluster edition
+(`mininet.examples.cluster`): the lifecycle in testbed/emulation/network.py asks this
+module for each node and each link when the topology has a `servers:` section.
+
+* Nodes are `RemoteHost`s: a shell started over SSH on the node's server
+  (``sudo -E mnexec -cn bash``), in a fresh network namespace there. A DC's hosts and
+  gateway live on the DC's server; a WAN link node lives on the server of the link's
+  first DC.
+* Links between nodes of one server are veths made there (Mininet's `RemoteLink`). A
+  link between servers (the far leg of a WAN link whose DCs are on different
+  servers) is a tunnel over the servers' own network: a VXLAN (or gretap) device
+  made in the server's root namespace, between the two servers' addresses, and
+  moved into the node. The WAN link node keeps both its egress shapers (HTB rate,
+  BDP bfifo) and its delay line exactly as on one machine; the tunnel is one of
+  its two interfaces.
+* Before anything is built: every server must accept the SSH login, have
+  mnexec and the tunnel kind, and carry inner frames of at least 1280 bytes
+  (`testbed_core.servers.mtu_problem`); the underlay between each pair of servers
+  with tunnels must carry the sum of the WAN rates across it with headroom
+  (declared `underlay_rate`, or measured with iperf3 -P 4 for one second). When
+  the tunnel leaves less than 1500 bytes, every emulated interface gets the
+  tunnel's inner MTU, so TCP picks an MSS that fits.
+
+The nodes are configured (addresses, routes, shapers, sysctls, the delay line,
+`topo check`'s probes) through their PIDs and /proc, as on one machine. That holds
+when the servers share this machine's kernel (the server namespaces of
+`testbed.emulation.cluster.rig`); servers that are other machines are refused at
+start with that reason (configuring nodes over SSH is not built yet).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from testbed.emulation.errors import EmulationError
+from testbed_core.servers import (
+    TUNNEL_OVERHEAD,
+    Server,
+    ServerPlan,
+    SshSettings,
+    inner_mtu,
+    mtu_problem,
+    underlay_demand,
+    underlay_problem,
+)
+
+SSH_TIMEOUT_S = 20.0
+VXLAN_PORT = 4789
+IPERF_S = 1.0
+
+
+def ssh_options(ssh: SshSettings, control_dir: Path | None = None) -> list[str]:
+    """The ssh options of a login: batch mode (never a password prompt), the key and
+    known_hosts named in the servers section, a shared connection per server."""
+    argv = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", str(ssh.port)]
+    if ssh.identity:
+        argv += ["-i", ssh.identity, "-o", "IdentitiesOnly=yes"]
+    if ssh.known_hosts:
+        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts}", "-o", "StrictHostKeyChecking=yes"]
+    if control_dir is not None:
+        argv += ["-o", f"ControlPath={control_dir}/%C", "-o", "ControlMaster=auto", "-o", "ControlPersist=2"]
+    return argv
+
+
+def _remote_host_class(ssh: SshSettings, control_dir: Path) -> type:
+    """Mininet's RemoteHost logging in with the servers section's key and known_hosts."""
+    from mininet.examples.cluster import RemoteHost
+
+    base = ["ssh", "-q", *ssh_options(ssh, control_dir), "-tt"]
+
+    class TestbedRemoteHost(RemoteHost):  # type: ignore[misc]
+        sshbase = base
+
+        def _popen(self, cmd: Any, sudo: bool = True, tt: bool = True, **params: Any) -> Any:
+            # Mininet runs ssh as `sudo -E -u <remote user>` locally; the key is named
+            # explicitly, so ssh runs as the controller's own user.
+            if self.sshcmd[:4] == ["sudo", "-E", "-u", self.user]:
+                self.sshcmd = self.sshcmd[4:]
+            return super()._popen(cmd, sudo=sudo, tt=tt, **params)
+
+    return TestbedRemoteHost
+
+
+class ClusterBuild:
+    """The servers of one emulation: connect and check them, then make nodes and links."""
+
+    def __init__(self, topology: Any, plan: ServerPlan, prefix: str, control_dir: Path,
+                 progress: Callable[[str], None]) -> None:
+        self.topology = topology
+        self.plan = plan
+        self.prefix = prefix
+        self.control_dir = control_dir
+        self._progress = progress
+        self._placement: dict[str, Server] = {}
+        self._classes = {s.name: _remote_host_class(plan.ssh_for(s), control_dir) for s in plan.machines}
+        self._tunnel_id = int(prefix[2:], 16) << 8  # VNI / GRE key: the run's prefix, then the link
+        self.mtu: int = 1500
+        self.underlay: dict[tuple[str, str], tuple[float, str]] = {}  # pair -> (bit/s, how)
+        self.facts: dict[str, dict[str, str]] = {}
+
+    # -- ssh
+
+    def ssh_argv(self, server: Server, command: str) -> list[str]:
+        ssh = self.plan.ssh_for(server)
+        return ["ssh", "-q", *ssh_options(ssh, self.control_dir), f"{ssh.user}@{server.address}", command]
+
+    def run(self, server: Server, command: str, timeout: float = SSH_TIMEOUT_S) -> subprocess.CompletedProcess:
+        try:
+            return subprocess.run(self.ssh_argv(server, command), capture_output=True, text=True,
+                                  timeout=timeout, check=False)
+        except subprocess.TimeoutExpired:
+            raise EmulationError(f"server {server.name} ({server.address}): `{command}` did not finish in "
+                                 f"{timeout:g}s over SSH") from None
+
+    # -- checks before building
+
+    def connect(self) -> None:
+        """Log in to every server and check what the build needs; raise EmulationError
+        naming the server and the fix for the first thing missing."""
+        local_boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+        local_pidns = os.readlink("/proc/self/ns/pid")
+        others = {s.name: [o for o in self.plan.machines if o is not s] for s in self.plan.machines}
+        for server in self.plan.machines:
+            self._progress(f"server {server.name} ({server.address}): logging in")
+            peer = others[server.name][0].address if others[server.name] else server.address
+            kind = "vxlan" if self.plan.tunnel == "vxlan" else "gretap"
+            extra = (f"id 1 dstport {VXLAN_PORT}" if kind == "vxlan" else "key 1")
+            script = "; ".join([
+                "echo boot=$(cat /proc/sys/kernel/random/boot_id)",
+                "echo pidns=$(readlink /proc/self/ns/pid)",
+                "echo mnexec=$(command -v mnexec)",
+                "echo iperf3=$(command -v iperf3)",
+                "echo sudo=$(command -v sudo)",
+                f"echo route=$(ip -o route get {peer} 2>&1 | head -1)",
+                (f"sudo -n unshare -n sh -c 'ip link add tbprobe type {kind} {extra} local {server.address} "
+                 f"remote {peer} 2>&1 && echo tunnel=ok || echo tunnel=missing' 2>&1 | tail -1"),
+            ])
+            res = self.run(server, script)
+            if res.returncode == 255 or "boot=" not in res.stdout:
+                ssh = self.plan.ssh_for(server)
+                raise EmulationError(
+                    f"server {server.name} ({ssh.user}@{server.address}:{ssh.port}): SSH login failed: "
+                    f"{(res.stderr or res.stdout).strip()[-400:] or 'no output'}; the servers section needs a "
+                    "key-based login (ssh.identity) and the servers' host keys (ssh.known_hosts)")
+            facts = dict(line.split("=", 1) for line in res.stdout.splitlines() if "=" in line)
+            self.facts[server.name] = facts
+            for tool, pkg in (("mnexec", "mininet"), ("sudo", "sudo")):
+                if not facts.get(tool):
+                    raise EmulationError(f"server {server.name}: {tool} is not installed there: "
+                                         f"apt-get install {pkg} (on every server)")
+            if facts.get("tunnel") != "ok":
+                raise EmulationError(
+                    f"server {server.name}: its kernel cannot make {kind} devices ({facts.get('tunnel', '?')}): "
+                    f"choose the other tunnel (servers.tunnel: {'gre' if kind == 'vxlan' else 'vxlan'}) "
+                    f"or load the module (modprobe {'vxlan' if kind == 'vxlan' else 'ip_gre'})")
+            if facts.get("boot") != local_boot or facts.get("pidns") != local_pidns:
+                raise EmulationError(
+                    f"server {server.name} ({server.address}) is another machine: this emulation configures its "
+                    "nodes through their PIDs and /proc, which needs servers that share this machine's kernel "
+                    "(network namespaces, as tests/cluster builds them); configuring nodes on other machines "
+                    "over SSH is not built yet (issue 16)")
+        self._check_mtu()
+        self._check_underlay()
+
+    def _check_mtu(self) -> None:
+        mtus = []
+        for server in self.plan.machines:
+            route = self.facts[server.name].get("route", "")
+            m = re.search(r"\bdev (\S+)", route)
+            if not m:
+                raise EmulationError(f"server {server.name}: no route to the other servers ({route.strip()}): "
+                                     "the servers must reach each other's addresses")
+            device = m.group(1)
+            res = self.run(server, f"ip -o link show dev {shlex.quote(device)}")
+            mm = re.search(r"\bmtu (\d+)", res.stdout)
+            if not mm:
+                raise EmulationError(f"server {server.name}: cannot read the MTU of {device}: {res.stderr.strip()}")
+            mtu = int(mm.group(1))
+            problem = mtu_problem(server.name, device, mtu, self.plan.tunnel)
+            if problem:
+                raise EmulationError(problem)
+            mtus.append(inner_mtu(mtu, self.plan.tunnel))
+        self.mtu = min(mtus) if len(self.plan.machines) > 1 else 1500
+
+    def _check_underlay(self) -> None:
+        by_name = {s.name: s for s in self.plan.machines}
+        for pair, demand in underlay_demand(self.topology, self.plan).items():
+            a, b = by_name[pair[0]], by_name[pair[1]]
+            declared = [s.underlay_rate for s in (a, b) if s.underlay_rate is not None]
+            if declared:
+                capacity, how = min(declared), "declared underlay_rate"
+            else:
+                self._progress(f"measuring the underlay {a.name} -> {b.name} (iperf3, {IPERF_S:g}s)")
+                capacity, how = self._measure(a, b), f"measured with iperf3 -P 4 over {IPERF_S:g}s"
+            self.underlay[pair] = (capacity, how)
+            problem = underlay_problem(pair, demand, capacity, how)
+            if problem:
+                raise EmulationError(problem)
+
+    def _measure(self, a: Server, b: Server) -> float:
+        for server in (a, b):
+            if not self.facts[server.name].get("iperf3"):
+                raise EmulationError(f"server {server.name}: iperf3 is not installed there (it measures the "
+                                     "underlay): apt-get install iperf3, or declare underlay_rate")
+        port = 5290 + secrets.randbelow(200)
+        server = subprocess.Popen(self.ssh_argv(b, f"timeout 20 iperf3 -s -1 -B {b.address} -p {port}"),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        try:
+            out = ""
+            for _ in range(20):
+                time.sleep(0.25)
+                res = self.run(a, f"iperf3 -c {b.address} -B {a.address} -p {port} -t {IPERF_S:g} -P 4 -J")
+                out = res.stdout
+                if res.returncode == 0:
+                    break
+            try:
+                return float(json.loads(out)["end"]["sum_received"]["bits_per_second"])
+            except (ValueError, KeyError, TypeError):
+                raise EmulationError(f"could not measure the underlay {a.name} -> {b.name} with iperf3: "
+                                     f"{out.strip()[-300:] or 'no output'}; declare underlay_rate instead") from None
+        finally:
+            server.terminate()
+            try:
+                server.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                server.kill()
+
+    # -- nodes and links
+
+    def place_run(self, names: Any) -> None:
+        """Put each node of the run (names: naming.RunNames) on its server: a DC's
+        gateway and hosts on the DC's server, a WAN link node on its first DC's."""
+        index = {dc.name: i for i, dc in enumerate(self.topology.dcs)}
+        for i, dc in enumerate(self.topology.dcs):
+            server = self.plan.server_of(dc.name)
+            self._placement[names.gateway(i)] = server
+            for j in range(len(dc.hosts)):
+                self._placement[names.host(i, j)] = server
+        for link in self.topology.wan:
+            a, b = link.between
+            self._placement[names.wan(index[a], index[b])] = self.plan.server_of(a)
+
+    def server_of_node(self, mn_name: str) -> Server:
+        return self._placement[mn_name]
+
+    def new_node(self, mn_name: str) -> Any:
+        server = self._placement[mn_name]
+        ssh = self.plan.ssh_for(server)
+        cls = self._classes[server.name]
+        return cls(mn_name, server=server.name, user=ssh.user, serverIP=server.address)
+
+    def link(self, node1: Any, node2: Any, intf1: str, intf2: str) -> Any:
+        """A veth between nodes of one server, a tunnel between servers."""
+        self._tunnel_id += 1
+        by_name = {s.name: s for s in self.plan.machines}
+        cls = _tunnel_link_class(self.plan.tunnel, self._tunnel_id,
+                                 lambda server, command: self.run(by_name[server], command))
+        return cls(node1, node2, intfName1=intf1, intfName2=intf2)
+
+    def set_mtu(self, pids: list[int]) -> None:
+        """Every emulated interface at the tunnel's inner MTU (when under 1500)."""
+        if self.mtu >= 1500:
+            return
+        from testbed.emulation.netns import open_iproute
+
+        for pid in pids:
+            with open_iproute(pid) as ipr:
+                for link in ipr.get_links():
+                    name = link.get_attr("IFLA_IFNAME")
+                    if name != "lo" and link.get_attr("IFLA_MTU") != self.mtu:
+                        ipr.link("set", index=link["index"], mtu=self.mtu)
+
+
+def _tunnel_link_class(tunnel: str, tunnel_id: int,
+                       root_cmd: Callable[[str, str], subprocess.CompletedProcess]) -> type:
+    from mininet.examples.cluster import RemoteLink
+
+    class TunnelLink(RemoteLink):  # type: ignore[misc]
+        """Mininet's RemoteLink with an in-kernel tunnel (VXLAN or gretap) between servers."""
+
+        def makeTunnel(self, node1: Any, node2: Any, intfname1: str, intfname2: str,  # noqa: N802 (Mininet's name)
+                       addr1: Any = None, addr2: Any = None) -> Any:
+            if tunnel == "vxlan":
+                spec = "type vxlan id {id} local {local} remote {remote} dstport " + str(VXLAN_PORT)
+            else:
+                spec = "type gretap local {local} remote {remote} ttl 64 key {id}"
+            for node, intf, local, remote in ((node1, intfname1, node1.serverIP, node2.serverIP),
+                                              (node2, intfname2, node2.serverIP, node1.serverIP)):
+                add = f"ip link add name {intf} " + spec.format(id=tunnel_id, local=local, remote=remote)
+                res = root_cmd(node.server, f"sudo -n {add} && sudo -n ip link set {intf} netns {node.pid}")
+                if res.returncode != 0:
+                    raise EmulationError(f"cannot make the {tunnel} tunnel end {intf} on server {node.server}: "
+                                         f"{(res.stderr or res.stdout).strip()[-300:]}")
+            return tunnel_id
+
+        def stop(self) -> None:  # the tunnel ends go with their nodes' namespaces
+            self.tunnel = None
+
+    return TunnelLink
+
+
+__all__ = ["TUNNEL_OVERHEAD", "ClusterBuild", "ssh_options"]

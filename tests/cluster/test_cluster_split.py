@@ -1,0 +1,131 @@
+"""The quickstart topology split over two server namespaces (each with its own sshd on
+a private underlay, testbed/emulation/cluster/rig.py) and checked with `topo check`,
+unchanged, as on one machine; the start-up checks that refuse a split the servers
+cannot carry; and `testbed clean` undoing a rig whose owner was killed."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from testbed_core.constants import REPO_ROOT, TOPOLOGIES_DIR
+
+pytestmark = [pytest.mark.root, pytest.mark.cluster]
+
+TESTBED = [sys.executable, "-m", "testbed.cli"]
+
+
+def _split(rig, tmp_path: Path, **servers_update) -> Path:
+    data = yaml.safe_load((TOPOLOGIES_DIR / "2dc.yaml").read_text())
+    section = rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]})
+    for key, value in servers_update.items():
+        if key == "machines":
+            for machine, extra in zip(section["machines"], value, strict=True):
+                machine.update(extra)
+        elif key == "ssh":
+            section["ssh"].update(value)
+        else:
+            section[key] = value
+    data["servers"] = section
+    path = tmp_path / "2dc-split.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def _topo_check(rig, path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
+    return subprocess.run(rig.head_argv([*TESTBED, "topo", "check", str(path), "--json"]), cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+@pytest.fixture(scope="module")
+def rig():
+    from testbed.emulation.cluster.rig import ServerRig
+
+    with ServerRig(2, mtu=9000) as rig:  # jumbo underlay: 1500-byte frames inside the tunnel
+        yield rig
+
+
+def test_the_quickstart_split_over_two_servers_passes_topo_check(rig, tmp_path):
+    """`topo check`, unchanged, on 2dc with dc1 on server s1 and dc2 on s2 (the WAN
+    link's far leg a VXLAN tunnel over the underlay), judged with the tolerances of
+    the one-machine check (tests/root/test_topo_check.py): the calibrated RTT within
+    0.3 ms (+0.2 ms for a shared machine), the train losing nothing, keeping order,
+    nothing early, and TCP carrying at least a quarter of the rate; the exit code
+    follows the verdicts (rate and lateness verdicts fall with the machine's load, as
+    on one machine)."""
+    res = _topo_check(rig, _split(rig, tmp_path))
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    report = json.loads(res.stdout)
+    assert "measuring the underlay s1 -> s2" in res.stderr  # capacity measured, not assumed
+    (link,) = report["links"]
+    assert (res.returncode == 0) == link["ok"]
+    rtt, rate = link["rtt_ms"]["measured"], link["goodput_mbps"]["measured"]
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"\nsplit 2dc: build {report['build_s']} s, RTT {rtt} ms, goodput {rate} Mbit/s, UDP rate "
+          f"{[d['rate_mbps'] for d in link['directions']]}, ok={link['ok']} (load {load})")
+    assert abs(rtt - 50.0) <= 0.5, f"RTT {rtt} ms is not within 0.3 ms (+0.2) of the configured 50 ms"
+    assert link["rtt_ok"] == (abs(rtt - link["rtt_expected_ms"]) <= 0.3 + 1e-6)
+    for d in link["directions"]:
+        assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
+    assert min(d["goodput_mbps"] for d in link["directions"]) >= 250
+
+
+def test_an_underlay_slower_than_the_wan_rates_is_refused(rig, tmp_path):
+    path = _split(rig, tmp_path, machines=[{"underlay_rate": "1Gbit"}, {}])
+    res = _topo_check(rig, path, timeout=180)
+    assert res.returncode != 0
+    assert "the underlay between servers s1 and s2 carries 1Gbit (declared underlay_rate)" in res.stderr
+    assert "lower those WAN rates" in res.stderr
+
+
+def test_a_login_without_the_right_key_is_refused_naming_the_server(rig, tmp_path):
+    other = tmp_path / "other_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    res = _topo_check(rig, _split(rig, tmp_path, ssh={"identity": str(other)}), timeout=180)
+    assert res.returncode != 0
+    assert "server s1 (root@10.202.0.2:22): SSH login failed" in res.stderr
+    assert "key-based login (ssh.identity)" in res.stderr
+
+
+def test_a_tunnel_mtu_too_small_is_refused(tmp_path):
+    from testbed.emulation.cluster.rig import ServerRig
+
+    with ServerRig(2, mtu=1300) as small:
+        res = _topo_check(small, _split(small, tmp_path), timeout=180)
+    assert res.returncode != 0
+    assert "has MTU 1300, which leaves 1250 bytes inside a vxlan tunnel" in res.stderr
+    assert "raise the MTU of" in res.stderr
+
+
+def test_testbed_clean_undoes_a_rig_whose_owner_was_killed(tmp_path):
+    code = ("from testbed.emulation.cluster.rig import ServerRig\n"
+            "import sys, time\n"
+            "rig = ServerRig(2); rig.start()\n"
+            "print(rig.prefix, rig.dir, flush=True)\n"
+            "time.sleep(600)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE, text=True)
+    try:
+        line = proc.stdout.readline().split()  # type: ignore[union-attr]
+        assert len(line) == 2, "the rig did not start"
+        prefix, folder = line
+        assert Path(folder).is_dir()
+        assert f"{prefix}s1:sshd" in Path(f"/run/testbed/{prefix}.json").read_text()
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    res = subprocess.run([*TESTBED, "clean"], cwd=REPO_ROOT, capture_output=True, text=True, timeout=180)
+    assert res.returncode == 0, res.stderr
+    time.sleep(0.2)
+    assert not Path(folder).exists()
+    assert not Path(f"/run/testbed/{prefix}.json").exists()
+    leftovers = subprocess.run(["pgrep", "-f", f"mininet:{prefix}"], capture_output=True, text=True).stdout
+    assert leftovers.strip() == ""
+    sshds = subprocess.run(["pgrep", "-f", f"{prefix}-rig-"], capture_output=True, text=True).stdout
+    assert sshds.strip() == ""

@@ -102,9 +102,11 @@ class ServerRig:
 
     def start(self) -> None:
         from testbed.emulation.naming import new_prefix
-        from testbed.emulation.network import preflight
 
-        preflight()
+        if os.geteuid() != 0:
+            raise EmulationError("the server rig builds namespaces: run as root (sudo)")
+        if shutil.which("mnexec") is None:
+            raise EmulationError("mnexec (Mininet's helper) is not installed: apt-get install mininet")
         sshd = shutil.which("sshd") or ("/usr/sbin/sshd" if Path("/usr/sbin/sshd").exists() else None)
         if sshd is None or shutil.which("ssh-keygen") is None:
             raise EmulationError("the server rig needs sshd and ssh-keygen: apt-get install openssh-server "

@@ -1,19 +1,30 @@
-"""WAN calibration of `testbed run`: how fast the emulated path really moves tensors
+"""WAN calibration of `testbed run`: how fast the emulated paths really move tensors
 of the workload's wire size, measured before the variants play.
 
 Tensors of the workload's wire size are timed over one channel each way between hosts
-on either side of the WAN (after an untimed tensor that opens the TCP windows), once
-per stream count the variants use, and the shared variants' channels are timed
-colliding (all sending at once). The probes are worker processes
-(testbed/training/worker.py, roles probe-recv / probe-send) on the hosts; the rates
-feed the variants' a-priori predictions (testbed/run/variants.py). The result is a
-`Calibration` (testbed_core/contracts/calibration.py, re-exported here).
+on either side of a WAN path (after an untimed tensor that opens the TCP windows), once
+per stream count the variants use there, and the shared variants' channels are timed
+colliding (all sending at once); a path the DP rings cross (dp-across-dc) times the
+workers' own ring all-reduce, all rings at once; inside a DC, the ring between DP
+neighbours. Which paths, stream counts and rings: testbed/run/variants.py
+(`calibrate_variants`), from the placements of the run's variants; each path's figures
+are a `PathCalibration` and the whole a `Calibration`
+(testbed_core/contracts/calibration.py, re-exported here).
+
+The probes run in probe agents (`ProbeAgents`): one worker process per host
+(``python -m testbed.training.worker --probe-agent``, testbed/training/worker/probe.py)
+that runs every probe job handed to it, so the calibration starts a Python process that
+imports torch once per host, all hosts at once, not once per probe end.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import queue
 import subprocess
+import sys
+import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
@@ -27,17 +38,16 @@ from testbed.run.common import (
     log_tail,
     stop_processes,
     transport_job,
-    worker_argv,
     worker_env,
 )
 from testbed.run.network import Network
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
-from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration
+from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration, PathCalibration
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
-__all__ = ["PROBE_WARMUP", "Calibration", "Prober", "aggregate_rate", "calibrate", "calibrate_link",
-           "calibration_pairs", "effective_rate"]
+__all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
+           "calibrate_link", "calibrate_wan_rings", "calibration_pairs", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
@@ -64,15 +74,108 @@ def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, laten
     return channels * nbytes * 8 / max(1e-6, mean - latency_s)
 
 
-class Prober:
-    """Runs probe-recv / probe-send pairs on hosts and reads their results."""
+class ProbeAgents:
+    """One probe agent per host (testbed/training/worker/probe.py): a process that runs
+    every probe job of the calibration handed to it, so that the calibration starts a
+    Python process that imports torch once per host, all hosts at once, instead of once
+    per probe end and one after another. `close` ends them."""
 
-    def __init__(self, net: Network, folder: Path, scenario: Scenario, secret: str, ports: PortRange) -> None:
-        self.net = net
+    def __init__(self, net: Network, folder: Path, secret: str, timeout_s: float = 180.0) -> None:
+        self.net, self.folder, self.env, self.timeout_s = net, folder, worker_env(secret), timeout_s
+        self.procs: dict[str, subprocess.Popen] = {}
+        self.logs: dict[str, Any] = {}
+        self.queues: dict[str, queue.Queue[str]] = {}
+        self.owner: dict[str, str] = {}  # probe name -> host
+        self.lock = threading.Lock()
+        self.folder.mkdir(parents=True, exist_ok=True)
+
+    def _queue(self, key: str) -> queue.Queue[str]:
+        with self.lock:
+            return self.queues.setdefault(key, queue.Queue())
+
+    def _read(self, host: str, proc: subprocess.Popen) -> None:
+        for line in proc.stdout:
+            words = line.strip().split(" ", 1)
+            if len(words) == 1:
+                self._queue(f"@{host}").put(words[0])
+            else:
+                self._queue(words[0]).put(words[1])
+        self._queue(f"@{host}").put("exited")
+
+    def start(self, hosts: Sequence[str]) -> None:
+        """Start the agents of `hosts` not started yet, all at once, and wait until each is ready."""
+        new = [h for h in dict.fromkeys(hosts) if h not in self.procs]
+        for h in new:
+            log = open(self.folder / f"agent-{h}.log", "w")  # noqa: SIM115 (closed by close())
+            self.logs[h] = log
+            self.procs[h] = self.net.host(h).popen([sys.executable, "-m", "testbed.training.worker", "--probe-agent"],
+                                                   env=self.env, stdout=subprocess.PIPE, stderr=log,
+                                                   stdin=subprocess.PIPE, text=True, cwd=str(REPO_ROOT))
+            threading.Thread(target=self._read, args=(h, self.procs[h]), daemon=True).start()
+        for h in new:
+            word = self._get(f"@{h}", self.timeout_s, f"the probe agent on {h}")
+            if word != "ready":
+                raise RunnerError(f"the calibration's probe agent on {h} did not start ({word}):\n"
+                                  f"{log_tail(self.folder / f'agent-{h}.log')}")
+
+    def _get(self, key: str, timeout_s: float, what: str) -> str:
+        try:
+            return self._queue(key).get(timeout=timeout_s)
+        except queue.Empty:
+            host = self.owner.get(key, key.lstrip("@"))
+            raise RunnerError(f"calibration: {what} did not answer within {timeout_s:.0f} s:\n"
+                              f"{log_tail(self.folder / f'agent-{host}.log')}") from None
+
+    def submit(self, host: str, job: ProbeJob | RingProbeJob) -> str:
+        """Hand `job` to the agent on `host` (started if needed); returns its name."""
+        self.start([host])
+        path = self.folder / f"{job.name}.job.json"
+        path.write_text(job.model_dump_json(indent=1))
+        self.owner[job.name] = host
+        self.procs[host].stdin.write(f"job {path}\n")
+        self.procs[host].stdin.flush()
+        return job.name
+
+    def expect(self, name: str, word: str, timeout_s: float) -> None:
+        """Wait for probe `name` to say `word`; RunnerError when it fails or is silent."""
+        got = self._get(name, timeout_s, f"probe {name} (waiting for '{word}')")
+        if got != word:
+            host = self.owner.get(name, "?")
+            raise RunnerError(f"calibration probe {name} on {host}: expected '{word}', got: {got}\n"
+                              f"{log_tail(self.folder / f'agent-{host}.log')}")
+
+    def go(self, name: str, start_at: float) -> None:
+        proc = self.procs[self.owner[name]]
+        proc.stdin.write(f"go {name} {start_at}\n")
+        proc.stdin.flush()
+
+    def close(self) -> None:
+        for p in self.procs.values():
+            with contextlib.suppress(OSError, ValueError):
+                p.stdin.write("quit\n")
+                p.stdin.flush()
+                p.stdin.close()
+        deadline = time.monotonic() + 10
+        for p in self.procs.values():
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(max(0.1, deadline - time.monotonic()))
+        stop_processes(self.procs)
+        for log in self.logs.values():
+            log.close()
+        self.procs, self.logs = {}, {}
+
+
+class Prober:
+    """Runs probe-recv / probe-send pairs on hosts (through their probe agents) and
+    reads their results."""
+
+    def __init__(self, net: Network, folder: Path, scenario: Scenario, secret: str, ports: PortRange,
+                 agents: ProbeAgents | None = None) -> None:
         self.folder = folder
         self.scenario = scenario
-        self.env = worker_env(secret)
         self.ports = ports
+        self.agents = agents or ProbeAgents(net, folder, secret)
+        self.net = net
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
@@ -81,108 +184,97 @@ class Prober:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start)."""
-        t = self.scenario.transport
-        transport = transport_job(t)
-        recvs, sends, logs = {}, {}, []
+        transport = transport_job(self.scenario.transport)
+        agents = self.agents
+        agents.start([h for pair in pairs for h in pair])
+        names = []
+        for k, (src, dst) in enumerate(pairs):
+            name = f"{label}s{streams}-c{k}"
+            port = self.ports.port(k)
+            warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
+            agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
+                                        streams=streams, nbytes=nbytes, count=count,
+                                        out=str(self.folder / f"{name}-recv.json"), transport=transport,
+                                        warmup_bytes=warm))
+            agents.expect(f"{name}-recv", "listening", 60)
+            agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
+                                        port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
+                                        wait_go=True, period_s=period_s, warmup_bytes=warm,
+                                        out=str(self.folder / f"{name}-send.json"), transport=transport))
+            names.append(name)
+        for name in names:  # every sender connected: one common start
+            agents.expect(f"{name}-send", "connected", 60)
+        t_go = time.time() + 0.2
+        for k, name in enumerate(names):
+            agents.go(f"{name}-send", t_go + (offsets[k] if offsets else 0.0))
+        for name in names:
+            for end in ("send", "recv"):
+                agents.expect(f"{name}-{end}", "done", 60 + count * 5)
         results = []
-        try:
-            for k, (src, dst) in enumerate(pairs):
-                name = f"{label}s{streams}-c{k}"
-                port = self.ports.port(k)
-                warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
-                rjob = ProbeJob(role="probe-recv", name=name, bind_ip="0.0.0.0", port=port, streams=streams,
-                                nbytes=nbytes, count=count, out=str(self.folder / f"{name}-recv.json"),
-                                transport=transport, warmup_bytes=warm)
-                rpath = self.folder / f"{name}-recv.job.json"
-                rpath.write_text(rjob.model_dump_json(indent=1))
-                log = open(self.folder / f"{name}-recv.log", "w")  # noqa: SIM115 (closed below)
-                logs.append(log)
-                recvs[name] = self.net.host(dst).popen(worker_argv(rpath), env=self.env, stdout=subprocess.PIPE,
-                                                       stderr=log, text=True, cwd=str(REPO_ROOT))
-                line = recvs[name].stdout.readline()
-                if "listening" not in line:
-                    recvs[name].wait(5)
-                    raise RunnerError(f"calibration receiver on {dst} did not start:\n{log_tail(Path(log.name))}")
-                sjob = ProbeJob(role="probe-send", name=name, peer_ip=self.net.host(dst).ip, port=port,
-                                streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
-                                wait_go=True, period_s=period_s, warmup_bytes=warm,
-                                out=str(self.folder / f"{name}-send.json"), transport=transport)
-                spath = self.folder / f"{name}-send.job.json"
-                spath.write_text(sjob.model_dump_json(indent=1))
-                slog = open(self.folder / f"{name}-send.log", "w")  # noqa: SIM115
-                logs.append(slog)
-                sends[name] = self.net.host(src).popen(worker_argv(spath), env=self.env, stdout=subprocess.PIPE,
-                                                       stderr=slog, stdin=subprocess.PIPE, text=True,
-                                                       cwd=str(REPO_ROOT))
-            for name, p in sends.items():  # every sender connected: one common start
-                if "connected" not in p.stdout.readline():
-                    p.wait(5)
-                    raise RunnerError(f"calibration probe {name} could not connect:\n"
-                                      f"{log_tail(self.folder / f'{name}-send.log')}")
-            t_go = time.time() + 0.2
-            for k, p in enumerate(sends.values()):
-                p.stdin.write(f"go {t_go + (offsets[k] if offsets else 0.0)}\n")
-                p.stdin.flush()
-            procs = {**{f"{n}-recv": p for n, p in recvs.items()}, **{f"{n}-send": p for n, p in sends.items()}}
-            deadline = time.monotonic() + 60 + count * 5
-            for pname, p in procs.items():
-                try:
-                    rc = p.wait(max(0.1, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
-                    raise RunnerError(f"calibration probe {pname} did not finish in time:\n"
-                                      f"{log_tail(self.folder / f'{pname}.log')}") from None
-                if rc != 0:
-                    raise RunnerError(f"calibration probe {pname} failed (exit {rc}):\n"
-                                      f"{log_tail(self.folder / f'{pname}.log')}")
-            for name in sends:
-                s = json.loads((self.folder / f"{name}-send.json").read_text())
-                r = json.loads((self.folder / f"{name}-recv.json").read_text())
-                results.append({"sent": s["sent"], "arrived": r["arrived"]})
-        finally:
-            stop_processes({**recvs, **sends})
-            for log in logs:
-                log.close()
+        for name in names:
+            snd = json.loads((self.folder / f"{name}-send.json").read_text())
+            rcv = json.loads((self.folder / f"{name}-recv.json").read_text())
+            results.append({"sent": snd["sent"], "arrived": rcv["arrived"]})
         return results
+
+
+Measured = Calibration | PathCalibration  # what a probe step fills in: the run's calibration or one path's
 
 
 def calibrate(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
     stream_counts: Sequence[int], nbytes: int, latency_s: float, progress: Progress,
-    cal: Calibration | None = None,
-) -> Calibration:
+    cal: Measured | None = None, agents: ProbeAgents | None = None,
+) -> Measured:
     """Time tensors of `nbytes` over one channel per pair, all at once, once per stream
     count (added to `cal` when given). Pass a forward and a reverse pair: pipelines
     send activations and gradients across the WAN at the same time, and the reverse
     traffic (and its ACKs) slows the forward one."""
     count = scenario.runner.calibration_transfers + PROBE_WARMUP
     cal = cal or Calibration(src=pairs[0][0], dst=pairs[0][1], nbytes=nbytes, latency_s=latency_s)
-    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration)
-    for n in sorted(set(stream_counts) - set(cal.rates_bps)):
-        durations = []
-        for res in prober.run(pairs, n, nbytes, count, "single-"):
-            durations += [a - s for s, a in zip(res["sent"], res["arrived"], strict=True)][PROBE_WARMUP:]
-        cal.transfer_s[n] = durations
-        cal.rates_bps[n] = effective_rate(nbytes, durations, latency_s)
-        progress.log(f"  calibration: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
-                     f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
-                     f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    try:
+        for n in sorted(set(stream_counts) - set(cal.rates_bps)):
+            durations = []
+            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-"):
+                durations += [a - s for s, a in zip(res["sent"], res["arrived"], strict=True)][PROBE_WARMUP:]
+            cal.transfer_s = {**cal.transfer_s, n: durations}
+            cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
+            progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
+                         f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
+                         f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+    finally:
+        if agents is None:
+            prober.agents.close()
     return cal
+
+
+def _label(cal: Measured) -> str:
+    return f"{cal.dcs[0]}-{cal.dcs[1]}-" if isinstance(cal, PathCalibration) else ""
+
+
+def _where(cal: Measured) -> str:
+    return f" {cal.dcs[0]}<->{cal.dcs[1]}" if isinstance(cal, PathCalibration) else ""
 
 
 def calibrate_link(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
-    streams: int, cal: Calibration, progress: Progress,
+    streams: int, cal: Measured, progress: Progress, agents: ProbeAgents | None = None,
 ) -> None:
     """The link's total while the variants' channels collide on it: one channel of
     `streams` per pair and per direction, sending in synchronised rounds (as the
     data-parallel pipelines do), at least COLLISION_ROUNDS timed rounds (the mean of
     a heavy-tailed time needs more samples than a median)."""
     count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
-    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration)
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     single = cal.transfer_s.get(streams) or [1.0]
     period = 2.5 * sum(single) / len(single) + PROBE_GAP_S
     both = list(pairs) + [(b, a) for a, b in pairs]
-    res = prober.run(both, streams, cal.nbytes, count, f"x{len(pairs)}-", period_s=period)
+    try:
+        res = prober.run(both, streams, cal.nbytes, count, f"{_label(cal)}x{len(pairs)}-", period_s=period)
+    finally:
+        if agents is None:
+            prober.agents.close()
     rates = []
     durations: list[float] = []
     for group in (res[:len(pairs)], res[len(pairs):]):
@@ -190,77 +282,82 @@ def calibrate_link(
         durations += timed
         rates.append(aggregate_rate(cal.nbytes, timed, len(pairs), cal.latency_s))
     cal.concurrent = len(pairs)
-    cal.colliding_bps[streams] = sum(rates) / len(rates)
-    cal.colliding_s[streams] = durations
-    progress.log(f"  calibration: {len(pairs)} channels of {streams} streams colliding, each way: "
+    cal.colliding_bps = {**cal.colliding_bps, streams: sum(rates) / len(rates)}
+    cal.colliding_s = {**cal.colliding_s, streams: durations}
+    progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
                  f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
                  f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
 
+def calibrate_wan_rings(net: Network, scenario: Scenario, folder: Path, secret: str,
+                        pairs: Sequence[tuple[str, str]], streams: int, grad_bytes: int, path: PathCalibration,
+                        progress: Progress, agents: ProbeAgents | None = None) -> None:
+    """The DP rings that cross a WAN path (dp-across-dc: the replicas of every stage in
+    other DCs), timed as they run: the workers' own ring all-reduce of `grad_bytes` (the
+    largest stage's gradients) between each pair of replicas, all pairs at once, channels
+    of `streams`; aggregate = rings x bytes each replica sends / (median time - the
+    ring's 2 one-way delays), the first run (windows opening) not counted."""
+    count = scenario.runner.calibration_transfers + 1
+    times, sent = time_rings(net, scenario, folder, secret, pairs, streams, grad_bytes, count,
+                             f"{_label(path)}wan-", agents)
+    timed = times[1:]
+    path.ring_channels, path.ring_streams, path.ring_nbytes, path.ring_s = len(pairs), streams, grad_bytes, timed
+    path.ring_bps = len(pairs) * sent * 8 / max(1e-6, median(timed) - 2 * path.latency_s)
+    progress.log(f"  calibration{_where(path)}: {len(pairs)} DP ring(s) of {streams} streams at once, "
+                 f"{grad_bytes / 1e6:.1f} MB gradients: {path.ring_bps / 1e6:.0f} Mbit/s in all each way "
+                 f"(rings {', '.join(f'{t * 1e3:.0f}' for t in timed)} ms)")
+
+
 def time_rings(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
-               streams: int, grad_bytes: int, count: int, label: str) -> tuple[list[float], int]:
+               streams: int, grad_bytes: int, count: int, label: str,
+               agents: ProbeAgents | None = None) -> tuple[list[float], int]:
     """Run the training workers' DP ring all-reduce (testbed/training/allreduce.py) of
     `grad_bytes` between each pair of hosts, all pairs at once from one common start,
     `count` times. Returns (the slowest pair's seconds per run, bytes each replica sent)."""
     ports = PortPlan(scenario.runner.base_port).calibration
     transport = transport_job(scenario.transport)
-    env = worker_env(secret)
     folder.mkdir(parents=True, exist_ok=True)
-    procs: dict[str, subprocess.Popen] = {}
-    logs = []
+    own = agents is None
+    agents = agents or ProbeAgents(net, folder, secret)
     try:
+        agents.start([h for pair in pairs for h in pair])
+        names = []
         for k, (a, b) in enumerate(pairs):
             for rank, (me, peer, end) in enumerate(((a, b, "listen"), (b, a, "connect"))):
                 name = f"{label}ring{k}-r{rank}"
-                job = RingProbeJob(role="probe-ring", name=name, channel=end, bind_ip="0.0.0.0",
-                                   peer_ip=net.host(peer).ip, port=ports.port(k), streams=streams, dp_rank=rank,
-                                   grad_bytes=grad_bytes, bucket_bytes=scenario.runner.dp_bucket, count=count,
-                                   out=str(folder / f"{name}.json"), transport=transport,
-                                   timeout_s=scenario.runner.iteration_timeout)
-                path = folder / f"{name}.job.json"
-                path.write_text(job.model_dump_json(indent=1))
-                log = open(folder / f"{name}.log", "w")  # noqa: SIM115 (closed below)
-                logs.append(log)
-                procs[name] = net.host(me).popen(worker_argv(path), env=env, stdout=subprocess.PIPE, stderr=log,
-                                                 stdin=subprocess.PIPE, text=True, cwd=str(REPO_ROOT))
-                if end == "listen" and "listening" not in procs[name].stdout.readline():
-                    procs[name].wait(5)
-                    raise RunnerError(f"calibration ring {name} on {me} did not start:\n"
-                                      f"{log_tail(folder / f'{name}.log')}")
-        for name, p in procs.items():
-            if "connected" not in p.stdout.readline():
-                p.wait(5)
-                raise RunnerError(f"calibration ring {name} could not connect:\n{log_tail(folder / f'{name}.log')}")
+                agents.submit(me, RingProbeJob(role="probe-ring", name=name, channel=end, bind_ip="0.0.0.0",
+                                               peer_ip=net.host(peer).ip, port=ports.port(k), streams=streams,
+                                               dp_rank=rank, grad_bytes=grad_bytes,
+                                               bucket_bytes=scenario.runner.dp_bucket, count=count,
+                                               out=str(folder / f"{name}.json"), transport=transport,
+                                               timeout_s=scenario.runner.iteration_timeout))
+                if end == "listen":
+                    agents.expect(name, "listening", 60)
+                names.append(name)
+        for name in names:
+            agents.expect(name, "connected", 60)
         t_go = time.time() + 0.2
-        for p in procs.values():
-            p.stdin.write(f"go {t_go}\n")
-            p.stdin.flush()
-        for name, p in procs.items():
-            try:
-                rc = p.wait(scenario.runner.iteration_timeout + 30)
-            except subprocess.TimeoutExpired:
-                raise RunnerError(f"calibration ring {name} did not finish in time:\n"
-                                  f"{log_tail(folder / f'{name}.log')}") from None
-            if rc != 0:
-                raise RunnerError(f"calibration ring {name} failed (exit {rc}):\n{log_tail(folder / f'{name}.log')}")
-        results = [json.loads((folder / f"{name}.json").read_text()) for name in procs]
+        for name in names:
+            agents.go(name, t_go)
+        for name in names:
+            agents.expect(name, "done", scenario.runner.iteration_timeout + 30)
+        results = [json.loads((folder / f"{name}.json").read_text()) for name in names]
     finally:
-        stop_processes(procs)
-        for log in logs:
-            log.close()
+        if own:
+            agents.close()
     slowest = [max(r["times_s"][i] for r in results) for i in range(count)]
     return slowest, int(results[0]["bytes_sent"])
 
 
 def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
-                  grad_bytes: int, cal: Calibration, progress: Progress) -> None:
+                  grad_bytes: int, cal: Calibration, progress: Progress, agents: ProbeAgents | None = None) -> None:
     """The rate of the DP all-reduce inside a DC: the workers' own ring of `grad_bytes`
     (the largest stage's gradients) between the hosts of DP neighbours, all pairs at
     once (as the rings of every stage run together), single-stream channels; rate =
     bytes each replica sends / median time (the first run, which opens the connections'
     windows, not counted)."""
     count = scenario.runner.calibration_transfers + 1
-    times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-")
+    times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-", agents)
     timed = times[1:]
     cal.lan_pairs, cal.lan_nbytes, cal.lan_transfer_s = [tuple(p) for p in pairs], grad_bytes, timed
     cal.lan_rate_bps = sent * 8 / max(1e-6, median(timed))

@@ -25,7 +25,7 @@ from typing import Any
 
 from testbed.run.common import RunnerError, path_links
 from testbed.run.ports import PortPlan
-from testbed.run.variants import VariantSetup
+from testbed.run.variants import VariantSetup, grad_wire_bytes
 from testbed_core.contracts.worker_job import (
     ChannelJob,
     DeviceJob,
@@ -195,14 +195,6 @@ def add_real_jobs(workload: Any, run_dir: Path, torch_device: str) -> dict[str, 
 
     return real_jobs(workload=workload, variant_folder=Path(run_dir).parent, torch_device=torch_device,
                      worker_id=worker_id)
-
-
-def grad_wire_bytes(workload: Any, eff: Any, rank: int) -> int:
-    """The gradient bytes a worker of `rank` all-reduces: its stages' parameters x the
-    dtype's bytes x the workload's scale (at least one byte)."""
-    par = workload.parallelism
-    params = sum(eff.stage_params[c * par.pp + rank] for c in range(par.chunks))
-    return max(1, int(params * workload.model_spec().dtype_bytes * workload.scale))
 
 
 def dp_sync_jobs(setup: VariantSetup, workload: Any, eff: Any, topology: Any, hosts: Mapping[str, str],

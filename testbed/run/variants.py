@@ -23,11 +23,25 @@ variant's own warm-up iterations measured.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
 
-from testbed.run.calibration import Calibration
+from testbed.progress import Progress
+from testbed.run.calibration import (
+    Calibration,
+    PathCalibration,
+    ProbeAgents,
+    calibrate,
+    calibrate_lan,
+    calibrate_link,
+    calibrate_wan_rings,
+    dp_lan_pairs,
+)
 from testbed.run.common import RunnerError, nominal_link
+from testbed.run.network import Network
 from testbed.run.scenario import Scenario
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
@@ -35,17 +49,19 @@ from testbed_core.planning.prediction import (
     Prediction,
     Sharing,
     Variant,
+    allreduce_time,
     build_spec,
     choose_sharing,
     predict,
 )
 from testbed_core.planning.search import search_placement
 from testbed_core.simulate import simulate
-from testbed_core.topology import MAX_RATE_BPS, Topology
+from testbed_core.topology import MAX_RATE_BPS, Topology, shortest_path
 from testbed_core.variants import (
     RunVariant,
     VariantDef,
     VariantError,
+    get_variant,
     has_bubbletea,
     parse_run_variant,
     parse_run_variants,
@@ -60,6 +76,19 @@ STREAMS_MARGIN = 0.05  # fill-link leaves its formula's stream count only for on
 LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
 MAX_STREAMS = 64
 DEFAULT_AUTO_STREAMS = 8  # transport.streams: auto before (or without) a calibration
+
+
+@dataclass(frozen=True)
+class PathRates:
+    """What the calibration measured on one WAN path a variant crosses, for its stream
+    count: its channel's rate alone there, the aggregate of its colliding channels, the
+    path's nominal bottleneck, and the aggregate of the DP rings crossing it."""
+
+    dcs: tuple[str, str]
+    rate_bps: float | None
+    colliding_bps: float | None
+    nominal_bps: float | None
+    ring_bps: float | None = None
 
 
 @dataclass
@@ -78,6 +107,8 @@ class VariantSetup:
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
     sharing_requested: str = "shared"  # what the scenario asked for: "shared", "temporal" or "auto"
     sharing_alternatives: dict[str, float] | None = None  # sharing "auto": a-priori prediction of each way
+    # each WAN path's own calibrated figures (per DC pair): the prediction uses them, not one factor for all
+    path_rates: dict[tuple[str, str], PathRates] = field(default_factory=dict)
 
     @property
     def name(self) -> str:
@@ -129,6 +160,9 @@ def run_variants(scenario: Scenario, only: Sequence[str] | None = None) -> list[
             if bt.compare:
                 out.append(RunVariant(definition))
             out.append(RunVariant(definition, bubbletea=True))
+            # dispatch twins (bubbletea.compare_dispatch): the same run, prefill dispatched otherwise
+            out += [RunVariant(definition, bubbletea=True, dispatch=mode)
+                    for mode in dict.fromkeys(bt.compare_dispatch) if mode != bt.dispatch]
         else:
             out.append(RunVariant(definition))
     return out
@@ -264,17 +298,73 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
     return rate_bps / streams, link, crowded
 
 
+def path_topology(topology: Topology, link_bps: dict[tuple[str, str], float], local: bool) -> Topology:
+    """The topology as the predictor sees it with every calibrated path's own figure:
+    each link on the route of a path in `link_bps` carries that path's calibrated
+    capacity (scaled by its share of the route's nominal bottleneck); links no path of
+    the variant crosses keep their nominal rate; no delays in local mode."""
+    data = topology.model_dump()
+    factors: dict[frozenset[str], float] = {}
+    for (a, z), bps in link_bps.items():
+        route = shortest_path(a, z, topology.wan)
+        bottleneck = min(topology.link(x, y).rate for x, y in zip(route, route[1:], strict=False))
+        for x, y in zip(route, route[1:], strict=False):
+            key = frozenset((x, y))
+            factors[key] = min(factors.get(key, math.inf), bps / bottleneck)
+    for link in data["wan"]:
+        factor = factors.get(frozenset(link["between"]), 1.0)
+        link["rate"] = min(link["rate"] * factor, MAX_RATE_BPS)
+        for ch in link.get("changes") or []:
+            if ch.get("rate") is not None:
+                ch["rate"] = min(ch["rate"] * factor, MAX_RATE_BPS)
+        if local:
+            link["delay"] = 0.0
+            link["jitter"] = 0.0
+    data.pop("source", None)
+    return type(topology).model_validate(data)
+
+
+def _allreduce_on(scenario: Scenario) -> bool:
+    return scenario.workload.parallelism.dp > 1 and (
+        scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
+
+
 def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
              pair: tuple[str, str] | None, local: bool,
              colliding_bps: float | None = None) -> tuple[NetParams, Topology]:
+    """The network the prediction of `setup` sees. With `rate_bps` None and per-path
+    figures (`setup.path_rates`), each path its own (a temporal plan's transfers hold
+    their link ``token_margin`` longer than their measured time); otherwise `rate_bps`
+    (and `colliding_bps`) on every link, scaled from the path of `pair`."""
+    if rate_bps is None and setup.path_rates:
+        return _net_per_path(setup, scenario, local)
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
                                            nominal, colliding_bps or setup.colliding_bps)
-    allreduce = scenario.workload.parallelism.dp > 1 and (
-        scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
-    net = NetParams(flow_rate_bps=flow, allreduce=allreduce, crowded_fraction=None if local else crowded,
-                    lan_rate_bps=setup.lan_rate_bps)
+    net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
+                    crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps)
     return net, calibrated_topology(scenario.topology, link, pair, local)
+
+
+def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple[NetParams, Topology]:
+    temporal = setup.variant.sharing == "temporal"
+    hold = 1 + scenario.runner.token_margin if temporal else 1.0
+    flows: dict[tuple[str, str], float] = {}
+    crowd: dict[tuple[str, str], float] = {}
+    links: dict[tuple[str, str], float] = {}
+    rings: dict[tuple[str, str], float] = {}
+    for key, pr in setup.path_rates.items():
+        if pr.rate_bps is not None:
+            flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
+                                                   pr.colliding_bps)
+            flows[key], links[key] = flow, link
+            if crowded is not None and not local:
+                crowd[key] = crowded
+        if pr.ring_bps is not None:
+            rings[key] = pr.ring_bps
+    net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
+                    path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings)
+    return net, path_topology(scenario.topology, links, local)
 
 
 # ------------------------------------------------------------------ prediction
@@ -301,7 +391,7 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
     eff = workload.effective(base_dir)
     if compute is not None:
         eff = replace(eff, stage_forward_s=list(compute[0]), stage_backward_s=list(compute[1]))
-    if rate_bps is None:
+    if rate_bps is None and not setup.path_rates:
         rate_bps = setup.rate_bps
     assert setup.prediction is not None, "repredict needs the variant's a-priori prediction (plan_variant)"
     plan = setup.prediction.plan
@@ -314,7 +404,9 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
                                colliding_bps).iteration_time_s
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
     spec, _ = build_spec(topo, workload, setup.placement, setup.variant, eff, net)
-    return simulate(plan.apply(spec)).makespan
+    sim = simulate(plan.apply(spec))
+    ring = allreduce_time(topo, workload, setup.placement, eff, sim, setup.variant, net) if net.allreduce else 0.0
+    return sim.makespan + ring
 
 
 # ------------------------------------------------------------------ one variant's plan
@@ -368,6 +460,13 @@ def plan_variant(
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
+    if cal is not None and cal.paths:
+        setup.path_rates = path_rates_of(placement, scenario, cal, streams)
+        first = next((pr for pr in setup.path_rates.values() if pr.rate_bps is not None), None)
+        if first is not None:  # reported as the variant's channel rate: its first crossing's
+            rate, setup.colliding_bps = first.rate_bps, first.colliding_bps
+            pc = cal.path(*first.dcs)
+            pair = (pc.src, pc.dst) if pc is not None else pair
     options: dict[str, tuple[Variant, Prediction, float | None]] = {}
     for way in ("temporal", "shared"):
         if sharing not in (way, "auto"):
@@ -378,7 +477,8 @@ def plan_variant(
             # a transfer holds its link token_margin longer than its measured time on
             # the wire, so that one running late does not collide with the next
             way_rate = rate / (1 + scenario.runner.token_margin)
-        pred = predict_variant(setup, scenario, workload, base_dir, way_rate, pair, local)
+        pred = predict_variant(setup, scenario, workload, base_dir, None if setup.path_rates else way_rate, pair,
+                               local)
         options[way] = (setup.variant, pred, way_rate)
     if len(options) == 2:
         times = {way: opt[1].iteration_time_s for way, opt in options.items()}
@@ -402,9 +502,248 @@ def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Work
     for run in runs:
         try:
             setup = plan_variant(run, scenario, workload, base_dir, cal, auto_streams, local)
-            if cal is not None and setup.streams not in cal.rates_bps:
+            if cal is not None and not cal.paths and setup.streams not in cal.rates_bps:
                 raise RunnerError(f"variant {run.name}: {setup.streams} streams were not calibrated")
+            missing = [f"{a}<->{z}" for (a, z), pr in setup.path_rates.items()
+                       if pr.rate_bps is None and pr.ring_bps is None]
+            if missing:
+                raise RunnerError(f"variant {run.name}: {setup.streams} streams were not calibrated on "
+                                  f"{', '.join(missing)}")
             setups[run.name] = setup
         except (RunnerError, ValueError) as exc:
             setups[run.name] = RunnerError(f"variant {run.name}: {exc}")
     return setups
+
+
+# ------------------------------------------------------------------ per-path calibration
+
+@dataclass
+class PathUse:
+    """How the variants' placements use one WAN path (a pair of DCs, in the direction
+    first seen): the host pairs of the pipelines crossing it (upstream, downstream; one
+    per pipeline), which variants send pipeline traffic over it and with how many
+    channels at once each way, and the DP replicas whose rings cross it (dp-across-dc)."""
+
+    dcs: tuple[str, str]
+    pairs: list[tuple[str, str]] = field(default_factory=list)
+    channels: dict[str, int] = field(default_factory=dict)  # variant -> pipelines crossing it at once
+    ring_pairs: list[tuple[str, str]] = field(default_factory=list)
+    ring_variants: list[str] = field(default_factory=list)
+
+    @property
+    def variants(self) -> list[str]:
+        return list(dict.fromkeys([*self.channels, *self.ring_variants]))
+
+
+def _key(uses: dict[tuple[str, str], Any], a: str, z: str) -> tuple[str, str]:
+    return (z, a) if (z, a) in uses else (a, z)
+
+
+def pipeline_crossings(placement: Placement) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Per WAN path (DC pair, either order merged), the (upstream, downstream) hosts of
+    each pipeline's first boundary crossing it."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    for d in range(placement.dp):
+        seen = set()
+        for s in range(placement.pp - 1):
+            a, z = placement.dc_of(d, s), placement.dc_of(d, s + 1)
+            if a == z:
+                continue
+            key = _key(out, a, z)
+            if key in seen:
+                continue
+            seen.add(key)
+            out.setdefault(key, []).append((placement.hosts[(d, s)][0], placement.hosts[(d, s + 1)][0]))
+    return out
+
+
+def ring_crossings(placement: Placement) -> dict[tuple[str, str], list[tuple[str, str]]]:
+    """Per WAN path, the (replica 0, replica 1) hosts of each stage whose two-replica DP
+    ring crosses it (dp = 2; wider rings are left to the model)."""
+    out: dict[tuple[str, str], list[tuple[str, str]]] = {}
+    if placement.dp != 2:
+        return out
+    for r in range(placement.pp):
+        a, z = placement.dc_of(0, r), placement.dc_of(1, r)
+        if a != z:
+            out.setdefault(_key(out, a, z), []).append((placement.hosts[(0, r)][0], placement.hosts[(1, r)][0]))
+    return out
+
+
+def wan_uses(scenario: Scenario, runs: Sequence[RunVariant], base_dir: str | None) -> dict[tuple[str, str], PathUse]:
+    """Every WAN path the placements of `runs` cross, Atlas's own first (its first
+    crossing is the primary path, whose figures also stand at the top of the
+    calibration). A variant that cannot be placed is left out (its planning says why)."""
+    uses: dict[tuple[str, str], PathUse] = {}
+    rings = scenario.workload.parallelism.dp > 1 and scenario.runner.dp_allreduce \
+        and scenario.workload.gpu.mode != "real"
+    seen = set()
+    for definition in [get_variant("atlas"), *(r.variant for r in runs)]:
+        if definition.name in seen:
+            continue
+        seen.add(definition.name)
+        try:
+            pl = variant_placement(definition, scenario, scenario.workload, DEFAULT_AUTO_STREAMS, base_dir)
+        except ValueError:
+            continue
+        if any(not h for h in pl.hosts.values()):
+            continue
+        for (a, z), pairs in pipeline_crossings(pl).items():
+            use = uses.setdefault(_key(uses, a, z), PathUse(_key(uses, a, z)))
+            if use.dcs != (a, z):  # crossing the other way: the same path, its hosts the other way round
+                pairs = [(y, x) for x, y in pairs]
+            if not use.pairs or len(pairs) > len(use.pairs):
+                use.pairs = pairs
+            use.channels[definition.name] = len(pairs)
+        for (a, z), pairs in (ring_crossings(pl).items() if rings else ()):
+            use = uses.setdefault(_key(uses, a, z), PathUse(_key(uses, a, z)))
+            if use.dcs != (a, z):
+                pairs = [(y, x) for x, y in pairs]
+            if len(pairs) > len(use.ring_pairs):
+                use.ring_pairs = pairs
+            use.ring_variants.append(definition.name)
+    return uses
+
+
+def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, streams: int
+                  ) -> dict[tuple[str, str], PathRates]:
+    """The calibrated figures of every WAN path `placement` crosses, for `streams`."""
+    out: dict[tuple[str, str], PathRates] = {}
+    topo = scenario.topology
+    rings = ring_crossings(placement) if _allreduce_on(scenario) else {}
+    for (a, z) in [*pipeline_crossings(placement), *rings]:
+        if (a, z) in out or (z, a) in out:
+            continue
+        pc = cal.path(a, z)
+        route = shortest_path(a, z, topo.wan)
+        nominal = min(topo.link(x, y).rate for x, y in zip(route, route[1:], strict=False))
+        piped = (a, z) in pipeline_crossings(placement) or (z, a) in pipeline_crossings(placement)
+        ringed = (a, z) in rings or (z, a) in rings
+        out[(a, z)] = PathRates(
+            (a, z),
+            rate_bps=pc.rates_bps.get(streams) if pc and piped else None,
+            colliding_bps=pc.colliding_bps.get(streams) if pc and piped else None,
+            nominal_bps=nominal,
+            ring_bps=pc.ring_bps if pc and ringed and pc.ring_streams == streams else None,
+        )
+        if pc and ringed and not piped and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
+            out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])
+    return out
+
+
+def grad_wire_bytes(workload: Any, eff: Any, rank: int) -> int:
+    """The gradient bytes a worker of `rank` all-reduces: its stages' parameters x the
+    dtype's bytes x the workload's scale (at least one byte)."""
+    par = workload.parallelism
+    params = sum(eff.stage_params[c * par.pp + rank] for c in range(par.chunks))
+    return max(1, int(params * workload.model_spec().dtype_bytes * workload.scale))
+
+
+def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], net: Network, out: Path, secret: str,
+                       eff: EffectiveWorkload, progress: Progress, auto_candidates: Sequence[int],
+                       auto_margin: float) -> tuple[Calibration | None, int | None]:
+    """The run's calibration (None when ``runner.calibrate`` is off) and, for
+    ``transport.streams: auto``, the stream count it found best.
+
+    Every WAN path the variants' placements cross is timed on its own, through one
+    probe agent per host (testbed/run/calibration.py): tensors of the workload's wire
+    size with a single stream and the configured count (or the auto candidates), then
+    the count each variant crossing it will use, then, where two or more of a shared
+    variant's pipelines cross it at once, their colliding aggregate; a path the DP
+    rings cross (dp-across-dc) times those rings themselves, all at once. Inside the
+    DCs, the DP ring of Atlas's placement. The first path is Atlas's first crossing
+    (or, with no crossing, the path between the first and the last DC)."""
+    if not scenario.runner.calibrate:
+        return None, None
+    t0 = time.monotonic()
+    par = scenario.workload.parallelism
+    topo = scenario.topology
+    base_dir = scenario.workload_dir
+    uses = wan_uses(scenario, runs, base_dir)
+    if not any(u.pairs for u in uses.values()):  # no pipeline crosses a WAN: probe the first and last DC
+        a, z = topo.dcs[0], topo.dcs[-1]
+        key = _key(uses, a.name, z.name)
+        use = uses.pop(key, PathUse(key))
+        use.pairs = [(f"{a.name}-{a.hosts[0]}", f"{z.name}-{z.hosts[0]}")] if key == (a.name, z.name) \
+            else [(f"{z.name}-{z.hosts[0]}", f"{a.name}-{a.hosts[0]}")]
+        uses = {key: use, **uses}
+    atlas_pl = None
+    try:
+        atlas_pl = variant_placement(get_variant("atlas"), scenario, scenario.workload, DEFAULT_AUTO_STREAMS,
+                                     base_dir)
+    except ValueError:
+        pass
+    lan = dp_lan_pairs(atlas_pl) if atlas_pl is not None and par.dp > 1 and scenario.runner.dp_allreduce \
+        and scenario.workload.gpu.mode != "real" else []
+    s = scenario.transport.streams
+    counts = {1} | (set(auto_candidates) if s == "auto" else {int(s)})
+    folder = out / "calibration"
+    nbytes = eff.wire_activation_bytes
+    by_name = {r.variant.name: r for r in runs}
+    agents = ProbeAgents(net, folder, secret)
+    progress.log(f"calibrating {len(uses)} WAN path(s): "
+                 + ", ".join(f"{a}<->{z} ({', '.join(u.variants) or 'probe'})" for (a, z), u in uses.items()))
+    try:
+        hosts = [h for u in uses.values() for pair in [*u.pairs, *u.ring_pairs] for h in pair]
+        agents.start([*hosts, *(h for pair in lan for h in pair)])  # every agent at once
+        paths: list[PathCalibration] = []
+        for (a, z), use in uses.items():
+            first = use.pairs[0] if use.pairs else use.ring_pairs[0]
+            latency = 0.0 if net.local else topo.path_delay(a, z)
+            pc = PathCalibration(dcs=(a, z), src=first[0], dst=first[1], nbytes=nbytes, latency_s=latency,
+                                 nominal_bps=nominal_link(topo, first), variants=use.variants)
+            paths.append(pc)
+            if use.pairs:
+                calibrate(net, scenario, folder, secret, _two_way(use.pairs), sorted(counts), nbytes, latency,
+                          progress, pc, agents)
+        cal = Calibration(src=paths[0].src, dst=paths[0].dst, nbytes=nbytes, latency_s=paths[0].latency_s,
+                          paths=paths)
+        cal.mirror_primary()
+        auto = None
+        if s == "auto":
+            from atlas_transport.auto import choose
+
+            auto = choose({n: cal.rates_bps[n] for n in auto_candidates}, auto_margin)
+        nominal = nominal_link(topo, (cal.src, cal.dst))
+        for pc, use in zip(paths, uses.values(), strict=True):
+            # the count each variant's policy asks for (fill-link: by formula on the primary
+            # path); plan_variant then keeps, of the counts measured, the fastest on the primary
+            runs_here = [by_name[v] for v in use.channels if v in by_name]
+            if use.pairs and runs_here:
+                wanted = {choose_streams(run, scenario, cal.rate(1), nominal, auto) for run in runs_here}
+                calibrate(net, scenario, folder, secret, _two_way(use.pairs), sorted(wanted), nbytes, pc.latency_s,
+                          progress, pc, agents)
+            cal.mirror_primary()
+        for pc, use in zip(paths, uses.values(), strict=True):
+            collide: dict[int, int] = {}
+            for name in use.channels:
+                if name not in by_name:
+                    continue
+                definition = by_name[name].variant
+                if definition.streams == "one" or requested_sharing(definition, scenario) == "temporal":
+                    continue
+                n = variant_streams(definition, scenario, cal, auto, nominal)
+                collide[n] = max(collide.get(n, 0), use.channels[name])
+            for n, k in sorted(collide.items()):
+                if k > 1:
+                    calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
+            ring_runs = [by_name[v] for v in use.ring_variants if v in by_name]
+            if use.ring_pairs and ring_runs:
+                n = variant_streams(ring_runs[0], scenario, cal, auto, nominal)
+                grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
+                calibrate_wan_rings(net, scenario, folder, secret, use.ring_pairs, n, grad, pc, progress, agents)
+            cal.mirror_primary()
+        if lan:
+            grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
+            calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress, agents)
+    finally:
+        agents.close()
+    cal.wall_s = time.monotonic() - t0
+    progress.log(f"  calibration took {cal.wall_s:.1f} s")
+    return cal, auto
+
+
+def _two_way(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:
+    """A forward channel and a reverse one (another pipeline's, when there is one):
+    pipelines send activations and gradients across the WAN at the same time."""
+    return [pairs[0], pairs[1][::-1] if len(pairs) > 1 else pairs[0][::-1]]

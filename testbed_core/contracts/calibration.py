@@ -5,6 +5,12 @@
 bits/s, as the variants' predictions need it); `CalibrationReport` is its form in
 ``summary.json`` (Mbit/s, stream counts as JSON keys, the method spelled out), made by
 `Calibration.report` and read back by whoever reads a summary.
+
+Every WAN path the variants' placements cross is timed on its own (`PathCalibration`,
+one per pair of DCs: its single-stream rate, the rates of the stream counts the
+variants send with there, and, where several channels collide on it, their aggregate);
+the top-level figures of `Calibration` repeat those of the primary path (the first
+crossing of Atlas's placement) for the readers that want one path.
 """
 
 from __future__ import annotations
@@ -13,6 +19,84 @@ from pydantic import BaseModel, ConfigDict, Field
 
 PROBE_WARMUP = 2
 """Calibration tensors sent first and not timed (connection set-up, window growth)."""
+
+
+def dc_of_host(host: str) -> str:
+    """The DC of a host named `<dc>-<host>` (the emulation's naming)."""
+    return host.split("-", 1)[0]
+
+
+class PathCalibrationReport(BaseModel):
+    """``summary.json`` ``calibration.paths[]``: one WAN path's measured speed."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    dcs: tuple[str, str]
+    src: str
+    dst: str
+    one_way_delay_s: float
+    nominal_rate_mbps: float | None = None
+    channel_rate_mbps: dict[str, float]
+    per_flow_rate_mbps: dict[str, float]
+    transfer_s: dict[str, list[float]]
+    concurrent_channels: int
+    colliding_channels_aggregate_mbps: dict[str, float]
+    colliding_transfer_s: dict[str, list[float]]
+    variants: list[str] = Field(default_factory=list)
+    # the DP rings crossing this path (dp-across-dc), all at once: their aggregate
+    ring_channels: int | None = None
+    ring_streams: int | None = None
+    ring_nbytes: int | None = None
+    ring_aggregate_mbps: float | None = None
+    ring_s: list[float] | None = None
+
+
+class PathCalibration(BaseModel):
+    """One WAN path (between two DCs, both directions at once) as the probes measured
+    it: per stream count, each timed transfer and the channel rate they give; apart,
+    the aggregate of `concurrent` channels colliding on it, per stream count."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    dcs: tuple[str, str]
+    src: str
+    dst: str
+    nbytes: int
+    latency_s: float
+    nominal_bps: float | None = None
+    transfer_s: dict[int, list[float]] = Field(default_factory=dict)
+    rates_bps: dict[int, float] = Field(default_factory=dict)
+    concurrent: int = 0
+    colliding_bps: dict[int, float] = Field(default_factory=dict)
+    colliding_s: dict[int, list[float]] = Field(default_factory=dict)
+    variants: list[str] = Field(default_factory=list)  # the variants whose placement crosses it
+    ring_channels: int | None = None  # DP rings crossing the path, timed all at once
+    ring_streams: int | None = None
+    ring_nbytes: int | None = None  # gradient bytes of each ring
+    ring_bps: float | None = None  # their aggregate each way: rings x bytes each replica sends / ring time
+    ring_s: list[float] | None = None
+
+    def rate(self, streams: int) -> float:
+        return self.rates_bps[streams]
+
+    def joins(self, a: str, b: str) -> bool:
+        """Whether this is the path between DCs `a` and `b` (either order)."""
+        return {a, b} == set(self.dcs)
+
+    def report(self) -> PathCalibrationReport:
+        return PathCalibrationReport(
+            dcs=self.dcs, src=self.src, dst=self.dst, one_way_delay_s=self.latency_s,
+            nominal_rate_mbps=None if self.nominal_bps is None else self.nominal_bps / 1e6,
+            channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
+            per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
+            transfer_s={str(n): v for n, v in sorted(self.transfer_s.items())},
+            concurrent_channels=self.concurrent,
+            colliding_channels_aggregate_mbps={str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
+            colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
+            variants=self.variants, ring_channels=self.ring_channels, ring_streams=self.ring_streams,
+            ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
+            ring_s=self.ring_s,
+        )
 
 
 class CalibrationReport(BaseModel):
@@ -36,6 +120,10 @@ class CalibrationReport(BaseModel):
     lan_nbytes: int | None = None
     lan_channel_rate_mbps: float | None = None
     lan_transfer_s: list[float] | None = None
+    # every WAN path the variants' placements cross, each timed on its own (the first: the
+    # primary path above); None in summaries written before per-path calibration
+    paths: list[PathCalibrationReport] | None = None
+    wall_s: float | None = None  # how long the calibration took
 
     def rate_mbps(self, streams: int) -> float | None:
         return self.channel_rate_mbps.get(str(streams))
@@ -63,14 +151,45 @@ class Calibration(BaseModel):
     lan_nbytes: int | None = None
     lan_rate_bps: float | None = None
     lan_transfer_s: list[float] | None = None
+    paths: list[PathCalibration] = Field(default_factory=list)
+    wall_s: float | None = None
 
     def rate(self, streams: int) -> float:
         return self.rates_bps[streams]
 
+    def primary(self) -> PathCalibration:
+        """The primary path: the first of `paths`, or the top-level figures as one path."""
+        if self.paths:
+            return self.paths[0]
+        return PathCalibration(dcs=(dc_of_host(self.src), dc_of_host(self.dst)), src=self.src, dst=self.dst,
+                               nbytes=self.nbytes, latency_s=self.latency_s, transfer_s=self.transfer_s,
+                               rates_bps=self.rates_bps, concurrent=self.concurrent,
+                               colliding_bps=self.colliding_bps, colliding_s=self.colliding_s)
+
+    def path(self, a: str, b: str) -> PathCalibration | None:
+        """The calibration of the path between DCs `a` and `b` (either order); None
+        when it was not timed. Without per-path figures, the one path timed stands for
+        every path (the calibration of summaries before per-path calibration)."""
+        for p in self.paths:
+            if p.joins(a, b):
+                return p
+        return None if self.paths else self.primary()
+
+    def mirror_primary(self) -> None:
+        """Copy the primary path's figures to the top level (what one-path readers read)."""
+        if not self.paths:
+            return
+        p = self.paths[0]
+        self.src, self.dst, self.nbytes, self.latency_s = p.src, p.dst, p.nbytes, p.latency_s
+        self.transfer_s, self.rates_bps = dict(p.transfer_s), dict(p.rates_bps)
+        self.concurrent, self.colliding_bps, self.colliding_s = p.concurrent, dict(p.colliding_bps), dict(p.colliding_s)
+
     def report(self) -> CalibrationReport:
         """The ``summary.json`` block of this calibration."""
         return CalibrationReport(
-            method=("tensors of the workload's wire size timed over one atlas_transport channel from "
+            method=(("every WAN path the variants' placements cross timed on its own (paths; the top level is "
+                     "the first of them), each as follows: " if self.paths else "")
+                    + "tensors of the workload's wire size timed over one atlas_transport channel from "
                     f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
                     "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
                     f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
@@ -78,7 +197,11 @@ class Calibration(BaseModel):
                     + ("; inside the DCs: the workers' DP ring all-reduce of the largest stage's gradients "
                        "(lan_nbytes) between DP neighbours, all rings at once, rate = bytes each replica sends / "
                        "median ring time (the first not timed)"
-                       if self.lan_rate_bps is not None else "")),
+                       if self.lan_rate_bps is not None else "")
+                    + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
+                       "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
+                       "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
+                       if any(p.ring_bps for p in self.paths) else "")),
             src=self.src, dst=self.dst, nbytes=self.nbytes, one_way_delay_s=self.latency_s,
             channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
             per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
@@ -89,6 +212,8 @@ class Calibration(BaseModel):
             lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
             lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,
             lan_transfer_s=self.lan_transfer_s,
+            paths=[p.report() for p in self.paths] or None,
+            wall_s=self.wall_s,
         )
 
     def to_json(self) -> dict:

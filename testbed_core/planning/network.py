@@ -5,7 +5,8 @@ after another over its N TCP connections, so a channel moves at most
 ``N x per-flow rate``. The per-flow rate is the TCP window over the RTT
 (window = min(sender tcp_wmem max, receiver tcp_rmem max x rmem_fraction)) and, on
 lossy links, Mathis et al.'s ``1.22 MSS / (RTT sqrt(loss))``; a measured rate
-(`NetParams.flow_rate_bps`, e.g. the runner's calibration) replaces the formula. A
+(`NetParams.flow_rate_bps`, e.g. the runner's calibration, or each path's own in
+`NetParams.path_flow_rate_bps`) replaces the formula. A
 route between two DCs is the lowest-latency path of WAN links; its bottleneck is the
 slowest of them.
 """
@@ -13,6 +14,7 @@ slowest of them.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -34,6 +36,35 @@ class NetParams:
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)
     crowded_fraction: float | None = None
+    # per DC pair (either order), each WAN path's own measured per-flow rate and, per
+    # link (its two DCs), its own crowded fraction: a calibration that timed every path
+    # the placements use (testbed/run/calibration.py). A pair not listed falls back to
+    # `flow_rate_bps` / `crowded_fraction`.
+    path_flow_rate_bps: Mapping[tuple[str, str], float] | None = None
+    link_crowded_fraction: Mapping[tuple[str, str], float] | None = None
+    # per link, what the DP rings crossing it moved in all, each way, running together
+    # (the calibration's ring probe); replaces the channel-rate model of the all-reduce there
+    link_ring_rate_bps: Mapping[tuple[str, str], float] | None = None
+
+    def flow_rate_for(self, a: str, z: str) -> float | None:
+        """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
+        return _either(self.path_flow_rate_bps, a, z, self.flow_rate_bps)
+
+    def ring_rate_for(self, a: str, z: str) -> float | None:
+        """The measured aggregate of the DP rings crossing the link between `a` and `z`, if any."""
+        return _either(self.link_ring_rate_bps, a, z, None)
+
+    def crowded_for(self, a: str, z: str) -> float | None:
+        """The crowded fraction of the link between DCs `a` and `z`, if any."""
+        return _either(self.link_crowded_fraction, a, z, self.crowded_fraction)
+
+
+def _either(table: Mapping[tuple[str, str], float] | None, a: str, z: str, default: float | None) -> float | None:
+    if table:
+        for key in ((a, z), (z, a)):
+            if key in table:
+                return table[key]
+    return default
 
 
 @dataclass(frozen=True)
@@ -77,8 +108,9 @@ def wan_path(
     latency = sum(link.delay for link in links)
     rtt = 2 * latency
     bottleneck = min(link.rate for link in links)
-    if net.flow_rate_bps is not None:
-        flow = net.flow_rate_bps
+    measured = net.flow_rate_for(src, dst)
+    if measured is not None:
+        flow = measured
     else:
         window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
         flow = window * 8 / rtt if rtt > 0 else math.inf

@@ -160,7 +160,8 @@ def build_spec(
                 wp = wan[(a, z)]
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
                     rate = topology.link(x, y).rate
-                    crowded = None if net.crowded_fraction is None else rate * net.crowded_fraction
+                    fraction = net.crowded_for(x, y)
+                    crowded = None if fraction is None else rate * fraction
                     resources[wan_resource(x, y)] = Resource(rate, crowded_bps=crowded)
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s)
@@ -178,7 +179,8 @@ def allreduce_time(
     hop of the ring, plus 2(dp-1) one-way latencies. Stages whose rings share a WAN
     link share it: one ring alone moves at its channel's rate, several together at
     what colliding channels get of the link (``net.crowded_fraction`` of its rate, at
-    least one channel's rate)."""
+    least one channel's rate), or, where the rings crossing the link were measured
+    running together (``net.link_ring_rate_bps``), at that aggregate."""
     dp = workload.parallelism.dp
     if dp == 1:
         return 0.0
@@ -211,9 +213,12 @@ def allreduce_time(
                 wan_rings[res] = wan_rings.get(res, 0) + 1
     for res, bits in wan_load.items():
         lat, rate = wan_info[res]
-        if wan_rings[res] > 1:  # several rings' channels collide on the link
-            a, z = res.removeprefix("wan:").split("->")
-            rate = max(rate, topology.link(a, z).rate * (net.crowded_fraction or 1.0))
+        a, z = res.removeprefix("wan:").split("->")
+        measured = net.ring_rate_for(a, z)
+        if measured is not None:  # what these rings moved together, measured (the calibration's ring probe)
+            rate = measured
+        elif wan_rings[res] > 1:  # several rings' channels collide on the link
+            rate = max(rate, topology.link(a, z).rate * (net.crowded_for(a, z) or 1.0))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
 

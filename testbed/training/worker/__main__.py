@@ -14,10 +14,15 @@ def main(argv: list[str] | None = None) -> int:
     """Run the job file named on the command line; the exit status (see the module doc)."""
     argv = sys.argv[1:] if argv is None else argv
     if len(argv) != 1 or argv[0] in ("-h", "--help"):
-        print("usage: python -m testbed.training.worker JOB.json  (job files are written by `testbed run`)",
-              file=sys.stderr)
+        print("usage: python -m testbed.training.worker JOB.json | --probe-agent  (job files are written by "
+              "`testbed run`)", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if argv[0] == "--probe-agent":  # the calibration's probes of one host (testbed/training/worker/probe.py)
+        from testbed.training.worker.probe import run_agent
+
+        run_agent()
+        return 0
     try:
         job = load_job(argv[0])
         if isinstance(job, TrainJob):

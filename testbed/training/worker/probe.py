@@ -1,22 +1,122 @@
 """The calibration probes (``probe-send`` / ``probe-recv``, testbed/run/calibration.py):
 `count` tensors over one channel of N streams, timed on the wall clock every process
-shares."""
+shares.
+
+A probe runs as a process of its own (``python -m testbed.training.worker JOB.json``)
+or, as the runner's calibration does it, in a probe agent: one long-lived process per
+host (``python -m testbed.training.worker --probe-agent``) that runs every probe job
+the runner hands it, each in a thread, so the calibration pays the start of a Python
+process that imports torch once per host instead of once per probe end. The agent
+speaks lines: it reads ``job <job file>``, ``go <name> <wall time>`` and ``quit`` on
+stdin, and answers ``ready`` once, then ``<name> listening``, ``<name> connected``,
+``<name> done`` or ``<name> failed <message>`` on stdout.
+"""
 
 from __future__ import annotations
 
 import json
 import os
 import sys
+import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from testbed.training.worker.channels import connect_with_retry, transport_config
-from testbed.training.worker.job import WorkerError
+from testbed.training.worker.job import WorkerError, load_job
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 
-def run_probe(job: ProbeJob) -> None:
+class ProbeIO:
+    """How a probe tells the runner where it is and learns its start instant: a probe
+    process prints a word on stdout and reads ``go <time>`` on stdin."""
+
+    def say(self, word: str) -> None:
+        print(word, flush=True)
+
+    def wait_go(self, name: str) -> float:
+        words = sys.stdin.readline().split()
+        if len(words) != 2 or words[0] != "go":
+            raise WorkerError(f"probe {name}: expected 'go <time>' on stdin, got {' '.join(words)!r}")
+        return float(words[1])
+
+
+class _AgentIO(ProbeIO):
+    """One probe of a probe agent: its words prefixed by its name, its start instant
+    handed over by the agent's reader."""
+
+    def __init__(self, name: str, out: Callable[[str], None]) -> None:
+        self.name, self.out = name, out
+        self.go = threading.Event()
+        self.start_at = 0.0
+
+    def say(self, word: str) -> None:
+        self.out(f"{self.name} {word}")
+
+    def wait_go(self, name: str) -> float:
+        if not self.go.wait(600):
+            raise WorkerError(f"probe {name}: no 'go' within 600 s")
+        return self.start_at
+
+
+def run_agent(stdin: Any = None, stdout: Any = None) -> None:
+    """The probe agent (module doc): runs the probe jobs named on `stdin` until ``quit``
+    or end of input, each in a thread; waits for them before returning."""
+    import torch  # noqa: F401  (imported once, before 'ready': the probes' first use pays nothing)
+
+    stdin = stdin or sys.stdin
+    stdout = stdout or sys.stdout
+    lock = threading.Lock()
+
+    def out(line: str) -> None:
+        with lock:
+            stdout.write(line + "\n")
+            stdout.flush()
+
+    probes: dict[str, _AgentIO] = {}
+    threads = []
+
+    def run_one(job: ProbeJob | RingProbeJob, io: _AgentIO) -> None:
+        try:
+            if isinstance(job, RingProbeJob):
+                run_ring_probe(job, io)
+            else:
+                run_probe(job, io)
+            out(f"{job.name} done")
+        except Exception as exc:  # noqa: BLE001 (reported to the runner, which fails the calibration)
+            out(f"{job.name} failed {type(exc).__name__}: {' '.join(str(exc).split())}")
+
+    out("ready")
+    for line in stdin:
+        words = line.split()
+        if not words:
+            continue
+        if words[0] == "quit":
+            break
+        if words[0] == "job" and len(words) == 2:
+            try:
+                job = load_job(words[1])
+                if not isinstance(job, ProbeJob | RingProbeJob):
+                    raise WorkerError(f"{words[1]}: a probe agent runs probe jobs, not role {job.role!r}")
+            except WorkerError as exc:
+                out(f"{Path(words[1]).name} failed WorkerError: {exc}")
+                continue
+            probes[job.name] = _AgentIO(job.name, out)  # registered before its 'go' can come
+            t = threading.Thread(target=run_one, args=(job, probes[job.name]), daemon=True,
+                                 name=f"probe-{job.name}")
+            t.start()
+            threads.append(t)
+        elif words[0] == "go" and len(words) == 3 and words[1] in probes:
+            probes[words[1]].start_at = float(words[2])
+            probes[words[1]].go.set()
+        else:
+            out(f"agent failed WorkerError: cannot read {line.strip()!r} (job <file> | go <name> <time> | quit)")
+    for t in threads:
+        t.join()
+
+
+def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     """Time `count` tensors over one channel. The receiver writes the arrival times,
     the sender the hand-over and confirmation times (wall clock), to `out`."""
     import torch
@@ -24,12 +124,13 @@ def run_probe(job: ProbeJob) -> None:
     from atlas_transport import listen
     from testbed.training.transport_comm import wall_of
 
+    io = io or ProbeIO()
     cfg = transport_config(job.transport, job.streams)
     result: dict[str, Any] = {"name": job.name, "role": job.role, "streams": job.streams, "nbytes": job.nbytes}
     deadline = time.monotonic() + job.timeout_s
     if job.role == "probe-recv":
         with listen(job.bind_ip, job.port, cfg) as lst:
-            print("listening", flush=True)
+            io.say("listening")
             ch = lst.accept(timeout=job.timeout_s)
             try:
                 if job.warmup_bytes:
@@ -50,11 +151,8 @@ def run_probe(job: ProbeJob) -> None:
             payload = torch.zeros(job.nbytes, dtype=torch.uint8)
             start_at = job.start_at
             if job.wait_go:  # all probes connected: the runner gives them one start instant
-                print("connected", flush=True)
-                words = sys.stdin.readline().split()
-                if len(words) != 2 or words[0] != "go":
-                    raise WorkerError(f"probe {job.name}: expected 'go <time>' on stdin, got {' '.join(words)!r}")
-                start_at = float(words[1])
+                io.say("connected")
+                start_at = io.wait_go(job.name)
             if start_at is not None:
                 while (left := start_at - time.time()) > 0:
                     time.sleep(left)
@@ -78,7 +176,7 @@ def run_probe(job: ProbeJob) -> None:
     os.replace(tmp, job.out)
 
 
-def run_ring_probe(job: RingProbeJob) -> None:
+def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
     """Open the one channel to the other replica, wait for the runner's common start
     ('connected', then 'go <time>' on stdin, as the other probes), then run the
     training workers' DP ring all-reduce `count` times; write each run's seconds and
@@ -88,11 +186,12 @@ def run_ring_probe(job: RingProbeJob) -> None:
     from atlas_transport import listen
     from testbed.training.allreduce import ring_allreduce, ring_plan
 
+    io = io or ProbeIO()
     cfg = transport_config(job.transport, job.streams)
     deadline = time.monotonic() + job.timeout_s
     if job.channel == "listen":
         with listen(job.bind_ip, job.port, cfg) as lst:
-            print("listening", flush=True)
+            io.say("listening")
             ch = lst.accept(timeout=job.timeout_s)
     else:
         ch = connect_with_retry(job.peer_ip, job.port, cfg, deadline, f"ring probe {job.name}")
@@ -100,11 +199,9 @@ def run_ring_probe(job: RingProbeJob) -> None:
         plan = ring_plan(job.dp_rank, 2, job.grad_bytes, job.bucket_bytes)
         bucket = max(plan.messages)
         filler, landing = torch.zeros(bucket, dtype=torch.uint8), torch.empty(bucket, dtype=torch.uint8)
-        print("connected", flush=True)
-        words = sys.stdin.readline().split()
-        if len(words) != 2 or words[0] != "go":
-            raise WorkerError(f"ring probe {job.name}: expected 'go <time>' on stdin, got {' '.join(words)!r}")
-        while (left := float(words[1]) - time.time()) > 0:
+        io.say("connected")
+        start_at = io.wait_go(f"ring probe {job.name}")
+        while (left := start_at - time.time()) > 0:
             time.sleep(left)
         peer = {1 - job.dp_rank: ch}
         times = [ring_allreduce(plan, peer, filler, landing, max(0.1, deadline - time.monotonic()))

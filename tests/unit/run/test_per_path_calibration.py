@@ -1,0 +1,94 @@
+"""Per-path calibration (testbed/run/variants.py `wan_uses`, `path_rates_of`, the
+per-path prediction; testbed_core/contracts/calibration.py `PathCalibration`): every
+WAN path the variants' placements cross is listed with the variants and host pairs
+that use it, and each path's own measured figures reach the prediction of the
+variants crossing it, not one factor for every link."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.run.scenario import load_scenario
+from testbed.run.variants import plan_variant, run_variants, wan_uses
+from testbed_core.contracts.calibration import Calibration, PathCalibration
+
+ROOT = Path(__file__).resolve().parents[3]
+SCENARIO = ROOT / "scenarios" / "atlas-4dc.yaml"
+
+
+def _scenario(**changes):
+    scenario, _ = load_scenario(SCENARIO, changes or None)
+    return scenario
+
+
+def _cal(ew: float, wm: float, me: float, ring: float | None = None) -> Calibration:
+    """A calibration of the three paths of atlas-4dc: 1 and 8 streams each at the given
+    8-stream rate (1 stream: a tenth), the rings of dp-across-dc on east-west."""
+    def path(dcs, r8, src, dst):
+        return PathCalibration(dcs=dcs, src=src, dst=dst, nbytes=1 << 20, latency_s=0.03,
+                               rates_bps={1: r8 / 10, 8: r8}, colliding_bps={8: 0.8 * r8}, concurrent=2)
+    paths = [path(("east", "west"), ew, "east-h3", "west-h1"), path(("west", "mid"), wm, "west-h3", "mid-h1"),
+             path(("mid", "edge"), me, "mid-h1", "edge-h1")]
+    if ring is not None:
+        paths[0].ring_bps, paths[0].ring_streams, paths[0].ring_channels = ring, 8, 5
+    cal = Calibration(src="east-h3", dst="west-h1", nbytes=1 << 20, latency_s=0.03, paths=paths)
+    cal.mirror_primary()
+    return cal
+
+
+def test_every_path_the_placements_cross_is_listed_with_its_variants() -> None:
+    scenario = _scenario()
+    uses = wan_uses(scenario, run_variants(scenario), None)
+    assert list(uses)[0] == ("east", "west")  # atlas's first crossing: the primary path
+    assert set(uses) == {("east", "west"), ("west", "mid"), ("mid", "edge")}
+    ew, wm, me = uses["east", "west"], uses["west", "mid"], uses["mid", "edge"]
+    assert ew.channels == {"atlas": 2, "baseline": 2, "multi-tcp": 2, "torch-gloo": 2}
+    assert ew.ring_variants == ["dp-across-dc"] and len(ew.ring_pairs) == 5  # every stage's ring
+    assert all(a.startswith("east-") and b.startswith("west-") for a, b in ew.ring_pairs)
+    assert set(wm.channels) == {"atlas", "baseline", "multi-tcp", "torch-gloo"}
+    assert set(me.channels) == {"baseline", "multi-tcp", "torch-gloo"}  # atlas never crosses mid-edge
+    assert all(a.startswith("mid-") and b.startswith("edge-") for a, b in me.pairs)
+
+
+def test_each_path_keeps_its_own_rate_in_the_prediction() -> None:
+    """Slowing only the mid-edge path slows the variants that cross it (baseline), not
+    atlas, whose placement stays on east-west and west-mid."""
+    scenario = _scenario()
+    wl = scenario.workload
+    fast, slow_edge = _cal(2e8, 2e8, 1e8), _cal(2e8, 2e8, 2e7)
+    base = {c: plan_variant("baseline", scenario, wl, None, cal, None) for c, cal in (("fast", fast),
+                                                                                      ("slow", slow_edge))}
+    atlas = {c: plan_variant("atlas", scenario, wl, None, cal, None) for c, cal in (("fast", fast),
+                                                                                    ("slow", slow_edge))}
+    assert set(base["fast"].path_rates) == {("east", "west"), ("west", "mid"), ("mid", "edge")}
+    assert base["slow"].path_rates["mid", "edge"].rate_bps == pytest.approx(2e6)  # 1 stream: a tenth
+    assert base["slow"].prediction.iteration_time_s > 1.5 * base["fast"].prediction.iteration_time_s
+    assert atlas["slow"].prediction.iteration_time_s == pytest.approx(atlas["fast"].prediction.iteration_time_s)
+
+
+def test_the_rings_measured_on_a_path_set_dp_across_dcs_all_reduce() -> None:
+    scenario = _scenario()
+    wl = scenario.workload
+    fast = plan_variant("dp-across-dc", scenario, wl, None, _cal(2e8, 2e8, 1e8, ring=2e8), None)
+    slow = plan_variant("dp-across-dc", scenario, wl, None, _cal(2e8, 2e8, 1e8, ring=1e8), None)
+    assert fast.path_rates["east", "west"].ring_bps == 2e8
+    # the rings move 5 stages x (params x 2 B x scale) each way: twice as long at half the rate
+    grown = slow.prediction.allreduce_s / fast.prediction.allreduce_s
+    assert 1.8 < grown < 2.05
+
+
+def test_a_calibration_without_paths_stands_for_every_path() -> None:
+    """Summaries and tests from before per-path calibration: the one path timed is
+    returned for any DC pair; with paths, an untimed pair is None."""
+    old = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=1, latency_s=0.01, rates_bps={1: 1e8})
+    assert old.path("x", "y").rates_bps == {1: 1e8}
+    new = _cal(2e8, 2e8, 1e8)
+    assert new.path("west", "east").dcs == ("east", "west")  # either order
+    assert new.path("east", "edge") is None
+    report = new.report()
+    assert [p.dcs for p in report.paths] == [("east", "west"), ("west", "mid"), ("mid", "edge")]
+    assert report.channel_rate_mbps == {"1": 20.0, "8": 200.0}  # the primary path at the top level
+    assert report.paths[2].channel_rate_mbps["8"] == 100.0
+    assert report.method.startswith("every WAN path")

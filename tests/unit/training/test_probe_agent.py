@@ -1,0 +1,61 @@
+"""The probe agent (testbed/training/worker/probe.py `run_agent`): one process per host
+runs every calibration probe handed to it, each in a thread, and answers in lines the
+runner reads (testbed/run/calibration.py `ProbeAgents`)."""
+
+from __future__ import annotations
+
+import io
+import json
+import socket
+import time
+from pathlib import Path
+
+from testbed.training.worker.probe import run_agent
+from testbed_core.contracts.worker_job import ProbeJob, TransportJob
+
+TRANSPORT = TransportJob(chunk_bytes=1 << 20, congestion=None, pacing_rate_mbps=None, connect_timeout_s=10.0)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_one_agent_runs_both_ends_of_a_probe(tmp_path: Path, monkeypatch) -> None:
+    """A receiver and a sender in one agent, over loopback: both say where they are,
+    the sender starts at the instant its 'go' gives, both write their times."""
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    port = _free_port()
+    common = {"port": port, "streams": 2, "nbytes": 1 << 16, "count": 3, "transport": TRANSPORT, "timeout_s": 30}
+    recv = ProbeJob(role="probe-recv", name="p-recv", out=str(tmp_path / "r.json"), **common)
+    send = ProbeJob(role="probe-send", name="p-send", peer_ip="127.0.0.1", wait_go=True, gap_s=0.01,
+                    out=str(tmp_path / "s.json"), **common)
+    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
+        (tmp_path / name).write_text(job.model_dump_json())
+    start = time.time() + 0.5
+    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\ngo p-send {start}\nquit\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    lines = stdout.getvalue().splitlines()
+    assert lines[0] == "ready"
+    assert {"p-recv listening", "p-send connected", "p-recv done", "p-send done"} <= set(lines), lines
+    sent = json.loads((tmp_path / "s.json").read_text())["sent"]
+    arrived = json.loads((tmp_path / "r.json").read_text())["arrived"]
+    assert len(sent) == len(arrived) == 3 and sent[0] >= start
+    assert all(a > s for s, a in zip(sent, arrived, strict=True))
+
+
+def test_the_agent_reports_what_it_cannot_run(tmp_path: Path) -> None:
+    """A job file that is not a probe job, a missing file and a line it cannot read are
+    answered with 'failed' lines naming the file or the line; the agent goes on."""
+    train = tmp_path / "train.job.json"
+    train.write_text(json.dumps({"role": "probe-send", "name": "x"}))
+    stdin = io.StringIO(f"job {train}\njob {tmp_path / 'none.json'}\nhello there\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    lines = stdout.getvalue().splitlines()
+    assert lines[0] == "ready"
+    assert lines[1].startswith("train.job.json failed WorkerError: ") and "train.job.json: " in lines[1]
+    assert lines[2].startswith("none.json failed WorkerError: ") and "no such job file" in lines[2]
+    assert lines[3] == ("agent failed WorkerError: cannot read 'hello there' (job <file> | go <name> <time> | quit)")

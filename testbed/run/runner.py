@@ -55,28 +55,18 @@ import yaml
 
 from testbed.progress import Progress
 from testbed.run.bubbletea import bubbletea_metrics
-from testbed.run.calibration import (
-    Calibration,
-    calibrate,
-    calibrate_lan,
-    calibrate_link,
-    calibration_pairs,
-    dp_lan_pairs,
-)
-from testbed.run.common import RunnerError, nominal_link, transport_job
+from testbed.run.calibration import Calibration
+from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs, grad_wire_bytes
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
 from testbed.run.variants import (
-    DEFAULT_AUTO_STREAMS,
     VariantSetup,
-    choose_streams,
+    calibrate_variants,
     plan_variants,
     repredict,
     run_variants,
-    shared_stream_counts,
-    variant_placement,
 )
 from testbed.run.workers import VariantRun, run_workers
 from testbed_core.configfile import ConfigError
@@ -87,7 +77,7 @@ from testbed_core.contracts.summary import (
     VariantResult,
     WanTailDrops,
 )
-from testbed_core.variants import RunVariant, get_variant
+from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
@@ -219,57 +209,10 @@ def check_runnable(scenario: Scenario, progress: Progress) -> None:
 def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, out: Path, secret: str,
                   eff: EffectiveWorkload, progress: Progress) -> tuple[Calibration | None, int | None]:
     """The calibration (None when ``runner.calibrate`` is off) and, for
-    ``transport.streams: auto``, the stream count it found best.
-
-    It times tensors of the workload's wire size on the path Atlas's placement
-    crosses (or between the first and last DC when it crosses none): first a single
-    stream and the configured count (or the auto candidates), then every count the
-    variant runs will use, then, when pipelines share the link, the colliding
-    aggregate of every count that may send on a shared link."""
-    if not scenario.runner.calibrate:
-        return None, None
-    par = scenario.workload.parallelism
-    topo = scenario.topology
-    # the path Atlas's own placement crosses (the search's, with runner.atlas_placement: search)
-    pl = variant_placement(get_variant("atlas"), scenario, scenario.workload, DEFAULT_AUTO_STREAMS,
-                           scenario.workload_dir)
-    pairs = calibration_pairs(pl)
-    if not pairs:  # every stage in one DC: probe between the first two DCs
-        pairs = [(f"{topo.dcs[0].name}-{topo.dcs[0].hosts[0]}", f"{topo.dcs[-1].name}-{topo.dcs[-1].hosts[0]}")]
-    dc_a, dc_b = pairs[0][0].split("-", 1)[0], pairs[0][1].split("-", 1)[0]
-    latency = 0.0 if net.local or dc_a == dc_b else topo.path_delay(dc_a, dc_b)
-    counts = {1}
-    s = scenario.transport.streams
-    if s == "auto":
-        counts |= set(AUTO_CANDIDATES)
-    else:
-        counts.add(int(s))
-    progress.log(f"calibrating {pairs[0][0]} -> {pairs[0][1]} ({', '.join(map(str, sorted(counts)))} streams)")
-    folder = out / "calibration"
-    a, b = pairs[0]
-    two_way = [pairs[0], pairs[1][::-1] if len(pairs) > 1 else (b, a)]
-    cal = calibrate(net, scenario, folder, secret, two_way, sorted(counts), eff.wire_activation_bytes, latency,
-                    progress)
-    auto = None
-    if s == "auto":
-        from atlas_transport.auto import choose
-
-        auto = choose({n: cal.rates_bps[n] for n in AUTO_CANDIDATES}, AUTO_MARGIN)
-    nominal = nominal_link(topo, pairs[0])
-    wanted = {choose_streams(run, scenario, cal.rate(1), nominal, auto) for run in runs}
-    calibrate(net, scenario, folder, secret, two_way, sorted(wanted), eff.wire_activation_bytes, latency,
-              progress, cal)
-    sharing = min(par.dp, len(pairs))
-    if sharing > 1:
-        # the colliding rate of every stream count that may share the link
-        for n in sorted(shared_stream_counts(scenario, runs, cal, auto, nominal)):
-            calibrate_link(net, scenario, folder, secret, pairs[:sharing], n, cal, progress)
-    lan = dp_lan_pairs(pl) if par.dp > 1 and scenario.runner.dp_allreduce and scenario.workload.gpu.mode != "real" \
-        else []
-    if lan:
-        grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
-        calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress)
-    return cal, auto
+    ``transport.streams: auto``, the stream count it found best: every WAN path the
+    variants' placements cross, each on its own (testbed/run/variants.py,
+    `calibrate_variants`)."""
+    return calibrate_variants(scenario, runs, net, out, secret, eff, progress, AUTO_CANDIDATES, AUTO_MARGIN)
 
 
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,

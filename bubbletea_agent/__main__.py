@@ -3,6 +3,7 @@
     python -m bubbletea_agent job.json          (the scenario runner's job file: job.py, an AgentJob)
     python -m bubbletea_agent run --config agent.yaml
     python -m bubbletea_agent decode-server --port 7070 --log decode.jsonl
+    python -m bubbletea_agent controller controller.json   (the prefill controller: controller/README.md)
     python -m bubbletea_agent simulate --rate 300 --period 1.0 --busy 0:0.3 --busy 0.5:0.3
 """
 
@@ -117,6 +118,23 @@ def simulate_cmd(iterations: int, period: float, busy: tuple[str, ...], rate: fl
     res = simulate_agent(sched, reqs, charge, admission=AdmissionConfig(chunking=not no_chunking), spec=spec)
     m = res.metrics()
     click.echo(json.dumps({k: (round(v, 4) if isinstance(v, float) else v) for k, v in m.items()}, indent=1))
+
+
+@main.command("controller")
+@click.argument("job_path", type=click.Path(dir_okay=False))
+def controller_cmd(job_path: str) -> None:
+    """Run the cluster's prefill controller from its job file (a ControllerJob:
+    testbed_core/contracts/prefill_service.py) until SIGTERM; API in
+    bubbletea_agent/controller/README.md."""
+    from bubbletea_agent.controller.server import run_job as run_controller
+    from bubbletea_agent.requests import TraceError
+
+    try:
+        summary = run_controller(job_path)
+    except TraceError as exc:
+        raise click.ClickException(str(exc)) from None
+    keys = ("arrived", "served", "rejected", "rejected_by_reason", "refused_bodies")
+    click.echo(json.dumps({k: summary.get(k) for k in keys}))
 
 
 @main.command("job")

@@ -38,6 +38,7 @@ from bubbletea_agent.engine import DeviceLike, KVCache, PrefillEngine, StartedLa
 from bubbletea_agent.kv_ship import ShipResult
 from bubbletea_agent.requests import Reason, Request, RequestLedger
 from bubbletea_agent.slots import EndOfSlots, Slot, SlotTracker
+from testbed_core.contracts.prefill_service import AgentStatus, Window
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,11 @@ class Agent:
     # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
     realtime_holds: bool = False
+    # dispatch: controller (bubbletea_agent/controller/): requests the controller sent this
+    # agent (drained at every look at arrivals), and where the device's status goes
+    inbox: Callable[[], Sequence[Request]] | None = None
+    on_status: Callable[[AgentStatus], None] | None = None
+    status_every_s: float = 0.02
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -155,6 +161,9 @@ class Agent:
     _next_learn: float = -math.inf
     _next_scan: float = -math.inf
     _rt_on: bool = False
+    _taken: int = 0  # requests taken from the inbox
+    _next_status: float = -math.inf
+    _predicted: dict[str, float] = field(default_factory=dict)  # id -> predicted whole-prompt seconds
     # recent holds: start -> (window end at the last commit, committed end, actual end),
     # so that a guard violation says whether the window or the wake-up was late
     _recent_holds: dict[float, tuple[float, float, float]] = field(default_factory=dict)
@@ -240,8 +249,14 @@ class Agent:
     def _arrivals(self, now: float) -> float | None:
         """Admit arrived requests to the queue; returns the next arrival time."""
         if self.epoch is None:
+            self._publish_status(now)
             return None
         longest = None if self._preemptible() else self.tracker.longest_s()
+        if self.inbox is not None:
+            for req in self.inbox():  # the controller decided these arrive here now
+                self._taken += 1
+                self._admit(req, longest)
+        self._publish_status(now)
         while self._next_req < len(self.requests):
             req = self.requests[self._next_req]
             if self._arrivals_closed_at is not None and self.epoch + req.arrival_s > self._arrivals_closed_at:
@@ -249,16 +264,52 @@ class Agent:
             if self.epoch + req.arrival_s > now:
                 return self.epoch + req.arrival_s
             self._next_req += 1
-            self.ledger.arrive(req)
-            why = self.admission.too_long(req, longest)
-            if why is not None:
-                self._reject(req.id, Reason.TOO_LONG, why)
-            elif len(self.queue) >= self.admission.cfg.max_queue:
-                self._reject(req.id, Reason.QUEUE_FULL, f"{len(self.queue)} requests queued")
-            else:
-                self.queue.append(Pending(req))
-                self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
+            self._admit(req, longest)
         return None
+
+    def _admit(self, req: Request, longest: float | None) -> None:
+        assert self.epoch is not None
+        self.ledger.arrive(req)
+        why = self.admission.too_long(req, longest)
+        if why is not None:
+            self._reject(req.id, Reason.TOO_LONG, why)
+        elif len(self.queue) >= self.admission.cfg.max_queue:
+            self._reject(req.id, Reason.QUEUE_FULL, f"{len(self.queue)} requests queued")
+        else:
+            self.queue.append(Pending(req))
+            if self.on_status is not None:
+                self._predicted[req.id] = self.admission.model.predict(req.prompt_tokens, 0)
+            self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
+
+    # ------------------------------------------------------------------ status
+
+    def _publish_status(self, now: float) -> None:
+        if self.on_status is None or now < self._next_status:
+            return
+        self._next_status = now + self.status_every_s
+        self.on_status(self.status(now))
+
+    def status(self, now: float) -> AgentStatus:
+        """The device as the controller needs it: the live window open now, the planned
+        idle slots ahead (corrected), the recent idle share, the work queued here."""
+        live = self._live_end(now) if self.window != "naive" else None
+        upcoming = []
+        if self.window != "naive":
+            for slot in list(self.tracker.slots.values()):
+                c = self.tracker.corrected(slot)
+                if c.length > 0 and c.end > now:
+                    upcoming.append(Window(start=c.start, end=c.end))
+        span = 3.0
+        busy = sum(max(0.0, min(e, now) - max(s, now - span)) for s, e in self._training[-512:])
+        idle = min(1.0, max(0.0, 1.0 - busy / span))
+        backlog = 0.0
+        for p in self.queue:
+            whole = self._predicted.get(p.request.id, 0.0)
+            backlog += whole * (p.left / max(1, p.request.prompt_tokens))
+        upcoming.sort(key=lambda w: w.start)
+        return AgentStatus(at=now, epoch=self.epoch, live_end=live, upcoming=upcoming[:8], idle_fraction=idle,
+                           backlog_s=backlog, queued=len(self.queue), taken=self._taken,
+                           arrivals_closed_at=self._arrivals_closed_at, ended=self.tracker.ended)
 
     def _expire(self, now: float) -> None:
         """Reject queued requests whose deadline passed (a started one is finished: its
@@ -421,10 +472,13 @@ class Agent:
                 clock.sleep(cursor - clock.now())
                 woke = clock.now()
                 self.counters.hold_wake_late_max_s = max(self.counters.hold_wake_late_max_s, woke - cursor)
+                whole_chunk = run.finishes_chunk
                 done = self._advance(run, t, woke)
                 if done is not None:
                     finished.append((done, woke))
                 ran.append(run)
+                if self.window == "naive" and whole_chunk:
+                    return  # colocation: one whole chunk, then the device is free for whoever asks
 
         collecting = gc.isenabled()
         gc.disable()  # a garbage collection pause inside the hold would overrun the window

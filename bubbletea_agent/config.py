@@ -38,6 +38,7 @@ from bubbletea_agent.requests import (
 )
 from testbed_core.contracts.bubbletea import (
     BubbleTeaSettings,
+    ControllerAddress,
     KVDestination,
     LivePaths,
     PrefillModelSpec,
@@ -124,7 +125,8 @@ class AgentConfig(_M):
     live: LiveConfig | None = None
     # which windows admission may fill: "planned" (published slots, corrected from the
     # timeline), "live" (the worker's live guarantees: never delays training), "both"
-    window: Literal["planned", "live", "both"] = "planned"
+    # "naive": colocation, no bubbles: a whole chunk whenever the device is free, no guard
+    window: Literal["planned", "live", "both", "naive"] = "planned"
     # requests stop arriving `arrivals_margin_s` before the planned end of iteration N (the
     # last one), so that each can still be served (None: until duration_s)
     arrivals_until_iteration: int | None = Field(default=None, ge=0)
@@ -145,10 +147,12 @@ class AgentConfig(_M):
     realtime_holds: bool = False
     max_runtime_s: float | None = Field(default=None, gt=0)
     slot_wait_s: float = Field(default=60.0, gt=0)  # give up if no slot is ever published
+    # dispatch: controller: sync with it and take work from it (bubbletea_agent/controller/)
+    controller: ControllerAddress | None = None
 
 
 def _check_window(cfg: AgentConfig, source: str) -> AgentConfig:
-    if cfg.window != "planned" and cfg.live is None:
+    if cfg.window not in ("planned", "naive") and cfg.live is None:
         raise AgentConfigError(f"{source}: window {cfg.window!r} needs a live section (live.status: the "
                                "worker's status record); use window: planned without one")
     return cfg
@@ -190,6 +194,31 @@ def load_config(path: str | Path) -> AgentConfig:
     return parse_config(data, str(path))
 
 
+def request_source(bubbletea: BubbleTeaSettings, *, seed: int, duration_s: float,
+                   base_dir: str | Path | None = None, shard_index: int = 0, shard_count: int = 1,
+                   id_prefix: str | None = None) -> PoissonSource | TraceSource:
+    """The request source of a scenario's `bubbletea.requests` (Poisson or a trace; a
+    relative trace path is relative to `base_dir`), this shard of it."""
+    req = bubbletea.requests
+    shard: dict[str, Any] = {"shard_index": shard_index, "shard_count": shard_count}
+    if id_prefix is not None:
+        shard["id_prefix"] = id_prefix
+    if req.trace:
+        path = Path(req.trace)
+        if base_dir is not None and not path.is_absolute():
+            path = Path(base_dir) / path
+        return TraceSource(path=path, deadline_s=req.deadline, **shard)
+    pt = req.prompt_tokens
+    if pt.dist == "fixed":
+        lengths: Any = FixedLength(tokens=int(round(pt.mean)))
+    elif pt.dist == "uniform":
+        lengths = UniformLength(min=pt.min, max=pt.max)
+    else:
+        lengths = LogNormalLength(mean=pt.mean, sigma=pt.sigma, min=pt.min, max=pt.max)
+    return PoissonSource(rate_per_s=req.rate, lengths=lengths, seed=seed,
+                         duration_s=duration_s, deadline_s=req.deadline, **shard)
+
+
 def config_from_scenario(
     bubbletea: BubbleTeaSettings,
     *,
@@ -209,29 +238,19 @@ def config_from_scenario(
     arrivals_until_iteration: int | None = None,
     nice: int | None = None,
     realtime_holds: bool = False,
+    controller: ControllerAddress | None = None,
 ) -> AgentConfig:
     """One agent's configuration from a scenario's validated `bubbletea:` section. The
     request rate there is for the whole cluster: every agent draws the same seeded
     stream and keeps its own shard of it. With no model in the section, the device
     decides: Llama-3-8B where it is modelled, the tiny preset (what a CPU can run) where
     it is real."""
-    req = bubbletea.requests
-    shard = {"shard_index": shard_index, "shard_count": shard_count}
-    if req.trace:
-        path = Path(req.trace)
-        if base_dir is not None and not path.is_absolute():
-            path = Path(base_dir) / path
-        source: Any = TraceSource(path=path, deadline_s=req.deadline, **shard)
-    else:
-        pt = req.prompt_tokens
-        if pt.dist == "fixed":
-            lengths: Any = FixedLength(tokens=int(round(pt.mean)))
-        elif pt.dist == "uniform":
-            lengths = UniformLength(min=pt.min, max=pt.max)
-        else:
-            lengths = LogNormalLength(mean=pt.mean, sigma=pt.sigma, min=pt.min, max=pt.max)
-        source = PoissonSource(rate_per_s=req.rate, lengths=lengths, seed=seed,
-                               duration_s=duration_s, deadline_s=req.deadline, **shard)
+    source = request_source(bubbletea, seed=seed, duration_s=duration_s, base_dir=base_dir,
+                            shard_index=shard_index, shard_count=shard_count)
+    if bubbletea.dispatch == "controller" and controller:
+        # the controller sends this agent its work: no shard of the stream of its own
+        source = source.model_copy(update={"count": 0}) if isinstance(source, PoissonSource) else \
+            source.model_copy(update={"limit": 0})
     if bubbletea.chunk_tokens == "auto":
         admission: dict[str, Any] = {"chunking": True}
     else:
@@ -240,8 +259,8 @@ def config_from_scenario(
     model = bubbletea.model
     if model is None:
         model = PrefillModelSpec(preset="llama-3-8b" if device.get("mode", "modelled") == "modelled" else "tiny")
-    window = bubbletea.window
-    if live is None and window != "planned":
+    window = "naive" if bubbletea.dispatch == "naive" else bubbletea.window
+    if live is None and window not in ("planned", "naive"):
         window = "planned"  # no live status published (e.g. a hand-made job): predictions only
     data: dict[str, Any] = {
         "owner": owner or f"bubbletea-{device.get('name', 'gpu')}",
@@ -260,5 +279,6 @@ def config_from_scenario(
         "arrivals_until_iteration": arrivals_until_iteration,
         "nice": nice,
         "realtime_holds": realtime_holds,
+        "controller": None if controller is None else controller.model_dump(),
     }
     return parse_config(data, "scenario bubbletea section")

@@ -61,7 +61,7 @@ def config_from_job(job: AgentJob) -> AgentConfig:
         epoch=job.epoch, seed=job.seed, decode=job.decode,
         owner=f"bubbletea:{job.worker}", base_dir=job.base_dir, kv_wire_scale=job.wire_scale,
         live=job.live, arrivals_until_iteration=None if job.iterations is None else job.iterations - 1,
-        nice=job.nice, realtime_holds=job.realtime_holds)
+        nice=job.nice, realtime_holds=job.realtime_holds, controller=job.controller)
 
 
 def run_job(path: str | Path) -> dict[str, Any]:

@@ -318,6 +318,11 @@ class Reason(enum.StrEnum):
     RUN_ENDED = "run_ended"  # still waiting when the agent stopped
     SHIP_FAILED = "ship_failed"  # KV cache could not reach the decode host
     ENGINE_ERROR = "engine_error"
+    # the prefill controller (bubbletea_agent/controller/)
+    DEADLINE_UNREACHABLE = "deadline_unreachable"  # no device's bubbles could start it within its deadline
+    UNKNOWN_DECODE_HOST = "unknown_decode_host"  # a client named a decode host the cluster does not have
+    NO_DEVICE = "no_device"  # every device's training ended
+    AGENT_LOST = "agent_lost"  # dispatched to an agent that stopped without reporting its end
 
 
 @dataclass

@@ -15,6 +15,7 @@ from __future__ import annotations
 import gc
 import json
 import logging
+import math
 import os
 import signal
 import sys
@@ -158,6 +159,7 @@ class Built:
     config: AgentConfig
     latency: LatencyModel
     notes: list[str] = field(default_factory=list)
+    link: Any = None  # controller.client.AgentLink (dispatch: controller)
 
 
 def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built:
@@ -226,8 +228,34 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
 
         waker = Waker(cfg.live.wake) if cfg.live.wake is not None else None
         notes.append(f"admission fills {cfg.window} windows (live: the worker's guarantees in {cfg.live.status})")
+    if cfg.window == "naive":
+        # colocation: every moment the device is free is a window, and nothing guards training
+        def live_bound() -> float:
+            return math.inf
+
+        notes.append("naive colocation: a whole chunk whenever the device is free, no guard")
     context = min(cfg.admission.max_prompt_tokens, cfg.model.max_position_embeddings)
     admission_cfg = cfg.admission.model_copy(update={"max_prompt_tokens": context})
+    link = None
+    if cfg.controller is not None:
+        from bubbletea_agent.controller.client import AgentLink
+        from testbed_core.contracts.prefill_service import AgentHello
+
+        points = sorted({n for n in (16, 64, 256, 1024, 4096, 16384, 65536) if n < context} | {context})
+        hello = AgentHello(device=device.name, decode_host=cfg.controller.decode_host,
+                           predict_s={n: latency.predict(n, 0) for n in points}, max_prompt_tokens=context)
+        link = AgentLink(cfg.controller.host, cfg.controller.port, cfg.controller.name, hello)
+        if on_record is not None:
+            write = on_record
+
+            def on_record(rec: dict[str, Any]) -> None:
+                write(rec)
+                link.ended(rec, agent.epoch)
+        else:
+            def on_record(rec: dict[str, Any]) -> None:
+                link.ended(rec, agent.epoch)
+
+        notes.append(f"work from the prefill controller at {cfg.controller.host}:{cfg.controller.port}")
     agent = Agent(
         clock=WallClock(), device=device, slots=SlotFeed(cfg.slots),
         timeline=TimelineTail(device.timeline_path),
@@ -239,7 +267,9 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         arrivals_until_iteration=cfg.arrivals_until_iteration, arrivals_margin_s=cfg.arrivals_margin_s,
         realtime_holds=cfg.realtime_holds,
     )
-    return Built(agent, device, cfg, latency, notes)
+    if link is not None:
+        agent.inbox, agent.on_status = link.take, link.status
+    return Built(agent, device, cfg, latency, notes, link)
 
 
 def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
@@ -272,6 +302,8 @@ def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
     with open(requests_path, "w", buffering=1) as rows:
         built = build(cfg, on_record=lambda rec: rows.write(json.dumps(rec) + "\n"), connect=connect)
         agent = built.agent
+        if built.link is not None:
+            built.link.start()
         gc.collect()
         gc.freeze()  # the libraries and the request list are permanent: collections stay short
         announce_ready(pid=os.getpid(), at=time.time(), requests=len(agent.requests))
@@ -295,6 +327,10 @@ def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
                                    detail=f"no idle slot was ever published in {cfg.slots}")
         else:
             summary = agent.finish()
+        if built.link is not None:
+            built.link.close()
+            summary["controller_link"] = {"syncs": built.link.syncs, "errors": built.link.errors,
+                                          "received": built.link.received}
         ended = time.time()
     summary.update({
         "owner": cfg.owner, "device": built.device.name, "device_mode": cfg.device.mode,

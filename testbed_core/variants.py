@@ -37,6 +37,9 @@ PlacementPolicy = Literal["atlas", "baseline", "dp-across"]
 DC (plain DDP across regions)."""
 
 BUBBLETEA_SUFFIX = "+bubbletea"
+DISPATCH_TWINS = ("controller", "shards", "naive")
+"""``bubbletea.compare_dispatch``: a +bubbletea run may have twins that dispatch prefill
+otherwise, named ``<variant>+bubbletea-<mode>`` (testbed_core/contracts/prefill_service.py)."""
 
 
 class VariantError(ValueError):
@@ -118,10 +121,12 @@ class RunVariant:
 
     variant: VariantDef
     bubbletea: bool = False
+    dispatch: str | None = None  # a dispatch twin's mode (None: the scenario's bubbletea.dispatch)
 
     @property
     def name(self) -> str:
-        return self.variant.name + (BUBBLETEA_SUFFIX if self.bubbletea else "")
+        twin = f"-{self.dispatch}" if self.bubbletea and self.dispatch else ""
+        return self.variant.name + (BUBBLETEA_SUFFIX if self.bubbletea else "") + twin
 
     @property
     def base(self) -> str:
@@ -129,11 +134,13 @@ class RunVariant:
 
 
 def parse_run_variant(name: str) -> RunVariant:
-    """'atlas' or 'atlas+bubbletea' -> RunVariant; unknown names raise VariantError."""
-    bt = name.endswith(BUBBLETEA_SUFFIX)
-    base = name.removesuffix(BUBBLETEA_SUFFIX)
+    """'atlas', 'atlas+bubbletea' or 'atlas+bubbletea-naive' -> RunVariant; unknown names
+    raise VariantError."""
+    bt = has_bubbletea(name)
+    base = base_name(name)
+    twin = dispatch_of(name)
     try:
-        return RunVariant(get_variant(base), bt)
+        return RunVariant(get_variant(base), bt, twin)
     except VariantError:
         raise VariantError(f"unknown variant {name!r} (allowed: {allowed_text(bubbletea=True)})") from None
 
@@ -158,13 +165,25 @@ def _refuse_unknown(unknown: list[str], bubbletea: bool) -> None:
         raise VariantError(f"unknown variant(s) {', '.join(unknown)} (allowed: {allowed_text(bubbletea)})")
 
 
+def dispatch_of(name: str) -> str | None:
+    """A dispatch twin's mode: 'atlas+bubbletea-naive' -> 'naive'; None for any other name."""
+    for mode in DISPATCH_TWINS:
+        if name.endswith(f"{BUBBLETEA_SUFFIX}-{mode}"):
+            return mode
+    return None
+
+
 def base_name(name: str) -> str:
-    """The variant a run name belongs to: 'atlas+bubbletea' -> 'atlas' (unknown names pass)."""
+    """The variant a run name belongs to: 'atlas+bubbletea' (or a dispatch twin,
+    'atlas+bubbletea-naive') -> 'atlas' (unknown names pass)."""
+    twin = dispatch_of(name)
+    if twin is not None:
+        name = name.removesuffix(f"-{twin}")
     return name.removesuffix(BUBBLETEA_SUFFIX)
 
 
 def has_bubbletea(name: str) -> bool:
-    return name.endswith(BUBBLETEA_SUFFIX)
+    return name.endswith(BUBBLETEA_SUFFIX) or dispatch_of(name) is not None
 
 
 def sort_key(name: str) -> tuple[int, int, str]:

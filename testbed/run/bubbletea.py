@@ -33,9 +33,11 @@ from testbed_core.contracts.bubbletea import (
     DECODE_SAME_DC,
     AgentDevice,
     AgentJob,
+    ControllerAddress,
     KVDestination,
     LivePaths,
 )
+from testbed_core.contracts.prefill_service import ControllerJob
 from testbed_core.contracts.worker_job import TrainJob
 
 DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
@@ -43,6 +45,7 @@ DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream
 # time however busy the cores are (it uses little CPU); decode servers only move KV caches.
 AGENT_NICE = -10
 DECODE_NICE = 10
+CONTROLLER_PORT_INDEX = 63  # the controller's port: this one of the decode range (decode servers count from 0)
 
 
 def agent_command(agent_job_path: Path) -> list[str]:
@@ -77,14 +80,16 @@ def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool
 
 def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, workload: Any,
                      base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
-                     local: bool = False, duration_s: float = 600.0) -> dict[str, AgentJob]:
+                     local: bool = False, duration_s: float = 600.0,
+                     controller: dict[str, Any] | None = None) -> dict[str, AgentJob]:
     """The job of the BubbleTea agent next to each worker (testbed_core/contracts/bubbletea.py):
     the worker's device, slot feed and live status, the scenario's bubbletea section,
     this agent's share of the cluster's request rate, what a prefill costs on the
     workload's GPU, the run's iterations (requests stop arriving at the last one), and
     where KV caches go: `decode[worker]` ({host, port, ip} or None), with the rest of a
     scaled-down cache charged at the path's nominal rate, and shipping across a WAN paced
-    to this agent's share of bubbletea.kv_wan_rate. Pure: no I/O."""
+    to this agent's share of bubbletea.kv_wan_rate; with `controller` ({ip, port}: dispatch
+    controller) the agent syncs with it and takes its work from it. Pure: no I/O."""
     bt = scenario.bubbletea
     wan_shippers = [w for w, d in decode.items()
                     if d is not None and kv_path(scenario.topology, jobs[w].host, d["host"], local)[1]]
@@ -108,17 +113,26 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
             wire_scale=bt.kv_wire_scale, decode=ship, nice=AGENT_NICE, realtime_holds=True,
             live=None if live is None else LivePaths(status=live.status_path, wake=live.wake_path,
                                                      gate=Path(live.status_path).parent / "gate.status"),
+            controller=None if controller is None else ControllerAddress(
+                host=controller["ip"], port=controller["port"], name=wid,
+                decode_host=None if dest is None else dest["host"]),
         )
     return out
 
 
 def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario,
                  workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
-                 logs: dict[str, Path], duration_s: float = 600.0) -> tuple[dict[str, Process], dict[str, Process]]:
+                 logs: dict[str, Path], duration_s: float = 600.0,
+                 dispatch: str | None = None) -> tuple[dict[str, Process], dict[str, Process]]:
     """The decode servers (bubbletea.decode_host, ports from the run's PortPlan), then one
     BubbleTea agent per worker device on the worker's host (`agent_command`), each
     started with a readiness pipe (testbed.process). Returns (agents, decode servers);
-    `wait_ready` waits for both."""
+    `wait_ready` waits for both. `dispatch` (a dispatch twin's mode; None: the scenario's
+    bubbletea.dispatch) 'controller' also starts the cluster's prefill controller
+    (`start_controller`, returned among the servers: it stops after the agents)."""
+    if dispatch is not None:
+        scenario = scenario.model_copy(update={"bubbletea": scenario.bubbletea.model_copy(
+            update={"dispatch": dispatch})})
     (folder / "agents").mkdir(parents=True, exist_ok=True)
     servers: dict[str, Process] = {}
     where = decode_hosts(scenario, jobs)
@@ -134,9 +148,13 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
                               cwd=str(REPO_ROOT))
         addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
     decode = {w: None if h is None else addresses[h] for w, h in where.items()}
+    controller = None
+    if scenario.bubbletea.dispatch == "controller":
+        controller = start_controller(net, jobs, folder, scenario, base_dir, sorted(addresses), env, logs,
+                                      duration_s, servers)
     procs = {}
     agent_jobs = build_agent_jobs(jobs, folder, scenario, workload, base_dir, decode, iterations, net.local,
-                                  duration_s)
+                                  duration_s, controller)
     for wid, agent_job in agent_jobs.items():
         path = folder / "jobs" / f"agent-{wid}.json"
         path.write_text(agent_job.model_dump_json(indent=1))
@@ -145,6 +163,41 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         procs[name] = start(agent_command(path), popen=net.host(jobs[wid].host).popen, env=env,
                             log_path=logs[name], name=f"BubbleTea {name}", cwd=str(REPO_ROOT))
     return procs, servers
+
+
+def controller_host(scenario: Scenario) -> str:
+    """Where the controller runs: bubbletea.controller_host, else the first DC's first host."""
+    if scenario.bubbletea.controller_host:
+        return scenario.bubbletea.controller_host
+    dc = scenario.topology.dcs[0]
+    return f"{dc.name}-{dc.hosts[0]}"
+
+
+def controller_job(jobs: Mapping[str, Any], folder: Path, scenario: Scenario, base_dir: str | None,
+                   decode_hosts: Sequence[str], port: int, duration_s: float) -> ControllerJob:
+    """The controller's job: the scenario's bubbletea section (its request source), the
+    agents that will sync (by worker name) and the decode hosts a client may name. Pure."""
+    return ControllerJob(bubbletea=scenario.bubbletea, seed=scenario.seed, host="0.0.0.0", port=port,
+                         out=folder / "controller", agents=sorted(jobs), decode_hosts=list(decode_hosts),
+                         base_dir=None if base_dir is None else Path(base_dir), duration_s=duration_s)
+
+
+def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenario: Scenario, base_dir: str | None,
+                     decode_hosts: Sequence[str], env: dict[str, str], logs: dict[str, Path], duration_s: float,
+                     servers: dict[str, Process]) -> dict[str, Any]:
+    """Start the cluster's prefill controller (bubbletea_agent/controller/) on
+    `controller_host`, with a readiness pipe; adds it to `servers`; returns {ip, port}."""
+    host = controller_host(scenario)
+    port = PortPlan(scenario.runner.base_port).decode.port(CONTROLLER_PORT_INDEX)
+    job = controller_job(jobs, folder, scenario, base_dir, decode_hosts, port, duration_s)
+    path = folder / "jobs" / "controller.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(job.model_dump_json(indent=1))
+    logs["controller"] = folder / "logs" / "controller.log"
+    servers["controller"] = start([sys.executable, "-m", "bubbletea_agent", "controller", str(path)],
+                                  popen=net.host(host).popen, env=env, log_path=logs["controller"],
+                                  name="BubbleTea controller", cwd=str(REPO_ROOT))
+    return {"ip": net.host(host).ip, "port": port, "host": host}
 
 
 def wait_ready(procs: Mapping[str, Process], timeout_s: float) -> None:
@@ -175,6 +228,9 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
     rows = []
     for path in sorted((folder / "agents").glob("*.requests.jsonl")):
         rows += read_request_rows(path)
+    ctl_rows = folder / "controller" / "requests.jsonl"
+    if ctl_rows.exists():
+        rows = read_request_rows(ctl_rows)  # with a controller its ledger is the one: TTFT from arrival there
     req = request_summary(rows)
     count, waited, count_all = 0, 0.0, 0
     for recs in timelines.values():
@@ -199,7 +255,36 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
         "training_slowdown": training_slowdown(iteration_s, plain_iteration_s),
         "compared_with_iteration_time_s": plain_iteration_s,
         "bubbletea_agents": agents,
+        "prefill_service": prefill_service(folder, req, agents["not_arrived"]),
     }
+
+
+def prefill_service(folder: Path, req: Mapping[str, Any], agents_not_arrived: int) -> dict[str, Any]:
+    """The variant's dispatch mode and its request accounting (summary's `prefill_service`):
+    the controller's counts where one ran, else the agents' (shards or naive, by the
+    agents' window)."""
+    counts = req["prefill_requests"]
+    out: dict[str, Any] = {
+        "arrived": counts["arrived"], "served": counts["served"], "rejected": counts["rejected"],
+        "rejected_by_reason": counts["rejected_by_reason"],
+        "accounted": counts["unaccounted"] == 0 and counts["arrived"] == counts["served"] + counts["rejected"]
+        and "unknown" not in counts["rejected_by_reason"],
+        "ttft_p50_s": req["ttft_p50_s"], "ttft_p99_s": req["ttft_p99_s"], "not_arrived": agents_not_arrived,
+    }
+    ctl = folder / "controller" / "controller.json"
+    if (folder / "controller").exists():
+        summary: dict[str, Any] = {}
+        with contextlib.suppress(OSError, json.JSONDecodeError):
+            summary = json.loads(ctl.read_text())
+        out.update(dispatch="controller", not_arrived=int(summary.get("not_arrived") or 0),
+                   by_device=summary.get("by_device"), by_origin=summary.get("by_origin"),
+                   refused_bodies=summary.get("refused_bodies"))
+        if not summary:
+            out["accounted"] = False  # the controller never wrote its summary: it did not end cleanly
+        return out
+    windows = {((a.get("config") or {}).get("window")) for a in _agent_summaries(folder)}
+    out["dispatch"] = "naive" if "naive" in windows else "shards"
+    return out
 
 
 def _agent_summaries(folder: Path) -> list[dict[str, Any]]:

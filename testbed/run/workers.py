@@ -226,7 +226,7 @@ def run_workers(
             # the request source only needs to outlast the run: requests stop at the last iteration
             horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
             agents, decoders = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
-                                            horizon)
+                                            horizon, dispatch=setup.run.dispatch)
             procs.update({name: a.popen for name, a in agents.items()})
             servers = {name: d.popen for name, d in decoders.items()}
         ctl.wait_all(Ready, scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")

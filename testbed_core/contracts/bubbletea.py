@@ -182,6 +182,19 @@ class BubbleTeaSettings(_Model):
         "live", description="what admission fills: the worker's live guarantees (never delay training), the "
                             "planned slots corrected from the timeline, or either"
     )
+    dispatch: Literal["controller", "shards", "naive"] = Field(
+        "shards", description="how requests reach the devices: 'controller' (one controller per cluster sends "
+                              "each to the device whose bubbles serve it soonest; clients may submit over HTTP), "
+                              "'shards' (each agent takes a fixed share of the stream), 'naive' (shards, and "
+                              "prefill whenever the device is free, no guard: colocation)"
+    )
+    compare_dispatch: list[Literal["controller", "shards", "naive"]] = Field(
+        default_factory=list, description="also run each +bubbletea variant with these dispatch modes, in the "
+                                          "same run (names <variant>+bubbletea-<mode>)"
+    )
+    controller_host: str | None = Field(
+        None, description="host of the controller (dispatch: controller); none: the first DC's first host"
+    )
 
     @field_validator("variants")
     @classmethod
@@ -240,6 +253,16 @@ class LivePaths(_Model):
     gate: Path | None = None  # the runner's gate record (between iterations)
 
 
+class ControllerAddress(_Model):
+    """Where an agent syncs with the prefill controller (bubbletea_agent/controller/)."""
+
+    host: str
+    port: int = Field(ge=1, le=65535)
+    name: str = Field(description="the agent's name at the controller")
+    decode_host: str | None = Field(None, description="the decode host this agent ships to (a client may ask "
+                                                      "for it)")
+
+
 class AgentJob(_Model):
     """One agent's job: who it sits next to, what it serves, where its results go."""
 
@@ -270,3 +293,5 @@ class AgentJob(_Model):
     nice: int | None = Field(None, ge=-20, le=19, description="CPU priority of the agent (negative: wakes "
                                                               "first; needs root)")
     realtime_holds: bool = Field(False, description="run each device hold at SCHED_FIFO 1 (needs root)")
+    controller: ControllerAddress | None = Field(None, description="dispatch: controller: take work from it "
+                                                                   "instead of a shard of the stream")

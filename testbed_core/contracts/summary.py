@@ -268,6 +268,27 @@ class AgentCounters(_Doc):
     device_busy_retries: int
 
 
+class PrefillService(_Doc):
+    """How a +bubbletea variant's requests reached its devices (``bubbletea.dispatch``) and
+    what became of them; with the controller, TTFT is measured there, from arrival to the
+    last KV byte at the decode host (bubbletea_agent/controller/README.md)."""
+
+    dispatch: Literal["controller", "shards", "naive"]
+    arrived: int
+    served: int
+    rejected: int
+    rejected_by_reason: dict[str, int] = Field(default_factory=dict)
+    accounted: bool
+    """Every request that arrived ended served or rejected with a reason (arrived == served
+    + rejected, none without a reason)."""
+    ttft_p50_s: float | None
+    ttft_p99_s: float | None
+    not_arrived: int = 0
+    by_device: dict[str, int] | None = None  # controller: requests dispatched to each device
+    by_origin: dict[str, int] | None = None  # controller: the scenario's source, clients over HTTP
+    refused_bodies: int | None = None  # controller: client bodies refused before they were requests
+
+
 class WanTailDrops(_Doc):
     with_bubbletea: int
     without: int
@@ -276,6 +297,7 @@ class WanTailDrops(_Doc):
 BUBBLETEA_KEYS = frozenset({
     "prefill_requests", "ttft_s", "prefill_tokens_served", "guard_violations", "guard_violations_all_iterations",
     "training_wait_on_prefill_s", "training_slowdown", "compared_with_iteration_time_s", "bubbletea_agents",
+    "prefill_service",
 })
 """The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
 
@@ -329,6 +351,7 @@ class VariantResult(_Doc):
     training_slowdown: float | None = None
     compared_with_iteration_time_s: float | None = None
     bubbletea_agents: AgentCounters | None = None
+    prefill_service: PrefillService | None = None
     # the variant's files
     timeline_csv: str
     transfers_csv: str

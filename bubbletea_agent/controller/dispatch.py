@@ -1,0 +1,360 @@
+"""The controller's decisions (sans-IO): which device serves a request, or why none can.
+
+Each agent syncs its device's status (`AgentStatus`): the live window open now (training
+leaves the device alone until `live_end`), the planned idle slots ahead, the share of
+recent time the device was idle, and the predicted device seconds still queued there.
+From that the dispatcher sees, per device, how much prefill time each moment ahead
+holds: the open window, then the upcoming slots, then beyond the last known slot the
+recent idle share of the wall clock. A request of predicted time `W` on a device with
+`B` seconds of work ahead of it starts when the bubbles ahead have absorbed `B` and
+finishes when they have absorbed `B + W`. It goes to the device that finishes it soonest
+among those that can start it within its deadline; when none can it is rejected
+(`deadline_unreachable`), and one that even an empty device could not finish within
+`horizon_s`, or longer than the model's context, is `too_long`.
+
+Work dispatched but not yet in an agent's reported backlog (sent since its last status)
+is added on the controller's side, so a burst of arrivals between two syncs spreads over
+the devices instead of piling onto the one that looked emptiest.
+
+Every request that arrives ends exactly once, served or rejected with a reason (the
+`RequestLedger` of requests.py enforces it); `check()` is the invariant.
+"""
+
+from __future__ import annotations
+
+import bisect
+import math
+from collections import deque
+from dataclasses import dataclass, field
+
+from bubbletea_agent.requests import Reason, Request, RequestLedger, Status
+from testbed_core.contracts.prefill_service import (
+    AgentHello,
+    AgentStatus,
+    AgentSync,
+    EndedRequest,
+    RequestView,
+    SyncReply,
+    WorkItem,
+)
+
+MIN_IDLE_FRACTION = 0.01  # beyond the known slots a device is assumed idle at least this share
+
+
+class Refusal(Exception):
+    """A request refused at the door: `code` (an ApiError code and the rejection reason),
+    `detail` (what was wrong, what is allowed), `field` (the request field at fault)."""
+
+    def __init__(self, code: str, detail: str, field: str | None = None, recorded: bool = True) -> None:
+        super().__init__(detail)
+        self.code, self.detail, self.field, self.recorded = code, detail, field, recorded
+
+
+class Predictor:
+    """Predicted prefill seconds by prompt length: linear between the agent's points,
+    extrapolated with the last segment's slope (its per-token cost) beyond them."""
+
+    def __init__(self, table: dict[int, float]) -> None:
+        pts = sorted((int(n), float(s)) for n, s in table.items() if n > 0 and s >= 0)
+        if not pts:
+            raise ValueError("an agent's hello carries no prefill predictions (predict_s is empty)")
+        self.n = [p[0] for p in pts]
+        self.s = [p[1] for p in pts]
+
+    def __call__(self, tokens: int) -> float:
+        n, s = self.n, self.s
+        if len(n) == 1:
+            return s[0] * tokens / n[0]
+        i = bisect.bisect_left(n, tokens)
+        if i < len(n) and n[i] == tokens:
+            return s[i]
+        if i == 0:
+            return s[0] * tokens / n[0]
+        j = min(i, len(n) - 1)
+        a, b = j - 1, j
+        slope = (s[b] - s[a]) / (n[b] - n[a])
+        return max(0.0, s[a] + slope * (tokens - n[a]))
+
+
+def capacity_times(status: AgentStatus, now: float, need: list[float]) -> list[float]:
+    """When the device's bubbles ahead of `now` will have held each amount in `need`
+    (ascending device seconds): the open live window, the upcoming slots, then the
+    recent idle share of the wall clock."""
+    spans: list[tuple[float, float]] = []
+    if status.live_end is not None and status.live_end > now:
+        spans.append((now, status.live_end))
+    for w in sorted(status.upcoming, key=lambda w: w.start):
+        s, e = max(w.start, now), w.end
+        if spans and s < spans[-1][1]:
+            s = spans[-1][1]
+        if e > s:
+            spans.append((s, e))
+    out: list[float] = []
+    held, k, t = 0.0, 0, now
+    for amount in need:
+        while k < len(spans) and held + (spans[k][1] - spans[k][0]) < amount:
+            held += spans[k][1] - spans[k][0]
+            t = spans[k][1]
+            k += 1
+        if k < len(spans):
+            out.append(max(spans[k][0], spans[k][0] + amount - held))
+            continue
+        frac = max(status.idle_fraction, MIN_IDLE_FRACTION)
+        out.append(max(t, now) + (amount - held) / frac)
+    return out
+
+
+@dataclass
+class DeviceState:
+    name: str
+    hello: AgentHello | None = None
+    predict: Predictor | None = None
+    status: AgentStatus | None = None
+    synced_at: float = -math.inf
+    outbox: list[WorkItem] = field(default_factory=list)
+    delivered: deque[tuple[str, float]] = field(default_factory=deque)  # (id, predicted s) sent, in order
+    delivered_count: int = 0
+    open: dict[str, float] = field(default_factory=dict)  # id -> predicted s, dispatched and not ended
+    final: bool = False
+    dispatched: int = 0
+
+    def ready(self) -> bool:
+        st = self.status
+        return (not self.final and self.predict is not None and st is not None and st.epoch is not None
+                and not st.ended)
+
+    def unseen_s(self, taken: int) -> float:
+        """Predicted seconds dispatched that the agent's reported backlog does not hold yet."""
+        while self.delivered and self.delivered_count - len(self.delivered) < taken:
+            self.delivered.popleft()
+        return sum(p for _, p in self.delivered) + sum(self.open.get(w.id, 0.0) for w in self.outbox)
+
+
+@dataclass
+class Entry:
+    request: Request
+    origin: str  # "source" | "client"
+    arrival: float  # time.time() at the controller
+    decode_host: str | None = None
+    device: str | None = None
+    state: str = "queued"  # queued | dispatched | ended
+
+
+@dataclass
+class Dispatcher:
+    """The cluster's prefill dispatcher; one per controller."""
+
+    agents: list[str]
+    decode_hosts: list[str] = field(default_factory=list)
+    deadline_s: float = 5.0  # default for requests that give none
+    horizon_s: float = 30.0
+    max_queue: int = 4096  # requests waiting at the controller for a device to be ready
+    ledger: RequestLedger = field(default_factory=RequestLedger)
+    devices: dict[str, DeviceState] = field(default_factory=dict)
+    entries: dict[str, Entry] = field(default_factory=dict)
+    queue: list[str] = field(default_factory=list)
+    epoch: float | None = None  # request time zero: when the first agent saw training start
+    arrivals_closed_at: float | None = None
+    refused_bodies: int = 0  # bodies refused before they were requests (bad JSON, wrong fields)
+    _client_seq: int = 0
+
+    def __post_init__(self) -> None:
+        for name in self.agents:
+            self.devices.setdefault(name, DeviceState(name))
+
+    # ------------------------------------------------------------------ arrivals
+
+    def new_client_id(self) -> str:
+        self._client_seq += 1
+        while f"c{self._client_seq}" in self.entries:
+            self._client_seq += 1
+        return f"c{self._client_seq}"
+
+    def submit(self, req: Request, now: float, origin: str = "client",
+               decode_host: str | None = None) -> Entry:
+        """A request arrives now: it is dispatched, queued (no device ready yet) or
+        rejected (recorded, and raised as a Refusal for the caller to answer with)."""
+        if req.id in self.entries:
+            raise Refusal("duplicate_id", f"request id {req.id!r} was already submitted; ids must be unique",
+                          "id", recorded=False)
+        entry = Entry(req, origin, now, decode_host)
+        self.entries[req.id] = entry
+        # the controller's ledger keeps time.time() seconds: its TTFT is kv_arrival - arrival
+        self.ledger.arrive(Request(req.id, now, req.prompt_tokens, 0, req.deadline_s))
+        if decode_host is not None and decode_host not in self.decode_hosts:
+            allowed = ", ".join(self.decode_hosts) or "none: this cluster ships no KV caches"
+            self._end_rejected(entry, Reason.UNKNOWN_DECODE_HOST,
+                               f"unknown decode host {decode_host!r} (decode hosts: {allowed})", now)
+            raise Refusal(Reason.UNKNOWN_DECODE_HOST, self.ledger.get(req.id).detail or "", "decode_host")
+        context = self._context()
+        if context is not None and req.prompt_tokens > context:
+            self._end_rejected(entry, Reason.TOO_LONG, f"{req.prompt_tokens} prompt tokens exceed the model "
+                                                       f"context ({context})", now)
+            raise Refusal(Reason.TOO_LONG, self.ledger.get(req.id).detail or "", "prompt_tokens")
+        self._place(entry, now, raise_on_reject=True)
+        return entry
+
+    def _context(self) -> int | None:
+        known = [d.hello.max_prompt_tokens for d in self.devices.values() if d.hello is not None]
+        return min(known) if known else None
+
+    def _eligible(self, entry: Entry) -> list[DeviceState]:
+        return [d for d in self.devices.values() if d.ready()
+                and (entry.decode_host is None or (d.hello is not None and d.hello.decode_host == entry.decode_host))]
+
+    def _place(self, entry: Entry, now: float, raise_on_reject: bool = False) -> None:
+        req = entry.request
+        deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
+        devices = self._eligible(entry)
+        if not devices:
+            if any(not d.final and not (d.status is not None and d.status.ended) for d in self.devices.values()):
+                if entry.state != "queued" or req.id not in self.queue:
+                    if len(self.queue) >= self.max_queue:
+                        self._end_rejected(entry, Reason.QUEUE_FULL, f"{len(self.queue)} requests wait for a "
+                                                                     "device", now, raise_on_reject)
+                        return
+                    self.queue.append(req.id)
+                return  # a device will be ready (training has not started yet)
+            self._end_rejected(entry, Reason.NO_DEVICE, "every device's training ended; none takes work", now,
+                               raise_on_reject)
+            return
+        best: tuple[float, float, DeviceState, float] | None = None
+        fastest = math.inf
+        for d in devices:
+            assert d.status is not None and d.predict is not None
+            work = d.predict(req.prompt_tokens)
+            ahead = d.status.backlog_s + d.unseen_s(d.status.taken)
+            start, finish = capacity_times(d.status, now, [ahead, ahead + work])
+            empty = capacity_times(d.status, now, [work])[0]
+            fastest = min(fastest, empty - now)
+            if best is None or finish < best[1]:
+                if start - entry.arrival <= deadline:
+                    best = (start, finish, d, work)
+        if fastest > self.horizon_s:
+            self._end_rejected(entry, Reason.TOO_LONG,
+                               f"its prefill would take {fastest:.1f} s of wall time even on the emptiest "
+                               f"device's bubbles (limit {self.horizon_s:g} s)", now, raise_on_reject)
+            return
+        if best is None:
+            self._end_rejected(entry, Reason.DEADLINE_UNREACHABLE,
+                               f"no device's bubbles can start it within its {deadline:g} s deadline", now,
+                               raise_on_reject)
+            return
+        _, _, dev, work = best
+        if req.id in self.queue:
+            self.queue.remove(req.id)
+        entry.state, entry.device = "dispatched", dev.name
+        dev.open[req.id] = work
+        dev.dispatched += 1
+        dev.outbox.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
+                                   deadline_s=deadline))
+
+    def _end_rejected(self, entry: Entry, reason: str, detail: str, now: float, raise_it: bool = False) -> None:
+        rid = entry.request.id
+        if rid in self.queue:
+            self.queue.remove(rid)
+        entry.state = "ended"
+        self.ledger.reject(rid, Reason(reason), detail)
+        if raise_it:
+            raise Refusal(str(reason), detail, None)
+
+    # ---------------------------------------------------------------------- time
+
+    def tick(self, now: float) -> None:
+        """Queued requests: dispatch those a device is ready for, reject expired ones."""
+        for rid in list(self.queue):
+            entry = self.entries[rid]
+            req = entry.request
+            deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
+            if now - entry.arrival > deadline:
+                self._end_rejected(entry, Reason.DEADLINE_PASSED,
+                                   f"waited {now - entry.arrival:.3f} s for a device > deadline {deadline:g} s", now)
+            else:
+                self._place(entry, now)
+
+    # --------------------------------------------------------------------- agents
+
+    def sync(self, name: str, msg: AgentSync, now: float) -> SyncReply:
+        """An agent's sync: its status and ended requests in, new work out."""
+        dev = self.devices.get(name)
+        if dev is None:
+            raise Refusal("unknown_agent", f"agent {name!r} is not one of this controller's agents "
+                                           f"({', '.join(self.agents)})", "name", recorded=False)
+        if msg.hello is not None:
+            try:
+                dev.predict = Predictor(msg.hello.predict_s)
+            except ValueError as exc:
+                raise Refusal("bad_hello", str(exc), "hello.predict_s", recorded=False) from None
+            dev.hello = msg.hello
+        elif dev.hello is None:
+            raise Refusal("no_hello", f"agent {name!r}: the first sync must carry a hello (device, predictions)",
+                          "hello", recorded=False)
+        dev.status, dev.synced_at = msg.status, now
+        if msg.status.epoch is not None and self.epoch is None:
+            self.epoch = msg.status.epoch
+        if msg.status.arrivals_closed_at is not None:
+            closed = msg.status.arrivals_closed_at
+            self.arrivals_closed_at = closed if self.arrivals_closed_at is None else min(self.arrivals_closed_at,
+                                                                                       closed)
+        for ended in msg.ended:
+            self._ended(dev, ended)
+        if msg.final:
+            dev.final = True
+            for rid in list(dev.open):
+                self._end_rejected(self.entries[rid], Reason.AGENT_LOST,
+                                   f"agent {name} stopped without reporting it", now)
+                dev.open.pop(rid, None)
+            dev.outbox.clear()
+            return SyncReply(stop=True)
+        out, dev.outbox = dev.outbox, []
+        for w in out:
+            dev.delivered.append((w.id, dev.open.get(w.id, 0.0)))
+            dev.delivered_count += 1
+        return SyncReply(work=out)
+
+    def _ended(self, dev: DeviceState, e: EndedRequest) -> None:
+        entry = self.entries.get(e.id)
+        if entry is None or entry.device != dev.name or e.id not in dev.open:
+            return  # not ours to end (or already ended): the ledger never ends a request twice
+        dev.open.pop(e.id, None)
+        entry.state = "ended"
+        rec = self.ledger.get(e.id)
+        rec.chunks, rec.prefilled_tokens, rec.kv_bytes = e.chunks, e.prefilled_tokens, e.kv_bytes
+        rec.start, rec.end = e.start, e.end
+        if e.status == "served" and e.kv_arrival is not None:
+            self.ledger.serve(e.id, e.kv_arrival, f"at {dev.name}")
+        else:
+            reason = e.reason if e.reason in Reason.__members__.values() else Reason.AGENT_LOST
+            self.ledger.reject(e.id, Reason(reason), f"at {dev.name}: {e.detail or e.reason or 'no reason given'}")
+
+    def finish(self, now: float, detail: str = "the controller stopped before this request ended") -> None:
+        """End every open request (run_ended)."""
+        for entry in self.entries.values():
+            if entry.state != "ended":
+                self._end_rejected(entry, Reason.RUN_ENDED, detail, now)
+        for dev in self.devices.values():
+            dev.open.clear()
+            dev.outbox.clear()
+        self.ledger.check()
+
+    # ---------------------------------------------------------------------- views
+
+    def view(self, rid: str) -> RequestView | None:
+        entry = self.entries.get(rid)
+        if entry is None:
+            return None
+        rec = self.ledger.get(rid)
+        status = rec.status if rec.status is not None else entry.state
+        return RequestView(id=rid, origin=entry.origin, prompt_tokens=entry.request.prompt_tokens,  # type: ignore[arg-type]
+                           arrival=entry.arrival, status=status, device=entry.device,  # type: ignore[arg-type]
+                           reason=rec.reason, detail=rec.detail, ttft_s=rec.ttft)
+
+    def counts(self) -> dict:
+        c = self.ledger.counts()
+        c["by_device"] = {d.name: d.dispatched for d in self.devices.values()}
+        c["by_origin"] = {o: sum(1 for e in self.entries.values() if e.origin == o) for o in ("source", "client")}
+        c["refused_bodies"] = self.refused_bodies
+        return c
+
+    def served_ttfts(self) -> list[float]:
+        return [r.ttft for r in self.ledger.records.values() if r.status == Status.SERVED and r.ttft is not None]

@@ -1,0 +1,312 @@
+"""The prefill controller's HTTP front end (aiohttp) and its run loop.
+
+Routes (bodies are JSON, one model of testbed_core/contracts/prefill_service.py each):
+
+* ``POST /v1/prefill`` (`ClientRequest`): 202 `Accepted`, or a 4xx `ApiError`;
+* ``GET /v1/requests/<id>``: 200 `RequestView`, 404 if unknown;
+* ``GET /v1/status``: the counts (arrived, served, rejected by reason, per device);
+* ``POST /v1/agents/<name>/sync`` (`AgentSync`): 200 `SyncReply` (long-polled up to
+  ``wait_s`` when there is no work for it).
+
+Refusals: 400 ``bad_json`` (not JSON), 422 ``invalid_request`` (a field missing, unknown
+or out of range; `field` names it), 413 ``body_too_large`` (above MAX_BODY_BYTES), 415
+``not_json`` (another content type), 409 ``duplicate_id``, 422 ``too_long`` /
+``unknown_decode_host`` / ``deadline_unreachable`` / ``no_device`` / ``queue_full``
+(the request was recorded as rejected with that reason), 404 ``unknown_agent`` /
+``not_found``. A refusal never stops the server.
+
+Requests of the scenario's source arrive here too (`feed`): from the moment the first
+agent saw training start (its epoch) until the run's last iteration began; the rest
+count as not arrived.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import signal
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from bubbletea_agent.controller.dispatch import Dispatcher, Refusal
+from bubbletea_agent.requests import Reason, Request
+from testbed_core.contracts.prefill_service import (
+    MAX_BODY_BYTES,
+    Accepted,
+    AgentSync,
+    ApiError,
+    ClientRequest,
+)
+
+log = logging.getLogger(__name__)
+
+REFUSAL_STATUS = {"duplicate_id": 409, "unknown_agent": 404, "not_found": 404, "body_too_large": 413,
+                  "not_json": 415, "bad_json": 400}
+
+
+def _error(code: str, detail: str, field: str | None = None, status: int | None = None) -> web.Response:
+    body = ApiError(error=code, detail=detail, field=field).model_dump_json(exclude_none=True)
+    return web.Response(status=status or REFUSAL_STATUS.get(code, 422), text=body, content_type="application/json")
+
+
+def _json(model: Any, status: int = 200) -> web.Response:
+    return web.Response(status=status, text=model.model_dump_json(exclude_none=True), content_type="application/json")
+
+
+def validation_detail(exc: ValidationError) -> tuple[str, str, str | None]:
+    """(code, detail, field) of a body that failed its model."""
+    errors = exc.errors()
+    if errors and errors[0]["type"] == "json_invalid":
+        return "bad_json", f"the body is not JSON ({errors[0]['msg']})", None
+    if errors and errors[0]["type"] == "model_type" and not errors[0]["loc"]:
+        return "invalid_request", "the body must be a JSON object", None
+    parts, first = [], None
+    for e in errors:
+        loc = ".".join(str(p) for p in e["loc"]) or "(body)"
+        first = first or loc
+        msg = "unknown field" if e["type"] == "extra_forbidden" else (
+            "required field is missing" if e["type"] == "missing" else e["msg"])
+        parts.append(f"{loc}: {msg}")
+    return "invalid_request", "; ".join(parts), first
+
+
+class Service:
+    """The controller: a Dispatcher behind HTTP, fed by the scenario's request source."""
+
+    def __init__(self, dispatcher: Dispatcher, source: Sequence[Request] = (), clock: Callable[[], float] = time.time,
+                 on_end: Callable[[dict[str, Any]], None] | None = None, tick_s: float = 0.01) -> None:
+        self.d = dispatcher
+        self.source = list(source)
+        self.clock = clock
+        self.tick_s = tick_s
+        self._next = 0
+        self._events: dict[str, asyncio.Event] = {}
+        self.stopping = False
+        if on_end is not None:
+            entries = dispatcher.entries
+
+            def hook(rec: Any) -> None:
+                row = rec.to_json()
+                e = entries.get(rec.id)
+                if e is not None:
+                    row.update(origin=e.origin, device=e.device)
+                on_end(row)
+
+            dispatcher.ledger.on_end = hook
+
+    # ------------------------------------------------------------------ app
+
+    def app(self) -> web.Application:
+        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        app.router.add_post("/v1/prefill", self.submit)
+        app.router.add_get("/v1/requests/{rid}", self.get_request)
+        app.router.add_get("/v1/status", self.status)
+        app.router.add_post("/v1/agents/{name}/sync", self.sync)
+        return app
+
+    async def _body(self, request: web.Request) -> bytes | web.Response:
+        if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
+            self.d.refused_bodies += 1
+            return _error("body_too_large", f"the body is {request.content_length} bytes; at most "
+                                            f"{MAX_BODY_BYTES} are read")
+        if request.content_type not in ("application/json", "application/octet-stream", ""):
+            self.d.refused_bodies += 1
+            return _error("not_json", f"content type {request.content_type!r}; send application/json")
+        try:
+            return await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            self.d.refused_bodies += 1
+            return _error("body_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
+
+    async def submit(self, request: web.Request) -> web.Response:
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            msg = ClientRequest.model_validate_json(body)
+        except ValidationError as exc:
+            self.d.refused_bodies += 1
+            code, detail, field = validation_detail(exc)
+            return _error(code, detail, field)
+        now = self.clock()
+        rid = msg.id or self.d.new_client_id()
+        req = Request(rid, now, msg.prompt_tokens, 0, msg.deadline_s)
+        try:
+            entry = self.d.submit(req, now, "client", msg.decode_host)
+        except Refusal as r:
+            if not r.recorded:
+                self.d.refused_bodies += 1
+            return _error(str(r.code), r.detail, r.field)
+        self._wake(entry.device)
+        state = "dispatched" if entry.state == "dispatched" else "queued"
+        return _json(Accepted(id=rid, status=state, device=entry.device), status=202)  # type: ignore[arg-type]
+
+    async def get_request(self, request: web.Request) -> web.Response:
+        view = self.d.view(request.match_info["rid"])
+        if view is None:
+            return _error("not_found", f"no request {request.match_info['rid']!r} was submitted here")
+        return _json(view)
+
+    async def status(self, request: web.Request) -> web.Response:
+        return web.json_response(self.d.counts())
+
+    async def sync(self, request: web.Request) -> web.Response:
+        name = request.match_info["name"]
+        body = await self._body(request)
+        if isinstance(body, web.Response):
+            return body
+        try:
+            msg = AgentSync.model_validate_json(body)
+        except ValidationError as exc:
+            code, detail, field = validation_detail(exc)
+            log.warning("agent %s sent an invalid sync: %s", name, detail)
+            return _error(code, detail, field)
+        try:
+            reply = self.d.sync(name, msg, self.clock())
+        except Refusal as r:
+            return _error(str(r.code), r.detail, r.field)
+        if not reply.work and not reply.stop and msg.wait_s > 0 and not self.stopping:
+            ev = self._events.setdefault(name, asyncio.Event())
+            ev.clear()
+            try:
+                await asyncio.wait_for(ev.wait(), msg.wait_s)
+            except TimeoutError:
+                pass
+            more = self.d.sync(name, msg.model_copy(update={"hello": None, "ended": [], "final": False}),
+                               self.clock()) if self.d.devices[name].outbox else reply
+            reply = more
+        return _json(reply)
+
+    def _wake(self, device: str | None) -> None:
+        if device is not None and device in self._events:
+            self._events[device].set()
+
+    # ------------------------------------------------------------------ feed
+
+    def feed(self, now: float) -> float:
+        """Release the source's requests due by `now`; returns seconds until the next is due."""
+        d = self.d
+        if d.epoch is None:
+            return self.tick_s
+        while self._next < len(self.source):
+            req = self.source[self._next]
+            at = d.epoch + req.arrival_s
+            if d.arrivals_closed_at is not None and at > d.arrivals_closed_at:
+                return self.tick_s  # after the arrival window: not arrived
+            if at > now:
+                return min(self.tick_s, at - now)
+            self._next += 1
+            try:
+                entry = d.submit(Request(req.id, at, req.prompt_tokens, req.generated_tokens, req.deadline_s),
+                                 at, "source")
+            except Refusal:
+                continue  # recorded as rejected with its reason
+            self._wake(entry.device)
+        return self.tick_s
+
+    @property
+    def not_arrived(self) -> int:
+        return len(self.source) - self._next
+
+    async def loop(self) -> None:
+        while not self.stopping:
+            now = self.clock()
+            before = {n: len(dev.outbox) for n, dev in self.d.devices.items()}
+            self.d.tick(now)
+            wait = self.feed(now)
+            for n, dev in self.d.devices.items():
+                if len(dev.outbox) > before[n]:
+                    self._wake(n)
+            await asyncio.sleep(max(0.001, wait))
+
+    def summary(self, started: float, ended: float) -> dict[str, Any]:
+        from bubbletea_agent.metrics import percentiles
+
+        ttfts = self.d.served_ttfts()
+        counts = self.d.counts()
+        counts["not_arrived"] = self.not_arrived
+        counts["source_requests"] = len(self.source)
+        mean = sum(ttfts) / len(ttfts) if ttfts else None
+        return {"dispatch": "controller", **counts, "ttft_s": {**percentiles(ttfts), "mean": mean},
+                "epoch": self.d.epoch, "started": started, "ended": ended}
+
+
+async def serve(service: Service, host: str, port: int, ready: Callable[[int], None] | None = None,
+                stop: asyncio.Event | None = None) -> None:
+    """Serve until `stop` is set (SIGTERM/SIGINT set it when not given)."""
+    runner = web.AppRunner(service.app(), access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, host, port, reuse_address=True)
+    await site.start()
+    bound = port
+    server = getattr(site, "_server", None)
+    if server is not None and server.sockets:
+        bound = server.sockets[0].getsockname()[1]
+    if stop is None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+    task = asyncio.create_task(service.loop())
+    if ready is not None:
+        ready(bound)
+    try:
+        await stop.wait()
+    finally:
+        service.stopping = True
+        for ev in service._events.values():
+            ev.set()
+        task.cancel()
+        await runner.cleanup()
+
+
+def run_job(job_path: str | Path) -> dict[str, Any]:
+    """Run the controller of a ControllerJob file until SIGTERM; writes
+    `<out>/requests.jsonl` (one line per request as it ends: the agents' fields plus
+    origin and device; times are time.time() seconds) and `<out>/controller.json`."""
+    from bubbletea_agent.config import request_source
+    from bubbletea_agent.requests import load_requests
+    from testbed_core.contracts.prefill_service import ControllerJob
+    from testbed_core.readiness import announce_ready
+
+    path = Path(job_path)
+    try:
+        job = ControllerJob.model_validate_json(path.read_text())
+    except (OSError, ValidationError) as exc:
+        raise SystemExit(f"{path}: cannot use the controller job: {exc}") from None
+    out = Path(job.out)
+    out.mkdir(parents=True, exist_ok=True)
+    bt = job.bubbletea
+    source = load_requests(request_source(bt, seed=job.seed, duration_s=job.duration_s, base_dir=job.base_dir,
+                                          shard_index=0, shard_count=1, id_prefix="s"))
+    d = Dispatcher(list(job.agents), list(job.decode_hosts), deadline_s=bt.requests.deadline,
+                   horizon_s=job.horizon_s)
+    started = time.time()
+    with open(out / "requests.jsonl", "w", buffering=1) as rows:
+        service = Service(d, source, on_end=lambda row: rows.write(json.dumps(row) + "\n"))
+
+        def ready(port: int) -> None:
+            log.info("prefill controller listening on %s:%d for agents %s (%d source requests)", job.host, port,
+                     ", ".join(job.agents), len(source))
+            announce_ready(port=port, pid=os.getpid())
+
+        asyncio.run(serve(service, job.host, job.port, ready))
+        d.finish(time.time())
+    summary = service.summary(started, time.time())
+    (out / "controller.json").write_text(json.dumps(summary, indent=1, default=str))
+    return summary
+
+
+def finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+__all__ = ["Service", "serve", "run_job", "Reason"]

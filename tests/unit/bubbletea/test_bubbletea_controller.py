@@ -1,0 +1,194 @@
+"""The prefill controller's dispatcher (sans-IO): where each request goes, and every refusal."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from bubbletea_agent.controller.dispatch import Dispatcher, Predictor, Refusal, capacity_times
+from bubbletea_agent.requests import Request
+from testbed_core.contracts.prefill_service import (
+    AgentHello,
+    AgentStatus,
+    AgentSync,
+    EndedRequest,
+    Window,
+)
+
+T0 = 1000.0
+PRED = {16: 0.0016, 1024: 0.1024, 4096: 0.4096}  # 0.1 ms per token
+
+
+def hello(dev: str, decode: str | None = "dc1-h2", context: int = 8192) -> AgentHello:
+    return AgentHello(device=dev, decode_host=decode, predict_s=PRED, max_prompt_tokens=context)
+
+
+def status(now: float = T0, **kw) -> AgentStatus:
+    base = dict(at=now, epoch=T0 - 1, live_end=None, upcoming=[], idle_fraction=0.5, backlog_s=0.0)
+    base.update(kw)
+    return AgentStatus(**base)
+
+
+def ready(d: Dispatcher, name: str, now: float = T0, decode: str | None = "dc1-h2", **kw) -> None:
+    d.sync(name, AgentSync(hello=hello(name, decode), status=status(now, **kw)), now)
+
+
+def req(rid: str, tokens: int = 1024, deadline: float | None = 2.0, at: float = T0) -> Request:
+    return Request(rid, at, tokens, 0, deadline)
+
+
+def test_predictor_interpolates_and_extrapolates():
+    p = Predictor(PRED)
+    assert p(1024) == pytest.approx(0.1024)
+    assert p(2048) == pytest.approx(0.2048)
+    assert p(8192) == pytest.approx(0.8192)  # beyond the points: the last segment's slope
+    assert p(8) == pytest.approx(0.0008)
+    with pytest.raises(ValueError, match="no prefill predictions"):
+        Predictor({})
+
+
+def test_capacity_walks_live_window_slots_then_idle_share():
+    st = status(live_end=T0 + 0.1, upcoming=[Window(start=T0 + 0.5, end=T0 + 0.7)], idle_fraction=0.25)
+    a, b, c = capacity_times(st, T0, [0.05, 0.2, 0.4])
+    assert a == pytest.approx(T0 + 0.05)  # inside the open window
+    assert b == pytest.approx(T0 + 0.6)  # 0.1 from the window, 0.1 into the slot
+    assert c == pytest.approx(T0 + 0.7 + 0.1 / 0.25)  # past the known slots: the idle share
+
+
+def test_request_goes_to_the_device_that_finishes_it_soonest():
+    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    ready(d, "a", backlog_s=1.0)
+    ready(d, "b", backlog_s=0.0)
+    e = d.submit(req("r1"), T0)
+    assert e.device == "b" and e.state == "dispatched"
+    reply = d.sync("b", AgentSync(status=status()), T0)
+    assert [w.id for w in reply.work] == ["r1"] and reply.work[0].deadline_s == 2.0
+
+
+def test_work_sent_since_the_last_status_counts_against_the_device():
+    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    ready(d, "a")
+    ready(d, "b")
+    devices = [d.submit(req(f"r{i}"), T0).device for i in range(6)]
+    assert devices.count("a") == 3 and devices.count("b") == 3  # a burst between syncs spreads
+
+
+def test_deadline_unreachable_is_rejected_with_the_reason():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a", backlog_s=2.0, idle_fraction=0.5)  # 4 s of wall time before it could start
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r1", deadline=1.0), T0)
+    assert exc.value.code == "deadline_unreachable"
+    assert "within its 1 s deadline" in exc.value.detail
+    assert d.ledger.get("r1").reason == "deadline_unreachable"
+
+
+def test_longer_than_the_context_is_too_long():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a")
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r1", tokens=10000), T0)
+    assert exc.value.code == "too_long" and exc.value.field == "prompt_tokens"
+    assert "10000 prompt tokens exceed the model context (8192)" in exc.value.detail
+
+
+def test_bigger_than_any_bubble_could_hold_is_too_long():
+    d = Dispatcher(["a"], ["dc1-h2"], horizon_s=10.0)
+    ready(d, "a", idle_fraction=0.02)  # 4096 tokens = 0.41 s of device time = 20 s of wall time
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r1", tokens=4096, deadline=None), T0)
+    assert exc.value.code == "too_long"
+    assert "even on the emptiest device's bubbles (limit 10 s)" in exc.value.detail
+
+
+def test_unknown_decode_host_names_the_known_ones():
+    d = Dispatcher(["a"], ["dc1-h2", "dc2-h2"])
+    ready(d, "a")
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r1"), T0, decode_host="dc9-h1")
+    assert exc.value.code == "unknown_decode_host" and exc.value.field == "decode_host"
+    assert "unknown decode host 'dc9-h1' (decode hosts: dc1-h2, dc2-h2)" in exc.value.detail
+    d.ledger.check()
+
+
+def test_decode_host_restricts_the_devices():
+    d = Dispatcher(["a", "b"], ["dc1-h2", "dc2-h2"])
+    ready(d, "a", decode="dc1-h2")
+    ready(d, "b", decode="dc2-h2", backlog_s=0.5)
+    assert d.submit(req("r1"), T0, decode_host="dc2-h2").device == "b"
+
+
+def test_duplicate_id_is_refused_and_not_recorded_twice():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a")
+    d.submit(req("r1"), T0)
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r1"), T0)
+    assert exc.value.code == "duplicate_id" and not exc.value.recorded
+    assert d.ledger.counts()["arrived"] == 1
+
+
+def test_queued_until_a_device_is_ready_then_dispatched_or_expired():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    e1 = d.submit(req("r1", deadline=1.0), T0)
+    e2 = d.submit(req("r2", deadline=5.0), T0)
+    assert e1.state == e2.state == "queued"
+    d.tick(T0 + 1.5)
+    assert d.ledger.get("r1").reason == "deadline_passed"
+    ready(d, "a", now=T0 + 2)
+    d.tick(T0 + 2)
+    assert e2.state == "dispatched" and e2.device == "a"
+
+
+def test_agent_reports_end_requests_with_controller_ttft():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a")
+    d.submit(req("r1"), T0)
+    d.submit(req("r2"), T0)
+    d.sync("a", AgentSync(status=status()), T0)
+    ended = [EndedRequest(id="r1", status="served", kv_arrival=T0 + 0.3, start=T0 + 0.1, end=T0 + 0.2, chunks=1),
+             EndedRequest(id="r2", status="rejected", reason="deadline_passed", detail="waited")]
+    d.sync("a", AgentSync(status=status(), ended=ended), T0 + 0.4)
+    assert d.ledger.get("r1").ttft == pytest.approx(0.3)
+    assert d.ledger.get("r2").reason == "deadline_passed" and "at a: waited" in d.ledger.get("r2").detail
+    d.ledger.check()
+    assert d.served_ttfts() == [pytest.approx(0.3)]
+
+
+def test_agent_that_stops_with_open_work_loses_it_with_a_reason():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a")
+    d.submit(req("r1"), T0)
+    reply = d.sync("a", AgentSync(status=status(), final=True), T0)
+    assert reply.stop
+    assert d.ledger.get("r1").reason == "agent_lost"
+    with pytest.raises(Refusal) as exc:
+        d.submit(req("r2"), T0)
+    assert exc.value.code == "no_device"
+
+
+def test_finish_ends_everything_open():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    d.submit(req("r1", deadline=100), T0)
+    ready(d, "a")
+    d.submit(req("r2"), T0)
+    d.finish(T0 + 1)
+    assert {r.reason for r in d.ledger.records.values()} == {"run_ended"}
+    d.ledger.check()
+
+
+def test_unknown_agent_and_missing_hello_are_refused():
+    d = Dispatcher(["a"], [])
+    with pytest.raises(Refusal, match="agent 'zz' is not one of this controller's agents"):
+        d.sync("zz", AgentSync(status=status()), T0)
+    with pytest.raises(Refusal, match="the first sync must carry a hello"):
+        d.sync("a", AgentSync(status=status()), T0)
+
+
+def test_status_ended_device_takes_no_work():
+    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    ready(d, "a", ended=True)
+    ready(d, "b", backlog_s=0.3)
+    assert d.submit(req("r1"), T0).device == "b"
+    assert not math.isinf(d.devices["b"].open["r1"])

@@ -460,7 +460,14 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
         repeat=spec.repeat, parameters=parameters, fixed=spec.set, cli_overrides=cli,
     )
     # every point's placements and variants, as `testbed run` checks them (once per distinct shape)
-    from testbed.run.preflight import preflight, shape_key
+    from testbed.run.preflight import (
+        available_memory_bytes,
+        point_memory_problem,
+        preflight,
+        shape_key,
+    )
+
+    available = available_memory_bytes()
 
     verdicts: dict[str, list[str]] = {}
     index = 0
@@ -474,10 +481,11 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
             data, scenario = check(values, seed, f"{source}: point {pid} ({described})")
             key = shape_key(scenario)
             if key not in verdicts:
-                verdicts[key] = preflight(scenario, machine=False)
-            if verdicts[key]:
+                verdicts[key] = preflight(scenario, machine=False, memory=False)
+            problems = verdicts[key] or [p for p in [point_memory_problem(scenario, available)] if p]
+            if problems:
                 raise SweepError(f"{source}: point {pid} ({described}) cannot run (nothing was built):\n"
-                                 + "\n".join(f"  - {p}" for p in verdicts[key]))
+                                 + "\n".join(f"  - {p}" for p in problems))
             plan.points.append(SweepPoint(index, pid, values, scenario.seed, data, config_hash(data)))
     return plan
 

@@ -30,7 +30,11 @@ from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
 @click.option("--local", is_flag=True,
               help="Run the workers as local processes on 127.0.0.1, without the emulated network "
                    "(no root needed; no WAN delay or shaping).")
-def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, local: bool) -> None:
+@click.option("--servers", "servers", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Emulate the topology's DCs on several servers reached over SSH (a servers section as its own "
+                   "file: tunnel, ssh, machines); replaces the topology's own servers section.")
+def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, local: bool,
+        servers: Path | None = None) -> None:
     """Run SCENARIO_FILE: build its topology, calibrate the WAN, then train the
     workload under each variant and compare measured and predicted iteration times.
 
@@ -48,6 +52,10 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
         if local:
             overrides["runner.local"] = True
         scenario, resolved = load_scenario(scenario_file, overrides)
+        if servers is not None:
+            from testbed.run.network import with_servers
+
+            scenario, resolved = with_servers(scenario, resolved, servers, local)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None

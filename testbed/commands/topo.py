@@ -25,11 +25,23 @@ def _stderr_progress() -> Callable[[str], None]:
     return say
 
 
-def _load(path: str) -> Topology:
+def _load(path: str, servers: str | None = None) -> Topology:
+    """The topology FILE, with the DCs placed on the servers of ``--servers FILE`` when given."""
+    from testbed_core.servers import ServersError, load_servers, place_topology
+
     try:
-        return load_topology(path)
-    except TopologyError as exc:
+        topology = load_topology(path)
+        if servers is not None:
+            topology = place_topology(topology, load_servers(servers), servers)
+        return topology
+    except (TopologyError, ServersError) as exc:
         raise click.ClickException(str(exc)) from None
+
+
+SERVERS_OPTION = click.option(
+    "--servers", "servers", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+    help="place the DCs on servers reached over SSH (a servers section as its own file: tunnel, ssh, machines); "
+         "replaces the topology's own servers section")
 
 
 def _user_errors() -> tuple[type[BaseException], ...]:
@@ -83,6 +95,12 @@ def render_topology(topo: Topology) -> str:
                          "direct" if len(path) == 2 else f"via {', '.join(path[1:-1])}"])
     if rows:
         out += ["", "Routes (lowest latency)", _table(["pair", "path", "RTT", ""], rows)]
+    if topo.servers is not None:
+        srv = topo.servers
+        rows = [[s.name, s.address, ", ".join(s.dcs), f"{srv.ssh_for(s).user}@{s.address}:{srv.ssh_for(s).port}",
+                 format_rate(s.underlay_rate) if s.underlay_rate else "measured at start"] for s in srv.machines]
+        out += ["", f"Servers (WAN links between servers: {srv.tunnel} tunnels)",
+                _table(["server", "address", "DCs", "login", "underlay"], rows)]
     return "\n".join(out)
 
 
@@ -172,9 +190,10 @@ def topo() -> None:
 
 @topo.command()
 @click.argument("file", type=click.Path(dir_okay=False))
-def show(file: str) -> None:
+@SERVERS_OPTION
+def show(file: str, servers: str | None) -> None:
     """Print the parsed topology FILE as tables."""
-    topology = _load(file)
+    topology = _load(file, servers)
     try:
         click.echo(render_topology(topology))
     except _user_errors() as exc:
@@ -185,12 +204,13 @@ def show(file: str) -> None:
 @click.argument("file", type=click.Path(dir_okay=False))
 @click.option("--backend", type=BACKENDS, default="auto", show_default=True,
               help="delay backend: kernel netem, the userspace relay, or auto")
-def up(file: str, backend: str) -> None:
+@SERVERS_OPTION
+def up(file: str, backend: str, servers: str | None) -> None:
     """Build FILE, open Mininet's CLI on it, tear it down when the CLI exits."""
     from testbed.emulation.mininet_cli import run_cli
     from testbed.emulation.network import Emulation
 
-    topology = _load(file)
+    topology = _load(file, servers)
     say = _stderr_progress()
     try:
         emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
@@ -220,8 +240,9 @@ def up(file: str, backend: str) -> None:
                    "the configured loss (0.2 at 0.1% loss: 96,000 datagrams, ~20 s; 0.1: four times as many)")
 @click.option("--no-tcp", "no_tcp", is_flag=True,
               help="leave out the TCP goodput (iperf3): a quicker check of RTT, loss, delay and rate")
+@SERVERS_OPTION
 def check(file: str, as_json: bool, backend: str, duration: int, deep: bool, out_dir: str | None,
-          loss_precision: float, no_tcp: bool) -> None:
+          loss_precision: float, no_tcp: bool, servers: str | None) -> None:
     """Build FILE, measure every WAN link both ways, compare with the file.
 
     Per link: RTT, loss, delay distribution and order from a UDP train both ways;
@@ -231,7 +252,7 @@ def check(file: str, as_json: bool, backend: str, duration: int, deep: bool, out
     from testbed.emulation.linkcheck import check_links
     from testbed.emulation.network import Emulation
 
-    topology = _load(file)
+    topology = _load(file, servers)
     say = _stderr_progress()
     deep_dir = None
     if deep:

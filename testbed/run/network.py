@@ -124,6 +124,22 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
         emu.stop()
 
 
+def with_servers(scenario: Scenario, resolved: dict[str, Any], path: Path,
+                 local: bool = False) -> tuple[Scenario, dict[str, Any]]:
+    """The scenario with its topology's DCs placed on the servers of ``--servers FILE``
+    (testbed_core/servers.py), and the resolved scenario recording them."""
+    from testbed_core.servers import ServersError, load_servers, place_topology
+
+    if local or scenario.runner.local:
+        raise ServersError(f"--servers {path}: a local run (--local, runner.local) emulates nothing; drop one of them")
+    plan = load_servers(path)
+    topology = place_topology(scenario.topology, plan, str(path))
+    resolved = dict(resolved)
+    if isinstance(resolved.get("topology"), dict):
+        resolved["topology"] = {**resolved["topology"], "servers": plan.model_dump(mode="json")}
+    return scenario.model_copy(update={"topology": topology}), resolved
+
+
 def with_ports(scenario: Scenario, progress: Progress) -> Scenario:
     """The scenario with its port block fixed (``runner.base_port: auto``): the
     emulated block under emulation, a block free right now on 127.0.0.1 in local mode."""

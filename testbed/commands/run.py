@@ -33,8 +33,12 @@ from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
 @click.option("--servers", "servers", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
               help="Emulate the topology's DCs on several servers reached over SSH (a servers section as its own "
                    "file: tunnel, ssh, machines); replaces the topology's own servers section.")
+@click.option("--inventory", "inventory", type=click.Path(dir_okay=False, path_type=Path), default=None,
+              metavar="FILE",
+              help="Run on real machines instead of the emulation: FILE maps the topology's hosts to machines "
+                   "reached over SSH (key-based); nothing is shaped (runner.inventory).")
 def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, local: bool,
-        servers: Path | None = None) -> None:
+        servers: Path | None = None, inventory: Path | None = None) -> None:
     """Run SCENARIO_FILE: build its topology, calibrate the WAN, then train the
     workload under each variant and compare measured and predicted iteration times.
 
@@ -56,6 +60,10 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
             from testbed.run.network import with_servers
 
             scenario, resolved = with_servers(scenario, resolved, servers, local)
+        if inventory is not None:
+            from testbed.run.network import with_inventory
+
+            scenario, resolved = with_inventory(scenario, resolved, inventory, local or servers is not None)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
     only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None

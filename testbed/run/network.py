@@ -101,9 +101,16 @@ class EmulatedNetwork:
 
 @contextlib.contextmanager
 def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
-    """The emulated topology (root needed), or loopback in local mode."""
+    """The emulated topology (root needed), loopback in local mode, or the real
+    machines of ``runner.inventory`` (testbed/run/inventory.py)."""
     if scenario.runner.local:
         yield LocalNetwork(scenario.topology)
+        return
+    if getattr(scenario.runner, "inventory", None):
+        from testbed.run.inventory import open_inventory
+
+        with open_inventory(scenario, progress) as net:
+            yield net
         return
     if os.geteuid() != 0:
         raise RunnerError("emulating the topology needs root: run as root (sudo), or set runner.local: true "
@@ -138,6 +145,22 @@ def with_servers(scenario: Scenario, resolved: dict[str, Any], path: Path,
     if isinstance(resolved.get("topology"), dict):
         resolved["topology"] = {**resolved["topology"], "servers": plan.model_dump(mode="json")}
     return scenario.model_copy(update={"topology": topology}), resolved
+
+
+def with_inventory(scenario: Scenario, resolved: dict[str, Any], path: Path,
+                   other_mode: bool = False) -> tuple[Scenario, dict[str, Any]]:
+    """The scenario run on the real machines of the inventory ``path`` (checked against
+    the topology's hosts now, before anything starts)."""
+    from testbed_core.inventory import InventoryError, load_inventory
+
+    if other_mode or scenario.runner.local or scenario.topology.servers is not None:
+        raise InventoryError(f"--inventory {path}: real machines replace the emulation; --local, --servers and a "
+                             "topology's servers section cannot go with it: drop one of them")
+    load_inventory(path).assignment(scenario.topology)
+    runner = scenario.runner.model_copy(update={"inventory": str(Path(path).resolve())})
+    resolved = dict(resolved)
+    resolved["runner"] = {**(resolved.get("runner") or {}), "inventory": runner.inventory}
+    return scenario.model_copy(update={"runner": runner}), resolved
 
 
 def with_ports(scenario: Scenario, progress: Progress) -> Scenario:

@@ -69,7 +69,7 @@ def preflight(scenario: Scenario, only: Sequence[str] | None = None, progress: P
         too_big = memory_problem(scenario, runs, available_bytes)
         if too_big:
             problems.append(too_big)
-    if not scenario.runner.local:
+    if not scenario.runner.local and not scenario.runner.inventory:  # an inventory run emulates nothing
         try:
             scenario.topology.require_emulable()
         except ConfigError as exc:

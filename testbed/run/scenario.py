@@ -90,6 +90,10 @@ class RunnerSettings(_Model):
     """How `testbed run` plays the scenario (testbed/run/runner.py); every choice visible."""
 
     local: bool = Field(False, description="workers as local processes on 127.0.0.1, no emulated network")
+    inventory: str | None = Field(
+        None, description="an inventory file (testbed_core/inventory.py): the topology's hosts are real machines "
+        "reached over SSH, nothing emulated or shaped (testbed run --inventory)"
+    )
     base_port: int | Literal["auto"] = Field(
         "auto", description="first TCP port of the run (channels, tokens +1000, calibration +2000, decode "
         "servers +3000, DP gradients +4000); auto: 29500 under emulation (every host has its own namespace), "

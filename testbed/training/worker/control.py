@@ -7,6 +7,8 @@ namespaces), each a model of testbed_core/contracts/control.py: the worker says
 
 from __future__ import annotations
 
+import json
+import os
 import socket
 import threading
 import time
@@ -21,12 +23,17 @@ from testbed_core.contracts.control import (
     parse_runner_message,
 )
 
+CONTROL_MAP_ENV = "TESTBED_CONTROL_MAP"
+
 
 class Control:
     """The worker's end of the runner's control socket: JSON lines both ways."""
 
     def __init__(self, path: str, worker: str, timeout_s: float) -> None:
         self.worker = worker
+        # On a real machine (testbed run --inventory) the runner's socket is forwarded over
+        # SSH to a path of that machine: CONTROL_MAP_ENV maps the job's path to it.
+        path = json.loads(os.environ.get(CONTROL_MAP_ENV) or "{}").get(path, path)
         self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         deadline = time.monotonic() + timeout_s
         while True:

@@ -490,7 +490,43 @@ def plan_variant(
     if setup.prediction.plan is None and way == "temporal":
         way = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = way
+    if sharing == "auto" and definition.streams == "fill-link" and cal is not None:
+        _consider_configured_shared(setup, scenario, workload, base_dir, cal, auto_streams, pair, local)
     return setup
+
+
+def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                                cal: Calibration, auto: int | None, pair: tuple[str, str] | None,
+                                local: bool) -> None:
+    """Atlas with ``atlas_sharing: auto`` also weighs plain multi-TCP's own way: the
+    configured streams on shared links. Its streams come from one channel's calibrated
+    rate and its sharing from the plan against sharing at that count, so where a
+    fill-link count collides badly and a window-limited channel fills under half the
+    link (long RTTs: two pipelines' channels side by side carry more than one at a
+    time), neither of its ways is the faster one. Taken when it is predicted faster
+    than the choice by more than the sharing margin (choose_sharing), and only when
+    that count was calibrated colliding (the prediction needs its aggregate)."""
+    n = configured_streams(scenario, auto)
+    if n == setup.streams or setup.prediction is None:
+        return
+    measured = (all(pr.colliding_bps is not None for pr in path_rates_of(setup.placement, scenario, cal, n).values())
+                if cal.paths else n in cal.colliding_bps and n in cal.rates_bps)
+    if not measured:
+        return
+    alt = replace(setup, streams=n, variant=Variant(setup.variant.name, n, "shared", setup.variant.placement))
+    alt.path_rates = path_rates_of(setup.placement, scenario, cal, n) if cal.paths else {}
+    rate = cal.rates_bps.get(n)
+    alt.colliding_bps = cal.colliding_bps.get(n)
+    first = next((pr for pr in alt.path_rates.values() if pr.rate_bps is not None), None)
+    if first is not None:
+        rate, alt.colliding_bps = first.rate_bps, first.colliding_bps
+    pred = predict_variant(alt, scenario, workload, base_dir, None if alt.path_rates else rate, pair, local)
+    times = dict(setup.sharing_alternatives or {setup.sharing: setup.prediction.iteration_time_s})
+    times[f"shared, {n} streams"] = pred.iteration_time_s
+    setup.sharing_alternatives = times
+    if choose_sharing(setup.prediction.iteration_time_s, pred.iteration_time_s) == "shared":
+        setup.streams, setup.variant, setup.prediction, setup.rate_bps = n, alt.variant, pred, rate
+        setup.colliding_bps, setup.path_rates, setup.sharing = alt.colliding_bps, alt.path_rates, "shared"
 
 
 def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Workload, base_dir: str | None,

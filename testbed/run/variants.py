@@ -128,6 +128,15 @@ class VariantSetup:
     def definition(self) -> VariantDef:
         return self.run.variant
 
+    def paths_used(self) -> list[dict[str, Any]]:
+        """Each WAN path's calibrated figures the prediction used (summary.json
+        ``prediction.calibrated_paths``)."""
+        def mbps(bps: float | None) -> float | None:
+            return None if bps is None else bps / 1e6
+        return [{"dcs": list(pr.dcs), "channel_rate_mbps": mbps(pr.rate_bps),
+                 "colliding_aggregate_mbps": mbps(pr.colliding_bps), "ring_aggregate_mbps": mbps(pr.ring_bps)}
+                for pr in self.path_rates.values()]
+
 
 def _definition(variant: str | VariantDef | RunVariant) -> VariantDef:
     """The registry entry of a variant given by name ('atlas', 'atlas+bubbletea'), run or entry."""

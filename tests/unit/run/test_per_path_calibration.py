@@ -66,6 +66,9 @@ def test_each_path_keeps_its_own_rate_in_the_prediction() -> None:
     assert base["slow"].path_rates["mid", "edge"].rate_bps == pytest.approx(2e6)  # 1 stream: a tenth
     assert base["slow"].prediction.iteration_time_s > 1.5 * base["fast"].prediction.iteration_time_s
     assert atlas["slow"].prediction.iteration_time_s == pytest.approx(atlas["fast"].prediction.iteration_time_s)
+    used = {tuple(p["dcs"]): p for p in base["slow"].paths_used()}  # summary.json prediction.calibrated_paths
+    assert used["mid", "edge"]["channel_rate_mbps"] == pytest.approx(2.0) and used["east", "west"]["ring_aggregate_mbps"] is None
+    assert {tuple(p["dcs"]) for p in atlas["slow"].paths_used()} == {("east", "west"), ("west", "mid")}
 
 
 def test_the_rings_measured_on_a_path_set_dp_across_dcs_all_reduce() -> None:

@@ -435,6 +435,7 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
         "measured_stage_forward_s": None if compute is None else compute[0],
         "measured_stage_backward_s": None if compute is None else compute[1],
         "measured_overhead_s": None if compute is None else overhead,
+        "calibrated_paths": setup.paths_used() or None,
     }
 
 

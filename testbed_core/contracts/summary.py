@@ -91,6 +91,16 @@ DEFINITIONS = Definitions()
 # ------------------------------------------------------------------ one variant's parts
 
 
+class PathRatesUsed(_Doc):
+    """``prediction.calibrated_paths[]``: one WAN path the variant crosses, as its
+    prediction saw it (the calibration's figures of that path for the variant's streams)."""
+
+    dcs: tuple[str, str]
+    channel_rate_mbps: float | None  # one channel alone on the path
+    colliding_aggregate_mbps: float | None  # its channels colliding there, in all
+    ring_aggregate_mbps: float | None  # the DP rings crossing it, in all each way
+
+
 class Prediction(_Doc):
     """``prediction``: where the headline prediction's rates came from, and the same
     model fed with the variant's own warm-up (a diagnostic)."""
@@ -108,6 +118,7 @@ class Prediction(_Doc):
     measured_stage_forward_s: list[float] | None
     measured_stage_backward_s: list[float] | None
     measured_overhead_s: float | None
+    calibrated_paths: list[PathRatesUsed] | None = None  # each WAN path's own figures (per-path calibration)
 
 
 class AllReduceResult(_Doc):

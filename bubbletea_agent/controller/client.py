@@ -121,9 +121,10 @@ class AgentLink:
     loop; `take` hands it the work received (as Requests relative to its epoch)."""
 
     def __init__(self, host: str, port: int, name: str, hello: AgentHello, wait_s: float = 0.1,
-                 connect_timeout_s: float = 30.0) -> None:
+                 connect_timeout_s: float = 30.0, timeout_s: float = 2.0) -> None:
         self.host, self.port, self.name, self.hello = host, port, name, hello
-        self.wait_s, self.connect_timeout_s = wait_s, connect_timeout_s
+        # a sync not answered within timeout_s is given up and sent again (its work is re-sent)
+        self.wait_s, self.connect_timeout_s, self.timeout_s = wait_s, connect_timeout_s, timeout_s
         self._status: AgentStatus | None = None
         self._ended: deque[EndedRequest] = deque()
         self._work: deque[Any] = deque()
@@ -164,7 +165,7 @@ class AgentLink:
             ended = [self._ended.popleft() for _ in range(len(self._ended))]
         st = self._status or AgentStatus(at=time.time())
         msg = AgentSync(hello=self.hello if self.syncs == 0 else None, status=st, ended=ended, final=final,
-                        wait_s=0.0 if final else self.wait_s)
+                        wait_s=0.0 if final else self.wait_s, received=self.received)
         try:
             status, raw = _call(self.host, self.port, "POST", f"/v1/agents/{self.name}/sync",
                                 msg.model_dump_json(exclude_none=True).encode(), conn=conn)
@@ -179,7 +180,7 @@ class AgentLink:
 
     def _run(self) -> None:
         give_up = time.monotonic() + self.connect_timeout_s
-        conn = http.client.HTTPConnection(self.host, self.port, timeout=10.0)
+        conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         while not self._stop.is_set():
             try:
                 reply = self._sync(conn)
@@ -190,7 +191,7 @@ class AgentLink:
                 continue
             except (OSError, http.client.HTTPException) as exc:
                 conn.close()
-                conn = http.client.HTTPConnection(self.host, self.port, timeout=10.0)
+                conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
                 if self.syncs == 0 and time.monotonic() < give_up:
                     self._stop.wait(0.1)  # the controller may still be starting
                     continue
@@ -198,8 +199,9 @@ class AgentLink:
                 log.warning("sync with the controller at %s:%d failed: %s", self.host, self.port, exc)
                 self._stop.wait(0.1)
                 continue
-            self.received += len(reply.work)
-            self._work.extend(reply.work)
+            new = reply.work[max(0, self.received - reply.first):]  # what a lost reply carried comes again
+            self.received += len(new)
+            self._work.extend(new)
             if reply.stop:
                 self.stopped_by_controller = True
                 break

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import bisect
 import math
-from collections import deque
 from dataclasses import dataclass, field
 
 from bubbletea_agent.requests import Reason, Request, RequestLedger, Status
@@ -111,23 +110,31 @@ class DeviceState:
     predict: Predictor | None = None
     status: AgentStatus | None = None
     synced_at: float = -math.inf
-    outbox: list[WorkItem] = field(default_factory=list)
-    delivered: deque[tuple[str, float]] = field(default_factory=deque)  # (id, predicted s) sent, in order
-    delivered_count: int = 0
+    # every request dispatched here, in order; `sent[received:]` goes out with each reply until
+    # the agent confirms it received it (a reply lost on the way is sent again)
+    sent: list[WorkItem] = field(default_factory=list)
+    sent_predicted: list[float] = field(default_factory=list)
+    received: int = 0  # the agent's count of work items received
     open: dict[str, float] = field(default_factory=dict)  # id -> predicted s, dispatched and not ended
     final: bool = False
-    dispatched: int = 0
 
-    def ready(self) -> bool:
+    @property
+    def dispatched(self) -> int:
+        return len(self.sent)
+
+    @property
+    def outbox(self) -> list[WorkItem]:
+        """Work the agent has not confirmed receiving."""
+        return self.sent[self.received:]
+
+    def ready(self, now: float, stale_s: float) -> bool:
         st = self.status
         return (not self.final and self.predict is not None and st is not None and st.epoch is not None
-                and not st.ended)
+                and not st.ended and now - self.synced_at <= stale_s)
 
     def unseen_s(self, taken: int) -> float:
         """Predicted seconds dispatched that the agent's reported backlog does not hold yet."""
-        while self.delivered and self.delivered_count - len(self.delivered) < taken:
-            self.delivered.popleft()
-        return sum(p for _, p in self.delivered) + sum(self.open.get(w.id, 0.0) for w in self.outbox)
+        return sum(self.sent_predicted[taken:])
 
 
 @dataclass
@@ -138,6 +145,7 @@ class Entry:
     decode_host: str | None = None
     device: str | None = None
     state: str = "queued"  # queued | dispatched | ended
+    now: float | None = None  # when it was last placed (controller time)
 
 
 @dataclass
@@ -149,6 +157,7 @@ class Dispatcher:
     deadline_s: float = 5.0  # default for requests that give none
     horizon_s: float = 30.0
     max_queue: int = 4096  # requests waiting at the controller for a device to be ready
+    stale_s: float = 1.0  # an agent not heard from for this long gets no new work
     ledger: RequestLedger = field(default_factory=RequestLedger)
     devices: dict[str, DeviceState] = field(default_factory=dict)
     entries: dict[str, Entry] = field(default_factory=dict)
@@ -199,12 +208,14 @@ class Dispatcher:
         return min(known) if known else None
 
     def _eligible(self, entry: Entry) -> list[DeviceState]:
-        return [d for d in self.devices.values() if d.ready()
+        now = entry.now if entry.now is not None else entry.arrival
+        return [d for d in self.devices.values() if d.ready(now, self.stale_s)
                 and (entry.decode_host is None or (d.hello is not None and d.hello.decode_host == entry.decode_host))]
 
     def _place(self, entry: Entry, now: float, raise_on_reject: bool = False) -> None:
         req = entry.request
         deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
+        entry.now = now
         devices = self._eligible(entry)
         if not devices:
             if any(not d.final and not (d.status is not None and d.status.ended) for d in self.devices.values()):
@@ -245,9 +256,9 @@ class Dispatcher:
             self.queue.remove(req.id)
         entry.state, entry.device = "dispatched", dev.name
         dev.open[req.id] = work
-        dev.dispatched += 1
-        dev.outbox.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
-                                   deadline_s=deadline))
+        dev.sent.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
+                                 deadline_s=deadline))
+        dev.sent_predicted.append(work)
 
     def _end_rejected(self, entry: Entry, reason: str, detail: str, now: float, raise_it: bool = False) -> None:
         rid = entry.request.id
@@ -290,6 +301,7 @@ class Dispatcher:
             raise Refusal("no_hello", f"agent {name!r}: the first sync must carry a hello (device, predictions)",
                           "hello", recorded=False)
         dev.status, dev.synced_at = msg.status, now
+        dev.received = min(max(dev.received, msg.received), len(dev.sent))
         if msg.status.epoch is not None and self.epoch is None:
             self.epoch = msg.status.epoch
         if msg.status.arrivals_closed_at is not None:
@@ -304,13 +316,8 @@ class Dispatcher:
                 self._end_rejected(self.entries[rid], Reason.AGENT_LOST,
                                    f"agent {name} stopped without reporting it", now)
                 dev.open.pop(rid, None)
-            dev.outbox.clear()
             return SyncReply(stop=True)
-        out, dev.outbox = dev.outbox, []
-        for w in out:
-            dev.delivered.append((w.id, dev.open.get(w.id, 0.0)))
-            dev.delivered_count += 1
-        return SyncReply(work=out)
+        return SyncReply(work=dev.outbox, first=dev.received)
 
     def _ended(self, dev: DeviceState, e: EndedRequest) -> None:
         entry = self.entries.get(e.id)
@@ -334,7 +341,6 @@ class Dispatcher:
                 self._end_rejected(entry, Reason.RUN_ENDED, detail, now)
         for dev in self.devices.values():
             dev.open.clear()
-            dev.outbox.clear()
         self.ledger.check()
 
     # ---------------------------------------------------------------------- views

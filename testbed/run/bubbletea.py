@@ -45,6 +45,9 @@ DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream
 # time however busy the cores are (it uses little CPU); decode servers only move KV caches.
 AGENT_NICE = -10
 DECODE_NICE = 10
+# the controller answers every agent's sync and every client: on a busy machine it must not
+# wait behind the emulator's bulk work (a stale status makes it dispatch blind)
+CONTROLLER_NICE = -5
 CONTROLLER_PORT_INDEX = 63  # the controller's port: this one of the decode range (decode servers count from 0)
 
 
@@ -194,7 +197,8 @@ def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenar
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(job.model_dump_json(indent=1))
     logs["controller"] = folder / "logs" / "controller.log"
-    servers["controller"] = start([sys.executable, "-m", "bubbletea_agent", "controller", str(path)],
+    servers["controller"] = start(["nice", "-n", str(CONTROLLER_NICE), sys.executable, "-m", "bubbletea_agent",
+                                   "controller", str(path)],
                                   popen=net.host(host).popen, env=env, log_path=logs["controller"],
                                   name="BubbleTea controller", cwd=str(REPO_ROOT))
     return {"ip": net.host(host).ip, "port": port, "host": host}

@@ -150,6 +150,8 @@ class AgentSync(_Strict):
     status: AgentStatus
     ended: list[EndedRequest] = Field(default_factory=list)
     final: bool = Field(False, description="the agent stops: whatever it was sent has ended (listed)")
+    received: int = Field(0, ge=0, description="work items received so far: the controller sends the rest "
+                                              "again (a reply lost on the way is not lost work)")
     wait_s: float = Field(0.0, ge=0, le=5, description="hold the reply this long unless work comes")
 
 
@@ -164,6 +166,7 @@ class WorkItem(_Strict):
 
 class SyncReply(_Strict):
     work: list[WorkItem] = Field(default_factory=list)
+    first: int = Field(0, ge=0, description="the sequence number of work[0] among all work sent to this agent")
     stop: bool = False
 
 

@@ -192,3 +192,23 @@ def test_status_ended_device_takes_no_work():
     ready(d, "b", backlog_s=0.3)
     assert d.submit(req("r1"), T0).device == "b"
     assert not math.isinf(d.devices["b"].open["r1"])
+
+
+def test_work_in_a_lost_reply_is_sent_again_until_the_agent_confirms_it():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a")
+    d.submit(req("r1"), T0)
+    first = d.sync("a", AgentSync(status=status()), T0)
+    assert [w.id for w in first.work] == ["r1"] and first.first == 0
+    again = d.sync("a", AgentSync(status=status(), received=0), T0)  # the first reply never arrived
+    assert [w.id for w in again.work] == ["r1"]
+    d.submit(req("r2"), T0)
+    after = d.sync("a", AgentSync(status=status(), received=1), T0)
+    assert [w.id for w in after.work] == ["r2"] and after.first == 1
+
+
+def test_an_agent_not_heard_from_gets_no_new_work():
+    d = Dispatcher(["a", "b"], ["dc1-h2"], stale_s=1.0)
+    ready(d, "a", now=T0)
+    ready(d, "b", now=T0 + 2.0, backlog_s=0.5)
+    assert d.submit(req("r1", at=T0 + 2.0), T0 + 2.0).device == "b"  # a is silent for 2 s

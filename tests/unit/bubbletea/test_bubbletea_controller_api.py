@@ -124,22 +124,28 @@ def test_request_round_trip_over_the_socket(controller):
     service, port = controller
     epoch = time.time()
     la, lb = link(port, "a"), link(port, "b")
-    la.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5, backlog_s=5.0))
-    lb.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5))
+    la.status(AgentStatus(at=epoch))  # training not started yet: no epoch
+    lb.status(AgentStatus(at=epoch))
     la.start()
     lb.start()
     try:
         deadline = time.monotonic() + 5
         while any(d.hello is None for d in service.d.devices.values()) and time.monotonic() < deadline:
             time.sleep(0.02)
+        epoch = time.time()  # training starts: the source's requests arrive from now on
+        la.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5, backlog_s=5.0))
+        lb.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5))
+        while service.d.epoch is None and time.monotonic() < deadline:
+            time.sleep(0.02)
         client = PrefillClient("127.0.0.1", port)
         acc = client.submit(512, deadline_s=3.0)
         assert acc.status == "dispatched" and acc.device == "b"
         got: list = []
+        deadline = time.monotonic() + 5
         while len(got) < 2 and time.monotonic() < deadline:
             got += lb.take()
             time.sleep(0.01)
-        assert sorted(r.id for r in got) == sorted([acc.id, "s0"])
+        assert sorted(r.id for r in got) == sorted([acc.id, "s0"]), (service.d.view("s0"), service.d.devices["b"].sent)
         for r in got:  # served: its KV cache arrived 0.2 s after it arrived at the controller
             arrival_abs = lb._epoch + r.arrival_s
             lb.ended({"id": r.id, "status": "served", "kv_arrival": arrival_abs + 0.2 - lb._epoch, "chunks": 1},

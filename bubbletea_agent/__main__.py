@@ -53,17 +53,45 @@ def run_cmd(config_path: str) -> None:
 @click.option("--streams", default="4", show_default=True, help="streams per channel (or 'auto')")
 @click.option("--log", "log_path", type=click.Path(dir_okay=False), help="JSONL of KV-cache arrivals")
 @click.option("--duration", type=float, help="stop after this many seconds (default: until SIGTERM)")
-def decode_server_cmd(host: str, port: int, streams: str, log_path: str | None, duration: float | None) -> None:
-    """Receive agents' KV caches over atlas_transport and acknowledge each arrival.
+@click.option("--max-cache-bytes", type=click.IntRange(min=0), default=0, show_default=True,
+              help="refuse KV caches larger than this many bytes on the wire (0: any size)")
+@click.option("--check-model", "check_model", help="the agents' prefill model (PrefillModelSpec JSON, e.g. "
+              "'{\"preset\": \"tiny\"}'): run one decode step from every real cache and check its next token "
+              "against the same model run in one process")
+@click.option("--check-device", default="auto", show_default=True,
+              help="torch device of the check model: the agents' kind (cuda or cpu: the same random weights)")
+def decode_server_cmd(host: str, port: int, streams: str, log_path: str | None, duration: float | None,
+                      max_cache_bytes: int, check_model: str | None, check_device: str) -> None:
+    """Receive agents' KV caches over atlas_transport, check each (digest, size; with
+    --check-model a decode step against the one-process reference) and acknowledge it.
     The shared secret comes from the ATLAS_SECRET environment variable."""
     import signal
     import threading
 
     from bubbletea_agent.kv_ship import DecodeServer
 
+    checker = None
+    if check_model is not None:
+        from pydantic import ValidationError
+
+        from bubbletea_agent.decode_check import DecodeChecker
+        from bubbletea_agent.engine import EngineError
+        from testbed_core.contracts.bubbletea import PrefillModelSpec
+
+        try:
+            spec = PrefillModelSpec.model_validate_json(check_model)
+        except ValidationError as exc:
+            problems = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'model'}: {e['msg']}" for e in exc.errors())
+            raise click.BadParameter(f"{check_model!r}: not a prefill model ({problems})",
+                                     param_hint="--check-model") from None
+        try:
+            checker = DecodeChecker(spec, check_device)
+        except EngineError as exc:
+            raise click.ClickException(f"decode server --check-model: {exc}") from None
     try:
         server = DecodeServer.start(host, port, streams=int(streams) if streams.isdigit() else streams,
-                                    log_path=log_path, keep_tensors=False)
+                                    log_path=log_path, keep_tensors=False, checker=checker,
+                                    max_cache_bytes=max_cache_bytes)
     except Exception as exc:  # noqa: BLE001 - transport config / bind errors speak for themselves
         raise click.ClickException(f"decode server on {host}:{port}: {exc}") from None
     done = threading.Event()
@@ -73,7 +101,10 @@ def decode_server_cmd(host: str, port: int, streams: str, log_path: str | None, 
     announce_ready(port=server.port)
     done.wait(duration)
     server.stop()
-    click.echo(json.dumps({"received": len(server.received), "errors": server.errors}))
+    checks = list(server.checks.values())
+    click.echo(json.dumps({"received": len(server.received), "refused": [r.refused for r in server.refused],
+                           "decode_checks": len(checks), "decode_checks_failed": sum(not c.ok for c in checks),
+                           "errors": server.errors}))
 
 
 def _span(text: str) -> tuple[float, float]:

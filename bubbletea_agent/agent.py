@@ -107,6 +107,9 @@ class Counters:
     training_wait_s: float = 0.0
     prefill_busy_s: float = 0.0
     not_arrived: int = 0  # requests of the source whose arrival time the run never reached
+    kv_digest_mismatches: int = 0  # caches the decode host refused: their xxh64 differed (not served)
+    kv_decode_passed: int = 0  # caches whose decode step at the decode host gave the reference's next token
+    kv_decode_failed: int = 0  # ... gave another token (served, flagged)
 
 
 @dataclass
@@ -349,10 +352,14 @@ class Agent:
             return
         for res in self.shipper.poll():
             self._shipping.pop(res.request_id, None)
+            rec = self.ledger.get(res.request_id)
+            rec.kv_digest_ok, rec.kv_decode_ok = res.digest_ok, res.decode_ok
+            self.counters.kv_digest_mismatches += int(res.digest_ok is False)
+            self.counters.kv_decode_passed += int(res.decode_ok is True)
+            self.counters.kv_decode_failed += int(res.decode_ok is False)
             if res.error is not None:
                 self._reject(res.request_id, Reason.SHIP_FAILED, res.error)
             else:
-                rec = self.ledger.get(res.request_id)
                 rec.kv_wire_bytes = res.wire_bytes
                 rec.kv_modelled_s = res.modelled_s
                 self.ledger.serve(res.request_id, res.arrival - self.epoch)

@@ -16,6 +16,11 @@ scenario validates it too); the torch side of it (dtype, LlamaConfig) is here.
 
 KV layout: `keys` and `values` are each [layers, batch, kv_heads, tokens, head_dim]
 (per layer: [batch, kv_heads, tokens, head_dim], the layout of transformers' caches).
+
+Requests carry prompt lengths, not text: the real engine's prompt is a synthetic one drawn
+from the model's seed and the request id (`synthetic_prompt`), the same for every chunk of
+the request and reproducible elsewhere, so a decode host with the same model can check a
+received cache against the model run in one process (bubbletea_agent/decode_check.py).
 """
 
 from __future__ import annotations
@@ -113,6 +118,7 @@ class KVCache:
     values: torch.Tensor
     logical_shape: tuple[int, ...]  # the model's true shape of `keys`
     mode: str  # "real" or "modelled"
+    first_token: int | None = None  # real engine: the token the prefill produced (argmax of its last logits)
 
     @property
     def tokens(self) -> int:
@@ -175,6 +181,21 @@ class PrefillEngine(Protocol):
 # --------------------------------------------------------------------------- real
 
 
+def synthetic_prompt(seed: int, request_id: str, tokens: int, vocab: int) -> torch.Tensor:
+    """Token ids [1, tokens] of request `request_id`'s synthetic prompt: drawn from a generator
+    seeded by the model's seed and the request id (xxh64), so every chunk of a request and
+    every host holding the same model sees the same prompt."""
+    import xxhash
+
+    gen = torch.Generator().manual_seed(xxhash.xxh64_intdigest(f"{seed}:{request_id}".encode()) & ((1 << 63) - 1))
+    return torch.randint(0, vocab, (1, tokens), generator=gen)
+
+
+def request_of(label: str) -> str:
+    """The request id in a chunk label `<request id>:<chunk>:<tokens>` (agent.py)."""
+    return label.rsplit(":", 2)[0]
+
+
 def pick_torch_device(prefer: str = "auto") -> str:
     if prefer != "auto":
         return prefer
@@ -226,37 +247,54 @@ class TransformersEngine:
         if self.torch_device.startswith("cuda"):
             torch.cuda.synchronize()
 
-    def prompt_ids(self, tokens: int) -> torch.Tensor:
-        """Token ids for a synthetic prompt (requests carry lengths, not text)."""
+    def prompt_ids(self, tokens: int, request_id: str | None = None, start: int = 0) -> torch.Tensor:
+        """Token ids for a synthetic prompt (requests carry lengths, not text): positions
+        [start, start + tokens) of `request_id`'s prompt (`synthetic_prompt`), or fresh
+        ones from the engine's generator without a request (profiling)."""
         vocab = self.model.config.vocab_size
-        return torch.randint(0, vocab, (1, tokens), generator=self._gen).to(self.torch_device)
+        if request_id is None:
+            return torch.randint(0, vocab, (1, tokens), generator=self._gen).to(self.torch_device)
+        ids = synthetic_prompt(self.spec.seed, request_id, start + tokens, vocab)
+        return ids[:, start:].to(self.torch_device)
 
-    def forward(self, tokens: int, cache: Any | None) -> Any:
-        """Prefill `tokens` new tokens after `cache` (None: a new prompt); returns the cache."""
+    def step(self, ids: torch.Tensor, cache: Any | None) -> tuple[Any, torch.Tensor]:
+        """One forward pass of `ids` after `cache` (None: a new one): (the cache, the
+        logits of the last position, [vocab], on the CPU)."""
         from transformers import DynamicCache
 
         if cache is None:
             cache = DynamicCache(config=self.model.config)
-        ids = self.prompt_ids(tokens)
         with torch.inference_mode():
             out = self.model(input_ids=ids, cache=cache, use_cache=True, logits_to_keep=1)
         self.sync()
-        return out.cache
+        return out.cache, out.logits[0, -1].float().cpu()
+
+    def forward(self, tokens: int, cache: Any | None, request_id: str | None = None) -> Any:
+        """Prefill `tokens` new tokens after `cache` (None: a new prompt); returns the cache."""
+        return self._prefill(tokens, cache, request_id)[0]
+
+    def _prefill(self, tokens: int, cache: Any | None, request_id: str | None) -> tuple[Any, int]:
+        start = 0 if cache is None else cache.get_seq_length()
+        cache, logits = self.step(self.prompt_ids(tokens, request_id, start), cache)
+        return cache, int(logits.argmax())
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
-                  start_check: StartCheck | None = None) -> ChunkResult | None:
+                  start_check: StartCheck | None = None, request_id: str | None = None) -> ChunkResult | None:
+        """As PrefillEngine.run_chunk; the prompt is `request_id`'s synthetic one (None:
+        the request named by `label`)."""
         have = 0 if partial is None else (partial.tokens if isinstance(partial, KVCache)
                                           else partial.get_seq_length())
         if have != context:
             raise EngineError(f"chunk continues at token {context} but the cache holds {have}")
+        rid = request_id if request_id is not None else request_of(label)
         box: dict[str, Any] = {}
 
         def work() -> None:
             if start_check is not None:
                 start_check()
-            cache = self.forward(tokens, partial)
-            box["cache"] = self.finish(cache) if final else cache
+            cache, token = self._prefill(tokens, partial, rid)
+            box["cache"] = self.finish(cache, token) if final else cache
 
         record = device.try_run("prefill", owner, fn=work, label=label)
         if record is None:
@@ -265,12 +303,12 @@ class TransformersEngine:
             raise EngineError(f"device ran no prefill for {label} (record {record})")
         return ChunkResult(record, box["cache"])
 
-    def finish(self, partial: Any) -> KVCache:
+    def finish(self, partial: Any, first_token: int | None = None) -> KVCache:
         if isinstance(partial, KVCache):
             return partial
         keys = torch.stack([layer.keys for layer in partial.layers])
         values = torch.stack([layer.values for layer in partial.layers])
-        return KVCache(keys, values, tuple(keys.shape), self.mode)
+        return KVCache(keys, values, tuple(keys.shape), self.mode, first_token)
 
 
 # --------------------------------------------------------------------------- modelled
@@ -306,7 +344,7 @@ class ModelledEngine:
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
-                  start_check: StartCheck | None = None) -> ChunkResult | None:
+                  start_check: StartCheck | None = None, request_id: str | None = None) -> ChunkResult | None:
         have = partial or 0
         if have != context:
             raise EngineError(f"chunk continues at token {context} but {have} tokens are cached")

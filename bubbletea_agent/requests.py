@@ -346,6 +346,9 @@ class RequestRecord:
     kv_bytes: int = 0  # true size of the KV cache
     kv_wire_bytes: int = 0  # what crossed the network to the decode host
     kv_modelled_s: float = 0.0  # part of the TTFT charged for the bytes that did not cross
+    kv_digest_ok: bool | None = None  # the decode host's xxh64 check of the bytes (None: never reached it)
+    kv_decode_ok: bool | None = None  # its decode step from the cache gave the reference's next token
+    # (None: not run: modelled cache, or no model at the decode host)
     guard_violations: int = 0
 
     def to_json(self) -> dict[str, Any]:

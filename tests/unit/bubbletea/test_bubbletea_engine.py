@@ -74,7 +74,7 @@ def test_chunked_prefill_continues_the_cache(tiny_engine):
     # feed the same ids in two chunks through the engine's forward
     chunks = iter([ids[:, :20], ids[:, 20:]])
     orig = eng.prompt_ids
-    eng.prompt_ids = lambda n: next(chunks)
+    eng.prompt_ids = lambda n, *rest: next(chunks)
     try:
         c = eng.forward(20, None)
         c = eng.forward(28, c)

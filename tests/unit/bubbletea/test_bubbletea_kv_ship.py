@@ -1,6 +1,7 @@
 """KV shipping: wire format and acks over an in-process channel, with a real tiny
 model's cache; the same over atlas_transport on loopback; scaled-down caches (the rest
-charged at the link rate on a modelled queue) and pacing at a rate cap."""
+charged at the link rate on a modelled queue) and pacing at a rate cap. A shipper says
+hello when it connects: `receive_one` answers it with None (`caches` drops those)."""
 
 from __future__ import annotations
 
@@ -44,6 +45,10 @@ def serve(ch, n, out, clock_ns=time.time_ns):
     return t
 
 
+def caches(got):
+    return [r for r in got if r is not None]
+
+
 def test_real_cache_roundtrip(real_kv):
     a, b = MemoryChannel.pair()
     got: list = []
@@ -51,7 +56,7 @@ def test_real_cache_roundtrip(real_kv):
     shipper = KVShipper(a)
     res = shipper.ship("req-7", real_kv)
     t.join(5)
-    rx = got[0]
+    rx = caches(got)[0]
     assert rx.request_id == "req-7" and rx.seq == 0 and rx.mode == "real"
     assert rx.keys.dtype == torch.bfloat16 and rx.keys.shape == (2, 1, 2, 37, 16)
     assert torch.equal(rx.keys, real_kv.keys) and torch.equal(rx.values, real_kv.values)
@@ -72,8 +77,8 @@ def test_scaled_cache_pads_the_wire_to_the_true_size():
     res = KVShipper(a, pad_to_logical=True).ship("r", kv)
     t.join(5)
     assert res.wire_bytes == kv.logical_bytes == spec.kv_bytes(100)
-    assert got[0].logical_shape == (32, 1, 8, 100, 128)
-    assert got[0].mode == "modelled"
+    assert caches(got)[0].logical_shape == (32, 1, 8, 100, 128)
+    assert caches(got)[0].mode == "modelled"
 
 
 def test_unshared_clock_uses_the_probed_delay(real_kv):
@@ -83,7 +88,7 @@ def test_unshared_clock_uses_the_probed_delay(real_kv):
     shipper = KVShipper(a, shared_clock=False)
     res = shipper.ship("x", real_kv)
     t.join(5)
-    assert got[0] is None  # the clock probe was answered
+    assert got[0] is None  # the hello (clock probe) was answered
     assert res.arrival > 1.0 and res.arrival <= time.time()
 
 
@@ -98,7 +103,10 @@ def test_wrong_ack_is_refused(real_kv):
     a, b = MemoryChannel.pair()
     from bubbletea_agent.kv_ship import MAGIC_ACK, TAG_ACK
 
-    b.send(torch.tensor([MAGIC_ACK, 99, 0, 0], dtype=torch.int64), TAG_ACK)
+    from bubbletea_agent.kv_ship import VERSION
+
+    b.send(torch.tensor([MAGIC_ACK, -1, 0, 0, VERSION, 0, 0, 0], dtype=torch.int64), TAG_ACK)  # the hello's
+    b.send(torch.tensor([MAGIC_ACK, 99, 0, 0, 0, -1, 0, 0], dtype=torch.int64), TAG_ACK)
     with pytest.raises(ShipError, match="answered .* to KV message 0"):
         KVShipper(a).ship("x", real_kv)
 
@@ -188,7 +196,7 @@ def test_the_rest_of_a_scaled_cache_is_charged_at_the_link_rate_and_queues() -> 
     got: list = []
 
     def serve() -> None:
-        for _ in range(2):
+        for _ in range(3):  # the hello, then two caches
             got.append(receive_one(b))
 
     t = threading.Thread(target=serve, daemon=True)
@@ -198,7 +206,7 @@ def test_the_rest_of_a_scaled_cache_is_charged_at_the_link_rate_and_queues() -> 
     r2 = shipper.ship("r2", kv)
     t.join(5)
     wire = round(kv.logical_bytes * 0.001)
-    assert r1.wire_bytes == wire == got[0].wire_bytes
+    assert r1.wire_bytes == wire == caches(got)[0].wire_bytes
     rest = (kv.logical_bytes - wire) * 8 / 10e9  # ~54 ms at 10 Gbit/s
     assert r1.modelled_s == pytest.approx(rest)
     assert r2.arrival >= r1.arrival + rest - 1e-6  # the second waits for the first on the modelled link
@@ -209,7 +217,7 @@ def test_pacing_spaces_caches_at_the_rate_cap() -> None:
     import threading
 
     kv = ModelledEngine(PrefillModelSpec(preset="tiny"), lambda n, p: 0.0).finish(100)
-    threading.Thread(target=lambda: [receive_one(b) for _ in range(1)], daemon=True).start()
+    threading.Thread(target=lambda: [receive_one(b) for _ in range(2)], daemon=True).start()
     now = {"t": 100.0}
     slept: list[float] = []
     shipper = KVShipper(a, max_rate_bps=8e3, clock=lambda: now["t"], sleep=slept.append)  # 1 kB/s

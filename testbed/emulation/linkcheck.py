@@ -101,6 +101,8 @@ class Direction:
     rate_mbps: float | None = None  # the shaper's rate under a UDP blast
     train: trainstats.DirectionTrain | None = None
     node: pcapcheck.NodePass | None = None  # the train through the WAN node (--deep)
+    relay_cpu_s: float | None = None  # the relay's CPU time during the goodput test (relay backend)
+    relay_cpu_s_per_gbit: float | None = None  # ... per Gbit it relayed then (both ways, L2 bytes)
 
 
 @dataclass
@@ -209,7 +211,8 @@ def _direction_json(d: Direction) -> dict[str, Any]:
     out = asdict(d)
     out["train"] = None if d.train is None else d.train.as_json()
     out["node"] = None if d.node is None else d.node.as_json()
-    for key in ("expected_goodput_mbps", "rate_mbps", "rtt_ms_median", "rtt_ms_mean", "goodput_mbps"):
+    for key in ("expected_goodput_mbps", "rate_mbps", "rtt_ms_median", "rtt_ms_mean", "goodput_mbps",
+                "relay_cpu_s", "relay_cpu_s_per_gbit"):
         out[key] = _round(out[key], 3)
     return out
 
@@ -387,6 +390,18 @@ def relay_drops(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict
             for name, d in got.items() if isinstance(d, dict)}
 
 
+def relay_cpu(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[float, float | None] | None:
+    """The relay's CPU seconds between two STATS snapshots, and per Gbit it sent in
+    both directions together then (frames as they left it, vnet header excluded);
+    None when either snapshot is missing or has no CPU figure (netem, an older relay)."""
+    if not before or not after or "cpu_s" not in before or "cpu_s" not in after:
+        return None
+    cpu = float(after["cpu_s"]) - float(before["cpu_s"])
+    sent = sum(int(after.get(k, {}).get("tx_bytes", 0)) - int(before.get(k, {}).get("tx_bytes", 0))
+               for k in ("a2b", "b2a"))
+    return cpu, (cpu / (sent * 8 / 1e9) if sent > 0 else None)
+
+
 def _egress_towards(emu: Emulation, a: str, b: str) -> str:
     """The WAN node's interface that sends towards DC b."""
     wan = emu.wan_node(a, b)
@@ -446,7 +461,11 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
             if tcp_goodput:
                 skip = omit if omit is not None else omit_for(link.rtt_s)
                 say(f"{link.name}: goodput {src.name} -> {dst.name}, {d.streams} streams, {duration + skip} s")
+                before = emu.delay_line_stats().get(link.name)
                 got = measure_goodput(src, dst, ip_dst, d.streams, duration, skip)
+                used = relay_cpu(before, emu.delay_line_stats().get(link.name))
+                if used is not None:
+                    d.relay_cpu_s, d.relay_cpu_s_per_gbit = used
                 d.goodput_mbps = None if got.bps is None else got.bps / 1e6
                 d.retransmits = got.retransmits
                 d.error = got.error

@@ -59,6 +59,11 @@ class LinkParams:
         latency, never negative."""
         return max(0.0, self.delay_s - self.offset_s)
 
+    @property
+    def min_queue_delay_s(self) -> float:
+        """The least a frame received now is held (jitter drawn at its lowest)."""
+        return max(0.0, self.delay_s - self.offset_s - self.jitter_s)
+
     def describe(self) -> str:
         text = f"delay={self.delay_s * 1e3:g}ms jitter={self.jitter_s * 1e3:g}ms loss={self.loss:g}"
         text += f" offset={self.offset_s * 1e3:.4g}ms" if self.offset_s else ""
@@ -127,8 +132,8 @@ class DelayQueue:
         p = self.params
         delay = p.queue_delay_s
         if p.jitter_s:
-            delay = max(0.0, delay + self.rng.uniform(-p.jitter_s, p.jitter_s))
-        deadline = now + delay
+            delay += self.rng.uniform(-p.jitter_s, p.jitter_s)
+        deadline = now + delay if delay > 0.0 else now
         if deadline < self._last_deadline:
             deadline = self._last_deadline
         self._last_deadline = deadline
@@ -191,6 +196,19 @@ class DelayQueue:
                 self.counters.down_drops += 1
                 continue
             yield frame
+
+    def take_due(self, now: float) -> list[bytes]:
+        """`pop_due` as a list (the relay's batched path)."""
+        q = self._q
+        if not q or q[0][0] > now:
+            return []
+        return list(self.pop_due(now))
+
+    def sent_all(self, frames: list[bytes]) -> None:
+        """`sent` for each of ``frames``."""
+        n = len(frames)
+        self.counters.tx_frames += n
+        self.counters.tx_bytes += sum(map(len, frames)) - (n * fr.VNET_LEN if self.vnet else 0)
 
     def sent(self, frame: bytes) -> None:
         self.counters.tx_frames += 1

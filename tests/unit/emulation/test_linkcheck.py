@@ -220,3 +220,16 @@ def test_relay_drops_during_the_train_are_attributed_and_shown():
     link["relay_during_train"] = got
     text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [link]})
     assert "w-eth0->w-eth1: 5 dropped by the relay itself (5 by its socket), 1 by the shaper's queue" in text
+
+
+def test_relay_cpu_per_gbit_from_two_stats_snapshots():
+    from testbed.emulation.linkcheck import relay_cpu
+
+    before = {"cpu_s": 10.0, "a2b": {"tx_bytes": 1_000}, "b2a": {"tx_bytes": 0}}
+    after = {"cpu_s": 10.6, "a2b": {"tx_bytes": 1_000 + 1_000_000_000}, "b2a": {"tx_bytes": 250_000_000}}
+    cpu, per_gbit = relay_cpu(before, after)
+    assert cpu == pytest.approx(0.6)
+    assert per_gbit == pytest.approx(0.6 / 10.0)  # 1.25 GB both ways = 10 Gbit
+    assert relay_cpu(None, after) is None
+    assert relay_cpu({"a2b": {}}, after) is None  # a relay without the figure
+    assert relay_cpu(before, {**before}) == (0.0, None)  # nothing relayed: no rate

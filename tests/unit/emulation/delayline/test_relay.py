@@ -117,3 +117,48 @@ def test_relay_exits_when_its_interface_vanishes(harness: Harness) -> None:
     harness.relay._suspect = True
     harness.thread.join(3)
     assert harness.code == EXIT_VANISHED
+
+
+def test_a_frame_read_late_is_held_from_its_arrival_not_from_the_read() -> None:
+    """Frames carry their kernel receive stamp: one that waited in the socket before the
+    relay read it leaves at arrival + delay, not at read + delay."""
+    h = Harness.__new__(Harness)
+    far, near = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    b_far, b_near = socket.socketpair(socket.AF_UNIX, socket.SOCK_DGRAM)
+    for s in (near, b_near, b_far):
+        s.setblocking(False)
+    lo = socket.if_nametoindex("lo")
+    params = LinkParams(delay_s=0.100)
+    relay = Relay(Port("lo", lo, near, bytearray(4096)), Port("lo", lo, b_near, bytearray(4096)),
+                  DelayQueue(params, random.Random(1)), DelayQueue(params, random.Random(2)), out=io.StringIO())
+    wake_r, wake_w = os.pipe()
+    t0 = time.monotonic()
+    far.send(frame(7))
+    time.sleep(0.300)  # the relay is not running yet: the frame waits in the socket
+    thread = threading.Thread(target=relay.run, kwargs={"wakeup_fd": wake_r}, daemon=True)
+    thread.start()
+    try:
+        got, t1 = h.recv(b_far)
+    finally:
+        os.write(wake_w, b"x")
+        thread.join(5)
+        for s in (far, near, b_far, b_near):
+            s.close()
+        for fd in (wake_r, wake_w):
+            os.close(fd)
+    assert got == frame(7)
+    assert t1 - t0 < 0.385  # read at ~0.3 s and already due (arrival + 0.1 s); from the read it would be 0.4 s
+
+
+def test_under_load_the_relay_wakes_about_once_per_deadline(harness: Harness) -> None:
+    """Frames arriving while others are queued are read in batches at the deadlines'
+    wake-ups, not each on its own wake-up (which would be about two per frame)."""
+    frames = 150
+    before = harness.relay.wakeups
+    for i in range(frames):
+        harness.a_far.send(frame(i))
+        time.sleep(0.002)
+    got = [harness.recv(harness.b_far)[0] for _ in range(frames)]
+    assert got == [frame(i) for i in range(frames)]
+    wakeups = harness.relay.wakeups - before
+    assert wakeups < 1.5 * frames, f"{wakeups} wake-ups for {frames} frames"

@@ -146,7 +146,7 @@ class Agent:
     # agent (drained at every look at arrivals), and where the device's status goes
     inbox: Callable[[], Sequence[Request]] | None = None
     on_status: Callable[[AgentStatus], None] | None = None
-    status_every_s: float = 0.02
+    status_every_s: float = 0.05
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)

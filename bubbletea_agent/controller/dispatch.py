@@ -161,10 +161,12 @@ class Dispatcher:
     ledger: RequestLedger = field(default_factory=RequestLedger)
     devices: dict[str, DeviceState] = field(default_factory=dict)
     entries: dict[str, Entry] = field(default_factory=dict)
-    queue: list[str] = field(default_factory=list)
+    # requests waiting at the controller for a device to be ready, in arrival order
+    queue: dict[str, None] = field(default_factory=dict)
     epoch: float | None = None  # request time zero: when the first agent saw training start
     arrivals_closed_at: float | None = None
     refused_bodies: int = 0  # bodies refused before they were requests (bad JSON, wrong fields)
+    _synced: bool = False  # an agent synced since the last tick
     _client_seq: int = 0
 
     def __post_init__(self) -> None:
@@ -219,12 +221,12 @@ class Dispatcher:
         devices = self._eligible(entry)
         if not devices:
             if any(not d.final and not (d.status is not None and d.status.ended) for d in self.devices.values()):
-                if entry.state != "queued" or req.id not in self.queue:
+                if req.id not in self.queue:
                     if len(self.queue) >= self.max_queue:
                         self._end_rejected(entry, Reason.QUEUE_FULL, f"{len(self.queue)} requests wait for a "
                                                                      "device", now, raise_on_reject)
                         return
-                    self.queue.append(req.id)
+                    self.queue[req.id] = None
                 return  # a device will be ready (training has not started yet)
             self._end_rejected(entry, Reason.NO_DEVICE, "every device's training ended; none takes work", now,
                                raise_on_reject)
@@ -252,8 +254,7 @@ class Dispatcher:
                                raise_on_reject)
             return
         _, _, dev, work = best
-        if req.id in self.queue:
-            self.queue.remove(req.id)
+        self.queue.pop(req.id, None)
         entry.state, entry.device = "dispatched", dev.name
         dev.open[req.id] = work
         dev.sent.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
@@ -262,8 +263,7 @@ class Dispatcher:
 
     def _end_rejected(self, entry: Entry, reason: str, detail: str, now: float, raise_it: bool = False) -> None:
         rid = entry.request.id
-        if rid in self.queue:
-            self.queue.remove(rid)
+        self.queue.pop(rid, None)
         entry.state = "ended"
         self.ledger.reject(rid, Reason(reason), detail)
         if raise_it:
@@ -272,7 +272,10 @@ class Dispatcher:
     # ---------------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
-        """Queued requests: dispatch those a device is ready for, reject expired ones."""
+        """Queued requests: reject expired ones; once an agent synced since the last tick,
+        dispatch those a device is ready for (in arrival order, until one finds none: the
+        rest would not either). Cheap when nothing changed: it runs every few ms."""
+        synced, self._synced = self._synced, False
         for rid in list(self.queue):
             entry = self.entries[rid]
             req = entry.request
@@ -280,8 +283,12 @@ class Dispatcher:
             if now - entry.arrival > deadline:
                 self._end_rejected(entry, Reason.DEADLINE_PASSED,
                                    f"waited {now - entry.arrival:.3f} s for a device > deadline {deadline:g} s", now)
-            else:
+            elif synced:
                 self._place(entry, now)
+                if rid in self.queue and entry.decode_host is None:
+                    synced = False  # no device for it: none for the later ones either
+            else:
+                break  # in arrival order: the later ones expire later (same deadline, the common case)
 
     # --------------------------------------------------------------------- agents
 
@@ -301,6 +308,7 @@ class Dispatcher:
             raise Refusal("no_hello", f"agent {name!r}: the first sync must carry a hello (device, predictions)",
                           "hello", recorded=False)
         dev.status, dev.synced_at = msg.status, now
+        self._synced = True
         dev.received = min(max(dev.received, msg.received), len(dev.sent))
         if msg.status.epoch is not None and self.epoch is None:
             self.epoch = msg.status.epoch

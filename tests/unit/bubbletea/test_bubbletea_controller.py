@@ -212,3 +212,16 @@ def test_an_agent_not_heard_from_gets_no_new_work():
     ready(d, "a", now=T0)
     ready(d, "b", now=T0 + 2.0, backlog_s=0.5)
     assert d.submit(req("r1", at=T0 + 2.0), T0 + 2.0).device == "b"  # a is silent for 2 s
+
+
+def test_queued_requests_wait_for_a_sync_and_expire_in_order():
+    d = Dispatcher(["a"], ["dc1-h2"])
+    for i in range(3):
+        d.submit(req(f"r{i}", deadline=1.0, at=T0 + 0.1 * i), T0 + 0.1 * i)
+    d.tick(T0 + 1.05)  # r0 expired (waited 1.05 s), r1 not yet: the scan stops there
+    assert d.ledger.get("r0").reason == "deadline_passed" and list(d.queue) == ["r1", "r2"]
+    ready(d, "a", now=T0 + 1.05)
+    d.tick(T0 + 1.05)
+    assert not d.queue and d.entries["r1"].device == "a"
+    # r2 would start after r1 (0.2 s of wall time at idle share 0.5): 1.05 s after it arrived
+    assert d.ledger.get("r2").reason == "deadline_unreachable"

@@ -117,3 +117,24 @@ def test_runner_builds_controller_and_agent_jobs(tmp_path: Path):
     job = controller_job({"p1r0": None, "p0r0": None}, tmp_path, S, None, ["dc1-h2"], 43063, 60.0)
     assert job.agents == ["p0r0", "p1r0"] and job.port == 43063 and job.out == tmp_path / "controller"
     assert job.decode_hosts == ["dc1-h2"] and job.seed == 3
+
+
+def test_comparison_table_from_a_summary(tmp_path: Path, capsys):
+    import json
+
+    from bubbletea_agent.controller.table import main
+
+    svc = {"dispatch": "controller", "arrived": 10, "served": 8, "rejected": 2,
+           "rejected_by_reason": {"deadline_unreachable": 2}, "accounted": True, "ttft_p50_s": 0.1,
+           "ttft_p99_s": 0.5}
+    summary = {"variants": {"atlas": {"iteration_time_s": 2.0},
+                            "atlas+bubbletea": {"prefill_service": svc, "training_slowdown": 0.004,
+                                                "training_wait_on_prefill_s": 0.0}}}
+    path = tmp_path / "summary.json"
+    path.write_text(json.dumps(summary))
+    assert main([str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "| atlas+bubbletea | controller | 8 / 10 | deadline_unreachable 2 | 0.100 s | 0.500 s | +0.4% |" in out
+    assert "| atlas |" not in out
+    assert main([str(tmp_path / "missing.json")]) == 1
+    assert "cannot read the run's summary" in capsys.readouterr().err

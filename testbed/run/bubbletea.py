@@ -36,6 +36,7 @@ from testbed_core.contracts.bubbletea import (
     ControllerAddress,
     KVDestination,
     LivePaths,
+    PrefillModelSpec,
 )
 from testbed_core.contracts.prefill_service import ControllerJob
 from testbed_core.contracts.worker_job import TrainJob
@@ -81,6 +82,31 @@ def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool
     return rate, not local
 
 
+def kv_wire_scale(scenario: Scenario, workload: Any) -> float:
+    """Share of each KV cache's true size that crosses the emulated network: the workload's
+    `scale` (the ratio every tensor of the run has on the wire), at most
+    bubbletea.kv_wire_scale for modelled caches: whole Llama-3-8B caches (64 MiB for 512
+    tokens, tens per second) are more than 2 cores move beside the training, so a modelled
+    run ships that share and charges the rest at the path's rate. Real devices ship whole
+    caches (real mode has scale 1): the decode host checks and decodes every byte."""
+    if workload.gpu.mode == "real":
+        return float(workload.scale)
+    return min(float(workload.scale), scenario.bubbletea.kv_wire_scale)
+
+
+def decode_check_args(scenario: Scenario, workload: Any, jobs: Mapping[str, TrainJob]) -> list[str]:
+    """Real devices: the decode server holds the agents' prefill model (the scenario's, or
+    the tiny preset the agents pick on a real device) on the same kind of torch device
+    (the same random weights) and checks one decode step from every cache against the
+    same model run in one process (bubbletea_agent/decode_check.py). Modelled: nothing."""
+    if workload.gpu.mode != "real":
+        return []
+    model = scenario.bubbletea.model or PrefillModelSpec(preset="tiny")
+    kinds = {j.device.torch_device for j in jobs.values()} - {None}
+    return ["--check-model", model.model_dump_json(exclude_none=True),
+            "--check-device", kinds.pop() if len(kinds) == 1 else "auto"]
+
+
 def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, workload: Any,
                      base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
                      local: bool = False, duration_s: float = 600.0,
@@ -113,7 +139,7 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
             out=folder / "agents" / f"{wid}.json",
             agent_index=k, agent_count=len(jobs), iterations=iterations, duration_s=duration_s,
             gpu=workload.gpu, tp=workload.parallelism.tp, base_dir=base_dir,
-            wire_scale=bt.kv_wire_scale, decode=ship, nice=AGENT_NICE, realtime_holds=True,
+            wire_scale=kv_wire_scale(scenario, workload), decode=ship, nice=AGENT_NICE, realtime_holds=True,
             live=None if live is None else LivePaths(status=live.status_path, wake=live.wake_path,
                                                      gate=Path(live.status_path).parent / "gate.status"),
             controller=None if controller is None else ControllerAddress(
@@ -147,6 +173,7 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         logs[name] = folder / "logs" / f"{name}.log"
         argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
                 "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
+        argv += decode_check_args(scenario, workload, jobs)
         servers[name] = start(argv, popen=net.host(host).popen, env=env, log_path=logs[name], name=name,
                               cwd=str(REPO_ROOT))
         addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
@@ -232,6 +259,7 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
     rows = []
     for path in sorted((folder / "agents").glob("*.requests.jsonl")):
         rows += read_request_rows(path)
+    agent_rows = rows  # the KV caches' checks are the agents' (they ship them)
     ctl_rows = folder / "controller" / "requests.jsonl"
     if ctl_rows.exists():
         rows = read_request_rows(ctl_rows)  # with a controller its ledger is the one: TTFT from arrival there
@@ -259,6 +287,7 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
         "training_slowdown": training_slowdown(iteration_s, plain_iteration_s),
         "compared_with_iteration_time_s": plain_iteration_s,
         "bubbletea_agents": agents,
+        "kv_checks": kv_checks(agent_rows),
         "prefill_service": prefill_service(folder, req, agents["not_arrived"]),
     }
 
@@ -297,3 +326,24 @@ def _agent_summaries(folder: Path) -> list[dict[str, Any]]:
         with contextlib.suppress(OSError, json.JSONDecodeError):
             out.append(json.loads(path.read_text()))
     return out
+
+
+def kv_checks(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """The decode hosts' checks of the shipped KV caches, from the agents' request rows
+    (kv_digest_ok, kv_decode_ok: bubbletea_agent/kv_ship.py): a summary.json KVChecks."""
+    shipped = [r for r in rows if r.get("kv_digest_ok") is not None]
+    served = [r for r in shipped if r.get("status") == "served"]
+    decoded = [r for r in shipped if r.get("kv_decode_ok") is not None]
+    true_bytes = sum(int(r.get("kv_bytes") or 0) for r in served)
+    wire = sum(int(r.get("kv_wire_bytes") or 0) for r in served)
+    return {
+        "shipped": len(shipped),
+        "digest_ok": sum(r["kv_digest_ok"] is True for r in shipped),
+        "digest_mismatches": sum(r["kv_digest_ok"] is False for r in shipped),
+        "decode_checked": len(decoded),
+        "decode_passed": sum(r["kv_decode_ok"] is True for r in decoded),
+        "decode_failed": sum(r["kv_decode_ok"] is False for r in decoded),
+        "kv_bytes": true_bytes,
+        "wire_bytes": wire,
+        "wire_scale": wire / true_bytes if true_bytes else None,
+    }

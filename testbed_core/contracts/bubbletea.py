@@ -164,8 +164,10 @@ class BubbleTeaSettings(_Model):
                           "kv_wan_rate), or none (TTFT ends with the prefill)"
     )
     kv_wire_scale: float = Field(
-        0.001, gt=0, le=1, description="share of a KV cache's true size that crosses the emulated network; the "
-                                      "rest is charged at the path's nominal rate (TTFT as for the whole cache)"
+        0.001, gt=0, le=1, description="share of a modelled KV cache's true size that crosses the emulated "
+                                      "network, at most (the workload's scale when lower; real devices ship whole "
+                                      "caches); the rest is charged at the path's nominal rate (TTFT as for the "
+                                      "whole cache)"
     )
     kv_wan_rate: Rate | None = Field(
         50e6, description="cap on KV bytes crossing a WAN (bits/s, all agents together; none: no cap)"

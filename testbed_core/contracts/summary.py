@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from testbed_core.contracts.calibration import CalibrationReport
 
 __all__ = [
-    "AgentCounters", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
+    "AgentCounters", "KVChecks", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
     "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
     "RealReference", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
     "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
@@ -305,10 +305,34 @@ class WanTailDrops(_Doc):
     without: int
 
 
+class KVChecks(_Doc):
+    """The decode hosts' checks of the KV caches shipped to them (bubbletea_agent/kv_ship.py):
+    every cache's xxh64 digest over the bytes that crossed (a mismatch is refused: the
+    request is rejected, not served) and, with the real engine, one decode step from the
+    received cache whose next token must equal the one-process reference's
+    (bubbletea_agent/decode_check.py)."""
+
+    shipped: int
+    """Caches that reached a decode host (checked or refused)."""
+    digest_ok: int
+    digest_mismatches: int
+    decode_checked: int
+    """Caches the decode step ran on (real engine; 0 for modelled caches)."""
+    decode_passed: int
+    decode_failed: int
+    kv_bytes: int
+    """True size of the shipped caches, bytes."""
+    wire_bytes: int
+    """Bytes that crossed the emulated network to the decode hosts."""
+    wire_scale: float | None
+    """wire_bytes / kv_bytes (1: whole caches; less: the rest charged at the path's rate)."""
+
+
 BUBBLETEA_KEYS = frozenset({
     "prefill_requests", "ttft_s", "prefill_tokens_served", "guard_violations", "guard_violations_all_iterations",
     "training_wait_on_prefill_s", "training_slowdown", "compared_with_iteration_time_s", "bubbletea_agents",
     "prefill_service",
+    "kv_checks",
 })
 """The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
 
@@ -363,6 +387,7 @@ class VariantResult(_Doc):
     compared_with_iteration_time_s: float | None = None
     bubbletea_agents: AgentCounters | None = None
     prefill_service: PrefillService | None = None
+    kv_checks: KVChecks | None = None
     # the variant's files
     timeline_csv: str
     transfers_csv: str

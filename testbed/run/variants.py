@@ -558,12 +558,11 @@ def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Work
         try:
             setup = plan_variant(run, scenario, workload, base_dir, cal, auto_streams, local)
             if cal is not None and not cal.paths and setup.streams not in cal.rates_bps:
-                raise RunnerError(f"variant {run.name}: {setup.streams} streams were not calibrated")
+                raise RunnerError(f"{setup.streams} streams were not calibrated")
             missing = [f"{a}<->{z}" for (a, z), pr in setup.path_rates.items()
                        if pr.rate_bps is None and pr.ring_bps is None]
             if missing:
-                raise RunnerError(f"variant {run.name}: {setup.streams} streams were not calibrated on "
-                                  f"{', '.join(missing)}")
+                raise RunnerError(f"{setup.streams} streams were not calibrated on {', '.join(missing)}")
             setups[run.name] = setup
         except (RunnerError, ValueError) as exc:
             setups[run.name] = RunnerError(f"variant {run.name}: {exc}")

@@ -95,3 +95,84 @@ def test_a_calibration_without_paths_stands_for_every_path() -> None:
     assert report.channel_rate_mbps == {"1": 20.0, "8": 200.0}  # the primary path at the top level
     assert report.paths[2].channel_rate_mbps["8"] == 100.0
     assert report.method.startswith("every WAN path")
+
+
+def test_a_path_without_the_variants_stream_count_is_named() -> None:
+    """plan_variants refuses a variant whose stream count was not timed on a path it
+    crosses, naming the paths (the others still plan)."""
+    from testbed.run.variants import plan_variants
+
+    scenario = _scenario()
+    cal = _cal(2e8, 2e8, 1e8)
+    cal.paths[2].rates_bps = {8: 1e8}  # mid-edge: no single stream
+    setups = plan_variants(run_variants(scenario, ["baseline", "atlas"]), scenario, scenario.workload, None, cal,
+                           None, False)
+    assert str(setups["baseline"]) == "variant baseline: 1 streams were not calibrated on mid<->edge"
+    assert not isinstance(setups["atlas"], Exception)
+
+
+def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, monkeypatch) -> None:
+    """calibrate_variants on atlas-4dc (the probes recorded, not run): every path gets
+    1 and 8 streams from a forward and a reverse pipeline's hosts; the shared 8-stream
+    variants' collisions on each path their two pipelines cross; dp-across-dc's five
+    rings on east-west; the LAN rings of Atlas's placement; every agent started at once."""
+    import testbed.run.variants as variants
+    from testbed.progress import Progress
+
+    calls: list[tuple] = []
+
+    class Agents:
+        def __init__(self, *a, **k) -> None:
+            pass
+
+        def start(self, hosts) -> None:
+            calls.append(("start", len(set(hosts))))
+
+        def close(self) -> None:
+            calls.append(("close",))
+
+    def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents):
+        calls.append(("single", pc.dcs, tuple(pairs), tuple(counts)))
+        for n in counts:
+            pc.rates_bps = {**pc.rates_bps, n: 1e8 if n == 1 else 3e8}
+        return pc
+
+    def fake_link(net, scenario, folder, secret, pairs, n, pc, progress, agents):
+        calls.append(("collide", pc.dcs, len(pairs), n))
+        pc.colliding_bps = {**pc.colliding_bps, n: 2e8}
+
+    def fake_rings(net, scenario, folder, secret, pairs, n, grad, pc, progress, agents):
+        calls.append(("rings", pc.dcs, len(pairs), n))
+        pc.ring_bps = 1.5e8
+
+    def fake_lan(net, scenario, folder, secret, pairs, grad, cal, progress, agents):
+        calls.append(("lan", len(pairs)))
+
+    monkeypatch.setattr(variants, "ProbeAgents", Agents)
+    monkeypatch.setattr(variants, "calibrate", fake_calibrate)
+    monkeypatch.setattr(variants, "calibrate_link", fake_link)
+    monkeypatch.setattr(variants, "calibrate_wan_rings", fake_rings)
+    monkeypatch.setattr(variants, "calibrate_lan", fake_lan)
+
+    class Net:
+        local = False
+
+    scenario = _scenario()
+    eff = scenario.workload.effective(None)
+    cal, auto = variants.calibrate_variants(scenario, run_variants(scenario), Net(), tmp_path, "s", eff,
+                                            Progress(label="t", tty=False), (1, 2, 4, 8, 16), 0.1)
+    assert auto is None and calls[0][0] == "start" and calls[-1] == ("close",)
+    assert [p.dcs for p in cal.paths] == [("east", "west"), ("west", "mid"), ("mid", "edge")]
+    singles = [c for c in calls if c[0] == "single"]
+    assert [(c[1], c[3]) for c in singles[:3]] == [(p, (1, 8)) for p in (("east", "west"), ("west", "mid"),
+                                                                           ("mid", "edge"))]
+    for c in singles:
+        (a, b), (c2, d) = c[2]
+        assert a.split("-")[0] == c[1][0] and b.split("-")[0] == c[1][1]  # forward
+        assert c2.split("-")[0] == c[1][1] and d.split("-")[0] == c[1][0]  # and reverse
+        assert a != d  # two pipelines' channels, not one channel's two ends
+    assert {c[1:] for c in calls if c[0] == "collide"} == {(p, 2, 8) for p in (("east", "west"), ("west", "mid"),
+                                                                               ("mid", "edge"))}
+    assert [c for c in calls if c[0] == "rings"] == [("rings", ("east", "west"), 5, 8)]
+    assert ("lan", 5) in calls
+    assert cal.wall_s is not None and cal.rates_bps == {1: 1e8, 8: 3e8}  # the primary path's, at the top

@@ -37,6 +37,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 MAGIC = 0x7462_7072  # "tbpr"
+HELLO = struct.pack("!I", 0x7462_6865)  # "tbhe": this end's socket is bound (before the train)
+HELLO_EVERY_S = 0.01
+HELLO_WAIT_S = 30.0  # a peer's interpreter starts slowly on a busy machine
 HEADER = struct.Struct("!IIQ")  # magic, seq, send time (ns, CLOCK_REALTIME)
 RECORD = struct.Struct("<IQQ")  # seq, send ns, receive ns
 SO_TIMESTAMPNS = 35
@@ -58,7 +61,7 @@ def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: fl
     received = 0
     foreign = 0
     sent = 0
-    start = time.monotonic() + 0.2  # the peer's socket is bound by then
+    peer_bound = False
     last_rx = time.monotonic()
     pack, rec = HEADER.pack_into, RECORD.pack
     buf = bytearray(HEADER.size + len(pad))
@@ -66,12 +69,15 @@ def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: fl
     cmsg_space = socket.CMSG_SPACE(16)
 
     def receive() -> None:
-        nonlocal received, foreign, last_rx
+        nonlocal received, foreign, last_rx, peer_bound
         while True:
             try:
                 data, anc, _flags, _addr = sock.recvmsg(64, cmsg_space)
             except BlockingIOError:
                 return
+            if data == HELLO:
+                peer_bound = True
+                continue
             rx_ns = None
             for level, kind, value in anc:
                 if level == socket.SOL_SOCKET and kind == SO_TIMESTAMPNS:
@@ -86,8 +92,26 @@ def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: fl
                 continue
             records.extend(rec(seq, sent_ns, rx_ns))
             received += 1
+            peer_bound = True
             last_rx = time.monotonic()
 
+    # Both ends start at once but not at the same moment (a loaded machine can take
+    # seconds to start an interpreter): send only once the peer's socket is bound, as
+    # its HELLO (or its first datagram) shows, else the first datagrams would count as lost.
+    give_up = time.monotonic() + HELLO_WAIT_S
+    while not peer_bound and time.monotonic() < give_up:
+        try:
+            sock.sendto(HELLO, (peer, port))
+        except OSError:
+            pass
+        select.select([sock], [], [], HELLO_EVERY_S)
+        receive()
+    try:
+        sock.sendto(HELLO, (peer, port))  # the peer may have bound after our earlier ones
+    except OSError:
+        pass
+    start = time.monotonic()
+    last_rx = start
     while sent < count:
         now = time.monotonic()
         due = min(count, int((now - start) / (1.0 / pps)) + 1) if now >= start else 0

@@ -43,17 +43,20 @@ def _load_runner(ref: str | None):
 @click.option("--set", "sets", multiple=True, metavar="PATH=VALUE",
               help="Fixed override for every point, e.g. --set workload.iterations=3 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Validate the sweep and list its points; run nothing.")
+@click.option("--keep", is_flag=True,
+              help="Keep the results' small files (summaries, provenance, table, plots) in the repository, under "
+                   "results/<sweep name>/ (testbed/report/keep.py).")
 @click.option("--runner", "runner_ref", default=None, hidden=True,
               help="module:function used instead of testbed.run.runner.run_scenario (tests, custom runners).")
 def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
-          runner_ref: str | None) -> None:
+          keep: bool, runner_ref: str | None) -> None:
     """Run SWEEP_FILE's base scenario at every point of its parameter grid.
 
     Each point gets its own folder with its resolved scenario, point.json and
     provenance. Finished points are skipped when the same --out is used again, so an
     interrupted sweep resumes; failed points are recorded and rerun. At the end,
     results.csv, plots and a summary table are written (rebuild them with
-    `testbed report DIR`).
+    `testbed report DIR`); --keep copies the small ones to results/<sweep name>/.
     """
     from testbed.report import build_report
     from testbed.run.scenario import parse_set_options
@@ -91,6 +94,10 @@ def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], 
     click.echo(f"\ntable: {report.csv}", err=True)
     for plot in report.plots:
         click.echo(f"plot:  {plot}", err=True)
+    if keep and not interrupted:
+        from testbed.commands.report import _keep
+
+        _keep(out, None)
     if interrupted:
         click.echo(f"interrupted: finished points are kept; rerun the same command "
                    f"(with --out {out}) to resume", err=True)

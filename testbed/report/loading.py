@@ -7,7 +7,8 @@ the file and the key at fault. ``results.csv`` has one row per point x variant: 
 point id, its status and seed, each swept parameter as written in the sweep file, the
 variant, then every scalar of the variant's summary entry flattened to a dotted
 column name (``wan_links.dc1-dc2.goodput_mbps``, ``ttft_s.p95``), plus
-``speedup_vs_baseline``. Points that failed or have not run yet get one row with
+``speedup_vs_baseline`` and ``atlas_speedup`` (this variant's iteration time over
+atlas's at the same point: how many times faster atlas ran). Points that failed or have not run yet get one row with
 their status and error, so the table always shows the whole sweep.
 """
 
@@ -209,6 +210,8 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
         delay_backend = summary.delay_backend if summary else None
         baseline = summary.result("baseline") if summary else None
         base_it = number(baseline.iteration_time_s) if baseline else None
+        atlas = summary.result("atlas") if summary else None
+        atlas_it = number(atlas.iteration_time_s) if atlas else None
         for vname in sorted(variants, key=sort_key):
             entry = variants[vname]
             flat = flatten(entry.model_dump(mode="json"))
@@ -217,6 +220,7 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
             row.update(flat)
             it = number(entry.iteration_time_s) if isinstance(entry, VariantResult) else None
             row["speedup_vs_baseline"] = base_it / it if base_it and it else None
+            row["atlas_speedup"] = it / atlas_it if atlas_it and it else None
             rows.append(row)
             made += 1
         for result in pt.bench or []:
@@ -233,7 +237,7 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
                 row["error"] = pt.error
     columns = ["point", "status", "seed", *param_paths, "variant", "delay_backend", "scale"]
     columns += sorted(metrics, key=_metric_key)
-    columns += ["speedup_vs_baseline", "error"]
+    columns += ["speedup_vs_baseline", "atlas_speedup", "error"]
     return columns, rows
 
 

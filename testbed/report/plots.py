@@ -1,7 +1,8 @@
 """The plots of a report, drawn from its rows (loading.py) and nothing else.
 
 Sweeps: against the swept parameter, iteration time per variant (measured, and
-predicted dotted), the speedup of each variant over the baseline, device utilization
+predicted dotted), the speedup of each variant over the baseline, Atlas's speedup over
+each other variant (the paper's headline: over dp-across-dc and torch-gloo), device utilization
 with and without BubbleTea and the training slowdown it costs, TTFT, and transport
 goodput when streams or bandwidth are swept; a second swept parameter becomes one
 column of panels per value. A single run: bars per variant. Variant order and colours
@@ -315,6 +316,15 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
                        hlines=[(1.0, "baseline")])],
             ))
 
+    if "atlas" in plain and len(plain) > 1:
+        over = [v for v in plain if v != "atlas"]
+        made.append(_line_figure(
+            out / "atlas_speedup.png", "Atlas's speedup over each variant (its iteration time / atlas's)"
+            + title_tail, axis, facets,
+            [Panel("atlas speedup (x)", [Series(f"over {v}", v, _col("atlas_speedup")) for v in over],
+                   hlines=[(1.0, "as fast"), *([(10.0, "10x")] if _beyond(rows, 5.0) else [])])],
+        ))
+
     if with_bt:
         util: list[Series] = []
         slow: list[Series] = []
@@ -363,6 +373,11 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
     if bench:
         made.append(bench)
     return [p for p in made if p is not None]
+
+
+def _beyond(rows: list[dict[str, Any]], value: float) -> bool:
+    """Whether any atlas speedup in `rows` reaches `value` (then the 10x line is drawn)."""
+    return any((number(r.get("atlas_speedup")) or 0.0) >= value for r in rows)
 
 
 def _col_rate(path: str) -> Callable[[dict[str, Any]], float | None]:

@@ -64,6 +64,8 @@ def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
     headers = ["point", *labels, "status"] + [f"{v} s" for v in plain]
     speed = [v for v in plain if v != "baseline"] if "baseline" in plain else []
     headers += [f"{v} speedup" for v in speed]
+    over = [v for v in plain if v != "atlas"] if "atlas" in plain else []
+    headers += [f"atlas/{v}" for v in over]
     # BubbleTea: the headline variant only (atlas+bubbletea when present); all of them are in the CSV.
     bt = [v for v in with_bt if v == f"atlas{BUBBLETEA_SUFFIX}"] or with_bt[-1:]
     bt_base = [base_name(v) for v in bt]
@@ -75,6 +77,7 @@ def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
         cells = [pt.id.split("-", 1)[0], *[category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
         cells += [_fmt(number(vr.get(v, {}).get("iteration_time_s")), ".3f") for v in plain]
         cells += [_fmt(number(vr.get(v, {}).get("speedup_vs_baseline")), ".2f") + "x" for v in speed]
+        cells += [_fmt(number(vr.get(v, {}).get("atlas_speedup")), ".2f") + "x" for v in over]
         cells += [_fmt(number(vr.get(b, {}).get("device_utilization"))
                        or number(vr.get(v, {}).get("device_utilization_training")), ".1%")
                   for b, v in zip(bt_base, bt, strict=True)]

@@ -48,7 +48,7 @@ def test_rtt_sweep_csv_and_plots(tmp_path: Path) -> None:
     report = build_report(out)
     assert report.columns[:8] == ["point", "status", "seed", "topology.wan.0.delay", "variant", "delay_backend",
                                   "scale", "iteration_time_s"]
-    assert report.columns[-2:] == ["speedup_vs_baseline", "error"]
+    assert report.columns[-3:] == ["speedup_vs_baseline", "atlas_speedup", "error"]
     for col in ("wan_links.dc1-dc2.goodput_mbps", "ttft_s.p95", "prefill_requests.rejected_by_reason.deadline",
                 "device_utilization_training", "training_slowdown", "guard_violations"):
         assert col in report.columns, col
@@ -59,11 +59,15 @@ def test_rtt_sweep_csv_and_plots(tmp_path: Path) -> None:
                            "atlas", "atlas+bubbletea"]
     base, atlas = float(first["baseline"]["iteration_time_s"]), float(first["atlas"]["iteration_time_s"])
     assert float(first["atlas"]["speedup_vs_baseline"]) == pytest.approx(base / atlas)
+    assert float(first["baseline"]["atlas_speedup"]) == pytest.approx(base / atlas)  # atlas over each variant
+    assert float(first["atlas"]["atlas_speedup"]) == pytest.approx(1.0)
     assert first["atlas"]["topology.wan.0.delay"] == "5ms" and first["atlas"]["status"] == "ok"
     assert first["atlas"]["ttft_s.p95"] == ""  # only BubbleTea variants have TTFT
-    assert {p.name for p in report.plots} == {"iteration_time.png", "speedup.png", "utilization.png", "ttft.png"}
+    assert {p.name for p in report.plots} == {"iteration_time.png", "speedup.png", "atlas_speedup.png",
+                                              "utilization.png", "ttft.png"}
     assert all(is_png(p) for p in report.plots)
     assert "atlas speedup" in report.table and "util atlas+BT" in report.table
+    assert "atlas/multi-tcp" in report.table and "atlas/baseline" in report.table
     # The speedup grows with RTT in the fake (as Atlas's should): the table says so too.
     speedups = [float(r["speedup_vs_baseline"]) for r in rows if r["variant"] == "atlas" and r["seed"] == "1"]
     assert speedups == sorted(speedups)
@@ -71,7 +75,8 @@ def test_rtt_sweep_csv_and_plots(tmp_path: Path) -> None:
 
 def test_streams_and_bandwidth_sweeps_plot_goodput(tmp_path: Path) -> None:
     out = sweep_results(tmp_path / "s", {"parameters": {"transport.streams": [1, 2, 4, 8]}})
-    assert {p.name for p in build_report(out).plots} == {"iteration_time.png", "speedup.png", "goodput.png"}
+    assert {p.name for p in build_report(out).plots} == {"iteration_time.png", "speedup.png", "atlas_speedup.png",
+                                                         "goodput.png"}
     out = sweep_results(tmp_path / "b", {"parameters": {"topology.wan.0.rate": ["100Mbit", "1Gbit"]}})
     report = build_report(out)
     assert "goodput.png" in {p.name for p in report.plots}

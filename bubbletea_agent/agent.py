@@ -42,6 +42,11 @@ from testbed_core.contracts.prefill_service import AgentStatus, Window
 
 log = logging.getLogger(__name__)
 
+ADMIT_ENV = "BUBBLETEA_ADMIT"
+"""``BUBBLETEA_ADMIT=none`` in an agent's environment: it runs its whole loop (requests
+arrive, queue and expire, windows are read) but never takes the device. The runner's
+idle twin (testbed/run/runner.py) measures the agents' own overhead with it."""
+
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -142,6 +147,8 @@ class Agent:
     # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
     realtime_holds: bool = False
+    # False: never take the device (ADMIT_ENV=none): the agent's cost without its prefills
+    admit: bool = field(default_factory=lambda: os.environ.get(ADMIT_ENV, "all") != "none")
     # dispatch: controller (bubbletea_agent/controller/): requests the controller sent this
     # agent (drained at every look at arrivals), and where the device's status goes
     inbox: Callable[[], Sequence[Request]] | None = None
@@ -369,7 +376,7 @@ class Agent:
     def step(self) -> float:
         """One round of the loop; returns how long to sleep before the next."""
         now = self.clock.now()
-        if self._preemptible() and self.queue and not self.tracker.ended:
+        if self._preemptible() and self.queue and not self.tracker.ended and self.admit:
             # a live window just opened (the worker woke us): take it first, look around
             # while its first layers run (`_hold` observes and admits arrivals meanwhile)
             live_end = self._live_end(now)
@@ -405,7 +412,7 @@ class Agent:
         else:
             decision = self.admission.decide(end - now - slack, self.queue)
             fits = decision.action is not Action.WAIT
-        if not fits:
+        if not fits or not self.admit:
             # a live window may widen as the worker confirms it (rolling bounds): look again soon
             again = [now + self.poll_s] if live_end is not None else []
             return self._sleep_for(now, wake + again + ([slot.end] if slot is not None else []))

@@ -27,6 +27,9 @@ from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
                    "(repeatable).")
 @click.option("--variants", default=None, metavar="A,B",
               help=f"Run only these variants ({', '.join(REGISTRY)}; {BUBBLETEA_SUFFIX} suffix).")
+@click.option("--repeat", type=click.IntRange(min=1), default=None, metavar="N",
+              help="Play the variants' measured phases N times (interleaved, one network and calibration); "
+                   "summary.json reports each repeat and the median and spread per variant (runner.repeat).")
 @click.option("--local", is_flag=True,
               help="Run the workers as local processes on 127.0.0.1, without the emulated network "
                    "(no root needed; no WAN delay or shaping).")
@@ -37,8 +40,8 @@ from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
               metavar="FILE",
               help="Run on real machines instead of the emulation: FILE maps the topology's hosts to machines "
                    "reached over SSH (key-based); nothing is shaped (runner.inventory).")
-def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, local: bool,
-        servers: Path | None = None, inventory: Path | None = None) -> None:
+def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: str | None, repeat: int | None,
+        local: bool, servers: Path | None = None, inventory: Path | None = None) -> None:
     """Run SCENARIO_FILE: build its topology, calibrate the WAN, then train the
     workload under each variant and compare measured and predicted iteration times.
 
@@ -55,6 +58,8 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
         overrides = parse_set_options(sets)
         if local:
             overrides["runner.local"] = True
+        if repeat is not None:
+            overrides["runner.repeat"] = repeat
         scenario, resolved = load_scenario(scenario_file, overrides)
         if servers is not None:
             from testbed.run.network import with_servers

@@ -129,13 +129,14 @@ def transport_rows(bench: Sequence[Mapping[str, Any]] | None, streams: int, link
 
 
 def _variant_value(summary: Summary, name: str, key: str) -> tuple[float | None, str]:
-    """(value, why it is missing) of one variant's metric in a run summary."""
+    """(value, why it is missing) of one variant's metric in a run summary (the median
+    over the repeats of a repeated run)."""
     v = summary.variants.get(name)
     if v is None:
         return None, f"{name} did not run"
     if isinstance(v, VariantFailure):
         return None, f"{name} failed: {short(v.error)}"
-    value = getattr(v, key)
+    value = v.headline(key)
     if value is None:
         return None, f"{name} reported no {key}"
     return float(value), ""
@@ -203,7 +204,7 @@ def bubbletea_rows(summary: Summary | None, plain: str = "atlas", why_missing: s
         gain = ""
     entry = summary.result(bt) if summary is not None and u1 is not None else None
     twin = summary.result(plain) if summary is not None else None
-    train_only = entry.device_utilization_training if entry is not None else None
+    train_only = entry.headline("device_utilization_training") if entry is not None else None
     out = [
         Row("bubbletea", f"utilization without BubbleTea ({plain})", u0, "%", note=w0),
         Row("bubbletea", f"utilization with BubbleTea ({bt})", u1, "%", f"-> {PAPER_UTILIZATION:.0%} (paper)",
@@ -212,15 +213,21 @@ def bubbletea_rows(summary: Summary | None, plain: str = "atlas", why_missing: s
     if train_only is not None:
         out.append(Row("bubbletea", "  of which training work", float(train_only), "%",
                        note="the rest is prefill" if u1 and u1 > train_only else ""))
-    slowdown = entry.training_slowdown if entry is not None else None
-    if slowdown is None and entry is not None and twin is not None:  # not measured against the twin by the run
-        slowdown = entry.iteration_time_s / twin.iteration_time_s - 1 if twin.iteration_time_s else None
+    slowdown = entry.headline("training_slowdown") if entry is not None else None
+    t0 = twin.headline("iteration_time_s") if twin is not None else None
+    if slowdown is None and entry is not None and t0:  # not measured against the twin by the run
+        slowdown = entry.headline("iteration_time_s") / t0 - 1
     why = (w1 or w0) if slowdown is None else ""
     if slowdown is not None and entry is not None:
-        t0 = twin.iteration_time_s if twin is not None else None
-        t1 = entry.iteration_time_s
+        t1 = entry.headline("iteration_time_s")
         if t0 and t1:
             why = f"{t1:.3f} s vs {t0:.3f} s per iteration"
+        if entry.repeats is not None:
+            why += f" (median of {len(entry.repeats.runs)} repeats)"
+        d = entry.slowdown_decomposition
+        if d is not None and d.agent_overhead is not None:
+            why += (f"; agents' overhead {d.agent_overhead:+.1%}, prefill {d.prefill_interference:+.1%}, "
+                    f"noise +-{d.network_noise:.1%}")
         drops = entry.wan_tail_drops
         if entry.training_slowdown_note and drops is not None:
             why += (f"; WAN lost {drops.with_bubbletea} packets here, {drops.without} without "

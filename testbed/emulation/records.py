@@ -472,7 +472,9 @@ def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
                     netns.remove(action.target)
             elif action.kind == "remove-path":
                 path = Path(action.target)
-                if path.is_dir() and not path.is_symlink():
+                if path.is_relative_to("/sys/fs/cgroup"):
+                    path.rmdir()  # a cgroup (testbed/emulation/cpu.py): rmdir, its files cannot be deleted
+                elif path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
                     path.unlink()

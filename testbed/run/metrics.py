@@ -28,7 +28,14 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
-from testbed_core.contracts.summary import Summary, VariantFailure
+from testbed_core.contracts.summary import (
+    RepeatFigures,
+    RepeatRun,
+    Repeats,
+    SlowdownDecomposition,
+    Summary,
+    VariantFailure,
+)
 from testbed_core.device import WorkRecord, busy_time, merge_intervals
 
 TRAINING_KINDS = ("forward", "backward", "optimizer", "allreduce")
@@ -391,6 +398,74 @@ def _stdev(values: Sequence[float]) -> float:
     return math.sqrt(sum((v - m) ** 2 for v in values) / (len(values) - 1))
 
 
+# ------------------------------------------------- BubbleTea: the slowdown's parts
+
+def decompose_slowdown(plain_times_s: Sequence[float], with_times_s: Sequence[float],
+                       idle_times_s: Sequence[float] | None, waited_on_prefill_s: float,
+                       **cpu: Any) -> SlowdownDecomposition:
+    """Where a +bubbletea variant's slowdown comes from, against its plain twin: the
+    measured iteration times of the plain twin, of the variant with prefill, and of the
+    idle twin (agents running, admitting nothing; None: not played), and the total time
+    training waited on a prefill over the measured iterations (device timelines).
+    ``cpu``: the CPU figures (agents_cpu_cores, ...) passed through to the result.
+
+    total = agent_overhead (idle over plain) + prefill_interference (the rest); the plain
+    twin's own spread is the network noise, and the 95% half-width of the total follows
+    from both variants' spreads (the difference of two means)."""
+    if not plain_times_s or not with_times_s:
+        raise MetricsError("a slowdown needs measured iterations of both the plain variant and its +bubbletea twin")
+    plain, bt = mean(plain_times_s), mean(with_times_s)
+    total = bt / plain - 1
+    idle = mean(idle_times_s) if idle_times_s else None
+    overhead = None if idle is None else idle / plain - 1
+    noise_total = None
+    if len(plain_times_s) >= 2 and len(with_times_s) >= 2:
+        se = math.sqrt(_stdev(plain_times_s) ** 2 / len(plain_times_s) + _stdev(with_times_s) ** 2 / len(with_times_s))
+        noise_total = 1.96 * se / plain
+    return SlowdownDecomposition(
+        total=total, agent_overhead=overhead,
+        prefill_interference=None if overhead is None else total - overhead,
+        training_waited_on_prefill=waited_on_prefill_s / len(with_times_s) / plain,
+        network_noise=_stdev(plain_times_s) / plain, noise_on_total=noise_total,
+        idle_twin_iteration_time_s=idle, idle_twin_iteration_times_s=list(idle_times_s or []),
+        **cpu,
+    )
+
+
+def decomposition_line(d: SlowdownDecomposition) -> str:
+    """The decomposition in one log line."""
+    def pct(x: float | None) -> str:
+        return "-" if x is None else f"{x:+.1%}"
+
+    parts = [f"slowdown {pct(d.total)}"]
+    if d.agent_overhead is not None:
+        parts.append(f"= agents' overhead {pct(d.agent_overhead)} (idle twin {d.idle_twin_iteration_time_s:.3f} s) "
+                     f"+ prefill interference {pct(d.prefill_interference)}")
+    parts.append(f"(training waited on prefill {d.training_waited_on_prefill:.1%}); network noise: plain "
+                 f"iterations spread {d.network_noise:.1%}"
+                 + ("" if d.noise_on_total is None else f", slowdown +-{d.noise_on_total:.1%} (95%)"))
+    cores = [f"{k} {v:.2f}" for k, v in (("agents", d.agents_cpu_cores), ("idle agents", d.idle_agents_cpu_cores),
+                                         ("emulator", d.emulator_cpu_cores)) if v is not None]
+    line = " ".join(parts)
+    if cores:
+        line += f"; CPU cores used: {', '.join(cores)}"
+    if d.cpu_weights:
+        line += f" ({d.cpu_weights})"
+    return line
+
+
+def repeat_stats(runs: Sequence[RepeatRun]) -> Repeats:
+    """Every repeat of one variant, and per figure the median and the spread (max - min)."""
+    if not runs:
+        raise MetricsError("no repeat to summarise")
+    figures = {}
+    for key in RepeatFigures.model_fields:
+        values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+        figures[key] = (median(values), max(values) - min(values)) if values else (None, None)
+    return Repeats(runs=list(runs), median=RepeatFigures(**{k: v[0] for k, v in figures.items()}),
+                   spread=RepeatFigures(**{k: v[1] for k, v in figures.items()}))
+
+
 # ---------------------------------------------------------------- the table
 
 def summary_table(summary: Summary) -> str:
@@ -398,20 +473,29 @@ def summary_table(summary: Summary) -> str:
     head = f"{'variant':<22}{'iter s':>9}{'pred s':>9}{'err':>7}{'util':>7}{'bubble':>8}{'WAN MB':>9}{'Mbit/s':>8}"
     lines = [head, "-" * len(head)]
     baseline = summary.result("baseline")
-    base = baseline.iteration_time_s if baseline else None
+    base = baseline.headline("iteration_time_s") if baseline else None
+    notes = []
     for name, v in summary.variants.items():
         if isinstance(v, VariantFailure):
             lines.append(f"{name:<22}FAILED: {v.error}")
             continue
-        it, pred = v.iteration_time_s, v.predicted_iteration_time_s
+        it, pred = v.headline("iteration_time_s"), v.predicted_iteration_time_s
         err = f"{(it - pred) / pred:+.0%}" if it and pred else "-"
         speed = f"  x{base / it:.2f} vs baseline" if base and it and name != "baseline" else ""
         lines.append(
-            f"{name:<22}{_f(it, '.3f'):>9}{_f(pred, '.3f'):>9}{err:>7}{_f(v.device_utilization, '.0%'):>7}"
+            f"{name:<22}{_f(it, '.3f'):>9}{_f(pred, '.3f'):>9}{err:>7}{_f(v.headline('device_utilization'), '.0%'):>7}"
             f"{_f(v.bubble_fraction, '.0%'):>8}{v.wan_bytes() / 1e6:>9.1f}{_f(v.goodput_mbps(), '.0f'):>8}"
             f"{speed}"
         )
-    return "\n".join(lines)
+        slow = v.headline("training_slowdown")
+        if slow is not None:
+            notes.append(f"{name}: training slowdown {slow:+.1%}, utilization {v.headline('device_utilization'):.1%}"
+                         + (f" (median of {len(v.repeats.runs)} repeats)" if v.repeats is not None else ""))
+        if v.slowdown_decomposition is not None:
+            notes.append(f"  {decomposition_line(v.slowdown_decomposition)}")
+    if any(v.repeats is not None for v in summary.variants.values() if not isinstance(v, VariantFailure)):
+        lines.append("(iteration time and utilization: median over the repeats)")
+    return "\n".join(lines + notes)
 
 
 def _f(value: Any, spec: str) -> str:

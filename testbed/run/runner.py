@@ -58,6 +58,7 @@ from testbed.run.bubbletea import bubbletea_metrics
 from testbed.run.calibration import Calibration
 from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs, grad_wire_bytes
+from testbed.run.metrics import repeat_stats
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
@@ -72,6 +73,7 @@ from testbed.run.workers import VariantRun, run_workers
 from testbed_core.configfile import ConfigError
 from testbed_core.contracts.summary import (
     Parallelism,
+    RepeatRun,
     Summary,
     VariantFailure,
     VariantResult,
@@ -112,7 +114,10 @@ def run_scenario(
     scenario = with_ports(scenario, progress)
     iterations = workload.warmup + workload.iterations
     eff = workload.effective(base_dir)
-    progress.set_total(1 + len(names))
+    repeat = scenario.runner.repeat
+    idle_twins = [r.name for r in runs if r.bubbletea and scenario.runner.bubbletea_idle_twin
+                  and any(o.name == r.base for o in runs)]
+    progress.set_total(1 + (len(names) + len(idle_twins)) * repeat)
     secret = secrets.token_hex(16)
     summary = Summary(
         scenario=scenario.name, topology=scenario.topology.name, workload=workload.name, delay_backend=None,
@@ -136,38 +141,99 @@ def run_scenario(
                 cal, auto = calibrate_wan(scenario, runs, net, out, secret, eff, progress)
                 setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local)
                 summary.calibration = cal.report() if cal else None
-            for run in runs:
-                name = run.name
-                entry: VariantResult | VariantFailure
-                faults = None
-                with progress.step(name):
-                    try:
-                        setup = setups[name]
-                        if isinstance(setup, Exception):
-                            raise setup
-                        twin = summary.result(run.base)
-                        plain = twin.iteration_time_s if twin else None
-                        faults = fault_injector(scenario, net, name)
-                        entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
-                                             progress, base_dir, (cal.src, cal.dst) if cal else None, plain, faults)
-                        if run.bubbletea:
-                            _compare_wan_loss(entry, twin, name, progress)
-                    except (RunnerError, ConfigError, ValueError) as exc:
-                        error = faults.explain(str(exc)) if faults is not None else str(exc)
-                        progress.log(f"  {name} FAILED: {error}")
-                        entry = VariantFailure(error=error)
-                    if faults is not None:
-                        records = faults.records(entry.error if isinstance(entry, VariantFailure) else None)
-                        summary.faults = [*summary.faults, *records]  # assigned: written to summary.json
-                        for rec in records:
-                            progress.log(f"  {name}: fault {fault_line(rec)}")
-                summary.variants[name] = entry
-                _write_summary(out, summary, t_begin)
+            kept: dict[str, list[tuple[VariantResult, RepeatRun]]] = {}
+            for r in range(repeat):
+                done: dict[str, VariantResult] = {}  # this repeat's results: the twins compared side by side
+                for run in runs:
+                    entry = _play_run(run, r, repeat, done, setups, summary, scenario, net, workload, out, ctl_dir,
+                                      secret, iterations, progress, base_dir, cal, idle_twins)
+                    if isinstance(entry, VariantResult):
+                        done[run.name] = entry
+                        kept.setdefault(run.name, []).append((entry, _repeat_run(entry, r, out)))
+                    if r == 0:
+                        summary.variants[run.name] = entry
+                    if repeat > 1 and run.name in kept:
+                        first = kept[run.name][0][0]
+                        first.repeats = repeat_stats([rr for _, rr in kept[run.name]])
+                        if r == repeat - 1:
+                            progress.log(f"  {run.name}: {repeats_line(first)}")
+                    _write_summary(out, summary, t_begin)
     finally:
         _write_summary(out, summary, t_begin)
         if own_progress:
             progress.close()
     return summary
+
+
+def _play_run(run: RunVariant, r: int, repeat: int, done: Mapping[str, VariantResult], setups: Mapping[str, Any],
+              summary: Summary, scenario: Scenario, net: Network, workload: Any, out: Path, ctl_dir: Path,
+              secret: str, iterations: int, progress: Progress, base_dir: str | None, cal: Calibration | None,
+              idle_twins: Sequence[str]) -> VariantResult | VariantFailure:
+    """One repeat of one variant: its idle twin first (a +bubbletea variant with its plain
+    twin in the run, ``runner.bubbletea_idle_twin``), then the variant itself, compared
+    with this repeat's plain twin. Repeats after the first keep their files in
+    ``<variant>/repeat-<k>/``."""
+    name = run.name
+    label = name if repeat == 1 else f"{name} ({r + 1}/{repeat})"
+    sub = name if r == 0 else f"{name}/repeat-{r + 1}"
+    pair = (cal.src, cal.dst) if cal else None
+    faults = None
+    entry: VariantResult | VariantFailure
+    idle: VariantResult | None = None
+    twin = done.get(run.base)
+    if name in idle_twins and twin is not None and not isinstance(setups[name], Exception):
+        with progress.step(f"{label}: agents idle"):
+            try:
+                idle = play_variant(net, setups[name], scenario, workload, out, ctl_dir, secret, iterations,
+                                    progress, base_dir, pair, twin, folder=f"{sub}-idle", admit=False)
+            except (RunnerError, ConfigError, ValueError) as exc:
+                progress.log(f"  {name}: the idle twin (agents admitting nothing) FAILED: {exc}; the slowdown "
+                             "is not decomposed")
+    with progress.step(label):
+        try:
+            setup = setups[name]
+            if isinstance(setup, Exception):
+                raise setup
+            faults = fault_injector(scenario, net, name)
+            entry = play_variant(net, setup, scenario, workload, out, ctl_dir, secret, iterations,
+                                 progress, base_dir, pair, twin, faults, folder=sub, idle=idle)
+            if run.bubbletea:
+                _compare_wan_loss(entry, twin, name, progress)
+        except (RunnerError, ConfigError, ValueError) as exc:
+            error = faults.explain(str(exc)) if faults is not None else str(exc)
+            progress.log(f"  {label} FAILED: {error}")
+            entry = VariantFailure(error=error)
+        if faults is not None:
+            records = faults.records(entry.error if isinstance(entry, VariantFailure) else None)
+            summary.faults = [*summary.faults, *records]  # assigned: written to summary.json
+            for rec in records:
+                progress.log(f"  {name}: fault {fault_line(rec)}")
+    return entry
+
+
+def _repeat_run(entry: VariantResult, r: int, out: Path) -> RepeatRun:
+    d = entry.slowdown_decomposition
+    return RepeatRun(
+        repeat=r + 1, iteration_time_s=entry.iteration_time_s, device_utilization=entry.device_utilization,
+        device_utilization_training=entry.device_utilization_training, training_slowdown=entry.training_slowdown,
+        agent_overhead=None if d is None else d.agent_overhead,
+        training_wait_on_prefill_s=entry.training_wait_on_prefill_s,
+        folder=str(Path(entry.timeline_csv).parent),
+    )
+
+
+def repeats_line(entry: VariantResult) -> str:
+    """The median and spread over the repeats, for the log."""
+    assert entry.repeats is not None
+    med, spread = entry.repeats.median, entry.repeats.spread
+    text = (f"{len(entry.repeats.runs)} repeats: median {med.iteration_time_s:.3f} s per iteration (spread "
+            f"{spread.iteration_time_s:.3f} s), utilization {med.device_utilization:.1%} (spread "
+            f"{spread.device_utilization:.1%})")
+    if med.training_slowdown is not None:
+        text += f", training slowdown {med.training_slowdown:+.1%} (spread {spread.training_slowdown:.1%})"
+    if med.agent_overhead is not None:
+        text += f", agents' overhead {med.agent_overhead:+.1%}"
+    return text
 
 
 def fault_injector(scenario: Scenario, net: Network, variant: str) -> Any:
@@ -217,13 +283,19 @@ def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, 
 
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
                  secret: str, iterations: int, progress: Progress, base_dir: str | None,
-                 pair: tuple[str, str] | None, plain_iteration_s: float | None = None,
-                 faults: Any = None) -> VariantResult:
+                 pair: tuple[str, str] | None, plain: VariantResult | None = None,
+                 faults: Any = None, *, folder: str | None = None, admit: bool = True,
+                 idle: VariantResult | None = None) -> VariantResult:
     """Run one variant and return its summary entry, with its prediction (made
-    before the run; real devices: with their warm-up's measured compute times)."""
-    from testbed.run.metrics import variant_metrics
+    before the run; real devices: with their warm-up's measured compute times).
+    `plain`: the same variant without agents (a +bubbletea variant's slowdown is
+    against it); `idle`: its idle twin (agents admitting nothing: `admit` False), for
+    the slowdown's decomposition; `folder`: where its files go (default: its name)."""
+    from testbed.run.metrics import decompose_slowdown, decomposition_line, variant_metrics
 
-    folder = out / setup.name
+    plain_iteration_s = plain.iteration_time_s if plain is not None else None
+    name = setup.name if admit else f"{setup.name} (agents idle)"
+    folder = out / (folder or setup.name)
     if folder.exists():
         shutil.rmtree(folder)
     run_dir = folder / "run"
@@ -249,7 +321,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                  f"{pred.iteration_time_s:.3f} s per iteration")
     lines_before = net.delay_line_stats()
     run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir,
-                      faults)
+                      faults, admit=admit)
     delay_line = _delay_line_window(lines_before, net.delay_line_stats(), setup.name, progress)
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
@@ -269,11 +341,21 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         extra = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
         req, slow = extra["prefill_requests"], extra["training_slowdown"]
         p50 = extra["ttft_s"]["p50"]
-        progress.log(f"  {setup.name}: utilization {m['device_utilization_training']:.0%} training -> "
+        progress.log(f"  {name}: utilization {m['device_utilization_training']:.0%} training -> "
                      f"{m['device_utilization']:.0%} with prefill; {req['served']} of {req['arrived']} requests "
                      f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
                      f"{'-' if slow is None else f'{slow:+.1%}'}, waited {extra['training_wait_on_prefill_s'] * 1e3:.0f}"
                      f" ms on prefill ({extra['guard_violations']} guard violations)")
+        if plain is not None:
+            cores = run.cpu_cores or {}
+            idle_d = idle.slowdown_decomposition if idle is not None else None
+            d = decompose_slowdown(
+                plain.iteration_times_s, m["iteration_times_s"], idle.iteration_times_s if idle is not None else None,
+                extra["training_wait_on_prefill_s"], agents_cpu_cores=cores.get("agents"),
+                idle_agents_cpu_cores=None if idle_d is None else idle_d.agents_cpu_cores,
+                emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights)
+            extra["slowdown_decomposition"] = d
+            progress.log(f"  {name}: {decomposition_line(d)}")
     return VariantResult.model_validate({
         "iteration_time_s": measured_it,
         "predicted_iteration_time_s": predicted,

@@ -84,6 +84,7 @@ class TransportSettings(_Model):
 
 
 EMULATED_BASE_PORT = 29500
+MAX_REPEAT = 20
 
 
 class RunnerSettings(_Model):
@@ -131,6 +132,16 @@ class RunnerSettings(_Model):
                                      description="seconds an iteration may take before the run fails")
     verify_tensors: bool = Field(False, description="modelled workers send a pattern per (iteration, micro-batch, "
                                  "direction) that the receiver checks byte for byte; the summary counts them")
+    repeat: int = Field(1, ge=1, le=MAX_REPEAT, description="play the variants' measured phases this many times "
+                        "(interleaved, on one network and calibration); summary.json reports each repeat, the median "
+                        "and the spread per variant (testbed run --repeat N)")
+    bubbletea_idle_twin: bool = Field(
+        True, description="before each +bubbletea variant, play it once more with its agents running but "
+        "admitting nothing: the agents' own overhead, one part of the slowdown's decomposition")
+    bubbletea_cpu_weight: float | None = Field(
+        0.1, gt=0, le=1, description="BubbleTea agents and decode servers run in a cgroup of their own with this "
+        "fraction of a normal CPU weight, so that on a small machine they never take a core from the workers and "
+        "delay lines (testbed/emulation/cpu.py); null: no cgroup (the agents compete at their nice level)")
 
 
     @field_validator("base_port")

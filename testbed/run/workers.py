@@ -174,16 +174,23 @@ class VariantRun:
     transfers: list[Any]
     allreduce_s: list[float | None]  # per iteration: the slowest worker's DP all-reduce (None: none ran)
     tensors_verified: int = 0  # received tensors whose pattern the receiver checked (runner.verify_tensors)
+    # CPU over the measured iterations, in cores (CPU seconds / wall seconds), per kind of
+    # process: "workers", "agents", "decode" (None: not read, e.g. no measured iteration)
+    cpu_cores: dict[str, float] | None = None
+    cpu_weights: str | None = None  # how BubbleTea's processes were weighted (testbed/emulation/cpu.py)
 
 
 def run_workers(
     net: Network, setup: VariantSetup, jobs: Mapping[str, TrainJob], folder: Path, ctl_dir: Path,
     secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Any, base_dir: str | None,
-    faults: Any = None,
+    faults: Any = None, admit: bool = True,
 ) -> VariantRun:
     """Start the workers of one variant (their jobs written to ``<variant>/jobs/<worker>.json``),
     play its iterations, collect the records. `faults` (a testbed/run/faults.py
-    `FaultInjector`) hears of each iteration's start and end and injects its faults."""
+    `FaultInjector`) hears of each iteration's start and end and injects its faults.
+    A +bubbletea variant's agents and decode servers run in a cgroup with
+    ``runner.bubbletea_cpu_weight`` of a normal CPU weight; with `admit` False its agents
+    run but never take the device (the idle twin: bubbletea_agent.agent.ADMIT_ENV)."""
     from testbed.run.metrics import merge_transfer_sides
     from testbed.training.transport_comm import read_transfer_logs
     from testbed_core.device import Device
@@ -207,6 +214,10 @@ def run_workers(
     agents: dict[str, Process] = {}
     decoders: dict[str, Process] = {}
     gate = None
+    group = None
+    weights: str | None = None
+    cpu_from: dict[str, float] = {}
+    cpu: dict[str, float] | None = None
     try:
         for wid, job in jobs.items():
             path = jobs_dir / f"{wid}.json"
@@ -225,15 +236,23 @@ def run_workers(
             gate = Gate(gate_path(run_dir), lead)
             # the request source only needs to outlast the run: requests stop at the last iteration
             horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
-            agents, decoders = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, env, logs,
-                                            horizon, dispatch=setup.run.dispatch)
+            from bubbletea_agent.agent import ADMIT_ENV
+
+            agent_env = env if admit else {**env, ADMIT_ENV: "none"}
+            agents, decoders = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, agent_env,
+                                            logs, horizon, dispatch=setup.run.dispatch)
             procs.update({name: a.popen for name, a in agents.items()})
             servers = {name: d.popen for name, d in decoders.items()}
         ctl.wait_all(Ready, scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
         if setup.bubbletea:
             wait_ready({**agents, **decoders}, scenario.runner.setup_timeout)
+            # weighed once ready: loading (imports, the request stream) is no time to be starved
+            group, weights = weigh_agents(net, setup.name, scenario.runner.bubbletea_cpu_weight,
+                                          [p.pid for p in (*agents.values(), *decoders.values())], progress)
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
+            if i == workload.warmup:
+                cpu_from = _cpu_now(procs, servers)
             starts.append(at)
             if faults is not None:
                 faults.iteration_started(i, at)
@@ -247,6 +266,10 @@ def run_workers(
             kind = "warm-up" if i < workload.warmup else "iteration"
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
             at = gate.decide(i + 1, lead) if gate else time.time() + lead
+        if cpu_from and len(starts) > workload.warmup:
+            cpu = _cpu_cores(cpu_from, _cpu_now(procs, servers), ends[-1] - starts[workload.warmup])
+        if group is not None:
+            group.remove()  # training is over: the agents write their outputs and exit at full weight
         ctl.broadcast(Stop())
         ctl.wait_all(Bye, 30, f"{setup.name}: stopping the workers")
         for wid, p in procs.items():  # agents end when their worker publishes the end of its slots
@@ -261,6 +284,8 @@ def run_workers(
             gate.close()
         for started in (*agents.values(), *decoders.values()):
             started.close()  # the readiness pipes (wait_ready closes them too)
+        if group is not None:
+            group.remove()  # before stopping them: a starved process is slow to exit
         stop_processes(servers)
         ctl.close()
         stop_processes(procs)
@@ -271,4 +296,54 @@ def run_workers(
         timelines[job.device.name] = Device(job.device.name, run_dir).timeline()
     sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
     verified = sum(1 for r in recvs if r.get("verified"))
-    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified)
+    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified, cpu, weights)
+
+
+def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequence[int],
+                 progress: Progress) -> tuple[Any, str | None]:
+    """Put BubbleTea's processes (`pids`) in a cgroup with `weight` of a normal CPU weight
+    (testbed/emulation/cpu.py), recorded in the run record so that `testbed clean`
+    removes it. Returns (the group or None, what was done, for the summary)."""
+    from testbed.emulation.cpu import CpuGroupError, create_group
+
+    if weight is None:
+        return None, "no CPU weights (runner.bubbletea_cpu_weight: null)"
+    emu = getattr(net, "emu", None)
+    record = getattr(emu, "record", None)
+    prefix = getattr(emu, "prefix", None) or "tbrun"
+    name = f"{prefix}-bubbletea-{''.join(c if c.isalnum() else '-' for c in variant)}-{os.getpid()}"
+    group, how = create_group(name, weight, record.add_path if record is not None else None)
+    if group is None:
+        progress.log(f"  {variant}: {how}")
+        return None, how
+    try:
+        for pid in pids:
+            group.add(pid)
+    except CpuGroupError as exc:
+        progress.log(f"  {variant}: {exc}: agents run without a CPU weight")
+        group.remove()
+        return None, f"no CPU weights ({exc})"
+    return group, how
+
+
+def _cpu_now(procs: Mapping[str, subprocess.Popen], servers: Mapping[str, subprocess.Popen]) -> dict[str, float]:
+    from testbed.emulation.cpu import cpu_seconds
+
+    out = {}
+    for name, p in (*procs.items(), *servers.items()):
+        used = cpu_seconds(p.pid)
+        if used is not None:
+            out[name] = used
+    return out
+
+
+def _cpu_cores(before: Mapping[str, float], after: Mapping[str, float], wall_s: float) -> dict[str, float] | None:
+    """CPU seconds used between two readings, per kind of process, over `wall_s`: cores."""
+    if wall_s <= 0:
+        return None
+    cores: dict[str, float] = {}
+    for name, used in after.items():
+        if name in before:
+            kind = "agents" if name.startswith("agent-") else "decode" if name.startswith("decode-") else "workers"
+            cores[kind] = cores.get(kind, 0.0) + (used - before[name]) / wall_s
+    return cores

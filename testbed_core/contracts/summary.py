@@ -25,7 +25,7 @@ from testbed_core.contracts.calibration import CalibrationReport
 __all__ = [
     "AgentCounters", "KVChecks", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
     "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
-    "RealReference", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
+    "RealReference", "RepeatFigures", "RepeatRun", "Repeats", "SlowdownDecomposition", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
     "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
 ]
 
@@ -305,6 +305,77 @@ class WanTailDrops(_Doc):
     without: int
 
 
+class SlowdownDecomposition(_Doc):
+    """Where a ``+bubbletea`` variant's training slowdown comes from, each part a
+    fraction of the plain twin's iteration time (testbed/run/metrics.py
+    `decompose_slowdown`). ``total = agent_overhead + prefill_interference``;
+    ``network_noise`` is how far the total may sit from zero by chance alone."""
+
+    total: float | None
+    """training_slowdown: this variant's iteration time over the plain twin's, minus 1."""
+    agent_overhead: float | None
+    """The idle twin's iteration time (the same variant with its agents running but
+    admitting nothing, ``runner.bubbletea_idle_twin``) over the plain twin's, minus 1:
+    what the agents' processes cost training without any prefill. None: no idle twin."""
+    prefill_interference: float | None
+    """total - agent_overhead: what running prefills cost training. None: no idle twin."""
+    training_waited_on_prefill: float
+    """The part of the prefill interference the device timelines show directly: time
+    training asked for the device while a prefill held it, per measured iteration."""
+    network_noise: float
+    """The plain twin's own spread: the standard deviation of its measured iterations
+    over their mean."""
+    noise_on_total: float | None
+    """Half-width of a 95% interval of ``total`` from both variants' iteration spreads
+    (1.96 x the standard error of the difference of the means, over the plain mean);
+    None with fewer than two iterations."""
+    idle_twin_iteration_time_s: float | None = None
+    idle_twin_iteration_times_s: list[float] = Field(default_factory=list)
+    agents_cpu_cores: float | None = None
+    """CPU the agents used over the measured iterations, in cores (CPU seconds over
+    wall seconds; None: not read)."""
+    idle_agents_cpu_cores: float | None = None
+    """The same for the idle twin's agents."""
+    emulator_cpu_cores: float | None = None
+    """CPU the workers and decode servers used over the measured iterations, in cores."""
+    cpu_weights: str | None = None
+    """How the emulator's processes were kept ahead of the agents (testbed/emulation/cpu.py)."""
+
+
+class RepeatRun(_Doc):
+    """One repeat of a variant's measured phase (``runner.repeat``)."""
+
+    repeat: int
+    iteration_time_s: float
+    device_utilization: float
+    device_utilization_training: float
+    training_slowdown: float | None = None
+    agent_overhead: float | None = None
+    training_wait_on_prefill_s: float | None = None
+    folder: str
+    """The repeat's files, relative to the run folder."""
+
+
+class RepeatFigures(_Doc):
+    """Median (or spread: max - min) over the repeats of each figure."""
+
+    iteration_time_s: float
+    device_utilization: float
+    device_utilization_training: float
+    training_slowdown: float | None = None
+    agent_overhead: float | None = None
+    training_wait_on_prefill_s: float | None = None
+
+
+class Repeats(_Doc):
+    """A variant played ``runner.repeat`` times: every repeat, and per figure the median
+    and the spread. The variant's other fields are its first repeat's."""
+
+    runs: list[RepeatRun]
+    median: RepeatFigures
+    spread: RepeatFigures
+
+
 class KVChecks(_Doc):
     """The decode hosts' checks of the KV caches shipped to them (bubbletea_agent/kv_ship.py):
     every cache's xxh64 digest over the bytes that crossed (a mismatch is refused: the
@@ -333,6 +404,7 @@ BUBBLETEA_KEYS = frozenset({
     "training_wait_on_prefill_s", "training_slowdown", "compared_with_iteration_time_s", "bubbletea_agents",
     "prefill_service",
     "kv_checks",
+    "slowdown_decomposition",
 })
 """The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
 
@@ -342,7 +414,7 @@ class VariantResult(_Doc):
     per-variant files are (relative to the run folder)."""
 
     ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note",
-                                          "tensors_verified"}
+                                          "tensors_verified", "repeats"}
 
     iteration_time_s: float
     predicted_iteration_time_s: float
@@ -388,6 +460,9 @@ class VariantResult(_Doc):
     bubbletea_agents: AgentCounters | None = None
     prefill_service: PrefillService | None = None
     kv_checks: KVChecks | None = None
+    slowdown_decomposition: SlowdownDecomposition | None = None
+    # runner.repeat > 1: every repeat, median and spread
+    repeats: Repeats | None = None
     # the variant's files
     timeline_csv: str
     transfers_csv: str
@@ -399,6 +474,13 @@ class VariantResult(_Doc):
     @property
     def has_bubbletea(self) -> bool:
         return "prefill_requests" in self.model_fields_set
+
+    def headline(self, name: str) -> Any:
+        """A headline figure (iteration_time_s, device_utilization, training_slowdown, ...):
+        the median over the repeats when the variant was repeated, else its own."""
+        if self.repeats is not None and name in RepeatFigures.model_fields:
+            return getattr(self.repeats.median, name)
+        return getattr(self, name)
 
     def goodput_mbps(self) -> float | None:
         """Total WAN goodput: the one link's, or the sum over links (None without WAN traffic)."""

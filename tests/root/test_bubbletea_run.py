@@ -62,4 +62,16 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
             for line in p.read_text().splitlines()]
     assert {r["id"] for r in rows if r["status"] == "served"} == {d["request_id"] for d in decoded}
     assert (out / bt["gantt_png"]).exists()
+    # the slowdown decomposed: the idle twin (agents admitting nothing) ran before it
+    parts = bt["slowdown_decomposition"]
+    assert parts["total"] == pytest.approx(bt["training_slowdown"])
+    assert parts["agent_overhead"] is not None and len(parts["idle_twin_iteration_times_s"]) == 2
+    assert parts["total"] == pytest.approx(parts["agent_overhead"] + parts["prefill_interference"])
+    idle_rows = [json.loads(line) for p in (out / "atlas+bubbletea-idle" / "agents").glob("*.requests.jsonl")
+                 for line in p.read_text().splitlines()]
+    assert idle_rows and not [r for r in idle_rows if r["status"] == "served"]  # the idle twin admitted nothing
+    assert parts["agents_cpu_cores"] is not None and parts["emulator_cpu_cores"] > 0
+    if parts["cpu_weights"].startswith("agents in cgroup"):  # the agents' cgroup is gone with the run
+        name = parts["cpu_weights"].split()[4]
+        assert not (Path("/sys/fs/cgroup/cpu") / name).exists() and not (Path("/sys/fs/cgroup") / name).exists()
     assert namespaces() <= before  # nothing of the run is left behind

@@ -1,0 +1,145 @@
+"""CPU weights: keep the emulator's own processes ahead of BubbleTea's agents.
+
+On a small machine (two cores) every process of a run competes for the same cores:
+the training workers (their compute is a sleep, but their transport threads move
+the tensors), the relay delay lines, the decode servers and the BubbleTea agents. An
+agent that takes a core when a worker needs it delays training: a slowdown that no
+device timeline shows. So a run puts its agents (and decode servers) in a cgroup of
+their own with a small CPU weight: under contention the kernel gives them a small
+share, and when a core is free they still get all of it.
+
+* cgroup v2 (``/sys/fs/cgroup`` with the ``cpu`` controller): ``cpu.weight`` (the
+  default of every other group is 100);
+* cgroup v1 (``/sys/fs/cgroup/cpu``): ``cpu.shares`` (default 1024), and, where the
+  kernel schedules real-time tasks per group (``cpu.rt_runtime_us`` exists), a
+  real-time budget, so that an agent's device holds can still run at SCHED_FIFO
+  (they must end on time: on an emulated GPU a hold ends when its thread wakes).
+
+The group is named with the run's prefix and recorded in the run record before it is
+created (testbed/emulation/records.py), so the teardown, or `testbed clean` after a
+crash, removes it; `CpuGroup.remove` removes it at the end of the variant. Where no
+writable cpu controller exists (no root, a container without one), `create_group`
+returns None and says why: the run goes on without weights.
+
+`cpu_seconds` reads a process's CPU time from /proc (the runner's accounting of
+what agents and workers used over the measured iterations).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+V2_DEFAULT_WEIGHT = 100
+V1_DEFAULT_SHARES = 1024
+RT_RUNTIME_US = 100_000
+"""cgroup v1 with real-time group scheduling: the agents' group may run SCHED_FIFO for
+this many microseconds per period (1 s by default): their holds sleep, they barely run."""
+
+
+class CpuGroupError(RuntimeError):
+    """A cgroup that could not be created or written."""
+
+
+@dataclass
+class CpuGroup:
+    """One cgroup with a CPU weight: add processes, then remove it."""
+
+    path: Path
+    version: int
+    weight: float
+    """Relative to a default group or process (1.0: the same share)."""
+
+    def add(self, pid: int) -> None:
+        """Move process `pid` (all its threads) into the group."""
+        try:
+            (self.path / "cgroup.procs").write_text(f"{pid}\n")
+        except OSError as exc:
+            raise CpuGroupError(f"cannot move process {pid} into {self.path}: {exc.strerror}") from None
+
+    def pids(self) -> list[int]:
+        try:
+            return [int(x) for x in (self.path / "cgroup.procs").read_text().split()]
+        except OSError:
+            return []
+
+    def remove(self) -> None:
+        """Move what is left to the parent group and remove the group (a cgroup is
+        removed with rmdir, never by deleting its files)."""
+        if not self.path.exists():
+            return
+        parent = self.path.parent / "cgroup.procs"
+        for pid in self.pids():
+            with contextlib.suppress(OSError):
+                parent.write_text(f"{pid}\n")
+        with contextlib.suppress(FileNotFoundError):
+            self.path.rmdir()
+
+    def describe(self) -> str:
+        what = "cpu.weight" if self.version == 2 else "cpu.shares"
+        return f"agents in cgroup v{self.version} {self.path.name} at {self.weight:g} of a normal {what}"
+
+
+def find_controller(root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
+    """(cgroup version, folder to create groups in) of a mounted cpu controller."""
+    controllers = root / "cgroup.controllers"
+    if controllers.is_file() and "cpu" in controllers.read_text().split():
+        return 2, root
+    v1 = root / "cpu"
+    if (v1 / "cpu.shares").is_file():
+        return 1, v1
+    return None
+
+
+def weight_value(version: int, weight: float) -> int:
+    """The file value for `weight` times the default: cpu.weight 1..10000, cpu.shares >= 2."""
+    if version == 2:
+        return max(1, min(10000, round(V2_DEFAULT_WEIGHT * weight)))
+    return max(2, round(V1_DEFAULT_SHARES * weight))
+
+
+def create_group(name: str, weight: float, record: Callable[[Path], None] | None = None,
+                 root: Path = CGROUP_ROOT) -> tuple[CpuGroup | None, str]:
+    """A new cgroup `name` with `weight` times the default CPU weight, recorded with
+    `record(path)` before it is created. Returns (group, how) or (None, why not)."""
+    if not 0 < weight <= 1:
+        raise ValueError(f"cpu weight must be in (0, 1] of the default, got {weight}")
+    found = find_controller(root)
+    if found is None:
+        return None, f"no cpu cgroup controller under {root}: agents run without a CPU weight"
+    version, base = found
+    path = base / name
+    try:
+        if record is not None:
+            record(path)
+        path.mkdir()
+    except OSError as exc:
+        return None, f"cannot create cgroup {path} ({exc.strerror}): agents run without a CPU weight"
+    group = CpuGroup(path, version, weight)
+    try:
+        if version == 2:
+            (path / "cpu.weight").write_text(f"{weight_value(2, weight)}\n")
+        else:
+            (path / "cpu.shares").write_text(f"{weight_value(1, weight)}\n")
+            rt = path / "cpu.rt_runtime_us"
+            if rt.exists():
+                rt.write_text(f"{RT_RUNTIME_US}\n")
+    except OSError as exc:
+        group.remove()
+        return None, f"cannot set the CPU weight of {path} ({exc.strerror}): agents run without one"
+    return group, group.describe()
+
+
+def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
+    """User + system CPU seconds process `pid` has used (None when it is gone)."""
+    try:
+        text = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return None
+    fields = text.rsplit(")", 1)[1].split()
+    # after the comm: state is field 3; utime and stime are fields 14 and 15
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")

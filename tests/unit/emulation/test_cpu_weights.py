@@ -1,0 +1,145 @@
+"""CPU weights for BubbleTea's processes (testbed/emulation/cpu.py) against fake cgroup
+trees (v1 and v2), the reasons given when there is none, and CPU time from /proc."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from testbed.emulation.cpu import (
+    RT_RUNTIME_US,
+    CpuGroupError,
+    cpu_seconds,
+    create_group,
+    find_controller,
+    weight_value,
+)
+
+
+def v1_tree(tmp_path: Path) -> Path:
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    (cpu / "cpu.shares").write_text("1024\n")
+    return tmp_path
+
+
+def test_finds_v2_then_v1(tmp_path: Path) -> None:
+    assert find_controller(tmp_path) is None
+    v1_tree(tmp_path)
+    assert find_controller(tmp_path) == (1, tmp_path / "cpu")
+    (tmp_path / "cgroup.controllers").write_text("cpuset cpu io memory pids\n")
+    assert find_controller(tmp_path) == (2, tmp_path)
+    (tmp_path / "cgroup.controllers").write_text("memory pids\n")  # v2 without cpu: the v1 one
+    assert find_controller(tmp_path) == (1, tmp_path / "cpu")
+
+
+def test_weight_values_stay_in_the_kernel_bounds() -> None:
+    assert weight_value(2, 0.1) == 10 and weight_value(2, 1e-6) == 1 and weight_value(2, 1.0) == 100
+    assert weight_value(1, 0.1) == 102 and weight_value(1, 1e-6) == 2
+
+
+def test_v1_group_gets_shares_and_a_realtime_budget(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    recorded: list[Path] = []
+
+    def record(path: Path) -> None:
+        recorded.append(path)
+        assert not path.exists()  # recorded before it is made
+
+    import testbed.emulation.cpu as cpu_mod
+
+    real_mkdir = Path.mkdir
+
+    def kernel_mkdir(self: Path, *a, **kw) -> None:  # noqa: ANN001 (the files the kernel makes in a cgroup)
+        real_mkdir(self, *a, **kw)
+        if self.parent == root / "cpu":
+            for f in ("cgroup.procs", "cpu.shares", "cpu.rt_runtime_us"):
+                (self / f).write_text("")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Path, "mkdir", kernel_mkdir)
+    try:
+        group, how = cpu_mod.create_group("tbx-bubbletea", 0.1, record, root=root)
+    finally:
+        mp.undo()
+    assert group is not None and recorded == [root / "cpu" / "tbx-bubbletea"]
+    assert (group.path / "cpu.shares").read_text() == "102\n"
+    assert (group.path / "cpu.rt_runtime_us").read_text() == f"{RT_RUNTIME_US}\n"
+    assert how == "agents in cgroup v1 tbx-bubbletea at 0.1 of a normal cpu.shares"
+    group.add(4242)
+    assert (group.path / "cgroup.procs").read_text() == "4242\n"
+
+
+def test_v2_group_gets_a_weight(tmp_path: Path) -> None:
+    (tmp_path / "cgroup.controllers").write_text("cpu memory\n")
+    real_mkdir = Path.mkdir
+
+    def kernel_mkdir(self: Path, *a, **kw) -> None:  # noqa: ANN001
+        real_mkdir(self, *a, **kw)
+        for f in ("cgroup.procs", "cpu.weight"):
+            (self / f).write_text("")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Path, "mkdir", kernel_mkdir)
+    try:
+        group, how = create_group("tbx-bt", 0.25, root=tmp_path)
+    finally:
+        mp.undo()
+    assert group is not None and group.version == 2
+    assert (group.path / "cpu.weight").read_text() == "25\n" and "cgroup v2" in how
+
+
+def test_no_controller_is_said_and_nothing_is_made(tmp_path: Path) -> None:
+    group, why = create_group("tbx-bt", 0.1, root=tmp_path)
+    assert group is None
+    assert why == f"no cpu cgroup controller under {tmp_path}: agents run without a CPU weight"
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_a_group_that_cannot_be_created_says_why(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    (root / "cpu" / "tbx-bt").mkdir()  # already there
+    group, why = create_group("tbx-bt", 0.1, root=root)
+    assert group is None and why.startswith(f"cannot create cgroup {root / 'cpu' / 'tbx-bt'} (File exists)")
+
+
+def test_a_weight_outside_0_1_is_refused(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"cpu weight must be in \(0, 1\] of the default, got 1.5"):
+        create_group("tbx-bt", 1.5, root=tmp_path)
+
+
+def test_adding_to_a_vanished_group_names_the_process(tmp_path: Path) -> None:
+    from testbed.emulation.cpu import CpuGroup
+
+    group = CpuGroup(tmp_path / "gone", 1, 0.1)
+    with pytest.raises(CpuGroupError, match=f"cannot move process 77 into {tmp_path / 'gone'}"):
+        group.add(77)
+    group.remove()  # nothing there: no error
+
+
+def test_remove_moves_leftovers_to_the_parent(tmp_path: Path) -> None:
+    from testbed.emulation.cpu import CpuGroup
+
+    (tmp_path / "cgroup.procs").write_text("")
+    path = tmp_path / "g"
+    path.mkdir()
+    (path / "cgroup.procs").write_text("11\n12\n")
+    group = CpuGroup(path, 1, 0.1)
+    assert group.pids() == [11, 12]
+    (path / "cgroup.procs").unlink()  # a real cgroup's files vanish with rmdir; here: empty the folder
+    group.remove()
+    assert not path.exists()
+
+
+def test_cpu_seconds_of_this_process_and_of_a_fake_one(tmp_path: Path) -> None:
+    mine = cpu_seconds(os.getpid())
+    assert mine is not None and mine >= 0
+    fake = tmp_path / "123"
+    fake.mkdir()
+    tck = os.sysconf("SC_CLK_TCK")
+    # comm with spaces and a parenthesis; utime and stime are the 14th and 15th fields
+    (fake / "stat").write_text(f"123 (a (b) c) S 1 1 1 0 -1 0 0 0 0 0 {3 * tck} {tck} 0 0 20 0 1 0 5 0 0\n")
+    assert cpu_seconds(123, proc=tmp_path) == pytest.approx(4.0)
+    assert cpu_seconds(999, proc=tmp_path) is None

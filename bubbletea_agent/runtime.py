@@ -269,6 +269,10 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
     )
     if link is not None:
         agent.inbox, agent.on_status = link.take, link.status
+        if cfg.live is not None and cfg.live.wake is not None:
+            from bubbletea_agent.live import Nudger
+
+            link.on_work = Nudger(cfg.live.wake).poke  # new work ends the agent's sleep, as the worker does
     return Built(agent, device, cfg, latency, notes, link)
 
 

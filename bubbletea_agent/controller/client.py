@@ -136,6 +136,7 @@ class AgentLink:
         self.errors = 0
         self.received = 0
         self.stopped_by_controller = False
+        self.on_work: Any = None  # called (from the link's thread) when new work came: wakes the agent
 
     # -- agent side
     def status(self, st: AgentStatus) -> None:
@@ -202,6 +203,8 @@ class AgentLink:
             new = reply.work[max(0, self.received - reply.first):]  # what a lost reply carried comes again
             self.received += len(new)
             self._work.extend(new)
+            if new and self.on_work is not None:
+                self.on_work()
             if reply.stop:
                 self.stopped_by_controller = True
                 break

@@ -22,7 +22,7 @@ PRED = {16: 0.0016, 1024: 0.1024, 4096: 0.4096}
 @pytest.fixture
 def controller():
     """A controller on a free localhost port, in a thread; yields (service, port)."""
-    d = Dispatcher(["a", "b"], ["dc1-h2"], deadline_s=2.0)
+    d = Dispatcher(["a", "b"], ["dc1-h2"], deadline_s=2.0, stale_s=30.0)  # a busy test machine syncs late
     rows: list[dict] = []
     service = Service(d, [Request("s0", 0.05, 256, 0, 2.0)], on_end=rows.append)
     service.rows = rows
@@ -126,6 +126,8 @@ def test_request_round_trip_over_the_socket(controller):
     la, lb = link(port, "a"), link(port, "b")
     la.status(AgentStatus(at=epoch))  # training not started yet: no epoch
     lb.status(AgentStatus(at=epoch))
+    pokes: list[int] = []
+    lb.on_work = lambda: pokes.append(1)  # the agent's wake-up (its worker's FIFO in a run)
     la.start()
     lb.start()
     try:
@@ -150,6 +152,7 @@ def test_request_round_trip_over_the_socket(controller):
             arrival_abs = lb._epoch + r.arrival_s
             lb.ended({"id": r.id, "status": "served", "kv_arrival": arrival_abs + 0.2 - lb._epoch, "chunks": 1},
                      lb._epoch)
+        assert pokes  # new work woke the agent
         view = client.wait(acc.id, timeout_s=5)
         assert view.status == "served" and view.device == "b"
         assert view.ttft_s == pytest.approx(0.2, abs=1e-6)

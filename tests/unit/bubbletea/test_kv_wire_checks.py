@@ -220,3 +220,9 @@ def test_decode_server_cli_refuses_a_bad_check_model():
     out = CliRunner().invoke(main, ["decode-server", "--port", "0", "--check-model", '{"preset": "huge"}'])
     assert out.exit_code == 2
     assert "--check-model" in out.output and "unknown model preset 'huge'" in out.output
+
+
+def test_the_request_of_a_chunk_label() -> None:
+    from bubbletea_agent.engine import request_of
+
+    assert request_of("r17:0:40") == "r17" and request_of("trace:a:3:2:128") == "trace:a:3"

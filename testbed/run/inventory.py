@@ -11,8 +11,8 @@ repository's folder there and execs the command. The process's stdin, stdout and
 stderr are ssh's, so the runner's pipes and log files work unchanged.
 
 The runner's control sockets (UNIX sockets in the run's control folder) are
-forwarded by each ssh to a private path on the machine (``ssh -R``), and the worker
-is told where (``TESTBED_CONTROL_MAP``). The job files and result folder are not
+forwarded to a private path on each machine (one ``ssh -N -R`` per machine and
+socket), and the worker is told where (``TESTBED_CONTROL_MAP``). The job files and result folder are not
 copied: every machine must see them at the same path (a shared file system, e.g.
 NFS), which is checked, per folder, before a process that names them starts.
 
@@ -45,6 +45,7 @@ from testbed.run.common import RunnerError
 from testbed.training.worker.control import CONTROL_MAP_ENV
 from testbed_core.constants import REPO_ROOT
 from testbed_core.inventory import Inventory, InventoryError, Machine, load_inventory
+from testbed_core.readiness import READY_FD_ENV
 
 CONNECT_TIMEOUT_S = 8
 LOGIN_TIMEOUT_S = 60.0
@@ -52,7 +53,12 @@ SIGNAL_TIMEOUT_S = 20.0
 DELAY_BACKEND = "none (real machines over SSH: the network between them, nothing shaped)"
 
 # Runs on the machine: the environment from stdin's first line (read byte by byte so
-# the rest of stdin stays the command's), the pid to a file, then exec.
+# the rest of stdin stays the command's), the pid to a file, then exec. When the
+# runner waits for the process to announce readiness (testbed_core/readiness.py),
+# the launcher stays as its parent: it hands the command a pipe of its own and writes
+# what comes out of it to stderr after READY_MARK, and the runner's side passes that
+# line on to the runner's pipe (`RemotePopen`).
+READY_MARK = "\x1etestbed-ready "
 LAUNCHER = (
     "import json,os,sys\n"
     "b=b''\n"
@@ -61,9 +67,22 @@ LAUNCHER = (
     "    if not c: sys.exit('testbed launcher: no environment on stdin')\n"
     "    b+=c\n"
     "e=dict(os.environ); e.update(json.loads(b))\n"
-    "open(sys.argv[1],'w').write(str(os.getpid()))\n"
     "os.chdir(sys.argv[2])\n"
-    "os.execvpe(sys.argv[3],sys.argv[3:],e)\n"
+    "if 'TESTBED_READY_FD' not in e:\n"
+    "    open(sys.argv[1],'w').write(str(os.getpid()))\n"
+    "    os.execvpe(sys.argv[3],sys.argv[3:],e)\n"
+    "r,w=os.pipe(); os.set_inheritable(w,True); e['TESTBED_READY_FD']=str(w)\n"
+    "pid=os.fork()\n"
+    "if pid==0:\n"
+    "    os.close(r); os.execvpe(sys.argv[3],sys.argv[3:],e)\n"
+    "os.close(w); open(sys.argv[1],'w').write(str(pid))\n"
+    "d=b''\n"
+    "while True:\n"
+    "    c=os.read(r,65536)\n"
+    "    if not c: break\n"
+    "    d+=c\n"
+    "if d: os.write(2,b'" + READY_MARK.replace("\x1e", "\\x1e") + "'+d.split(b'\\n')[0]+b'\\n')\n"
+    "sys.exit(os.waitstatus_to_exitcode(os.waitpid(pid,0)[1]) % 256)\n"
 )
 
 
@@ -167,13 +186,49 @@ class Remote:
         return None if res.returncode in (0, 1) else f"{self.label}: {(res.stderr or res.stdout).strip()[-200:]}"
 
 
+def _relay_ready(source: Any, ready_fd: int, out: int) -> None:
+    """Pass ssh's stderr on to `out` (a descriptor of the caller's stderr, closed at
+    the end), except the launcher's readiness line, which goes to `ready_fd`."""
+    try:
+        for line in iter(source.readline, b""):
+            if line.startswith(READY_MARK.encode()) and ready_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(ready_fd, line[len(READY_MARK):])
+                os.close(ready_fd)
+                ready_fd = -1
+                continue
+            with contextlib.suppress(OSError):
+                os.write(out, line)
+    finally:
+        if ready_fd >= 0:
+            os.close(ready_fd)  # ended before it was ready: the runner reads end of file
+        os.close(out)
+        source.close()
+
+
 class RemotePopen(subprocess.Popen):
     """An ssh running one process on a machine; signals go to the remote process."""
 
     def __init__(self, remote: Remote, pidfile: str, argv: list[str], env_line: str, keep_stdin: bool,
-                 **kwargs: Any) -> None:
+                 ready_fd: int | None = None, **kwargs: Any) -> None:
+        relay_to = -1
+        if ready_fd is not None:  # the readiness line comes back on ssh's stderr
+            err = kwargs.get("stderr")
+            relay_to = kwargs.get("stdout") if err == subprocess.STDOUT else err
+            if relay_to == subprocess.DEVNULL:
+                relay_to = os.open(os.devnull, os.O_WRONLY)
+            elif relay_to is None or relay_to == subprocess.PIPE:
+                relay_to = os.dup(2)
+            else:  # the caller closes its file once we return: keep a descriptor of our own
+                relay_to = os.dup(relay_to if isinstance(relay_to, int) else relay_to.fileno())
+            kwargs["stderr"] = subprocess.PIPE
+            ready_fd = os.dup(ready_fd)  # the caller closes its copy once we return
         super().__init__(argv, **kwargs)
         self.remote, self.pidfile = remote, pidfile
+        if ready_fd is not None:
+            stderr, self.stderr = self.stderr, None
+            threading.Thread(target=_relay_ready, args=(stderr, ready_fd, relay_to), daemon=True,
+                             name=f"ready-relay-{pidfile}").start()
         assert self.stdin is not None
         try:
             self.stdin.write(env_line if kwargs.get("text") or kwargs.get("universal_newlines")
@@ -214,20 +269,16 @@ class InventoryHost:
         files = [a for a in argv[1:] if a.startswith("/") and a != r.python and os.path.exists(a)]
         r.check_visible(files)
         n = next(self.net.counter)
-        forwards: list[str] = []
-        control: dict[str, str] = {}
-        for sock in self.net.control_sockets():
-            remote_sock = f"{r.folder}/ctl{n}-{len(control)}.sock"
-            forwards += ["-R", f"{remote_sock}:{sock}"]
-            control[sock] = remote_sock
+        control = {sock: self.net.forward(r, sock) for sock in self.net.control_sockets()}
         if control:
             changed[CONTROL_MAP_ENV] = json.dumps(control)
         pidfile = f"{r.folder}/p{n}.pid"
         command = shlex.join([r.python, "-c", LAUNCHER, pidfile, cwd, *argv])
         keep = kwargs.pop("stdin", None) == subprocess.PIPE
-        ssh = r.ssh("-o", "ExitOnForwardFailure=yes", *forwards)
-        return RemotePopen(r, pidfile, [*ssh, command], json.dumps(changed) + "\n", keep,
-                           stdin=subprocess.PIPE, **kwargs)
+        ready = env.get(READY_FD_ENV)
+        kwargs.pop("pass_fds", None)  # descriptors do not cross ssh: the readiness pipe is relayed
+        return RemotePopen(r, pidfile, [*r.ssh(), command], json.dumps(changed) + "\n", keep,
+                           int(ready) if ready else None, stdin=subprocess.PIPE, **kwargs)
 
 
 @dataclass
@@ -242,6 +293,36 @@ class InventoryNetwork:
     local: bool = False
     counter: Iterator[int] = field(default_factory=itertools.count)
     _temp: list[Path] = field(default_factory=list)
+    _tunnels: dict[tuple[str, str], tuple[subprocess.Popen, str]] = field(default_factory=dict)
+    _tunnel_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def forward(self, remote: Remote, sock: str) -> str:
+        """The path on `remote` where the runner's control socket `sock` answers: one
+        ``ssh -N -R`` per machine and socket, kept for the run (a process's own ssh
+        cannot carry it: it would wait for the runner to close the connection before
+        it could exit). Workers retry the connection until the forward is up."""
+        key = (remote.machine.name, sock)
+        with self._tunnel_lock:
+            if key in self._tunnels and self._tunnels[key][0].poll() is None:
+                return self._tunnels[key][1]
+            path = f"{remote.folder}/ctl{len(self._tunnels)}.sock"
+            proc = subprocess.Popen([*remote.ssh("-N", "-o", "ExitOnForwardFailure=yes", "-R", f"{path}:{sock}")],
+                                    stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            self._tunnels[key] = (proc, path)
+            return path
+
+    def close_tunnels(self) -> None:
+        for proc, _ in self._tunnels.values():
+            if proc.poll() is None:
+                proc.terminate()
+        for proc, _ in self._tunnels.values():
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stderr:
+                proc.stderr.close()
 
     def host(self, name: str) -> InventoryHost:
         machine = self.assignment.get(name)
@@ -265,6 +346,56 @@ class InventoryNetwork:
 
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return {}
+
+    def adopt(self, scenario: Any, progress: Progress) -> Any:
+        """The scenario as it runs here: its topology's WAN delays measured between the machines."""
+        return scenario.model_copy(update={"topology": real_topology(self, scenario.topology, progress)})
+
+
+# Runs on a machine: the best of N TCP handshakes to ADDRESS:PORT (a refusal answers
+# within one round trip too), in seconds.
+RTT_PROBE = (
+    "import socket,sys,time\n"
+    "best=None\n"
+    "for _ in range(int(sys.argv[3])):\n"
+    "    s=socket.socket(); s.settimeout(5); t=time.perf_counter()\n"
+    "    try: s.connect((sys.argv[1],int(sys.argv[2])))\n"
+    "    except ConnectionRefusedError: pass\n"
+    "    except OSError as e: print('ERR',e); sys.exit(0)\n"
+    "    d=time.perf_counter()-t; best=d if best is None else min(best,d); s.close()\n"
+    "print(best)\n"
+)
+RTT_PROBES = 7
+
+
+def measure_rtt(src: Remote, dst: Machine) -> float:
+    """The round trip from machine `src` to `dst` (its data address): the quickest TCP handshake."""
+    port = src.inv.ssh_for(dst).port
+    res = src.run(shlex.join([src.python, "-c", RTT_PROBE, dst.ip, str(port), str(RTT_PROBES)]), SIGNAL_TIMEOUT_S * 2)
+    out = res.stdout.strip().splitlines()[-1:] or [""]
+    try:
+        return float(out[0])
+    except ValueError:
+        raise RunnerError(f"{src.label}: could not time a round trip to machine {dst.name} ({dst.ip}:{port}): "
+                          f"{(out[0] or res.stderr.strip())[-300:]}; the machines must reach each other's "
+                          "data addresses") from None
+
+
+def real_topology(net: InventoryNetwork, topology: Any, progress: Progress) -> Any:
+    """`topology` with each WAN link's delay the real one between the machines of its
+    DCs (half the measured round trip), no jitter, loss, trace or scheduled changes:
+    the real network is not shaped, and the calibration and predictions must start
+    from what it is, not from what the file says an emulated WAN would be."""
+    first = {dc.name: f"{dc.name}-{dc.hosts[0]}" for dc in topology.dcs}
+    data = topology.model_dump()
+    for link, raw in zip(topology.wan, data["wan"], strict=True):
+        a, b = (net.assignment[first[dc]] for dc in link.between)
+        rtt = measure_rtt(net.remotes[a.name], b)
+        progress.log(f"real path {link.between[0]}<->{link.between[1]} (machines {a.name}, {b.name}): RTT "
+                     f"{rtt * 1e3:.3f} ms (the topology's {link.rtt_s * 1e3:g} ms replaced: nothing is shaped)")
+        raw.update(delay=rtt / 2, jitter=0.0, loss=0.0, changes=[], trace=None)
+    data.pop("source", None)
+    return type(topology).model_validate(data)
 
 
 def _login_check(remote: Remote) -> str | None:
@@ -333,6 +464,7 @@ def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwo
             raise RunnerError("\n".join(failed))
         yield net
     finally:
+        net.close_tunnels()
         reached = [r for name, r in remotes.items() if not results[name]]
         with ThreadPoolExecutor(max_workers=max(1, min(16, len(reached)))) as pool:
             left = [msg for msg in pool.map(Remote.cleanup, reached) if msg]

@@ -135,6 +135,8 @@ def run_scenario(
         with contextlib.ExitStack() as stack:
             with progress.step("setup"):
                 net = stack.enter_context(open_network(scenario, progress))
+                if hasattr(net, "adopt"):  # real machines (--inventory): the WAN delays measured between them
+                    scenario = net.adopt(scenario, progress)
                 ctl_dir = net.temp_dir("ctl")  # the control sockets; removed with the network, or by clean
                 stack.callback(shutil.rmtree, ctl_dir, True)
                 summary.delay_backend = net.delay_backend

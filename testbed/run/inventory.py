@@ -432,8 +432,8 @@ def _login_check(remote: Remote) -> str | None:
 
 
 def _refused_faults(scenario: Any, inv: Inventory) -> list[str]:
-    return [f"{inv.where()}: faults.{i}: a {f.kind} needs the emulated network; on real machines only "
-            "kill-worker faults are played (drop it, or run without --inventory)"
+    return [f"{scenario.source or 'scenario'}: faults.{i}: a {f.kind} needs the emulated network; on real "
+            f"machines ({inv.where()}) only kill-worker faults are played (drop it, or run without --inventory)"
             for i, f in enumerate(scenario.faults or []) if f.kind != "kill-worker"]
 
 

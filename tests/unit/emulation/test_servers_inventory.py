@@ -137,3 +137,23 @@ def test_an_unreachable_machine_is_refused_naming_it(tmp_path):
     assert msg.startswith(f"{path.resolve()}: machines.0 (m1, root@127.0.0.1:1): cannot log in over SSH (")
     assert "check the address, that the machine is reachable from here, that sshd runs there and accepts " \
            f"key-based login with ssh.identity ({tmp_path.resolve()}/id)" in msg
+
+
+def test_link_faults_are_refused_on_real_machines_before_any_login(tmp_path):
+    """Nothing is shaped on real machines: a scenario that takes a link down cannot
+    run there; the refusal comes before any machine is contacted (the address is one
+    nobody answers, the test would wait for ssh otherwise)."""
+    from testbed.run.inventory import open_inventory
+    from testbed.run.network import with_inventory
+    from testbed.run.scenario import load_scenario
+
+    (tmp_path / "keys").mkdir()
+    (tmp_path / "keys" / "id").write_text("key")
+    path = _file(tmp_path, GOOD)
+    scenario, resolved = load_scenario(REPO_ROOT / "scenarios" / "faults-2dc.yaml", {})
+    scenario, _ = with_inventory(scenario, resolved, path)
+    with pytest.raises(RunnerError, match=r"faults-2dc\.yaml: faults\.0: a link-down needs the emulated network; "
+                                          r"on real machines \(.*inventory\.yaml\) only kill-worker faults are "
+                                          r"played"), \
+            open_inventory(scenario, Progress(stream=io.StringIO(), tty=False)):
+        pass

@@ -492,7 +492,8 @@ def summary_table(summary: Summary) -> str:
             notes.append(f"{name}: training slowdown {slow:+.1%}, utilization {v.headline('device_utilization'):.1%}"
                          + (f" (median of {len(v.repeats.runs)} repeats)" if v.repeats is not None else ""))
         if v.slowdown_decomposition is not None:
-            notes.append(f"  {decomposition_line(v.slowdown_decomposition)}")
+            first = "repeat 1: " if v.repeats is not None else ""
+            notes.append(f"  {first}{decomposition_line(v.slowdown_decomposition)}")
     if any(v.repeats is not None for v in summary.variants.values() if not isinstance(v, VariantFailure)):
         lines.append("(iteration time and utilization: median over the repeats)")
     return "\n".join(lines + notes)

@@ -129,3 +129,35 @@ def test_testbed_clean_undoes_a_rig_whose_owner_was_killed(tmp_path):
     assert leftovers.strip() == ""
     sshds = subprocess.run(["pgrep", "-f", f"{prefix}-rig-"], capture_output=True, text=True).stdout
     assert sshds.strip() == ""
+
+
+RUN_REDUCED = ["--variants", "baseline,atlas", "--set", "workload.warmup=1", "--set", "workload.iterations=2",
+               "--set", "bubbletea.enabled=false", "--set", "runner.calibration_transfers=1"]
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # 232-292 s measured for the pair at load 16-33 on 2 cores
+def test_testbed_run_over_the_split_gives_atlas_the_speedup_of_one_server(rig, tmp_path):
+    """`testbed run` on the quickstart (reduced: baseline and atlas, one warm-up, two
+    iterations) with `--servers` placing dc1 on s1 and dc2 on s2, and the same run on
+    this machine alone, side by side (the same load on both): Atlas's speedup over
+    baseline in the split run is within 15% of the one-server run's."""
+    servers = tmp_path / "servers.yaml"
+    servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]})))
+    quick = str(REPO_ROOT / "scenarios" / "quickstart.yaml")
+    split = subprocess.Popen(rig.head_argv([*TESTBED, "run", quick, "--servers", str(servers), "-o",
+                                            str(tmp_path / "split"), *RUN_REDUCED]),
+                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    one = subprocess.Popen([*TESTBED, "run", quick, "-o", str(tmp_path / "one"), *RUN_REDUCED],
+                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    outs = {name: p.communicate(timeout=840)[0] for name, p in (("split", split), ("one", one))}
+    assert split.returncode == 0, outs["split"][-4000:]
+    assert one.returncode == 0, outs["one"][-4000:]
+    speedup = {}
+    for name in ("split", "one"):
+        v = json.loads((tmp_path / name / "summary.json").read_text())["variants"]
+        speedup[name] = v["baseline"]["iteration_time_s"] / v["atlas"]["iteration_time_s"]
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"\natlas speedup over baseline: split {speedup['split']:.2f}, one server {speedup['one']:.2f} "
+          f"(load {load})")
+    assert abs(speedup["split"] / speedup["one"] - 1) <= 0.15, speedup

@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml
 # longer holds fails before the slower tests run.
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=25
 
 # The multi-server tests alone (as root: server namespaces with their own sshd; `make test` runs them too).
 test-cluster: install

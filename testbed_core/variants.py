@@ -73,8 +73,9 @@ REGISTRY: dict[str, VariantDef] = {
                    placement="baseline", streams="configured", sharing="shared", colour="#ff7f0e"),
         VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing",
                    placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4"),
-        VariantDef("dp-across-dc", "each DP replica in another DC, N streams per transfer, shared links",
-                   placement="dp-across", streams="configured", sharing="shared", colour="#9467bd",
+        VariantDef("dp-across-dc", "each DP replica in another DC (plain DDP across regions), one TCP stream "
+                   "per flow, shared links",
+                   placement="dp-across", streams="one", sharing="shared", colour="#9467bd",
                    default=False),
         VariantDef("torch-gloo", "baseline's placement, every send/recv and the DP all-reduce through "
                    "torch.distributed (gloo) over the same network: what is run today",

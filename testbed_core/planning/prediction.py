@@ -217,8 +217,11 @@ def allreduce_time(
         measured = net.ring_rate_for(a, z)
         if measured is not None:  # what these rings moved together, measured (the calibration's ring probe)
             rate = measured
-        elif wan_rings[res] > 1:  # several rings' channels collide on the link
-            rate = max(rate, topology.link(a, z).rate * (net.crowded_for(a, z) or 1.0))
+        elif wan_rings[res] > 1:  # several rings' channels share the link: together they get
+            # what colliding channels get of it, but never more than each channel's own
+            # (window-limited) rate times their number
+            link_share = topology.link(a, z).rate * (net.crowded_for(a, z) or 1.0)
+            rate = max(rate, min(link_share, wan_rings[res] * rate))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
 

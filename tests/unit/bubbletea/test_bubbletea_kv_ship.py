@@ -101,9 +101,7 @@ def test_bad_header_is_refused():
 
 def test_wrong_ack_is_refused(real_kv):
     a, b = MemoryChannel.pair()
-    from bubbletea_agent.kv_ship import MAGIC_ACK, TAG_ACK
-
-    from bubbletea_agent.kv_ship import VERSION
+    from bubbletea_agent.kv_ship import MAGIC_ACK, TAG_ACK, VERSION
 
     b.send(torch.tensor([MAGIC_ACK, -1, 0, 0, VERSION, 0, 0, 0], dtype=torch.int64), TAG_ACK)  # the hello's
     b.send(torch.tensor([MAGIC_ACK, 99, 0, 0, 0, -1, 0, 0], dtype=torch.int64), TAG_ACK)

@@ -231,4 +231,29 @@ def test_default_variants_follow_the_registry() -> None:
     assert table["baseline"] == Variant("baseline", 1, "shared", "in-order")
     assert table["multi-tcp"] == Variant("multi-tcp", 4, "shared", "in-order")
     assert table["atlas"] == Variant("atlas", 4, "auto", "atlas", fill_link=True)
-    assert table["dp-across-dc"] == Variant("dp-across-dc", 4, "shared", "dp-across")
+    assert table["dp-across-dc"] == Variant("dp-across-dc", 1, "shared", "dp-across")  # one stream per flow
+
+
+def test_single_stream_rings_sharing_a_link_get_no_more_than_their_windows() -> None:
+    """dp-across-dc: each ring is one window-limited TCP stream; rings colliding on a WAN
+    link together move at most their number times one stream's rate, however fast the
+    link, so the all-reduce slows as the RTT grows (the paper's trend)."""
+    from testbed_core.planning.prediction import predict
+    from testbed_core.topology import parse_topology
+    from testbed_core.workload import parse_workload
+
+    wl = parse_workload({
+        "name": "w", "model": {"name": "m", "layers": 8, "hidden": 1024, "heads": 16, "seq_len": 512,
+                               "vocab": 4096, "dtype": "bf16"},
+        "parallelism": {"dp": 2, "pp": 2, "tp": 1, "micro_batch": 1, "num_micro_batches": 4},
+        "gpu": {"type": "A100", "efficiency": 0.5}})
+    times = {}
+    for delay in ("10ms", "100ms"):
+        topo = parse_topology({"name": "t", "tcp": {"rmem_max": "512KB", "wmem_max": "512KB"},
+                               "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+                               "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": delay}]})
+        variant = default_variants(streams=8)["dp-across-dc"]
+        assert variant.streams == 1
+        p = predict(topo, wl, variant)
+        times[delay] = p.iteration_time_s
+    assert times["100ms"] > 5 * times["10ms"], times

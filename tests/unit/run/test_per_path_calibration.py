@@ -32,7 +32,7 @@ def _cal(ew: float, wm: float, me: float, ring: float | None = None) -> Calibrat
     paths = [path(("east", "west"), ew, "east-h3", "west-h1"), path(("west", "mid"), wm, "west-h3", "mid-h1"),
              path(("mid", "edge"), me, "mid-h1", "edge-h1")]
     if ring is not None:
-        paths[0].ring_bps, paths[0].ring_streams, paths[0].ring_channels = ring, 8, 5
+        paths[0].ring_bps, paths[0].ring_streams, paths[0].ring_channels = ring, 1, 5  # one stream per flow
     cal = Calibration(src="east-h3", dst="west-h1", nbytes=1 << 20, latency_s=0.03, paths=paths)
     cal.mirror_primary()
     return cal
@@ -173,6 +173,6 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
         assert a != d  # two pipelines' channels, not one channel's two ends
     assert {c[1:] for c in calls if c[0] == "collide"} == {(p, 2, 8) for p in (("east", "west"), ("west", "mid"),
                                                                                ("mid", "edge"))}
-    assert [c for c in calls if c[0] == "rings"] == [("rings", ("east", "west"), 5, 8)]
+    assert [c for c in calls if c[0] == "rings"] == [("rings", ("east", "west"), 5, 1)]  # one stream per flow
     assert ("lan", 5) in calls
     assert cal.wall_s is not None and cal.rates_bps == {1: 1e8, 8: 3e8}  # the primary path's, at the top

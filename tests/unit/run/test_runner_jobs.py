@@ -290,7 +290,7 @@ def test_job_errors_name_the_field(tmp_path: Path) -> None:
 
 def test_dp_across_dc_keeps_pipelines_in_a_dc_and_all_reduces_across_the_wan(tmp_path: Path) -> None:
     """Each pipeline wholly in one DC: no boundary channel crosses the WAN, while every
-    worker's DP channel does, with the variant's streams; the gradients on the wire are
+    worker's DP channel does, one stream per flow; the gradients on the wire are
     the stage's parameters x bf16 bytes x scale."""
     setup, jobs, ips = jobs_for(tmp_path, "dp-across-dc")
     eff = setup.prediction.effective
@@ -299,7 +299,7 @@ def test_dp_across_dc_keeps_pipelines_in_a_dc_and_all_reduces_across_the_wan(tmp
         assert all(not c.links for c in job.channels)  # boundary channels stay in the DC
         assert job.dp is not None and job.dp.dp == 2 and job.dp.dp_rank == job.pipeline
         (peer,) = job.dp.peers
-        assert peer.streams == setup.streams == 8 and peer.peer_ip == ips[jobs[peer.peer].host]
+        assert peer.streams == setup.streams == 1 and peer.peer_ip == ips[jobs[peer.peer].host]
         assert job.host.split("-")[0] != jobs[peer.peer].host.split("-")[0]
         assert job.dp.grad_bytes == int(eff.stage_params[job.rank] * 2 * scale)
     assert setup.prediction.allreduce_s > 0

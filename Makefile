@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps openssh-server openssh-client sudo
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-cluster test-unit floors demo lint layers clean-venv
+.PHONY: install sysdeps venv test test-cluster test-long test-unit floors demo lint layers clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -31,9 +31,15 @@ test: install
 	$(VENV)/bin/lint-imports --no-cache
 	$(VENV)/bin/pytest -q --durations=25
 
-# The multi-server tests alone (as root: server namespaces with their own sshd; `make test` runs them too).
+# The multi-server tests alone (as root: server namespaces with their own sshd; `make test`
+# runs them too, except the `long` runs, which this target includes).
 test-cluster: install
-	$(VENV)/bin/pytest -q -m cluster tests/cluster
+	TESTBED_LONG_TESTS=1 $(VENV)/bin/pytest -q -m cluster tests/cluster
+
+# The end-to-end runs of a minute or more each (pytest marker `long`): multi-server and
+# real-machine runs, the 3-DC run, real prefill in real training.
+test-long: install
+	TESTBED_LONG_TESTS=1 $(VENV)/bin/pytest -q -m long
 
 test-unit: install
 	$(VENV)/bin/pytest -q -m "not root"

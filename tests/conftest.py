@@ -5,6 +5,9 @@ Markers (registered in pyproject.toml):
 * ``root``: needs root and network namespaces; skipped, with the reason, when not root.
 * ``gpu``: needs a CUDA GPU; skipped, with the reason, where torch sees none. torch is
   imported for that check only when a collected test carries the marker.
+* ``long``: a whole end-to-end run of a minute or more on 2 cores (the multi-server and
+  real-machine runs, the 3-DC run, real prefill in real training); skipped unless
+  ``TESTBED_LONG_TESTS=1`` (``make test-long``), so ``make test`` stays within its time.
 
 Fixtures:
 
@@ -39,6 +42,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs root and network namespaces (run as root, e.g. sudo make test)")
         for item in items:
             if "root" in item.keywords:
+                item.add_marker(skip)
+    if os.environ.get("TESTBED_LONG_TESTS") != "1":
+        skip = pytest.mark.skip(reason="a long end-to-end run: set TESTBED_LONG_TESTS=1 (make test-long)")
+        for item in items:
+            if "long" in item.keywords:
                 item.add_marker(skip)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_items and not _cuda_available():

@@ -15,7 +15,8 @@ from testbed import demo as d
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REDUCED = d.DemoConfig(
-    overrides={"workload.iterations": 1, "workload.warmup": 1, "runner.calibration_transfers": 2},
+    overrides={"workload.iterations": 1, "workload.warmup": 1, "runner.calibration_transfers": 2,
+               "runner.bubbletea_idle_twin": False},  # the decomposition: tests/root/test_bubbletea_run.py
     variants=("baseline", "atlas", "atlas+bubbletea"),
     bench_size=8 << 20,
     iperf_seconds=1.0,

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # 80 s on a quiet 2-core machine: make test-long
 @pytest.mark.timeout(400)
 def test_controller_shards_and_naive_in_one_run(tmp_path: Path, namespaces) -> None:
     before = namespaces()

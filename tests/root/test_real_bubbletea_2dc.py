@@ -23,6 +23,7 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # 60 s quiet: make test-long
 @pytest.mark.timeout(600)
 def test_real_prefill_in_real_training_bubbles_passes_the_kv_decode_check(tmp_path: Path, namespaces) -> None:
     before = namespaces()

@@ -20,6 +20,7 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.long  # 71 s quiet: make test-long
 @pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_atlas_3dc_reduced_calibrates_every_path(tmp_path: Path, namespaces) -> None:

@@ -11,10 +11,11 @@ from __future__ import annotations
 
 import contextlib
 import os
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -62,6 +63,7 @@ class LocalNetwork:
     topology: Any
     delay_backend: str = "none (local mode: loopback, no emulated WAN)"
     local: bool = True
+    temp_dirs: list[Path] = field(default_factory=list)  # removed by open_network when the run ends
 
     def host(self, name: str) -> Host:
         for dc in self.topology.dcs:
@@ -71,7 +73,9 @@ class LocalNetwork:
         raise RunnerError(f"no host {name!r} in topology {self.topology.name}")
 
     def temp_dir(self, purpose: str) -> Path:
-        return Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
+        path = Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
+        self.temp_dirs.append(path)
+        return path
 
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return {}
@@ -104,7 +108,12 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
     """The emulated topology (root needed), loopback in local mode, or the real
     machines of ``runner.inventory`` (testbed/run/inventory.py)."""
     if scenario.runner.local:
-        yield LocalNetwork(scenario.topology)
+        net = LocalNetwork(scenario.topology)
+        try:
+            yield net
+        finally:  # the run's control sockets and the like: nothing of a local run stays in /tmp
+            for path in net.temp_dirs:
+                shutil.rmtree(path, ignore_errors=True)
         return
     if getattr(scenario.runner, "inventory", None):
         from testbed.run.inventory import open_inventory

@@ -153,11 +153,7 @@ class Inventory(_Model):
     def resolved(self, base: Path) -> Inventory:
         """The inventory with relative key paths made absolute from `base` (its folder)."""
         def fix(ssh: SshSettings | None) -> SshSettings | None:
-            if ssh is None:
-                return None
-            update = {k: str(base / v) for k, v in (("identity", ssh.identity), ("known_hosts", ssh.known_hosts))
-                      if v is not None and not Path(v).is_absolute()}
-            return ssh.model_copy(update=update)
+            return None if ssh is None else ssh.resolved(base)
 
         machines = [m.model_copy(update={"ssh": fix(m.ssh)}) for m in self.machines]
         return self.model_copy(update={"ssh": fix(self.ssh), "machines": machines})

@@ -61,6 +61,13 @@ class SshSettings(_Model):
     identity: str | None = None  # private key; relative to the file that names it
     known_hosts: str | None = None  # a known_hosts file holding the servers' host keys
 
+    def resolved(self, base: Path) -> SshSettings:
+        """These settings with relative key paths made absolute from `base` (the folder of
+        the file that names them)."""
+        update = {k: str(base / v) for k, v in (("identity", self.identity), ("known_hosts", self.known_hosts))
+                  if v is not None and not Path(v).is_absolute()}
+        return self.model_copy(update=update)
+
 
 class Server(_Model):
     name: str = Field(pattern=SERVER_NAME, description="short lowercase name")
@@ -146,11 +153,7 @@ class ServerPlan(_Model):
     def resolved(self, base: Path) -> ServerPlan:
         """The plan with relative key paths made absolute from `base` (the file's folder)."""
         def fix(ssh: SshSettings | None) -> SshSettings | None:
-            if ssh is None:
-                return None
-            update = {k: str(base / v) for k, v in (("identity", ssh.identity), ("known_hosts", ssh.known_hosts))
-                      if v is not None and not Path(v).is_absolute()}
-            return ssh.model_copy(update=update)
+            return None if ssh is None else ssh.resolved(base)
 
         machines = [s.model_copy(update={"ssh": fix(s.ssh)}) for s in self.machines]
         return self.model_copy(update={"ssh": fix(self.ssh), "machines": machines})

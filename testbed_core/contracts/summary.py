@@ -342,29 +342,23 @@ class SlowdownDecomposition(_Doc):
     """How the emulator's processes were kept ahead of the agents (testbed/emulation/cpu.py)."""
 
 
-class RepeatRun(_Doc):
+class RepeatFigures(_Doc):
+    """The figures of one repeat; over the repeats, their median (or spread: max - min)."""
+
+    iteration_time_s: float
+    device_utilization: float
+    device_utilization_training: float
+    training_slowdown: float | None = None
+    agent_overhead: float | None = None
+    training_wait_on_prefill_s: float | None = None
+
+
+class RepeatRun(RepeatFigures):
     """One repeat of a variant's measured phase (``runner.repeat``)."""
 
     repeat: int
-    iteration_time_s: float
-    device_utilization: float
-    device_utilization_training: float
-    training_slowdown: float | None = None
-    agent_overhead: float | None = None
-    training_wait_on_prefill_s: float | None = None
     folder: str
     """The repeat's files, relative to the run folder."""
-
-
-class RepeatFigures(_Doc):
-    """Median (or spread: max - min) over the repeats of each figure."""
-
-    iteration_time_s: float
-    device_utilization: float
-    device_utilization_training: float
-    training_slowdown: float | None = None
-    agent_overhead: float | None = None
-    training_wait_on_prefill_s: float | None = None
 
 
 class Repeats(_Doc):

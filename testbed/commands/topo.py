@@ -112,6 +112,21 @@ def _flag(ok: bool) -> str:
     return "ok" if ok else "OUT"
 
 
+def _loss_line(v: dict) -> str:
+    """A lossy link's loss verdict: the pooled figure against the tolerance, each way's
+    count against its range, and how often a correct link fails the test."""
+    cfg = _pct(v["configured"])
+    rel = v["rel_error"]
+    ways = ", ".join(f"{d['lost']} in {d['accept'][0]}-{d['accept'][1]} {_flag(d['ok'])}" for d in v["directions"])
+    level = f"{(1 - v['direction_alpha']) * 100:.4g}%"
+    fa = v["false_alarm"]
+    odds = f"1 in {round(1 / fa, -2 if fa < 0.01 else 0):,.0f}" if fa > 0 else "never"
+    return (f"  loss: pooled {v['lost']:,} of {v['sent']:,} ({_pct(v['pooled'])}, "
+            f"{'-' if rel is None else f'{rel * 100:+.1f}%'} of {cfg}, within +-{v['rel_tol'] * 100:.3g}% = "
+            f"{v['sigmas']:.1f} sd: {_flag(v['pooled_ok'])}); each way inside its {level} range for {cfg}: {ways}; "
+            f"a correct link fails this at most {odds}")
+
+
 def render_check(report: dict) -> str:
     """The check's verdicts as one table, then each direction's train, rate and goodput."""
     rows = []
@@ -163,6 +178,9 @@ def render_check(report: dict) -> str:
                 measured = "not measured" if d["goodput_mbps"] is None else f"{d['goodput_mbps']:.0f} Mbit/s"
                 lines.append(f"    TCP goodput {measured} with {d['streams']} streams; "
                              f"expected under this loss {d['expected_goodput_mbps']:.0f} Mbit/s")
+        verdict = link["loss"].get("verdict")
+        if verdict and verdict["configured"] > 0:
+            lines.append(_loss_line(verdict))
         relay = link.get("relay_during_train")
         if relay and any(v["relay_drops"] or v["queue_drops"] for v in relay.values()):
             lines.append("  the relay during the train: " + "; ".join(
@@ -175,8 +193,10 @@ def render_check(report: dict) -> str:
     lines += [
         "",
         "tolerance: RTT within 0.3 ms of the configured RTT (train medians; under jitter, of the order-keeping "
-        "model's); loss: none on a loss-free link, else the configured rate inside the 99% interval; delay: none "
-        "early, <= 5% late by over 1 ms, median within 0.3 ms of the model, no reordering (relay; netem's jitter "
+        "model's); loss: none on a loss-free link, else both ways pooled within 20% of the configured rate (a train "
+        "sized for 4 sd) and each way inside its 99.99% binomial range; delay: none early (below delay - jitter - "
+        "max(0.3 ms, the path offset)), <= 5% late by over 1 ms, median within 0.3 ms (plus 4 sd of its sampling "
+        "spread) of the model, no reordering (relay; netem's jitter "
         "reorders); UDP rate within 5%; "
         "TCP goodput >= 90% of the rate both ways (loss-free links, unless --no-tcp)",
     ]
@@ -236,8 +256,9 @@ def up(file: str, backend: str, servers: str | None) -> None:
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="folder for --deep's files (default: topo-check-<topology name>)")
 @click.option("--loss-precision", type=click.FloatRange(0.02, 1.0), default=0.2, show_default=True,
-              help="size each lossy link's UDP train so the loss estimate's 95% interval is +- this fraction of "
-                   "the configured loss (0.2 at 0.1% loss: 96,000 datagrams, ~20 s; 0.1: four times as many)")
+              help="a lossy link's loss (both ways pooled) must be within this fraction of the configured loss; "
+                   "its UDP train is sized so that this is 4 standard deviations (0.2 at 0.1% loss: 200,000 "
+                   "datagrams each way, ~40 s; 0.1: four times as many, capped at 60 s, which widens the tolerance)")
 @click.option("--no-tcp", "no_tcp", is_flag=True,
               help="leave out the TCP goodput (iperf3): a quicker check of RTT, loss, delay and rate")
 @SERVERS_OPTION

@@ -60,10 +60,11 @@ class Tolerance:
     rtt_rel: float = 0.0
     goodput_frac: float = 0.90
 
-    def rtt_ok(self, configured_s: float, measured_s: float | None) -> bool:
+    def rtt_ok(self, configured_s: float, measured_s: float | None, slack_s: float = 0.0) -> bool:
+        """`slack_s`: the sampling spread of the train's medians under jitter (added)."""
         if measured_s is None or math.isnan(measured_s):
             return False
-        return abs(measured_s - configured_s) <= max(self.rtt_abs_s, self.rtt_rel * configured_s) + 1e-9
+        return abs(measured_s - configured_s) <= max(self.rtt_abs_s, self.rtt_rel * configured_s) + slack_s + 1e-9
 
     def goodput_ok(self, configured_bps: float, measured_bps: float | None) -> bool:
         return measured_bps is not None and measured_bps >= self.goodput_frac * configured_bps
@@ -120,6 +121,8 @@ class LinkResult:
     expected_rtt_ms: float | None = None  # the FIFO model's median RTT (= configured without jitter)
     train_rtt_ms: float | None = None  # sum of the two median one-way delays of the train
     relay: dict[str, dict[str, int]] | None = None  # the relay's own drops during the train (`relay_drops`)
+    loss_verdict: trainstats.LossVerdict | None = None  # both directions' trains pooled (`trainstats.judge_loss`)
+    loss_rel_tol: float = trainstats.LOSS_REL_TOL  # the pooled loss within this fraction of the configured rate
     pcap: str | None = None  # --deep: the capture on the WAN node and its histogram
     histogram: str | None = None
     capture_drops: int | None = None
@@ -166,12 +169,19 @@ class LinkResult:
         rates = [d.goodput_mbps for d in self.directions]
         expected = self.expected_rtt_ms if self.expected_rtt_ms is not None else self.configured_rtt_ms
         measured = self.measured_rtt_ms
-        self.rtt_ok = tol.rtt_ok(expected / 1e3, None if measured is None else measured / 1e3)
+        slack_ms = 0.0
+        if self.train_rtt_ms is not None:  # under jitter each median has its own sampling spread
+            slack_ms = math.sqrt(sum((d.train.median_tol_ms - trainstats.DELAY_TOL_S * 1e3) ** 2
+                                     for d in self.directions if d.train is not None))
+        self.rtt_ok = tol.rtt_ok(expected / 1e3, None if measured is None else measured / 1e3, slack_ms / 1e3)
         self.goodput_ok = bool(rates) and all(
             tol.goodput_ok(self.configured_mbps * 1e6, None if r is None else r * 1e6) for r in rates)
         trains = [d.train for d in self.directions]
-        self.loss_ok = bool(trains) and all(
-            t is not None and trainstats.loss_ok(t, self.configured_loss) for t in trains)
+        self.loss_verdict = None
+        if trains and all(t is not None for t in trains):
+            self.loss_verdict = trainstats.judge_loss([(t.sent, t.lost) for t in trains if t is not None],
+                                                      self.configured_loss, rel_tol=self.loss_rel_tol)
+        self.loss_ok = self.loss_verdict is not None and self.loss_verdict.ok
         self.delay_ok = bool(trains) and all(
             t is not None and trainstats.delay_ok(t) for t in trains)
         self.rate_ok = bool(self.directions) and all(
@@ -187,7 +197,8 @@ class LinkResult:
             "goodput_mbps": {"configured": round(self.configured_mbps, 3),
                              "measured": _round(self.measured_mbps, 1)},
             "loss": {"configured": self.configured_loss,
-                     "measured": [None if d.train is None else d.train.loss for d in self.directions]},
+                     "measured": [None if d.train is None else d.train.loss for d in self.directions],
+                     "verdict": None if self.loss_verdict is None else self.loss_verdict.as_json()},
             "jitter_ms": self.configured_jitter_ms,
             "path_offset_ms": _round(self.path_offset_ms, 4),
             "rtt_expected_ms": _round(self.expected_rtt_ms, 3),
@@ -432,8 +443,9 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
                 tcp_goodput: bool = True) -> list[LinkResult]:
     """Measure every WAN link in both directions and judge it against `tol`.
     `tcp_goodput=False` leaves iperf3 out (the link is then judged without it).
-    `loss_precision`: the train is sized so that the loss estimate's 95% interval is
-    +- this fraction of a lossy link's configured loss.
+    `loss_precision`: a lossy link's pooled loss must be within this fraction of its
+    configured loss; the train is sized so that this is 4 standard deviations
+    (`trainstats.train_size`, `trainstats.judge_loss`).
     `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT).
     `deep_dir`: also capture each train on the WAN node and write there, per link, the
     pcapng and a delay histogram (PNG)."""
@@ -446,7 +458,8 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
         tcp = emu.topology.tcp_for(a) if kind == "hosts" else None
         tcp_b = emu.topology.tcp_for(b) if kind == "hosts" else None
         result = LinkResult(a, b, kind, link.rtt_s * 1e3, link.rate / 1e6, configured_loss=link.loss,
-                            configured_jitter_ms=link.jitter * 1e3, tcp_measured=tcp_goodput)
+                            configured_jitter_ms=link.jitter * 1e3, tcp_measured=tcp_goodput,
+                            loss_rel_tol=loss_precision)
         offset = emu.path_offsets.get(link.name)
         result.path_offset_ms = None if offset is None else offset.offset_s * 1e3
         for src, dst, ip_dst, settings in ((na, nb, ip_b, tcp), (nb, na, ip_a, tcp_b)):
@@ -533,10 +546,11 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
         result.relay = relay_drops(before, after)
     delay_s, jitter_s = link.delay, link.jitter
     keep_order = emu.delay_backend != "netem"  # netem's jitter reorders (tfifo sorts by send time)
+    offset_s = (result.path_offset_ms or 0.0) / 1e3
     for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):
         records = trainstats.read_records(Path(receiver["records"]))
         d.train = trainstats.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps,
-                                     keep_order=keep_order)
+                                     keep_order=keep_order, offset_s=offset_s)
     if cap is not None and deep_dir is not None:
         result.capture_drops = int(cap["drops"])
         say(f"{link.name}: reading {cap['packets']} captured datagrams")

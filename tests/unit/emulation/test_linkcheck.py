@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
 
 import numpy as np
@@ -110,10 +111,15 @@ def test_lossy_link_is_judged_on_loss_delay_and_rate_not_tcp_goodput():
     """0.1% loss caps TCP far below the rate: the link is ok when the train's loss is
     consistent with 0.1% and its delay and UDP rate are right."""
     n = trainstats.train_size(0.001)
-    lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 90), n=n)
+    lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(190, 220), n=n)
     assert lossy.ok and lossy.loss_ok and not lossy.goodput_ok
-    too_lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 200), n=n)
+    assert lossy.loss_verdict is not None and lossy.loss_verdict.sent == 2 * n
+    too_lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(200, 300), n=n)
     assert not too_lossy.ok and not too_lossy.loss_ok
+    low = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(140, 140), n=n)  # 0.07%
+    assert not low.ok and not low.loss_ok
+    asymmetric = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 300), n=n)  # pooled right
+    assert asymmetric.loss_verdict is not None and asymmetric.loss_verdict.pooled_ok and not asymmetric.loss_ok
 
 
 def test_json_shape():
@@ -121,7 +127,9 @@ def test_json_shape():
     assert data["a"] == "dc1" and data["b"] == "dc2"
     assert data["rtt_ms"] == {"configured": 50.0, "measured": 50.0}
     assert data["goodput_mbps"] == {"configured": 1000.0, "measured": 930.0}
-    assert data["loss"] == {"configured": 0.0, "measured": [0.0, 0.0]}
+    assert data["loss"]["configured"] == 0.0 and data["loss"]["measured"] == [0.0, 0.0]
+    verdict = data["loss"]["verdict"]
+    assert verdict["ok"] and verdict["sent"] == 4000 and verdict["lost"] == 0 and verdict["false_alarm"] == 0.0
     assert data["ok"] is True and data["goodput_judged"] is True
     assert len(data["directions"]) == 2
     train = data["directions"][0]["train"]
@@ -131,13 +139,20 @@ def test_json_shape():
 
 def test_render_check_shows_verdicts_and_the_loss_interval():
     report = {"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1,
-              "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 90),
+              "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(190, 170),
                                n=trainstats.train_size(0.001)).as_json()]}
     report["links"][0]["directions"][0]["expected_goodput_mbps"] = 126.0
     text = render_check(report)
     assert "(lossy)" in text and text.splitlines()[3].endswith("ok")
-    assert "100 of 95" in text and "95% CI" in text
+    assert "190 of 199800" in text and "95% CI" in text
+    assert ("loss: pooled 360 of 399,600 (0.0901%, -9.9% of 0.1%, within +-20% = 4.0 sd: ok); "
+            "each way inside its 99.99% range for 0.1%: 190 in 147-257 ok, 170 in 147-257 ok; "
+            "a correct link fails this at most 1 in 4,300") in text
     assert "expected under this loss 126 Mbit/s" in text
+    wrong = {**report, "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 300),
+                                       n=trainstats.train_size(0.001)).as_json()]}
+    text = render_check(wrong)
+    assert "100 in 147-257 OUT, 300 in 147-257 OUT" in text and text.splitlines()[3].endswith("FAIL")
 
 
 def test_stream_comparison_ratio():
@@ -233,3 +248,25 @@ def test_relay_cpu_per_gbit_from_two_stats_snapshots():
     assert relay_cpu(None, after) is None
     assert relay_cpu({"a2b": {}}, after) is None  # a relay without the figure
     assert relay_cpu(before, {**before}) == (0.0, None)  # nothing relayed: no rate
+
+
+def test_rtt_tolerance_widens_by_the_medians_sampling_spread_under_jitter():
+    """2000 datagrams 1 ms apart under +-20 ms jitter: each median strays by some tenths
+    of a millisecond between draws, so the RTT check adds that spread to its 0.3 ms;
+    without jitter it does not."""
+    r = LinkResult("dc1", "dc2", "hosts", 50.0, 1000.0, configured_jitter_ms=20.0)
+    for _ in range(2):
+        d = Direction("dc1-h1", "dc2-h1", rtt_ms_median=50.0, goodput_mbps=950.0, rate_mbps=990.0)
+        d.train = _train("dc1-h1", 25.0, jitter_ms=20.0)
+        r.directions.append(d)
+    spread = [d.train.median_tol_ms - 0.3 for d in r.directions]  # type: ignore[union-attr]
+    assert all(s > 0.2 for s in spread)
+    r.expected_rtt_ms = sum(d.train.model_ms["p50"] for d in r.directions)  # type: ignore[union-attr]
+    r.train_rtt_ms = r.expected_rtt_ms + 0.4
+    r.judge(Tolerance())
+    assert r.rtt_ok  # 0.4 ms off: inside 0.3 ms + the spread
+    r.train_rtt_ms = r.expected_rtt_ms + 0.3 + 1.1 * math.hypot(*spread)
+    r.judge(Tolerance())
+    assert not r.rtt_ok
+    plain = _link([50.4, 50.6], [950.0, 930.0], train_ms=(25.0, 25.4))
+    assert not plain.rtt_ok  # no jitter: 0.4 ms off is out

@@ -11,6 +11,8 @@ emulation layer (testbed/emulation/cluster.py) connects, probes and builds.
     servers:
       tunnel: vxlan            # vxlan | gre (what the servers' kernels must have)
       ssh: {user: root, identity: keys/id_ed25519, known_hosts: keys/known_hosts}
+      python: python3          # the servers' Python with this package (the node agent)
+      configure: auto          # auto | ssh (ssh: every server over SSH, even this machine's)
       machines:
         - {name: s1, address: 192.0.2.10, dcs: [dc1]}
         - {name: s2, address: 192.0.2.11, dcs: [dc2], underlay_rate: 10Gbit}
@@ -76,6 +78,7 @@ class Server(_Model):
     # The underlay's capacity towards the other servers, bit/s; measured at start when absent.
     underlay_rate: float | None = Field(None, gt=0)
     ssh: SshSettings | None = None  # overrides the section's ssh settings
+    python: str | None = Field(None, min_length=1)  # overrides the section's python
 
     @field_validator("address")
     @classmethod
@@ -108,6 +111,13 @@ class ServerPlan(_Model):
     tunnel: Literal["vxlan", "gre"] = "vxlan"
     ssh: SshSettings = SshSettings()
     machines: list[Server] = Field(min_length=1, max_length=64)
+    # How nodes are configured and programs started in them: `auto` reaches the nodes of a
+    # server that shares this machine's kernel through their PIDs (setns, /proc) and those of
+    # any other server over its SSH (the node agent); `ssh` takes the SSH path for every
+    # server (what the tests on one machine use to exercise it).
+    configure: Literal["auto", "ssh"] = "auto"
+    # The Python on the servers that has this package installed (the node agent runs in it).
+    python: str = Field("python3", min_length=1)
 
     @model_validator(mode="after")
     def _unique(self) -> ServerPlan:
@@ -149,6 +159,9 @@ class ServerPlan(_Model):
 
     def ssh_for(self, server: Server) -> SshSettings:
         return server.ssh or self.ssh
+
+    def python_for(self, server: Server) -> str:
+        return server.python or self.python
 
     def resolved(self, base: Path) -> ServerPlan:
         """The plan with relative key paths made absolute from `base` (the file's folder)."""

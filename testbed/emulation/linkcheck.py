@@ -326,16 +326,7 @@ def measure_trains(na: NodeHandle, ip_a: str, nb: NodeHandle, ip_b: str, count: 
 
 def _tx_counters(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, tuple[int, int]]:
     """(bytes, packets) each interface has sent; a GSO super-packet counts once."""
-    from testbed.emulation.netns import open_iproute
-
-    with open_iproute(wan.pid) as ipr:
-        out = {}
-        for msg in ipr.get_links():
-            name = msg.get_attr("IFLA_IFNAME")
-            if name in intfs:
-                stats = msg.get_attr("IFLA_STATS64")
-                out[name] = (int(stats["tx_bytes"]), int(stats["tx_packets"]))
-        return out
+    return wan.tx_counters(intfs)  # through its PID here, through its node agent on a server over SSH
 
 
 def wire_bits(d_bytes: int, d_packets: int, segment: int = GSO_SEGMENT, headers: int = 14 + 20 + 8) -> float:

@@ -325,13 +325,16 @@ class Emulation:
 
         assert self.names is not None and self.topology.servers is not None
         self.cluster = ClusterBuild(self.topology, self.topology.servers, self.prefix, self.temp_dir("ssh"),
-                                    self._progress)
+                                    self._progress, record=self.record)
         self.cluster.place_run(self.names)
         self.cluster.connect()
 
     def _new_node(self, mn_name: str) -> Any:
         node = self.cluster.new_node(mn_name) if self.cluster is not None else new_mininet_host(mn_name)
         assert self.record is not None
+        if self.cluster is not None and self.cluster.is_remote(mn_name):  # its PID is the server's:
+            node._tb_netns = None  # recorded with the server (its clean goes over SSH), not in /proc
+            return node
         entry = self.record.add_node(mn_name, node.pid, self._procfs)
         node._tb_netns = entry.netns
         return node
@@ -419,7 +422,7 @@ class Emulation:
             Link(by_mn_name[veth.node1].node, by_mn_name[veth.node2].node,
                  intfName1=veth.intf1, intfName2=veth.intf2)
         if self.cluster is not None:
-            self.cluster.set_mtu([n.pid for n in self._all])
+            self.cluster.set_mtu(self._all)
         for w in self._wans:
             assert w.plan is not None
             for dc in (w.plan.a, w.plan.b):
@@ -535,7 +538,10 @@ class Emulation:
         argv = [str(a) for a in argv]
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env[ENV_RUN] = self.prefix
-        proc = subprocess.Popen(["mnexec", "-da", str(handle.pid), *argv], env=env, **popen_kwargs)
+        if handle.remote:  # over the server's SSH (cluster/remote.py); the local ssh client is recorded
+            proc = self.cluster.spawn(handle.mn_name, handle.pid, argv, env=env, **popen_kwargs)
+        else:
+            proc = subprocess.Popen(["mnexec", "-da", str(handle.pid), *argv], env=env, **popen_kwargs)
         self.record.add_process(kind, f"{handle.mn_name}:{os.path.basename(argv[0])}", proc.pid,
                                 handle.netns_inode, self._procfs)
         with self._lock:
@@ -599,21 +605,19 @@ class Emulation:
 
     def _apply_change(self, w: WanHandle, old: tuple[float, float, float, float, bool],
                       new: tuple[float, float, float, float, bool]) -> None:
-        from testbed.emulation import shaping
-        from testbed.emulation.netns import open_iproute
+        from testbed.emulation.nodeconf import ChangeOp, NetemSpec
 
         assert w.link is not None
         queue = w.link.queue_bytes
         rate, delay, jitter, loss, down = new
         rate_changed = rate != old[0]
         delay_changed = new[1:] != old[1:]
-        with open_iproute(w.pid) as ipr:
-            for intf in w.intfs:
-                if rate_changed:
-                    shaping.apply(ipr, intf, shaping.change_rate(rate))
-                if delay_changed and self.delay_backend == "netem":
-                    shaping.apply(ipr, intf, shaping.change_netem(
-                        shaping.NetemParams(delay_s=delay, jitter_s=jitter, loss=1.0 if down else loss), rate, queue))
+        netem = None
+        if delay_changed and self.delay_backend == "netem":
+            netem = NetemSpec(delay_s=delay, jitter_s=jitter, loss=1.0 if down else loss)
+        if rate_changed or netem is not None:
+            w.configure(ChangeOp(intfs=w.intfs, rate=rate if rate_changed else None, netem=netem,
+                                 netem_rate=rate, queue_bytes=queue))
         if delay_changed and self.delay_backend == "relay" and w.relay and w.relay.stdin:
             from testbed.emulation.delayline import set_command
 
@@ -670,6 +674,8 @@ class Emulation:
             failures = execute(actions, procfs)
         else:
             failures = []
+        if self.cluster is not None:
+            self.cluster.close()
         for n in self._all:
             close_mininet_host(n.node)
         self._all.clear()

@@ -29,7 +29,6 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from testbed.emulation.addressing import GatewayRoute, LinkPlan
@@ -62,6 +61,32 @@ class NodeHandle:
     @property
     def mn_name(self) -> str:
         return str(self.node.name)
+
+    @property
+    def remote(self) -> bool:
+        """Whether this node is on a server reached over SSH (its PID is that server's)."""
+        cluster = getattr(self.emu, "cluster", None)
+        return cluster is not None and cluster.is_remote(self.mn_name)
+
+    def configure(self, *ops: Any) -> Any:
+        """Apply configuration requests (testbed.emulation.nodeconf) in this node: through
+        its PID on this machine, through its node agent on a server reached over SSH;
+        the reply (nodeconf.NodeReply). EmulationError, naming the node, when one fails."""
+        from testbed.emulation.nodeconf import NodeNs, NodeRequest, apply
+
+        if self.remote:
+            reply = self.emu.cluster.agents[self.mn_name].request(ops)
+        else:
+            reply = apply(NodeRequest(ops=list(ops)), NodeNs.of_pid(self.pid))
+        if not reply.ok:
+            raise EmulationError(f"{self.name}: {reply.error}")
+        return reply
+
+    def tx_counters(self, intfs: Sequence[str]) -> dict[str, tuple[int, int]]:
+        """(bytes, packets) each of `intfs` has sent."""
+        from testbed.emulation.nodeconf import CountersOp
+
+        return dict(self.configure(CountersOp(intfs=list(intfs))).counters)
 
     def popen(self, argv: Sequence[str] | str, **popen_kwargs: Any) -> subprocess.Popen:
         """subprocess.Popen of `argv` inside this node's namespace. Recorded, and
@@ -208,7 +233,6 @@ GATEWAY_SYSCTLS = {
     "net.ipv4.conf.all.rp_filter": "0",
     "net.ipv4.conf.default.rp_filter": "0",
 }
-OPTIONAL_PREFIXES = ("net.ipv6.",)  # absent on kernels without IPv6: skipped
 
 
 def node_sysctls(handle: NodeHandle, topology: Topology) -> dict[str, str]:
@@ -226,22 +250,9 @@ def node_sysctls(handle: NodeHandle, topology: Topology) -> dict[str, str]:
 
 def write_sysctls(handle: NodeHandle, values: dict[str, str]) -> list[str]:
     """Write `values` inside the node's namespace; one message per value that failed."""
-    from testbed.emulation.netns import run_in_netns
+    from testbed.emulation.nodeconf import SysctlsOp
 
-    def write() -> list[str]:
-        errors = []
-        for key, value in values.items():
-            path = Path("/proc/sys") / key.replace(".", "/")
-            if not path.exists() and key.startswith(OPTIONAL_PREFIXES):
-                continue
-            try:
-                with open(path, "w") as fh:
-                    fh.write(value)
-            except OSError as exc:
-                errors.append(f"{key}={value}: {exc.strerror or exc}")
-        return errors
-
-    return run_in_netns(handle.pid, write)
+    return list(handle.configure(SysctlsOp(values=values)).sysctl_errors)
 
 
 # --------------------------------------------------------------------------- receive steering
@@ -267,15 +278,12 @@ def enable_rps(handle: NodeHandle, mask: str) -> None:
     timers) they overtake each other, and TCP sees reordering, spurious fast
     retransmits and a halved window, so goodput stays well under the link rate.
     RPS hashes each flow to one CPU, which keeps it in order. The node's own sysfs
-    is reached through /proc/<pid>/root (its mount namespace), without running a
-    shell command.
+    is reached through /proc/<pid>/root (its mount namespace) on this machine, by
+    the node agent inside the node on a server reached over SSH; no shell command.
     """
-    base = Path(f"/proc/{handle.pid}/root/sys/class/net")
-    for f in base.glob("*/queues/rx-*/rps_cpus"):
-        try:
-            f.write_text(mask)
-        except OSError:  # kernels without CONFIG_RPS: nothing to do
-            return
+    from testbed.emulation.nodeconf import RpsOp
+
+    handle.configure(RpsOp(mask=mask))
 
 
 # --------------------------------------------------------------------------- configuration
@@ -284,16 +292,10 @@ def enable_rps(handle: NodeHandle, mask: str) -> None:
 def configure_host(host: HostHandle, intf: str, gateway_ip: str, lan_rate: float) -> None:
     """Address, default route and LAN shaper of a host whose veth is `intf`."""
     from testbed.emulation import shaping
-    from testbed.emulation.netns import open_iproute
+    from testbed.emulation.nodeconf import HostOp
 
-    with open_iproute(host.pid) as ipr:
-        _up(ipr, "lo")
-        idx = _index(ipr, intf, host.name)
-        ipr.addr("add", index=idx, address=host.ip, prefixlen=24)
-        _up(ipr, intf)
-        ipr.route("add", dst="0.0.0.0/0", gateway=gateway_ip)
-        shaping.apply(ipr, intf, shaping.egress_shaper(
-            intf, lan_rate, shaping.queue_bytes_for(lan_rate, LAN_RTT_S)))
+    host.configure(HostOp(intf=intf, ip=host.ip, gateway_ip=gateway_ip, lan_rate=lan_rate,
+                          queue_bytes=shaping.queue_bytes_for(lan_rate, LAN_RTT_S), where=host.name))
 
 
 def configure_gateway(gw: GatewayHandle, host_ports: Sequence[str], wan_ports: Sequence[tuple[str, str]],
@@ -302,61 +304,25 @@ def configure_gateway(gw: GatewayHandle, host_ports: Sequence[str], wan_ports: S
     LAN address), each WAN port with its /30 address (`wan_ports`: (port, address)),
     and the static routes to the other DCs."""
     from testbed.emulation import shaping
-    from testbed.emulation.netns import open_iproute
+    from testbed.emulation.nodeconf import GatewayOp
 
-    bridge = RunNames.bridge(gw.mn_name)
-    with open_iproute(gw.pid) as ipr:
-        _up(ipr, "lo")
-        ipr.link("add", ifname=bridge, kind="bridge")
-        br = _index(ipr, bridge, gw.name)
-        for port in host_ports:
-            pidx = _index(ipr, port, gw.name)
-            ipr.link("set", index=pidx, master=br)
-            shaping.apply(ipr, port, shaping.egress_shaper(
-                port, lan_rate, shaping.queue_bytes_for(lan_rate, LAN_RTT_S)))
-        ipr.addr("add", index=br, address=gw.lan_ip, prefixlen=24)
-        _up(ipr, bridge)
-        for port, address in wan_ports:
-            ipr.addr("add", index=_index(ipr, port, gw.name), address=address, prefixlen=30)
-            _up(ipr, port)
-        for route in routes:
-            ipr.route("add", dst=route.dst, gateway=route.via)
+    gw.configure(GatewayOp(bridge=RunNames.bridge(gw.mn_name), host_ports=list(host_ports),
+                           wan_ports=[(p, a) for p, a in wan_ports], routes=[(r.dst, r.via) for r in routes],
+                           lan_ip=gw.lan_ip, lan_rate=lan_rate,
+                           queue_bytes=shaping.queue_bytes_for(lan_rate, LAN_RTT_S), where=gw.name))
 
 
 def configure_wan_node(w: WanHandle, delay_backend: str) -> None:
     """Shape both egress interfaces of a WAN link node at the link's rate and queue;
     under the netem backend add the link's delay, jitter and loss as a netem leaf and
     bridge the two interfaces (the relay backend's delay line is started later)."""
-    from testbed.emulation import shaping
-    from testbed.emulation.netns import open_iproute
+    from testbed.emulation.nodeconf import NetemSpec, WanOp
 
     assert w.link is not None
     link = w.link
-    netem = None
+    netem = bridge = None
     if delay_backend == "netem":
-        netem = shaping.NetemParams(delay_s=link.delay, jitter_s=link.jitter, loss=link.loss)
-    with open_iproute(w.pid) as ipr:
-        _up(ipr, "lo")
-        for intf in w.intfs:
-            _up(ipr, intf)
-            shaping.apply(ipr, intf, shaping.egress_shaper(intf, link.rate, link.queue_bytes, netem))
-        if delay_backend == "netem":
-            bridge = RunNames.bridge(w.mn_name)
-            ipr.link("add", ifname=bridge, kind="bridge")
-            br = _index(ipr, bridge, w.name)
-            for intf in w.intfs:
-                ipr.link("set", index=_index(ipr, intf, w.name), master=br)
-            _up(ipr, bridge)
-
-
-def _index(ipr: Any, ifname: str, where: str) -> int:
-    found = ipr.link_lookup(ifname=ifname)
-    if not found:
-        raise EmulationError(f"{where}: interface {ifname} is missing")
-    return int(found[0])
-
-
-def _up(ipr: Any, ifname: str) -> None:
-    found = ipr.link_lookup(ifname=ifname)
-    if found:
-        ipr.link("set", index=found[0], state="up")
+        netem = NetemSpec(delay_s=link.delay, jitter_s=link.jitter, loss=link.loss)
+        bridge = RunNames.bridge(w.mn_name)
+    w.configure(WanOp(intfs=w.intfs, rate=link.rate, queue_bytes=link.queue_bytes, netem=netem, bridge=bridge,
+                      where=w.name))

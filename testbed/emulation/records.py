@@ -122,6 +122,23 @@ class SysctlChange:
 
 
 @dataclass
+class RemoteEntry:
+    """A server reached over SSH that the run uses (testbed/emulation/cluster/): its login
+    (cluster.remote.RemoteLogin's fields) and the temporary paths made there. What runs
+    there carries the run's mark (TESTBED_RUN=<prefix>, or a node shell's
+    ``mininet:<prefix>...``), so clean finds it on the server by that mark, over SSH,
+    with ``python -m testbed.emulation.nodeagent clean``."""
+
+    server: str
+    login: dict
+    paths: list[str] = field(default_factory=list)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> RemoteEntry:
+        return cls(str(data["server"]), dict(data["login"]), [str(p) for p in data.get("paths", [])])
+
+
+@dataclass
 class RunRecord:
     """The on-disk inventory of one run. Every mutator persists at once."""
 
@@ -136,6 +153,7 @@ class RunRecord:
     netns: list[str] = field(default_factory=list)
     sysctls: list[SysctlChange] = field(default_factory=list)
     paths: list[str] = field(default_factory=list)  # temporary folders and sockets (absolute)
+    remote: list[RemoteEntry] = field(default_factory=list)  # servers reached over SSH
 
     def __post_init__(self) -> None:
         self._lock = threading.Lock()
@@ -181,6 +199,7 @@ class RunRecord:
                 netns=list(data.get("netns", [])),
                 sysctls=[SysctlChange(**s) for s in data.get("sysctls", [])],
                 paths=[str(p) for p in data.get("paths", [])],
+                remote=[RemoteEntry.from_dict(e) for e in data.get("remote", [])],
             )
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise RecordError(f"{path}: unreadable run record ({exc})") from None
@@ -201,6 +220,7 @@ class RunRecord:
             "netns": self.netns,
             "sysctls": [asdict(s) for s in self.sysctls],
             "paths": self.paths,
+            "remote": [asdict(e) for e in self.remote],
         }
         return json.dumps(data, indent=1)
 
@@ -261,6 +281,28 @@ class RunRecord:
             self.paths.append(str(path))
             self.save()
 
+    def add_remote(self, server: str, login: dict) -> RemoteEntry:
+        """Record a server reached over SSH before anything is made on it."""
+        with self._lock:
+            for entry in self.remote:
+                if entry.server == server:
+                    return entry
+            entry = RemoteEntry(server, dict(login))
+            self.remote.append(entry)
+            self.save()
+        return entry
+
+    def add_remote_path(self, server: str, path: str) -> None:
+        """Record a temporary path on a recorded server before it is made there."""
+        self._own(Path(path).name, "temporary path")
+        with self._lock:
+            for entry in self.remote:
+                if entry.server == server:
+                    entry.paths.append(str(path))
+                    self.save()
+                    return
+        raise RecordError(f"server {server!r} is not in run record {self.prefix} (add_remote first)")
+
     def add_sysctl(self, key: str, old: str, new: str) -> None:
         with self._lock:
             self.sysctls.append(SysctlChange(key, old, new))
@@ -304,6 +346,7 @@ class Action:
     detail: str = ""
     pid: int | None = None
     start: int | None = None
+    remote: tuple[str, RemoteEntry] | None = field(default=None, compare=False)  # remote-clean: (prefix, server)
 
     def describe(self) -> str:
         text = f"{self.kind:15} {self.target}"
@@ -390,6 +433,9 @@ def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tupl
         path = Path(raw)
         if path.is_absolute() and path.name.startswith(record.prefix) and os.path.lexists(path):
             actions.append(Action("remove-path", str(path), "folder" if path.is_dir() else "file"))
+    for entry in record.remote:  # over SSH: the run's marked processes, node shells, stray tunnels, paths
+        where = f"{entry.login.get('user', 'root')}@{entry.login.get('address', '?')}"
+        actions.append(Action("remote-clean", entry.server, f"over SSH {where}", remote=(record.prefix, entry)))
     for change in record.sysctls:
         users = [o.prefix for o in others if o.prefix != record.prefix
                  and any(c.key == change.key for c in o.sysctls) and alive(o.owner, procfs)]
@@ -454,6 +500,7 @@ def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
     survivors = kill_and_wait(kills, procfs)
     failures += [f"pid {pid} did not exit after SIGKILL" for pid in survivors]
     links = None
+    remote_failed = False
     for action in actions:
         try:
             if action.kind == "del-interface":
@@ -478,13 +525,21 @@ def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
                     path.unlink()
+            elif action.kind == "remote-clean":
+                assert action.remote is not None
+                failure = remote_clean(*action.remote)
+                if failure:
+                    failures.append(failure)
+                    remote_failed = True
             elif action.kind == "restore-sysctl":
                 path = _sysctl_path(action.target)
                 new, old = action.detail.split(" -> ", 1)
                 if path.exists() and path.read_text().split() == new.split():
                     path.write_text(old)
             elif action.kind == "remove-record":
-                if not survivors:
+                if remote_failed:
+                    failures.append(f"{action.target}: kept, a server could not be cleaned over SSH")
+                elif not survivors:
                     for p in (Path(action.target), Path(action.target + ".tmp")):
                         if p.exists():
                             p.unlink()
@@ -493,6 +548,25 @@ def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
         except Exception as exc:  # report and go on: clean must do as much as it can
             failures.append(f"{action.kind} {action.target}: {exc}")
     return failures
+
+
+def remote_clean(prefix: str, entry: RemoteEntry, timeout: float = 60.0) -> str | None:
+    """Undo run `prefix` on a recorded server over SSH (``nodeagent clean``); a message
+    when that failed (the server unreachable, the agent missing), None when done."""
+    import subprocess
+
+    from testbed.emulation.sshlogin import RemoteLogin
+
+    try:
+        argv = RemoteLogin.model_validate(entry.login).clean_argv(prefix, entry.paths)
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (ValueError, OSError, subprocess.TimeoutExpired) as exc:
+        return f"server {entry.server}: clean over SSH failed: {exc}"
+    if res.returncode != 0:
+        return (f"server {entry.server} ({entry.login.get('address')}): clean over SSH failed (exit "
+                f"{res.returncode}): {(res.stderr or res.stdout).strip()[-300:] or 'no output'}; run `testbed clean` "
+                "where that server is reachable")
+    return None
 
 
 @dataclass

@@ -6,6 +6,7 @@ cannot carry; and `testbed clean` undoing a rig whose owner was killed."""
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -22,9 +23,9 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster]
 TESTBED = [sys.executable, "-m", "testbed.cli"]
 
 
-def _split(rig, tmp_path: Path, **servers_update) -> Path:
+def _split(rig, tmp_path: Path, configure: str = "auto", **servers_update) -> Path:
     data = yaml.safe_load((TOPOLOGIES_DIR / "2dc.yaml").read_text())
-    section = rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]})
+    section = rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure=configure)
     for key, value in servers_update.items():
         if key == "machines":
             for machine, extra in zip(section["machines"], value, strict=True):
@@ -75,6 +76,44 @@ def test_the_quickstart_split_over_two_servers_passes_topo_check(rig, tmp_path):
     for d in link["directions"]:
         assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
     assert min(d["goodput_mbps"] for d in link["directions"]) >= 250
+
+
+def test_the_split_with_every_node_reached_over_ssh_passes_topo_check(rig, tmp_path):
+    """The same split with `servers.configure: ssh`: the rig's servers are handled as
+    other machines (every node configured by its node agent over SSH, every program,
+    the delay line and topo check's probes included, started through `nodeagent exec`;
+    nothing through this machine's /proc), and `topo check` judges the link as on one
+    machine; nothing of the run is left on the servers afterwards."""
+    res = _topo_check(rig, _split(rig, tmp_path, configure="ssh"))
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    for server in ("s1", "s2"):
+        assert f"server {server}: nodes configured and programs started over SSH (servers.configure: ssh)" \
+            in res.stderr
+    report = json.loads(res.stdout)
+    (link,) = report["links"]
+    assert (res.returncode == 0) == link["ok"]
+    rtt = link["rtt_ms"]["measured"]
+    load = Path("/proc/loadavg").read_text().split()[0]
+    print(f"\nsplit 2dc over SSH: build {report['build_s']} s, RTT {rtt} ms, goodput "
+          f"{link['goodput_mbps']['measured']} Mbit/s, ok={link['ok']} (load {load})")
+    assert abs(rtt - 50.0) <= 0.5, f"RTT {rtt} ms is not within 0.3 ms (+0.2) of the configured 50 ms"
+    for d in link["directions"]:
+        assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
+        assert d["rate_mbps"] is not None  # the WAN node's counters, read by its agent, gave the shaper's rate
+    assert min(d["goodput_mbps"] for d in link["directions"]) >= 250
+    prefix = re.search(r"run (tb[0-9a-f]{3}): creating nodes", res.stderr).group(1)  # type: ignore[union-attr]
+    assert not Path(f"/run/testbed/{prefix}.json").exists()
+    left = subprocess.run(["pgrep", "-f", f"TESTBED_RUN={prefix}|--run {prefix}|mininet:{prefix}"],
+                          capture_output=True, text=True).stdout
+    assert left.strip() == ""
+
+
+def test_a_server_python_without_the_node_agent_is_refused(rig, tmp_path):
+    res = _topo_check(rig, _split(rig, tmp_path, configure="ssh", python="/nonexistent/python3"), timeout=180)
+    assert res.returncode != 0
+    assert ("server s1 (10.202.0.2) is reached over SSH (servers.configure: ssh), and its Python "
+            "('/nonexistent/python3', servers.python) cannot import this package's node agent") in res.stderr
+    assert "install this package there" in res.stderr
 
 
 def test_an_underlay_slower_than_the_wan_rates_is_refused(rig, tmp_path):

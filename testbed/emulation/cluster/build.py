@@ -21,11 +21,17 @@ module for each node and each link when the topology has a `servers:` section.
   the tunnel leaves less than 1500 bytes, every emulated interface gets the
   tunnel's inner MTU, so TCP picks an MSS that fits.
 
-The nodes are configured (addresses, routes, shapers, sysctls, the delay line,
-`topo check`'s probes) through their PIDs and /proc, as on one machine. That holds
-when the servers share this machine's kernel (the server namespaces of
-`testbed.emulation.cluster.rig`); servers that are other machines are refused at
-start with that reason (configuring nodes over SSH is not built yet).
+How the nodes are reached (configured, programs started in them) depends on the
+server. A server that shares this machine's kernel (same boot_id and PID namespace:
+the server namespaces of `testbed.emulation.cluster.rig`) has its nodes reached
+through their PIDs and /proc, as on one machine. Any other server, and every server
+when `servers.configure: ssh` (or TESTBED_SERVERS_CONFIGURE=ssh) forces it, is
+reached over its SSH (testbed/emulation/cluster/remote.py): a node agent per node
+applies the same configuration requests (testbed/emulation/nodeconf.py) inside the
+node, and programs start through ``nodeagent exec``; such a server needs Python with
+this package (``servers.python``), mininet and iperf3. Each such server is written in
+the run record with its login before anything is made there, and the teardown or
+`testbed clean` undoes the run there over SSH (``nodeagent clean``).
 """
 
 from __future__ import annotations
@@ -42,6 +48,8 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulation.errors import EmulationError
+from testbed.emulation.nodeconf import MtuOp
+from testbed.emulation.sshlogin import ssh_options
 from testbed_core.servers import (
     TUNNEL_OVERHEAD,
     Server,
@@ -53,22 +61,10 @@ from testbed_core.servers import (
     underlay_problem,
 )
 
+ENV_CONFIGURE = "TESTBED_SERVERS_CONFIGURE"  # "ssh": as servers.configure: ssh
 SSH_TIMEOUT_S = 20.0
 VXLAN_PORT = 4789
 IPERF_S = 1.0
-
-
-def ssh_options(ssh: SshSettings, control_dir: Path | None = None) -> list[str]:
-    """The ssh options of a login: batch mode (never a password prompt), the key and
-    known_hosts named in the servers section, a shared connection per server."""
-    argv = ["-o", "BatchMode=yes", "-o", "ConnectTimeout=10", "-p", str(ssh.port)]
-    if ssh.identity:
-        argv += ["-i", ssh.identity, "-o", "IdentitiesOnly=yes"]
-    if ssh.known_hosts:
-        argv += ["-o", f"UserKnownHostsFile={ssh.known_hosts}", "-o", "StrictHostKeyChecking=yes"]
-    if control_dir is not None:
-        argv += ["-o", f"ControlPath={control_dir}/%C", "-o", "ControlMaster=auto", "-o", "ControlPersist=2"]
-    return argv
 
 
 def _remote_host_class(ssh: SshSettings, control_dir: Path) -> type:
@@ -94,7 +90,7 @@ class ClusterBuild:
     """The servers of one emulation: connect and check them, then make nodes and links."""
 
     def __init__(self, topology: Any, plan: ServerPlan, prefix: str, control_dir: Path,
-                 progress: Callable[[str], None]) -> None:
+                 progress: Callable[[str], None], record: Any = None) -> None:
         self.topology = topology
         self.plan = plan
         self.prefix = prefix
@@ -106,6 +102,17 @@ class ClusterBuild:
         self.mtu: int = 1500
         self.underlay: dict[tuple[str, str], tuple[float, str]] = {}  # pair -> (bit/s, how)
         self.facts: dict[str, dict[str, str]] = {}
+        self.record = record  # records.RunRecord: remote servers are written in it before use
+        self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
+        self.agents: dict[str, Any] = {}  # node (Mininet name) -> remote.RemoteAgent
+        self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
+
+    def login(self, server: Server) -> Any:
+        from testbed.emulation.sshlogin import RemoteLogin
+
+        ssh = self.plan.ssh_for(server)
+        return RemoteLogin(server=server.name, address=server.address, user=ssh.user, port=ssh.port,
+                           identity=ssh.identity, known_hosts=ssh.known_hosts, python=self.plan.python_for(server))
 
     # -- ssh
 
@@ -140,6 +147,8 @@ class ClusterBuild:
                 "echo mnexec=$(command -v mnexec)",
                 "echo iperf3=$(command -v iperf3)",
                 "echo sudo=$(command -v sudo)",
+                (f"{shlex.quote(self.plan.python_for(server))} -c 'import testbed.emulation.nodeagent, pyroute2, "
+                 "pydantic' >/dev/null 2>&1 && echo agent=ok || echo agent=missing"),
                 f"echo route=$(ip -o route get {peer} 2>&1 | head -1)",
                 (f"sudo -n unshare -n sh -c 'ip link add tbprobe type {kind} {extra} local {server.address} "
                  f"remote {peer} 2>&1 && echo tunnel=ok || echo tunnel=missing' 2>&1 | tail -1"),
@@ -162,14 +171,27 @@ class ClusterBuild:
                     f"server {server.name}: its kernel cannot make {kind} devices ({facts.get('tunnel', '?')}): "
                     f"choose the other tunnel (servers.tunnel: {'gre' if kind == 'vxlan' else 'vxlan'}) "
                     f"or load the module (modprobe {'vxlan' if kind == 'vxlan' else 'ip_gre'})")
-            if facts.get("boot") != local_boot or facts.get("pidns") != local_pidns:
+            other_machine = facts.get("boot") != local_boot or facts.get("pidns") != local_pidns
+            self.remote[server.name] = other_machine or self.configure == "ssh"
+            if self.remote[server.name]:
+                self._progress(f"server {server.name}: nodes configured and programs started over SSH "
+                               f"({'another machine' if other_machine else 'servers.configure: ssh'})")
+            if self.remote[server.name] and facts.get("agent") != "ok":
+                why = "is another machine" if other_machine else "is reached over SSH (servers.configure: ssh)"
                 raise EmulationError(
-                    f"server {server.name} ({server.address}) is another machine: this emulation configures its "
-                    "nodes through their PIDs and /proc, which needs servers that share this machine's kernel "
-                    "(network namespaces, as tests/cluster builds them); configuring nodes on other machines "
-                    "over SSH is not built yet (issue 16)")
+                    f"server {server.name} ({server.address}) {why}, and its Python "
+                    f"({self.plan.python_for(server)!r}, servers.python) cannot import this package's node agent "
+                    "(testbed.emulation.nodeagent with pyroute2 and pydantic): install this package there "
+                    "(pip install <this checkout>) or name that Python in servers.python")
         self._check_mtu()
         self._check_underlay()
+        if self.record is not None:  # before anything is made there: `testbed clean` can undo it over SSH
+            for server in self.plan.machines:
+                if self.remote[server.name]:
+                    self.record.add_remote(server.name, self.login(server).model_dump())
+
+    def is_remote(self, mn_name: str) -> bool:
+        return self.remote.get(self._placement[mn_name].name, False)
 
     def _check_mtu(self) -> None:
         mtus = []
@@ -256,7 +278,30 @@ class ClusterBuild:
         server = self._placement[mn_name]
         ssh = self.plan.ssh_for(server)
         cls = self._classes[server.name]
-        return cls(mn_name, server=server.name, user=ssh.user, serverIP=server.address)
+        node = cls(mn_name, server=server.name, user=ssh.user, serverIP=server.address)
+        if self.remote.get(server.name):
+            from testbed.emulation.cluster.remote import RemoteAgent
+
+            self.agents[mn_name] = RemoteAgent(self.login(server), mn_name, int(node.pid), self.prefix,
+                                               self.control_dir)
+        return node
+
+    def spawn(self, mn_name: str, pid: int, argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
+        """A program started in a remote node (remote.RemoteProcess)."""
+        from testbed.emulation.cluster.remote import RemoteProcess, env_extra, remote_argv
+
+        server = self._placement[mn_name]
+        login = self.login(server)
+        extra = env_extra(popen_kwargs.pop("env", None))
+        cwd = popen_kwargs.pop("cwd", None)
+        return RemoteProcess(login, self.control_dir, pid, self.prefix, remote_argv(argv, login.python), extra,
+                             None if cwd is None else str(cwd), **popen_kwargs)
+
+    def close(self) -> None:
+        """End the node agents (each one's SSH session)."""
+        for agent in self.agents.values():
+            agent.close()
+        self.agents.clear()
 
     def link(self, node1: Any, node2: Any, intf1: str, intf2: str) -> Any:
         """A veth between nodes of one server, a tunnel between servers."""
@@ -266,18 +311,13 @@ class ClusterBuild:
                                  lambda server, command: self.run(by_name[server], command))
         return cls(node1, node2, intfName1=intf1, intfName2=intf2)
 
-    def set_mtu(self, pids: list[int]) -> None:
-        """Every emulated interface at the tunnel's inner MTU (when under 1500)."""
+    def set_mtu(self, handles: list[Any]) -> None:
+        """Every emulated interface at the tunnel's inner MTU (when under 1500); `handles`:
+        nodes.NodeHandle, each reached its own way (NodeHandle.configure)."""
         if self.mtu >= 1500:
             return
-        from testbed.emulation.netns import open_iproute
-
-        for pid in pids:
-            with open_iproute(pid) as ipr:
-                for link in ipr.get_links():
-                    name = link.get_attr("IFLA_IFNAME")
-                    if name != "lo" and link.get_attr("IFLA_MTU") != self.mtu:
-                        ipr.link("set", index=link["index"], mtu=self.mtu)
+        for handle in handles:
+            handle.configure(MtuOp(mtu=self.mtu))
 
 
 def _tunnel_link_class(tunnel: str, tunnel_id: int,

@@ -12,7 +12,9 @@ Each server runs `sshd -D` with a config, host key and authorized key of the rig
 own, in a private temporary folder (generated with ssh-keygen, removed at the end).
 Logins are key-based only (root, no password, no PAM). The servers share the
 machine's kernel, filesystem and PID space, as separate servers would not; their
-network stacks are their own. Everything is written in a run record
+network stacks are their own. With ``configure: ssh`` in the servers section the
+emulation still treats them as other machines (nodes configured and programs started
+over SSH only), which is how the tests exercise that path here. Everything is written in a run record
 (testbed/emulation/records.py) before it is created, so `testbed clean` removes
 what a killed rig left.
 """
@@ -24,6 +26,7 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -237,11 +240,16 @@ class ServerRig:
         raise EmulationError(f"rig server {server.name} ({server.address}) accepts no SSH login after "
                              f"{SSHD_READY_S:g}s: {last[-500:] or 'no output'}")
 
-    def servers_section(self, placement: dict[str, list[str]], tunnel: str = "vxlan") -> dict[str, Any]:
-        """The topology's `servers:` section placing DCs (`{server name: [dc, ...]}`) on the rig."""
+    def servers_section(self, placement: dict[str, list[str]], tunnel: str = "vxlan",
+                        configure: str = "auto") -> dict[str, Any]:
+        """The topology's `servers:` section placing DCs (`{server name: [dc, ...]}`) on the rig.
+        `configure: ssh` reaches the rig's nodes over SSH as those of other machines are
+        (the servers' Python is this one, which has this package)."""
         by_name = {s.name: s for s in self.servers}
         return {
             "tunnel": tunnel,
+            "configure": configure,
+            "python": sys.executable,
             "ssh": {"user": "root", "identity": str(self.identity), "known_hosts": str(self.known_hosts)},
             "machines": [{"name": name, "address": by_name[name].address, "dcs": dcs}
                          for name, dcs in placement.items()],

@@ -59,7 +59,8 @@ def _emulation(topology: Any) -> tuple[Emulation, _Relay]:
     relay = _Relay()
     link = topology.wan[0]
     emu.delay_backend = "relay"
-    emu._wans = [SimpleNamespace(link=link, name="wan0", intfs=[], pid=0, relay=relay)]  # type: ignore[list-item]
+    emu._wans = [SimpleNamespace(link=link, name="wan0", intfs=[], pid=0, relay=relay,
+                                 configure=lambda *ops: None)]  # type: ignore[list-item]
     emu._link_state[link.name] = (link.rate, link.delay, link.jitter, link.loss, False)
     return emu, relay
 
@@ -96,6 +97,12 @@ def test_netem_backend_takes_a_link_down_as_total_loss_and_back(monkeypatch: pyt
     emu, relay = _emulation(_topology([]))
     emu.delay_backend = "netem"
     emu._wans[0].intfs = ["eth0", "eth1"]  # type: ignore[misc]
+    from pathlib import Path
+
+    from testbed.emulation.nodeconf import NodeNs, NodeRequest, apply
+
+    here = NodeNs(lambda: SimpleNamespace(close=lambda: None), lambda fn: fn(), Path("/"))  # the node, stood in for
+    emu._wans[0].configure = lambda *ops: apply(NodeRequest(ops=list(ops)), here)  # type: ignore[misc]
     emu.change_link("dc1-dc2", down=True)
     emu.change_link("dc1-dc2", down=False)
     assert [p.loss for p in seen] == [1.0, 1.0, 0.0, 0.0]  # both interfaces, then restored

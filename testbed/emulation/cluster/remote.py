@@ -1,0 +1,144 @@
+"""Reaching the nodes of a server that is another machine: everything goes over that
+server's SSH, nothing through this machine's /proc (a remote node's PID is the
+server's PID).
+
+* `RemoteAgent`: one node agent per remote node (``python -m
+  testbed.emulation.nodeagent serve`` started inside the node with ``mnexec -a PID``),
+  answering the configuration requests of testbed/emulation/nodeconf.py over the
+  session's stdin/stdout, one JSON line each way. It lives as long as the node.
+* `RemoteProcess`: a program started in a remote node (``nodeagent exec``), a
+  `subprocess.Popen` of the local ssh client whose stdin/stdout/stderr are the
+  program's. `send_signal` (so `terminate` and `kill`) signals the program itself on
+  the server (``nodeagent signal``), so a program stopped with SIGTERM can still
+  write its last output; when the ssh client dies the agent on the server ends the
+  program.
+The login (testbed/emulation/sshlogin.py) is also stored in the run record, so that
+`testbed clean` can undo a run on the server (``nodeagent clean``) after the
+controller was killed.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from testbed.emulation.errors import EmulationError
+from testbed.emulation.nodeconf import NodeOp, NodeReply, NodeRequest
+from testbed.emulation.sshlogin import RemoteLogin
+
+AGENT_READY_S = 30.0
+SIGNAL_TIMEOUT_S = 20.0
+
+
+class RemoteAgent:
+    """The configuration agent of one remote node."""
+
+    def __init__(self, login: RemoteLogin, node_name: str, pid: int, prefix: str, control_dir: Path | None) -> None:
+        self.login = login
+        self.node_name = node_name
+        self._lock = threading.Lock()
+        argv = login.ssh_argv(["env", f"TESTBED_RUN={prefix}", "mnexec", "-a", str(pid),
+                               *login.agent("serve")], control_dir)
+        env = dict(os.environ, TESTBED_RUN=prefix)
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True, bufsize=1, env=env, start_new_session=True)
+        line = self._readline(AGENT_READY_S)
+        if '"ready"' not in line:
+            self.close()
+            err = self.proc.stderr.read() if self.proc.stderr else ""
+            raise EmulationError(
+                f"node {node_name} on server {login.server}: the node agent did not start "
+                f"({(err or line).strip()[-500:] or 'no output'}); every server needs Python with this package "
+                f"installed (servers.python, now {login.python!r}) and mininet")
+
+    def _readline(self, timeout: float) -> str:
+        import select
+
+        assert self.proc.stdout is not None
+        ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+        return self.proc.stdout.readline() if ready else ""
+
+    def request(self, ops: Sequence[NodeOp], timeout: float = 60.0) -> NodeReply:
+        line = NodeRequest(ops=list(ops)).model_dump_json()
+        with self._lock:
+            if self.proc.poll() is not None or self.proc.stdin is None:
+                raise EmulationError(f"node {self.node_name} on server {self.login.server}: its agent has exited")
+            self.proc.stdin.write(line + "\n")
+            self.proc.stdin.flush()
+            answer = self._readline(timeout)
+        if not answer:
+            raise EmulationError(f"node {self.node_name} on server {self.login.server}: no answer from its agent "
+                                 f"within {timeout:g}s")
+        return NodeReply.model_validate_json(answer)
+
+    def close(self) -> None:
+        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+            if stream is not None:
+                try:
+                    stream.close()
+                except OSError:
+                    pass
+        try:
+            self.proc.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+
+class RemoteProcess(subprocess.Popen):
+    """A program in a remote node, seen through its ssh client (see the module doc)."""
+
+    def __init__(self, login: RemoteLogin, control_dir: Path | None, pid: int, prefix: str,
+                 argv: Sequence[str], env_extra: dict[str, str], cwd: str | None, **popen_kwargs: Any) -> None:
+        self.login = login
+        self.token = secrets.token_hex(8)
+        self._control_dir = control_dir
+        command = login.agent("exec", "--pid", str(pid), "--run", prefix, "--token", self.token,
+                              *(["--cwd", cwd] if cwd else []),
+                              *(a for k, v in sorted(env_extra.items()) for a in ("--env", f"{k}={v}")),
+                              "--", *argv)
+        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)  # never this terminal's
+        popen_kwargs["start_new_session"] = True  # killpg(pid) reaches the ssh client only
+        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        env["TESTBED_RUN"] = prefix
+        super().__init__(login.ssh_argv(command, control_dir), env=env, **popen_kwargs)
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is not None:
+            return
+        try:
+            res = subprocess.run(self.login.ssh_argv(self.login.agent("signal", "--token", self.token,
+                                                                      "--sig", str(int(sig))), self._control_dir),
+                                 capture_output=True, text=True, timeout=SIGNAL_TIMEOUT_S, check=False)
+            if res.returncode == 0:
+                return
+        except subprocess.TimeoutExpired:
+            pass
+        if self.poll() is None:  # the program could not be reached: end the ssh client (the agent ends it)
+            super().send_signal(sig)
+
+
+def remote_argv(argv: Sequence[str], python: str) -> list[str]:
+    """`argv` for a remote node: this machine's Python (sys.executable, as the
+    emulation's own helpers are started) becomes the server's."""
+    argv = [str(a) for a in argv]
+    if argv and argv[0] == sys.executable:
+        argv[0] = python
+    return argv
+
+
+def env_extra(env: dict[str, str] | None) -> dict[str, str]:
+    """What a caller's environment adds to or changes in this process's: the part a
+    remote program is given (the rest is the server's own)."""
+    if env is None:
+        return {}
+    return {k: v for k, v in env.items() if os.environ.get(k) != v}
+
+
+__all__ = ["RemoteAgent", "RemoteLogin", "RemoteProcess", "env_extra", "remote_argv"]

@@ -4,13 +4,18 @@ SSH, to reach the nodes there (the caller side is testbed/emulation/cluster/remo
     python -m testbed.emulation.nodeagent serve
         inside a node (``mnexec -a PID``): configuration requests as JSON lines
         (testbed/emulation/nodeconf.py), one reply line each, until stdin ends;
-    python -m testbed.emulation.nodeagent exec --pid PID --run PREFIX --token T [--cwd D] [--env K=V]... -- ARGV
+    python -m testbed.emulation.nodeagent exec --pid PID --run PREFIX --token T [--cwd D] -- ARGV
         start ARGV in the node of PID (``mnexec -a``), in a session of its own, with
-        the run's mark (TESTBED_RUN=PREFIX) and the spawn's token in its environment;
-        stdin, stdout and stderr are the SSH session's. When the SSH client on the
-        controller goes away (its end of stdout closes) the program's session gets
-        SIGTERM, then SIGKILL: a program never outlives the handle that started it.
-        Exits with the program's code;
+        the run's mark (TESTBED_RUN=PREFIX), the spawn's token and the environment
+        the controller gives on the first line of stdin (a JSON object, read byte by
+        byte so the rest of stdin stays the program's; never on a command line: the
+        channels' secret is in it). Stdin, stdout and stderr are the SSH session's.
+        When the environment asks for a readiness pipe (TESTBED_READY_FD,
+        testbed_core/readiness.py), the program gets one of this agent's and its line
+        comes back on stderr after READY_MARK. When the SSH client on the controller
+        goes away (its end of stdout closes) the program's session gets SIGTERM, then
+        SIGKILL: a program never outlives the handle that started it. Exits with the
+        program's code;
     python -m testbed.emulation.nodeagent signal --token T --sig N
         send signal N to the program a spawn started (Popen.terminate/kill on the
         controller come here, so the program sees the signal and can still answer);
@@ -28,6 +33,7 @@ every program started in a remote node); serve imports pydantic and pyroute2.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import re
 import select
@@ -40,6 +46,8 @@ from pathlib import Path
 
 ENV_RUN = "TESTBED_RUN"  # as testbed.emulation.records.ENV_RUN
 ENV_SPAWN = "TESTBED_SPAWN"
+READY_FD_ENV = "TESTBED_READY_FD"  # as testbed_core.readiness.READY_FD_ENV
+READY_MARK = "\x1etestbed-ready "  # a readiness line relayed on stderr (as testbed/run/inventory.py does)
 PREFIX_RE = re.compile(r"^tb[0-9a-f]{3}$")  # as testbed.emulation.naming.PREFIX_RE
 TERM_GRACE_S = 1.0
 
@@ -100,19 +108,37 @@ def _zombie(pid: int) -> bool:
     return stat[stat.rfind(")") + 2:].split()[0] == "Z"
 
 
+def _env_line() -> dict[str, str]:
+    raw = b""
+    while not raw.endswith(b"\n"):
+        c = os.read(0, 1)
+        if not c:
+            raise SystemExit("nodeagent exec: no environment on stdin (the controller sends it first)")
+        raw += c
+    value = json.loads(raw)
+    if not isinstance(value, dict):
+        raise SystemExit("nodeagent exec: the environment line is not a JSON object")
+    return {str(k): str(v) for k, v in value.items()}
+
+
 def cmd_exec(args: argparse.Namespace) -> int:
     env = dict(os.environ)
-    for item in args.env:
-        key, _, value = item.partition("=")
-        env[key] = value
+    env.update(_env_line())
     env[ENV_RUN] = args.run
     env[ENV_SPAWN] = args.token
+    ready_r = ready_w = -1
+    if READY_FD_ENV in env:  # the controller waits for a readiness line: a pipe of ours, relayed on stderr
+        ready_r, ready_w = os.pipe()
+        env[READY_FD_ENV] = str(ready_w)
     try:
         child = subprocess.Popen(["mnexec", "-a", str(args.pid), *args.argv], env=env, cwd=args.cwd or None,
-                                 start_new_session=True)
+                                 start_new_session=True, pass_fds=(ready_w,) if ready_w >= 0 else ())
     except OSError as exc:
         print(f"nodeagent: cannot start {args.argv[0]!r} in the node of pid {args.pid}: {exc}", file=sys.stderr)
         return 127
+    finally:
+        if ready_w >= 0:
+            os.close(ready_w)
 
     def forward(signum: int, _frame: object) -> None:
         try:
@@ -124,18 +150,40 @@ def cmd_exec(args: argparse.Namespace) -> int:
         signal.signal(sig, forward)
     poller = select.poll()
     poller.register(sys.stdout.fileno(), 0)  # POLLERR/POLLHUP: the SSH session's reader is gone
+    if ready_r >= 0:
+        poller.register(ready_r, select.POLLIN)
+    ready_buf = b""
     while child.poll() is None:
         try:
-            if poller.poll(200):
-                forward(signal.SIGTERM, None)
-                deadline = time.monotonic() + TERM_GRACE_S
-                while child.poll() is None and time.monotonic() < deadline:
-                    time.sleep(0.02)
-                forward(signal.SIGKILL, None)
-                break
+            events = poller.poll(200)
         except InterruptedError:
             continue
+        gone = False
+        for fd, _ in events:
+            if fd == ready_r:
+                data = os.read(ready_r, 4096)
+                if data:
+                    ready_buf += data
+                    continue
+                if ready_buf:
+                    os.write(2, READY_MARK.encode() + ready_buf.rstrip(b"\n") + b"\n")
+                poller.unregister(ready_r)
+                os.close(ready_r)
+                ready_r = -1
+            else:
+                gone = True
+        if gone:
+            forward(signal.SIGTERM, None)
+            deadline = time.monotonic() + TERM_GRACE_S
+            while child.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.02)
+            forward(signal.SIGKILL, None)
+            break
     code = child.wait()
+    if ready_r >= 0:  # the program ended before its pipe was read to the end
+        ready_buf += os.read(ready_r, 4096) if select.select([ready_r], [], [], 0)[0] else b""
+        if ready_buf.endswith(b"\n"):
+            os.write(2, READY_MARK.encode() + ready_buf)
     return 128 - code if code < 0 else code
 
 
@@ -198,7 +246,6 @@ def main(argv: list[str] | None = None) -> int:
     ex.add_argument("--run", required=True)
     ex.add_argument("--token", required=True)
     ex.add_argument("--cwd", default="")
-    ex.add_argument("--env", action="append", default=[])
     ex.add_argument("argv", nargs=argparse.REMAINDER)
     sg = sub.add_parser("signal")
     sg.add_argument("--token", required=True)

@@ -19,6 +19,8 @@ controller was killed.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import secrets
 import subprocess
@@ -29,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulation.errors import EmulationError
+from testbed.emulation.nodeagent import READY_FD_ENV, READY_MARK
 from testbed.emulation.nodeconf import NodeOp, NodeReply, NodeRequest
 from testbed.emulation.sshlogin import RemoteLogin
 
@@ -91,6 +94,28 @@ class RemoteAgent:
             self.proc.wait()
 
 
+def _relay_ready(source: Any, ready_fd: int, out: int) -> None:
+    """Pass ssh's stderr on to `out`, except the agent's readiness line, which goes to
+    `ready_fd` (the readiness pipe the caller passed). As testbed/run/inventory.py
+    relays it for real machines."""
+    mark = READY_MARK.encode()
+    try:
+        for line in iter(source.readline, b""):
+            if line.startswith(mark) and ready_fd >= 0:
+                with contextlib.suppress(OSError):
+                    os.write(ready_fd, line[len(mark):])
+                os.close(ready_fd)
+                ready_fd = -1
+                continue
+            with contextlib.suppress(OSError):
+                os.write(out, line)
+    finally:
+        if ready_fd >= 0:
+            os.close(ready_fd)  # ended before it was ready: the caller reads end of file
+        os.close(out)
+        source.close()
+
+
 class RemoteProcess(subprocess.Popen):
     """A program in a remote node, seen through its ssh client (see the module doc)."""
 
@@ -100,14 +125,43 @@ class RemoteProcess(subprocess.Popen):
         self.token = secrets.token_hex(8)
         self._control_dir = control_dir
         command = login.agent("exec", "--pid", str(pid), "--run", prefix, "--token", self.token,
-                              *(["--cwd", cwd] if cwd else []),
-                              *(a for k, v in sorted(env_extra.items()) for a in ("--env", f"{k}={v}")),
-                              "--", *argv)
-        popen_kwargs.setdefault("stdin", subprocess.DEVNULL)  # never this terminal's
+                              *(["--cwd", cwd] if cwd else []), "--", *argv)
+        keep_stdin = popen_kwargs.pop("stdin", None) == subprocess.PIPE
+        passed = tuple(popen_kwargs.pop("pass_fds", ()))  # descriptors do not cross ssh
+        ready_fd = int(env_extra[READY_FD_ENV]) if env_extra.get(READY_FD_ENV, "").isdigit() else None
+        if ready_fd is not None and ready_fd not in passed:
+            ready_fd = None
+        relay_to = -1
+        if ready_fd is not None:  # the readiness line comes back on ssh's stderr
+            err = popen_kwargs.get("stderr")
+            target = popen_kwargs.get("stdout") if err == subprocess.STDOUT else err
+            if target == subprocess.DEVNULL:
+                relay_to = os.open(os.devnull, os.O_WRONLY)
+            elif target is None or target == subprocess.PIPE:
+                relay_to = os.dup(2)
+            else:  # the caller closes its file once we return: keep a descriptor of our own
+                relay_to = os.dup(target if isinstance(target, int) else target.fileno())
+            popen_kwargs["stderr"] = subprocess.PIPE
+            ready_fd = os.dup(ready_fd)  # the caller closes its copy once we return
         popen_kwargs["start_new_session"] = True  # killpg(pid) reaches the ssh client only
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env["TESTBED_RUN"] = prefix
-        super().__init__(login.ssh_argv(command, control_dir), env=env, **popen_kwargs)
+        super().__init__(login.ssh_argv(command, control_dir), env=env, stdin=subprocess.PIPE, **popen_kwargs)
+        if ready_fd is not None:
+            stderr, self.stderr = self.stderr, None
+            threading.Thread(target=_relay_ready, args=(stderr, ready_fd, relay_to), daemon=True,
+                             name=f"ready-relay-{self.token}").start()
+        assert self.stdin is not None
+        line = json.dumps(env_extra) + "\n"  # the environment: first line of stdin, never a command line
+        try:
+            self.stdin.write(line if popen_kwargs.get("text") or popen_kwargs.get("universal_newlines")
+                             else line.encode())
+            self.stdin.flush()
+            if not keep_stdin:
+                self.stdin.close()
+                self.stdin = None
+        except (BrokenPipeError, OSError):
+            pass  # ssh ended already: its exit status and stderr say why
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is not None:
@@ -115,7 +169,8 @@ class RemoteProcess(subprocess.Popen):
         try:
             res = subprocess.run(self.login.ssh_argv(self.login.agent("signal", "--token", self.token,
                                                                       "--sig", str(int(sig))), self._control_dir),
-                                 capture_output=True, text=True, timeout=SIGNAL_TIMEOUT_S, check=False)
+                                 capture_output=True, text=True, timeout=SIGNAL_TIMEOUT_S, check=False,
+                                 stdin=subprocess.DEVNULL)
             if res.returncode == 0:
                 return
         except subprocess.TimeoutExpired:

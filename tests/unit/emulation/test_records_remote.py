@@ -1,0 +1,90 @@
+"""Run records of servers reached over SSH (testbed/emulation/records.py): a server is
+written with its login before anything is made there, survives a reload, becomes a
+`remote-clean` step of the cleanup, and a record is kept while a server could not be
+cleaned (so a later `testbed clean` tries again). Against a fake /proc; the SSH step is
+stood in for (tests/cluster/test_cluster_clean_remote.py runs it for real)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+import testbed.emulation.records as records
+from testbed.emulation.records import ProcFS, RecordError, RunRecord, execute, plan_clean
+from testbed.emulation.sshlogin import RemoteLogin
+
+LOGIN = RemoteLogin(server="s2", address="192.0.2.11", identity="/k/id", known_hosts="/k/kh",
+                    python="/opt/v/bin/python").model_dump()
+
+
+@pytest.fixture
+def procfs(tmp_path: Path) -> ProcFS:
+    root = tmp_path / "proc"
+    (root / "1").mkdir(parents=True)
+    (root / "1" / "stat").write_text("1 (init) S " + " ".join(["0"] * 17) + " 1 0\n")
+    return ProcFS(root)
+
+
+def _dead_record(tmp_path: Path, procfs: ProcFS) -> RunRecord:
+    rec = RunRecord.create("tb0a1", "2dc", tmp_path / "records", procfs)
+    rec.owner.pid, rec.owner.start = 999999, 5  # its owner is gone: clean may act
+    rec.save()
+    return rec
+
+
+def test_a_remote_server_is_recorded_with_its_login_and_paths(tmp_path, procfs):
+    rec = _dead_record(tmp_path, procfs)
+    rec.add_remote("s2", LOGIN)
+    rec.add_remote("s2", LOGIN)  # once per server
+    rec.add_remote_path("s2", "/tmp/tb0a1-agent-1234")
+    with pytest.raises(RecordError, match="does not carry the run prefix tb0a1"):
+        rec.add_remote_path("s2", "/etc")
+    with pytest.raises(RecordError, match="server 's9' is not in run record tb0a1"):
+        rec.add_remote_path("s9", "/tmp/tb0a1-x")
+    data = json.loads(rec.path.read_text())
+    assert data["remote"] == [{"server": "s2", "login": LOGIN, "paths": ["/tmp/tb0a1-agent-1234"]}]
+    again = RunRecord.load(rec.path)
+    assert again.remote[0].login["address"] == "192.0.2.11" and again.remote[0].paths == ["/tmp/tb0a1-agent-1234"]
+
+
+def test_clean_reaches_each_recorded_server_and_removes_the_record_when_done(tmp_path, procfs, monkeypatch):
+    rec = _dead_record(tmp_path, procfs)
+    rec.add_remote("s2", LOGIN)
+    actions = plan_clean(RunRecord.load(rec.path), procfs)
+    (step,) = [a for a in actions if a.kind == "remote-clean"]
+    assert step.target == "s2" and step.detail == "over SSH root@192.0.2.11"
+    asked = []
+    monkeypatch.setattr(records, "remote_clean", lambda prefix, entry: asked.append((prefix, entry.server)))
+    assert execute(actions, procfs) == []
+    assert asked == [("tb0a1", "s2")]
+    assert not rec.path.exists()
+
+
+def test_a_record_is_kept_while_a_server_could_not_be_cleaned(tmp_path, procfs, monkeypatch):
+    rec = _dead_record(tmp_path, procfs)
+    rec.add_remote("s2", LOGIN)
+    monkeypatch.setattr(records, "remote_clean", lambda prefix, entry: f"server {entry.server}: unreachable")
+    failures = execute(plan_clean(RunRecord.load(rec.path), procfs), procfs)
+    assert "server s2: unreachable" in failures
+    assert any("kept, a server could not be cleaned over SSH" in f for f in failures)
+    assert rec.path.exists()
+
+
+def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch):
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        seen["argv"] = argv
+        import subprocess
+
+        return subprocess.CompletedProcess(argv, 255, "", "ssh: connect to host 192.0.2.11 port 22: No route")
+
+    monkeypatch.setattr("subprocess.run", fake_run)
+    entry = records.RemoteEntry("s2", LOGIN, ["/tmp/tb0a1-x"])
+    message = records.remote_clean("tb0a1", entry)
+    assert seen["argv"][-1] == ("/opt/v/bin/python -m testbed.emulation.nodeagent clean --run tb0a1 "
+                                "--path /tmp/tb0a1-x")
+    assert message is not None and message.startswith("server s2 (192.0.2.11): clean over SSH failed (exit 255)")
+    assert "run `testbed clean` where that server is reachable" in message

@@ -321,6 +321,8 @@ def measure_trains(na: NodeHandle, ip_a: str, nb: NodeHandle, ip_b: str, count: 
         if report is None:
             raise RuntimeError(f"the probe train failed (exit {proc.returncode}): {err.strip()[-400:]}")
         reports.append(report)
+    for node, report in ((na, reports[0]), (nb, reports[1])):  # a node on another server wrote it there
+        report["records"] = str(node.fetch(report["records"], folder))
     return reports[0], reports[1]
 
 

@@ -203,6 +203,8 @@ class Emulation:
         path = Path(tempfile.gettempdir()).resolve() / f"{self.prefix}-{purpose}-{secrets.token_hex(4)}"
         self.record.add_path(path)
         path.mkdir(mode=0o700)
+        if self.cluster is not None:  # and on the servers reached over SSH, for their nodes' programs
+            self.cluster.make_dirs(path)
         return path
 
     # -- accessors

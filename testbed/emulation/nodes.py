@@ -29,6 +29,7 @@ import threading
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import IO, TYPE_CHECKING, Any
 
 from testbed.emulation.addressing import GatewayRoute, LinkPlan
@@ -81,6 +82,14 @@ class NodeHandle:
         if not reply.ok:
             raise EmulationError(f"{self.name}: {reply.error}")
         return reply
+
+    def fetch(self, path: str | Path, into: Path) -> Path:
+        """A file a program in this node wrote (at `path` as the node sees it), where this
+        process can read it: the path itself on this machine; on a server reached over
+        SSH, a copy in the folder `into`."""
+        if not self.remote:
+            return Path(path)
+        return self.emu.cluster.fetch(self.mn_name, str(path), into)  # type: ignore[no-any-return]
 
     def tx_counters(self, intfs: Sequence[str]) -> dict[str, tuple[int, int]]:
         """(bytes, packets) each of `intfs` has sent."""

@@ -297,6 +297,35 @@ class ClusterBuild:
         return RemoteProcess(login, self.control_dir, pid, self.prefix, remote_argv(argv, login.python), extra,
                              None if cwd is None else str(cwd), **popen_kwargs)
 
+    def make_dirs(self, path: Path) -> None:
+        """The emulation's temporary folder `path` on every server reached over SSH too
+        (the programs of its nodes write there), recorded with the server first."""
+        for server in self.plan.machines:
+            if not self.remote.get(server.name):
+                continue
+            if self.record is not None:
+                self.record.add_remote_path(server.name, str(path))
+            res = subprocess.run(self.login(server).ssh_argv(["mkdir", "-p", "-m", "700", str(path)], self.control_dir),
+                                 capture_output=True, text=True, timeout=SSH_TIMEOUT_S, check=False,
+                                 stdin=subprocess.DEVNULL)
+            if res.returncode != 0:
+                raise EmulationError(f"server {server.name}: cannot make the folder {path} there: "
+                                     f"{(res.stderr or res.stdout).strip()[-300:]}")
+
+    def fetch(self, mn_name: str, path: str, into: Path) -> Path:
+        """A file a program in remote node `mn_name` wrote, copied here into the folder
+        `into` (named after its server: never the path it is read from, which on a
+        shared file system is the same file)."""
+        server = self._placement[mn_name]
+        local = into / f"{server.name}-{Path(path).name}"
+        with open(local, "wb") as fh:
+            res = subprocess.run(self.login(server).ssh_argv(["cat", "--", path], self.control_dir), stdout=fh,
+                                 stderr=subprocess.PIPE, timeout=120, check=False, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise EmulationError(f"server {server.name}: cannot copy {path} from node {mn_name}: "
+                                 f"{res.stderr.decode(errors='replace').strip()[-300:]}")
+        return local
+
     def close(self) -> None:
         """End the node agents (each one's SSH session)."""
         for agent in self.agents.values():

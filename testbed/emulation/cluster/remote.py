@@ -51,14 +51,19 @@ class RemoteAgent:
         env = dict(os.environ, TESTBED_RUN=prefix)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, env=env, start_new_session=True)
+        self._ready = False  # awaited at the first request: the agents of all nodes start side by side
+
+    def _await_ready(self) -> None:
         line = self._readline(AGENT_READY_S)
         if '"ready"' not in line:
-            self.close()
-            err = self.proc.stderr.read() if self.proc.stderr else ""
+            err = ""
+            if self.proc.poll() is not None and self.proc.stderr is not None:
+                err = self.proc.stderr.read()
             raise EmulationError(
-                f"node {node_name} on server {login.server}: the node agent did not start "
+                f"node {self.node_name} on server {self.login.server}: the node agent did not start "
                 f"({(err or line).strip()[-500:] or 'no output'}); every server needs Python with this package "
-                f"installed (servers.python, now {login.python!r}) and mininet")
+                f"installed (servers.python, now {self.login.python!r}) and mininet")
+        self._ready = True
 
     def _readline(self, timeout: float) -> str:
         import select
@@ -70,6 +75,8 @@ class RemoteAgent:
     def request(self, ops: Sequence[NodeOp], timeout: float = 60.0) -> NodeReply:
         line = NodeRequest(ops=list(ops)).model_dump_json()
         with self._lock:
+            if not self._ready:
+                self._await_ready()
             if self.proc.poll() is not None or self.proc.stdin is None:
                 raise EmulationError(f"node {self.node_name} on server {self.login.server}: its agent has exited")
             self.proc.stdin.write(line + "\n")

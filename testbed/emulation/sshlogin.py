@@ -42,12 +42,17 @@ class RemoteLogin(BaseModel):
     identity: str | None = None
     known_hosts: str | None = None
     python: str = "python3"
+    sudo: bool = True  # commands run as root (sudo -n unless the login is root's); False: as the login's user
+    cwd: str | None = None  # the folder commands start in (a checkout of this package that Python imports from)
 
     def ssh_argv(self, command: Sequence[str], control_dir: Path | None = None) -> list[str]:
-        """ssh running `command` (an argv, quoted here for the server's shell) as root
-        on the server (through sudo -n unless the login is root's)."""
+        """ssh running `command` (an argv, quoted here for the server's shell) on the
+        server: as root (through sudo -n unless the login is root's) unless `sudo` is
+        off, in `cwd` when given."""
         ssh = SshSettings(user=self.user, port=self.port, identity=self.identity, known_hosts=self.known_hosts)
-        sudo = [] if self.user == "root" else ["sudo", "-n"]
+        sudo = ["sudo", "-n"] if self.sudo and self.user != "root" else []
+        if self.cwd:
+            command = ["sh", "-c", 'cd "$0" && exec "$@"', self.cwd, *command]
         return ["ssh", "-q", *ssh_options(ssh, control_dir), f"{self.user}@{self.address}",
                 shlex.join([*sudo, *command])]
 

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.emulation.records import ENV_RUN
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
 from testbed.training.worker.control import CONTROL_MAP_ENV
@@ -136,6 +137,7 @@ class Remote:
     folder: str  # the run's folder on the machine: pid files, forwarded control sockets
     repo: str
     python: str
+    record: Any = None  # records.RunRecord of the run (None where none could be written)
     _seen: set[str] = field(default_factory=set)  # folders known to be visible there
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -146,6 +148,16 @@ class Remote:
 
     def ssh(self, *extra: str) -> list[str]:
         return ["ssh", *ssh_options(self.inv, self.machine), *extra, login(self.inv, self.machine)]
+
+    def login_record(self) -> dict[str, Any]:
+        """The login as run records keep it (testbed.emulation.sshlogin.RemoteLogin): the
+        login's own user (no sudo), this machine's Python and repository."""
+        from testbed.emulation.sshlogin import RemoteLogin
+
+        ssh = self.inv.ssh_for(self.machine)
+        return RemoteLogin(server=self.machine.name, address=self.machine.address, user=ssh.user, port=ssh.port,
+                           identity=ssh.identity, known_hosts=ssh.known_hosts, python=self.python, sudo=False,
+                           cwd=self.repo).model_dump()
 
     def run(self, command: str, timeout: float) -> subprocess.CompletedProcess:
         return subprocess.run([*self.ssh(), command], capture_output=True, text=True, timeout=timeout,
@@ -266,6 +278,8 @@ class InventoryHost:
         cwd = r.repo if cwd == str(REPO_ROOT) else cwd
         here = str(REPO_ROOT)
         changed = {k: v.replace(here, r.repo) for k, v in env.items() if os.environ.get(k) != v}
+        if r.record is not None:  # the run's mark: `testbed clean` finds what is left by it (nodeagent clean)
+            changed[ENV_RUN] = r.record.prefix
         files = [a for a in argv[1:] if a.startswith("/") and a != r.python and os.path.exists(a)]
         r.check_visible(files)
         n = next(self.net.counter)
@@ -308,6 +322,8 @@ class InventoryNetwork:
             path = f"{remote.folder}/ctl{len(self._tunnels)}.sock"
             proc = subprocess.Popen([*remote.ssh("-N", "-o", "ExitOnForwardFailure=yes", "-R", f"{path}:{sock}")],
                                     stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+            if remote.record is not None:  # a local ssh: its command line carries the run's prefix (the path)
+                remote.record.add_process("process", f"{remote.record.prefix}:ssh-forward", proc.pid, None)
             self._tunnels[key] = (proc, path)
             return path
 
@@ -431,6 +447,25 @@ def _login_check(remote: Remote) -> str | None:
     return None
 
 
+def _claim_record(progress: Progress) -> Any:
+    """A run record (testbed/emulation/records.py) for the machines' folders and
+    processes, so that `testbed clean` can end them over SSH when this run is killed;
+    None, said once, where records cannot be written (not root)."""
+    from testbed.emulation.naming import new_prefix
+    from testbed.emulation.records import RecordError, RunRecord, prefix_in_use
+
+    for _ in range(8):
+        try:
+            return RunRecord.create(new_prefix(prefix_in_use), "inventory")
+        except RecordError as exc:
+            if "already taken" in str(exc):
+                continue
+            progress.log(f"real machines: no run record ({exc}): if this run is killed, what it started on the "
+                         "machines stays there until it ends")
+            return None
+    return None
+
+
 def _refused_faults(scenario: Any, inv: Inventory) -> list[str]:
     return [f"{scenario.source or 'scenario'}: faults.{i}: a {f.kind} needs the emulated network; on real "
             f"machines ({inv.where()}) only kill-worker faults are played (drop it, or run without --inventory)"
@@ -450,10 +485,16 @@ def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwo
     problems = file_problems(inv) + _refused_faults(scenario, inv)
     if problems:
         raise RunnerError("\n".join(problems))
-    token = secrets.token_hex(4)
+    record = _claim_record(progress)
+    prefix = record.prefix if record is not None else f"tb{secrets.token_hex(2)[:3]}"
     used = {m.name: m for m in assignment.values()}
-    remotes = {name: Remote(inv, m, f"/tmp/tbinv-{token}-{name}", inv.repo_for(m, str(REPO_ROOT)),
-                            inv.python_for(m, sys.executable)) for name, m in used.items()}
+    remotes = {name: Remote(inv, m, f"/tmp/{prefix}-inv-{secrets.token_hex(3)}-{name}",
+                            inv.repo_for(m, str(REPO_ROOT)), inv.python_for(m, sys.executable), record=record)
+               for name, m in used.items()}
+    if record is not None:  # before anything is made there: `testbed clean` undoes it after a crash
+        for r in remotes.values():
+            record.add_remote(r.machine.name, r.login_record())
+            record.add_remote_path(r.machine.name, r.folder)
     progress.log(f"real machines: logging in to {', '.join(sorted(remotes))} ({inv.where()})")
     with ThreadPoolExecutor(max_workers=min(16, len(remotes))) as pool:
         results = dict(zip(remotes, pool.map(_login_check, remotes.values()), strict=True))
@@ -471,4 +512,7 @@ def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwo
         for path in net._temp:
             shutil.rmtree(path, ignore_errors=True)
         if left:
-            progress.log("real machines: could not clean up " + "; ".join(left))
+            progress.log("real machines: could not clean up " + "; ".join(left)
+                         + ("; `testbed clean` tries again" if record is not None else ""))
+        elif record is not None:
+            record.delete()

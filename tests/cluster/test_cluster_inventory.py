@@ -53,7 +53,7 @@ def rig():
 @pytest.mark.slow
 @pytest.mark.timeout(600)  # 321 s measured at load 21-33 on 2 cores (torch imports over SSH dominate)
 def test_the_quickstart_runs_on_the_machines_of_an_inventory(rig, tmp_path):
-    before = set(Path("/tmp").glob("tbinv-*"))
+    before = set(Path("/tmp").glob("tb*-inv-*"))
     t0 = time.monotonic()
     res = _run(rig, _inventory(rig, tmp_path), tmp_path / "out", *REDUCED, timeout=560)
     wall = time.monotonic() - t0
@@ -74,7 +74,9 @@ def test_the_quickstart_runs_on_the_machines_of_an_inventory(rig, tmp_path):
     print(f"\ninventory run on the rig: {wall:.0f} s, atlas {summary['variants']['atlas']['iteration_time_s']:.3f} s/it "
           f"(load {load})")
     # nothing left on the machines: their folders removed, no process of the run alive
-    assert set(Path("/tmp").glob("tbinv-*")) <= before
+    assert set(Path("/tmp").glob("tb*-inv-*")) <= before
+    assert not [p for p in Path("/run/testbed").glob("*.json") if '"topology": "inventory"' in p.read_text()
+                and str(tmp_path) in p.read_text()]  # its run record went with it
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "out")], capture_output=True, text=True).stdout
     assert left.strip() == ""
 
@@ -88,3 +90,60 @@ def test_a_key_the_machines_refuse_stops_the_run_naming_the_machine(rig, tmp_pat
     assert f"{inventory.resolve()}: machines.0 (s1, root@10.202.0.2:22): cannot log in over SSH (" in res.stderr
     assert f"key-based login with ssh.identity ({other})" in res.stderr
     assert "machines.1 (s2, root@10.202.0.3:22)" in res.stderr
+
+
+def test_testbed_clean_ends_what_a_killed_inventory_run_left_on_the_machines(rig, tmp_path):
+    """The run's controller killed (SIGKILL) once its first process runs on a machine:
+    its folders there and its processes (marked with the run's prefix) stay, with the
+    run record that lists the machines; `testbed clean` ends them over SSH and drops
+    the record."""
+    import os
+    import signal
+
+    before = set(Path("/tmp").glob("tb*-inv-*"))
+    argv = [*TESTBED, "run", str(QUICKSTART), "--inventory", str(_inventory(rig, tmp_path)), "-o",
+            str(tmp_path / "out"), *REDUCED]
+    proc = subprocess.Popen(rig.head_argv(argv), cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, start_new_session=True)
+    try:
+        deadline = time.monotonic() + 150
+        folders: list[Path] = []
+        while time.monotonic() < deadline and proc.poll() is None:
+            folders = sorted(set(Path("/tmp").glob("tb*-inv-*")) - before)
+            if any(list(f.glob("*.pid")) for f in folders):
+                break
+            time.sleep(0.2)
+        assert proc.poll() is None and folders, "no process started on the machines"
+        os.kill(proc.pid, signal.SIGKILL)  # the controller only: what it started stays
+        proc.wait()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    prefix = folders[0].name[:5]
+    assert Path(f"/run/testbed/{prefix}.json").exists()
+    assert _marked(prefix), "no process of the run carries its mark on the machines"
+    res = subprocess.run(rig.head_argv([*TESTBED, "clean"]), cwd=REPO_ROOT, capture_output=True, text=True,
+                         timeout=180, check=False)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "remote-clean" in res.stdout
+    time.sleep(0.3)
+    assert not [f for f in folders if f.exists()]
+    assert not Path(f"/run/testbed/{prefix}.json").exists()
+    left = subprocess.run(["pgrep", "-f", str(tmp_path / "out")], capture_output=True, text=True).stdout
+    assert left.strip() == ""
+    assert _marked(prefix) == []
+
+
+def _marked(prefix: str) -> list[int]:
+    """PIDs with TESTBED_RUN=<prefix> (the rig's machines share this machine's /proc)."""
+    mark = f"TESTBED_RUN={prefix}".encode()
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                if mark in (d / "environ").read_bytes().split(b"\0"):
+                    out.append(int(d.name))
+            except OSError:
+                pass
+    return out

@@ -177,3 +177,11 @@ def test_a_login_quotes_the_remote_command_and_uses_sudo_only_when_not_root() ->
     assert shlex.split(other.clean_argv("tb0f0", ["/tmp/tb0f0-x"])[-1])[:2] == ["sudo", "-n"]
     assert shlex.split(other.clean_argv("tb0f0", ["/tmp/tb0f0-x"])[-1])[-4:] == ["--run", "tb0f0", "--path",
                                                                                  "/tmp/tb0f0-x"]
+
+
+def test_a_machine_login_runs_as_its_user_from_its_checkout() -> None:
+    login = RemoteLogin(server="m1", address="192.0.2.20", user="ops", python="/srv/tb/.venv/bin/python",
+                        sudo=False, cwd="/srv/tb")
+    remote = shlex.split(login.clean_argv("tb0f0")[-1])
+    assert remote[:4] == ["sh", "-c", 'cd "$0" && exec "$@"', "/srv/tb"]  # no sudo: the run's user owns it all
+    assert remote[4:] == ["/srv/tb/.venv/bin/python", "-m", "testbed.emulation.nodeagent", "clean", "--run", "tb0f0"]

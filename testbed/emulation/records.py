@@ -8,6 +8,14 @@ recorded before they are created). A record can also list interfaces and named n
 namespace; no run creates any today, but `clean` removes those a record lists. A normal teardown removes everything and deletes the record; a
 run killed with SIGKILL leaves the record behind for `testbed clean`.
 
+Servers reached over SSH (the multi-server emulation's other machines, the
+real-machine mode's machines) are listed with their login and the temporary paths made
+there (`RemoteEntry`), before anything is made on them; what runs there carries the
+run's mark, and `clean` undoes it over SSH (``nodeagent clean``; `remote_clean`).
+There the mark alone identifies the run's processes (no start times are recorded for
+another machine's PIDs), so two controllers must not share a server under one prefix.
+A record is kept while one of its servers cannot be cleaned.
+
 `clean` trusts nothing it has not verified: a PID is only killed when its start
 time (field 22 of /proc/<pid>/stat) matches the record AND it carries the run's
 mark (the prefix in its command line, e.g. `mininet:tb3a7d0h1`, or

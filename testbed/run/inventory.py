@@ -18,6 +18,13 @@ NFS), which is checked, per folder, before a process that names them starts.
 
 Nothing is shaped: the WAN is the real network between the machines; the runner
 calibrates it as it calibrates an emulated WAN.
+
+What the run makes on the machines (their folders, ``/tmp/<prefix>-inv-*``, and its
+processes, marked TESTBED_RUN=<prefix> in their environment) is written, with each
+machine's login, in a run record (testbed/emulation/records.py) before the run starts
+there, where records can be written (root): the run's normal end removes it all and
+drops the record; after a crash `testbed clean` ends it over SSH (``python -m
+testbed.emulation.nodeagent clean`` from the machine's repository, as the login's user).
 """
 
 from __future__ import annotations

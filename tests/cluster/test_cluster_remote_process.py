@@ -70,16 +70,22 @@ print(json.dumps(out))
 """
 
 
-def test_a_remote_program_gets_its_environment_signals_readiness_and_no_orphan(tmp_path):
+@pytest.fixture(scope="module")
+def rig():
     from testbed.emulation.cluster.rig import ServerRig
-    from testbed.emulation.sshlogin import RemoteLogin
 
     with ServerRig(1) as rig:
-        server = rig.servers[0]
-        login = RemoteLogin(server=server.name, address=server.address, identity=str(rig.identity),
-                            known_hosts=str(rig.known_hosts), python=sys.executable)
-        res = subprocess.run(rig.head_argv([sys.executable, "-c", CHILD, login.model_dump_json(), str(server.pid)]),
-                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+        yield rig
+
+
+def test_a_remote_program_gets_its_environment_signals_readiness_and_no_orphan(rig):
+    from testbed.emulation.sshlogin import RemoteLogin
+
+    server = rig.servers[0]
+    login = RemoteLogin(server=server.name, address=server.address, identity=str(rig.identity),
+                        known_hosts=str(rig.known_hosts), python=sys.executable)
+    res = subprocess.run(rig.head_argv([sys.executable, "-c", CHILD, login.model_dump_json(), str(server.pid)]),
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
     out = json.loads(res.stdout.splitlines()[-1])
     assert out["env_line"] == "s3cr3t-x tb0c1"
@@ -88,3 +94,58 @@ def test_a_remote_program_gets_its_environment_signals_readiness_and_no_orphan(t
     assert out["ready"] == {"port": 4242}
     for how in ("own", "shared"):  # the ssh client killed: the program on the server ends too
         assert out[f"running_before_{how}"] is True and out[f"running_after_{how}"] is False, how
+
+
+FORWARD = r"""
+import json, os, socket, subprocess, sys, tempfile, threading, time
+from pathlib import Path
+from testbed.emulation.cluster.build import CONTROL_MAP_ENV, ClusterBuild
+from testbed.emulation.errors import EmulationError
+from testbed_core.servers import ServerPlan
+
+plan = ServerPlan.model_validate(json.loads(sys.argv[1]))
+pid = int(sys.argv[2])
+ctl = Path(tempfile.mkdtemp(prefix="tb0c2-ctl-"))
+build = ClusterBuild(None, plan, "tb0c2", ctl, lambda m: None)
+build.remote = {"s1": True}
+build._placement = {"tb0c2h1": plan.machines[0]}
+build._dirs.append(ctl)
+listener = socket.socket(socket.AF_UNIX)
+listener.bind(str(ctl / "runner.sock"))
+listener.listen()
+got = []
+def accept():
+    conn, _ = listener.accept()
+    got.append(conn.recv(100).decode())
+threading.Thread(target=accept, daemon=True).start()
+client = ("import json, os, socket, time\n"
+          "path = json.loads(os.environ['" + CONTROL_MAP_ENV + "'])[os.environ['SOCK']]\n"
+          "for _ in range(100):\n"
+          "    try:\n"
+          "        s = socket.socket(socket.AF_UNIX); s.connect(path); break\n"
+          "    except OSError: time.sleep(0.1)\n"
+          "s.sendall(b'hello through ' + path.encode()); print(path)\n")
+env = dict(os.environ, SOCK=str(ctl / "runner.sock"))
+p = build.spawn("tb0c2h1", pid, [sys.executable, "-c", client], env=env, stdout=subprocess.PIPE, text=True)
+out, _ = p.communicate(timeout=60)
+time.sleep(0.3)
+build.close()
+folders = list(build._forward_dirs.values())
+subprocess.run(["rm", "-rf", str(ctl), *folders])
+print(json.dumps({"remote_path": out.strip(), "got": got, "code": p.returncode}))
+"""
+
+
+def test_a_remote_program_reaches_the_runners_control_socket_through_a_forward(rig):
+    """The runner's control socket (a UNIX socket in the emulation's ``ctl`` folder) is
+    forwarded to a path of the server (``ssh -N -R``) and named to programs started
+    there (TESTBED_CONTROL_MAP): the program connects through the server's path."""
+    section = rig.servers_section({"s1": ["dc1"]}, configure="ssh")
+    res = subprocess.run(rig.head_argv([sys.executable, "-c", FORWARD, json.dumps(section),
+                                        str(rig.servers[0].pid)]),
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)
+    assert res.returncode == 0, res.stderr[-3000:]
+    out = json.loads(res.stdout.splitlines()[-1])
+    assert out["code"] == 0
+    assert out["remote_path"].startswith("/tmp/tb0c2-fwd-") and out["remote_path"].endswith("/c0.sock")
+    assert out["got"] == [f"hello through {out['remote_path']}"]

@@ -179,11 +179,12 @@ RUN_REDUCED = ["--variants", "baseline,atlas", "--set", "workload.warmup=1", "--
 @pytest.mark.timeout(900)  # 232-292 s measured for the pair at load 16-33 on 2 cores
 def test_testbed_run_over_the_split_gives_atlas_the_speedup_of_one_server(rig, tmp_path):
     """`testbed run` on the quickstart (reduced: baseline and atlas, one warm-up, two
-    iterations) with `--servers` placing dc1 on s1 and dc2 on s2, and the same run on
-    this machine alone, side by side (the same load on both): Atlas's speedup over
-    baseline in the split run is within 15% of the one-server run's."""
+    iterations) with `--servers` placing dc1 on s1 and dc2 on s2, every node reached
+    over SSH as on other machines (`configure: ssh`), and the same run on this machine
+    alone, side by side (the same load on both): Atlas's speedup over baseline in the
+    split run is within 15% of the one-server run's."""
     servers = tmp_path / "servers.yaml"
-    servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]})))
+    servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")))
     quick = str(REPO_ROOT / "scenarios" / "quickstart.yaml")
     split = subprocess.Popen(rig.head_argv([*TESTBED, "run", quick, "--servers", str(servers), "-o",
                                             str(tmp_path / "split"), *RUN_REDUCED]),

@@ -42,6 +42,7 @@ import re
 import secrets
 import shlex
 import subprocess
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -62,6 +63,7 @@ from testbed_core.servers import (
 )
 
 ENV_CONFIGURE = "TESTBED_SERVERS_CONFIGURE"  # "ssh": as servers.configure: ssh
+CONTROL_MAP_ENV = "TESTBED_CONTROL_MAP"  # as testbed.training.worker.control.CONTROL_MAP_ENV (a later layer)
 SSH_TIMEOUT_S = 20.0
 VXLAN_PORT = 4789
 IPERF_S = 1.0
@@ -106,6 +108,10 @@ class ClusterBuild:
         self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
         self.agents: dict[str, Any] = {}  # node (Mininet name) -> remote.RemoteAgent
         self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
+        self._dirs: list[Path] = []  # the emulation's temporary folders (made on the remote servers too)
+        self._forwards: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}  # (server, socket) -> ssh -R
+        self._forward_dirs: dict[str, str] = {}
+        self._forward_lock = threading.Lock()
 
     def login(self, server: Server) -> Any:
         from testbed.emulation.sshlogin import RemoteLogin
@@ -147,6 +153,7 @@ class ClusterBuild:
                 "echo mnexec=$(command -v mnexec)",
                 "echo iperf3=$(command -v iperf3)",
                 "echo sudo=$(command -v sudo)",
+                f"echo inuse=$(pgrep -f 'mininet:[{self.prefix[0]}]{self.prefix[1:]}' | head -1)",  # not itself
                 (f"{shlex.quote(self.plan.python_for(server))} -c 'import testbed.emulation.nodeagent, pyroute2, "
                  "pydantic' >/dev/null 2>&1 && echo agent=ok || echo agent=missing"),
                 f"echo route=$(ip -o route get {peer} 2>&1 | head -1)",
@@ -173,6 +180,11 @@ class ClusterBuild:
                     f"or load the module (modprobe {'vxlan' if kind == 'vxlan' else 'ip_gre'})")
             other_machine = facts.get("boot") != local_boot or facts.get("pidns") != local_pidns
             self.remote[server.name] = other_machine or self.configure == "ssh"
+            if self.remote[server.name] and facts.get("inuse") and other_machine:
+                raise EmulationError(
+                    f"server {server.name} ({server.address}) already runs nodes of a run named {self.prefix} "
+                    "(another controller's): run again (a new run gets another prefix), or `testbed clean` on "
+                    "the controller that started them")
             if self.remote[server.name]:
                 self._progress(f"server {server.name}: nodes configured and programs started over SSH "
                                f"({'another machine' if other_machine else 'servers.configure: ssh'})")
@@ -293,6 +305,9 @@ class ClusterBuild:
         server = self._placement[mn_name]
         login = self.login(server)
         extra = env_extra(popen_kwargs.pop("env", None))
+        control = self.control_map(server)
+        if control:
+            extra[CONTROL_MAP_ENV] = json.dumps(control)
         cwd = popen_kwargs.pop("cwd", None)
         return RemoteProcess(login, self.control_dir, pid, self.prefix, remote_argv(argv, login.python), extra,
                              None if cwd is None else str(cwd), **popen_kwargs)
@@ -300,17 +315,50 @@ class ClusterBuild:
     def make_dirs(self, path: Path) -> None:
         """The emulation's temporary folder `path` on every server reached over SSH too
         (the programs of its nodes write there), recorded with the server first."""
+        self._dirs.append(path)
         for server in self.plan.machines:
             if not self.remote.get(server.name):
                 continue
-            if self.record is not None:
-                self.record.add_remote_path(server.name, str(path))
-            res = subprocess.run(self.login(server).ssh_argv(["mkdir", "-p", "-m", "700", str(path)], self.control_dir),
-                                 capture_output=True, text=True, timeout=SSH_TIMEOUT_S, check=False,
-                                 stdin=subprocess.DEVNULL)
-            if res.returncode != 0:
-                raise EmulationError(f"server {server.name}: cannot make the folder {path} there: "
-                                     f"{(res.stderr or res.stdout).strip()[-300:]}")
+            self._make_dir(server, path)
+
+    def _make_dir(self, server: Server, path: Path | str) -> None:
+        if self.record is not None:
+            self.record.add_remote_path(server.name, str(path))
+        res = subprocess.run(self.login(server).ssh_argv(["mkdir", "-p", "-m", "700", str(path)], self.control_dir),
+                             capture_output=True, text=True, timeout=SSH_TIMEOUT_S, check=False,
+                             stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise EmulationError(f"server {server.name}: cannot make the folder {path} there: "
+                                 f"{(res.stderr or res.stdout).strip()[-300:]}")
+
+    def control_map(self, server: Server) -> dict[str, str]:
+        """The runner's control sockets (UNIX sockets in the emulation's ``ctl``
+        folders) as paths on `server`: one ``ssh -N -R`` per server and socket, kept for
+        the run (a program's own ssh cannot carry it: it would not end while the
+        runner's connection stays open). Programs there connect through the path
+        (CONTROL_MAP_ENV), retrying until the forward is up."""
+        socks = [str(p) for d in self._dirs if "-ctl-" in d.name and d.is_dir()
+                 for p in sorted(d.glob("*.sock")) if p.is_socket()]
+        out = {}
+        with self._forward_lock:
+            for sock in socks:
+                key = (server.name, sock)
+                if key not in self._forwards or self._forwards[key][0].poll() is not None:
+                    if server.name not in self._forward_dirs:  # a folder of its own: never the runner's
+                        folder = f"/tmp/{self.prefix}-fwd-{secrets.token_hex(4)}"
+                        self._make_dir(server, folder)
+                        self._forward_dirs[server.name] = folder
+                    path = f"{self._forward_dirs[server.name]}/c{len(self._forwards)}.sock"
+                    ssh = self.plan.ssh_for(server)
+                    proc = subprocess.Popen(["ssh", "-q", *ssh_options(ssh), "-N", "-o", "ExitOnForwardFailure=yes",
+                                             "-R", f"{path}:{sock}", f"{ssh.user}@{server.address}"],
+                                            stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                            stderr=subprocess.DEVNULL, start_new_session=True)
+                    if self.record is not None:  # its command line carries the run's prefix (the path)
+                        self.record.add_process("process", f"{self.prefix}:ssh-forward", proc.pid, None)
+                    self._forwards[key] = (proc, path)
+                out[sock] = self._forwards[key][1]
+        return out
 
     def fetch(self, mn_name: str, path: str, into: Path) -> Path:
         """A file a program in remote node `mn_name` wrote, copied here into the folder
@@ -327,10 +375,21 @@ class ClusterBuild:
         return local
 
     def close(self) -> None:
-        """End the node agents (each one's SSH session)."""
+        """End the node agents (each one's SSH session) and the control sockets' forwards."""
         for agent in self.agents.values():
             agent.close()
         self.agents.clear()
+        with self._forward_lock:
+            forwards = [proc for proc, _ in self._forwards.values()]
+            self._forwards.clear()
+        for proc in forwards:
+            if proc.poll() is None:
+                proc.terminate()
+            try:
+                proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
 
     def link(self, node1: Any, node2: Any, intf1: str, intf2: str) -> Any:
         """A veth between nodes of one server, a tunnel between servers."""

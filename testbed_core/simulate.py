@@ -11,6 +11,13 @@ per-transfer rate cap (streams x window/RTT). The last byte arrives
 * ``exclusive`` resource: one transfer at a time, at full rate; in first-come order,
   or in a planned order (a token list, as Atlas's temporal sharing enforces).
 
+With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
+has posted its receive and its notice has reached the sender: the notice is a message
+on the receiver's own connection back to the sender (the opposite channel of the same
+boundary), queued behind the data the receiver already handed to it (head-of-line
+blocking), then one latency on the wire. atlas_transport sends at once and the
+receiver buffers.
+
 Resources are one direction of a link (WAN links are full duplex). The result holds
 per-device timelines, per-transfer spans and the makespan: the predicted iteration
 time, and (with zero delay) the textbook bubble fraction. Pure computation, no I/O.
@@ -88,6 +95,8 @@ class SimSpec:
     resources: dict[str, Resource] = field(default_factory=dict)
     offsets: list[float] | None = None  # start delay of each pipeline
     compute_fn: Callable[[int, int, str, int], float] | None = None  # (pipeline, stage, kind, mb)
+    # gloo: a send waits for the receiver's posted receive (its notice, one latency later)
+    rendezvous: bool = False
 
     def path(self, key: TransferKey) -> Path:
         return self.paths.get((key.pipeline, key.boundary, key.direction), Path())
@@ -175,6 +184,11 @@ class _Flow:
     ready: float
     start: float
     rate: float = 0.0
+    notice: bool = False  # rendezvous: the receiver's notice for `key`, not its bytes
+
+    @property
+    def ident(self) -> tuple[TransferKey, bool]:
+        return self.key, self.notice
 
 
 def max_min_rates(flows: list[tuple[float, tuple[str, ...]]], capacity: dict[str, float]) -> list[float]:
@@ -221,11 +235,14 @@ class _Sim:
         self.started = {w: False for w in self.workers}
         self.waiting: dict[TransferKey, tuple[int, int]] = {}
         self.arrived: set[TransferKey] = set()
+        self.recv_posted: dict[TransferKey, float] = {}  # rendezvous: when each receive was posted
+        self.noticed: dict[TransferKey, float] = {}  # rendezvous: when its notice reached the sender
+        self.held: dict[TransferKey, float] = {}  # rendezvous: sends waiting for their notice
         self.compute: list[ComputeSpan] = []
         self.transfers: list[TransferSpan] = []
-        self.active: dict[TransferKey, _Flow] = {}
+        self.active: dict[tuple[TransferKey, bool], _Flow] = {}
         self.pending: list[tuple[int, _Flow]] = []  # (ready seq, flow) waiting for exclusive resources
-        self.holder: dict[str, TransferKey] = {}
+        self.holder: dict[str, tuple[TransferKey, bool]] = {}
         self.token = {name: 0 for name in spec.resources}
         self.net_time = 0.0
         self.net_version = 0
@@ -255,6 +272,9 @@ class _Sim:
             if op.kind.startswith("SEND"):
                 self.send(key, t)
             elif key not in self.arrived:
+                if self.spec.rendezvous and key not in self.recv_posted:
+                    self.recv_posted[key] = t
+                    self.notify(key, t)
                 self.waiting[key] = w
                 return
             self.pos[w] += 1
@@ -262,13 +282,33 @@ class _Sim:
     # -------------------------------------------------------------- network
 
     def send(self, key: TransferKey, t: float) -> None:
+        if self.spec.rendezvous and key not in self.noticed:
+            self.held[key] = t  # released by its notice
+            return
+        self.start_send(key, t, t)
+
+    def notify(self, key: TransferKey, t: float) -> None:
+        """Rendezvous: the receiver of `key` posted its receive at `t`; its notice waits
+        on the opposite channel behind what is queued there, then crosses the path."""
+        back = TransferKey(key.pipeline, key.boundary, key.mb, "bwd" if key.direction == "fwd" else "fwd")
+        path = self.spec.path(back)
+        queue = tuple(r for r in path.resources if self._exclusive(r))
+        if not queue:
+            self.push(t + path.latency_s, "notice", key)
+            return
+        self.pending.append((self.seq, _Flow(key, Path(queue, path.latency_s), 0.0, 0.0, t, t, notice=True)))
+        self.seq += 1
+        self.try_start(t)
+
+    def start_send(self, key: TransferKey, ready: float, t: float) -> None:
+        """The bytes of `key` (handed over at `ready`) leave at `t`."""
         path = self.spec.path(key)
         bits = self.spec.nbytes(key) * 8
         if bits <= 0 or (not path.resources and path.cap_bps == INF):
-            self.transfers.append(TransferSpan(key, t, t, t, t + path.latency_s, bits / 8, path.resources))
+            self.transfers.append(TransferSpan(key, ready, t, t, t + path.latency_s, bits / 8, path.resources))
             self.push(t + path.latency_s, "arrive", key)
             return
-        self.pending.append((self.seq, _Flow(key, path, bits, bits, t, t)))
+        self.pending.append((self.seq, _Flow(key, path, bits, bits, ready, t)))
         self.seq += 1
         self.try_start(t)
 
@@ -287,7 +327,7 @@ class _Sim:
                 res = self.spec.resources[name]
                 if name in self.holder:
                     ok = False
-                elif res.order is not None:
+                elif res.order is not None and not flow.notice:
                     i = self.token[name]
                     if i >= len(res.order) or res.order[i] != flow.key:
                         ok = False
@@ -300,9 +340,10 @@ class _Sim:
                 flow.start = t
                 for name in flow.path.resources:
                     if self._exclusive(name):
-                        self.holder[name] = flow.key
-                        self.token[name] += 1
-                self.active[flow.key] = flow
+                        self.holder[name] = flow.ident
+                        if not flow.notice:
+                            self.token[name] += 1
+                self.active[flow.ident] = flow
             else:
                 keep.append((seq, flow))
                 wanted.update(n for n in flow.path.resources if self._exclusive(n) and self.spec.resources[n].order is None)
@@ -342,10 +383,13 @@ class _Sim:
         self.progress(t)
         done = [f for f in self.active.values() if f.left <= 1e-9 * f.bits + 1e-6]
         for f in done:
-            del self.active[f.key]
+            del self.active[f.ident]
             for name in f.path.resources:
-                if self.holder.get(name) == f.key:
+                if self.holder.get(name) == f.ident:
                     del self.holder[name]
+            if f.notice:
+                self.push(t + f.path.latency_s, "notice", f.key)
+                continue
             self.transfers.append(TransferSpan(f.key, f.ready, f.start, t, t + f.path.latency_s, f.bits / 8, f.path.resources))
             self.push(t + f.path.latency_s, "arrive", f.key)
         self.reschedule(t)
@@ -375,6 +419,11 @@ class _Sim:
                     self.advance(w, t)
             elif kind == "net":
                 self.on_net(t, payload)  # type: ignore[arg-type]
+            elif kind == "notice":
+                self.noticed[payload] = t  # type: ignore[index]
+                ready = self.held.pop(payload, None)  # type: ignore[call-overload]
+                if ready is not None:
+                    self.start_send(payload, ready, t)  # type: ignore[arg-type]
         stuck = [w for w in self.workers if self.pos[w] < len(self.s.ops[w[1]])]
         if stuck:
             detail = ", ".join(f"pipeline {d} rank {r} at {self.s.ops[r][self.pos[(d, r)]]}" for d, r in stuck[:6])

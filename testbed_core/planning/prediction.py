@@ -56,6 +56,14 @@ class Variant:
     placement: str
     fill_link: bool = False
 
+    @property
+    def rendezvous(self) -> bool:
+        """Whether its sends wait for the receiver's posted receive (the registry's
+        ``comm: gloo``: gloo's TCP pairs send an unbound buffer only after the peer's
+        recv-ready notice, one path latency after the receive was posted)."""
+        definition = REGISTRY.get(self.name)
+        return definition is not None and definition.comm == "gloo"
+
     @classmethod
     def of(cls, definition: VariantDef, streams: int | Literal["auto"] = 8,
            baseline_placement: str = "even") -> Variant:
@@ -166,7 +174,7 @@ def build_spec(
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s)
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
-                   paths, resources)
+                   paths, resources, rendezvous=variant.rendezvous)
     return spec, wan
 
 

@@ -26,6 +26,15 @@ to the order of two transfers that become ready at the same instant (ties go to 
 one whose compute started first, then to the first sent; the exact simulator's order
 there comes from the rounding of its fluid bookkeeping). No rate is ever recomputed.
 
+With ``rendezvous`` (gloo), a send waits for its receiver's notice, as in the exact
+simulator: the receiver posts its receive, its notice leaves on the opposite channel
+once every transfer released there by then has left (head-of-line blocking on gloo's
+one connection per pair), and arrives one latency later. A send whose notice is not
+known yet is held and released by the receiver when it posts (a channel's sends and
+its receiver's receives both run in micro-batch order, so a held send never lets a
+later one on its channel pass); its bytes leave at
+``max(channel free, sent, notice)``.
+
 Shared links where one pipeline's own transfers overlap (a route through a DC that
 another boundary also crosses) do change rates over time; `overlaps` finds them, and
 the caller then falls back to the exact simulator on one representative pipeline.
@@ -131,6 +140,7 @@ def run_reference(
     links: int = 0,
     exclusive_links: bool = False,
     record_wan: bool = False,
+    rendezvous: bool = False,
 ) -> EngineResult:
     """`run` as a plain Python loop: the readable form of the compiled kernel
     (testbed_core/whatif/kernel.py), kept as its reference in the tests."""
@@ -171,7 +181,17 @@ def run_reference(
                     recv = -1
             per_rank.append(tuple(out))
         steps.append(per_rank)
+    if rendezvous and exclusive_links:
+        raise EngineError("rendezvous sends (gloo) run on shared links only")
     arrival = [-1.0] * (D * T)
+    m = compiled.schedule.microbatches
+    # rendezvous: per transfer, when its receive was posted, when its notice reached the
+    # sender, when its send was issued, (released, left its channel), and held sends
+    posted: dict[int, float] = {}
+    noticed: dict[int, float] = {}
+    issued: dict[int, float] = {}
+    released: dict[int, tuple[float, float]] = {}
+    held: dict[int, tuple[int, float, int, float, float, bool]] = {}
     waiting: dict[int, int] = {}
     chan_free = [0.0] * (D * nch)
     link_free = [0.0] * links
@@ -186,6 +206,61 @@ def run_reference(
     push = heapq.heappush
     stack = list(range(W - 1, -1, -1))
     m2 = 2 * compiled.schedule.microbatches
+
+    def on_channel(g: int, direction: int) -> list[int]:
+        """The transfers of g's boundary (same pipeline) going `direction`, in micro-batch order."""
+        d, x = divmod(g, T)
+        b = x // 2 // m
+        return [d * T + (b * m + k) * 2 + direction for k in range(m)]
+
+    def leave(g: int, c: int, go: float, sec: float, lat: float, rec: bool) -> None:
+        """Send g (released at `go`) on channel c; wake its receiver, and try the notices
+        its sender owes, which may have waited for this send."""
+        s0 = max(chan_free[c], go)
+        e = s0 + sec
+        chan_free[c] = e
+        arrival[g] = e + lat
+        if rendezvous:
+            released[g] = (go, e)
+        if rec:
+            wan.append((g // T, g % T, s0, e))
+        v = waiting.pop(g, -1)
+        if v >= 0:
+            stack.append(v)
+        if rendezvous:
+            notify(on_channel(g, 1 - g % T % 2))
+
+    def notify(todo: list[int]) -> None:
+        """Compute the notices of posted receives whose way back is settled: every send
+        their receiver issued on it by then has been released or decided to wait."""
+        while todo:
+            h = todo.pop()
+            if h in noticed or h not in posted:
+                continue
+            d, x = divmod(h, T)
+            t0, leaves, back = posted[h], posted[h], 1 - x % 2
+            ready = True
+            for g2 in on_channel(h, back):
+                if issued.get(g2, t0 + 1.0) > t0:
+                    continue  # sent after this receive was posted: behind its notice
+                if g2 in released:
+                    go, e = released[g2]
+                    if go <= t0 and e > leaves:
+                        leaves = e
+                    continue
+                # held: it leaves at its own notice, no earlier than its receive's post
+                # plus the way here; from then on it queues behind this notice
+                p2 = posted.get(g2)
+                if p2 is not None and p2 + chan_plan[d][x // m2 * 2 + x % 2][1] >= t0:
+                    continue
+                ready = False  # its release is not known yet: this notice waits for it
+                break
+            if not ready:
+                continue
+            noticed[h] = leaves + chan_plan[d][x // m2 * 2 + back][1]
+            if h in held:  # its send waited for this notice: it leaves now
+                hc, ht, _, hsec, hlat, hrec = held.pop(h)
+                leave(h, hc, max(ht, noticed[h]), hsec, hlat, hrec)
 
     while True:
         while stack:
@@ -202,6 +277,12 @@ def run_reference(
                 rt, dur, sx, sc, sec, lat, queued, rec = wsteps[i]
                 if rt >= 0:
                     a = arrival[base + rt]
+                    if a < 0 and rendezvous and base + rt not in posted:
+                        posted[base + rt] = t
+                        # its notice, and those its sender owes (they may have waited to
+                        # know when this send can leave: no earlier than this post)
+                        notify([*on_channel(base + rt, 1 - rt % 2), base + rt])
+                        a = arrival[base + rt]
                     if a < 0:
                         waiting[base + rt] = w
                         break
@@ -211,23 +292,18 @@ def run_reference(
                 began = t
                 t += dur
                 if sx >= 0:
+                    g = base + sx
                     if queued:
-                        push(heap, (t, began, seq, base + sx))
+                        push(heap, (t, began, seq, g))
                         seq += 1
+                    elif not rendezvous:
+                        leave(g, cbase + sc, t, sec, lat, rec)
                     else:
-                        c = cbase + sc
-                        s0 = chan_free[c]
-                        if t > s0:
-                            s0 = t
-                        e = s0 + sec
-                        chan_free[c] = e
-                        g = base + sx
-                        arrival[g] = e + lat
-                        if rec:
-                            wan.append((d, sx, s0, e))
-                        v = waiting.pop(g, -1)
-                        if v >= 0:
-                            stack.append(v)
+                        issued[g] = t
+                        if g in noticed:
+                            leave(g, cbase + sc, max(t, noticed[g]), sec, lat, rec)
+                        else:
+                            held[g] = (cbase + sc, t, d, sec, lat, rec)
                 i += 1
             pos[w] = i
             clock[w] = t
@@ -337,6 +413,7 @@ def run(
     links: int = 0,
     exclusive_links: bool = False,
     record_wan: bool = False,
+    rendezvous: bool = False,
 ) -> EngineResult:
     """One iteration of ``len(route_class)`` pipelines; pipeline d's channels travel
     ``routes[route_class[d]][channel]``. With `exclusive_links`, a transfer on WAN
@@ -352,6 +429,8 @@ def run(
     for cls_routes in routes:
         if len(cls_routes) != compiled.channels:
             raise EngineError(f"{len(cls_routes)} routes for {compiled.channels} channels")
+    if rendezvous and exclusive_links:
+        raise EngineError("rendezvous sends (gloo) run on shared links only")
     arrays = _step_arrays(compiled, forward_s, backward_s, routes, exclusive_links, record_wan)
     nch = max(compiled.channels, 1)
     maxl = max([len(r.links) for cls_routes in routes for r in cls_routes] + [1])
@@ -366,7 +445,7 @@ def run(
     wan = np.zeros((D * compiled.transfers if record_wan else 0, 4))
     nw, left = run_steps(*arrays, np.asarray(route_class, np.int64), np.asarray(offsets, float), ch_sec, ch_lat,
                          ch_links, compiled.transfers, compiled.channels, 2 * compiled.schedule.microbatches,
-                         links, record_wan, starts, wan)
+                         links, record_wan, rendezvous, starts, wan)
     if left:
         raise EngineError(f"the schedule cannot finish: {left} of {D * p} workers are stuck waiting for a tensor")
     durations = arrays[1][0]

@@ -32,15 +32,109 @@ def _swap(hk, hb, hs, hg, i, j):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w, held_i, held_t,
+            arrival, chan_free, waiting, stack, top, wan, nw,
+            route_class, sendch, sec, lat, rec, ch_lat, transfers, channels, m, p):  # pragma: no cover - compiled
+    """Rendezvous (`engine.run_reference`'s `notify` and `leave`): for each transfer in
+    `todo`, compute its notice once its receive is posted and the way back is settled,
+    and release its send if held; a released send may settle notices its sender owes.
+    Returns (stack top, wan rows)."""
+    m2 = 2 * m
+    while ntodo > 0:
+        ntodo -= 1
+        h = todo[ntodo]
+        in_todo[h] = False
+        d = h // transfers
+        x = h - d * transfers
+        b = x // m2
+        dirh = x % 2
+        back = 1 - dirh
+        c = route_class[d]
+        base = d * transfers
+        if noticed[h] < 0:
+            if posted[h] < 0:
+                continue
+            t0 = posted[h]
+            leaves = t0
+            ready = True
+            for k in range(m):
+                g2 = base + (b * m + k) * 2 + back
+                if issued[g2] < 0 or issued[g2] > t0:
+                    continue
+                if rel[g2] >= 0:
+                    if rel[g2] <= t0 and left_at[g2] > leaves:
+                        leaves = left_at[g2]
+                    continue
+                if posted[g2] >= 0 and posted[g2] + ch_lat[c, b * 2 + dirh] >= t0:
+                    continue
+                ready = False
+                break
+            if not ready:
+                continue
+            noticed[h] = leaves + ch_lat[c, b * 2 + back]
+        hw = held_w[h]
+        if hw < 0:
+            continue
+        held_w[h] = -1
+        hr = hw - d * p
+        hi = held_i[h]
+        ci = d * channels + sendch[c, hr, hi]
+        go = held_t[h]
+        if noticed[h] > go:
+            go = noticed[h]
+        s0 = chan_free[ci]
+        if go > s0:
+            s0 = go
+        e = s0 + sec[c, hr, hi]
+        chan_free[ci] = e
+        rel[h] = go
+        left_at[h] = e
+        arrival[h] = e + lat[c, hr, hi]
+        if rec[c, hr, hi]:
+            wan[nw, 0] = d
+            wan[nw, 1] = x
+            wan[nw, 2] = s0
+            wan[nw, 3] = e
+            nw += 1
+        v = waiting[h]
+        if v >= 0:
+            waiting[h] = -1
+            stack[top] = v
+            top += 1
+        for k in range(m):  # the notices its sender owes may have waited for it
+            h2 = base + (b * m + k) * 2 + back
+            if posted[h2] >= 0 and noticed[h2] < 0 and not in_todo[h2]:
+                in_todo[h2] = True
+                todo[ntodo] = h2
+                ntodo += 1
+    return top, nw
+
+
+@njit(cache=True)
 def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, rank, step)
               route_class, offsets, ch_sec, ch_lat, ch_links,  # per pipeline; per (class, channel)
-              transfers, channels, m2, links, record_wan, starts, wan):  # pragma: no cover - compiled
+              transfers, channels, m2, links, record_wan, rendezvous, starts,
+              wan):  # pragma: no cover - compiled
     """Run every worker; fill `starts` (workers x steps) and `wan` (rows of pipeline,
-    transfer, start, end); return (number of wan rows, workers left unfinished)."""
+    transfer, start, end); return (number of wan rows, workers left unfinished).
+    `rendezvous`: a send waits for its receive (see `engine.run_reference`)."""
     n_classes, p, n = recv.shape
     D = route_class.shape[0]
     W = D * p
     arrival = np.full(D * transfers, -1.0)
+    # rendezvous: per transfer, its receive's post, its notice at the sender, its send's
+    # issue, release and leaving its channel, the held send's worker, step and time
+    posted = np.full(D * transfers, -1.0)
+    noticed = np.full(D * transfers, -1.0)
+    issued = np.full(D * transfers, -1.0)
+    rel = np.full(D * transfers, -1.0)
+    left_at = np.zeros(D * transfers)
+    held_w = np.full(D * transfers, -1, np.int64)
+    held_i = np.zeros(D * transfers, np.int64)
+    held_t = np.zeros(D * transfers)
+    todo = np.empty(D * transfers + 1, np.int64)
+    in_todo = np.zeros(D * transfers, np.bool_)
+    m = m2 // 2
     waiting = np.full(D * transfers, -1, np.int64)
     chan_free = np.zeros(D * channels)
     link_free = np.zeros(max(links, 1))
@@ -77,6 +171,25 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
                 rt = recv[c, r, i]
                 if rt >= 0:
                     a = arrival[base + rt]
+                    if a < 0 and rendezvous and posted[base + rt] < 0:
+                        g = base + rt
+                        posted[g] = t
+                        # its notice, and those its sender owes (they may have waited to
+                        # know when this send can leave: no earlier than this post)
+                        nt = 0
+                        rb = rt // m2
+                        for k in range(m):
+                            h2 = base + (rb * m + k) * 2 + 1 - rt % 2
+                            if posted[h2] >= 0 and noticed[h2] < 0 and not in_todo[h2]:
+                                in_todo[h2] = True
+                                todo[nt] = h2
+                                nt += 1
+                        todo[nt] = g
+                        in_todo[g] = True
+                        top, nw = _settle(todo, nt + 1, in_todo, posted, noticed, issued, rel, left_at, held_w, held_i,
+                                          held_t, arrival, chan_free, waiting, stack, top, wan, nw, route_class,
+                                          sendch, sec, lat, rec, ch_lat, transfers, channels, m, p)
+                        a = arrival[g]
                     if a < 0:
                         waiting[base + rt] = w
                         break
@@ -101,6 +214,17 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
                                 k = parent
                             else:
                                 break
+                    elif rendezvous:  # held until its notice; released here if it came
+                        g = base + sx
+                        issued[g] = t
+                        held_w[g] = w
+                        held_i[g] = i
+                        held_t[g] = t
+                        todo[0] = g
+                        in_todo[g] = True
+                        top, nw = _settle(todo, 1, in_todo, posted, noticed, issued, rel, left_at, held_w, held_i,
+                                          held_t, arrival, chan_free, waiting, stack, top, wan, nw, route_class,
+                                          sendch, sec, lat, rec, ch_lat, transfers, channels, m, p)
                     else:
                         ci = cbase + sendch[c, r, i]
                         s0 = chan_free[ci]

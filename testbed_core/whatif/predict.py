@@ -204,7 +204,7 @@ def _lockstep_share(capacity: float, crowded: float | None, pipelines: int) -> f
 
 
 def _reduced_exact(compiled: Compiled, fwd: list[float], bwd: list[float], nbytes: float, netw: _Net, row: int,
-                   pipelines: int) -> EngineResult:
+                   pipelines: int, rendezvous: bool = False) -> EngineResult:
     """One pipeline of a lockstep class through the exact simulator, each link at the
     class's lockstep share (used when the pipeline's own transfers overlap on a link)."""
     sched = compiled.schedule
@@ -228,7 +228,7 @@ def _reduced_exact(compiled: Compiled, fwd: list[float], bwd: list[float], nbyte
                 resources[netw.links[k]] = Resource(cap, crowded_bps=crowd)
         paths[(0, b, dname)] = Path((chan, *wp.resources), wp.latency_s)
     nb = [nbytes] * (sched.stages - 1)
-    sim = simulate(SimSpec(sched, 1, list(fwd), list(bwd), nb, list(nb), paths, resources))
+    sim = simulate(SimSpec(sched, 1, list(fwd), list(bwd), nb, list(nb), paths, resources, rendezvous=rendezvous))
     return _from_sim(sim, compiled, fwd, bwd)
 
 
@@ -382,15 +382,18 @@ def fast_predict(
 
     # ---- shared links: one pipeline per placement row, in lockstep with its twins
     def shared_run() -> tuple[float, list[tuple[EngineResult, int]], str]:
-        if len(wan_rows) > 1:  # rows that meet on links do not move in lockstep: the exact model
+        # rows that meet on links do not move in lockstep, and the fast engine's gloo
+        # notices are kept for 1F1B and GPipe (not interleaved chunks): the exact model
+        if len(wan_rows) > 1 or (variant.rendezvous and par.chunks > 1):
             whole = _from_sim(simulate(_full_spec(topology, workload, placement, variant, eff, net)),
                               compiled, fwd, bwd)
             return whole.makespan, [(whole, 1)], "exact"
         out, method = [], "fast"
         for i in range(len(netw.rows)):
-            res = run(compiled, fwd, bwd, [netw.shared[i]], [0], record_wan=True)
+            res = run(compiled, fwd, bwd, [netw.shared[i]], [0], record_wan=True, rendezvous=variant.rendezvous)
             if res.wan and overlaps(res, compiled, [netw.shared[i]], [0]):
-                res, method = _reduced_exact(compiled, fwd, bwd, nbytes, netw, i, counts[i]), "fast+exact-pipeline"
+                res, method = (_reduced_exact(compiled, fwd, bwd, nbytes, netw, i, counts[i], variant.rendezvous),
+                               "fast+exact-pipeline")
             out.append((res, counts[i]))
         return max(r.makespan for r, _ in out), out, method
 

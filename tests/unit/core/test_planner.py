@@ -257,3 +257,32 @@ def test_single_stream_rings_sharing_a_link_get_no_more_than_their_windows() -> 
         p = predict(topo, wl, variant)
         times[delay] = p.iteration_time_s
     assert times["100ms"] > 5 * times["10ms"], times
+
+
+def test_gloo_sends_wait_for_the_receivers_posted_receive() -> None:
+    """gloo's pairs send an unbound buffer only after the peer's recv-ready notice: with
+    one micro-batch, stage 1 posts its receive at 0, its notice reaches stage 0 one
+    latency later, so the activation leaves at max(forward, latency); the gradient's
+    receive was posted long before it is sent. atlas_transport sends at once."""
+    t, wl = topo(), workload()
+    eff = wl.effective()
+    plain = predict(t, wl, Variant("baseline", 1, "shared", "even"))
+    gloo = predict(t, wl, Variant("torch-gloo", 1, "shared", "even"))
+    assert not plain.variant.rendezvous and gloo.variant.rendezvous and gloo.spec.rendezvous
+    wait = max(0.0, 0.025 - eff.stage_forward_s[0])
+    assert wait > 0
+    assert gloo.pipeline_time_s == pytest.approx(plain.pipeline_time_s + wait, rel=1e-9)
+    first = gloo.sim.transfer(next(s.key for s in gloo.sim.transfers if s.key.direction == "fwd"))
+    assert first.ready == pytest.approx(eff.stage_forward_s[0]) and first.start == pytest.approx(0.025)
+
+
+def test_gloo_rendezvous_costs_grow_with_latency_in_1f1b() -> None:
+    wl = workload(pp=4, num_micro_batches=8, schedule="1f1b")
+    gaps = []
+    for delay in ("5ms", "50ms"):
+        t = topo(delay=delay, hosts=(2, 2))
+        plain = predict(t, wl, Variant("baseline", 1, "shared", "even"))
+        gloo = predict(t, wl, Variant("torch-gloo", 1, "shared", "even"))
+        assert gloo.pipeline_time_s >= plain.pipeline_time_s - 1e-9
+        gaps.append(gloo.pipeline_time_s - plain.pipeline_time_s)
+    assert gaps[1] > gaps[0] > 0

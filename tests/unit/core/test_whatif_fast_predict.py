@@ -185,6 +185,29 @@ def test_compiled_loop_matches_python_loop_with_exclusive_links_and_offsets() ->
         assert sorted(a.wan) == sorted(b.wan)
 
 
+def test_compiled_loop_matches_python_loop_with_rendezvous() -> None:
+    """gloo's sends wait for their receive: both loops hold and release them alike, a
+    held send never finishes earlier than without the rendezvous, and the exclusive
+    links (Atlas's plan) are refused with it."""
+    rng = random.Random(5)
+    for schedule, p, m in (("gpipe", 3, 4), ("1f1b", 4, 6), ("1f1b", 5, 8)):
+        c = Compiled.of(build_schedule(schedule, p, m))
+        fwd = [rng.uniform(0.001, 0.02) for _ in range(p)]
+        bwd = [2 * x for x in fwd]
+        routes = [[Route(rng.uniform(0.001, 0.03), rng.uniform(0.005, 0.05), (0,) if rng.random() < 0.5 else ())
+                   for _ in range(c.channels)]]
+        a = run(c, fwd, bwd, routes, [0, 0], record_wan=True, rendezvous=True)
+        b = run_reference(c, fwd, bwd, routes, [0, 0], record_wan=True, rendezvous=True)
+        assert a.makespan == pytest.approx(b.makespan, rel=1e-12)
+        np.testing.assert_allclose(a.starts, b.starts, rtol=1e-12)
+        np.testing.assert_allclose(np.array(sorted(a.wan)), np.array(sorted(b.wan)), rtol=1e-12)
+        eager = run(c, fwd, bwd, routes, [0, 0], record_wan=True)
+        assert a.makespan > eager.makespan
+        assert (a.starts >= eager.starts - 1e-12).all()
+    with pytest.raises(Exception, match="shared links only"):
+        run(c, fwd, bwd, routes, [0], links=1, exclusive_links=True, rendezvous=True)
+
+
 def test_variant_that_cannot_be_placed_says_why() -> None:
     topo = parse_topology({"name": "t", "dcs": [{"name": "a", "gpus": 4}, {"name": "b", "gpus": 2}],
                            "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "5ms"}]})

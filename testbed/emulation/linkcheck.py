@@ -489,9 +489,11 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
 
 def _start_capture(emu: Emulation, a: str, b: str, out: Path) -> subprocess.Popen[str]:
     wan = emu.wan_node(a, b)
-    proc = wan.popen(_probe_argv("capture", "--port", str(PROBE_PORT), "--out", str(out),
+    written = emu.temp_dir("capture") / out.name if wan.remote else out  # on another server: fetched at the stop
+    proc = wan.popen(_probe_argv("capture", "--port", str(PROBE_PORT), "--out", str(written),
                                  *(arg for intf in wan.intfs for arg in ("--intf", intf))),
                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc._tb_capture = (wan, out)  # type: ignore[attr-defined]
     assert proc.stdout is not None
     line = proc.stdout.readline()
     if line.strip() != "READY":
@@ -511,6 +513,10 @@ def _stop_capture(proc: subprocess.Popen[str]) -> dict[str, Any]:
     report = _json_line(out)
     if report is None:
         raise RuntimeError(f"the capture failed (exit {proc.returncode}): {err.strip()[-400:]}")
+    wan, asked = getattr(proc, "_tb_capture", (None, None))
+    if wan is not None and wan.remote:  # written on the WAN node's server: copied to where it was asked for
+        wan.fetch(report["pcap"], asked.parent).replace(asked)
+        report["pcap"] = str(asked)
     return report
 
 

@@ -6,6 +6,7 @@ cannot carry; and `testbed clean` undoing a rig whose owner was killed."""
 from __future__ import annotations
 
 import json
+import os
 import re
 import signal
 import subprocess
@@ -114,6 +115,28 @@ def test_a_server_python_without_the_node_agent_is_refused(rig, tmp_path):
     assert ("server s1 (10.202.0.2) is reached over SSH (servers.configure: ssh), and its Python "
             "('/nonexistent/python3', servers.python) cannot import this package's node agent") in res.stderr
     assert "install this package there" in res.stderr
+
+
+def test_a_server_already_running_nodes_of_the_runs_prefix_is_refused(rig, tmp_path):
+    """Run prefixes are unique on the controller only: a server reached over SSH that
+    already runs a node shell of the same prefix (another controller's run) is refused
+    before anything is made there."""
+    ssh = rig.ssh_argv(rig.servers[1], "bash -c 'exec -a mininet:tb0d1w01 sleep 60' >/dev/null 2>&1 & echo $!")
+    started = subprocess.run(rig.head_argv(ssh), capture_output=True, text=True, timeout=60)
+    assert started.returncode == 0
+    pid = int(started.stdout.split()[-1])  # the rig's servers share this machine's PIDs
+    code = ("import sys\nfrom testbed.emulation.network import Emulation, EmulationError\n"
+            "try:\n    Emulation.from_file(sys.argv[1], prefix='tb0d1').start()\n"
+            "except EmulationError as exc:\n    print(exc)\n")
+    try:
+        res = subprocess.run(rig.head_argv([sys.executable, "-c", code, str(_split(rig, tmp_path, configure="ssh"))]),
+                             cwd=REPO_ROOT, capture_output=True, text=True, timeout=120, check=False)
+    finally:
+        os.kill(pid, signal.SIGKILL)
+    # the rig's servers share one /proc: the first server asked already sees it
+    assert ("server s1 (10.202.0.2) already runs nodes of a run named tb0d1 (another controller's): run again"
+            in res.stdout), res.stdout + res.stderr[-2000:]
+    assert not Path("/run/testbed/tb0d1.json").exists()
 
 
 def test_an_underlay_slower_than_the_wan_rates_is_refused(rig, tmp_path):

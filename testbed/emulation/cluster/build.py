@@ -180,7 +180,7 @@ class ClusterBuild:
                     f"or load the module (modprobe {'vxlan' if kind == 'vxlan' else 'ip_gre'})")
             other_machine = facts.get("boot") != local_boot or facts.get("pidns") != local_pidns
             self.remote[server.name] = other_machine or self.configure == "ssh"
-            if self.remote[server.name] and facts.get("inuse") and other_machine:
+            if self.remote[server.name] and facts.get("inuse"):
                 raise EmulationError(
                     f"server {server.name} ({server.address}) already runs nodes of a run named {self.prefix} "
                     "(another controller's): run again (a new run gets another prefix), or `testbed clean` on "

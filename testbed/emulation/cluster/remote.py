@@ -26,6 +26,7 @@ import secrets
 import subprocess
 import sys
 import threading
+from collections import deque
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -52,13 +53,27 @@ class RemoteAgent:
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, env=env, start_new_session=True)
         self._ready = False  # awaited at the first request: the agents of all nodes start side by side
+        self._errors: deque[str] = deque(maxlen=50)  # its stderr, drained so that it never blocks on it
+        threading.Thread(target=self._drain, daemon=True, name=f"agent-stderr-{node_name}").start()
+
+    def _drain(self) -> None:
+        assert self.proc.stderr is not None
+        try:
+            for line in self.proc.stderr:
+                self._errors.append(line.rstrip())
+        except (OSError, ValueError):
+            pass
+        finally:
+            self.proc.stderr.close()
 
     def _await_ready(self) -> None:
         line = self._readline(AGENT_READY_S)
         if '"ready"' not in line:
-            err = ""
-            if self.proc.poll() is not None and self.proc.stderr is not None:
-                err = self.proc.stderr.read()
+            try:
+                self.proc.wait(timeout=2)  # its last words reach the drain
+            except subprocess.TimeoutExpired:
+                pass
+            err = "\n".join(self._errors)
             raise EmulationError(
                 f"node {self.node_name} on server {self.login.server}: the node agent did not start "
                 f"({(err or line).strip()[-500:] or 'no output'}); every server needs Python with this package "
@@ -88,7 +103,7 @@ class RemoteAgent:
         return NodeReply.model_validate_json(answer)
 
     def close(self) -> None:
-        for stream in (self.proc.stdin, self.proc.stdout, self.proc.stderr):
+        for stream in (self.proc.stdin, self.proc.stdout):
             if stream is not None:
                 try:
                     stream.close()

@@ -245,7 +245,6 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         hello = AgentHello(device=device.name, decode_host=cfg.controller.decode_host,
                            predict_s={n: latency.predict(n, 0) for n in points}, max_prompt_tokens=context)
         link = AgentLink(cfg.controller.host, cfg.controller.port, cfg.controller.name, hello)
-        link.realtime = cfg.realtime_holds
         if on_record is not None:
             write = on_record
 

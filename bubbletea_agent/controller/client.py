@@ -11,7 +11,6 @@ from __future__ import annotations
 import http.client
 import json
 import logging
-import os
 import threading
 import time
 from collections import deque
@@ -138,10 +137,12 @@ class AgentLink:
         self.received = 0
         self.stopped_by_controller = False
         self.on_work: Any = None  # called (from the link's thread) when new work came: wakes the agent
-        # run the link's thread at SCHED_FIFO 1 (needs root), as the agent's holds: an agent
-        # process may be kept to a small CPU share (testbed/run/workers.py), which a normal
-        # thread would then get almost nothing of, and the controller would hear nothing
-        self.realtime = False
+        # The link's thread stays at normal priority, never SCHED_FIFO: in a run the agent
+        # is in a cgroup with a small real-time budget (testbed/emulation/cpu.py, 100 ms a
+        # second) that its device holds need; a real-time thread that syncs 20 times a
+        # second spends it, and then every hold of every agent in the group is frozen until
+        # the next period (measured: holds ending at the same instant of each second,
+        # training waiting up to 0.4 s on them).
 
     # -- agent side
     def status(self, st: AgentStatus) -> None:
@@ -185,11 +186,6 @@ class AgentLink:
         return SyncReply.model_validate_json(raw)
 
     def _run(self) -> None:
-        if self.realtime:
-            try:
-                os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))  # this thread only
-            except (OSError, AttributeError) as exc:
-                log.warning("controller link at normal priority (%s): syncs may lag under CPU contention", exc)
         give_up = time.monotonic() + self.connect_timeout_s
         conn = http.client.HTTPConnection(self.host, self.port, timeout=self.timeout_s)
         while not self._stop.is_set():

@@ -284,11 +284,6 @@ def run_job(job_path: str | Path) -> dict[str, Any]:
         raise SystemExit(f"{path}: cannot use the controller job: {exc}") from None
     out = Path(job.out)
     out.mkdir(parents=True, exist_ok=True)
-    if job.realtime:
-        try:  # the event loop's thread: it must answer syncs however small a CPU share it is given
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
-        except (OSError, AttributeError) as exc:
-            log.warning("controller at normal priority (%s): agents' syncs may time out under CPU contention", exc)
     bt = job.bubbletea
     source = load_requests(request_source(bt, seed=job.seed, duration_s=job.duration_s, base_dir=job.base_dir,
                                           shard_index=0, shard_count=1, id_prefix="s"))

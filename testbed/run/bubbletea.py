@@ -209,8 +209,7 @@ def controller_job(jobs: Mapping[str, Any], folder: Path, scenario: Scenario, ba
     agents that will sync (by worker name) and the decode hosts a client may name. Pure."""
     return ControllerJob(bubbletea=scenario.bubbletea, seed=scenario.seed, host="0.0.0.0", port=port,
                          out=folder / "controller", agents=sorted(jobs), decode_hosts=list(decode_hosts),
-                         base_dir=None if base_dir is None else Path(base_dir), duration_s=duration_s,
-                         realtime=True)
+                         base_dir=None if base_dir is None else Path(base_dir), duration_s=duration_s)
 
 
 def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenario: Scenario, base_dir: str | None,

@@ -186,7 +186,5 @@ class ControllerJob(_Strict):
                                                                       "(a client may name one)")
     base_dir: Path | None = None
     duration_s: float = Field(600.0, gt=0)
-    realtime: bool = Field(False, description="serve at SCHED_FIFO 1 (needs root), as the agents' holds: the "
-                                              "runner may keep BubbleTea's processes to a small CPU share")
     horizon_s: float = Field(30.0, gt=0, description="a request whose prefill the emptiest device could not "
                                                      "finish within this long is refused as too_long")

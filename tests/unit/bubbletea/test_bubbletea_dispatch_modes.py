@@ -116,7 +116,7 @@ def test_runner_builds_controller_and_agent_jobs(tmp_path: Path):
 
     job = controller_job({"p1r0": None, "p0r0": None}, tmp_path, S, None, ["dc1-h2"], 43063, 60.0)
     assert job.agents == ["p0r0", "p1r0"] and job.port == 43063 and job.out == tmp_path / "controller"
-    assert job.decode_hosts == ["dc1-h2"] and job.seed == 3 and job.realtime
+    assert job.decode_hosts == ["dc1-h2"] and job.seed == 3
 
 
 def test_comparison_table_from_a_summary(tmp_path: Path, capsys):

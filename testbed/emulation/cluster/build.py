@@ -108,6 +108,7 @@ class ClusterBuild:
         self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
         self.agents: dict[str, Any] = {}  # node (Mininet name) -> remote.RemoteAgent
         self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
+        self._seen: dict[str, set[str]] = {}  # server -> folders it is known to see
         self._dirs: list[Path] = []  # the emulation's temporary folders (made on the remote servers too)
         self._forwards: dict[tuple[str, str], tuple[subprocess.Popen, str]] = {}  # (server, socket) -> ssh -R
         self._forward_dirs: dict[str, str] = {}
@@ -305,12 +306,38 @@ class ClusterBuild:
         server = self._placement[mn_name]
         login = self.login(server)
         extra = env_extra(popen_kwargs.pop("env", None))
+        cwd = popen_kwargs.get("cwd")
+        self._check_visible(server, [a for a in argv[1:] if a.startswith("/") and os.path.exists(a)]
+                            + ([str(cwd)] if cwd is not None else []))
         control = self.control_map(server)
         if control:
             extra[CONTROL_MAP_ENV] = json.dumps(control)
         cwd = popen_kwargs.pop("cwd", None)
         return RemoteProcess(login, self.control_dir, pid, self.prefix, remote_argv(argv, login.python), extra,
                              None if cwd is None else str(cwd), **popen_kwargs)
+
+    def _check_visible(self, server: Server, paths: list[str]) -> None:
+        """Refuse to start a program whose files (absolute paths that exist here: job
+        files, the result folder, its working folder) the server does not see at the
+        same path; asked once per folder and server."""
+        folders = sorted({p if os.path.isdir(p) else os.path.dirname(p) for p in paths}
+                         - self._seen.setdefault(server.name, set()))
+        if not folders:
+            return
+        probe = "; ".join(f"test -e {shlex.quote(f)} || echo {shlex.quote(f)}" for f in folders)
+        res = subprocess.run(self.login(server).ssh_argv(["sh", "-c", probe], self.control_dir), capture_output=True,
+                             text=True, timeout=SSH_TIMEOUT_S, check=False, stdin=subprocess.DEVNULL)
+        if res.returncode != 0:
+            raise EmulationError(f"server {server.name}: could not check the program's folders there: "
+                                 f"{(res.stderr or res.stdout).strip()[-300:]}")
+        missing = [line for line in res.stdout.splitlines() if line.strip()]
+        if missing:
+            raise EmulationError(
+                f"server {server.name} ({server.address}) does not see {', '.join(missing)}: a program started in "
+                "its nodes is given these paths, so they must be at the same path there (a shared file system "
+                "such as NFS, or the same checkout path); mount it there, or give --out a folder on the shared "
+                "file system")
+        self._seen[server.name].update(folders)
 
     def make_dirs(self, path: Path) -> None:
         """The emulation's temporary folder `path` on every server reached over SSH too

@@ -52,3 +52,34 @@ def test_the_environment_forces_the_ssh_path(tmp_path, monkeypatch):
     assert build.configure == "ssh"
     login = build.login(plan.machines[1])
     assert (login.server, login.address, login.python) == ("s2", "10.203.0.3", "/opt/v/bin/python")
+
+
+def test_a_server_that_does_not_see_a_programs_files_is_refused_naming_them(tmp_path, monkeypatch):
+    import subprocess
+
+    from testbed.emulation.cluster import build as build_mod
+    from testbed.emulation.errors import EmulationError
+
+    plan = _load(tmp_path, GOOD)
+    build = build_mod.ClusterBuild(None, plan, "tb0f0", tmp_path, lambda msg: None)
+    job = tmp_path / "jobs" / "w0.json"
+    job.parent.mkdir()
+    job.write_text("{}")
+    asked = []
+
+    def fake_run(argv, **kwargs):  # the server sees nothing of this machine's folders
+        asked.append(argv[-1])
+        return subprocess.CompletedProcess(argv, 0, f"{job.parent}\n", "")
+
+    monkeypatch.setattr(build_mod.subprocess, "run", fake_run)
+    with pytest.raises(EmulationError) as err:
+        build._check_visible(plan.machines[1], [str(job)])
+    assert str(err.value).startswith(f"server s2 (10.203.0.3) does not see {job.parent}: ")
+    assert "same path there (a shared file system" in str(err.value)
+    assert f"test -e {job.parent}" in asked[0]
+    calls = []
+    monkeypatch.setattr(build_mod.subprocess, "run",
+                        lambda argv, **k: calls.append(argv) or subprocess.CompletedProcess(argv, 0, "", ""))
+    build._check_visible(plan.machines[1], [str(job)])  # it sees the folder now
+    build._check_visible(plan.machines[1], [str(job), str(job)])
+    assert len(calls) == 1  # asked once per folder and server

@@ -2,8 +2,9 @@
 SSH, to reach the nodes there (the caller side is testbed/emulation/cluster/remote.py).
 
     python -m testbed.emulation.nodeagent serve
-        inside a node (``mnexec -a PID``): configuration requests as JSON lines
-        (testbed/emulation/nodeconf.py), one reply line each, until stdin ends;
+        one per server: configuration requests as JSON lines, each naming its node by
+        PID on this server (testbed/emulation/nodeconf.py), one reply line each,
+        until stdin ends;
     python -m testbed.emulation.nodeagent exec --pid PID --run PREFIX --token T [--cwd D] -- ARGV
         start ARGV in the node of PID (``mnexec -a``), in a session of its own, with
         the run's mark (TESTBED_RUN=PREFIX), the spawn's token and the environment

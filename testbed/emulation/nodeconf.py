@@ -8,10 +8,11 @@ the node's /proc/sys and /sys, given a `NodeNs` that says where those are:
 * on this machine, `NodeNs.of_pid(pid)`: a netlink socket opened in the node's
   namespace through setns on /proc/PID/ns/net, sysctls written from a thread inside
   it, /sys read through /proc/PID/root (testbed/emulation/netns.py);
-* on a server that is another machine, the node agent (``python -m
-  testbed.emulation.nodeagent serve``, started over SSH inside the node with
-  ``mnexec -a PID``) reads the same requests as JSON lines on stdin and calls `apply`
-  with `NodeNs.inside()`: its own namespace, its own /proc/sys and /sys.
+* on a server reached over SSH, that server's node agent (``python -m
+  testbed.emulation.nodeagent serve``, one per server, started over SSH) reads the
+  same requests as JSON lines on stdin, each naming the node by its PID on that
+  server, and calls `apply` with `NodeNs.of_pid(pid)` there: the same setns path,
+  run on the node's own machine (`NodeNs.inside()` when a request names no PID).
 
 No shell strings: the request is validated on both sides, and the agent answers each
 request with one `NodeReply` line.
@@ -127,6 +128,7 @@ class NodeRequest(_Op):
     """One request to a node: the operations, applied in order."""
 
     ops: list[NodeOp] = Field(min_length=1)
+    pid: int | None = Field(None, ge=1)  # to an agent: the node, by its PID on the agent's machine
 
 
 class NodeReply(_Op):
@@ -317,17 +319,19 @@ _NETLINK: dict[type, Callable[[Any, Any, dict], None]] = {
 
 def serve(stdin: Any, stdout: Any) -> int:
     """The node agent's loop: one `NodeRequest` JSON line in, one `NodeReply` line out,
-    until stdin ends (the SSH session that started it is gone)."""
+    until stdin ends (the SSH session that started it is gone). A request's `pid`
+    names the node (on this machine); without one, this process's own namespace."""
     from pydantic import ValidationError
 
-    ns = NodeNs.inside()
+    here = NodeNs.inside()
     stdout.write('{"ready": true}\n')
     stdout.flush()
     for line in stdin:
         if not line.strip():
             continue
         try:
-            reply = apply(NodeRequest.model_validate_json(line), ns)
+            request = NodeRequest.model_validate_json(line)
+            reply = apply(request, here if request.pid is None else NodeNs.of_pid(request.pid))
         except ValidationError as exc:
             reply = NodeReply(ok=False, error=f"invalid request: {exc.errors()[:3]}")
         stdout.write(reply.model_dump_json() + "\n")

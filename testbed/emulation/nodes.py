@@ -71,12 +71,13 @@ class NodeHandle:
 
     def configure(self, *ops: Any) -> Any:
         """Apply configuration requests (testbed.emulation.nodeconf) in this node: through
-        its PID on this machine, through its node agent on a server reached over SSH;
+        its PID on this machine, through its server's node agent on a server reached
+        over SSH (the same code, run there, through the PID there);
         the reply (nodeconf.NodeReply). EmulationError, naming the node, when one fails."""
         from testbed.emulation.nodeconf import NodeNs, NodeRequest, apply
 
         if self.remote:
-            reply = self.emu.cluster.agents[self.mn_name].request(ops)
+            reply = self.emu.cluster.request(self.mn_name, ops)
         else:
             reply = apply(NodeRequest(ops=list(ops)), NodeNs.of_pid(self.pid))
         if not reply.ok:
@@ -287,8 +288,8 @@ def enable_rps(handle: NodeHandle, mask: str) -> None:
     timers) they overtake each other, and TCP sees reordering, spurious fast
     retransmits and a halved window, so goodput stays well under the link rate.
     RPS hashes each flow to one CPU, which keeps it in order. The node's own sysfs
-    is reached through /proc/<pid>/root (its mount namespace) on this machine, by
-    the node agent inside the node on a server reached over SSH; no shell command.
+    is reached through /proc/<pid>/root (its mount namespace), on this machine or,
+    for a server reached over SSH, by that server's node agent; no shell command.
     """
     from testbed.emulation.nodeconf import RpsOp
 

@@ -26,9 +26,9 @@ server. A server that shares this machine's kernel (same boot_id and PID namespa
 the server namespaces of `testbed.emulation.cluster.rig`) has its nodes reached
 through their PIDs and /proc, as on one machine. Any other server, and every server
 when `servers.configure: ssh` (or TESTBED_SERVERS_CONFIGURE=ssh) forces it, is
-reached over its SSH (testbed/emulation/cluster/remote.py): a node agent per node
-applies the same configuration requests (testbed/emulation/nodeconf.py) inside the
-node, and programs start through ``nodeagent exec``; such a server needs Python with
+reached over its SSH (testbed/emulation/cluster/remote.py): a node agent per server
+applies the same configuration requests (testbed/emulation/nodeconf.py) to each node
+through its PID there, and programs start through ``nodeagent exec``; such a server needs Python with
 this package (``servers.python``), mininet and iperf3. Each such server is written in
 the run record with its login before anything is made there, and the teardown or
 `testbed clean` undoes the run there over SSH (``nodeagent clean``).
@@ -106,7 +106,8 @@ class ClusterBuild:
         self.facts: dict[str, dict[str, str]] = {}
         self.record = record  # records.RunRecord: remote servers are written in it before use
         self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
-        self.agents: dict[str, Any] = {}  # node (Mininet name) -> remote.RemoteAgent
+        self.agents: dict[str, Any] = {}  # server name -> remote.RemoteAgent (one per server reached over SSH)
+        self._pids: dict[str, int] = {}  # node (Mininet name) -> its PID on its server
         self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
         self._seen: dict[str, set[str]] = {}  # server -> folders it is known to see
         self._dirs: list[Path] = []  # the emulation's temporary folders (made on the remote servers too)
@@ -292,12 +293,16 @@ class ClusterBuild:
         ssh = self.plan.ssh_for(server)
         cls = self._classes[server.name]
         node = cls(mn_name, server=server.name, user=ssh.user, serverIP=server.address)
-        if self.remote.get(server.name):
+        self._pids[mn_name] = int(node.pid)
+        if self.remote.get(server.name) and server.name not in self.agents:  # started now, awaited at first use
             from testbed.emulation.cluster.remote import RemoteAgent
 
-            self.agents[mn_name] = RemoteAgent(self.login(server), mn_name, int(node.pid), self.prefix,
-                                               self.control_dir)
+            self.agents[server.name] = RemoteAgent(self.login(server), self.prefix, self.control_dir)
         return node
+
+    def request(self, mn_name: str, ops: Any) -> Any:
+        """Configuration requests (nodeconf) for node `mn_name`, through its server's agent."""
+        return self.agents[self._placement[mn_name].name].request(mn_name, self._pids[mn_name], ops)
 
     def spawn(self, mn_name: str, pid: int, argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
         """A program started in a remote node (remote.RemoteProcess)."""

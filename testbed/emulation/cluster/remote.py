@@ -2,10 +2,11 @@
 server's SSH, nothing through this machine's /proc (a remote node's PID is the
 server's PID).
 
-* `RemoteAgent`: one node agent per remote node (``python -m
-  testbed.emulation.nodeagent serve`` started inside the node with ``mnexec -a PID``),
-  answering the configuration requests of testbed/emulation/nodeconf.py over the
-  session's stdin/stdout, one JSON line each way. It lives as long as the node.
+* `RemoteAgent`: one node agent per server (``python -m testbed.emulation.nodeagent
+  serve``, as root there), answering the configuration requests of
+  testbed/emulation/nodeconf.py over the session's stdin/stdout, one JSON line each
+  way, each request naming its node by its PID on that server. It lives as long as
+  the emulation.
 * `RemoteProcess`: a program started in a remote node (``nodeagent exec``), a
   `subprocess.Popen` of the local ssh client whose stdin/stdout/stderr are the
   program's. `send_signal` (so `terminate` and `kill`) signals the program itself on
@@ -41,20 +42,19 @@ SIGNAL_TIMEOUT_S = 20.0
 
 
 class RemoteAgent:
-    """The configuration agent of one remote node."""
+    """The configuration agent of one server reached over SSH."""
 
-    def __init__(self, login: RemoteLogin, node_name: str, pid: int, prefix: str, control_dir: Path | None) -> None:
+    def __init__(self, login: RemoteLogin, prefix: str, control_dir: Path | None) -> None:
         self.login = login
-        self.node_name = node_name
+        self.node_name = login.server  # what its errors name until a request names a node
         self._lock = threading.Lock()
-        argv = login.ssh_argv(["env", f"TESTBED_RUN={prefix}", "mnexec", "-a", str(pid),
-                               *login.agent("serve")], control_dir)
+        argv = login.ssh_argv(["env", f"TESTBED_RUN={prefix}", *login.agent("serve")], control_dir)
         env = dict(os.environ, TESTBED_RUN=prefix)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      text=True, bufsize=1, env=env, start_new_session=True)
         self._ready = False  # awaited at the first request: the agents of all nodes start side by side
         self._errors: deque[str] = deque(maxlen=50)  # its stderr, drained so that it never blocks on it
-        threading.Thread(target=self._drain, daemon=True, name=f"agent-stderr-{node_name}").start()
+        threading.Thread(target=self._drain, daemon=True, name=f"agent-stderr-{login.server}").start()
 
     def _drain(self) -> None:
         assert self.proc.stderr is not None
@@ -75,7 +75,7 @@ class RemoteAgent:
                 pass
             err = "\n".join(self._errors)
             raise EmulationError(
-                f"node {self.node_name} on server {self.login.server}: the node agent did not start "
+                f"server {self.login.server}: the node agent did not start "
                 f"({(err or line).strip()[-500:] or 'no output'}); every server needs Python with this package "
                 f"installed (servers.python, now {self.login.python!r}) and mininet")
         self._ready = True
@@ -87,18 +87,20 @@ class RemoteAgent:
         ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
         return self.proc.stdout.readline() if ready else ""
 
-    def request(self, ops: Sequence[NodeOp], timeout: float = 60.0) -> NodeReply:
-        line = NodeRequest(ops=list(ops)).model_dump_json()
+    def request(self, node: str, pid: int, ops: Sequence[NodeOp], timeout: float = 60.0) -> NodeReply:
+        """Apply `ops` in node `node` (Mininet name), PID `pid` on the server."""
+        line = NodeRequest(ops=list(ops), pid=pid).model_dump_json()
         with self._lock:
             if not self._ready:
                 self._await_ready()
             if self.proc.poll() is not None or self.proc.stdin is None:
-                raise EmulationError(f"node {self.node_name} on server {self.login.server}: its agent has exited")
+                raise EmulationError(f"node {node} on server {self.login.server}: the server's node agent has exited: "
+                                     f"{' '.join(self._errors)[-300:] or 'no message'}")
             self.proc.stdin.write(line + "\n")
             self.proc.stdin.flush()
             answer = self._readline(timeout)
         if not answer:
-            raise EmulationError(f"node {self.node_name} on server {self.login.server}: no answer from its agent "
+            raise EmulationError(f"node {node} on server {self.login.server}: no answer from the server's node agent "
                                  f"within {timeout:g}s")
         return NodeReply.model_validate_json(answer)
 

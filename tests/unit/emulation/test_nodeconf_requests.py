@@ -185,3 +185,11 @@ def test_a_machine_login_runs_as_its_user_from_its_checkout() -> None:
     remote = shlex.split(login.clean_argv("tb0f0")[-1])
     assert remote[:4] == ["sh", "-c", 'cd "$0" && exec "$@"', "/srv/tb"]  # no sudo: the run's user owns it all
     assert remote[4:] == ["/srv/tb/.venv/bin/python", "-m", "testbed.emulation.nodeagent", "clean", "--run", "tb0f0"]
+
+
+def test_a_request_to_an_agent_names_its_node_by_a_real_pid() -> None:
+    req = NodeRequest(ops=[MtuOp(mtu=1450)], pid=4242)
+    assert NodeRequest.model_validate_json(req.model_dump_json()).pid == 4242
+    for bad in (0, -1, "self"):
+        with pytest.raises(ValidationError, match="pid"):
+            NodeRequest.model_validate({"ops": [{"op": "mtu", "mtu": 1450}], "pid": bad})

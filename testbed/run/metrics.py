@@ -484,7 +484,8 @@ def summary_table(summary: Summary) -> str:
         speed = f"  x{base / it:.2f} vs baseline" if base and it and name != "baseline" else ""
         lines.append(
             f"{name:<22}{_f(it, '.3f'):>9}{_f(pred, '.3f'):>9}{err:>7}{_f(v.headline('device_utilization'), '.0%'):>7}"
-            f"{_f(v.bubble_fraction, '.0%'):>8}{v.wan_bytes() / 1e6:>9.1f}{_f(v.goodput_mbps(), '.0f'):>8}"
+            f"{_f(v.bubble_fraction, '.0%'):>8}{(v.wan_bytes() + v.allreduce_wan_bytes()) / 1e6:>9.1f}"
+            f"{_f(v.goodput_mbps(), '.0f'):>8}"
             f"{speed}"
         )
         slow = v.headline("training_slowdown")
@@ -496,6 +497,9 @@ def summary_table(summary: Summary) -> str:
             notes.append(f"  {first}{decomposition_line(v.slowdown_decomposition)}")
     if any(v.repeats is not None for v in summary.variants.values() if not isinstance(v, VariantFailure)):
         lines.append("(iteration time and utilization: median over the repeats)")
+    if any(v.allreduce_wan_bytes() for v in summary.variants.values() if not isinstance(v, VariantFailure)):
+        lines.append("(WAN MB: the pipeline's tensors and the DP all-reduce rings' bytes over the measured "
+                     "iterations; Mbit/s: the pipeline's)")
     return "\n".join(lines + notes)
 
 

@@ -484,7 +484,15 @@ class VariantResult(_Doc):
         return values[0] if len(values) == 1 else sum(values)
 
     def wan_bytes(self) -> int:
+        """The pipeline's tensors on the WAN over the measured iterations."""
         return sum(link.bytes for link in self.wan_links.values())
+
+    def allreduce_wan_bytes(self) -> int:
+        """The DP all-reduce rings' bytes on the WAN over the measured iterations
+        (dp-across-dc's gradients; 0 when every ring stays inside a DC)."""
+        if self.allreduce is None:
+            return 0
+        return self.allreduce.wan_bytes_per_iteration * len(self.allreduce.measured_s)
 
     def tail_drops(self) -> int | None:
         """The emulated WAN queues' tail drops over the variant (relay delay lines only)."""

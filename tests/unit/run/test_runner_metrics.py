@@ -249,3 +249,20 @@ def test_slowdown_with_wan_loss_the_plain_twin_did_not_have_is_flagged() -> None
     before = local.model_dump()
     _compare_wan_loss(local, plain(None), "x", Progress(stream=io.StringIO(), tty=False))
     assert local.model_dump() == before and "wan_tail_drops" not in before
+
+
+def test_summary_table_counts_the_gradient_rings_on_the_wan() -> None:
+    """dp-across-dc sends no pipeline tensor over the WAN but its rings do: the table's
+    WAN MB carries them (3 measured iterations of 100 MB), and says so."""
+    from testbed_core.contracts.summary import AllReduceResult
+
+    rings = AllReduceResult(measured_s=[1.0, 1.1, 0.9], mean_s=1.0, predicted_added_s=1.0,
+                            wan_bytes_per_iteration=100_000_000)
+    table = summary_table(builders.summary({
+        "baseline": builders.variant("baseline", 2.0, wan={"dc1-dc2": builders.wan_link(5_000_000, 100.0)}),
+        "dp-across-dc": builders.variant("dp-across-dc", 4.0, wan={}, allreduce=rings),
+    }))
+    lines = table.splitlines()
+    assert lines[3].split()[0] == "dp-across-dc" and lines[3].split()[6] == "300.0"
+    assert lines[2].split()[6] == "5.0"
+    assert "DP all-reduce rings' bytes" in table

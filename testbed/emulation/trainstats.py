@@ -75,7 +75,8 @@ def wilson_interval(lost: int, n: int, z: float = Z95) -> tuple[float, float]:
     denom = 1 + z * z / n
     centre = (p + z * z / (2 * n)) / denom
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
-    return max(0.0, centre - half), min(1.0, centre + half)
+    lo = 0.0 if lost == 0 else max(0.0, centre - half)  # (rounding left ~1e-19 at 0 lost)
+    return lo, min(1.0, centre + half)
 
 
 def train_size(loss: float, rel_tol: float = LOSS_REL_TOL, z: float = LOSS_Z, directions: int = 2) -> int:

@@ -191,6 +191,27 @@ def test_shaper_rate_is_what_the_shaper_gives_while_fed():
     assert shaper_rate(samples[:1]) is None
 
 
+def test_slow_counter_reads_are_left_out_of_the_rate():
+    """A read that waited for the CPU has an uncertain time: stamped at its middle, a
+    40 ms read next to 1 ms ones reads a 2 Gbit/s shaper 10% fast in the next interval,
+    and with three of them the upper quartile takes it. Left out, the rate is the
+    shaper's again."""
+    from testbed.emulation.linkcheck import shaper_rate, timed_reads, wire_bits
+
+    frame, per_step = 61_642, 788
+    true_rate = wire_bits(per_step * frame, per_step) / 0.2
+    reads, b, n = [], 0, 0
+    for i in range(8):
+        took = 0.04 if i in (2, 4, 6) else 0.001
+        # the counters were read at the call's start, the stamp is its middle
+        reads.append((i * 0.2 + took / 2, b, n, took))
+        b, n = b + per_step * frame, n + per_step
+    stamped = [(t, b, n) for t, b, n, _ in reads]
+    assert shaper_rate(stamped) > true_rate * 1.05  # the late stamp makes the next interval look short
+    assert shaper_rate(timed_reads(reads)) == pytest.approx(true_rate)
+    assert len(timed_reads(reads[:3])) == 3  # too few quick reads: all of them
+
+
 def test_check_options_are_explained(tmp_path):
     """`--out` without `--deep`, and an --out folder that cannot be made, are refused
     before anything is built (no root needed to reach them)."""

@@ -314,6 +314,7 @@ class InventoryNetwork:
     local: bool = False
     counter: Iterator[int] = field(default_factory=itertools.count)
     _temp: list[Path] = field(default_factory=list)
+    record: Any = None  # the run record: local temporary folders are written in it before they are made
     _tunnels: dict[tuple[str, str], tuple[subprocess.Popen, str]] = field(default_factory=dict)
     _tunnel_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -355,7 +356,14 @@ class InventoryNetwork:
         return InventoryHost(name, dc, machine.ip, self.remotes[machine.name], self)
 
     def temp_dir(self, purpose: str) -> Path:
-        path = Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
+        """A private local folder (the runner's control sockets, before they are forwarded):
+        recorded first, so `testbed clean` removes it after a run that was killed."""
+        if self.record is None:
+            path = Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
+        else:
+            path = Path(tempfile.gettempdir()).resolve() / f"{self.record.prefix}-{purpose}-{secrets.token_hex(4)}"
+            self.record.add_path(path)
+            path.mkdir(mode=0o700)
         self._temp.append(path)
         return path
 
@@ -363,7 +371,7 @@ class InventoryNetwork:
         """The runner's listening control sockets now (forwarded to each new process)."""
         out = []
         for folder in self._temp:
-            if folder.name.startswith("tbrun-ctl-") and folder.is_dir():
+            if "-ctl-" in folder.name and folder.is_dir():
                 out += sorted(str(p) for p in folder.glob("*.sock") if p.is_socket())
         return out
 
@@ -506,7 +514,7 @@ def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwo
     with ThreadPoolExecutor(max_workers=min(16, len(remotes))) as pool:
         results = dict(zip(remotes, pool.map(_login_check, remotes.values()), strict=True))
     failed = [msg for msg in results.values() if msg]
-    net = InventoryNetwork(inv, scenario.topology, remotes, assignment)
+    net = InventoryNetwork(inv, scenario.topology, remotes, assignment, record=record)
     try:
         if failed:
             raise RunnerError("\n".join(failed))

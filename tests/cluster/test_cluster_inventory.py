@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -123,12 +124,15 @@ def test_testbed_clean_ends_what_a_killed_inventory_run_left_on_the_machines(rig
     prefix = folders[0].name[:5]
     assert Path(f"/run/testbed/{prefix}.json").exists()
     assert _marked(prefix), "no process of the run carries its mark on the machines"
+    ctl = list(Path(tempfile.gettempdir()).glob(f"{prefix}-ctl-*"))  # the controller's own, named and recorded
+    assert ctl, "the run's local control-socket folder is not named with its prefix"
     res = subprocess.run(rig.head_argv([*TESTBED, "clean"]), cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=180, check=False)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "remote-clean" in res.stdout
     time.sleep(0.3)
     assert not [f for f in folders if f.exists()]
+    assert not [f for f in ctl if f.exists()], "testbed clean left the controller's local folder"
     assert not Path(f"/run/testbed/{prefix}.json").exists()
     left = subprocess.run(["pgrep", "-f", str(tmp_path / "out")], capture_output=True, text=True).stdout
     assert left.strip() == ""

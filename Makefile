@@ -36,8 +36,8 @@ test: install
 test-cluster: install
 	TESTBED_LONG_TESTS=1 $(VENV)/bin/pytest -q -m cluster tests/cluster
 
-# The end-to-end runs of a minute or more each (pytest marker `long`): multi-server and
-# real-machine runs, the 3-DC run, real prefill in real training.
+# The end-to-end runs of a minute or more each (pytest marker `long`): the 3-DC run, the
+# prefill controller comparison, real prefill in real training.
 test-long: install
 	TESTBED_LONG_TESTS=1 $(VENV)/bin/pytest -q -m long
 

@@ -197,8 +197,7 @@ RUN_REDUCED = ["--variants", "baseline,atlas", "--set", "workload.warmup=1", "--
                "--set", "bubbletea.enabled=false", "--set", "runner.calibration_transfers=1"]
 
 
-@pytest.mark.long  # 75 s quiet: make test-long / test-cluster
-@pytest.mark.slow
+@pytest.mark.slow  # 75 s quiet; issue 16's done-when: in make test (CI)
 @pytest.mark.timeout(900)  # 232-292 s measured for the pair at load 16-33 on 2 cores
 def test_testbed_run_over_the_split_gives_atlas_the_speedup_of_one_server(rig, tmp_path):
     """`testbed run` on the quickstart (reduced: baseline and atlas, one warm-up, two

@@ -78,3 +78,31 @@ def test_errors_count_progress_over_the_whole_frame() -> None:
         assert str(info.value) == f"peer closed the connection (EOF), {got} of {n} bytes of a frame read"
     finally:
         b.close()
+
+
+def test_the_mark_is_raised_only_on_sub_millisecond_paths(monkeypatch) -> None:
+    """On a WAN the bytes held back until the mark is reached shrink the advertised
+    window while they wait: a socket whose RTT is above RCVLOWAT_MAX_RTT_S (or not
+    known) reads the frame in one piece, without the mark."""
+    n = 8 * S.RCVLOWAT_BYTES
+    calls: list[int] = []
+    real = S._recv_exact
+
+    def spy(sock, view, idle_s, before=0, total=None):
+        calls.append(len(view))
+        real(sock, view, idle_s, before=before, total=total)
+
+    monkeypatch.setattr(S, "_recv_exact", spy)
+    a, b = _tcp_pair()
+    try:
+        rtt = S.rtt_s(b)
+        assert rtt is not None and 0 < rtt < S.RCVLOWAT_MAX_RTT_S  # loopback
+        for fake_rtt, pieces in ((None, 1), (0.05, 1), (rtt, 2)):
+            monkeypatch.setattr(S, "rtt_s", lambda _s, r=fake_rtt: r)
+            calls.clear()
+            _send_later(a, [bytes(n)], 0.0)
+            S.recv_exact(b, memoryview(bytearray(n)), idle_s=5.0)
+            assert len(calls) == pieces, (fake_rtt, calls)
+    finally:
+        a.close()
+        b.close()

@@ -109,6 +109,27 @@ def test_the_split_with_every_node_reached_over_ssh_passes_topo_check(rig, tmp_p
     assert left.strip() == ""
 
 
+@pytest.mark.long  # 75 s quiet per way of reaching the nodes: make test-long / test-cluster
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+@pytest.mark.parametrize("configure", ["auto", "ssh"])
+def test_bench_transport_runs_unchanged_over_the_split(rig, tmp_path, configure):
+    """`testbed bench transport` across the split's WAN (nodes reached through their
+    PIDs, or every node over SSH): atlas and iperf3 verified, and its own targets met
+    with a margin for a shared machine (8 streams at least 0.8x iperf3 -P 8 and 4x one
+    stream; it measured 0.84-0.96x and 6.1-6.8x on the idle machine)."""
+    res = subprocess.run(rig.head_argv([*TESTBED, "bench", "transport", "--topology", str(_split(rig, tmp_path,
+                                        configure=configure)), "--no-loopback", "--streams", "1,8", "--size", "32MiB",
+                                        "--methods", "atlas,iperf3", "--json", "--out", str(tmp_path / "bench")]),
+                         cwd=REPO_ROOT, capture_output=True, text=True, timeout=540, check=False)
+    assert res.returncode in (0, 1), res.stderr[-3000:]
+    got = {(r["method"], r["streams"]): r for r in json.loads(res.stdout)["results"]}
+    assert all(r["verified"] for r in got.values()), got
+    atlas8, iperf8, atlas1 = (got[k]["goodput_mbps"] for k in (("atlas", 8), ("iperf3", 8), ("atlas", 1)))
+    print(f"\nsplit ({configure}): atlas N=8 {atlas8} Mbit/s, iperf3 -P 8 {iperf8}, atlas N=1 {atlas1}")
+    assert atlas8 >= 0.8 * iperf8 and atlas8 >= 4 * atlas1
+
+
 def test_a_server_python_without_the_node_agent_is_refused(rig, tmp_path):
     res = _topo_check(rig, _split(rig, tmp_path, configure="ssh", python="/nonexistent/python3"), timeout=180)
     assert res.returncode != 0

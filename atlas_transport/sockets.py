@@ -86,16 +86,22 @@ _TCP_INFO_LAST_DATA_RECV = 52  # struct tcp_info: u32 ms since the last data seg
 _MIN_REWAIT_S = 0.01
 
 
-def silent_s(sock: socket.socket) -> float | None:
-    """Seconds since the kernel last received data on this TCP socket (TCP_INFO
-    tcpi_last_data_recv), or None where that is unavailable."""
+def _tcp_info_u32(sock: socket.socket, offset: int) -> int | None:
+    """The u32 at `offset` of the socket's struct tcp_info, None where unavailable."""
     try:
         raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
     except (OSError, AttributeError):
         return None
-    if len(raw) < _TCP_INFO_LAST_DATA_RECV + 4:
+    if len(raw) < offset + 4:
         return None
-    return struct.unpack_from("I", raw, _TCP_INFO_LAST_DATA_RECV)[0] / 1000.0
+    return int(struct.unpack_from("I", raw, offset)[0])
+
+
+def silent_s(sock: socket.socket) -> float | None:
+    """Seconds since the kernel last received data on this TCP socket (TCP_INFO
+    tcpi_last_data_recv), or None where that is unavailable."""
+    ms = _tcp_info_u32(sock, _TCP_INFO_LAST_DATA_RECV)
+    return None if ms is None else ms / 1000.0
 
 
 # A large read asks the kernel to wake the reader only once this much has arrived
@@ -116,13 +122,7 @@ _TCP_INFO_RTT = 68  # struct tcp_info: u32 smoothed RTT, microseconds
 def rtt_s(sock: socket.socket) -> float | None:
     """The kernel's smoothed RTT of this TCP socket (TCP_INFO tcpi_rtt), None where
     unavailable or not measured yet."""
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
-    except (OSError, AttributeError):
-        return None
-    if len(raw) < _TCP_INFO_RTT + 4:
-        return None
-    us = struct.unpack_from("I", raw, _TCP_INFO_RTT)[0]
+    us = _tcp_info_u32(sock, _TCP_INFO_RTT)
     return us / 1e6 if us else None
 
 

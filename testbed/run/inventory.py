@@ -47,6 +47,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.emulation.nodeagent import READY_MARK
+from testbed.emulation.readyrelay import relay_stderr, start_relay
 from testbed.emulation.records import ENV_RUN
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
@@ -66,7 +68,7 @@ DELAY_BACKEND = "none (real machines over SSH: the network between them, nothing
 # the launcher stays as its parent: it hands the command a pipe of its own and writes
 # what comes out of it to stderr after READY_MARK, and the runner's side passes that
 # line on to the runner's pipe (`RemotePopen`).
-READY_MARK = "\x1etestbed-ready "
+# READY_MARK: the node agent's (testbed/emulation/nodeagent.py), relayed by testbed/emulation/readyrelay.py
 LAUNCHER = (
     "import json,os,sys\n"
     "b=b''\n"
@@ -205,26 +207,6 @@ class Remote:
         return None if res.returncode in (0, 1) else f"{self.label}: {(res.stderr or res.stdout).strip()[-200:]}"
 
 
-def _relay_ready(source: Any, ready_fd: int, out: int) -> None:
-    """Pass ssh's stderr on to `out` (a descriptor of the caller's stderr, closed at
-    the end), except the launcher's readiness line, which goes to `ready_fd`."""
-    try:
-        for line in iter(source.readline, b""):
-            if line.startswith(READY_MARK.encode()) and ready_fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.write(ready_fd, line[len(READY_MARK):])
-                os.close(ready_fd)
-                ready_fd = -1
-                continue
-            with contextlib.suppress(OSError):
-                os.write(out, line)
-    finally:
-        if ready_fd >= 0:
-            os.close(ready_fd)  # ended before it was ready: the runner reads end of file
-        os.close(out)
-        source.close()
-
-
 class RemotePopen(subprocess.Popen):
     """An ssh running one process on a machine; signals go to the remote process."""
 
@@ -232,22 +214,11 @@ class RemotePopen(subprocess.Popen):
                  ready_fd: int | None = None, **kwargs: Any) -> None:
         relay_to = -1
         if ready_fd is not None:  # the readiness line comes back on ssh's stderr
-            err = kwargs.get("stderr")
-            relay_to = kwargs.get("stdout") if err == subprocess.STDOUT else err
-            if relay_to == subprocess.DEVNULL:
-                relay_to = os.open(os.devnull, os.O_WRONLY)
-            elif relay_to is None or relay_to == subprocess.PIPE:
-                relay_to = os.dup(2)
-            else:  # the caller closes its file once we return: keep a descriptor of our own
-                relay_to = os.dup(relay_to if isinstance(relay_to, int) else relay_to.fileno())
-            kwargs["stderr"] = subprocess.PIPE
-            ready_fd = os.dup(ready_fd)  # the caller closes its copy once we return
+            relay_to, ready_fd = relay_stderr(kwargs, ready_fd)
         super().__init__(argv, **kwargs)
         self.remote, self.pidfile = remote, pidfile
         if ready_fd is not None:
-            stderr, self.stderr = self.stderr, None
-            threading.Thread(target=_relay_ready, args=(stderr, ready_fd, relay_to), daemon=True,
-                             name=f"ready-relay-{pidfile}").start()
+            start_relay(self, ready_fd, relay_to, f"ready-relay-{pidfile}")
         assert self.stdin is not None
         try:
             self.stdin.write(env_line if kwargs.get("text") or kwargs.get("universal_newlines")

@@ -20,7 +20,6 @@ controller was killed.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import secrets
@@ -33,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulation.errors import EmulationError
-from testbed.emulation.nodeagent import READY_FD_ENV, READY_MARK
+from testbed.emulation.nodeagent import READY_FD_ENV
 from testbed.emulation.nodeconf import NodeOp, NodeReply, NodeRequest
+from testbed.emulation.readyrelay import relay_stderr, start_relay
 from testbed.emulation.sshlogin import RemoteLogin
 
 AGENT_READY_S = 30.0
@@ -118,28 +118,6 @@ class RemoteAgent:
             self.proc.wait()
 
 
-def _relay_ready(source: Any, ready_fd: int, out: int) -> None:
-    """Pass ssh's stderr on to `out`, except the agent's readiness line, which goes to
-    `ready_fd` (the readiness pipe the caller passed). As testbed/run/inventory.py
-    relays it for real machines."""
-    mark = READY_MARK.encode()
-    try:
-        for line in iter(source.readline, b""):
-            if line.startswith(mark) and ready_fd >= 0:
-                with contextlib.suppress(OSError):
-                    os.write(ready_fd, line[len(mark):])
-                os.close(ready_fd)
-                ready_fd = -1
-                continue
-            with contextlib.suppress(OSError):
-                os.write(out, line)
-    finally:
-        if ready_fd >= 0:
-            os.close(ready_fd)  # ended before it was ready: the caller reads end of file
-        os.close(out)
-        source.close()
-
-
 class RemoteProcess(subprocess.Popen):
     """A program in a remote node, seen through its ssh client (see the module doc)."""
 
@@ -157,24 +135,13 @@ class RemoteProcess(subprocess.Popen):
             ready_fd = None
         relay_to = -1
         if ready_fd is not None:  # the readiness line comes back on ssh's stderr
-            err = popen_kwargs.get("stderr")
-            target = popen_kwargs.get("stdout") if err == subprocess.STDOUT else err
-            if target == subprocess.DEVNULL:
-                relay_to = os.open(os.devnull, os.O_WRONLY)
-            elif target is None or target == subprocess.PIPE:
-                relay_to = os.dup(2)
-            else:  # the caller closes its file once we return: keep a descriptor of our own
-                relay_to = os.dup(target if isinstance(target, int) else target.fileno())
-            popen_kwargs["stderr"] = subprocess.PIPE
-            ready_fd = os.dup(ready_fd)  # the caller closes its copy once we return
+            relay_to, ready_fd = relay_stderr(popen_kwargs, ready_fd)
         popen_kwargs["start_new_session"] = True  # killpg(pid) reaches the ssh client only
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env["TESTBED_RUN"] = prefix
         super().__init__(login.ssh_argv(command, control_dir), env=env, stdin=subprocess.PIPE, **popen_kwargs)
         if ready_fd is not None:
-            stderr, self.stderr = self.stderr, None
-            threading.Thread(target=_relay_ready, args=(stderr, ready_fd, relay_to), daemon=True,
-                             name=f"ready-relay-{self.token}").start()
+            start_relay(self, ready_fd, relay_to, f"ready-relay-{self.token}")
         assert self.stdin is not None
         line = json.dumps(env_extra) + "\n"  # the environment: first line of stdin, never a command line
         try:

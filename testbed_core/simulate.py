@@ -95,7 +95,7 @@ class SimSpec:
     resources: dict[str, Resource] = field(default_factory=dict)
     offsets: list[float] | None = None  # start delay of each pipeline
     compute_fn: Callable[[int, int, str, int], float] | None = None  # (pipeline, stage, kind, mb)
-    # gloo: a send waits for the receiver's posted receive (its notice, one latency later)
+    # gloo: a send waits for the receiver's notice (queued behind its data on the way back)
     rendezvous: bool = False
 
     def path(self, key: TransferKey) -> Path:

@@ -43,11 +43,16 @@ from testbed.run.common import (
 from testbed.run.network import Network
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
-from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration, PathCalibration
+from testbed_core.contracts.calibration import (
+    PROBE_WARMUP,
+    Calibration,
+    PathCalibration,
+    TogetherCalibration,
+)
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_wan_rings", "calibration_pairs", "effective_rate"]
+           "calibrate_link", "calibrate_together", "calibrate_wan_rings", "calibration_pairs", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
@@ -287,6 +292,70 @@ def calibrate_link(
     progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
                  f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
                  f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
+
+
+def calibrate_together(
+    net: Network, scenario: Scenario, folder: Path, secret: str,
+    loads: Sequence[tuple[PathCalibration, Sequence[tuple[str, str]]]], streams: int, progress: Progress,
+    agents: ProbeAgents | None = None,
+) -> None:
+    """Every path of a placement loaded at once, as the placement's pipelines load them
+    (every WAN link is a delay line on the machine's cores, so a path gives less while
+    the others are busy than it gave timed alone). `loads`: per path, the (upstream,
+    downstream) hosts of the pipelines crossing it. Two probes, in synchronised rounds
+    of at least COLLISION_ROUNDS: one channel of `streams` each way on every path (each
+    path's channel rate, the median as `calibrate` takes it), then, where two or more
+    pipelines cross a path, all of their channels each way on every path (that path's
+    colliding aggregate, the mean as `calibrate_link` takes it). The figures go to each
+    path's ``together`` list."""
+    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    means = [sum(v) / len(v) for pc, _ in loads if (v := pc.transfer_s.get(streams))] or [1.0]
+    period = 2.5 * max(means) + PROBE_GAP_S  # the slowest path's transfers fit a round
+    dcs = [pc.dcs for pc, _ in loads]
+    label = "+".join(f"{a}-{z}" for a, z in dcs)
+    figures = {pc.dcs: TogetherCalibration(streams=streams, paths=dcs, channels=len(pairs)) for pc, pairs in loads}
+
+    def timed(res: dict[str, Any]) -> list[float]:
+        return [a - s for s, a in list(zip(res["sent"], res["arrived"], strict=True))[PROBE_WARMUP:]]
+
+    def play(per_path: Sequence[Sequence[tuple[str, str]]], tag: str) -> list[list[list[float]]]:
+        """Per path, per direction: the timed transfers of its channels."""
+        both = [list(pairs) + [(b, a) for a, b in pairs] for pairs in per_path]
+        res = prober.run([p for pairs in both for p in pairs], streams, loads[0][0].nbytes, count,
+                         f"{label}-{tag}-", period_s=period)
+        out, k = [], 0
+        for pairs in both:
+            group = res[k:k + len(pairs)]
+            k += len(pairs)
+            half = len(pairs) // 2
+            out.append([[d for r in group[:half] for d in timed(r)], [d for r in group[half:] for d in timed(r)]])
+        return out
+
+    try:
+        for (pc, _), ways in zip(loads, play([[pairs[0]] for _, pairs in loads], "one"), strict=True):
+            fig = figures[pc.dcs]
+            fig.transfer_s = ways[0] + ways[1]
+            fig.rate_bps = sum(effective_rate(pc.nbytes, w, pc.latency_s) for w in ways) / 2
+        if any(len(pairs) > 1 for _, pairs in loads):
+            for (pc, pairs), ways in zip(loads, play([pairs for _, pairs in loads], "all"), strict=True):
+                if len(pairs) > 1:
+                    fig = figures[pc.dcs]
+                    fig.colliding_s = ways[0] + ways[1]
+                    fig.colliding_bps = sum(aggregate_rate(pc.nbytes, w, len(pairs), pc.latency_s) for w in ways) / 2
+    finally:
+        if agents is None:
+            prober.agents.close()
+    for pc, _ in loads:
+        fig = figures[pc.dcs]
+        pc.together = [t for t in pc.together if not (t.streams == streams and t.loads(dcs))] + [fig]
+        alone = pc.rates_bps.get(streams)
+        progress.log(f"  calibration{_where(pc)} with {len(dcs) - 1} other path(s) loaded at once, {streams} "
+                     f"streams: {(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"
+                     + (f" (alone {alone / 1e6:.0f})" if alone else "")
+                     + ("" if fig.colliding_bps is None else
+                        f", {fig.channels} channels colliding each way: {fig.colliding_bps / 1e6:.0f} Mbit/s in all"
+                        + (f" (alone {pc.colliding_bps[streams] / 1e6:.0f})" if streams in pc.colliding_bps else "")))
 
 
 def calibrate_wan_rings(net: Network, scenario: Scenario, folder: Path, secret: str,

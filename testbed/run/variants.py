@@ -37,6 +37,7 @@ from testbed.run.calibration import (
     calibrate,
     calibrate_lan,
     calibrate_link,
+    calibrate_together,
     calibrate_wan_rings,
     dp_lan_pairs,
 )
@@ -89,6 +90,7 @@ class PathRates:
     colliding_bps: float | None
     nominal_bps: float | None
     ring_bps: float | None = None
+    together: bool = False  # rate and aggregate timed with the placement's other paths loaded at once
 
 
 @dataclass
@@ -134,7 +136,8 @@ class VariantSetup:
         def mbps(bps: float | None) -> float | None:
             return None if bps is None else bps / 1e6
         return [{"dcs": list(pr.dcs), "channel_rate_mbps": mbps(pr.rate_bps),
-                 "colliding_aggregate_mbps": mbps(pr.colliding_bps), "ring_aggregate_mbps": mbps(pr.ring_bps)}
+                 "colliding_aggregate_mbps": mbps(pr.colliding_bps), "ring_aggregate_mbps": mbps(pr.ring_bps),
+                 "timed": "with the placement's other paths loaded at once" if pr.together else "path alone"}
                 for pr in self.path_rates.values()]
 
 
@@ -665,6 +668,7 @@ def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, st
     out: dict[tuple[str, str], PathRates] = {}
     topo = scenario.topology
     rings = ring_crossings(placement) if _allreduce_on(scenario) else {}
+    loaded = {frozenset(k) for k in pipeline_crossings(placement)}
     for (a, z) in [*pipeline_crossings(placement), *rings]:
         if (a, z) in out or (z, a) in out:
             continue
@@ -673,12 +677,19 @@ def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, st
         nominal = min(topo.link(x, y).rate for x, y in zip(route, route[1:], strict=False))
         piped = (a, z) in pipeline_crossings(placement) or (z, a) in pipeline_crossings(placement)
         ringed = (a, z) in rings or (z, a) in rings
+        together = pc.together_for(streams, loaded) if pc and piped and len(loaded) > 1 else None
+        rate = pc.rates_bps.get(streams) if pc and piped else None
+        colliding = pc.colliding_bps.get(streams) if pc and piped else None
+        if together is not None:  # timed with the placement's other paths loaded at once: what the run sees
+            rate = together.rate_bps if together.rate_bps is not None else rate
+            colliding = together.colliding_bps if together.colliding_bps is not None else colliding
         out[(a, z)] = PathRates(
             (a, z),
-            rate_bps=pc.rates_bps.get(streams) if pc and piped else None,
-            colliding_bps=pc.colliding_bps.get(streams) if pc and piped else None,
+            rate_bps=rate,
+            colliding_bps=colliding,
             nominal_bps=nominal,
             ring_bps=pc.ring_bps if pc and ringed and pc.ring_streams == streams else None,
+            together=together is not None,
         )
         if pc and ringed and not piped and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
             out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])
@@ -787,6 +798,10 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], net: Netw
                 grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
                 calibrate_wan_rings(net, scenario, folder, secret, use.ring_pairs, n, grad, pc, progress, agents)
             cal.mirror_primary()
+        for n, loads in together_loads(scenario, runs, uses, paths, cal, auto, nominal, base_dir).items():
+            for group in loads:
+                calibrate_together(net, scenario, folder, secret, group, n, progress, agents)
+        cal.mirror_primary()
         if lan:
             grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
             calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress, agents)
@@ -795,6 +810,43 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], net: Netw
     cal.wall_s = time.monotonic() - t0
     progress.log(f"  calibration took {cal.wall_s:.1f} s")
     return cal, auto
+
+
+def together_loads(scenario: Scenario, runs: Sequence[RunVariant], uses: dict[tuple[str, str], PathUse],
+                   paths: Sequence[PathCalibration], cal: Calibration, auto: int | None, nominal: float | None,
+                   base_dir: str | None) -> dict[int, list[list[tuple[PathCalibration, list[tuple[str, str]]]]]]:
+    """Per stream count, the sets of WAN paths to time loaded at once: those a variant's
+    pipelines cross together (two or more paths), each with the host pairs of the
+    pipelines crossing it. The variants whose channels the calibration times colliding
+    (neither single-stream nor temporal by request), at their stream count and, for
+    Atlas's ``auto`` sharing, at the configured count it also weighs; one set per
+    distinct (count, paths)."""
+    by_dcs = {pc.dcs: pc for pc in paths}
+    out: dict[int, list[list[tuple[PathCalibration, list[tuple[str, str]]]]]] = {}
+    seen: set[tuple[int, frozenset[frozenset[str]]]] = set()
+    for run in runs:
+        definition = run.variant
+        if definition.streams == "one" or requested_sharing(definition, scenario) == "temporal":
+            continue
+        counts = [variant_streams(definition, scenario, cal, auto, nominal)]
+        if requested_sharing(definition, scenario) == "auto" and definition.streams == "fill-link":
+            counts.append(configured_streams(scenario, auto))
+        for n in counts:
+            try:
+                pl = variant_placement(definition, scenario, scenario.workload, n, base_dir)
+            except ValueError:
+                continue
+            if any(not h for h in pl.hosts.values()):
+                continue
+            keys = [_key(uses, a, z) for a, z in pipeline_crossings(pl)]
+            group = [(by_dcs[k], uses[k].pairs[:max(1, uses[k].channels.get(definition.name, 1))])
+                     for k in keys if k in by_dcs and k in uses and uses[k].pairs]
+            ident = (n, frozenset(frozenset(k) for k in keys))
+            if len(group) < 2 or len(group) != len(keys) or ident in seen:
+                continue
+            seen.add(ident)
+            out.setdefault(n, []).append(group)
+    return out
 
 
 def _two_way(pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str]]:

@@ -26,6 +26,50 @@ def dc_of_host(host: str) -> str:
     return host.split("-", 1)[0]
 
 
+class TogetherCalibration(BaseModel):
+    """One WAN path's figures while every path of a placement is loaded at once: the
+    delay lines of all WAN links share the machine's cores, so a path gives less while
+    the others are busy than timed alone. `paths`: the DC pairs loaded together (this
+    one among them); `rate_bps`: one channel of `streams` each way on every path, its
+    channel rate here; `colliding_bps`: the placement's `channels` colliding channels
+    each way on every path, their aggregate here (None: one channel crosses here)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    streams: int
+    paths: list[tuple[str, str]]
+    channels: int
+    rate_bps: float | None = None
+    transfer_s: list[float] = Field(default_factory=list)
+    colliding_bps: float | None = None
+    colliding_s: list[float] = Field(default_factory=list)
+
+    def loads(self, paths: list[tuple[str, str]] | set[frozenset[str]]) -> bool:
+        """Whether this probe loaded exactly `paths` (DC pairs, either order)."""
+        return {frozenset(p) for p in self.paths} == {frozenset(p) for p in paths}
+
+    def report(self) -> TogetherCalibrationReport:
+        return TogetherCalibrationReport(
+            streams=self.streams, paths=self.paths, channels=self.channels,
+            channel_rate_mbps=None if self.rate_bps is None else self.rate_bps / 1e6, transfer_s=self.transfer_s,
+            colliding_aggregate_mbps=None if self.colliding_bps is None else self.colliding_bps / 1e6,
+            colliding_transfer_s=self.colliding_s)
+
+
+class TogetherCalibrationReport(BaseModel):
+    """``summary.json`` ``calibration.paths[].together[]``: `TogetherCalibration` in Mbit/s."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    streams: int
+    paths: list[tuple[str, str]]
+    channels: int
+    channel_rate_mbps: float | None = None
+    transfer_s: list[float] = Field(default_factory=list)
+    colliding_aggregate_mbps: float | None = None
+    colliding_transfer_s: list[float] = Field(default_factory=list)
+
+
 class PathCalibrationReport(BaseModel):
     """``summary.json`` ``calibration.paths[]``: one WAN path's measured speed."""
 
@@ -49,6 +93,8 @@ class PathCalibrationReport(BaseModel):
     ring_nbytes: int | None = None
     ring_aggregate_mbps: float | None = None
     ring_s: list[float] | None = None
+    # this path's figures while every path of a placement was loaded at once (TogetherCalibration)
+    together: list[TogetherCalibrationReport] | None = None
 
 
 class PathCalibration(BaseModel):
@@ -75,9 +121,15 @@ class PathCalibration(BaseModel):
     ring_nbytes: int | None = None  # gradient bytes of each ring
     ring_bps: float | None = None  # their aggregate each way: rings x bytes each replica sends / ring time
     ring_s: list[float] | None = None
+    together: list[TogetherCalibration] = Field(default_factory=list)  # timed with other paths loaded at once
 
     def rate(self, streams: int) -> float:
         return self.rates_bps[streams]
+
+    def together_for(self, streams: int, paths: list[tuple[str, str]] | set[frozenset[str]]
+                     ) -> TogetherCalibration | None:
+        """This path's figures for `streams` while exactly `paths` were loaded at once."""
+        return next((t for t in self.together if t.streams == streams and t.loads(paths)), None)
 
     def joins(self, a: str, b: str) -> bool:
         """Whether this is the path between DCs `a` and `b` (either order)."""
@@ -95,7 +147,7 @@ class PathCalibration(BaseModel):
             colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
             variants=self.variants, ring_channels=self.ring_channels, ring_streams=self.ring_streams,
             ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
-            ring_s=self.ring_s,
+            ring_s=self.ring_s, together=[t.report() for t in self.together] or None,
         )
 
 

@@ -99,6 +99,9 @@ class PathRatesUsed(_Doc):
     channel_rate_mbps: float | None  # one channel alone on the path
     colliding_aggregate_mbps: float | None  # its channels colliding there, in all
     ring_aggregate_mbps: float | None  # the DP rings crossing it, in all each way
+    # "path alone", or "with the placement's other paths loaded at once" (the WAN links' delay
+    # lines share the machine's cores: a calibration probe loads every path the variant crosses)
+    timed: str | None = None
 
 
 class Prediction(_Doc):

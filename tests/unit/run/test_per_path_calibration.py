@@ -148,11 +148,15 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     def fake_lan(net, scenario, folder, secret, pairs, grad, cal, progress, agents):
         calls.append(("lan", len(pairs)))
 
+    def fake_together(net, scenario, folder, secret, loads, n, progress, agents):
+        calls.append(("together", n, tuple((pc.dcs, len(pairs)) for pc, pairs in loads)))
+
     monkeypatch.setattr(variants, "ProbeAgents", Agents)
     monkeypatch.setattr(variants, "calibrate", fake_calibrate)
     monkeypatch.setattr(variants, "calibrate_link", fake_link)
     monkeypatch.setattr(variants, "calibrate_wan_rings", fake_rings)
     monkeypatch.setattr(variants, "calibrate_lan", fake_lan)
+    monkeypatch.setattr(variants, "calibrate_together", fake_together)
 
     class Net:
         local = False
@@ -175,4 +179,82 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
                                                                                ("mid", "edge"))}
     assert [c for c in calls if c[0] == "rings"] == [("rings", ("east", "west"), 5, 1)]  # one stream per flow
     assert ("lan", 5) in calls
+    # the paths each shared multi-stream placement crosses, loaded at once with its two pipelines on each:
+    # multi-tcp (and atlas's configured-count alternative, its own placement) at 8 streams
+    together = [c[1:] for c in calls if c[0] == "together"]
+    ew, wm, me = ("east", "west"), ("west", "mid"), ("mid", "edge")
+    assert (8, ((ew, 2), (wm, 2), (me, 2))) in together and (8, ((ew, 2), (wm, 2))) in together
+    assert len(together) == len(set(together))  # each (count, paths) once
+    assert calls.index(("lan", 5)) > max(calls.index(("together", *t)) for t in together)
     assert cal.wall_s is not None and cal.rates_bps == {1: 1e8, 8: 3e8}  # the primary path's, at the top
+
+
+def test_paths_timed_together_set_the_prediction_of_the_placement_that_loads_them() -> None:
+    """A path's figures timed with the other paths of a placement loaded at once replace
+    the figures timed alone for that placement (and the summary says so), not for a
+    placement that loads another set of paths; slower together, predicted slower."""
+    from testbed_core.contracts.calibration import TogetherCalibration
+
+    scenario = _scenario()
+    wl = scenario.workload
+    alone = _cal(2e8, 2e8, 1e8)
+    busy = _cal(2e8, 2e8, 1e8)
+    three = [("east", "west"), ("west", "mid"), ("mid", "edge")]
+    for pc in busy.paths:
+        r8 = pc.rates_bps[8]
+        pc.together = [TogetherCalibration(streams=8, paths=three, channels=2, rate_bps=0.6 * r8,
+                                           colliding_bps=0.5 * r8)]
+    before = plan_variant("multi-tcp", scenario, wl, None, alone, None)
+    after = plan_variant("multi-tcp", scenario, wl, None, busy, None)
+    assert after.path_rates["east", "west"].rate_bps == pytest.approx(1.2e8)
+    assert after.path_rates["east", "west"].colliding_bps == pytest.approx(1e8)
+    assert after.prediction.iteration_time_s > 1.2 * before.prediction.iteration_time_s
+    used = {tuple(p["dcs"]): p for p in after.paths_used()}
+    assert used["mid", "edge"]["timed"] == "with the placement's other paths loaded at once"
+    assert {p["timed"] for p in before.paths_used()} == {"path alone"}
+    # atlas's placement loads east-west and west-mid only: the three-path figures are not its own
+    atlas = plan_variant("atlas", scenario, wl, None, busy, None)
+    assert not any(pr.together for pr in atlas.path_rates.values())
+
+
+def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch) -> None:
+    """calibrate_together runs one probe with a channel each way on every path, then one
+    with every pipeline's channels, all paths in the same rounds; each path gets its
+    median channel rate and its colliding aggregate (mean) from its own transfers."""
+    import testbed.run.calibration as calibration
+    from testbed.progress import Progress
+
+    runs: list[tuple[int, int]] = []
+
+    class FakeProber:
+        def __init__(self, *a, **k) -> None:
+            self.agents = None
+
+        def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None):
+            runs.append((len(pairs), streams))
+            assert period_s is not None and period_s > 0.5  # rounds that fit the slowest path
+            out = []
+            for a, b in pairs:  # 1 MiB in 0.03 s + (0.1 s east-west, 0.2 s west-mid) each, +0.1 s colliding
+                east_west = {a.split("-")[0], b.split("-")[0]} == {"east", "west"}
+                d = 0.03 + (0.1 if east_west else 0.2) + (0.1 if len(pairs) > 4 else 0)
+                out.append({"sent": [0.0] * count, "arrived": [d] * count})
+            return out
+
+    monkeypatch.setattr(calibration, "Prober", FakeProber)
+    cal = _cal(2e8, 2e8, 1e8)
+    ew, wm = cal.paths[0], cal.paths[1]
+    ew.transfer_s = {8: [0.13, 0.13]}
+    wm.transfer_s = {8: [0.23, 0.23]}
+    ew_pairs = [("east-h3", "west-h1"), ("east-h4", "west-h2")]
+    wm_pairs = [("west-h3", "mid-h1"), ("west-h4", "mid-h2")]
+    calibration.calibrate_together(None, _scenario(**{"runner.base_port": "29500"}), tmp_path, "s",
+                                   [(ew, ew_pairs), (wm, wm_pairs)], 8, Progress(label="t", tty=False),
+                                   agents=object())
+    assert runs == [(4, 8), (8, 8)]  # one channel each way per path, then both pipelines' channels
+    t_ew, t_wm = ew.together_for(8, [("west", "east"), ("mid", "west")]), wm.together[0]
+    bits = (1 << 20) * 8
+    assert t_ew.rate_bps == pytest.approx(bits / 0.1)
+    assert t_wm.rate_bps == pytest.approx(bits / 0.2)
+    assert t_ew.colliding_bps == pytest.approx(2 * bits / 0.2)  # 2 channels, 0.23 s - 0.03 s delay
+    assert t_ew.channels == 2 and t_ew.paths == [("east", "west"), ("west", "mid")]
+    assert ew.report().together[0].colliding_aggregate_mbps == pytest.approx(2 * bits / 0.2 / 1e6)

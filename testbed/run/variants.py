@@ -817,17 +817,18 @@ def together_loads(scenario: Scenario, runs: Sequence[RunVariant], uses: dict[tu
                    base_dir: str | None) -> dict[int, list[list[tuple[PathCalibration, list[tuple[str, str]]]]]]:
     """Per stream count, the sets of WAN paths to time loaded at once: those a variant's
     pipelines cross together (two or more paths), each with the host pairs of the
-    pipelines crossing it. The variants whose channels the calibration times colliding
-    (neither single-stream nor temporal by request), at their stream count and, for
-    Atlas's ``auto`` sharing, at the configured count it also weighs; one set per
-    distinct (count, paths)."""
+    pipelines crossing it (temporal sharing by request: one, its plan puts one transfer
+    at a time on a link). Every multi-stream variant (single streams stay window-limited,
+    far from what loads the machine), at its stream count and, for Atlas's ``auto``
+    sharing, at the configured count it also weighs; one set per distinct (count, paths)."""
     by_dcs = {pc.dcs: pc for pc in paths}
     out: dict[int, list[list[tuple[PathCalibration, list[tuple[str, str]]]]]] = {}
-    seen: set[tuple[int, frozenset[frozenset[str]]]] = set()
+    seen: dict[tuple[int, frozenset[frozenset[str]]], list[tuple[PathCalibration, list[tuple[str, str]]]]] = {}
     for run in runs:
         definition = run.variant
-        if definition.streams == "one" or requested_sharing(definition, scenario) == "temporal":
+        if definition.streams == "one":
             continue
+        temporal = requested_sharing(definition, scenario) == "temporal"
         counts = [variant_streams(definition, scenario, cal, auto, nominal)]
         if requested_sharing(definition, scenario) == "auto" and definition.streams == "fill-link":
             counts.append(configured_streams(scenario, auto))
@@ -839,13 +840,18 @@ def together_loads(scenario: Scenario, runs: Sequence[RunVariant], uses: dict[tu
             if any(not h for h in pl.hosts.values()):
                 continue
             keys = [_key(uses, a, z) for a, z in pipeline_crossings(pl)]
-            group = [(by_dcs[k], uses[k].pairs[:max(1, uses[k].channels.get(definition.name, 1))])
+            group = [(by_dcs[k], uses[k].pairs[:1 if temporal else max(1, uses[k].channels.get(definition.name, 1))])
                      for k in keys if k in by_dcs and k in uses and uses[k].pairs]
             ident = (n, frozenset(frozenset(k) for k in keys))
-            if len(group) < 2 or len(group) != len(keys) or ident in seen:
+            if len(group) < 2 or len(group) != len(keys):
                 continue
-            seen.add(ident)
-            out.setdefault(n, []).append(group)
+            if ident in seen:  # the same paths at the same count: keep the most channels on each
+                mine = {pc.dcs: pairs for pc, pairs in group}
+                seen[ident] = [(pc, max(pairs, mine[pc.dcs], key=len)) for pc, pairs in seen[ident]]
+            else:
+                seen[ident] = group
+    for (n, _), group in seen.items():
+        out.setdefault(n, []).append(group)
     return out
 
 

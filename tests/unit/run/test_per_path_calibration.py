@@ -258,3 +258,22 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
     assert t_ew.colliding_bps == pytest.approx(2 * bits / 0.2)  # 2 channels, 0.23 s - 0.03 s delay
     assert t_ew.channels == 2 and t_ew.paths == [("east", "west"), ("west", "mid")]
     assert ew.report().together[0].colliding_aggregate_mbps == pytest.approx(2 * bits / 0.2 / 1e6)
+
+
+def test_a_temporal_plan_loads_its_paths_together_one_channel_each() -> None:
+    """Atlas with a temporal plan by request puts one transfer at a time on each link:
+    its paths are timed loaded together with one channel each way (no collision);
+    with shared links, multi-tcp's two pipelines collide on each of its three paths."""
+    from testbed.run.variants import together_loads
+
+    cal = _cal(3e8, 3e8, 1e8)
+    for request, name, want in (("temporal", "atlas", {("east", "west"): 1, ("west", "mid"): 1}),
+                                ("shared", "multi-tcp", {("east", "west"): 2, ("west", "mid"): 2,
+                                                         ("mid", "edge"): 2})):
+        scenario = _scenario(**{"runner.atlas_sharing": request})
+        runs = run_variants(scenario, [name])
+        uses = wan_uses(scenario, runs, None)
+        loads = together_loads(scenario, runs, uses, cal.paths, cal, None, 2e8, None)
+        (n,) = loads
+        (group,) = loads[n]
+        assert {pc.dcs: len(pairs) for pc, pairs in group} == want

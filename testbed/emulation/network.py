@@ -555,6 +555,23 @@ class Emulation:
             self.record.drop_processes(finished)
         return proc
 
+    def _spawn_warm(self, handle: NodeHandle, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str,
+                    log: str, preload: Sequence[str]) -> Any:
+        if self.record is None or not node_alive(handle):
+            raise EmulationError(f"{handle.name}: the emulation is not running")
+        if handle.remote:  # no fork server on another machine: a fresh interpreter through its SSH
+            with open(log, "a") as fh:
+                return self._spawn(handle, [sys.executable, "-m", module, *argv], kind="process", env=env,
+                                   stdout=fh, stderr=subprocess.STDOUT, cwd=cwd)
+        from testbed.emulation.warmstart import warm_start
+
+        proc = warm_start(handle.pid, module, [str(a) for a in argv], env={**env, ENV_RUN: self.prefix}, cwd=cwd,
+                          log=log, preload=preload, net_inode=handle.netns_inode)
+        self.record.add_process("process", f"{handle.mn_name}:{module}", proc.pid, handle.netns_inode, self._procfs)
+        with self._lock:
+            self._procs[proc.pid] = proc  # type: ignore[assignment]  (a Popen-like handle)
+        return proc
+
     # -- time-varying links
 
     def _start_changes(self) -> None:

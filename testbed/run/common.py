@@ -33,6 +33,12 @@ def worker_env(secret: str) -> dict[str, str]:
     return env
 
 
+WORKER_MODULE = "testbed.training.worker.__main__"  # main(argv): the worker's command line
+# what a warm-started worker finds imported (testbed/emulation/warmstart.py): torch and the training loop
+WORKER_PRELOAD = ("torch", "testbed.training.worker.train", "testbed.training.executor",
+                  "testbed.training.transport_comm", "atlas_transport")
+
+
 def worker_argv(job_path: Path) -> list[str]:
     """The command line of a worker or probe process (testbed/training/worker/)."""
     return [sys.executable, "-m", "testbed.training.worker", str(job_path)]

@@ -272,6 +272,13 @@ class InventoryHost:
         return RemotePopen(r, pidfile, [*r.ssh(), command], json.dumps(changed) + "\n", keep,
                            int(ready) if ready else None, stdin=subprocess.PIPE, **kwargs)
 
+    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
+                   preload: Sequence[str]) -> subprocess.Popen:
+        """A real machine has no fork server of ours: a fresh interpreter there (popen)."""
+        with open(log, "a") as fh:
+            return self.popen([sys.executable, "-m", module, *argv], env=env, cwd=cwd, stdout=fh,
+                              stderr=subprocess.STDOUT)
+
 
 @dataclass
 class InventoryNetwork:

@@ -31,6 +31,13 @@ class Host(Protocol):
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen: ...
 
+    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
+                   preload: Sequence[str]) -> Any:
+        """``python -m module argv`` on this host, output appended to `log`, forked from a
+        process that imported `preload` where the host is on this machine
+        (testbed/emulation/warmstart.py); a Popen-like handle."""
+        ...
+
 
 @dataclass
 class LocalHost:
@@ -42,6 +49,12 @@ class LocalHost:
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(list(argv), **kwargs)
+
+    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
+                   preload: Sequence[str]) -> Any:
+        from testbed.emulation.warmstart import warm_start
+
+        return warm_start(os.getpid(), module, argv, env=env, cwd=cwd, log=log, preload=preload)
 
 
 class Network(Protocol):

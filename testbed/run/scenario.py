@@ -127,6 +127,9 @@ class RunnerSettings(_Model):
                                "after every iteration (parameters x dtype bytes x scale; real devices always do)")
     dp_bucket: int = Field(25 << 20, ge=1 << 16, le=1 << 30,
                            description="bytes per DP all-reduce message (the bucket), as DDP's bucket_cap")
+    warm_start: bool = Field(True, description="start each local training worker by forking a process that "
+                             "imported torch once per run (testbed/emulation/warmstart.py), not a fresh "
+                             "interpreter (about 3 s of CPU each on two cores)")
     setup_timeout: float = Field(60.0, gt=0, le=MAX_TIMEOUT_S, description="seconds for workers to start and connect")
     iteration_timeout: float = Field(120.0, gt=0, le=MAX_TIMEOUT_S,
                                      description="seconds an iteration may take before the run fails")

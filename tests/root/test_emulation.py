@@ -3,6 +3,7 @@ processes, concurrent runs, time-varying links (root and namespaces needed)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import statistics
@@ -14,6 +15,7 @@ import pytest
 from testbed.emulation.kernel import detect_features
 from testbed.emulation.network import Emulation, EmulationError
 from testbed.emulation.records import RECORD_DIR, ProcFS
+from testbed.run.common import WORKER_PRELOAD
 from testbed_core.topology import load_topology, parse_topology
 
 pytestmark = pytest.mark.root
@@ -136,6 +138,36 @@ def test_popen_processes_are_recorded_and_killed_at_teardown():
         assert done.returncode == 0
     assert proc.poll() is not None
     assert ProcFS().start_time(proc.pid) is None or proc.returncode is not None
+
+
+WARM_PROGRAM = """
+import json, os, socket, sys, time
+def main(argv):
+    s = socket.socket()
+    s.bind((argv[0], 0))  # the host's own address: only its namespace has it
+    print(json.dumps({"net": os.stat("/proc/self/ns/net").st_ino, "bound": s.getsockname()[0]}), flush=True)
+    time.sleep(300)
+    return 0
+"""
+
+
+def test_warm_started_programs_run_in_the_node_are_recorded_and_killed_at_teardown(tmp_path, monkeypatch):
+    (tmp_path / "warm_node_program.py").write_text(WARM_PROGRAM)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    log = tmp_path / "w.log"
+    with Emulation(small_topology()) as emu:
+        h = emu.host("a", 0)
+        proc = h.popen_warm("warm_node_program", [h.ip], env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path),
+                            log=str(log), preload=WORKER_PRELOAD)
+        assert ProcFS().netns(proc.pid) == h.netns_inode  # inside before the start returned
+        assert proc.pid in [p.pid for p in emu.record.processes]
+        deadline = time.monotonic() + 60
+        while not log.read_text() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        seen = json.loads(log.read_text().splitlines()[0])
+        assert seen == {"net": h.netns_inode, "bound": h.ip}
+    assert proc.poll() is not None  # the teardown ended it
+    assert ProcFS().start_time(proc.pid) is None
 
 
 def test_exception_inside_the_block_tears_down():

@@ -43,6 +43,7 @@ def temporal_comm_args(job: TrainJob) -> dict[str, Any]:
 def run_train(job: TrainJob) -> None:
     """Run a training worker to its end; any failure is also reported to the runner
     (an ``error`` message with the traceback) before it propagates."""
+    t0 = time.time()
     import torch
 
     from testbed.training.executor import ModelledWork, run_worker
@@ -57,6 +58,8 @@ def run_train(job: TrainJob) -> None:
         schedule = build_schedule(job.schedule, job.pp, job.microbatches, job.chunks)
         if job.real is not None:
             torch.set_num_threads(job.real.threads)
+        else:  # no math: one thread (a warm start's torch was imported before OMP_NUM_THREADS was set)
+            torch.set_num_threads(max(1, int(os.environ.get("OMP_NUM_THREADS") or 1)))
         device = Device(job.device.name, job.device.run_dir, mode=job.device.mode, time_scale=job.device.time_scale)
         gloo_group = None
         if job.gloo is not None:  # torch-gloo: the process group carries the pipeline and the all-reduce
@@ -64,7 +67,9 @@ def run_train(job: TrainJob) -> None:
                                world_size=job.gloo.world_size, own_ip=job.gloo.own_ip, timeout_s=job.setup_timeout_s,
                                groups=job.gloo.dp_groups)
             gloo_group = groups[job.gloo.dp_group]
+        t_imports = time.time()
         channels, dp_channels = open_all_channels(job)
+        t_channels = time.time()
         if job.gloo is not None:
             channels = {b: GlooChannel(peer, job.wire_bytes) for b, peer in job.gloo.peers.items()}
         owner = f"train:{job.worker}"
@@ -93,6 +98,8 @@ def run_train(job: TrainJob) -> None:
         if live is not None:
             live.between()
         control.send(Ready(worker=job.worker))
+        print(f"{job.worker}: ready {time.time() - t0:.2f} s after start (imports and process group "
+              f"{t_imports - t0:.2f} s, channels {t_channels - t_imports:.2f} s)", file=sys.stderr, flush=True)
         try:
             for msg in control.messages():
                 if isinstance(msg, Stop):

@@ -91,6 +91,7 @@ class PathRates:
     nominal_bps: float | None
     ring_bps: float | None = None
     together: bool = False  # rate and aggregate timed with the placement's other paths loaded at once
+    ring_alone_bps: float | None = None  # one DP ring alone there: the channel rate at the rings' streams
 
 
 @dataclass
@@ -375,6 +376,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     crowd: dict[tuple[str, str], float] = {}
     links: dict[tuple[str, str], float] = {}
     rings: dict[tuple[str, str], float] = {}
+    rings_alone: dict[tuple[str, str], float] = {}
     for key, pr in setup.path_rates.items():
         if pr.rate_bps is not None:
             flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
@@ -384,8 +386,11 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                 crowd[key] = crowded
         if pr.ring_bps is not None:
             rings[key] = pr.ring_bps
+            if pr.ring_alone_bps is not None:
+                rings_alone[key] = pr.ring_alone_bps
     net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
-                    path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings)
+                    path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
+                    link_ring_alone_bps=rings_alone or None)
     return net, path_topology(scenario.topology, links, local)
 
 
@@ -689,6 +694,7 @@ def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, st
             colliding_bps=colliding,
             nominal_bps=nominal,
             ring_bps=pc.ring_bps if pc and ringed and pc.ring_streams == streams else None,
+            ring_alone_bps=pc.rates_bps.get(streams) if pc and ringed and pc.ring_streams == streams else None,
             together=together is not None,
         )
         if pc and ringed and not piped and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
@@ -745,7 +751,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], net: Netw
     folder = out / "calibration"
     nbytes = eff.wire_activation_bytes
     by_name = {r.variant.name: r for r in runs}
-    agents = ProbeAgents(net, folder, secret)
+    agents = ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
     progress.log(f"calibrating {len(uses)} WAN path(s): "
                  + ", ".join(f"{a}<->{z} ({', '.join(u.variants) or 'probe'})" for (a, z), u in uses.items()))
     try:

@@ -45,6 +45,10 @@ class NetParams:
     # per link, what the DP rings crossing it moved in all, each way, running together
     # (the calibration's ring probe); replaces the channel-rate model of the all-reduce there
     link_ring_rate_bps: Mapping[tuple[str, str], float] | None = None
+    # per link, what one of those rings moves alone there, each way (the path's measured
+    # channel rate at the rings' stream count): once the smaller stages' rings are done,
+    # the largest runs alone, at this rate, not at the aggregate
+    link_ring_alone_bps: Mapping[tuple[str, str], float] | None = None
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
@@ -53,6 +57,10 @@ class NetParams:
     def ring_rate_for(self, a: str, z: str) -> float | None:
         """The measured aggregate of the DP rings crossing the link between `a` and `z`, if any."""
         return _either(self.link_ring_rate_bps, a, z, None)
+
+    def ring_alone_for(self, a: str, z: str) -> float | None:
+        """The measured rate of one DP ring alone on the link between `a` and `z`, if any."""
+        return _either(self.link_ring_alone_bps, a, z, None)
 
     def crowded_for(self, a: str, z: str) -> float | None:
         """The crowded fraction of the link between DCs `a` and `z`, if any."""

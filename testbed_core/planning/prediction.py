@@ -188,7 +188,9 @@ def allreduce_time(
     link share it: one ring alone moves at its channel's rate, several together at
     what colliding channels get of the link (``net.crowded_fraction`` of its rate, at
     least one channel's rate), or, where the rings crossing the link were measured
-    running together (``net.link_ring_rate_bps``), at that aggregate."""
+    running together (``net.link_ring_rate_bps``), at that aggregate: shared evenly by
+    the rings still running (`shared_rings_time`), each at most what one ring moves
+    alone there (``net.link_ring_alone_bps``, when measured)."""
     dp = workload.parallelism.dp
     if dp == 1:
         return 0.0
@@ -200,6 +202,7 @@ def allreduce_time(
     wan_start: dict[str, float] = {}
     wan_info: dict[str, tuple[float, float]] = {}
     wan_rings: dict[str, int] = {}
+    wan_volumes: dict[str, list[float]] = {}
     for k in range(sched.stages):
         r = sched.rank_of(k)
         grad_bytes = eff.stage_params[k] * dtype_bytes * workload.scale
@@ -215,6 +218,7 @@ def allreduce_time(
             wp = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
             for res in wp.resources:
                 wan_load[res] = wan_load.get(res, 0.0) + volume
+                wan_volumes.setdefault(res, []).append(volume)
                 wan_start[res] = min(wan_start.get(res, math.inf), last_b)
                 lat, rate = wan_info.get(res, (0.0, math.inf))
                 wan_info[res] = (max(lat, wp.latency_s), min(rate, wp.rate_bps))
@@ -223,6 +227,11 @@ def allreduce_time(
         lat, rate = wan_info[res]
         a, z = res.removeprefix("wan:").split("->")
         measured = net.ring_rate_for(a, z)
+        alone = net.ring_alone_for(a, z)
+        if measured is not None and alone is not None:  # the rings of unequal stages end one by one
+            finish = max(finish, wan_start[res] + shared_rings_time(wan_volumes[res], measured, alone)
+                         + 2 * (dp - 1) * lat)
+            continue
         if measured is not None:  # what these rings moved together, measured (the calibration's ring probe)
             rate = measured
         elif wan_rings[res] > 1:  # several rings' channels share the link: together they get
@@ -232,6 +241,24 @@ def allreduce_time(
             rate = max(rate, min(link_share, wan_rings[res] * rate))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
+
+
+def shared_rings_time(volumes: list[float], aggregate_bps: float, alone_bps: float) -> float:
+    """Time for rings of `volumes` (bits each way) that start together on one link to
+    finish: the rings still running share `aggregate_bps` (what all of them moved
+    together, measured) evenly, each at most what one ring moves alone (never less than
+    its share with all of them running, so equal rings take exactly the measured time)."""
+    if not volumes:
+        return 0.0
+    cap = max(alone_bps, aggregate_bps / len(volumes))
+    left = sorted(volumes)
+    t = 0.0
+    while left:
+        rate = min(cap, aggregate_bps / len(left))
+        dt = left[0] / rate
+        t += dt
+        left = [v - rate * dt for v in left[1:]]
+    return t
 
 
 def predict(

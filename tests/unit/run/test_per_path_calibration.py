@@ -277,3 +277,18 @@ def test_a_temporal_plan_loads_its_paths_together_one_channel_each() -> None:
         (n,) = loads
         (group,) = loads[n]
         assert {pc.dcs: len(pairs) for pc, pairs in group} == want
+
+
+def test_the_largest_ring_ends_at_the_rate_one_ring_gets_alone() -> None:
+    """dp-across-dc's last stage has the most gradients: its ring ends alone on the
+    link, at the path's measured channel rate at the rings' stream count, so a slower
+    single channel (the same ring aggregate) predicts a longer all-reduce."""
+    scenario = _scenario()
+    wl = scenario.workload
+    fast, slow = _cal(2e8, 2e8, 1e8, ring=1.5e8), _cal(2e8, 2e8, 1e8, ring=1.5e8)
+    fast.paths[0].rates_bps = {1: 1e8, 8: 2e8}
+    slow.paths[0].rates_bps = {1: 3.1e7, 8: 2e8}
+    f = plan_variant("dp-across-dc", scenario, wl, None, fast, None)
+    s = plan_variant("dp-across-dc", scenario, wl, None, slow, None)
+    assert f.path_rates["east", "west"].ring_alone_bps == 1e8
+    assert s.prediction.allreduce_s > 1.05 * f.prediction.allreduce_s

@@ -154,6 +154,9 @@ class Agent:
     inbox: Callable[[], Sequence[Request]] | None = None
     on_status: Callable[[AgentStatus], None] | None = None
     status_every_s: float = 0.05
+    # "shortest": queued requests not yet started run fewest prompt tokens first (the
+    # controller's order, controller/dispatch.py SERVICE_ORDER); "arrival": in arrival order
+    order: str = "arrival"
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -266,6 +269,7 @@ class Agent:
             for req in self.inbox():  # the controller decided these arrive here now
                 self._taken += 1
                 self._admit(req, longest)
+                self.ledger.get(req.id).taken = now - self.epoch
         self._publish_status(now)
         while self._next_req < len(self.requests):
             req = self.requests[self._next_req]
@@ -286,7 +290,12 @@ class Agent:
         elif len(self.queue) >= self.admission.cfg.max_queue:
             self._reject(req.id, Reason.QUEUE_FULL, f"{len(self.queue)} requests queued")
         else:
-            self.queue.append(Pending(req))
+            i = len(self.queue)
+            if self.order == "shortest":
+                while (i > 0 and not self.queue[i - 1].started
+                       and self.queue[i - 1].request.prompt_tokens > req.prompt_tokens):
+                    i -= 1
+            self.queue.insert(i, Pending(req))
             if self.on_status is not None:
                 self._predicted[req.id] = self.admission.model.predict(req.prompt_tokens, 0)
             self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())

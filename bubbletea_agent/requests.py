@@ -350,6 +350,7 @@ class RequestRecord:
     kv_decode_ok: bool | None = None  # its decode step from the cache gave the reference's next token
     # (None: not run: modelled cache, or no model at the decode host)
     guard_violations: int = 0
+    taken: float | None = None  # dispatch: controller: when this agent took it from the controller
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)

@@ -268,7 +268,9 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         realtime_holds=cfg.realtime_holds,
     )
     if link is not None:
-        agent.inbox, agent.on_status = link.take, link.status
+        from bubbletea_agent.controller.dispatch import SERVICE_ORDER
+
+        agent.inbox, agent.on_status, agent.order = link.take, link.status, SERVICE_ORDER
         if cfg.live is not None and cfg.live.wake is not None:
             from bubbletea_agent.live import Nudger
 

@@ -16,6 +16,15 @@ Work dispatched but not yet in an agent's reported backlog (sent since its last 
 is added on the controller's side, so a burst of arrivals between two syncs spreads over
 the devices instead of piling onto the one that looked emptiest.
 
+Late binding (`commit_ahead_s`): a request is sent to its device only once it would start
+there within `commit_ahead_s`; until then it waits at the controller, planned on the
+device that would finish it soonest (its predicted time counts against that device for
+the requests behind it), and is placed again on every tick in arrival order, with the
+statuses as they are then. A request therefore goes to whichever device's bubble really
+comes first (a window that opened early, a queue that drained faster than predicted),
+not to the one that looked best when it arrived; the agents still get it ahead of the
+bubble (the lead covers the sync), so the device does not wait for the controller.
+
 Every request that arrives ends exactly once, served or rejected with a reason (the
 `RequestLedger` of requests.py enforces it); `check()` is the invariant.
 """
@@ -38,6 +47,12 @@ from testbed_core.contracts.prefill_service import (
 )
 
 MIN_IDLE_FRACTION = 0.01  # beyond the known slots a device is assumed idle at least this share
+# The service's order: requests not yet started run fewest prompt tokens first, at the
+# controller (late binding) and in each agent's queue (runtime.py gives the agents this
+# order when they take work from a controller). Under overload a device then serves more
+# requests per second of bubbles, and each waits less; the longest prompts are the ones
+# that wait past their deadline. "arrival" keeps arrival order.
+SERVICE_ORDER = "shortest"
 
 
 class Refusal(Exception):
@@ -103,6 +118,18 @@ def capacity_times(status: AgentStatus, now: float, need: list[float]) -> list[f
     return out
 
 
+def device_times(status: AgentStatus, now: float, ahead: float, work: float) -> tuple[float, float]:
+    """(start, finish) of `work` device seconds behind `ahead` on this device. The backlog
+    the agent reported drains in the bubbles from the moment it reported it (`status.at`),
+    not from now: between two syncs the device keeps working. When what was ahead is done
+    by now, the work starts in the first capacity from now."""
+    ref = min(now, status.at)
+    start, finish = capacity_times(status, ref, [ahead, ahead + work])
+    if start < now:
+        start, finish = capacity_times(status, now, [0.0, work])
+    return start, finish
+
+
 @dataclass
 class DeviceState:
     name: str
@@ -146,6 +173,13 @@ class Entry:
     device: str | None = None
     state: str = "queued"  # queued | dispatched | ended
     now: float | None = None  # when it was last placed (controller time)
+    # while it waits at the controller (late binding): the device it is planned on, its
+    # predicted seconds there, and when it would start; once sent: when and the prediction
+    planned: str | None = None
+    planned_s: float = 0.0
+    predicted_start: float | None = None
+    predicted_finish: float | None = None
+    dispatched_at: float | None = None
 
 
 @dataclass
@@ -158,6 +192,12 @@ class Dispatcher:
     horizon_s: float = 30.0
     max_queue: int = 4096  # requests waiting at the controller for a device to be ready
     stale_s: float = 1.0  # an agent not heard from for this long gets no new work
+    # late binding: send a request once it would start on its device within this many
+    # seconds (None: at once, on arrival); until then it waits here, planned
+    commit_ahead_s: float | None = None
+    # which waiting request goes first: "shortest" (fewest prompt tokens, then arrival) or
+    # "arrival", here (late binding) and in the agents' queues (SERVICE_ORDER)
+    order: str = SERVICE_ORDER
     ledger: RequestLedger = field(default_factory=RequestLedger)
     devices: dict[str, DeviceState] = field(default_factory=dict)
     entries: dict[str, Entry] = field(default_factory=dict)
@@ -168,6 +208,8 @@ class Dispatcher:
     refused_bodies: int = 0  # bodies refused before they were requests (bad JSON, wrong fields)
     _synced: bool = False  # an agent synced since the last tick
     _client_seq: int = 0
+    # predicted seconds of the requests waiting here, per device they are planned on
+    _planned: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         for name in self.agents:
@@ -214,10 +256,20 @@ class Dispatcher:
         return [d for d in self.devices.values() if d.ready(now, self.stale_s)
                 and (entry.decode_host is None or (d.hello is not None and d.hello.decode_host == entry.decode_host))]
 
-    def _place(self, entry: Entry, now: float, raise_on_reject: bool = False) -> None:
+    def _place(self, entry: Entry, now: float, raise_on_reject: bool = False,
+               planned: dict[str, float] | None = None, into: dict[str, float] | None = None) -> None:
+        """Send the request to the device that finishes it soonest among those that start it
+        within its deadline, behind the work `planned` there for the requests that go before
+        it (default: those waiting here ahead of it in `order`), or reject it. Late binding:
+        sent only once it would start within `commit_ahead_s`; until then it waits here,
+        planned, its time added to `into` (default: the dispatcher's plan)."""
         req = entry.request
         deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
         entry.now = now
+        if planned is None:
+            planned = self._planned if self.order == "arrival" else self._planned_before(entry)
+        if into is None and planned is not self._planned:
+            into = self._planned
         devices = self._eligible(entry)
         if not devices:
             if any(not d.final and not (d.status is not None and d.status.ended) for d in self.devices.values()):
@@ -227,6 +279,7 @@ class Dispatcher:
                                                                      "device", now, raise_on_reject)
                         return
                     self.queue[req.id] = None
+                entry.planned = None
                 return  # a device will be ready (training has not started yet)
             self._end_rejected(entry, Reason.NO_DEVICE, "every device's training ended; none takes work", now,
                                raise_on_reject)
@@ -236,8 +289,13 @@ class Dispatcher:
         for d in devices:
             assert d.status is not None and d.predict is not None
             work = d.predict(req.prompt_tokens)
-            ahead = d.status.backlog_s + d.unseen_s(d.status.taken)
-            start, finish = capacity_times(d.status, now, [ahead, ahead + work])
+            # all the work queued there counts as ahead of it, although with shortest first a
+            # short request goes before the longer ones: the controller does not know which of
+            # those it sent are still queued (not started, not expired), and subtracting all of
+            # them made the device with most work sent look emptiest (measured: 262 of 634
+            # requests to one device, 80 to another)
+            ahead = d.status.backlog_s + d.unseen_s(d.status.taken) + planned.get(d.name, 0.0)
+            start, finish = device_times(d.status, now, ahead, work)
             empty = capacity_times(d.status, now, [work])[0]
             fastest = min(fastest, empty - now)
             if best is None or finish < best[1]:
@@ -253,17 +311,49 @@ class Dispatcher:
                                f"no device's bubbles can start it within its {deadline:g} s deadline", now,
                                raise_on_reject)
             return
-        _, _, dev, work = best
+        start, finish, dev, work = best
+        entry.predicted_start, entry.predicted_finish = start, finish
+        if self.commit_ahead_s is not None and start > now + self.commit_ahead_s:
+            if req.id not in self.queue:
+                if len(self.queue) >= self.max_queue:
+                    self._end_rejected(entry, Reason.QUEUE_FULL, f"{len(self.queue)} requests wait for a device",
+                                       now, raise_on_reject)
+                    return
+                self.queue[req.id] = None
+            entry.planned, entry.planned_s = dev.name, work
+            into = self._planned if into is None else into
+            into[dev.name] = into.get(dev.name, 0.0) + work
+            return
         self.queue.pop(req.id, None)
-        entry.state, entry.device = "dispatched", dev.name
+        entry.planned = None
+        entry.state, entry.device, entry.dispatched_at = "dispatched", dev.name, now
         dev.open[req.id] = work
         dev.sent.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
                                  deadline_s=deadline))
         dev.sent_predicted.append(work)
 
+    def _key(self, rid: str) -> tuple[int, float, str]:
+        e = self.entries[rid]
+        return (e.request.prompt_tokens, e.arrival, rid)
+
+    def _planned_before(self, entry: Entry) -> dict[str, float]:
+        """Predicted seconds, per device, of the requests waiting here that go before `entry`
+        (order "shortest": those with fewer prompt tokens, or as many and earlier)."""
+        key = self._key(entry.request.id) if entry.request.id in self.entries else (entry.request.prompt_tokens,
+                                                                                   entry.arrival, entry.request.id)
+        out: dict[str, float] = {}
+        for rid in self.queue:
+            e = self.entries[rid]
+            if rid != entry.request.id and e.planned is not None and self._key(rid) < key:
+                out[e.planned] = out.get(e.planned, 0.0) + e.planned_s
+        return out
+
     def _end_rejected(self, entry: Entry, reason: str, detail: str, now: float, raise_it: bool = False) -> None:
         rid = entry.request.id
+        if rid in self.queue and entry.planned is not None:  # its planned time no longer counts
+            self._planned[entry.planned] = max(0.0, self._planned.get(entry.planned, 0.0) - entry.planned_s)
         self.queue.pop(rid, None)
+        entry.planned = None
         entry.state = "ended"
         self.ledger.reject(rid, Reason(reason), detail)
         if raise_it:
@@ -272,10 +362,16 @@ class Dispatcher:
     # ---------------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
-        """Queued requests: reject expired ones; once an agent synced since the last tick,
-        dispatch those a device is ready for (in arrival order, until one finds none: the
-        rest would not either). Cheap when nothing changed: it runs every few ms."""
+        """Requests waiting here: reject expired ones; place the others again in `order`
+        (shortest first, or arrival) (sent once they would start within `commit_ahead_s`, else planned again),
+        after an agent synced or once the first of them is due; stop placing at the first
+        that stays (the later ones would not start sooner: every device's work ahead of
+        them only grows), and keep the rest planned where they were. Cheap when nothing
+        changed: it runs every few ms."""
         synced, self._synced = self._synced, False
+        if not self.queue:
+            self._planned = {}
+            return
         for rid in list(self.queue):
             entry = self.entries[rid]
             req = entry.request
@@ -283,12 +379,26 @@ class Dispatcher:
             if now - entry.arrival > deadline:
                 self._end_rejected(entry, Reason.DEADLINE_PASSED,
                                    f"waited {now - entry.arrival:.3f} s for a device > deadline {deadline:g} s", now)
-            elif synced:
-                self._place(entry, now)
-                if rid in self.queue and entry.decode_host is None:
-                    synced = False  # no device for it: none for the later ones either
-            else:
-                break  # in arrival order: the later ones expire later (same deadline, the common case)
+        if not self.queue:
+            self._planned = {}
+            return
+        order = list(self.queue) if self.order == "arrival" else sorted(self.queue, key=self._key)
+        head = self.entries[order[0]]
+        due = (head.planned is not None and head.predicted_start is not None and self.commit_ahead_s is not None
+               and head.predicted_start <= now + self.commit_ahead_s)
+        if not synced and not due:
+            return
+        planned: dict[str, float] = {}
+        placing = True
+        for rid in order:
+            entry = self.entries[rid]
+            if placing:
+                self._place(entry, now, planned=planned, into=planned)
+                if rid in self.queue and (entry.decode_host is None or entry.planned is not None):
+                    placing = False  # it waits: the later ones would too
+            elif entry.planned is not None:
+                planned[entry.planned] = planned.get(entry.planned, 0.0) + entry.planned_s
+        self._planned = planned
 
     # --------------------------------------------------------------------- agents
 

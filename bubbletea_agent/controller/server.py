@@ -97,7 +97,10 @@ class Service:
                 row = rec.to_json()
                 e = entries.get(rec.id)
                 if e is not None:
-                    row.update(origin=e.origin, device=e.device)
+                    # where the time went: sent to its device at `dispatched` (late binding:
+                    # it waited here until then), predicted to start and end there
+                    row.update(origin=e.origin, device=e.device, dispatched=e.dispatched_at,
+                               predicted_start=e.predicted_start, predicted_finish=e.predicted_finish)
                 on_end(row)
 
             dispatcher.ledger.on_end = hook

@@ -38,6 +38,12 @@ def req(rid: str, tokens: int = 1024, deadline: float | None = 2.0, at: float = 
     return Request(rid, at, tokens, 0, deadline)
 
 
+def eager(*args, **kw) -> Dispatcher:
+    """A dispatcher that sends each request on arrival (no late binding): for tests of
+    where a request goes, with statuses that never change."""
+    return Dispatcher(*args, commit_ahead_s=None, **kw)
+
+
 def test_predictor_interpolates_and_extrapolates():
     p = Predictor(PRED)
     assert p(1024) == pytest.approx(0.1024)
@@ -67,7 +73,7 @@ def test_request_goes_to_the_device_that_finishes_it_soonest():
 
 
 def test_work_sent_since_the_last_status_counts_against_the_device():
-    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    d = eager(["a", "b"], ["dc1-h2"])
     ready(d, "a")
     ready(d, "b")
     devices = [d.submit(req(f"r{i}"), T0).device for i in range(6)]
@@ -113,7 +119,7 @@ def test_unknown_decode_host_names_the_known_ones():
 
 
 def test_decode_host_restricts_the_devices():
-    d = Dispatcher(["a", "b"], ["dc1-h2", "dc2-h2"])
+    d = eager(["a", "b"], ["dc1-h2", "dc2-h2"])
     ready(d, "a", decode="dc1-h2")
     ready(d, "b", decode="dc2-h2", backlog_s=0.5)
     assert d.submit(req("r1"), T0, decode_host="dc2-h2").device == "b"
@@ -142,7 +148,7 @@ def test_queued_until_a_device_is_ready_then_dispatched_or_expired():
 
 
 def test_agent_reports_end_requests_with_controller_ttft():
-    d = Dispatcher(["a"], ["dc1-h2"])
+    d = eager(["a"], ["dc1-h2"])
     ready(d, "a")
     d.submit(req("r1"), T0)
     d.submit(req("r2"), T0)
@@ -187,7 +193,7 @@ def test_unknown_agent_and_missing_hello_are_refused():
 
 
 def test_status_ended_device_takes_no_work():
-    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    d = eager(["a", "b"], ["dc1-h2"])
     ready(d, "a", ended=True)
     ready(d, "b", backlog_s=0.3)
     assert d.submit(req("r1"), T0).device == "b"
@@ -195,7 +201,7 @@ def test_status_ended_device_takes_no_work():
 
 
 def test_work_in_a_lost_reply_is_sent_again_until_the_agent_confirms_it():
-    d = Dispatcher(["a"], ["dc1-h2"])
+    d = eager(["a"], ["dc1-h2"])
     ready(d, "a")
     d.submit(req("r1"), T0)
     first = d.sync("a", AgentSync(status=status()), T0)
@@ -208,7 +214,7 @@ def test_work_in_a_lost_reply_is_sent_again_until_the_agent_confirms_it():
 
 
 def test_an_agent_not_heard_from_gets_no_new_work():
-    d = Dispatcher(["a", "b"], ["dc1-h2"], stale_s=1.0)
+    d = eager(["a", "b"], ["dc1-h2"], stale_s=1.0)
     ready(d, "a", now=T0)
     ready(d, "b", now=T0 + 2.0, backlog_s=0.5)
     assert d.submit(req("r1", at=T0 + 2.0), T0 + 2.0).device == "b"  # a is silent for 2 s
@@ -225,3 +231,75 @@ def test_queued_requests_wait_for_a_sync_and_expire_in_order():
     assert not d.queue and d.entries["r1"].device == "a"
     # r2 would start after r1 (0.2 s of wall time at idle share 0.5): 1.05 s after it arrived
     assert d.ledger.get("r2").reason == "deadline_unreachable"
+
+
+def test_late_binding_holds_a_request_until_its_bubble_is_near_then_sends_it():
+    d = Dispatcher(["a"], ["dc1-h2"], commit_ahead_s=0.1)
+    ready(d, "a", upcoming=[Window(start=T0 + 0.5, end=T0 + 0.9)], idle_fraction=0.1)
+    e = d.submit(req("r1", deadline=1.0), T0)
+    assert e.state == "queued" and e.device is None and e.planned == "a"
+    assert e.predicted_start == pytest.approx(T0 + 0.5)
+    # the next arrival is planned behind it (r1's 0.1024 s on the same device)
+    e2 = d.submit(req("r2", deadline=1.0), T0)
+    assert e2.predicted_start == pytest.approx(T0 + 0.6024)
+    assert not d.sync("a", AgentSync(status=status(upcoming=[Window(start=T0 + 0.5, end=T0 + 0.9)])), T0).work
+    d.tick(T0 + 0.3)  # 0.2 s before the bubble: not yet
+    assert e.state == "queued"
+    d.tick(T0 + 0.41)  # within the lead: sent, ahead of the bubble; r2 not yet
+    assert e.state == "dispatched" and e.device == "a" and e.dispatched_at == pytest.approx(T0 + 0.41)
+    assert e2.state == "queued"
+    reply = d.sync("a", AgentSync(status=status(T0 + 0.41, upcoming=[Window(start=T0 + 0.5, end=T0 + 0.9)])),
+                   T0 + 0.41)
+    assert [w.id for w in reply.work] == ["r1"]
+
+
+def test_late_binding_sends_to_the_device_whose_bubble_really_came_first():
+    d = Dispatcher(["a", "b"], ["dc1-h2"], commit_ahead_s=0.1)
+    ready(d, "a", upcoming=[Window(start=T0 + 0.4, end=T0 + 0.8)], idle_fraction=0.1)
+    ready(d, "b", upcoming=[Window(start=T0 + 0.6, end=T0 + 1.0)], idle_fraction=0.1)
+    e = d.submit(req("r1", deadline=1.0), T0)
+    assert e.planned == "a" and e.state == "queued"
+    ready(d, "b", now=T0 + 0.1, live_end=T0 + 0.5)  # b's window opened early: it syncs that
+    d.tick(T0 + 0.1)
+    assert e.state == "dispatched" and e.device == "b"
+    assert not d.devices["a"].sent and d._planned == {}
+
+
+def test_late_binding_expires_waiting_requests_and_frees_their_planned_time():
+    d = Dispatcher(["a"], ["dc1-h2"], commit_ahead_s=0.1)
+    ready(d, "a", upcoming=[Window(start=T0 + 0.8, end=T0 + 0.83)], idle_fraction=0.01)
+    e = d.submit(req("r1", tokens=256, deadline=1.0), T0)
+    assert e.state == "queued" and d._planned["a"] == pytest.approx(0.0256)
+    with pytest.raises(Refusal) as exc:  # the next bubble is 0.8 s away
+        d.submit(req("r2", tokens=256, deadline=0.5), T0)
+    assert exc.value.code == "deadline_unreachable"
+    e3 = d.submit(req("r3", tokens=16, deadline=0.9), T0)  # behind r1, in the window: waits here
+    assert e3.state == "queued" and d._planned["a"] == pytest.approx(0.0256 + 0.0016)
+    d.tick(T0 + 0.5)
+    assert e.state == e3.state == "queued"
+    d.tick(T0 + 0.95)  # nobody synced: r3 waited past its deadline here; r1 is due, sent
+    assert d.ledger.get("r3").reason == "deadline_passed" and "waited 0.950 s" in d.ledger.get("r3").detail
+    assert e.state == "dispatched" and not d.queue and d._planned == {}
+    d.finish(T0 + 2.0)
+
+
+def test_waiting_requests_go_shortest_first_and_arrival_order_is_kept_when_asked():
+    for order, first in (("shortest", "short"), ("arrival", "long")):
+        d = Dispatcher(["a"], ["dc1-h2"], commit_ahead_s=0.1, order=order)
+        ready(d, "a", upcoming=[Window(start=T0 + 0.5, end=T0 + 0.9)], idle_fraction=0.01)
+        d.submit(req("long", tokens=2048, deadline=1.0), T0)
+        short = d.submit(req("short", tokens=256, deadline=1.0), T0 + 0.01)
+        # shortest first: the short one is planned ahead of the long one (which arrived first)
+        assert short.predicted_start == pytest.approx(T0 + 0.5 if order == "shortest" else T0 + 0.7048)
+        d.tick(T0 + 0.45)
+        sent = [w.id for w in d.devices["a"].sent]
+        assert sent and sent[0] == first, (order, sent)
+
+
+def test_backlog_drains_from_when_the_agent_reported_it():
+    d = Dispatcher(["a"], ["dc1-h2"], commit_ahead_s=None)
+    ready(d, "a", now=T0, live_end=T0 + 1.0, backlog_s=0.3)  # an open window, 0.3 s queued at T0
+    e = d.submit(req("r1", tokens=16, at=T0 + 0.2), T0 + 0.2)
+    assert e.predicted_start == pytest.approx(T0 + 0.3)  # 0.1 s of it left at T0 + 0.2, not 0.3
+    e2 = d.submit(req("r2", tokens=16, at=T0 + 0.5), T0 + 0.5)
+    assert e2.predicted_start == pytest.approx(T0 + 0.5)  # all of it done by now: starts at once

@@ -22,7 +22,8 @@ PRED = {16: 0.0016, 1024: 0.1024, 4096: 0.4096}
 @pytest.fixture
 def controller():
     """A controller on a free localhost port, in a thread; yields (service, port)."""
-    d = Dispatcher(["a", "b"], ["dc1-h2"], deadline_s=2.0, stale_s=30.0)  # a busy test machine syncs late
+    # a busy test machine syncs late; sent on arrival (no late binding): the statuses here never change
+    d = Dispatcher(["a", "b"], ["dc1-h2"], deadline_s=2.0, stale_s=30.0, commit_ahead_s=None)
     rows: list[dict] = []
     service = Service(d, [Request("s0", 0.05, 256, 0, 2.0)], on_end=rows.append)
     service.rows = rows

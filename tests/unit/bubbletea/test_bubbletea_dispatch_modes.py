@@ -48,6 +48,26 @@ def test_status_backlog_is_the_queued_predicted_work():
     assert st.idle_fraction == pytest.approx(1.0)  # the timeline showed no training yet (NoTimeline)
 
 
+def test_controller_order_runs_the_shortest_queued_request_first():
+    # training holds the device for the first 0.3 s: the controller's work queues, then runs
+    training = [(T0, T0 + 0.3)]
+    for order, first in (("shortest", "short"), ("arrival", "long")):
+        inbox = [Request("long", 0.0, 1000, 0, 5.0), Request("mid", 0.0, 500, 0, 5.0),
+                 Request("short", 0.0, 100, 0, 5.0)]
+        agent, _, rows = make_hold_agent([], training, T0 + 1.0, status_every_s=0.01)
+        agent.order = order
+        agent.inbox = lambda inbox=inbox: [inbox.pop(0) for _ in range(len(inbox))]
+        agent.on_status = lambda st: None
+        agent.run(until=T0 + 1.0)
+        s = agent.finish()
+        assert s["served"] == 3
+        starts = sorted((r["start"], r["id"]) for r in rows)
+        assert starts[0][1] == first, (order, starts)
+        if order == "shortest":
+            assert [i for _, i in starts] == ["short", "mid", "long"]
+        assert all(r["taken"] == pytest.approx(0.0, abs=0.02) for r in rows)  # when it took them
+
+
 def test_naive_runs_one_whole_chunk_per_hold_and_crosses_training():
     # training wants the device 2 ms into every 100 ms; naive takes it whenever it is free
     training = [(T0 + 0.1 * k + 0.002, T0 + 0.1 * k + 0.01) for k in range(10)]
@@ -129,12 +149,14 @@ def test_comparison_table_from_a_summary(tmp_path: Path, capsys):
            "ttft_p99_s": 0.5}
     summary = {"variants": {"atlas": {"iteration_time_s": 2.0},
                             "atlas+bubbletea": {"prefill_service": svc, "training_slowdown": 0.004,
-                                                "training_wait_on_prefill_s": 0.0}}}
+                                                "training_wait_on_prefill_s": 0.0,
+                                                "prefill_tokens_served": 4096}}}
     path = tmp_path / "summary.json"
     path.write_text(json.dumps(summary))
     assert main([str(path)]) == 0
     out = capsys.readouterr().out
-    assert "| atlas+bubbletea | controller | 8 / 10 | deadline_unreachable 2 | 0.100 s | 0.500 s | +0.4% |" in out
+    assert ("| atlas+bubbletea | controller | 8 / 10 (80%) | 512 | deadline_unreachable 2 | 0.100 s | 0.500 s "
+            "| +0.4% |") in out
     assert "| atlas |" not in out
     assert main([str(tmp_path / "missing.json")]) == 1
     assert "cannot read the run's summary" in capsys.readouterr().err

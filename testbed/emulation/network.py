@@ -555,19 +555,19 @@ class Emulation:
             self.record.drop_processes(finished)
         return proc
 
-    def _spawn_warm(self, handle: NodeHandle, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str,
-                    log: str, preload: Sequence[str]) -> Any:
+    def _spawn_warm(self, handle: NodeHandle, argv: Sequence[str], *, preload: Sequence[str],
+                    **popen_kwargs: Any) -> Any:
         if self.record is None or not node_alive(handle):
             raise EmulationError(f"{handle.name}: the emulation is not running")
         if handle.remote:  # no fork server on another machine: a fresh interpreter through its SSH
-            with open(log, "a") as fh:
-                return self._spawn(handle, [sys.executable, "-m", module, *argv], kind="process", env=env,
-                                   stdout=fh, stderr=subprocess.STDOUT, cwd=cwd)
+            return self._spawn(handle, argv, kind="process", **popen_kwargs)
         from testbed.emulation.warmstart import warm_start
 
-        proc = warm_start(handle.pid, module, [str(a) for a in argv], env={**env, ENV_RUN: self.prefix}, cwd=cwd,
-                          log=log, preload=preload, net_inode=handle.netns_inode)
-        self.record.add_process("process", f"{handle.mn_name}:{module}", proc.pid, handle.netns_inode, self._procfs)
+        env = dict(popen_kwargs.pop("env", None) or os.environ)
+        env[ENV_RUN] = self.prefix
+        proc = warm_start(handle.pid, argv, preload=preload, env=env, net_inode=handle.netns_inode, **popen_kwargs)
+        self.record.add_process("process", f"{handle.mn_name}:{argv[2] if len(argv) > 2 else argv[0]}", proc.pid,
+                                handle.netns_inode, self._procfs)
         with self._lock:
             self._procs[proc.pid] = proc  # type: ignore[assignment]  (a Popen-like handle)
         return proc

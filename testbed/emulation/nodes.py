@@ -103,13 +103,11 @@ class NodeHandle:
         killed at teardown if still running."""
         return self.emu._spawn(self, argv, kind="process", **popen_kwargs)
 
-    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
-                   preload: Sequence[str]) -> Any:
-        """``python -m module argv`` inside this node, its output appended to `log`:
-        forked from a fork server that imported `preload` once (warmstart.py), or, on a
-        node of another server, a fresh interpreter through its SSH. Recorded, and killed
-        at teardown if still running; a Popen-like handle either way."""
-        return self.emu._spawn_warm(self, module, argv, env=env, cwd=cwd, log=log, preload=preload)
+    def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **popen_kwargs: Any) -> Any:
+        """Like `popen` for ``python -m MODULE ...``, forked from a fork server that
+        imported `preload` once (warmstart.py); on a node of another server, a fresh
+        interpreter through its SSH. Recorded, and killed at teardown if still running."""
+        return self.emu._spawn_warm(self, argv, preload=preload, **popen_kwargs)
 
     def run(self, argv: Sequence[str] | str, timeout: float | None = None, check: bool = False,
             input: str | bytes | None = None, text: bool = True,

@@ -7,11 +7,12 @@ every variant of every run, and that CPU was taken from the delay lines of the r
 The standard library's fork server (``multiprocessing`` context ``forkserver``) imports
 the named modules once per controller process and forks a child per start.
 
-What a warm child does before the program's code runs, in this order: it writes its
-output to the log file given (both streams), leaves the controller's session
-(``setsid``, as ``mnexec -d`` does), enters the node's network and mount namespaces
-(``setns``, as ``mnexec -a`` does), moves to the folder given and takes the environment
-given, whole. Then it calls the program's ``main(argv)``; its return value is the exit
+A warm start is asked for like ``subprocess.Popen`` of ``python -m MODULE ...``
+(pipes, files, ``pass_fds``, environment, folder). What a warm child does before the
+program's code runs, in this order: it puts the descriptors handed to it in place,
+leaves the controller's session (``setsid``, as ``mnexec -d`` does), enters the node's
+network and mount namespaces (``setns``, as ``mnexec -a`` does), moves to the folder
+given and takes the environment given, whole. Then it calls the program's ``main(argv)``; its return value is the exit
 status. A start returns once the child is inside the node's network namespace, so the
 run's record can identify it by that namespace from the first moment (records.py
 ``belongs``: the child's command line is the fork server's, not the program's).
@@ -28,6 +29,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import fcntl
 import importlib
 import multiprocessing
 import os
@@ -37,6 +39,7 @@ import sys
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import IO, Any
 
 from testbed.emulation.errors import EmulationError
 
@@ -47,16 +50,34 @@ ENTER_TIMEOUT_S = 30.0  # for a fork and two setns calls; only a machine frozen 
 _preloaded: tuple[str, ...] | None = None
 
 
+class _Fd:
+    """A descriptor handed to the warm child: the fork server's way (it is duplicated
+    into the child while the start is sent, multiprocessing.reduction.DupFd)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+
+    def __reduce__(self) -> tuple[Any, tuple[Any, ...]]:
+        from multiprocessing import reduction
+
+        return (_taken, (reduction.DupFd(self.fd),))
+
+
+def _taken(dup: Any) -> int:
+    return int(dup.detach())
+
+
 @dataclass(frozen=True)
 class WarmSpec:
     """What a warm child runs, and where: picklable, sent through the fork server."""
 
     node_pid: int  # a process in the node's namespaces (the Mininet host's shell)
-    module: str  # the program: a module with a ``main(argv) -> int`` function
+    nice: int  # added to the fork server's niceness, as `nice -n` would
+    module: str  # the program: a module (or a package's __main__) with ``entry(argv)`` or ``main(argv) -> int``
     argv: tuple[str, ...]
     env: tuple[tuple[str, str], ...]
     cwd: str
-    log: str  # both output streams go there (opened for appending)
+    fds: tuple[tuple[int, Any], ...]  # (descriptor number in the child, _Fd): 0-2 and pass_fds
 
 
 def _setns(path: str, flag: int) -> None:
@@ -72,13 +93,20 @@ def _setns(path: str, flag: int) -> None:
 
 def _child(spec: WarmSpec) -> None:
     """The warm child's whole life (runs in the forked process)."""
-    out = os.open(spec.log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.close(out)
+    got = dict(spec.fds)  # each already a descriptor of ours (unpickled), at any number
+    staged = {target: fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for target, fd in got.items()}
+    for fd in set(got.values()):  # out of the way first: a target number may be another's source
+        os.close(fd)
+    for target, fd in staged.items():
+        os.dup2(fd, target)  # inheritable, as Popen leaves stdio and pass_fds
+        os.close(fd)
+    if 0 in got:
+        sys.stdin = open(0, closefd=False)  # noqa: SIM115 (the program's stdin, for its whole life)
     os.setsid()
+    if spec.nice:
+        os.nice(spec.nice)
     for kind, flag in (("net", CLONE_NEWNET), ("mnt", CLONE_NEWNS)):  # not when already there (no root needed)
         if os.stat(f"/proc/{spec.node_pid}/ns/{kind}").st_ino != os.stat(f"/proc/self/ns/{kind}").st_ino:
             _setns(f"/proc/{spec.node_pid}/ns/{kind}", flag)
@@ -89,8 +117,11 @@ def _child(spec: WarmSpec) -> None:
     for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGCHLD):
         signal.signal(sig, signal.SIG_DFL)
     sys.argv = [spec.module, *spec.argv]
-    main = importlib.import_module(spec.module).main
-    sys.exit(main(list(spec.argv)))
+    program = importlib.import_module(spec.module)
+    if hasattr(program, "__path__"):  # a package runs as its __main__, as with `python -m`
+        program = importlib.import_module(f"{spec.module}.__main__")
+    run = getattr(program, "entry", None) or program.main  # a click group's argv form is its `entry`
+    sys.exit(run(list(spec.argv)))
 
 
 class WarmProcess:
@@ -101,7 +132,9 @@ class WarmProcess:
         self.pid: int = proc.pid  # type: ignore[assignment]
         self.args = args
         self.returncode: int | None = None
-        self.stdin = self.stdout = self.stderr = None  # no pipes: the output goes to the log file
+        self.stdin: IO[Any] | None = None  # the parent's ends of the pipes asked for
+        self.stdout: IO[Any] | None = None
+        self.stderr: IO[Any] | None = None
 
     def poll(self) -> int | None:
         if self.returncode is None and not self._proc.is_alive():
@@ -142,20 +175,73 @@ def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
     return ctx
 
 
-def warm_start(node_pid: int, module: str, argv: Sequence[str], *, env: Mapping[str, str], cwd: str, log: str,
-               preload: Sequence[str], net_inode: int | None = None) -> WarmProcess:
-    """Start ``module.main(argv)`` in the namespaces of `node_pid`, forked from the fork
-    server that imported `preload`; returns once the child is in the node's network
-    namespace (`net_inode`, read from `node_pid` when not given)."""
+def module_of(argv: Sequence[str]) -> tuple[int, str, list[str]]:
+    """(niceness, module, its arguments) of a ``[nice -n N] python -m module ...``
+    command line; anything else cannot start warm (ValueError)."""
+    argv = [str(a) for a in argv]
+    nice = 0
+    if argv[:2] == ["nice", "-n"] and len(argv) > 2 and argv[2].lstrip("-").isdigit():
+        nice, argv = int(argv[2]), argv[3:]
+    if len(argv) < 3 or argv[0] != sys.executable or argv[1] != "-m":
+        raise ValueError(f"a warm start runs `[nice -n N] {sys.executable} -m MODULE ...`, not {argv[:3]}")
+    return nice, argv[2], argv[3:]
+
+
+def warm_start(node_pid: int, argv: Sequence[str], *, preload: Sequence[str], env: Mapping[str, str] | None = None,
+               cwd: str | None = None, stdin: Any = None, stdout: Any = None, stderr: Any = None, text: bool = False,
+               pass_fds: Sequence[int] = (), net_inode: int | None = None) -> WarmProcess:
+    """Start ``python -m module ...`` (`argv`) in the namespaces of `node_pid`, forked from
+    the fork server that imported `preload`: like subprocess.Popen for `stdin`, `stdout`
+    and `stderr` (None: the controller's own, PIPE, STDOUT, a file object or descriptor),
+    `text`, `pass_fds`, `env` (the whole environment) and `cwd`. Returns once the child
+    is in the node's network namespace (`net_inode`, read from `node_pid` if not given)."""
+    nice, module, args = module_of(argv)
     if net_inode is None:
         try:
             net_inode = os.stat(f"/proc/{node_pid}/ns/net").st_ino
         except FileNotFoundError:
             raise EmulationError(f"warm start of {module}: the node of PID {node_pid} is not running") from None
-    spec = WarmSpec(node_pid, module, tuple(argv), tuple(sorted(env.items())), cwd, log)
-    proc = _context(preload).Process(target=_child, args=(spec,), name=f"warm:{module}", daemon=True)
-    proc.start()
-    handle = WarmProcess(proc, [sys.executable, "-m", module, *argv])
+    mine: list[int] = []  # descriptors made here for the child, closed once it has them
+    parents: dict[str, IO[Any]] = {}
+    fds: list[tuple[int, _Fd]] = []
+
+    def fd_of(target: int, what: Any, name: str) -> None:
+        if what is None:
+            return
+        if what == subprocess.PIPE:
+            r, w = os.pipe()
+            child, parent = (r, w) if target == 0 else (w, r)
+            mine.append(child)
+            parents[name] = open(parent, "w" if target == 0 else "r", encoding="utf-8" if text else None,  # noqa: SIM115
+                                 **({} if text else {"buffering": 0}))
+            fds.append((target, _Fd(child)))
+        elif what == subprocess.STDOUT:
+            fds.append((target, _Fd(dict(fds)[1].fd if 1 in dict(fds) else 1)))
+        elif what == subprocess.DEVNULL:
+            null = os.open(os.devnull, os.O_RDWR)
+            mine.append(null)
+            fds.append((target, _Fd(null)))
+        else:
+            fds.append((target, _Fd(what if isinstance(what, int) else what.fileno())))
+
+    try:
+        fd_of(0, stdin, "stdin")
+        fd_of(1, stdout, "stdout")
+        fd_of(2, stderr, "stderr")
+        fds += [(fd, _Fd(fd)) for fd in pass_fds]
+        spec = WarmSpec(node_pid, nice, module, tuple(args), tuple(sorted((env if env is not None else os.environ).items())),
+                        cwd or os.getcwd(), tuple(fds))
+        proc = _context(preload).Process(target=_child, args=(spec,), name=f"warm:{module}", daemon=True)
+        proc.start()
+    except BaseException:
+        for f in parents.values():
+            f.close()
+        raise
+    finally:
+        for fd in mine:
+            os.close(fd)
+    handle = WarmProcess(proc, [str(a) for a in argv])
+    handle.stdin, handle.stdout, handle.stderr = parents.get("stdin"), parents.get("stdout"), parents.get("stderr")
     deadline = time.monotonic() + ENTER_TIMEOUT_S
     while True:
         try:
@@ -165,11 +251,7 @@ def warm_start(node_pid: int, module: str, argv: Sequence[str], *, env: Mapping[
             pass
         if handle.poll() is not None or time.monotonic() > deadline:
             handle.kill()
-            try:
-                tail = " | ".join(open(log, errors="replace").read().strip().splitlines()[-3:])
-            except OSError:
-                tail = ""
             raise EmulationError(
                 f"warm start of {module} in the node of PID {node_pid} did not enter its network namespace "
-                f"(exit status {handle.poll()}; is the node still running?); {log}: {tail or '(empty)'}")
+                f"(exit status {handle.poll()}; is the node still running?)")
         time.sleep(0.002)

@@ -17,6 +17,7 @@ timelines) and the slowdown against the same variant without agents (`bubbletea_
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import sys
 import time
@@ -25,7 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.process import Process, ProcessError, start
-from testbed.run.common import REPO_ROOT, RunnerError, path_links
+from testbed.run.common import REPO_ROOT, RUN_PRELOAD, RunnerError, path_links
 from testbed.run.network import Network
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
@@ -174,7 +175,7 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
                 "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
         argv += decode_check_args(scenario, workload, jobs)
-        servers[name] = start(argv, popen=net.host(host).popen, env=env, log_path=logs[name], name=name,
+        servers[name] = start(argv, popen=popen_of(net, host, scenario), env=env, log_path=logs[name], name=name,
                               cwd=str(REPO_ROOT))
         addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
     decode = {w: None if h is None else addresses[h] for w, h in where.items()}
@@ -190,9 +191,16 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         path.write_text(agent_job.model_dump_json(indent=1))
         name = f"agent-{wid}"
         logs[name] = folder / "logs" / f"{name}.log"
-        procs[name] = start(agent_command(path), popen=net.host(jobs[wid].host).popen, env=env,
+        procs[name] = start(agent_command(path), popen=popen_of(net, jobs[wid].host, scenario), env=env,
                             log_path=logs[name], name=f"BubbleTea {name}", cwd=str(REPO_ROOT))
     return procs, servers
+
+
+def popen_of(net: Network, host: str, scenario: Scenario) -> Any:
+    """How a BubbleTea process starts on `host`: warm (forked from the run's fork server
+    that imported torch, testbed/emulation/warmstart.py) unless ``runner.warm_start`` is off."""
+    node = net.host(host)
+    return functools.partial(node.popen_warm, preload=RUN_PRELOAD) if scenario.runner.warm_start else node.popen
 
 
 def controller_host(scenario: Scenario) -> str:
@@ -226,7 +234,7 @@ def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenar
     logs["controller"] = folder / "logs" / "controller.log"
     servers["controller"] = start(["nice", "-n", str(CONTROLLER_NICE), sys.executable, "-m", "bubbletea_agent",
                                    "controller", str(path)],
-                                  popen=net.host(host).popen, env=env, log_path=logs["controller"],
+                                  popen=popen_of(net, host, scenario), env=env, log_path=logs["controller"],
                                   name="BubbleTea controller", cwd=str(REPO_ROOT))
     return {"ip": net.host(host).ip, "port": port, "host": host}
 

@@ -34,6 +34,7 @@ from typing import Any
 from testbed.progress import Progress
 from testbed.run.common import (
     REPO_ROOT,
+    RUN_PRELOAD,
     RunnerError,
     log_tail,
     stop_processes,
@@ -85,8 +86,9 @@ class ProbeAgents:
     Python process that imports torch once per host, all hosts at once, instead of once
     per probe end and one after another. `close` ends them."""
 
-    def __init__(self, net: Network, folder: Path, secret: str, timeout_s: float = 180.0) -> None:
+    def __init__(self, net: Network, folder: Path, secret: str, timeout_s: float = 180.0, warm: bool = True) -> None:
         self.net, self.folder, self.env, self.timeout_s = net, folder, worker_env(secret), timeout_s
+        self.warm = warm  # forked from the run's fork server that imported torch (runner.warm_start)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, Any] = {}
         self.queues: dict[str, queue.Queue[str]] = {}
@@ -113,9 +115,11 @@ class ProbeAgents:
         for h in new:
             log = open(self.folder / f"agent-{h}.log", "w")  # noqa: SIM115 (closed by close())
             self.logs[h] = log
-            self.procs[h] = self.net.host(h).popen([sys.executable, "-m", "testbed.training.worker", "--probe-agent"],
-                                                   env=self.env, stdout=subprocess.PIPE, stderr=log,
-                                                   stdin=subprocess.PIPE, text=True, cwd=str(REPO_ROOT))
+            host, argv = self.net.host(h), [sys.executable, "-m", "testbed.training.worker", "--probe-agent"]
+            kwargs: dict[str, Any] = {"env": self.env, "stdout": subprocess.PIPE, "stderr": log,
+                                      "stdin": subprocess.PIPE, "text": True, "cwd": str(REPO_ROOT)}
+            self.procs[h] = (host.popen_warm(argv, preload=RUN_PRELOAD, **kwargs) if self.warm
+                             else host.popen(argv, **kwargs))
             threading.Thread(target=self._read, args=(h, self.procs[h]), daemon=True).start()
         for h in new:
             word = self._get(f"@{h}", self.timeout_s, f"the probe agent on {h}")
@@ -179,7 +183,7 @@ class Prober:
         self.folder = folder
         self.scenario = scenario
         self.ports = ports
-        self.agents = agents or ProbeAgents(net, folder, secret)
+        self.agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
         self.net = net
         self.folder.mkdir(parents=True, exist_ok=True)
 
@@ -387,7 +391,7 @@ def time_rings(net: Network, scenario: Scenario, folder: Path, secret: str, pair
     transport = transport_job(scenario.transport)
     folder.mkdir(parents=True, exist_ok=True)
     own = agents is None
-    agents = agents or ProbeAgents(net, folder, secret)
+    agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
     try:
         agents.start([h for pair in pairs for h in pair])
         names = []

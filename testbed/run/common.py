@@ -33,10 +33,10 @@ def worker_env(secret: str) -> dict[str, str]:
     return env
 
 
-WORKER_MODULE = "testbed.training.worker.__main__"  # main(argv): the worker's command line
-# what a warm-started worker finds imported (testbed/emulation/warmstart.py): torch and the training loop
-WORKER_PRELOAD = ("torch", "testbed.training.worker.train", "testbed.training.executor",
-                  "testbed.training.transport_comm", "atlas_transport")
+# what a warm-started process of a run finds imported (testbed/emulation/warmstart.py): torch, the
+# training loop (workers, probe agents) and the BubbleTea programs (agents, decode servers, controller)
+RUN_PRELOAD = ("torch", "testbed.training.worker.train", "testbed.training.executor",
+               "testbed.training.transport_comm", "atlas_transport", "bubbletea_agent.__main__")
 
 
 def worker_argv(job_path: Path) -> list[str]:

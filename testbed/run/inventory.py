@@ -272,12 +272,9 @@ class InventoryHost:
         return RemotePopen(r, pidfile, [*r.ssh(), command], json.dumps(changed) + "\n", keep,
                            int(ready) if ready else None, stdin=subprocess.PIPE, **kwargs)
 
-    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
-                   preload: Sequence[str]) -> subprocess.Popen:
+    def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         """A real machine has no fork server of ours: a fresh interpreter there (popen)."""
-        with open(log, "a") as fh:
-            return self.popen([sys.executable, "-m", module, *argv], env=env, cwd=cwd, stdout=fh,
-                              stderr=subprocess.STDOUT)
+        return self.popen(argv, **kwargs)
 
 
 @dataclass

@@ -31,11 +31,9 @@ class Host(Protocol):
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen: ...
 
-    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
-                   preload: Sequence[str]) -> Any:
-        """``python -m module argv`` on this host, output appended to `log`, forked from a
-        process that imported `preload` where the host is on this machine
-        (testbed/emulation/warmstart.py); a Popen-like handle."""
+    def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> Any:
+        """`popen` of ``python -m MODULE ...``, forked from a process that imported
+        `preload`, where the host is on this machine (testbed/emulation/warmstart.py)."""
         ...
 
 
@@ -50,11 +48,10 @@ class LocalHost:
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(list(argv), **kwargs)
 
-    def popen_warm(self, module: str, argv: Sequence[str], *, env: dict[str, str], cwd: str, log: str,
-                   preload: Sequence[str]) -> Any:
+    def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> Any:
         from testbed.emulation.warmstart import warm_start
 
-        return warm_start(os.getpid(), module, argv, env=env, cwd=cwd, log=log, preload=preload)
+        return warm_start(os.getpid(), argv, preload=preload, **kwargs)
 
 
 class Network(Protocol):

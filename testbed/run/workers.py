@@ -27,8 +27,7 @@ from testbed.progress import Progress
 from testbed.run.bubbletea import start_agents, wait_ready
 from testbed.run.common import (
     REPO_ROOT,
-    WORKER_MODULE,
-    WORKER_PRELOAD,
+    RUN_PRELOAD,
     RunnerError,
     log_tail,
     stop_processes,
@@ -225,15 +224,12 @@ def run_workers(
             path = jobs_dir / f"{wid}.json"
             path.write_text(job.model_dump_json(indent=1))
             logs[wid] = logs_dir / f"{wid}.log"
-            if scenario.runner.warm_start:  # forked from a process that imported torch once (warmstart.py)
-                logs[wid].write_text("")
-                procs[wid] = net.host(job.host).popen_warm(WORKER_MODULE, [str(path)], env=env, cwd=str(REPO_ROOT),
-                                                           log=str(logs[wid]), preload=WORKER_PRELOAD)
-                continue
             fh = open(logs[wid], "w")  # noqa: SIM115 (closed in finally)
             handles.append(fh)
-            procs[wid] = net.host(job.host).popen(worker_argv(path), env=env, stdout=fh,
-                                                     stderr=subprocess.STDOUT, cwd=str(REPO_ROOT))
+            host = net.host(job.host)
+            kwargs: dict[str, Any] = {"env": env, "stdout": fh, "stderr": subprocess.STDOUT, "cwd": str(REPO_ROOT)}
+            procs[wid] = (host.popen_warm(worker_argv(path), preload=RUN_PRELOAD, **kwargs)
+                          if scenario.runner.warm_start else host.popen(worker_argv(path), **kwargs))
         lead = scenario.runner.iteration_lead
         if faults is not None:
             faults.procs = procs

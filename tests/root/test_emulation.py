@@ -7,6 +7,7 @@ import json
 import os
 import re
 import statistics
+import sys
 import time
 from pathlib import Path
 
@@ -15,7 +16,7 @@ import pytest
 from testbed.emulation.kernel import detect_features
 from testbed.emulation.network import Emulation, EmulationError
 from testbed.emulation.records import RECORD_DIR, ProcFS
-from testbed.run.common import WORKER_PRELOAD
+from testbed.run.common import RUN_PRELOAD
 from testbed_core.topology import load_topology, parse_topology
 
 pytestmark = pytest.mark.root
@@ -157,8 +158,9 @@ def test_warm_started_programs_run_in_the_node_are_recorded_and_killed_at_teardo
     log = tmp_path / "w.log"
     with Emulation(small_topology()) as emu:
         h = emu.host("a", 0)
-        proc = h.popen_warm("warm_node_program", [h.ip], env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path),
-                            log=str(log), preload=WORKER_PRELOAD)
+        with open(log, "w") as fh:
+            proc = h.popen_warm([sys.executable, "-m", "warm_node_program", h.ip], preload=RUN_PRELOAD,
+                                env={"PATH": os.environ["PATH"]}, cwd=str(tmp_path), stdout=fh)
         assert ProcFS().netns(proc.pid) == h.netns_inode  # inside before the start returned
         assert proc.pid in [p.pid for p in emu.record.processes]
         deadline = time.monotonic() + 60

@@ -1,6 +1,7 @@
 """Warm starts (testbed/emulation/warmstart.py) in this process's own namespaces (no
-root needed): the program's exit status, output, folder, environment and session,
-the fork server's preloaded modules, and the Popen subset the runner uses."""
+root needed): like Popen of ``python -m MODULE``: the exit status, output to a file or
+a pipe, input from a pipe, a passed descriptor, folder, environment and session; the
+fork server's preloaded modules; refusals."""
 
 from __future__ import annotations
 
@@ -15,15 +16,19 @@ from pathlib import Path
 import pytest
 
 from testbed.emulation.errors import EmulationError
-from testbed.emulation.warmstart import preloaded, warm_start
-from testbed.run.common import WORKER_PRELOAD
+from testbed.emulation.warmstart import module_of, preloaded, warm_start
+from testbed.run.common import RUN_PRELOAD
 
 PROGRAM = textwrap.dedent('''
     import json, os, sys, time
     def main(argv):
         if argv[0] == "sleep":
             time.sleep(60)
-        print(json.dumps({"argv": argv, "cwd": os.getcwd(), "mark": os.environ.get("WARM_MARK"),
+        if argv[0] == "echo":  # a line in, a line out; then the passed descriptor
+            print(sys.stdin.readline().strip().upper(), flush=True)
+            os.write(int(os.environ["READY"]), b"ready\\n")
+            return 0
+        print(json.dumps({"argv": argv, "nice": os.nice(0), "cwd": os.getcwd(), "mark": os.environ.get("WARM_MARK"),
                           "home": os.environ.get("HOME"), "torch": "torch" in sys.modules,
                           "pydoc_data": "pydoc_data.topics" in sys.modules,
                           "session": os.getsid(0) == os.getpid()}), flush=True)
@@ -39,19 +44,21 @@ def program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     return "warm_program_mod"
 
 
-def start(program: str, tmp_path: Path, *argv: str):
-    log = tmp_path / "out.log"
-    proc = warm_start(os.getpid(), program, list(argv), env={"WARM_MARK": "m1", "PATH": os.environ["PATH"]},
-                      cwd=str(tmp_path), log=str(log), preload=WORKER_PRELOAD)
-    return proc, log
+def env(**more: str) -> dict[str, str]:
+    return {"WARM_MARK": "m1", "PATH": os.environ["PATH"], **more}
 
 
 def test_a_warm_program_gets_its_argv_folder_environment_session_and_exit_status(program, tmp_path):
-    proc, log = start(program, tmp_path, "3", "x")
+    log = tmp_path / "out.log"
+    with open(log, "w") as fh:
+        proc = warm_start(os.getpid(), ["nice", "-n", "3", sys.executable, "-m", program, "3", "x"],
+                          preload=RUN_PRELOAD,
+                          env=env(), cwd=str(tmp_path), stdout=fh, stderr=subprocess.STDOUT)
     assert proc.wait(60) == 3 and proc.returncode == 3 and proc.poll() == 3
     first, second = log.read_text().splitlines()[:2]
     seen = json.loads(first)
     assert seen["argv"] == ["3", "x"] and seen["cwd"] == str(tmp_path)
+    assert seen["nice"] == os.nice(0) + 3
     assert seen["mark"] == "m1" and seen["home"] is None  # the environment given, whole, nothing else
     # forked from the process that imported the first start's list (the suite's first start may be another
     # test's): what it names is there at once, what it does not is not
@@ -59,11 +66,30 @@ def test_a_warm_program_gets_its_argv_folder_environment_session_and_exit_status
     assert seen["pydoc_data"] is False
     assert seen["session"] is True  # its own session: the controller's Ctrl-C is not its signal
     assert second == "to stderr"
-    assert proc.stdin is None and proc.stdout is None and proc.args[:2] == [sys.executable, "-m"]
+    assert proc.stdin is None and proc.stdout is None and proc.args[-2:] == ["3", "x"]
+
+
+def test_pipes_and_a_passed_descriptor_work_as_with_popen(program, tmp_path):
+    r, w = os.pipe()
+    try:
+        proc = warm_start(os.getpid(), [sys.executable, "-m", program, "echo"], preload=RUN_PRELOAD,
+                          env=env(READY=str(w)), cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                          stderr=subprocess.DEVNULL, text=True, pass_fds=(w,))
+        proc.stdin.write("hello\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == "HELLO\n"
+        assert os.read(r, 100) == b"ready\n"
+        assert proc.wait(60) == 0
+        proc.stdin.close()
+        proc.stdout.close()
+    finally:
+        os.close(r)
+        os.close(w)
 
 
 def test_wait_times_out_like_popen_and_a_killed_program_reports_the_signal(program, tmp_path):
-    proc, _ = start(program, tmp_path, "sleep")
+    proc = warm_start(os.getpid(), [sys.executable, "-m", program, "sleep"], preload=RUN_PRELOAD, env=env(),
+                      cwd=str(tmp_path), stdout=subprocess.DEVNULL)
     assert proc.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
         proc.wait(0.2)
@@ -73,19 +99,21 @@ def test_wait_times_out_like_popen_and_a_killed_program_reports_the_signal(progr
     assert proc.returncode == -signal.SIGTERM
 
 
-def test_a_node_that_is_gone_is_named_with_the_log(program, tmp_path):
-    dead = subprocess.Popen(["true"])
-    dead.wait()
-    with pytest.raises(EmulationError, match=rf"node of PID {dead.pid} did not enter its network namespace "
-                                             r".*is the node still running\?.*out.log: .*"):
-        warm_start(dead.pid, program, ["0"], env={}, cwd=str(tmp_path), log=str(tmp_path / "out.log"),
-                   preload=WORKER_PRELOAD, net_inode=os.stat("/proc/self/ns/net").st_ino + 1)
+def test_only_python_m_command_lines_start_warm():
+    assert module_of([sys.executable, "-m", "a.b", "x"]) == (0, "a.b", ["x"])
+    assert module_of(["nice", "-n", "5", sys.executable, "-m", "a", "-v"]) == (5, "a", ["-v"])
+    with pytest.raises(ValueError, match=r"a warm start runs `\[nice -n N\] .* -m MODULE \.\.\.`, "
+                                         r"not \['sleep', '1'\]"):
+        module_of(["sleep", "1"])
 
 
-def test_a_node_pid_that_does_not_exist_is_refused_before_anything_starts(program, tmp_path):
+def test_a_node_that_is_gone_is_named(program, tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
+    argv = [sys.executable, "-m", program, "0"]
     with pytest.raises(EmulationError, match=rf"the node of PID {dead.pid} is not running"):
-        warm_start(dead.pid, program, ["0"], env={}, cwd=str(tmp_path), log=str(tmp_path / "o.log"),
-                   preload=WORKER_PRELOAD)
-    assert not (tmp_path / "o.log").exists()
+        warm_start(dead.pid, argv, preload=RUN_PRELOAD, env={}, cwd=str(tmp_path))
+    with pytest.raises(EmulationError, match=rf"node of PID {dead.pid} did not enter its network namespace "
+                                             r"\(exit status 1; is the node still running\?\)"):
+        warm_start(dead.pid, argv, preload=RUN_PRELOAD, env={}, cwd=str(tmp_path), stderr=subprocess.DEVNULL,
+                   net_inode=os.stat("/proc/self/ns/net").st_ino + 1)

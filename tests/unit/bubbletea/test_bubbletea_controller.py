@@ -303,3 +303,21 @@ def test_backlog_drains_from_when_the_agent_reported_it():
     assert e.predicted_start == pytest.approx(T0 + 0.3)  # 0.1 s of it left at T0 + 0.2, not 0.3
     e2 = d.submit(req("r2", tokens=16, at=T0 + 0.5), T0 + 0.5)
     assert e2.predicted_start == pytest.approx(T0 + 0.5)  # all of it done by now: starts at once
+
+
+def test_shortest_first_counts_only_the_shorter_work_sent_ahead():
+    d = Dispatcher(["a", "b"], ["dc1-h2"])
+    ready(d, "a", live_end=T0 + 10.0)
+    ready(d, "b", live_end=T0 + 10.0)
+    for i in range(4):  # long ones, two per device
+        d.submit(req(f"long{i}", tokens=4096, deadline=5.0), T0)
+    ready(d, "a", live_end=T0 + 10.0, backlog_s=2 * 0.4096, taken=2)
+    ready(d, "b", live_end=T0 + 10.0, backlog_s=2 * 0.4096, taken=2)
+    short = d.submit(req("short", tokens=16, deadline=0.1), T0)  # runs before the long ones queued
+    assert short.state == "dispatched" and short.predicted_start == pytest.approx(T0)
+    # another short one goes behind the first short one, to the other device
+    short2 = d.submit(req("short2", tokens=16, deadline=0.1), T0)
+    assert short2.device != short.device and short2.predicted_start == pytest.approx(T0)
+    # a longer one than all of them waits for all: FIFO's estimate
+    late = d.submit(req("later", tokens=4096, deadline=5.0, at=T0 + 0.01), T0 + 0.01)
+    assert late.predicted_start == pytest.approx(T0 + 2 * 0.4096 + 0.0016)

@@ -160,7 +160,9 @@ def build_spec(
                 a, z = placement.dc_of(d, src), placement.dc_of(d, dst)
                 chan = channel_resource(d, b, direction)
                 if a == z:
-                    resources[chan] = Resource(topology.dc(a).lan_rate, "exclusive")
+                    # a pipeline tensor inside a DC: the measured LAN channel rate (the
+                    # calibration's DP ring inside the DCs), else the DC's nominal rate
+                    resources[chan] = Resource(net.lan_rate_bps or topology.dc(a).lan_rate, "exclusive")
                     paths[(d, b, direction)] = Path((chan,), net.lan_latency_s)
                     continue
                 if (a, z) not in wan:

@@ -164,8 +164,9 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
             for direction, src, dst in (("fwd", ra, rb), ("bwd", rb, ra)):
                 a, z = row[src], row[dst]
                 if a == z:
-                    lan[(i, len(chans))] = topology.dc(a).lan_rate
-                    chans.append((topology.dc(a).lan_rate, net.lan_latency_s, ()))
+                    lan_bps = net.lan_rate_bps or topology.dc(a).lan_rate  # measured, as in build_spec
+                    lan[(i, len(chans))] = lan_bps
+                    chans.append((lan_bps, net.lan_latency_s, ()))
                     continue
                 if (a, z) not in paths:
                     paths[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)

@@ -45,7 +45,8 @@ def _random_case(rng: random.Random):
         "scale": rng.choice([1.0, 0.1]),
     })
     free = {d["name"]: rng.randint(1, 4) * dp for d in dcs}
-    net = NetParams(crowded_fraction=rng.choice([None, 0.6]), lan_latency_s=rng.choice([0.0, 1e-4]))
+    net = NetParams(crowded_fraction=rng.choice([None, 0.6]), lan_latency_s=rng.choice([0.0, 1e-4]),
+                    lan_rate_bps=rng.choice([None, 8e8]))  # a measured LAN channel rate, or the nominal
     variants = default_variants(rng.choice([1, 4, 8, "auto"]), rng.choice(["even", "round-robin", "atlas"]))
     return topo, wl, free, net, variants
 

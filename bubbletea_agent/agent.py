@@ -175,6 +175,7 @@ class Agent:
     _next_scan: float = -math.inf
     _rt_on: bool = False
     _taken: int = 0  # requests taken from the inbox
+    _ahead: list[Request] = field(default_factory=list)  # from the inbox, sent ahead of their arrival
     _next_status: float = -math.inf
     _predicted: dict[str, float] = field(default_factory=dict)  # id -> predicted whole-prompt seconds
     # recent holds: start -> (window end at the last commit, committed end, actual end),
@@ -265,21 +266,31 @@ class Agent:
             self._publish_status(now)
             return None
         longest = None if self._preemptible() else self.tracker.longest_s()
+        inbox_next = None
         if self.inbox is not None:
-            for req in self.inbox():  # the controller decided these arrive here now
+            # the controller sent these here; one sent ahead of its arrival waits for it
+            got = self.inbox()
+            if got:
+                self._ahead.extend(got)
+                self._ahead.sort(key=lambda r: r.arrival_s)
+            while self._ahead and self.epoch + self._ahead[0].arrival_s <= now:
+                req = self._ahead.pop(0)
                 self._taken += 1
                 self._admit(req, longest)
                 self.ledger.get(req.id).taken = now - self.epoch
+            if self._ahead:
+                inbox_next = self.epoch + self._ahead[0].arrival_s
         self._publish_status(now)
         while self._next_req < len(self.requests):
             req = self.requests[self._next_req]
             if self._arrivals_closed_at is not None and self.epoch + req.arrival_s > self._arrivals_closed_at:
-                return None  # after the arrival window: counted as not arrived
+                return inbox_next  # after the arrival window: counted as not arrived
             if self.epoch + req.arrival_s > now:
-                return self.epoch + req.arrival_s
+                at = self.epoch + req.arrival_s
+                return at if inbox_next is None else min(at, inbox_next)
             self._next_req += 1
             self._admit(req, longest)
-        return None
+        return inbox_next
 
     def _admit(self, req: Request, longest: float | None) -> None:
         assert self.epoch is not None
@@ -686,6 +697,9 @@ class Agent:
             if p.started:
                 p.kv = None
         self.queue.clear()
+        for req in self._ahead:  # sent ahead by the controller, not arrived yet: they end here too
+            self.ledger.arrive(req)
+        self._ahead.clear()
         self.ledger.close(reason, detail)
         self.counters.not_arrived = len(self.requests) - self._next_req
         self.ledger.check()

@@ -251,16 +251,19 @@ class Dispatcher:
         return f"c{self._client_seq}"
 
     def submit(self, req: Request, now: float, origin: str = "client",
-               decode_host: str | None = None) -> Entry:
-        """A request arrives now: it is dispatched, queued (no device ready yet) or
-        rejected (recorded, and raised as a Refusal for the caller to answer with)."""
+               decode_host: str | None = None, arrival: float | None = None) -> Entry:
+        """A request arrives now (or, known ahead, at `arrival`: the scenario's source): it
+        is dispatched, queued (no device ready yet) or rejected (recorded, and raised as a
+        Refusal for the caller to answer with). One sent ahead of its arrival is placed
+        for then: its agent holds it until it arrives."""
         if req.id in self.entries:
             raise Refusal("duplicate_id", f"request id {req.id!r} was already submitted; ids must be unique",
                           "id", recorded=False)
-        entry = Entry(req, origin, now, decode_host)
+        at = now if arrival is None else arrival
+        entry = Entry(req, origin, at, decode_host)
         self.entries[req.id] = entry
         # the controller's ledger keeps time.time() seconds: its TTFT is kv_arrival - arrival
-        self.ledger.arrive(Request(req.id, now, req.prompt_tokens, 0, req.deadline_s))
+        self.ledger.arrive(Request(req.id, at, req.prompt_tokens, 0, req.deadline_s))
         if decode_host is not None and decode_host not in self.decode_hosts:
             allowed = ", ".join(self.decode_hosts) or "none: this cluster ships no KV caches"
             self._end_rejected(entry, Reason.UNKNOWN_DECODE_HOST,
@@ -292,7 +295,8 @@ class Dispatcher:
         planned, its time added to `into` (default: the dispatcher's plan)."""
         req = entry.request
         deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
-        entry.now = now
+        entry.now = sent_at = now
+        now = max(now, entry.arrival)  # a request sent ahead is placed for when it arrives
         if planned is None:
             planned = self._planned if self.order == "arrival" else self._planned_before(entry)
         if into is None and planned is not self._planned:
@@ -350,7 +354,7 @@ class Dispatcher:
             return
         self.queue.pop(req.id, None)
         entry.planned = None
-        entry.state, entry.device, entry.dispatched_at = "dispatched", dev.name, now
+        entry.state, entry.device, entry.dispatched_at = "dispatched", dev.name, sent_at
         dev.add_open(req.id, work, req.prompt_tokens)
         dev.sent.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
                                  deadline_s=deadline))

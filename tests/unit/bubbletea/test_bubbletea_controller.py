@@ -321,3 +321,21 @@ def test_shortest_first_counts_only_the_shorter_work_sent_ahead():
     # a longer one than all of them waits for all: FIFO's estimate
     late = d.submit(req("later", tokens=4096, deadline=5.0, at=T0 + 0.01), T0 + 0.01)
     assert late.predicted_start == pytest.approx(T0 + 2 * 0.4096 + 0.0016)
+
+
+def test_a_source_request_is_sent_ahead_and_placed_for_its_arrival():
+    from bubbletea_agent.controller.server import Service
+
+    d = Dispatcher(["a"], ["dc1-h2"])
+    ready(d, "a", live_end=T0 + 10.0)
+    svc = Service(d, [Request("s0", 1.0, 256, 0, 1.0)], clock=lambda: T0, presend_s=0.3)
+    d.epoch = T0  # request time zero: s0 arrives at T0 + 1.0
+    assert svc.feed(T0 + 0.5) == pytest.approx(0.01)  # not yet: 0.2 s before its release
+    assert "s0" not in d.entries
+    svc.feed(T0 + 0.71)  # 0.29 s before it arrives: sent, placed for its arrival
+    e = d.entries["s0"]
+    assert e.state == "dispatched" and e.arrival == T0 + 1.0 and e.dispatched_at == pytest.approx(T0 + 0.71)
+    assert e.predicted_start == pytest.approx(T0 + 1.0)  # not before it arrives
+    reply = d.sync("a", AgentSync(status=status(T0 + 0.72, live_end=T0 + 10.0)), T0 + 0.72)
+    assert reply.work[0].arrival == T0 + 1.0
+    assert d.ledger.get("s0").arrival == T0 + 1.0  # TTFT counts from its arrival

@@ -68,6 +68,26 @@ def test_controller_order_runs_the_shortest_queued_request_first():
         assert all(r["taken"] == pytest.approx(0.0, abs=0.02) for r in rows)  # when it took them
 
 
+def test_work_sent_ahead_waits_at_the_agent_until_it_arrives():
+    training = [(T0 + 0.1 * k, T0 + 0.1 * k + 0.02) for k in range(10)]
+    inbox = [Request("c1", 0.35, 300, 0, 2.0)]  # sent at once, arrives 0.35 s after the epoch
+    agent, _, rows = make_hold_agent([], training, T0 + 1.0, status_every_s=0.01)
+    agent.inbox = lambda: [inbox.pop()] if inbox else []
+    agent.on_status = lambda st: None
+    agent.run(until=T0 + 1.0)
+    s = agent.finish()
+    assert s["served"] == 1
+    assert rows[0]["taken"] == pytest.approx(0.35, abs=0.005) and rows[0]["start"] >= 0.35
+    # one still ahead when the agent stops is ended with the run, not lost
+    inbox2 = [Request("late", 5.0, 300, 0, 2.0)]
+    agent2, _, rows2 = make_hold_agent([], training, T0 + 1.0, status_every_s=0.01)
+    agent2.inbox = lambda: [inbox2.pop()] if inbox2 else []
+    agent2.on_status = lambda st: None
+    agent2.run(until=T0 + 0.5)
+    s2 = agent2.finish()
+    assert s2["arrived"] == 1 and rows2[0]["reason"] == "run_ended"
+
+
 def test_naive_runs_one_whole_chunk_per_hold_and_crosses_training():
     # training wants the device 2 ms into every 100 ms; naive takes it whenever it is free
     training = [(T0 + 0.1 * k + 0.002, T0 + 0.1 * k + 0.01) for k in range(10)]

@@ -8,7 +8,11 @@ point id, its status and seed, each swept parameter as written in the sweep file
 variant, then every scalar of the variant's summary entry flattened to a dotted
 column name (``wan_links.dc1-dc2.goodput_mbps``, ``ttft_s.p95``), plus
 ``speedup_vs_baseline`` and ``atlas_speedup`` (this variant's iteration time over
-atlas's at the same point: how many times faster atlas ran). Points that failed or have not run yet get one row with
+atlas's at the same point: how many times faster atlas ran). A variant played
+``runner.repeat`` times (interleaved with the others) has its headline figures
+(``iteration_time_s``, ``device_utilization``, ``training_slowdown``, ...) as the median
+over its repeats, and the speedups from those medians; ``repeats.spread.*`` is beside
+it (each repeat is in summary.json). Points that failed or have not run yet get one row with
 their status and error, so the table always shows the whole sweep.
 """
 
@@ -26,7 +30,7 @@ import yaml
 from pydantic import ValidationError
 
 from testbed_core.configfile import ConfigError
-from testbed_core.contracts.summary import Summary, VariantResult
+from testbed_core.contracts.summary import RepeatFigures, Summary, VariantResult
 from testbed_core.variants import sort_key
 
 PREFERRED_METRICS = (
@@ -209,16 +213,18 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
         variants = summary.variants if summary else {}
         delay_backend = summary.delay_backend if summary else None
         baseline = summary.result("baseline") if summary else None
-        base_it = number(baseline.iteration_time_s) if baseline else None
+        base_it = number(baseline.headline("iteration_time_s")) if baseline else None
         atlas = summary.result("atlas") if summary else None
-        atlas_it = number(atlas.iteration_time_s) if atlas else None
+        atlas_it = number(atlas.headline("iteration_time_s")) if atlas else None
         for vname in sorted(variants, key=sort_key):
             entry = variants[vname]
             flat = flatten(entry.model_dump(mode="json"))
             metrics.update(flat)
             row = dict(head, variant=vname, delay_backend=delay_backend, scale=summary.scale if summary else None)
             row.update(flat)
-            it = number(entry.iteration_time_s) if isinstance(entry, VariantResult) else None
+            if isinstance(entry, VariantResult) and entry.repeats is not None:  # the median over the repeats
+                row.update({k: entry.headline(k) for k in RepeatFigures.model_fields if k in row})
+            it = number(entry.headline("iteration_time_s")) if isinstance(entry, VariantResult) else None
             row["speedup_vs_baseline"] = base_it / it if base_it and it else None
             row["atlas_speedup"] = it / atlas_it if atlas_it and it else None
             rows.append(row)

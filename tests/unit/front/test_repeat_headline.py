@@ -69,3 +69,22 @@ def test_run_table_says_it_shows_medians() -> None:
     assert "  repeat 1: slowdown +0.8% = agents' overhead +0.5%" in table  # the decomposition is the first repeat's
     line = next(x for x in table.splitlines() if x.startswith("atlas+bubbletea "))
     assert "1.220" in line and "94%" in line
+
+
+def test_a_repeated_run_reports_its_medians_and_speedups_from_them(tmp_path: Path) -> None:
+    """results.csv (and the sweep's table and plots, which read it) take each repeated
+    variant's median: interleaved repeats are what makes two close variants comparable."""
+    from testbed.report.loading import load_results, result_rows
+
+    s = _repeated()
+    base = b.variant("baseline", 2.60)
+    base.repeats = repeat_stats(_runs("baseline", [(2.60, 0.1, None), (2.44, 0.1, None), (2.40, 0.1, None)]))
+    s.variants["baseline"] = base
+    (tmp_path / "summary.json").write_text(s.to_json())
+    _, rows = result_rows(load_results(tmp_path))
+    by = {r["variant"]: r for r in rows}
+    assert by["atlas"]["iteration_time_s"] == pytest.approx(1.22)  # the median, not the first repeat's 1.30
+    assert by["atlas+bubbletea"]["training_slowdown"] == pytest.approx(0.008)
+    assert by["baseline"]["atlas_speedup"] == pytest.approx(2.44 / 1.22)
+    assert by["atlas"]["speedup_vs_baseline"] == pytest.approx(2.44 / 1.22)
+    assert by["atlas"]["repeats.spread.iteration_time_s"] == pytest.approx(0.10)  # 1.30 - 1.20, beside it

@@ -133,6 +133,7 @@ class Emulation:
         self._wans: list[WanHandle] = []
         self._all: list[NodeHandle] = []
         self._procs: dict[int, subprocess.Popen] = {}
+        self._warm: Path | None = None  # the folder of this run's fork server (warmstart.py), once used
         self._drains: list[OutputDrain] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -559,13 +560,17 @@ class Emulation:
                     **popen_kwargs: Any) -> Any:
         if self.record is None or not node_alive(handle):
             raise EmulationError(f"{handle.name}: the emulation is not running")
+        from testbed.emulation.warmstart import claim, warm_start
+
         if handle.remote:  # no fork server on another machine: a fresh interpreter through its SSH
             return self._spawn(handle, argv, kind="process", **popen_kwargs)
-        from testbed.emulation.warmstart import warm_start
-
+        if self._warm is None:
+            self._warm = self.temp_dir("warm")  # the fork server's socket: recorded, removed with the run
+        if not claim(self._warm, preload):  # another run of this process has the fork server: start cold
+            return self._spawn(handle, argv, kind="process", **popen_kwargs)
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env[ENV_RUN] = self.prefix
-        proc = warm_start(handle.pid, argv, preload=preload, env=env, net_inode=handle.netns_inode, **popen_kwargs)
+        proc = warm_start(handle.pid, argv, server=self._warm, env=env, net_inode=handle.netns_inode, **popen_kwargs)
         self.record.add_process("process", f"{handle.mn_name}:{argv[2] if len(argv) > 2 else argv[0]}", proc.pid,
                                 handle.netns_inode, self._procfs)
         with self._lock:
@@ -685,6 +690,10 @@ class Emulation:
                 p.wait(timeout=0.5)
             except subprocess.TimeoutExpired:
                 pass
+        if self._warm is not None:  # the fork server, its programs ended above, before its folder goes
+            from testbed.emulation.warmstart import release
+
+            release(self._warm)
         # 2. anything else inside our namespaces, then the node shells (their
         #    namespaces, links and qdiscs go with them), via the record.
         if self.record is not None:

@@ -17,16 +17,18 @@ status. A start returns once the child is inside the node's network namespace, s
 run's record can identify it by that namespace from the first moment (records.py
 ``belongs``: the child's command line is the fork server's, not the program's).
 
-The fork server is one per controller process (the standard library keeps one), started
-by the first warm start and ended with the controller: it sees its end of a pipe close
-when the controller exits, however it exits, so it leaves nothing behind. The modules
-it imports are those the first start names (a later start's program imports anything
-else it needs itself).
+The fork server is one per run (`claim`, `release`): started by the run's first warm
+start, importing the modules that run names, its socket in a temporary folder of the
+run (recorded, removed with it), ended at the run's teardown. The standard library keeps
+one fork server per process, so a second run of the same process at the same time
+starts its programs cold. A controller that dies however it dies ends its fork server
+too (the server sees its end of a pipe close); `testbed clean` removes the folder.
 Only local nodes start warm; a node on another server starts through its SSH as before.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import ctypes.util
 import fcntl
@@ -36,6 +38,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -47,6 +50,8 @@ CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
 ENTER_TIMEOUT_S = 30.0  # for a fork and two setns calls; only a machine frozen for that long misses it
 
+_lock = threading.Lock()
+_owner: str | None = None  # the folder of the run whose fork server this process runs (claim)
 _preloaded: tuple[str, ...] | None = None
 
 
@@ -160,19 +165,44 @@ class WarmProcess:
 
 
 def preloaded() -> tuple[str, ...] | None:
-    """The modules this process's fork server imports (None before the first start)."""
+    """The modules the running fork server imported (None when none runs)."""
     return _preloaded
 
 
-def _context(preload: Sequence[str]) -> multiprocessing.context.BaseContext:
-    """The fork server's context; the first start's `preload` is what it imports (a
-    later start's program imports what that list lacks itself, in the child)."""
-    global _preloaded
-    ctx = multiprocessing.get_context("forkserver")
-    if _preloaded is None:
-        _preloaded = tuple(preload)
-        ctx.set_forkserver_preload(list(_preloaded))
-    return ctx
+def claim(folder: str | os.PathLike[str], preload: Sequence[str]) -> bool:
+    """Whether warm starts may go through a fork server of the run that owns `folder`
+    (a private temporary folder of that run, recorded, where the server's socket goes):
+    true for the first run to ask while no run owns the server, and for that run after;
+    false for another run of this process at the same time, which then starts its
+    programs cold. The server itself starts with the first warm start, importing
+    `preload`; `release` ends it."""
+    global _owner, _preloaded
+    folder = os.fspath(folder)
+    with _lock:
+        if _owner is None:
+            _owner, _preloaded = folder, tuple(preload)
+            multiprocessing.process.current_process()._config["tempdir"] = folder  # type: ignore[attr-defined]
+            multiprocessing.get_context("forkserver").set_forkserver_preload(list(_preloaded))
+        return _owner == folder
+
+
+def release(folder: str | os.PathLike[str]) -> None:
+    """End the fork server of the run that owns `folder`, if it runs (before that run
+    removes the folder); its programs are ended by then: a program the server forked
+    reads as exited (255) once the server is gone."""
+    global _owner, _preloaded
+    from multiprocessing import forkserver
+
+    with _lock:
+        if _owner != os.fspath(folder):
+            return
+        server = forkserver._forkserver  # type: ignore[attr-defined]
+        if server._forkserver_pid is not None:  # killed: its own exit unloads torch, seconds on a busy machine
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(server._forkserver_pid, signal.SIGKILL)
+        server._stop()  # reaps it, closes our end of its pipe, removes its socket
+        multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
+        _owner, _preloaded = None, None
 
 
 def module_of(argv: Sequence[str]) -> tuple[int, str, list[str]]:
@@ -187,15 +217,18 @@ def module_of(argv: Sequence[str]) -> tuple[int, str, list[str]]:
     return nice, argv[2], argv[3:]
 
 
-def warm_start(node_pid: int, argv: Sequence[str], *, preload: Sequence[str], env: Mapping[str, str] | None = None,
+def warm_start(node_pid: int, argv: Sequence[str], *, server: str | os.PathLike[str], env: Mapping[str, str] | None = None,
                cwd: str | None = None, stdin: Any = None, stdout: Any = None, stderr: Any = None, text: bool = False,
                pass_fds: Sequence[int] = (), net_inode: int | None = None) -> WarmProcess:
     """Start ``python -m module ...`` (`argv`) in the namespaces of `node_pid`, forked from
-    the fork server that imported `preload`: like subprocess.Popen for `stdin`, `stdout`
+    the fork server of the run that claimed `server` (its folder; `claim`): like subprocess.Popen for `stdin`, `stdout`
     and `stderr` (None: the controller's own, PIPE, STDOUT, a file object or descriptor),
     `text`, `pass_fds`, `env` (the whole environment) and `cwd`. Returns once the child
     is in the node's network namespace (`net_inode`, read from `node_pid` if not given)."""
     nice, module, args = module_of(argv)
+    if _owner != os.fspath(server):
+        raise EmulationError(f"warm start of {module}: the fork server of this process belongs to another run "
+                             f"({_owner}); claim({os.fspath(server)!r}) first, or start it cold")
     if net_inode is None:
         try:
             net_inode = os.stat(f"/proc/{node_pid}/ns/net").st_ino
@@ -231,7 +264,7 @@ def warm_start(node_pid: int, argv: Sequence[str], *, preload: Sequence[str], en
         fds += [(fd, _Fd(fd)) for fd in pass_fds]
         spec = WarmSpec(node_pid, nice, module, tuple(args), tuple(sorted((env if env is not None else os.environ).items())),
                         cwd or os.getcwd(), tuple(fds))
-        proc = _context(preload).Process(target=_child, args=(spec,), name=f"warm:{module}", daemon=True)
+        proc = multiprocessing.get_context("forkserver").Process(target=_child, args=(spec,), name=f"warm:{module}", daemon=True)
         proc.start()
     except BaseException:
         for f in parents.values():

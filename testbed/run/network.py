@@ -43,15 +43,19 @@ class LocalHost:
 
     name: str
     dc: str
+    net: LocalNetwork = field(repr=False)
     ip: str = "127.0.0.1"
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
         return subprocess.Popen(list(argv), **kwargs)
 
     def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> Any:
-        from testbed.emulation.warmstart import warm_start
+        from testbed.emulation.warmstart import claim, warm_start
 
-        return warm_start(os.getpid(), argv, preload=preload, **kwargs)
+        folder = self.net.warm_folder()
+        if not claim(folder, preload):  # another run of this process has the fork server
+            return self.popen(argv, **kwargs)
+        return warm_start(os.getpid(), argv, server=folder, **kwargs)
 
 
 class Network(Protocol):
@@ -74,12 +78,13 @@ class LocalNetwork:
     delay_backend: str = "none (local mode: loopback, no emulated WAN)"
     local: bool = True
     temp_dirs: list[Path] = field(default_factory=list)  # removed by open_network when the run ends
+    warm: Path | None = None  # the fork server's folder (warm_folder)
 
     def host(self, name: str) -> Host:
         for dc in self.topology.dcs:
             for h in dc.hosts:
                 if f"{dc.name}-{h}" == name:
-                    return LocalHost(name, dc.name)
+                    return LocalHost(name, dc.name, self)
         raise RunnerError(f"no host {name!r} in topology {self.topology.name}")
 
     def temp_dir(self, purpose: str) -> Path:
@@ -89,6 +94,12 @@ class LocalNetwork:
 
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return {}
+
+    def warm_folder(self) -> Path:
+        """The folder of this run's fork server (warm starts), made on first use."""
+        if self.warm is None:
+            self.warm = self.temp_dir("warm")
+        return self.warm
 
 
 @dataclass
@@ -122,6 +133,10 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
         try:
             yield net
         finally:  # the run's control sockets and the like: nothing of a local run stays in /tmp
+            if net.warm is not None:
+                from testbed.emulation.warmstart import release
+
+                release(net.warm)
             for path in net.temp_dirs:
                 shutil.rmtree(path, ignore_errors=True)
         return

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from testbed.emulation.errors import EmulationError
-from testbed.emulation.warmstart import module_of, preloaded, warm_start
+from testbed.emulation.warmstart import claim, module_of, preloaded, release, warm_start
 from testbed.run.common import RUN_PRELOAD
 
 PROGRAM = textwrap.dedent('''
@@ -37,10 +37,24 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory):
+    """One fork server for this module's tests (a run's, in real use), its program on sys.path."""
+    folder = tmp_path_factory.mktemp("warm")
+    (folder / "warm_program_mod.py").write_text(PROGRAM)
+    sys.path.insert(0, str(folder))  # the fork server's children get this process's sys.path at each start
+    assert claim(folder, RUN_PRELOAD) and claim(folder, ("ignored",)) and preloaded() == RUN_PRELOAD
+    assert not claim(folder / "another-run", RUN_PRELOAD)  # one run of a process has it at a time
+    try:
+        yield folder
+    finally:
+        release(folder)
+        sys.path.remove(str(folder))
+    assert preloaded() is None and not any(p.name.startswith("listener-") for p in folder.iterdir())
+
+
 @pytest.fixture
-def program(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> str:
-    (tmp_path / "warm_program_mod.py").write_text(PROGRAM)
-    monkeypatch.syspath_prepend(str(tmp_path))  # the fork server's child gets this process's sys.path
+def program(server: Path) -> str:
     return "warm_program_mod"
 
 
@@ -48,11 +62,11 @@ def env(**more: str) -> dict[str, str]:
     return {"WARM_MARK": "m1", "PATH": os.environ["PATH"], **more}
 
 
-def test_a_warm_program_gets_its_argv_folder_environment_session_and_exit_status(program, tmp_path):
+def test_a_warm_program_gets_its_argv_folder_environment_session_and_exit_status(program, server, tmp_path):
     log = tmp_path / "out.log"
     with open(log, "w") as fh:
         proc = warm_start(os.getpid(), ["nice", "-n", "3", sys.executable, "-m", program, "3", "x"],
-                          preload=RUN_PRELOAD,
+                          server=server,
                           env=env(), cwd=str(tmp_path), stdout=fh, stderr=subprocess.STDOUT)
     assert proc.wait(60) == 3 and proc.returncode == 3 and proc.poll() == 3
     first, second = log.read_text().splitlines()[:2]
@@ -60,19 +74,16 @@ def test_a_warm_program_gets_its_argv_folder_environment_session_and_exit_status
     assert seen["argv"] == ["3", "x"] and seen["cwd"] == str(tmp_path)
     assert seen["nice"] == os.nice(0) + 3
     assert seen["mark"] == "m1" and seen["home"] is None  # the environment given, whole, nothing else
-    # forked from the process that imported the first start's list (the suite's first start may be another
-    # test's): what it names is there at once, what it does not is not
-    assert preloaded() is not None and seen["torch"] == ("torch" in preloaded())
-    assert seen["pydoc_data"] is False
+    assert seen["torch"] is True and seen["pydoc_data"] is False  # the run's list was imported once, nothing else
     assert seen["session"] is True  # its own session: the controller's Ctrl-C is not its signal
     assert second == "to stderr"
     assert proc.stdin is None and proc.stdout is None and proc.args[-2:] == ["3", "x"]
 
 
-def test_pipes_and_a_passed_descriptor_work_as_with_popen(program, tmp_path):
+def test_pipes_and_a_passed_descriptor_work_as_with_popen(program, server, tmp_path):
     r, w = os.pipe()
     try:
-        proc = warm_start(os.getpid(), [sys.executable, "-m", program, "echo"], preload=RUN_PRELOAD,
+        proc = warm_start(os.getpid(), [sys.executable, "-m", program, "echo"], server=server,
                           env=env(READY=str(w)), cwd=str(tmp_path), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                           stderr=subprocess.DEVNULL, text=True, pass_fds=(w,))
         proc.stdin.write("hello\n")
@@ -87,8 +98,8 @@ def test_pipes_and_a_passed_descriptor_work_as_with_popen(program, tmp_path):
         os.close(w)
 
 
-def test_wait_times_out_like_popen_and_a_killed_program_reports_the_signal(program, tmp_path):
-    proc = warm_start(os.getpid(), [sys.executable, "-m", program, "sleep"], preload=RUN_PRELOAD, env=env(),
+def test_wait_times_out_like_popen_and_a_killed_program_reports_the_signal(program, server, tmp_path):
+    proc = warm_start(os.getpid(), [sys.executable, "-m", program, "sleep"], server=server, env=env(),
                       cwd=str(tmp_path), stdout=subprocess.DEVNULL)
     assert proc.poll() is None
     with pytest.raises(subprocess.TimeoutExpired):
@@ -107,13 +118,19 @@ def test_only_python_m_command_lines_start_warm():
         module_of(["sleep", "1"])
 
 
-def test_a_node_that_is_gone_is_named(program, tmp_path):
+def test_a_node_that_is_gone_is_named(program, server, tmp_path):
     dead = subprocess.Popen(["true"])
     dead.wait()
     argv = [sys.executable, "-m", program, "0"]
     with pytest.raises(EmulationError, match=rf"the node of PID {dead.pid} is not running"):
-        warm_start(dead.pid, argv, preload=RUN_PRELOAD, env={}, cwd=str(tmp_path))
+        warm_start(dead.pid, argv, server=server, env={}, cwd=str(tmp_path))
     with pytest.raises(EmulationError, match=rf"node of PID {dead.pid} did not enter its network namespace "
                                              r"\(exit status 1; is the node still running\?\)"):
-        warm_start(dead.pid, argv, preload=RUN_PRELOAD, env={}, cwd=str(tmp_path), stderr=subprocess.DEVNULL,
+        warm_start(dead.pid, argv, server=server, env={}, cwd=str(tmp_path), stderr=subprocess.DEVNULL,
                    net_inode=os.stat("/proc/self/ns/net").st_ino + 1)
+
+
+def test_a_start_through_a_server_this_run_does_not_own_is_refused(program, server, tmp_path):
+    with pytest.raises(EmulationError, match=r"warm start of warm_program_mod: the fork server of this process "
+                                             r"belongs to another run .*claim\(.*\) first, or start it cold"):
+        warm_start(os.getpid(), [sys.executable, "-m", program, "0"], server=tmp_path, env={}, cwd=str(tmp_path))

@@ -455,6 +455,17 @@ def variant_placement(definition: VariantDef, scenario: Scenario, workload: Work
     return place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts)
 
 
+def _hosted_placement(definition: VariantDef, scenario: Scenario, streams: int,
+                      base_dir: str | None) -> Placement | None:
+    """The variant's placement with `streams`, or None where it cannot be placed or a
+    stage has no host (the calibration then has nothing of it to time)."""
+    try:
+        pl = variant_placement(definition, scenario, scenario.workload, streams, base_dir)
+    except ValueError:
+        return None
+    return None if any(not h for h in pl.hosts.values()) else pl
+
+
 def plan_variant(
     variant: str | RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
     cal: Calibration | None, auto_streams: int | None, local: bool = False,
@@ -644,11 +655,8 @@ def wan_uses(scenario: Scenario, runs: Sequence[RunVariant], base_dir: str | Non
         if definition.name in seen:
             continue
         seen.add(definition.name)
-        try:
-            pl = variant_placement(definition, scenario, scenario.workload, DEFAULT_AUTO_STREAMS, base_dir)
-        except ValueError:
-            continue
-        if any(not h for h in pl.hosts.values()):
+        pl = _hosted_placement(definition, scenario, DEFAULT_AUTO_STREAMS, base_dir)
+        if pl is None:
             continue
         for (a, z), pairs in pipeline_crossings(pl).items():
             use = uses.setdefault(_key(uses, a, z), PathUse(_key(uses, a, z)))
@@ -839,11 +847,8 @@ def together_loads(scenario: Scenario, runs: Sequence[RunVariant], uses: dict[tu
         if requested_sharing(definition, scenario) == "auto" and definition.streams == "fill-link":
             counts.append(configured_streams(scenario, auto))
         for n in counts:
-            try:
-                pl = variant_placement(definition, scenario, scenario.workload, n, base_dir)
-            except ValueError:
-                continue
-            if any(not h for h in pl.hosts.values()):
+            pl = _hosted_placement(definition, scenario, n, base_dir)
+            if pl is None:
                 continue
             keys = [_key(uses, a, z) for a, z in pipeline_crossings(pl)]
             group = [(by_dcs[k], uses[k].pairs[:1 if temporal else max(1, uses[k].channels.get(definition.name, 1))])

@@ -73,7 +73,7 @@ from testbed_core.workload import EffectiveWorkload, Workload
 # Share of a WAN link's nominal rate that TCP goodput reaches through the shaper
 # (headers, HTB, window dynamics). The fill-the-link stream count fills this much.
 FILL_GOODPUT = 0.85
-STREAMS_MARGIN = 0.05  # fill-link leaves its formula's stream count only for one measured this much faster
+STREAMS_MARGIN = 0.05  # fill-link takes the fewest streams timed within this much of the fastest count
 LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
 MAX_STREAMS = 64
 DEFAULT_AUTO_STREAMS = 8  # transport.streams: auto before (or without) a calibration
@@ -210,20 +210,35 @@ def choose_streams(variant: str | VariantDef | RunVariant, scenario: Scenario, f
 
 
 def fill_link_streams(fill: int, scenario: Scenario, cal: Calibration | None, auto: int | None) -> int:
-    """Streams per channel of a fill-link variant: enough to fill the link by formula,
-    unless the calibration measured another count faster (more than STREAMS_MARGIN):
-    on long RTTs many flows collapse together, on short ones a single flow nearly
-    fills the link and more overflow its queue. Candidates: that count,
-    transport.streams and the single stream every calibration times."""
+    """Streams per channel of a fill-link variant: of the counts the calibration timed
+    (the formula's count to fill the link, transport.streams and the single stream every
+    calibration times), the fewest within STREAMS_MARGIN of the fastest. On long RTTs
+    many flows collapse together, on short ones a single flow nearly fills the link and
+    more overflow its queue; where a tensor is too small to need more than one window,
+    one stream is as fast as eight and has no tail of slow streams. Each count is judged
+    by its mean transfer time (`timed_rate`), not the median that `rates_bps` holds: a
+    count whose transfers now and then wait a round trip longer (the last stream of
+    eight opening its window) is slower on average, which a median of a few transfers
+    hides (paper sweep, 200 ms RTT: 8 streams 107, 107, 107 and 271 ms against one
+    stream's 107 ms each)."""
     if cal is None:
         return fill
     plain = configured_streams(scenario, auto)
-    measured = {n: cal.rates_bps[n] for n in (fill, plain, 1) if n in cal.rates_bps}
+    measured = {n: timed_rate(cal, n) for n in {fill, plain, 1} if n in cal.rates_bps}
     if not measured:
         return fill
-    best = max(measured, key=lambda n: measured[n])
-    keep = fill if fill in measured else max(measured)
-    return keep if measured[keep] >= (1 - STREAMS_MARGIN) * measured[best] else best
+    best = max(measured.values())
+    return min(n for n, rate in measured.items() if rate >= (1 - STREAMS_MARGIN) * best)
+
+
+def timed_rate(cal: Calibration, streams: int) -> float:
+    """A channel's rate at `streams` from the mean of its timed transfers on the
+    primary path (bytes over mean time - one-way delay); the calibrated rate where the
+    transfers were not kept."""
+    times = cal.transfer_s.get(streams)
+    if not times:
+        return cal.rates_bps[streams]
+    return cal.nbytes * 8 / max(1e-6, sum(times) / len(times) - cal.latency_s)
 
 
 def variant_streams(variant: str | VariantDef | RunVariant, scenario: Scenario, cal: Calibration | None,

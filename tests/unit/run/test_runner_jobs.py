@@ -132,9 +132,11 @@ def test_atlas_keeps_the_stream_count_the_calibration_measured_faster(tmp_path: 
     # a short path (10 ms RTT): one flow nearly fills the link, 8 overflow its queue
     short = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 << 20, latency_s=0.005, rates_bps={1: 5.15e8, 8: 4.0e8})
     assert plan_variant("atlas", scenario, workload, None, short, None).streams == 1
-    # within the margin the fill-the-link count stays
-    close = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 << 20, latency_s=0.005, rates_bps={1: 5.15e8, 8: 5.0e8})
-    assert plan_variant("atlas", scenario, workload, None, close, None).streams == 8
+    # within the margin of the fastest, the fewest streams: one stream as fast as eight has no tail
+    close = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 << 20, latency_s=0.005, rates_bps={1: 5.0e8, 8: 5.15e8})
+    assert plan_variant("atlas", scenario, workload, None, close, None).streams == 1
+    apart = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 << 20, latency_s=0.005, rates_bps={1: 4.8e8, 8: 5.15e8})
+    assert plan_variant("atlas", scenario, workload, None, apart, None).streams == 8
 
 
 def test_atlas_sharing_follows_the_calibrated_prediction(tmp_path: Path) -> None:

@@ -41,6 +41,12 @@ def _split(rig, tmp_path: Path, configure: str = "auto", **servers_update) -> Pa
     return path
 
 
+def _report(res: subprocess.CompletedProcess) -> dict:
+    """The JSON on stdout; where there is none, the failure shows what the command said."""
+    assert res.stdout.strip(), f"no JSON report on stdout (exit {res.returncode}); stderr:\n{res.stderr[-3000:]}"
+    return json.loads(res.stdout)
+
+
 def _topo_check(rig, path: Path, timeout: float = 300) -> subprocess.CompletedProcess:
     return subprocess.run(rig.head_argv([*TESTBED, "topo", "check", str(path), "--json"]), cwd=REPO_ROOT,
                           capture_output=True, text=True, timeout=timeout, check=False)
@@ -64,7 +70,7 @@ def test_the_quickstart_split_over_two_servers_passes_topo_check(rig, tmp_path):
     on one machine)."""
     res = _topo_check(rig, _split(rig, tmp_path))
     assert res.returncode in (0, 1), res.stderr[-3000:]
-    report = json.loads(res.stdout)
+    report = _report(res)
     assert "measuring the underlay s1 -> s2" in res.stderr  # capacity measured, not assumed
     (link,) = report["links"]
     assert (res.returncode == 0) == link["ok"]
@@ -90,7 +96,7 @@ def test_the_split_with_every_node_reached_over_ssh_passes_topo_check(rig, tmp_p
     for server in ("s1", "s2"):
         assert f"server {server}: nodes configured and programs started over SSH (servers.configure: ssh)" \
             in res.stderr
-    report = json.loads(res.stdout)
+    report = _report(res)
     (link,) = report["links"]
     assert (res.returncode == 0) == link["ok"]
     rtt = link["rtt_ms"]["measured"]
@@ -123,7 +129,7 @@ def test_bench_transport_runs_unchanged_over_the_split(rig, tmp_path, configure)
                                         "--methods", "atlas,iperf3", "--json", "--out", str(tmp_path / "bench")]),
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=540, check=False)
     assert res.returncode in (0, 1), res.stderr[-3000:]
-    got = {(r["method"], r["streams"]): r for r in json.loads(res.stdout)["results"]}
+    got = {(r["method"], r["streams"]): r for r in _report(res)["results"]}
     assert all(r["verified"] for r in got.values()), got
     atlas8, iperf8, atlas1 = (got[k]["goodput_mbps"] for k in (("atlas", 8), ("iperf3", 8), ("atlas", 1)))
     print(f"\nsplit ({configure}): atlas N=8 {atlas8} Mbit/s, iperf3 -P 8 {iperf8}, atlas N=1 {atlas1}")

@@ -34,6 +34,7 @@ from testbed.run.calibration import (
     Calibration,
     PathCalibration,
     ProbeAgents,
+    aggregate_rate,
     calibrate,
     calibrate_lan,
     calibrate_link,
@@ -233,12 +234,10 @@ def fill_link_streams(fill: int, scenario: Scenario, cal: Calibration | None, au
 
 def timed_rate(cal: Calibration, streams: int) -> float:
     """A channel's rate at `streams` from the mean of its timed transfers on the
-    primary path (bytes over mean time - one-way delay); the calibrated rate where the
+    primary path (`aggregate_rate` of one channel); the calibrated rate where the
     transfers were not kept."""
     times = cal.transfer_s.get(streams)
-    if not times:
-        return cal.rates_bps[streams]
-    return cal.nbytes * 8 / max(1e-6, sum(times) / len(times) - cal.latency_s)
+    return aggregate_rate(cal.nbytes, times, 1, cal.latency_s) if times else cal.rates_bps[streams]
 
 
 def variant_streams(variant: str | VariantDef | RunVariant, scenario: Scenario, cal: Calibration | None,

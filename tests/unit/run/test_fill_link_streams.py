@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from testbed.run.calibration import Calibration
+from testbed.run.calibration import Calibration, effective_rate
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import STREAMS_MARGIN, fill_link_streams, timed_rate
 
@@ -28,8 +28,7 @@ def _scenario(tmp_path: Path):
 
 
 def _cal(transfers: dict[int, list[float]], latency_s: float = 0.1) -> Calibration:
-    from statistics import median
-    rates = {n: NBYTES * 8 / (median(v) - latency_s) for n, v in transfers.items()}
+    rates = {n: effective_rate(NBYTES, v, latency_s) for n, v in transfers.items()}
     return Calibration(src="dc1-h1", dst="dc2-h1", nbytes=NBYTES, latency_s=latency_s,
                        transfer_s=transfers, rates_bps=rates)
 

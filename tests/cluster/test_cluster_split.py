@@ -230,19 +230,20 @@ def test_testbed_run_over_the_split_gives_atlas_the_speedup_of_one_server(rig, t
     """`testbed run` on the quickstart (reduced: baseline and atlas, one warm-up, two
     iterations) with `--servers` placing dc1 on s1 and dc2 on s2, every node reached
     over SSH as on other machines (`configure: ssh`), and the same run on this machine
-    alone, side by side (the same load on both): Atlas's speedup over baseline in the
-    split run is within 15% of the one-server run's."""
+    alone, one after the other: Atlas's speedup over baseline in the split run is within
+    15% of the one-server run's."""
     servers = tmp_path / "servers.yaml"
     servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")))
     quick = str(REPO_ROOT / "scenarios" / "quickstart.yaml")
-    split = subprocess.Popen(rig.head_argv([*TESTBED, "run", quick, "--servers", str(servers), "-o",
-                                            str(tmp_path / "split"), *RUN_REDUCED]),
-                             cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    one = subprocess.Popen([*TESTBED, "run", quick, "-o", str(tmp_path / "one"), *RUN_REDUCED],
-                           cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    outs = {name: p.communicate(timeout=840)[0] for name, p in (("split", split), ("one", one))}
-    assert split.returncode == 0, outs["split"][-4000:]
-    assert one.returncode == 0, outs["one"][-4000:]
+    # one after the other: played at once on 2 cores, one run's atlas overlapped the other's
+    # baseline or calibration and the two speedups came out 12-41% apart (CI, 2026-12-02)
+    argvs = {"split": rig.head_argv([*TESTBED, "run", quick, "--servers", str(servers), "-o",
+                                     str(tmp_path / "split"), *RUN_REDUCED]),
+             "one": [*TESTBED, "run", quick, "-o", str(tmp_path / "one"), *RUN_REDUCED]}
+    for name, argv in argvs.items():
+        res = subprocess.run(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                             timeout=420, check=False)
+        assert res.returncode == 0, f"{name}: {res.stdout[-4000:]}"
     speedup = {}
     for name in ("split", "one"):
         v = json.loads((tmp_path / name / "summary.json").read_text())["variants"]

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulation.addressing import Wiring, plan_addresses, plan_wiring
+from testbed.emulation.congestion import allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.naming import (
     RunNames,
@@ -70,7 +71,6 @@ from testbed.emulation.records import (
     list_records,
     plan_clean,
     prefix_in_use,
-    shared_sysctl_origin,
 )
 from testbed_core.topology import Topology, load_topology
 
@@ -383,34 +383,9 @@ class Emulation:
         """A namespace may only pick a congestion control listed in the machine's
         net.ipv4.tcp_allowed_congestion_control; add the ones the topology needs
         (recorded with the old value, restored at teardown)."""
-        wanted = {self.topology.tcp_for(dc.name).congestion_control for dc in self.topology.dcs}
-        base = Path("/proc/sys/net/ipv4")
-        try:
-            allowed = (base / "tcp_allowed_congestion_control").read_text().split()
-            available = (base / "tcp_available_congestion_control").read_text().split()
-        except OSError:
-            return
-        missing = sorted(wanted - set(allowed))
-        key = "net.ipv4.tcp_allowed_congestion_control"
         assert self.record is not None
-        # Another live run may have widened the list already: take over its original
-        # value too, so whichever run ends last restores the machine's own setting.
-        inherited = shared_sysctl_origin(key, self.record)
-        if not missing:
-            if inherited is not None:
-                self.record.add_sysctl(key, inherited, " ".join(allowed))
-            return
-        unavailable = [cc for cc in missing if cc not in available]
-        if unavailable:
-            raise EmulationError(
-                f"TCP congestion control {', '.join(unavailable)} (topology tcp.congestion_control) is not "
-                f"available on this kernel (available: {' '.join(available)}): "
-                f"load it with modprobe tcp_{unavailable[0]}"
-            )
-        old = inherited if inherited is not None else " ".join(allowed)
-        new = " ".join(allowed + missing)
-        self.record.add_sysctl(key, old, new)
-        (base / "tcp_allowed_congestion_control").write_text(new)
+        allow_congestion_controls({self.topology.tcp_for(dc.name).congestion_control for dc in self.topology.dcs},
+                                  self.record, "topology tcp.congestion_control")
 
     def _create_links(self) -> None:
         from mininet.link import Link

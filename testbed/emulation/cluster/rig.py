@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.emulation.congestion import PROC, allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.records import (
     ENV_RUN,
@@ -130,6 +131,7 @@ class ServerRig:
         record.add_path(self.dir)
         self.dir.mkdir(mode=0o700)
         self._keys()
+        self._allow_congestion_controls()
         Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)  # sshd's privilege-separation folder
         self.head = self._node(f"{self.prefix}hd")
         hosts = list(UNDERLAY.hosts())
@@ -140,6 +142,19 @@ class ServerRig:
             self._start_sshd(server, sshd)
         for server in self.servers:
             self._await_login(server)
+
+    def _allow_congestion_controls(self) -> None:
+        """Separate servers each have their own net.ipv4.tcp_allowed_congestion_control;
+        the rig's servers and head share this machine's, which only the machine's initial
+        namespace can change (a run controlled from the head could not widen it). So the
+        rig allows every available algorithm here, as a server's admin would, recorded
+        with the old value (restored at stop, or by `testbed clean`)."""
+        try:
+            available = (PROC / "tcp_available_congestion_control").read_text().split()
+        except OSError:
+            return
+        assert self.record is not None
+        allow_congestion_controls(available, self.record, "the server rig's servers")
 
     def _node(self, name: str) -> Any:
         from testbed.emulation.nodes import new_mininet_host

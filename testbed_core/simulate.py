@@ -62,11 +62,16 @@ class TransferKey:
 @dataclass(frozen=True)
 class Path:
     """How one boundary's tensors travel: through `resources` (ids of link directions),
-    with a one-way latency, each transfer capped at `cap_bps`."""
+    with a one-way latency, each transfer capped at `cap_bps`. `window_bits`: what the
+    channel's TCP windows (streams x window) let it have unacknowledged; a transfer that
+    follows another on the same channel before that one's last window was acknowledged
+    (a round trip, 2 x latency, after that window began to leave) waits for it to free
+    (INF: no such wait, e.g. where the rate itself is the window model's window / RTT)."""
 
     resources: tuple[str, ...] = ()
     latency_s: float = 0.0
     cap_bps: float = INF
+    window_bits: float = INF
 
 
 @dataclass(frozen=True)
@@ -185,6 +190,7 @@ class _Flow:
     start: float
     rate: float = 0.0
     notice: bool = False  # rendezvous: the receiver's notice for `key`, not its bytes
+    hold: float = 0.0  # no bytes move before this: the channel's window is still full
 
     @property
     def ident(self) -> tuple[TransferKey, bool]:
@@ -246,6 +252,8 @@ class _Sim:
         self.token = {name: 0 for name in spec.resources}
         self.net_time = 0.0
         self.net_version = 0
+        # per channel: (when its last window is acknowledged, bits of it) of finished transfers
+        self.unacked: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")
@@ -337,7 +345,7 @@ class _Sim:
                 if not started:
                     self.progress(t)
                 started = True
-                flow.start = t
+                flow.start = flow.hold = self._window_free(flow, t)
                 for name in flow.path.resources:
                     if self._exclusive(name):
                         self.holder[name] = flow.ident
@@ -351,15 +359,40 @@ class _Sim:
         if started:
             self.reschedule(t)
 
+    def _window_free(self, flow: _Flow, t: float) -> float:
+        """When `flow`'s first bytes may leave: `t`, or later where earlier transfers on
+        its channel still hold more of the window than leaves room for it (its first
+        window: all of it, up to the channel's window)."""
+        window = flow.path.window_bits
+        if flow.notice or window == INF:
+            return t
+        key = (flow.key.pipeline, flow.key.boundary, flow.key.direction)
+        acks = sorted(a for a in self.unacked.get(key, []) if a[0] > t)
+        self.unacked[key] = acks
+        room = window - min(flow.bits, window)
+        held = sum(bits for _, bits in acks)
+        at = t
+        for ack, bits in acks:
+            if held <= room + 1e-9:
+                break
+            held -= bits
+            at = ack
+        return at
+
     def progress(self, t: float) -> None:
         dt = t - self.net_time
         if dt > 0:
             for f in self.active.values():
-                f.left = max(0.0, f.left - f.rate * dt) if f.rate != INF else 0.0
+                moving = min(dt, max(0.0, t - max(f.hold, self.net_time)))
+                if moving > 0:
+                    f.left = max(0.0, f.left - f.rate * moving) if f.rate != INF else 0.0
         self.net_time = t
 
     def reschedule(self, t: float) -> None:
-        flows = list(self.active.values())
+        waiting = [f for f in self.active.values() if f.hold > t]
+        for f in waiting:
+            f.rate = 0.0
+        flows = [f for f in self.active.values() if f.hold <= t]
         users: dict[str, int] = {}
         for f in flows:
             for name in f.path.resources:
@@ -373,6 +406,8 @@ class _Sim:
                 nxt = t
             elif rate > 0:
                 nxt = min(nxt, t + f.left / rate)
+        for f in waiting:
+            nxt = min(nxt, f.hold)
         self.net_version += 1
         if nxt < INF:
             self.push(nxt, "net", self.net_version)
@@ -381,9 +416,16 @@ class _Sim:
         if version != self.net_version:
             return
         self.progress(t)
-        done = [f for f in self.active.values() if f.left <= 1e-9 * f.bits + 1e-6]
+        done = [f for f in self.active.values() if f.hold <= t and f.left <= 1e-9 * f.bits + 1e-6]
         for f in done:
             del self.active[f.ident]
+            if not f.notice and f.path.window_bits != INF:
+                # its last window's bytes left over the last bits / rate seconds and are
+                # acknowledged a round trip after each left: the window frees from then on
+                last = min(f.bits, f.path.window_bits)
+                sent = max(f.hold, t - last / f.rate) if 0 < f.rate < INF else t
+                self.unacked.setdefault((f.key.pipeline, f.key.boundary, f.key.direction), []).append(
+                    (sent + 2 * f.path.latency_s, last))
             for name in f.path.resources:
                 if self.holder.get(name) == f.ident:
                     del self.holder[name]

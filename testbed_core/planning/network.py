@@ -85,6 +85,17 @@ class WanPath:
     bottleneck_bps: float
     flow_rate_bps: float
     streams: int
+    # one stream's TCP window (bytes); with a measured flow rate (a transfer's rate
+    # alone) the simulation also holds each channel to streams x window unacknowledged,
+    # which the measured rate of one transfer does not show (simulate.Path.window_bits)
+    window_bytes: float = math.inf
+    measured: bool = False
+
+    @property
+    def window_bits(self) -> float:
+        """What the channel may have unacknowledged, where its rate was measured (the
+        window model's rate, window / RTT, already holds it to that)."""
+        return self.streams * self.window_bytes * 8 if self.measured else math.inf
 
     @property
     def rtt_s(self) -> float:
@@ -117,10 +128,10 @@ def wan_path(
     rtt = 2 * latency
     bottleneck = min(link.rate for link in links)
     measured = net.flow_rate_for(src, dst)
+    window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
     if measured is not None:
         flow = measured
     else:
-        window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
         flow = window * 8 / rtt if rtt > 0 else math.inf
         loss = 1 - math.prod(1 - link.loss for link in links)
         if loss > 0 and rtt > 0:
@@ -130,5 +141,5 @@ def wan_path(
     if fill_link:
         n = max(n, fill)
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
-                   latency, bottleneck, flow, n)
+                   latency, bottleneck, flow, n, window, measured is not None)
 

@@ -174,7 +174,7 @@ def build_spec(
                     crowded = None if fraction is None else rate * fraction
                     resources[wan_resource(x, y)] = Resource(rate, crowded_bps=crowded)
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
-                paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s)
+                paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits)
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
                    paths, resources, rendezvous=variant.rendezvous)
     return spec, wan

@@ -127,6 +127,16 @@ def test_per_flow_rate_is_window_over_rtt_and_streams_multiply() -> None:
     assert wan_path(t, "dc1", "dc2", 1, NetParams(rmem_fraction=1.0)).rate_bps == pytest.approx(160e6)
 
 
+def test_a_measured_rate_keeps_the_channels_windows() -> None:
+    """A measured rate is one transfer's alone: the channel still has only streams x
+    window unacknowledged (the simulation holds back-to-back transfers to it); the
+    window model's rate is window / RTT already, so no second limit there."""
+    t = topo(rmem="1MB")
+    measured = wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=107e6))
+    assert measured.window_bytes == pytest.approx(0.5e6) and measured.window_bits == pytest.approx(8 * 0.5e6 * 8)
+    assert wan_path(t, "dc1", "dc2", 8, NetParams()).window_bits == math.inf
+
+
 def test_loss_caps_a_flow_by_mathis() -> None:
     t = topo(rmem="64MB", loss=0.01)
     wp = wan_path(t, "dc1", "dc2", 1, NetParams())

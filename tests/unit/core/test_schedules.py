@@ -198,6 +198,33 @@ def test_crowded_link_carries_its_measured_total_only_while_transfers_collide() 
     assert alone.transfer(TransferKey(1, 0, 0, "fwd")).end - 0.6 == pytest.approx(0.01)
 
 
+def _window_spec(window_bytes: float) -> SimSpec:
+    """GPipe, 3 micro-batches over one WAN boundary, 40 ms one way: the forwards leave
+    back to back on one channel (1 MB each, 8 ms alone at 1 Gbit/s)."""
+    s = build_schedule("gpipe", 2, 3)
+    nbytes, lat = 1_000_000, 0.04
+    paths = {(0, 0, d): NetPath((f"c-{d}",), lat, window_bits=window_bytes * 8) for d in ("fwd", "bwd")}
+    res = {f"c-{d}": Resource(1e9, "exclusive") for d in ("fwd", "bwd")}
+    return SimSpec(s, 1, [0.001, 0.001], [0.001, 0.001], [nbytes], [nbytes], paths, res)
+
+
+def test_a_channel_waits_for_its_window_before_the_next_transfer() -> None:
+    """With windows for one tensor, each next tensor leaves a round trip (80 ms) after
+    the previous one began to leave (ACK clocking), not right behind it; with windows
+    for all three, back to back; with no window given (INF), back to back as before."""
+    one = simulate(_window_spec(1_000_000))
+    starts = [one.transfer(TransferKey(0, 0, m, "fwd")).start for m in range(3)]
+    assert starts[1] - starts[0] == pytest.approx(0.08) and starts[2] - starts[1] == pytest.approx(0.08)
+    assert one.transfer(TransferKey(0, 0, 2, "fwd")).arrival == pytest.approx(starts[2] + 0.008 + 0.04)
+    wide = simulate(_window_spec(3_000_000))
+    assert [wide.transfer(TransferKey(0, 0, m, "fwd")).start for m in range(3)] == pytest.approx(
+        [0.001, 0.009, 0.017])
+    spec = _window_spec(1_000_000)
+    spec.paths = {k: NetPath(p.resources, p.latency_s) for k, p in spec.paths.items()}
+    assert simulate(spec).makespan == pytest.approx(wide.makespan)
+    assert one.makespan > wide.makespan + 0.15
+
+
 def test_contradictory_plan_is_reported() -> None:
     # 1F1B, p=2, m=3: stage 0 sends activation 2 only after backward 0, which needs
     # activation 0 to have crossed; a plan putting activation 2 first cannot run.

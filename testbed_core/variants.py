@@ -31,6 +31,11 @@ CommPolicy = Literal["atlas", "gloo"]
 """``atlas``: every tensor over atlas_transport channels; ``gloo``: torch.distributed with
 the gloo backend (one TCP connection per pair of ranks, ``dist.all_reduce`` for DP)."""
 
+SchedulePolicy = Literal["configured", "auto"]
+"""``configured``: the workload's pipeline schedule; ``auto``: Atlas's scheduling, the
+schedule predicted fastest among those the devices can hold (``runner.atlas_schedule``,
+testbed_core/planning/schedule.py)."""
+
 PlacementPolicy = Literal["atlas", "baseline", "dp-across"]
 """``atlas``: the DC-selection heuristic; ``baseline``: the scenario's
 ``runner.baseline_placement`` (even by default); ``dp-across``: each DP replica in another
@@ -62,6 +67,7 @@ class VariantDef:
     colour: str
     default: bool = True
     comm: CommPolicy = "atlas"
+    schedule: SchedulePolicy = "configured"
 
 
 REGISTRY: dict[str, VariantDef] = {
@@ -71,8 +77,9 @@ REGISTRY: dict[str, VariantDef] = {
                    placement="baseline", streams="one", sharing="shared", colour="#d62728"),
         VariantDef("multi-tcp", "N TCP streams per transfer (transport.streams), no plan",
                    placement="baseline", streams="configured", sharing="shared", colour="#ff7f0e"),
-        VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing",
-                   placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4"),
+        VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing, "
+                   "the pipeline schedule predicted fastest",
+                   placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4", schedule="auto"),
         VariantDef("dp-across-dc", "each DP replica in another DC (plain DDP across regions), one TCP stream "
                    "per flow, shared links",
                    placement="dp-across", streams="one", sharing="shared", colour="#9467bd",

@@ -30,6 +30,7 @@ from testbed.run.variants import plan_variant, run_variants, strategy_for, varia
 from testbed_core.compute_model import param_count
 from testbed_core.configfile import ConfigError
 from testbed_core.planning.placement import free_gpus
+from testbed_core.planning.schedule import activation_memory_bytes, in_flight
 from testbed_core.units import format_size
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Workload
@@ -168,19 +169,6 @@ def available_memory_bytes(meminfo: str | Path = "/proc/meminfo") -> int | None:
     return None
 
 
-def activation_memory_bytes(workload: Workload) -> int:
-    """Activations one transformer layer keeps for its backward pass, per micro-batch:
-    s b h (34 + 5 a s / h) bytes in 16-bit (Korthikanti et al., "Reducing Activation
-    Recomputation in Large Transformer Models", 2022, eq. 1 with t = 1), scaled by the
-    dtype's bytes over 2; with activation_recompute only the layer's input (2 s b h)."""
-    m, par = workload.model, workload.parallelism
-    sbh = m.seq_len * par.micro_batch * m.hidden
-    if par.activation_recompute:
-        return sbh * workload.model_spec().dtype_bytes
-    per = sbh * (34 + 5 * m.heads * m.seq_len / m.hidden)
-    return int(per * workload.model_spec().dtype_bytes / 2)
-
-
 @dataclass
 class MemoryEstimate:
     """What a run's processes would take at once (one variant runs at a time): each
@@ -255,10 +243,9 @@ def memory_estimate(scenario: Scenario, runs: Sequence[RunVariant]) -> MemoryEst
         states = 2 if opt.kind == "adam" else 1 if opt.momentum > 0 else 0
         per_param = wl.model_spec().dtype_bytes * (2 + states)
         params = model_params(wl)
-        in_flight = m if par.schedule == "gpipe" else min(m, par.pp)
         layers = math.ceil(wl.model.layers / par.pp)
         est.parts["model state"] = int(par.dp * params * per_param)
-        est.parts["activations"] = workers * in_flight * layers * activation_memory_bytes(wl)
+        est.parts["activations"] = workers * in_flight(par.schedule, par.pp, m) * layers * activation_memory_bytes(wl)
         est.parts["reference"] = int(params * per_param) + PROCESS_BYTES  # the one-process check
         est.notes.append("real mode: the model's weights, gradients and optimizer state are counted on the host")
     est.parts["relays"] = len(scenario.topology.wan) * RELAY_BYTES if not runner.local else 0

@@ -295,6 +295,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     the slowdown's decomposition; `folder`: where its files go (default: its name)."""
     from testbed.run.metrics import decompose_slowdown, decomposition_line, variant_metrics
 
+    workload = setup.runs(workload)  # Atlas's scheduling may run another pipeline schedule
     plain_iteration_s = plain.iteration_time_s if plain is not None else None
     name = setup.name if admit else f"{setup.name} (agents idle)"
     folder = out / (folder or setup.name)
@@ -382,6 +383,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         # atlas "auto": the a-priori prediction of each way; the faster (temporal unless
         # sharing wins by more than the planner's SHARING_MARGIN) ran
         "sharing_alternatives_s": setup.sharing_alternatives,
+        "schedule": workload.parallelism.schedule,
+        "schedule_alternatives_s": setup.schedule_alternatives,
+        "schedules_refused": setup.schedules_refused or None,
         "placement": setup.placement.to_json(scenario.topology),
         "temporal_plan": None if pred.plan is None else {
             "offsets_s": pred.plan.offsets, "stagger_s": pred.plan.stagger_s,
@@ -558,10 +562,14 @@ def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,
 
 
 def _alternatives(setup: VariantSetup) -> str:
-    alt = setup.sharing_alternatives
-    if not alt:
-        return ""
-    return f" (predicted temporal {alt['temporal']:.3f} s, shared {alt['shared']:.3f} s)"
+    alt, text = setup.sharing_alternatives, ""
+    if alt:
+        text = f" (predicted temporal {alt['temporal']:.3f} s, shared {alt['shared']:.3f} s)"
+    if setup.schedule_alternatives:
+        ran = setup.schedule or next(iter(setup.schedule_alternatives))
+        weighed = ", ".join(f"{k} {v:.3f} s" for k, v in setup.schedule_alternatives.items())
+        text += f", schedule {ran} (predicted {weighed})"
+    return text
 
 
 def _safe(name: str) -> str:

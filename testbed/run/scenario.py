@@ -119,6 +119,13 @@ class RunnerSettings(_Model):
         "heuristic", description="atlas: the DC-selection heuristic (largest DC first), or search (candidate "
         "placements scored by the fast predictor, the fastest kept; testbed_core/planning/search.py)"
     )
+    atlas_schedule: Literal["configured", "auto"] = Field(
+        "configured", description="atlas: the workload's pipeline schedule (configured), or auto: each schedule "
+        "its devices can hold (1f1b, gpipe; testbed_core/planning/schedule.py) planned and predicted with the "
+        "calibrated network, at every timed stream count, the fastest run unless the configured one is within 3%; "
+        "modelled devices only. Opt-in: the prediction does not know the losses of GPipe's bursts of unpaced "
+        "streams (README, 'Atlas's pipeline schedule')"
+    )
     token_margin: float = Field(
         0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"
     )

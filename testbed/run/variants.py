@@ -56,6 +56,7 @@ from testbed_core.planning.prediction import (
     choose_sharing,
     predict,
 )
+from testbed_core.planning.schedule import schedule_options, with_schedule
 from testbed_core.planning.search import search_placement
 from testbed_core.simulate import simulate
 from testbed_core.topology import MAX_RATE_BPS, Topology, shortest_path
@@ -74,6 +75,7 @@ from testbed_core.workload import EffectiveWorkload, Workload
 # Share of a WAN link's nominal rate that TCP goodput reaches through the shaper
 # (headers, HTB, window dynamics). The fill-the-link stream count fills this much.
 FILL_GOODPUT = 0.85
+SCHEDULE_MARGIN = 0.03  # atlas_schedule auto: another schedule runs only when predicted this much faster
 STREAMS_MARGIN = 0.05  # fill-link takes the fewest streams timed within this much of the fastest count
 LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
 MAX_STREAMS = 64
@@ -113,6 +115,19 @@ class VariantSetup:
     sharing_alternatives: dict[str, float] | None = None  # sharing "auto": a-priori prediction of each way
     # each WAN path's own calibrated figures (per DC pair): the prediction uses them, not one factor for all
     path_rates: dict[tuple[str, str], PathRates] = field(default_factory=dict)
+    workload: Workload | None = None  # what the variant runs where its schedule is not the configured one
+    schedule_alternatives: dict[str, float] | None = None  # atlas_schedule auto: a-priori prediction of each
+    schedules_refused: dict[str, str] = field(default_factory=dict)  # schedules not weighed, and why
+
+    def runs(self, workload: Workload) -> Workload:
+        """The workload this variant runs: `workload` (the scenario's), or its own
+        where Atlas's scheduling chose another pipeline schedule."""
+        return self.workload if self.workload is not None else workload
+
+    @property
+    def schedule(self) -> str | None:
+        """The pipeline schedule it runs where it is not the configured one."""
+        return self.workload.parallelism.schedule if self.workload is not None else None
 
     @property
     def name(self) -> str:
@@ -480,12 +495,63 @@ def _hosted_placement(definition: VariantDef, scenario: Scenario, streams: int,
     return None if any(not h for h in pl.hosts.values()) else pl
 
 
+def requested_schedule(variant: str | VariantDef | RunVariant, scenario: Scenario) -> str:
+    """"auto" where the variant's schedule policy follows ``runner.atlas_schedule: auto``
+    on modelled devices (real ones run the configured schedule), else "configured"."""
+    if _definition(variant).schedule != "auto" or scenario.workload.gpu.mode == "real":
+        return "configured"
+    return scenario.runner.atlas_schedule
+
+
 def plan_variant(
     variant: str | RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
     cal: Calibration | None, auto_streams: int | None, local: bool = False,
 ) -> VariantSetup:
-    """Place a variant run, choose its streams and WAN sharing, and predict it."""
+    """Place a variant run, choose its streams, WAN sharing and (Atlas's scheduling,
+    ``runner.atlas_schedule: auto``) its pipeline schedule, and predict it. Each
+    schedule the devices can hold is planned in full (streams, sharing, temporal plan)
+    and predicted; another than the configured one runs only when predicted faster by
+    more than SCHEDULE_MARGIN."""
     run = variant if isinstance(variant, RunVariant) else RunVariant(_definition(variant), has_bubbletea(variant))
+    setup = _plan_one(run, scenario, workload, base_dir, cal, auto_streams, local)
+    if requested_schedule(run, scenario) != "auto":
+        return setup
+    options, refused = schedule_options(workload)
+    assert setup.prediction is not None
+    times = {workload.parallelism.schedule: setup.prediction.iteration_time_s}
+    best = setup
+    for name in options[1:]:
+        other = with_schedule(workload, name)
+        # another schedule may want other streams: GPipe sends micro-batches back to back,
+        # so a channel's windows, not one transfer's time, can bound it (every timed count)
+        plans = [_plan_one(run, scenario, other, base_dir, cal, auto_streams, local, streams=n)
+                 for n in [None, *_timed_counts(run, scenario, cal, auto_streams)]]
+        alt = min(plans, key=lambda p: p.prediction.iteration_time_s)  # type: ignore[union-attr]
+        assert alt.prediction is not None and best.prediction is not None
+        times[name] = alt.prediction.iteration_time_s
+        if alt.prediction.iteration_time_s < best.prediction.iteration_time_s * (1 - SCHEDULE_MARGIN):
+            best, alt.workload = alt, other
+    best.schedule_alternatives, best.schedules_refused = times, refused
+    return best
+
+
+def _timed_counts(run: RunVariant, scenario: Scenario, cal: Calibration | None, auto: int | None) -> list[int]:
+    """The stream counts a fill-link variant may take that the calibration timed (the
+    formula's count to fill the link, transport.streams, one), fewest first."""
+    if cal is None or run.variant.streams != "fill-link":
+        return []
+    nominal = nominal_link(scenario.topology, (cal.src, cal.dst))
+    fill = choose_streams(run.variant, scenario, cal.rates_bps.get(1), nominal, auto)
+    paths = [pc for pc in cal.paths if run.base in pc.variants] or cal.paths
+    return sorted(n for n in {fill, configured_streams(scenario, auto), 1}
+                  if n in cal.rates_bps and all(n in pc.rates_bps for pc in paths))
+
+
+def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
+              cal: Calibration | None, auto_streams: int | None, local: bool,
+              streams: int | None = None) -> VariantSetup:
+    """`plan_variant` for the workload's own schedule (`streams`: this count instead
+    of the stream policy's)."""
     definition = run.variant
     if definition.placement == "dp-across" and not scenario.runner.dp_allreduce and scenario.workload.gpu.mode != "real":
         raise RunnerError(
@@ -499,7 +565,8 @@ def plan_variant(
     topo = scenario.topology
     strategy = strategy_for(definition.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)
     pair = (cal.src, cal.dst) if cal else None
-    streams = variant_streams(definition, scenario, cal, auto_streams, nominal_link(topo, pair) if pair else None)
+    if streams is None:
+        streams = variant_streams(definition, scenario, cal, auto_streams, nominal_link(topo, pair) if pair else None)
     try:
         placement = variant_placement(definition, scenario, workload, streams, base_dir)
     except ValueError as exc:

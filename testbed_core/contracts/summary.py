@@ -437,6 +437,14 @@ class VariantResult(_Doc):
     sharing: str
     sharing_requested: str
     sharing_alternatives_s: dict[str, float] | None
+    schedule: str | None = None
+    """The pipeline schedule this variant ran (Atlas's scheduling may choose another than
+    the workload's ``parallelism.schedule``, the summary's ``schedule``)."""
+    schedule_alternatives_s: dict[str, float] | None = None
+    """``runner.atlas_schedule: auto``: the a-priori prediction of each schedule the devices
+    can hold; the fastest ran unless the configured one was within 3%."""
+    schedules_refused: dict[str, str] | None = None
+    """Schedules not weighed, and why (memory, interleaved stages, an unknown device)."""
     placement: Placement
     temporal_plan: TemporalPlanInfo | None
     compute_only_s: float

@@ -77,8 +77,8 @@ REGISTRY: dict[str, VariantDef] = {
                    placement="baseline", streams="one", sharing="shared", colour="#d62728"),
         VariantDef("multi-tcp", "N TCP streams per transfer (transport.streams), no plan",
                    placement="baseline", streams="configured", sharing="shared", colour="#ff7f0e"),
-        VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing, "
-                   "the pipeline schedule predicted fastest",
+        VariantDef("atlas", "Atlas: its placement, enough streams to fill the link, temporal bandwidth sharing "
+                   "(with runner.atlas_schedule: auto, also the pipeline schedule predicted fastest)",
                    placement="atlas", streams="fill-link", sharing="auto", colour="#1f77b4", schedule="auto"),
         VariantDef("dp-across-dc", "each DP replica in another DC (plain DDP across regions), one TCP stream "
                    "per flow, shared links",

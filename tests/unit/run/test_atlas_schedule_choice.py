@@ -113,3 +113,25 @@ def test_atlas_schedule_is_validated() -> None:
     plain = load_scenario(ROOT / "scenarios/atlas-3dc.yaml")[0]
     assert plain.runner.atlas_schedule == "configured"  # opt-in
     assert requested_schedule("atlas", plain) == "configured"
+
+
+def test_the_chosen_schedule_reaches_the_workers_jobs(tmp_path: Path) -> None:
+    """What atlas runs is what it predicted: its workers' jobs carry GPipe, and their
+    BubbleTea slots are the GPipe plan's idle time, while the scenario's own workload
+    (the baselines') keeps 1F1B."""
+    from testbed.run.jobs import build_jobs
+    from testbed.run.ports import PortPlan
+    from testbed_core.contracts.worker_job import TransportJob
+
+    far = _scenario("100ms")
+    setup = plan_variant("atlas+bubbletea", far, far.workload, far.workload_dir, None, None)
+    assert setup.schedule == "gpipe" and far.workload.parallelism.schedule == "1f1b"
+    ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(far.topology.dcs)
+           for j, h in enumerate(dc.hosts)}
+    jobs = build_jobs(setup=setup, workload=setup.runs(far.workload), topology=far.topology, host_ips=ips,
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", ports=PortPlan(30000), iterations=3,
+                      transport=TransportJob(chunk_bytes=4 << 20, congestion=None, pacing_rate_mbps=None,
+                                             connect_timeout_s=10.0))
+    assert {j.schedule for j in jobs.values()} == {"gpipe"}
+    job = jobs["p0r0"]
+    assert job.idle_slots == [(s, e) for s, e in setup.prediction.sim.idle_slots(0, 0, min_s=1e-3)]

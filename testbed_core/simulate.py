@@ -382,10 +382,8 @@ class _Sim:
     def progress(self, t: float) -> None:
         dt = t - self.net_time
         if dt > 0:
-            for f in self.active.values():
-                moving = min(dt, max(0.0, t - max(f.hold, self.net_time)))
-                if moving > 0:
-                    f.left = max(0.0, f.left - f.rate * moving) if f.rate != INF else 0.0
+            for f in self.active.values():  # a flow waiting for its window has rate 0 until then
+                f.left = max(0.0, f.left - f.rate * dt) if f.rate != INF else 0.0
         self.net_time = t
 
     def reschedule(self, t: float) -> None:

@@ -21,17 +21,18 @@ KEY = "net.ipv4.tcp_allowed_congestion_control"
 PROC = Path("/proc/sys/net/ipv4")
 
 
-def allow_congestion_controls(wanted: Iterable[str], record: RunRecord, why: str,
+def allow_congestion_controls(wanted: Iterable[str] | None, record: RunRecord, why: str,
                               base: Path = PROC) -> list[str]:
-    """Add `wanted` to the allowed list (those the kernel has); return what was added.
-    `why` names where they were asked for, for the messages. EmulationError where one
-    is not available on this kernel, or the list cannot be changed from here."""
+    """Add `wanted` (None: every algorithm the kernel has) to the allowed list; return
+    what was added. `why` names where they were asked for, for the messages.
+    EmulationError where one is not available on this kernel, or the list cannot be
+    changed from here."""
     try:
         allowed = (base / "tcp_allowed_congestion_control").read_text().split()
         available = (base / "tcp_available_congestion_control").read_text().split()
     except OSError:
         return []
-    missing = sorted(set(wanted) - set(allowed))
+    missing = sorted(set(available if wanted is None else wanted) - set(allowed))
     # Another live run may have widened the list already: take over its original
     # value too, so whichever run ends last restores the machine's own setting.
     inherited = shared_sysctl_origin(KEY, record)

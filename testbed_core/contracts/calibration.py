@@ -26,6 +26,15 @@ def dc_of_host(host: str) -> str:
     return host.split("-", 1)[0]
 
 
+def _bps(mbps: float | None) -> float | None:
+    return None if mbps is None else mbps * 1e6
+
+
+def _by_count(values: dict, factor: float = 1.0) -> dict:
+    """A report's per-stream-count mapping (JSON keys) back to int keys, scaled by `factor`."""
+    return {int(n): (v * factor if factor != 1.0 else v) for n, v in values.items()}
+
+
 class TogetherCalibration(BaseModel):
     """One WAN path's figures while every path of a placement is loaded at once: the
     delay lines of all WAN links share the machine's cores, so a path gives less while
@@ -54,6 +63,13 @@ class TogetherCalibration(BaseModel):
             channel_rate_mbps=None if self.rate_bps is None else self.rate_bps / 1e6, transfer_s=self.transfer_s,
             colliding_aggregate_mbps=None if self.colliding_bps is None else self.colliding_bps / 1e6,
             colliding_transfer_s=self.colliding_s)
+
+    @classmethod
+    def from_report(cls, r: TogetherCalibrationReport) -> TogetherCalibration:
+        """The measurement back from its ``summary.json`` form."""
+        return cls(streams=r.streams, paths=r.paths, channels=r.channels, rate_bps=_bps(r.channel_rate_mbps),
+                   transfer_s=r.transfer_s, colliding_bps=_bps(r.colliding_aggregate_mbps),
+                   colliding_s=r.colliding_transfer_s)
 
 
 class TogetherCalibrationReport(BaseModel):
@@ -149,6 +165,19 @@ class PathCalibration(BaseModel):
             ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
             ring_s=self.ring_s, together=[t.report() for t in self.together] or None,
         )
+
+    @classmethod
+    def from_report(cls, r: PathCalibrationReport, nbytes: int) -> PathCalibration:
+        """The measurement back from its ``summary.json`` form (`nbytes`: the
+        calibration's tensor size, which the report gives once for every path)."""
+        return cls(dcs=r.dcs, src=r.src, dst=r.dst, nbytes=nbytes, latency_s=r.one_way_delay_s,
+                   nominal_bps=_bps(r.nominal_rate_mbps), transfer_s=_by_count(r.transfer_s),
+                   rates_bps=_by_count(r.channel_rate_mbps, 1e6), concurrent=r.concurrent_channels,
+                   colliding_bps=_by_count(r.colliding_channels_aggregate_mbps, 1e6),
+                   colliding_s=_by_count(r.colliding_transfer_s), variants=r.variants,
+                   ring_channels=r.ring_channels, ring_streams=r.ring_streams, ring_nbytes=r.ring_nbytes,
+                   ring_bps=_bps(r.ring_aggregate_mbps), ring_s=r.ring_s,
+                   together=[TogetherCalibration.from_report(t) for t in r.together or []])
 
 
 class CalibrationReport(BaseModel):
@@ -267,6 +296,17 @@ class Calibration(BaseModel):
             paths=[p.report() for p in self.paths] or None,
             wall_s=self.wall_s,
         )
+
+    @classmethod
+    def from_report(cls, r: CalibrationReport) -> Calibration:
+        """The measurement back from its ``summary.json`` form, as the run's
+        predictions used it (what re-predicting a kept run from its own calibration needs)."""
+        return cls(src=r.src, dst=r.dst, nbytes=r.nbytes, latency_s=r.one_way_delay_s,
+                   transfer_s=_by_count(r.transfer_s), rates_bps=_by_count(r.channel_rate_mbps, 1e6),
+                   concurrent=r.concurrent_channels, colliding_bps=_by_count(r.colliding_channels_aggregate_mbps, 1e6),
+                   colliding_s=_by_count(r.colliding_transfer_s), lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
+                   lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
+                   paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], wall_s=r.wall_s)
 
     def to_json(self) -> dict:
         """`report` as plain JSON data."""

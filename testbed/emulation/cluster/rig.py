@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.emulation.congestion import PROC, allow_congestion_controls
+from testbed.emulation.congestion import allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.records import (
     ENV_RUN,
@@ -149,12 +149,8 @@ class ServerRig:
         namespace can change (a run controlled from the head could not widen it). So the
         rig allows every available algorithm here, as a server's admin would, recorded
         with the old value (restored at stop, or by `testbed clean`)."""
-        try:
-            available = (PROC / "tcp_available_congestion_control").read_text().split()
-        except OSError:
-            return
         assert self.record is not None
-        allow_congestion_controls(available, self.record, "the server rig's servers")
+        allow_congestion_controls(None, self.record, "the server rig's servers")
 
     def _node(self, name: str) -> Any:
         from testbed.emulation.nodes import new_mininet_host

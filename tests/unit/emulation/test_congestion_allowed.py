@@ -64,3 +64,10 @@ def test_a_list_this_namespace_cannot_change_is_refused_saying_where_to_change_i
     assert 'sysctl -w net.ipv4.tcp_allowed_congestion_control="reno bbr cubic"' in msg
     assert msg.endswith("or pick one of reno bbr in the topology")
     assert RunRecord.load(rec.path).sysctls == []  # nothing changed, nothing to restore
+
+
+def test_none_allows_every_algorithm_the_kernel_has(tmp_path):
+    """The server rig's call: every available algorithm, as a server's admin would."""
+    base, rec = _proc(tmp_path, "reno bbr", "reno bbr cubic htcp"), _record(tmp_path)
+    assert allow_congestion_controls(None, rec, "the server rig's servers", base) == ["cubic", "htcp"]
+    assert (base / "tcp_allowed_congestion_control").read_text() == "reno bbr cubic htcp"

@@ -16,7 +16,6 @@ from testbed.cli import main
 from testbed.run.preflight import (
     MEMORY_SHARE,
     PROCESS_BYTES,
-    activation_memory_bytes,
     available_memory_bytes,
     memory_estimate,
     memory_problem,
@@ -27,6 +26,7 @@ from testbed.run.preflight import (
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import run_variants
 from testbed_core.constants import TOPOLOGIES_DIR, WORKLOADS_DIR
+from testbed_core.planning.schedule import activation_memory_bytes
 
 GiB = 1 << 30
 

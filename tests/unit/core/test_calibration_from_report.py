@@ -1,0 +1,32 @@
+"""`Calibration.from_report` (testbed_core/contracts/calibration.py): a kept run's
+``summary.json`` calibration read back into the measurement its predictions used, so a
+run can be re-predicted from its own calibration (scripts/repredict.py)."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+from testbed_core.contracts.calibration import Calibration, CalibrationReport
+
+ROOT = Path(__file__).resolve().parents[3]
+
+
+def _close(a, b) -> bool:
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_close(a[k], b[k]) for k in a)
+    if isinstance(a, list):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=1e-12)
+    return a == b
+
+
+def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
+    for name in ("results/sweep-paper/p008-delay=100ms-rate=400Mbit/summary.json", "docs/atlas-4dc.summary.json"):
+        data = json.loads((ROOT / name).read_text())["calibration"]
+        cal = Calibration.from_report(CalibrationReport.model_validate(data))
+        assert cal.paths and all(p.rates_bps and 1 in p.rates_bps for p in cal.paths)
+        assert cal.rates_bps[1] == data["channel_rate_mbps"]["1"] * 1e6
+        assert _close(json.loads(json.dumps(cal.to_json())), data), name

@@ -34,6 +34,7 @@ from .sockets import (
     send_parts,
     set_io_timeout,
 )
+from .splice import PageSender
 from .tensors import (
     Destination,
     check_device,
@@ -152,6 +153,7 @@ class _Stream:
     ctrl: deque = field(default_factory=deque)
     exited: int = 0
     threads: list = field(default_factory=list)
+    pages: PageSender = field(default_factory=PageSender)  # the writer's zero-copy pipe
 
 
 class Channel:
@@ -371,9 +373,18 @@ class Channel:
         payload = t.view[c.offset:c.offset + c.length]
         ck = P.checksum(self._ck_code, payload) if self._ck_code else 0
         head = P.encode_data_header(t.tid, c.offset, c.length, t.meta if c.with_meta else None, self._ck_code, ck)
-        send_parts(s.sock, [head, payload], self.cfg.idle_timeout_s)
+        if self.cfg.zero_copy:
+            s.pages.send(s.sock, head, payload, self.cfg.idle_timeout_s)
+        else:
+            send_parts(s.sock, [head, payload], self.cfg.idle_timeout_s)
 
     def _writer(self, s: _Stream) -> None:
+        try:
+            self._write(s)
+        finally:
+            s.pages.close()
+
+    def _write(self, s: _Stream) -> None:
         hb = self.cfg.heartbeat_s
         while True:
             frame = chunk = None

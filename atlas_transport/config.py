@@ -53,6 +53,8 @@ class TransportConfig:
     idle_timeout_s: a stream that neither sends nor receives anything (heartbeats
         included) for this long is declared dead; bounds failure detection.
     checksum: per-chunk checksum added by the sender: none, xxh3, xxh64, crc32.
+    zero_copy: send chunk payloads with vmsplice + splice instead of copying them into
+        the kernel (Linux; see `splice`); off or unavailable: one gathered sendmsg.
     auto_*: stream-count probe: candidates tried in order, stop when goodput grows by
         less than auto_margin; each candidate sends for at least auto_probe_s.
     """
@@ -69,6 +71,7 @@ class TransportConfig:
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0
     checksum: str = "none"
+    zero_copy: bool = True
     auto_candidates: tuple[int, ...] = (1, 2, 4, 8, 16)
     auto_margin: float = 0.10
     auto_probe_bytes: int = 16 << 20
@@ -101,6 +104,9 @@ class TransportConfig:
         if self.checksum not in CHECKSUMS:
             hint = " (no fast CRC32C implementation is installed; xxh3 is the fastest)" if self.checksum == "crc32c" else ""
             raise ConfigError(f"checksum={self.checksum!r}: choose one of {', '.join(CHECKSUMS)}{hint}")
+        if not isinstance(self.zero_copy, bool):
+            raise ConfigError(f"zero_copy={self.zero_copy!r}: use True (vmsplice + splice where the "
+                              "kernel offers them) or False (always copy with sendmsg)")
         for name in ("sndbuf", "rcvbuf"):
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):

@@ -177,7 +177,7 @@ def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
     streams: int | str = "auto" if a.streams == "auto" else int(a.streams)
     extra = {"chunk_bytes": a.chunk_bytes} if a.chunk_bytes else {}
     cfg = TransportConfig(streams=streams, secret=_secret(), idle_timeout_s=a.idle_timeout,
-                          congestion=a.congestion, **extra)
+                          congestion=a.congestion, zero_copy=not a.no_zero_copy, **extra)
     data = torch.from_numpy(_random_bytes(a.size, a.seed))
     digest = _digest(data.numpy())
     with connect(a.host, a.port, cfg) as ch:
@@ -401,6 +401,7 @@ def worker_main(argv: list[str] | None = None) -> int:
     cli.add_argument("--seconds", type=float, default=3.0, help="iperf3: test duration")
     cli.add_argument("--seed", type=int, default=1)
     cli.add_argument("--chunk-bytes", type=int, default=None, help="atlas: sender chunk size")
+    cli.add_argument("--no-zero-copy", action="store_true", help="atlas: copy payloads with sendmsg")
     a = p.parse_args(argv)
     table = _SERVERS if a.role == "server" else _CLIENTS
     try:
@@ -425,7 +426,9 @@ def local_launcher(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> s
 def _worker_argv(role: str, method: str, **opts: Any) -> list[str]:
     argv = [sys.executable, "-m", "testbed.bench.transport", role, "--method", method]
     for k, v in opts.items():
-        if v is not None:
+        if v is True:
+            argv.append(f"--{k.replace('_', '-')}")
+        elif v is not None and v is not False:
             argv += [f"--{k.replace('_', '-')}", str(v)]
     return argv
 
@@ -485,7 +488,7 @@ def measure_pair(path: str, method: str, streams: int | str, size: int, repeat: 
                  server_launch: Launcher, client_launch: Launcher, server_ip: str, client_ip: str,
                  secret: str, log_dir: Path, iperf_seconds: float = 3.0, timeout: float | None = None,
                  congestion: str | None = None, chunk_bytes: int | None = None,
-                 round_index: int = 0) -> Measurement:
+                 zero_copy: bool = True, round_index: int = 0) -> Measurement:
     """Run one server/client pair and merge what both report. Never raises for a
     failed measurement: the error is recorded in the Measurement."""
     label = f"{path}-{method}-{streams}" + (f"-round{round_index}" if round_index else "")
@@ -509,7 +512,8 @@ def measure_pair(path: str, method: str, streams: int | str, size: int, repeat: 
             client = client_launch(_worker_argv(
                 "client", method, host=server_ip, port=ready["port"], local_ip=client_ip, streams=streams,
                 size=size, repeat=repeat, seconds=iperf_seconds,
-                chunk_bytes=chunk_bytes if method == "atlas" else None, **common), env, cerr)
+                chunk_bytes=chunk_bytes if method == "atlas" else None,
+                no_zero_copy=method == "atlas" and not zero_copy, **common), env, cerr)
             c_res = _Lines(client).next(deadline)
             if not c_res or c_res.get("event") != "result":
                 raise BenchError(_why(c_res, f"{method} client failed", log_dir / f"{label}-client.log"))
@@ -557,7 +561,7 @@ def _why(event: dict[str, Any] | None, what: str, log: Path) -> str:
 def run_suite(path: str, *, streams: list[int | str], size: int, repeat: int, methods: list[str],
               server_launch: Launcher, client_launch: Launcher, server_ip: str, client_ip: str,
               log_dir: Path, iperf_seconds: float = 3.0, congestion: str | None = None,
-              chunk_bytes: int | None = None, rounds: int = 1,
+              chunk_bytes: int | None = None, zero_copy: bool = True, rounds: int = 1,
               on_result: Callable[[Measurement], None] | None = None) -> list[Measurement]:
     """All measurements of one path: atlas per N, tcp, gloo, iperf3 per numeric N,
     `rounds` times over, interleaved (round 0 of every method, then round 1, ...), so
@@ -578,7 +582,7 @@ def run_suite(path: str, *, streams: list[int | str], size: int, repeat: int, me
             m = measure_pair(path, method, n, size, repeat, server_launch=server_launch, client_launch=client_launch,
                              server_ip=server_ip, client_ip=client_ip, secret=secret, log_dir=log_dir,
                              iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk_bytes,
-                             round_index=r)
+                             zero_copy=zero_copy, round_index=r)
             results.append(m)
             if on_result:
                 on_result(m)

@@ -86,10 +86,12 @@ def _resolve_topology(path: str) -> Path:
               help="duration of each iperf3 test")
 @click.option("--congestion", default=None, help="TCP congestion control for atlas streams (default: system)")
 @click.option("--chunk-size", "chunk_text", default=None, help="atlas chunk size, e.g. 1MiB (default: the library's)")
+@click.option("--zero-copy/--no-zero-copy", default=True, show_default=True,
+              help="atlas sends payloads with vmsplice + splice (no copy into the kernel), or copies them")
 def transport(topology: str, streams_text: str, size_text: str, repeat: int, rounds: int, as_json: bool,
               out_dir: str | None,
               no_wan: bool, no_loopback: bool, methods_text: str, between: str | None, iperf_seconds: float,
-              congestion: str | None, chunk_text: str | None) -> None:
+              congestion: str | None, chunk_text: str | None, zero_copy: bool) -> None:
     """Goodput of atlas (per stream count), plain TCP, gloo and iperf3 -P N.
 
     Every received tensor is checked against an xxh3 digest of what was sent.
@@ -143,7 +145,8 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, rou
             click.echo(f"  {what}: {m.goodput_mbps:.1f} Mbit/s (streams {m.streams}, verified {m.verified})", err=True)
 
     common = dict(streams=streams, size=size, repeat=repeat, methods=methods, log_dir=out / "logs",
-                  iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk, rounds=rounds,
+                  iperf_seconds=iperf_seconds, congestion=congestion, chunk_bytes=chunk, zero_copy=zero_copy,
+                  rounds=rounds,
                   on_result=progress)
     results = []
     try:
@@ -157,7 +160,8 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, rou
         raise click.ClickException(str(exc)) from None
 
     found = report.checks(results)
-    meta = {"size_bytes": size, "repeat": repeat, "rounds": rounds, "chunk_bytes": chunk, "topology": str(topo_path) if topo_path else None,
+    meta = {"size_bytes": size, "repeat": repeat, "rounds": rounds, "chunk_bytes": chunk, "zero_copy": zero_copy,
+            "topology": str(topo_path) if topo_path else None,
             "host": platform.node(), "python": sys.version.split()[0], "time": time.strftime("%Y-%m-%dT%H:%M:%S")}
     doc = report.as_json(results, found, meta)
     report.write_json(doc, out / "results.json")

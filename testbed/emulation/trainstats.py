@@ -312,7 +312,9 @@ def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, 
                    for seed in range(1, MODEL_DRAWS + 1)]
         model[1] = statistics.fmean(medians)
         median_tol += MEDIAN_Z * statistics.stdev(medians) * math.sqrt(1 + 1 / MODEL_DRAWS)
-    early_below = delay_s - jitter_s - max(DELAY_TOL_S, offset_s)
+    # the line holds a frame for delay - offset (the offset is the median path latency);
+    # the measurement tolerance comes on top of that deliberate shift, not instead of it
+    early_below = delay_s - jitter_s - offset_s - DELAY_TOL_S
     late_above = delay_s + jitter_s + LATE_TOL_S
     return DirectionTrain(
         src=src, dst=dst, sent=sent, received=received, lost=lost, loss=lost / sent if sent else math.nan,
@@ -333,8 +335,8 @@ def loss_ok(train: DirectionTrain, configured: float) -> bool:
 
 
 def delay_ok(train: DirectionTrain) -> bool:
-    """Nothing early (every delay >= delay - jitter, less the relay path's offset, at
-    least 0.3 ms), at most 5% late (over delay + jitter + 1 ms: on a shared machine a
+    """Nothing early (every delay >= delay - jitter - the relay path's offset - 0.3 ms),
+    at most 5% late (over delay + jitter + 1 ms: on a shared machine a
     wake-up now and then is late, which the maximum shows), median within
     `median_tol_ms` of the FIFO model's, no reordering."""
     d = train.delay_ms

@@ -154,7 +154,15 @@ def test_early_threshold_follows_the_relay_path_offset() -> None:
     got = ts.analyse("a", "b", records(rows), sent=100, delay_s=0.025, jitter_s=0.0, pps=1000)
     assert got.early == 1 and not ts.delay_ok(got)
     got = ts.analyse("a", "b", records(rows), sent=100, delay_s=0.025, jitter_s=0.0, pps=1000, offset_s=0.0006)
-    assert got.early == 0 and got.early_below_ms == pytest.approx(24.4) and ts.delay_ok(got)
+    assert got.early == 0 and got.early_below_ms == pytest.approx(24.1) and ts.delay_ok(got)
+    # the tolerance adds to a small offset (a 2dc check, 2026-12-03: offset 0.18 ms, one of 2000
+    # datagrams at 24.685 ms, 0.135 ms quicker than the line's hold) instead of being used up by it
+    rows = [(i, i * ms, int(i * ms + d * ms)) for i, d in enumerate([24.685] + [25.0] * 99)]
+    got = ts.analyse("a", "b", records(rows), sent=100, delay_s=0.025, jitter_s=0.0, pps=1000, offset_s=0.00018)
+    assert got.early == 0 and got.early_below_ms == pytest.approx(24.52) and ts.delay_ok(got)
+    rows = [(i, i * ms, int(i * ms + d * ms)) for i, d in enumerate([24.45] + [25.0] * 99)]
+    got = ts.analyse("a", "b", records(rows), sent=100, delay_s=0.025, jitter_s=0.0, pps=1000, offset_s=0.00018)
+    assert got.early == 1 and not ts.delay_ok(got)
 
 
 def test_median_tolerance_covers_a_short_train_under_wide_jitter() -> None:

@@ -9,11 +9,13 @@ surfaces after `idle_timeout_s`.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import socket
 import struct
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 from .config import TransportConfig
@@ -223,10 +225,21 @@ def discard(sock: socket.socket, n: int, scratch: memoryview, idle_s: float) -> 
         n -= step
 
 
+@contextlib.contextmanager
+def send_errors(idle_s: float) -> Iterator[None]:
+    """A failed or timed-out write (SO_SNDTIMEO) as the stream's `StreamDown`."""
+    try:
+        yield
+    except (BlockingIOError, TimeoutError):
+        raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
+    except OSError as exc:
+        raise StreamDown(_describe(exc)) from None
+
+
 def send_parts(sock: socket.socket, parts: list, idle_s: float) -> None:
     """Write header and payload with one gathered sendmsg (no copy of the payload);
     finish with sendall if the kernel took only part of it."""
-    try:
+    with send_errors(idle_s):
         total = sum(len(p) for p in parts)
         sent = sock.sendmsg(parts)
         if sent == total:
@@ -238,10 +251,6 @@ def send_parts(sock: socket.socket, parts: list, idle_s: float) -> None:
                 continue
             sock.sendall(mv[sent:])
             sent = 0
-    except (BlockingIOError, TimeoutError):
-        raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
-    except OSError as exc:
-        raise StreamDown(_describe(exc)) from None
 
 
 def _describe(exc: OSError) -> str:

@@ -26,7 +26,7 @@ import fcntl
 import os
 import socket
 
-from .sockets import StreamDown, send_parts
+from .sockets import StreamDown, send_errors, send_parts
 
 SPLICE_F_MORE = getattr(os, "SPLICE_F_MORE", 4)
 F_SETPIPE_SZ = getattr(fcntl, "F_SETPIPE_SZ", 1031)
@@ -107,16 +107,12 @@ class PageSender:
         if addr is None or not self._open():
             send_parts(sock, [head, payload], idle_s)
             return
-        try:
+        with send_errors(idle_s):
             sock.sendall(head, socket.MSG_MORE)
-        except (BlockingIOError, TimeoutError):
-            raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
-        except OSError as exc:
-            raise StreamDown(exc.strerror or str(exc)) from None
-        self._splice(sock, addr, len(payload), idle_s)
+        self._splice(sock, payload, addr, idle_s)
 
-    def _splice(self, sock: socket.socket, addr: int, n: int, idle_s: float) -> None:
-        fd = sock.fileno()
+    def _splice(self, sock: socket.socket, payload: memoryview, addr: int, idle_s: float) -> None:
+        fd, n = sock.fileno(), len(payload)
         iov = _IoVec()
         off = 0
         while off < n:
@@ -127,31 +123,17 @@ class PageSender:
                 if off == 0 and err in (errno.ENOSYS, errno.EPERM, errno.EINVAL, errno.EFAULT):
                     # Nothing of the payload left yet: turn the path off, send it copied.
                     _turn_off(f"vmsplice failed ({os.strerror(err)})")
-                    self._splice_fallback(sock, addr, n, idle_s)
+                    send_parts(sock, [payload], idle_s)
                     return
                 raise StreamDown(f"vmsplice failed ({os.strerror(err)})")
             off += k
             while k:
-                try:
+                with send_errors(idle_s):
                     m = os.splice(self._r, fd, k, flags=SPLICE_F_MORE if off < n else 0)
-                except (BlockingIOError, TimeoutError):
-                    raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
-                except OSError as exc:
-                    raise StreamDown(exc.strerror or str(exc)) from None
                 if m <= 0:
                     raise StreamDown("splice into the socket moved no data")
                 k -= m
                 self.spliced_bytes += m
-
-    @staticmethod
-    def _splice_fallback(sock: socket.socket, addr: int, n: int, idle_s: float) -> None:
-        view = memoryview((ctypes.c_char * n).from_address(addr)).cast("B")
-        try:
-            sock.sendall(view)
-        except (BlockingIOError, TimeoutError):
-            raise StreamDown(f"peer accepted no data for {idle_s:g} s (idle timeout)") from None
-        except OSError as exc:
-            raise StreamDown(exc.strerror or str(exc)) from None
 
     def close(self) -> None:
         for fd in (self._r, self._w):

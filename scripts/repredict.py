@@ -7,7 +7,7 @@ planned again (`testbed/run/variants.py` `plan_variant`: streams, sharing, place
 and prediction) from the calibration in its summary (`Calibration.from_report`), so a
 change to the planner can be judged against runs it did not see:
 
-    .venv/bin/python scripts/repredict.py results/sweep-paper/p00*
+    .venv/bin/python scripts/repredict.py results/sweep-paper-1f1b/p00*
 
 The README's before/after figures for the planner's channel windows: this script on
 the paper sweep kept at commit 3386d5b (`git worktree add /tmp/old 3386d5b`, then the

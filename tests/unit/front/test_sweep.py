@@ -145,11 +145,27 @@ def test_shipped_sweep_files_expand_on_a_stand_in_base(folder: Path) -> None:
     assert len(rtts) >= 4 and min(rtts) == 10 and max(rtts) == 200
 
 
-@pytest.mark.skipif(not (ROOT / "scenarios" / "atlas-2dc.yaml").exists(),
-                    reason="scenarios/atlas-2dc.yaml (the lead's) is not written yet")
-@pytest.mark.parametrize("name", ["sweep-rtt", "sweep-bandwidth", "sweep-streams"])
+SHIPPED_SWEEPS = sorted(p.stem for p in (ROOT / "scenarios").glob("sweep-*.yaml"))
+
+
+@pytest.mark.parametrize("name", SHIPPED_SWEEPS)
 def test_shipped_sweeps_load_on_their_base(name: str) -> None:
-    assert load_sweep(ROOT / "scenarios" / f"{name}.yaml").points
+    """Every shipped sweep expands on its own base into valid points, named as its file."""
+    plan = load_sweep(ROOT / "scenarios" / f"{name}.yaml")
+    assert plan.points and plan.name == name
+
+
+def test_the_paper_sweep_uses_the_swept_link_at_every_point() -> None:
+    """In sweep-paper.yaml, big-mid (the swept link) is the route between big and mid at
+    every point: big-small-mid stays longer than the longest delay swept."""
+    from testbed_core.topology import parse_topology, shortest_path
+
+    plan = load_sweep(ROOT / "scenarios" / "sweep-paper.yaml")
+    assert len(plan.points) == 8
+    for point in plan.points:
+        topo = parse_topology({k: v for k, v in point.resolved["topology"].items() if not k.startswith("_")})
+        assert sorted(topo.wan[0].between) == ["big", "mid"]
+        assert shortest_path("big", "mid", topo.wan) == ["big", "mid"], point.id
 
 
 # ---------------------------------------------------------------- refusals

@@ -158,12 +158,13 @@ def test_shipped_sweeps_load_on_their_base(name: str) -> None:
 def test_the_paper_sweep_uses_the_swept_link_at_every_point() -> None:
     """In sweep-paper.yaml, big-mid (the swept link) is the route between big and mid at
     every point: big-small-mid stays longer than the longest delay swept."""
-    from testbed_core.topology import parse_topology, shortest_path
+    from testbed.run.scenario import validate_scenario
+    from testbed_core.topology import shortest_path
 
     plan = load_sweep(ROOT / "scenarios" / "sweep-paper.yaml")
     assert len(plan.points) == 8
     for point in plan.points:
-        topo = parse_topology({k: v for k, v in point.resolved["topology"].items() if not k.startswith("_")})
+        topo = validate_scenario(point.resolved).topology
         assert sorted(topo.wan[0].between) == ["big", "mid"]
         assert shortest_path("big", "mid", topo.wan) == ["big", "mid"], point.id
 

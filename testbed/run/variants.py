@@ -13,7 +13,11 @@ way predicted with its own rates: the plan's transfers hold the link ``token_mar
 longer; shared channels move what the collision probe measured).
 
 The prediction uses the calibrated rates (per-flow rate = channel rate / streams)
-instead of the window model, and is made before the variant runs: that is the
+instead of the window model, each WAN path its own; where the calibration also timed a
+placement's paths loaded at once, each path's rate lies between its alone and together
+figures by how loaded the other paths keep it in the predicted iteration (predicted
+once with the together figures, then again with the weighed ones:
+testbed_core/planning/path_load.py). It is made before the variant runs: that is the
 headline `predicted_iteration_time_s`. `repredict` makes it again for the same
 placement and plan with other inputs: real devices' measured stage times (the compute
 model does not know this machine), and, as a diagnostic, the channel rate the
@@ -24,7 +28,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -45,7 +49,9 @@ from testbed.run.calibration import (
 from testbed.run.common import RunnerError, nominal_link
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
+from testbed_core.contracts.summary import PathRatesUsed
 from testbed_core.planning.network import NetParams
+from testbed_core.planning.path_load import load_of, path_loads, weighed_rate
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
 from testbed_core.planning.prediction import (
     Prediction,
@@ -76,6 +82,7 @@ from testbed_core.workload import EffectiveWorkload, Workload
 # (headers, HTB, window dynamics). The fill-the-link stream count fills this much.
 FILL_GOODPUT = 0.85
 SCHEDULE_MARGIN = 0.03  # atlas_schedule auto: another schedule runs only when predicted this much faster
+LOAD_PASSES = 1  # predictions again with each path weighed by the load the last one simulated
 STREAMS_MARGIN = 0.05  # fill-link takes the fewest streams timed within this much of the fastest count
 LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
 MAX_STREAMS = 64
@@ -93,7 +100,10 @@ class PathRates:
     colliding_bps: float | None
     nominal_bps: float | None
     ring_bps: float | None = None
-    together: bool = False  # rate and aggregate timed with the placement's other paths loaded at once
+    # where the placement's other paths were also timed loaded at once: how loaded they
+    # keep this one in the simulated iteration (0 alone, 1 all busy throughout), the
+    # weight its rate and aggregate take between the alone and together figures
+    load: float | None = None
     ring_alone_bps: float | None = None  # one DP ring alone there: the channel rate at the rings' streams
 
 
@@ -147,14 +157,16 @@ class VariantSetup:
     def definition(self) -> VariantDef:
         return self.run.variant
 
-    def paths_used(self) -> list[dict[str, Any]]:
+    def paths_used(self) -> list[PathRatesUsed]:
         """Each WAN path's calibrated figures the prediction used (summary.json
         ``prediction.calibrated_paths``)."""
         def mbps(bps: float | None) -> float | None:
             return None if bps is None else bps / 1e6
-        return [{"dcs": list(pr.dcs), "channel_rate_mbps": mbps(pr.rate_bps),
-                 "colliding_aggregate_mbps": mbps(pr.colliding_bps), "ring_aggregate_mbps": mbps(pr.ring_bps),
-                 "timed": "with the placement's other paths loaded at once" if pr.together else "path alone"}
+        return [PathRatesUsed(dcs=pr.dcs, channel_rate_mbps=mbps(pr.rate_bps),
+                              colliding_aggregate_mbps=mbps(pr.colliding_bps), ring_aggregate_mbps=mbps(pr.ring_bps),
+                              timed="path alone" if pr.load is None else
+                              "alone and with the placement's other paths loaded at once, weighed by their load",
+                              load=pr.load)
                 for pr in self.path_rates.values()]
 
 
@@ -586,7 +598,8 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, base_dir:
             rate, setup.colliding_bps = first.rate_bps, first.colliding_bps
             pc = cal.path(*first.dcs)
             pair = (pc.src, pc.dst) if pc is not None else pair
-    options: dict[str, tuple[Variant, Prediction, float | None]] = {}
+    options: dict[str, tuple[Variant, Prediction, float | None, dict[tuple[str, str], PathRates]]] = {}
+    timed = setup.path_rates
     for way in ("temporal", "shared"):
         if sharing not in (way, "auto"):
             continue
@@ -596,22 +609,40 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, base_dir:
             # a transfer holds its link token_margin longer than its measured time on
             # the wire, so that one running late does not collide with the next
             way_rate = rate / (1 + scenario.runner.token_margin)
-        pred = predict_variant(setup, scenario, workload, base_dir, None if setup.path_rates else way_rate, pair,
-                               local)
-        options[way] = (setup.variant, pred, way_rate)
+        setup.path_rates = timed
+        pred = _predict_loaded(setup, scenario, workload, base_dir, cal, way_rate, pair, local)
+        options[way] = (setup.variant, pred, way_rate, setup.path_rates)
     if len(options) == 2:
         times = {way: opt[1].iteration_time_s for way, opt in options.items()}
         setup.sharing_alternatives = times
         way = choose_sharing(times["temporal"], times["shared"])
     else:
         (way,) = options
-    setup.variant, setup.prediction, setup.rate_bps = options[way]
+    setup.variant, setup.prediction, setup.rate_bps, setup.path_rates = options[way]
     if setup.prediction.plan is None and way == "temporal":
         way = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = way
     if sharing == "auto" and definition.streams == "fill-link" and cal is not None:
         _consider_configured_shared(setup, scenario, workload, base_dir, cal, auto_streams, pair, local)
     return setup
+
+
+def _predict_loaded(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                    cal: Calibration | None, rate_bps: float | None, pair: tuple[str, str] | None,
+                    local: bool) -> Prediction:
+    """`predict_variant` of `setup` (`rate_bps` on every link where it has no per-path
+    figures). Where the calibration also timed the placement's paths loaded at once,
+    the first prediction takes their together figures (every other path busy
+    throughout); it is then made again LOAD_PASSES times, each path's figures weighed
+    by how loaded the last predicted iteration keeps it (``setup.path_rates`` updated)."""
+    pred = predict_variant(setup, scenario, workload, base_dir, None if setup.path_rates else rate_bps, pair, local)
+    if cal is None or all(pr.load is None for pr in setup.path_rates.values()):
+        return pred
+    for _ in range(LOAD_PASSES):
+        loads = path_loads(pred.sim, pred.spec.schedule, setup.placement)
+        setup.path_rates = path_rates_of(setup.placement, scenario, cal, setup.streams, loads)
+        pred = predict_variant(setup, scenario, workload, base_dir, None, pair, local)
+    return pred
 
 
 def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
@@ -639,7 +670,7 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
     first = next((pr for pr in alt.path_rates.values() if pr.rate_bps is not None), None)
     if first is not None:
         rate, alt.colliding_bps = first.rate_bps, first.colliding_bps
-    pred = predict_variant(alt, scenario, workload, base_dir, None if alt.path_rates else rate, pair, local)
+    pred = _predict_loaded(alt, scenario, workload, base_dir, cal, rate, pair, local)
     times = dict(setup.sharing_alternatives or {setup.sharing: setup.prediction.iteration_time_s})
     times[f"shared, {n} streams"] = pred.iteration_time_s
     setup.sharing_alternatives = times
@@ -756,9 +787,13 @@ def wan_uses(scenario: Scenario, runs: Sequence[RunVariant], base_dir: str | Non
     return uses
 
 
-def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, streams: int
-                  ) -> dict[tuple[str, str], PathRates]:
-    """The calibrated figures of every WAN path `placement` crosses, for `streams`."""
+def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, streams: int,
+                  loads: Mapping[frozenset[str], float] | None = None) -> dict[tuple[str, str], PathRates]:
+    """The calibrated figures of every WAN path `placement` crosses, for `streams`.
+    Where the calibration also timed the placement's paths loaded at once, a path's
+    rate and aggregate lie between its alone and together figures by how loaded the
+    other paths keep it (`loads`, testbed_core/planning/path_load.py; None: all of
+    them throughout, the together figures)."""
     out: dict[tuple[str, str], PathRates] = {}
     topo = scenario.topology
     rings = ring_crossings(placement) if _allreduce_on(scenario) else {}
@@ -774,9 +809,11 @@ def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, st
         together = pc.together_for(streams, loaded) if pc and piped and len(loaded) > 1 else None
         rate = pc.rates_bps.get(streams) if pc and piped else None
         colliding = pc.colliding_bps.get(streams) if pc and piped else None
-        if together is not None:  # timed with the placement's other paths loaded at once: what the run sees
-            rate = together.rate_bps if together.rate_bps is not None else rate
-            colliding = together.colliding_bps if together.colliding_bps is not None else colliding
+        load = None
+        if together is not None:  # timed with the placement's other paths loaded at once too
+            load = load_of(loads, a, z)
+            rate = weighed_rate(rate, together.rate_bps, load)
+            colliding = weighed_rate(colliding, together.colliding_bps, load)
         out[(a, z)] = PathRates(
             (a, z),
             rate_bps=rate,
@@ -784,7 +821,7 @@ def path_rates_of(placement: Placement, scenario: Scenario, cal: Calibration, st
             nominal_bps=nominal,
             ring_bps=pc.ring_bps if pc and ringed and pc.ring_streams == streams else None,
             ring_alone_bps=pc.rates_bps.get(streams) if pc and ringed and pc.ring_streams == streams else None,
-            together=together is not None,
+            load=load,
         )
         if pc and ringed and not piped and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
             out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])

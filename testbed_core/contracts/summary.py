@@ -99,9 +99,13 @@ class PathRatesUsed(_Doc):
     channel_rate_mbps: float | None  # one channel alone on the path
     colliding_aggregate_mbps: float | None  # its channels colliding there, in all
     ring_aggregate_mbps: float | None  # the DP rings crossing it, in all each way
-    # "path alone", or "with the placement's other paths loaded at once" (the WAN links' delay
-    # lines share the machine's cores: a calibration probe loads every path the variant crosses)
+    # "path alone", or also "with the placement's other paths loaded at once" (the WAN links'
+    # delay lines share the machine's cores: a calibration probe loads every path the variant
+    # crosses), the figures then weighed by `load`
     timed: str | None = None
+    # how loaded the other paths keep this one in the predicted iteration: over its transfers'
+    # time, the mean share of the other paths busy (0: alone figures, 1: together figures)
+    load: float | None = None
 
 
 class Prediction(_Doc):

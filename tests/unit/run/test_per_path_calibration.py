@@ -66,9 +66,9 @@ def test_each_path_keeps_its_own_rate_in_the_prediction() -> None:
     assert base["slow"].path_rates["mid", "edge"].rate_bps == pytest.approx(2e6)  # 1 stream: a tenth
     assert base["slow"].prediction.iteration_time_s > 1.5 * base["fast"].prediction.iteration_time_s
     assert atlas["slow"].prediction.iteration_time_s == pytest.approx(atlas["fast"].prediction.iteration_time_s)
-    used = {tuple(p["dcs"]): p for p in base["slow"].paths_used()}  # summary.json prediction.calibrated_paths
-    assert used["mid", "edge"]["channel_rate_mbps"] == pytest.approx(2.0) and used["east", "west"]["ring_aggregate_mbps"] is None
-    assert {tuple(p["dcs"]) for p in atlas["slow"].paths_used()} == {("east", "west"), ("west", "mid")}
+    used = {p.dcs: p for p in base["slow"].paths_used()}  # summary.json prediction.calibrated_paths
+    assert used["mid", "edge"].channel_rate_mbps == pytest.approx(2.0) and used["east", "west"].ring_aggregate_mbps is None
+    assert {p.dcs for p in atlas["slow"].paths_used()} == {("east", "west"), ("west", "mid")}
 
 
 def test_the_rings_measured_on_a_path_set_dp_across_dcs_all_reduce() -> None:
@@ -189,10 +189,12 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     assert cal.wall_s is not None and cal.rates_bps == {1: 1e8, 8: 3e8}  # the primary path's, at the top
 
 
-def test_paths_timed_together_set_the_prediction_of_the_placement_that_loads_them() -> None:
-    """A path's figures timed with the other paths of a placement loaded at once replace
-    the figures timed alone for that placement (and the summary says so), not for a
-    placement that loads another set of paths; slower together, predicted slower."""
+def test_paths_timed_together_weigh_the_prediction_of_the_placement_that_loads_them() -> None:
+    """A path's figures timed with the other paths of a placement loaded at once weigh
+    in for that placement, by how loaded the predicted iteration keeps the path (the
+    summary says so and gives the load), not for a placement that loads another set of
+    paths: each rate lies between its alone and together figures, and the prediction
+    between the all-alone and all-together ones."""
     from testbed_core.contracts.calibration import TogetherCalibration
 
     scenario = _scenario()
@@ -206,15 +208,23 @@ def test_paths_timed_together_set_the_prediction_of_the_placement_that_loads_the
                                            colliding_bps=0.5 * r8)]
     before = plan_variant("multi-tcp", scenario, wl, None, alone, None)
     after = plan_variant("multi-tcp", scenario, wl, None, busy, None)
-    assert after.path_rates["east", "west"].rate_bps == pytest.approx(1.2e8)
-    assert after.path_rates["east", "west"].colliding_bps == pytest.approx(1e8)
-    assert after.prediction.iteration_time_s > 1.2 * before.prediction.iteration_time_s
-    used = {tuple(p["dcs"]): p for p in after.paths_used()}
-    assert used["mid", "edge"]["timed"] == "with the placement's other paths loaded at once"
-    assert {p["timed"] for p in before.paths_used()} == {"path alone"}
+    ew = after.path_rates["east", "west"]
+    assert ew.load is not None and 0 < ew.load < 1  # the other paths busy part of its time
+    assert ew.rate_bps == pytest.approx(2e8 - ew.load * 0.4 * 2e8)
+    assert ew.colliding_bps == pytest.approx(1.6e8 - ew.load * (1.6e8 - 1e8))
+    assert before.prediction.iteration_time_s < after.prediction.iteration_time_s
+    with pytest.MonkeyPatch.context() as mp:  # every path weighed as fully loaded: the together figures alone
+        mp.setattr("testbed.run.variants.LOAD_PASSES", 0)
+        together = plan_variant("multi-tcp", scenario, wl, None, busy, None)
+    assert together.path_rates["east", "west"].rate_bps == pytest.approx(1.2e8)
+    assert after.prediction.iteration_time_s < together.prediction.iteration_time_s
+    used = {p.dcs: p for p in after.paths_used()}
+    assert used["mid", "edge"].timed == "alone and with the placement's other paths loaded at once, weighed by their load"
+    assert used["mid", "edge"].load == after.path_rates["mid", "edge"].load
+    assert {p.timed for p in before.paths_used()} == {"path alone"}
     # atlas's placement loads east-west and west-mid only: the three-path figures are not its own
     atlas = plan_variant("atlas", scenario, wl, None, busy, None)
-    assert not any(pr.together for pr in atlas.path_rates.values())
+    assert all(pr.load is None for pr in atlas.path_rates.values())
 
 
 def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch) -> None:

@@ -24,7 +24,7 @@ def _close(a, b) -> bool:
 
 
 def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
-    for name in ("results/sweep-paper-1f1b/p008-delay=100ms-rate=400Mbit/summary.json", "docs/atlas-4dc.summary.json"):
+    for name in ("results/sweep-paper-1f1b/p008-delay=100ms-rate=400Mbit/summary.json", "docs/atlas-4dc/summary.json"):
         data = json.loads((ROOT / name).read_text())["calibration"]
         cal = Calibration.from_report(CalibrationReport.model_validate(data))
         assert cal.paths and all(p.rates_bps and 1 in p.rates_bps for p in cal.paths)

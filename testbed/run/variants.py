@@ -593,38 +593,46 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, base_dir:
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     if cal is not None and cal.paths:
         setup.path_rates = path_rates_of(placement, scenario, cal, streams)
-        first = next((pr for pr in setup.path_rates.values() if pr.rate_bps is not None), None)
+        first = _first_rated(setup.path_rates)
         if first is not None:  # reported as the variant's channel rate: its first crossing's
             rate, setup.colliding_bps = first.rate_bps, first.colliding_bps
             pc = cal.path(*first.dcs)
             pair = (pc.src, pc.dst) if pc is not None else pair
-    options: dict[str, tuple[Variant, Prediction, float | None, dict[tuple[str, str], PathRates]]] = {}
-    timed = setup.path_rates
+    options: dict[str, tuple[Variant, Prediction, float | None, float | None, dict[tuple[str, str], PathRates]]] = {}
+    timed, colliding = setup.path_rates, setup.colliding_bps
     for way in ("temporal", "shared"):
         if sharing not in (way, "auto"):
             continue
         setup.variant = Variant(definition.name, streams, way, strategy)
-        way_rate = rate
-        if rate is not None and way == "temporal":
-            # a transfer holds its link token_margin longer than its measured time on
-            # the wire, so that one running late does not collide with the next
-            way_rate = rate / (1 + scenario.runner.token_margin)
+        # a planned transfer holds its link token_margin longer than its measured time on
+        # the wire, so that one running late does not collide with the next
+        hold = 1 + scenario.runner.token_margin if way == "temporal" else 1.0
         setup.path_rates = timed
-        pred = _predict_loaded(setup, scenario, workload, base_dir, cal, way_rate, pair, local)
-        options[way] = (setup.variant, pred, way_rate, setup.path_rates)
+        pred = _predict_loaded(setup, scenario, workload, base_dir, cal, None if rate is None else rate / hold,
+                               pair, local)
+        first = _first_rated(setup.path_rates)  # the first crossing's figures, as the prediction weighed them
+        way_rate, way_colliding = (rate, colliding) if first is None else (first.rate_bps, first.colliding_bps)
+        options[way] = (setup.variant, pred, None if way_rate is None else way_rate / hold, way_colliding,
+                        setup.path_rates)
     if len(options) == 2:
         times = {way: opt[1].iteration_time_s for way, opt in options.items()}
         setup.sharing_alternatives = times
         way = choose_sharing(times["temporal"], times["shared"])
     else:
         (way,) = options
-    setup.variant, setup.prediction, setup.rate_bps, setup.path_rates = options[way]
+    setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates = options[way]
     if setup.prediction.plan is None and way == "temporal":
         way = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = way
     if sharing == "auto" and definition.streams == "fill-link" and cal is not None:
         _consider_configured_shared(setup, scenario, workload, base_dir, cal, auto_streams, pair, local)
     return setup
+
+
+def _first_rated(path_rates: dict[tuple[str, str], PathRates]) -> PathRates | None:
+    """The first path with a channel rate: the variant's first crossing, whose figures
+    summary.json reports as the variant's calibrated channel rate and aggregate."""
+    return next((pr for pr in path_rates.values() if pr.rate_bps is not None), None)
 
 
 def _predict_loaded(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
@@ -667,10 +675,10 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
     alt.path_rates = path_rates_of(setup.placement, scenario, cal, n) if cal.paths else {}
     rate = cal.rates_bps.get(n)
     alt.colliding_bps = cal.colliding_bps.get(n)
-    first = next((pr for pr in alt.path_rates.values() if pr.rate_bps is not None), None)
+    pred = _predict_loaded(alt, scenario, workload, base_dir, cal, rate, pair, local)
+    first = _first_rated(alt.path_rates)  # the first crossing's figures, as the prediction weighed them
     if first is not None:
         rate, alt.colliding_bps = first.rate_bps, first.colliding_bps
-    pred = _predict_loaded(alt, scenario, workload, base_dir, cal, rate, pair, local)
     times = dict(setup.sharing_alternatives or {setup.sharing: setup.prediction.iteration_time_s})
     times[f"shared, {n} streams"] = pred.iteration_time_s
     setup.sharing_alternatives = times

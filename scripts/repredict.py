@@ -12,7 +12,8 @@ change to the planner can be judged against runs it did not see:
 The README's before/after figures for the planner's channel windows: this script on
 the paper sweep kept at commit 3386d5b (`git worktree add /tmp/old 3386d5b`, then the
 folders /tmp/old/results/sweep-paper/p00*): the `stored` column is the old planner's
-prediction, `now` this checkout's.
+prediction, `now` this checkout's, each with its error as summary.json's
+`prediction_error` gives it (measured / predicted - 1).
 """
 
 from __future__ import annotations
@@ -47,8 +48,8 @@ def main() -> None:
             setup = plan_variant(name, scenario, scenario.workload, scenario.workload_dir, cal, None)
             measured, stored = v["iteration_time_s"], v["predicted_iteration_time_s"]
             now = setup.prediction.iteration_time_s
-            print(f"{run.name[:34]:34} {name:13} {measured:8.3f} {stored:7.3f} {stored / measured - 1:+5.0%} "
-                  f"{now:7.3f} {now / measured - 1:+5.0%}  {setup.streams}, {setup.sharing}")
+            print(f"{run.name[:34]:34} {name:13} {measured:8.3f} {stored:7.3f} {measured / stored - 1:+5.0%} "
+                  f"{now:7.3f} {measured / now - 1:+5.0%}  {setup.streams}, {setup.sharing}")
 
 
 if __name__ == "__main__":

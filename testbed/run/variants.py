@@ -286,20 +286,6 @@ def requested_sharing(variant: str | VariantDef | RunVariant, scenario: Scenario
     return scenario.runner.atlas_sharing if definition.sharing == "auto" else definition.sharing
 
 
-def shared_stream_counts(scenario: Scenario, runs: Sequence[str | RunVariant], cal: Calibration,
-                         auto: int | None, nominal_bps: float | None) -> set[int]:
-    """Stream counts of the variants that may send on a shared link at once: every
-    variant whose sharing is not fixed to temporal, except single-stream ones (a
-    single stream stays under the link and needs no collision measurement)."""
-    counts = set()
-    for run in runs:
-        definition = _definition(run)
-        if definition.streams == "one" or requested_sharing(definition, scenario) == "temporal":
-            continue
-        counts.add(variant_streams(definition, scenario, cal, auto, nominal_bps))
-    return counts
-
-
 # ------------------------------------------------------------------ the prediction's network
 
 def calibrated_topology(topology: Topology, link_bps: float | None, pair: tuple[str, str] | None,

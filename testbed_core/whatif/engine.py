@@ -84,10 +84,6 @@ class EngineResult:
     def ends(self) -> np.ndarray:
         return self.starts + np.tile(self.durations, (self.pipelines, 1))
 
-    def busy_per_device(self) -> np.ndarray:
-        """Compute seconds of each device (pipeline-major)."""
-        return np.tile(self.durations.sum(axis=1), self.pipelines)
-
 
 @dataclass(frozen=True)
 class Compiled:

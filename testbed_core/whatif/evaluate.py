@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -112,7 +111,3 @@ def evaluate(
 
 def outcome_fields() -> list[str]:
     return list(Outcome.model_fields)
-
-
-def as_row(outcome: Outcome, **extra: Any) -> dict[str, Any]:
-    return {**extra, **outcome.model_dump()}

@@ -285,9 +285,6 @@ class ClusterBuild:
             a, b = link.between
             self._placement[names.wan(index[a], index[b])] = self.plan.server_of(a)
 
-    def server_of_node(self, mn_name: str) -> Server:
-        return self._placement[mn_name]
-
     def new_node(self, mn_name: str) -> Any:
         server = self._placement[mn_name]
         ssh = self.plan.ssh_for(server)

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from testbed_core.constants import REPO_ROOT
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import TransportJob
 
 
@@ -104,7 +105,7 @@ def path_links(topology: Any, a: str, b: str) -> tuple[tuple[str, ...], float]:
 def nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
     """The nominal rate of the slowest WAN link between the DCs of two hosts (None
     inside one DC)."""
-    a, b = pair[0].split("-", 1)[0], pair[1].split("-", 1)[0]
+    a, b = dc_of_host(pair[0]), dc_of_host(pair[1])
     if a == b:
         return None
     from testbed_core.topology import shortest_path

@@ -26,6 +26,7 @@ from typing import Any
 from testbed.run.common import RunnerError, path_links
 from testbed.run.ports import PortPlan
 from testbed.run.variants import VariantSetup, grad_wire_bytes
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import (
     ChannelJob,
     DeviceJob,
@@ -240,7 +241,7 @@ def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str]
         rates = {}
         for c in chans:
             links = [topology.link(*d.split("->")).rate for d in c.recv_links]
-            rates[c.boundary] = 0.0 if local else min(links) if links else lan[hosts[wid].split("-", 1)[0]]
+            rates[c.boundary] = 0.0 if local else min(links) if links else lan[dc_of_host(hosts[wid])]
         slowest = max(rates.values(), default=0.0)
         name = devices[wid]
         out[wid] = LiveJob(status_path=str(status_path(run_dir, name)), wake_path=str(wake_path(run_dir, name)),

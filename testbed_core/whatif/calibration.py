@@ -34,6 +34,7 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.summary import Summary, VariantResult, read_summary
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.topology import Topology, TopologyError, parse_topology
@@ -116,7 +117,7 @@ def load_efficiencies(run_dir: str | Path) -> Efficiencies:
         raise CalibrationError(f"{summary_path}: the run has no WAN calibration (runner.calibrate was off, or the "
                                "run used --local): run it over the emulated WAN to calibrate a what-if")
     topo, workload = run_setting(folder)
-    src, dst = cal.src.split("-", 1)[0], cal.dst.split("-", 1)[0]
+    src, dst = dc_of_host(cal.src), dc_of_host(cal.dst)
     if src == dst:
         raise CalibrationError(f"{summary_path}: the calibration ran inside DC {src}: no WAN path was measured")
     model = wan_path(topo, src, dst, 1, NetParams())

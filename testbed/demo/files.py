@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import csv
 import json
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -14,6 +13,7 @@ from testbed.demo.figure import plot
 from testbed.demo.rows import Row, build_rows, format_table
 from testbed.progress import format_duration
 from testbed.report.loading import read_json, read_summary_file
+from testbed_core.atomic import write_text_atomic
 
 
 class DemoError(RuntimeError):
@@ -60,9 +60,7 @@ def write_csv(rows: Sequence[Row], path: Path) -> None:
 def write_json(rows: Sequence[Row], meta: Mapping[str, Any], path: Path) -> None:
     """demo.json: the rows and what the demo ran (`meta`, with the notes `load_rows` needs)."""
     doc = {"rows": [r.as_dict() for r in rows], "meta": dict(meta)}
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(doc, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(doc, indent=2, default=str) + "\n")
 
 
 def subtitle(meta: Mapping[str, Any]) -> str:

@@ -15,7 +15,6 @@ stdin, and answers ``ready`` once, then ``<name> listening``, ``<name> connected
 from __future__ import annotations
 
 import json
-import os
 import sys
 import threading
 import time
@@ -25,6 +24,7 @@ from typing import Any
 
 from testbed.training.worker.channels import connect_with_retry, transport_config
 from testbed.training.worker.job import WorkerError, load_job
+from testbed_core.atomic import write_text_atomic
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 
@@ -171,9 +171,7 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
             result.update(sent=sent, confirmed=confirmed)
         finally:
             ch.close(timeout=5.0)
-    tmp = Path(job.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps(result))
-    os.replace(tmp, job.out)
+    write_text_atomic(job.out, json.dumps(result))
 
 
 def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
@@ -208,6 +206,4 @@ def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
                  for _ in range(job.count)]
     finally:
         ch.close(timeout=5.0)
-    tmp = Path(job.out).with_suffix(".tmp")
-    tmp.write_text(json.dumps({"name": job.name, "times_s": times, "bytes_sent": plan.bytes_sent}))
-    os.replace(tmp, job.out)
+    write_text_atomic(job.out, json.dumps({"name": job.name, "times_s": times, "bytes_sent": plan.bytes_sent}))

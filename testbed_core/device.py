@@ -26,6 +26,23 @@ wall times and the model seconds. To keep transfer-to-compute ratios, whatever d
 the network must scale WAN delays and transfer times by the same factor (window-
 limited TCP rates do not scale linearly; use 1.0 for network experiments).
 
+**Leases: a hold that cannot outlive its slot.** Training (``run``) has priority over
+the work that fills its idle time (``try_run``: BubbleTea's prefill). A ``try_run`` with a
+``deadline`` holds the device under a *lease*: ``<name>.lease.json`` says who holds it
+(pid, owner, label) and until when (``deadline``, plus ``guard_s``); the holder may move the
+deadline (``extend_lease``) as its window is confirmed. The arbiter is the waiting side, not
+the holder's good behaviour: a ``run`` that finds the device taken marks that it wants it
+(``<name>.want/<pid>.<thread>``: a holder sees it between two pieces of its work,
+``should_yield``, and a new ``try_run`` backs off), and waits at most until the lease's
+deadline plus its guard, or not at all once the holder is stopped (SIGSTOP) or gone. Then
+it *revokes* the lease and runs without the lock: a holder that is descheduled, starved of
+CPU, blocked or stopped cannot make training wait past its slot. Revocation and release
+are settled by whoever first creates ``<name>.leases/<lease id>`` (``O_EXCL``), so each lease
+ends exactly one way. Every revocation and every hold that ended after its deadline is a
+JSON line in ``<name>.overruns.jsonl`` (`LeaseEvent`: the request's label, the length past
+the deadline, the cause). A holder killed outright (SIGKILL) loses its ``flock`` with its
+file descriptors, so the device is free at once.
+
 Times are ``time.time()`` (one clock for every process of the machine).
 """
 
@@ -34,6 +51,7 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import json
+import math
 import os
 import re
 import threading
@@ -82,6 +100,10 @@ class WorkRecord:
     overrun_s: float = 0.0  # modelled mode: how far fn() ran past the modelled time
     pid: int = 0
     result: Any = field(default=None, compare=False, repr=False)
+    deadline: float | None = None  # a leased hold (try_run with a deadline): its deadline at release
+    revoked_at: float | None = None  # a leased hold training took back at this time
+    preempted: bool = False  # modelled work cut short because training asked for the device
+    revoked_lease: str = ""  # training work that ran after revoking this lease (without the lock)
 
     @property
     def duration(self) -> float:
@@ -99,6 +121,95 @@ class WorkRecord:
     def from_json(cls, data: dict[str, Any]) -> WorkRecord:
         known = {k: data[k] for k in cls.__dataclass_fields__ if k in data and k != "result"}
         return cls(**known)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A ``try_run`` hold with a deadline, as ``<name>.lease.json`` says it."""
+
+    id: str
+    pid: int
+    owner: str
+    label: str
+    start: float
+    deadline: float  # the holder's slot ends here (wall clock)
+    guard_s: float  # training waits at most deadline + guard_s
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Lease:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
+
+
+@dataclass(frozen=True)
+class LeaseEvent:
+    """One line of ``<name>.overruns.jsonl``.
+
+    ``revoked``: written by the training side when it took the device back (the holder
+    may never release: stopped, killed); ``overrun``: written by the holder when its hold
+    ended after its deadline (``overrun_s`` past it), revoked or not."""
+
+    event: str  # "revoked" | "overrun"
+    device: str
+    lease: str
+    owner: str
+    label: str
+    holder_pid: int
+    deadline: float
+    guard_s: float
+    at: float  # revoked: when training took the device; overrun: when the holder released it
+    overrun_s: float  # how far past the deadline (revoked: at - deadline, may be < 0 for a stopped holder)
+    cause: str  # why, in words: holder state at revocation, or what the holder reports
+    revoked: bool = False
+    by: str = ""  # revoked: the owner of the training work that took the device
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> LeaseEvent:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+def process_state(pid: int) -> str | None:
+    """The one-letter state of process `pid` (/proc/<pid>/stat: R running or runnable,
+    S sleeping, D blocked in I/O, T stopped, t traced, Z zombie), None if it is gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_bytes()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    # the command name is in parentheses and may contain spaces: the state follows the last ')'
+    rest = raw[raw.rfind(b")") + 1:].split()
+    return rest[0].decode() if rest else None
+
+
+_STATE_CAUSE = {
+    "T": "holder stopped (SIGSTOP) while holding the device",
+    "t": "holder stopped by a tracer while holding the device",
+    "R": "holder runnable past its deadline (waiting for a CPU, or still working)",
+    "S": "holder asleep past its deadline (did not wake in time, or slept too long)",
+    "D": "holder blocked in the kernel (I/O) past its deadline",
+    "Z": "holder exited without releasing the device",
+    "X": "holder exited without releasing the device",
+}
+
+
+def _cause_of(state: str | None) -> str:
+    if state is None:
+        return "holder gone (its process no longer exists)"
+    return _STATE_CAUSE.get(state, f"holder in state {state!r} past its deadline")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def merge_intervals(spans: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -175,8 +286,18 @@ class Device:
         self.lock_path = self.dir / f"{name}.lock"
         self.timeline_path = self.dir / f"{name}.timeline.jsonl"
         self.current_path = self.dir / f"{name}.current.json"
+        self.lease_path = self.dir / f"{name}.lease.json"
+        self.overruns_path = self.dir / f"{name}.overruns.jsonl"
+        self.want_dir = self.dir / f"{name}.want"
+        self.settled_dir = self.dir / f"{name}.leases"
         self.lock_path.touch(exist_ok=True)
+        self.want_dir.mkdir(exist_ok=True)
+        self.settled_dir.mkdir(exist_ok=True)
         self._local = threading.Lock()  # orders threads sharing this object before flock
+        self._lease: Lease | None = None  # the lease this object holds now (try_run with a deadline)
+        self._lease_cause = ""
+        self._lease_seq = 0
+        self.poll_s = 0.0005  # how often a waiting run() looks again at a taken device
 
     def __repr__(self) -> str:
         return f"Device({self.name!r}, mode={self.mode!r}, time_scale={self.time_scale:g})"
@@ -185,16 +306,35 @@ class Device:
 
     @contextlib.contextmanager
     def _hold(self, blocking: bool) -> Iterator[bool]:
+        """Hold the device's lock. Blocking (training): wait, but never past a lease's
+        deadline plus its guard (then take the device back: `_wait_or_revoke`); the hold
+        then yields the revoked lease's id instead of True. Non-blocking: only if free
+        now and training does not want it."""
         if not self._local.acquire(blocking=blocking):
             yield False
             return
         try:
             fd = os.open(self.lock_path, os.O_RDWR | os.O_CREAT, 0o666)
             try:
-                try:
-                    fcntl.flock(fd, fcntl.LOCK_EX | (0 if blocking else fcntl.LOCK_NB))
-                except BlockingIOError:
-                    yield False
+                if blocking:
+                    got = self._wait_or_revoke(fd)
+                else:
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                        got = True
+                    except BlockingIOError:
+                        got = False
+                    if got and self.wanted():
+                        fcntl.flock(fd, fcntl.LOCK_UN)  # training asks for it: leave it alone
+                        got = False
+                    if not got:
+                        yield False
+                        return
+                if got is not True:  # revoked: run without the lock, training marked as wanting it
+                    try:
+                        yield got
+                    finally:
+                        self._unwant()
                     return
                 try:
                     yield True
@@ -204,6 +344,181 @@ class Device:
                 os.close(fd)
         finally:
             self._local.release()
+
+    # ---------------------------------------------------- leases (arbiter side)
+
+    def _want_marker(self) -> Path:
+        return self.want_dir / f"{os.getpid()}.{threading.get_ident()}"
+
+    def _unwant(self) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            self._want_marker().unlink()
+
+    def wanted(self) -> bool:
+        """True while training (a `run` of a live process) waits for or runs without
+        the lock on this device: a lease holder should yield, a new `try_run` backs off."""
+        try:
+            names = os.listdir(self.want_dir)
+        except FileNotFoundError:
+            return False
+        for n in names:
+            pid = int(n.split(".", 1)[0]) if n.split(".", 1)[0].isdigit() else 0
+            if pid == os.getpid() or (pid and _alive(pid)):
+                return True
+        return False
+
+    def _wait_or_revoke(self, fd: int) -> bool | str:
+        """Training's side: True once the lock is held; the revoked lease's id once the
+        holder's deadline plus guard has passed (or the holder is stopped)."""
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            pass
+        marker = self._want_marker()
+        marker.touch()
+        try:
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    self._unwant()
+                    return True
+                except BlockingIOError:
+                    pass
+                now = time.time()
+                lease = self.lease()
+                wait = self.poll_s
+                if lease is not None:
+                    if self._revoked_at(lease.id) is not None:
+                        return lease.id  # revoked before (the holder has not woken since)
+                    state = process_state(lease.pid)
+                    limit = lease.deadline + lease.guard_s
+                    if now >= limit or state in ("T", "t", "Z", "X", None):
+                        if self._revoke(lease, state, now):
+                            return lease.id
+                    else:
+                        wait = min(self.poll_s, limit - now)
+                time.sleep(wait)
+        except BaseException:
+            self._unwant()
+            raise
+
+    def _revoke(self, lease: Lease, state: str | None, now: float) -> bool:
+        """Settle `lease` as revoked if its holder has not released it first."""
+        marker = self.settled_dir / lease.id
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+        except FileExistsError:
+            return False  # the holder is releasing it right now
+        try:
+            os.write(fd, json.dumps({"revoked_at": now}).encode())
+        finally:
+            os.close(fd)
+        again = self.lease()
+        if again is None or again.id != lease.id:
+            # the holder had already settled and released it: not a revocation
+            with contextlib.suppress(FileNotFoundError):
+                marker.unlink()
+            return False
+        owner = getattr(self, "_waiting_owner", "")
+        self._append_event(LeaseEvent(
+            "revoked", self.name, lease.id, lease.owner, lease.label, lease.pid, lease.deadline, lease.guard_s,
+            now, now - lease.deadline, _cause_of(state), True, owner))
+        return True
+
+    def lease(self) -> Lease | None:
+        """The lease on the device now, or None (none, or its holder's process is gone)."""
+        try:
+            lease = Lease.from_json(json.loads(self.lease_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
+            return None
+        return lease if _alive(lease.pid) else None
+
+    def _revoked_at(self, lease_id: str) -> float | None:
+        """When training revoked this lease; None if not (or the holder settled it)."""
+        try:
+            return float(json.loads((self.settled_dir / lease_id).read_text())["revoked_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    def overruns(self) -> list[LeaseEvent]:
+        """Every lease revoked by training and every hold that ended after its deadline."""
+        try:
+            lines = self.overruns_path.read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(LeaseEvent.from_json(json.loads(line)))
+            except (json.JSONDecodeError, TypeError):
+                continue
+        return out
+
+    def _append_event(self, event: LeaseEvent) -> None:
+        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
+        fd = os.open(self.overruns_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+        try:
+            os.write(fd, line)
+        finally:
+            os.close(fd)
+
+    # ---------------------------------------------------- leases (holder side)
+
+    def _write_lease(self, lease: Lease) -> None:
+        tmp = self.lease_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(lease.to_json()))
+        os.replace(tmp, self.lease_path)
+
+    def extend_lease(self, deadline: float) -> None:
+        """Holder: move the deadline of the lease it holds (its window was confirmed
+        further, or it commits to less). No-op without a lease."""
+        lease = self._lease
+        if lease is None or deadline == lease.deadline:
+            return
+        self._lease = Lease(lease.id, lease.pid, lease.owner, lease.label, lease.start, deadline, lease.guard_s)
+        self._write_lease(self._lease)
+
+    def lease_cause(self, cause: str) -> None:
+        """Holder: why its hold may end late (recorded if it does): e.g. 'woke 12 ms late'."""
+        self._lease_cause = cause
+
+    def should_yield(self) -> str | None:
+        """Holder, between two pieces of its work: why it must stop now ('revoked': training
+        took the device back; 'wanted': training asks for it), or None."""
+        lease = self._lease
+        if lease is not None and (self.settled_dir / lease.id).exists():
+            return "revoked"
+        if self.wanted():
+            return "wanted"
+        return None
+
+    def _release_lease(self, lease: Lease, end: float) -> float | None:
+        """Settle the lease as released (or learn that training revoked it): the time it
+        was revoked, or None. Records an overrun if the hold ended after its deadline."""
+        marker = self.settled_dir / lease.id
+        revoked_at = None
+        try:
+            fd = os.open(marker, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+            os.close(fd)
+        except FileExistsError:
+            try:
+                revoked_at = float(json.loads(marker.read_text())["revoked_at"])
+            except (OSError, ValueError, KeyError, TypeError):
+                revoked_at = end
+        with contextlib.suppress(FileNotFoundError):
+            self.lease_path.unlink()
+        with contextlib.suppress(FileNotFoundError):
+            marker.unlink()
+        over = end - lease.deadline
+        if over > 1e-4 or revoked_at is not None:
+            cause = self._lease_cause or "the holder released the device after its deadline"
+            if revoked_at is not None:
+                cause = f"revoked by training after {revoked_at - lease.deadline:+.4f} s; {cause}"
+            self._append_event(LeaseEvent(
+                "overrun", self.name, lease.id, lease.owner, lease.label, lease.pid, lease.deadline,
+                lease.guard_s, end, over, cause, revoked_at is not None))
+        return revoked_at
 
     def modelled_seconds(self, flops: float | None, duration_s: float | None, op: str | None = None) -> float:
         """Model seconds of a piece of modelled work: `duration_s` as given, else the
@@ -242,11 +557,23 @@ class Device:
         duration_s: float | None = None,
         fn: Callable[[], Any] | None = None,
         label: str = "",
+        deadline: float | None = None,
+        guard_s: float = 0.0,
     ) -> WorkRecord | None:
-        """Like run(), but only if the device is free right now; None otherwise."""
-        return self._run(kind, owner, flops, duration_s, fn, label, blocking=False)
+        """Like run(), but only if the device is free right now and training does not
+        want it; None otherwise. With `deadline` (wall clock) the hold is a lease:
+        training takes the device back at `deadline + guard_s` whatever this process
+        does (module docstring); modelled work then stops as soon as training asks for
+        the device (the record says ``preempted``), and `fn` should look at
+        `should_yield()` between its pieces."""
+        if deadline is not None and (not math.isfinite(deadline) or guard_s < 0):
+            raise DeviceError(f"{self.name}: a lease needs a finite deadline and guard_s >= 0 "
+                              f"(got deadline={deadline}, guard_s={guard_s})")
+        return self._run(kind, owner, flops, duration_s, fn, label, blocking=False,
+                         deadline=deadline, guard_s=guard_s)
 
-    def _run(self, kind, owner, flops, duration_s, fn, label, *, blocking: bool) -> WorkRecord | None:
+    def _run(self, kind, owner, flops, duration_s, fn, label, *, blocking: bool,
+             deadline: float | None = None, guard_s: float = 0.0) -> WorkRecord | None:
         if not kind or not owner:
             raise DeviceError(f"{self.name}: work needs a kind (e.g. {', '.join(KINDS)}) and an owner")
         modelled = None
@@ -255,13 +582,21 @@ class Device:
         elif fn is None:
             raise DeviceError(f"{self.name}: real mode runs fn(); pass fn= (or use mode='modelled')")
         requested = time.time()
+        self._waiting_owner = owner
         with self._hold(blocking) as held:
             if not held:
                 return None
             start = time.time()
+            lease = None
+            if deadline is not None:
+                self._lease_seq += 1
+                lease = Lease(f"{os.getpid()}-{threading.get_ident()}-{self._lease_seq}-{int(start * 1e6)}",
+                              os.getpid(), owner, label, start, float(deadline), float(guard_s))
+                self._lease, self._lease_cause = lease, ""
+                self._write_lease(lease)
             expected = None if modelled is None else start + modelled * self.time_scale
             self._write_current(kind, owner, label, start, expected)
-            result, overrun = None, 0.0
+            result, overrun, preempted = None, 0.0, False
             try:
                 if fn is not None:
                     result = fn()
@@ -270,16 +605,26 @@ class Device:
                 if expected is not None:
                     now = time.time()
                     if now < expected:
-                        _sleep_until(expected)
+                        preempted = not _sleep_until(expected, self.should_yield if lease is not None else None)
                     else:
                         overrun = (now - expected) / self.time_scale
                 end = time.time()
+                revoked_at = None
+                if lease is not None:
+                    final = self._lease or lease
+                    self._lease = None
+                    revoked_at = self._release_lease(final, end)
+                    deadline = final.deadline
                 record = WorkRecord(
                     self.name, kind, owner, label, requested, start, end, self.mode,
                     modelled, flops, overrun, os.getpid(), result,
+                    deadline, revoked_at, preempted, held if isinstance(held, str) else "",
                 )
                 self._append(record)
             finally:
+                if self._lease is not None:  # fn raised: settle the lease all the same
+                    failed, self._lease = self._lease, None
+                    self._release_lease(failed, time.time())
                 with contextlib.suppress(FileNotFoundError):
                     self.current_path.unlink()
             return record
@@ -354,10 +699,16 @@ class Device:
         return idle_gaps(self.timeline(since=t0), t0, t1, min_s)
 
 
-def _sleep_until(deadline: float) -> None:
-    """Sleep to a wall-clock deadline (no spinning: the machine's cores are shared)."""
+def _sleep_until(deadline: float, stop: Callable[[], Any] | None = None, slice_s: float = 0.002) -> bool:
+    """Sleep to a wall-clock deadline (no spinning: the machine's cores are shared); with
+    `stop`, look at it every `slice_s` and return False as soon as it is true."""
     while (left := deadline - time.time()) > 0:
+        if stop is not None:
+            if stop():
+                return False
+            left = min(left, slice_s)
         time.sleep(left)
+    return True
 
 
 def write_timeline_csv(records: list[WorkRecord], path: str | Path) -> None:

@@ -178,3 +178,151 @@ def test_two_processes_share_one_device(tmp_path: Path, child_env: dict[str, str
     assert recs[-1].end - recs[0].start >= 0.6 - 1e-3  # serialised: 6 x 0.1 s
     assert max(r.wait_s for r in recs) > 0.05  # someone really waited
     assert recs[0].start >= t0
+
+
+# ----------------------------------------------------------------- leases (issue 30)
+
+_HOLDER = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from testbed_core.device import Device
+    run_dir, lease_s, guard_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
+    dev = Device("gpu0", run_dir)
+    def fn():
+        Path(run_dir, "held").write_text("x")
+        t_end = time.time() + 30
+        while time.time() < t_end:      # a holder that never looks at should_yield()
+            time.sleep(0.01)
+            if Path(run_dir, "go").exists():
+                return
+    dev.try_run("prefill", "bubbletea:gpu0", duration_s=0.0, fn=fn, label="r1601:hold",
+                deadline=time.time() + lease_s, guard_s=guard_s)
+""")
+
+
+def _start_holder(tmp_path: Path, lease_s: float, guard_s: float) -> subprocess.Popen:
+    proc = subprocess.Popen([sys.executable, "-c", _HOLDER, str(tmp_path), str(lease_s), str(guard_s)],
+                            cwd=Path(__file__).resolve().parents[3])
+    t_end = time.time() + 30
+    while not (tmp_path / "held").exists():
+        assert proc.poll() is None, "the holder process died before holding the device"
+        assert time.time() < t_end, "the holder never held the device"
+        time.sleep(0.01)
+    return proc
+
+
+def test_training_revokes_a_lease_past_its_deadline_plus_guard(tmp_path: Path) -> None:
+    """A holder that ignores its deadline (as a starved or descheduled one does) cannot
+    make training wait past deadline + guard; both sides record the overrun."""
+    holder = _start_holder(tmp_path, lease_s=0.3, guard_s=0.05)
+    try:
+        dev = Device("gpu0", tmp_path)
+        lease = dev.lease()
+        assert lease is not None and lease.label == "r1601:hold" and lease.pid == holder.pid
+        rec = dev.run("forward", "train:p0r0", duration_s=0.01, label="F0")
+        assert rec.revoked_lease == lease.id
+        assert rec.start >= lease.deadline + lease.guard_s - 1e-3
+        assert rec.start < lease.deadline + 5.0  # not the holder's 30 s
+        (tmp_path / "go").write_text("x")
+        assert holder.wait(30) == 0
+    finally:
+        holder.kill()
+    events = dev.overruns()
+    revoked = [e for e in events if e.event == "revoked"]
+    assert len(revoked) == 1 and revoked[0].label == "r1601:hold" and revoked[0].by == "train:p0r0"
+    assert "past its deadline" in revoked[0].cause
+    overrun = [e for e in events if e.event == "overrun"]
+    assert len(overrun) == 1 and overrun[0].revoked and overrun[0].overrun_s > 0
+    assert "revoked by training" in overrun[0].cause
+    held = [r for r in dev.timeline() if r.kind == "prefill"]
+    assert held and held[0].revoked_at is not None and held[0].deadline == lease.deadline
+
+
+def test_a_sigstopped_holder_gives_the_device_back_at_once(tmp_path: Path) -> None:
+    import os
+    import signal
+
+    holder = _start_holder(tmp_path, lease_s=30.0, guard_s=0.05)
+    try:
+        os.kill(holder.pid, signal.SIGSTOP)
+        dev = Device("gpu0", tmp_path)
+        t0 = time.time()
+        rec = dev.run("forward", "train:p0r0", duration_s=0.01, label="F0")
+        assert rec.revoked_lease  # took the device without the holder's lock
+        assert rec.start - t0 < 5.0  # not the lease's 30 s: a stopped holder cannot use it
+        rec2 = dev.run("backward", "train:p0r0", duration_s=0.01, label="B0")  # and again, still stopped
+        assert rec2.revoked_lease == rec.revoked_lease
+        (revoked,) = [e for e in dev.overruns() if e.event == "revoked"]
+        assert "stopped (SIGSTOP)" in revoked.cause and revoked.overrun_s < 0
+        # the holder wakes: it may not take the device while training wants it; it ends
+        os.kill(holder.pid, signal.SIGCONT)
+        (tmp_path / "go").write_text("x")
+        assert holder.wait(30) == 0
+    finally:
+        holder.kill()
+    assert dev.run("forward", "train:p0r0", duration_s=0.0).revoked_lease == ""  # the lock again
+
+
+def test_a_killed_holder_frees_the_device(tmp_path: Path) -> None:
+    holder = _start_holder(tmp_path, lease_s=30.0, guard_s=0.05)
+    holder.kill()
+    holder.wait(30)
+    dev = Device("gpu0", tmp_path)
+    assert dev.lease() is None  # its lease file names a process that is gone
+    rec = dev.run("forward", "train:p0r0", duration_s=0.01)
+    assert rec.revoked_lease == ""  # the kernel dropped its flock with its files
+
+
+def test_holder_yields_when_training_asks_and_try_run_backs_off(tmp_path: Path) -> None:
+    holder_dev, train_dev = Device("gpu0", tmp_path), Device("gpu0", tmp_path)
+    stopped: list[str | None] = []
+    held = threading.Event()
+
+    def fn() -> None:
+        held.set()
+        t_end = time.time() + 10
+        while time.time() < t_end:
+            why = holder_dev.should_yield()
+            if why is not None:
+                stopped.append(why)
+                return
+            time.sleep(0.001)
+
+    t = threading.Thread(target=lambda: holder_dev.try_run(
+        "prefill", "agent", duration_s=0.0, fn=fn, label="r1:hold", deadline=time.time() + 10, guard_s=0.01))
+    t.start()
+    assert held.wait(10)
+    rec = train_dev.run("forward", "train", duration_s=0.01)
+    t.join(10)
+    assert stopped == ["wanted"] and rec.revoked_lease == ""
+    assert train_dev.overruns() == []  # released before its deadline: nothing to record
+    # while training marks the device as wanted, a new try_run does not take it
+    marker = train_dev.want_dir / f"{__import__('os').getpid()}.1"
+    marker.touch()
+    try:
+        assert holder_dev.try_run("prefill", "agent", duration_s=0.0) is None
+    finally:
+        marker.unlink()
+    assert holder_dev.try_run("prefill", "agent", duration_s=0.0) is not None
+
+
+def test_modelled_leased_work_is_preempted_when_training_asks(tmp_path: Path) -> None:
+    agent_dev, train_dev = Device("gpu0", tmp_path), Device("gpu0", tmp_path)
+    box: dict[str, WorkRecord | None] = {}
+    t = threading.Thread(target=lambda: box.update(rec=agent_dev.try_run(
+        "prefill", "agent", duration_s=5.0, label="r2:0:512", deadline=time.time() + 10)))
+    t.start()
+    t_end = time.time() + 10
+    while agent_dev.lease() is None and time.time() < t_end:
+        time.sleep(0.001)
+    train_dev.run("forward", "train", duration_s=0.0)
+    t.join(10)
+    rec = box["rec"]
+    assert rec is not None and rec.preempted and rec.duration < 5.0
+
+
+def test_a_lease_needs_a_finite_deadline(tmp_path: Path) -> None:
+    with pytest.raises(DeviceError, match="a lease needs a finite deadline and guard_s >= 0"):
+        Device("gpu0", tmp_path).try_run("prefill", "agent", duration_s=0.0, deadline=float("inf"))
+    with pytest.raises(DeviceError, match="guard_s=-1"):
+        Device("gpu0", tmp_path).try_run("prefill", "agent", duration_s=0.0, deadline=1.0, guard_s=-1)

@@ -50,6 +50,7 @@ from typing import IO, Any
 import numpy as np
 import xxhash
 
+from testbed.emulation.iperf import iperf3_client, iperf3_server
 from testbed_core.constants import REPO_ROOT
 
 METHODS = ("atlas", "tcp", "gloo", "iperf3")
@@ -321,9 +322,6 @@ def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
     return {"streams": 1, "samples_mbps": _goodput(a.size, seconds), **cpu.fields()}
 
 
-_KEEP: list[Any] = []  # iperf3 wrapper objects must outlive the process (their __del__ closes stdio)
-
-
 def _free_port(bind: str) -> int:
     with socket.socket() as s:
         s.bind((bind, 0))
@@ -331,41 +329,24 @@ def _free_port(bind: str) -> int:
 
 
 def serve_iperf3(a: argparse.Namespace) -> dict[str, Any]:
-    import iperf3
-
     port = a.port or _free_port(a.bind)
     _emit("ready", port=port)
     received = []
     cpu = _CpuMeter()
     for _ in range(a.count):
-        srv = iperf3.Server()
-        _KEEP.append(srv)
-        srv.bind_address, srv.port, srv.verbose = a.bind, port, False
         cpu.start()  # waiting for the client costs no CPU
-        r = srv.run()
+        r = iperf3_server(a.bind, port)
         received.append(0 if r is None or r.error else r.received_bytes)
         cpu.stop(received[-1])
     return {"verified": all(received), "received": len(received), **cpu.fields()}
 
 
 def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
-    import iperf3
-
     samples, verified = [], True
     cpu = _CpuMeter()
     for _ in range(a.repeat):
-        deadline = time.monotonic() + a.timeout
-        while True:
-            c = iperf3.Client()
-            _KEEP.append(c)
-            c.server_hostname, c.port, c.num_streams = a.host, a.port, int(a.streams)
-            c.duration, c.verbose = max(1, round(a.seconds)), False
-            cpu.start()
-            r = c.run()
-            if r.error and "connect" in r.error.lower() and time.monotonic() < deadline:
-                time.sleep(0.1)  # the server runs its next test in a moment
-                continue
-            break
+        cpu.start()
+        r = iperf3_client(a.host, a.port, int(a.streams), max(1, round(a.seconds)), connect_timeout=a.timeout)
         if r.error:
             raise BenchError(f"iperf3 -P {a.streams} to {a.host}:{a.port} failed: {r.error}")
         cpu.stop(r.received_bytes)

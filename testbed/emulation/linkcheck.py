@@ -43,6 +43,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from testbed.emulation import pcapcheck, trainstats
+from testbed.emulation.iperf import iperf3_client, iperf3_server
 from testbed.emulation.probe import GSO_SEGMENT
 
 if TYPE_CHECKING:
@@ -623,52 +624,16 @@ def compare_streams(emu: Emulation, a: str, b: str, few: int = 1, many: int = 8,
 # --------------------------------------------------------------------------- in-node iperf3 entry points
 
 
-def _grow_pipe(obj: Any) -> None:
-    """The wrapper captures libiperf's JSON through a pipe it reads only at the end;
-    a large result (many streams) would block on a default 64 KiB pipe."""
-    import fcntl
-
-    try:
-        fcntl.fcntl(obj._pipe_in, 1031, 1 << 20)  # F_SETPIPE_SZ
-    except (OSError, AttributeError):
-        pass
-
-
 def _server_main(bind: str, port: int) -> int:
-    import iperf3
-
-    server = iperf3.Server()
-    _grow_pipe(server)
-    server.bind_address = bind
-    server.port = port
-    server.verbose = False
-    result = server.run()
+    result = iperf3_server(bind, port)
     return 0 if result is not None and not getattr(result, "error", None) else 1
 
 
 def _client_main(server_ip: str, port: int, streams: int, duration: int, omit: int,
                  connect_timeout: float = 10.0) -> int:
-    import iperf3
-
-    deadline = time.monotonic() + connect_timeout
-    while True:
-        client = iperf3.Client()
-        _grow_pipe(client)
-        client.server_hostname = server_ip
-        client.port = port
-        client.num_streams = streams
-        client.duration = duration
-        client.omit = omit
-        client.verbose = False
-        result = client.run()
-        error = result.error
-        if error and "connect" in error.lower() and time.monotonic() < deadline:
-            del client
-            time.sleep(0.1)  # the server is not listening yet
-            continue
-        break
-    if error:
-        print(json.dumps({"bps": None, "error": error}))
+    result = iperf3_client(server_ip, port, streams, duration, omit, connect_timeout)
+    if result.error:
+        print(json.dumps({"bps": None, "error": result.error}))
         return 1
     print(json.dumps({"bps": result.received_bps, "sent_bps": result.sent_bps,
                       "retransmits": result.retransmits, "streams": streams}))

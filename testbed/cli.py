@@ -21,6 +21,7 @@ COMMANDS: dict[str, str] = {
     "plan": "testbed.commands.plan:plan",
     "whatif": "testbed.commands.whatif:whatif",
     "run": "testbed.commands.run:run",
+    "launch": "testbed.commands.launch:launch",
     "sweep": "testbed.commands.sweep:sweep",
     "report": "testbed.commands.report:report",
     "demo": "testbed.commands.demo:demo",

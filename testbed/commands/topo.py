@@ -1,4 +1,5 @@
-"""`testbed topo show|up|check FILE`: look at, open, and verify an emulated topology."""
+"""`testbed topo show|up|check FILE`: look at, open, and verify an emulated topology;
+`testbed topo up --detach`, `down NAME`, `list`: topologies kept up for `testbed launch --attach`."""
 
 from __future__ import annotations
 
@@ -225,12 +226,23 @@ def show(file: str, servers: str | None) -> None:
 @click.option("--backend", type=BACKENDS, default="auto", show_default=True,
               help="delay backend: kernel netem, the userspace relay, or auto")
 @SERVERS_OPTION
-def up(file: str, backend: str, servers: str | None) -> None:
-    """Build FILE, open Mininet's CLI on it, tear it down when the CLI exits."""
+@click.option("--detach", is_flag=True,
+              help="keep the topology up in the background instead of opening Mininet's CLI: "
+                   "`testbed launch --attach NAME -- COMMAND` runs programs on it, `testbed topo down NAME` ends it")
+@click.option("--name", "name", default=None, metavar="NAME",
+              help="with --detach: the name to attach by (default: the topology's name)")
+def up(file: str, backend: str, servers: str | None, detach: bool, name: str | None) -> None:
+    """Build FILE, open Mininet's CLI on it, tear it down when the CLI exits
+    (with --detach: keep it up in the background until `testbed topo down NAME`)."""
     from testbed.emulation.mininet_cli import run_cli
     from testbed.emulation.network import Emulation
 
     topology = _load(file, servers)
+    if name is not None and not detach:
+        raise click.UsageError("--name names a topology kept up with --detach; add --detach")
+    if detach:
+        _up_detached(file, topology, name or topology.name, backend, servers)
+        return
     say = _stderr_progress()
     try:
         emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
@@ -241,6 +253,57 @@ def up(file: str, backend: str, servers: str | None) -> None:
         say(f"torn down in {emu.teardown_s:.2f} s")
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _up_detached(file: str, topology: Topology, name: str, backend: str, servers: str | None) -> None:
+    from testbed.launch.detach import start_detached
+    from testbed.launch.plan import LaunchError
+
+    say = _stderr_progress()
+    try:
+        state = start_detached(file, name, backend=None if backend == "auto" else backend, servers=servers, say=say)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        click.echo("interrupted: the topology was torn down", err=True)
+        sys.exit(130)
+    say(f"{state.topology} is up as {state.name!r} (run {state.prefix}, daemon pid {state.daemon_pid}, "
+        f"{len(state.hosts)} hosts: {', '.join(h.name for h in state.hosts)})")
+    say(f"run programs on it: testbed launch --attach {state.name} -- COMMAND; "
+        f"end it: testbed topo down {state.name}")
+    click.echo(state.name)
+
+
+@topo.command()
+@click.argument("name")
+def down(name: str) -> None:
+    """Tear down the topology kept up as NAME (`testbed topo up --detach`) and wait until it is gone."""
+    from testbed.launch.detach import stop_detached
+    from testbed.launch.plan import LaunchError
+
+    t0 = time.monotonic()
+    try:
+        state = stop_detached(name)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    click.echo(f"{state.name} ({state.topology}, run {state.prefix}) torn down in {time.monotonic() - t0:.2f} s",
+               err=True)
+
+
+@topo.command(name="list")
+def list_() -> None:
+    """List the topologies kept up with `testbed topo up --detach`."""
+    from testbed.launch.detach import list_detached
+
+    rows = []
+    for state, alive in list_detached():
+        age = time.time() - state.built
+        rows.append([state.name, state.topology, state.prefix, str(len(state.hosts)), str(state.daemon_pid),
+                     f"{age / 60:.0f} min", "up" if alive else "daemon gone: `testbed clean`"])
+    if not rows:
+        click.echo("no detached topologies (start one with `testbed topo up FILE --detach`)")
+        return
+    click.echo(_table(["name", "topology", "run", "hosts", "daemon", "up for", "state"], rows))
 
 
 @topo.command()

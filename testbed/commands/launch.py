@@ -1,0 +1,205 @@
+"""`testbed launch TOPOLOGY [options] -- COMMAND [ARGS...]`: an unchanged program once
+per rank in the emulated hosts, with torchrun's environment (``env://``)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import click
+
+EPILOG = """\b
+Examples:
+  sudo .venv/bin/testbed launch topologies/2dc.yaml --env BACKEND=gloo -- .venv/bin/python train.py
+  sudo .venv/bin/testbed launch topologies/2dc.yaml --hosts dc1-h1,dc2-h1 --nproc-per-host 2 -- python -u prog.py
+  sudo .venv/bin/testbed topo up topologies/2dc.yaml --detach --name dev
+  sudo .venv/bin/testbed launch --attach dev -- .venv/bin/python train.py
+
+\b
+Each rank gets RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR
+(rank 0's emulated address), MASTER_PORT, TESTBED_DC, TESTBED_HOST, GLOO_SOCKET_IFNAME and
+TP_SOCKET_IFNAME (its host's interface), OMP_NUM_THREADS=1 and PYTHONUNBUFFERED=1 unless
+set; the rest of your environment and your working folder are kept. Output lines show
+as [rank K DC/HOST]; every rank's whole stdout/stderr and launch.json (exit codes, wall
+times, WAN bytes each way, every JSON line a rank printed) go to --out. The first rank
+that fails ends the others (SIGTERM, SIGKILL 2 s later) and the launch exits 1 naming it.
+"""
+
+
+def _progress() -> Any:
+    t0 = time.monotonic()
+
+    def say(message: str) -> None:
+        click.echo(f"[{time.monotonic() - t0:6.1f}s] {message}", err=True)
+
+    return say
+
+
+@click.command(context_settings={"ignore_unknown_options": False}, epilog=EPILOG)
+@click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="TOPOLOGY -- COMMAND [ARGS]...")
+@click.option("--hosts", default=None, metavar="H1,H2,...",
+              help="the hosts to start ranks on, in rank order, by name (dc1-h1,dc2-h1; `testbed topo show` "
+                   "lists them); default: every host, DCs in file order, hosts in DC order")
+@click.option("--nproc-per-host", type=int, default=1, show_default=True, metavar="N",
+              help="ranks per host (consecutive RANKs, LOCAL_RANK 0..N-1), like torchrun's --nproc-per-node")
+@click.option("--env", "env_items", multiple=True, metavar="KEY=VALUE",
+              help="add KEY=VALUE to every rank's environment (repeatable; wins over your environment)")
+@click.option("--master-port", type=click.IntRange(1, 65535), default=None, metavar="PORT",
+              help="MASTER_PORT of rank 0's rendezvous (default: a free port)")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(min=0, min_open=True), default=None, metavar="SECONDS",
+              help="end every rank and fail when the launch takes longer (e.g. a program that never connects)")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None, metavar="DIR",
+              help="folder for rank-K.stdout, rank-K.stderr and launch.json (default: results/launch-<time>/)")
+@click.option("--attach", "attach", default=None, metavar="NAME",
+              help="run on the topology kept up by `testbed topo up --detach --name NAME` (no TOPOLOGY then; "
+                   "it stays up afterwards)")
+@click.option("--backend", type=click.Choice(["auto", "netem", "relay"]), default="auto", show_default=True,
+              help="delay backend of the topology built for this launch")
+@click.option("--servers", "servers", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="place the DCs on servers reached over SSH (as `testbed topo up --servers`); COMMAND and the "
+                   "working folder must exist at the same path there")
+@click.option("--inventory", "inventory", type=click.Path(dir_okay=False), default=None, metavar="FILE",
+              help="real machines instead of the emulation (not yet supported by launch)")
+@click.option("--quiet", "-q", is_flag=True, help="do not show the ranks' output (it is still saved in --out)")
+def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_items: tuple[str, ...],
+           master_port: int | None, timeout_s: float | None, out_dir: str | None, attach: str | None,
+           backend: str, servers: str | None, inventory: str | None, quiet: bool) -> None:
+    """Start COMMAND once per rank in the emulated hosts of TOPOLOGY, wait, report, tear down.
+
+    Builds TOPOLOGY (or uses the one kept up with --attach), starts COMMAND in each
+    rank's host namespace with the environment torchrun gives, so an unchanged
+    ``init_process_group("gloo")`` (env://) program runs across the emulated WAN.
+    Exit status: 0 when every rank exits 0, 1 when one fails or --timeout ends it,
+    130 on Ctrl-C (every rank is ended and the topology torn down).
+    """
+    from testbed.launch.models import LaunchSpec
+    from testbed.launch.plan import LaunchError, parse_env, parse_hosts, resolve_command
+
+    if inventory is not None:
+        raise click.ClickException(
+            "--inventory: launching on real machines is not yet supported by `testbed launch` (issue 28); "
+            "`testbed run SCENARIO --inventory FILE` runs the testbed's own workers there")
+    if attach is None:
+        if not args:
+            raise click.UsageError("give the TOPOLOGY file and the command after `--`, e.g. "
+                                   "testbed launch topologies/2dc.yaml -- .venv/bin/python train.py")
+        topology_file, command = args[0], list(args[1:])
+    else:
+        if args and args[0].endswith((".yaml", ".yml")) and Path(args[0]).is_file():
+            raise click.UsageError(f"--attach {attach} runs on the topology kept up under that name: "
+                                   f"drop {args[0]}")
+        topology_file, command = None, list(args)
+        if servers is not None or backend != "auto":
+            raise click.UsageError("--servers and --backend are for a topology built by this launch, not --attach")
+    cwd = os.getcwd()
+    try:
+        env = parse_env(env_items)
+        resolve_command(command, cwd)
+        spec = LaunchSpec(command=command, hosts=parse_hosts(hosts), nproc_per_host=max(1, nproc_per_host), env=env,
+                          master_port=master_port, timeout_s=timeout_s, cwd=cwd)
+        if nproc_per_host < 1:
+            from testbed.launch.plan import plan_ranks
+
+            plan_ranks([], None, nproc_per_host)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    out = Path(out_dir) if out_dir else Path("results") / f"launch-{time.strftime('%Y%m%d-%H%M%S')}"
+    _check_out(out)
+    say = _progress()
+    if attach is not None:
+        report = _attached(attach, spec, out, quiet, say)
+    else:
+        assert topology_file is not None
+        spec.topology_file = str(Path(topology_file).resolve())
+        report = _built(topology_file, servers, backend, spec, out, quiet, say)
+    _summary(report, out)
+    if not report.ok:
+        click.echo(f"launch failed: {report.failure}", err=True)
+        sys.exit(1)
+
+
+def _check_out(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        probe = out / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise click.ClickException(f"--out {out}: cannot write there ({exc.strerror or exc}); "
+                                   "give another folder") from None
+
+
+def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+    from testbed.commands.topo import _load, _user_errors
+    from testbed.emulation.addressing import plan_addresses
+    from testbed.emulation.naming import display_host
+    from testbed.emulation.network import Emulation
+    from testbed.launch.plan import HostSlot, LaunchError, plan_ranks
+    from testbed.launch.run import run_launch
+
+    topology = _load(file, servers)
+    try:  # every input checked before anything is built
+        plan = plan_addresses(topology)
+        slots = [HostSlot(display_host(dc.name, h), dc.name, ip, "")
+                 for dc, dplan in zip(topology.dcs, plan.dcs, strict=True) for h, ip in zip(dc.hosts, dplan.host_ips,
+                                                                                          strict=True)]
+        plan_ranks(slots, spec.hosts, spec.nproc_per_host)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    except _user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    try:
+        emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
+        with emu:
+            say(f"built {topology.name} in {emu.build_s:.2f} s (delay backend {emu.delay_backend}, run {emu.prefix})")
+            report = run_launch(emu, spec, out_dir=out, echo=not quiet, progress=say)
+            say("tearing down")
+        say(f"torn down in {emu.teardown_s:.2f} s")
+        return report
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    except _user_errors() as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+        click.echo(f"interrupted: every rank was ended and the topology torn down; logs in {out}", err=True)
+        sys.exit(code if isinstance(code, int) else 1)
+
+
+def _attached(name: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+    from testbed.launch.detach import Attached
+    from testbed.launch.plan import LaunchError
+    from testbed.launch.run import run_launch
+
+    def unwind(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with Attached.connect(name) as site:
+            say(f"attached to {name} ({site.topology_name}, run {site.prefix})")
+            return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+        click.echo(f"interrupted: every rank was ended ({name} stays up); logs in {out}", err=True)
+        sys.exit(code if isinstance(code, int) else 1)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
+def _summary(report: Any, out: Path) -> None:
+    lines = [f"{'rank':>4}  {'host':<12} {'exit':>6} {'wall s':>8}  metrics"]
+    for r in report.ranks:
+        code = "-" if r.exit_code is None else str(r.exit_code)
+        lines.append(f"{r.rank:>4}  {r.dc + '/' + r.host:<12} {code:>6} {r.wall_s:>8.2f}  {len(r.metrics)}")
+    for w in report.wan_bytes:
+        lines.append(f"WAN {w.link}: {w.a}->{w.b} {w.a_to_b_bytes:,} B, {w.b}->{w.a} {w.b_to_a_bytes:,} B")
+    lines.append(f"{'ok' if report.ok else 'FAILED'} in {report.wall_s:.2f} s; launch.json and logs in {out}")
+    click.echo("\n".join(lines), err=True)

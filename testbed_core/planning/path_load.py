@@ -11,36 +11,12 @@ and `weighed_rate` puts the path's rate where it falls between its two figures.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 
+from testbed_core.intervals import Interval, overlap, union
 from testbed_core.planning.placement import Placement
 from testbed_core.schedules import Schedule
 from testbed_core.simulate import SimResult
-
-Interval = tuple[float, float]
-
-
-def union(intervals: Iterable[Interval]) -> list[Interval]:
-    """`intervals` merged where they overlap or touch, in time order (empty ones dropped)."""
-    out: list[Interval] = []
-    for start, end in sorted(iv for iv in intervals if iv[1] > iv[0]):
-        if out and start <= out[-1][1]:
-            out[-1] = (out[-1][0], max(out[-1][1], end))
-        else:
-            out.append((start, end))
-    return out
-
-
-def overlap(a: list[Interval], b: list[Interval]) -> float:
-    """Seconds two merged, time-ordered interval lists (`union`) have in common."""
-    total, i, j = 0.0, 0, 0
-    while i < len(a) and j < len(b):
-        total += max(0.0, min(a[i][1], b[j][1]) - max(a[i][0], b[j][0]))
-        if a[i][1] < b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return total
 
 
 def path_busy(sim: SimResult, schedule: Schedule, placement: Placement) -> dict[frozenset[str], list[Interval]]:

@@ -8,10 +8,8 @@ import pytest
 
 from testbed_core.planning.path_load import (
     load_of,
-    overlap,
     path_busy,
     path_loads,
-    union,
     weighed_rate,
 )
 from testbed_core.planning.placement import Placement
@@ -29,17 +27,6 @@ def _sim(*spans: tuple[int, int, str, float, float]) -> SimResult:
     """Transfers (pipeline, boundary, direction, start, end) of one iteration."""
     ts = [TransferSpan(TransferKey(p, b, 0, d), s, s, e, e, 1.0, ()) for p, b, d, s, e in spans]  # type: ignore[arg-type]
     return SimResult(max(t.end for t in ts), [], ts, 2, 3)
-
-
-def test_union_merges_overlapping_and_touching_intervals_and_drops_empty_ones() -> None:
-    assert union([(3, 4), (0, 1), (0.5, 2), (2, 2.5), (5, 5)]) == [(0, 2.5), (3, 4)]
-    assert union([]) == []
-
-
-def test_overlap_is_the_time_two_merged_lists_share() -> None:
-    assert overlap([(0, 2), (3, 5)], [(1, 4)]) == pytest.approx(2.0)
-    assert overlap([(0, 1)], [(1, 2)]) == 0.0
-    assert overlap([], [(0, 9)]) == 0.0
 
 
 def test_transfers_are_grouped_by_the_dc_pair_their_boundary_crosses_either_way() -> None:

@@ -1,0 +1,173 @@
+"""Collective algorithms over point-to-point exchanges, on contiguous CPU tensors.
+
+Each algorithm is written against `xfer(sends, recvs)`: post every receive and send
+of one step ([(peer, tensor)]), wait for all of them. Results are deterministic and
+bit-identical on every rank: a reduction combines contributions in rank order
+(exchange) or computes each chunk on one rank and copies it to the others (ring)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+
+import torch
+import torch.distributed as dist
+
+Xfer = Callable[[Sequence[tuple[int, torch.Tensor]], Sequence[tuple[int, torch.Tensor]]], None]
+
+# Below this many bytes all_reduce exchanges whole tensors (one step, n-1 messages
+# each way); above it, a ring: 2(n-1) steps of 1/n of the tensor, each one transfer
+# per neighbour (striped over the pair's streams).
+RING_MIN_BYTES = 256 << 10
+
+_OPS = {
+    dist.ReduceOp.SUM: "SUM", dist.ReduceOp.AVG: "AVG", dist.ReduceOp.PRODUCT: "PRODUCT",
+    dist.ReduceOp.MIN: "MIN", dist.ReduceOp.MAX: "MAX", dist.ReduceOp.BAND: "BAND",
+    dist.ReduceOp.BOR: "BOR", dist.ReduceOp.BXOR: "BXOR",
+}
+
+
+def op_name(op: object) -> str:
+    """The supported op's name; ValueError naming an unsupported one (PREMUL_SUM)."""
+    for known, name in _OPS.items():
+        try:
+            if op == known:
+                return name
+        except TypeError:
+            continue
+    raise ValueError(f"atlas: reduce op {op!r} is not supported; use one of {', '.join(_OPS.values())}")
+
+
+def check_op(name: str, dtype: torch.dtype) -> None:
+    if name in ("BAND", "BOR", "BXOR") and (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"atlas: reduce op {name} needs an integer or bool tensor, got {dtype}")
+    if name == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
+        raise ValueError(f"atlas: reduce op AVG needs a floating point tensor, got {dtype} (use SUM and divide)")
+    if name in ("MIN", "MAX") and dtype.is_complex:
+        raise ValueError(f"atlas: reduce op {name} is undefined for complex tensor {dtype}")
+
+
+def combine(acc: torch.Tensor, other: torch.Tensor, name: str) -> None:
+    """acc = acc (op) other, in place (AVG sums: the caller divides at the end)."""
+    if name in ("SUM", "AVG"):
+        if acc.dtype == torch.bool:
+            acc.logical_or_(other)
+        else:
+            acc.add_(other)
+    elif name == "PRODUCT":
+        if acc.dtype == torch.bool:
+            acc.logical_and_(other)
+        else:
+            acc.mul_(other)
+    elif name == "MIN":
+        torch.minimum(acc, other, out=acc)
+    elif name == "MAX":
+        torch.maximum(acc, other, out=acc)
+    elif name == "BAND":
+        acc.bitwise_and_(other)
+    elif name == "BOR":
+        acc.bitwise_or_(other)
+    elif name == "BXOR":
+        acc.bitwise_xor_(other)
+    else:  # op_name() lets nothing else through
+        raise ValueError(f"atlas: reduce op {name} is not supported")
+
+
+def finish_avg(x: torch.Tensor, name: str, size: int) -> None:
+    if name == "AVG":
+        x.div_(size)
+
+
+def reduce_in_order(parts: Sequence[torch.Tensor], name: str, out: torch.Tensor) -> None:
+    """out = parts[0] op parts[1] op ... (rank order, so every rank gets the same bits)."""
+    acc = parts[0].clone()
+    for p in parts[1:]:
+        combine(acc, p, name)
+    out.copy_(acc)
+
+
+def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer) -> None:
+    """Reduce the flat contiguous `x` across the group, in place."""
+    if size == 1:
+        return
+    if x.numel() >= size and x.numel() * x.element_size() >= RING_MIN_BYTES:
+        _ring_all_reduce(x, name, rank, size, xfer)
+    else:
+        peers = [p for p in range(size) if p != rank]
+        bufs = {p: torch.empty_like(x) for p in peers}
+        xfer([(p, x) for p in peers], [(p, bufs[p]) for p in peers])
+        parts = [x if p == rank else bufs[p] for p in range(size)]
+        reduce_in_order(parts, name, x)
+    finish_avg(x, name, size)
+
+
+def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer) -> None:
+    chunks = list(x.tensor_split(size))
+    right, left = (rank + 1) % size, (rank - 1) % size
+    tmp = torch.empty(chunks[0].numel(), dtype=x.dtype)
+    for s in range(size - 1):  # reduce-scatter: rank r ends owning chunk (r + 1) % size
+        send_i, recv_i = (rank - s) % size, (rank - s - 1) % size
+        buf = tmp[: chunks[recv_i].numel()]
+        xfer([(right, chunks[send_i])], [(left, buf)])
+        combine(chunks[recv_i], buf, name)
+    for s in range(size - 1):  # all-gather of the reduced chunks
+        send_i, recv_i = (rank + 1 - s) % size, (rank - s) % size
+        xfer([(right, chunks[send_i])], [(left, chunks[recv_i])])
+
+
+def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> None:
+    if rank == root:
+        xfer([(p, x) for p in range(size) if p != root], [])
+    else:
+        xfer([], [(root, x)])
+
+
+def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: int, xfer: Xfer) -> None:
+    """outs[p] = rank p's x (outs contiguous, each shaped like x)."""
+    peers = [p for p in range(size) if p != rank]
+    outs[rank].copy_(x)
+    xfer([(p, x) for p in peers], [(p, outs[p]) for p in peers])
+
+
+def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, rank: int, size: int,
+                   xfer: Xfer) -> None:
+    """out = reduction over ranks of their ins[rank]."""
+    peers = [p for p in range(size) if p != rank]
+    bufs = {p: torch.empty_like(ins[rank]) for p in peers}
+    xfer([(p, ins[p]) for p in peers], [(p, bufs[p]) for p in peers])
+    reduce_in_order([ins[rank] if p == rank else bufs[p] for p in range(size)], name, out)
+    finish_avg(out, name, size)
+
+
+def reduce(x: torch.Tensor, name: str, root: int, rank: int, size: int, xfer: Xfer) -> None:
+    if rank != root:
+        xfer([(root, x)], [])
+        return
+    peers = [p for p in range(size) if p != rank]
+    bufs = {p: torch.empty_like(x) for p in peers}
+    xfer([], [(p, bufs[p]) for p in peers])
+    reduce_in_order([x if p == rank else bufs[p] for p in range(size)], name, x)
+    finish_avg(x, name, size)
+
+
+def gather(outs: Sequence[torch.Tensor] | None, x: torch.Tensor, root: int, rank: int, size: int,
+           xfer: Xfer) -> None:
+    if rank != root:
+        xfer([(root, x)], [])
+        return
+    outs[rank].copy_(x)
+    xfer([], [(p, outs[p]) for p in range(size) if p != rank])
+
+
+def scatter(out: torch.Tensor, ins: Sequence[torch.Tensor] | None, root: int, rank: int, size: int,
+            xfer: Xfer) -> None:
+    if rank != root:
+        xfer([], [(root, out)])
+        return
+    out.copy_(ins[rank])
+    xfer([(p, ins[p]) for p in range(size) if p != rank], [])
+
+
+def barrier(rank: int, size: int, xfer: Xfer) -> None:
+    peers = [p for p in range(size) if p != rank]
+    token = torch.zeros(1, dtype=torch.uint8)
+    xfer([(p, token) for p in peers], [(p, torch.empty(1, dtype=torch.uint8)) for p in peers])

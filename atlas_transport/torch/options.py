@@ -1,0 +1,101 @@
+"""Settings of the `atlas` torch.distributed backend: `AtlasOptions` (pass it as
+`pg_options`) or the ATLAS_* environment variables, validated once when a group is
+created so that a bad value fails at `init_process_group`, naming the variable."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Literal
+
+from ..protocol import MAX_STREAMS
+
+STREAMS_ENV = "ATLAS_STREAMS"
+PACING_ENV = "ATLAS_PACING_MBPS"
+CONGESTION_ENV = "ATLAS_CONGESTION"
+BIND_ENV = "ATLAS_BIND_ADDR"
+
+# Default stream count when neither ATLAS_STREAMS nor pg_options set one: measured RTT
+# to the peer (three TCP connects, one round trip each) below LAN_RTT_S means a LAN,
+# where one flow fills the path and extra streams only cost CPU; otherwise
+# WAN_STREAMS, the testbed's own default before calibration (DEFAULT_AUTO_STREAMS).
+LAN_RTT_S = 0.002
+WAN_STREAMS = 8
+
+Streams = int | Literal["auto"] | None
+
+
+@dataclass(frozen=True)
+class AtlasOptions:
+    """Per-group settings; None fields fall back to the environment, then defaults.
+
+    streams: TCP streams per peer pair: an integer, "auto" (the transport's probe,
+        once per peer), or None (ATLAS_STREAMS, else 1 on a path under 2 ms RTT and
+        8 otherwise).
+    pacing_rate_mbps: per-stream cap (SO_MAX_PACING_RATE); env ATLAS_PACING_MBPS.
+    congestion: TCP congestion control of every stream; env ATLAS_CONGESTION.
+    bind_addr: address this rank listens on and publishes; env ATLAS_BIND_ADDR, else
+        the local address that routes to MASTER_ADDR (the store's host).
+    idle_timeout_s: a stream silent for this long is dead; None: the group's
+        timeout / 2, at most 30 s.
+    """
+
+    streams: Streams = None
+    pacing_rate_mbps: float | None = None
+    congestion: str | None = None
+    bind_addr: str | None = None
+    idle_timeout_s: float | None = None
+
+
+def parse_streams(value: object, source: str) -> int | Literal["auto"]:
+    """An integer 1..MAX_STREAMS or "auto"; anything else is refused naming `source`."""
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "auto":
+            return "auto"
+        if text.isdigit():
+            value = int(text)
+    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_STREAMS:
+        return value
+    raise ValueError(
+        f"{source}={value!r}: use an integer 1..{MAX_STREAMS} (TCP streams per peer pair) or 'auto' "
+        f"(probe each peer once); leave it unset for 1 stream on a path under {LAN_RTT_S * 1000:g} ms RTT "
+        f"and {WAN_STREAMS} otherwise"
+    )
+
+
+def _positive_float(value: str, source: str) -> float:
+    try:
+        f = float(value)
+    except ValueError:
+        f = -1.0
+    if not f > 0:
+        raise ValueError(f"{source}={value!r}: use a positive rate in Mbit/s per stream, or unset it for no pacing")
+    return f
+
+
+def resolve(pg_options: object, env: dict[str, str] | None = None) -> AtlasOptions:
+    """The group's effective options: `pg_options` fields first, then the environment."""
+    env = dict(os.environ) if env is None else env
+    if pg_options is None:
+        pg_options = AtlasOptions()
+    if not isinstance(pg_options, AtlasOptions):
+        raise TypeError(f"pg_options for backend 'atlas' must be atlas_transport.torch.AtlasOptions or None, "
+                        f"got {type(pg_options).__name__}")
+    o = pg_options
+    if o.streams is not None:
+        streams: Streams = parse_streams(o.streams, "AtlasOptions.streams")
+    elif env.get(STREAMS_ENV, "").strip():
+        streams = parse_streams(env[STREAMS_ENV], STREAMS_ENV)
+    else:
+        streams = None
+    pacing = o.pacing_rate_mbps
+    if pacing is None and env.get(PACING_ENV, "").strip():
+        pacing = _positive_float(env[PACING_ENV], PACING_ENV)
+    if pacing is not None and not pacing > 0:
+        raise ValueError(f"AtlasOptions.pacing_rate_mbps={pacing!r}: use a positive rate or None")
+    congestion = o.congestion or env.get(CONGESTION_ENV, "").strip() or None
+    bind = o.bind_addr or env.get(BIND_ENV, "").strip() or None
+    if o.idle_timeout_s is not None and not o.idle_timeout_s > 0:
+        raise ValueError(f"AtlasOptions.idle_timeout_s={o.idle_timeout_s!r}: use a positive number of seconds")
+    return AtlasOptions(streams, pacing, congestion, bind, o.idle_timeout_s)

@@ -179,6 +179,9 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
     n_streams = _streams(streams)
     results: dict[str, Any] = {}
     searches: dict[str, Any] = {}
+    par = wl.parallelism
+    where = (f"{workload_path}: workload.parallelism (pp={par.pp}, dp={par.dp}, tp={par.tp}) on topology "
+             f"{topology_path}")  # a refused placement names the files it came from
 
     def one(name: str, variant: Variant, placement: Any = None) -> None:
         try:
@@ -189,7 +192,7 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
                 results[name] = fast_predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host, net=net,
                                              effective=eff, keep_plan=True, placement=placement)
         except PlacementError as exc:
-            results[name] = exc
+            results[name] = PlacementError(f"{where}: {exc}")
 
     for definition in chosen:
         variant = Variant.of(definition, n_streams, baseline_placement)
@@ -202,7 +205,7 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
                 searches[name] = search_placement(topo, wl, found, predictor=fast_predict, free=free,
                                                   gpus_per_host=gpus_per_host, net=net, effective=eff, budget=budget)
             except PlacementError as exc:
-                results[name] = exc
+                results[name] = PlacementError(f"{where}: {exc}")
                 continue
             one(name, found, searches[name].placement)
     if all(isinstance(r, Exception) for r in results.values()):

@@ -72,6 +72,7 @@ from testbed.emulation.records import (
     plan_clean,
     prefix_in_use,
 )
+from testbed_core.lifetime import OWNER_ENV, owner_mark
 from testbed_core.topology import Topology, load_topology
 
 __all__ = [
@@ -516,6 +517,7 @@ class Emulation:
         argv = [str(a) for a in argv]
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env[ENV_RUN] = self.prefix
+        env[OWNER_ENV] = owner_mark()  # the program ends itself when this process is gone (lifetime.py)
         if handle.remote:  # over the server's SSH (cluster/remote.py); the local ssh client is recorded
             proc = self.cluster.spawn(handle.mn_name, handle.pid, argv, env=env, **popen_kwargs)
         else:
@@ -535,16 +537,19 @@ class Emulation:
                     **popen_kwargs: Any) -> Any:
         if self.record is None or not node_alive(handle):
             raise EmulationError(f"{handle.name}: the emulation is not running")
-        from testbed.emulation.warmstart import claim, warm_start
+        from testbed.emulation.warmstart import claim, start_server, warm_start
 
         if handle.remote:  # no fork server on another machine: a fresh interpreter through its SSH
             return self._spawn(handle, argv, kind="process", **popen_kwargs)
         if self._warm is None:
             self._warm = self.temp_dir("warm")  # the fork server's socket: recorded, removed with the run
-        if not claim(self._warm, preload):  # another run of this process has the fork server: start cold
+        mark = {ENV_RUN: self.prefix, OWNER_ENV: owner_mark()}
+        if not claim(self._warm, preload, mark):  # another run of this process has the fork server: start cold
             return self._spawn(handle, argv, kind="process", **popen_kwargs)
+        for kind, pid in start_server(self._warm):  # marked before it starts, recorded once it runs
+            self.record.add_process(kind, f"{self.prefix}:{kind}", pid, None, self._procfs)
         env = dict(popen_kwargs.pop("env", None) or os.environ)
-        env[ENV_RUN] = self.prefix
+        env.update(mark)
         proc = warm_start(handle.pid, argv, server=self._warm, env=env, net_inode=handle.netns_inode, **popen_kwargs)
         self.record.add_process("process", f"{handle.mn_name}:{argv[2] if len(argv) > 2 else argv[0]}", proc.pid,
                                 handle.netns_inode, self._procfs)

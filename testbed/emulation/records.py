@@ -16,12 +16,23 @@ There the mark alone identifies the run's processes (no start times are recorded
 another machine's PIDs), so two controllers must not share a server under one prefix.
 A record is kept while one of its servers cannot be cleaned.
 
-`clean` trusts nothing it has not verified: a PID is only killed when its start
-time (field 22 of /proc/<pid>/stat) matches the record AND it carries the run's
+`clean` trusts nothing it has not verified: a recorded PID is only killed when its
+start time (field 22 of /proc/<pid>/stat) matches the record AND it carries the run's
 mark (the prefix in its command line, e.g. `mininet:tb3a7d0h1`, or
 TESTBED_RUN=<prefix> in its environment, or the network namespace recorded for
-it). Records whose owning process is still alive belong to a run in progress
-and are left alone. Nothing outside the records is touched.
+it). A process the record does not name yet (the run was killed between starting it
+and writing its PID) is found by the mark alone: TESTBED_RUN=<prefix> in the
+environment it started with (every process a run starts has it, the warm-start fork
+server and everything it forks included: warmstart.py) or a node shell's
+`mininet:<prefix>`; and anything inside a namespace such a process holds. Records
+whose owning process is still alive belong to a run in progress and are left alone.
+Nothing outside the records and the marks is touched.
+
+Processes are ended as a run's own teardown ends them: SIGTERM, SIGKILL after a short
+grace (`TERM_GRACE_S`), and `execute` returns only once every one is gone, looking
+again for marked processes that appeared meanwhile; one that does not go is named
+with its state (e.g. ``D``, uninterruptible sleep in the kernel), and the record is
+kept for the next `clean`.
 
 The planning half (`plan_clean`) only reads a `ProcFS` and returns actions, so it
 is unit-tested against a fake /proc tree; `execute` performs them.
@@ -44,6 +55,8 @@ from testbed.emulation.naming import PREFIX_RE
 RECORD_DIR = Path("/run/testbed")
 ENV_RUN = "TESTBED_RUN"  # set in the environment of every process a run spawns
 RECORD_VERSION = 1
+TERM_GRACE_S = 1.0  # between SIGTERM and SIGKILL
+KILL_WAIT_S = 10.0  # after SIGKILL: a process that still runs then is reported
 
 
 class RecordError(RuntimeError):
@@ -97,6 +110,15 @@ class ProcFS:
             return int(link[link.index("[") + 1:link.index("]")])
         except ValueError:
             return None
+
+    def state(self, pid: int) -> str | None:
+        """The state letter of `pid` (R, S, D, Z, ...), or None when it is gone."""
+        try:
+            text = (self.root / str(pid) / "stat").read_text()
+        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
+            return None
+        fields = text[text.rfind(")") + 2:].split()
+        return fields[0] if fields else None
 
     def pids(self) -> list[int]:
         try:
@@ -332,13 +354,13 @@ def list_records(directory: Path | None = None) -> tuple[list[RunRecord], list[s
 
 
 def prefix_in_use(prefix: str, directory: Path | None = None, procfs: ProcFS | None = None) -> bool:
-    """A prefix is in use when it has a record or a live node shell carries it."""
+    """A prefix is in use when it has a record or a live process carries its mark (a
+    node shell's ``mininet:<prefix>``, TESTBED_RUN=<prefix> in its environment)."""
     directory = Path(directory or RECORD_DIR)
     if (directory / f"{prefix}.json").exists():
         return True
     procfs = procfs or ProcFS()
-    mark = f"mininet:{prefix}"
-    return any(mark in (procfs.cmdline(pid) or "") for pid in procfs.pids())
+    return any(marked(pid, prefix, procfs) for pid in procfs.pids())
 
 
 # --------------------------------------------------------------------------- cleanup
@@ -362,8 +384,30 @@ class Action:
 
 
 def alive(entry: ProcEntry, procfs: ProcFS) -> bool:
-    """Whether the very process of `entry` still runs (same PID and start time)."""
-    return entry.start != 0 and procfs.start_time(entry.pid) == entry.start
+    """Whether the very process of `entry` still runs (same PID and start time, and not
+    a zombie: a killed owner nobody has reaped yet is gone)."""
+    return entry.start != 0 and procfs.start_time(entry.pid) == entry.start and procfs.state(entry.pid) != "Z"
+
+
+def marked(pid: int, prefix: str, procfs: ProcFS) -> bool:
+    """Whether `pid` carries run `prefix`'s mark: TESTBED_RUN=<prefix> in the environment
+    it started with, or a node shell's ``mininet:<prefix>`` in its command line."""
+    if procfs.environ_has(pid, ENV_RUN, prefix):
+        return True
+    return f"mininet:{prefix}" in (procfs.cmdline(pid) or "")
+
+
+def marked_pids(prefix: str, procfs: ProcFS, skip: Iterable[int] = ()) -> list[tuple[int, int]]:
+    """(pid, start) of every live process carrying run `prefix`'s mark, but this one and `skip`."""
+    skipped = {os.getpid(), *skip}
+    found = []
+    for pid in sorted(procfs.pids()):
+        if pid in skipped or procfs.state(pid) in (None, "Z") or not marked(pid, prefix, procfs):
+            continue
+        start = procfs.start_time(pid)
+        if start is not None:
+            found.append((pid, start))
+    return found
 
 
 def belongs(entry: ProcEntry, prefix: str, procfs: ProcFS) -> bool:
@@ -418,6 +462,14 @@ def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tupl
             ns = procfs.netns(entry.pid)
             if ns is not None and ns not in foreign:
                 run_ns.add(ns)
+    # Processes with the run's mark that the record does not name (yet).
+    for pid, start in marked_pids(record.prefix, procfs, skip=killed | {record.owner.pid}):
+        actions.append(Action("kill", f"pid {pid}", f"marked {record.prefix}: {(procfs.cmdline(pid) or '?')[:60]}",
+                              pid, start))
+        killed.add(pid)
+        ns = procfs.netns(pid)
+        if ns is not None and ns not in foreign:
+            run_ns.add(ns)
     # Anything else living in a namespace that a verified process of the run holds
     # open is the run's too (e.g. a background job started from a node shell).
     if run_ns:
@@ -490,6 +542,31 @@ def kill_and_wait(targets: list[tuple[int, int]], procfs: ProcFS, sig: int = sig
     return [pid for pid, _ in pending]
 
 
+def end_processes(targets: list[tuple[int, int]], procfs: ProcFS, grace_s: float = TERM_GRACE_S,
+                  kill_wait_s: float = KILL_WAIT_S, at_once: Iterable[int] = ()) -> list[tuple[int, str]]:
+    """End each (pid, start) still matching: SIGTERM, SIGKILL after `grace_s` to those
+    left (at once to the PIDs in `at_once`: node shells, which ignore SIGTERM), then wait
+    up to `kill_wait_s` until they are gone. Returns (pid, why) for each one still
+    running then (``why`` says its state)."""
+    hard = set(at_once)
+    left = [t for t in targets if _running(*t, procfs)]
+    soft = [t for t in left if t[0] not in hard]
+    if soft:
+        kill_and_wait(soft, procfs, signal.SIGTERM, grace_s)
+    left = [t for t in left if _running(*t, procfs)]
+    if not left:
+        return []
+    survivors = kill_and_wait(left, procfs, signal.SIGKILL, kill_wait_s)
+    out = []
+    for pid in survivors:
+        state = procfs.state(pid) or "?"
+        why = {"D": "in uninterruptible sleep (D) in the kernel, e.g. waiting on a device or a network filesystem",
+               "T": "stopped (T)", "t": "stopped by a debugger (t)"}.get(state, f"state {state}")
+        out.append((pid, f"pid {pid} ({(procfs.cmdline(pid) or '?')[:60]}) still runs {kill_wait_s:g} s after "
+                         f"SIGKILL: {why}"))
+    return out
+
+
 def _running(pid: int, start: int, procfs: ProcFS) -> bool:
     if procfs.start_time(pid) != start:
         return False
@@ -500,13 +577,27 @@ def _running(pid: int, start: int, procfs: ProcFS) -> bool:
     return stat[stat.rfind(")") + 2:].split()[0] != "Z"  # a zombie is as good as gone
 
 
-def execute(actions: list[Action], procfs: ProcFS | None = None) -> list[str]:
-    """Carry out `actions`; returns a message for each one that failed."""
+def execute(actions: list[Action], procfs: ProcFS | None = None, grace_s: float = TERM_GRACE_S,
+            kill_wait_s: float = KILL_WAIT_S) -> list[str]:
+    """Carry out `actions`; returns a message for each one that failed. Processes are
+    ended first (`end_processes`) and are all gone when this returns, or named."""
     procfs = procfs or ProcFS()
     failures: list[str] = []
     kills = [(a.pid, a.start) for a in actions if a.kind == "kill" and a.pid and a.start]
-    survivors = kill_and_wait(kills, procfs)
-    failures += [f"pid {pid} did not exit after SIGKILL" for pid in survivors]
+    shells = {a.pid for a in actions if a.kind == "kill" and a.detail.startswith("node ") and a.pid}
+    survivors = end_processes(kills, procfs, grace_s, kill_wait_s, shells)
+    # A process of the run that appeared meanwhile (forked by one being ended) is found
+    # by its mark: the run's prefix is its record's name.
+    prefix = next((Path(a.target).stem for a in actions if a.kind == "remove-record"), "")
+    if PREFIX_RE.fullmatch(prefix):
+        done = {pid for pid, _ in kills}
+        for _ in range(3):
+            late = [t for t in marked_pids(prefix, procfs) if t[0] not in done]
+            if not late:
+                break
+            done.update(pid for pid, _ in late)
+            survivors += end_processes(late, procfs, grace_s, kill_wait_s)
+    failures += [why for _, why in survivors]
     links = None
     remote_failed = False
     for action in actions:

@@ -22,12 +22,20 @@ start, importing the modules that run names, its socket in a temporary folder of
 run (recorded, removed with it), ended at the run's teardown. The standard library keeps
 one fork server per process, so a second run of the same process at the same time
 starts its programs cold. A controller that dies however it dies ends its fork server
-too (the server sees its end of a pipe close); `testbed clean` removes the folder.
+too (the server sees its end of a pipe close, and leaves at once: it does not unload
+torch, ``_arm_server``); its children have asked the kernel for SIGKILL when the server
+dies (``die_with_parent``), so nothing forked from it outlives the run. The server and
+the standard library's resource tracker are started by `start_server` with the run's
+mark in their environment (``claim``'s `mark`, e.g. ``TESTBED_RUN=<prefix>``), which
+every child forked from the server inherits (``/proc/<pid>/environ`` is the one the
+server started with), so `testbed clean` finds them all by that mark even when the run
+was killed before it could record their PIDs. `testbed clean` removes the folder.
 Only local nodes start warm; a node on another server starts through its SSH as before.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import ctypes
 import ctypes.util
@@ -45,6 +53,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from testbed.emulation.errors import EmulationError
+from testbed_core.lifetime import die_with_parent
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000
@@ -53,6 +62,8 @@ ENTER_TIMEOUT_S = 30.0  # for a fork and two setns calls; only a machine frozen 
 _lock = threading.Lock()
 _owner: str | None = None  # the folder of the run whose fork server this process runs (claim)
 _preloaded: tuple[str, ...] | None = None
+_mark: dict[str, str] = {}  # put in the environment the fork server starts with (claim)
+SERVER_ENV = "TESTBED_WARM_PARENT"  # the controller's PID, in the fork server's environment only
 
 
 class _Fd:
@@ -77,6 +88,7 @@ class WarmSpec:
     """What a warm child runs, and where: picklable, sent through the fork server."""
 
     node_pid: int  # a process in the node's namespaces (the Mininet host's shell)
+    server_pid: int  # the fork server: the child dies with it (die_with_parent)
     nice: int  # added to the fork server's niceness, as `nice -n` would
     module: str  # the program: a module (or a package's __main__) with ``entry(argv)`` or ``main(argv) -> int``
     argv: tuple[str, ...]
@@ -98,6 +110,7 @@ def _setns(path: str, flag: int) -> None:
 
 def _child(spec: WarmSpec) -> None:
     """The warm child's whole life (runs in the forked process)."""
+    die_with_parent(spec.server_pid)  # the server dies with the run (_arm_server): so does this child
     sys.stdout.flush()
     sys.stderr.flush()
     got = dict(spec.fds)  # each already a descriptor of ours (unpickled), at any number
@@ -169,21 +182,57 @@ def preloaded() -> tuple[str, ...] | None:
     return _preloaded
 
 
-def claim(folder: str | os.PathLike[str], preload: Sequence[str]) -> bool:
+def claim(folder: str | os.PathLike[str], preload: Sequence[str], mark: Mapping[str, str] | None = None) -> bool:
     """Whether warm starts may go through a fork server of the run that owns `folder`
     (a private temporary folder of that run, recorded, where the server's socket goes):
     true for the first run to ask while no run owns the server, and for that run after;
     false for another run of this process at the same time, which then starts its
-    programs cold. The server itself starts with the first warm start, importing
-    `preload`; `release` ends it."""
+    programs cold. The server itself starts with the first warm start (or `start_server`),
+    importing `preload`, with `mark` (the run's environment variables) in its
+    environment; `release` ends it."""
     global _owner, _preloaded
     folder = os.fspath(folder)
     with _lock:
         if _owner is None:
             _owner, _preloaded = folder, tuple(preload)
+            _mark.clear()
+            _mark.update(mark or {})
             multiprocessing.process.current_process()._config["tempdir"] = folder  # type: ignore[attr-defined]
-            multiprocessing.get_context("forkserver").set_forkserver_preload(list(_preloaded))
+            # this module last: its import in the server arms the quick exit (_arm_server)
+            multiprocessing.get_context("forkserver").set_forkserver_preload([*_preloaded, __name__])
         return _owner == folder
+
+
+def start_server(folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
+    """Start the fork server of the run that claimed `folder` now, if it does not run
+    yet, with the run's mark in its environment (and the resource tracker, if that
+    starts with it); returns [(kind, pid)] of the processes started here, for the run's
+    record ([] when none started)."""
+    from multiprocessing import forkserver, resource_tracker
+
+    with _lock:
+        if _owner != os.fspath(folder):
+            raise EmulationError(f"fork server of {os.fspath(folder)}: not claimed (the server belongs to {_owner})")
+        server = forkserver._forkserver  # type: ignore[attr-defined]
+        tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+        if server._forkserver_pid is not None:
+            return []
+        tracker_before = tracker._pid
+        saved = {key: os.environ.get(key) for key in (*_mark, SERVER_ENV)}
+        os.environ.update(_mark)  # both spawn with this process's environment at this moment
+        os.environ[SERVER_ENV] = str(os.getpid())
+        try:
+            server.ensure_running()  # starts the resource tracker first when it is not running
+        finally:
+            for key, value in saved.items():
+                if value is None:
+                    os.environ.pop(key, None)
+                else:
+                    os.environ[key] = value
+        started = [("forkserver", int(server._forkserver_pid))]
+        if tracker._pid is not None and tracker._pid != tracker_before:
+            started.append(("resource-tracker", int(tracker._pid)))
+        return started
 
 
 def release(folder: str | os.PathLike[str]) -> None:
@@ -203,6 +252,21 @@ def release(folder: str | os.PathLike[str]) -> None:
         server._stop()  # reaps it, closes our end of its pipe, removes its socket
         multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
         _owner, _preloaded = None, None
+        _mark.clear()
+
+
+def _arm_server() -> None:
+    """In the fork server (this module is its last preload): when the controller is gone
+    the server's main loop sees its pipe close and raises SystemExit; leave then without
+    the interpreter's teardown (unloading torch took seconds of CPU on a busy machine).
+    Only the server leaves this way: its forked children run this module too."""
+    server = os.getpid()
+
+    def quick_exit() -> None:
+        if os.getpid() == server:
+            os._exit(0)
+
+    atexit.register(quick_exit)
 
 
 def module_of(argv: Sequence[str]) -> tuple[int, str, list[str]]:
@@ -262,7 +326,11 @@ def warm_start(node_pid: int, argv: Sequence[str], *, server: str | os.PathLike[
         fd_of(1, stdout, "stdout")
         fd_of(2, stderr, "stderr")
         fds += [(fd, _Fd(fd)) for fd in pass_fds]
-        spec = WarmSpec(node_pid, nice, module, tuple(args), tuple(sorted((env if env is not None else os.environ).items())),
+        start_server(server)  # marked; a no-op once it runs
+        from multiprocessing import forkserver
+
+        server_pid = forkserver._forkserver._forkserver_pid  # type: ignore[attr-defined]
+        spec = WarmSpec(node_pid, int(server_pid or 0), nice, module, tuple(args), tuple(sorted((env if env is not None else os.environ).items())),
                         cwd or os.getcwd(), tuple(fds))
         proc = multiprocessing.get_context("forkserver").Process(target=_child, args=(spec,), name=f"warm:{module}", daemon=True)
         proc.start()
@@ -288,3 +356,8 @@ def warm_start(node_pid: int, argv: Sequence[str], *, server: str | os.PathLike[
                 f"warm start of {module} in the node of PID {node_pid} did not enter its network namespace "
                 f"(exit status {handle.poll()}; is the node still running?)")
         time.sleep(0.002)
+
+
+if (os.environ.get(SERVER_ENV) == str(os.getppid()) and "multiprocessing.forkserver" in sys.modules
+        and multiprocessing.parent_process() is None and os.getpid() != int(os.environ[SERVER_ENV])):
+    _arm_server()  # imported as the fork server's preload (claim)

@@ -8,6 +8,7 @@ import sys
 
 from testbed.training.worker.job import WorkerError, load_job
 from testbed_core.contracts.worker_job import RingProbeJob, TrainJob
+from testbed_core.lifetime import watch_owner
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m testbed.training.worker JOB.json | --probe-agent  (job files are written by "
               "`testbed run`)", file=sys.stderr)
         return 2
+    watch_owner()  # ends this process promptly once the run that started it is gone
     logging.basicConfig(level=logging.WARNING, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if argv[0] == "--probe-agent":  # the calibration's probes of one host (testbed/training/worker/probe.py)
         from testbed.training.worker.probe import run_agent

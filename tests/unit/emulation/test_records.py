@@ -94,8 +94,8 @@ def test_plan_kills_only_verified_processes(tmp_path, proc):
     # a node shell still alive: same start time, carries mininet:<prefix...>
     add_proc(root, 500, 50, "bash --norc --noediting -is mininet:tb123d0h1", netns=RUN_NS)
     rec.add_node("tb123d0h1", 500, procfs)
-    # a node whose PID was reused by somebody else since (start time differs)
-    add_proc(root, 501, 51, "bash --norc --noediting -is mininet:tb123d0h2", netns=OTHER_NS)
+    # a node whose PID was reused by somebody else since (start time differs: another run's shell)
+    add_proc(root, 501, 51, "bash --norc --noediting -is mininet:tb777d0h2", netns=OTHER_NS)
     rec.add_node("tb123d0h2", 501, procfs)
     rec.nodes[-1].start = 40
     # a spawned process: no prefix in its command line, but marked in its environment

@@ -60,9 +60,25 @@ def test_gpus_override_changes_placement() -> None:
 def test_infeasible_placement_is_an_error_with_the_shortfall() -> None:
     res = run("--topology", TOPO, "--workload", WL, "--gpus", "dc1=1,dc2=1")
     assert res.exit_code == 1
-    assert "no variant can be placed:\n  baseline: infeasible" in res.output
-    assert "atlas: infeasible: each stage needs dp x tp = 2 x 1 = 2 GPUs in one DC" in res.output
+    where = f"{WL}: workload.parallelism (pp=2, dp=2, tp=1) on topology {TOPO}: "
+    assert f"no variant can be placed:\n  baseline: {where}infeasible" in res.output
+    assert f"atlas: {where}infeasible: each stage needs dp x tp = 2 x 1 = 2 GPUs in one DC" in res.output
     assert "short by 2 stages of 2 GPUs" in res.output
+
+
+@pytest.mark.parametrize(("pp", "dp"), [(8, 1), (2, 3)])
+def test_infeasible_placement_names_the_workload_file(tmp_path: Path, pp: int, dp: int) -> None:
+    """pp over the GPUs, and dp x pp over the GPUs: the refusal names the workload file."""
+    text = Path(WL).read_text()
+    wl = tmp_path / "big.yaml"
+    import yaml
+
+    data = yaml.safe_load(text)
+    data["parallelism"].update(pp=pp, dp=dp)
+    wl.write_text(yaml.safe_dump(data))
+    res = run("--topology", TOPO, "--workload", str(wl))
+    assert res.exit_code == 1, res.output
+    assert f"{wl}: workload.parallelism (pp={pp}, dp={dp}, tp=1) on topology {TOPO}: infeasible" in res.output
 
 
 @pytest.mark.parametrize(

@@ -30,7 +30,7 @@ import math
 import os
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from bubbletea_agent.admission import Action, Admission, Pending, PieceRun
@@ -107,6 +107,9 @@ class Counters:
     late_starts: int = 0  # got the device too late for the chunk to fit: nothing ran
     holds: int = 0  # preemptible holds (layers of one or more chunks in one device hold)
     hold_wake_late_max_s: float = 0.0  # longest a hold's sleep overran its committed end
+    yielded: int = 0  # holds that stopped early because training asked for the device
+    revoked: int = 0  # holds training took back at their lease's deadline + guard (device.py)
+    preempted_chunks: int = 0  # whole chunks cut short by training (run again in a later window)
     predicted_slot_overruns: int = 0  # a chunk ended after the slot end it was admitted for
     guard_violations: int = 0  # training had to wait for one of our prefills
     training_wait_s: float = 0.0
@@ -147,6 +150,9 @@ class Agent:
     # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
     realtime_holds: bool = False
+    # every hold is a lease (testbed_core/device.py): training takes the device back at the
+    # window's end (as committed) plus this guard, whatever this process is doing then
+    lease_guard_s: float = 0.005
     # False: never take the device (ADMIT_ENV=none): the agent's cost without its prefills
     admit: bool = field(default_factory=lambda: os.environ.get(ADMIT_ENV, "all") != "none")
     # dispatch: controller (bubbletea_agent/controller/): requests the controller sent this
@@ -482,11 +488,19 @@ class Agent:
             rel_now = t - self.epoch if self.epoch is not None else None
             return self.admission.next_pieces(end - t, self.queue, layers, cap, rel_now), end
 
+        leased = hasattr(self.device, "extend_lease")
+        dev: Any = self.device
+
         def body() -> None:
             cursor = clock.now()
             while True:
                 now = clock.now()
                 t = max(now, cursor)
+                if leased and dev.should_yield() is not None:
+                    self.counters.yielded += 1
+                    if not ran:
+                        raise StartedLate  # training asked for the device before any layer ran
+                    return
                 run, end = pick(t)
                 if run is None and not self.queue:
                     self._arrivals(now)  # the queue ran dry: take what arrived meanwhile
@@ -497,15 +511,35 @@ class Agent:
                     return
                 cursor = t + run.predicted_s
                 last.update(end=end, cursor=cursor)
+                if leased:
+                    dev.extend_lease(min(end, cursor + run.guard_s))  # what this group committed to
                 # while these layers run: settle what finished, look around, admit new arrivals
                 self._settle(finished)
                 if not ran:
                     self._observe(clock.now())
                     self._ship_results()
                 self._arrivals(clock.now())
-                clock.sleep(cursor - clock.now())
+                busy_until = clock.now()
+                stopped = self._sleep_in_hold(cursor) if leased else clock.sleep(cursor - clock.now())
                 woke = clock.now()
-                self.counters.hold_wake_late_max_s = max(self.counters.hold_wake_late_max_s, woke - cursor)
+                late = woke - cursor
+                self.counters.hold_wake_late_max_s = max(self.counters.hold_wake_late_max_s, late)
+                if leased and late > run.guard_s:
+                    dev.lease_cause(f"{run.pending.request.id}: woke {late * 1e3:.1f} ms after its layers' end "
+                                    f"(bookkeeping until {max(0.0, busy_until - cursor) * 1e3:+.1f} ms; "
+                                    "descheduled or starved of CPU)")
+                if stopped:  # training asked mid-group: keep the layers that are done
+                    done_layers = min(run.pieces, int((woke - t) / run.piece_s)) if run.piece_s > 0 else 0
+                    self.counters.yielded += 1
+                    if done_layers > 0:
+                        part = replace(run, pieces=done_layers)
+                        done = self._advance(part, t, woke)
+                        if done is not None:
+                            finished.append((done, woke))
+                        ran.append(part)
+                    if not ran:
+                        raise StartedLate
+                    return
                 whole_chunk = run.finishes_chunk
                 done = self._advance(run, t, woke)
                 if done is not None:
@@ -518,7 +552,8 @@ class Agent:
         gc.disable()  # a garbage collection pause inside the hold would overrun the window
         self._realtime(True)
         try:
-            rec = self.device.try_run("prefill", self.owner, duration_s=0.0, fn=body, label=f"{first}:hold")
+            rec = self.device.try_run("prefill", self.owner, duration_s=0.0, fn=body, label=f"{first}:hold",
+                                      **self._lease_kw(end_now()))
         except StartedLate:
             self.counters.late_starts += 1
             return 0.0
@@ -530,6 +565,8 @@ class Agent:
         if rec is None:
             self.counters.device_busy_retries += 1
             return self.poll_s
+        if getattr(rec, "revoked_at", None) is not None:
+            self.counters.revoked += 1
         w = as_work(rec)
         self._recent_holds[round(w.start, 6)] = (last["end"], last["cursor"], w.end)
         if len(self._recent_holds) > 256:
@@ -539,6 +576,22 @@ class Agent:
         self.counters.prefill_busy_s += w.end - w.start
         self.admission.guard.observe(0.0, 0.0, w.start - decided_at)  # start latency only
         return 0.0
+
+    def _lease_kw(self, deadline: float) -> dict[str, Any]:
+        """The lease arguments of a hold on a device that has leases (testbed_core/device.py)."""
+        if not hasattr(self.device, "extend_lease") or not math.isfinite(deadline):
+            return {}
+        return {"deadline": deadline, "guard_s": self.lease_guard_s}
+
+    def _sleep_in_hold(self, until: float) -> bool:
+        """Sleep inside a leased hold until `until`, looking every 2 ms whether training
+        wants the device (or took it back); True if it does (stop now)."""
+        dev: Any = self.device
+        while (left := until - self.clock.now()) > 0:
+            if dev.should_yield() is not None:
+                return True
+            self.clock.sleep(min(left, 0.002))
+        return False
 
     def _realtime(self, on: bool) -> bool:
         """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed.
@@ -620,7 +673,7 @@ class Agent:
         try:
             result = self.engine.run_chunk(self.device, self.owner, label, decision.tokens,
                                            decision.context, p.kv, final=decision.tokens == p.left,
-                                           start_check=start_check)
+                                           start_check=start_check, **self._lease_kw(window_end))
         except StartedLate:  # the device came too late: nothing ran; decide again
             self.counters.late_starts += 1
             return 0.0
@@ -633,6 +686,11 @@ class Agent:
             self.counters.device_busy_retries += 1
             return self.poll_s
         w = as_work(result.record)
+        if getattr(result.record, "preempted", False):
+            # training asked for the device mid-chunk: nothing of it counts; it runs again later
+            self.counters.preempted_chunks += 1
+            self.counters.prefill_busy_s += w.end - w.start
+            return 0.0
         self.admission.guard.observe(decision.predicted_s, w.end - w.start, w.start - decided_at)
         self.counters.chunks_run += 1
         self.counters.chunks_chunked += int(decision.chunked)

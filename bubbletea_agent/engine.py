@@ -167,7 +167,7 @@ class PrefillEngine(Protocol):
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
-                  start_check: StartCheck | None = None) -> ChunkResult | None:
+                  start_check: StartCheck | None = None, **lease: Any) -> ChunkResult | None:
         """Run one chunk if the device is free right now (never queue behind training);
         None if it was busy. With `final` the KV cache is made ready inside the same
         device hold (as an engine copies it out), so `finish` costs nothing more.
@@ -280,9 +280,11 @@ class TransformersEngine:
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
-                  start_check: StartCheck | None = None, request_id: str | None = None) -> ChunkResult | None:
+                  start_check: StartCheck | None = None, request_id: str | None = None,
+                  **lease: Any) -> ChunkResult | None:
         """As PrefillEngine.run_chunk; the prompt is `request_id`'s synthetic one (None:
-        the request named by `label`)."""
+        the request named by `label`). `lease` (deadline, guard_s) goes to the device's
+        try_run: training takes the device back at its deadline plus guard."""
         have = 0 if partial is None else (partial.tokens if isinstance(partial, KVCache)
                                           else partial.get_seq_length())
         if have != context:
@@ -296,7 +298,7 @@ class TransformersEngine:
             cache, token = self._prefill(tokens, partial, rid)
             box["cache"] = self.finish(cache, token) if final else cache
 
-        record = device.try_run("prefill", owner, fn=work, label=label)
+        record = device.try_run("prefill", owner, fn=work, label=label, **lease)
         if record is None:
             return None
         if "cache" not in box:
@@ -344,7 +346,8 @@ class ModelledEngine:
 
     def run_chunk(self, device: DeviceLike, owner: str, label: str, tokens: int,
                   context: int, partial: Any, final: bool = False,
-                  start_check: StartCheck | None = None, request_id: str | None = None) -> ChunkResult | None:
+                  start_check: StartCheck | None = None, request_id: str | None = None,
+                  **lease: Any) -> ChunkResult | None:
         have = partial or 0
         if have != context:
             raise EngineError(f"chunk continues at token {context} but {have} tokens are cached")
@@ -359,7 +362,7 @@ class ModelledEngine:
 
         fn = work if (final or start_check is not None) else None
         record = device.try_run("prefill", owner, duration_s=self.seconds_fn(tokens, context),
-                                fn=fn, label=label)
+                                fn=fn, label=label, **lease)
         if record is None:
             return None
         return ChunkResult(record, box.get("kv", total))

@@ -1,0 +1,96 @@
+"""An agent's holds are leases on the real emulated device (testbed_core/device.py):
+when training asks for the device the hold stops between two layers, keeps the layers
+that ran and goes on in a later window; its deadline follows what each group committed
+to. Wall clock, real files, a training thread next to the agent (issue 30)."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bubbletea_agent.admission import AdaptiveGuard, Admission, AdmissionConfig, GuardConfig
+from bubbletea_agent.agent import Agent, WallClock
+from bubbletea_agent.engine import ModelledEngine
+from bubbletea_agent.latency import FunctionLatency
+from bubbletea_agent.requests import Request
+from bubbletea_agent.slots import Slot, SlotTracker
+from testbed_core.contracts.bubbletea import PrefillModelSpec
+from testbed_core.device import Device
+
+
+def layer_charge(tokens: int, context: int) -> float:
+    """0.4 s a chunk: 4 layers of 100 ms, so a hold is long enough to be interrupted."""
+    return 0.4
+
+
+class Feed:
+    def __init__(self, items: list[Any]) -> None:
+        self.items = items
+
+    def poll(self) -> list[Any]:
+        out, self.items = self.items, []
+        return out
+
+
+class NoTimeline:
+    def poll(self) -> list[Any]:
+        return []
+
+
+def test_a_hold_yields_to_training_and_resumes_later(tmp_path: Path) -> None:
+    agent_dev, train_dev = Device("gpu0", tmp_path), Device("gpu0", tmp_path)
+    t0 = time.time()
+    # a live bound far ahead: the worker's guarantee is wrong (or stale), as in issue 30's
+    # 10 s holds; only the device's arbitration stands between the hold and training
+    agent = Agent(clock=WallClock(), device=agent_dev, slots=Feed([Slot(0, 0, t0, 10.0)]), timeline=NoTimeline(),
+                  tracker=SlotTracker(),
+                  admission=Admission(FunctionLatency(layer_charge), AdmissionConfig(),
+                                      AdaptiveGuard(GuardConfig(initial_rel=0.0, rel_floor=0.0, abs_floor_s=0.0005))),
+                  engine=ModelledEngine(PrefillModelSpec(preset="tiny", num_hidden_layers=4), layer_charge),
+                  requests=[Request("r1601", 0.0, 512, deadline_s=30.0)], epoch=t0, owner="bubbletea:gpu0",
+                  live_bound=lambda: t0 + 10.0, window="live")
+    holds: list[Any] = []
+    done = threading.Event()
+
+    def loop() -> None:
+        while not done.is_set() and agent.queue or not holds:
+            agent.step()
+            holds[:] = [r for r in agent_dev.timeline() if r.kind == "prefill"]
+            time.sleep(0.001)
+            if time.time() - t0 > 20:
+                break
+
+    th = threading.Thread(target=loop)
+    th.start()
+    t_end = time.time() + 10
+    while agent_dev.lease() is None and time.time() < t_end:
+        time.sleep(0.001)
+    lease = agent_dev.lease()
+    assert lease is not None and lease.label == "r1601:hold"
+    assert lease.deadline <= t0 + 10.0 + 1e-6  # never beyond the window the hold was admitted for
+    time.sleep(0.15)  # one layer ran, the second is under way
+    asked = time.time()
+    rec = train_dev.run("forward", "train:p0r0", duration_s=0.05, label="F0")
+    done.set()
+    th.join(30)
+    assert rec.revoked_lease == ""  # the holder gave the lock back itself ...
+    assert rec.start - asked < 1.0  # ... between two sleeps of 2 ms, not after its 0.4 s chunk
+    assert agent.counters.yielded >= 1
+    first = min(holds, key=lambda r: r.start)
+    assert first.end <= rec.start + 1e-3
+    row = agent.ledger.get("r1601")
+    assert row.actual_s > 0  # the layers that ran are kept: the chunk goes on in a later window
+
+
+def test_no_lease_arguments_for_a_device_without_leases() -> None:
+    agent = Agent.__new__(Agent)
+    agent.device = object()  # the simulator's device and the tests' fakes have no leases
+    agent.lease_guard_s = 0.005
+    assert agent._lease_kw(time.time() + 1) == {}
+    agent.device = Device.__new__(Device)
+    assert agent._lease_kw(5.0) == {"deadline": 5.0, "guard_s": 0.005}
+    assert agent._lease_kw(float("inf")) == {}
+
+

@@ -1,0 +1,106 @@
+"""What the example programs share: the backend chosen by ``BACKEND``, torchrun's
+environment read the way ``env://`` reads it, the JSON lines they print, and the
+digest and files of their final parameters.
+
+The examples are plain ``torch.distributed`` programs: they run under ``testbed
+launch`` (one process per rank inside the emulated hosts), under ``torchrun`` on one
+machine, or alone with ``--reference`` (the same model and data in one process,
+without torch.distributed), which prints the same per-step lines so that a test can
+compare losses and final parameters.
+
+Output (stdout, one JSON object per line; everything else goes to stderr):
+  {"step": 3, "loss": 2.13, "step_s": 0.41, "rank": 0}  one per step and rank
+                                                         (loss where the rank knows it)
+  {"final": true, "rank": 0, "params": {name: {"sum": s, "abs_sum": a, "sha256": h}}}
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import torch
+
+BACKENDS = ("gloo", "atlas")
+
+
+def backend_from_env(name: str = "BACKEND", default: str = "gloo") -> str:
+    """The backend the environment asks for: ``gloo`` (default) or ``atlas`` (which
+    imports ``atlas_transport.torch`` to register it with torch.distributed)."""
+    backend = os.environ.get(name, default).strip().lower() or default
+    if backend not in BACKENDS:
+        raise SystemExit(f"{name}={backend!r}: unknown backend; use one of {', '.join(BACKENDS)}")
+    if backend == "atlas":
+        try:
+            import atlas_transport.torch  # noqa: F401  (registers the backend "atlas")
+        except ImportError as exc:
+            raise SystemExit(f"{name}=atlas: cannot import atlas_transport.torch ({exc}); "
+                             "is the repository on PYTHONPATH and the backend installed?") from None
+    return backend
+
+
+def init_distributed(backend: str) -> tuple[int, int]:
+    """``dist.init_process_group`` from torchrun's environment (RANK, WORLD_SIZE,
+    MASTER_ADDR, MASTER_PORT); returns (rank, world size)."""
+    import torch.distributed as dist
+
+    missing = [k for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT") if k not in os.environ]
+    if missing:
+        raise SystemExit(f"missing {', '.join(missing)} in the environment: start this program with "
+                         "`testbed launch TOPOLOGY -- python ...`, with torchrun, or run it with --reference")
+    dist.init_process_group(backend=backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def emit(**fields: Any) -> None:
+    """One JSON line on stdout, flushed (testbed launch collects every such line)."""
+    sys.stdout.write(json.dumps(fields, sort_keys=False) + "\n")
+    sys.stdout.flush()
+
+
+def log(text: str) -> None:
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
+
+
+@contextmanager
+def timed() -> Iterator[list[float]]:
+    """Wall seconds of the block, appended to the list it yields."""
+    box: list[float] = []
+    began = time.perf_counter()
+    try:
+        yield box
+    finally:
+        box.append(time.perf_counter() - began)
+
+
+def param_digest(named: dict[str, torch.Tensor]) -> dict[str, dict[str, Any]]:
+    """Per parameter: its sum, its sum of absolute values and the sha256 of its bytes."""
+    out: dict[str, dict[str, Any]] = {}
+    for name, tensor in sorted(named.items()):
+        t = tensor.detach().contiguous().cpu()
+        out[name] = {"sum": float(t.double().sum()), "abs_sum": float(t.double().abs().sum()),
+                     "sha256": hashlib.sha256(t.numpy().tobytes()).hexdigest()[:16]}
+    return out
+
+
+def save_params(directory: str | None, filename: str, named: dict[str, torch.Tensor]) -> None:
+    """``--save DIR``: the parameters as ``DIR/<filename>`` (torch.save of name -> tensor)."""
+    if not directory:
+        return
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    torch.save({k: v.detach().clone().cpu() for k, v in named.items()}, path / filename)
+
+
+def seeded(seed: int) -> torch.Generator:
+    gen = torch.Generator()
+    gen.manual_seed(seed)
+    return gen

@@ -68,18 +68,37 @@ def percentiles(values: Iterable[float], qs: Sequence[int] = (50, 95, 99)) -> di
     return {f"p{q}": float(np.percentile(arr, q)) for q in qs}
 
 
-def guard_violations(records: Sequence[WorkLike]) -> tuple[int, float]:
-    """(prefills that made training wait, total seconds training waited for them)."""
+def _waited_for(p: WorkLike, t: WorkLike) -> float | None:
+    """How long training piece `t` waited for prefill `p`, or None if it did not: it asked
+    while `p` held the device and started when `p` ended, or earlier by revoking its
+    lease (testbed_core/device.py: then it started without the prefill's lock)."""
+    if not p.start - EPS <= t.requested < p.end - EPS:
+        return None
+    if t.start >= p.end - EPS:
+        return p.end - t.requested
+    if getattr(t, "revoked_lease", ""):
+        return max(0.0, t.start - t.requested)
+    return None
+
+
+def training_waits(records: Sequence[WorkLike]) -> list[tuple[WorkLike, WorkLike, float]]:
+    """(prefill, the training piece that waited longest for it, seconds) per prefill that
+    made training wait, in the prefills' order."""
     prefills = sorted((r for r in records if is_prefill(r)), key=lambda r: r.end)
     training = [r for r in records if not is_prefill(r)]
-    count, waited = 0, 0.0
+    out = []
     for p in prefills:
-        delays = [p.end - t.requested for t in training
-                  if p.start - EPS <= t.requested < p.end - EPS and t.start >= p.end - EPS]
-        if delays:
-            count += 1
-            waited += max(delays)
-    return count, waited
+        waits = [(w, t) for t in training if (w := _waited_for(p, t)) is not None]
+        if waits:
+            w, t = max(waits, key=lambda x: x[0])
+            out.append((p, t, w))
+    return out
+
+
+def guard_violations(records: Sequence[WorkLike]) -> tuple[int, float]:
+    """(prefills that made training wait, total seconds training waited for them)."""
+    waits = training_waits(records)
+    return len(waits), sum(w for _, _, w in waits)
 
 
 def training_slowdown(iteration_with_s: float | None, iteration_without_s: float | None) -> float | None:

@@ -40,6 +40,7 @@ from testbed_core.contracts.bubbletea import (
     PrefillModelSpec,
 )
 from testbed_core.contracts.prefill_service import ControllerJob
+from testbed_core.contracts.summary import GuardOverruns, IterationStall, LeaseOverrun, TrainingWait
 from testbed_core.contracts.worker_job import TrainJob
 
 DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
@@ -284,7 +285,11 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
         counters = a.get("counters") or {}
         for key in ("not_arrived", "chunks_run", "late_starts", "device_busy_retries"):
             agents[key] += int(counters.get(key) or 0)
+    overruns = guard_overruns(folder, timelines, windows)
+    stalls = iteration_stalls(folder, timelines, windows)
     return {
+        "guard_overruns": overruns,
+        "stalls": stalls,
         "prefill_requests": req["prefill_requests"],
         "ttft_s": {"p50": req["ttft_p50_s"], "p95": req["ttft_p95_s"], "p99": req["ttft_p99_s"],
                    "mean": req["ttft_mean_s"]},
@@ -298,6 +303,134 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
         "kv_checks": kv_checks(agent_rows),
         "prefill_service": prefill_service(folder, req, agents["not_arrived"]),
     }
+
+
+LEASE_GUARD_S = 0.005  # bubbletea_agent/agent.py Agent.lease_guard_s: the guard of every hold's lease
+
+
+def _request_of(label: str) -> str:
+    return label.split(":", 1)[0]
+
+
+def _iteration_of(t: float, windows: Sequence[tuple[float, float]]) -> int | None:
+    for k, (t0, t1) in enumerate(windows):
+        if t0 <= t < t1:
+            return k
+    return None
+
+
+def _waits(timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]]) -> list[TrainingWait]:
+    """Every wait of training on a prefill inside the measured iterations."""
+    from bubbletea_agent.metrics import training_waits
+
+    out = []
+    for device, recs in timelines.items():
+        for p, t, waited in training_waits(list(recs)):
+            k = _iteration_of(t.requested, windows)
+            if k is None:
+                continue
+            out.append(TrainingWait(device=device, request=_request_of(p.label), label=p.label,
+                                    training=getattr(t, "label", ""), iteration=k, waited_s=waited,
+                                    held_s=p.end - p.start, revoked=bool(getattr(t, "revoked_lease", ""))))
+    return sorted(out, key=lambda w: -w.waited_s)
+
+
+def lease_events(folder: Path) -> list[LeaseOverrun]:
+    """The lease events of the variant's devices (testbed_core/device.py), longest first."""
+    from testbed_core.device import LeaseEvent
+
+    out = []
+    for path in sorted((folder / "run" / "devices").glob("*.overruns.jsonl")):
+        for line in path.read_text().splitlines():
+            with contextlib.suppress(json.JSONDecodeError, TypeError):
+                e = LeaseEvent.from_json(json.loads(line))
+                out.append(LeaseOverrun(device=e.device, request=_request_of(e.label), label=e.label,
+                                        event="revoked" if e.event == "revoked" else "overrun",
+                                        overrun_s=e.overrun_s, guard_s=e.guard_s, cause=e.cause))
+    return sorted(out, key=lambda e: -e.overrun_s)
+
+
+def guard_overruns(folder: Path, timelines: Mapping[str, Sequence[Any]],
+                   windows: Sequence[tuple[float, float]]) -> GuardOverruns:
+    """How far prefills went past their slots: training's longest waits on them (device
+    timelines, measured iterations) and every lease revoked or overrun."""
+    waits = _waits(timelines, windows)
+    events = lease_events(folder)
+    return GuardOverruns(
+        guard_s=LEASE_GUARD_S, worst_training_wait_s=waits[0].waited_s if waits else 0.0, worst=waits[:10],
+        lease_revocations=sum(1 for e in events if e.event == "revoked"), lease_overruns=events[:50],
+        worst_lease_overrun_s=max((e.overrun_s for e in events), default=0.0))
+
+
+def _wan_transfers(folder: Path) -> dict[int, list[dict[str, Any]]]:
+    """The workers' send records by iteration (transfers/<worker>.jsonl): WAN ones only
+    where the record says which links it crossed."""
+    from testbed.training.transport_comm import read_transfer_logs
+
+    sends, _ = read_transfer_logs(sorted((folder / "run" / "transfers").glob("*.jsonl")))
+    out: dict[int, list[dict[str, Any]]] = {}
+    for r in sends:
+        if "iteration" in r:
+            out.setdefault(int(r["iteration"]), []).append(r)
+    return out
+
+
+def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[Any]],
+                     windows: Sequence[tuple[float, float]], threshold: float = 1.05) -> list[IterationStall]:
+    """The measured iterations longer than `threshold` x their median, each with what held
+    it up as far as the records show: the prefills training waited for (request, device,
+    how long) and the transport's own signs in that iteration (token timeouts, the
+    longest send from posted to confirmed against the median one). The network is named
+    only when those signs are there; else the verdict says the cause is not recorded."""
+    from statistics import median
+
+    if not windows:
+        return []
+    times = [t1 - t0 for t0, t1 in windows]
+    mid = median(times)
+    waits = _waits(timelines, windows)
+    sends = _wan_transfers(folder)
+    first_measured = min(sends) if sends else 0
+    # the transfer logs number iterations from the first (warm-ups too): the measured ones are the last len(windows)
+    last = max(sends) if sends else -1
+    base = last - len(windows) + 1 if sends else first_measured
+
+    def span(r: dict[str, Any]) -> float | None:
+        a, b = r.get("posted"), r.get("confirmed")
+        return None if a is None or b is None else b - a
+
+    all_spans = [x for rs in sends.values() for r in rs if r.get("links") and (x := span(r)) is not None]
+    typical = median(all_spans) if all_spans else None
+    out = []
+    for k, t in enumerate(times):
+        if t <= threshold * mid:
+            continue
+        mine = [w for w in waits if w.iteration == k]
+        waited = sum(w.waited_s for w in mine)
+        recs = sends.get(base + k, [])
+        timeouts = sum(1 for r in recs if r.get("token_timeout"))
+        spans = [x for r in recs if r.get("links") and (x := span(r)) is not None]
+        longest = max(spans) if spans else None
+        excess = t - mid
+        parts = []
+        if mine:
+            w = mine[0]
+            parts.append(f"prefill {w.request} on {w.device} held the device {w.held_s * 1e3:.0f} ms and training "
+                         f"({w.training}) waited {w.waited_s * 1e3:.0f} ms for it"
+                         + (f"; {len(mine) - 1} more waits, {waited * 1e3:.0f} ms in all" if len(mine) > 1 else ""))
+        if timeouts:
+            parts.append(f"{timeouts} transfer(s) waited for Atlas's link token until its timeout")
+        if longest is not None and typical is not None and longest - typical > 0.5 * excess:
+            parts.append(f"a WAN transfer took {longest:.3f} s from posted to confirmed (median {typical:.3f} s)")
+        if not parts:
+            parts.append("no prefill made training wait and the transfer records show nothing unusual: "
+                         "cause not recorded (CPU contention on the host?)")
+        elif waited < 0.5 * excess and mine:
+            parts.append(f"the waits on prefill explain {waited / excess:.0%} of the {excess * 1e3:.0f} ms excess")
+        out.append(IterationStall(iteration=k, time_s=t, over_median_s=excess, waited_on_prefill_s=waited,
+                                  held_by=mine[:5], token_timeouts=timeouts, longest_wan_transfer_s=longest,
+                                  median_wan_transfer_s=typical, verdict="; ".join(parts)))
+    return out
 
 
 def prefill_service(folder: Path, req: Mapping[str, Any], agents_not_arrived: int) -> dict[str, Any]:

@@ -29,6 +29,8 @@ from statistics import median
 from typing import Any
 
 from testbed_core.contracts.summary import (
+    BubbleTeaTail,
+    IterationTail,
     RepeatFigures,
     RepeatRun,
     Repeats,
@@ -400,6 +402,36 @@ def _stdev(values: Sequence[float]) -> float:
 
 # ------------------------------------------------- BubbleTea: the slowdown's parts
 
+def iteration_tail(times_s: Sequence[float]) -> IterationTail | None:
+    """p50, p95, p99 and max of iteration times (None: none)."""
+    import numpy as np
+
+    if not times_s:
+        return None
+    arr = np.asarray(times_s, dtype=float)
+    return IterationTail(n=len(times_s), p50=float(np.percentile(arr, 50)), p95=float(np.percentile(arr, 95)),
+                         p99=float(np.percentile(arr, 99)), max=float(arr.max()))
+
+
+def bubbletea_tail(plain_times_s: Sequence[float], with_times_s: Sequence[float]) -> BubbleTeaTail | None:
+    """The tail with BubbleTea against the plain twin's, both measured in the same run."""
+    w, p = iteration_tail(with_times_s), iteration_tail(plain_times_s)
+    if w is None or p is None:
+        return None
+    limit = 1.05 * p.p50
+    return BubbleTeaTail(with_bubbletea=w, without=p, max_ratio=w.max / p.max, p99_ratio=w.p99 / p.p99,
+                         p95_ratio=w.p95 / p.p95, p50_ratio=w.p50 / p.p50,
+                         slowed_over_5pct=sum(1 for t in with_times_s if t > limit))
+
+
+def tail_line(t: BubbleTeaTail) -> str:
+    """The tail in one log line."""
+    return (f"tail: max {t.with_bubbletea.max:.3f} s vs {t.without.max:.3f} s ({t.max_ratio:.2f}x), p99 "
+            f"{t.p99_ratio:.2f}x, p95 {t.with_bubbletea.p95:.3f} vs {t.without.p95:.3f} s, p50 "
+            f"{t.with_bubbletea.p50:.3f} vs {t.without.p50:.3f} s; {t.slowed_over_5pct} of {t.with_bubbletea.n} "
+            "iterations slowed by more than 5%")
+
+
 def decompose_slowdown(plain_times_s: Sequence[float], with_times_s: Sequence[float],
                        idle_times_s: Sequence[float] | None, waited_on_prefill_s: float,
                        **cpu: Any) -> SlowdownDecomposition:
@@ -428,7 +460,7 @@ def decompose_slowdown(plain_times_s: Sequence[float], with_times_s: Sequence[fl
         training_waited_on_prefill=waited_on_prefill_s / len(with_times_s) / plain,
         network_noise=_stdev(plain_times_s) / plain, noise_on_total=noise_total,
         idle_twin_iteration_time_s=idle, idle_twin_iteration_times_s=list(idle_times_s or []),
-        **cpu,
+        tail=bubbletea_tail(plain_times_s, with_times_s), **cpu,
     )
 
 
@@ -451,6 +483,8 @@ def decomposition_line(d: SlowdownDecomposition) -> str:
         line += f"; CPU cores used: {', '.join(cores)}"
     if d.cpu_weights:
         line += f" ({d.cpu_weights})"
+    if d.tail is not None:
+        line += f"; {tail_line(d.tail)}"
     return line
 
 
@@ -462,8 +496,14 @@ def repeat_stats(runs: Sequence[RepeatRun]) -> Repeats:
     for key in RepeatFigures.model_fields:
         values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
         figures[key] = (median(values), max(values) - min(values)) if values else (None, None)
+    worst = {}
+    for key in RepeatFigures.model_fields:
+        values = [getattr(r, key) for r in runs if getattr(r, key) is not None]
+        worst[key] = (min(values) if key.startswith("device_utilization") else max(values)) if values else None
+    pooled = [t for r in runs for t in r.iteration_times_s]
     return Repeats(runs=list(runs), median=RepeatFigures(**{k: v[0] for k, v in figures.items()}),
-                   spread=RepeatFigures(**{k: v[1] for k, v in figures.items()}))
+                   spread=RepeatFigures(**{k: v[1] for k, v in figures.items()}),
+                   tail=iteration_tail(pooled), worst=RepeatFigures(**worst))
 
 
 # ---------------------------------------------------------------- the table

@@ -58,7 +58,7 @@ from testbed.run.bubbletea import bubbletea_metrics
 from testbed.run.calibration import Calibration
 from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs, grad_wire_bytes
-from testbed.run.metrics import repeat_stats
+from testbed.run.metrics import iteration_tail, repeat_stats
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
@@ -221,6 +221,9 @@ def _repeat_run(entry: VariantResult, r: int, out: Path) -> RepeatRun:
         agent_overhead=None if d is None else d.agent_overhead,
         training_wait_on_prefill_s=entry.training_wait_on_prefill_s,
         folder=str(Path(entry.timeline_csv).parent),
+        iteration_times_s=entry.iteration_times_s, max_iteration_time_s=max(entry.iteration_times_s, default=None),
+        p95_iteration_time_s=None if (t := iteration_tail(entry.iteration_times_s)) is None else t.p95,
+        worst_training_wait_s=None if entry.guard_overruns is None else entry.guard_overruns.worst_training_wait_s,
     )
 
 
@@ -235,6 +238,9 @@ def repeats_line(entry: VariantResult) -> str:
         text += f", training slowdown {med.training_slowdown:+.1%} (spread {spread.training_slowdown:.1%})"
     if med.agent_overhead is not None:
         text += f", agents' overhead {med.agent_overhead:+.1%}"
+    if entry.repeats.tail is not None:  # the tail over every repeat, not a median
+        t = entry.repeats.tail
+        text += f"; over all {t.n} measured iterations p50 {t.p50:.3f} s, p95 {t.p95:.3f} s, max {t.max:.3f} s"
     return text
 
 

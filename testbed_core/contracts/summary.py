@@ -312,6 +312,31 @@ class WanTailDrops(_Doc):
     without: int
 
 
+class IterationTail(_Doc):
+    """The tail of measured iteration times, seconds (numpy's linear percentiles)."""
+
+    n: int
+    p50: float
+    p95: float
+    p99: float
+    max: float
+
+
+class BubbleTeaTail(_Doc):
+    """A ``+bubbletea`` variant's measured iterations against its plain twin's in the same
+    run: BubbleTea's promise is about the tail, not only the mean (issue 30)."""
+
+    with_bubbletea: IterationTail
+    without: IterationTail
+    max_ratio: float
+    """Slowest iteration with BubbleTea over the slowest without."""
+    p99_ratio: float
+    p95_ratio: float
+    p50_ratio: float
+    slowed_over_5pct: int
+    """Measured iterations with BubbleTea longer than 1.05 x the plain twin's median."""
+
+
 class SlowdownDecomposition(_Doc):
     """Where a ``+bubbletea`` variant's training slowdown comes from, each part a
     fraction of the plain twin's iteration time (testbed/run/metrics.py
@@ -347,6 +372,72 @@ class SlowdownDecomposition(_Doc):
     """CPU the workers and decode servers used over the measured iterations, in cores."""
     cpu_weights: str | None = None
     """How the emulator's processes were kept ahead of the agents (testbed/emulation/cpu.py)."""
+    tail: BubbleTeaTail | None = None
+    """p50, p95, p99 and max iteration time with and without BubbleTea (issue 30)."""
+
+
+class TrainingWait(_Doc):
+    """Training asked for a device while a prefill held it, and waited (device timelines)."""
+
+    device: str
+    request: str
+    """The request whose hold it was (the label's request id; a hold may run several)."""
+    label: str
+    training: str
+    """The training piece that waited (its label, e.g. F3@s1)."""
+    iteration: int | None
+    """The measured iteration it fell in (0: the first measured one)."""
+    waited_s: float
+    held_s: float
+    """How long the prefill held the device in all."""
+    revoked: bool
+    """Training took the device back under the lease (testbed_core/device.py)."""
+
+
+class LeaseOverrun(_Doc):
+    """A prefill hold that ended after its lease's deadline, or that training revoked
+    (``<device>.overruns.jsonl``, testbed_core/device.py `LeaseEvent`)."""
+
+    device: str
+    request: str
+    label: str
+    event: Literal["revoked", "overrun"]
+    overrun_s: float
+    """Past the lease's deadline (revoked: when training took the device back)."""
+    guard_s: float
+    cause: str
+
+
+class GuardOverruns(_Doc):
+    """How far BubbleTea's holds went past their slots, over the measured iterations."""
+
+    guard_s: float | None
+    """The lease guard: training waits at most a hold's deadline plus this."""
+    worst_training_wait_s: float
+    """The longest single wait of training on a prefill (0: none)."""
+    worst: list[TrainingWait] = Field(default_factory=list)
+    """The longest waits, longest first (at most 10)."""
+    lease_revocations: int = 0
+    lease_overruns: list[LeaseOverrun] = Field(default_factory=list)
+    """Every lease event of the variant (warm-ups included), longest first (at most 50)."""
+    worst_lease_overrun_s: float = 0.0
+
+
+class IterationStall(_Doc):
+    """A measured iteration well above its variant's median, and what held it up, as far
+    as the records show: the prefills training waited for (request, device, how long) and
+    the transport's own signs (token timeouts, the longest WAN transfer). The verdict
+    names the network only when those records show it in this iteration."""
+
+    iteration: int
+    time_s: float
+    over_median_s: float
+    waited_on_prefill_s: float
+    held_by: list[TrainingWait] = Field(default_factory=list)
+    token_timeouts: int = 0
+    longest_wan_transfer_s: float | None = None
+    median_wan_transfer_s: float | None = None
+    verdict: str
 
 
 class RepeatFigures(_Doc):
@@ -358,12 +449,16 @@ class RepeatFigures(_Doc):
     training_slowdown: float | None = None
     agent_overhead: float | None = None
     training_wait_on_prefill_s: float | None = None
+    max_iteration_time_s: float | None = None
+    p95_iteration_time_s: float | None = None
+    worst_training_wait_s: float | None = None
 
 
 class RepeatRun(RepeatFigures):
     """One repeat of a variant's measured phase (``runner.repeat``)."""
 
     repeat: int
+    iteration_times_s: list[float] = Field(default_factory=list)
     folder: str
     """The repeat's files, relative to the run folder."""
 
@@ -375,6 +470,10 @@ class Repeats(_Doc):
     runs: list[RepeatRun]
     median: RepeatFigures
     spread: RepeatFigures
+    tail: IterationTail | None = None
+    """Over every measured iteration of every repeat (not a median of medians)."""
+    worst: RepeatFigures | None = None
+    """Per figure the worst repeat's (the largest; the smallest utilization)."""
 
 
 class KVChecks(_Doc):
@@ -406,6 +505,7 @@ BUBBLETEA_KEYS = frozenset({
     "prefill_service",
     "kv_checks",
     "slowdown_decomposition",
+    "guard_overruns", "stalls",
 })
 """The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
 
@@ -470,6 +570,8 @@ class VariantResult(_Doc):
     prefill_service: PrefillService | None = None
     kv_checks: KVChecks | None = None
     slowdown_decomposition: SlowdownDecomposition | None = None
+    guard_overruns: GuardOverruns | None = None
+    stalls: list[IterationStall] | None = None
     # runner.repeat > 1: every repeat, median and spread
     repeats: Repeats | None = None
     # the variant's files

@@ -1,0 +1,106 @@
+"""BubbleTea's tail figures (issue 30): training's waits on prefills named by request and
+device, lease events from the device files, stalled iterations with a verdict that names
+the network only when the transfer records show it, and the tail with and without
+BubbleTea (also over every repeat)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bubbletea_agent.metrics import guard_violations, training_waits
+from testbed.run.bubbletea import guard_overruns, iteration_stalls
+from testbed.run.metrics import bubbletea_tail, decompose_slowdown, repeat_stats
+from testbed_core.contracts.summary import RepeatRun
+from testbed_core.device import LeaseEvent, WorkRecord
+
+
+def rec(kind: str, start: float, end: float, requested: float | None = None, label: str = "",
+        revoked: str = "") -> WorkRecord:
+    return WorkRecord("dc1-h1-gpu0", kind, "o", label, start if requested is None else requested, start, end,
+                      "modelled", revoked_lease=revoked)
+
+
+def test_a_wait_cut_short_by_revoking_the_lease_still_counts() -> None:
+    prefill = rec("prefill", 0.0, 10.0, label="r1601:hold")
+    waited = rec("forward", 2.055, 2.1, requested=2.0, label="F3@s0", revoked="lease-1")
+    unrelated = rec("forward", 10.5, 10.6, requested=10.4)
+    waits = training_waits([prefill, waited, unrelated])
+    assert [(p.label, t.label, round(w, 3)) for p, t, w in waits] == [("r1601:hold", "F3@s0", 0.055)]
+    assert guard_violations([prefill, waited, unrelated]) == (1, pytest.approx(0.055))
+    # without the revocation, a piece that started before the prefill ended did not wait for it
+    assert training_waits([prefill, rec("forward", 2.055, 2.1, requested=2.0)]) == []
+
+
+def _folder(tmp_path: Path) -> Path:
+    devices = tmp_path / "run" / "devices"
+    devices.mkdir(parents=True)
+    events = [LeaseEvent("revoked", "dc1-h1-gpu0", "L1", "bubbletea:p0r0", "r1614:hold", 42, 100.0, 0.005,
+                         100.004, 0.004, "holder stopped (SIGSTOP) while holding the device", True, "train:p0r0")]
+    (devices / "dc1-h1-gpu0.overruns.jsonl").write_text("".join(json.dumps(e.to_json()) + "\n" for e in events))
+    transfers = tmp_path / "run" / "transfers"
+    transfers.mkdir(parents=True)
+    lines = []
+    for it in range(5):  # iteration 0 is a warm-up; 1..4 measured
+        slow = it == 4
+        lines.append({"side": "send", "iteration": it, "links": ["dc1->dc2"], "posted": 10.0 * it,
+                      "confirmed": 10.0 * it + (4.5 if slow else 0.1), "token_timeout": slow})
+    (transfers / "p0r0.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    return tmp_path
+
+
+def test_guard_overruns_name_the_request_device_and_cause(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    windows = [(0.0, 2.0), (2.0, 4.0)]
+    timelines = {"dc1-h1-gpu0": [rec("prefill", 1.0, 1.5, label="r1601:0:512"),
+                                 rec("forward", 1.5, 1.6, requested=1.45, label="F1@s0")]}
+    g = guard_overruns(folder, timelines, windows)
+    assert g.worst_training_wait_s == pytest.approx(0.05)
+    (w,) = g.worst
+    assert (w.device, w.request, w.training, w.iteration) == ("dc1-h1-gpu0", "r1601", "F1@s0", 0)
+    assert g.lease_revocations == 1 and g.lease_overruns[0].request == "r1614"
+    assert "SIGSTOP" in g.lease_overruns[0].cause and g.worst_lease_overrun_s == pytest.approx(0.004)
+
+
+def test_a_stall_caused_by_a_prefill_names_it(tmp_path: Path) -> None:
+    folder = _folder(tmp_path)
+    windows = [(0.0, 2.0), (2.0, 4.0), (4.0, 6.0), (6.0, 9.0)]  # the last one is 1 s over the median
+    timelines = {"dc2-h1-gpu0": [rec("prefill", 6.0, 7.0, label="r1601:hold"),
+                                 rec("backward", 7.0, 7.2, requested=6.1, label="B2@s1")]}
+    stalls = iteration_stalls(folder, timelines, windows)
+    assert [s.iteration for s in stalls] == [3]
+    s = stalls[0]
+    assert s.held_by[0].request == "r1601" and s.held_by[0].device == "dc2-h1-gpu0"
+    assert "prefill r1601 on dc2-h1-gpu0 held the device 1000 ms" in s.verdict
+    # the same iteration also had a token timeout in the transfer records: said, with its length
+    assert s.token_timeouts == 1 and "token until its timeout" in s.verdict
+
+
+def test_a_stall_without_records_does_not_blame_the_network(tmp_path: Path) -> None:
+    windows = [(0.0, 2.0), (2.0, 4.0), (4.0, 7.0)]
+    (s,) = iteration_stalls(tmp_path, {"d": []}, windows)
+    assert "cause not recorded" in s.verdict and "network" not in s.verdict
+    assert s.token_timeouts == 0 and s.longest_wan_transfer_s is None
+
+
+def test_tail_with_and_without_bubbletea() -> None:
+    plain = [2.0, 2.1, 2.2, 2.4]
+    with_bt = [2.0, 2.1, 2.3, 12.13]
+    t = bubbletea_tail(plain, with_bt)
+    assert t is not None and t.with_bubbletea.max == 12.13 and t.without.max == 2.4
+    assert t.max_ratio == pytest.approx(12.13 / 2.4) and t.slowed_over_5pct == 2  # 2.3 and 12.13 > 1.05 x 2.15
+    d = decompose_slowdown(plain, with_bt, None, 0.0)
+    assert d.tail == t
+
+
+def test_repeats_report_the_tail_over_every_repeat() -> None:
+    runs = [RepeatRun(repeat=k + 1, folder=f"r{k}", iteration_time_s=2.0, device_utilization=0.95 - k / 100,
+                      device_utilization_training=0.2, iteration_times_s=times, max_iteration_time_s=max(times))
+            for k, times in enumerate([[2.0, 2.0], [2.0, 12.0], [2.0, 2.1]])]
+    r = repeat_stats(runs)
+    assert r.tail is not None and r.tail.n == 6 and r.tail.max == 12.0
+    assert r.median.max_iteration_time_s == 2.1  # the median hides it ...
+    assert r.worst is not None and r.worst.max_iteration_time_s == 12.0  # ... the worst does not
+    assert r.worst.device_utilization == pytest.approx(0.93)

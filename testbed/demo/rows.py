@@ -24,6 +24,7 @@ TARGET_LINK_FRACTION = 0.9  # atlas N streams >= 90% of iperf3 -P N
 TARGET_MULTI_SPEEDUP = 4.0  # atlas N streams >= 4x atlas on one stream
 PAPER_UTILIZATION = 0.94  # the paper's best GPU utilization with BubbleTea
 SLOWDOWN_LIMIT = 0.01  # BubbleTea may slow training by at most 1%
+WORST_ITERATION_LIMIT = 1.15  # its slowest iteration may be at most 1.15x the slowest without (issue 30)
 
 @dataclass(frozen=True)
 class Row:
@@ -234,6 +235,9 @@ def bubbletea_rows(summary: Summary | None, plain: str = "atlas", why_missing: s
                     "BubbleTea (TCP windows shrank): rerun to compare")
     out.append(Row("bubbletea", "training slowdown with BubbleTea", None if slowdown is None else float(slowdown),
                    "+%", f"<= {SLOWDOWN_LIMIT:.0%}", _check(slowdown, lambda x: x <= SLOWDOWN_LIMIT), why))
+    worst = worst_iteration_row(entry, twin)
+    if worst is not None:
+        out.append(worst)
     req = entry.prefill_requests if entry is not None else None
     if req is not None:
         ttft = entry.ttft_s.p50 if entry.ttft_s is not None else None
@@ -241,6 +245,33 @@ def bubbletea_rows(summary: Summary | None, plain: str = "atlas", why_missing: s
         out.append(Row("bubbletea", "prefill requests served in the bubbles", float(req.served), "",
                        note=note))
     return out
+
+
+def worst_iteration_row(entry: Any, twin: Any) -> Row | None:
+    """BubbleTea's slowest measured iteration over the slowest without it (over every
+    repeat when the variants were repeated), with the p95s, the iterations slowed by
+    more than 5% and the longest wait of training on a prefill; None when not measured."""
+    if entry is None or twin is None:
+        return None
+    if entry.repeats is not None and entry.repeats.tail is not None and twin.repeats is not None \
+            and twin.repeats.tail is not None:
+        w, p, slowed, where = entry.repeats.tail, twin.repeats.tail, None, f" over {len(entry.repeats.runs)} repeats"
+    else:
+        d = entry.slowdown_decomposition
+        if d is None or d.tail is None:
+            return None
+        w, p, slowed, where = d.tail.with_bubbletea, d.tail.without, d.tail.slowed_over_5pct, ""
+    ratio = w.max / p.max
+    note = f"{w.max:.3f} s vs {p.max:.3f} s{where}; p95 {w.p95:.3f} vs {p.p95:.3f} s"
+    if slowed is not None:
+        note += f"; {slowed} of {w.n} iterations slowed by more than 5%"
+    g = entry.guard_overruns
+    if g is not None:
+        note += f"; longest wait on a prefill {g.worst_training_wait_s * 1e3:.0f} ms"
+        if g.worst:
+            note += f" ({g.worst[0].request} on {g.worst[0].device})"
+    return Row("bubbletea", "worst iteration with BubbleTea", ratio, "x", f"<= {WORST_ITERATION_LIMIT:.2f}x",
+               _check(ratio, lambda x: x <= WORST_ITERATION_LIMIT), note)
 
 
 def build_rows(bench: Sequence[Mapping[str, Any]] | None, summary: Summary | None, *,

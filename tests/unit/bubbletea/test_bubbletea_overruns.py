@@ -104,3 +104,30 @@ def test_repeats_report_the_tail_over_every_repeat() -> None:
     assert r.median.max_iteration_time_s == 2.1  # the median hides it ...
     assert r.worst is not None and r.worst.max_iteration_time_s == 12.0  # ... the worst does not
     assert r.worst.device_utilization == pytest.approx(0.93)
+
+
+def test_the_demo_row_shows_the_worst_iteration() -> None:
+    import sys
+
+    sys.path.insert(0, str(Path(__file__).parents[1] / "front"))
+    import summary_builders as b
+
+    from testbed import demo as d
+
+    atlas = b.variant("atlas", 2.2, device_utilization=0.22, streams=8)
+    bt = b.with_bubbletea(atlas, "atlas+bubbletea", iteration_time_s=3.34, device_utilization=0.95,
+                          training_slowdown=0.53)
+    bt.slowdown_decomposition = decompose_slowdown([2.1, 2.2, 2.46], [2.3, 2.3, 12.13], None, 10.0)
+    rows = {r.measure: r for r in d.bubbletea_rows(b.summary({"atlas": atlas, "atlas+bubbletea": bt}))}
+    worst = rows["worst iteration with BubbleTea"]
+    assert worst.value == pytest.approx(12.13 / 2.46) and worst.ok is False
+    assert "12.130 s vs 2.460 s" in worst.note and "1 of 3 iterations slowed by more than 5%" in worst.note
+    # repeated: the slowest over every repeat, not a median
+    atlas.repeats = repeat_stats([RepeatRun(repeat=1, folder="a", iteration_time_s=2.2, device_utilization=0.2,
+                                            device_utilization_training=0.2, iteration_times_s=[2.2, 2.4])])
+    bt.repeats = repeat_stats([RepeatRun(repeat=k + 1, folder="b", iteration_time_s=2.2, device_utilization=0.9,
+                                         device_utilization_training=0.2, iteration_times_s=t)
+                               for k, t in enumerate([[2.2, 2.3], [2.2, 2.6]])])
+    rows = {r.measure: r for r in d.bubbletea_rows(b.summary({"atlas": atlas, "atlas+bubbletea": bt}))}
+    worst = rows["worst iteration with BubbleTea"]
+    assert worst.value == pytest.approx(2.6 / 2.4) and worst.ok is True and "over 2 repeats" in worst.note

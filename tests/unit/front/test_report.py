@@ -15,7 +15,7 @@ from click.testing import CliRunner
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_sweep_fakes import fake_runner, flaky_runner, write_base, write_sweep  # noqa: E402
+from sweep_fakes import fake_runner, flaky_runner, write_base, write_sweep  # noqa: E402
 
 from testbed.cli import main  # noqa: E402
 from testbed.progress import Progress  # noqa: E402

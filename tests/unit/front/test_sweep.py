@@ -10,7 +10,7 @@ import pytest
 import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_sweep_fakes import write_base, write_sweep  # noqa: E402
+from sweep_fakes import write_base, write_sweep  # noqa: E402
 
 from testbed.sweep import (  # noqa: E402
     RangeSpec,

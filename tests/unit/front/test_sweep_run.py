@@ -18,7 +18,7 @@ from click.testing import CliRunner
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from test_sweep_fakes import (  # noqa: E402
+from sweep_fakes import (  # noqa: E402
     failing_runner,
     fake_runner,
     flaky_runner,
@@ -216,7 +216,7 @@ def cli(*args: str):
 def test_command_runs_reports_and_prints_the_table(folder: Path) -> None:
     path = write_sweep(folder, {"parameters": {"topology.wan.0.delay": DELAYS}})
     out = folder / "out"
-    result = cli("sweep", str(path), "--out", str(out), "--runner", "test_sweep_fakes:fake_runner",
+    result = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fake_runner",
                  "--set", "transport.streams=4")
     assert result.exit_code == 0, result.output
     assert "point  delay  status  baseline s  multi-tcp s  atlas s" in result.stdout
@@ -225,7 +225,7 @@ def test_command_runs_reports_and_prints_the_table(folder: Path) -> None:
     for name in ("results.csv", "iteration_time.png", "speedup.png", "summary.txt"):
         assert (out / name).stat().st_size > 0, name
     assert yaml.safe_load((out / "p001-delay=5ms" / "scenario.resolved.yaml").read_text())["transport"]["streams"] == 4
-    again = cli("sweep", str(path), "--out", str(out), "--runner", "test_sweep_fakes:fake_runner",
+    again = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fake_runner",
                 "--set", "transport.streams=4")
     assert again.exit_code == 0 and "4 skipped" in again.stderr
 
@@ -233,7 +233,7 @@ def test_command_runs_reports_and_prints_the_table(folder: Path) -> None:
 def test_command_exit_status_and_message_on_failed_points(folder: Path) -> None:
     path = write_sweep(folder, {"parameters": {"topology.wan.0.delay": ["5ms", "100ms"]}})
     out = folder / "out"
-    result = cli("sweep", str(path), "--out", str(out), "--runner", "test_sweep_fakes:flaky_runner")
+    result = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:flaky_runner")
     assert result.exit_code == 1
     assert "1 of 2 points failed (rerun the same command to retry them):" in result.stderr
     assert f"p002-delay=100ms: RuntimeError: relay lost its queue at RTT 200 ms  (see {out}/p002-delay=100ms/traceback.txt)" in result.stderr
@@ -243,7 +243,7 @@ def test_command_exit_status_and_message_on_failed_points(folder: Path) -> None:
 def test_command_refuses_a_malformed_sweep_before_running(folder: Path) -> None:
     path = write_sweep(folder, {"parameters": {"topology.wan.0.delay": ["5ms", "slow"]}})
     out = folder / "out"
-    result = cli("sweep", str(path), "--out", str(out), "--runner", "test_sweep_fakes:fail_if_called")
+    result = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fail_if_called")
     assert result.exit_code == 1
     assert f"Error: {path}: parameters.topology.wan.0.delay: value 'slow' is not a valid scenario" in result.stderr
     assert not out.exists()
@@ -276,7 +276,7 @@ def test_killed_sweep_resumes_and_ends_with_the_same_csv(folder: Path, tmp_path:
                PYTHONPATH=os.pathsep.join([str(HERE), str(ROOT), os.environ.get("PYTHONPATH", "")]))
     proc = subprocess.Popen(
         [sys.executable, "-m", "testbed.cli", "sweep", str(path), "--out", str(out),
-         "--runner", "test_sweep_fakes:fake_runner"],
+         "--runner", "sweep_fakes:fake_runner"],
         env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
     )
     finished: dict[str, str] = {}

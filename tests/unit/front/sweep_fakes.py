@@ -4,7 +4,7 @@ They write what the real runner writes (summary.json through its model, built wi
 summary_builders.py, and scenario.resolved.yaml) with
 figures derived from the point's parameters by a simple window-limited TCP model,
 so aggregation and plots are exercised on real files whose numbers move with the
-swept values. Importable by name (`test_sweep_fakes:fake_runner`) so that the
+swept values. Importable by name (`sweep_fakes:fake_runner`) so that the
 `--runner` option and `--jobs` worker processes can load them.
 """
 

@@ -23,7 +23,7 @@ from testbed_core.whatif.predict import Gaps
 from testbed_core.whatif.prefill import prefill_capacity
 
 ROOT = Path(__file__).resolve().parents[3]
-sys.path.insert(0, str(ROOT / "tests/unit/front"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # summary_builders.py, beside this file
 import summary_builders as builders  # noqa: E402  (the summaries the front's tests build through the contract)
 
 TOPO = str(ROOT / "topologies/2dc.yaml")

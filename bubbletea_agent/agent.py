@@ -528,8 +528,12 @@ class Agent:
                     dev.lease_cause(f"{run.pending.request.id}: woke {late * 1e3:.1f} ms after its layers' end "
                                     f"(bookkeeping until {max(0.0, busy_until - cursor) * 1e3:+.1f} ms; "
                                     "descheduled or starved of CPU)")
-                if stopped:  # training asked mid-group: keep the layers that are done
-                    done_layers = min(run.pieces, int((woke - t) / run.piece_s)) if run.piece_s > 0 else 0
+                if stopped or (leased and dev.lease_revoked_at() is not None):
+                    # training asked mid-group, or took the device back while we overslept:
+                    # keep the layers that ran before then, on the device's clock
+                    revoked_at = dev.lease_revoked_at() if leased else None
+                    ran_until = woke if revoked_at is None else min(woke, revoked_at)
+                    done_layers = min(run.pieces, int((ran_until - t) / run.piece_s)) if run.piece_s > 0 else 0
                     self.counters.yielded += 1
                     if done_layers > 0:
                         part = replace(run, pieces=done_layers)
@@ -584,14 +588,13 @@ class Agent:
         return {"deadline": deadline, "guard_s": self.lease_guard_s}
 
     def _sleep_in_hold(self, until: float) -> bool:
-        """Sleep inside a leased hold until `until`, looking every 2 ms whether training
-        wants the device (or took it back); True if it does (stop now)."""
+        """Sleep inside a leased hold until `until`, woken at once when training asks for
+        the device (`Device.wait_yield`); True if it does or took it back (stop now)."""
         dev: Any = self.device
         while (left := until - self.clock.now()) > 0:
-            if dev.should_yield() is not None:
+            if dev.wait_yield(left) is not None:
                 return True
-            self.clock.sleep(min(left, 0.002))
-        return False
+        return dev.should_yield() is not None
 
     def _realtime(self, on: bool) -> bool:
         """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed.

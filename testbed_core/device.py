@@ -54,6 +54,7 @@ import json
 import math
 import os
 import re
+import select
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -293,6 +294,10 @@ class Device:
         self.lock_path.touch(exist_ok=True)
         self.want_dir.mkdir(exist_ok=True)
         self.settled_dir.mkdir(exist_ok=True)
+        self.yield_path = self.dir / f"{name}.yield"  # FIFO: training pokes a holder when it asks
+        with contextlib.suppress(FileExistsError):
+            os.mkfifo(self.yield_path, 0o666)
+        self._yield_fd = -1
         self._local = threading.Lock()  # orders threads sharing this object before flock
         self._lease: Lease | None = None  # the lease this object holds now (try_run with a deadline)
         self._lease_cause = ""
@@ -377,6 +382,7 @@ class Device:
             pass
         marker = self._want_marker()
         marker.touch()
+        self._poke_holder()
         try:
             while True:
                 try:
@@ -402,6 +408,20 @@ class Device:
         except BaseException:
             self._unwant()
             raise
+
+    def _poke_holder(self) -> None:
+        """Wake a holder sleeping in `wait_yield` (never blocks: no reader, or a full pipe,
+        means nobody sleeps there)."""
+        try:
+            fd = os.open(self.yield_path, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            return
+        try:
+            os.write(fd, b"!")
+        except OSError:
+            pass
+        finally:
+            os.close(fd)
 
     def _revoke(self, lease: Lease, state: str | None, now: float) -> bool:
         """Settle `lease` as revoked if its holder has not released it first."""
@@ -492,6 +512,32 @@ class Device:
         if self.wanted():
             return "wanted"
         return None
+
+    def wait_yield(self, timeout: float) -> str | None:
+        """Holder: sleep up to `timeout` seconds, woken at once when training asks for the
+        device (a poke on ``<name>.yield``); then why it must stop (`should_yield`) or None.
+        One wake-up per request instead of polling: a holder starved of CPU wakes as
+        rarely as possible."""
+        if self._yield_fd < 0:
+            with contextlib.suppress(OSError):
+                self._yield_fd = os.open(self.yield_path, os.O_RDWR | os.O_NONBLOCK)
+        why = self.should_yield()
+        if why is not None or timeout <= 0:
+            return why
+        if self._yield_fd < 0:
+            time.sleep(min(timeout, 0.002))
+            return self.should_yield()
+        ready, _, _ = select.select([self._yield_fd], [], [], timeout)
+        if ready:
+            with contextlib.suppress(BlockingIOError, OSError):
+                while os.read(self._yield_fd, 4096):
+                    pass
+            return self.should_yield()
+        return None
+
+    def lease_revoked_at(self) -> float | None:
+        """Holder: when training took back the lease it holds now (None: not revoked)."""
+        return None if self._lease is None else self._revoked_at(self._lease.id)
 
     def _release_lease(self, lease: Lease, end: float) -> float | None:
         """Settle the lease as released (or learn that training revoked it): the time it
@@ -594,6 +640,10 @@ class Device:
                               os.getpid(), owner, label, start, float(deadline), float(guard_s))
                 self._lease, self._lease_cause = lease, ""
                 self._write_lease(lease)
+                if self._yield_fd >= 0:  # pokes meant for an earlier hold
+                    with contextlib.suppress(BlockingIOError, OSError):
+                        while os.read(self._yield_fd, 4096):
+                            pass
             expected = None if modelled is None else start + modelled * self.time_scale
             self._write_current(kind, owner, label, start, expected)
             result, overrun, preempted = None, 0.0, False
@@ -605,7 +655,7 @@ class Device:
                 if expected is not None:
                     now = time.time()
                     if now < expected:
-                        preempted = not _sleep_until(expected, self.should_yield if lease is not None else None)
+                        preempted = not _sleep_until(expected, self.wait_yield if lease is not None else None)
                     else:
                         overrun = (now - expected) / self.time_scale
                 end = time.time()
@@ -615,6 +665,8 @@ class Device:
                     self._lease = None
                     revoked_at = self._release_lease(final, end)
                     deadline = final.deadline
+                    if revoked_at is not None:
+                        end = max(start, min(end, revoked_at))  # the device was training's from then on
                 record = WorkRecord(
                     self.name, kind, owner, label, requested, start, end, self.mode,
                     modelled, flops, overrun, os.getpid(), result,
@@ -699,14 +751,15 @@ class Device:
         return idle_gaps(self.timeline(since=t0), t0, t1, min_s)
 
 
-def _sleep_until(deadline: float, stop: Callable[[], Any] | None = None, slice_s: float = 0.002) -> bool:
+def _sleep_until(deadline: float, stop: Callable[[float], Any] | None = None) -> bool:
     """Sleep to a wall-clock deadline (no spinning: the machine's cores are shared); with
-    `stop`, look at it every `slice_s` and return False as soon as it is true."""
+    `stop` (`Device.wait_yield`: sleeps up to its argument, says whether to stop), return
+    False as soon as it says stop."""
     while (left := deadline - time.time()) > 0:
         if stop is not None:
-            if stop():
+            if stop(left):
                 return False
-            left = min(left, slice_s)
+            continue
         time.sleep(left)
     return True
 

@@ -236,6 +236,7 @@ def test_training_revokes_a_lease_past_its_deadline_plus_guard(tmp_path: Path) -
     assert "revoked by training" in overrun[0].cause
     held = [r for r in dev.timeline() if r.kind == "prefill"]
     assert held and held[0].revoked_at is not None and held[0].deadline == lease.deadline
+    assert held[0].end == pytest.approx(held[0].revoked_at)  # the device was training's from then on
 
 
 def test_a_sigstopped_holder_gives_the_device_back_at_once(tmp_path: Path) -> None:
@@ -282,11 +283,10 @@ def test_holder_yields_when_training_asks_and_try_run_backs_off(tmp_path: Path) 
         held.set()
         t_end = time.time() + 10
         while time.time() < t_end:
-            why = holder_dev.should_yield()
+            why = holder_dev.wait_yield(t_end - time.time())  # sleeps until training pokes
             if why is not None:
                 stopped.append(why)
                 return
-            time.sleep(0.001)
 
     t = threading.Thread(target=lambda: holder_dev.try_run(
         "prefill", "agent", duration_s=0.0, fn=fn, label="r1:hold", deadline=time.time() + 10, guard_s=0.01))

@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps openssh-server openssh-client sudo
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-cluster test-long test-unit floors demo lint layers clean-venv
+.PHONY: install sysdeps venv test test-cluster test-long test-unit floors demo lint layers docs clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -58,6 +58,11 @@ layers: install
 
 demo: install
 	$(VENV)/bin/testbed demo
+
+# The documentation site (mkdocs.yml, docs/) into site/, warnings as errors; offline.
+# `make test` runs the same strict build (tests/unit/docs/test_site.py).
+docs: install
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 clean-venv:
 	rm -rf $(VENV)

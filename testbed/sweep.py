@@ -591,6 +591,11 @@ def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progres
 
 
 def _child_main(payload: dict[str, Any], folder: str, runner: Runner) -> None:
+    from testbed_core.lifetime import end_with_parent
+
+    parent = multiprocessing.parent_process()
+    if parent is not None and parent.pid is not None:  # the sweep killed: this point's run tears down and ends
+        end_with_parent(parent.pid)
     outcome = execute_point(payload, Path(folder), runner, None)
     raise SystemExit(0 if outcome.status == "ok" else 3)
 

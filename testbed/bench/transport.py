@@ -360,6 +360,9 @@ _CLIENTS = {"atlas": client_atlas, "tcp": client_tcp, "gloo": client_gloo, "iper
 
 
 def worker_main(argv: list[str] | None = None) -> int:
+    from testbed_core.lifetime import watch_owner
+
+    watch_owner()  # ends promptly once the benchmark that started it is gone
     p = argparse.ArgumentParser(prog="python -m testbed.bench.transport", description=__doc__.split("\n\n")[0])
     sub = p.add_subparsers(dest="role", required=True)
     for role in ("server", "client"):
@@ -401,6 +404,9 @@ def worker_main(argv: list[str] | None = None) -> int:
 # --- orchestration ------------------------------------------------------------------
 
 def local_launcher(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> subprocess.Popen:
+    from testbed_core.lifetime import OWNER_ENV, owner_mark
+
+    env = {**env, OWNER_ENV: owner_mark()}  # it ends itself when this process is gone (worker_main)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, env=env)
 
 

@@ -600,6 +600,12 @@ def execute(actions: list[Action], procfs: ProcFS | None = None, grace_s: float 
     failures += [why for _, why in survivors]
     links = None
     remote_failed = False
+    remote = [a for a in actions if a.kind == "remote-clean" and a.remote is not None]
+    from concurrent.futures import ThreadPoolExecutor
+
+    pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(remote))))  # servers at once: see clean()
+    remote_done = {a.target: pool.submit(remote_clean, *a.remote) for a in remote}  # type: ignore[misc]
+    pool.shutdown(wait=False)
     for action in actions:
         try:
             if action.kind == "del-interface":
@@ -626,7 +632,7 @@ def execute(actions: list[Action], procfs: ProcFS | None = None, grace_s: float 
                     path.unlink()
             elif action.kind == "remote-clean":
                 assert action.remote is not None
-                failure = remote_clean(*action.remote)
+                failure = remote_done[action.target].result()
                 if failure:
                     failures.append(failure)
                     remote_failed = True
@@ -656,6 +662,11 @@ def remote_clean(prefix: str, entry: RemoteEntry, timeout: float = 60.0) -> str 
 
     from testbed.emulation.sshlogin import RemoteLogin
 
+    identity = entry.login.get("identity")
+    if identity and not os.path.exists(identity):  # ssh would still try, and wait out its connect timeout
+        return (f"server {entry.server} ({entry.login.get('address')}): not cleaned over SSH: its login's identity "
+                f"file {identity} no longer exists (a test rig's, gone with it?); run `testbed clean` where that "
+                "server is reachable with a key, or remove the record if the server is gone")
     try:
         argv = RemoteLogin.model_validate(entry.login).clean_argv(prefix, entry.paths)
         res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
@@ -681,11 +692,14 @@ def clean(directory: Path | None = None, dry_run: bool = False,
     """Remove what crashed runs left, as listed in their records, and nothing else."""
     procfs = procfs or ProcFS()
     records, problems = list_records(directory)
-    actions: list[Action] = []
-    failures: list[str] = []
-    for record in records:
-        planned = plan_clean(record, procfs, records)
-        actions += planned
-        if not dry_run and not any(a.kind == "skip" for a in planned):
-            failures += execute(planned, procfs)
+    plans = [plan_clean(record, procfs, records) for record in records]
+    actions = [a for planned in plans for a in planned]
+    todo = [planned for planned in plans if not dry_run and not any(a.kind == "skip" for a in planned)]
+    # Records at once: a server reached over SSH that does not answer costs its connect
+    # timeout, and that should be paid once, not once per record.
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as pool:
+        results = list(pool.map(lambda planned: execute(planned, procfs), todo))
+    failures = [f for result in results for f in result]
     return CleanReport(actions, failures, problems, dry_run)

@@ -234,3 +234,74 @@ def test_temporary_paths_are_recorded_checked_and_removed_by_clean(tmp_path, pro
     assert done.failures == []
     assert not folder.exists() and not file.exists() and not rec.path.exists()
     assert bystander.exists()
+
+
+def test_plan_finds_marked_processes_the_record_does_not_name(tmp_path, proc):
+    """Killed between starting a process and recording it: the mark finds it (the fork
+    server and its children carry TESTBED_RUN in the environment they started with);
+    zombies and other runs' processes are left alone."""
+    root, procfs = proc
+    rec = make_record(tmp_path, procfs)
+    rec.owner.pid, rec.owner.start = 100, 10
+    rec.save()
+    add_proc(root, 900, 90, "python -c from multiprocessing.forkserver import main", env={ENV_RUN: "tb123"})
+    add_proc(root, 901, 91, "python -c from multiprocessing.forkserver import main", env={ENV_RUN: "tb123"},
+             netns=RUN_NS)  # a warm child inside a node
+    add_proc(root, 902, 92, "iperf3 -s", netns=RUN_NS)  # in the namespace the warm child holds
+    add_proc(root, 903, 93, "bash --norc --noediting -is mininet:tb123d0h1", netns=OTHER_NS)  # an unrecorded node
+    add_proc(root, 904, 94, "python worker", env={ENV_RUN: "tb124"})  # another run's
+    add_proc(root, 905, 95, "python worker", env={ENV_RUN: "tb123"})
+    stat = (root / "905" / "stat").read_text().replace(" S ", " Z ", 1)
+    (root / "905" / "stat").write_text(stat)  # a zombie: gone, nothing to end
+    actions = plan_clean(RunRecord.load(rec.path), procfs)
+    assert sorted(a.pid for a in actions if a.kind == "kill") == [900, 901, 902, 903]
+    assert "marked tb123" in next(a.detail for a in actions if a.pid == 900)
+
+
+def test_a_zombie_owner_is_gone(tmp_path, proc):
+    """A killed controller nobody reaped yet does not keep its run 'in progress'."""
+    root, procfs = proc
+    add_proc(root, 100, 10, "python -m testbed run")
+    stat = (root / "100" / "stat").read_text().replace(" S ", " Z ", 1)
+    (root / "100" / "stat").write_text(stat)
+    rec = make_record(tmp_path, procfs)
+    rec.owner.pid, rec.owner.start = 100, 10
+    rec.save()
+    actions = plan_clean(RunRecord.load(rec.path), procfs)
+    assert actions[-1].kind == "remove-record" and not any(a.kind == "skip" for a in actions)
+
+
+def test_prefix_is_in_use_while_a_marked_process_lives(tmp_path, proc):
+    root, procfs = proc
+    add_proc(root, 950, 95, "python worker", env={ENV_RUN: "tb5a5"})
+    assert prefix_in_use("tb5a5", tmp_path / "records", procfs)
+    assert not prefix_in_use("tb5a6", tmp_path / "records", procfs)
+
+
+def test_end_processes_terms_then_kills_and_waits():
+    """SIGTERM first; one that ignores it is killed after the grace; all are gone on return."""
+    import subprocess
+    import sys
+
+    from testbed.emulation.records import end_processes
+
+    polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                                 "signal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ok', flush=True)\n"
+                                 "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    assert stubborn.stdout is not None and stubborn.stdout.readline().strip() == "ok"
+    procfs = ProcFS()
+    targets = [(p.pid, procfs.start_time(p.pid)) for p in (polite, stubborn)]
+    assert end_processes(targets, procfs, grace_s=0.3, kill_wait_s=10) == []
+    assert [procfs.start_time(pid) for pid, _ in targets] == [None, None]  # gone (and reaped) on return
+    polite.wait(5), stubborn.wait(5)
+
+
+def test_remote_clean_without_its_identity_file_fails_at_once_and_says_why():
+    from testbed.emulation.records import RemoteEntry, remote_clean
+
+    entry = RemoteEntry("s1", {"server": "s1", "address": "10.9.9.9", "user": "root", "port": 22,
+                               "identity": "/nonexistent/tb123-rig/id_ed25519"})
+    msg = remote_clean("tb123", entry)
+    assert msg is not None and "server s1 (10.9.9.9): not cleaned over SSH: its login's identity file " \
+        "/nonexistent/tb123-rig/id_ed25519 no longer exists" in msg

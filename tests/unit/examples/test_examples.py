@@ -1,0 +1,142 @@
+"""The example programs (examples/) under a local multi-process run on 127.0.0.1 equal
+their one-process ``--reference``: the same loss at every step and the same final
+parameters, within 1e-5; with gloo, and with atlas once atlas_transport.torch exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from testbed_core.constants import REPO_ROOT
+
+EXAMPLES = REPO_ROOT / "examples"
+TOL = 1e-5
+HAS_ATLAS = importlib.util.find_spec("atlas_transport.torch") is not None
+BACKENDS = ["gloo", pytest.param("atlas", marks=pytest.mark.skipif(
+    not HAS_ATLAS, reason="atlas_transport.torch (the torch.distributed backend) is not in this checkout yet"))]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def json_lines(text: str) -> list[dict]:
+    out = []
+    for line in text.splitlines():
+        line = line.strip()
+        if line.startswith("{"):
+            out.append(json.loads(line))
+    return out
+
+
+def run_local(script: str, world: int, args: list[str], backend: str, child_env: dict[str, str],
+              timeout: float = 240) -> list[list[dict]]:
+    """`world` processes of the example with torchrun's environment on 127.0.0.1; each
+    rank's JSON lines."""
+    port = _free_port()
+    procs = []
+    for rank in range(world):
+        env = dict(child_env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                   LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
+                   BACKEND=backend, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
+        procs.append(subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+    outs = []
+    try:
+        for rank, proc in enumerate(procs):
+            out, err = proc.communicate(timeout=timeout)
+            assert proc.returncode == 0, f"rank {rank} exited {proc.returncode}:\n{err[-3000:]}"
+            outs.append(json_lines(out))
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    return outs
+
+
+def run_reference(script: str, args: list[str], child_env: dict[str, str]) -> list[dict]:
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), "--reference", *args], env=child_env,
+                          capture_output=True, text=True, timeout=240, check=True)
+    return json_lines(done.stdout)
+
+
+def losses(lines: list[dict]) -> dict[int, float]:
+    return {d["step"]: d["loss"] for d in lines if "loss" in d}
+
+
+def compare_params(ranks: int, save: Path) -> None:
+    ref = torch.load(save / "reference.pt")
+    seen: set[str] = set()
+    for k in range(ranks):
+        mine = torch.load(save / f"rank-{k}.pt")
+        for name, tensor in mine.items():
+            assert name in ref, f"rank {k}: parameter {name} not in the reference ({sorted(ref)})"
+            diff = (tensor - ref[name]).abs().max().item()
+            assert diff <= TOL, f"rank {k}: {name} differs from the reference by {diff:g}"
+            seen.add(name)
+    assert seen == set(ref), f"parameters no rank holds: {sorted(set(ref) - seen)}"
+
+
+CASES = {
+    "pipeline-gpipe": ("pipeline.py", 2, ["--schedule", "gpipe", "--rows", "512", "--hidden", "16"],
+                       ["--stages", "2"]),
+    "pipeline-1f1b": ("pipeline.py", 2, ["--schedule", "1f1b", "--rows", "512", "--hidden", "16",
+                                         "--layers-per-stage", "2"], ["--stages", "2"]),
+    "ddp": ("ddp.py", 2, ["--batch", "64", "--hidden", "128"], ["--world", "2"]),
+    "hybrid": ("hybrid.py", 4, ["--rows", "128", "--hidden", "16"], ["--world", "4"]),
+}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("case", list(CASES))
+def test_example_equals_reference(case: str, backend: str, child_env: dict[str, str], tmp_path: Path) -> None:
+    script, world, args, ref_args = CASES[case]
+    common = [*args, "--steps", "3", "--seed", "7"]
+    ranks = run_local(script, world, [*common, "--save", str(tmp_path)], backend, child_env)
+    ref = run_reference(script, [*common, *ref_args, "--save", str(tmp_path)], child_env)
+    got: dict[int, float] = {}
+    for lines in ranks:
+        got.update(losses(lines))
+    want = losses(ref)
+    assert sorted(got) == sorted(want) == [0, 1, 2]
+    for step, value in want.items():
+        assert abs(got[step] - value) <= TOL, f"step {step}: loss {got[step]} vs the reference's {value}"
+    steps0 = [d for d in ranks[0] if "step" in d]
+    assert [d["step"] for d in steps0] == [0, 1, 2] and all(d["step_s"] > 0 for d in steps0)
+    assert all(any(d.get("final") for d in lines) for lines in ranks), "a rank printed no final digest"
+    compare_params(world, tmp_path)
+
+
+def test_unknown_backend_is_refused(child_env: dict[str, str]) -> None:
+    env = dict(child_env, BACKEND="nccl2", RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
+    done = subprocess.run([sys.executable, str(EXAMPLES / "ddp.py")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "BACKEND='nccl2': unknown backend; use one of gloo, atlas" in done.stderr
+
+
+def test_missing_environment_says_how_to_start(child_env: dict[str, str]) -> None:
+    env = {k: v for k, v in child_env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    done = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py")], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode != 0
+    assert "missing RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in done.stderr
+    assert "testbed launch" in done.stderr
+
+
+def test_bad_size_flag_is_refused(child_env: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py"), "--reference", "--steps", "0"],
+                          env=child_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert "--steps must be at least 1, got 0" in done.stderr

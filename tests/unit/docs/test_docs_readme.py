@@ -180,3 +180,10 @@ def test_paper_page_gives_every_claim_a_command_and_a_kept_result():
         assert kept_paths, f"{claim}: no kept result"
         for path in kept_paths:
             assert (ROOT / path).exists(), f"{claim}: kept result {path} is not in the repository"
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "topologies").glob("*.yaml")) + sorted((ROOT / "scenarios").glob("*.yaml")),
+                         ids=lambda p: str(p.relative_to(ROOT)))
+def test_every_shipped_file_is_documented(path: Path):
+    pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
+    assert path.name in pages, f"{path.relative_to(ROOT)} is shipped but no page of docs/ mentions it"

@@ -8,6 +8,11 @@ Markers (registered in pyproject.toml):
 * ``long``: a whole end-to-end run of a minute or more on 2 cores (the multi-server and
   real-machine runs, the 3-DC run, real prefill in real training); skipped unless
   ``TESTBED_LONG_TESTS=1`` (``make test-long``), so ``make test`` stays within its time.
+* ``floor``: asserts a throughput, a speedup ratio or a duration that depends on the
+  machine's speed (a benchmark floor, mostly under ``tests/floors/``); skipped unless
+  ``TESTBED_FLOOR_TESTS=1`` (``make floors``, on a quiet machine), so that noise on busy
+  cores never fails ``make test``. The default suite checks the same runs for correctness
+  and prints their figures.
 
 Fixtures:
 
@@ -47,6 +52,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="a long end-to-end run: set TESTBED_LONG_TESTS=1 (make test-long)")
         for item in items:
             if "long" in item.keywords:
+                item.add_marker(skip)
+    if os.environ.get("TESTBED_FLOOR_TESTS") != "1":
+        skip = pytest.mark.skip(reason="a benchmark floor: set TESTBED_FLOOR_TESTS=1 (make floors) to run it")
+        for item in items:
+            if "floor" in item.keywords:
                 item.add_marker(skip)
     gpu_items = [item for item in items if item.get_closest_marker("gpu") is not None]
     if gpu_items and not _cuda_available():

@@ -2,7 +2,8 @@
 with a BDP queue on the relay namespace's egress both ways (as the builder sets it up).
 
 Figures (RTT, goodput, relay CPU) are printed; timing is asserted only where the issue
-says so (RTT within max(1 ms, 3%)) and with a generous floor for goodput.
+says so (RTT within max(1 ms, 3%)); the goodput floor is marked `floor` (make floors),
+the default suite checks that the shaped rate caps it.
 """
 
 from __future__ import annotations
@@ -244,8 +245,9 @@ def test_tcp_transfer_is_byte_exact(wan: Wan, relay, delay: str, loss: str, size
         assert stats["a2b"]["lost_segments"] > 0 and stats["a2b"]["split_frames"] > 0
 
 
-@pytest.mark.slow
-def test_goodput_several_streams_near_the_shaped_rate(wan: Wan, relay) -> None:
+def _goodput_through_relay(wan: Wan, relay, seconds: int) -> float:
+    """8 iperf3 streams for `seconds` through the 1 Gbit/s HTB and a 2 x 25 ms relay: the
+    goodput (bit/s), with the retransmits, the relay's CPU and its counters printed."""
     if not shutil.which("iperf3"):
         pytest.skip("iperf3 is not installed (apt-get install iperf3)")
     rp = relay("--delay", "25ms")
@@ -257,7 +259,8 @@ def test_goodput_several_streams_near_the_shaped_rate(wan: Wan, relay) -> None:
     try:
         time.sleep(0.3)
         cpu0, t0 = rp.cpu_s(), time.monotonic()
-        out = nsx(wan.a, "iperf3", "-c", IP_B, "-p", "5301", "-P", "8", "-t", "5", "-O", "1", "-J", timeout=60)
+        out = nsx(wan.a, "iperf3", "-c", IP_B, "-p", "5301", "-P", "8", "-t", str(seconds), "-O", "1", "-J",
+                  timeout=60)
         cpu = (rp.cpu_s() - cpu0) / (time.monotonic() - t0)
     finally:
         server.kill()
@@ -270,8 +273,22 @@ def test_goodput_several_streams_near_the_shaped_rate(wan: Wan, relay) -> None:
           f"retransmits {retrans}, relay CPU {cpu * 100:.0f}% of one core; "
           f"frames a2b {stats['a2b']['rx_frames']} b2a {stats['b2a']['rx_frames']}, "
           f"qdisc drops {stats['a2b']['send_drops']}, kernel drops {stats['kernel_drops']}")
+    return goodput
+
+
+def test_the_shaped_rate_caps_goodput_through_the_relay(wan: Wan, relay) -> None:
+    goodput = _goodput_through_relay(wan, relay, 2)
+    assert 0 < goodput < 1.02 * RATE  # HTB, not the relay, sets the rate
+
+
+@pytest.mark.floor
+@pytest.mark.slow
+def test_goodput_several_streams_near_the_shaped_rate(wan: Wan, relay) -> None:
+    """How close to the shaped rate the relay carries 8 flows: a floor that depends on
+    the machine's load (make floors)."""
+    goodput = _goodput_through_relay(wan, relay, 5)
     assert goodput > 0.5 * RATE  # generous: the box is shared
-    assert goodput < 1.02 * RATE  # HTB, not the relay, sets the rate
+    assert goodput < 1.02 * RATE
 
 
 JITTER_RX = """

@@ -1,5 +1,6 @@
-"""Building topologies on Mininet nodes: connectivity, settings, routes, timing,
-processes, concurrent runs, time-varying links (root and namespaces needed)."""
+"""Building topologies on Mininet nodes: connectivity, settings, routes, processes,
+concurrent runs, time-varying links (root and namespaces needed). Build and teardown
+times are printed here and asserted in tests/floors/ (make floors)."""
 
 from __future__ import annotations
 
@@ -89,7 +90,9 @@ def test_2dc_connectivity_settings_and_clean_exit():
         assert ALLOWED_CC.read_text() == allowed_before
 
 
-def test_triangle_build_and_teardown_times_and_routes():
+def test_triangle_builds_and_routes_over_the_lowest_latency_path():
+    """Build and teardown times are printed; their issue targets (10 s, 5 s) are
+    asserted by tests/floors/test_build_times.py (make floors)."""
     with Emulation.from_file(TOPOS / "3dc-triangle.yaml") as emu:
         assert len(emu.hosts()) == 12
         print(f"\n3dc-triangle (12 hosts, 18 nodes): built in {emu.build_s:.2f} s")
@@ -101,9 +104,8 @@ def test_triangle_build_and_teardown_times_and_routes():
         assert 19.5 < direct12 < 25
         trace = emu.host("dc1", 0).run(["ping", "-n", "-c1", "-R", emu.host("dc3", 0).ip], timeout=5).stdout
         assert "10.201.0.2" in trace  # record route passes dc2's end of the dc1-dc2 link
+    assert emu.teardown_s is not None
     print(f"3dc-triangle torn down in {emu.teardown_s:.2f} s")
-    assert emu.build_s < 20, "issue target: under 10 s"
-    assert emu.teardown_s < 10, "issue target: under 5 s"
 
 
 def small_topology(delay: str = "5ms", rate: str = "100Mbit", changes: list | None = None):

@@ -1,6 +1,7 @@
 """`testbed run` end to end on the emulated 2dc topology (root): workers in the host
 namespaces, real tensors over the emulated WAN through atlas_transport, a short run
-(1 warm-up + 2 measured iterations) of baseline and atlas."""
+(1 warm-up + 1 measured iteration) of baseline and atlas. What is checked is what the
+run computed and carried; how fast it went is printed (its floors: tests/floors/)."""
 
 from __future__ import annotations
 
@@ -39,16 +40,17 @@ def test_short_atlas_2dc_run(tmp_path: Path, namespaces) -> None:
             assert getattr(v, key) > 0
         link = v.wan_links["dc1-dc2"]
         assert link.bytes == 1 * 2 * 8 * 2 * summary.wire_activation_bytes  # 1 iteration, dp, m, fwd+bwd
-        assert link.goodput_mbps > 50
+        assert link.goodput_mbps > 0
         assert (out / v.gantt_png).exists() and (out / v.timeline_csv).exists()
         if summary.delay_backend == "relay":  # the relay's counters over the variant
             line = v.delay_line["dc1-dc2"]
             frames = [d.rx_frames for d in line.directions().values()]
             assert len(frames) == 2 and min(frames) > 1000 and line.relay_drops >= 0
     assert base.streams == 1 and atlas.streams >= 8
-    assert atlas.iteration_time_s < base.iteration_time_s
-    assert atlas.wan_links["dc1-dc2"].goodput_mbps > 2 * base.wan_links["dc1-dc2"].goodput_mbps
+    # how much faster atlas is: tests/floors/test_run_speedup.py (make floors)
     print(log.getvalue())
+    print(f"baseline {base.iteration_time_s:.3f} s/it, {base.wan_links['dc1-dc2'].goodput_mbps:.0f} Mbit/s; "
+          f"atlas {atlas.iteration_time_s:.3f} s/it, {atlas.wan_links['dc1-dc2'].goodput_mbps:.0f} Mbit/s")
     assert namespaces() <= before  # nothing of the run is left behind
 
 

@@ -1,4 +1,8 @@
-"""Link verification: the window-limited 2dc quickstart and `testbed topo check`."""
+"""Link verification: `testbed topo check` on the 2dc quickstart and on a lossy,
+jittery topology. The rates the links reach depend on the machine's load: the default
+suite checks the verdicts and prints the rates (the quick checks skip TCP with
+--no-tcp); the floors on them run under `make floors` (marked `floor`). The ratio of
+eight streams to one across the WAN is in tests/floors/test_wan_striping.py."""
 
 from __future__ import annotations
 
@@ -10,21 +14,10 @@ from pathlib import Path
 import pytest
 
 from testbed.emulation.kernel import detect_features
-from testbed.emulation.linkcheck import compare_streams
-from testbed.emulation.network import Emulation
 
 pytestmark = [pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 TOPO = REPO / "topologies" / "2dc.yaml"
-
-
-def test_eight_streams_get_at_least_4x_one_stream_across_the_2dc_wan():
-    with Emulation.from_file(TOPO) as emu:
-        cmp = compare_streams(emu, "dc1", "dc2", few=1, many=8, duration=4)
-    print(f"\n1 stream {cmp.few_mbps:.0f} Mbit/s, 8 streams {cmp.many_mbps:.0f} Mbit/s, ratio {cmp.ratio:.1f}")
-    # 1 MB buffers over 50 ms cap one flow near 100 Mbit/s, far under the 1 Gbit/s link
-    assert cmp.few_mbps < 200
-    assert cmp.ratio >= 4
 
 
 def run_check(topo: Path, *extra: str) -> dict:
@@ -60,14 +53,13 @@ def _verdicts_follow_figures(link: dict) -> None:
 
 
 def test_topo_check_2dc_json_gives_each_link_its_verdict():
-    """`testbed topo check --json` on the 2dc quickstart: the report carries its keys and
-    each link's configured figures; each link's verdicts are exactly what its measured
-    figures earn, and the exit code follows them. The calibrated RTT must be within the
-    issue's 0.3 ms (plus 0.2 ms for a shared machine), the train lose nothing and keep
-    order, and the link carry a quarter of its rate over TCP (it works at all: on CI's two
-    busy cores the userspace relay has fallen to 44% of the rate, which the check then
-    reports, not hides)."""
-    report = run_check(TOPO)
+    """`testbed topo check --json --no-tcp` on the 2dc quickstart: the report carries its
+    keys and each link's configured figures; each link's verdicts are exactly what its
+    measured figures earn, and the exit code follows them. The calibrated RTT must be
+    within the issue's 0.3 ms (plus 0.2 ms for a shared machine), the train lose nothing
+    and keep order. TCP's goodput: test_topo_check_2dc_tcp_carries_a_quarter_of_the_rate
+    (make floors)."""
+    report = run_check(TOPO, "--no-tcp")
     assert set(report) == {"delay_backend", "build_s", "teardown_s", "links"}
     if not detect_features().netem:
         assert report["delay_backend"] == "relay"
@@ -76,15 +68,29 @@ def test_topo_check_2dc_json_gives_each_link_its_verdict():
     for link in links:
         assert link["rtt_ms"]["configured"] == 50.0 and link["goodput_mbps"]["configured"] == 1000.0
         _verdicts_follow_figures(link)
-        rtt, rate = link["rtt_ms"]["measured"], link["goodput_mbps"]["measured"]
+        rtt = link["rtt_ms"]["measured"]
         print(f"\nbuild {report['build_s']} s, RTT {rtt} ms (path offset {link['path_offset_ms']} ms), "
-              f"goodput {rate} Mbit/s, UDP rate {[d['rate_mbps'] for d in link['directions']]}, ok={link['ok']}")
+              f"UDP rate {[d['rate_mbps'] for d in link['directions']]}, ok={link['ok']}")
+        assert link["goodput_judged"] is False  # --no-tcp
         if report["delay_backend"] == "relay":
             assert link["path_offset_ms"] is not None and 0 <= link["path_offset_ms"] <= 2.0
         assert abs(rtt - 50.0) <= 0.5, f"RTT {rtt} ms is not within 0.3 ms (+0.2) of the configured 50 ms"
         for d in link["directions"]:
             assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
-        assert rate >= 0.25 * 1000.0, f"the link carried {rate} Mbit/s of its 1000"
+
+
+@pytest.mark.floor
+def test_topo_check_2dc_tcp_carries_a_quarter_of_the_rate():
+    """With TCP (no --no-tcp): the link carries a quarter of its rate over TCP (it works
+    at all: on CI's two busy cores the userspace relay has fallen to 44% of the rate,
+    which the check then reports, not hides), and the verdicts follow the figures."""
+    report = run_check(TOPO)
+    (link,) = report["links"]
+    _verdicts_follow_figures(link)
+    rate = link["goodput_mbps"]["measured"]
+    print(f"\n2dc TCP goodput {rate} Mbit/s of 1000, ok={link['ok']}")
+    assert link["goodput_judged"] is True
+    assert rate >= 0.25 * 1000.0, f"the link carried {rate} Mbit/s of its 1000"
 
 
 LOSSY = """
@@ -133,6 +139,18 @@ def test_topo_check_deep_verifies_loss_jitter_and_rtt_from_10_to_200_ms(tmp_path
         assert abs(node["lost"] - t["lost"]) <= 3  # the link lost them, not the hosts
         assert 4.0 - 0.3 <= t["delay_ms"]["min"] and t["delay_ms"]["p50"] <= 6.3
         assert 0 < d["expected_goodput_mbps"] < 300 and d["goodput_mbps"] is None
-        assert d["rate_mbps"] >= 0.9 * 300
+        assert d["rate_mbps"] is not None and d["rate_mbps"] > 0  # its floor: the test below (make floors)
     for d in far["directions"]:
         assert d["train"]["lost"] == 0 and d["node"]["lost"] == 0
+
+
+@pytest.mark.floor
+def test_topo_check_udp_rate_on_a_lossy_link_is_the_configured_one(tmp_path: Path):
+    """The UDP rate measured on the lossy 300 Mbit/s link is at least 90% of it (UDP GSO
+    loses segments, not whole super-packets); a rate the machine's load can lower."""
+    topo = tmp_path / "lossy3.yaml"
+    topo.write_text(LOSSY)
+    lossy, _ = run_check(topo, "--no-tcp")["links"]
+    rates = [d["rate_mbps"] for d in lossy["directions"]]
+    print(f"\nUDP rate on the lossy 300 Mbit/s link: {rates} Mbit/s")
+    assert all(r >= 0.9 * 300 for r in rates), rates

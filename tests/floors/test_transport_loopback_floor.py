@@ -7,7 +7,6 @@ submission on a benchmark's noise."""
 
 from __future__ import annotations
 
-import os
 import shutil
 from pathlib import Path
 
@@ -16,11 +15,7 @@ import pytest
 from testbed.bench import report
 from testbed.bench.transport import loopback_suite
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(os.environ.get("TESTBED_FLOOR_TESTS") != "1",
-                       reason="a benchmark floor: set TESTBED_FLOOR_TESTS=1 (make floors) to run it"),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.floor]  # skipped unless TESTBED_FLOOR_TESTS=1 (make floors)
 
 
 @pytest.mark.skipif(shutil.which("iperf3") is None, reason="needs the iperf3 binary (apt install iperf3)")

@@ -187,3 +187,13 @@ def test_paper_page_gives_every_claim_a_command_and_a_kept_result():
 def test_every_shipped_file_is_documented(path: Path):
     pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert path.name in pages, f"{path.relative_to(ROOT)} is shipped but no page of docs/ mentions it"
+
+
+TOUR_PAGES = ("getting-started.md", "launch.md")
+
+
+@pytest.mark.parametrize("line", [line for page in TOUR_PAGES
+                                  for line in readme_commands((ROOT / "docs" / page).read_text())])
+def test_tour_command_runs_as_written(line):
+    """The tour's and the launch page's commands are checked as the README's are."""
+    check_command(line)

@@ -50,10 +50,10 @@ from testbed.run.scenario import (
     ScenarioError,
     apply_override,
     resolve_scenario,
-    validate_scenario,
+    validate_any,
 )
 from testbed_core.configfile import ConfigModel, format_validation_error, read_yaml_mapping
-from testbed_core.contracts.summary import Summary
+from testbed_core.contracts.summary import ProgramSummary, Summary
 
 Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], Summary]
 """Runs one point: (scenario, resolved scenario, point folder, progress) -> its summary
@@ -424,7 +424,7 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
         raise SweepError(f"{source}: base: {exc}") from None
     builder = _Builder(source, base, spec.set, cli)
 
-    def check(data_values: dict[str, Any], seed: int | None, what: str) -> tuple[dict[str, Any], Scenario]:
+    def check(data_values: dict[str, Any], seed: int | None, what: str) -> tuple[dict[str, Any], Any]:
         try:
             data = builder.build(data_values, seed)
         except SweepError:
@@ -432,7 +432,7 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
         except ScenarioError as exc:  # an unknown path: the message already names file and field
             raise SweepError(str(exc)) from None
         try:
-            return data, validate_scenario(data)
+            return data, validate_any(data)  # a program scenario too (testbed/run/program.py)
         except ScenarioError as exc:
             raise SweepError(f"{what} is not a valid scenario:\n{_indent(str(exc))}") from None
 
@@ -479,6 +479,9 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
             pid = f"p{index:0{width}d}-{tag}" + (f"-seed={seed}" if len(seeds) > 1 else "")
             described = ", ".join(f"{k}={v!r}" for k, v in values.items())
             data, scenario = check(values, seed, f"{source}: point {pid} ({described})")
+            if not isinstance(scenario, Scenario):  # a program: nothing to place or predict
+                plan.points.append(SweepPoint(index, pid, values, scenario.seed, data, config_hash(data)))
+                continue
             key = shape_key(scenario)
             if key not in verdicts:
                 verdicts[key] = preflight(scenario, machine=False, memory=False)
@@ -502,7 +505,12 @@ class PointOutcome:
 
 
 def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> Summary:
-    """`testbed run`'s scenario runner, imported only when a point runs."""
+    """`testbed run`'s scenario runner, imported only when a point runs (a program
+    scenario's: testbed/run/program.py)."""
+    if not isinstance(scenario, Scenario):
+        from testbed.run.program import run_program_scenario
+
+        return run_program_scenario(scenario, resolved, out_dir, progress)  # type: ignore[return-value]
     from testbed.run.runner import run_scenario
 
     return run_scenario(scenario, resolved, out_dir, progress=progress)
@@ -565,9 +573,9 @@ def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progres
     began = time.monotonic()
     status, error = "ok", None
     try:
-        scenario = validate_scenario(resolved)
-        summary = runner(scenario, resolved, folder, progress)
-        if not isinstance(summary, Summary):
+        scenario = validate_any(resolved)
+        summary = runner(scenario, resolved, folder, progress)  # type: ignore[arg-type]
+        if not isinstance(summary, (Summary, ProgramSummary)):
             raise RuntimeError(f"the runner returned {type(summary).__name__}, not a Summary "
                                "(testbed_core/contracts/summary.py)")
         if not (folder / "summary.json").exists():
@@ -591,11 +599,11 @@ def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progres
 
 
 def _child_main(payload: dict[str, Any], folder: str, runner: Runner) -> None:
-    from testbed_core.lifetime import end_with_parent
+    from testbed_core.lifetime import die_with_parent
 
     parent = multiprocessing.parent_process()
-    if parent is not None and parent.pid is not None:  # the sweep killed: this point's run tears down and ends
-        end_with_parent(parent.pid)
+    if parent is not None and parent.pid is not None:  # the sweep killed: so is this point's run (SIGKILL, as
+        die_with_parent(parent.pid)  # the sweep was: `testbed clean` then removes both at once, nothing races it)
     outcome = execute_point(payload, Path(folder), runner, None)
     raise SystemExit(0 if outcome.status == "ok" else 3)
 

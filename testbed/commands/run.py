@@ -60,6 +60,8 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
             overrides["runner.local"] = True
         if repeat is not None:
             overrides["runner.repeat"] = repeat
+        if _names_program(scenario_file):  # a program instead of a workload: testbed/run/program.py
+            return _run_program(scenario_file, overrides, out, variants, local, servers, inventory)
         scenario, resolved = load_scenario(scenario_file, overrides)
         if servers is not None:
             from testbed.run.network import with_servers
@@ -103,3 +105,58 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
         click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)}", err=True)
         sys.exit(1)
 
+
+
+def _names_program(path: Path) -> bool:
+    """Whether the scenario file names a program (read again by load_any: errors say where)."""
+    from testbed.run.scenario import is_program
+    from testbed_core.configfile import read_yaml_mapping
+
+    try:
+        return is_program(read_yaml_mapping(path, "scenario", ConfigError))
+    except ConfigError:
+        return False  # load_scenario says what is wrong with it
+
+
+def _run_program(scenario_file: Path, overrides: dict, out: Path | None, variants: str | None, local: bool,
+                  servers: Path | None, inventory: Path | None) -> None:
+    """`testbed run` of a program scenario: each variant one launch of the program on one
+    build of the topology (testbed/run/program.py)."""
+    from datetime import datetime
+
+    from testbed.progress import Progress
+    from testbed.run.common import RunnerError
+    from testbed.run.program import program_table, run_program_scenario, select_variants
+    from testbed.run.scenario import ProgramScenario, load_any
+
+    given = [name for name, flag in (("--local", local or "runner.local" in overrides), ("--servers", servers),
+                                     ("--inventory", inventory), ("--repeat", "runner.repeat" in overrides)) if flag]
+    if given:
+        raise click.ClickException(f"{scenario_file}: names a program; {', '.join(given)}: only for a workload "
+                                   "scenario only (a program runs in the emulated hosts under testbed launch)")
+    try:
+        scenario, resolved = load_any(scenario_file, overrides)
+        assert isinstance(scenario, ProgramScenario)
+        only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+        select_variants(scenario, only)
+    except (ConfigError, RunnerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    out = out or Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
+    click.echo(f"run {scenario.name} (program) -> {out}", err=True)
+    progress = Progress(label=f"run {scenario.name}")
+    try:
+        summary = run_program_scenario(scenario, resolved, out, progress, variants=only)
+    except (RunnerError, ConfigError) as exc:
+        progress.close(f"run {scenario.name}: failed")
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        progress.close(f"run {scenario.name}: interrupted")
+        sys.exit(130)
+    progress.close()
+    click.echo(f"\ndelay backend: {summary.delay_backend}")
+    click.echo(program_table(summary))
+    click.echo(f"\nsummary: {out / 'summary.json'}", err=True)
+    failed = summary.failed()
+    if failed:
+        click.echo(f"\n{len(failed)} variant(s) failed: {', '.join(failed)} (logs in {out}/<variant>/)", err=True)
+        sys.exit(1)

@@ -30,13 +30,20 @@ import yaml
 from pydantic import ValidationError
 
 from testbed_core.configfile import ConfigError
-from testbed_core.contracts.summary import RepeatFigures, Summary, VariantResult
+from testbed_core.contracts.summary import (
+    ProgramSummary,
+    ProgramVariantResult,
+    RepeatFigures,
+    Summary,
+    VariantResult,
+    is_program_summary,
+)
 from testbed_core.variants import sort_key
 
 PREFERRED_METRICS = (
     "iteration_time_s", "predicted_iteration_time_s", "device_utilization", "device_utilization_training",
     "bubble_fraction", "training_slowdown", "prefill_requests.served", "prefill_requests.rejected",
-    "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations",
+    "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations", "seconds_per_step",
 )
 """The columns that come first in results.csv, in this order; the rest follow sorted."""
 
@@ -59,6 +66,7 @@ class PointResult:
     summary: Summary | None = None
     bench: list[dict[str, Any]] | None = None
     resolved: dict[str, Any] | None = None
+    program: ProgramSummary | None = None  # a program scenario's summary.json (testbed/run/program.py)
 
 
 @dataclass
@@ -117,7 +125,8 @@ def _read_summary(path: Path) -> Summary | None:
 
 def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:
     record = _read_json(folder / "point.json") or {}
-    summary = _read_summary(folder / "summary.json")
+    program = _read_program_summary(folder / "summary.json")
+    summary = None if program is not None else _read_summary(folder / "summary.json")
     bench = _read_json(folder / "results.json")
     resolved = None
     try:
@@ -126,8 +135,8 @@ def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed:
         pass
     status = record.get("status")
     if status is None:
-        status = "ok" if summary is not None or bench is not None else "pending"
-    if status == "ok" and summary is None and bench is None:
+        status = "ok" if summary is not None or bench is not None or program is not None else "pending"
+    if status == "ok" and summary is None and bench is None and program is None:
         status, record["error"] = "incomplete", "status ok but no summary.json"
     if status == "running":
         status = "unfinished"
@@ -142,7 +151,24 @@ def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed:
         summary=summary,
         bench=bench.get("results") if isinstance(bench, dict) else None,
         resolved=resolved if isinstance(resolved, dict) else None,
+        program=program,
     )
+
+
+def _read_program_summary(path: Path) -> ProgramSummary | None:
+    """A program scenario's summary.json (``"kind": "program"``) through its model, else None."""
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    if not is_program_summary(text):
+        return None
+    try:
+        return ProgramSummary.model_validate_json(text)
+    except ValidationError as exc:
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
+        raise ReportError(f"{path}: not the summary.json of a program run ({where}); remove the file or rerun "
+                          "that point") from None
 
 
 def load_results(root: str | Path) -> ResultSet:
@@ -236,6 +262,8 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
             row.update(flat)
             rows.append(row)
             made += 1
+        if pt.program is not None:
+            made += _program_rows(pt.program, head, rows, metrics)
         if not made:
             rows.append(dict(head, variant=""))
         if pt.error:
@@ -245,6 +273,23 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
     columns += sorted(metrics, key=_metric_key)
     columns += ["speedup_vs_baseline", "atlas_speedup", "error"]
     return columns, rows
+
+
+def _program_rows(summary: ProgramSummary, head: dict[str, Any], rows: list[dict[str, Any]],
+                  metrics: set[str]) -> int:
+    """A program scenario's rows: per variant its seconds per step (and the rest of its
+    entry's scalars), and ``atlas_speedup``: its seconds per step over variant atlas's."""
+    atlas = summary.result("atlas")
+    atlas_s = number(atlas.seconds_per_step) if atlas else None
+    for vname, entry in summary.variants.items():
+        flat = flatten(entry.model_dump(mode="json"))
+        metrics.update(flat)
+        row = dict(head, variant=vname, delay_backend=summary.delay_backend, scale=None)
+        row.update(flat)
+        mine = number(entry.seconds_per_step) if isinstance(entry, ProgramVariantResult) else None
+        row["atlas_speedup"] = mine / atlas_s if atlas_s and mine else None
+        rows.append(row)
+    return len(summary.variants)
 
 
 def cell(value: Any) -> Any:

@@ -300,6 +300,10 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
     title_tail = f" — sweep {rs.name}"
     made: list[Path | None] = []
 
+    if _present(rows, "seconds_per_step"):  # a program scenario (testbed/run/program.py): its rank 0's step time
+        made.append(_line_figure(
+            out / "step_time.png", "Seconds per training step (median of rank 0's step_s)" + title_tail, axis,
+            facets, [Panel("seconds per step", [Series(v, v, _col("seconds_per_step")) for v in variants])]))
     lines = [Series(v, v, _col("iteration_time_s")) for v in (plain or variants)]
     lines += [Series(f"{v} (predicted)", v, _col("predicted_iteration_time_s"), thin=True)
               for v in (plain or variants) if _present(rows, "predicted_iteration_time_s", v)]

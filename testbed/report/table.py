@@ -35,6 +35,8 @@ def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
         by_point.setdefault(r["point"], {})[r.get("variant") or ""] = r
     variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
                       key=sort_key)
+    if any(number(r.get("seconds_per_step")) is not None for r in rows):  # a program scenario
+        return _program_table(rs, rows, by_point, variants)
     if rs.kind == "run" and not variants:
         bench = [r for r in rows if str(r.get("variant", "")).startswith("bench:")]
         headers = ["path", "method", "streams", "goodput Mbit/s", "verified"]
@@ -92,3 +94,20 @@ def _scaled(value: Any, factor: float) -> float | None:
     return value * factor if value is not None else None
 
 
+
+
+def _program_table(rs: ResultSet, rows: list[dict[str, Any]], by_point: dict[str, dict[str, dict[str, Any]]],
+                   variants: list[str]) -> str:
+    """A program scenario's table: seconds per step per variant (and how many times
+    faster atlas ran, when there is an atlas variant)."""
+    labels = [lab for _, lab in rs.parameters]
+    over = [v for v in variants if v != "atlas"] if "atlas" in variants else []
+    headers = ["point", *labels, "status"] + [f"{v} s/step" for v in variants] + [f"{v}/atlas" for v in over]
+    body = []
+    for pt in rs.points:
+        vr = by_point.get(pt.id, {})
+        cells = [pt.id.split("-", 1)[0], *[category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
+        cells += [_fmt(number(vr.get(v, {}).get("seconds_per_step")), ".3f") for v in variants]
+        cells += [_fmt(number(vr.get(v, {}).get("atlas_speedup")), ".2f") + "x" for v in over]
+        body.append(cells)
+    return format_table(headers, body)

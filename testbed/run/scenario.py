@@ -16,7 +16,7 @@ import copy
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
 
 from atlas_transport.config import TransportConfig
 from atlas_transport.protocol import MIN_CHUNK
@@ -226,7 +226,10 @@ def resolve_scenario(path: str | Path) -> dict[str, Any]:
     """The scenario as a dict with its topology and workload files read in."""
     path = Path(path)
     data = read_yaml_mapping(path, "scenario", ScenarioError)
+    check_subject(data, str(path))
     for key in ("topology", "workload"):
+        if key == "workload" and "program" in data:
+            continue  # a program scenario: testbed/run/program.py runs it
         if key not in data:
             raise ScenarioError(f"{path}: {key}: required field is missing (a file path or a mapping)")
         try:
@@ -280,7 +283,7 @@ def apply_override(data: dict[str, Any], dotted: str, value: Any, source: str = 
     if not dotted or any(not p for p in parts):
         raise ScenarioError(f"{source}: {dotted!r} is not a parameter path like topology.wan.0.delay")
     node: Any = data
-    model: Any = Scenario
+    model: Any = ProgramScenario if is_program(data) else Scenario
     for depth, part in enumerate(parts):
         here = ".".join(parts[: depth + 1])
         last = depth == len(parts) - 1
@@ -325,6 +328,9 @@ def validate_scenario(data: dict[str, Any]) -> Scenario:
     its own, so that its errors name the workload file (``_source``) rather than the
     scenario."""
     source = data.get("source") or "scenario"
+    if is_program(data):
+        raise ScenarioError(f"{source}: names a program, not a workload: it is run by testbed/run/program.py "
+                            "(validate it with validate_any)")
     data = copy.deepcopy(data)
     raw = data.get("workload")
     if isinstance(raw, dict):
@@ -430,3 +436,171 @@ def parse_set_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
         key, _, raw = item.partition("=")
         out[key.strip()] = parse_value(raw)
     return out
+
+
+# ---------------------------------------------------------------------------- program scenarios
+#
+# A scenario may name a program (your own torch.distributed program, run once per rank
+# by `testbed launch`) instead of a workload. Its variants are environment sets, e.g.
+# {gloo: {BACKEND: gloo}, atlas: {BACKEND: atlas}}, each run on the same network;
+# testbed/run/program.py runs it and reports the seconds per step the program prints.
+
+ENV_NAME_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*$"
+MAX_PROGRAM_TIMEOUT_S = MAX_TIMEOUT_S
+MAX_PROGRAM_WARMUP = 1000
+
+
+class ProgramSection(_Model):
+    """What to run on every rank, as `testbed launch TOPOLOGY [options] -- COMMAND` would."""
+
+    command: list[str] = Field(min_length=1, description="the program and its arguments, e.g. [python, "
+                               "examples/pipeline.py, --steps, '8']; relative paths from cwd")
+    env: dict[str, str] = Field(default_factory=dict, description="environment of every rank (each variant's "
+                                "set is added on top)")
+    hosts: list[str] | None = Field(None, min_length=1, description="hosts in rank order, by name (dc1-0, ...); "
+                                    "default: every host of the topology")
+    nproc_per_host: int = Field(1, ge=1, le=64, description="ranks per host")
+    timeout: float = Field(900.0, gt=0, le=MAX_PROGRAM_TIMEOUT_S, description="seconds one variant's launch may "
+                           "take before it is ended and recorded as failed")
+    warmup: int = Field(1, ge=0, le=MAX_PROGRAM_WARMUP, description="rank 0's first steps left out of the "
+                        "seconds per step (connection set-up, first-touch allocations)")
+    cwd: str = Field(".", description="the ranks' working folder, relative to where testbed runs")
+    master_port: int | None = Field(None, ge=1024, le=65535, description="MASTER_PORT (default: a free port)")
+
+    @field_validator("command")
+    @classmethod
+    def _command(cls, value: list[str]) -> list[str]:
+        if not value[0].strip():
+            raise ValueError("the command's first item (the program) is empty; e.g. [python, examples/pipeline.py]")
+        return value
+
+    @field_validator("env", mode="before")
+    @classmethod
+    def _env_text(cls, value: Any) -> Any:
+        if isinstance(value, dict):
+            for key, val in value.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"{key}: {val!r} is not a string; quote it ({key}: '{val}'): environment "
+                                     "values are text")
+        return value
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        _check_env(value, "env")
+        return value
+
+
+def _check_env(env: dict[str, str], where: str) -> None:
+    import re
+
+    for key in env:
+        if not re.match(ENV_NAME_PATTERN, key):
+            raise ValueError(f"{where}: {key!r} is not an environment variable name (letters, digits, _; "
+                             "not starting with a digit)")
+
+
+class ProgramScenario(_Model):
+    """A scenario whose subject is a program: a topology, the program, and its variants
+    as environment sets (no workload)."""
+
+    name: str = Field(pattern=NAME_PATTERN, description="letters, digits, . _ + -; it names the result folder")
+    description: str = ""
+    topology: Topology
+    program: ProgramSection
+    variants: dict[str, dict[str, StrictStr]] = Field(
+        min_length=1, description="variant name -> the environment it adds, e.g. {gloo: {BACKEND: gloo}, "
+        "atlas: {BACKEND: atlas}}; values are strings (quote numbers: '8')")
+    seed: int = Field(1, ge=0, le=2**32 - 1, description="recorded with the results; the program seeds itself")
+    source: str = ""
+
+    @field_validator("topology", mode="before")
+    @classmethod
+    def _topology(cls, value: Any) -> Any:
+        return Scenario._topology(value)  # the same reading as a workload scenario's
+
+    @field_validator("variants", mode="before")
+    @classmethod
+    def _env_sets(cls, value: Any) -> Any:
+        if not isinstance(value, dict):
+            raise ValueError("variants of a program are a mapping of environment sets, e.g. "
+                             "{gloo: {BACKEND: gloo}, atlas: {BACKEND: atlas}}")
+        for name, env in value.items():
+            if env is None:
+                continue
+            if not isinstance(env, dict):
+                raise ValueError(f"variant {name!r}: an environment set (a mapping NAME: value), got {env!r}")
+            for key, val in env.items():
+                if not isinstance(val, str):
+                    raise ValueError(f"variant {name!r}: {key}: {val!r} is not a string; quote it ({key}: "
+                                     f"'{val}'): environment values are text")
+        return {name: env or {} for name, env in value.items()}
+
+    @field_validator("variants")
+    @classmethod
+    def _variants(cls, value: dict[str, dict[str, str]]) -> dict[str, dict[str, str]]:
+        import re
+
+        for name, env in value.items():
+            if not re.match(NAME_PATTERN, name):
+                raise ValueError(f"variant name {name!r}: letters, digits, . _ + - only (it names a folder)")
+            _check_env(env, f"variants.{name}")
+        return value
+
+
+def is_program(data: dict[str, Any]) -> bool:
+    """Whether a resolved scenario dict names a program (testbed/run/program.py runs it)."""
+    return isinstance(data, dict) and "program" in data
+
+
+def check_subject(data: dict[str, Any], source: str) -> None:
+    """A scenario names exactly one of a workload and a program."""
+    if "program" in data and "workload" in data:
+        raise ScenarioError(f"{source}: names both a workload and a program; a scenario runs one of them: keep "
+                            "workload (the modelled training) or program (your own program under testbed launch)")
+    if "program" not in data and "workload" not in data:
+        raise ScenarioError(f"{source}: workload: required field is missing (a file path or a mapping), or give "
+                            "a program instead (program: {command: [python, examples/pipeline.py]})")
+
+
+def validate_program_scenario(data: dict[str, Any]) -> ProgramScenario:
+    """The resolved dict of a program scenario as a `ProgramScenario`; its hosts are
+    checked against the topology as `testbed launch` would, before anything is built."""
+    source = data.get("source") or "scenario"
+    check_subject(data, source)
+    try:
+        scenario = ProgramScenario.model_validate(copy.deepcopy(data))
+    except ValidationError as exc:
+        raise ScenarioError(format_validation_error(source, exc, "scenario")) from None
+    from testbed.emulation.addressing import plan_addresses
+    from testbed.emulation.naming import display_host
+    from testbed.launch.plan import HostSlot, LaunchError, plan_ranks
+
+    topo = scenario.topology
+    try:
+        plan = plan_addresses(topo)
+        slots = [HostSlot(display_host(dc.name, h), dc.name, ip, "")
+                 for dc, dplan in zip(topo.dcs, plan.dcs, strict=True)
+                 for h, ip in zip(dc.hosts, dplan.host_ips, strict=True)]
+        plan_ranks(slots, scenario.program.hosts, scenario.program.nproc_per_host)
+    except LaunchError as exc:
+        text = str(exc).replace("--hosts", "program.hosts").replace("--nproc-per-host", "program.nproc_per_host")
+        raise ScenarioError(f"{source}: {text}") from None
+    return scenario
+
+
+def validate_any(data: dict[str, Any]) -> Scenario | ProgramScenario:
+    """A resolved scenario dict as the model its subject calls for: a `ProgramScenario`
+    when it names a program, else a `Scenario` (`validate_scenario`)."""
+    if is_program(data):
+        return validate_program_scenario(data)
+    return validate_scenario(data)
+
+
+def load_any(path: str | Path, overrides: dict[str, Any] | None = None
+             ) -> tuple[Scenario | ProgramScenario, dict[str, Any]]:
+    """`load_scenario` for either kind of scenario."""
+    data = resolve_scenario(path)
+    for dotted, value in (overrides or {}).items():
+        apply_override(data, dotted, value)
+    return validate_any(data), data

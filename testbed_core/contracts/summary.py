@@ -27,6 +27,7 @@ __all__ = [
     "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
     "RealReference", "RepeatFigures", "RepeatRun", "Repeats", "SlowdownDecomposition", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
     "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
+    "ProgramDefinitions", "ProgramRankResult", "ProgramSummary", "ProgramVariantResult", "is_program_summary",
 ]
 
 
@@ -719,3 +720,93 @@ class Summary(_Doc):
 def read_summary(path: str | Path) -> Summary:
     """A run's summary.json; raises OSError, or pydantic's ValidationError naming the key."""
     return Summary.model_validate_json(Path(path).read_text())
+
+
+# ---------------------------------------------------------------------------- program scenarios
+#
+# A scenario that names a program (testbed/run/program.py) writes a summary.json of its
+# own kind: per variant (an environment set) the seconds per step its rank 0 printed,
+# else the launch's wall time.
+
+
+class ProgramDefinitions(_Doc):
+    """What the figures of a program run mean (written into summary.json)."""
+
+    seconds_per_step: str = (
+        "median over rank 0's steps after the first `warmup` of the step_s it printed (one JSON object per line "
+        "on stdout with a numeric step_s); when rank 0 printed none, the launch's wall time (source: wall)")
+    wan_bytes: str = "bytes the emulated WAN links carried during the launch, both directions, from their counters"
+
+
+class ProgramRankResult(_Doc):
+    rank: int
+    host: str
+    dc: str
+    exit_code: int | None
+    wall_s: float
+    json_lines: int
+    """The JSON objects it printed on stdout."""
+
+
+class ProgramVariantResult(_Doc):
+    """One variant (environment set) of a program scenario."""
+
+    env: dict[str, str]
+    ok: bool
+    exit_status: int | None
+    """0 when every rank exited 0; else the first failing rank's status (None: never started)."""
+    failure: str | None = None
+    seconds_per_step: float
+    """The headline: `step_s_median` when rank 0 printed step times, else `wall_s`."""
+    source: Literal["step_s", "wall"]
+    step_s_median: float | None
+    steps: int
+    """Steps rank 0 reported (warm-up included)."""
+    warmup_steps: int
+    step_times_s: list[float]
+    losses: list[float] | None = None
+    """Per step, the loss the first rank that printed one gave (None: no rank did)."""
+    wall_s: float
+    wan_bytes: int | None
+    wan_bytes_by_link: dict[str, int] | None = None
+    launch_dir: str
+    ranks: list[ProgramRankResult]
+
+
+class ProgramSummary(_Doc):
+    """``summary.json`` of a program scenario (``kind: program``)."""
+
+    kind: Literal["program"] = "program"
+    scenario: str
+    topology: str
+    command: list[str]
+    hosts: list[str] | None
+    nproc_per_host: int
+    warmup: int
+    seed: int
+    delay_backend: str | None = None
+    definitions: ProgramDefinitions = Field(default_factory=ProgramDefinitions)
+    variants: dict[str, ProgramVariantResult | VariantFailure] = Field(default_factory=dict)
+    duration_s: float | None = None
+
+    def result(self, name: str) -> ProgramVariantResult | None:
+        entry = self.variants.get(name)
+        return entry if isinstance(entry, ProgramVariantResult) else None
+
+    def failed(self) -> list[str]:
+        return [n for n, v in self.variants.items()
+                if isinstance(v, VariantFailure) or (isinstance(v, ProgramVariantResult) and not v.ok)]
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+
+def is_program_summary(text: str) -> bool:
+    """Whether a summary.json's text is a program scenario's (``"kind": "program"``)."""
+    import json
+
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return False
+    return isinstance(data, dict) and data.get("kind") == "program"

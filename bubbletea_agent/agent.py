@@ -163,6 +163,10 @@ class Agent:
     # "shortest": queued requests not yet started run fewest prompt tokens first (the
     # controller's order, controller/dispatch.py SERVICE_ORDER); "arrival": in arrival order
     order: str = "arrival"
+    # refuse at arrival a request whose first chunk cannot start within its deadline: the
+    # work queued ahead of it at the device's recent idle share would take longer
+    # (Reason.DEADLINE_UNREACHABLE, with the figures), instead of letting it expire queued
+    refuse_unreachable: bool = True
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -178,6 +182,8 @@ class Agent:
     _next_expiry: float = -math.inf
     _arrivals_closed_at: float | None = None
     _next_learn: float = -math.inf
+    _ahead_s: float = 0.0  # predicted prefill seconds queued (refuse_unreachable), refreshed every 50 ms
+    _ahead_at: float = -math.inf
     _next_scan: float = -math.inf
     _rt_on: bool = False
     _taken: int = 0  # requests taken from the inbox
@@ -306,6 +312,8 @@ class Agent:
             self._reject(req.id, Reason.TOO_LONG, why)
         elif len(self.queue) >= self.admission.cfg.max_queue:
             self._reject(req.id, Reason.QUEUE_FULL, f"{len(self.queue)} requests queued")
+        elif self.refuse_unreachable and (why := self._unreachable(req)) is not None:
+            self._reject(req.id, Reason.DEADLINE_UNREACHABLE, why)
         else:
             i = len(self.queue)
             if self.order == "shortest":
@@ -313,9 +321,39 @@ class Agent:
                        and self.queue[i - 1].request.prompt_tokens > req.prompt_tokens):
                     i -= 1
             self.queue.insert(i, Pending(req))
-            if self.on_status is not None:
-                self._predicted[req.id] = self.admission.model.predict(req.prompt_tokens, 0)
+            self._ahead_s += self._predict_whole(req)
             self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
+
+    def _idle_share(self, now: float, span: float = 3.0) -> float:
+        """The device's idle share over the last `span` seconds (training's records)."""
+        busy = sum(max(0.0, min(e, now) - max(s, now - span)) for s, e in self._training[-512:])
+        return min(1.0, max(0.0, 1.0 - busy / span))
+
+    def _predict_whole(self, req: Request) -> float:
+        whole = self._predicted.get(req.id)
+        if whole is None:
+            whole = self._predicted[req.id] = self.admission.model.predict(req.prompt_tokens, 0)
+        return whole
+
+    def _unreachable(self, req: Request) -> str | None:
+        """Why `req` cannot start within its deadline here, or None: the prefill queued
+        ahead of it (predicted seconds, the unfinished part of each; summed every 50 ms,
+        admissions added meanwhile: this runs inside holds) at the device's recent idle
+        share would take longer than its deadline."""
+        if req.deadline_s is None or not self.queue:
+            return None
+        now = self.clock.now()
+        if now - self._ahead_at > 0.05:  # a full sum now and then; admissions add to it meanwhile
+            self._ahead_s = sum(self._predict_whole(p.request) * (p.left / max(1, p.request.prompt_tokens))
+                                for p in self.queue)
+            self._ahead_at = now
+        ahead = self._ahead_s
+        idle = max(self._idle_share(now), 0.05)
+        wait = ahead / idle
+        if wait <= req.deadline_s:
+            return None
+        return (f"{len(self.queue)} requests queued ahead ({ahead * 1e3:.0f} ms of prefill); at this device's idle "
+                f"share of {idle:.0%} they take ~{wait:.2f} s, past its {req.deadline_s:g} s deadline")
 
     # ------------------------------------------------------------------ status
 
@@ -335,9 +373,7 @@ class Agent:
                 c = self.tracker.corrected(slot)
                 if c.length > 0 and c.end > now:
                     upcoming.append(Window(start=c.start, end=c.end))
-        span = 3.0
-        busy = sum(max(0.0, min(e, now) - max(s, now - span)) for s, e in self._training[-512:])
-        idle = min(1.0, max(0.0, 1.0 - busy / span))
+        idle = self._idle_share(now)
         backlog = 0.0
         for p in self.queue:
             whole = self._predicted.get(p.request.id, 0.0)

@@ -81,7 +81,9 @@ def test_overload_rejects_with_reasons_and_training_is_not_slowed():
     reqs = poisson(2000, 6, deadline=0.5)
     res = simulate_agent(sched, reqs, charge, admission=AdmissionConfig(max_queue=200))
     reasons = res.summary["rejected_by_reason"]
-    assert reasons.get("queue_full", 0) > 1000 and reasons.get("deadline_passed", 0) > 0
+    # most are refused at arrival (the work queued ahead cannot start them within their deadline)
+    assert reasons.get("deadline_unreachable", 0) > 1000
+    assert reasons["deadline_unreachable"] > 10 * reasons.get("deadline_passed", 0)
     assert res.summary["arrived"] == res.summary["served"] + res.summary["rejected"]
     assert all(r["reason"] and r["detail"] for r in res.rows if r["status"] == "rejected")
     assert res.metrics()["guard_violations"] == 0 and max(res.training_delays()) == 0.0
@@ -381,3 +383,18 @@ def test_requests_stop_arriving_a_margin_before_the_last_iteration_ends() -> Non
     s = agent.finish()
     assert s["arrived"] == 7 and s["served"] == 7  # arrivals at 0.0 .. 0.6 s (until 0.95 - 0.3)
     assert s["counters"]["not_arrived"] == 3
+
+
+def test_requests_that_cannot_start_in_time_are_refused_at_arrival_with_the_figures():
+    sched = periodic_schedule(T0, 3, 1.0, BUSY)
+    res = simulate_agent(sched, poisson(2000, 3, deadline=0.5), charge, admission=AdmissionConfig(max_queue=100000))
+    refused = [r for r in res.rows if r["reason"] == "deadline_unreachable"]
+    assert refused, res.summary["rejected_by_reason"]
+    r = refused[0]
+    assert r["start"] is None and r["end"] is None  # never queued: refused when it arrived
+    assert "requests queued ahead" in r["detail"] and "past its 0.5 s deadline" in r["detail"]
+    # off: they wait in the queue and expire there instead
+    res = simulate_agent(sched, poisson(2000, 3, deadline=0.5), charge, admission=AdmissionConfig(max_queue=100000),
+                         refuse_unreachable=False)
+    reasons = res.summary["rejected_by_reason"]
+    assert "deadline_unreachable" not in reasons and reasons["deadline_passed"] > 1000

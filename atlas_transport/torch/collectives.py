@@ -34,7 +34,8 @@ def op_name(op: object) -> str:
                 return name
         except TypeError:
             continue
-    raise ValueError(f"atlas: reduce op {op!r} is not supported; use one of {', '.join(_OPS.values())}")
+    shown = getattr(getattr(op, "op", op), "name", None) or repr(op)
+    raise ValueError(f"atlas: reduce op {shown} is not supported; use one of {', '.join(_OPS.values())}")
 
 
 def check_op(name: str, dtype: torch.dtype) -> None:

@@ -119,7 +119,7 @@ class PeerMesh:
         p = self._peer(op.peer)
         with p.lock:
             if p.error is not None:
-                op.fail(p.error)
+                op.fail(self._earlier(op, p.error))
             elif p.channel is not None:
                 op.start(p.channel)
             else:
@@ -160,6 +160,11 @@ class PeerMesh:
             self.peer_failed(op.peer, err)
             raise err from None
 
+    def _earlier(self, op: PeerOp, err: AtlasError) -> AtlasError:
+        peer = f"rank {self.describe(op.peer)}"
+        direction = "to" if op.kind == "send" else "from"
+        return AtlasError(f"atlas: {op.what} {direction} {peer} (group {self.group!r}): {peer} failed earlier: {err}")
+
     def peer_failed(self, peer: int, err: AtlasError) -> None:
         """Fail every queued and later operation with `peer`, and close its channel so
         the peer's own waits end too; raises `err`."""
@@ -171,7 +176,7 @@ class PeerMesh:
             pending, p.pending = p.pending, []
             ch = p.channel if first else None
         for op in pending:
-            op.fail(p.error)
+            op.fail(self._earlier(op, p.error))
         if ch is not None:
             threading.Thread(target=ch.close, kwargs={"timeout": 0.5}, daemon=True).start()
         raise p.error

@@ -14,6 +14,7 @@ STREAMS_ENV = "ATLAS_STREAMS"
 PACING_ENV = "ATLAS_PACING_MBPS"
 CONGESTION_ENV = "ATLAS_CONGESTION"
 BIND_ENV = "ATLAS_BIND_ADDR"
+IDLE_ENV = "ATLAS_IDLE_TIMEOUT_S"
 
 # Default stream count when neither ATLAS_STREAMS nor pg_options set one: measured RTT
 # to the peer (three TCP connects, one round trip each) below LAN_RTT_S means a LAN,
@@ -36,8 +37,8 @@ class AtlasOptions:
     congestion: TCP congestion control of every stream; env ATLAS_CONGESTION.
     bind_addr: address this rank listens on and publishes; env ATLAS_BIND_ADDR, else
         the local address that routes to MASTER_ADDR (the store's host).
-    idle_timeout_s: a stream silent for this long is dead; None: the group's
-        timeout / 2, at most 30 s.
+    idle_timeout_s: a stream silent for this long (no data, no heartbeat) is dead;
+        env ATLAS_IDLE_TIMEOUT_S; None: the group's timeout / 2, at most 30 s.
     """
 
     streams: Streams = None
@@ -49,14 +50,15 @@ class AtlasOptions:
 
 def parse_streams(value: object, source: str) -> int | Literal["auto"]:
     """An integer 1..MAX_STREAMS or "auto"; anything else is refused naming `source`."""
+    n = value
     if isinstance(value, str):
         text = value.strip().lower()
         if text == "auto":
             return "auto"
         if text.isdigit():
-            value = int(text)
-    if isinstance(value, int) and not isinstance(value, bool) and 1 <= value <= MAX_STREAMS:
-        return value
+            n = int(text)
+    if isinstance(n, int) and not isinstance(n, bool) and 1 <= n <= MAX_STREAMS:
+        return n
     raise ValueError(
         f"{source}={value!r}: use an integer 1..{MAX_STREAMS} (TCP streams per peer pair) or 'auto' "
         f"(probe each peer once); leave it unset for 1 stream on a path under {LAN_RTT_S * 1000:g} ms RTT "
@@ -64,13 +66,13 @@ def parse_streams(value: object, source: str) -> int | Literal["auto"]:
     )
 
 
-def _positive_float(value: str, source: str) -> float:
+def _positive_float(value: str, source: str, what: str) -> float:
     try:
         f = float(value)
     except ValueError:
         f = -1.0
     if not f > 0:
-        raise ValueError(f"{source}={value!r}: use a positive rate in Mbit/s per stream, or unset it for no pacing")
+        raise ValueError(f"{source}={value!r}: use a positive {what}, or unset it")
     return f
 
 
@@ -91,11 +93,14 @@ def resolve(pg_options: object, env: dict[str, str] | None = None) -> AtlasOptio
         streams = None
     pacing = o.pacing_rate_mbps
     if pacing is None and env.get(PACING_ENV, "").strip():
-        pacing = _positive_float(env[PACING_ENV], PACING_ENV)
+        pacing = _positive_float(env[PACING_ENV], PACING_ENV, "rate in Mbit/s per stream")
     if pacing is not None and not pacing > 0:
         raise ValueError(f"AtlasOptions.pacing_rate_mbps={pacing!r}: use a positive rate or None")
     congestion = o.congestion or env.get(CONGESTION_ENV, "").strip() or None
     bind = o.bind_addr or env.get(BIND_ENV, "").strip() or None
-    if o.idle_timeout_s is not None and not o.idle_timeout_s > 0:
-        raise ValueError(f"AtlasOptions.idle_timeout_s={o.idle_timeout_s!r}: use a positive number of seconds")
-    return AtlasOptions(streams, pacing, congestion, bind, o.idle_timeout_s)
+    idle = o.idle_timeout_s
+    if idle is None and env.get(IDLE_ENV, "").strip():
+        idle = _positive_float(env[IDLE_ENV], IDLE_ENV, "number of seconds")
+    if idle is not None and not idle > 0:
+        raise ValueError(f"AtlasOptions.idle_timeout_s={idle!r}: use a positive number of seconds")
+    return AtlasOptions(streams, pacing, congestion, bind, idle)

@@ -1,0 +1,331 @@
+"""The `atlas` torch.distributed backend between real processes on loopback: every
+point-to-point operation and collective, subgroups next to gloo, and the errors a
+dead or silent peer gives. Each test starts its ranks as plain env:// programs
+(RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT), as torchrun would."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+PRELUDE = """\
+import os, sys, time, torch, torch.distributed as dist
+import atlas_transport.torch
+from datetime import timedelta
+RANK, WORLD = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+def save(obj):
+    torch.save(obj, os.path.join(os.environ["OUT"], f"r{RANK}.pt"))
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def launch(tmp_path: Path, body: str, world: int, env: dict[str, str] | None = None, timeout: float = 120,
+           stop_rank: int | None = None) -> tuple[list[int], list[str], list[object]]:
+    """Run PRELUDE + body once per rank; (exit codes, outputs, what each rank save()d)."""
+    script = tmp_path / "prog.py"
+    script.write_text(PRELUDE + textwrap.dedent(body))
+    port = free_port()
+    base = {**os.environ, "PYTHONPATH": os.getcwd(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
+            "WORLD_SIZE": str(world), "OUT": str(tmp_path), **(env or {})}
+    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    outs = []
+    deadline = time.monotonic() + timeout
+    try:
+        for r, p in enumerate(procs):
+            if r == stop_rank:
+                continue
+            outs.append(p.communicate(timeout=max(1, deadline - time.monotonic()))[0])
+    finally:
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+    if stop_rank is not None:
+        outs.insert(stop_rank, procs[stop_rank].stdout.read())
+    results = []
+    for r in range(world):
+        f = tmp_path / f"r{r}.pt"
+        results.append(torch.load(f, weights_only=False) if f.exists() else None)
+    return [p.returncode for p in procs], outs, results
+
+
+def check_ok(rcs, outs):
+    for r, (rc, out) in enumerate(zip(rcs, outs, strict=True)):
+        assert rc == 0, f"rank {r} exited {rc}:\n{out[-4000:]}"
+
+
+def test_point_to_point_ops_keep_order_per_tag_and_never_block(tmp_path):
+    body = """
+    dist.init_process_group("atlas", timeout=timedelta(seconds=60))
+    res = {}
+    if RANK == 0:
+        t0 = time.monotonic()
+        w = dist.isend(torch.arange(1 << 20, dtype=torch.float32), 1, tag=3)  # peer posts in 2 s
+        res["isend_returned_s"] = time.monotonic() - t0
+        res["isend_done_at_once"] = w.is_completed()
+        for i in range(4):                      # several sends on one tag, interleaved with another tag
+            dist.send(torch.full((3,), float(i)), 1, tag=7)
+            dist.isend(torch.full((2,), 100.0 + i), 1, tag=8).wait()
+        w.wait()
+        dist.send(torch.arange(12.0).reshape(3, 4).t(), 1)            # non-contiguous send
+        dist.send(torch.tensor([1.5, -2.25], dtype=torch.bfloat16), 1)
+        dist.send(torch.tensor([7, 8, 9], dtype=torch.int64), 1, tag=2**40)
+    else:
+        time.sleep(2.0)
+        big = torch.empty(1 << 20)
+        wb = dist.irecv(big, 0, tag=3)
+        sevens = [torch.empty(3) for _ in range(4)]
+        eights = [torch.empty(2) for _ in range(4)]
+        ws = [dist.irecv(t, 0, tag=8) for t in eights] + [dist.irecv(t, 0, tag=7) for t in sevens]
+        for w in ws:
+            w.wait()
+        wb.wait()
+        res["big_ok"] = torch.equal(big, torch.arange(1 << 20, dtype=torch.float32))
+        res["tag7"] = [t[0].item() for t in sevens]
+        res["tag8"] = [t[0].item() for t in eights]
+        dest = torch.zeros(3, 4).t()                                   # non-contiguous destination
+        dist.recv(dest, 0)
+        res["noncontig"] = dest.tolist()
+        bf = torch.empty(2, dtype=torch.bfloat16)
+        dist.recv(bf, 0)
+        res["bf16"] = bf.float().tolist()
+        i64 = torch.empty(3, dtype=torch.int64)
+        dist.recv(i64, 0, tag=2**40)
+        res["int64"] = i64.tolist()
+    # batch_isend_irecv around a ring, as torch.distributed.pipelining posts it
+    right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD
+    got = torch.empty(5)
+    reqs = dist.batch_isend_irecv([dist.P2POp(dist.irecv, got, left), dist.P2POp(dist.isend, torch.full((5,), float(RANK)), right)])
+    for r in reqs:
+        r.wait()
+    res["ring"] = got[0].item()
+    try:
+        dist.recv(torch.empty(1))
+    except Exception as exc:
+        res["anysource"] = str(exc)
+    save(res)
+    dist.destroy_process_group()
+    """
+    rcs, outs, res = launch(tmp_path, body, 2)
+    check_ok(rcs, outs)
+    r0, r1 = res
+    assert r0["isend_returned_s"] < 1.5 and not r0["isend_done_at_once"]
+    assert r1["big_ok"] and r1["tag7"] == [0.0, 1.0, 2.0, 3.0] and r1["tag8"] == [100.0, 101.0, 102.0, 103.0]
+    assert r1["noncontig"] == torch.arange(12.0).reshape(3, 4).t().tolist()
+    assert r1["bf16"] == [1.5, -2.25] and r1["int64"] == [7, 8, 9]
+    assert (r0["ring"], r1["ring"]) == (1.0, 0.0)
+    assert "recv from any source (src=None) is not supported: pass the sender's rank" in r0["anysource"]
+
+
+COLLECTIVES = """
+dist.init_process_group(os.environ["BACKEND"], timeout=timedelta(seconds=60))
+res = {}
+g = torch.Generator().manual_seed(RANK)
+for n in (7, 200_000):          # the small exchange and the ring
+    for op in ("SUM", "AVG", "MIN", "MAX", "PRODUCT"):
+        t = torch.rand(n, generator=g) + 0.5
+        res[f"in_{op}_{n}"] = t.clone()
+        if op == "AVG" and os.environ["BACKEND"] == "gloo":
+            continue                            # gloo has no AVG
+        dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+        res[f"{op}_{n}"] = t
+for op in ("BAND", "BOR", "BXOR"):
+    t = torch.tensor([RANK + 1, 6, 3 * RANK, -1])
+    dist.all_reduce(t, op=getattr(dist.ReduceOp, op))
+    res[op] = t
+nc = torch.arange(12.0).reshape(3, 4).t() * (RANK + 1)      # non-contiguous in place
+dist.all_reduce(nc)
+res["noncontig"] = nc
+b = torch.full((4,), float(RANK))
+dist.broadcast(b, src=WORLD - 1)
+res["broadcast"] = b
+outs = [torch.empty(2, 3) for _ in range(WORLD)]
+dist.all_gather(outs, torch.full((2, 3), float(RANK)))
+res["all_gather"] = torch.stack(outs)
+big = torch.empty(WORLD * 3)
+dist.all_gather_into_tensor(big, torch.full((3,), float(RANK)))
+res["all_gather_into_tensor"] = big
+rs = torch.empty(2)
+dist.reduce_scatter(rs, [torch.full((2,), float(10 * RANK + j)) for j in range(WORLD)])
+res["reduce_scatter"] = rs
+rst = torch.empty(2)
+dist.reduce_scatter_tensor(rst, torch.arange(2.0 * WORLD) * (RANK + 1), op=dist.ReduceOp.MAX)
+res["reduce_scatter_tensor"] = rst
+dist.barrier()
+objs = [None] * WORLD
+dist.all_gather_object(objs, {"rank": RANK})
+res["objects"] = objs
+w = dist.all_reduce(torch.ones(3), async_op=True)
+res["future"] = w.get_future().wait()[0]
+save(res)
+dist.destroy_process_group()
+"""
+
+
+def test_collectives_match_gloo_and_hand_computed_results(tmp_path):
+    world = 3
+    (tmp_path / "atlas").mkdir()
+    rcs, outs, res = launch(tmp_path / "atlas", COLLECTIVES, world, {"BACKEND": "atlas"})
+    check_ok(rcs, outs)
+    (tmp_path / "gloo").mkdir()
+    rcs, outs, gloo = launch(tmp_path / "gloo", COLLECTIVES, world, {"BACKEND": "gloo"})
+    check_ok(rcs, outs)
+    for n in (7, 200_000):
+        for op, fold in (("SUM", lambda s: s.sum(0)), ("AVG", lambda s: s.mean(0)), ("MIN", lambda s: s.min(0).values),
+                         ("MAX", lambda s: s.max(0).values), ("PRODUCT", lambda s: s.prod(0))):
+            want = fold(torch.stack([r[f"in_{op}_{n}"] for r in res]))
+            for r in res:  # bit-identical on every rank, and right
+                assert torch.equal(r[f"{op}_{n}"], res[0][f"{op}_{n}"]), (op, n)
+            torch.testing.assert_close(res[0][f"{op}_{n}"], want, rtol=1e-5, atol=1e-6)
+            if op != "AVG":
+                torch.testing.assert_close(res[0][f"{op}_{n}"], gloo[0][f"{op}_{n}"], rtol=1e-5, atol=1e-6)
+    for key in ("BAND", "BOR", "BXOR", "noncontig", "broadcast", "all_gather", "all_gather_into_tensor",
+                "reduce_scatter", "reduce_scatter_tensor", "objects", "future"):
+        for r in range(world):
+            a, g = res[r][key], gloo[r][key]
+            assert (torch.equal(a, g) if isinstance(a, torch.Tensor) else a == g), (key, r, a, g)
+    assert res[0]["BXOR"].tolist() == [1 ^ 2 ^ 3, 6, 0 ^ 3 ^ 6, -1]
+    assert res[1]["reduce_scatter"].tolist() == [33.0, 33.0]
+
+
+def test_subgroups_of_atlas_next_to_gloo_and_the_reverse(tmp_path):
+    body = """
+    default, sub = ("gloo", "atlas") if os.environ["MODE"] == "gloo-default" else ("atlas", "gloo")
+    dist.init_process_group(default, timeout=timedelta(seconds=60))
+    g02 = dist.new_group([0, 2], backend=sub)
+    g12 = dist.new_group([1, 2], backend=sub)
+    res = {"backends": (dist.get_backend(), dist.get_backend(g12 if RANK == 1 else g02))}
+    t = torch.full((2,), float(RANK + 1))
+    dist.all_reduce(t)
+    res["world"] = t.tolist()
+    for grp, members in ((g02, (0, 2)), (g12, (1, 2))):
+        if RANK in members:
+            x = torch.full((3,), float(RANK))
+            dist.all_reduce(x, group=grp)
+            res[f"sum{members}"] = x.tolist()
+            if RANK == members[0]:
+                dist.send(torch.arange(3.0) + RANK, dst=members[1], group=grp)
+            else:
+                y = torch.empty(3)
+                dist.recv(y, src=members[0], group=grp)
+                res[f"recv{members}"] = y.tolist()
+    dist.barrier()
+    save(res)
+    dist.destroy_process_group()
+    """
+    for mode in ("gloo-default", "atlas-default"):
+        (tmp_path / mode).mkdir()
+        rcs, outs, res = launch(tmp_path / mode, body, 3, {"MODE": mode})
+        check_ok(rcs, outs)
+        assert res[0]["backends"] == (("gloo", "atlas") if mode == "gloo-default" else ("atlas", "gloo"))
+        assert all(r["world"] == [6.0, 6.0] for r in res)
+        assert res[0]["sum(0, 2)"] == res[2]["sum(0, 2)"] == [2.0] * 3
+        assert res[1]["sum(1, 2)"] == res[2]["sum(1, 2)"] == [3.0] * 3
+        assert res[2]["recv(0, 2)"] == [0.0, 1.0, 2.0] and res[2]["recv(1, 2)"] == [1.0, 2.0, 3.0]
+
+
+def test_a_peer_that_exits_mid_receive_is_named_within_the_timeout(tmp_path):
+    body = """
+    dist.init_process_group("atlas", timeout=timedelta(seconds=30))
+    if RANK == 0:
+        dist.send(torch.ones(4), 1)
+        dist.isend(torch.ones(64 << 20, dtype=torch.uint8), 1)
+        time.sleep(0.3)
+        os._exit(0)                          # dies with the big transfer in flight
+    dist.recv(torch.empty(4), 0)
+    t0 = time.monotonic()
+    try:
+        dist.recv(torch.empty(64 << 20, dtype=torch.uint8), 0)
+        save({"error": None})
+    except Exception as exc:
+        save({"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0})
+    """
+    rcs, outs, res = launch(tmp_path, body, 2, {"ATLAS_STREAMS": "4", "ATLAS_PACING_MBPS": "100"})
+    err = res[1]["error"]
+    assert err is not None and err.startswith("AtlasError: atlas: recv of (67108864,) uint8 from rank 0"), outs[1]
+    assert "lost rank 0" in err
+    assert res[1]["after_s"] < 15
+
+
+def test_a_silent_peer_is_named_within_the_timeout(tmp_path):
+    body = """
+    dist.init_process_group("atlas", timeout=timedelta(seconds=4))
+    dist.barrier()                           # channels open, both alive
+    if RANK == 0:
+        time.sleep(7)                        # alive but never posts what rank 1 waits for
+        save({})
+        os._exit(0)
+    res = {}
+    for what, fn in (("recv", lambda: dist.recv(torch.empty(3), 0)),
+                     ("all_reduce", lambda: dist.all_reduce(torch.ones(3)))):
+        t0 = time.monotonic()
+        try:
+            fn()
+        except Exception as exc:
+            res[what] = (f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
+    save(res)
+    os._exit(0)
+    """
+    rcs, outs, res = launch(tmp_path, body, 2)
+    msg, took = res[1]["recv"]
+    assert msg.startswith("AtlasError: atlas: recv of (3,) float32 from rank 0"), outs[1]
+    assert "did not complete within 4 s (the process group's timeout): rank 0 is silent" in msg
+    assert took < 8
+    msg, took = res[1]["all_reduce"]
+    assert "all_reduce(SUM)" in msg and "rank 0" in msg and took < 8
+
+
+def test_a_stopped_peer_is_lost_by_its_heartbeats(tmp_path):
+    body = """
+    import signal
+    dist.init_process_group("atlas", timeout=timedelta(seconds=60))
+    dist.barrier()
+    if RANK == 0:
+        os.kill(os.getpid(), signal.SIGSTOP)     # silent: not even heartbeats
+    t0 = time.monotonic()
+    try:
+        dist.recv(torch.empty(3), 0)
+    except Exception as exc:
+        save({"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0})
+    os._exit(0)
+    """
+    rcs, outs, res = launch(tmp_path, body, 2, {"ATLAS_IDLE_TIMEOUT_S": "2"}, timeout=60, stop_rank=0)
+    err = res[1]["error"]
+    assert err.startswith("AtlasError: atlas: recv of (3,) float32 from rank 0"), outs[1]
+    assert "lost rank 0" in err and res[1]["after_s"] < 20
+
+
+@pytest.mark.gpu
+def test_cuda_tensors_over_atlas(tmp_path):
+    body = """
+    dist.init_process_group("atlas", timeout=timedelta(seconds=60))
+    t = torch.full((1 << 20,), float(RANK + 1), device="cuda")
+    dist.all_reduce(t)
+    x = torch.arange(6.0, device="cuda").reshape(2, 3).t()
+    if RANK == 0:
+        dist.send(x, 1)
+    else:
+        y = torch.empty(3, 2, device="cuda")
+        dist.recv(y, 0)
+        x = y
+    save({"sum": t.cpu()[:3].tolist(), "x": x.cpu().tolist(), "dev": str(t.device)})
+    dist.destroy_process_group()
+    """
+    rcs, outs, res = launch(tmp_path, body, 2)
+    check_ok(rcs, outs)
+    assert res[0]["sum"] == res[1]["sum"] == [3.0] * 3 and res[1]["dev"].startswith("cuda")
+    assert res[1]["x"] == torch.arange(6.0).reshape(2, 3).t().tolist()

@@ -83,22 +83,24 @@ def commands(work: Path) -> dict[str, Command]:
     return {c.name: c for c in (
         Command("run-quickstart", (TESTBED, "run", "scenarios/quickstart.yaml", *QUICK, "--out", str(work / "run")),
                 run_phases),
-        Command("run-bubbletea", (TESTBED, "run", "scenarios/quickstart.yaml", "--variants", "atlas", *QUICK,
+        Command("run-bubbletea", (TESTBED, "run", "scenarios/quickstart.yaml", "--variants", "atlas,atlas+bubbletea", *QUICK,
                                   "--out", str(work / "bt")),
                 (("build", r"creating nodes"), ("calibration", r"calibrating \d+ WAN"), ("atlas", r"start atlas$"),
                  ("bubbletea-idle", r"start atlas\+bubbletea: agents idle"), ("bubbletea", r"start atlas\+bubbletea$"),
                  ("teardown", r"\] atlas\+bubbletea ok in"))),
         Command("sweep", (TESTBED, "sweep", str(sweep), "-j", "2", "--out", str(work / "sweep")),
-                (("start", r"sweep kill-trial-sweep"), ("points", r"start|running|\[0/2\]"),
+                (("points", r"\[0/2\] start p00"), ("build", r"creating nodes"),
+                 ("calibration", r"calibrating \d+ WAN"), ("variant", r"start (baseline|multi-tcp|atlas)"),
                  ("point-done", r"\[1/2\]"))),
         Command("topo-check", (TESTBED, "topo", "check", "topologies/2dc.yaml", "--no-tcp"),
                 (("build", r"creating nodes"), ("delay-lines", r"starting \d+ delay line"),
                  ("rtt", r": RTT "), ("train", r"UDP train"), ("blast", r"UDP blast"), ("teardown", r"tearing down"))),
         Command("bench-transport", (TESTBED, "bench", "transport", "--topology", "topologies/2dc.yaml", "--size",
-                                    "8MiB", "--repeat", "1", "--rounds", "1", "--methods", "atlas,tcp,iperf3",
-                                    "--iperf-seconds", "1", "--no-loopback", "--out", str(work / "bench")),
-                (("build", r"wan: building"), ("atlas", r"wan atlas"), ("tcp", r"wan tcp"),
-                 ("iperf3", r"wan iperf3"))),
+                                    "8MiB", "--streams", "1,8", "--repeat", "1", "--rounds", "1", "--methods",
+                                    "atlas,tcp,iperf3", "--iperf-seconds", "1", "--no-loopback", "--out",
+                                    str(work / "bench")),
+                (("build", r"wan: building"), ("atlas", r"wan atlas N=1:"), ("tcp", r"wan tcp N=1:"),
+                 ("iperf3", r"wan iperf3 N=1:"), ("teardown", r"wan iperf3 N=8"))),
         Command("demo", (TESTBED, "demo", "--quick", "--out", str(work / "demo")),
                 (("bench-build", r"wan: building"), ("bench", r"wan atlas"),
                  ("quickstart", r"run quickstart"), ("calibration", r"calibrating \d+ WAN"),
@@ -170,7 +172,7 @@ class Trial:
     target_phase: str
     delay_s: float
     kill_at_s: float | None = None  # seconds after the start
-    phase_reached: str = "start"
+    phase_reached: str = "launch"
     ended_by_itself: bool = False
     exit_status: int | None = None
     prefixes: list[str] = field(default_factory=list)
@@ -199,7 +201,7 @@ def run_trial(cmd: Command, seed: int, work: Path, phase: str | None = None) -> 
     start = _stat(proc.pid)
     t0 = time.monotonic()
     prefixes: set[str] = set()
-    reached, seen_at = "start", None
+    reached, seen_at = "launch", None  # no phase seen yet
     tree: dict[int, int] = {}
     existing: dict[int, int] = {}  # every process at the kill: {pid: start}
     netns: set[int] = set()
@@ -235,7 +237,7 @@ def run_trial(cmd: Command, seed: int, work: Path, phase: str | None = None) -> 
     res = subprocess.run([TESTBED, "clean"], cwd=REPO, capture_output=True, text=True, check=False)
     trial.clean_s = round(time.monotonic() - c0, 2)
     trial.clean_rc = res.returncode
-    trial.clean_output = (res.stdout + res.stderr)[-3000:]
+    trial.clean_output = res.stdout + res.stderr
     # the checks, at once
     trial.leftovers, trial.zombies = leftovers(trial.prefixes, proc.pid, start[2] if start else 0, tree, netns,
                                                sysctl_before, existing)

@@ -135,13 +135,3 @@ def die_with_parent(expected_parent: int, sig: int = signal.SIGKILL) -> None:
     if os.getppid() != expected_parent:
         os._exit(EXIT_OWNER_GONE)
 
-
-def end_with_parent(expected_parent: int, sig: int = signal.SIGTERM) -> None:
-    """Like ``die_with_parent``, for a process that has a teardown to do (a sweep
-    point's own run): the kernel sends `sig` (SIGTERM: the run unwinds and tears its
-    emulation down) when the parent thread exits; sent at once if the parent is
-    already gone."""
-    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, int(sig), 0, 0, 0)
-    if os.getppid() != expected_parent:
-        os.kill(os.getpid(), sig)

@@ -35,7 +35,8 @@ def leftovers(prefix: str, netns: set[int]) -> list[str]:
         if pid == os.getpid():
             continue
         cmd = procfs.cmdline(pid) or ""
-        if prefix in cmd or procfs.environ_has(pid, ENV_RUN, prefix) or procfs.netns(pid) in netns:
+        in_ns = procfs.netns(pid) in netns and not _other_run(pid, prefix, cmd)
+        if prefix in cmd or procfs.environ_has(pid, ENV_RUN, prefix) or in_ns:
             if procfs.start_time(pid) is not None and not _zombie(pid):
                 found.append(f"process {pid}: {cmd[:80]}")
     found += [f"interface {n}" for n in os.listdir("/sys/class/net") if n.startswith(prefix)]
@@ -46,6 +47,24 @@ def leftovers(prefix: str, netns: set[int]) -> list[str]:
     tmp = Path(tempfile.gettempdir())
     found += [f"temporary {p}" for p in tmp.iterdir() if p.name.startswith(f"{prefix}-")]
     return found
+
+
+def _other_run(pid: int, prefix: str, cmd: str) -> bool:
+    """Whether `pid` carries another run's mark: the kernel gives a freed namespace's
+    number to the next one made, and other runs may be making namespaces meanwhile."""
+    if re.search(r"mininet:tb[0-9a-f]{3}", cmd) and f"mininet:{prefix}" not in cmd:
+        return True
+    try:
+        env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return any(e.startswith(f"{ENV_RUN}=".encode()) and e != f"{ENV_RUN}={prefix}".encode() for e in env)
+
+
+def clean_failures(done: subprocess.CompletedProcess, prefix: str) -> list[str]:
+    """The failures `testbed clean` reported about run `prefix` (other runs' records on a
+    shared machine may fail for reasons of their own)."""
+    return [line for line in (done.stdout + done.stderr).splitlines() if line.startswith("failed") and prefix in line]
 
 
 def _zombie(pid: int) -> bool:
@@ -175,9 +194,9 @@ def test_c_sigkill_then_testbed_clean_leaves_nothing():
     assert leftovers(prefix, netns) == left
     done = subprocess.run([*TESTBED, "clean"], capture_output=True, text=True, cwd=REPO, timeout=60)
     print(done.stdout)
-    assert done.returncode == 0, done.stderr
-    assert "did remove-record" in done.stdout and "did kill" in done.stdout
-    assert wait_gone(prefix, netns) == []
+    assert clean_failures(done, prefix) == [], done.stderr
+    assert f"did remove-record   {RECORD_DIR / prefix}.json" in done.stdout and "did kill" in done.stdout
+    assert leftovers(prefix, netns) == []  # at once: clean returns when all of it is gone
     assert "did remove-path" in done.stdout
 
 
@@ -204,9 +223,8 @@ def test_d_testbed_run_killed_at_random_moments_then_clean_leaves_nothing():
             if proc.poll() is None:
                 proc.kill()
                 proc.wait()
-        time.sleep(1.0)
         print("left behind:", leftovers(prefix, netns))
         done = subprocess.run([*TESTBED, "clean"], capture_output=True, text=True, cwd=REPO, timeout=120)
-        assert done.returncode == 0, done.stdout + done.stderr
-        assert wait_gone(prefix, netns, timeout=10) == [], done.stdout
+        assert clean_failures(done, prefix) == [], done.stdout + done.stderr
+        assert leftovers(prefix, netns) == [], done.stdout  # at once, no waiting
         subprocess.run(["rm", "-rf", str(out_dir)], check=False)

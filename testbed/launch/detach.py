@@ -207,6 +207,11 @@ class _Connection(threading.Thread):
                 self.procs.append(proc)
                 _send(self.sock, self.lock, {"op": "spawned", "pid": proc.pid})
                 threading.Thread(target=self._wait, args=(proc,), daemon=True).start()
+            elif op == "signal":  # a rank's whole group here; through its server's agent on another server
+                proc = next((p for p in self.procs if p.pid == int(msg["pid"])), None)
+                if proc is not None and proc.poll() is None:
+                    _signal_rank(proc, int(msg["sig"]))
+                _send(self.sock, self.lock, {"op": "signalled"})
             elif op == "counters":
                 from testbed.launch.run import EmulationSite
 
@@ -226,19 +231,25 @@ class _Connection(threading.Thread):
     def _end_ranks(self) -> None:
         live = [p for p in self.procs if p.poll() is None]
         for p in live:
-            try:
-                os.killpg(p.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
+            _signal_rank(p, signal.SIGTERM)
         deadline = time.monotonic() + 2.0
         while time.monotonic() < deadline and any(p.poll() is None for p in live):
             time.sleep(0.05)
         for p in live:
             if p.poll() is None:
-                try:
-                    os.killpg(p.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                _signal_rank(p, signal.SIGKILL)
+
+
+def _signal_rank(proc: Any, sig: int) -> None:
+    """`sig` to a rank the daemon started: its process group on this machine (mnexec -d
+    made it a session leader); on another server, through the program's agent there."""
+    try:
+        if type(proc) is subprocess.Popen:
+            os.killpg(proc.pid, sig)
+        else:
+            proc.send_signal(sig)
+    except (ProcessLookupError, PermissionError):
+        pass
 
 
 def serve(name: str, file: str, backend: str | None, servers: str | None) -> None:
@@ -324,9 +335,12 @@ class _AttachedRank:
         if self.poll() is not None:
             return
         try:
-            os.killpg(self.pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+            self.client._request({"op": "signal", "pid": self.pid, "sig": int(sig)})
+        except LaunchError:  # the daemon is gone: the rank is on this machine or gone with it
+            try:
+                os.killpg(self.pid, sig)
+            except (ProcessLookupError, PermissionError):
+                pass
 
 
 class Attached:

@@ -231,6 +231,11 @@ def _describe_exit(code: int) -> str:
         except ValueError:
             name = f"signal {-code}"
         return f"was killed by {name}"
+    if 128 < code < 128 + 65:  # a shell's (or a server's agent's) way of saying a signal ended it
+        try:
+            return f"exited with {code} (killed by {signal.Signals(code - 128).name})"
+        except ValueError:
+            pass
     return f"exited with {code}"
 
 

@@ -145,3 +145,12 @@ def test_a_rank_that_cannot_start_ends_the_started_ones(tmp_path, prog):
         run_launch(site, LaunchSpec(command=prog, cwd=str(tmp_path)), out_dir=tmp_path / "o", echo=False)
     assert all(p.poll() is not None for p in site.started)
     assert not read_report(tmp_path / "o" / "launch.json").ok
+
+
+def test_exit_descriptions():
+    from testbed.launch.run import _describe_exit
+
+    assert _describe_exit(1) == "exited with 1"
+    assert _describe_exit(-9) == "was killed by SIGKILL"
+    assert _describe_exit(137) == "exited with 137 (killed by SIGKILL)"
+    assert _describe_exit(255) == "exited with 255"

@@ -102,9 +102,10 @@ def commands(work: Path) -> dict[str, Command]:
                 (("build", r"wan: building"), ("atlas", r"wan atlas N=1:"), ("tcp", r"wan tcp N=1:"),
                  ("iperf3", r"wan iperf3 N=1:"), ("teardown", r"wan iperf3 N=8"))),
         Command("demo", (TESTBED, "demo", "--quick", "--out", str(work / "demo")),
-                (("bench-build", r"wan: building"), ("bench", r"wan atlas"),
-                 ("quickstart", r"run quickstart"), ("calibration", r"calibrating \d+ WAN"),
-                 ("variant", r"start (baseline|multi-tcp|atlas)"), ("bubbletea", r"start atlas\+bubbletea")),
+                (("bench", r"start transport bench"), ("bench-measure", r"transport: atlas N=1"),
+                 ("quickstart", r"start quickstart run"), ("build", r"creating nodes"),
+                 ("calibration", r"calibrating \d+ WAN"), ("baseline", r"^baseline: \d+ workers"),
+                 ("atlas", r"^atlas: \d+ workers"), ("bubbletea", r"^atlas\+bubbletea: \d+ workers")),
                 limit_s=400.0),
     )}
 
@@ -195,8 +196,10 @@ def run_trial(cmd: Command, seed: int, work: Path, phase: str | None = None) -> 
     sysctl_before = SYSCTL.read_text().strip() if SYSCTL.exists() else ""
     log = work / f"{cmd.name}-{seed}.log"
     env = dict(os.environ, PYTHONUNBUFFERED="1")
+    # each trial its own result folder (a sweep resumes in one it finds)
+    argv = [a + f"-{seed}" if a.startswith(f"{work}{os.sep}") and not a.endswith(".yaml") else a for a in cmd.argv]
     with open(log, "wb") as out:
-        proc = subprocess.Popen(cmd.argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
+        proc = subprocess.Popen(argv, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env,
                                 start_new_session=True)
     start = _stat(proc.pid)
     t0 = time.monotonic()

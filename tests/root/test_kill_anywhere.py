@@ -63,7 +63,7 @@ def test_quickstart_killed_in_its_calibration(trials):
     ("sweep", "calibration"), ("sweep", "variant"),
     ("topo-check", "build"), ("topo-check", "blast"),
     ("bench-transport", "atlas"), ("bench-transport", "iperf3"),
-    ("demo", "bench"), ("demo", "calibration"), ("demo", "bubbletea"),
+    ("demo", "bench-measure"), ("demo", "calibration"), ("demo", "bubbletea"),
 ])
 def test_killed_in_phase_then_clean_leaves_nothing(trials, command, phase):
     check(trials, command, phase)

@@ -28,7 +28,9 @@ what agents and workers used over the measured iterations).
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -76,8 +78,19 @@ class CpuGroup:
         for pid in self.pids():
             with contextlib.suppress(OSError):
                 parent.write_text(f"{pid}\n")
-        with contextlib.suppress(FileNotFoundError):
-            self.path.rmdir()
+        for _ in range(20):
+            try:
+                self.path.rmdir()
+                return
+            except FileNotFoundError:
+                return
+            except OSError as exc:
+                if exc.errno != errno.EBUSY:
+                    raise
+                time.sleep(0.05)
+        # still busy: a process that died in it and is not reaped yet (an agent killed
+        # mid-run is a zombie until its parent waits for it); the run's teardown removes
+        # the group (records.py), after the processes are reaped
 
     def describe(self) -> str:
         what = "cpu.weight" if self.version == 2 else "cpu.shares"

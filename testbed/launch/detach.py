@@ -61,15 +61,27 @@ def validate_name(name: str) -> str:
 
 
 def state_alive(state: DetachedState, procfs: ProcFS | None = None) -> bool:
-    """Whether the daemon of `state` is still the process that wrote it."""
-    return (procfs or ProcFS()).start_time(state.daemon_pid) == state.daemon_start
+    """Whether the daemon of `state` is still the process that wrote it (not a zombie
+    waiting to be reaped after a SIGKILL)."""
+    procfs = procfs or ProcFS()
+    if procfs.start_time(state.daemon_pid) != state.daemon_start:
+        return False
+    try:
+        stat = (procfs.root / str(state.daemon_pid) / "stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:].split()[:1] != ["Z"]
 
 
 def list_detached(directory: Path | None = None) -> list[tuple[DetachedState, bool]]:
     """Every detached topology's state, with whether its daemon is alive."""
     directory = Path(directory or DETACHED_DIR)
     out = []
-    for path in sorted(directory.glob("*.json")) if directory.is_dir() else []:
+    try:
+        paths = sorted(directory.glob("*.json")) if directory.is_dir() else []
+    except PermissionError:
+        raise LaunchError(f"cannot read {directory}: detached topologies are root's; run as root (sudo)") from None
+    for path in paths:
         try:
             state = DetachedState.model_validate_json(path.read_text())
         except (OSError, ValueError):

@@ -16,7 +16,7 @@ import yaml
 from testbed.emulation.records import ProcFS
 from testbed.launch.models import read_report
 
-pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.cluster, pytest.mark.slow, pytest.mark.long]
 REPO = Path(__file__).resolve().parents[2]
 TESTBED = [sys.executable, "-m", "testbed.cli"]
 

@@ -1,7 +1,8 @@
 """`testbed demo` end to end, reduced to about a minute: the real transport bench
 across the emulated WAN and the real quickstart run (fewer variants and
-iterations), then the table and files. It checks that every figure the demo reads
-is there (the runner's and the bench's key names), not how fast anything was."""
+iterations, no calibration), then the table and files. It checks that every figure
+the demo reads is there (the runner's and the bench's key names), not how fast
+anything was."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from testbed import demo as d
 pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.timeout(300)]
 
 REDUCED = d.DemoConfig(
-    overrides={"workload.iterations": 1, "workload.warmup": 1, "runner.calibration_transfers": 2,
+    overrides={"workload.iterations": 1, "workload.warmup": 1, "runner.calibrate": False,  # the demo reads
+               # no calibrated figure (per-path calibration: tests/root/test_run_2dc.py)
                "runner.bubbletea_idle_twin": False},  # the decomposition: tests/root/test_bubbletea_run.py
     variants=("baseline", "atlas", "atlas+bubbletea"),
     bench_size=8 << 20,
@@ -34,7 +36,8 @@ def test_reduced_demo_end_to_end(tmp_path: Path) -> None:
     rows = {r.measure: r for r in outcome.rows}
 
     a1, a8 = rows["atlas, 1 stream"].value, rows["atlas, 8 streams"].value
-    assert a1 and a8 and a8 > a1  # window-limited single stream vs striped (about 7x here)
+    assert a1 and a8  # measured and verified; how much faster 8 are: tests/floors/test_wan_striping.py
+    print(f"\natlas across the WAN: 1 stream {a1:.0f} Mbit/s, 8 streams {a8:.0f} Mbit/s")
     assert rows["iperf3 -P 8 (the link)"].value
     assert rows["atlas N=8 / iperf3 -P 8"].value is not None
 

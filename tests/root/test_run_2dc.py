@@ -47,6 +47,9 @@ def test_short_atlas_2dc_run(tmp_path: Path, namespaces) -> None:
             frames = [d.rx_frames for d in line.directions().values()]
             assert len(frames) == 2 and min(frames) > 1000 and line.relay_drops >= 0
     assert base.streams == 1 and atlas.streams >= 8
+    cal = summary.calibration  # the WAN path timed before the variants (the demo's reduced run skips it)
+    assert cal is not None and cal.channel_rate_mbps["1"] > 0
+    assert cal.one_way_delay_s == pytest.approx(scenario.topology.path_delay("dc1", "dc2"))
     # how much faster atlas is: tests/floors/test_run_speedup.py (make floors)
     print(log.getvalue())
     print(f"baseline {base.iteration_time_s:.3f} s/it, {base.wan_links['dc1-dc2'].goodput_mbps:.0f} Mbit/s; "

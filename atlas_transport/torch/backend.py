@@ -79,6 +79,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._broken: AtlasError | None = None
+        self._scratch_bufs: dict[torch.dtype, torch.Tensor] = {}  # used by the collectives thread only
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"atlas-pg{self._label}-collectives")
         self._thread.start()
 
@@ -172,6 +173,12 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         for op in ops:
             self._mesh.wait(op)
 
+    def _scratch(self, dtype: torch.dtype, numel: int) -> torch.Tensor:
+        buf = self._scratch_bufs.get(dtype)
+        if buf is None or buf.numel() < numel:
+            buf = self._scratch_bufs[dtype] = torch.empty(numel, dtype=dtype)
+        return buf[:numel]
+
     def _flat(self, tensors: Sequence[torch.Tensor], read: bool = True) -> list[Staged]:
         return [Staged(t, read) for t in tensors]
 
@@ -183,7 +190,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
         def body(xfer: C.Xfer) -> None:
             for s in staged:
-                C.all_reduce(s.host, name, self._rank, self._size, xfer)
+                C.all_reduce(s.host, name, self._rank, self._size, xfer, self._scratch)
                 s.write_back()
         return self._collective(f"all_reduce({name})", tensors, body)
 

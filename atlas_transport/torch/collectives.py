@@ -13,6 +13,11 @@ import torch
 import torch.distributed as dist
 
 Xfer = Callable[[Sequence[tuple[int, torch.Tensor]], Sequence[tuple[int, torch.Tensor]]], None]
+Scratch = Callable[[torch.dtype, int], torch.Tensor]
+
+
+def fresh(dtype: torch.dtype, numel: int) -> torch.Tensor:
+    return torch.empty(numel, dtype=dtype)
 
 # Below this many bytes all_reduce exchanges whole tensors (one step, n-1 messages
 # each way); above it, a ring: 2(n-1) steps of 1/n of the tensor, each one transfer
@@ -86,12 +91,13 @@ def reduce_in_order(parts: Sequence[torch.Tensor], name: str, out: torch.Tensor)
     out.copy_(acc)
 
 
-def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer) -> None:
-    """Reduce the flat contiguous `x` across the group, in place."""
+def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer, scratch: Scratch = fresh) -> None:
+    """Reduce the flat contiguous `x` across the group, in place. `scratch(dtype, n)`
+    gives the ring's receive buffer (the backend reuses one: no page faults per call)."""
     if size == 1:
         return
     if x.numel() >= size and x.numel() * x.element_size() >= RING_MIN_BYTES:
-        _ring_all_reduce(x, name, rank, size, xfer)
+        _ring_all_reduce(x, name, rank, size, xfer, scratch)
     else:
         peers = [p for p in range(size) if p != rank]
         bufs = {p: torch.empty_like(x) for p in peers}
@@ -101,10 +107,10 @@ def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer) -> 
     finish_avg(x, name, size)
 
 
-def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer) -> None:
+def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer, scratch: Scratch) -> None:
     chunks = list(x.tensor_split(size))
     right, left = (rank + 1) % size, (rank - 1) % size
-    tmp = torch.empty(chunks[0].numel(), dtype=x.dtype)
+    tmp = scratch(x.dtype, chunks[0].numel())
     for s in range(size - 1):  # reduce-scatter: rank r ends owning chunk (r + 1) % size
         send_i, recv_i = (rank - s) % size, (rank - s - 1) % size
         buf = tmp[: chunks[recv_i].numel()]

@@ -47,7 +47,7 @@ class LocalHost:
     ip: str = "127.0.0.1"
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen(list(argv), **kwargs)
+        return subprocess.Popen(list(argv), **_owned(kwargs))
 
     def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> Any:
         from testbed.emulation.warmstart import claim, warm_start
@@ -55,7 +55,18 @@ class LocalHost:
         folder = self.net.warm_folder()
         if not claim(folder, preload):  # another run of this process has the fork server
             return self.popen(argv, **kwargs)
-        return warm_start(os.getpid(), argv, server=folder, **kwargs)
+        return warm_start(os.getpid(), argv, server=folder, **_owned(kwargs))
+
+
+def _owned(kwargs: dict[str, Any]) -> dict[str, Any]:
+    """`kwargs` with this process named as the owner in the child's environment: the
+    workers and agents end themselves once it is gone (testbed_core/lifetime.py), as
+    under emulation (Emulation names itself the same way)."""
+    from testbed_core.lifetime import OWNER_ENV, owner_mark
+
+    env = dict(kwargs.get("env") or os.environ)
+    env[OWNER_ENV] = owner_mark()
+    return {**kwargs, "env": env}
 
 
 class Network(Protocol):

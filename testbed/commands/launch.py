@@ -63,7 +63,9 @@ def _progress() -> Any:
               help="place the DCs on servers reached over SSH (as `testbed topo up --servers`); COMMAND and the "
                    "working folder must exist at the same path there")
 @click.option("--inventory", "inventory", type=click.Path(dir_okay=False), default=None, metavar="FILE",
-              help="real machines instead of the emulation (not yet supported by launch)")
+              help="real machines instead of the emulation: each host of TOPOLOGY is the inventory's machine, "
+                   "reached over SSH (as `testbed run --inventory`); no GLOO_SOCKET_IFNAME is set (give it with "
+                   "--env) and no WAN bytes are counted")
 @click.option("--quiet", "-q", is_flag=True, help="do not show the ranks' output (it is still saved in --out)")
 def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_items: tuple[str, ...],
            master_port: int | None, timeout_s: float | None, out_dir: str | None, attach: str | None,
@@ -79,10 +81,9 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
     from testbed.launch.models import LaunchSpec
     from testbed.launch.plan import LaunchError, parse_env, parse_hosts, resolve_command
 
-    if inventory is not None:
-        raise click.ClickException(
-            "--inventory: launching on real machines is not yet supported by `testbed launch` (issue 28); "
-            "`testbed run SCENARIO --inventory FILE` runs the testbed's own workers there")
+    if inventory is not None and (attach is not None or servers is not None or backend != "auto"):
+        raise click.UsageError("--inventory runs on real machines: it goes with TOPOLOGY only, not with --attach, "
+                               "--servers or --backend")
     if attach is None:
         if not args:
             raise click.UsageError("give the TOPOLOGY file and the command after `--`, e.g. "
@@ -112,6 +113,10 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
     say = _progress()
     if attach is not None:
         report = _attached(attach, spec, out, quiet, say)
+    elif inventory is not None:
+        assert topology_file is not None
+        spec.topology_file = str(Path(topology_file).resolve())
+        report = _real(topology_file, inventory, spec, out, quiet, say)
     else:
         assert topology_file is not None
         spec.topology_file = str(Path(topology_file).resolve())
@@ -133,25 +138,33 @@ def _check_out(out: Path) -> None:
                                    "give another folder") from None
 
 
-def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
-    from testbed.commands.topo import _load, _user_errors
+def _check_plan(topology: Any, spec: Any) -> None:
+    """The rank plan on TOPOLOGY's hosts, checked before anything is built or logged in to."""
+    from testbed.commands.topo import _user_errors
     from testbed.emulation.addressing import plan_addresses
     from testbed.emulation.naming import display_host
-    from testbed.emulation.network import Emulation
     from testbed.launch.plan import HostSlot, LaunchError, plan_ranks
-    from testbed.launch.run import run_launch
 
-    topology = _load(file, servers)
-    try:  # every input checked before anything is built
+    try:
         plan = plan_addresses(topology)
         slots = [HostSlot(display_host(dc.name, h), dc.name, ip, "")
-                 for dc, dplan in zip(topology.dcs, plan.dcs, strict=True) for h, ip in zip(dc.hosts, dplan.host_ips,
-                                                                                          strict=True)]
+                 for dc, dplan in zip(topology.dcs, plan.dcs, strict=True)
+                 for h, ip in zip(dc.hosts, dplan.host_ips, strict=True)]
         plan_ranks(slots, spec.hosts, spec.nproc_per_host)
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
+
+
+def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+    from testbed.commands.topo import _load, _user_errors
+    from testbed.emulation.network import Emulation
+    from testbed.launch.plan import LaunchError
+    from testbed.launch.run import run_launch
+
+    topology = _load(file, servers)
+    _check_plan(topology, spec)
     try:
         emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
         with emu:
@@ -170,15 +183,67 @@ def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, q
         sys.exit(code if isinstance(code, int) else 1)
 
 
+def _unwind_on_signals() -> dict[int, Any]:
+    """SIGTERM and SIGHUP raise SystemExit, as Ctrl-C raises KeyboardInterrupt, so that
+    every rank is ended on the way out (the old handlers, to restore)."""
+
+    def unwind(signum: int, _frame: object) -> None:
+        raise SystemExit(128 + signum)
+
+    return {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+
+
+class _Say:
+    """The `progress.log` that testbed/run/inventory.py speaks to, as this command's lines."""
+
+    def __init__(self, say: Any) -> None:
+        self.log = say
+
+
+def _real(file: str, inventory: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+    """The ranks on the real machines of `inventory` (testbed/run/inventory.py): each
+    host of TOPOLOGY is the machine the inventory gives it, reached over SSH; nothing is
+    shaped and no WAN counters are read; the machines see COMMAND and the working
+    folder at the same paths (or under the inventory's repo)."""
+    from types import SimpleNamespace
+
+    from testbed.commands.topo import _load
+    from testbed.launch.plan import LaunchError
+    from testbed.launch.run import HostsSite, run_launch
+    from testbed.run.common import RunnerError
+    from testbed.run.inventory import open_inventory
+
+    topology = _load(file)
+    _check_plan(topology, spec)
+    scenario = SimpleNamespace(runner=SimpleNamespace(inventory=inventory), topology=topology, faults=None,
+                               source=file)
+    saved = _unwind_on_signals()
+    try:
+        with open_inventory(scenario, _Say(say)) as net:
+            hosts = [net.host(h) for h in net.assignment]
+            order = {name: i for i, name in enumerate(
+                f"{dc.name}-{h}" for dc in topology.dcs for h in dc.hosts)}
+            hosts.sort(key=lambda h: order.get(h.name, len(order)))
+            prefix = net.record.prefix if net.record is not None else ""
+            site = HostsSite(hosts, topology.name, str(Path(file).resolve()), prefix)
+            return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say)
+    except (LaunchError, RunnerError) as exc:
+        raise click.ClickException(str(exc)) from None
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+        click.echo(f"interrupted: every rank was ended on the machines; logs in {out}", err=True)
+        sys.exit(code if isinstance(code, int) else 1)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
+
+
 def _attached(name: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
     from testbed.launch.detach import Attached
     from testbed.launch.plan import LaunchError
     from testbed.launch.run import run_launch
 
-    def unwind(signum: int, _frame: object) -> None:
-        raise SystemExit(128 + signum)
-
-    saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    saved = _unwind_on_signals()
     try:
         with Attached.connect(name) as site:
             say(f"attached to {name} ({site.topology_name}, run {site.prefix})")

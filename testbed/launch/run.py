@@ -141,6 +141,31 @@ class EmulationSite:
         return out
 
 
+class HostsSite:
+    """Hosts that are not emulated (the real machines of an inventory, reached over SSH):
+    anything with ``name``, ``dc``, ``ip`` and ``popen``. No interface is known for
+    gloo (``--env GLOO_SOCKET_IFNAME=...`` sets it) and no WAN counters are read."""
+
+    def __init__(self, hosts: Sequence[Any], topology_name: str, topology_file: str = "", prefix: str = "") -> None:
+        self.topology_name = topology_name
+        self.topology_file = topology_file
+        self.prefix = prefix
+        self.attached = None
+        self._hosts = {h.name: h for h in hosts}
+        self._slots = [HostSlot(h.name, h.dc, h.ip, "") for h in hosts]
+
+    def slots(self) -> list[HostSlot]:
+        return list(self._slots)
+
+    def spawn(self, slot: HostSlot, argv: list[str], env: dict[str, str], cwd: str) -> RankProcess:
+        proc = self._hosts[slot.name].popen(argv, env=env, cwd=cwd, stdin=subprocess.DEVNULL,
+                                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        return _PopenRank(proc, group=False)  # signalled through the machine's launcher (send_signal)
+
+    def wan_counters(self) -> list[tuple[str, str, str, int, int]]:
+        return []
+
+
 def as_site(emu: Any) -> Site:
     """`emu` itself when it is a Site, else a running Emulation wrapped as one."""
     if hasattr(emu, "spawn") and hasattr(emu, "slots"):

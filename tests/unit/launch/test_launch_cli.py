@@ -54,7 +54,8 @@ def test_refusals(runner, tmp_path):
     _fails(runner, ["--attach", "no-such-topo-xyz", *PY], "no detached topology named 'no-such-topo-xyz' is up")
     _fails(runner, ["--attach", "Bad_Name", *PY], "detached topology name 'Bad_Name'")
     _fails(runner, ["--attach", "dev", TOPO, "sh"], f"drop {TOPO}")
-    _fails(runner, [TOPO, "--inventory", str(tmp_path / "inv.yaml"), *PY], "not yet supported", "issue 28")
+    _fails(runner, [TOPO, "--inventory", str(tmp_path / "inv.yaml"), *PY], "inv.yaml")
+    _fails(runner, ["--attach", "dev", "--inventory", "inv.yaml", *PY], "--inventory runs on real machines")
     _fails(runner, [str(tmp_path / "missing.yaml"), *PY], "missing.yaml")
     blocker = tmp_path / "file"
     blocker.write_text("")

@@ -65,6 +65,7 @@ class Controller:
         self.procs = procs
         self.logs = logs
         self.progress = progress
+        self._agents_lost: set[str] = set()  # BubbleTea agents that died: training goes on
         self.sel = selectors.DefaultSelector()
         self.server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         self.server.bind(path)
@@ -125,6 +126,14 @@ class Controller:
         for wid, p in self.procs.items():
             rc = p.poll()
             if rc is not None and rc != 0:
+                if wid.startswith("agent-"):
+                    # training does not depend on its BubbleTea agent (a dead holder's flock is
+                    # gone with it, testbed_core/device.py): say so once and train on
+                    if wid not in self._agents_lost:
+                        self._agents_lost.add(wid)
+                        self.progress.log(f"  {wid} exited with status {rc}; training goes on without it "
+                                          f"(its log: {self.logs[wid]})")
+                    continue
                 self._poll(0.2)  # its error message may still be in the socket
                 raise RunnerError(f"worker {wid} exited with status {rc}:\n{log_tail(self.logs[wid])}")
 

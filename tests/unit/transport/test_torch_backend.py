@@ -113,6 +113,7 @@ def test_point_to_point_ops_keep_order_per_tag_and_never_block(tmp_path):
     for r in reqs:
         r.wait()
     res["ring"] = got[0].item()
+    res["streams"] = dist.distributed_c10d._get_default_group().streams_used   # by RTT: 1 on loopback
     try:
         dist.recv(torch.empty(1))
     except Exception as exc:
@@ -128,6 +129,7 @@ def test_point_to_point_ops_keep_order_per_tag_and_never_block(tmp_path):
     assert r1["noncontig"] == torch.arange(12.0).reshape(3, 4).t().tolist()
     assert r1["bf16"] == [1.5, -2.25] and r1["int64"] == [7, 8, 9]
     assert (r0["ring"], r1["ring"]) == (1.0, 0.0)
+    assert r0["streams"] == {1: 1} and r1["streams"] == {0: 1}
     assert "recv from any source (src=None) is not supported: pass the sender's rank" in r0["anysource"]
 
 
@@ -206,7 +208,8 @@ def test_subgroups_of_atlas_next_to_gloo_and_the_reverse(tmp_path):
     body = """
     default, sub = ("gloo", "atlas") if os.environ["MODE"] == "gloo-default" else ("atlas", "gloo")
     dist.init_process_group(default, timeout=timedelta(seconds=60))
-    g02 = dist.new_group([0, 2], backend=sub)
+    opts = atlas_transport.torch.AtlasOptions(streams=2) if sub == "atlas" else None
+    g02 = dist.new_group([0, 2], backend=sub, pg_options=opts)
     g12 = dist.new_group([1, 2], backend=sub)
     res = {"backends": (dist.get_backend(), dist.get_backend(g12 if RANK == 1 else g02))}
     t = torch.full((2,), float(RANK + 1))
@@ -223,6 +226,8 @@ def test_subgroups_of_atlas_next_to_gloo_and_the_reverse(tmp_path):
                 y = torch.empty(3)
                 dist.recv(y, src=members[0], group=grp)
                 res[f"recv{members}"] = y.tolist()
+    if sub == "atlas" and RANK in (0, 2):
+        res["streams"] = g02.streams_used
     dist.barrier()
     save(res)
     dist.destroy_process_group()
@@ -236,6 +241,8 @@ def test_subgroups_of_atlas_next_to_gloo_and_the_reverse(tmp_path):
         assert res[0]["sum(0, 2)"] == res[2]["sum(0, 2)"] == [2.0] * 3
         assert res[1]["sum(1, 2)"] == res[2]["sum(1, 2)"] == [3.0] * 3
         assert res[2]["recv(0, 2)"] == [0.0, 1.0, 2.0] and res[2]["recv(1, 2)"] == [1.0, 2.0, 3.0]
+        if mode == "gloo-default":  # pg_options=AtlasOptions(streams=2) on the atlas subgroup
+            assert res[0]["streams"] == {1: 2} and res[2]["streams"] == {0: 2}
 
 
 def test_a_peer_that_exits_mid_receive_is_named_within_the_timeout(tmp_path):
@@ -252,13 +259,14 @@ def test_a_peer_that_exits_mid_receive_is_named_within_the_timeout(tmp_path):
         dist.recv(torch.empty(64 << 20, dtype=torch.uint8), 0)
         save({"error": None})
     except Exception as exc:
-        save({"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0})
+        save({"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0,
+              "streams": dist.distributed_c10d._get_default_group().streams_used})
     """
     rcs, outs, res = launch(tmp_path, body, 2, {"ATLAS_STREAMS": "4", "ATLAS_PACING_MBPS": "100"})
     err = res[1]["error"]
     assert err is not None and err.startswith("AtlasError: atlas: recv of (67108864,) uint8 from rank 0"), outs[1]
     assert "lost rank 0" in err
-    assert res[1]["after_s"] < 15
+    assert res[1]["after_s"] < 15 and res[1]["streams"] == {0: 4}
 
 
 def test_a_silent_peer_is_named_within_the_timeout(tmp_path):

@@ -39,7 +39,19 @@ def _progress() -> Any:
     return say
 
 
-@click.command(context_settings={"ignore_unknown_options": False}, epilog=EPILOG)
+class _LaunchCommand(click.Command):
+    """An option click does not know is most often the program's own, given without `--`."""
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        try:
+            return super().parse_args(ctx, args)
+        except click.NoSuchOption as exc:
+            exc.message = (exc.message.rstrip(".") + ": the program's own options go after `--`: "
+                           "testbed launch TOPOLOGY [options] -- COMMAND [ARGS]...")
+            raise
+
+
+@click.command(cls=_LaunchCommand, epilog=EPILOG)
 @click.argument("args", nargs=-1, type=click.UNPROCESSED, metavar="TOPOLOGY -- COMMAND [ARGS]...")
 @click.option("--hosts", default=None, metavar="H1,H2,...",
               help="the hosts to start ranks on, in rank order, by name (dc1-h1,dc2-h1; `testbed topo show` "

@@ -340,7 +340,7 @@ def run_launch(emu: Any, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
         if isinstance(exc, LaunchError):
             failure = str(exc)
         else:
-            failure = f"interrupted ({type(exc).__name__}): every rank was ended"
+            failure = f"interrupted ({_interruption(exc)}): every rank was ended"
     finally:
         _end(ranks)
         for r in ranks:
@@ -367,6 +367,19 @@ def run_launch(emu: Any, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
     if interrupted is not None:
         raise interrupted
     return report
+
+
+def _interruption(exc: BaseException) -> str:
+    """Ctrl-C, or the signal a SystemExit of 128 + N stands for (the CLI's handlers)."""
+    if isinstance(exc, KeyboardInterrupt):
+        return "Ctrl-C"
+    code = getattr(exc, "code", None)
+    if isinstance(code, int) and 128 < code < 128 + 65:
+        try:
+            return signal.Signals(code - 128).name
+        except ValueError:
+            pass
+    return type(exc).__name__
 
 
 def _counters(site: Site) -> list[tuple[str, str, str, int, int]]:

@@ -161,7 +161,7 @@ def test_ctrl_c_leaves_nothing(work: Path):
     assert proc.returncode == 130, err[-2000:]
     assert "interrupted: every rank was ended and the topology torn down" in err
     report = read_report(work / "out" / "launch.json")
-    assert report.failure.startswith("interrupted")
+    assert report.failure.startswith("interrupted (Ctrl-C): every rank was ended")
     assert _leftovers(report.prefix) == []
     for r in report.ranks:
         assert ProcFS().start_time(r.metrics[0]["pid"]) is None or _zombie(r.metrics[0]["pid"])

@@ -44,6 +44,7 @@ def test_refusals(runner, tmp_path):
     _fails(runner, [TOPO], "no command to launch: put it after `--`")
     _fails(runner, [], "give the TOPOLOGY file and the command after `--`")
     _fails(runner, [TOPO, "--", "no-such-prog-xyz"], "command not found: no-such-prog-xyz")
+    _fails(runner, [TOPO, "python", "-u", "x.py"], "No such option '-u': the program's own options go after `--`")
     _fails(runner, [TOPO, "--env", "BACKEND", *PY], "--env 'BACKEND': give KEY=VALUE")
     _fails(runner, [TOPO, "--env", "=gloo", *PY], "the KEY before '=' is empty")
     _fails(runner, [TOPO, "--hosts", "dc1-h1,dc3-h1", *PY],

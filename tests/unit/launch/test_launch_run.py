@@ -154,3 +154,11 @@ def test_exit_descriptions():
     assert _describe_exit(-9) == "was killed by SIGKILL"
     assert _describe_exit(137) == "exited with 137 (killed by SIGKILL)"
     assert _describe_exit(255) == "exited with 255"
+
+
+def test_interruptions_are_named():
+    from testbed.launch.run import _interruption
+
+    assert _interruption(KeyboardInterrupt()) == "Ctrl-C"
+    assert _interruption(SystemExit(143)) == "SIGTERM"
+    assert _interruption(SystemExit("x")) == "SystemExit"

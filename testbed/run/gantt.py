@@ -24,6 +24,7 @@ KIND_COLORS = {
     "allreduce": "#937860",
 }
 OTHER_COLOR = "#8c8c8c"
+REVOKED_COLOR = "#d62728"  # a BubbleTea hold training took back at its deadline (testbed_core/device.py)
 IDLE_COLOR = "#fbe3e1"
 PIPELINE_COLORS = ("#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4edd", "#f4a261", "#457b9d")
 
@@ -101,6 +102,7 @@ def gantt_png(
         y += 1
 
     # device rows
+    revoked = False
     for name in devices:
         ax.add_patch(plt.Rectangle((0, y - 0.4), span, 0.8, color=IDLE_COLOR, zorder=0))
         for r in timelines[name]:
@@ -109,6 +111,9 @@ def gantt_png(
             color = KIND_COLORS.get(r.kind, OTHER_COLOR)
             ax.add_patch(plt.Rectangle((r.start - t0, y - 0.4), r.end - r.start, 0.8, facecolor=color,
                                        edgecolor="white", linewidth=0.3, zorder=2))
+            if getattr(r, "revoked_at", None) is not None:  # BubbleTea: training took the device back here
+                ax.plot([r.revoked_at - t0] * 2, [y - 0.45, y + 0.45], color=REVOKED_COLOR, linewidth=1.6, zorder=4)
+                revoked = True
             if (r.end - r.start) / span > 0.012 and r.label:
                 ax.text((r.start + r.end) / 2 - t0, y, r.label.split("@")[0].split(":")[0], ha="center", va="center",
                         fontsize=6, color="white", zorder=3)
@@ -152,6 +157,8 @@ def gantt_png(
     kinds = {r.kind for recs in timelines.values() for r in recs}
     handles += [Patch(color=KIND_COLORS.get(k, OTHER_COLOR), label=k) for k in sorted(kinds - {"forward", "backward"})]
     handles.append(Patch(color=IDLE_COLOR, label="idle (bubble)"))
+    if revoked:
+        handles.append(Patch(color=REVOKED_COLOR, label="prefill lease revoked by training"))
     if happened:
         handles.append(Patch(color=FAULT_COLOR, alpha=0.3, label="fault injected on purpose"))
     if links:

@@ -131,3 +131,12 @@ def test_the_demo_row_shows_the_worst_iteration() -> None:
     rows = {r.measure: r for r in d.bubbletea_rows(b.summary({"atlas": atlas, "atlas+bubbletea": bt}))}
     worst = rows["worst iteration with BubbleTea"]
     assert worst.value == pytest.approx(2.6 / 2.4) and worst.ok is True and "over 2 repeats" in worst.note
+
+
+def test_the_gantt_marks_a_revoked_hold(tmp_path: Path) -> None:
+    from testbed.run.gantt import gantt_png
+
+    recs = [rec("forward", 0.0, 0.1, label="F0"),
+            WorkRecord("d", "prefill", "a", "r1:hold", 0.1, 0.1, 0.25, "modelled", deadline=0.2, revoked_at=0.25)]
+    out = gantt_png({"d": recs}, [], [0.0], [0.4], 0, tmp_path / "g.png")
+    assert out.stat().st_size > 1000

@@ -206,7 +206,7 @@ def render_check(report: dict) -> str:
 
 @click.group()
 def topo() -> None:
-    """Show, open or verify an emulated topology."""
+    """Show, open or verify an emulated topology; keep one up for `testbed launch --attach`."""
 
 
 @topo.command()

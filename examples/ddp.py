@@ -2,7 +2,7 @@
 every rank, each rank a shard of the global batch, the gradients all-reduced every step
 by the backend ``BACKEND`` names (gloo or atlas).
 
-    testbed launch topologies/2dc.yaml --hosts dc1-0,dc2-0 --env BACKEND=atlas -- \\
+    testbed launch topologies/2dc.yaml --hosts dc1-h1,dc2-h1 --env BACKEND=atlas -- \\
         python examples/ddp.py --steps 8
     torchrun --nproc-per-node 2 examples/ddp.py
     python examples/ddp.py --reference --world 2     # one process, no torch.distributed

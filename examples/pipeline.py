@@ -9,7 +9,7 @@ their window (topologies/2dc.yaml: 1 MB windows over 50 ms, ~100 Mbit/s a flow) 
 carries each boundary tensor on one connection, while atlas stripes it over
 ``ATLAS_STREAMS`` connections.
 
-    testbed launch topologies/2dc.yaml --hosts dc1-0,dc2-0 --env BACKEND=atlas -- \\
+    testbed launch topologies/2dc.yaml --hosts dc1-h1,dc2-h1 --env BACKEND=atlas -- \\
         python examples/pipeline.py --schedule 1f1b --steps 8
     torchrun --nproc-per-node 2 examples/pipeline.py            # one machine, gloo
     python examples/pipeline.py --reference --stages 2          # one process, no torch.distributed

@@ -457,7 +457,7 @@ class ProgramSection(_Model):
                                "examples/pipeline.py, --steps, '8']; relative paths from cwd")
     env: dict[str, str] = Field(default_factory=dict, description="environment of every rank (each variant's "
                                 "set is added on top)")
-    hosts: list[str] | None = Field(None, min_length=1, description="hosts in rank order, by name (dc1-0, ...); "
+    hosts: list[str] | None = Field(None, min_length=1, description="hosts in rank order, by name (dc1-h1, ...); "
                                     "default: every host of the topology")
     nproc_per_host: int = Field(1, ge=1, le=64, description="ranks per host")
     timeout: float = Field(900.0, gt=0, le=MAX_PROGRAM_TIMEOUT_S, description="seconds one variant's launch may "

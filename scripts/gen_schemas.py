@@ -121,6 +121,11 @@ def _summary() -> type[BaseModel]:
     return Summary
 
 
+def _program_summary() -> type[BaseModel]:
+    from testbed_core.contracts.summary import ProgramSummary
+    return ProgramSummary
+
+
 def _launch() -> type[BaseModel]:
     from testbed.launch.models import LaunchReport
     return LaunchReport
@@ -189,6 +194,9 @@ FORMATS: tuple[Format, ...] = (
     Format("summary", "summary.json", _summary,
            "What `testbed run` writes per run (`results/<scenario>-<time>/summary.json`); read back by "
            "`report`, `sweep` and `demo` through the same model."),
+    Format("program-summary", "summary.json of a program scenario", _program_summary,
+           "What `testbed run` writes for a program scenario (`kind: program`): per variant the seconds per "
+           "step rank 0 printed, the launch's outcome and the WAN bytes."),
     Format("launch", "launch.json", _launch,
            "What `testbed launch` writes: the command, each rank's outcome and the WAN bytes."),
 )

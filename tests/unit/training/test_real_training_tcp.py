@@ -465,14 +465,29 @@ def cluster(tmp_path_factory, tiny):
         yield c
 
 
+_REFERENCES: dict[tuple[str, str, int], tuple[Any, Any]] = {}
+
+
+def _references(tiny, optim: dict, iterations: int) -> tuple[Any, Any]:
+    """The micro-batched and global-batch one-process references, trained once per
+    (workload, optimizer, iterations): the variants of one workload share them."""
+    from testbed.training.real_work import OptimConfig
+    from testbed.training.reference import train_reference
+
+    key = (tiny.model_dump_json(), json.dumps(optim, sort_keys=True), iterations)
+    if key not in _REFERENCES:
+        oc = OptimConfig(**optim)
+        _REFERENCES[key] = (train_reference(tiny, iterations=iterations, optim=oc, mode="accumulate", threads=1),
+                            train_reference(tiny, iterations=iterations, optim=oc))
+    return _REFERENCES[key]
+
+
 def _check_against_references(tiny, result: dict, optim: dict, iterations: int = 3) -> None:
     from testbed.training.real_work import OptimConfig
-    from testbed.training.reference import compare_params, tolerance_for, train_reference
+    from testbed.training.reference import compare_params, tolerance_for
 
-    oc = OptimConfig(**optim)
-    acc = train_reference(tiny, iterations=iterations, optim=oc, mode="accumulate", threads=1)
-    ref = train_reference(tiny, iterations=iterations, optim=oc)
-    rtol, atol = tolerance_for(oc)
+    acc, ref = _references(tiny, optim, iterations)
+    rtol, atol = tolerance_for(OptimConfig(**optim))
     for d, params in enumerate(result["params"]):
         exact = compare_params(params, acc.params)
         assert exact.bitwise_equal, f"replica {d} vs micro-batched reference: {exact.describe()}"

@@ -144,7 +144,7 @@ def test_real_tiny_llama_on_device_ships_kv_over_atlas(tmp_path):
     assert result["latency"]["source"].startswith("profiled:dc1-h1-gpu0:cpu")
     rows = read_request_rows(tmp_path / "out" / "requests.jsonl")
     served = [r for r in rows if r["status"] == "served"]
-    assert len(rows) == result["arrived"] and served
+    assert len(rows) == result["arrived"] and served, sorted({(r["reason"], (r.get("detail") or "")[:120]) for r in rows})
     decoded = [json.loads(line) for line in (tmp_path / "decode.jsonl").read_text().splitlines()]
     assert {d["request_id"] for d in decoded} >= {r["id"] for r in served}
     for r in served:  # TTFT ends at arrival on the decode host, after the prefill ended

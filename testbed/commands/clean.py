@@ -1,9 +1,13 @@
 """`testbed clean`: remove what crashed runs of the toolkit left behind.
 
-Works only from the toolkit's own run records (/run/testbed/<prefix>.json): each
-recorded process is killed only after its start time and its run mark are
-verified, records of runs still in progress are skipped, and nothing that is not
-listed is touched. Never Mininet's global cleanup (`mn -c`).
+Works only from the toolkit's own run records (/run/testbed/<prefix>.json) and the
+run's mark: each recorded process is ended only after its start time and its run mark
+are verified, a process the record does not name yet only when it carries the mark
+(TESTBED_RUN=<prefix> in the environment it started with: the warm-start fork server
+and all it forked have it), records of runs still in progress are skipped, and nothing
+else is touched. Processes get SIGTERM, SIGKILL after a short grace, and the command
+returns only once every one is gone, or names the one that is not and why (then exit
+status 1, the record kept). Never Mininet's global cleanup (`mn -c`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,8 @@ import click
 @click.command()
 @click.option("--dry-run", is_flag=True, help="only say what would be removed")
 def clean(dry_run: bool) -> None:
-    """Remove leftovers (processes, namespaces, links, records) of crashed runs."""
+    """Remove leftovers (processes, namespaces, links, records) of crashed runs; returns
+    once every process of them is gone."""
     from testbed.emulation.records import RECORD_DIR
     from testbed.emulation.records import clean as do_clean
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.util
 import sys
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -36,8 +35,7 @@ def trials():
     return _trials()
 
 
-def check(trials, command: str, phase: str, seed: int = 0) -> None:
-    work = Path(tempfile.mkdtemp(prefix="tbtest-killanywhere-"))
+def check(trials, command: str, phase: str, work: Path, seed: int = 0) -> None:
     trial = trials.run_trial(trials.commands(work)[command], seed, work, phase)
     print("\n" + trials.table([trial]))
     assert trial.prefixes, f"no run prefix seen in the output of {command}:\n{trial.log_tail}"
@@ -47,13 +45,13 @@ def check(trials, command: str, phase: str, seed: int = 0) -> None:
     assert trial.leftovers == [], trial.clean_output
 
 
-def test_topo_check_killed_while_it_measures(trials):
-    check(trials, "topo-check", "rtt")
+def test_topo_check_killed_while_it_measures(trials, tmp_path):
+    check(trials, "topo-check", "rtt", tmp_path)
 
 
-def test_quickstart_killed_in_its_calibration(trials):
+def test_quickstart_killed_in_its_calibration(trials, tmp_path):
     """The issue's own trial: the warm-start fork server and its workers were left."""
-    check(trials, "run-quickstart", "calibration")
+    check(trials, "run-quickstart", "calibration", tmp_path)
 
 
 @pytest.mark.long
@@ -65,5 +63,5 @@ def test_quickstart_killed_in_its_calibration(trials):
     ("bench-transport", "atlas"), ("bench-transport", "iperf3"),
     ("demo", "bench-measure"), ("demo", "calibration"), ("demo", "bubbletea"),
 ])
-def test_killed_in_phase_then_clean_leaves_nothing(trials, command, phase):
-    check(trials, command, phase)
+def test_killed_in_phase_then_clean_leaves_nothing(trials, command, phase, tmp_path):
+    check(trials, command, phase, tmp_path)

@@ -462,13 +462,22 @@ def plan_clean(record: RunRecord, procfs: ProcFS, others: list[RunRecord] | tupl
             ns = procfs.netns(entry.pid)
             if ns is not None and ns not in foreign:
                 run_ns.add(ns)
-    # Processes with the run's mark that the record does not name (yet).
+    # Processes with the run's mark that the record does not name (yet). Their namespace
+    # is the run's only when it is one the record names or the process is one of the
+    # run's node shells: a mark also reaches namespaces the run does not own (a program
+    # it started over SSH on a server that is a namespace of this machine, as in a test
+    # rig, where that namespace also holds the server's sshd).
+    recorded_ns = {e.netns for e in [*record.processes, *record.nodes] if e.netns is not None}
     for pid, start in marked_pids(record.prefix, procfs, skip=killed | {record.owner.pid}):
         actions.append(Action("kill", f"pid {pid}", f"marked {record.prefix}: {(procfs.cmdline(pid) or '?')[:60]}",
                               pid, start))
         killed.add(pid)
         ns = procfs.netns(pid)
-        if ns is not None and ns not in foreign:
+        argv = (procfs.cmdline(pid) or "").split()
+        # a node shell itself (its namespace is the node's), not a wrapper that started it
+        # from its server's namespace (`sudo -E mnexec -cn env PS1= bash ... mininet:<prefix>`)
+        shell = bool(argv) and os.path.basename(argv[0]) == "bash" and f"mininet:{record.prefix}" in argv[-1]
+        if ns is not None and ns not in foreign and (ns in recorded_ns or shell):
             run_ns.add(ns)
     # Anything else living in a namespace that a verified process of the run holds
     # open is the run's too (e.g. a background job started from a node shell).

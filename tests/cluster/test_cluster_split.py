@@ -120,7 +120,7 @@ def test_the_split_with_every_node_reached_over_ssh_passes_topo_check(rig, tmp_p
         assert d["train"]["lost"] == 0 and d["train"]["reordered"] == 0 and d["train"]["early"] == 0
         assert d["rate_mbps"] is not None  # the WAN node's counters, read by its agent, gave the shaper's rate
     prefix = re.search(r"run (tb[0-9a-f]{3}): creating nodes", res.stderr).group(1)  # type: ignore[union-attr]
-    assert not Path(f"/run/testbed/{prefix}.json").exists()
+    assert not Path(f"/run/testbed/{prefix}.json").exists(), res.stderr[-3000:]
     left = subprocess.run(["pgrep", "-f", f"TESTBED_RUN={prefix}|--run {prefix}|mininet:{prefix}"],
                           capture_output=True, text=True).stdout
     assert left.strip() == ""

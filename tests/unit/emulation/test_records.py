@@ -11,6 +11,7 @@ import pytest
 
 from testbed.emulation.records import (
     ENV_RUN,
+    ProcEntry,
     ProcFS,
     RecordError,
     RunRecord,
@@ -243,6 +244,7 @@ def test_plan_finds_marked_processes_the_record_does_not_name(tmp_path, proc):
     root, procfs = proc
     rec = make_record(tmp_path, procfs)
     rec.owner.pid, rec.owner.start = 100, 10
+    rec.nodes.append(ProcEntry(700, 70, "node", "tb123d0h1", RUN_NS))  # its shell is gone
     rec.save()
     add_proc(root, 900, 90, "python -c from multiprocessing.forkserver import main", env={ENV_RUN: "tb123"})
     add_proc(root, 901, 91, "python -c from multiprocessing.forkserver import main", env={ENV_RUN: "tb123"},
@@ -253,8 +255,14 @@ def test_plan_finds_marked_processes_the_record_does_not_name(tmp_path, proc):
     add_proc(root, 905, 95, "python worker", env={ENV_RUN: "tb123"})
     stat = (root / "905" / "stat").read_text().replace(" S ", " Z ", 1)
     (root / "905" / "stat").write_text(stat)  # a zombie: gone, nothing to end
+    foreign_ns = OTHER_NS + 1  # a server of a test rig: a namespace of this machine the run does not own
+    add_proc(root, 906, 96, "python -m testbed.emulation.nodeagent", env={ENV_RUN: "tb123"}, netns=foreign_ns)
+    add_proc(root, 907, 97, "sshd: /usr/sbin/sshd -D", netns=foreign_ns)
+    # a remote node shell's wrapper, left in its server's namespace (the shell is in its own)
+    add_proc(root, 908, 98, "sudo -E mnexec -cn env PS1= bash --norc --noediting -is mininet:tb123d1h1",
+             netns=foreign_ns)
     actions = plan_clean(RunRecord.load(rec.path), procfs)
-    assert sorted(a.pid for a in actions if a.kind == "kill") == [900, 901, 902, 903]
+    assert sorted(a.pid for a in actions if a.kind == "kill") == [900, 901, 902, 903, 906, 908]
     assert "marked tb123" in next(a.detail for a in actions if a.pid == 900)
 
 

@@ -72,8 +72,10 @@ def test_a_record_is_kept_while_a_server_could_not_be_cleaned(tmp_path, procfs, 
     assert rec.path.exists()
 
 
-def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch):
+def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch, tmp_path):
     seen = {}
+    identity = tmp_path / "id"
+    identity.write_text("key")
 
     def fake_run(argv, **kwargs):
         seen["argv"] = argv
@@ -82,9 +84,20 @@ def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch):
         return subprocess.CompletedProcess(argv, 255, "", "ssh: connect to host 192.0.2.11 port 22: No route")
 
     monkeypatch.setattr("subprocess.run", fake_run)
-    entry = records.RemoteEntry("s2", LOGIN, ["/tmp/tb0a1-x"])
+    entry = records.RemoteEntry("s2", {**LOGIN, "identity": str(identity)}, ["/tmp/tb0a1-x"])
     message = records.remote_clean("tb0a1", entry)
     assert seen["argv"][-1] == ("/opt/v/bin/python -m testbed.emulation.nodeagent clean --run tb0a1 "
                                 "--path /tmp/tb0a1-x")
     assert message is not None and message.startswith("server s2 (192.0.2.11): clean over SSH failed (exit 255)")
     assert "run `testbed clean` where that server is reachable" in message
+
+
+def test_a_login_whose_identity_file_is_gone_is_not_tried(monkeypatch):
+    def fake_run(argv, **kwargs):  # pragma: no cover - must not be called
+        raise AssertionError(f"ssh was run: {argv}")
+
+    monkeypatch.setattr("subprocess.run", fake_run)
+    message = records.remote_clean("tb0a1", records.RemoteEntry("s2", LOGIN, []))
+    assert message is not None
+    assert "its login's identity file /k/id no longer exists" in message
+    assert "remove the record if the server is gone" in message

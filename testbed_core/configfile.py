@@ -355,6 +355,17 @@ def _short(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+FORMAT_PAGES = {"topology": "topology", "workload": "workload", "scenario": "scenario", "sweep": "sweep",
+                "inventory": "inventory", "servers section": "servers", "what-if grid": "whatif-grid",
+                "grid point": "whatif-grid"}
+
+
+def format_page(kind: str) -> str:
+    """The docs page (generated from the models) that describes file format `kind`."""
+    page = FORMAT_PAGES.get(kind)
+    return f"docs/reference/formats/{page}.md" if page else "docs/reference/formats/"
+
+
 def _message(err: Any, kind: str) -> str:
     etype = err["type"]
     msg = err["msg"].removeprefix("Value error, ").removeprefix("Assertion failed, ")
@@ -362,7 +373,7 @@ def _message(err: Any, kind: str) -> str:
     if etype == "missing":
         return "required field is missing"
     if etype == "extra_forbidden":
-        return f"unknown field (check the spelling; see README for the {kind} format)"
+        return f"unknown field (check the spelling; the {kind} format: {format_page(kind)})"
     if etype in ("model_type", "model_attributes_type", "dict_type", "mapping_type"):
         return f"expected a mapping of fields, got {_type_name(value)} {_short(value)}"
     if etype in ("list_type", "tuple_type", "set_type", "iterable_type"):

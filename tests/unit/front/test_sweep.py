@@ -202,7 +202,7 @@ def test_the_paper_sweep_uses_the_swept_link_at_every_point() -> None:
         ({"parameters": {"transport.streams": [1]}, "mode": "cartesian"},
          "  - mode: Input should be 'grid' or 'zip' (got 'cartesian')"),
         ({"parameters": {"transport.streams": [1]}, "paramters": {}},
-         "  - paramters: unknown field (check the spelling; see README for the sweep format)"),
+         "  - paramters: unknown field (check the spelling; the sweep format: docs/reference/formats/sweep.md)"),
         ({"parameters": {"transport.streams": [1]}, "repeat": 0},
          "  - repeat: repeat must be a count of at least 1 or a list of seeds, got 0"),
         ({"parameters": {"seed": [1, 2]}, "repeat": 2},

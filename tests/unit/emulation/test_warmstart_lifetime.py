@@ -23,6 +23,17 @@ PROGRAM = textwrap.dedent('''
 ''')
 
 
+def _eventually(check, timeout: float = 3.0) -> bool:
+    """`check()` true within `timeout` (a process just started may not show its
+    final environment at once on a loaded machine)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.05)
+    return True
+
+
 def _gone(pid: int, timeout: float = 20.0) -> bool:
     procfs = ProcFS()
     deadline = time.monotonic() + timeout
@@ -42,7 +53,8 @@ def test_server_and_children_carry_the_mark_and_die_with_the_server(tmp_path: Pa
         started = dict(start_server(tmp_path))
         assert "forkserver" in started and start_server(tmp_path) == []  # once
         server = started["forkserver"]
-        assert procfs.environ_has(server, ENV_RUN, "tb9f9")
+        assert _eventually(lambda: procfs.environ_has(server, ENV_RUN, "tb9f9")), \
+            f"the fork server {server} does not carry the run's mark: {procfs.cmdline(server)!r}"
         assert ENV_RUN not in os.environ or os.environ[ENV_RUN] != "tb9f9"  # put back once it started
         child = warm_start(os.getpid(), [sys.executable, "-m", "warm_sleeper_mod"], server=tmp_path,
                            env={"PATH": os.environ.get("PATH", "")})

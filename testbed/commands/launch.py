@@ -7,10 +7,18 @@ import os
 import signal
 import sys
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+
+if TYPE_CHECKING:
+    from testbed.launch.models import LaunchReport, LaunchSpec
+    from testbed_core.topology import Topology
+
+Say = Callable[[str], None]  # a progress line on stderr
 
 EPILOG = """\b
 Examples:
@@ -30,7 +38,7 @@ that fails ends the others (SIGTERM, SIGKILL 2 s later) and the launch exits 1 n
 """
 
 
-def _progress() -> Any:
+def _progress() -> Say:
     t0 = time.monotonic()
 
     def say(message: str) -> None:
@@ -140,17 +148,16 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
 
 
 def _check_out(out: Path) -> None:
+    from testbed.launch.plan import LaunchError
+    from testbed.launch.run import check_out_dir
+
     try:
-        out.mkdir(parents=True, exist_ok=True)
-        probe = out / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise click.ClickException(f"--out {out}: cannot write there ({exc.strerror or exc}); "
-                                   "give another folder") from None
+        check_out_dir(out)
+    except LaunchError as exc:
+        raise click.ClickException(str(exc)) from None
 
 
-def _check_plan(topology: Any, spec: Any) -> None:
+def _check_plan(topology: Topology, spec: LaunchSpec) -> None:
     """The rank plan on TOPOLOGY's hosts, checked before anything is built or logged in to."""
     from testbed.commands.topo import _user_errors
     from testbed.emulation.addressing import plan_addresses
@@ -169,7 +176,8 @@ def _check_plan(topology: Any, spec: Any) -> None:
         raise click.ClickException(str(exc)) from None
 
 
-def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+def _built(file: str, servers: str | None, backend: str, spec: LaunchSpec, out: Path, quiet: bool,
+           say: Say) -> LaunchReport:
     from testbed.commands.topo import _load, _user_errors
     from testbed.emulation.network import Emulation
     from testbed.launch.plan import LaunchError
@@ -178,41 +186,50 @@ def _built(file: str, servers: str | None, backend: str, spec: Any, out: Path, q
     topology = _load(file, servers)
     _check_plan(topology, spec)
     try:
-        emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
-        with emu:
-            say(f"built {topology.name} in {emu.build_s:.2f} s (delay backend {emu.delay_backend}, run {emu.prefix})")
-            report = run_launch(emu, spec, out_dir=out, echo=not quiet, progress=say)
-            say("tearing down")
-        say(f"torn down in {emu.teardown_s:.2f} s")
-        return report
+        with _ranks_ended_on_exit(out, "every rank was ended and the topology torn down", signals=False):
+            emu = Emulation(topology, delay_backend=None if backend == "auto" else backend, progress=say)
+            with emu:
+                say(f"built {topology.name} in {emu.build_s:.2f} s (delay backend {emu.delay_backend}, "
+                    f"run {emu.prefix})")
+                report = run_launch(emu, spec, out_dir=out, echo=not quiet, progress=say)
+                say("tearing down")
+            say(f"torn down in {emu.teardown_s:.2f} s")
+            return report
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
     except _user_errors() as exc:
         raise click.ClickException(str(exc)) from None
-    except (KeyboardInterrupt, SystemExit) as exc:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
-        click.echo(f"interrupted: every rank was ended and the topology torn down; logs in {out}", err=True)
-        sys.exit(code if isinstance(code, int) else 1)
 
 
-def _unwind_on_signals() -> dict[int, Any]:
-    """SIGTERM and SIGHUP raise SystemExit, as Ctrl-C raises KeyboardInterrupt, so that
-    every rank is ended on the way out (the old handlers, to restore)."""
+@contextmanager
+def _ranks_ended_on_exit(out: Path, ended: str, signals: bool = True) -> Iterator[None]:
+    """Ctrl-C (and, with `signals`, SIGTERM and SIGHUP, made to raise SystemExit while
+    inside) unwinds through run_launch, which ends every rank; then the command exits
+    130 (or the signal's code) saying what was `ended` and where the logs are."""
 
     def unwind(signum: int, _frame: object) -> None:
         raise SystemExit(128 + signum)
 
-    return {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    saved = {sig: signal.signal(sig, unwind) for sig in (signal.SIGTERM, signal.SIGHUP)} if signals else {}
+    try:
+        yield
+    except (KeyboardInterrupt, SystemExit) as exc:
+        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
+        click.echo(f"interrupted: {ended}; logs in {out}", err=True)
+        sys.exit(code if isinstance(code, int) else 1)
+    finally:
+        for sig, handler in saved.items():
+            signal.signal(sig, handler)
 
 
 class _Say:
     """The `progress.log` that testbed/run/inventory.py speaks to, as this command's lines."""
 
-    def __init__(self, say: Any) -> None:
+    def __init__(self, say: Say) -> None:
         self.log = say
 
 
-def _real(file: str, inventory: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+def _real(file: str, inventory: str, spec: LaunchSpec, out: Path, quiet: bool, say: Say) -> LaunchReport:
     """The ranks on the real machines of `inventory` (testbed/run/inventory.py): each
     host of TOPOLOGY is the machine the inventory gives it, reached over SSH; nothing is
     shaped and no WAN counters are read; the machines see COMMAND and the working
@@ -229,9 +246,9 @@ def _real(file: str, inventory: str, spec: Any, out: Path, quiet: bool, say: Any
     _check_plan(topology, spec)
     scenario = SimpleNamespace(runner=SimpleNamespace(inventory=inventory), topology=topology, faults=None,
                                source=file)
-    saved = _unwind_on_signals()
     try:
-        with open_inventory(scenario, _Say(say)) as net:
+        with _ranks_ended_on_exit(out, "every rank was ended on the machines"), \
+                open_inventory(scenario, _Say(say)) as net:
             hosts = [net.host(h) for h in net.assignment]
             order = {name: i for i, name in enumerate(
                 f"{dc.name}-{h}" for dc in topology.dcs for h in dc.hosts)}
@@ -241,37 +258,22 @@ def _real(file: str, inventory: str, spec: Any, out: Path, quiet: bool, say: Any
             return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say)
     except (LaunchError, RunnerError) as exc:
         raise click.ClickException(str(exc)) from None
-    except (KeyboardInterrupt, SystemExit) as exc:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
-        click.echo(f"interrupted: every rank was ended on the machines; logs in {out}", err=True)
-        sys.exit(code if isinstance(code, int) else 1)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
-def _attached(name: str, spec: Any, out: Path, quiet: bool, say: Any) -> Any:
+def _attached(name: str, spec: LaunchSpec, out: Path, quiet: bool, say: Say) -> LaunchReport:
     from testbed.launch.detach import Attached
     from testbed.launch.plan import LaunchError
     from testbed.launch.run import run_launch
 
-    saved = _unwind_on_signals()
     try:
-        with Attached.connect(name) as site:
+        with _ranks_ended_on_exit(out, f"every rank was ended ({name} stays up)"), Attached.connect(name) as site:
             say(f"attached to {name} ({site.topology_name}, run {site.prefix})")
             return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say)
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
-    except (KeyboardInterrupt, SystemExit) as exc:
-        code = 130 if isinstance(exc, KeyboardInterrupt) else exc.code
-        click.echo(f"interrupted: every rank was ended ({name} stays up); logs in {out}", err=True)
-        sys.exit(code if isinstance(code, int) else 1)
-    finally:
-        for sig, handler in saved.items():
-            signal.signal(sig, handler)
 
 
-def _summary(report: Any, out: Path) -> None:
+def _summary(report: LaunchReport, out: Path) -> None:
     lines = [f"{'rank':>4}  {'host':<12} {'exit':>6} {'wall s':>8}  metrics"]
     for r in report.ranks:
         code = "-" if r.exit_code is None else str(r.exit_code)

@@ -10,12 +10,19 @@ result folder."""
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING, TypeVar
 
 import click
 
 from testbed_core.configfile import ConfigError
 from testbed_core.variants import BUBBLETEA_SUFFIX, REGISTRY, help_text
+
+if TYPE_CHECKING:
+    from testbed.progress import Progress
+
+T = TypeVar("T")
 
 
 @click.command(epilog="\b\nVariants:\n" + help_text())
@@ -51,7 +58,7 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
     from testbed.progress import Progress
     from testbed.run.metrics import summary_table
     from testbed.run.preflight import preflight
-    from testbed.run.runner import RunnerError, default_out_dir, run_scenario
+    from testbed.run.runner import default_out_dir, run_scenario
     from testbed.run.scenario import load_scenario, parse_set_options
 
     try:
@@ -73,7 +80,7 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
             scenario, resolved = with_inventory(scenario, resolved, inventory, local or servers is not None)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+    only = _variant_names(variants)
     if variants is not None and not only:
         raise click.BadParameter("give at least one variant, e.g. --variants baseline,atlas", param_hint="--variants")
     progress = Progress(label=f"run {scenario.name}")
@@ -84,15 +91,7 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
                                    + "\n".join(f"  - {p}" for p in problems))
     out = out or default_out_dir(scenario)
     click.echo(f"run {scenario.name} -> {out}", err=True)
-    try:
-        summary = run_scenario(scenario, resolved, out, progress, variants=only)
-    except (RunnerError, ConfigError) as exc:
-        progress.close(f"run {scenario.name}: failed")
-        raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        progress.close(f"run {scenario.name}: interrupted")
-        sys.exit(130)
-    progress.close()
+    summary = _played(progress, scenario.name, lambda: run_scenario(scenario, resolved, out, progress, variants=only))
     click.echo(f"\n{summary.scale_note}; delay backend: {summary.delay_backend}")
     click.echo(summary_table(summary))
     click.echo(f"\nsummary: {out / 'summary.json'}", err=True)
@@ -107,6 +106,28 @@ def run(scenario_file: Path, out: Path | None, sets: tuple[str, ...], variants: 
 
 
 
+def _variant_names(variants: str | None) -> list[str] | None:
+    """--variants A,B as names (None: every variant of the scenario)."""
+    return [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+
+
+def _played(progress: Progress, name: str, play: Callable[[], T]) -> T:
+    """What `play` returns, the progress line closed however it ends: a run that fails
+    (RunnerError, ConfigError) is the command's error, Ctrl-C exits 130."""
+    from testbed.run.common import RunnerError
+
+    try:
+        result = play()
+    except (RunnerError, ConfigError) as exc:
+        progress.close(f"run {name}: failed")
+        raise click.ClickException(str(exc)) from None
+    except KeyboardInterrupt:
+        progress.close(f"run {name}: interrupted")
+        sys.exit(130)
+    progress.close()
+    return result
+
+
 def _names_program(path: Path) -> bool:
     """Whether the scenario file names a program (read again by load_any: errors say where)."""
     from testbed.run.scenario import is_program
@@ -118,7 +139,7 @@ def _names_program(path: Path) -> bool:
         return False  # load_scenario says what is wrong with it
 
 
-def _run_program(scenario_file: Path, overrides: dict, out: Path | None, variants: str | None, local: bool,
+def _run_program(scenario_file: Path, overrides: dict[str, object], out: Path | None, variants: str | None, local: bool,
                   servers: Path | None, inventory: Path | None) -> None:
     """`testbed run` of a program scenario: each variant one launch of the program on one
     build of the topology (testbed/run/program.py)."""
@@ -137,22 +158,15 @@ def _run_program(scenario_file: Path, overrides: dict, out: Path | None, variant
     try:
         scenario, resolved = load_any(scenario_file, overrides)
         assert isinstance(scenario, ProgramScenario)
-        only = [v.strip() for v in variants.split(",") if v.strip()] if variants else None
+        only = _variant_names(variants)
         select_variants(scenario, only)
     except (ConfigError, RunnerError) as exc:
         raise click.ClickException(str(exc)) from None
     out = out or Path("results") / f"{scenario.name}-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
     click.echo(f"run {scenario.name} (program) -> {out}", err=True)
     progress = Progress(label=f"run {scenario.name}")
-    try:
-        summary = run_program_scenario(scenario, resolved, out, progress, variants=only)
-    except (RunnerError, ConfigError) as exc:
-        progress.close(f"run {scenario.name}: failed")
-        raise click.ClickException(str(exc)) from None
-    except KeyboardInterrupt:
-        progress.close(f"run {scenario.name}: interrupted")
-        sys.exit(130)
-    progress.close()
+    summary = _played(progress, scenario.name,
+                      lambda: run_program_scenario(scenario, resolved, out, progress, variants=only))
     click.echo(f"\ndelay backend: {summary.delay_backend}")
     click.echo(program_table(summary))
     click.echo(f"\nsummary: {out / 'summary.json'}", err=True)

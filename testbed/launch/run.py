@@ -29,7 +29,7 @@ from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Any, Protocol
+from typing import IO, TYPE_CHECKING, Any, Protocol
 
 from testbed.launch.models import LaunchReport, LaunchSpec, LinkBytes, RankReport, write_report
 from testbed.launch.plan import (
@@ -41,6 +41,9 @@ from testbed.launch.plan import (
     rank_label,
     resolve_command,
 )
+
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
 
 POLL_S = 0.05
 KILL_AFTER_S = 2.0
@@ -107,7 +110,7 @@ class EmulationSite:
     """A running `Emulation` as a `Site`: ranks through `HostHandle.popen` (recorded in
     the run record, ended at teardown at the latest)."""
 
-    def __init__(self, emu: Any) -> None:
+    def __init__(self, emu: Emulation) -> None:
         from testbed.emulation.naming import RunNames
 
         self.emu = emu
@@ -141,12 +144,22 @@ class EmulationSite:
         return out
 
 
+class MachineHost(Protocol):
+    """A host that is not emulated, as HostsSite starts ranks in it."""
+
+    name: str
+    dc: str
+    ip: str
+
+    def popen(self, argv: list[str], **kwargs: Any) -> subprocess.Popen[bytes]: ...
+
+
 class HostsSite:
     """Hosts that are not emulated (the real machines of an inventory, reached over SSH):
     anything with ``name``, ``dc``, ``ip`` and ``popen``. No interface is known for
     gloo (``--env GLOO_SOCKET_IFNAME=...`` sets it) and no WAN counters are read."""
 
-    def __init__(self, hosts: Sequence[Any], topology_name: str, topology_file: str = "", prefix: str = "") -> None:
+    def __init__(self, hosts: Sequence[MachineHost], topology_name: str, topology_file: str = "", prefix: str = "") -> None:
         self.topology_name = topology_name
         self.topology_file = topology_file
         self.prefix = prefix
@@ -166,7 +179,7 @@ class HostsSite:
         return []
 
 
-def as_site(emu: Any) -> Site:
+def as_site(emu: Emulation | Site) -> Site:
     """`emu` itself when it is a Site, else a running Emulation wrapped as one."""
     if hasattr(emu, "spawn") and hasattr(emu, "slots"):
         return emu  # type: ignore[no-any-return]
@@ -275,7 +288,19 @@ def _tail_text(rank: _Rank) -> tuple[Path, str]:
     return path, ("\n  ".join(lines) if lines else "(no output)")
 
 
-def run_launch(emu: Any, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
+def check_out_dir(out_dir: Path) -> None:
+    """Make `out_dir` and write a file in it, so that a folder the ranks' logs cannot go
+    to is refused before anything starts (LaunchError)."""
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        probe = out_dir / ".write-test"
+        probe.write_text("")
+        probe.unlink()
+    except OSError as exc:
+        raise LaunchError(f"--out {out_dir}: cannot write there ({exc.strerror or exc}); give another folder") from None
+
+
+def run_launch(emu: Emulation | Site, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
                progress: Callable[[str], None] | None = None) -> LaunchReport:
     """Start `spec.command` once per rank in the hosts of `emu` (a running `Emulation`,
     or an attached detached topology), stream and save their output, wait, and write
@@ -295,13 +320,7 @@ def run_launch(emu: Any, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
     resolve_command(spec.command, spec.cwd)
     plans = plan_ranks(site.slots(), spec.hosts, spec.nproc_per_host)
     out_dir = Path(out_dir)
-    try:
-        out_dir.mkdir(parents=True, exist_ok=True)
-        probe = out_dir / ".write-test"
-        probe.write_text("")
-        probe.unlink()
-    except OSError as exc:
-        raise LaunchError(f"--out {out_dir}: cannot write there ({exc.strerror or exc}); give another folder") from None
+    check_out_dir(out_dir)
     world = len(plans)
     master = plans[0].host
     port = spec.master_port or free_port()

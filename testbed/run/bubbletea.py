@@ -3,8 +3,8 @@ and the variant's BubbleTea metrics.
 
 A variant ``<name>+bubbletea`` (``bubbletea.enabled``, for the variants in
 ``bubbletea.variants``) makes each worker publish its planned idle slots
-(bubbletea_agent/slots.py) to ``<variant>/run/slots/<device>.jsonl`` and its live
-guarantee (bubbletea_agent/live.py: until when training surely leaves the device alone)
+(testbed_runtime/slots.py) to ``<variant>/run/slots/<device>.jsonl`` and its live
+guarantee (testbed_runtime/live.py: until when training surely leaves the device alone)
 to ``<variant>/run/live/<device>.status``; the runner keeps the gate
 (``run/live/gate.status``: the next iteration's start, or the earliest it can be). It
 starts the decode servers (``bubbletea.decode_host``: one per DC for ``same-dc``), then one
@@ -21,9 +21,12 @@ import functools
 import json
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
 
 from testbed.process import Process, ProcessError, start
 from testbed.run.common import REPO_ROOT, RUN_PRELOAD, RunnerError, path_links
@@ -34,14 +37,31 @@ from testbed_core.contracts.bubbletea import (
     DECODE_SAME_DC,
     AgentDevice,
     AgentJob,
+    AgentSummaryRead,
     ControllerAddress,
     KVDestination,
     LivePaths,
     PrefillModelSpec,
 )
-from testbed_core.contracts.prefill_service import ControllerJob
-from testbed_core.contracts.summary import GuardOverruns, IterationStall, LeaseOverrun, TrainingWait
+from testbed_core.contracts.prefill_service import ControllerJob, ControllerSummaryRead
+from testbed_core.contracts.summary import (
+    AgentCounters,
+    BubbleTeaMetrics,
+    GuardOverruns,
+    IterationStall,
+    KVChecks,
+    LeaseOverrun,
+    PrefillRequests,
+    PrefillService,
+    TrainingWait,
+    Ttft,
+)
 from testbed_core.contracts.worker_job import TrainJob
+
+if TYPE_CHECKING:
+    from testbed_core.device_records import WorkRecord
+    from testbed_core.topology import Topology
+    from testbed_core.workload import Workload
 
 DECODE_STREAMS = 1  # KV caches cross at kv_wire_scale of their size: one stream carries them
 # CPU priorities: an agent's prefill ends when it wakes from a sleep, so it must wake on
@@ -52,6 +72,16 @@ DECODE_NICE = 10
 # wait behind the emulator's bulk work (a stale status makes it dispatch blind)
 CONTROLLER_NICE = -5
 CONTROLLER_PORT_INDEX = 63  # the controller's port: this one of the decode range (decode servers count from 0)
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A BubbleTea server the agents reach: a decode server or the controller, on the
+    emulated host `host` at address `ip`, port `port`."""
+
+    host: str
+    ip: str
+    port: int
 
 
 def agent_command(agent_job_path: Path) -> list[str]:
@@ -74,7 +104,7 @@ def decode_hosts(scenario: Scenario, jobs: Mapping[str, TrainJob]) -> dict[str, 
     return {w: last[j.host.split("-", 1)[0]] for w, j in jobs.items()}
 
 
-def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool]:
+def kv_path(topology: Topology, src: str, dst: str, local: bool) -> tuple[float, bool]:
     """(nominal rate of the path from host src to host dst in bits/s, crosses a WAN)."""
     a, b = src.split("-", 1)[0], dst.split("-", 1)[0]
     if a == b:
@@ -84,7 +114,7 @@ def kv_path(topology: Any, src: str, dst: str, local: bool) -> tuple[float, bool
     return rate, not local
 
 
-def kv_wire_scale(scenario: Scenario, workload: Any) -> float:
+def kv_wire_scale(scenario: Scenario, workload: Workload) -> float:
     """Share of each KV cache's true size that crosses the emulated network: the workload's
     `scale` (the ratio every tensor of the run has on the wire), at most
     bubbletea.kv_wire_scale for modelled caches: whole Llama-3-8B caches (64 MiB for 512
@@ -96,7 +126,7 @@ def kv_wire_scale(scenario: Scenario, workload: Any) -> float:
     return min(float(workload.scale), scenario.bubbletea.kv_wire_scale)
 
 
-def decode_check_args(scenario: Scenario, workload: Any, jobs: Mapping[str, TrainJob]) -> list[str]:
+def decode_check_args(scenario: Scenario, workload: Workload, jobs: Mapping[str, TrainJob]) -> list[str]:
     """Real devices: the decode server holds the agents' prefill model (the scenario's, or
     the tiny preset the agents pick on a real device) on the same kind of torch device
     (the same random weights) and checks one decode step from every cache against the
@@ -109,29 +139,29 @@ def decode_check_args(scenario: Scenario, workload: Any, jobs: Mapping[str, Trai
             "--check-device", kinds.pop() if len(kinds) == 1 else "auto"]
 
 
-def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, workload: Any,
-                     base_dir: str | None, decode: Mapping[str, dict[str, Any] | None], iterations: int,
+def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, workload: Workload,
+                     base_dir: str | None, decode: Mapping[str, Endpoint | None], iterations: int,
                      local: bool = False, duration_s: float = 600.0,
-                     controller: dict[str, Any] | None = None) -> dict[str, AgentJob]:
+                     controller: Endpoint | None = None) -> dict[str, AgentJob]:
     """The job of the BubbleTea agent next to each worker (testbed_core/contracts/bubbletea.py):
     the worker's device, slot feed and live status, the scenario's bubbletea section,
     this agent's share of the cluster's request rate, what a prefill costs on the
     workload's GPU, the run's iterations (requests stop arriving at the last one), and
-    where KV caches go: `decode[worker]` ({host, port, ip} or None), with the rest of a
+    where KV caches go: `decode[worker]` (an `Endpoint` or None), with the rest of a
     scaled-down cache charged at the path's nominal rate, and shipping across a WAN paced
-    to this agent's share of bubbletea.kv_wan_rate; with `controller` ({ip, port}: dispatch
-    controller) the agent syncs with it and takes its work from it. Pure: no I/O."""
+    to this agent's share of bubbletea.kv_wan_rate; with `controller` (the dispatch
+    controller's `Endpoint`) the agent syncs with it and takes its work from it. Pure: no I/O."""
     bt = scenario.bubbletea
     wan_shippers = [w for w, d in decode.items()
-                    if d is not None and kv_path(scenario.topology, jobs[w].host, d["host"], local)[1]]
+                    if d is not None and kv_path(scenario.topology, jobs[w].host, d.host, local)[1]]
     out = {}
     for k, (wid, job) in enumerate(sorted(jobs.items())):
         dest = decode.get(wid)
         ship = None
         if dest is not None:
-            rate, wan = kv_path(scenario.topology, job.host, dest["host"], local)
+            rate, wan = kv_path(scenario.topology, job.host, dest.host, local)
             paced = bt.kv_wan_rate / len(wan_shippers) if wan and bt.kv_wan_rate is not None else None
-            ship = KVDestination(host=dest["ip"], port=dest["port"], streams=DECODE_STREAMS, rest_rate_bps=rate,
+            ship = KVDestination(host=dest.ip, port=dest.port, streams=DECODE_STREAMS, rest_rate_bps=rate,
                                  max_rate_bps=paced)
         live, device = job.live, job.device
         out[wid] = AgentJob(
@@ -145,14 +175,14 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
             live=None if live is None else LivePaths(status=live.status_path, wake=live.wake_path,
                                                      gate=Path(live.status_path).parent / "gate.status"),
             controller=None if controller is None else ControllerAddress(
-                host=controller["ip"], port=controller["port"], name=wid,
-                decode_host=None if dest is None else dest["host"]),
+                host=controller.ip, port=controller.port, name=wid,
+                decode_host=None if dest is None else dest.host),
         )
     return out
 
 
 def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario,
-                 workload: Any, base_dir: str | None, iterations: int, env: dict[str, str],
+                 workload: Workload, base_dir: str | None, iterations: int, env: dict[str, str],
                  logs: dict[str, Path], duration_s: float = 600.0,
                  dispatch: str | None = None) -> tuple[dict[str, Process], dict[str, Process]]:
     """The decode servers (bubbletea.decode_host, ports from the run's PortPlan), then one
@@ -167,7 +197,7 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
     (folder / "agents").mkdir(parents=True, exist_ok=True)
     servers: dict[str, Process] = {}
     where = decode_hosts(scenario, jobs)
-    addresses: dict[str, dict[str, Any]] = {}
+    addresses: dict[str, Endpoint] = {}
     ports = PortPlan(scenario.runner.base_port).decode
     for k, host in enumerate(sorted({h for h in where.values() if h is not None})):
         port = ports.port(k)
@@ -178,7 +208,7 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         argv += decode_check_args(scenario, workload, jobs)
         servers[name] = start(argv, popen=popen_of(net, host, scenario), env=env, log_path=logs[name], name=name,
                               cwd=str(REPO_ROOT))
-        addresses[host] = {"host": host, "ip": net.host(host).ip, "port": port}
+        addresses[host] = Endpoint(host=host, ip=net.host(host).ip, port=port)
     decode = {w: None if h is None else addresses[h] for w, h in where.items()}
     controller = None
     if scenario.bubbletea.dispatch == "controller":
@@ -197,7 +227,7 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
     return procs, servers
 
 
-def popen_of(net: Network, host: str, scenario: Scenario) -> Any:
+def popen_of(net: Network, host: str, scenario: Scenario) -> Callable[..., Any]:
     """How a BubbleTea process starts on `host`: warm (forked from the run's fork server
     that imported torch, testbed/emulation/warmstart.py) unless ``runner.warm_start`` is off."""
     node = net.host(host)
@@ -212,7 +242,7 @@ def controller_host(scenario: Scenario) -> str:
     return f"{dc.name}-{dc.hosts[0]}"
 
 
-def controller_job(jobs: Mapping[str, Any], folder: Path, scenario: Scenario, base_dir: str | None,
+def controller_job(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, base_dir: str | None,
                    decode_hosts: Sequence[str], port: int, duration_s: float) -> ControllerJob:
     """The controller's job: the scenario's bubbletea section (its request source), the
     agents that will sync (by worker name) and the decode hosts a client may name. Pure."""
@@ -221,11 +251,11 @@ def controller_job(jobs: Mapping[str, Any], folder: Path, scenario: Scenario, ba
                          base_dir=None if base_dir is None else Path(base_dir), duration_s=duration_s)
 
 
-def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenario: Scenario, base_dir: str | None,
+def start_controller(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, base_dir: str | None,
                      decode_hosts: Sequence[str], env: dict[str, str], logs: dict[str, Path], duration_s: float,
-                     servers: dict[str, Process]) -> dict[str, Any]:
+                     servers: dict[str, Process]) -> Endpoint:
     """Start the cluster's prefill controller (bubbletea_agent/controller/) on
-    `controller_host`, with a readiness pipe; adds it to `servers`; returns {ip, port}."""
+    `controller_host`, with a readiness pipe; adds it to `servers`; returns where it listens."""
     host = controller_host(scenario)
     port = PortPlan(scenario.runner.base_port).decode.port(CONTROLLER_PORT_INDEX)
     job = controller_job(jobs, folder, scenario, base_dir, decode_hosts, port, duration_s)
@@ -237,7 +267,7 @@ def start_controller(net: Network, jobs: Mapping[str, Any], folder: Path, scenar
                                    "controller", str(path)],
                                   popen=popen_of(net, host, scenario), env=env, log_path=logs["controller"],
                                   name="BubbleTea controller", cwd=str(REPO_ROOT))
-    return {"ip": net.host(host).ip, "port": port, "host": host}
+    return Endpoint(host=host, ip=net.host(host).ip, port=port)
 
 
 def wait_ready(procs: Mapping[str, Process], timeout_s: float) -> None:
@@ -253,11 +283,12 @@ def wait_ready(procs: Mapping[str, Process], timeout_s: float) -> None:
             raise RunnerError(f"BubbleTea {name} did not start: {exc}") from None
 
 
-def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]],
-                      plain_iteration_s: float | None, iteration_s: float) -> dict[str, Any]:
+def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]],
+                      windows: Sequence[tuple[float, float]], plain_iteration_s: float | None,
+                      iteration_s: float) -> BubbleTeaMetrics:
     """Prefill requests, TTFT and guard violations of a +bubbletea variant (from the
     agents' request records and the device timelines), and the training slowdown
-    against the same variant without agents."""
+    against the same variant without agents. Each agent's summary file is read once."""
     from bubbletea_agent.metrics import (
         guard_violations,
         read_request_rows,
@@ -273,36 +304,34 @@ def bubbletea_metrics(folder: Path, timelines: Mapping[str, Sequence[Any]], wind
     if ctl_rows.exists():
         rows = read_request_rows(ctl_rows)  # with a controller its ledger is the one: TTFT from arrival there
     req = request_summary(rows)
+    requests = PrefillRequests.model_validate(req["prefill_requests"])
     count, waited, count_all = 0, 0.0, 0
     for recs in timelines.values():
         inside = [r for r in recs if any(t0 <= r.start < t1 for t0, t1 in windows)]
         c, w = guard_violations(inside)
         count, waited = count + c, waited + w
         count_all += guard_violations(recs)[0]
-    agents: dict[str, Any] = {"engine_mode": sorted({a.get("engine_mode") for a in _agent_summaries(folder)} - {None}),
-                              "not_arrived": 0, "chunks_run": 0, "late_starts": 0, "device_busy_retries": 0}
-    for a in _agent_summaries(folder):
-        counters = a.get("counters") or {}
-        for key in ("not_arrived", "chunks_run", "late_starts", "device_busy_retries"):
-            agents[key] += int(counters.get(key) or 0)
-    overruns = guard_overruns(folder, timelines, windows)
-    stalls = iteration_stalls(folder, timelines, windows)
-    return {
-        "guard_overruns": overruns,
-        "stalls": stalls,
-        "prefill_requests": req["prefill_requests"],
-        "ttft_s": {"p50": req["ttft_p50_s"], "p95": req["ttft_p95_s"], "p99": req["ttft_p99_s"],
-                   "mean": req["ttft_mean_s"]},
-        "prefill_tokens_served": req["prefill_tokens_served"],
-        "guard_violations": count,
-        "guard_violations_all_iterations": count_all,
-        "training_wait_on_prefill_s": waited,
-        "training_slowdown": training_slowdown(iteration_s, plain_iteration_s),
-        "compared_with_iteration_time_s": plain_iteration_s,
-        "bubbletea_agents": agents,
-        "kv_checks": kv_checks(agent_rows),
-        "prefill_service": prefill_service(folder, req, agents["not_arrived"]),
-    }
+    summaries = agent_summaries(folder)
+    agents = AgentCounters(
+        engine_mode=sorted({a.engine_mode for a in summaries if a.engine_mode is not None}),
+        **{key: sum(getattr(a.counters, key) for a in summaries)
+           for key in ("not_arrived", "chunks_run", "late_starts", "device_busy_retries")})
+    ttft = Ttft(p50=req["ttft_p50_s"], p95=req["ttft_p95_s"], p99=req["ttft_p99_s"], mean=req["ttft_mean_s"])
+    return BubbleTeaMetrics(
+        guard_overruns=guard_overruns(folder, timelines, windows),
+        stalls=iteration_stalls(folder, timelines, windows),
+        prefill_requests=requests,
+        ttft_s=ttft,
+        prefill_tokens_served=req["prefill_tokens_served"],
+        guard_violations=count,
+        guard_violations_all_iterations=count_all,
+        training_wait_on_prefill_s=waited,
+        training_slowdown=training_slowdown(iteration_s, plain_iteration_s),
+        compared_with_iteration_time_s=plain_iteration_s,
+        bubbletea_agents=agents,
+        kv_checks=kv_checks(agent_rows),
+        prefill_service=prefill_service(folder, requests, ttft, agents.not_arrived, summaries),
+    )
 
 
 LEASE_GUARD_S = 0.005  # bubbletea_agent/agent.py Agent.lease_guard_s: the guard of every hold's lease
@@ -319,7 +348,7 @@ def _iteration_of(t: float, windows: Sequence[tuple[float, float]]) -> int | Non
     return None
 
 
-def _waits(timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float, float]]) -> list[TrainingWait]:
+def _waits(timelines: Mapping[str, Sequence[WorkRecord]], windows: Sequence[tuple[float, float]]) -> list[TrainingWait]:
     """Every wait of training on a prefill inside the measured iterations."""
     from bubbletea_agent.metrics import training_waits
 
@@ -336,8 +365,8 @@ def _waits(timelines: Mapping[str, Sequence[Any]], windows: Sequence[tuple[float
 
 
 def lease_events(folder: Path) -> list[LeaseOverrun]:
-    """The lease events of the variant's devices (testbed_core/device.py), longest first."""
-    from testbed_core.device import LeaseEvent
+    """The lease events of the variant's devices (testbed_runtime/device.py), longest first."""
+    from testbed_core.device_records import LeaseEvent
 
     out = []
     for path in sorted((folder / "run" / "devices").glob("*.overruns.jsonl")):
@@ -350,7 +379,7 @@ def lease_events(folder: Path) -> list[LeaseOverrun]:
     return sorted(out, key=lambda e: -e.overrun_s)
 
 
-def guard_overruns(folder: Path, timelines: Mapping[str, Sequence[Any]],
+def guard_overruns(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]],
                    windows: Sequence[tuple[float, float]]) -> GuardOverruns:
     """How far prefills went past their slots: training's longest waits on them (device
     timelines, measured iterations) and every lease revoked or overrun."""
@@ -375,7 +404,7 @@ def _wan_transfers(folder: Path) -> dict[int, list[dict[str, Any]]]:
     return out
 
 
-def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[Any]],
+def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]],
                      windows: Sequence[tuple[float, float]], threshold: float = 1.05) -> list[IterationStall]:
     """The measured iterations longer than `threshold` x their median, each with what held
     it up as far as the records show: the prefills training waited for (request, device,
@@ -433,58 +462,60 @@ def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[Any]],
     return out
 
 
-def prefill_service(folder: Path, req: Mapping[str, Any], agents_not_arrived: int) -> dict[str, Any]:
+def prefill_service(folder: Path, requests: PrefillRequests, ttft: Ttft, agents_not_arrived: int,
+                    summaries: Sequence[AgentSummaryRead]) -> PrefillService:
     """The variant's dispatch mode and its request accounting (summary's `prefill_service`):
-    the controller's counts where one ran, else the agents' (shards or naive, by the
-    agents' window)."""
-    counts = req["prefill_requests"]
-    out: dict[str, Any] = {
-        "arrived": counts["arrived"], "served": counts["served"], "rejected": counts["rejected"],
-        "rejected_by_reason": counts["rejected_by_reason"],
-        "accounted": counts["unaccounted"] == 0 and counts["arrived"] == counts["served"] + counts["rejected"]
-        and "unknown" not in counts["rejected_by_reason"],
-        "ttft_p50_s": req["ttft_p50_s"], "ttft_p99_s": req["ttft_p99_s"], "not_arrived": agents_not_arrived,
-    }
-    ctl = folder / "controller" / "controller.json"
+    the controller's counts where one ran (its ``controller.json``), else the agents'
+    (shards or naive, by the window in the agents' `summaries`)."""
+    accounted = (requests.unaccounted == 0 and requests.arrived == requests.served + requests.rejected
+                 and "unknown" not in requests.rejected_by_reason)
+    common = dict(arrived=requests.arrived, served=requests.served, rejected=requests.rejected,
+                  rejected_by_reason=requests.rejected_by_reason, ttft_p50_s=ttft.p50, ttft_p99_s=ttft.p99)
     if (folder / "controller").exists():
-        summary: dict[str, Any] = {}
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            summary = json.loads(ctl.read_text())
-        out.update(dispatch="controller", not_arrived=int(summary.get("not_arrived") or 0),
-                   by_device=summary.get("by_device"), by_origin=summary.get("by_origin"),
-                   refused_bodies=summary.get("refused_bodies"))
-        if not summary:
-            out["accounted"] = False  # the controller never wrote its summary: it did not end cleanly
-        return out
-    windows = {((a.get("config") or {}).get("window")) for a in _agent_summaries(folder)}
-    out["dispatch"] = "naive" if "naive" in windows else "shards"
-    return out
+        ctl = _controller_summary(folder / "controller" / "controller.json")
+        if ctl is None:  # the controller never wrote its summary: it did not end cleanly
+            return PrefillService(dispatch="controller", accounted=False, not_arrived=0, **common)
+        return PrefillService(dispatch="controller", accounted=accounted, not_arrived=ctl.not_arrived or 0,
+                              by_device=ctl.by_device, by_origin=ctl.by_origin, refused_bodies=ctl.refused_bodies,
+                              **common)
+    naive = any(a.config.window == "naive" for a in summaries)
+    return PrefillService(dispatch="naive" if naive else "shards", accounted=accounted,
+                          not_arrived=agents_not_arrived, **common)
 
 
-def _agent_summaries(folder: Path) -> list[dict[str, Any]]:
+def _controller_summary(path: Path) -> ControllerSummaryRead | None:
+    """The controller's summary, None when it is missing or unreadable."""
+    with contextlib.suppress(OSError, ValidationError):
+        return ControllerSummaryRead.model_validate_json(path.read_text())
+    return None
+
+
+def agent_summaries(folder: Path) -> list[AgentSummaryRead]:
+    """The agents' summary files of a variant (``agents/<worker>.json``), each read once;
+    a file that is missing or unreadable (an agent that did not end) is left out."""
     out = []
     for path in sorted((folder / "agents").glob("*.json")):
-        with contextlib.suppress(OSError, json.JSONDecodeError):
-            out.append(json.loads(path.read_text()))
+        with contextlib.suppress(OSError, ValidationError):
+            out.append(AgentSummaryRead.model_validate_json(path.read_text()))
     return out
 
 
-def kv_checks(rows: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def kv_checks(rows: Sequence[Mapping[str, Any]]) -> KVChecks:
     """The decode hosts' checks of the shipped KV caches, from the agents' request rows
-    (kv_digest_ok, kv_decode_ok: bubbletea_agent/kv_ship.py): a summary.json KVChecks."""
+    (kv_digest_ok, kv_decode_ok: bubbletea_agent/kv_ship.py)."""
     shipped = [r for r in rows if r.get("kv_digest_ok") is not None]
     served = [r for r in shipped if r.get("status") == "served"]
     decoded = [r for r in shipped if r.get("kv_decode_ok") is not None]
     true_bytes = sum(int(r.get("kv_bytes") or 0) for r in served)
     wire = sum(int(r.get("kv_wire_bytes") or 0) for r in served)
-    return {
-        "shipped": len(shipped),
-        "digest_ok": sum(r["kv_digest_ok"] is True for r in shipped),
-        "digest_mismatches": sum(r["kv_digest_ok"] is False for r in shipped),
-        "decode_checked": len(decoded),
-        "decode_passed": sum(r["kv_decode_ok"] is True for r in decoded),
-        "decode_failed": sum(r["kv_decode_ok"] is False for r in decoded),
-        "kv_bytes": true_bytes,
-        "wire_bytes": wire,
-        "wire_scale": wire / true_bytes if true_bytes else None,
-    }
+    return KVChecks(
+        shipped=len(shipped),
+        digest_ok=sum(r["kv_digest_ok"] is True for r in shipped),
+        digest_mismatches=sum(r["kv_digest_ok"] is False for r in shipped),
+        decode_checked=len(decoded),
+        decode_passed=sum(r["kv_decode_ok"] is True for r in decoded),
+        decode_failed=sum(r["kv_decode_ok"] is False for r in decoded),
+        kv_bytes=true_bytes,
+        wire_bytes=wire,
+        wire_scale=wire / true_bytes if true_bytes else None,
+    )

@@ -347,20 +347,21 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         extra["tensors_verified"] = run.tensors_verified
     if setup.bubbletea:
         kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
-        extra = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
-        req, slow = extra["prefill_requests"], extra["training_slowdown"]
-        p50 = extra["ttft_s"]["p50"]
+        bt = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
+        extra = dict(bt)  # the entry's BubbleTea fields, as models
+        req, slow = bt.prefill_requests, bt.training_slowdown
+        p50 = bt.ttft_s.p50
         progress.log(f"  {name}: utilization {m['device_utilization_training']:.0%} training -> "
-                     f"{m['device_utilization']:.0%} with prefill; {req['served']} of {req['arrived']} requests "
+                     f"{m['device_utilization']:.0%} with prefill; {req.served} of {req.arrived} requests "
                      f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
-                     f"{'-' if slow is None else f'{slow:+.1%}'}, waited {extra['training_wait_on_prefill_s'] * 1e3:.0f}"
-                     f" ms on prefill ({extra['guard_violations']} guard violations)")
+                     f"{'-' if slow is None else f'{slow:+.1%}'}, waited {bt.training_wait_on_prefill_s * 1e3:.0f}"
+                     f" ms on prefill ({bt.guard_violations} guard violations)")
         if plain is not None:
             cores = run.cpu_cores or {}
             idle_d = idle.slowdown_decomposition if idle is not None else None
             d = decompose_slowdown(
                 plain.iteration_times_s, m["iteration_times_s"], idle.iteration_times_s if idle is not None else None,
-                extra["training_wait_on_prefill_s"], agents_cpu_cores=cores.get("agents"),
+                bt.training_wait_on_prefill_s, agents_cpu_cores=cores.get("agents"),
                 idle_agents_cpu_cores=None if idle_d is None else idle_d.agents_cpu_cores,
                 emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights)
             extra["slowdown_decomposition"] = d
@@ -438,7 +439,7 @@ def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> di
 def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Mapping[str, Any],
                           setup: VariantSetup, warmup: int, faults: Sequence[Any] = ()) -> dict[str, str]:
     from testbed.run.gantt import gantt_png
-    from testbed_core.device import write_timeline_csv
+    from testbed_runtime.device import write_timeline_csv
 
     records = sorted((r for recs in run.timelines.values() for r in recs), key=lambda r: (r.device, r.start))
     write_timeline_csv(records, folder / "timeline.csv")

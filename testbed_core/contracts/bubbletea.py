@@ -225,7 +225,7 @@ class BubbleTeaSettings(_Model):
 
 
 class AgentDevice(_Model):
-    """The worker's device the agent shares (testbed_core.device.Device)."""
+    """The worker's device the agent shares (testbed_runtime.device.Device)."""
 
     name: str
     run_dir: Path
@@ -248,7 +248,7 @@ class KVDestination(_Model):
 
 
 class LivePaths(_Model):
-    """Where the worker's live status is (bubbletea_agent/live.py)."""
+    """Where the worker's live status is (testbed_runtime/live.py)."""
 
     status: Path  # the worker's status record
     wake: Path | None = None  # FIFO the worker pokes on every state change
@@ -269,7 +269,7 @@ class AgentJob(_Model):
     """One agent's job: who it sits next to, what it serves, where its results go."""
 
     device: AgentDevice
-    slots_path: Path = Field(description="the slot feed the worker writes (bubbletea_agent/slots.py)")
+    slots_path: Path = Field(description="the slot feed the worker writes (testbed_runtime/slots.py)")
     worker: str = Field(description="the worker this agent sits next to (names its owner on the timeline)")
     host: str = ""
     bubbletea: BubbleTeaSettings = BubbleTeaSettings()
@@ -297,3 +297,38 @@ class AgentJob(_Model):
     realtime_holds: bool = Field(False, description="run each device hold at SCHED_FIFO 1 (needs root)")
     controller: ControllerAddress | None = Field(None, description="dispatch: controller: take work from it "
                                                                    "instead of a shard of the stream")
+
+
+# --------------------------------------------------------------------------- what the runner reads back
+
+
+class _ReadBack(BaseModel):
+    """The part of a file written by the agent that the runner reads: the keys it uses,
+    typed; the agent's other keys are its own and are ignored here."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+class AgentCountersRead(_ReadBack):
+    """An agent summary's ``counters`` (bubbletea_agent/agent.py `Counters`), the ones
+    the variant's ``bubbletea_agents`` sums."""
+
+    not_arrived: int = 0
+    chunks_run: int = 0
+    late_starts: int = 0
+    device_busy_retries: int = 0
+
+
+class AgentConfigRead(_ReadBack):
+    """An agent summary's ``config``: the admission window it ran with."""
+
+    window: str | None = None
+
+
+class AgentSummaryRead(_ReadBack):
+    """An agent's summary (``<variant>/agents/<worker>.json``, bubbletea_agent/runtime.py),
+    as the runner reads it for the variant's entry."""
+
+    engine_mode: str | None = None
+    counters: AgentCountersRead = Field(default_factory=AgentCountersRead)
+    config: AgentConfigRead = Field(default_factory=AgentConfigRead)

@@ -188,3 +188,15 @@ class ControllerJob(_Strict):
     duration_s: float = Field(600.0, gt=0)
     horizon_s: float = Field(30.0, gt=0, description="a request whose prefill the emptiest device could not "
                                                      "finish within this long is refused as too_long")
+
+
+class ControllerSummaryRead(BaseModel):
+    """The controller's ``controller.json`` (bubbletea_agent/controller/server.py), the
+    keys the runner reads into the variant's ``prefill_service``; the rest is ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    not_arrived: int | None = None
+    by_device: dict[str, int] | None = None
+    by_origin: dict[str, int] | None = None
+    refused_bodies: int | None = None

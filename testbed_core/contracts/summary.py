@@ -23,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler
 from testbed_core.contracts.calibration import CalibrationReport
 
 __all__ = [
-    "AgentCounters", "KVChecks", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
+    "AgentCounters", "BubbleTeaMetrics", "KVChecks", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
     "Parallelism", "Placement", "Prediction", "PrefillRequests", "RealCheck", "RealCheckSkipped",
     "RealReference", "RepeatFigures", "RepeatRun", "Repeats", "SlowdownDecomposition", "Summary", "TemporalPlanInfo", "Ttft", "VariantEntry", "VariantFailure",
     "VariantResult", "WanDirection", "WanLink", "WanTailDrops", "read_summary",
@@ -372,7 +372,7 @@ class SlowdownDecomposition(_Doc):
     emulator_cpu_cores: float | None = None
     """CPU the workers and decode servers used over the measured iterations, in cores."""
     cpu_weights: str | None = None
-    """How the emulator's processes were kept ahead of the agents (testbed/emulation/cpu.py)."""
+    """How the emulator's processes were kept ahead of the agents (testbed/run/cpu.py)."""
     tail: BubbleTeaTail | None = None
     """p50, p95, p99 and max iteration time with and without BubbleTea (issue 30)."""
 
@@ -392,12 +392,12 @@ class TrainingWait(_Doc):
     held_s: float
     """How long the prefill held the device in all."""
     revoked: bool
-    """Training took the device back under the lease (testbed_core/device.py)."""
+    """Training took the device back under the lease (testbed_runtime/device.py)."""
 
 
 class LeaseOverrun(_Doc):
     """A prefill hold that ended after its lease's deadline, or that training revoked
-    (``<device>.overruns.jsonl``, testbed_core/device.py `LeaseEvent`)."""
+    (``<device>.overruns.jsonl``, testbed_core/device_records.py `LeaseEvent`)."""
 
     device: str
     request: str
@@ -498,6 +498,27 @@ class KVChecks(_Doc):
     """Bytes that crossed the emulated network to the decode hosts."""
     wire_scale: float | None
     """wire_bytes / kv_bytes (1: whole caches; less: the rest charged at the path's rate)."""
+
+
+class BubbleTeaMetrics(_Doc):
+    """What a ``+bubbletea`` variant's agents add to its entry, as
+    testbed/run/bubbletea.py `bubbletea_metrics` measures them (the runner adds
+    ``slowdown_decomposition`` once the plain twin ran); each field is the
+    `VariantResult` field of the same name."""
+
+    guard_overruns: GuardOverruns
+    stalls: list[IterationStall]
+    prefill_requests: PrefillRequests
+    ttft_s: Ttft
+    prefill_tokens_served: int
+    guard_violations: int
+    guard_violations_all_iterations: int
+    training_wait_on_prefill_s: float
+    training_slowdown: float | None
+    compared_with_iteration_time_s: float | None
+    bubbletea_agents: AgentCounters
+    kv_checks: KVChecks
+    prefill_service: PrefillService
 
 
 BUBBLETEA_KEYS = frozenset({

@@ -4,7 +4,6 @@ summary.json's kv_checks from the agents' request rows."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -45,8 +44,8 @@ def test_kv_checks_count_the_decode_hosts_verdicts() -> None:
         {"status": "rejected", "kv_bytes": 500, "kv_wire_bytes": 0, "kv_digest_ok": False, "kv_decode_ok": None},
         {"status": "rejected", "kv_bytes": 0, "kv_wire_bytes": 0, "kv_digest_ok": None, "kv_decode_ok": None},
     ]
-    got = KVChecks.model_validate(json.loads(json.dumps(kv_checks(rows))))  # summary.json's typed field
+    got = KVChecks.model_validate_json(kv_checks(rows).model_dump_json())  # summary.json's typed field
     assert (got.shipped, got.digest_ok, got.digest_mismatches) == (3, 2, 1)
     assert (got.decode_checked, got.decode_passed, got.decode_failed) == (2, 1, 1)
     assert got.kv_bytes == got.wire_bytes == 2000 and got.wire_scale == 1.0
-    assert kv_checks([])["wire_scale"] is None
+    assert kv_checks([]).wire_scale is None

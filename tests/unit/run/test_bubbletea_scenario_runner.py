@@ -15,6 +15,7 @@ import yaml
 from bubbletea_agent.job import config_from_job, load_job
 from testbed.process import Process, start
 from testbed.run.bubbletea import (
+    Endpoint,
     build_agent_jobs,
     decode_hosts,
     wait_ready,
@@ -105,7 +106,7 @@ def test_agents_ship_to_a_decode_server_in_their_own_dc(tmp_path: Path) -> None:
     scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="same-dc")
     where = decode_hosts(scenario, jobs)
     assert {jobs[w].host.split("-")[0]: h.split("-")[0] for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
-    decode = {w: {"host": h, "ip": ips[h], "port": 33000} for w, h in where.items()}
+    decode = {w: Endpoint(host=h, ip=ips[h], port=33000) for w, h in where.items()}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
     assert sorted(a.agent_index for a in agents.values()) == [0, 1, 2, 3]
     for wid, a in agents.items():
@@ -124,7 +125,7 @@ def test_agents_ship_to_a_decode_server_in_their_own_dc(tmp_path: Path) -> None:
 
 def test_a_decode_host_in_another_dc_is_paced_at_the_wan_rate(tmp_path: Path) -> None:
     scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="dc2-h2", kv_wan_rate="40Mbit")
-    decode = {w: {"host": "dc2-h2", "ip": ips["dc2-h2"], "port": 33000} for w in jobs}
+    decode = {w: Endpoint(host="dc2-h2", ip=ips["dc2-h2"], port=33000) for w in jobs}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
     dc1 = [a for a in agents.values() if a.host.startswith("dc1")]
     dc2 = [a for a in agents.values() if a.host.startswith("dc2")]
@@ -146,7 +147,7 @@ def _start(tmp_path: Path, name: str, code: str) -> Process:
     return start([sys.executable, "-c", code], log_path=tmp_path / f"{name}.log", name=name, cwd=str(ROOT))
 
 
-ANNOUNCE = "from testbed_core.readiness import announce_ready; import time; announce_ready(); time.sleep(30)"
+ANNOUNCE = "from testbed_runtime.readiness import announce_ready; import time; announce_ready(); time.sleep(30)"
 
 
 def test_an_agent_that_dies_before_training_is_reported(tmp_path: Path) -> None:

@@ -315,13 +315,13 @@ def test_dp_across_dc_is_refused_when_the_allreduce_is_off(tmp_path: Path) -> No
 
 
 def test_agent_jobs_share_the_device_and_split_the_request_rate(tmp_path: Path) -> None:
-    from testbed.run.bubbletea import build_agent_jobs
+    from testbed.run.bubbletea import Endpoint, build_agent_jobs
 
     _, jobs, _ = jobs_for(tmp_path, "atlas+bubbletea")
     scenario, _ = load_scenario(scenario_file(tmp_path), {"bubbletea.enabled": True})
     workload = scenario.workload
     # each agent ships to a decode server on its own host's DC (same host here: LAN)
-    decode = {wid: {"host": j.host, "ip": "10.0.1.10", "port": 32500} for wid, j in jobs.items()}
+    decode = {wid: Endpoint(host=j.host, ip="10.0.1.10", port=32500) for wid, j in jobs.items()}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 120.0)
     assert sorted(agents) == sorted(jobs)
     assert sorted(a.agent_index for a in agents.values()) == [0, 1, 2, 3]

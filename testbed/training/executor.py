@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from testbed_core.device import Device, WorkRecord, busy_time
+from testbed_core.device import Device, WorkRecord
 from testbed_core.schedules import Schedule
 from testbed_core.simulate import TransferKey
 
@@ -119,21 +119,18 @@ def run_worker(
             inbox[(op.direction(), op.stage, op.mb)] = comm.recv(TransferKey.for_op(pipeline, op))
         elif k in ("SEND_F", "SEND_B"):
             comm.send(TransferKey.for_op(pipeline, op), outbox.pop((op.direction(), op.stage, op.mb)))
-        elif k == "F":
-            x = inbox.pop(("fwd", op.stage, op.mb), None)
+        else:  # F or B: what arrived for it (None on the first/last stage) in, its result out
+            fwd = k == "F"
+            box = ("fwd" if fwd else "bwd", op.stage, op.mb)
+            seconds, compute = (work.forward_seconds, work.forward) if fwd else (work.backward_seconds, work.backward)
+            x = inbox.pop(box, None)
             rec = device.run(
-                "forward", owner, duration_s=work.forward_seconds(op.stage) if device.mode == "modelled" else None,
-                fn=lambda op=op, x=x: work.forward(op.stage, op.mb, x), label=f"F{op.mb}@s{op.stage}",
+                "forward" if fwd else "backward", owner,
+                duration_s=seconds(op.stage) if device.mode == "modelled" else None,
+                fn=lambda op=op, x=x, compute=compute: compute(op.stage, op.mb, x),
+                label=f"{k}{op.mb}@s{op.stage}",
             )
-            outbox[("fwd", op.stage, op.mb)] = rec.result
-            records.append(rec)
-        else:
-            g = inbox.pop(("bwd", op.stage, op.mb), None)
-            rec = device.run(
-                "backward", owner, duration_s=work.backward_seconds(op.stage) if device.mode == "modelled" else None,
-                fn=lambda op=op, g=g: work.backward(op.stage, op.mb, g), label=f"B{op.mb}@s{op.stage}",
-            )
-            outbox[("bwd", op.stage, op.mb)] = rec.result
+            outbox[box] = rec.result
             records.append(rec)
     comm.flush()
     return records
@@ -156,32 +153,32 @@ def run_local(
         raise ExecutorError(f"no device for workers {missing} (keys are (pipeline, rank))")
     t0 = time.time() + 0.05  # all threads created before anyone starts
     results: dict[tuple[int, int], list[WorkRecord]] = {}
-    errors: list[BaseException] = []
 
     def body(d: int, r: int) -> None:
+        start = t0 + (offsets[d] if offsets else 0.0)
+        results[(d, r)] = run_worker(schedule, r, d, devices[(d, r)], comm, work, start_at=start)
+
+    run_threads([(d, r) for d in range(pipelines) for r in range(schedule.ranks)], body)
+    return results
+
+
+def run_threads(workers: Sequence[tuple[int, int]], body: Callable[[int, int], None], name: str = "") -> None:
+    """`body(pipeline, rank)` for every worker, each on its own thread, all at once;
+    returns once all have ended. A worker that raised makes it raise ExecutorError
+    (how many failed, the first one's error as its cause)."""
+    errors: list[BaseException] = []
+
+    def guarded(d: int, r: int) -> None:
         try:
-            start = t0 + (offsets[d] if offsets else 0.0)
-            results[(d, r)] = run_worker(schedule, r, d, devices[(d, r)], comm, work, start_at=start)
+            body(d, r)
         except BaseException as exc:  # reported to the caller below
             errors.append(exc)
 
-    threads = [threading.Thread(target=body, args=(d, r), daemon=True)
-               for d in range(pipelines) for r in range(schedule.ranks)]
+    threads = [threading.Thread(target=guarded, args=(d, r), daemon=True, name=f"{name}p{d}r{r}" if name else None)
+               for d, r in workers]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     if errors:
         raise ExecutorError(f"{len(errors)} worker(s) failed; first: {errors[0]!r}") from errors[0]
-    return results
-
-
-def measured_bubble_fraction(timelines: Mapping[Any, list[WorkRecord]]) -> float:
-    """Mean over devices of idle / iteration time, the iteration running from the
-    first start to the last end over all devices."""
-    spans = [r for recs in timelines.values() for r in recs]
-    if not spans:
-        return 0.0
-    t0, t1 = min(r.start for r in spans), max(r.end for r in spans)
-    fr = [1 - busy_time(recs, t0, t1) / (t1 - t0) for recs in timelines.values()]
-    return sum(fr) / len(fr)

@@ -39,13 +39,17 @@ import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 
 from testbed.training.model import GPTStage, build_stage
 from testbed_core.workload import Workload
+
+if TYPE_CHECKING:
+    from testbed.training.executor import Comm
+    from testbed_core.device import WorkRecord
 
 DP_TAG_BASE = 1 << 40  # atlas_transport tags of DP gradient exchanges (stage is added)
 
@@ -434,7 +438,7 @@ class InProcessResult:
 
     params: list[dict[str, torch.Tensor]]  # per DP replica: the whole model's parameters
     losses: list[list[float]]  # per DP replica, per iteration
-    records: dict[tuple[int, int], list[Any]]  # (pipeline, rank) -> device WorkRecords
+    records: dict[tuple[int, int], list[WorkRecord]]  # (pipeline, rank) -> device WorkRecords
     wall_s: float
 
     def mean_losses(self) -> list[float]:
@@ -451,14 +455,14 @@ def train_in_process(
     optim: OptimConfig | None = None,
     schedule: str | None = None,
     offsets: Sequence[float] | None = None,
-    comm: Any = None,
+    comm: Comm | None = None,
     device: torch.device | str | None = None,
 ) -> InProcessResult:
     """Pipeline training with every (replica, rank) worker a thread of this process,
     on real devices (`Device(mode='real')`), through `comm` (default LocalComm).
     `offsets` delays each pipeline's start (seconds); `device` is the torch device
     (default CPU; `testbed_core.device.torch_device()` picks CUDA when present)."""
-    from testbed.training.executor import ExecutorError, LocalComm, run_worker
+    from testbed.training.executor import LocalComm, run_threads, run_worker
     from testbed_core.device import Device
     from testbed_core.schedules import build_schedule
 
@@ -472,27 +476,17 @@ def train_in_process(
         for d in range(par.dp) for r in range(par.pp)
     }
     devices = {(d, r): Device(f"p{d}r{r}", run_dir, mode="real") for d, r in works}
-    records: dict[tuple[int, int], list[Any]] = {k: [] for k in works}
-    errors: list[BaseException] = []
+    records: dict[tuple[int, int], list[WorkRecord]] = {k: [] for k in works}
     t0 = time.time() + 0.05
 
     def body(d: int, r: int) -> None:
-        try:
-            for it in range(iterations):
-                start = t0 + (offsets[d] if offsets else 0.0) if it == 0 else None
-                dev = devices[(d, r)]
-                records[(d, r)] += run_worker(sched, r, d, dev, comm, works[(d, r)], start_at=start)
-                works[(d, r)].end_iteration(step=lambda fn, dev=dev: dev.run("optimizer", f"train:p{d}r{r}", fn=fn))
-        except BaseException as exc:  # reported below
-            errors.append(exc)
+        for it in range(iterations):
+            start = t0 + (offsets[d] if offsets else 0.0) if it == 0 else None
+            dev = devices[(d, r)]
+            records[(d, r)] += run_worker(sched, r, d, dev, comm, works[(d, r)], start_at=start)
+            works[(d, r)].end_iteration(step=lambda fn, dev=dev: dev.run("optimizer", f"train:p{d}r{r}", fn=fn))
 
-    threads = [threading.Thread(target=body, args=k, daemon=True, name=f"real-p{k[0]}r{k[1]}") for k in works]
-    for th in threads:
-        th.start()
-    for th in threads:
-        th.join()
-    if errors:
-        raise ExecutorError(f"{len(errors)} worker(s) failed; first: {errors[0]!r}") from errors[0]
+    run_threads(list(works), body, name="real-")
     params, losses = [], []
     for d in range(par.dp):
         merged: dict[str, torch.Tensor] = {}

@@ -5,13 +5,18 @@ atlas_transport channel with the job's transport settings and its own stream cou
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import TYPE_CHECKING
 
 from testbed.training.worker.job import WorkerError
 from testbed_core.contracts.worker_job import ChannelJob, DpPeerJob, TrainJob, TransportJob
 
+if TYPE_CHECKING:
+    from atlas_transport.channel import Channel
+    from atlas_transport.config import TransportConfig
+    from atlas_transport.endpoints import Listener
 
-def transport_config(transport: TransportJob, streams: int) -> Any:
+
+def transport_config(transport: TransportJob, streams: int) -> TransportConfig:
     """The atlas_transport endpoint settings of one channel of `streams` streams."""
     from atlas_transport import TransportConfig
 
@@ -20,7 +25,7 @@ def transport_config(transport: TransportJob, streams: int) -> Any:
                            connect_timeout_s=transport.connect_timeout_s)
 
 
-def connect_with_retry(ip: str, port: int, cfg: Any, deadline: float, what: str) -> Any:
+def connect_with_retry(ip: str, port: int, cfg: TransportConfig, deadline: float, what: str) -> Channel:
     """connect(), retried while the listener is not up yet (refused) until `deadline`."""
     from atlas_transport import connect
     from atlas_transport.errors import AuthenticationError, ConnectError
@@ -48,7 +53,7 @@ def _ends(job: TrainJob) -> list[tuple[tuple[str, int], ChannelJob | DpPeerJob, 
     return out
 
 
-def open_all_channels(job: TrainJob) -> tuple[dict[int, Any], dict[int, Any]]:
+def open_all_channels(job: TrainJob) -> tuple[dict[int, Channel], dict[int, Channel]]:
     """(boundary channels by boundary, DP gradient channels by peer DP rank): listen
     for every channel this worker accepts, connect the others, then accept. Listening
     first lets two workers that connect to each other in opposite orders both proceed."""
@@ -56,8 +61,8 @@ def open_all_channels(job: TrainJob) -> tuple[dict[int, Any], dict[int, Any]]:
 
     deadline = time.monotonic() + job.setup_timeout_s
     ends = _ends(job)
-    listeners = {}
-    channels: dict[tuple[str, int], Any] = {}
+    listeners: dict[tuple[str, int], tuple[ChannelJob | DpPeerJob, Listener]] = {}
+    channels: dict[tuple[str, int], Channel] = {}
     try:
         for key, c, _ in ends:
             if c.role == "listen":

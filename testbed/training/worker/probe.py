@@ -20,12 +20,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from testbed.training.worker.channels import connect_with_retry, transport_config
 from testbed.training.worker.job import WorkerError, load_job
 from testbed_core.atomic import write_text_atomic
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
+
+if TYPE_CHECKING:
+    from atlas_transport.channel import Channel
 
 
 class ProbeIO:
@@ -60,7 +63,7 @@ class _AgentIO(ProbeIO):
         return self.start_at
 
 
-def run_agent(stdin: Any = None, stdout: Any = None) -> None:
+def run_agent(stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> None:
     """The probe agent (module doc): runs the probe jobs named on `stdin` until ``quit``
     or end of input, each in a thread; waits for them before returning."""
     import torch  # noqa: F401  (imported once, before 'ready': the probes' first use pays nothing)
@@ -116,36 +119,43 @@ def run_agent(stdin: Any = None, stdout: Any = None) -> None:
         t.join()
 
 
+def _open_channel(job: ProbeJob | RingProbeJob, listening: bool, deadline: float, what: str,
+                  io: ProbeIO) -> Channel:
+    """The probe's one channel: accepted on the job's address (after saying 'listening'),
+    or connected to its peer, retried until `deadline`."""
+    from atlas_transport import listen
+
+    cfg = transport_config(job.transport, job.streams)
+    if listening:
+        with listen(job.bind_ip, job.port, cfg) as lst:
+            io.say("listening")
+            return lst.accept(timeout=job.timeout_s)
+    return connect_with_retry(job.peer_ip, job.port, cfg, deadline, what)
+
+
 def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     """Time `count` tensors over one channel. The receiver writes the arrival times,
     the sender the hand-over and confirmation times (wall clock), to `out`."""
     import torch
 
-    from atlas_transport import listen
     from testbed.training.transport_comm import wall_of
 
     io = io or ProbeIO()
-    cfg = transport_config(job.transport, job.streams)
     result: dict[str, Any] = {"name": job.name, "role": job.role, "streams": job.streams, "nbytes": job.nbytes}
     deadline = time.monotonic() + job.timeout_s
-    if job.role == "probe-recv":
-        with listen(job.bind_ip, job.port, cfg) as lst:
-            io.say("listening")
-            ch = lst.accept(timeout=job.timeout_s)
-            try:
-                if job.warmup_bytes:
-                    ch.irecv(2).wait(max(0.1, deadline - time.monotonic()))
-                arrived = []
-                for _ in range(job.count):
-                    h = ch.irecv(1)
-                    h.wait(max(0.1, deadline - time.monotonic()))
-                    arrived.append(wall_of(h.completed_at))
-                result["arrived"] = arrived
-            finally:
-                ch.close(timeout=5.0)
-    else:
-        ch = connect_with_retry(job.peer_ip, job.port, cfg, deadline, f"probe {job.name}")
-        try:
+    receiver = job.role == "probe-recv"
+    ch = _open_channel(job, receiver, deadline, f"probe {job.name}", io)
+    try:
+        if receiver:
+            if job.warmup_bytes:
+                ch.irecv(2).wait(max(0.1, deadline - time.monotonic()))
+            arrived = []
+            for _ in range(job.count):
+                h = ch.irecv(1)
+                h.wait(max(0.1, deadline - time.monotonic()))
+                arrived.append(wall_of(h.completed_at))
+            result["arrived"] = arrived
+        else:
             if job.warmup_bytes:
                 ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), 2).wait(max(0.1, deadline - time.monotonic()))
             payload = torch.zeros(job.nbytes, dtype=torch.uint8)
@@ -169,8 +179,8 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                 h.wait(max(0.1, deadline - time.monotonic()))
                 confirmed.append(wall_of(h.completed_at))
             result.update(sent=sent, confirmed=confirmed)
-        finally:
-            ch.close(timeout=5.0)
+    finally:
+        ch.close(timeout=5.0)
     write_text_atomic(job.out, json.dumps(result))
 
 
@@ -181,18 +191,11 @@ def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
     the bytes each replica sent to `out`."""
     import torch
 
-    from atlas_transport import listen
     from testbed.training.allreduce import ring_allreduce, ring_plan
 
     io = io or ProbeIO()
-    cfg = transport_config(job.transport, job.streams)
     deadline = time.monotonic() + job.timeout_s
-    if job.channel == "listen":
-        with listen(job.bind_ip, job.port, cfg) as lst:
-            io.say("listening")
-            ch = lst.accept(timeout=job.timeout_s)
-    else:
-        ch = connect_with_retry(job.peer_ip, job.port, cfg, deadline, f"ring probe {job.name}")
+    ch = _open_channel(job, job.channel == "listen", deadline, f"ring probe {job.name}", io)
     try:
         plan = ring_plan(job.dp_rank, 2, job.grad_bytes, job.bucket_bytes)
         bucket = max(plan.messages)

@@ -3,18 +3,28 @@ schedules show the textbook bubble, and payloads flow along the pipeline."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 import pytest
 
-from testbed.training.executor import LocalComm, ModelledWork, measured_bubble_fraction, run_local
-from testbed_core.device import Device
+from testbed.training.executor import LocalComm, ModelledWork, run_local
+from testbed_core.device import Device, WorkRecord, busy_time
 from testbed_core.schedules import build_schedule
 from testbed_core.simulate import TransferKey
 
 
 def ideal(p: int, m: int) -> float:
     return (p - 1) / (m + p - 1)
+
+
+def measured_bubble_fraction(timelines: Mapping[object, list[WorkRecord]]) -> float:
+    """Mean over devices of idle / iteration time, the iteration running from the
+    first start to the last end over all devices."""
+    spans = [r for recs in timelines.values() for r in recs]
+    t0, t1 = min(r.start for r in spans), max(r.end for r in spans)
+    fr = [1 - busy_time(recs, t0, t1) / (t1 - t0) for recs in timelines.values()]
+    return sum(fr) / len(fr)
 
 
 # --------------------------------------------------- real devices, zero delay

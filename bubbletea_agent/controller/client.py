@@ -17,9 +17,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from pydantic import ValidationError
-
 from bubbletea_agent.requests import Request
+from pydantic import ValidationError
 from testbed_core.contracts.prefill_service import (
     Accepted,
     AgentHello,
@@ -138,7 +137,7 @@ class AgentLink:
         self.stopped_by_controller = False
         self.on_work: Any = None  # called (from the link's thread) when new work came: wakes the agent
         # The link's thread stays at normal priority, never SCHED_FIFO: in a run the agent
-        # is in a cgroup with a small real-time budget (testbed/emulation/cpu.py, 100 ms a
+        # is in a cgroup with a small real-time budget (testbed/run/cpu.py, 100 ms a
         # second) that its device holds need; a real-time thread that syncs 20 times a
         # second spends it, and then every hold of every agent in the group is frozen until
         # the next period (measured: holds ending at the same instant of each second,

@@ -49,8 +49,7 @@ from typing import IO, Any
 
 import numpy as np
 import xxhash
-
-from testbed.emulation.iperf import iperf3_client, iperf3_server
+from testbed.emulation.linkmeasure.iperf import iperf3_client, iperf3_server
 from testbed_core.constants import REPO_ROOT
 
 METHODS = ("atlas", "tcp", "gloo", "iperf3")
@@ -142,7 +141,6 @@ def _secret() -> str:
 
 def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
     import torch
-
     from atlas_transport.config import TransportConfig
     from atlas_transport.endpoints import listen
     from atlas_transport.tensors import byte_view
@@ -170,7 +168,6 @@ def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
 
 def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
     import torch
-
     from atlas_transport.auto import cached_streams
     from atlas_transport.config import TransportConfig
     from atlas_transport.endpoints import connect

@@ -333,7 +333,7 @@ def check(file: str, as_json: bool, backend: str, duration: int, deep: bool, out
     the shaper's rate from a UDP blast; TCP goodput with iperf3. Exits 1 when a link
     is out of tolerance (the table's last line says what the tolerances are).
     """
-    from testbed.emulation.linkcheck import check_links
+    from testbed.emulation.linkmeasure.check import check_links
     from testbed.emulation.network import Emulation
 
     topology = _load(file, servers)

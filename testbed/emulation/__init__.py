@@ -10,7 +10,12 @@ Modules, after Mininet's topo/node/link/net split:
 * `netns`, `kernel`, `shaping`: namespace access, kernel feature probe, qdiscs via netlink;
 * `delayline/`: the userspace delay line (relay backend; `delayline.calibrate` measures each
   link's own path latency at start);
-* `linkcheck`: link measurements (`testbed topo check`), with `probe` (UDP trains, rate
-  blast and capture run inside nodes), `trainstats` (loss intervals, the jitter model,
-  verdicts) and `pcapcheck` (the WAN node's capture read with scapy, histograms).
+* `linkmeasure/`: link measurements (`testbed topo check`): `check`, `results`, the in-node
+  `iperf` and `probe`, `packet_trains` (loss intervals, the jitter model, verdicts) and
+  `pcapcheck` (the WAN node's capture read with scapy, histograms);
+* `cluster/`: one emulation built over several servers (`build`) and the server
+  namespaces that test it on one machine (`rig`);
+* `remote/`: reaching a server that is another machine over SSH (the login, the node
+  agent run there and its client, the readiness relay); `nodeconf`: the configuration
+  requests applied in a node, locally or by that agent.
 """

@@ -72,8 +72,8 @@ from testbed.emulation.records import (
     plan_clean,
     prefix_in_use,
 )
-from testbed_core.lifetime import OWNER_ENV, owner_mark
 from testbed_core.topology import Topology, load_topology
+from testbed_core.lifetime import OWNER_ENV, owner_mark
 
 __all__ = [
     "Emulation",
@@ -518,7 +518,7 @@ class Emulation:
         env = dict(popen_kwargs.pop("env", None) or os.environ)
         env[ENV_RUN] = self.prefix
         env[OWNER_ENV] = owner_mark()  # the program ends itself when this process is gone (lifetime.py)
-        if handle.remote:  # over the server's SSH (cluster/remote.py); the local ssh client is recorded
+        if handle.remote:  # over the server's SSH (remote/client.py); the local ssh client is recorded
             proc = self.cluster.spawn(handle.mn_name, handle.pid, argv, env=env, **popen_kwargs)
         else:
             proc = subprocess.Popen(["mnexec", "-da", str(handle.pid), *argv], env=env, **popen_kwargs)

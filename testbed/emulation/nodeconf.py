@@ -9,7 +9,7 @@ the node's /proc/sys and /sys, given a `NodeNs` that says where those are:
   namespace through setns on /proc/PID/ns/net, sysctls written from a thread inside
   it, /sys read through /proc/PID/root (testbed/emulation/netns.py);
 * on a server reached over SSH, that server's node agent (``python -m
-  testbed.emulation.nodeagent serve``, one per server, started over SSH) reads the
+  testbed.emulation.remote.nodeagent serve``, one per server, started over SSH) reads the
   same requests as JSON lines on stdin, each naming the node by its PID on that
   server, and calls `apply` with `NodeNs.of_pid(pid)` there: the same setns path,
   run on the node's own machine (`NodeNs.inside()` when a request names no PID).

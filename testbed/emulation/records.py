@@ -154,10 +154,10 @@ class SysctlChange:
 @dataclass
 class RemoteEntry:
     """A server reached over SSH that the run uses (testbed/emulation/cluster/): its login
-    (cluster.remote.RemoteLogin's fields) and the temporary paths made there. What runs
+    (remote.sshlogin.RemoteLogin's fields) and the temporary paths made there. What runs
     there carries the run's mark (TESTBED_RUN=<prefix>, or a node shell's
     ``mininet:<prefix>...``), so clean finds it on the server by that mark, over SSH,
-    with ``python -m testbed.emulation.nodeagent clean``."""
+    with ``python -m testbed.emulation.remote.nodeagent clean``."""
 
     server: str
     login: dict
@@ -634,7 +634,7 @@ def execute(actions: list[Action], procfs: ProcFS | None = None, grace_s: float 
             elif action.kind == "remove-path":
                 path = Path(action.target)
                 if path.is_relative_to("/sys/fs/cgroup"):
-                    path.rmdir()  # a cgroup (testbed/emulation/cpu.py): rmdir, its files cannot be deleted
+                    path.rmdir()  # a cgroup (testbed/run/cpu.py): rmdir, its files cannot be deleted
                 elif path.is_dir() and not path.is_symlink():
                     shutil.rmtree(path)
                 elif os.path.lexists(path):
@@ -669,7 +669,7 @@ def remote_clean(prefix: str, entry: RemoteEntry, timeout: float = 60.0) -> str 
     when that failed (the server unreachable, the agent missing), None when done."""
     import subprocess
 
-    from testbed.emulation.sshlogin import RemoteLogin
+    from testbed.emulation.remote.sshlogin import RemoteLogin
 
     identity = entry.login.get("identity")
     if identity and not os.path.exists(identity):  # ssh would still try, and wait out its connect timeout

@@ -198,18 +198,6 @@ def change_netem(netem: NetemParams, rate_bps: float, queue_bytes: int) -> list[
     return [_leaf("change", rate_bps, _check_queue("change_netem", queue_bytes), netem)]
 
 
-def tbf_shaper(ifname: str, rate_bps: float, queue_bytes: int) -> list[TcRequest]:
-    """A single TBF root: simpler than HTB where no leaf qdisc (netem) is needed.
-    pyroute2 encodes TBF rates in 32 bits, so it stops below 34 Gbit/s."""
-    where = f"tbf shaper on {ifname}"
-    rate = _check_rate(where, rate_bps)
-    if rate >= _U32:
-        raise ShapingError(f"{where}: {rate_bps:g} bit/s is above TBF's 32-bit rate field; use egress_shaper (HTB)")
-    queue = _check_queue(where, queue_bytes)
-    burst = htb_burst_bytes(rate_bps)
-    return [TcRequest("add", "tbf", ROOT_HANDLE, TC_H_ROOT, {"rate": rate, "burst": burst, "limit": queue + burst})]
-
-
 def _ifindex(ipr: Any, ifname: str) -> int:
     found = ipr.link_lookup(ifname=ifname)
     if not found:

@@ -24,7 +24,7 @@ processes, marked TESTBED_RUN=<prefix> in their environment) is written, with ea
 machine's login, in a run record (testbed/emulation/records.py) before the run starts
 there, where records can be written (root): the run's normal end removes it all and
 drops the record; after a crash `testbed clean` ends it over SSH (``python -m
-testbed.emulation.nodeagent clean`` from the machine's repository, as the login's user).
+testbed.emulation.remote.nodeagent clean`` from the machine's repository, as the login's user).
 """
 
 from __future__ import annotations
@@ -47,9 +47,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.emulation.nodeagent import READY_MARK
-from testbed.emulation.readyrelay import relay_stderr, start_relay
 from testbed.emulation.records import ENV_RUN
+from testbed.emulation.remote.nodeagent import READY_MARK
+from testbed.emulation.remote.readyrelay import relay_stderr, start_relay
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
 from testbed.training.worker.control import CONTROL_MAP_ENV
@@ -68,7 +68,7 @@ DELAY_BACKEND = "none (real machines over SSH: the network between them, nothing
 # the launcher stays as its parent: it hands the command a pipe of its own and writes
 # what comes out of it to stderr after READY_MARK, and the runner's side passes that
 # line on to the runner's pipe (`RemotePopen`).
-# READY_MARK: the node agent's (testbed/emulation/nodeagent.py), relayed by testbed/emulation/readyrelay.py
+# READY_MARK: the node agent's (testbed/emulation/remote/nodeagent.py), relayed by testbed/emulation/remote/readyrelay.py
 LAUNCHER = (
     "import json,os,sys\n"
     "b=b''\n"
@@ -159,9 +159,9 @@ class Remote:
         return ["ssh", *ssh_options(self.inv, self.machine), *extra, login(self.inv, self.machine)]
 
     def login_record(self) -> dict[str, Any]:
-        """The login as run records keep it (testbed.emulation.sshlogin.RemoteLogin): the
+        """The login as run records keep it (testbed.emulation.remote.sshlogin.RemoteLogin): the
         login's own user (no sudo), this machine's Python and repository."""
-        from testbed.emulation.sshlogin import RemoteLogin
+        from testbed.emulation.remote.sshlogin import RemoteLogin
 
         ssh = self.inv.ssh_for(self.machine)
         return RemoteLogin(server=self.machine.name, address=self.machine.address, user=ssh.user, port=ssh.port,

@@ -16,10 +16,16 @@ import copy
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
-
 from atlas_transport.config import TransportConfig
 from atlas_transport.protocol import MIN_CHUNK
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 from testbed.run.faults import MAX_FAULTS, Fault, check_faults
 from testbed.run.ports import PORT_SPAN
 from testbed_core.compute_model import activation_bytes
@@ -31,7 +37,12 @@ from testbed_core.configfile import (
     read_yaml_mapping,
 )
 from testbed_core.contracts.bubbletea import DECODE_SAME_DC, BubbleTeaSettings
-from testbed_core.topology import CongestionControl, Topology, TopologyError, parse_topology
+from testbed_core.topology import (
+    CongestionControl,
+    Topology,
+    TopologyError,
+    parse_topology,
+)
 from testbed_core.units import UnitError, format_size, parse_size
 from testbed_core.variants import VariantError, default_names, get_variant
 from testbed_core.workload import Workload
@@ -151,7 +162,7 @@ class RunnerSettings(_Model):
     bubbletea_cpu_weight: float | None = Field(
         0.1, gt=0, le=1, description="BubbleTea agents and decode servers run in a cgroup of their own with this "
         "fraction of a normal CPU weight, so that on a small machine they never take a core from the workers and "
-        "delay lines (testbed/emulation/cpu.py); null: no cgroup (the agents compete at their nice level)")
+        "delay lines (testbed/run/cpu.py); null: no cgroup (the agents compete at their nice level)")
 
 
     @field_validator("base_port")

@@ -187,7 +187,7 @@ class VariantRun:
     # CPU over the measured iterations, in cores (CPU seconds / wall seconds), per kind of
     # process: "workers", "agents", "decode" (None: not read, e.g. no measured iteration)
     cpu_cores: dict[str, float] | None = None
-    cpu_weights: str | None = None  # how BubbleTea's processes were weighted (testbed/emulation/cpu.py)
+    cpu_weights: str | None = None  # how BubbleTea's processes were weighted (testbed/run/cpu.py)
 
 
 def run_workers(
@@ -314,9 +314,9 @@ def run_workers(
 def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequence[int],
                  progress: Progress) -> tuple[Any, str | None]:
     """Put BubbleTea's processes (`pids`) in a cgroup with `weight` of a normal CPU weight
-    (testbed/emulation/cpu.py), recorded in the run record so that `testbed clean`
+    (testbed/run/cpu.py), recorded in the run record so that `testbed clean`
     removes it. Returns (the group or None, what was done, for the summary)."""
-    from testbed.emulation.cpu import CpuGroupError, create_group
+    from testbed.run.cpu import CpuGroupError, create_group
 
     if weight is None:
         return None, "no CPU weights (runner.bubbletea_cpu_weight: null)"
@@ -339,7 +339,7 @@ def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequenc
 
 
 def _cpu_now(procs: Mapping[str, subprocess.Popen], servers: Mapping[str, subprocess.Popen]) -> dict[str, float]:
-    from testbed.emulation.cpu import cpu_seconds
+    from testbed.run.cpu import cpu_seconds
 
     out = {}
     for name, p in (*procs.items(), *servers.items()):

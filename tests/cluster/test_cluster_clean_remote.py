@@ -35,7 +35,7 @@ def _ssh(rig, command: str) -> subprocess.CompletedProcess:
 def _dead_run_with_a_remote_server(rig, login_update: dict | None = None):
     from testbed.emulation.naming import new_prefix
     from testbed.emulation.records import RunRecord, prefix_in_use
-    from testbed.emulation.sshlogin import RemoteLogin
+    from testbed.emulation.remote.sshlogin import RemoteLogin
 
     prefix = new_prefix(lambda p: prefix_in_use(p))
     record = RunRecord.create(prefix, "2dc-split")

@@ -19,8 +19,8 @@ pytestmark = [pytest.mark.root, pytest.mark.cluster]
 
 CHILD = r"""
 import json, os, signal, subprocess, sys, time
-from testbed.emulation.cluster.remote import RemoteProcess
-from testbed.emulation.sshlogin import RemoteLogin
+from testbed.emulation.remote.client import RemoteProcess
+from testbed.emulation.remote.sshlogin import RemoteLogin
 from testbed.process import start
 
 login = RemoteLogin(**json.loads(sys.argv[1]))
@@ -79,7 +79,7 @@ def rig():
 
 
 def test_a_remote_program_gets_its_environment_signals_readiness_and_no_orphan(rig):
-    from testbed.emulation.sshlogin import RemoteLogin
+    from testbed.emulation.remote.sshlogin import RemoteLogin
 
     server = rig.servers[0]
     login = RemoteLogin(server=server.name, address=server.address, identity=str(rig.identity),

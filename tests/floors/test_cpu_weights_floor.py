@@ -1,6 +1,6 @@
 """CPU weights on this machine's kernel (root): busy processes at an agent's nice level
 (-10) next to a worker-like process (2 ms of CPU, then a 3 ms sleep), with and
-without their cgroup at 0.1 of a normal weight (testbed/emulation/cpu.py). Without
+without their cgroup at 0.1 of a normal weight (testbed/run/cpu.py). Without
 it the worker's CPU work stretches many times over; with it, far less. A ratio of
 durations that depends on the machine and its load: asserted under `make floors`
 (TESTBED_FLOOR_TESTS=1, on a quiet machine) and printed; the default suite checks the
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation.cpu import create_group, find_controller
+from testbed.run.cpu import create_group, find_controller
 
 pytestmark = [pytest.mark.root, pytest.mark.floor]
 

@@ -1,4 +1,4 @@
-"""CPU weights on this machine's kernel (root, testbed/emulation/cpu.py): a group at 0.1
+"""CPU weights on this machine's kernel (root, testbed/run/cpu.py): a group at 0.1
 of a normal weight carries that weight in its cgroup file, takes the processes moved
 into it, and is gone after `remove`, its processes back in the parent group and still
 running. What the weight does under contention (a ratio of durations) is measured by
@@ -11,7 +11,7 @@ import subprocess
 
 import pytest
 
-from testbed.emulation.cpu import create_group, find_controller, weight_value
+from testbed.run.cpu import create_group, find_controller, weight_value
 
 pytestmark = pytest.mark.root
 

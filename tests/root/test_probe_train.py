@@ -1,4 +1,4 @@
-"""The UDP train of `topo check` (testbed.emulation.probe) between two namespaces: an
+"""The UDP train of `topo check` (testbed.emulation.linkmeasure.probe) between two namespaces: an
 end that starts seconds after the other loses nothing (each end sends only once it
 has heard the other's HELLO)."""
 
@@ -30,7 +30,7 @@ def test_a_late_peer_loses_no_datagram(tmp_path: Path) -> None:
 
         def train(ns: str, peer: str, tag: str) -> subprocess.Popen[str]:
             return subprocess.Popen(
-                ["ip", "netns", "exec", ns, sys.executable, "-m", "testbed.emulation.probe", "train", "--peer", peer,
+                ["ip", "netns", "exec", ns, sys.executable, "-m", "testbed.emulation.linkmeasure.probe", "train", "--peer", peer,
                  "--port", "47010", "--count", "300", "--pps", "1000", "--linger", "0.3",
                  "--out", str(tmp_path / f"{tag}.bin")], stdout=subprocess.PIPE, text=True)
 

@@ -30,7 +30,7 @@ def run_check(topo: Path, *extra: str) -> dict:
 
 
 def _verdicts_follow_figures(link: dict) -> None:
-    """Each verdict is exactly what the link's figures earn (see linkcheck/trainstats)."""
+    """Each verdict is exactly what the link's figures earn (see linkmeasure/results.py and packet_trains.py)."""
     for d in link["directions"]:
         t = d["train"]
         assert t["sent"] > 0 and t["received"] + t["lost"] >= t["sent"]

@@ -26,7 +26,7 @@ server. A server that shares this machine's kernel (same boot_id and PID namespa
 the server namespaces of `testbed.emulation.cluster.rig`) has its nodes reached
 through their PIDs and /proc, as on one machine. Any other server, and every server
 when `servers.configure: ssh` (or TESTBED_SERVERS_CONFIGURE=ssh) forces it, is
-reached over its SSH (testbed/emulation/cluster/remote.py): a node agent per server
+reached over its SSH (testbed/emulation/remote/client.py): a node agent per server
 applies the same configuration requests (testbed/emulation/nodeconf.py) to each node
 through its PID there, and programs start through ``nodeagent exec``; such a server needs Python with
 this package (``servers.python``), mininet and iperf3. Each such server is written in
@@ -50,7 +50,7 @@ from typing import Any
 
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.nodeconf import MtuOp
-from testbed.emulation.sshlogin import ssh_options
+from testbed.emulation.remote.sshlogin import ssh_options
 from testbed_core.servers import (
     TUNNEL_OVERHEAD,
     Server,
@@ -106,7 +106,7 @@ class ClusterBuild:
         self.facts: dict[str, dict[str, str]] = {}
         self.record = record  # records.RunRecord: remote servers are written in it before use
         self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
-        self.agents: dict[str, Any] = {}  # server name -> remote.RemoteAgent (one per server reached over SSH)
+        self.agents: dict[str, Any] = {}  # server name -> remote.client.RemoteAgent (one per server reached over SSH)
         self._pids: dict[str, int] = {}  # node (Mininet name) -> its PID on its server
         self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
         self._seen: dict[str, set[str]] = {}  # server -> folders it is known to see
@@ -116,7 +116,7 @@ class ClusterBuild:
         self._forward_lock = threading.Lock()
 
     def login(self, server: Server) -> Any:
-        from testbed.emulation.sshlogin import RemoteLogin
+        from testbed.emulation.remote.sshlogin import RemoteLogin
 
         ssh = self.plan.ssh_for(server)
         return RemoteLogin(server=server.name, address=server.address, user=ssh.user, port=ssh.port,
@@ -156,7 +156,7 @@ class ClusterBuild:
                 "echo iperf3=$(command -v iperf3)",
                 "echo sudo=$(command -v sudo)",
                 f"echo inuse=$(pgrep -f 'mininet:[{self.prefix[0]}]{self.prefix[1:]}' | head -1)",  # not itself
-                (f"{shlex.quote(self.plan.python_for(server))} -c 'import testbed.emulation.nodeagent, pyroute2, "
+                (f"{shlex.quote(self.plan.python_for(server))} -c 'import testbed.emulation.remote.nodeagent, pyroute2, "
                  "pydantic' >/dev/null 2>&1 && echo agent=ok || echo agent=missing"),
                 f"echo route=$(ip -o route get {peer} 2>&1 | head -1)",
                 (f"sudo -n unshare -n sh -c 'ip link add tbprobe type {kind} {extra} local {server.address} "
@@ -195,7 +195,7 @@ class ClusterBuild:
                 raise EmulationError(
                     f"server {server.name} ({server.address}) {why}, and its Python "
                     f"({self.plan.python_for(server)!r}, servers.python) cannot import this package's node agent "
-                    "(testbed.emulation.nodeagent with pyroute2 and pydantic): install this package there "
+                    "(testbed.emulation.remote.nodeagent with pyroute2 and pydantic): install this package there "
                     "(pip install <this checkout>) or name that Python in servers.python")
         self._check_mtu()
         self._check_underlay()
@@ -292,7 +292,7 @@ class ClusterBuild:
         node = cls(mn_name, server=server.name, user=ssh.user, serverIP=server.address)
         self._pids[mn_name] = int(node.pid)
         if self.remote.get(server.name) and server.name not in self.agents:  # started now, awaited at first use
-            from testbed.emulation.cluster.remote import RemoteAgent
+            from testbed.emulation.remote.client import RemoteAgent
 
             self.agents[server.name] = RemoteAgent(self.login(server), self.prefix, self.control_dir)
         return node
@@ -302,8 +302,8 @@ class ClusterBuild:
         return self.agents[self._placement[mn_name].name].request(mn_name, self._pids[mn_name], ops)
 
     def spawn(self, mn_name: str, pid: int, argv: list[str], **popen_kwargs: Any) -> subprocess.Popen:
-        """A program started in a remote node (remote.RemoteProcess)."""
-        from testbed.emulation.cluster.remote import RemoteProcess, env_extra, remote_argv
+        """A program started in a remote node (remote.client.RemoteProcess)."""
+        from testbed.emulation.remote.client import RemoteProcess, env_extra, remote_argv
 
         server = self._placement[mn_name]
         login = self.login(server)

@@ -1,16 +1,13 @@
 """The node configuration requests (testbed/emulation/nodeconf.py): what the models
 accept and refuse, how `apply` reports a failing operation (the same reply whether
-the node is reached through its PID or through its agent over SSH), the agent's
-JSON-lines loop, and the logins and refusals of the node agent's command line
-(testbed/emulation/nodeagent.py, testbed/emulation/sshlogin.py). No root needed."""
+the node is reached through its PID or through its agent over SSH) and the agent's
+JSON-lines loop. The node agent's command line and the logins: tests/unit/emulation/remote/.
+No root needed."""
 
 from __future__ import annotations
 
 import io
 import json
-import shlex
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -31,8 +28,6 @@ from testbed.emulation.nodeconf import (
     apply,
     serve,
 )
-from testbed.emulation.sshlogin import RemoteLogin
-from testbed_core.constants import REPO_ROOT
 
 HOST = {"op": "host", "intf": "h1-e0", "ip": "10.0.1.10", "gateway_ip": "10.0.1.1", "lan_rate": 1e10,
         "queue_bytes": 125000, "where": "dc1-h1"}
@@ -139,52 +134,6 @@ def test_the_agent_loop_answers_each_line_and_refuses_a_malformed_one() -> None:
     first, second = (NodeReply.model_validate_json(line) for line in lines[1:])
     assert first.ok and set(first.counters) == {"lo"}  # this process's own namespace, read for real
     assert not second.ok and second.error.startswith("invalid request")
-
-
-def _agent(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "testbed.emulation.nodeagent", *args], input=stdin,
-                          capture_output=True, text=True, timeout=60, cwd=REPO_ROOT)
-
-
-def test_agent_clean_refuses_what_is_not_the_runs() -> None:
-    res = _agent("clean", "--run", "../etc")
-    assert res.returncode == 2 and "'../etc' is not a run prefix" in res.stderr
-    res = _agent("clean", "--run", "tb0f0", "--path", "/etc/passwd")
-    assert res.returncode == 1 and "/etc/passwd: not a path of run tb0f0; left alone" in res.stderr
-
-
-def test_agent_exec_wants_a_program_and_the_environment_line() -> None:
-    res = _agent("exec", "--pid", "1", "--run", "tb0f0", "--token", "t")
-    assert res.returncode == 2 and "the program to start follows --" in res.stderr
-    res = _agent("exec", "--pid", "1", "--run", "tb0f0", "--token", "t", "--", "true", stdin="")
-    assert res.returncode == 1 and "no environment on stdin" in res.stderr
-
-
-def test_agent_signal_says_when_no_program_carries_the_token() -> None:
-    res = _agent("signal", "--token", "no-such-token-0123", "--sig", "15")
-    assert res.returncode == 3 and res.stdout.strip() == "signalled 0"
-
-
-def test_a_login_quotes_the_remote_command_and_uses_sudo_only_when_not_root() -> None:
-    login = RemoteLogin(server="s1", address="192.0.2.10", identity="/k/id", known_hosts="/k/kh",
-                        python="/opt/venv/bin/python")
-    argv = login.ssh_argv(login.agent("exec", "--", "sh", "-c", "echo 'a b'; x=$HOME"))
-    assert argv[:2] == ["ssh", "-q"] and "root@192.0.2.10" in argv
-    assert "BatchMode=yes" in argv and "/k/id" in argv and "UserKnownHostsFile=/k/kh" in argv
-    assert shlex.split(argv[-1]) == ["/opt/venv/bin/python", "-m", "testbed.emulation.nodeagent", "exec", "--",
-                                     "sh", "-c", "echo 'a b'; x=$HOME"]
-    other = login.model_copy(update={"user": "ops"})
-    assert shlex.split(other.clean_argv("tb0f0", ["/tmp/tb0f0-x"])[-1])[:2] == ["sudo", "-n"]
-    assert shlex.split(other.clean_argv("tb0f0", ["/tmp/tb0f0-x"])[-1])[-4:] == ["--run", "tb0f0", "--path",
-                                                                                 "/tmp/tb0f0-x"]
-
-
-def test_a_machine_login_runs_as_its_user_from_its_checkout() -> None:
-    login = RemoteLogin(server="m1", address="192.0.2.20", user="ops", python="/srv/tb/.venv/bin/python",
-                        sudo=False, cwd="/srv/tb")
-    remote = shlex.split(login.clean_argv("tb0f0")[-1])
-    assert remote[:4] == ["sh", "-c", 'cd "$0" && exec "$@"', "/srv/tb"]  # no sudo: the run's user owns it all
-    assert remote[4:] == ["/srv/tb/.venv/bin/python", "-m", "testbed.emulation.nodeagent", "clean", "--run", "tb0f0"]
 
 
 def test_a_request_to_an_agent_names_its_node_by_a_real_pid() -> None:

@@ -256,7 +256,7 @@ def test_plan_finds_marked_processes_the_record_does_not_name(tmp_path, proc):
     stat = (root / "905" / "stat").read_text().replace(" S ", " Z ", 1)
     (root / "905" / "stat").write_text(stat)  # a zombie: gone, nothing to end
     foreign_ns = OTHER_NS + 1  # a server of a test rig: a namespace of this machine the run does not own
-    add_proc(root, 906, 96, "python -m testbed.emulation.nodeagent", env={ENV_RUN: "tb123"}, netns=foreign_ns)
+    add_proc(root, 906, 96, "python -m testbed.emulation.remote.nodeagent", env={ENV_RUN: "tb123"}, netns=foreign_ns)
     add_proc(root, 907, 97, "sshd: /usr/sbin/sshd -D", netns=foreign_ns)
     # a remote node shell's wrapper, left in its server's namespace (the shell is in its own)
     add_proc(root, 908, 98, "sudo -E mnexec -cn env PS1= bash --norc --noediting -is mininet:tb123d1h1",

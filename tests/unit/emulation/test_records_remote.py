@@ -13,7 +13,7 @@ import pytest
 
 import testbed.emulation.records as records
 from testbed.emulation.records import ProcFS, RecordError, RunRecord, execute, plan_clean
-from testbed.emulation.sshlogin import RemoteLogin
+from testbed.emulation.remote.sshlogin import RemoteLogin
 
 LOGIN = RemoteLogin(server="s2", address="192.0.2.11", identity="/k/id", known_hosts="/k/kh",
                     python="/opt/v/bin/python").model_dump()
@@ -86,7 +86,7 @@ def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch, tmp_pa
     monkeypatch.setattr("subprocess.run", fake_run)
     entry = records.RemoteEntry("s2", {**LOGIN, "identity": str(identity)}, ["/tmp/tb0a1-x"])
     message = records.remote_clean("tb0a1", entry)
-    assert seen["argv"][-1] == ("/opt/v/bin/python -m testbed.emulation.nodeagent clean --run tb0a1 "
+    assert seen["argv"][-1] == ("/opt/v/bin/python -m testbed.emulation.remote.nodeagent clean --run tb0a1 "
                                 "--path /tmp/tb0a1-x")
     assert message is not None and message.startswith("server s2 (192.0.2.11): clean over SSH failed (exit 255)")
     assert "run `testbed clean` where that server is reachable" in message

@@ -1,4 +1,4 @@
-"""Shaping requests (HTB/bfifo, netem, TBF) built and sent without a kernel."""
+"""Shaping requests (HTB/bfifo, netem) built and sent without a kernel."""
 
 from __future__ import annotations
 
@@ -105,14 +105,6 @@ def test_change_requests_modify_in_place() -> None:
     netem = sh.change_netem(sh.NetemParams(0.05, 0.002, 0.001), 1e9, 10**7)
     assert [(r.command, r.kind, r.handle, r.parent) for r in netem] == [("change", "netem", 0x100000, 0x10001)]
     assert netem[0].params["delay"] == 50_000
-
-
-def test_tbf_shaper() -> None:
-    (req,) = sh.tbf_shaper("w-eth0", 1e9, 1_000_000)
-    assert (req.command, req.kind, req.parent) == ("add", "tbf", sh.TC_H_ROOT)
-    assert req.params["rate"] == 125_000_000 and req.params["limit"] > 1_000_000
-    with pytest.raises(sh.ShapingError, match="above TBF's 32-bit rate field; use egress_shaper"):
-        sh.tbf_shaper("w-eth0", 40e9, 10**7)
 
 
 @pytest.mark.parametrize(

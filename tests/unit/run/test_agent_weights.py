@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-import testbed.emulation.cpu as cpu
+import testbed.run.cpu as cpu
 from testbed.run import workers
 
 

@@ -3,22 +3,15 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 from testbed.commands.topo import render_check
-from testbed.emulation import trainstats
-from testbed.emulation.linkcheck import (
-    Direction,
-    LinkResult,
-    StreamComparison,
-    Tolerance,
-    omit_for,
-    parse_ping,
-    streams_for,
-)
+from testbed.emulation.linkmeasure import packet_trains
+from testbed.emulation.linkmeasure.check import omit_for, parse_ping, streams_for
+from testbed.emulation.linkmeasure.results import Direction, LinkResult, Tolerance
+from testbed_core.constants import TOPOLOGIES_DIR
 from testbed_core.topology import TcpSettings
 
 PING = """PING 10.200.2.10 (10.200.2.10) 56(84) bytes of data.
@@ -74,7 +67,7 @@ def _train(src, delay_ms, n=2000, lost=0, jitter_ms=0.0, late=0, configured_ms=2
     recs["seq"] = np.arange(k)
     recs["sent"] = np.arange(k) * ms
     recs["rx"] = recs["sent"] + (delays * ms).astype(np.uint64)
-    return trainstats.analyse(src, "x", recs, n, configured_ms / 1e3, jitter_ms / 1e3, 1000)
+    return packet_trains.analyse(src, "x", recs, n, configured_ms / 1e3, jitter_ms / 1e3, 1000)
 
 
 def _link(rtts, rates, *, loss=0.0, lost=(0, 0), train_ms=(25.0, 25.0), udp=(990.0, 990.0), n=2000):
@@ -110,7 +103,7 @@ def test_link_verdict_uses_both_directions():
 def test_lossy_link_is_judged_on_loss_delay_and_rate_not_tcp_goodput():
     """0.1% loss caps TCP far below the rate: the link is ok when the train's loss is
     consistent with 0.1% and its delay and UDP rate are right."""
-    n = trainstats.train_size(0.001)
+    n = packet_trains.train_size(0.001)
     lossy = _link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(190, 220), n=n)
     assert lossy.ok and lossy.loss_ok and not lossy.goodput_ok
     assert lossy.loss_verdict is not None and lossy.loss_verdict.sent == 2 * n
@@ -140,7 +133,7 @@ def test_json_shape():
 def test_render_check_shows_verdicts_and_the_loss_interval():
     report = {"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1,
               "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(190, 170),
-                               n=trainstats.train_size(0.001)).as_json()]}
+                               n=packet_trains.train_size(0.001)).as_json()]}
     report["links"][0]["directions"][0]["expected_goodput_mbps"] = 126.0
     text = render_check(report)
     assert "(lossy)" in text and text.splitlines()[3].endswith("ok")
@@ -150,14 +143,9 @@ def test_render_check_shows_verdicts_and_the_loss_interval():
             "a correct link fails this at most 1 in 4,300") in text
     assert "expected under this loss 126 Mbit/s" in text
     wrong = {**report, "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 300),
-                                       n=trainstats.train_size(0.001)).as_json()]}
+                                       n=packet_trains.train_size(0.001)).as_json()]}
     text = render_check(wrong)
     assert "100 in 147-257 OUT, 300 in 147-257 OUT" in text and text.splitlines()[3].endswith("FAIL")
-
-
-def test_stream_comparison_ratio():
-    assert StreamComparison(1, 8, 100.0, 800.0).ratio == 8.0
-    assert StreamComparison(1, 8, 0.0, 800.0).ratio == float("inf")
 
 
 def test_slow_start_is_left_out_longer_on_long_paths():
@@ -169,7 +157,7 @@ def test_slow_start_is_left_out_longer_on_long_paths():
 def test_rate_counts_each_segment_headers_as_htb_does():
     """A 44-segment GSO frame is one packet and 61,642 bytes to the interface counter, but
     44 frames of 1,442 bytes on the wire (and to HTB)."""
-    from testbed.emulation.linkcheck import wire_bits
+    from testbed.emulation.linkmeasure.check import wire_bits
 
     assert wire_bits(61_642, 1) == pytest.approx(8 * 44 * (1400 + 42))
     assert wire_bits(61_642 + 42 + 10 * 1400, 2) == pytest.approx(8 * 54 * (1400 + 42))  # one rebuilt around a loss
@@ -177,7 +165,7 @@ def test_rate_counts_each_segment_headers_as_htb_does():
 
 
 def test_shaper_rate_is_what_the_shaper_gives_while_fed():
-    from testbed.emulation.linkcheck import shaper_rate, wire_bits
+    from testbed.emulation.linkmeasure.check import shaper_rate, wire_bits
 
     frame = 61_642  # one 44-segment blast frame: 63,448 bytes on the wire
     per_step = 788  # frames per 0.2 s at ~2 Gbit/s of wire bits
@@ -196,7 +184,7 @@ def test_slow_counter_reads_are_left_out_of_the_rate():
     40 ms read next to 1 ms ones reads a 2 Gbit/s shaper 10% fast in the next interval,
     and with three of them the upper quartile takes it. Left out, the rate is the
     shaper's again."""
-    from testbed.emulation.linkcheck import shaper_rate, timed_reads, wire_bits
+    from testbed.emulation.linkmeasure.check import shaper_rate, timed_reads, wire_bits
 
     frame, per_step = 61_642, 788
     true_rate = wire_bits(per_step * frame, per_step) / 0.2
@@ -219,7 +207,7 @@ def test_check_options_are_explained(tmp_path):
 
     from testbed.cli import main
 
-    topo = str(Path(__file__).resolve().parents[3] / "topologies" / "2dc.yaml")
+    topo = str(TOPOLOGIES_DIR / "2dc.yaml")
     result = CliRunner().invoke(main, ["topo", "check", topo, "--out", str(tmp_path / "x")])
     assert result.exit_code == 2 and "--out names the folder for --deep's files; add --deep" in result.output
     blocker = tmp_path / "file"
@@ -244,7 +232,7 @@ def test_without_tcp_the_link_is_judged_on_the_packet_figures():
 
 
 def test_relay_drops_during_the_train_are_attributed_and_shown():
-    from testbed.emulation.linkcheck import relay_drops
+    from testbed.emulation.linkmeasure.check import relay_drops
 
     before = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 1}, "b2a": {}, "kernel_drops": {"a": 0, "b": 0}}
     after = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 9, "lost_segments": 2, "send_drops": 1},
@@ -259,7 +247,7 @@ def test_relay_drops_during_the_train_are_attributed_and_shown():
 
 
 def test_relay_cpu_per_gbit_from_two_stats_snapshots():
-    from testbed.emulation.linkcheck import relay_cpu
+    from testbed.emulation.linkmeasure.check import relay_cpu
 
     before = {"cpu_s": 10.0, "a2b": {"tx_bytes": 1_000}, "b2a": {"tx_bytes": 0}}
     after = {"cpu_s": 10.6, "a2b": {"tx_bytes": 1_000 + 1_000_000_000}, "b2a": {"tx_bytes": 250_000_000}}

@@ -1,4 +1,4 @@
-"""testbed/emulation/iperf.py: the one in-node iperf3 client and server, run here on
+"""testbed/emulation/linkmeasure/iperf.py: the one in-node iperf3 client and server, run here on
 loopback in two processes (the wrapper redirects its process's stdio)."""
 
 from __future__ import annotations
@@ -15,13 +15,13 @@ pytest.importorskip("iperf3")
 
 CLIENT = """
 import json, sys
-from testbed.emulation.iperf import iperf3_client
+from testbed.emulation.linkmeasure.iperf import iperf3_client
 r = iperf3_client("127.0.0.1", int(sys.argv[1]), streams=4, duration=1, connect_timeout=10.0)
 print(json.dumps({"error": r.error, "bps": None if r.error else r.received_bps}))
 """
 SERVER = """
 import sys
-from testbed.emulation.iperf import iperf3_server
+from testbed.emulation.linkmeasure.iperf import iperf3_server
 r = iperf3_server("127.0.0.1", int(sys.argv[1]))
 sys.exit(0 if r is not None and not r.error else 1)
 """

@@ -10,8 +10,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from testbed.emulation import pcapcheck
-from testbed.emulation.probe import HEADER, MAGIC, udp_port_filter, write_pcapng
+from testbed.emulation.linkmeasure import pcapcheck
+from testbed.emulation.linkmeasure.probe import HEADER, MAGIC, udp_port_filter, write_pcapng
 
 A, B = "10.200.1.10", "10.200.2.10"
 

@@ -5,13 +5,13 @@ and first-packet effects do not count, then 20 pings 50 ms apart: median and mea
 and goodput with iperf3 through its Python wrapper, with enough parallel streams
 that the per-flow window limit of the hosts' TCP settings does not hide the link
 rate. The wrapper runs libiperf in-process, so the client and server run as
-`python -m testbed.emulation.linkcheck iperf-client|iperf-server` processes inside the nodes.
+`python -m testbed.emulation.linkmeasure.iperf client|server` processes inside the nodes.
 
 Endpoints: the first host of each DC when the link is the lowest-latency route
 between its two DCs (the normal case); otherwise traffic between those hosts would
 take another path, so the two gateways measure the link directly over its /30.
 
-Then, without TCP (`testbed.emulation.probe`, judged by `testbed.emulation.trainstats`):
+Then, without TCP (`testbed.emulation.linkmeasure.probe`, judged by `testbed.emulation.linkmeasure.packet_trains`):
 a UDP train both ways at once gives each direction's loss (with its confidence
 interval), one-way delay distribution (min, median, max against the configured
 jitter range, from kernel receive timestamps) and reordering, and the precise RTT
@@ -19,15 +19,14 @@ jitter range, from kernel receive timestamps) and reordering, and the precise RT
 way, then the other, gives the shaper's rate from the WAN node's egress byte counters.
 
 Verdict: RTT within 0.3 ms of the configured RTT (of the FIFO jitter model's median
-under jitter); loss, delay and rate as configured (see `trainstats`); and, on a
+under jitter); loss, delay and rate as configured (see `packet_trains`); and, on a
 loss-free link, TCP goodput at least 90% of the rate. A lossy link cannot carry its
 full rate over TCP, so there the goodput is shown beside what TCP can expect under
-that loss (`trainstats.expected_tcp_goodput`) instead of being judged.
+that loss (`packet_trains.expected_tcp_goodput`) instead of being judged.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import re
@@ -36,39 +35,23 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from testbed.emulation import pcapcheck, trainstats
-from testbed.emulation.iperf import iperf3_client, iperf3_server
-from testbed.emulation.probe import GSO_SEGMENT
+from testbed.emulation.linkmeasure import packet_trains, pcapcheck
+from testbed.emulation.linkmeasure.iperf import IPERF_MODULE, IPERF_PORT
+from testbed.emulation.linkmeasure.probe import GSO_SEGMENT
+from testbed.emulation.linkmeasure.results import Direction, LinkResult, Tolerance
 
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
     from testbed.emulation.nodes import NodeHandle
     from testbed_core.topology import TcpSettings
 
-IPERF_PORT = 5201
 PING_RE = re.compile(r"time[=<]([0-9.]+) ms")
-
-
-@dataclass(frozen=True)
-class Tolerance:
-    rtt_abs_s: float = 0.0003
-    rtt_rel: float = 0.0
-    goodput_frac: float = 0.90
-
-    def rtt_ok(self, configured_s: float, measured_s: float | None, slack_s: float = 0.0) -> bool:
-        """`slack_s`: the sampling spread of the train's medians under jitter (added)."""
-        if measured_s is None or math.isnan(measured_s):
-            return False
-        return abs(measured_s - configured_s) <= max(self.rtt_abs_s, self.rtt_rel * configured_s) + slack_s + 1e-9
-
-    def goodput_ok(self, configured_bps: float, measured_bps: float | None) -> bool:
-        return measured_bps is not None and measured_bps >= self.goodput_frac * configured_bps
 
 
 def parse_ping(text: str) -> list[float]:
@@ -86,151 +69,6 @@ def streams_for(rate_bps: float, rtt_s: float, tcp: TcpSettings | None,
     if not math.isfinite(per_flow) or per_flow <= 0:
         return minimum
     return max(minimum, min(maximum, math.ceil(headroom * rate_bps / per_flow)))
-
-
-@dataclass
-class Direction:
-    src: str
-    dst: str
-    rtt_ms_median: float | None = None
-    rtt_ms_mean: float | None = None
-    rtt_samples: int = 0
-    goodput_mbps: float | None = None
-    streams: int = 0
-    retransmits: int | None = None
-    error: str | None = None
-    expected_goodput_mbps: float | None = None  # TCP under the link's loss (lossy links)
-    rate_mbps: float | None = None  # the shaper's rate under a UDP blast
-    train: trainstats.DirectionTrain | None = None
-    node: pcapcheck.NodePass | None = None  # the train through the WAN node (--deep)
-    relay_cpu_s: float | None = None  # the relay's CPU time during the goodput test (relay backend)
-    relay_cpu_s_per_gbit: float | None = None  # ... per Gbit it relayed then (both ways, L2 bytes)
-
-
-@dataclass
-class LinkResult:
-    a: str
-    b: str
-    endpoints: str  # "hosts" or "gateways"
-    configured_rtt_ms: float
-    configured_mbps: float
-    directions: list[Direction] = field(default_factory=list)
-    configured_loss: float = 0.0
-    configured_jitter_ms: float = 0.0
-    tcp_measured: bool = True  # False: `topo check --no-tcp`
-    path_offset_ms: float | None = None  # the relay path's latency left out of the delay
-    expected_rtt_ms: float | None = None  # the FIFO model's median RTT (= configured without jitter)
-    train_rtt_ms: float | None = None  # sum of the two median one-way delays of the train
-    relay: dict[str, dict[str, int]] | None = None  # the relay's own drops during the train (`relay_drops`)
-    loss_verdict: trainstats.LossVerdict | None = None  # both directions' trains pooled (`trainstats.judge_loss`)
-    loss_rel_tol: float = trainstats.LOSS_REL_TOL  # the pooled loss within this fraction of the configured rate
-    pcap: str | None = None  # --deep: the capture on the WAN node and its histogram
-    histogram: str | None = None
-    capture_drops: int | None = None
-    rtt_ok: bool = False
-    goodput_ok: bool = False
-    loss_ok: bool = False
-    delay_ok: bool = False
-    rate_ok: bool = False
-
-    @property
-    def lossy(self) -> bool:
-        return self.configured_loss > 0
-
-    @property
-    def goodput_judged(self) -> bool:
-        """TCP goodput counts on loss-free links, when it was measured."""
-        return self.tcp_measured and not self.lossy
-
-    @property
-    def ok(self) -> bool:
-        """RTT, loss, delay and rate as configured; TCP goodput judged on loss-free links only."""
-        return (self.rtt_ok and self.loss_ok and self.delay_ok and self.rate_ok
-                and (self.goodput_ok or not self.goodput_judged))
-
-    @property
-    def measured_rtt_ms(self) -> float | None:
-        """The train's RTT (precise to microseconds); ping's worse direction without it."""
-        if self.train_rtt_ms is not None:
-            return self.train_rtt_ms
-        values = [d.rtt_ms_median for d in self.directions if d.rtt_ms_median is not None]
-        if not values:
-            return None
-        return max(values, key=lambda v: abs(v - self.configured_rtt_ms))
-
-    @property
-    def measured_mbps(self) -> float | None:
-        """The slower direction."""
-        values = [d.goodput_mbps for d in self.directions]
-        if not values or any(v is None for v in values):
-            return None
-        return min(v for v in values if v is not None)
-
-    def judge(self, tol: Tolerance) -> None:
-        rates = [d.goodput_mbps for d in self.directions]
-        expected = self.expected_rtt_ms if self.expected_rtt_ms is not None else self.configured_rtt_ms
-        measured = self.measured_rtt_ms
-        slack_ms = 0.0
-        if self.train_rtt_ms is not None:  # under jitter each median has its own sampling spread
-            slack_ms = math.sqrt(sum((d.train.median_tol_ms - trainstats.DELAY_TOL_S * 1e3) ** 2
-                                     for d in self.directions if d.train is not None))
-        self.rtt_ok = tol.rtt_ok(expected / 1e3, None if measured is None else measured / 1e3, slack_ms / 1e3)
-        self.goodput_ok = bool(rates) and all(
-            tol.goodput_ok(self.configured_mbps * 1e6, None if r is None else r * 1e6) for r in rates)
-        trains = [d.train for d in self.directions]
-        self.loss_verdict = None
-        if trains and all(t is not None for t in trains):
-            self.loss_verdict = trainstats.judge_loss([(t.sent, t.lost) for t in trains if t is not None],
-                                                      self.configured_loss, rel_tol=self.loss_rel_tol)
-        self.loss_ok = self.loss_verdict is not None and self.loss_verdict.ok
-        self.delay_ok = bool(trains) and all(
-            t is not None and trainstats.delay_ok(t) for t in trains)
-        self.rate_ok = bool(self.directions) and all(
-            trainstats.rate_ok(self.configured_mbps * 1e6, None if d.rate_mbps is None else d.rate_mbps * 1e6)
-            for d in self.directions)
-
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "rtt_ms": {"configured": round(self.configured_rtt_ms, 3),
-                       "measured": _round(self.measured_rtt_ms, 3)},
-            "goodput_mbps": {"configured": round(self.configured_mbps, 3),
-                             "measured": _round(self.measured_mbps, 1)},
-            "loss": {"configured": self.configured_loss,
-                     "measured": [None if d.train is None else d.train.loss for d in self.directions],
-                     "verdict": None if self.loss_verdict is None else self.loss_verdict.as_json()},
-            "jitter_ms": self.configured_jitter_ms,
-            "path_offset_ms": _round(self.path_offset_ms, 4),
-            "rtt_expected_ms": _round(self.expected_rtt_ms, 3),
-            "ok": self.ok,
-            "rtt_ok": self.rtt_ok,
-            "goodput_ok": self.goodput_ok,
-            "goodput_judged": self.goodput_judged,
-            "loss_ok": self.loss_ok,
-            "delay_ok": self.delay_ok,
-            "rate_ok": self.rate_ok,
-            "endpoints": self.endpoints,
-            "relay_during_train": self.relay,
-            "pcap": self.pcap,
-            "histogram": self.histogram,
-            "capture_drops": self.capture_drops,
-            "directions": [_direction_json(d) for d in self.directions],
-        }
-
-
-def _direction_json(d: Direction) -> dict[str, Any]:
-    out = asdict(d)
-    out["train"] = None if d.train is None else d.train.as_json()
-    out["node"] = None if d.node is None else d.node.as_json()
-    for key in ("expected_goodput_mbps", "rate_mbps", "rtt_ms_median", "rtt_ms_mean", "goodput_mbps",
-                "relay_cpu_s", "relay_cpu_s_per_gbit"):
-        out[key] = _round(out[key], 3)
-    return out
-
-
-def _round(value: float | None, digits: int) -> float | None:
-    return None if value is None else round(value, digits)
 
 
 # --------------------------------------------------------------------------- measurements
@@ -257,10 +95,10 @@ def measure_goodput(src: NodeHandle, dst: NodeHandle, dst_ip: str, streams: int,
                     duration: int = 4, omit: int = 1, port: int = IPERF_PORT) -> IperfResult:
     """Goodput from `src` to `dst` (listening on `dst_ip`) with `streams` TCP streams."""
     py = sys.executable
-    server = dst.popen([py, "-m", "testbed.emulation.linkcheck", "iperf-server", "--bind", dst_ip, "--port", str(port)],
+    server = dst.popen([py, "-m", IPERF_MODULE, "server", "--bind", dst_ip, "--port", str(port)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:
-        out = src.run([py, "-m", "testbed.emulation.linkcheck", "iperf-client", "--server", dst_ip, "--port", str(port),
+        out = src.run([py, "-m", IPERF_MODULE, "client", "--server", dst_ip, "--port", str(port),
                        "--streams", str(streams), "--duration", str(duration), "--omit", str(omit)],
                       timeout=duration + omit + 30)
     except BaseException:  # Ctrl-C or a timeout: do not wait for the server
@@ -298,7 +136,7 @@ measured a 2 Gbit/s link at 2126 Mbit/s)."""
 
 
 def _probe_argv(*args: str) -> list[str]:
-    return [sys.executable, "-m", "testbed.emulation.probe", *args]
+    return [sys.executable, "-m", "testbed.emulation.linkmeasure.probe", *args]
 
 
 def _json_line(text: str) -> dict[str, Any] | None:
@@ -446,13 +284,13 @@ def omit_for(rtt_s: float) -> int:
 def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4, omit: int | None = None,
                 pings: int = 20, progress: Callable[[str], None] | None = None,
                 deep_dir: Path | None = None,
-                loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH,
+                loss_precision: float = packet_trains.TARGET_REL_HALF_WIDTH,
                 tcp_goodput: bool = True) -> list[LinkResult]:
     """Measure every WAN link in both directions and judge it against `tol`.
     `tcp_goodput=False` leaves iperf3 out (the link is then judged without it).
     `loss_precision`: a lossy link's pooled loss must be within this fraction of its
     configured loss; the train is sized so that this is 4 standard deviations
-    (`trainstats.train_size`, `trainstats.judge_loss`).
+    (`packet_trains.train_size`, `packet_trains.judge_loss`).
     `omit`: seconds of slow start not counted (default: `omit_for` the link's RTT).
     `deep_dir`: also capture each train on the WAN node and write there, per link, the
     pcapng and a delay histogram (PNG)."""
@@ -491,7 +329,7 @@ def check_links(emu: Emulation, tol: Tolerance | None = None, duration: int = 4,
                 d.error = got.error
             if link.loss > 0:
                 cc = (settings or emu.topology.tcp_for(a)).congestion_control
-                d.expected_goodput_mbps = trainstats.expected_tcp_goodput(
+                d.expected_goodput_mbps = packet_trains.expected_tcp_goodput(
                     link.rate, link.rtt_s, link.loss, d.streams, cc) / 1e6
             result.directions.append(d)
         _packet_checks(emu, link, result, na, ip_a, nb, ip_b, emu.temp_dir("linkcheck"), deep_dir, say,
@@ -536,12 +374,12 @@ def _stop_capture(proc: subprocess.Popen[str]) -> dict[str, Any]:
 
 def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle, ip_a: str, nb: NodeHandle,
                    ip_b: str, folder: Path, deep_dir: Path | None, say: Callable[[str], None],
-                   loss_precision: float = trainstats.TARGET_REL_HALF_WIDTH) -> None:
+                   loss_precision: float = packet_trains.TARGET_REL_HALF_WIDTH) -> None:
     """The UDP train (loss, delay, order, precise RTT) and the rate blast of one link;
     with `deep_dir`, the train captured on the WAN node too."""
     a, b = link.between
-    count = trainstats.train_size(link.loss, loss_precision)
-    pps = trainstats.train_pps(count)
+    count = packet_trains.train_size(link.loss, loss_precision)
+    pps = packet_trains.train_pps(count)
     linger = 2 * (link.delay + link.jitter) + 1.0
     capture = None
     if deep_dir is not None:
@@ -561,8 +399,8 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
     keep_order = emu.delay_backend != "netem"  # netem's jitter reorders (tfifo sorts by send time)
     offset_s = (result.path_offset_ms or 0.0) / 1e3
     for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):
-        records = trainstats.read_records(Path(receiver["records"]))
-        d.train = trainstats.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps,
+        records = packet_trains.read_records(Path(receiver["records"]))
+        d.train = packet_trains.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps,
                                      keep_order=keep_order, offset_s=offset_s)
     if cap is not None and deep_dir is not None:
         result.capture_drops = int(cap["drops"])
@@ -574,10 +412,10 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
                 (result.directions[0], ip_a, (towards_a, towards_b), rep_b),
                 (result.directions[1], ip_b, (towards_b, towards_a), rep_a)):
             d.node = pcapcheck.node_pass(seen, src_ip, into, out_of)
-            rec = trainstats.read_records(Path(records_of["records"]))
+            rec = packet_trains.read_records(Path(records_of["records"]))
             e2e = (rec["rx"].astype(np.int64) - rec["sent"].astype(np.int64)) / 1e9
             sent = np.sort(rec["sent"].astype(np.int64))
-            model = trainstats.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s,
+            model = packet_trains.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s,
                                                  keep_order=keep_order)
             panels.append((f"{d.src} -> {d.dst}", e2e, d.node.delays_s, model))
         result.histogram = str(deep_dir / f"{link.name}-delay.png")
@@ -593,71 +431,3 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
         rates = measure_rate(emu, a, b, src, dst_ip, link.rate)
         got = rates.get(_egress_towards(emu, a, b) if towards == b else _egress_towards(emu, b, a))
         d.rate_mbps = None if got is None else got / 1e6
-
-
-@dataclass(frozen=True)
-class StreamComparison:
-    few_streams: int
-    many_streams: int
-    few_mbps: float
-    many_mbps: float
-
-    @property
-    def ratio(self) -> float:
-        return self.many_mbps / self.few_mbps if self.few_mbps > 0 else math.inf
-
-
-def compare_streams(emu: Emulation, a: str, b: str, few: int = 1, many: int = 8, duration: int = 4,
-                    omit: int = 1) -> StreamComparison:
-    """Goodput of `few` vs `many` parallel TCP streams from DC a's first host to DC b's:
-    with window-limited flows, many streams get proportionally more."""
-    src, dst = emu.host(a, 0), emu.host(b, 0)
-    got = {}
-    for n in (few, many):
-        res = measure_goodput(src, dst, dst.ip, n, duration, omit)
-        if res.bps is None:
-            raise RuntimeError(f"iperf3 with {n} streams {src.name} -> {dst.name} failed: {res.error}")
-        got[n] = res.bps / 1e6
-    return StreamComparison(few, many, got[few], got[many])
-
-
-# --------------------------------------------------------------------------- in-node iperf3 entry points
-
-
-def _server_main(bind: str, port: int) -> int:
-    result = iperf3_server(bind, port)
-    return 0 if result is not None and not getattr(result, "error", None) else 1
-
-
-def _client_main(server_ip: str, port: int, streams: int, duration: int, omit: int,
-                 connect_timeout: float = 10.0) -> int:
-    result = iperf3_client(server_ip, port, streams, duration, omit, connect_timeout)
-    if result.error:
-        print(json.dumps({"bps": None, "error": result.error}))
-        return 1
-    print(json.dumps({"bps": result.received_bps, "sent_bps": result.sent_bps,
-                      "retransmits": result.retransmits, "streams": streams}))
-    return 0
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.emulation.linkcheck",
-                                     description="iperf3 (Python wrapper) endpoints run inside emulated nodes")
-    sub = parser.add_subparsers(dest="role", required=True)
-    s = sub.add_parser("iperf-server")
-    s.add_argument("--bind", required=True)
-    s.add_argument("--port", type=int, default=IPERF_PORT)
-    c = sub.add_parser("iperf-client")
-    c.add_argument("--server", required=True)
-    c.add_argument("--port", type=int, default=IPERF_PORT)
-    c.add_argument("--streams", type=int, default=8)
-    c.add_argument("--duration", type=int, default=4)
-    c.add_argument("--omit", type=int, default=1)
-    ns = parser.parse_args(argv)
-    if ns.role == "iperf-server":
-        return _server_main(ns.bind, ns.port)
-    return _client_main(ns.server, ns.port, ns.streams, ns.duration, ns.omit)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,22 +1,22 @@
 """Packet trains that measure a WAN link without TCP, run inside the emulated nodes.
 
-``python -m testbed.emulation.probe train --peer IP ...`` runs at both ends of a link at
+``python -m testbed.emulation.linkmeasure.probe train --peer IP ...`` runs at both ends of a link at
 once: each end sends a paced train of small UDP datagrams (a magic word, a sequence
 number and the send time) to the other and receives the other's train. Every node of
 an emulation shares the machine's clock, so the receiver gets each datagram's one-way
 delay from the kernel's receive timestamp (SO_TIMESTAMPNS) less the send time it
 carries; the sequence numbers give loss and reordering. The records go to a binary
 file (`RECORD`: seq, send ns, receive ns, in arrival order) that
-`testbed.emulation.trainstats` reads.
+`testbed.emulation.linkmeasure.packet_trains` reads.
 
-``python -m testbed.emulation.probe capture --intf X --intf Y --out F.pcapng`` runs in
+``python -m testbed.emulation.linkmeasure.probe capture --intf X --intf Y --out F.pcapng`` runs in
 the WAN link node during a train (`topo check --deep`): a packet socket per interface,
 with a kernel filter that passes only the train's datagrams and kernel timestamps,
 keeps each datagram's headers as it enters and as it leaves the node, and on SIGTERM
 writes them with scapy's pcapng writer (interface name and direction per packet), for
-`testbed.emulation.pcapcheck` to read.
+`testbed.emulation.linkmeasure.pcapcheck` to read.
 
-``python -m testbed.emulation.probe blast --peer IP --rate 1.3Gbit`` sends UDP GSO
+``python -m testbed.emulation.linkmeasure.probe blast --peer IP --rate 1.3Gbit`` sends UDP GSO
 super-packets (64 KiB each, so the relay moves few frames) above the link rate for a
 while: the link's shaper must then send at exactly its rate, which the caller reads
 from the WAN node's egress byte counters.
@@ -270,7 +270,7 @@ def _blast(peer: str, port: int, rate_bps: float, duration_s: float) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.emulation.probe",
+    parser = argparse.ArgumentParser(prog="python -m testbed.emulation.linkmeasure.probe",
                                      description="UDP packet trains for `testbed topo check`, run inside nodes")
     sub = parser.add_subparsers(dest="role", required=True)
     t = sub.add_parser("train", help="send a train to --peer while receiving its train")

@@ -1,11 +1,11 @@
 """The node agent: what the emulation runs on a server that is another machine, over
-SSH, to reach the nodes there (the caller side is testbed/emulation/cluster/remote.py).
+SSH, to reach the nodes there (the caller side is testbed/emulation/remote/client.py).
 
-    python -m testbed.emulation.nodeagent serve
+    python -m testbed.emulation.remote.nodeagent serve
         one per server: configuration requests as JSON lines, each naming its node by
         PID on this server (testbed/emulation/nodeconf.py), one reply line each,
         until stdin ends;
-    python -m testbed.emulation.nodeagent exec --pid PID --run PREFIX --token T [--cwd D] -- ARGV
+    python -m testbed.emulation.remote.nodeagent exec --pid PID --run PREFIX --token T [--cwd D] -- ARGV
         start ARGV in the node of PID (``mnexec -a``), in a session of its own, with
         the run's mark (TESTBED_RUN=PREFIX), the spawn's token and the environment
         the controller gives on the first line of stdin (a JSON object, read byte by
@@ -17,10 +17,10 @@ SSH, to reach the nodes there (the caller side is testbed/emulation/cluster/remo
         goes away (its end of stdout closes) the program's session gets SIGTERM, then
         SIGKILL: a program never outlives the handle that started it. Exits with the
         program's code;
-    python -m testbed.emulation.nodeagent signal --token T --sig N
+    python -m testbed.emulation.remote.nodeagent signal --token T --sig N
         send signal N to the program a spawn started (Popen.terminate/kill on the
         controller come here, so the program sees the signal and can still answer);
-    python -m testbed.emulation.nodeagent clean --run PREFIX [--path P]...
+    python -m testbed.emulation.remote.nodeagent clean --run PREFIX [--path P]...
         what `testbed clean` and the teardown do on a server: kill every process with
         the run's mark or a node shell of the run (``mininet:PREFIX...``), delete
         interfaces of the run left in the server's root namespace (tunnel ends not yet
@@ -239,7 +239,7 @@ def cmd_clean(args: argparse.Namespace) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m testbed.emulation.nodeagent")
+    parser = argparse.ArgumentParser(prog="python -m testbed.emulation.remote.nodeagent")
     sub = parser.add_subparsers(dest="cmd", required=True)
     sub.add_parser("serve")
     ex = sub.add_parser("exec")

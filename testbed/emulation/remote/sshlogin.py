@@ -14,7 +14,7 @@ from pydantic import BaseModel, ConfigDict
 
 from testbed_core.servers import SshSettings
 
-AGENT_MODULE = "testbed.emulation.nodeagent"
+AGENT_MODULE = "testbed.emulation.remote.nodeagent"
 
 
 def ssh_options(ssh: SshSettings, control_dir: Path | None = None) -> list[str]:

@@ -1,5 +1,5 @@
 """A readiness line relayed over SSH: a program started on another machine (a node on a
-server reached by SSH, testbed/emulation/cluster/remote.py; a real machine of an
+server reached by SSH, testbed/emulation/remote/client.py; a real machine of an
 inventory, testbed/run/inventory.py) cannot write to the caller's readiness pipe, so
 its launcher there writes the line to stderr after READY_MARK. `relay_stderr` makes
 the ssh client's stderr a pipe and `start_relay` passes it on to where the caller
@@ -14,7 +14,7 @@ import subprocess
 import threading
 from typing import Any
 
-from testbed.emulation.nodeagent import READY_MARK
+from testbed.emulation.remote.nodeagent import READY_MARK
 
 
 def relay_stderr(popen_kwargs: dict[str, Any], ready_fd: int) -> tuple[int, int]:

@@ -2,7 +2,7 @@
 server's SSH, nothing through this machine's /proc (a remote node's PID is the
 server's PID).
 
-* `RemoteAgent`: one node agent per server (``python -m testbed.emulation.nodeagent
+* `RemoteAgent`: one node agent per server (``python -m testbed.emulation.remote.nodeagent
   serve``, as root there), answering the configuration requests of
   testbed/emulation/nodeconf.py over the session's stdin/stdout, one JSON line each
   way, each request naming its node by its PID on that server. It lives as long as
@@ -13,7 +13,7 @@ server's PID).
   the server (``nodeagent signal``), so a program stopped with SIGTERM can still
   write its last output; when the ssh client dies the agent on the server ends the
   program.
-The login (testbed/emulation/sshlogin.py) is also stored in the run record, so that
+The login (testbed/emulation/remote/sshlogin.py) is also stored in the run record, so that
 `testbed clean` can undo a run on the server (``nodeagent clean``) after the
 controller was killed.
 """
@@ -32,10 +32,10 @@ from pathlib import Path
 from typing import Any
 
 from testbed.emulation.errors import EmulationError
-from testbed.emulation.nodeagent import READY_FD_ENV
 from testbed.emulation.nodeconf import NodeOp, NodeReply, NodeRequest
-from testbed.emulation.readyrelay import relay_stderr, start_relay
-from testbed.emulation.sshlogin import RemoteLogin
+from testbed.emulation.remote.nodeagent import READY_FD_ENV
+from testbed.emulation.remote.readyrelay import relay_stderr, start_relay
+from testbed.emulation.remote.sshlogin import RemoteLogin
 
 AGENT_READY_S = 30.0
 SIGNAL_TIMEOUT_S = 20.0

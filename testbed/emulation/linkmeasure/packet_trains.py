@@ -1,4 +1,4 @@
-"""What a packet train (`testbed.emulation.probe`) says about one direction of a link,
+"""What a packet train (`testbed.emulation.linkmeasure.probe`) says about one direction of a link,
 and the verdicts `testbed topo check` draws from it. Pure: no I/O beyond reading the
 records file.
 
@@ -45,7 +45,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.emulation.probe import RECORD
+from testbed.emulation.linkmeasure.probe import RECORD
 
 Z95 = 1.959964
 Z99 = 2.575829

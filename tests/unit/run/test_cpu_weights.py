@@ -1,4 +1,4 @@
-"""CPU weights for BubbleTea's processes (testbed/emulation/cpu.py) against fake cgroup
+"""CPU weights for BubbleTea's processes (testbed/run/cpu.py) against fake cgroup
 trees (v1 and v2), the reasons given when there is none, and CPU time from /proc."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation.cpu import (
+from testbed.run.cpu import (
     RT_RUNTIME_US,
     CpuGroupError,
     cpu_seconds,
@@ -48,7 +48,7 @@ def test_v1_group_gets_shares_and_a_realtime_budget(tmp_path: Path) -> None:
         recorded.append(path)
         assert not path.exists()  # recorded before it is made
 
-    import testbed.emulation.cpu as cpu_mod
+    import testbed.run.cpu as cpu_mod
 
     real_mkdir = Path.mkdir
 
@@ -111,7 +111,7 @@ def test_a_weight_outside_0_1_is_refused(tmp_path: Path) -> None:
 
 
 def test_adding_to_a_vanished_group_names_the_process(tmp_path: Path) -> None:
-    from testbed.emulation.cpu import CpuGroup
+    from testbed.run.cpu import CpuGroup
 
     group = CpuGroup(tmp_path / "gone", 1, 0.1)
     with pytest.raises(CpuGroupError, match=f"cannot move process 77 into {tmp_path / 'gone'}"):
@@ -120,7 +120,7 @@ def test_adding_to_a_vanished_group_names_the_process(tmp_path: Path) -> None:
 
 
 def test_remove_moves_leftovers_to_the_parent(tmp_path: Path) -> None:
-    from testbed.emulation.cpu import CpuGroup
+    from testbed.run.cpu import CpuGroup
 
     (tmp_path / "cgroup.procs").write_text("")
     path = tmp_path / "g"

@@ -10,7 +10,7 @@ import math
 import numpy as np
 import pytest
 
-from testbed.emulation import trainstats as ts
+from testbed.emulation.linkmeasure import packet_trains as ts
 
 
 def records(rows: list[tuple[int, int, int]]) -> np.ndarray:

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import numpy as np
 
-from testbed.emulation.probe import HEADER, MAGIC
+from testbed.emulation.linkmeasure.probe import HEADER, MAGIC
 
 INBOUND, OUTBOUND = 1, 2
 

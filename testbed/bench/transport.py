@@ -45,12 +45,19 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import numpy as np
 import xxhash
+from pydantic import BaseModel, ConfigDict
+
 from testbed.emulation.linkmeasure.iperf import iperf3_client, iperf3_server
 from testbed_core.constants import REPO_ROOT
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+    from testbed.emulation.nodes import HostHandle
 
 METHODS = ("atlas", "tcp", "gloo", "iperf3")
 MANIFEST_TAG, DATA_TAG, READY_TAG, ACK_TAG = 1, 2, 3, 4
@@ -61,6 +68,33 @@ Launcher = Callable[[list[str], dict[str, str], IO[bytes]], subprocess.Popen]
 
 class BenchError(RuntimeError):
     """A measurement could not be made; the message says which and why."""
+
+
+class _Metered(BaseModel):
+    """CPU seconds a worker spent in its timed part and the bytes moved in it."""
+
+    model_config = ConfigDict(extra="ignore")  # the result line's "event" is not a field
+
+    cpu_s: float = 0.0
+    cpu_bytes: int = 0
+
+
+class ServerResult(_Metered):
+    """A server worker's result line: how many transfers it received and whether every
+    one matched the client's digest (iperf3: whether each test received data)."""
+
+    verified: bool
+    received: int
+
+
+class ClientResult(_Metered):
+    """A client worker's result line: the goodput of each timed transfer (iperf3: of
+    each test) and the streams it used."""
+
+    streams: int
+    samples_mbps: list[float]
+    verified: bool = True  # iperf3 only (data arrived); the tensor methods leave it to the server
+    auto_probe_mbps: dict[str, float] | None = None
 
 
 @dataclass
@@ -132,6 +166,42 @@ class _CpuMeter:
         return {"cpu_s": self.seconds, "cpu_bytes": self.nbytes}
 
 
+def _timed_sends(count: int, size: int, send: Callable[[], None], ready: Callable[[], None]
+                 ) -> tuple[list[float], _CpuMeter]:
+    """`count` transfers of `size` bytes: `send()` returns once the receiver has it all,
+    `ready()` once the receiver checked it and posted the next receive. The first is a
+    warm-up, neither timed nor metered; the seconds of the others and the CPU they took."""
+    seconds: list[float] = []
+    cpu = _CpuMeter()
+    for i in range(count):
+        if i:
+            cpu.start()
+        t0 = time.perf_counter()
+        send()
+        if i:
+            seconds.append(time.perf_counter() - t0)
+            cpu.stop(size)
+        ready()
+    return seconds, cpu
+
+
+def _checked_receives(count: int, size: int, receive: Callable[[], None], matches: Callable[[], bool],
+                      ready: Callable[[], None]) -> ServerResult:
+    """The receiving side of `_timed_sends`: `receive()` returns once a transfer is in and
+    acknowledged, `matches()` checks its digest outside the metered part, `ready()` tells
+    the client to go on. The first (warm-up) receive is not metered."""
+    ok = []
+    cpu = _CpuMeter()
+    for i in range(count):
+        if i:
+            cpu.start()
+        receive()
+        cpu.stop(size)
+        ok.append(matches())
+        ready()
+    return ServerResult(verified=all(ok), received=len(ok), **cpu.fields())
+
+
 def _secret() -> str:
     secret = os.environ.get("ATLAS_SECRET")
     if not secret:
@@ -139,8 +209,9 @@ def _secret() -> str:
     return secret
 
 
-def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
+def serve_atlas(a: argparse.Namespace) -> ServerResult:
     import torch
+
     from atlas_transport.config import TransportConfig
     from atlas_transport.endpoints import listen
     from atlas_transport.tensors import byte_view
@@ -163,11 +234,12 @@ def serve_atlas(a: argparse.Namespace) -> dict[str, Any]:
                     pending = ch.irecv_into(buf, DATA_TAG)  # posted before the client may send
                     cpu.start()
                 ch.send(torch.ones(1), READY_TAG, timeout=a.timeout)
-            return {"verified": all(ok), "received": len(ok), **cpu.fields()}
+            return ServerResult(verified=all(ok), received=len(ok), **cpu.fields())
 
 
-def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
+def client_atlas(a: argparse.Namespace) -> ClientResult:
     import torch
+
     from atlas_transport.auto import cached_streams
     from atlas_transport.config import TransportConfig
     from atlas_transport.endpoints import connect
@@ -180,21 +252,13 @@ def client_atlas(a: argparse.Namespace) -> dict[str, Any]:
     digest = _digest(data.numpy())
     with connect(a.host, a.port, cfg) as ch:
         ch.send(torch.tensor([a.size, a.repeat + 1, _signed(digest)], dtype=torch.int64), MANIFEST_TAG)
-        ch.send(data, DATA_TAG)  # warm-up
-        ch.recv(READY_TAG, timeout=a.timeout)
-        seconds = []
-        cpu = _CpuMeter()
-        for _ in range(a.repeat):
-            cpu.start()
-            t0 = time.perf_counter()
-            ch.send(data, DATA_TAG)  # returns at the receiver's DONE
-            seconds.append(time.perf_counter() - t0)
-            cpu.stop(a.size)
-            ch.recv(READY_TAG, timeout=a.timeout)  # the server checked it and posted the next receive
+        seconds, cpu = _timed_sends(a.repeat + 1, a.size,
+                                    lambda: ch.send(data, DATA_TAG),  # returns at the receiver's DONE
+                                    lambda: ch.recv(READY_TAG, timeout=a.timeout))
         used = ch.streams
     probe = cached_streams(a.host, a.port) if streams == "auto" else None
-    return {"streams": used, "samples_mbps": _goodput(a.size, seconds), **cpu.fields(),
-            "auto_probe_mbps": {str(k): v for k, v in probe.goodput_mbps.items()} if probe else None}
+    return ClientResult(streams=used, samples_mbps=_goodput(a.size, seconds), **cpu.fields(),
+                        auto_probe_mbps={str(k): v for k, v in probe.goodput_mbps.items()} if probe else None)
 
 
 def _recv_exact(conn: socket.socket, view: memoryview) -> None:
@@ -206,7 +270,7 @@ def _recv_exact(conn: socket.socket, view: memoryview) -> None:
         got += n
 
 
-def serve_tcp(a: argparse.Namespace) -> dict[str, Any]:
+def serve_tcp(a: argparse.Namespace) -> ServerResult:
     with socket.create_server((a.bind, a.port)) as ls:
         _emit("ready", port=ls.getsockname()[1])
         ls.settimeout(a.timeout)
@@ -218,42 +282,35 @@ def serve_tcp(a: argparse.Namespace) -> dict[str, Any]:
             size, count, digest = _TCP_HEADER.unpack(head)
             buf = np.zeros(size, dtype=np.uint8)
             buf[:] = 0  # pre-faulted, as the other methods' buffers
-            ok = []
-            cpu = _CpuMeter()
-            for i in range(count):
-                if i:
-                    cpu.start()
+
+            def receive() -> None:
                 _recv_exact(conn, memoryview(buf))
                 conn.sendall(b"k")  # ack first: verification is not part of the timing
-                cpu.stop(size)
-                ok.append(_digest(buf) == digest)
-                conn.sendall(b"r")  # ready for the next one
-            return {"verified": all(ok), "received": len(ok), **cpu.fields()}
+
+            return _checked_receives(count, size, receive, lambda: _digest(buf) == digest,
+                                     lambda: conn.sendall(b"r"))  # ready for the next one
 
 
-def client_tcp(a: argparse.Namespace) -> dict[str, Any]:
+def client_tcp(a: argparse.Namespace) -> ClientResult:
     data = _random_bytes(a.size, a.seed)
     view = memoryview(data)
     with socket.create_connection((a.host, a.port), timeout=a.timeout) as conn:
         conn.sendall(_TCP_HEADER.pack(a.size, a.repeat + 1, _digest(data)))
-        seconds = []
-        cpu = _CpuMeter()
-        for i in range(a.repeat + 1):
-            if i:
-                cpu.start()
-            t0 = time.perf_counter()
+
+        def send() -> None:
             conn.sendall(view)
             if conn.recv(1) != b"k":
                 raise BenchError("the tcp server did not acknowledge the transfer")
-            if i:
-                seconds.append(time.perf_counter() - t0)
-                cpu.stop(a.size)
+
+        def ready() -> None:
             if conn.recv(1) != b"r":
                 raise BenchError("the tcp server did not say it was ready for the next transfer")
-    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds), **cpu.fields()}
+
+        seconds, cpu = _timed_sends(a.repeat + 1, a.size, send, ready)
+    return ClientResult(streams=1, samples_mbps=_goodput(a.size, seconds), **cpu.fields())
 
 
-def _gloo_group(store: Any, rank: int, ip: str, timeout: float) -> Any:
+def _gloo_group(store: dist.Store, rank: int, ip: str, timeout: float) -> dist.ProcessGroupGloo:
     from datetime import timedelta
 
     import torch.distributed as dist
@@ -264,7 +321,7 @@ def _gloo_group(store: Any, rank: int, ip: str, timeout: float) -> Any:
     return dist.ProcessGroupGloo(store, rank, 2, opts)
 
 
-def serve_gloo(a: argparse.Namespace) -> dict[str, Any]:
+def serve_gloo(a: argparse.Namespace) -> ServerResult:
     from datetime import timedelta
 
     import torch
@@ -279,20 +336,16 @@ def serve_gloo(a: argparse.Namespace) -> dict[str, Any]:
     digest &= (1 << 64) - 1
     buf = torch.zeros(size, dtype=torch.uint8)
     ack = torch.ones(1)
-    ok = []
-    cpu = _CpuMeter()
-    for i in range(count):
-        if i:
-            cpu.start()
+
+    def receive() -> None:
         pg.recv([buf], 1, DATA_TAG).wait()
         pg.send([ack], 1, ACK_TAG).wait()
-        cpu.stop(size)
-        ok.append(_digest(buf.numpy()) == digest)
-        pg.send([ack], 1, READY_TAG).wait()
-    return {"verified": all(ok), "received": len(ok), **cpu.fields()}
+
+    return _checked_receives(count, size, receive, lambda: _digest(buf.numpy()) == digest,
+                             lambda: pg.send([ack], 1, READY_TAG).wait())
 
 
-def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
+def client_gloo(a: argparse.Namespace) -> ClientResult:
     from datetime import timedelta
 
     import torch
@@ -304,19 +357,13 @@ def client_gloo(a: argparse.Namespace) -> dict[str, Any]:
     pg = _gloo_group(store, 1, a.local_ip, a.timeout)
     pg.send([torch.tensor([a.size, a.repeat + 1, _signed(digest)], dtype=torch.int64)], 0, MANIFEST_TAG).wait()
     ack = torch.zeros(1)
-    seconds = []
-    cpu = _CpuMeter()
-    for i in range(a.repeat + 1):
-        if i:
-            cpu.start()
-        t0 = time.perf_counter()
+
+    def send() -> None:
         pg.send([data], 0, DATA_TAG).wait()
         pg.recv([ack], 0, ACK_TAG).wait()
-        if i:
-            seconds.append(time.perf_counter() - t0)
-            cpu.stop(a.size)
-        pg.recv([ack], 0, READY_TAG).wait()
-    return {"streams": 1, "samples_mbps": _goodput(a.size, seconds), **cpu.fields()}
+
+    seconds, cpu = _timed_sends(a.repeat + 1, a.size, send, lambda: pg.recv([ack], 0, READY_TAG).wait())
+    return ClientResult(streams=1, samples_mbps=_goodput(a.size, seconds), **cpu.fields())
 
 
 def _free_port(bind: str) -> int:
@@ -325,7 +372,7 @@ def _free_port(bind: str) -> int:
         return s.getsockname()[1]
 
 
-def serve_iperf3(a: argparse.Namespace) -> dict[str, Any]:
+def serve_iperf3(a: argparse.Namespace) -> ServerResult:
     port = a.port or _free_port(a.bind)
     _emit("ready", port=port)
     received = []
@@ -335,10 +382,10 @@ def serve_iperf3(a: argparse.Namespace) -> dict[str, Any]:
         r = iperf3_server(a.bind, port)
         received.append(0 if r is None or r.error else r.received_bytes)
         cpu.stop(received[-1])
-    return {"verified": all(received), "received": len(received), **cpu.fields()}
+    return ServerResult(verified=all(received), received=len(received), **cpu.fields())
 
 
-def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
+def client_iperf3(a: argparse.Namespace) -> ClientResult:
     samples, verified = [], True
     cpu = _CpuMeter()
     for _ in range(a.repeat):
@@ -349,11 +396,11 @@ def client_iperf3(a: argparse.Namespace) -> dict[str, Any]:
         cpu.stop(r.received_bytes)
         samples.append(r.received_Mbps)
         verified &= r.received_bytes > 0  # iperf3 carries no tensor: the test ran and data arrived
-    return {"streams": int(a.streams), "samples_mbps": samples, "verified": verified, **cpu.fields()}
+    return ClientResult(streams=int(a.streams), samples_mbps=samples, verified=verified, **cpu.fields())
 
 
-_SERVERS = {"atlas": serve_atlas, "tcp": serve_tcp, "gloo": serve_gloo, "iperf3": serve_iperf3}
-_CLIENTS = {"atlas": client_atlas, "tcp": client_tcp, "gloo": client_gloo, "iperf3": client_iperf3}
+_SERVERS: dict[str, Callable[[argparse.Namespace], ServerResult]] = {"atlas": serve_atlas, "tcp": serve_tcp, "gloo": serve_gloo, "iperf3": serve_iperf3}
+_CLIENTS: dict[str, Callable[[argparse.Namespace], ClientResult]] = {"atlas": client_atlas, "tcp": client_tcp, "gloo": client_gloo, "iperf3": client_iperf3}
 
 
 def worker_main(argv: list[str] | None = None) -> int:
@@ -384,14 +431,13 @@ def worker_main(argv: list[str] | None = None) -> int:
     cli.add_argument("--chunk-bytes", type=int, default=None, help="atlas: sender chunk size")
     cli.add_argument("--no-zero-copy", action="store_true", help="atlas: copy payloads with sendmsg")
     a = p.parse_args(argv)
-    table = _SERVERS if a.role == "server" else _CLIENTS
     try:
-        result = table[a.method](a)
+        result = _SERVERS[a.method](a) if a.role == "server" else _CLIENTS[a.method](a)
     except Exception as exc:
         _emit("error", message=f"{a.role} {a.method}: {type(exc).__name__}: {exc}")
         rc = 1
     else:
-        _emit("result", **result)
+        _emit("result", **result.model_dump())
         rc = 0
     sys.stdout.flush()
     sys.stderr.flush()
@@ -511,22 +557,23 @@ def measure_pair(path: str, method: str, streams: int | str, size: int, repeat: 
             for proc in (client, server):
                 if proc is not None:
                     _stop(proc)
-    m.samples_mbps = [round(x, 1) for x in c_res["samples_mbps"]]
-    m.goodput_mbps = round(statistics.median(c_res["samples_mbps"]), 1)
-    m.streams = int(c_res.get("streams") or m.streams)
-    m.auto_probe_mbps = c_res.get("auto_probe_mbps")
-    m.verified = bool(s_res["verified"]) and bool(c_res.get("verified", True))
-    m.cpu_ms_per_gib = _cpu_per_gib(c_res, s_res)
+    client_result, server_result = ClientResult.model_validate(c_res), ServerResult.model_validate(s_res)
+    m.samples_mbps = [round(x, 1) for x in client_result.samples_mbps]
+    m.goodput_mbps = round(statistics.median(client_result.samples_mbps), 1)
+    m.streams = client_result.streams or m.streams
+    m.auto_probe_mbps = client_result.auto_probe_mbps
+    m.verified = server_result.verified and client_result.verified
+    m.cpu_ms_per_gib = _cpu_per_gib(client_result, server_result)
     return m
 
 
-def _cpu_per_gib(*sides: dict[str, Any]) -> float | None:
+def _cpu_per_gib(*sides: _Metered) -> float | None:
     """CPU milliseconds per GiB, both ends together (None if a side did not meter)."""
     total = 0.0
     for side in sides:
-        if not side.get("cpu_bytes"):
+        if not side.cpu_bytes:
             return None
-        total += side["cpu_s"] / (side["cpu_bytes"] / 2**30)
+        total += side.cpu_s / (side.cpu_bytes / 2**30)
     return round(total * 1000, 1)
 
 
@@ -608,7 +655,7 @@ def wan_suite(topology: str | Path, between: tuple[str, str] | None = None, **kw
         except (KeyError, IndexError) as exc:
             raise BenchError(f"--between {','.join(between)}: {exc.args[0]}") from None
 
-        def on(host: Any) -> Launcher:
+        def on(host: HostHandle) -> Launcher:
             return lambda argv, env, err: host.popen(argv, stdout=subprocess.PIPE, stderr=err, env=env)
 
         return run_suite("wan", server_launch=on(server_host), client_launch=on(client_host),

@@ -11,12 +11,13 @@ import os
 from pathlib import Path
 
 
-def write_text_atomic(path: str | os.PathLike[str], text: str) -> Path:
-    """Write `text` to `path` atomically; the path written."""
+def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o666) -> Path:
+    """Write `text` to `path` atomically; the path written. `mode`: the new file's
+    permission bits before the umask (0o600 for a file only its owner may read)."""
     target = Path(path)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as f:
             f.write(text)
             f.flush()
         os.replace(tmp, target)

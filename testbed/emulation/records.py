@@ -51,6 +51,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from testbed.emulation.naming import PREFIX_RE
+from testbed_core.atomic import write_text_atomic
 
 RECORD_DIR = Path("/run/testbed")
 ENV_RUN = "TESTBED_RUN"  # set in the environment of every process a run spawns
@@ -72,16 +73,20 @@ class ProcFS:
     def __init__(self, root: str | Path = "/proc") -> None:
         self.root = Path(root)
 
-    def start_time(self, pid: int) -> int | None:
-        """Start time in clock ticks since boot, or None when the PID is gone."""
+    def _stat_fields(self, pid: int) -> list[str] | None:
+        """The fields of /proc/<pid>/stat after comm (state first), or None when the PID is gone."""
         try:
             text = (self.root / str(pid) / "stat").read_text()
         except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
             return None
         # comm (field 2) may contain spaces and parentheses: split after the last ')'.
-        fields = text[text.rfind(")") + 2:].split()
+        return text[text.rfind(")") + 2:].split()
+
+    def start_time(self, pid: int) -> int | None:
+        """Start time in clock ticks since boot, or None when the PID is gone."""
+        fields = self._stat_fields(pid)
         try:
-            return int(fields[19])
+            return int(fields[19]) if fields is not None else None
         except (IndexError, ValueError):
             return None
 
@@ -113,11 +118,7 @@ class ProcFS:
 
     def state(self, pid: int) -> str | None:
         """The state letter of `pid` (R, S, D, Z, ...), or None when it is gone."""
-        try:
-            text = (self.root / str(pid) / "stat").read_text()
-        except (FileNotFoundError, ProcessLookupError, PermissionError, NotADirectoryError):
-            return None
-        fields = text[text.rfind(")") + 2:].split()
+        fields = self._stat_fields(pid)
         return fields[0] if fields else None
 
     def pids(self) -> list[int]:
@@ -255,18 +256,11 @@ class RunRecord:
         return json.dumps(data, indent=1)
 
     def save(self) -> None:
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as fh:
-            fh.write(self.to_json())
-        os.replace(tmp, self.path)
+        write_text_atomic(self.path, self.to_json(), mode=0o600)
 
     def delete(self) -> None:
-        for p in (self.path, self.path.with_name(self.path.name + ".tmp")):
-            try:
-                p.unlink()
-            except FileNotFoundError:
-                pass
+        for p in _record_files(self.path):
+            p.unlink(missing_ok=True)
 
     # -- mutators (thread safe, persisted)
 
@@ -337,6 +331,12 @@ class RunRecord:
         with self._lock:
             self.sysctls.append(SysctlChange(key, old, new))
             self.save()
+
+
+def _record_files(path: Path) -> list[Path]:
+    """A record and what a writer killed in the middle of `RunRecord.save` left beside it
+    (testbed_core.atomic's temporary name)."""
+    return [path, *path.parent.glob(f".{path.name}.*.tmp")]
 
 
 def list_records(directory: Path | None = None) -> tuple[list[RunRecord], list[str]]:
@@ -654,9 +654,8 @@ def execute(actions: list[Action], procfs: ProcFS | None = None, grace_s: float 
                 if remote_failed:
                     failures.append(f"{action.target}: kept, a server could not be cleaned over SSH")
                 elif not survivors:
-                    for p in (Path(action.target), Path(action.target + ".tmp")):
-                        if p.exists():
-                            p.unlink()
+                    for p in _record_files(Path(action.target)):
+                        p.unlink(missing_ok=True)
                 else:
                     failures.append(f"{action.target}: kept, some processes survived")
         except Exception as exc:  # report and go on: clean must do as much as it can

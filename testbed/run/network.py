@@ -17,12 +17,16 @@ import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
 from testbed.run.ports import PORT_SPAN, free_port_block
 from testbed.run.scenario import EMULATED_BASE_PORT, Scenario
+from testbed_core.topology import Topology
+
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
 
 
 class Host(Protocol):
@@ -160,18 +164,28 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
     if os.geteuid() != 0:
         raise RunnerError("emulating the topology needs root: run as root (sudo), or set runner.local: true "
                           "(testbed run --local) to run the workers on 127.0.0.1 without an emulated WAN")
+    with built_emulation(scenario.topology, progress, scenario.runner.slow_start_after_idle) as emu:
+        yield EmulatedNetwork(emu)
+
+
+@contextlib.contextmanager
+def built_emulation(topology: Topology, progress: Progress,
+                    slow_start_after_idle: bool = False) -> Iterator[Emulation]:
+    """`topology` emulated (root needed), torn down on exit. Unless
+    `slow_start_after_idle`, every host's TCP keeps its window across idle periods
+    (``runner.slow_start_after_idle: false``): a pipeline's transfers come in bursts."""
     from testbed.emulation.network import Emulation, EmulationError
 
     try:
-        emu = Emulation(scenario.topology, progress=progress.log)
+        emu = Emulation(topology, progress=progress.log)
         emu.start()
     except EmulationError as exc:
-        raise RunnerError(f"building topology {scenario.topology.name}: {exc}") from None
+        raise RunnerError(f"building topology {topology.name}: {exc}") from None
     try:
-        if not scenario.runner.slow_start_after_idle:
+        if not slow_start_after_idle:
             for h in emu.hosts():
                 h.run(["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"], check=True, timeout=10)
-        yield EmulatedNetwork(emu)
+        yield emu
     finally:
         emu.stop()
 

@@ -31,14 +31,16 @@ import statistics
 import time
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
 from testbed.launch import LaunchError, LaunchReport, LaunchSpec
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
+from testbed.run.network import built_emulation
 from testbed.run.scenario import ProgramScenario
+from testbed_core.atomic import write_text_atomic
 from testbed_core.contracts.summary import (
     ProgramRankResult,
     ProgramSummary,
@@ -46,9 +48,12 @@ from testbed_core.contracts.summary import (
     VariantFailure,
 )
 
-Launcher = Callable[[Any, LaunchSpec, Path], LaunchReport]
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
+
+Launcher = Callable[["Emulation", LaunchSpec, Path], LaunchReport]
 """Runs one launch on the built network: (emulation, spec, folder) -> its report."""
-NetworkOpener = Callable[[ProgramScenario, Progress], contextlib.AbstractContextManager[Any]]
+NetworkOpener = Callable[[ProgramScenario, Progress], contextlib.AbstractContextManager["Emulation"]]
 
 
 def select_variants(scenario: ProgramScenario, only: Sequence[str] | None) -> list[str]:
@@ -129,27 +134,17 @@ def launch_spec(scenario: ProgramScenario, variant: str) -> LaunchSpec:
 
 
 @contextlib.contextmanager
-def emulated_network(scenario: ProgramScenario, progress: Progress) -> Iterator[Any]:
-    """The scenario's topology, built once for every variant (root needed)."""
+def emulated_network(scenario: ProgramScenario, progress: Progress) -> Iterator[Emulation]:
+    """The scenario's topology, built once for every variant (root needed), as
+    `testbed run` builds it (testbed/run/network.py `built_emulation`)."""
     if os.geteuid() != 0:
         raise RunnerError("a program scenario runs its program in the emulated hosts (testbed launch): run as "
                           "root (sudo)")
-    from testbed.emulation.network import Emulation, EmulationError
-
-    try:
-        emu = Emulation(scenario.topology, progress=progress.log)
-        emu.start()
-    except EmulationError as exc:
-        raise RunnerError(f"building topology {scenario.topology.name}: {exc}") from None
-    try:
-        for h in emu.hosts():
-            h.run(["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"], check=True, timeout=10)
+    with built_emulation(scenario.topology, progress) as emu:
         yield emu
-    finally:
-        emu.stop()
 
 
-def default_launcher(emu: Any, spec: LaunchSpec, folder: Path) -> LaunchReport:
+def default_launcher(emu: Emulation, spec: LaunchSpec, folder: Path) -> LaunchReport:
     from testbed.launch import run_launch
 
     return run_launch(emu, spec, out_dir=folder, echo=False)
@@ -184,9 +179,7 @@ def run_program_scenario(
 
     def write() -> None:
         summary.duration_s = round(time.monotonic() - began, 3)
-        tmp = out / "summary.json.tmp"
-        tmp.write_text(summary.to_json() + "\n")
-        os.replace(tmp, out / "summary.json")
+        write_text_atomic(out / "summary.json", summary.to_json() + "\n")
 
     try:
         with contextlib.ExitStack() as stack:

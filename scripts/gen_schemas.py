@@ -126,6 +126,21 @@ def _program_summary() -> type[BaseModel]:
     return ProgramSummary
 
 
+def _sweep_record() -> type[BaseModel]:
+    from testbed_core.contracts.sweep import SweepRecord
+    return SweepRecord
+
+
+def _point_record() -> type[BaseModel]:
+    from testbed_core.contracts.sweep import PointRecord
+    return PointRecord
+
+
+def _kept_record() -> type[BaseModel]:
+    from testbed_core.contracts.sweep import KeptRecord
+    return KeptRecord
+
+
 def _launch() -> type[BaseModel]:
     from testbed.launch.models import LaunchReport
     return LaunchReport
@@ -199,6 +214,15 @@ FORMATS: tuple[Format, ...] = (
            "step rank 0 printed, the launch's outcome and the WAN bytes."),
     Format("launch", "launch.json", _launch,
            "What `testbed launch` writes: the command, each rank's outcome and the WAN bytes."),
+    Format("sweep-record", "sweep.json", _sweep_record,
+           "What `testbed sweep` writes in its result folder: the plan it ran (parameters, points, overrides); "
+           "read back by `report` and by the sweep itself when it resumes."),
+    Format("point", "point.json", _point_record,
+           "What `testbed sweep` writes per point (`<out>/<point>/point.json`), as the point starts and ends; "
+           "read back by `report` and by the sweep to skip finished points."),
+    Format("kept", "kept.json", _kept_record,
+           "What `testbed report --keep` writes beside kept sweep results (`results/<sweep>/kept.json`): where "
+           "they came from, when, and every kept file's size."),
 )
 
 

@@ -54,6 +54,7 @@ from testbed.run.scenario import (
 )
 from testbed_core.configfile import ConfigModel, format_validation_error, read_yaml_mapping
 from testbed_core.contracts.summary import ProgramSummary, Summary
+from testbed_core.contracts.sweep import PointRecord, SweepParameter, SweepPointRef, SweepRecord
 
 Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], Summary]
 """Runs one point: (scenario, resolved scenario, point folder, progress) -> its summary
@@ -142,11 +143,9 @@ class SweepPoint:
     resolved: dict[str, Any]
     config_hash: str
 
-    def payload(self) -> dict[str, Any]:
-        return {
-            "index": self.index, "id": self.id, "parameters": self.values, "seed": self.seed,
-            "resolved": self.resolved, "config_hash": self.config_hash,
-        }
+    def ref(self) -> SweepPointRef:
+        """The point as sweep.json lists it."""
+        return SweepPointRef(id=self.id, parameters=self.values, seed=self.seed)
 
 
 @dataclass
@@ -165,20 +164,16 @@ class SweepPlan:
     def labels(self) -> dict[str, str]:
         return {p.path: p.label for p in self.parameters}
 
-    def describe(self) -> dict[str, Any]:
+    def describe(self, updated_at: str | None = None) -> SweepRecord:
         """What sweep.json records: enough for `testbed report` to rebuild everything."""
-        return {
-            "name": self.name,
-            "description": self.description,
-            "sweep_file": str(self.source),
-            "base": str(self.base),
-            "mode": self.mode,
-            "repeat": self.repeat,
-            "parameters": [{"path": p.path, "label": p.label, "values": p.values} for p in self.parameters],
-            "set": self.fixed,
-            "cli_set": self.cli_overrides,
-            "points": [{"id": pt.id, "parameters": pt.values, "seed": pt.seed} for pt in self.points],
-        }
+        return SweepRecord(
+            name=self.name, description=self.description, sweep_file=str(self.source), base=str(self.base),
+            mode=self.mode,  # type: ignore[arg-type]  # SweepFile.mode: grid or zip
+            repeat=self.repeat,
+            parameters=[SweepParameter(path=p.path, label=p.label, values=p.values) for p in self.parameters],
+            fixed=self.fixed, cli_set=self.cli_overrides, points=[pt.ref() for pt in self.points],
+            updated_at=updated_at,
+        )
 
 
 _NUMBER_UNIT = re.compile(r"^\s*([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)\s*([A-Za-zµ/%]*)\s*$")
@@ -520,17 +515,18 @@ def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
-def read_point(folder: Path) -> dict[str, Any] | None:
+def read_point(folder: Path) -> PointRecord | None:
+    """The point's record (point.json); None when there is none, or it is unreadable or
+    not a point record (the point then runs again)."""
     try:
-        data = json.loads((folder / POINT_FILE).read_text())
-    except (OSError, ValueError):
+        return PointRecord.model_validate_json((folder / POINT_FILE).read_text())
+    except (OSError, ValidationError):
         return None
-    return data if isinstance(data, dict) else None
 
 
-def _write_json(path: Path, data: dict[str, Any]) -> None:
+def _write_json(path: Path, record: PointRecord | SweepRecord) -> None:
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    tmp.write_text(json.dumps(record.to_data(), indent=2, default=str) + "\n")
     os.replace(tmp, path)
 
 
@@ -539,37 +535,29 @@ def is_finished(folder: Path, point: SweepPoint) -> bool:
     record = read_point(folder)
     return bool(
         record
-        and record.get("status") == "ok"
-        and record.get("config_hash") == point.config_hash
+        and record.status == "ok"
+        and record.config_hash == point.config_hash
         and (folder / "summary.json").exists()
     )
 
 
-def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progress: Progress | None = None) -> PointOutcome:
+def execute_point(point: SweepPoint, folder: Path, runner: Runner, progress: Progress | None = None) -> PointOutcome:
     """Runs one point in `folder`, recording everything; exceptions become a failed point."""
     folder = Path(folder)
     previous = read_point(folder) if folder.exists() else None
     if folder.exists():
         shutil.rmtree(folder)
     folder.mkdir(parents=True)
-    resolved = payload["resolved"]
+    resolved = point.resolved
     (folder / RESOLVED_FILE).write_text(yaml.safe_dump(resolved, sort_keys=False))
-    record: dict[str, Any] = {
-        "id": payload["id"],
-        "index": payload["index"],
-        "parameters": payload["parameters"],
-        "seed": payload["seed"],
-        "status": "running",
-        "error": None,
-        "started_at": _now(),
-        "finished_at": None,
-        "duration_s": None,
-        "attempts": int((previous or {}).get("attempts", 0)) + 1,
-        "config_hash": payload["config_hash"],
-        "pid": os.getpid(),
-    }
+    record = PointRecord(
+        id=point.id, index=point.index, parameters=point.values, seed=point.seed, status="running", error=None,
+        started_at=_now(), finished_at=None, duration_s=None,
+        attempts=(previous.attempts if previous is not None else 0) + 1, config_hash=point.config_hash,
+        pid=os.getpid(),
+    )
     _write_json(folder / POINT_FILE, record)
-    write_provenance(folder / "provenance.json", collect_provenance(seed=payload["seed"]))
+    write_provenance(folder / "provenance.json", collect_provenance(seed=point.seed))
     began = time.monotonic()
     status, error = "ok", None
     try:
@@ -588,23 +576,23 @@ def execute_point(payload: dict[str, Any], folder: Path, runner: Runner, progres
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         (folder / "traceback.txt").write_text(traceback.format_exc())
     except BaseException:  # Ctrl-C, SystemExit: record, then let the sweep stop
-        record.update(status="interrupted", error="interrupted", finished_at=_now(),
-                      duration_s=round(time.monotonic() - began, 3))
-        _write_json(folder / POINT_FILE, record)
+        _write_json(folder / POINT_FILE, record.model_copy(update=dict(
+            status="interrupted", error="interrupted", finished_at=_now(),
+            duration_s=round(time.monotonic() - began, 3))))
         raise
     duration = time.monotonic() - began
-    record.update(status=status, error=error, finished_at=_now(), duration_s=round(duration, 3))
-    _write_json(folder / POINT_FILE, record)
-    return PointOutcome(payload["id"], status, duration, error)
+    _write_json(folder / POINT_FILE, record.model_copy(update=dict(
+        status=status, error=error, finished_at=_now(), duration_s=round(duration, 3))))
+    return PointOutcome(point.id, status, duration, error)
 
 
-def _child_main(payload: dict[str, Any], folder: str, runner: Runner) -> None:
-    from testbed_core.lifetime import die_with_parent
+def _child_main(point: SweepPoint, folder: str, runner: Runner) -> None:
+    from testbed_runtime.lifetime import die_with_parent
 
     parent = multiprocessing.parent_process()
     if parent is not None and parent.pid is not None:  # the sweep killed: so is this point's run (SIGKILL, as
         die_with_parent(parent.pid)  # the sweep was: `testbed clean` then removes both at once, nothing races it)
-    outcome = execute_point(payload, Path(folder), runner, None)
+    outcome = execute_point(point, Path(folder), runner, None)
     raise SystemExit(0 if outcome.status == "ok" else 3)
 
 
@@ -613,27 +601,36 @@ def prepare_out_dir(plan: SweepPlan, out_dir: Path) -> list[str]:
     out_dir.mkdir(parents=True, exist_ok=True)
     existing = out_dir / SWEEP_FILE
     if existing.exists():
-        try:
-            old = json.loads(existing.read_text())
-        except ValueError:
-            old = {}
-        if old.get("name") not in (None, plan.name):
+        old = _sweep_name(existing)
+        if old not in (None, plan.name):
             raise SweepError(
-                f"{out_dir}: holds the results of sweep {old.get('name')!r}, not {plan.name!r}; "
-                "choose another --out"
+                f"{out_dir}: holds the results of sweep {old!r}, not {plan.name!r}; choose another --out"
             )
     elif any(p for p in out_dir.iterdir() if not p.name.startswith(".")):
         raise SweepError(
             f"{out_dir}: not empty and not a sweep result folder (no {SWEEP_FILE}); choose an empty or new --out"
         )
-    record = plan.describe()
-    record["updated_at"] = _now()
-    _write_json(existing, record)
+    _write_json(existing, plan.describe(updated_at=_now()))
     write_provenance(out_dir / "provenance.json", collect_provenance())
     wanted = {pt.id for pt in plan.points}
     return sorted(
         p.name for p in out_dir.iterdir() if p.is_dir() and (p / POINT_FILE).exists() and p.name not in wanted
     )
+
+
+def _sweep_name(path: Path) -> str | None:
+    """The name of the sweep whose sweep.json is at `path` (None: unreadable JSON, which
+    this sweep overwrites); a JSON file that is not a sweep's is refused."""
+    try:
+        return SweepRecord.model_validate_json(path.read_text()).name
+    except OSError:
+        return None
+    except ValidationError as exc:
+        if any(e["type"] == "json_invalid" for e in exc.errors()):
+            return None
+        where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:3])
+        raise SweepError(f"{path}: not the sweep.json of a `testbed sweep` ({where}); choose another --out "
+                         "or remove the file") from None
 
 
 def run_sweep(
@@ -673,7 +670,7 @@ def run_sweep(
             for point in todo:
                 progress.start(point.id)
                 child = progress.child(point.id)
-                result = execute_point(point.payload(), out_dir / point.id, runner, child)
+                result = execute_point(point, out_dir / point.id, runner, child)
                 child.close()
                 outcomes[point.id] = result
                 progress.done(point.id, ok=result.status == "ok", duration=result.duration_s,
@@ -706,7 +703,7 @@ def _run_parallel(
             while queue and len(live) < jobs:
                 point = queue.pop(0)
                 proc = ctx.Process(
-                    target=_child_main, args=(point.payload(), str(out_dir / point.id), runner),
+                    target=_child_main, args=(point, str(out_dir / point.id), runner),
                     name=f"sweep-{point.id}", daemon=False,
                 )
                 progress.start(point.id)
@@ -729,21 +726,24 @@ def _run_parallel(
                 proc.kill()
                 proc.join()
             record = read_point(out_dir / point.id)
-            if record and record.get("status") == "running":
-                record.update(status="interrupted", error="interrupted", finished_at=_now(),
-                              duration_s=round(time.monotonic() - began, 3))
-                _write_json(out_dir / point.id / POINT_FILE, record)
+            if record and record.status == "running":
+                _write_json(out_dir / point.id / POINT_FILE, record.model_copy(update=dict(
+                    status="interrupted", error="interrupted", finished_at=_now(),
+                    duration_s=round(time.monotonic() - began, 3))))
 
 
 def _outcome_from_disk(folder: Path, point: SweepPoint, exitcode: int | None, elapsed: float) -> PointOutcome:
     record = read_point(folder)
-    if record and record.get("status") in ("ok", "failed"):
-        return PointOutcome(point.id, record["status"], record.get("duration_s"), record.get("error"))
+    if record and record.status in ("ok", "failed"):
+        return PointOutcome(point.id, record.status, record.duration_s, record.error)
     error = f"the point's process exited with code {exitcode} before recording a result (killed or crashed)"
     folder.mkdir(parents=True, exist_ok=True)
-    record = record or {"id": point.id, "index": point.index, "parameters": point.values, "seed": point.seed,
-                        "config_hash": point.config_hash, "attempts": 1}
-    record.update(status="failed", error=error, finished_at=_now(), duration_s=round(elapsed, 3))
+    done = dict(status="failed", error=error, finished_at=_now(), duration_s=round(elapsed, 3))
+    if record is None:
+        record = PointRecord(id=point.id, index=point.index, parameters=point.values, seed=point.seed,
+                             config_hash=point.config_hash, attempts=1, **done)  # type: ignore[arg-type]
+    else:
+        record = record.model_copy(update=done)
     _write_json(folder / POINT_FILE, record)
     return PointOutcome(point.id, "failed", elapsed, error)
 

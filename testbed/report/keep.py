@@ -25,6 +25,7 @@ from pathlib import Path
 from testbed.provenance import git_state
 from testbed.report.loading import ReportError, load_results
 from testbed_core.constants import REPO_ROOT
+from testbed_core.contracts.sweep import GitState, KeptRecord
 
 MAX_FILE_BYTES = 1 << 20  # one kept file
 MAX_TOTAL_BYTES = 8 << 20  # one kept sweep
@@ -88,16 +89,16 @@ def keep_results(root: str | Path, dest: str | Path | None = None) -> Kept:
     if kept.total_bytes > MAX_TOTAL_BYTES:
         raise ReportError(f"{out}: the kept files come to {kept.total_bytes / 1e6:.1f} MB, above the "
                           f"{MAX_TOTAL_BYTES >> 20} MiB a kept sweep may have; keep fewer points")
-    record = {
-        "kept_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "source": str(rs.root.resolve()),
-        "sweep": rs.name,
-        "git": git_state(),
-        "points": {pt.id: pt.status for pt in rs.points},
-        "rebuild": f"testbed report {_shown(out)}",
-        "files": {str(p.relative_to(out)): p.stat().st_size for p in kept.files},
-    }
-    (out / KEPT_FILE).write_text(json.dumps(record, indent=2) + "\n")
+    record = KeptRecord(
+        kept_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        source=str(rs.root.resolve()),
+        sweep=rs.name,
+        git=GitState.model_validate(git_state()),
+        points={pt.id: pt.status for pt in rs.points},
+        rebuild=f"testbed report {_shown(out)}",
+        files={str(p.relative_to(out)): p.stat().st_size for p in kept.files},
+    )
+    (out / KEPT_FILE).write_text(json.dumps(record.to_data(), indent=2) + "\n")
     kept.files.append(out / KEPT_FILE)
     return kept
 

@@ -24,10 +24,10 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from testbed_core.configfile import ConfigError
 from testbed_core.contracts.summary import (
@@ -38,7 +38,10 @@ from testbed_core.contracts.summary import (
     VariantResult,
     is_program_summary,
 )
+from testbed_core.contracts.sweep import PointRecord, SweepRecord
 from testbed_core.variants import sort_key
+
+M = TypeVar("M", bound=BaseModel)
 
 PREFERRED_METRICS = (
     "iteration_time_s", "predicted_iteration_time_s", "device_utilization", "device_utilization_training",
@@ -100,10 +103,10 @@ def _read_json(path: Path) -> Any:
         f"{path}: unreadable JSON ({exc}); remove the file or rerun that point"))
 
 
-def read_summary_file(path: Path, fail: Callable[[str], Exception]) -> Summary | None:
-    """The run summary at `path` through its model, or None when there is none; `fail`
-    turns a file that is there but unreadable, or not a summary, into the caller's
-    error (the demo reads its run the same way)."""
+def read_model_file(path: Path, model: type[M], what: str, fail: Callable[[str], Exception]) -> M | None:
+    """The file at `path` through `model`, or None when there is none; `fail` turns a
+    file that is there but unreadable, or not `what` (the key at fault named), into the
+    caller's error (the report and the demo read their files the same way)."""
     try:
         text = path.read_text()
     except FileNotFoundError:
@@ -111,20 +114,30 @@ def read_summary_file(path: Path, fail: Callable[[str], Exception]) -> Summary |
     except OSError as exc:
         raise fail(f"{path}: unreadable ({exc})") from None
     try:
-        return Summary.model_validate_json(text)
+        return model.model_validate_json(text)
     except ValidationError as exc:
         if any(e["type"] == "json_invalid" for e in exc.errors()):
             raise fail(f"{path}: unreadable JSON ({exc.errors()[0]['msg']})") from None
         where = "; ".join(f"{'.'.join(map(str, e['loc']))}: {e['msg']}" for e in exc.errors()[:5])
-        raise fail(f"{path}: not the summary.json of a `testbed run` ({where})") from None
+        raise fail(f"{path}: not {what} ({where})") from None
+
+
+def read_summary_file(path: Path, fail: Callable[[str], Exception]) -> Summary | None:
+    """The run summary at `path` through its model, or None when there is none (see
+    `read_model_file`)."""
+    return read_model_file(path, Summary, "the summary.json of a `testbed run`", fail)
+
+
+def _fail(why: str) -> ReportError:
+    return ReportError(f"{why}; remove the file or rerun that point")
 
 
 def _read_summary(path: Path) -> Summary | None:
-    return read_summary_file(path, lambda why: ReportError(f"{why}; remove the file or rerun that point"))
+    return read_summary_file(path, _fail)
 
 
 def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed: int | None) -> PointResult:
-    record = _read_json(folder / "point.json") or {}
+    record = read_model_file(folder / "point.json", PointRecord, "the point.json of a `testbed sweep` point", _fail)
     program = _read_program_summary(folder / "summary.json")
     summary = None if program is not None else _read_summary(folder / "summary.json")
     bench = _read_json(folder / "results.json")
@@ -133,21 +146,24 @@ def _read_point_folder(folder: Path, pid: str, parameters: dict[str, Any], seed:
         resolved = yaml.safe_load((folder / "scenario.resolved.yaml").read_text())
     except (OSError, yaml.YAMLError):
         pass
-    status = record.get("status")
-    if status is None:
+    status: str
+    if record is None:
         status = "ok" if summary is not None or bench is not None or program is not None else "pending"
+    else:
+        status = record.status
+    error = record.error if record is not None else None
     if status == "ok" and summary is None and bench is None and program is None:
-        status, record["error"] = "incomplete", "status ok but no summary.json"
+        status, error = "incomplete", "status ok but no summary.json"
     if status == "running":
         status = "unfinished"
     return PointResult(
         id=pid,
         folder=folder,
-        parameters=record.get("parameters", parameters) or {},
-        seed=record.get("seed", seed if seed is not None else (summary.seed if summary else None)),
+        parameters=record.parameters if record is not None else parameters,
+        seed=record.seed if record is not None else seed if seed is not None else (summary.seed if summary else None),
         status=status,
-        error=record.get("error"),
-        duration_s=record.get("duration_s"),
+        error=error,
+        duration_s=record.duration_s if record is not None else None,
         summary=summary,
         bench=bench.get("results") if isinstance(bench, dict) else None,
         resolved=resolved if isinstance(resolved, dict) else None,
@@ -180,14 +196,12 @@ def load_results(root: str | Path) -> ResultSet:
         point = _read_point_folder(root, root.name, {}, None)
         name = point.summary.scenario if point.summary else root.name
         return ResultSet(root, "run", str(name), [], [point])
-    sweep = _read_json(root / "sweep.json")
-    if isinstance(sweep, dict):
-        params = [(p["path"], p.get("label") or p["path"]) for p in sweep.get("parameters", [])]
-        rs = ResultSet(root, "sweep", str(sweep.get("name") or root.name), params)
-        for entry in sweep.get("points", []):
-            rs.points.append(
-                _read_point_folder(root / entry["id"], entry["id"], entry.get("parameters", {}), entry.get("seed"))
-            )
+    sweep = read_model_file(root / "sweep.json", SweepRecord, "the sweep.json of a `testbed sweep`", _fail)
+    if sweep is not None:
+        params = [(p.path, p.label or p.path) for p in sweep.parameters]
+        rs = ResultSet(root, "sweep", sweep.name or root.name, params)
+        for entry in sweep.points:
+            rs.points.append(_read_point_folder(root / entry.id, entry.id, entry.parameters, entry.seed))
         return rs
     folders = sorted(p for p in root.iterdir() if p.is_dir() and ((p / "point.json").exists() or (p / "summary.json").exists()))
     if not folders:

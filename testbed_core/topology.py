@@ -459,9 +459,21 @@ class Topology(_Model):
         return {(a.name, b.name): shortest_path(a.name, b.name, self.wan)
                 for a in self.dcs for b in self.dcs if a.name != b.name}
 
+    def route(self, a: str, b: str) -> list[str]:
+        """The lowest-latency DC path from `a` to `b` (Dijkstra on one-way delay)."""
+        return shortest_path(a, b, self.wan)
+
     def path_delay(self, a: str, b: str) -> float:
-        path = shortest_path(a, b, self.wan)
+        path = self.route(a, b)
         return sum(self.link(x, y).delay for x, y in zip(path, path[1:], strict=False))
+
+    def bottleneck_rate(self, a: str, b: str) -> float | None:
+        """The nominal rate of the slowest WAN link on the route between DCs `a` and
+        `b` (None inside one DC)."""
+        if a == b:
+            return None
+        path = self.route(a, b)
+        return min(self.link(x, y).rate for x, y in zip(path, path[1:], strict=False))
 
 
 def _reachable(start: str, links: list[WanLink]) -> set[str]:

@@ -6,10 +6,12 @@ on either side of a WAN path (after an untimed tensor that opens the TCP windows
 per stream count the variants use there, and the shared variants' channels are timed
 colliding (all sending at once); a path the DP rings cross (dp-across-dc) times the
 workers' own ring all-reduce, all rings at once; inside a DC, the ring between DP
-neighbours. Which paths, stream counts and rings: testbed/run/variants.py
-(`calibrate_variants`), from the placements of the run's variants; each path's figures
-are a `PathCalibration` and the whole a `Calibration`
-(testbed_core/contracts/calibration.py, re-exported here).
+neighbours. Which paths, stream counts and rings (`calibrate_variants`): from the
+placements of the run's variants (testbed/run/variants.py `place_variants`, the same
+placements the variants then run on) and the streams their policies take
+(testbed_core/planning/wan_paths.py, streams.py); each path's figures are a
+`PathCalibration` and the whole a `Calibration` (testbed_core/contracts/calibration.py,
+re-exported here).
 
 The probes run in probe agents (`ProbeAgents`): one worker process per host
 (``python -m testbed.training.worker --probe-agent``, testbed/training/worker/probe.py)
@@ -26,7 +28,7 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import median
 from typing import Any
@@ -37,6 +39,7 @@ from testbed.run.common import (
     RUN_PRELOAD,
     RunnerError,
     log_tail,
+    nominal_link,
     stop_processes,
     transport_job,
     worker_env,
@@ -51,9 +54,30 @@ from testbed_core.contracts.calibration import (
     TogetherCalibration,
 )
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
+from testbed_core.planning.placement import Placement
+from testbed_core.planning.streams import (
+    choose_streams,
+    configured_streams,
+    mean_rate,
+    requested_sharing,
+    variant_streams,
+)
+from testbed_core.planning.wan_paths import (
+    DcPair,
+    PathUse,
+    TogetherLoad,
+    dp_lan_pairs,
+    grad_wire_bytes,
+    path_key,
+    together_loads,
+    two_way,
+    wan_uses,
+)
+from testbed_core.variants import RunVariant
+from testbed_core.workload import EffectiveWorkload
 
 __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_together", "calibrate_wan_rings", "calibration_pairs", "effective_rate"]
+           "calibrate_link", "calibrate_together", "calibrate_variants", "calibrate_wan_rings", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
@@ -76,8 +100,7 @@ def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, laten
     retransmission timeout is part of what collisions cost on average."""
     if not durations:
         raise RunnerError("calibration timed no transfer")
-    mean = sum(durations) / len(durations)
-    return channels * nbytes * 8 / max(1e-6, mean - latency_s)
+    return mean_rate(nbytes, durations, channels, latency_s)
 
 
 class ProbeAgents:
@@ -439,23 +462,141 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in timed)} ms)")
 
 
-def dp_lan_pairs(placement: Any) -> list[tuple[str, str]]:
-    """(host of DP replica 0, host of replica 1) of each rank whose first two replicas
-    are in one DC on different hosts: the all-reduce channels the LAN probe times."""
+# ------------------------------------------------------------------ the run's calibration
+
+def path_uses(scenario: Scenario, placements: Mapping[str, Placement | ValueError]) -> dict[DcPair, PathUse]:
+    """Every WAN path the variants' `placements` cross (those that place every stage on
+    a host; Atlas's first), with the pipelines' and, where the DP all-reduce is timed
+    on modelled devices, the DP rings' host pairs on it."""
+    rings = scenario.workload.parallelism.dp > 1 and scenario.runner.dp_allreduce \
+        and scenario.workload.gpu.mode != "real"
+    return wan_uses(_hosted(placements), rings)
+
+
+def _hosted(placements: Mapping[str, Placement | ValueError]) -> dict[str, Placement]:
+    """The placements that give every stage a host (the calibration has nothing to time
+    of the others), in order."""
+    return {name: pl for name, pl in placements.items() if isinstance(pl, Placement) and all(pl.hosts.values())}
+
+
+def together_of(scenario: Scenario, runs: Sequence[RunVariant], placements: Mapping[str, Placement | ValueError],
+                cal: Calibration, auto: int | None, nominal: float | None) -> list[TogetherLoad]:
+    """How each multi-stream variant of `runs` loads its paths at once (single streams
+    stay window-limited, far from what loads the machine): at its stream count and, for
+    Atlas's ``auto`` sharing, at the configured count it also weighs."""
+    hosted = _hosted(placements)
     out = []
-    for r in range(placement.pp):
-        a, b = placement.hosts[(0, r)][0], placement.hosts[(1, r)][0]
-        if a != b and placement.dc_of(0, r) == placement.dc_of(1, r):
-            out.append((a, b))
+    for run in runs:
+        definition = run.variant
+        if definition.streams == "one" or definition.name not in hosted:
+            continue
+        sharing = requested_sharing(definition, scenario.runner.atlas_sharing)
+        counts = [variant_streams(definition, scenario.transport.streams, cal, auto, nominal)]
+        if sharing == "auto" and definition.streams == "fill-link":
+            counts.append(configured_streams(scenario.transport.streams, auto))
+        out += [TogetherLoad(definition.name, n, sharing == "temporal", hosted[definition.name]) for n in counts]
     return out
 
 
-def calibration_pairs(placement: Any) -> list[tuple[str, str]]:
-    """(upstream host, downstream host) of each pipeline's first WAN crossing, in pipeline order."""
-    pairs = []
-    for d in range(placement.dp):
-        for s in range(placement.pp - 1):
-            if placement.dc_of(d, s) != placement.dc_of(d, s + 1):
-                pairs.append((placement.hosts[(d, s)][0], placement.hosts[(d, s + 1)][0]))
-                break
-    return pairs
+def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placements: Mapping[str, Placement | ValueError],
+                       net: Network, out: Path, secret: str, eff: EffectiveWorkload, progress: Progress,
+                       auto_candidates: Sequence[int], auto_margin: float) -> tuple[Calibration | None, int | None]:
+    """The run's calibration (None when ``runner.calibrate`` is off) and, for
+    ``transport.streams: auto``, the stream count it found best.
+
+    Every WAN path the variants' `placements` (testbed/run/variants.py
+    `place_variants`) cross is timed on its own, through one probe agent per host:
+    tensors of the workload's wire size with a single stream and the configured count
+    (or the auto candidates), then the count each variant crossing it will use, then,
+    where two or more of a shared variant's pipelines cross it at once, their colliding
+    aggregate; a path the DP rings cross (dp-across-dc) times those rings themselves, all
+    at once. Inside the DCs, the DP ring of Atlas's placement. The first path is Atlas's
+    first crossing (or, with no crossing, the path between the first and the last DC)."""
+    if not scenario.runner.calibrate:
+        return None, None
+    t0 = time.monotonic()
+    par = scenario.workload.parallelism
+    topo = scenario.topology
+    uses = path_uses(scenario, placements)
+    if not any(u.pairs for u in uses.values()):  # no pipeline crosses a WAN: probe the first and last DC
+        a, z = topo.dcs[0], topo.dcs[-1]
+        key = path_key(uses, a.name, z.name)
+        use = uses.pop(key, PathUse(key))
+        use.pairs = [(f"{a.name}-{a.hosts[0]}", f"{z.name}-{z.hosts[0]}")] if key == (a.name, z.name) \
+            else [(f"{z.name}-{z.hosts[0]}", f"{a.name}-{a.hosts[0]}")]
+        uses = {key: use, **uses}
+    atlas_pl = _hosted(placements).get("atlas")
+    lan = dp_lan_pairs(atlas_pl) if atlas_pl is not None and par.dp > 1 and scenario.runner.dp_allreduce \
+        and scenario.workload.gpu.mode != "real" else []
+    s = scenario.transport.streams
+    counts = {1} | (set(auto_candidates) if s == "auto" else {int(s)})
+    folder = out / "calibration"
+    nbytes = eff.wire_activation_bytes
+    by_name = {r.variant.name: r for r in runs}
+    agents = ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
+    progress.log(f"calibrating {len(uses)} WAN path(s): "
+                 + ", ".join(f"{a}<->{z} ({', '.join(u.variants) or 'probe'})" for (a, z), u in uses.items()))
+    try:
+        hosts = [h for u in uses.values() for pair in [*u.pairs, *u.ring_pairs] for h in pair]
+        agents.start([*hosts, *(h for pair in lan for h in pair)])  # every agent at once
+        paths: list[PathCalibration] = []
+        for (a, z), use in uses.items():
+            first = use.pairs[0] if use.pairs else use.ring_pairs[0]
+            latency = 0.0 if net.local else topo.path_delay(a, z)
+            pc = PathCalibration(dcs=(a, z), src=first[0], dst=first[1], nbytes=nbytes, latency_s=latency,
+                                 nominal_bps=nominal_link(topo, first), variants=use.variants)
+            paths.append(pc)
+            if use.pairs:
+                calibrate(net, scenario, folder, secret, two_way(use.pairs), sorted(counts), nbytes, latency,
+                          progress, pc, agents)
+        cal = Calibration(src=paths[0].src, dst=paths[0].dst, nbytes=nbytes, latency_s=paths[0].latency_s,
+                          paths=paths)
+        cal.mirror_primary()
+        auto = None
+        if s == "auto":
+            from atlas_transport.auto import choose
+
+            auto = choose({n: cal.rates_bps[n] for n in auto_candidates}, auto_margin)
+        nominal = nominal_link(topo, (cal.src, cal.dst))
+        for pc, use in zip(paths, uses.values(), strict=True):
+            # the count each variant's policy asks for (fill-link: by formula on the primary
+            # path); plan_variant then keeps, of the counts measured, the fastest on the primary
+            runs_here = [by_name[v] for v in use.channels if v in by_name]
+            if use.pairs and runs_here:
+                wanted = {choose_streams(run.variant, s, cal.rate(1), nominal, auto) for run in runs_here}
+                calibrate(net, scenario, folder, secret, two_way(use.pairs), sorted(wanted), nbytes, pc.latency_s,
+                          progress, pc, agents)
+            cal.mirror_primary()
+        for pc, use in zip(paths, uses.values(), strict=True):
+            collide: dict[int, int] = {}
+            for name in use.channels:
+                if name not in by_name:
+                    continue
+                definition = by_name[name].variant
+                if definition.streams == "one" or \
+                        requested_sharing(definition, scenario.runner.atlas_sharing) == "temporal":
+                    continue
+                n = variant_streams(definition, s, cal, auto, nominal)
+                collide[n] = max(collide.get(n, 0), use.channels[name])
+            for n, k in sorted(collide.items()):
+                if k > 1:
+                    calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
+            ring_runs = [by_name[v] for v in use.ring_variants if v in by_name]
+            if use.ring_pairs and ring_runs:
+                n = variant_streams(ring_runs[0].variant, s, cal, auto, nominal)
+                grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
+                calibrate_wan_rings(net, scenario, folder, secret, use.ring_pairs, n, grad, pc, progress, agents)
+            cal.mirror_primary()
+        loads = together_of(scenario, runs, placements, cal, auto, nominal)
+        for n, groups in together_loads(loads, uses, paths).items():
+            for group in groups:
+                calibrate_together(net, scenario, folder, secret, group, n, progress, agents)
+        cal.mirror_primary()
+        if lan:
+            grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
+            calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress, agents)
+    finally:
+        agents.close()
+    cal.wall_s = time.monotonic() - t0
+    progress.log(f"  calibration took {cal.wall_s:.1f} s")
+    return cal, auto

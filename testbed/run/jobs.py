@@ -25,7 +25,7 @@ from typing import Any
 
 from testbed.run.common import RunnerError, path_links
 from testbed.run.ports import PortPlan
-from testbed.run.variants import VariantSetup, grad_wire_bytes
+from testbed.run.variants import VariantSetup
 from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import (
     ChannelJob,
@@ -41,6 +41,7 @@ from testbed_core.contracts.worker_job import (
     TrainJob,
     TransportJob,
 )
+from testbed_core.planning.wan_paths import grad_wire_bytes
 
 LIVE_POLL_S = 0.002  # how often a worker waiting for a tensor refreshes its live status
 SHAPER_BURST_S = 1e-3  # the shaper's burst at its rate (testbed/emulation/shaping.py)

@@ -24,12 +24,17 @@ from pydantic import ValidationError
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
-from testbed.run.runner import check_runnable
 from testbed.run.scenario import MAX_STREAMS, Scenario
-from testbed.run.variants import plan_variant, run_variants, strategy_for, variant_placement
+from testbed.run.variants import (
+    check_runnable,
+    place_variants,
+    plan_variant,
+    run_variants,
+    variant_placement,
+)
 from testbed_core.compute_model import param_count
 from testbed_core.configfile import ConfigError
-from testbed_core.planning.placement import free_gpus
+from testbed_core.planning.placement import free_gpus, strategy_for
 from testbed_core.planning.schedule import activation_memory_bytes, in_flight
 from testbed_core.units import format_size
 from testbed_core.variants import RunVariant
@@ -53,13 +58,15 @@ def preflight(scenario: Scenario, only: Sequence[str] | None = None, progress: P
         scenario.workload.effective(scenario.workload_dir)
     except (ConfigError, ValueError) as exc:
         problems.append(f"{scenario.workload_source or 'workload'}: {exc}")
+    placements = place_variants(scenario, runs)  # each variant placed once (a search is not repeated)
     for run in runs:
-        unplaced = placement_problem(run, scenario)
-        if unplaced:
-            problems.append(unplaced)
+        placement = placements[run.base]
+        if isinstance(placement, ValueError):
+            problems.append(unplaced_problem(run, scenario, placement))
             continue
         try:
-            plan_variant(run, scenario, scenario.workload, scenario.workload_dir, None, None, scenario.runner.local)
+            plan_variant(run, scenario, scenario.workload, scenario.workload_dir, None, None, scenario.runner.local,
+                         placement)
         except (RunnerError, ValueError) as exc:
             text = str(exc)
             prefix = f"variant {run.name}: "
@@ -106,23 +113,28 @@ def _with_parallelism(workload: Workload, **changes: int) -> Workload | None:
 
 def _places(run: RunVariant, scenario: Scenario, workload: Workload) -> bool:
     try:
-        variant_placement(run.variant, scenario, workload, 1, scenario.workload_dir)
-    except (ValueError, RunnerError):
+        variant_placement(run.variant, scenario, workload)
+    except ValueError:
         return False
     return True
 
 
 def placement_problem(run: RunVariant, scenario: Scenario) -> str | None:
-    """Why `run`'s placement does not fit on the scenario's topology, naming the
-    workload's file and field and the largest pp (same dp) or dp (same pp) that would
-    fit; None when it fits."""
-    wl = scenario.workload
+    """Why `run`'s placement does not fit on the scenario's topology (`unplaced_problem`);
+    None when it fits."""
     try:
-        variant_placement(run.variant, scenario, wl, 1, scenario.workload_dir)
-    except (ValueError, RunnerError) as exc:
-        reason = re.sub(r"\s*Add GPUs \(--gpus dc=count\), or lower [^.]*\.\s*$", "", str(exc)).rstrip(". ")
-    else:
-        return None
+        variant_placement(run.variant, scenario)
+    except ValueError as exc:
+        return unplaced_problem(run, scenario, exc)
+    return None
+
+
+def unplaced_problem(run: RunVariant, scenario: Scenario, error: ValueError) -> str:
+    """Why `run`'s placement does not fit on the scenario's topology (`error`: what
+    placing it said), naming the workload's file and field and the largest pp (same
+    dp) or dp (same pp) that would fit."""
+    reason = re.sub(r"\s*Add GPUs \(--gpus dc=count\), or lower [^.]*\.\s*$", "", str(error)).rstrip(". ")
+    wl = scenario.workload
     par = wl.parallelism
     topo = scenario.topology
     strategy = strategy_for(run.variant.placement, scenario.runner.baseline_placement, scenario.runner.atlas_placement)

@@ -55,16 +55,18 @@ import yaml
 
 from testbed.progress import Progress
 from testbed.run.bubbletea import bubbletea_metrics
-from testbed.run.calibration import Calibration
+from testbed.run.calibration import Calibration, calibrate_variants
 from testbed.run.common import RunnerError, transport_job
-from testbed.run.jobs import build_jobs, grad_wire_bytes
-from testbed.run.metrics import iteration_tail, repeat_stats
+from testbed.run.jobs import build_jobs
+from testbed.run.metrics import VariantMetrics, iteration_tail, repeat_stats
 from testbed.run.network import Network, open_network, with_ports
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
 from testbed.run.variants import (
+    Placements,
     VariantSetup,
-    calibrate_variants,
+    check_runnable,
+    place_variants,
     plan_variants,
     repredict,
     run_variants,
@@ -79,6 +81,7 @@ from testbed_core.contracts.summary import (
     VariantResult,
     WanTailDrops,
 )
+from testbed_core.planning.wan_paths import grad_wire_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload
 
@@ -140,8 +143,9 @@ def run_scenario(
                 ctl_dir = net.temp_dir("ctl")  # the control sockets; removed with the network, or by clean
                 stack.callback(shutil.rmtree, ctl_dir, True)
                 summary.delay_backend = net.delay_backend
-                cal, auto = calibrate_wan(scenario, runs, net, out, secret, eff, progress)
-                setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local)
+                placements = place_variants(scenario, runs)  # once per variant: calibrated and run alike
+                cal, auto = calibrate_wan(scenario, runs, placements, net, out, secret, eff, progress)
+                setups = plan_variants(runs, scenario, workload, base_dir, cal, auto, net.local, placements)
                 summary.calibration = cal.report() if cal else None
             kept: dict[str, list[tuple[VariantResult, RepeatRun]]] = {}
             for r in range(repeat):
@@ -269,24 +273,14 @@ def fault_line(rec: Any) -> str:
             f"{recovery}{dropped}{resumed}")
 
 
-def check_runnable(scenario: Scenario, progress: Progress) -> None:
-    """What the runner needs of the workload beyond a valid file: a pipeline to split
-    across DCs (pp >= 2); a tensor-parallel group is played by one worker."""
-    par = scenario.workload.parallelism
-    if par.pp < 2:
-        where = scenario.workload_source or f"{scenario.source or 'scenario'}: workload"
-        raise RunnerError(f"{where}: parallelism.pp is {par.pp}; pipeline training across DCs needs pp >= 2")
-    if par.tp != 1:
-        progress.log(f"note: tp={par.tp}: each worker plays a whole tensor-parallel group on one host")
-
-
-def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], net: Network, out: Path, secret: str,
-                  eff: EffectiveWorkload, progress: Progress) -> tuple[Calibration | None, int | None]:
+def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], placements: Placements, net: Network, out: Path,
+                  secret: str, eff: EffectiveWorkload, progress: Progress) -> tuple[Calibration | None, int | None]:
     """The calibration (None when ``runner.calibrate`` is off) and, for
     ``transport.streams: auto``, the stream count it found best: every WAN path the
-    variants' placements cross, each on its own (testbed/run/variants.py,
+    variants' `placements` cross, each on its own (testbed/run/calibration.py,
     `calibrate_variants`)."""
-    return calibrate_variants(scenario, runs, net, out, secret, eff, progress, AUTO_CANDIDATES, AUTO_MARGIN)
+    return calibrate_variants(scenario, runs, placements, net, out, secret, eff, progress, AUTO_CANDIDATES,
+                              AUTO_MARGIN)
 
 
 def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
@@ -335,7 +329,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
                         link_names=link_names)
-    measured_it = m["iteration_time_s"]
+    measured_it = m.iteration_time_s
     if faults is not None:
         faults.transfers = run.transfers  # what the transport did around each fault
     predicted, prediction = _predictions(setup, scenario, workload, base_dir, run, pair, net.local, measured_it)
@@ -351,8 +345,8 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         extra = dict(bt)  # the entry's BubbleTea fields, as models
         req, slow = bt.prefill_requests, bt.training_slowdown
         p50 = bt.ttft_s.p50
-        progress.log(f"  {name}: utilization {m['device_utilization_training']:.0%} training -> "
-                     f"{m['device_utilization']:.0%} with prefill; {req.served} of {req.arrived} requests "
+        progress.log(f"  {name}: utilization {m.device_utilization_training:.0%} training -> "
+                     f"{m.device_utilization:.0%} with prefill; {req.served} of {req.arrived} requests "
                      f"served, TTFT p50 {'-' if p50 is None else f'{p50:.2f} s'}; training slowdown "
                      f"{'-' if slow is None else f'{slow:+.1%}'}, waited {bt.training_wait_on_prefill_s * 1e3:.0f}"
                      f" ms on prefill ({bt.guard_violations} guard violations)")
@@ -360,7 +354,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
             cores = run.cpu_cores or {}
             idle_d = idle.slowdown_decomposition if idle is not None else None
             d = decompose_slowdown(
-                plain.iteration_times_s, m["iteration_times_s"], idle.iteration_times_s if idle is not None else None,
+                plain.iteration_times_s, m.iteration_times_s, idle.iteration_times_s if idle is not None else None,
                 bt.training_wait_on_prefill_s, agents_cpu_cores=cores.get("agents"),
                 idle_agents_cpu_cores=None if idle_d is None else idle_d.agents_cpu_cores,
                 emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights)
@@ -371,19 +365,19 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         "predicted_iteration_time_s": predicted,
         "prediction_error": (measured_it - predicted) / predicted,
         "prediction": prediction,
-        "device_utilization": m["device_utilization"],
-        "device_utilization_training": m["device_utilization_training"],
-        "bubble_fraction": m["bubble_fraction"],
+        "device_utilization": m.device_utilization,
+        "device_utilization_training": m.device_utilization_training,
+        "bubble_fraction": m.bubble_fraction,
         "predicted_bubble_fraction": pred.bubble_fraction,
-        "wan_links": m["wan_links"],
-        "wan_directions": m["wan_directions"],
+        "wan_links": m.wan_links,
+        "wan_directions": m.wan_directions,
         "predicted_wan_bytes_per_iteration": pred.wan_bytes,
-        "iteration_times_s": m["iteration_times_s"],
-        "warmup_iteration_times_s": m["warmup_iteration_times_s"],
-        "iteration_time_stdev_s": m["iteration_time_stdev_s"],
-        "per_device_utilization": m["per_device_utilization"],
-        "mean_plan_wait_s": m["mean_plan_wait_s"],
-        "mean_wan_transfer_s": m["mean_wan_transfer_s"],
+        "iteration_times_s": m.iteration_times_s,
+        "warmup_iteration_times_s": m.warmup_iteration_times_s,
+        "iteration_time_stdev_s": m.iteration_time_stdev_s,
+        "per_device_utilization": m.per_device_utilization,
+        "mean_plan_wait_s": m.mean_plan_wait_s,
+        "mean_wan_transfer_s": m.mean_wan_transfer_s,
         "streams": setup.streams,
         "sharing": setup.sharing,
         "sharing_requested": setup.sharing_requested,
@@ -433,10 +427,11 @@ def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> di
         return {}
     from testbed.run.real_check import summary_entry
 
-    return summary_entry(folder, workload, progress.log, name)
+    real = summary_entry(folder, workload, progress.log, name)
+    return {} if real is None else {"device_mode": "real", "real": real}
 
 
-def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Mapping[str, Any],
+def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: VariantMetrics,
                           setup: VariantSetup, warmup: int, faults: Sequence[Any] = ()) -> dict[str, str]:
     from testbed.run.gantt import gantt_png
     from testbed_runtime.device import write_timeline_csv
@@ -446,9 +441,9 @@ def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Map
     _write_transfers_csv(run.transfers, folder / "transfers.csv")
     (folder / "prediction.json").write_text(json.dumps(setup.prediction.to_json(), indent=1, default=str))
     (folder / "iterations.json").write_text(json.dumps({"starts": run.starts, "ends": run.ends, "warmup": warmup}))
-    title = (f"{name}: {metrics['iteration_time_s']:.3f} s per iteration "
+    title = (f"{name}: {metrics.iteration_time_s:.3f} s per iteration "
              f"(predicted {setup.final_prediction or setup.prediction.iteration_time_s:.3f} s), utilization "
-             f"{metrics['device_utilization']:.0%}, {setup.streams} stream(s) per WAN channel")
+             f"{metrics.device_utilization:.0%}, {setup.streams} stream(s) per WAN channel")
     gantt_png(run.timelines, run.transfers, run.starts, run.ends, warmup, folder / "gantt.png", title=title,
               faults=faults)
     return {"timeline_csv": f"{folder.name}/timeline.csv", "transfers_csv": f"{folder.name}/transfers.csv",

@@ -17,6 +17,7 @@ turns it into the strategy `place` runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -72,12 +73,30 @@ class Placement:
                 out[dc] = out.get(dc, 0) + self.tp
         return out
 
-    def crossings(self, topology: Topology | None = None) -> list[Crossing]:
-        found: dict[tuple[int, str, str], list[int]] = {}
+    def wan_boundaries(self) -> Iterator[tuple[int, int]]:
+        """(pipeline, boundary) of every pipeline boundary whose two stages sit in
+        different DCs, pipeline by pipeline, boundaries in order: the one enumeration of
+        WAN crossings that `crossings` and the calibration's paths
+        (testbed_core/planning/wan_paths.py) are derived from."""
         for d, row in enumerate(self.stage_dc):
             for b in range(self.pp - 1):
                 if row[b] != row[b + 1]:
-                    found.setdefault((b, row[b], row[b + 1]), []).append(d)
+                    yield d, b
+
+    def replica_pairs(self) -> Iterator[tuple[int, str, str]]:
+        """(stage, host of DP replica 0, host of replica 1) of every stage (dp >= 2):
+        the two ends of each stage's DP ring channel between its first two replicas."""
+        if self.dp < 2:
+            return
+        for r in range(self.pp):
+            yield r, self.hosts[(0, r)][0], self.hosts[(1, r)][0]
+
+    def crossings(self, topology: Topology | None = None) -> list[Crossing]:
+        """The WAN crossings, one per (boundary, source DC, destination DC) with the
+        pipelines that cross there."""
+        found: dict[tuple[int, str, str], list[int]] = {}
+        for d, b in self.wan_boundaries():
+            found.setdefault((b, self.dc_of(d, b), self.dc_of(d, b + 1)), []).append(d)
         out = []
         for (b, src, dst), pipes in sorted(found.items()):
             path = tuple(shortest_path(src, dst, topology.wan)) if topology else (src, dst)

@@ -1,5 +1,5 @@
-"""Per-path calibration (testbed/run/variants.py `wan_uses`, `path_rates_of`, the
-per-path prediction; testbed_core/contracts/calibration.py `PathCalibration`): every
+"""Per-path calibration (testbed/run/calibration.py `path_uses`, `calibrate_variants`;
+testbed_core/planning/wan_paths.py `wan_uses`, `path_rates_of`; the per-path prediction; testbed_core/contracts/calibration.py `PathCalibration`): every
 WAN path the variants' placements cross is listed with the variants and host pairs
 that use it, and each path's own measured figures reach the prediction of the
 variants crossing it, not one factor for every link."""
@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from testbed.run.calibration import path_uses
 from testbed.run.scenario import load_scenario
-from testbed.run.variants import plan_variant, run_variants, wan_uses
+from testbed.run.variants import place_variants, plan_variant, run_variants
 from testbed_core.contracts.calibration import Calibration, PathCalibration
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -40,7 +41,7 @@ def _cal(ew: float, wm: float, me: float, ring: float | None = None) -> Calibrat
 
 def test_every_path_the_placements_cross_is_listed_with_its_variants() -> None:
     scenario = _scenario()
-    uses = wan_uses(scenario, run_variants(scenario), None)
+    uses = path_uses(scenario, place_variants(scenario, run_variants(scenario)))
     assert list(uses)[0] == ("east", "west")  # atlas's first crossing: the primary path
     assert set(uses) == {("east", "west"), ("west", "mid"), ("mid", "edge")}
     ew, wm, me = uses["east", "west"], uses["west", "mid"], uses["mid", "edge"]
@@ -116,7 +117,7 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     1 and 8 streams from a forward and a reverse pipeline's hosts; the shared 8-stream
     variants' collisions on each path their two pipelines cross; dp-across-dc's five
     rings on east-west; the LAN rings of Atlas's placement; every agent started at once."""
-    import testbed.run.variants as variants
+    import testbed.run.calibration as calibration
     from testbed.progress import Progress
 
     calls: list[tuple] = []
@@ -151,20 +152,21 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     def fake_together(net, scenario, folder, secret, loads, n, progress, agents):
         calls.append(("together", n, tuple((pc.dcs, len(pairs)) for pc, pairs in loads)))
 
-    monkeypatch.setattr(variants, "ProbeAgents", Agents)
-    monkeypatch.setattr(variants, "calibrate", fake_calibrate)
-    monkeypatch.setattr(variants, "calibrate_link", fake_link)
-    monkeypatch.setattr(variants, "calibrate_wan_rings", fake_rings)
-    monkeypatch.setattr(variants, "calibrate_lan", fake_lan)
-    monkeypatch.setattr(variants, "calibrate_together", fake_together)
+    monkeypatch.setattr(calibration, "ProbeAgents", Agents)
+    monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
+    monkeypatch.setattr(calibration, "calibrate_link", fake_link)
+    monkeypatch.setattr(calibration, "calibrate_wan_rings", fake_rings)
+    monkeypatch.setattr(calibration, "calibrate_lan", fake_lan)
+    monkeypatch.setattr(calibration, "calibrate_together", fake_together)
 
     class Net:
         local = False
 
     scenario = _scenario()
     eff = scenario.workload.effective(None)
-    cal, auto = variants.calibrate_variants(scenario, run_variants(scenario), Net(), tmp_path, "s", eff,
-                                            Progress(label="t", tty=False), (1, 2, 4, 8, 16), 0.1)
+    runs = run_variants(scenario)
+    cal, auto = calibration.calibrate_variants(scenario, runs, place_variants(scenario, runs), Net(), tmp_path, "s",
+                                               eff, Progress(label="t", tty=False), (1, 2, 4, 8, 16), 0.1)
     assert auto is None and calls[0][0] == "start" and calls[-1] == ("close",)
     assert [p.dcs for p in cal.paths] == [("east", "west"), ("west", "mid"), ("mid", "edge")]
     singles = [c for c in calls if c[0] == "single"]
@@ -274,7 +276,8 @@ def test_a_temporal_plan_loads_its_paths_together_one_channel_each() -> None:
     """Atlas with a temporal plan by request puts one transfer at a time on each link:
     its paths are timed loaded together with one channel each way (no collision);
     with shared links, multi-tcp's two pipelines collide on each of its three paths."""
-    from testbed.run.variants import together_loads
+    from testbed.run.calibration import together_of
+    from testbed_core.planning.wan_paths import together_loads
 
     cal = _cal(3e8, 3e8, 1e8)
     for request, name, want in (("temporal", "atlas", {("east", "west"): 1, ("west", "mid"): 1}),
@@ -282,8 +285,9 @@ def test_a_temporal_plan_loads_its_paths_together_one_channel_each() -> None:
                                                          ("mid", "edge"): 2})):
         scenario = _scenario(**{"runner.atlas_sharing": request})
         runs = run_variants(scenario, [name])
-        uses = wan_uses(scenario, runs, None)
-        loads = together_loads(scenario, runs, uses, cal.paths, cal, None, 2e8, None)
+        placements = place_variants(scenario, runs)
+        uses = path_uses(scenario, placements)
+        loads = together_loads(together_of(scenario, runs, placements, cal, None, 2e8), uses, cal.paths)
         (n,) = loads
         (group,) = loads[n]
         assert {pc.dcs: len(pairs) for pc, pairs in group} == want

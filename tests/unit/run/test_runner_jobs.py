@@ -11,14 +11,16 @@ from pathlib import Path
 import pytest
 import yaml
 
-from testbed.run.calibration import calibration_pairs
 from testbed.run.common import RunnerError
 from testbed.run.jobs import build_jobs
 from testbed.run.ports import RANGE_SIZE, PortPlan
 from testbed.run.scenario import load_scenario
-from testbed.run.variants import choose_streams, plan_variant, variant_names
+from testbed.run.variants import plan_variant, variant_names
 from testbed.training.worker.job import WorkerError, parse_job
 from testbed_core.contracts.worker_job import ProbeJob, TrainJob, TransportJob
+from testbed_core.planning.streams import choose_streams
+from testbed_core.planning.wan_paths import pipeline_crossings
+from testbed_core.variants import get_variant
 
 ROOT = Path(__file__).resolve().parents[3]
 TRANSPORT = TransportJob(chunk_bytes=4 << 20, congestion=None, pacing_rate_mbps=None, connect_timeout_s=10.0)
@@ -229,14 +231,14 @@ def test_bubbletea_variant_publishes_planned_idle_slots(tmp_path: Path) -> None:
 
 def test_stream_choice_per_variant(tmp_path: Path) -> None:
     scenario, _ = load_scenario(scenario_file(tmp_path))
-    assert choose_streams("baseline", scenario, 1e8, 1e9, None) == 1
-    assert choose_streams("multi-tcp", scenario, 1e8, 1e9, None) == 8
+    assert choose_streams(get_variant("baseline"), scenario.transport.streams, 1e8, 1e9, None) == 1
+    assert choose_streams(get_variant("multi-tcp"), scenario.transport.streams, 1e8, 1e9, None) == 8
     # enough streams to fill the goodput of the link (85% of 1 Gbit/s at 80 Mbit/s per flow)
-    assert choose_streams("atlas", scenario, 8e7, 1e9, None) == 11
-    assert choose_streams("atlas", scenario, 1.1e8, 1e9, None) == 8
-    assert choose_streams("atlas", scenario, 5e8, 1e9, None) == 8  # never fewer than configured
+    assert choose_streams(get_variant("atlas"), scenario.transport.streams, 8e7, 1e9, None) == 11
+    assert choose_streams(get_variant("atlas"), scenario.transport.streams, 1.1e8, 1e9, None) == 8
+    assert choose_streams(get_variant("atlas"), scenario.transport.streams, 5e8, 1e9, None) == 8  # never fewer than configured
     scenario, _ = load_scenario(scenario_file(tmp_path), {"transport.streams": "auto"})
-    assert choose_streams("multi-tcp", scenario, 1e8, 1e9, 4) == 4  # the calibrated best
+    assert choose_streams(get_variant("multi-tcp"), scenario.transport.streams, 1e8, 1e9, 4) == 4  # the calibrated best
 
 
 def test_variant_names_add_bubbletea_runs(tmp_path: Path) -> None:
@@ -249,9 +251,9 @@ def test_variant_names_add_bubbletea_runs(tmp_path: Path) -> None:
         variant_names(scenario, ["atlass"])
 
 
-def test_calibration_pairs_follow_each_pipelines_first_crossing(tmp_path: Path) -> None:
+def test_the_crossings_follow_each_pipelines_first_boundary_across(tmp_path: Path) -> None:
     setup, _, _ = jobs_for(tmp_path, "atlas")
-    assert calibration_pairs(setup.placement) == [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")]
+    assert pipeline_crossings(setup.placement) == {("dc1", "dc2"): [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")]}
 
 
 def test_pp1_has_no_boundary_and_is_refused_by_name(tmp_path: Path) -> None:

@@ -18,7 +18,7 @@ from testbed.run.metrics import (
     variant_metrics,
     wan_stats,
 )
-from testbed_core.device import WorkRecord
+from testbed_core.device_records import WorkRecord
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "front"))
 import summary_builders as builders  # noqa: E402  (summaries built through the summary.json model)
@@ -48,21 +48,21 @@ def test_reported_ends_extend_an_iteration() -> None:
 
 def test_metrics_average_measured_iterations_only() -> None:
     m = variant_metrics(two_devices(), [0.0, 10.0, 20.0], warmup=1)
-    assert m["iteration_time_s"] == pytest.approx(6.0)
-    assert m["warmup_iteration_times_s"] == [3.0]
+    assert m.iteration_time_s == pytest.approx(6.0)
+    assert m.warmup_iteration_times_s == [3.0]
     # a: busy 3 of 6 in it.1 and 4 of 6 in it.2 -> 7/12; b: 3/6 and 3/6 -> 6/12
-    assert m["per_device_utilization"] == pytest.approx({"a": 7 / 12, "b": 6 / 12})
-    assert m["device_utilization"] == pytest.approx((7 / 12 + 6 / 12) / 2)
-    assert m["bubble_fraction"] == pytest.approx(1 - (7 / 12 + 6 / 12) / 2)
+    assert m.per_device_utilization == pytest.approx({"a": 7 / 12, "b": 6 / 12})
+    assert m.device_utilization == pytest.approx((7 / 12 + 6 / 12) / 2)
+    assert m.bubble_fraction == pytest.approx(1 - (7 / 12 + 6 / 12) / 2)
 
 
 def test_prefill_counts_for_utilization_but_not_against_bubbles() -> None:
     tl = two_devices()
     tl["a"].append(rec("a", 14, 16, kind="prefill", owner="bubbletea"))  # fills a's idle tail of it.1
     m = variant_metrics(tl, [0.0, 10.0, 20.0], warmup=1)
-    assert m["per_device_utilization"]["a"] == pytest.approx(9 / 12)
-    assert m["device_utilization_training"] == pytest.approx((7 / 12 + 6 / 12) / 2)
-    assert m["bubble_fraction"] == pytest.approx(1 - m["device_utilization_training"])
+    assert m.per_device_utilization["a"] == pytest.approx(9 / 12)
+    assert m.device_utilization_training == pytest.approx((7 / 12 + 6 / 12) / 2)
+    assert m.bubble_fraction == pytest.approx(1 - m.device_utilization_training)
 
 
 def test_no_measured_iteration_is_an_error_that_says_why() -> None:
@@ -91,15 +91,15 @@ def test_wan_goodput_is_bytes_over_busy_time_without_the_flight() -> None:
         tr(0, 3, "fwd", 1.0, 1.125),  # warm-up: outside the windows
     ]
     links, dirs = wan_stats(transfers, windows, {frozenset(("dc1", "dc2")): "dc1-dc2"})
-    assert dirs["dc1->dc2"]["bytes"] == 2_000_000
-    assert dirs["dc1->dc2"]["busy_s"] == pytest.approx(0.15)
-    assert dirs["dc1->dc2"]["goodput_mbps"] == pytest.approx(16e6 / 0.15 / 1e6)
-    assert dirs["dc2->dc1"]["goodput_mbps"] == pytest.approx(8e6 / 0.2 / 1e6)
+    assert dirs["dc1->dc2"].bytes == 2_000_000
+    assert dirs["dc1->dc2"].busy_s == pytest.approx(0.15)
+    assert dirs["dc1->dc2"].goodput_mbps == pytest.approx(16e6 / 0.15 / 1e6)
+    assert dirs["dc2->dc1"].goodput_mbps == pytest.approx(8e6 / 0.2 / 1e6)
     link = links["dc1-dc2"]
-    assert link["bytes"] == 3_000_000 and link["transfers"] == 3
-    assert link["goodput_mbps"] == pytest.approx(24e6 / 0.35 / 1e6)
-    assert link["mean_throughput_mbps"] == pytest.approx(24e6 / 10 / 1e6)
-    assert link["directions"] == ["dc1->dc2", "dc2->dc1"]
+    assert link.bytes == 3_000_000 and link.transfers == 3
+    assert link.goodput_mbps == pytest.approx(24e6 / 0.35 / 1e6)
+    assert link.mean_throughput_mbps == pytest.approx(24e6 / 10 / 1e6)
+    assert link.directions == ["dc1->dc2", "dc2->dc1"]
 
 
 def test_link_name_defaults_to_sorted_dcs() -> None:
@@ -174,7 +174,7 @@ def test_colliding_rate_counts_transfers_that_shared_their_link() -> None:
 
 def test_calibration_arithmetic() -> None:
     from testbed.run.calibration import aggregate_rate, effective_rate
-    from testbed.run.variants import calibrated_rates
+    from testbed_core.planning.calibrated import calibrated_rates
 
     # 1 MB tensors, 25 ms one way: median 0.125 s -> 0.1 s on the wire -> 80 Mbit/s
     assert effective_rate(1_000_000, [0.125, 0.5, 0.12], 0.025) == pytest.approx(80e6)

@@ -1,0 +1,94 @@
+"""The network a prediction sees from the run's calibration: the topology with its WAN
+links at the calibrated rates, and the per-flow rate, link capacity and crowding the
+prediction's `NetParams` take from a channel's measured rate.
+
+The calibration (testbed/run/calibration.py) measures what the transport gets from a
+path: protocol overhead, shaper accuracy, the traffic pattern. The planner's network
+model (testbed_core/planning/network.py) reads rates off the topology, so the
+topology it is given carries the measured figures instead of the nominal ones.
+"""
+
+from __future__ import annotations
+
+import math
+
+from testbed_core.contracts.calibration import dc_of_host
+from testbed_core.topology import MAX_RATE_BPS, Topology
+
+LINK_GOODPUT = 1448 / 1514  # TCP payload per Ethernet frame: what a shaped link carries
+
+
+def _scaled(topology: Topology, factors: dict[frozenset[str], float], default: float, local: bool,
+            floor_bps: float = 0.0) -> Topology:
+    """`topology` with each WAN link's rate (and its changes') times its factor in
+    `factors` (`default` for the others), at most MAX_RATE_BPS (loopback in local mode
+    can time a transfer too quick to measure); no delays in local mode, where a link
+    also carries at least `floor_bps`."""
+    data = topology.model_dump()
+    for link in data["wan"]:
+        factor = factors.get(frozenset(link["between"]), default)
+        if local:
+            link["delay"] = 0.0
+            link["jitter"] = 0.0
+        link["rate"] = min(max(link["rate"] * factor, floor_bps if local else 0.0), MAX_RATE_BPS)
+        for ch in link.get("changes") or []:
+            if ch.get("rate") is not None:
+                ch["rate"] = min(ch["rate"] * factor, MAX_RATE_BPS)
+    data.pop("source", None)
+    return type(topology).model_validate(data)
+
+
+def calibrated_topology(topology: Topology, link_bps: float | None, pair: tuple[str, str] | None,
+                        local: bool) -> Topology:
+    """The topology as the predictor sees it: WAN link rates scaled so that the link of
+    the calibrated path (between the hosts of `pair`) has `link_bps`; no delays in
+    local mode."""
+    factor = 1.0
+    if link_bps is not None and pair is not None:
+        ref = topology.bottleneck_rate(dc_of_host(pair[0]), dc_of_host(pair[1]))
+        factor = link_bps / ref if ref else 1.0
+    return _scaled(topology, {}, factor, local, link_bps or 0.0)
+
+
+def path_topology(topology: Topology, link_bps: dict[tuple[str, str], float], local: bool) -> Topology:
+    """The topology as the predictor sees it with every calibrated path's own figure:
+    each link on the route of a path in `link_bps` (DC pairs) carries that path's
+    calibrated capacity (scaled by its share of the route's nominal bottleneck); links
+    no path of the variant crosses keep their nominal rate; no delays in local mode."""
+    factors: dict[frozenset[str], float] = {}
+    for (a, z), bps in link_bps.items():
+        route = topology.route(a, z)
+        bottleneck = topology.bottleneck_rate(a, z) or bps
+        for x, y in zip(route, route[1:], strict=False):
+            key = frozenset((x, y))
+            factors[key] = min(factors.get(key, math.inf), bps / bottleneck)
+    return _scaled(topology, factors, 1.0, local)
+
+
+def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
+                     nominal_bps: float | None, colliding_bps: float | None = None
+                     ) -> tuple[float | None, float | None, float | None]:
+    """(per-flow rate, link capacity, crowded fraction) the prediction of a variant
+    uses, from the measured rate of one channel of `streams` streams.
+
+    Temporal sharing puts one transfer at a time on the link: its capacity is that
+    rate. Shared links: the link's TCP goodput (at least one channel's rate), each
+    channel capped at its own measured rate; while two or more transfers collide on
+    it, the measured aggregate of the colliding channels (their loss and
+    recovery make it fall short of the goodput, even of one channel alone), given as
+    a fraction of the capacity. No collision measurement (single streams, which stay
+    far from the loss that many colliding streams cause): no crowding. Nor where two
+    channels at their measured rate fit side by side in the link's goodput: each is
+    window-limited, their windows together stay under the link's bandwidth-delay
+    product, so no queue builds and nothing is lost in a run's steady state; the
+    probe's lockstep collision (both channels starting at once, in slow start) then
+    measures its own bursts, and a plan chosen on that figure loses to plain sharing."""
+    if rate_bps is None:
+        return None, None, None
+    if temporal:
+        return rate_bps / streams, rate_bps, None
+    link = rate_bps if nominal_bps is None else max(rate_bps, LINK_GOODPUT * nominal_bps)
+    crowded = None if colliding_bps is None else min(1.0, colliding_bps / link)
+    if crowded is not None and nominal_bps is not None and 2 * rate_bps <= link:
+        crowded = None
+    return rate_bps / streams, link, crowded

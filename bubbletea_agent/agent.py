@@ -4,8 +4,9 @@ Each `step()`:
 1. reads new slot publications of the worker and new device timeline records, and lets
    the slot tracker learn from slots that have passed; checks its own finished prefills
    for guard violations (training had to wait for one);
-2. takes the requests that have arrived; rejects those too long for the model or any
-   slot, those that find the queue full, those whose deadline passed while queued;
+2. takes the requests that have arrived; refuses at once those too long for the model or
+   any slot, those that find the queue full, those its device cannot prefill within their
+   deadline (the controller decides that where one dispatches); a request taken is served;
 3. inside an open (corrected) slot, asks admission what fits in what is left of it and
    runs that chunk with `Device.try_run` (never queueing behind training: if training
    still holds the device the slot has not really begun). Until a slot's start has been
@@ -163,10 +164,15 @@ class Agent:
     # "shortest": queued requests not yet started run fewest prompt tokens first (the
     # controller's order, controller/dispatch.py SERVICE_ORDER); "arrival": in arrival order
     order: str = "arrival"
-    # refuse at arrival a request whose first chunk cannot start within its deadline: the
-    # work queued ahead of it at the device's recent idle share would take longer
-    # (Reason.DEADLINE_UNREACHABLE, with the figures), instead of letting it expire queued
+    # refuse at arrival a request that cannot be prefilled within its deadline (its TTFT
+    # budget): the work queued ahead of it plus its own, at the device's recent idle share,
+    # would take longer (Reason.DEADLINE_UNREACHABLE, with the figures), instead of letting
+    # it expire queued. Off where a controller decided already (dispatch: controller).
     refuse_unreachable: bool = True
+    # a request taken into the queue is served, however late it turns out (the refusal is
+    # made at arrival, once); False: one whose deadline passes before it starts is rejected
+    # then (Reason.DEADLINE_PASSED)
+    serve_admitted: bool = True
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -322,7 +328,8 @@ class Agent:
                     i -= 1
             self.queue.insert(i, Pending(req))
             self._ahead_s += self._predict_whole(req)
-            self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
+            if not self.serve_admitted:
+                self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
 
     def _idle_share(self, now: float, span: float = 3.0) -> float:
         """The device's idle share over the last `span` seconds (training's records)."""
@@ -340,20 +347,22 @@ class Agent:
         ahead of it (predicted seconds, the unfinished part of each; summed every 50 ms,
         admissions added meanwhile: this runs inside holds) at the device's recent idle
         share would take longer than its deadline."""
-        if req.deadline_s is None or not self.queue:
+        if req.deadline_s is None:
             return None
         now = self.clock.now()
         if now - self._ahead_at > 0.05:  # a full sum now and then; admissions add to it meanwhile
             self._ahead_s = sum(self._predict_whole(p.request) * (p.left / max(1, p.request.prompt_tokens))
                                 for p in self.queue)
             self._ahead_at = now
-        ahead = self._ahead_s
+        ahead = self._ahead_s if self.queue else 0.0
+        own = self._predict_whole(req)
         idle = max(self._idle_share(now), 0.05)
-        wait = ahead / idle
+        wait = (ahead + own) / idle
         if wait <= req.deadline_s:
             return None
-        return (f"{len(self.queue)} requests queued ahead ({ahead * 1e3:.0f} ms of prefill); at this device's idle "
-                f"share of {idle:.0%} they take ~{wait:.2f} s, past its {req.deadline_s:g} s deadline")
+        return (f"{len(self.queue)} requests queued ahead ({ahead * 1e3:.0f} ms of prefill) and its own "
+                f"{own * 1e3:.0f} ms: at this device's idle share of {idle:.0%} they take ~{wait:.2f} s, "
+                f"past its {req.deadline_s:g} s deadline")
 
     # ------------------------------------------------------------------ status
 
@@ -402,14 +411,14 @@ class Agent:
         self._next_expiry = math.inf
         for p in self.queue:
             req = p.request
-            if not p.started and now > self.epoch + req.expires_at():
+            if not p.started and not self.serve_admitted and now > self.epoch + req.expires_at():
                 self._reject(req.id, Reason.DEADLINE_PASSED,
                              f"waited {now - self.epoch - req.arrival_s:.3f} s > deadline {req.deadline_s} s")
             elif rescreen and not p.started and (why := self.admission.too_long(req, longest)) is not None:
                 self._reject(req.id, Reason.TOO_LONG, why)
             else:
                 keep.append(p)
-                if not p.started:
+                if not p.started and not self.serve_admitted:
                     self._next_expiry = min(self._next_expiry, self.epoch + req.expires_at())
         self.queue = keep
 
@@ -444,7 +453,7 @@ class Agent:
             live_end = self._live_end(now)
             if live_end is not None and self.admission.next_pieces(
                     live_end - now, self.queue, self._layers(), self._chunk_cap(),
-                    now - self.epoch if self.epoch is not None else None) is not None:
+                    now - self.epoch if self.epoch is not None and not self.serve_admitted else None) is not None:
                 return self._hold(lambda: self._live_end(self.clock.now()) or -math.inf, now)
         self._realtime(False)
         self._observe(now)
@@ -521,7 +530,7 @@ class Agent:
 
         def pick(t: float) -> tuple[PieceRun | None, float]:
             end = end_now()
-            rel_now = t - self.epoch if self.epoch is not None else None
+            rel_now = t - self.epoch if self.epoch is not None and not self.serve_admitted else None
             return self.admission.next_pieces(end - t, self.queue, layers, cap, rel_now), end
 
         leased = hasattr(self.device, "extend_lease")

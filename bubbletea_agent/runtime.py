@@ -271,6 +271,7 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         from bubbletea_agent.controller.dispatch import SERVICE_ORDER
 
         agent.inbox, agent.on_status, agent.order = link.take, link.status, SERVICE_ORDER
+        agent.refuse_unreachable = False  # the controller admitted each request it sends here
         if cfg.live is not None and cfg.live.wake is not None:
             from bubbletea_agent.live import Nudger
 

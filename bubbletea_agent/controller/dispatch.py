@@ -8,9 +8,11 @@ holds: the open window, then the upcoming slots, then beyond the last known slot
 recent idle share of the wall clock. A request of predicted time `W` on a device with
 `B` seconds of work ahead of it starts when the bubbles ahead have absorbed `B` and
 finishes when they have absorbed `B + W`. It goes to the device that finishes it soonest
-among those that can start it within its deadline; when none can it is rejected
-(`deadline_unreachable`), and one that even an empty device could not finish within
-`horizon_s`, or longer than the model's context, is `too_long`.
+among those that finish it within its deadline (its TTFT budget); when none can it is
+refused at once (`deadline_unreachable`), and one that even an empty device could not finish
+within `horizon_s`, or longer than the model's context, is `too_long`. That decision is made
+once, when the request arrives: a request admitted is served, on whichever device finishes
+it soonest then, however late that turns out; it is never left to expire in a queue.
 
 Work dispatched but not yet in an agent's reported backlog (sent since its last status)
 is added on the controller's side, so a burst of arrivals between two syncs spreads over
@@ -207,6 +209,7 @@ class Entry:
     predicted_start: float | None = None
     predicted_finish: float | None = None
     dispatched_at: float | None = None
+    admitted: bool = False  # placed once within its deadline: from then on it is served, never refused
 
 
 @dataclass
@@ -288,8 +291,8 @@ class Dispatcher:
 
     def _place(self, entry: Entry, now: float, raise_on_reject: bool = False,
                planned: dict[str, float] | None = None, into: dict[str, float] | None = None) -> None:
-        """Send the request to the device that finishes it soonest among those that start it
-        within its deadline, behind the work `planned` there for the requests that go before
+        """Send the request to the device that finishes it soonest among those that finish it
+        within its deadline (any device once it was admitted), behind the work `planned` there for the requests that go before
         it (default: those waiting here ahead of it in `order`), or reject it. Late binding:
         sent only once it would start within `commit_ahead_s`; until then it waits here,
         planned, its time added to `into` (default: the dispatcher's plan)."""
@@ -327,18 +330,22 @@ class Dispatcher:
             empty = capacity_times(d.status, now, [work])[0]
             fastest = min(fastest, empty - now)
             if best is None or finish < best[1]:
-                if start - entry.arrival <= deadline:
+                if entry.admitted or finish - entry.arrival <= deadline:
                     best = (start, finish, d, work)
-        if fastest > self.horizon_s:
+        if entry.admitted:
+            pass  # admitted at arrival: served wherever it finishes soonest, never refused now
+        elif fastest > self.horizon_s:
             self._end_rejected(entry, Reason.TOO_LONG,
                                f"its prefill would take {fastest:.1f} s of wall time even on the emptiest "
                                f"device's bubbles (limit {self.horizon_s:g} s)", now, raise_on_reject)
             return
-        if best is None:
+        elif best is None:
             self._end_rejected(entry, Reason.DEADLINE_UNREACHABLE,
-                               f"no device's bubbles can start it within its {deadline:g} s deadline", now,
+                               f"no device's bubbles can prefill it within its {deadline:g} s deadline", now,
                                raise_on_reject)
             return
+        assert best is not None
+        entry.admitted = True
         start, finish, dev, work = best
         entry.predicted_start, entry.predicted_finish = start, finish
         if self.commit_ahead_s is not None and start > now + self.commit_ahead_s:
@@ -404,7 +411,8 @@ class Dispatcher:
     # ---------------------------------------------------------------------- time
 
     def tick(self, now: float) -> None:
-        """Requests waiting here: reject expired ones; place the others again in `order`
+        """Requests waiting here: reject expired ones not yet admitted (no device was ready
+        when they arrived); place the others again in `order`
         (shortest first, or arrival) (sent once they would start within `commit_ahead_s`, else planned again),
         after an agent synced or once the first of them is due; stop placing at the first
         that stays (the later ones would not start sooner: every device's work ahead of
@@ -418,7 +426,7 @@ class Dispatcher:
             entry = self.entries[rid]
             req = entry.request
             deadline = req.deadline_s if req.deadline_s is not None else self.deadline_s
-            if now - entry.arrival > deadline:
+            if not entry.admitted and now - entry.arrival > deadline:
                 self._end_rejected(entry, Reason.DEADLINE_PASSED,
                                    f"waited {now - entry.arrival:.3f} s for a device > deadline {deadline:g} s", now)
         if not self.queue:

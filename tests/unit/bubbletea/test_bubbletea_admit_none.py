@@ -31,7 +31,7 @@ def test_admit_none_never_takes_the_device_and_ends_every_request(monkeypatch: p
     assert not [r for r in res.device.records if r.kind == "prefill"]
     s = res.summary
     assert s["arrived"] > 50 and s["served"] == 0 and s["arrived"] == s["rejected"]
-    assert set(s["rejected_by_reason"]) <= {"deadline_passed", "no_slots"}
+    assert set(s["rejected_by_reason"]) <= {"deadline_unreachable", "no_slots"}
 
 
 def test_without_the_hook_the_same_requests_are_served(monkeypatch: pytest.MonkeyPatch) -> None:

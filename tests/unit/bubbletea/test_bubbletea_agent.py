@@ -393,8 +393,10 @@ def test_requests_that_cannot_start_in_time_are_refused_at_arrival_with_the_figu
     r = refused[0]
     assert r["start"] is None and r["end"] is None  # never queued: refused when it arrived
     assert "requests queued ahead" in r["detail"] and "past its 0.5 s deadline" in r["detail"]
-    # off: they wait in the queue and expire there instead
+    # a request taken is served: none expires in the queue
+    assert "deadline_passed" not in res.summary["rejected_by_reason"]
+    # off (and admitted requests not kept to the end): they wait in the queue and expire there instead
     res = simulate_agent(sched, poisson(2000, 3, deadline=0.5), charge, admission=AdmissionConfig(max_queue=100000),
-                         refuse_unreachable=False)
+                         refuse_unreachable=False, serve_admitted=False)
     reasons = res.summary["rejected_by_reason"]
     assert "deadline_unreachable" not in reasons and reasons["deadline_passed"] > 1000

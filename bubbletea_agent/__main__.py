@@ -16,15 +16,15 @@ import time
 
 import click
 
-from testbed_core.lifetime import watch_owner
-from testbed_core.readiness import announce_ready
+from testbed_runtime.lifetime import watch_owner
+from testbed_runtime.readiness import announce_ready
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.option("-v", "--verbose", is_flag=True, help="log every step decision")
 def main(verbose: bool) -> None:
     """BubbleTea: prefill-as-a-service in the idle slots of pipeline training."""
-    watch_owner()  # every command: ends promptly once the run that started it is gone (testbed_core/lifetime.py)
+    watch_owner()  # every command: ends promptly once the run that started it is gone (testbed_runtime/lifetime.py)
     logging.basicConfig(level=logging.DEBUG if verbose else logging.INFO,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s", stream=sys.stderr)
 

@@ -38,16 +38,12 @@ from bubbletea_agent.admission import Action, Admission, Pending, PieceRun
 from bubbletea_agent.engine import DeviceLike, KVCache, PrefillEngine, StartedLate
 from bubbletea_agent.kv_ship import ShipResult
 from bubbletea_agent.requests import Reason, Request, RequestLedger
-from bubbletea_agent.slots import EndOfSlots, Slot, SlotTracker
+from bubbletea_agent.slots import SlotTracker
 from testbed_core.contracts.prefill_service import AgentStatus, Window
+from testbed_runtime.agent_env import ADMIT_ENV
+from testbed_runtime.slots import EndOfSlots, Slot
 
 log = logging.getLogger(__name__)
-
-ADMIT_ENV = "BUBBLETEA_ADMIT"
-"""``BUBBLETEA_ADMIT=none`` in an agent's environment: it runs its whole loop (requests
-arrive, queue and expire, windows are read) but never takes the device. The runner's
-idle twin (testbed/run/runner.py) measures the agents' own overhead with it."""
-
 
 class Clock(Protocol):
     def now(self) -> float: ...
@@ -151,7 +147,7 @@ class Agent:
     # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
     realtime_holds: bool = False
-    # every hold is a lease (testbed_core/device.py): training takes the device back at the
+    # every hold is a lease (testbed_runtime/device.py): training takes the device back at the
     # window's end (as committed) plus this guard, whatever this process is doing then
     lease_guard_s: float = 0.005
     # False: never take the device (ADMIT_ENV=none): the agent's cost without its prefills
@@ -627,7 +623,7 @@ class Agent:
         return 0.0
 
     def _lease_kw(self, deadline: float) -> dict[str, Any]:
-        """The lease arguments of a hold on a device that has leases (testbed_core/device.py)."""
+        """The lease arguments of a hold on a device that has leases (testbed_runtime/device.py)."""
         if not hasattr(self.device, "extend_lease") or not math.isfinite(deadline):
             return {}
         return {"deadline": deadline, "guard_s": self.lease_guard_s}

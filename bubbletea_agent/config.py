@@ -54,7 +54,7 @@ class _M(BaseModel):
 
 
 class DeviceConfig(_M):
-    """Which device to share with the training worker (testbed_core.device.Device)."""
+    """Which device to share with the training worker (testbed_runtime.device.Device)."""
 
     name: str
     run_dir: Path
@@ -95,7 +95,7 @@ class DecodeConfig(_M):
 
 
 class LiveConfig(_M):
-    """The training worker's live status (bubbletea_agent/live.py)."""
+    """The training worker's live status (testbed_runtime/live.py)."""
 
     status: Path  # the worker's status record
     wake: Path | None = None  # FIFO the worker pokes on every state change

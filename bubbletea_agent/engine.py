@@ -145,7 +145,7 @@ class ChunkResult:
 
 
 class DeviceLike(Protocol):
-    """The part of testbed_core.device.Device the agent uses."""
+    """The part of testbed_runtime.device.Device the agent uses."""
 
     mode: str
     time_scale: float

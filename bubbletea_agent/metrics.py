@@ -1,7 +1,7 @@
 """BubbleTea metrics from request records and device timelines.
 
 Inputs are plain: request rows as the agent writes them (`requests.jsonl`) and work
-records with `kind`, `start`, `end` and `requested` (testbed_core.device.WorkRecord). Work of
+records with `kind`, `start`, `end` and `requested` (testbed_core.device_records.WorkRecord). Work of
 kind "prefill" is BubbleTea's; everything else on the device is training.
 
 A guard violation is a prefill that training had to wait for: a training piece asked
@@ -71,7 +71,7 @@ def percentiles(values: Iterable[float], qs: Sequence[int] = (50, 95, 99)) -> di
 def _waited_for(p: WorkLike, t: WorkLike) -> float | None:
     """How long training piece `t` waited for prefill `p`, or None if it did not: it asked
     while `p` held the device and started when `p` ended, or earlier by revoking its
-    lease (testbed_core/device.py: then it started without the prefill's lock)."""
+    lease (testbed_runtime/device.py: then it started without the prefill's lock)."""
     if not p.start - EPS <= t.requested < p.end - EPS:
         return None
     if t.start >= p.end - EPS:

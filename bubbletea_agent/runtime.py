@@ -1,4 +1,4 @@
-"""Wiring the agent to the real world: the host's emulated GPU (testbed_core.device), the
+"""Wiring the agent to the real world: the host's emulated GPU (testbed_runtime.device), the
 compute model, the slot file, the device timeline file (`TimelineTail`, over the shared
 JSON-lines tailer of tail.py), atlas_transport to the decode host, and the output files.
 
@@ -38,7 +38,7 @@ from bubbletea_agent.requests import Reason, load_requests
 from bubbletea_agent.slots import SlotFeed, SlotTracker
 from bubbletea_agent.tail import JsonlTail
 from testbed_core.contracts.bubbletea import PrefillModelSpec
-from testbed_core.readiness import announce_ready
+from testbed_runtime.readiness import announce_ready
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def compute_model_for(dev: DeviceConfig, spec: PrefillModelSpec) -> Any:
 
 
 def open_device(dev: DeviceConfig, compute: Any) -> Any:
-    from testbed_core.device import Device
+    from testbed_runtime.device import Device
 
     return Device(dev.name, dev.run_dir, mode=dev.mode, compute=compute, time_scale=dev.time_scale)
 
@@ -218,7 +218,8 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         shipper = AsyncShipper(connect or default_connect)
     live_bound, waker = None, None
     if cfg.live is not None:
-        from bubbletea_agent.live import StatusReader, Waker, bound_from
+        from bubbletea_agent.live import bound_from
+        from testbed_runtime.live import StatusReader, Waker
 
         status = StatusReader(cfg.live.status)
         gate = StatusReader(cfg.live.gate) if cfg.live.gate is not None else None
@@ -273,7 +274,7 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
         agent.inbox, agent.on_status, agent.order = link.take, link.status, SERVICE_ORDER
         agent.refuse_unreachable = False  # the controller admitted each request it sends here
         if cfg.live is not None and cfg.live.wake is not None:
-            from bubbletea_agent.live import Nudger
+            from testbed_runtime.live import Nudger
 
             link.on_work = Nudger(cfg.live.wake).poke  # new work ends the agent's sleep, as the worker does
     return Built(agent, device, cfg, latency, notes, link)
@@ -284,7 +285,7 @@ def run(cfg: AgentConfig, connect: Any = None, install_signals: bool = True,
     """Run one agent until training ends (or SIGTERM/SIGINT, or max_runtime_s); write
     its outputs (default `out_dir`/agent.json and `out_dir`/requests.jsonl); return its
     summary. Once the agent is built and about to loop it announces readiness
-    (testbed_core.readiness: the runner waits for it before training starts)."""
+    (testbed_runtime.readiness: the runner waits for it before training starts)."""
     out = Path(cfg.out_dir)
     out.mkdir(parents=True, exist_ok=True)
     # the loop thread must get the interpreter back at once when it wakes to end a

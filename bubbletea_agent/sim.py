@@ -22,8 +22,8 @@ from typing import Any
 import numpy as np
 
 from bubbletea_agent.agent import Work
-from bubbletea_agent.slots import EndOfSlots, Slot
-from testbed_core.device import WorkRecord
+from testbed_core.device_records import WorkRecord
+from testbed_runtime.slots import EndOfSlots, Slot
 
 SIM_DEVICE = "sim"  # the one device of a simulation, as its records name it
 

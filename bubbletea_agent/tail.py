@@ -1,5 +1,5 @@
 """Following append-only JSON-lines files that another process is still writing: the
-worker's slot feed (slots.py) and the device timeline (testbed_core/device.py).
+worker's slot feed (slots.py) and the device timeline (testbed_runtime/device.py).
 
 `JsonlTail` is the one reader of such files: each `poll` returns the lines completed
 since the previous one, keeps a half-written last line until its newline arrives (a

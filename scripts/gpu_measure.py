@@ -11,7 +11,7 @@ and the others still run):
 * `transport`: atlas_transport on loopback (one process, `loopback_pair`), goodput of
   CPU->CPU and CUDA->CUDA tensors of the same size and stream count, and their ratio
   (CUDA goes through pinned host memory both ways).
-* `device`: a matmul through `testbed_core.device.Device(mode="real")`: recorded duration
+* `device`: a matmul through `testbed_runtime.device.Device(mode="real")`: recorded duration
   against the kernels' CUDA-event time.
 * `prefill`: the BubbleTea scenario's model (Llama-3-8B, random weights) through the
   real engine for several prompt lengths, against what `testbed_core/compute_model.py`
@@ -183,7 +183,7 @@ def measure_transport(size_mib: int, streams: list[int], reps: int, cuda: bool) 
 
 
 def measure_device(n: int = 8192) -> dict[str, Any]:
-    from testbed_core.device import Device
+    from testbed_runtime.device import Device
 
     a = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
     b = torch.randn(n, n, device=DEV, dtype=torch.bfloat16)
@@ -221,7 +221,7 @@ def measure_prefill(lengths: list[int], reps: int, efficiency: float | None,
     from bubbletea_agent.runtime import profile_on_device
     from testbed_core.compute_model import ComputeModel, gpu_spec, layer_params
     from testbed_core.contracts.bubbletea import PrefillModelSpec
-    from testbed_core.device import Device
+    from testbed_runtime.device import Device
 
     scenario = yaml.safe_load((ROOT / "scenarios" / "atlas-2dc-bubbletea.yaml").read_text())
     model = model or scenario["bubbletea"]["model"]

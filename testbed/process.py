@@ -1,5 +1,5 @@
 """Start a process and know when it is ready: the parent's half of the readiness pipe
-(the child's half is ``testbed_core.readiness.announce_ready``).
+(the child's half is ``testbed_runtime.readiness.announce_ready``).
 
 ``start(argv, ...)`` creates a pipe, starts the child with the pipe's write end passed
 to it (``pass_fds``) and its number in ``TESTBED_READY_FD``, and returns a
@@ -36,7 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed_core.readiness import READY_FD_ENV
+from testbed_runtime.readiness import READY_FD_ENV
 
 Popen = Callable[..., subprocess.Popen]
 

@@ -1,6 +1,6 @@
 """How long a piece of GPU work takes: named GPUs, transformer FLOPs, tensor sizes.
 
-The emulated device (testbed_core/device.py) holds itself busy for the time this module
+The emulated device (testbed_runtime/device.py) holds itself busy for the time this module
 predicts, so the formulas here decide what the testbed's GPUs "do". Sources:
 
 * FLOPs of a transformer layer: Narayanan et al., "Efficient Large-Scale Language

@@ -293,7 +293,7 @@ def run_job(job_path: str | Path) -> dict[str, Any]:
     from bubbletea_agent.config import request_source
     from bubbletea_agent.requests import load_requests
     from testbed_core.contracts.prefill_service import ControllerJob
-    from testbed_core.readiness import announce_ready
+    from testbed_runtime.readiness import announce_ready
 
     path = Path(job_path)
     try:

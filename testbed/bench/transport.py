@@ -404,7 +404,7 @@ _CLIENTS: dict[str, Callable[[argparse.Namespace], ClientResult]] = {"atlas": cl
 
 
 def worker_main(argv: list[str] | None = None) -> int:
-    from testbed_core.lifetime import watch_owner
+    from testbed_runtime.lifetime import watch_owner
 
     watch_owner()  # ends promptly once the benchmark that started it is gone
     p = argparse.ArgumentParser(prog="python -m testbed.bench.transport", description=__doc__.split("\n\n")[0])
@@ -447,7 +447,7 @@ def worker_main(argv: list[str] | None = None) -> int:
 # --- orchestration ------------------------------------------------------------------
 
 def local_launcher(argv: list[str], env: dict[str, str], stderr: IO[bytes]) -> subprocess.Popen:
-    from testbed_core.lifetime import OWNER_ENV, owner_mark
+    from testbed_runtime.lifetime import OWNER_ENV, owner_mark
 
     env = {**env, OWNER_ENV: owner_mark()}  # it ends itself when this process is gone (worker_main)
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=stderr, env=env)

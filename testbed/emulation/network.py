@@ -73,7 +73,7 @@ from testbed.emulation.records import (
     prefix_in_use,
 )
 from testbed_core.topology import Topology, load_topology
-from testbed_core.lifetime import OWNER_ENV, owner_mark
+from testbed_runtime.lifetime import OWNER_ENV, owner_mark
 
 __all__ = [
     "Emulation",

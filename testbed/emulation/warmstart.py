@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from typing import IO, Any
 
 from testbed.emulation.errors import EmulationError
-from testbed_core.lifetime import die_with_parent
+from testbed_runtime.lifetime import die_with_parent
 
 CLONE_NEWNS = 0x00020000
 CLONE_NEWNET = 0x40000000

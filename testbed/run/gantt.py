@@ -24,7 +24,7 @@ KIND_COLORS = {
     "allreduce": "#937860",
 }
 OTHER_COLOR = "#8c8c8c"
-REVOKED_COLOR = "#d62728"  # a BubbleTea hold training took back at its deadline (testbed_core/device.py)
+REVOKED_COLOR = "#d62728"  # a BubbleTea hold training took back at its deadline (testbed_runtime/device.py)
 IDLE_COLOR = "#fbe3e1"
 PIPELINE_COLORS = ("#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4edd", "#f4a261", "#457b9d")
 

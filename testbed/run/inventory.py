@@ -55,7 +55,7 @@ from testbed.run.common import RunnerError
 from testbed.training.worker.control import CONTROL_MAP_ENV
 from testbed_core.constants import REPO_ROOT
 from testbed_core.inventory import Inventory, InventoryError, Machine, load_inventory
-from testbed_core.readiness import READY_FD_ENV
+from testbed_runtime.readiness import READY_FD_ENV
 
 CONNECT_TIMEOUT_S = 8
 LOGIN_TIMEOUT_S = 60.0
@@ -64,7 +64,7 @@ DELAY_BACKEND = "none (real machines over SSH: the network between them, nothing
 
 # Runs on the machine: the environment from stdin's first line (read byte by byte so
 # the rest of stdin stays the command's), the pid to a file, then exec. When the
-# runner waits for the process to announce readiness (testbed_core/readiness.py),
+# runner waits for the process to announce readiness (testbed_runtime/readiness.py),
 # the launcher stays as its parent: it hands the command a pipe of its own and writes
 # what comes out of it to stderr after READY_MARK, and the runner's side passes that
 # line on to the runner's pipe (`RemotePopen`).

@@ -3,7 +3,7 @@
 testbed/training/worker/.
 
 One process per (pipeline, rank) on its placed host, each with its emulated GPU
-(`testbed_core.device.Device`) in the variant's run directory: modelled (durations from
+(`testbed_runtime.device.Device`) in the variant's run directory: modelled (durations from
 the compute model), or, with ``gpu.mode: real``, real torch work
 (testbed/training/real_mode.py). Every pipeline boundary is an atlas_transport
 channel (1 stream for ``baseline``, N for the others; 1 inside a DC) carrying
@@ -13,7 +13,7 @@ previous transfer in its link's planned order has had its planned time on the wi
 (plus ``runner.token_margin``); senders announce their start to the next holder over
 UDP on the DC's LAN (``runner.temporal_mode: slot`` waits for the planned slot start
 instead). With BubbleTea each worker also gets its planned idle slots and where to
-publish its live status (bubbletea_agent/live.py). Every port comes from the run's
+publish its live status (testbed_runtime/live.py). Every port comes from the run's
 `PortPlan` (testbed/run/ports.py).
 """
 
@@ -229,12 +229,12 @@ def dp_sync_jobs(setup: VariantSetup, workload: Any, eff: Any, topology: Any, ho
 
 def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str], devices: Mapping[str, str],
               topology: Any, run_dir: Path, lead_s: float, local: bool) -> dict[str, LiveJob]:
-    """BubbleTea's live status for each worker (bubbletea_agent/live.py): where it goes,
+    """BubbleTea's live status for each worker (testbed_runtime/live.py): where it goes,
     and per boundary the nominal rate of the slowest shaped link a received tensor
     crosses (the WAN links on the way, else the DC's LAN; none in local mode), which
     bounds how soon the bytes still missing can arrive. The slack covers the shaper's
     burst and a little more."""
-    from bubbletea_agent.live import status_path, wake_path
+    from testbed_runtime.live import status_path, wake_path
 
     lan = {dc.name: dc.lan_rate for dc in topology.dcs}
     out = {}

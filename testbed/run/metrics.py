@@ -1,6 +1,6 @@
 """What a run measured, computed from the workers' records (pure: no I/O).
 
-Inputs are the device timelines (`testbed_core.device.WorkRecord`, one list per device),
+Inputs are the device timelines (`testbed_core.device_records.WorkRecord`, one list per device),
 the transfer records the workers wrote (`TransferRecord`, one per boundary tensor,
 merged from the sending and the receiving side) and the common start instant of
 every iteration (the runner's barrier). Definitions, as printed in the summary:
@@ -38,7 +38,8 @@ from testbed_core.contracts.summary import (
     Summary,
     VariantFailure,
 )
-from testbed_core.device import WorkRecord, busy_time, merge_intervals
+from testbed_core.device_records import WorkRecord, busy_time
+from testbed_core.intervals import covered
 
 TRAINING_KINDS = ("forward", "backward", "optimizer", "allreduce")
 
@@ -262,7 +263,7 @@ def wan_stats(
             st.transfers += 1
             st.spans.append(span)
     for st in per_dir.values():
-        st.busy_s = sum(e - s for s, e in merge_intervals(st.spans))
+        st.busy_s = covered(st.spans)
 
     def row(st: LinkStats, busy: float, nbytes: int, count: int) -> dict[str, Any]:
         return {

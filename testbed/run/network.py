@@ -64,9 +64,9 @@ class LocalHost:
 
 def _owned(kwargs: dict[str, Any]) -> dict[str, Any]:
     """`kwargs` with this process named as the owner in the child's environment: the
-    workers and agents end themselves once it is gone (testbed_core/lifetime.py), as
+    workers and agents end themselves once it is gone (testbed_runtime/lifetime.py), as
     under emulation (Emulation names itself the same way)."""
-    from testbed_core.lifetime import OWNER_ENV, owner_mark
+    from testbed_runtime.lifetime import OWNER_ENV, owner_mark
 
     env = dict(kwargs.get("env") or os.environ)
     env[OWNER_ENV] = owner_mark()

@@ -128,7 +128,7 @@ class Controller:
             if rc is not None and rc != 0:
                 if wid.startswith("agent-"):
                     # training does not depend on its BubbleTea agent (a dead holder's flock is
-                    # gone with it, testbed_core/device.py): say so once and train on
+                    # gone with it, testbed_runtime/device.py): say so once and train on
                     if wid not in self._agents_lost:
                         self._agents_lost.add(wid)
                         self.progress.log(f"  {wid} exited with status {rc}; training goes on without it "
@@ -200,10 +200,10 @@ def run_workers(
     `FaultInjector`) hears of each iteration's start and end and injects its faults.
     A +bubbletea variant's agents and decode servers run in a cgroup with
     ``runner.bubbletea_cpu_weight`` of a normal CPU weight; with `admit` False its agents
-    run but never take the device (the idle twin: bubbletea_agent.agent.ADMIT_ENV)."""
+    run but never take the device (the idle twin: testbed_runtime.agent_env.ADMIT_ENV)."""
     from testbed.run.metrics import merge_transfer_sides
     from testbed.training.transport_comm import read_transfer_logs
-    from testbed_core.device import Device
+    from testbed_runtime.device import Device
 
     jobs_dir, logs_dir = folder / "jobs", folder / "logs"
     jobs_dir.mkdir(parents=True, exist_ok=True)
@@ -243,12 +243,13 @@ def run_workers(
         if faults is not None:
             faults.procs = procs
         if setup.bubbletea:
-            from bubbletea_agent.live import Gate, gate_path
+            from testbed_runtime.gate import Gate
+            from testbed_runtime.live import gate_path
 
             gate = Gate(gate_path(run_dir), lead)
             # the request source only needs to outlast the run: requests stop at the last iteration
             horizon = iterations * max(pred, 0.1) * 3 + scenario.runner.setup_timeout
-            from bubbletea_agent.agent import ADMIT_ENV
+            from testbed_runtime.agent_env import ADMIT_ENV
 
             agent_env = env if admit else {**env, ADMIT_ENV: "none"}
             agents, decoders = start_agents(net, jobs, folder, scenario, workload, base_dir, iterations, agent_env,

@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from testbed_core.device import Device, WorkRecord
 from testbed_core.schedules import Schedule
 from testbed_core.simulate import TransferKey
+from testbed_runtime.device import Device, WorkRecord
 
 
 class Comm(Protocol):

@@ -49,7 +49,7 @@ from testbed_core.workload import Workload
 
 if TYPE_CHECKING:
     from testbed.training.executor import Comm
-    from testbed_core.device import WorkRecord
+    from testbed_core.device_records import WorkRecord
 
 DP_TAG_BASE = 1 << 40  # atlas_transport tags of DP gradient exchanges (stage is added)
 
@@ -461,10 +461,10 @@ def train_in_process(
     """Pipeline training with every (replica, rank) worker a thread of this process,
     on real devices (`Device(mode='real')`), through `comm` (default LocalComm).
     `offsets` delays each pipeline's start (seconds); `device` is the torch device
-    (default CPU; `testbed_core.device.torch_device()` picks CUDA when present)."""
+    (default CPU; `testbed_runtime.device.torch_device()` picks CUDA when present)."""
     from testbed.training.executor import LocalComm, run_threads, run_worker
-    from testbed_core.device import Device
     from testbed_core.schedules import build_schedule
+    from testbed_runtime.device import Device
 
     par = workload.parallelism
     sched = build_schedule(schedule or par.schedule, par.pp, par.num_micro_batches, par.chunks)

@@ -87,7 +87,7 @@ class TemporalJob(_Model):
 
 
 class DeviceJob(_Model):
-    """The worker's emulated GPU (`testbed_core.device.Device`): shared through the run
+    """The worker's emulated GPU (`testbed_runtime.device.Device`): shared through the run
     directory with a BubbleTea agent on the same host."""
 
     name: str
@@ -154,7 +154,7 @@ class GlooJob(_Model):
 
 
 class LiveJob(_Model):
-    """BubbleTea's live status of this worker's device (bubbletea_agent/live.py): the
+    """BubbleTea's live status of this worker's device (testbed_runtime/live.py): the
     earliest time training can want the device again, kept true as the worker waits."""
 
     status_path: str

@@ -38,7 +38,7 @@ p.terminate()
 rest, _ = p.communicate(timeout=30)
 out["after_term"], out["code"] = rest.strip(), p.returncode
 
-ready = ("from testbed_core.readiness import announce_ready\nimport time\n"
+ready = ("from testbed_runtime.readiness import announce_ready\nimport time\n"
          "announce_ready(port=4242)\ntime.sleep(120)\n")
 def popen(argv, env=None, **kw):
     extra = {k: v for k, v in env.items() if os.environ.get(k) != v}

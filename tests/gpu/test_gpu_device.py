@@ -1,4 +1,4 @@
-"""testbed_core.device in mode "real" on CUDA: work given to the Device runs on the GPU and
+"""testbed_runtime.device in mode "real" on CUDA: work given to the Device runs on the GPU and
 the timeline records a duration that covers the kernels (the device synchronises
 before its clock stops). Skipped where there is no GPU (CI)."""
 
@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from testbed_core.device import Device, torch_device
+from testbed_runtime.device import Device, torch_device
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 

@@ -13,7 +13,7 @@ from bubbletea_agent.engine import KVCache, TransformersEngine
 from bubbletea_agent.latency import DEFAULT_PROFILE_LENGTHS, QuadraticLatency
 from testbed_core.constants import SCENARIOS_DIR
 from testbed_core.contracts.bubbletea import PrefillModelSpec
-from testbed_core.device import Device
+from testbed_runtime.device import Device
 
 pytestmark = pytest.mark.gpu  # skipped without CUDA (tests/conftest.py)
 

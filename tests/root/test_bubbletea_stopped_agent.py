@@ -18,7 +18,7 @@ import pytest
 from testbed.progress import Progress
 from testbed.run.runner import run_scenario
 from testbed.run.scenario import load_scenario
-from testbed_core.device import Lease
+from testbed_core.device_records import Lease
 
 pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]

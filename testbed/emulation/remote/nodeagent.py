@@ -12,7 +12,7 @@ SSH, to reach the nodes there (the caller side is testbed/emulation/remote/clien
         byte so the rest of stdin stays the program's; never on a command line: the
         channels' secret is in it). Stdin, stdout and stderr are the SSH session's.
         When the environment asks for a readiness pipe (TESTBED_READY_FD,
-        testbed_core/readiness.py), the program gets one of this agent's and its line
+        testbed_runtime/readiness.py), the program gets one of this agent's and its line
         comes back on stderr after READY_MARK. When the SSH client on the controller
         goes away (its end of stdout closes) the program's session gets SIGTERM, then
         SIGKILL: a program never outlives the handle that started it. Exits with the
@@ -47,7 +47,7 @@ from pathlib import Path
 
 ENV_RUN = "TESTBED_RUN"  # as testbed.emulation.records.ENV_RUN
 ENV_SPAWN = "TESTBED_SPAWN"
-READY_FD_ENV = "TESTBED_READY_FD"  # as testbed_core.readiness.READY_FD_ENV
+READY_FD_ENV = "TESTBED_READY_FD"  # as testbed_runtime.readiness.READY_FD_ENV
 READY_MARK = "\x1etestbed-ready "  # a readiness line relayed on stderr (as testbed/run/inventory.py does)
 PREFIX_RE = re.compile(r"^tb[0-9a-f]{3}$")  # as testbed.emulation.naming.PREFIX_RE
 TERM_GRACE_S = 1.0

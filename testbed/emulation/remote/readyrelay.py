@@ -4,7 +4,7 @@ inventory, testbed/run/inventory.py) cannot write to the caller's readiness pipe
 its launcher there writes the line to stderr after READY_MARK. `relay_stderr` makes
 the ssh client's stderr a pipe and `start_relay` passes it on to where the caller
 wanted stderr, except that line, which goes to the readiness pipe
-(testbed_core/readiness.py reads it as if the program had written it there)."""
+(testbed_runtime/readiness.py reads it as if the program had written it there)."""
 
 from __future__ import annotations
 

@@ -8,7 +8,7 @@ network namespace under emulation). A ``train`` worker is one (pipeline, rank): 
 opens its boundary channels (it listens for the channels from the previous stage and
 connects to the next), reports ready on the runner's control socket, then runs each
 iteration when told to start it, at a common wall-clock instant (plus its pipeline's
-planned offset). Its emulated GPU is a shared `testbed_core.device.Device` in the run
+planned offset). Its emulated GPU is a shared `testbed_runtime.device.Device` in the run
 directory, so a BubbleTea agent next to it can use the same device. Transfer records
 go to the job's ``transfers_path``.
 

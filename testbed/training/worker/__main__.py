@@ -8,7 +8,7 @@ import sys
 
 from testbed.training.worker.job import WorkerError, load_job
 from testbed_core.contracts.worker_job import RingProbeJob, TrainJob
-from testbed_core.lifetime import watch_owner
+from testbed_runtime.lifetime import watch_owner
 
 
 def main(argv: list[str] | None = None) -> int:

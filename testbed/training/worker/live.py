@@ -1,7 +1,8 @@
 """BubbleTea next to a training worker: the slot feed of its device (planned idle
-slots per iteration, bubbletea_agent/slots.py) and its live status (the earliest time
-training can want the device again, bubbletea_agent/live.py), each only when the
-job asks for it."""
+slots per iteration, testbed_runtime/slots.py) and its live status (the earliest time
+training can want the device again, testbed_runtime/live.py and live_reporter.py), each
+only when the job asks for it. The worker writes both through the runtime layer and
+never imports the BubbleTea agent."""
 
 from __future__ import annotations
 
@@ -15,14 +16,14 @@ def slot_publisher(job: TrainJob) -> Any:
     """BubbleTea's slot feed of this worker's device, or None."""
     if not job.slots_path:
         return None
-    from bubbletea_agent.slots import SlotPublisher
+    from testbed_runtime.slots import SlotPublisher
 
     return SlotPublisher(job.slots_path, worker=job.worker, stage=job.rank)
 
 
 def publish_slots(publisher: Any, job: TrainJob, iteration: int, start: float) -> None:
     """The planned idle slots of `iteration`, which starts at `start` (wall clock)."""
-    from bubbletea_agent.slots import Slot
+    from testbed_runtime.slots import Slot
 
     publisher.publish([Slot(iteration, k, start + s, e - s, job.rank) for k, (s, e) in enumerate(job.idle_slots)])
 
@@ -31,7 +32,8 @@ def live_reporter(job: TrainJob) -> Any:
     """BubbleTea's live status writer of this worker's device, or None."""
     if job.live is None:
         return None
-    from bubbletea_agent.live import LiveReporter, Nudger, StatusWriter
+    from testbed_runtime.live import Nudger, StatusWriter
+    from testbed_runtime.live_reporter import LiveReporter
 
     return LiveReporter(StatusWriter(job.live.status_path), Nudger(job.live.wake_path), lead_s=job.live.lead_s,
                         poll_s=job.live.poll_s)
@@ -43,8 +45,8 @@ def watched(channels: dict[int, Any], job: TrainJob, live: Any) -> dict[int, Any
     kernel's byte counts of the channel's sockets can be read)."""
     if live is None:
         return channels
-    from bubbletea_agent.live import ArrivalFloor, ProgressBound, WatchedChannel
-    from bubbletea_agent.tcp_progress import TcpProgressError, TcpReceived
+    from testbed_runtime.live_reporter import ArrivalFloor, ProgressBound, WatchedChannel
+    from testbed_runtime.tcp_progress import TcpProgressError, TcpReceived
 
     assert job.live is not None
     out = {}
@@ -65,6 +67,6 @@ def watched(channels: dict[int, Any], job: TrainJob, live: Any) -> dict[int, Any
 
 def live_comm(comm: Any, live: Any) -> Any:
     """The Comm the schedule drives: `comm`, reporting the live status as it goes."""
-    from bubbletea_agent.live import LiveComm
+    from testbed_runtime.live_reporter import LiveComm
 
     return LiveComm(comm, live)

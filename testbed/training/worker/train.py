@@ -49,8 +49,8 @@ def run_train(job: TrainJob) -> None:
     from testbed.training.executor import ModelledWork, run_worker
     from testbed.training.real_mode import save_params
     from testbed.training.transport_comm import ChannelPath, TokenBus, TransferLog, TransportComm
-    from testbed_core.device import Device
     from testbed_core.schedules import build_schedule
+    from testbed_runtime.device import Device
 
     control = Control(job.control, job.worker, job.setup_timeout_s)
     try:

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import pytest
 
-from bubbletea_agent.agent import ADMIT_ENV
 from bubbletea_agent.requests import FixedLength, PoissonSource
 from bubbletea_agent.sim import periodic_schedule, simulate_agent
+from testbed_runtime.agent_env import ADMIT_ENV
 
 T0 = 1000.0
 BUSY = [(0.0, 0.3), (0.5, 0.3)]

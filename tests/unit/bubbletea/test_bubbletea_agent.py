@@ -24,8 +24,9 @@ from bubbletea_agent.requests import (
     TraceSource,
 )
 from bubbletea_agent.sim import FakeClock, ListSlotFeed, periodic_schedule, simulate_agent
-from bubbletea_agent.slots import EndOfSlots, Slot, SlotTracker
+from bubbletea_agent.slots import SlotTracker
 from testbed_core.contracts.bubbletea import PrefillModelSpec
+from testbed_runtime.slots import EndOfSlots, Slot
 
 # one iteration per second: training busy [0, 0.3) and [0.5, 0.8); slots [0.3, 0.5), [0.8, 1.0)
 BUSY = [(0.0, 0.3), (0.5, 0.3)]
@@ -223,7 +224,7 @@ def test_a_short_gap_between_training_pieces_is_not_taken_for_the_slot():
     10 ms with 1 ms gaps first (the device is free in each gap). Without settling, the
     agent grabs such a gap and training waits; with it, never."""
     from bubbletea_agent.sim import Piece, Schedule
-    from bubbletea_agent.slots import EndOfSlots, Slot
+    from testbed_runtime.slots import EndOfSlots, Slot
 
     pieces, published = [], []
     for it in range(4):

@@ -1,4 +1,4 @@
-"""An agent's holds are leases on the real emulated device (testbed_core/device.py):
+"""An agent's holds are leases on the real emulated device (testbed_runtime/device.py):
 when training asks for the device the hold stops between two layers, keeps the layers
 that ran and goes on in a later window; its deadline follows what each group committed
 to. Wall clock, real files, a training thread next to the agent (issue 30)."""
@@ -15,9 +15,10 @@ from bubbletea_agent.agent import Agent, WallClock
 from bubbletea_agent.engine import ModelledEngine
 from bubbletea_agent.latency import FunctionLatency
 from bubbletea_agent.requests import Request
-from bubbletea_agent.slots import Slot, SlotTracker
+from bubbletea_agent.slots import SlotTracker
 from testbed_core.contracts.bubbletea import PrefillModelSpec
-from testbed_core.device import Device
+from testbed_runtime.device import Device
+from testbed_runtime.slots import Slot
 
 
 def layer_charge(tokens: int, context: int) -> float:

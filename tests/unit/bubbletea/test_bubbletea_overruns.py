@@ -14,7 +14,7 @@ from bubbletea_agent.metrics import guard_violations, training_waits
 from testbed.run.bubbletea import guard_overruns, iteration_stalls
 from testbed.run.metrics import bubbletea_tail, decompose_slowdown, repeat_stats
 from testbed_core.contracts.summary import RepeatRun
-from testbed_core.device import LeaseEvent, WorkRecord
+from testbed_core.device_records import LeaseEvent, WorkRecord
 
 
 def rec(kind: str, start: float, end: float, requested: float | None = None, label: str = "",

@@ -1,5 +1,5 @@
 """The agent wired to the real world (bubbletea_agent/runtime.py) against the emulated
-GPU (testbed_core.device) in wall-clock time: a stand-in training worker shares the
+GPU (testbed_runtime.device) in wall-clock time: a stand-in training worker shares the
 device and publishes its slots (or its live status); the agent runs as its own process
 (modelled mode, from a runner's job file), in-process with a real tiny Llama on the CPU
 and KV caches shipped over atlas_transport (real mode), or in-process filling the
@@ -17,11 +17,12 @@ from pathlib import Path
 import pytest
 
 from bubbletea_agent.config import config_from_scenario, parse_config
-from bubbletea_agent.live import LiveReporter, Nudger, StatusWriter, status_path, wake_path
 from bubbletea_agent.metrics import guard_violations, read_request_rows, summarize
-from bubbletea_agent.slots import Slot, SlotPublisher
 from testbed_core.contracts.bubbletea import BubbleTeaSettings, LivePaths
-from testbed_core.device import Device
+from testbed_runtime.device import Device
+from testbed_runtime.live import Nudger, StatusWriter, status_path, wake_path
+from testbed_runtime.live_reporter import LiveReporter
+from testbed_runtime.slots import Slot, SlotPublisher
 
 ROOT = Path(__file__).resolve().parents[3]
 

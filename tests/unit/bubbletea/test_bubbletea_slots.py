@@ -1,21 +1,14 @@
-"""The worker->agent slot interface and the tracker's corrections from observation."""
+"""The agent's side of the slot feed (bubbletea_agent/slots.py): tailing it, and the
+tracker's corrections from observation."""
 
 from __future__ import annotations
 
 import json
-import os
 
 import pytest
 
-from bubbletea_agent.slots import (
-    EndOfSlots,
-    Slot,
-    SlotFeed,
-    SlotFormatError,
-    SlotPublisher,
-    SlotTracker,
-    merge_busy,
-)
+from bubbletea_agent.slots import SlotFeed, SlotTracker, merge_busy
+from testbed_runtime.slots import EndOfSlots, Slot, SlotFormatError, SlotPublisher
 
 
 def test_publish_and_tail_roundtrip(tmp_path):
@@ -58,16 +51,6 @@ def test_malformed_publications_name_file_and_line(tmp_path, line, message):
     path.write_text('{"type": "hello", "v": 1, "clock": "time"}\n' + line + "\n")
     with pytest.raises(SlotFormatError, match=message):
         SlotFeed(path).poll()
-
-
-def test_publisher_writes_whole_lines_in_one_write(tmp_path):
-    path = tmp_path / "s.jsonl"
-    pub = SlotPublisher(path)
-    pub.publish(Slot(0, 0, 1.0, 1.0))
-    pub.close()
-    data = path.read_bytes()
-    assert data.endswith(b"\n") and data.count(b"\n") == 2
-    assert os.stat(path).st_size == len(data)
 
 
 def test_merge_busy_ignores_tiny_gaps():

@@ -19,7 +19,7 @@ from bubbletea_agent.decode_check import DecodeChecker  # noqa: E402
 from bubbletea_agent.kv_ship import DecodeServer  # noqa: E402
 from bubbletea_agent.metrics import read_request_rows  # noqa: E402
 from testbed_core.contracts.bubbletea import PrefillModelSpec  # noqa: E402
-from testbed_core.device import Device  # noqa: E402
+from testbed_runtime.device import Device  # noqa: E402
 
 
 def test_agent_records_the_decode_hosts_checks(tmp_path: Path) -> None:

@@ -1,5 +1,5 @@
 """Starting a process and knowing it is ready (testbed.process with
-testbed_core.readiness), on real child processes: ready, exited early (with its code or
+testbed_runtime.readiness), on real child processes: ready, exited early (with its code or
 signal, its log quoted), still not ready at the timeout, a garbled line, and started
 through a Mininet node's popen (mnexec in front of the command)."""
 
@@ -22,7 +22,7 @@ from testbed.process import ProcessError, start
 
 READY = textwrap.dedent("""
     import os, sys, time
-    from testbed_core.readiness import announce_ready
+    from testbed_runtime.readiness import announce_ready
     print("loading the model", flush=True)
     announce_ready(port=4242, pid=os.getpid())
     print("serving", flush=True)

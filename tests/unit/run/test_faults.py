@@ -228,7 +228,7 @@ def test_gantt_shades_each_fault_and_labels_it(tmp_path: Path, monkeypatch: pyte
 
     from testbed.run.gantt import gantt_png
     from testbed_core.contracts.summary import FaultRecord
-    from testbed_core.device import WorkRecord
+    from testbed_core.device_records import WorkRecord
 
     spans: list[tuple[float, float]] = []
     texts: list[str] = []

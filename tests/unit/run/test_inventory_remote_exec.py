@@ -19,7 +19,7 @@ from testbed_core.inventory import Inventory
 
 CHILD = """
 import os, sys, time
-from testbed_core.readiness import announce_ready
+from testbed_runtime.readiness import announce_ready
 print("secret=" + os.environ.get("ATLAS_SECRET", "-"), "cwd=" + os.getcwd(), flush=True)
 print("to stderr", file=sys.stderr, flush=True)
 announce_ready(pid=os.getpid(), line=sys.stdin.readline().strip() if len(sys.argv) > 1 else "")

@@ -9,9 +9,10 @@ from pathlib import Path
 import pytest
 
 from testbed.training.executor import LocalComm, ModelledWork, run_local
-from testbed_core.device import Device, WorkRecord, busy_time
+from testbed_core.device_records import WorkRecord, busy_time
 from testbed_core.schedules import build_schedule
 from testbed_core.simulate import TransferKey
+from testbed_runtime.device import Device
 
 
 def ideal(p: int, m: int) -> float:

@@ -37,9 +37,9 @@ from testbed.training.reference import (
     tolerance_for,
     train_reference,
 )
-from testbed_core.device import Device
 from testbed_core.schedules import build_schedule
 from testbed_core.workload import ModelConfig, Workload, load_workload
+from testbed_runtime.device import Device
 
 ROOT = Path(__file__).resolve().parents[3]
 SGD = OptimConfig(kind="sgd", lr=0.5)

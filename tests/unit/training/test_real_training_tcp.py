@@ -187,9 +187,9 @@ def _train(me: WorkerId, run: dict, listener: Any) -> dict:
     from testbed.training.executor import run_worker
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork
     from testbed.training.transport_comm import ChannelPath, Planned, TransportComm
-    from testbed_core.device import Device
     from testbed_core.schedules import build_schedule
     from testbed_core.workload import parse_workload
+    from testbed_runtime.device import Device
 
     d, r = me
     wl = parse_workload(run["workload"], "run")

@@ -13,13 +13,8 @@ from pathlib import Path
 import pytest
 
 from testbed_core.compute_model import ComputeModel, gpu_spec
-from testbed_core.device import (
-    Device,
-    DeviceError,
-    WorkRecord,
-    default_time_scale,
-    write_timeline_csv,
-)
+from testbed_core.device_records import WorkRecord
+from testbed_runtime.device import Device, DeviceError, default_time_scale, write_timeline_csv
 
 
 def test_modelled_run_holds_for_the_duration_and_records(tmp_path: Path) -> None:
@@ -66,7 +61,7 @@ def test_modelled_with_fn_runs_it_and_reports_overrun(tmp_path: Path) -> None:
 def test_real_mode_times_torch_work(tmp_path: Path) -> None:
     import torch  # a pinned dependency: never skipped
 
-    from testbed_core.device import torch_device
+    from testbed_runtime.device import torch_device
 
     dev = Device("gpu0", tmp_path, mode="real")
     a = torch.randn(128, 128, device=torch_device())
@@ -151,7 +146,7 @@ def test_two_processes_share_one_device(tmp_path: Path, child_env: dict[str, str
     script = textwrap.dedent(
         """
         import pathlib, sys, time
-        from testbed_core.device import Device
+        from testbed_runtime.device import Device
         dev = Device("gpu0", sys.argv[1], time_scale=1.0)
         barrier = pathlib.Path(sys.argv[1])
         (barrier / f"ready.{sys.argv[2]}").touch()
@@ -185,7 +180,7 @@ def test_two_processes_share_one_device(tmp_path: Path, child_env: dict[str, str
 _HOLDER = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from testbed_core.device import Device
+    from testbed_runtime.device import Device
     run_dir, lease_s, guard_s = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
     dev = Device("gpu0", run_dir)
     def fn():

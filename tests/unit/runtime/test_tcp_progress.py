@@ -1,4 +1,4 @@
-"""Byte counts of a channel's TCP streams (bubbletea_agent/tcp_progress.py)."""
+"""Byte counts of a channel's TCP streams (testbed_runtime/tcp_progress.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import socket
 
 import pytest
 
-from bubbletea_agent.tcp_progress import TcpProgressError, TcpReceived, channel_inodes
+from testbed_runtime.tcp_progress import TcpProgressError, TcpReceived, channel_inodes
 
 TABLE = [
     "  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode",

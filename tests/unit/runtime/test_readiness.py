@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from testbed_core.readiness import READY_FD_ENV, ReadinessError, announce_ready
+from testbed_runtime.readiness import READY_FD_ENV, ReadinessError, announce_ready
 
 
 def _closed(fd: int) -> bool:

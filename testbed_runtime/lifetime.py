@@ -14,8 +14,8 @@ not the run; and the signal follows the parent *thread*, not the process. The wa
 children of the fork server arm it (``die_with_parent``), the server being the parent
 that is right to watch there.
 
-Like ``readiness``, this is I/O the core allows itself so that every process of the
-testbed, the BubbleTea agent included, can use it without importing ``testbed``.
+Like ``readiness``, it lives in the runtime layer so that every process of the testbed,
+the BubbleTea agent included, can use it without importing ``testbed``.
 The mark is only watched on the machine and in the PID namespace it names: a process
 started over SSH on another machine cannot see the controller's PID.
 """

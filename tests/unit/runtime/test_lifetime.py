@@ -1,4 +1,4 @@
-"""testbed_core/lifetime.py: the owner mark, and a process that ends itself once its
+"""testbed_runtime/lifetime.py: the owner mark, and a process that ends itself once its
 run's controller is gone (real processes, no root needed)."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 
-from testbed_core.lifetime import (
+from testbed_runtime.lifetime import (
     EXIT_OWNER_GONE,
     OWNER_ENV,
     owner_alive,
@@ -36,7 +36,7 @@ def test_a_reused_pid_is_not_the_owner() -> None:
 
 WATCHER = textwrap.dedent("""
     import time
-    from testbed_core.lifetime import watch_owner
+    from testbed_runtime.lifetime import watch_owner
     assert watch_owner(poll_s=0.05) is not None
     print("watching", flush=True)
     time.sleep(60)
@@ -60,7 +60,7 @@ def test_watcher_ends_its_process_when_the_owner_is_gone() -> None:
 
 
 def test_no_mark_no_watch() -> None:
-    out = subprocess.run([sys.executable, "-c", "from testbed_core.lifetime import watch_owner; print(watch_owner())"],
+    out = subprocess.run([sys.executable, "-c", "from testbed_runtime.lifetime import watch_owner; print(watch_owner())"],
                          env={k: v for k, v in os.environ.items() if k != OWNER_ENV}, capture_output=True, text=True,
                          check=True)
     assert out.stdout.strip() == "None"

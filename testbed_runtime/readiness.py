@@ -8,11 +8,10 @@ written to that file descriptor, which is then closed. The parent learns "ready"
 ``info`` (a port, a pid, whatever the child chooses) at once, without polling a file
 or a port, and learns "died before it was ready" from the pipe's end of file.
 
-This is the core's one piece of I/O besides the shared device (testbed_core/device.py):
-it lives here so that every process of the testbed, the worker, the BubbleTea agent
-and anything a ``bubbletea_agent`` module starts, can announce readiness without
-importing the ``testbed`` package. It writes to an inherited file descriptor and to
-nothing else.
+It lives in the runtime layer, below the ``testbed`` package, so that every process of
+the testbed, the worker, the BubbleTea agent and anything a ``bubbletea_agent`` module
+starts, can announce readiness without importing ``testbed``. It writes to an inherited
+file descriptor and to nothing else.
 """
 
 from __future__ import annotations

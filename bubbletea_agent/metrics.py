@@ -21,6 +21,8 @@ from typing import Any, Protocol
 
 import numpy as np
 
+from testbed_core.intervals import covered
+
 PREFILL_KINDS = frozenset({"prefill"})
 EPS = 1e-4  # seconds: "started when the prefill ended" tolerance (lock hand-over)
 
@@ -36,21 +38,8 @@ def is_prefill(rec: WorkLike) -> bool:
     return rec.kind in PREFILL_KINDS
 
 
-def _merged(spans: Iterable[tuple[float, float]]) -> list[tuple[float, float]]:
-    out: list[list[float]] = []
-    for s, e in sorted(spans):
-        if e <= s:
-            continue
-        if out and s <= out[-1][1]:
-            out[-1][1] = max(out[-1][1], e)
-        else:
-            out.append([s, e])
-    return [(s, e) for s, e in out]
-
-
 def busy_seconds(records: Iterable[WorkLike], t0: float, t1: float) -> float:
-    spans = [(max(r.start, t0), min(r.end, t1)) for r in records]
-    return sum(e - s for s, e in _merged(spans))
+    return covered((max(r.start, t0), min(r.end, t1)) for r in records)
 
 
 def utilization(records: Iterable[WorkLike], t0: float, t1: float) -> float:

@@ -28,6 +28,8 @@ from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 from testbed_core.contracts.summary import (
     BubbleTeaTail,
     IterationTail,
@@ -37,6 +39,8 @@ from testbed_core.contracts.summary import (
     SlowdownDecomposition,
     Summary,
     VariantFailure,
+    WanDirection,
+    WanLink,
 )
 from testbed_core.device_records import WorkRecord, busy_time
 from testbed_core.intervals import covered
@@ -77,7 +81,7 @@ class TransferRecord:
         end = max(self.sent, self.arrived - self.latency_s)
         return (self.sent, end)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, int | float | str | list[str] | None]:
         data = asdict(self)
         data["links"] = list(self.links)
         return data
@@ -245,7 +249,7 @@ def wan_stats(
     transfers: Iterable[TransferRecord],
     windows: Sequence[tuple[float, float]],
     link_names: Mapping[frozenset[str], str] | None = None,
-) -> tuple[dict[str, dict[str, Any]], dict[str, dict[str, Any]]]:
+) -> tuple[dict[str, WanLink], dict[str, WanDirection]]:
     """(per link, per link direction) bytes, transfers, busy seconds and goodput of
     the transfers that started inside the windows. `link_names` maps the pair of
     DCs to the topology's link name (default 'a-b' sorted)."""
@@ -265,17 +269,13 @@ def wan_stats(
     for st in per_dir.values():
         st.busy_s = covered(st.spans)
 
-    def row(st: LinkStats, busy: float, nbytes: int, count: int) -> dict[str, Any]:
-        return {
-            "bytes": nbytes,
-            "transfers": count,
-            "busy_s": busy,
-            "goodput_mbps": nbytes * 8 / busy / 1e6 if busy > 0 else None,
-            "mean_throughput_mbps": nbytes * 8 / wall / 1e6 if wall > 0 else None,
-        }
+    def row(busy: float, nbytes: int, count: int) -> WanDirection:
+        return WanDirection(bytes=nbytes, transfers=count, busy_s=busy,
+                            goodput_mbps=nbytes * 8 / busy / 1e6 if busy > 0 else None,
+                            mean_throughput_mbps=nbytes * 8 / wall / 1e6 if wall > 0 else None)
 
-    directions = {d: row(st, st.busy_s, st.bytes, st.transfers) for d, st in sorted(per_dir.items())}
-    links: dict[str, dict[str, Any]] = {}
+    directions = {d: row(st.busy_s, st.bytes, st.transfers) for d, st in sorted(per_dir.items())}
+    links: dict[str, WanLink] = {}
     grouped: dict[str, list[str]] = {}
     for d in per_dir:
         a, _, b = d.partition("->")
@@ -285,9 +285,7 @@ def wan_stats(
         busy = sum(per_dir[d].busy_s for d in dirs)
         nbytes = sum(per_dir[d].bytes for d in dirs)
         count = sum(per_dir[d].transfers for d in dirs)
-        entry = row(LinkStats(), busy, nbytes, count)
-        entry["directions"] = sorted(dirs)
-        links[name] = entry
+        links[name] = WanLink(**dict(row(busy, nbytes, count)), directions=sorted(dirs))
     return links, directions
 
 
@@ -362,6 +360,26 @@ def colliding_rate(transfers: Iterable[TransferRecord], iterations: Iterable[int
 
 # ---------------------------------------------------------------- a variant
 
+class VariantMetrics(BaseModel):
+    """The measured figures of one variant (`variant_metrics`); each field is the
+    summary.json `VariantResult` field of the same name."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    iteration_time_s: float
+    iteration_times_s: list[float]
+    warmup_iteration_times_s: list[float]
+    iteration_time_stdev_s: float
+    device_utilization: float
+    device_utilization_training: float
+    bubble_fraction: float
+    per_device_utilization: dict[str, float]
+    wan_links: dict[str, WanLink]
+    wan_directions: dict[str, WanDirection]
+    mean_plan_wait_s: float
+    mean_wan_transfer_s: float
+
+
 def variant_metrics(
     timelines: Mapping[str, Sequence[WorkRecord]],
     starts: Sequence[float],
@@ -370,7 +388,7 @@ def variant_metrics(
     *,
     ends: Sequence[float] | None = None,
     link_names: Mapping[frozenset[str], str] | None = None,
-) -> dict[str, Any]:
+) -> VariantMetrics:
     """The measured figures of one variant, as they go into summary.json."""
     its = iterations(timelines, starts, ends)
     kept = measured(its, warmup)
@@ -379,19 +397,19 @@ def variant_metrics(
     util_train = device_utilization(timelines, windows, training_only=True)
     links, directions = wan_stats(transfers, windows, link_names)
     times = [it.duration for it in kept]
-    return {
-        "iteration_time_s": mean(times),
-        "iteration_times_s": times,
-        "warmup_iteration_times_s": [it.duration for it in its if it.index < warmup],
-        "iteration_time_stdev_s": _stdev(times),
-        "device_utilization": mean(util.values()),
-        "device_utilization_training": mean(util_train.values()),
-        "bubble_fraction": 1.0 - mean(util_train.values()),
-        "per_device_utilization": dict(sorted(util.items())),
-        "wan_links": links,
-        "wan_directions": directions,
+    return VariantMetrics(
+        iteration_time_s=mean(times),
+        iteration_times_s=times,
+        warmup_iteration_times_s=[it.duration for it in its if it.index < warmup],
+        iteration_time_stdev_s=_stdev(times),
+        device_utilization=mean(util.values()),
+        device_utilization_training=mean(util_train.values()),
+        bubble_fraction=1.0 - mean(util_train.values()),
+        per_device_utilization=dict(sorted(util.items())),
+        wan_links=links,
+        wan_directions=directions,
         **transfer_wait(transfers, windows),
-    }
+    )
 
 
 def _stdev(values: Sequence[float]) -> float:

@@ -22,11 +22,15 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.training.real_mode import RealModeError, load_worker_results, params_dir
+from testbed_core.contracts.summary import RealCheck, RealCheckSkipped, RealReference
+
+if TYPE_CHECKING:
+    from testbed_core.workload import Workload
 
 __all__ = ["RealModeError", "check_machine", "describe", "equivalence", "references", "resolve_device",
            "summary_entry"]
@@ -52,7 +56,7 @@ def cuda_free_bytes() -> int:
     return int(free)
 
 
-def model_params(workload: Any) -> int:
+def model_params(workload: Workload) -> int:
     """Parameters of the real model (testbed/training/model.py: the LM head is always
     its own weight, so a tied-embedding model counts it too)."""
     from testbed_core.compute_model import param_count
@@ -62,7 +66,7 @@ def model_params(workload: Any) -> int:
     return param_count(spec) + head
 
 
-def memory_estimate_bytes(workload: Any) -> int:
+def memory_estimate_bytes(workload: Workload) -> int:
     """GPU memory a real run needs, roughly: every DP replica's weights and gradients
     and optimizer state, plus one more copy for the one-process reference, plus 25%
     for activations and the CUDA allocator."""
@@ -73,7 +77,7 @@ def memory_estimate_bytes(workload: Any) -> int:
     return int(1.25 * (workload.parallelism.dp + 1) * model_params(workload) * per_param)
 
 
-def resolve_device(workload: Any, *, cuda: bool | None = None, free_bytes: Callable[[], int] | None = None) -> str:
+def resolve_device(workload: Workload, *, cuda: bool | None = None, free_bytes: Callable[[], int] | None = None) -> str:
     """The torch device the workers of a real-mode `workload` use here ("cuda" or
     "cpu"), or RealModeError saying why it cannot run here and what to do."""
     real = workload.real
@@ -104,7 +108,7 @@ def resolve_device(workload: Any, *, cuda: bool | None = None, free_bytes: Calla
     return device
 
 
-def check_machine(workload: Any) -> str | None:
+def check_machine(workload: Workload) -> str | None:
     """For scenario validation: the torch device a real-mode workload will use (None
     for a modelled GPU); RealModeError when it cannot run on this machine."""
     if workload.gpu.mode != "real":
@@ -130,12 +134,12 @@ def _references(workload_json: str, iterations: int, seed: int, device: str, thr
     return accumulate, global_batch
 
 
-def references(workload: Any, iterations: int, device: str, threads: int) -> tuple[Any, Any]:
+def references(workload: Workload, iterations: int, device: str, threads: int) -> tuple[Any, Any]:
     """(micro-batched, global-batch) one-process references, cached per workload."""
     return _references(workload.model_dump_json(), iterations, workload.real.seed, device, threads)
 
 
-def equivalence(variant_folder: Path, workload: Any) -> dict[str, Any]:
+def equivalence(variant_folder: Path, workload: Workload) -> RealCheck:
     """Compare the parameters the workers of a real-mode variant saved with the
     one-process references (see the module doc); the `real` block of the variant's
     summary entry."""
@@ -177,66 +181,67 @@ def equivalence(variant_folder: Path, workload: Any) -> dict[str, Any]:
     mean_losses = None
     if len(losses) == par.dp:
         mean_losses = [sum(ls[i] for ls in losses.values()) / par.dp for i in range(n)]
-    return {
-        "device": devices[0] if len(devices) == 1 else devices,
-        "torch_threads": threads,
-        "seed": workload.real.seed,
-        "optimizer": opt,
-        "iterations_trained": n,
-        "note": (f"forward/backward/optimizer ran as real torch work on {', '.join(devices)} (device timelines "
-                 f"measured); predicted times come from the compute model of gpu.type {workload.gpu.type}"),
-        "identical": identical,
-        "max_abs_param_diff": max_acc,
-        "within_tolerance": within,
-        "equivalent": identical or within,
-        "reference": {
-            "what": "the same model, seed, synthetic data and optimizer trained in one process "
-                    "(testbed/training/reference.py) for the same number of iterations",
-            "micro_batched": {"description": "pipeline training's arithmetic in one process (loss / m per "
-                                             "micro-batch, replicas averaged in rank order): equal bit for bit "
-                                             "on CPU at the same thread count",
-                              "max_abs_param_diff": max_acc, "identical": identical, "losses": acc.losses},
-            "global_batch": {"description": "one batch, one mean: the independent ground truth, compared "
-                                            "elementwise |a - b| <= atol + rtol |b|",
-                             "max_abs_param_diff": max_glob, "rtol": rtol, "atol": atol,
-                             "within_tolerance": within, "losses": glob.losses},
-        },
-        "losses": mean_losses,
-        "losses_identical": mean_losses == acc.losses if mean_losses is not None else None,
-        "replicas": per_replica,
-        "params_files": [s["file"] for s in saved],
-    }
+    reference = RealReference(
+        what="the same model, seed, synthetic data and optimizer trained in one process "
+             "(testbed/training/reference.py) for the same number of iterations",
+        micro_batched={"description": "pipeline training's arithmetic in one process (loss / m per micro-batch, "
+                                      "replicas averaged in rank order): equal bit for bit on CPU at the same "
+                                      "thread count",
+                       "max_abs_param_diff": max_acc, "identical": identical, "losses": acc.losses},
+        global_batch={"description": "one batch, one mean: the independent ground truth, compared "
+                                     "elementwise |a - b| <= atol + rtol |b|",
+                      "max_abs_param_diff": max_glob, "rtol": rtol, "atol": atol,
+                      "within_tolerance": within, "losses": glob.losses},
+    )
+    return RealCheck(
+        device=devices[0] if len(devices) == 1 else devices,
+        torch_threads=threads,
+        seed=workload.real.seed,
+        optimizer=opt,
+        iterations_trained=n,
+        note=(f"forward/backward/optimizer ran as real torch work on {', '.join(devices)} (device timelines "
+              f"measured); predicted times come from the compute model of gpu.type {workload.gpu.type}"),
+        identical=identical,
+        max_abs_param_diff=max_acc,
+        within_tolerance=within,
+        equivalent=identical or within,
+        reference=reference,
+        losses=mean_losses,
+        losses_identical=mean_losses == acc.losses if mean_losses is not None else None,
+        replicas=per_replica,
+        params_files=[s["file"] for s in saved],
+    )
 
 
-def describe(result: Mapping[str, Any]) -> str:
+def describe(result: RealCheck | RealCheckSkipped) -> str:
     """One log line for a variant's `real` block."""
-    if "error" in result:
-        return f"real training: no equivalence check: {result['error']}"
-    glob = result["reference"]["global_batch"]
-    verdict = ("bit-identical to" if result["identical"] else
-               "within tolerance of" if result["within_tolerance"] else "DIFFERENT from")
-    losses = result.get("losses") or []
+    if isinstance(result, RealCheckSkipped):
+        return f"real training: no equivalence check: {result.error}"
+    glob = (result.reference.model_extra or {})["global_batch"]
+    verdict = ("bit-identical to" if result.identical else
+               "within tolerance of" if result.within_tolerance else "DIFFERENT from")
+    losses = result.losses or []
     trend = f"; loss {losses[0]:.4f} -> {losses[-1]:.4f}" if losses else ""
-    return (f"real training on {result['device']}, {result['iterations_trained']} iterations: parameters "
-            f"{verdict} the one-process reference (max |diff| {result['max_abs_param_diff']:.3g} vs micro-batched, "
+    return (f"real training on {result.device}, {result.iterations_trained} iterations: parameters "
+            f"{verdict} the one-process reference (max |diff| {result.max_abs_param_diff:.3g} vs micro-batched, "
             f"{glob['max_abs_param_diff']:.3g} vs global batch, atol {glob['atol']:g} rtol {glob['rtol']:g}){trend}")
 
 
-def summary_entry(variant_folder: Path, workload: Any, log: Callable[[str], None] | None = None,
-                  name: str = "") -> dict[str, Any]:
-    """The keys a real-mode variant adds to its summary entry ({} for modelled GPUs):
-    ``device_mode`` and ``real`` (the equivalence, or why it could not be checked)."""
+def summary_entry(variant_folder: Path, workload: Workload, log: Callable[[str], None] | None = None,
+                  name: str = "") -> RealCheck | RealCheckSkipped | None:
+    """A real-mode variant's ``real`` block (None for modelled GPUs): the equivalence
+    with the one-process reference, or why it could not be checked."""
     if workload.gpu.mode != "real":
-        return {}
+        return None
+    result: RealCheck | RealCheckSkipped
     if not workload.real.check:
-        result: dict[str, Any] = {"error": "real.check is false: not compared with the one-process reference",
-                                  "note": f"predicted times come from the compute model of gpu.type "
-                                          f"{workload.gpu.type}"}
+        result = RealCheckSkipped(error="real.check is false: not compared with the one-process reference",
+                                  note=f"predicted times come from the compute model of gpu.type {workload.gpu.type}")
     else:
         try:
             result = equivalence(variant_folder, workload)
         except RealModeError as exc:
-            result = {"error": str(exc)}
+            result = RealCheckSkipped(error=str(exc))
     if log is not None:
         log(f"  {name}: {describe(result)}")
-    return {"device_mode": "real", "real": result}
+    return result

@@ -24,6 +24,7 @@ from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant
 from testbed.training.worker.job import WorkerError, parse_job
 from testbed.training.worker.real import end_real_iteration, real_work_of
+from testbed_core.contracts.summary import RealCheckSkipped
 from testbed_core.contracts.worker_job import TrainJob, TransportJob
 from testbed_core.workload import WorkloadError, load_workload, parse_workload
 
@@ -289,12 +290,12 @@ def test_equivalence_says_identical_then_different(tmp_path) -> None:
     good = tmp_path / "atlas"
     _save_like_workers(good, result, wl, 3)
     eq = equivalence(good, wl)
-    assert eq["identical"] and eq["max_abs_param_diff"] == 0.0 and eq["within_tolerance"] and eq["equivalent"]
-    assert eq["iterations_trained"] == 3 and eq["device"] == "cpu"
+    assert eq.identical and eq.max_abs_param_diff == 0.0 and eq.within_tolerance and eq.equivalent
+    assert eq.iterations_trained == 3 and eq.device == "cpu"
     acc = train_reference(wl, iterations=3, optim=OptimConfig("sgd", 0.5), mode="accumulate", threads=1)
-    assert eq["losses"] == acc.losses and eq["losses_identical"]
-    assert eq["reference"]["global_batch"]["atol"] == 1e-6 and eq["params_files"][0] == "atlas/params/p0r0.pt"
-    assert "compute model of gpu.type A100" in eq["note"]
+    assert eq.losses == acc.losses and eq.losses_identical
+    assert eq.reference.model_extra["global_batch"]["atol"] == 1e-6 and eq.params_files[0] == "atlas/params/p0r0.pt"
+    assert "compute model of gpu.type A100" in eq.note
     line = real_check.describe(eq)
     assert "parameters bit-identical to the one-process reference" in line and "cpu, 3 iterations" in line
     # one replica's parameter off by a little: no longer identical, nor within tolerance
@@ -304,9 +305,9 @@ def test_equivalence_says_identical_then_different(tmp_path) -> None:
     saved["params"]["head.weight"] = saved["params"]["head.weight"] + 1e-3
     torch.save(saved, bad / "params" / "p1r1.pt")
     eq = equivalence(bad, wl)
-    assert not eq["identical"] and not eq["within_tolerance"] and not eq["equivalent"]
-    assert eq["max_abs_param_diff"] == pytest.approx(1e-3, rel=1e-3)
-    assert "head.weight" in eq["replicas"]["1"]["micro_batched"]
+    assert not eq.identical and not eq.within_tolerance and not eq.equivalent
+    assert eq.max_abs_param_diff == pytest.approx(1e-3, rel=1e-3)
+    assert "head.weight" in eq.replicas["1"]["micro_batched"]
     assert "parameters DIFFERENT from the one-process reference" in real_check.describe(eq)
     # a replica that saved nothing is named
     (bad / "params" / "p1r0.pt").unlink()
@@ -314,8 +315,8 @@ def test_equivalence_says_identical_then_different(tmp_path) -> None:
     with pytest.raises(RealModeError, match=r"no parameters of DP replica\(s\) \[1\]"):
         equivalence(bad, wl)
     entry = real_check.summary_entry(bad, wl)
-    assert entry["device_mode"] == "real" and "no parameters of DP replica(s) [1]" in entry["real"]["error"]
-    assert real_check.summary_entry(bad, parse_workload(real_tiny(gpu__mode="modelled"))) == {}
+    assert isinstance(entry, RealCheckSkipped) and "no parameters of DP replica(s) [1]" in entry.error
+    assert real_check.summary_entry(bad, parse_workload(real_tiny(gpu__mode="modelled"))) is None
     with pytest.raises(RealModeError, match="no saved parameters"):
         equivalence(tmp_path / "nothing", wl)
 

@@ -32,11 +32,13 @@ def byte_view(t: torch.Tensor) -> memoryview:
     return memoryview(t.detach().reshape(-1).view(torch.uint8).numpy())
 
 
-def _check_plain(t: torch.Tensor, what: str) -> None:
+def check_plain(t: torch.Tensor, what: str) -> None:
+    """TypeError unless `t` is a dense tensor in CPU or CUDA memory (`what`: the
+    operation or argument, for the message)."""
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{what} must be a torch.Tensor, got {type(t).__name__}")
     if t.layout != torch.strided:
-        raise TypeError(f"{what}: only dense (strided) tensors can be sent, got layout {t.layout}")
+        raise TypeError(f"{what}: only dense (strided) tensors are supported, got layout {t.layout}")
     if t.device.type not in ("cpu", "cuda"):
         raise TypeError(f"{what}: tensors on {t.device.type} are not supported (use cpu or cuda)")
 
@@ -50,7 +52,7 @@ class Outgoing:
 
 
 def prepare_send(t: torch.Tensor) -> Outgoing:
-    _check_plain(t, "send")
+    check_plain(t, "send")
     name = dtype_name(t.dtype)
     src = t.detach()
     if src.is_cuda:
@@ -107,7 +109,7 @@ def check_into(t: torch.Tensor, dtype: str, shape: tuple[int, ...]) -> str | Non
 
 def into_destination(t: torch.Tensor) -> Destination:
     """Receive into the user's tensor: directly when it is contiguous on the CPU."""
-    _check_plain(t, "recv_into")
+    check_plain(t, "recv_into")
     if t.is_cuda:
         staging = torch.empty(t.shape, dtype=t.dtype, pin_memory=True)
     elif t.is_contiguous() and not t.is_conj() and not t.is_neg():

@@ -179,6 +179,17 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             buf = self._scratch_bufs[dtype] = torch.empty(numel, dtype=dtype)
         return buf[:numel]
 
+    def _check_per_rank(self, op: str, role: str, tensors: Sequence[torch.Tensor], other: str,
+                        like: torch.Tensor) -> None:
+        """ValueError unless `tensors` holds one tensor per rank of the group, each with
+        as many elements and the same dtype as `like` (the `other` side of `op`)."""
+        if len(tensors) != self._size:
+            raise ValueError(f"atlas: {op} needs {self._size} {role} tensors (the group size), got {len(tensors)}")
+        for t in tensors:
+            if t.numel() != like.numel() or t.dtype != like.dtype:
+                raise ValueError(f"atlas: {op} {role} {tuple(t.shape)} {t.dtype} does not match the "
+                                 f"{other} {tuple(like.shape)} {like.dtype}")
+
     def _flat(self, tensors: Sequence[torch.Tensor], read: bool = True) -> list[Staged]:
         return [Staged(t, read) for t in tensors]
 
@@ -214,13 +225,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             raise ValueError("atlas: all_gather needs one output list per input tensor")
         pairs = []
         for outs, x in zip(output_tensors, input_tensors, strict=True):
-            if len(outs) != self._size:
-                raise ValueError(f"atlas: all_gather needs {self._size} output tensors (the group size), "
-                                 f"got {len(outs)}")
-            for o in outs:
-                if o.numel() != x.numel() or o.dtype != x.dtype:
-                    raise ValueError(f"atlas: all_gather output {tuple(o.shape)} {o.dtype} does not match the "
-                                     f"input {tuple(x.shape)} {x.dtype}")
+            self._check_per_rank("all_gather", "output", outs, "input", x)
             pairs.append((self._flat(outs, read=False), Staged(x)))
 
         def body(xfer: C.Xfer) -> None:
@@ -252,13 +257,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         pairs = []
         for out, ins in zip(output_tensors, input_tensors, strict=True):
             C.check_op(name, out.dtype)
-            if len(ins) != self._size:
-                raise ValueError(f"atlas: reduce_scatter needs {self._size} input tensors (the group size), "
-                                 f"got {len(ins)}")
-            for i in ins:
-                if i.numel() != out.numel() or i.dtype != out.dtype:
-                    raise ValueError(f"atlas: reduce_scatter input {tuple(i.shape)} {i.dtype} does not match the "
-                                     f"output {tuple(out.shape)} {out.dtype}")
+            self._check_per_rank("reduce_scatter", "input", ins, "output", out)
             pairs.append((Staged(out, read=False), self._flat(ins)))
 
         def body(xfer: C.Xfer) -> None:

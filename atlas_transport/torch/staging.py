@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import torch
 
+from ..tensors import check_plain
+
 
 def _pinned_ok() -> bool:
     return torch.cuda.is_available()
@@ -18,12 +20,7 @@ class Staged:
     """`host`: the flat contiguous CPU tensor the algorithms read and write."""
 
     def __init__(self, user: torch.Tensor, read: bool = True) -> None:
-        if not isinstance(user, torch.Tensor):
-            raise TypeError(f"atlas: expected a torch.Tensor, got {type(user).__name__}")
-        if user.layout != torch.strided:
-            raise TypeError(f"atlas: only dense (strided) tensors are supported, got layout {user.layout}")
-        if user.device.type not in ("cpu", "cuda"):
-            raise TypeError(f"atlas: tensors on {user.device.type} are not supported (use cpu or cuda)")
+        check_plain(user, "atlas: a collective's tensor")
         self.user = user
         plain = user.device.type == "cpu" and user.is_contiguous() and not user.is_conj() and not user.is_neg()
         self.in_place = plain

@@ -51,6 +51,7 @@ from testbed.emulation.nodes import (
     OutputDrain,
     WanHandle,
     close_mininet_host,
+    close_quietly,
     configure_gateway,
     configure_host,
     configure_wan_node,
@@ -59,6 +60,7 @@ from testbed.emulation.nodes import (
     node_alive,
     node_sysctls,
     rps_mask,
+    wait_quietly,
     write_sysctls,
 )
 from testbed.emulation.records import (
@@ -73,7 +75,7 @@ from testbed.emulation.records import (
     prefix_in_use,
 )
 from testbed_core.topology import Topology, load_topology
-from testbed_runtime.lifetime import OWNER_ENV, owner_mark
+from testbed_core.lifetime import OWNER_ENV, owner_mark
 
 __all__ = [
     "Emulation",
@@ -660,16 +662,8 @@ class Emulation:
                 time.sleep(0.02)
             kill_and_wait([(pid, s) for pid, s in targets if procfs.start_time(pid) == s], procfs)
         for p in procs:
-            for stream in (p.stdin, p.stdout, p.stderr):
-                if stream is not None:
-                    try:
-                        stream.close()
-                    except (OSError, ValueError):
-                        pass
-            try:
-                p.wait(timeout=0.5)
-            except subprocess.TimeoutExpired:
-                pass
+            close_quietly(p.stdin, p.stdout, p.stderr)
+            wait_quietly(p, 0.5)
         if self._warm is not None:  # the fork server, its programs ended above, before its folder goes
             from testbed.emulation.warmstart import release
 

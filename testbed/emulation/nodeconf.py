@@ -64,19 +64,24 @@ class MtuOp(_Op):
     mtu: int = Field(ge=576, le=65535)
 
 
-class HostOp(_Op):
+class _LanOp(_Op):
+    """What a node on a DC's LAN shapes its LAN port with; `where` names it in errors."""
+
+    lan_rate: float = Field(gt=0)
+    queue_bytes: int = Field(gt=0)
+    where: str = ""
+
+
+class HostOp(_LanOp):
     """A host's address, default route and LAN shaper."""
 
     op: Literal["host"] = "host"
     intf: str
     ip: str
     gateway_ip: str
-    lan_rate: float = Field(gt=0)
-    queue_bytes: int = Field(gt=0)
-    where: str = ""
 
 
-class GatewayOp(_Op):
+class GatewayOp(_LanOp):
     """A gateway's LAN bridge over its host ports, WAN port addresses and routes."""
 
     op: Literal["gateway"] = "gateway"
@@ -85,9 +90,6 @@ class GatewayOp(_Op):
     wan_ports: list[tuple[str, str]]  # (port, address/30)
     routes: list[tuple[str, str]]  # (destination prefix, via)
     lan_ip: str
-    lan_rate: float = Field(gt=0)
-    queue_bytes: int = Field(gt=0)
-    where: str = ""
 
 
 class WanOp(_Op):

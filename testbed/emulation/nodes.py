@@ -22,6 +22,7 @@ run programs inside a node with `popen`/`run`.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -203,19 +204,26 @@ def close_mininet_host(node: Any) -> None:
     if master is not None and not master.closed:
         Node.outToNode.pop(master.fileno(), None)
         Node.inToNode.pop(master.fileno(), None)
-        try:
-            master.close()
-        except OSError:
-            pass
-    try:
+        close_quietly(master)
+    with contextlib.suppress(OSError, TypeError):
         os.close(node.slave)
-    except (OSError, TypeError):
-        pass
-    try:
-        shell.wait(timeout=2.0)
-    except subprocess.TimeoutExpired:
-        pass
+    wait_quietly(shell, 2.0)
     node.shell = None
+
+
+def close_quietly(*streams: IO[Any] | None) -> None:
+    """Close each of `streams` that is there; one already closed or broken is no error
+    (a process being torn down)."""
+    for stream in streams:
+        if stream is not None:
+            with contextlib.suppress(OSError, ValueError):
+                stream.close()
+
+
+def wait_quietly(proc: subprocess.Popen[Any], timeout_s: float) -> None:
+    """Give `proc` up to `timeout_s` to end (reaped if it did); one still running is left as is."""
+    with contextlib.suppress(subprocess.TimeoutExpired):
+        proc.wait(timeout=timeout_s)
 
 
 def node_alive(handle: NodeHandle) -> bool:

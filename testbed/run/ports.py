@@ -49,38 +49,32 @@ class PortRange:
         return self.first + k
 
 
+class _Range:
+    """A range of a `PortPlan` read as an attribute of the same name (``plan.channels``)."""
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        if name not in RANGES:
+            raise TypeError(f"PortPlan.{name}: not one of the run's ranges {RANGES}")
+        self.name = name
+
+    def __get__(self, plan: PortPlan, owner: type | None = None) -> PortRange:
+        return plan._range(self.name)
+
+
 @dataclass(frozen=True)
 class PortPlan:
     """The ranges of a run with base port `base` (see the module doc)."""
 
     base: int
+    channels = _Range()
+    tokens = _Range()
+    calibration = _Range()
+    decode = _Range()
+    dp_gradients = _Range()
+    store = _Range()
 
     def _range(self, name: str) -> PortRange:
         return PortRange(name, self.base + RANGE_SIZE * RANGES.index(name))
-
-    @property
-    def channels(self) -> PortRange:
-        return self._range("channels")
-
-    @property
-    def tokens(self) -> PortRange:
-        return self._range("tokens")
-
-    @property
-    def calibration(self) -> PortRange:
-        return self._range("calibration")
-
-    @property
-    def decode(self) -> PortRange:
-        return self._range("decode")
-
-    @property
-    def dp_gradients(self) -> PortRange:
-        return self._range("dp_gradients")
-
-    @property
-    def store(self) -> PortRange:
-        return self._range("store")
 
     def ranges(self) -> list[PortRange]:
         """Every range of the run, in port order."""

@@ -27,7 +27,6 @@ that loss (`packet_trains.expected_tcp_goodput`) instead of being judged.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 import statistics
@@ -37,13 +36,14 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
+from pydantic import BaseModel
 
 from testbed.emulation.linkmeasure import packet_trains, pcapcheck
-from testbed.emulation.linkmeasure.iperf import IPERF_MODULE, IPERF_PORT
-from testbed.emulation.linkmeasure.probe import GSO_SEGMENT
+from testbed.emulation.linkmeasure.iperf import IPERF_MODULE, IPERF_PORT, IperfLine
+from testbed.emulation.linkmeasure.probe import GSO_SEGMENT, CaptureReport, TrainReport
 from testbed.emulation.linkmeasure.results import Direction, LinkResult, Tolerance
 
 if TYPE_CHECKING:
@@ -51,6 +51,7 @@ if TYPE_CHECKING:
     from testbed.emulation.nodes import NodeHandle
     from testbed_core.topology import TcpSettings
 
+R = TypeVar("R", bound=BaseModel)
 PING_RE = re.compile(r"time[=<]([0-9.]+) ms")
 
 
@@ -114,11 +115,11 @@ def measure_goodput(src: NodeHandle, dst: NodeHandle, dst_ip: str, streams: int,
                 server.wait()
         if server.stderr is not None:
             server.stderr.close()
-    lines = [line for line in out.stdout.splitlines() if line.startswith("{")]
-    if not lines:
+    line = _last_json_line(out.stdout)
+    if line is None:
         return IperfResult(None, error=(out.stderr.strip() or f"iperf client exited {out.returncode}")[-300:])
-    data = json.loads(lines[-1])
-    return IperfResult(data.get("bps"), data.get("retransmits"), data.get("error"))
+    got = IperfLine.model_validate_json(line)
+    return IperfResult(got.bps, got.retransmits, got.error)
 
 
 PROBE_PORT = 47000
@@ -139,35 +140,40 @@ def _probe_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "testbed.emulation.linkmeasure.probe", *args]
 
 
-def _json_line(text: str) -> dict[str, Any] | None:
+def _last_json_line(text: str) -> str | None:
+    """The last line of a node program's stdout that is a JSON object (its report)."""
     lines = [line for line in text.splitlines() if line.startswith("{")]
-    return json.loads(lines[-1]) if lines else None
+    return lines[-1] if lines else None
+
+
+def _report(proc: subprocess.Popen[str], timeout_s: float, model: type[R], what: str) -> R:
+    """Wait for probe `proc` (killed after `timeout_s`) and read its report; a probe that
+    printed none failed, and its stderr says why."""
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+    line = _last_json_line(out)
+    if line is None:
+        raise RuntimeError(f"{what} failed (exit {proc.returncode}): {err.strip()[-400:]}")
+    return model.model_validate_json(line)
 
 
 def measure_trains(na: NodeHandle, ip_a: str, nb: NodeHandle, ip_b: str, count: int, pps: float,
-                   linger_s: float, folder: Path, port: int = PROBE_PORT) -> tuple[dict, dict]:
+                   linger_s: float, folder: Path, port: int = PROBE_PORT) -> tuple[TrainReport, TrainReport]:
     """Run a train a->b and b->a at once; returns each end's report (its `records`
-    file holds what it received)."""
+    file, fetched into `folder`, holds what it received)."""
     procs = []
     for node, peer, tag in ((na, ip_b, "a"), (nb, ip_a, "b")):
         procs.append(node.popen(_probe_argv("train", "--peer", peer, "--port", str(port), "--count", str(count),
                                             "--pps", f"{pps:g}", "--linger", f"{linger_s:g}",
                                             "--out", str(folder / f"train-{tag}.bin")),
                                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
-    reports = []
-    for proc in procs:
-        try:
-            out, err = proc.communicate(timeout=count / pps + linger_s + 30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            out, err = proc.communicate()
-        report = _json_line(out)
-        if report is None:
-            raise RuntimeError(f"the probe train failed (exit {proc.returncode}): {err.strip()[-400:]}")
-        reports.append(report)
-    for node, report in ((na, reports[0]), (nb, reports[1])):  # a node on another server wrote it there
-        report["records"] = str(node.fetch(report["records"], folder))
-    return reports[0], reports[1]
+    reports = [_report(proc, count / pps + linger_s + 30, TrainReport, "the probe train") for proc in procs]
+    rep_a, rep_b = (report.model_copy(update={"records": str(node.fetch(report.records, folder))})
+                    for node, report in ((na, reports[0]), (nb, reports[1])))  # a node on another server wrote it there
+    return rep_a, rep_b
 
 
 def _tx_counters(wan: NodeHandle, intfs: Sequence[str]) -> dict[str, tuple[int, int]]:
@@ -355,20 +361,13 @@ def _start_capture(emu: Emulation, a: str, b: str, out: Path) -> subprocess.Pope
     return proc
 
 
-def _stop_capture(proc: subprocess.Popen[str]) -> dict[str, Any]:
+def _stop_capture(proc: subprocess.Popen[str]) -> CaptureReport:
     proc.terminate()
-    try:
-        out, err = proc.communicate(timeout=120)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-    report = _json_line(out)
-    if report is None:
-        raise RuntimeError(f"the capture failed (exit {proc.returncode}): {err.strip()[-400:]}")
+    report = _report(proc, 120, CaptureReport, "the capture")
     wan, asked = getattr(proc, "_tb_capture", (None, None))
     if wan is not None and wan.remote:  # written on the WAN node's server: copied to where it was asked for
-        wan.fetch(report["pcap"], asked.parent).replace(asked)
-        report["pcap"] = str(asked)
+        wan.fetch(report.pcap, asked.parent).replace(asked)
+        report = report.model_copy(update={"pcap": str(asked)})
     return report
 
 
@@ -399,20 +398,20 @@ def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle
     keep_order = emu.delay_backend != "netem"  # netem's jitter reorders (tfifo sorts by send time)
     offset_s = (result.path_offset_ms or 0.0) / 1e3
     for d, receiver, sender in ((result.directions[0], rep_b, rep_a), (result.directions[1], rep_a, rep_b)):
-        records = packet_trains.read_records(Path(receiver["records"]))
-        d.train = packet_trains.analyse(d.src, d.dst, records, int(sender["sent"]), delay_s, jitter_s, pps,
+        records = packet_trains.read_records(Path(receiver.records))
+        d.train = packet_trains.analyse(d.src, d.dst, records, sender.sent, delay_s, jitter_s, pps,
                                      keep_order=keep_order, offset_s=offset_s)
     if cap is not None and deep_dir is not None:
-        result.capture_drops = int(cap["drops"])
-        say(f"{link.name}: reading {cap['packets']} captured datagrams")
-        seen = pcapcheck.read_capture(Path(cap["pcap"]))
+        result.capture_drops = cap.drops
+        say(f"{link.name}: reading {cap.packets} captured datagrams")
+        seen = pcapcheck.read_capture(Path(cap.pcap))
         towards_b, towards_a = _egress_towards(emu, a, b), _egress_towards(emu, b, a)
         panels = []
         for d, src_ip, (into, out_of), records_of in (
                 (result.directions[0], ip_a, (towards_a, towards_b), rep_b),
                 (result.directions[1], ip_b, (towards_b, towards_a), rep_a)):
             d.node = pcapcheck.node_pass(seen, src_ip, into, out_of)
-            rec = packet_trains.read_records(Path(records_of["records"]))
+            rec = packet_trains.read_records(Path(records_of.records))
             e2e = (rec["rx"].astype(np.int64) - rec["sent"].astype(np.int64)) / 1e9
             sent = np.sort(rec["sent"].astype(np.int64))
             model = packet_trains.fifo_model_delays((sent - (sent[0] if sent.size else 0)) / 1e9, delay_s, jitter_s,

@@ -15,16 +15,30 @@ both use these, so both get the same fixes.
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 import time
 from collections.abc import Sequence
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict
+
 IPERF_MODULE = "testbed.emulation.linkmeasure.iperf"  # this module, as `python -m` runs it in a node
 IPERF_PORT = 5201
 F_SETPIPE_SZ = 1031
 _KEEP: list[Any] = []  # wrapper objects live as long as the process (see above)
+
+
+class IperfLine(BaseModel):
+    """What ``python -m testbed.emulation.linkmeasure.iperf client`` prints, one JSON line:
+    the goodput the server received (bit/s) and what the client sent, or the error."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bps: float | None
+    sent_bps: float | None = None
+    retransmits: int | None = None
+    streams: int | None = None
+    error: str | None = None
 
 
 def _grow_pipe(obj: Any) -> None:
@@ -83,10 +97,10 @@ def _client_main(server_ip: str, port: int, streams: int, duration: int, omit: i
     """One test; its result as one JSON line on stdout (what `check.measure_goodput` reads)."""
     result = iperf3_client(server_ip, port, streams, duration, omit, connect_timeout)
     if result.error:
-        print(json.dumps({"bps": None, "error": result.error}))
+        print(IperfLine(bps=None, error=result.error).model_dump_json())
         return 1
-    print(json.dumps({"bps": result.received_bps, "sent_bps": result.sent_bps,
-                      "retransmits": result.retransmits, "streams": streams}))
+    print(IperfLine(bps=result.received_bps, sent_bps=result.sent_bps, retransmits=result.retransmits,
+                    streams=streams).model_dump_json())
     return 0
 
 

@@ -25,7 +25,6 @@ from the WAN node's egress byte counters.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -35,6 +34,8 @@ import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict
 
 MAGIC = 0x7462_7072  # "tbpr"
 HELLO = struct.pack("!I", 0x7462_6865)  # "tbhe": this end's socket is bound (before the train)
@@ -50,7 +51,41 @@ GSO_SEGMENTS = 44  # 44 x 1400 = 61,600 bytes per send (< 64 KiB)
 BATCH_S = 0.001  # the sender paces in 1 ms batches
 
 
-def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: float, out: Path) -> dict:
+class _Report(BaseModel):
+    """What a probe prints as its last line of stdout, one JSON object."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class TrainReport(_Report):
+    """One end of a train: datagrams sent to the peer, received from it (the peer's
+    train's records in `records`), and foreign ones (not the train's) left out."""
+
+    sent: int
+    received: int
+    foreign: int
+    records: str
+
+
+class CaptureReport(_Report):
+    """A capture: train datagrams kept (each seen entering and leaving), the kernel's
+    drops on the packet sockets, and the pcapng file written."""
+
+    packets: int
+    drops: int
+    pcap: str
+
+
+class BlastReport(_Report):
+    """A blast: GSO sends made, refused by the host's own queue, bytes offered, seconds."""
+
+    sends: int
+    refused: int
+    bytes: int
+    seconds: float
+
+
+def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: float, out: Path) -> TrainReport:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 16 << 20)
     sock.setsockopt(socket.SOL_SOCKET, SO_TIMESTAMPNS, 1)
@@ -133,7 +168,7 @@ def _train(peer: str, port: int, count: int, pps: float, size: int, linger_s: fl
         select.select([sock], [], [], 0.05)
     sock.close()
     out.write_bytes(bytes(records))
-    return {"sent": sent, "received": received, "foreign": foreign, "records": str(out)}
+    return TrainReport(sent=sent, received=received, foreign=foreign, records=str(out))
 
 
 SOL_PACKET = 263
@@ -172,7 +207,7 @@ def _attach_filter(sock: socket.socket, prog: list[tuple[int, int, int, int]]) -
     sock.setsockopt(socket.SOL_SOCKET, SO_ATTACH_FILTER, fprog)
 
 
-def _capture(intfs: Sequence[str], port: int, out: Path) -> dict:
+def _capture(intfs: Sequence[str], port: int, out: Path) -> CaptureReport:
     # The kernel stamps each packet as it passes; reading them late costs nothing but
     # buffer space (32 MiB per socket), so the capture yields the CPU to the relay and
     # the train's ends, whose timing it measures.
@@ -227,7 +262,7 @@ def _capture(intfs: Sequence[str], port: int, out: Path) -> dict:
         drops += struct.unpack("II", sock.getsockopt(SOL_PACKET, PACKET_STATISTICS, 8))[1]
         sock.close()
     write_pcapng(out, kept)
-    return {"packets": len(kept), "drops": drops, "pcap": str(out)}
+    return CaptureReport(packets=len(kept), drops=drops, pcap=str(out))
 
 
 def write_pcapng(path: Path, packets: Sequence[tuple[bytes, int, int, bytes]]) -> None:
@@ -244,7 +279,7 @@ def write_pcapng(path: Path, packets: Sequence[tuple[bytes, int, int, bytes]]) -
     writer.close()
 
 
-def _blast(peer: str, port: int, rate_bps: float, duration_s: float) -> dict:
+def _blast(peer: str, port: int, rate_bps: float, duration_s: float) -> BlastReport:
     sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
     sock.setsockopt(SOL_UDP, UDP_SEGMENT, GSO_SEGMENT)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 8 << 20)
@@ -266,7 +301,7 @@ def _blast(peer: str, port: int, rate_bps: float, duration_s: float) -> dict:
             sends += 1
         time.sleep(BATCH_S)
     sock.close()
-    return {"sends": sends, "refused": refused, "bytes": sends * len(payload), "seconds": time.monotonic() - t0}
+    return BlastReport(sends=sends, refused=refused, bytes=sends * len(payload), seconds=time.monotonic() - t0)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -291,13 +326,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     b.add_argument("--rate", type=float, required=True, help="bits per second")
     b.add_argument("--duration", type=float, required=True)
     ns = parser.parse_args(argv)
+    result: _Report
     if ns.role == "train":
         result = _train(ns.peer, ns.port, ns.count, ns.pps, ns.size, ns.linger, Path(ns.out))
     elif ns.role == "capture":
         result = _capture(ns.intf, ns.port, Path(ns.out))
     else:
         result = _blast(ns.peer, ns.port, ns.rate, ns.duration)
-    print(json.dumps(result), flush=True)
+    print(result.model_dump_json(), flush=True)
     return 0
 
 

@@ -142,17 +142,8 @@ class RemoteProcess(subprocess.Popen):
         super().__init__(login.ssh_argv(command, control_dir), env=env, stdin=subprocess.PIPE, **popen_kwargs)
         if ready_fd is not None:
             start_relay(self, ready_fd, relay_to, f"ready-relay-{self.token}")
-        assert self.stdin is not None
-        line = json.dumps(env_extra) + "\n"  # the environment: first line of stdin, never a command line
-        try:
-            self.stdin.write(line if popen_kwargs.get("text") or popen_kwargs.get("universal_newlines")
-                             else line.encode())
-            self.stdin.flush()
-            if not keep_stdin:
-                self.stdin.close()
-                self.stdin = None
-        except (BrokenPipeError, OSError):
-            pass  # ssh ended already: its exit status and stderr say why
+        # the environment: first line of stdin, never a command line
+        send_first_line(self, json.dumps(env_extra) + "\n", keep_stdin)
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is not None:
@@ -168,6 +159,21 @@ class RemoteProcess(subprocess.Popen):
             pass
         if self.poll() is None:  # the program could not be reached: end the ssh client (the agent ends it)
             super().send_signal(sig)
+
+
+def send_first_line(proc: subprocess.Popen[Any], line: str, keep_stdin: bool) -> None:
+    """Write `line` to the ssh client `proc`'s stdin (what the remote side reads first:
+    the program's environment), then close stdin unless the program keeps it. An ssh
+    that ended already is no error here: its exit status and stderr say why."""
+    assert proc.stdin is not None
+    try:
+        proc.stdin.write(line if proc.text_mode else line.encode())
+        proc.stdin.flush()
+        if not keep_stdin:
+            proc.stdin.close()
+            proc.stdin = None
+    except (BrokenPipeError, OSError):
+        pass
 
 
 def remote_argv(argv: Sequence[str], python: str) -> list[str]:
@@ -187,4 +193,4 @@ def env_extra(env: dict[str, str] | None) -> dict[str, str]:
     return {k: v for k, v in env.items() if os.environ.get(k) != v}
 
 
-__all__ = ["RemoteAgent", "RemoteLogin", "RemoteProcess", "env_extra", "remote_argv"]
+__all__ = ["RemoteAgent", "RemoteLogin", "RemoteProcess", "env_extra", "remote_argv", "send_first_line"]

@@ -26,10 +26,20 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The layer contracts (pyproject.toml [tool.importlinter]) first: a structure that no
-# longer holds fails before the slower tests run.
+# longer holds fails before the slower tests run. Then the suite in two parts: the tests
+# that build no namespace on both cores at once (pytest-xdist, one test file per worker,
+# so the tests of a file never overlap), then the root and cluster tests one at a time
+# (their delay lines and emulated runs are CPU bound: two at once would skew each other).
+# The second part runs even when the first fails; the exit status is the first failure's.
+PYTEST_PARALLEL := $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not root and not cluster"
+PYTEST_SERIAL   := $(VENV)/bin/pytest -q -m "root or cluster"
+
 test: install
 	$(VENV)/bin/lint-imports --no-cache
-	$(VENV)/bin/pytest -q --durations=25
+	@rc=0; \
+	echo '$(PYTEST_PARALLEL) --durations=15'; $(PYTEST_PARALLEL) --durations=15 || rc=$$?; \
+	echo '$(PYTEST_SERIAL) --durations=25'; $(PYTEST_SERIAL) --durations=25 || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	exit $$rc
 
 # The multi-server tests alone (as root: server namespaces with their own sshd; `make test`
 # runs them too, except the `long` runs, which this target includes).
@@ -42,7 +52,7 @@ test-long: install
 	TESTBED_LONG_TESTS=1 $(VENV)/bin/pytest -q -m long
 
 test-unit: install
-	$(VENV)/bin/pytest -q -m "not root"
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not root and not cluster"
 
 # Benchmark floors (pytest marker `floor`: throughputs, speedups and build times asserted
 # against the issues' targets with a margin, their figures printed): run as root on a

@@ -21,13 +21,21 @@ Fixtures:
   directory and whether or not the package is installed.
 * ``tiny_workload``: the shipped ``scenarios/workloads/tiny.yaml``, loaded.
 
+Measuring the suite: with ``TESTBED_TEST_TIMES=<file>`` each test appends a JSON line to
+that file with its node id, its wall time and the CPU time it used (this process and the
+children it waited for), so a slow test shows whether it computes or waits.
+
 Paths to shipped files come from ``testbed_core.constants`` (REPO_ROOT,
 TOPOLOGIES_DIR, SCENARIOS_DIR, WORKLOADS_DIR), not from each test's own ``__file__``.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import resource
+import time
+from collections.abc import Generator
 
 import pytest
 
@@ -63,6 +71,28 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false here)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def _cpu_s() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
+    """With TESTBED_TEST_TIMES set: the test's wall and CPU seconds (setup to teardown),
+    appended to that file as a JSON line."""
+    path = os.environ.get("TESTBED_TEST_TIMES")
+    if not path:
+        return (yield)
+    wall0, cpu0 = time.monotonic(), _cpu_s()
+    try:
+        return (yield)
+    finally:
+        line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 2),
+                "cpu_s": round(_cpu_s() - cpu0, 2)}
+        with open(path, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
 
 @pytest.fixture()

@@ -1,6 +1,10 @@
 """The example programs (examples/) under a local multi-process run on 127.0.0.1 equal
 their one-process ``--reference``: the same loss at every step and the same final
-parameters, within 1e-5; with gloo, and with atlas once atlas_transport.torch exists."""
+parameters, within 1e-5; with gloo, and with atlas once atlas_transport.torch exists.
+
+`make test` runs each example once, the backends alternating so that both are covered
+(gloo and atlas each carry a pipeline schedule, and one of ddp and hybrid); the other
+combinations of the matrix are marked ``long`` (make test-long)."""
 
 from __future__ import annotations
 
@@ -19,8 +23,8 @@ from testbed_core.constants import REPO_ROOT
 EXAMPLES = REPO_ROOT / "examples"
 TOL = 1e-5
 HAS_ATLAS = importlib.util.find_spec("atlas_transport.torch") is not None
-BACKENDS = ["gloo", pytest.param("atlas", marks=pytest.mark.skipif(
-    not HAS_ATLAS, reason="atlas_transport.torch (the torch.distributed backend) is not in this checkout yet"))]
+NO_ATLAS = pytest.mark.skipif(
+    not HAS_ATLAS, reason="atlas_transport.torch (the torch.distributed backend) is not in this checkout yet")
 
 
 def _free_port() -> int:
@@ -97,9 +101,16 @@ CASES = {
 }
 
 
+# (case, backend) in make test; the rest of the matrix under `long`
+DEFAULT = {("pipeline-gpipe", "gloo"), ("pipeline-1f1b", "atlas"), ("ddp", "atlas"), ("hybrid", "gloo")}
+MATRIX = [pytest.param(case, backend, id=f"{case}-{backend}",
+                       marks=[*([NO_ATLAS] if backend == "atlas" else []),
+                              *([] if (case, backend) in DEFAULT else [pytest.mark.long])])
+          for case in CASES for backend in ("gloo", "atlas")]
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", BACKENDS)
-@pytest.mark.parametrize("case", list(CASES))
+@pytest.mark.parametrize(("case", "backend"), MATRIX)
 def test_example_equals_reference(case: str, backend: str, child_env: dict[str, str], tmp_path: Path) -> None:
     script, world, args, ref_args = CASES[case]
     common = [*args, "--steps", "3", "--seed", "7"]

@@ -13,11 +13,15 @@ import sys
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from testbed_core.constants import REPO_ROOT
 from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import TransportJob
+
+if TYPE_CHECKING:
+    from testbed.run.scenario import TransportSettings
+    from testbed_core.topology import Topology
 
 
 class RunnerError(RuntimeError):
@@ -78,7 +82,7 @@ PACING_CAP_MBPS = 10_000.0
 CONNECT_TIMEOUT_S = 10.0  # to open all streams of a channel and finish its handshake, once the peer listens
 
 
-def transport_job(settings: Any) -> TransportJob:
+def transport_job(settings: TransportSettings) -> TransportJob:
     """The transport part of a worker's or probe's job, from the scenario's `transport`."""
     return TransportJob(chunk_bytes=chunk_bytes(settings.chunk), congestion=settings.congestion,
                         pacing_rate_mbps=PACING_CAP_MBPS if settings.pacing else None,
@@ -92,7 +96,7 @@ def chunk_bytes(value: str | int) -> int:
     return parse_size(value) if isinstance(value, str) else int(value)
 
 
-def path_links(topology: Any, a: str, b: str) -> tuple[tuple[str, ...], float]:
+def path_links(topology: Topology, a: str, b: str) -> tuple[tuple[str, ...], float]:
     """WAN link directions from DC a to DC b (lowest latency route) and its delay."""
     from testbed_core.topology import shortest_path
 
@@ -102,7 +106,7 @@ def path_links(topology: Any, a: str, b: str) -> tuple[tuple[str, ...], float]:
     return tuple(f"{x}->{y}" for x, y in zip(path, path[1:], strict=False)), topology.path_delay(a, b)
 
 
-def nominal_link(topo: Any, pair: tuple[str, str]) -> float | None:
+def nominal_link(topo: Topology, pair: tuple[str, str]) -> float | None:
     """The nominal rate of the slowest WAN link between the DCs of two hosts (None
     inside one DC)."""
     a, b = dc_of_host(pair[0]), dc_of_host(pair[1])

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from testbed.run.common import RunnerError, path_links
 from testbed.run.ports import PortPlan
@@ -43,6 +43,13 @@ from testbed_core.contracts.worker_job import (
 )
 from testbed_core.planning.wan_paths import grad_wire_bytes
 
+if TYPE_CHECKING:
+    from testbed_core.planning.temporal import TemporalPlan
+    from testbed_core.schedules import Schedule
+    from testbed_core.simulate import TransferKey
+    from testbed_core.topology import Topology
+    from testbed_core.workload import EffectiveWorkload, Workload
+
 LIVE_POLL_S = 0.002  # how often a worker waiting for a tensor refreshes its live status
 SHAPER_BURST_S = 1e-3  # the shaper's burst at its rate (testbed/emulation/shaping.py)
 LIVE_SLACK_EXTRA_BYTES = 32 << 10  # ... and a little more
@@ -61,8 +68,8 @@ def device_name(pipeline: int, rank: int, host: str) -> str:
 def build_jobs(
     *,
     setup: VariantSetup,
-    workload: Any,
-    topology: Any,
+    workload: Workload,
+    topology: Topology,
     host_ips: Mapping[str, str],
     run_dir: Path,
     control: str,
@@ -130,7 +137,7 @@ def build_jobs(
     return jobs
 
 
-def boundary_channels(setup: VariantSetup, workload: Any, topology: Any, sched: Any, hosts: Mapping[str, str],
+def boundary_channels(setup: VariantSetup, workload: Workload, topology: Topology, sched: Schedule, hosts: Mapping[str, str],
                       host_ips: Mapping[str, str], ports: PortPlan) -> dict[str, list[ChannelJob]]:
     """Both ends of every (pipeline, boundary) channel, by worker: the upstream worker
     connects, the downstream one listens; WAN channels get the variant's streams."""
@@ -159,7 +166,7 @@ def boundary_channels(setup: VariantSetup, workload: Any, topology: Any, sched: 
     return out
 
 
-def gloo_jobs(workload: Any, channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str],
+def gloo_jobs(workload: Workload, channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str],
               host_ips: Mapping[str, str], ports: PortPlan) -> dict[str, GlooJob]:
     """torch-gloo (pure): every worker's rank in one process group (pipeline x pp + rank;
     the store on rank 0's host, on the run's store port), the rank across each of its
@@ -180,7 +187,7 @@ def gloo_jobs(workload: Any, channels: Mapping[str, list[ChannelJob]], hosts: Ma
     }
 
 
-def real_device(workload: Any) -> str:
+def real_device(workload: Workload) -> str:
     """The torch device of a real-mode run here; RunnerError when it cannot run here."""
     from testbed.run.real_check import RealModeError, resolve_device
 
@@ -190,7 +197,7 @@ def real_device(workload: Any) -> str:
         raise RunnerError(str(exc)) from None
 
 
-def add_real_jobs(workload: Any, run_dir: Path, torch_device: str) -> dict[str, RealJob]:
+def add_real_jobs(workload: Workload, run_dir: Path, torch_device: str) -> dict[str, RealJob]:
     """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
     real (testbed/training/real_mode.py)."""
     from testbed.training.real_mode import real_jobs
@@ -199,7 +206,7 @@ def add_real_jobs(workload: Any, run_dir: Path, torch_device: str) -> dict[str, 
                      worker_id=worker_id)
 
 
-def dp_sync_jobs(setup: VariantSetup, workload: Any, eff: Any, topology: Any, hosts: Mapping[str, str],
+def dp_sync_jobs(setup: VariantSetup, workload: Workload, eff: EffectiveWorkload, topology: Topology, hosts: Mapping[str, str],
                  host_ips: Mapping[str, str], ports: PortPlan, bucket_bytes: int) -> dict[str, DpSyncJob]:
     """The DP gradient all-reduce of every worker (pure): one channel per pair of
     replicas of a rank (the lower DP rank listens; the k-th pair on the k-th port of
@@ -228,7 +235,7 @@ def dp_sync_jobs(setup: VariantSetup, workload: Any, eff: Any, topology: Any, ho
 
 
 def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str], devices: Mapping[str, str],
-              topology: Any, run_dir: Path, lead_s: float, local: bool) -> dict[str, LiveJob]:
+              topology: Topology, run_dir: Path, lead_s: float, local: bool) -> dict[str, LiveJob]:
     """BubbleTea's live status for each worker (testbed_runtime/live.py): where it goes,
     and per boundary the nominal rate of the slowest shaped link a received tensor
     crosses (the WAN links on the way, else the DC's LAN; none in local mode), which
@@ -251,19 +258,19 @@ def live_jobs(channels: Mapping[str, list[ChannelJob]], hosts: Mapping[str, str]
     return out
 
 
-def temporal_jobs(plan: Any, sched: Any, hosts: Mapping[str, str], host_ips: Mapping[str, str], ports: PortPlan,
+def temporal_jobs(plan: TemporalPlan, sched: Schedule, hosts: Mapping[str, str], host_ips: Mapping[str, str], ports: PortPlan,
                   mode: str, token_timeout_s: float) -> dict[str, TemporalJob]:
     """Hand the temporal plan to the senders: for each WAN send its slot, its place in
     each link's token order, how long it holds the link (its planned time on the wire)
     and who holds the next token; and, in token mode, to each sender the token-bus
     addresses of the others (token ports: the `ports.tokens` range, by worker name)."""
 
-    def sender(key: Any) -> str:
+    def sender(key: TransferKey) -> str:
         rank = sched.rank_of(key.boundary) if key.direction == "fwd" else sched.rank_of(key.boundary + 1)
         return worker_id(key.pipeline, rank)
 
-    tokens: dict[Any, list[tuple[str, int]]] = {}
-    nexts: dict[Any, list[tuple[str, int, str]]] = {}
+    tokens: dict[TransferKey, list[tuple[str, int]]] = {}
+    nexts: dict[TransferKey, list[tuple[str, int, str]]] = {}
     for res, keys in plan.order.items():
         link = res.removeprefix("wan:")
         for i, key in enumerate(keys):

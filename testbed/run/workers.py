@@ -20,7 +20,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from testbed.process import Process
 from testbed.progress import Progress
@@ -50,6 +50,10 @@ from testbed_core.contracts.control import (
     parse_worker_message,
 )
 from testbed_core.contracts.worker_job import TrainJob
+
+if TYPE_CHECKING:
+    from testbed.run.faults import FaultInjector
+    from testbed_core.workload import Workload
 
 M = TypeVar("M", Hello, Ready, IterDone, Bye)
 
@@ -192,8 +196,8 @@ class VariantRun:
 
 def run_workers(
     net: Network, setup: VariantSetup, jobs: Mapping[str, TrainJob], folder: Path, ctl_dir: Path,
-    secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Any, base_dir: str | None,
-    faults: Any = None, admit: bool = True,
+    secret: str, scenario: Scenario, iterations: int, progress: Progress, workload: Workload, base_dir: str | None,
+    faults: FaultInjector | None = None, admit: bool = True,
 ) -> VariantRun:
     """Start the workers of one variant (their jobs written to ``<variant>/jobs/<worker>.json``),
     play its iterations, collect the records. `faults` (a testbed/run/faults.py

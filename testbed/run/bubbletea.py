@@ -43,6 +43,7 @@ from testbed_core.contracts.bubbletea import (
     LivePaths,
     PrefillModelSpec,
 )
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.prefill_service import ControllerJob, ControllerSummaryRead
 from testbed_core.contracts.summary import (
     AgentCounters,
@@ -101,12 +102,12 @@ def decode_hosts(scenario: Scenario, jobs: Mapping[str, TrainJob]) -> dict[str, 
     if host != DECODE_SAME_DC:
         return {w: host for w in jobs}
     last = {dc.name: f"{dc.name}-{dc.hosts[-1]}" for dc in scenario.topology.dcs}
-    return {w: last[j.host.split("-", 1)[0]] for w, j in jobs.items()}
+    return {w: last[dc_of_host(j.host)] for w, j in jobs.items()}
 
 
 def kv_path(topology: Topology, src: str, dst: str, local: bool) -> tuple[float, bool]:
     """(nominal rate of the path from host src to host dst in bits/s, crosses a WAN)."""
-    a, b = src.split("-", 1)[0], dst.split("-", 1)[0]
+    a, b = dc_of_host(src), dc_of_host(dst)
     if a == b:
         return topology.dc(a).lan_rate, False
     links, _ = path_links(topology, a, b)
@@ -365,7 +366,7 @@ def _waits(timelines: Mapping[str, Sequence[WorkRecord]], windows: Sequence[tupl
 
 
 def lease_events(folder: Path) -> list[LeaseOverrun]:
-    """The lease events of the variant's devices (testbed_runtime/device.py), longest first."""
+    """The lease events of the variant's devices (testbed_core/device.py), longest first."""
     from testbed_core.device_records import LeaseEvent
 
     out = []

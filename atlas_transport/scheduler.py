@@ -54,9 +54,6 @@ class SendQueue:
         self.inflight[t.tid] = t
         self._fresh.append(t)
 
-    def has_work(self, stream: int) -> bool:
-        return any(_may(t, stream) for t, _ in self._resend) or any(_may(t, stream) for t in self._fresh)
-
     def next_chunk(self, stream: int) -> Chunk | None:
         """The next chunk this stream should send, or None. Re-sends go first."""
         for i, (t, off) in enumerate(self._resend):

@@ -40,6 +40,7 @@ from typing import Any
 from testbed.emulation.records import RECORD_DIR, ProcFS
 from testbed.launch.models import DetachedHost, DetachedState, DetachedWan
 from testbed.launch.plan import HostSlot, LaunchError
+from testbed_core.atomic import write_text_atomic
 
 DETACHED_DIR = RECORD_DIR / "detached"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -301,9 +302,7 @@ def serve(name: str, file: str, backend: str | None, servers: str | None) -> Non
                               prefix=emu.prefix, daemon_pid=pid, daemon_start=ProcFS().start_time(pid) or 0,
                               socket=str(sock_path), log=str(log), delay_backend=emu.delay_backend, built=time.time(),
                               hosts=hosts, wans=wans)
-        tmp = state_path.with_name(state_path.name + ".tmp")
-        tmp.write_text(state.model_dump_json(indent=1) + "\n")
-        os.replace(tmp, state_path)
+        write_text_atomic(state_path, state.model_dump_json(indent=1) + "\n")
 
         def accept() -> None:
             while True:

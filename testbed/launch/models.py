@@ -9,6 +9,8 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from testbed_core.atomic import write_text_atomic
+
 LAUNCH_FILE = "launch.json"
 
 
@@ -81,11 +83,7 @@ class LaunchReport(_Model):
 
 
 def write_report(report: LaunchReport, out_dir: Path) -> Path:
-    path = out_dir / LAUNCH_FILE
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(report.model_dump_json(indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
+    return write_text_atomic(out_dir / LAUNCH_FILE, report.model_dump_json(indent=1) + "\n")
 
 
 def read_report(path: Path) -> LaunchReport:

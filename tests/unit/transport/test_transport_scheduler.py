@@ -69,7 +69,7 @@ def test_done_drops_pending_resends_and_repeated_done_is_harmless() -> None:
 def test_lanes_restrict_streams() -> None:
     q = SendQueue()
     q.add(transfer(0, lanes=2))
-    assert q.next_chunk(2) is None and not q.has_work(3)
+    assert q.next_chunk(2) is None and q.next_chunk(3) is None
     assert q.next_chunk(1) is not None
 
 

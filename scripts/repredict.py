@@ -9,11 +9,11 @@ judged against runs it did not see:
 
     .venv/bin/python scripts/repredict.py results/sweep-paper-1f1b/p00* docs/atlas-4dc
 
-The README's before/after figures for the planner's channel windows: this script on
-the paper sweep kept at commit 3386d5b (`git worktree add /tmp/old 3386d5b`, then the
-folders /tmp/old/results/sweep-paper/p00*): the `stored` column is the old planner's
-prediction, `now` this checkout's, each with its error as summary.json's
-`prediction_error` gives it (measured / predicted - 1).
+The before/after figures for the planner's channel windows (docs/scenarios.md, 'What a
+run writes'): this script on the paper sweep kept at commit 3386d5b (`git worktree add
+/tmp/old 3386d5b`, then the folders /tmp/old/results/sweep-paper/p00*): the `stored`
+column is the old planner's prediction, `now` this checkout's, each with its error as
+summary.json's `prediction_error` gives it (measured / predicted - 1).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 A file is validated in full when it is loaded, so a typo is reported before any
 namespace exists. Errors name the file, the field (as a dotted path) and what is
-allowed. See README.md ("Topology files") for the format.
+allowed. The format: docs/topologies.md, every field in docs/reference/formats/topology.md.
 """
 
 from __future__ import annotations

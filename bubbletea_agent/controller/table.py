@@ -1,4 +1,4 @@
-"""The README's comparison table of the prefill service, from a run's summary.json:
+"""The prefill service's comparison table (docs/results/bubbletea.md), from a run's summary.json:
 
     python -m bubbletea_agent.controller.table results/<run>/summary.json
 

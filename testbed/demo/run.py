@@ -30,7 +30,7 @@ WARMUP = {"workload.warmup": 3}
 iteration was still settling (TCP windows, the transport's chunk sizes) in 4 of 8
 variant runs of the last demos (1.0-1.29x the next one), in the plain variant as in
 its +bubbletea twin; with only two measured iterations that alone made the BubbleTea
-slowdown read +1.0% in one demo and +6.7% in the next (README: BubbleTea's slowdown)."""
+slowdown read +1.0% in one demo and +6.7% in the next (docs/bubbletea.md, 'The slowdown: measured, decomposed, kept small')."""
 
 
 @dataclass(frozen=True)

@@ -475,8 +475,8 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
     fed with the variant's own warm-up (solo channel rate, and the aggregate its
     colliding transfers reached) is kept as a diagnostic: TCP's loss recovery under
     collisions varies from iteration to iteration, so a few warm-up iterations are a
-    noisier sample of the shared link than the probe's (README: how the prediction
-    treats a shared link)."""
+    noisier sample of the shared link than the probe's (docs/scenarios.md, 'What a run
+    writes': how the prediction treats a shared link)."""
     from testbed.run.metrics import (
         channel_rate,
         colliding_rate,

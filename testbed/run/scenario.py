@@ -135,7 +135,7 @@ class RunnerSettings(_Model):
         "its devices can hold (1f1b, gpipe; testbed_core/planning/schedule.py) planned and predicted with the "
         "calibrated network, at every timed stream count, the fastest run unless the configured one is within 3%; "
         "modelled devices only. Opt-in: the prediction does not know the losses of GPipe's bursts of unpaced "
-        "streams (README, 'Atlas's pipeline schedule')"
+        "streams (docs/scenarios.md, 'Atlas's pipeline schedule')"
     )
     token_margin: float = Field(
         0.2, ge=0, le=2, description="atlas: plan each WAN transfer this much longer than calibrated (late ones)"

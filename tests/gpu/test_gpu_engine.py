@@ -50,7 +50,7 @@ def test_prefill_on_a_real_device_gives_the_models_kv_shape(spec, engine, tmp_pa
     assert kv.keys.is_cuda and kv.keys.dtype == torch.bfloat16
     assert tuple(kv.keys.shape) == spec.kv_shape(512) == (32, 1, 8, 512, 128)
     assert kv.values.shape == kv.keys.shape
-    assert kv.logical_bytes == spec.kv_bytes(512) == 64 << 20  # README: 512 tokens of Llama-3-8B = 64 MiB
+    assert kv.logical_bytes == spec.kv_bytes(512) == 64 << 20  # bubbletea_agent/README.md: 512 tokens of Llama-3-8B = 64 MiB
     assert torch.isfinite(kv.keys.float()).all() and kv.keys.abs().sum() > 0
     rec = res.record
     assert rec.kind == "prefill" and rec.mode == "real" and 0 < rec.duration < 10

@@ -34,18 +34,19 @@ import re
 import shutil
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import ConfigDict, Field, ValidationError, field_validator
+from pydantic import ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from testbed.progress import Progress
 from testbed.provenance import collect_provenance, write_provenance
 from testbed.run.scenario import (
+    ProgramScenario,
     Scenario,
     ScenarioError,
     apply_override,
@@ -56,7 +57,11 @@ from testbed_core.configfile import ConfigModel, format_validation_error, read_y
 from testbed_core.contracts.summary import ProgramSummary, Summary
 from testbed_core.contracts.sweep import PointRecord, SweepParameter, SweepPointRef, SweepRecord
 
-Runner = Callable[[Scenario, dict[str, Any], Path, Progress | None], Summary]
+ScenarioDoc = dict[str, JsonValue]
+"""A scenario as a document, before validation: what scenario.resolved.yaml holds (the
+base scenario with its files read in and a point's overrides applied)."""
+
+Runner = Callable[[Scenario, ScenarioDoc, Path, Progress | None], Summary]
 """Runs one point: (scenario, resolved scenario, point folder, progress) -> its summary
 (written to the folder as summary.json by the runner, or else by the sweep)."""
 FILE_FIELDS = ("topology", "workload")  # parameters whose string values are files to read in
@@ -91,6 +96,9 @@ class ValuesSpec(_Model):
     label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
 
 
+_Specs = TypeVar("_Specs", bound=Mapping[str, object])
+
+
 class SweepFile(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="letters, digits, . _ -")
     description: str = ""
@@ -102,7 +110,7 @@ class SweepFile(_Model):
 
     @field_validator("parameters")
     @classmethod
-    def _some(cls, value: dict[str, Any]) -> dict[str, Any]:
+    def _some(cls, value: _Specs) -> _Specs:
         if not value:
             raise ValueError(
                 "the grid is empty: give at least one parameter to vary, e.g. 'topology.wan.0.delay: [10ms, 50ms]'"
@@ -140,7 +148,7 @@ class SweepPoint:
     id: str
     values: dict[str, Any]  # parameter path -> value as written in the sweep file
     seed: int
-    resolved: dict[str, Any]
+    resolved: ScenarioDoc
     config_hash: str
 
     def ref(self) -> SweepPointRef:
@@ -293,7 +301,7 @@ def format_value(path: str, value: Any, position: int) -> str:
     return f"v{position + 1}"
 
 
-def expand_path(data: dict[str, Any], path: str) -> list[str]:
+def expand_path(data: ScenarioDoc, path: str) -> list[str]:
     """Concrete paths for `path`, with each `*` standing for every index of a list."""
     parts = path.split(".")
     if "*" not in parts:
@@ -316,12 +324,12 @@ def expand_path(data: dict[str, Any], path: str) -> list[str]:
     return [".".join(p) for p, _ in results]
 
 
-def config_hash(data: dict[str, Any]) -> str:
+def config_hash(data: ScenarioDoc) -> str:
     canon = json.dumps(data, sort_keys=True, default=str, separators=(",", ":"))
     return hashlib.sha256(canon.encode()).hexdigest()[:16]
 
 
-def _read_file_value(value: str, sweep_dir: Path, kind: str, where: str) -> dict[str, Any]:
+def _read_file_value(value: str, sweep_dir: Path, kind: str, where: str) -> ScenarioDoc:
     path = Path(value) if Path(value).is_absolute() else sweep_dir / value
     try:
         data = read_yaml_mapping(path, kind, SweepError)
@@ -339,13 +347,13 @@ class _Builder:
     """Applies a point's overrides to the resolved base, in a fixed order: whole-file
     swaps first, then the sweep's `set`, then `--set`, then the swept fields."""
 
-    def __init__(self, source: Path, base: dict[str, Any], fixed: dict[str, Any], cli: dict[str, Any]) -> None:
+    def __init__(self, source: Path, base: ScenarioDoc, fixed: dict[str, Any], cli: dict[str, Any]) -> None:
         self.source = source
         self.base = base
         self.fixed = fixed
         self.cli = cli
 
-    def build(self, values: dict[str, Any], seed: int | None) -> dict[str, Any]:
+    def build(self, values: dict[str, Any], seed: int | None) -> ScenarioDoc:
         data = copy.deepcopy(self.base)
         where = f"{self.source}: parameters"
         for path, value in values.items():
@@ -419,7 +427,7 @@ def load_sweep(path: str | Path, cli_overrides: dict[str, Any] | None = None) ->
         raise SweepError(f"{source}: base: {exc}") from None
     builder = _Builder(source, base, spec.set, cli)
 
-    def check(data_values: dict[str, Any], seed: int | None, what: str) -> tuple[dict[str, Any], Any]:
+    def check(data_values: dict[str, Any], seed: int | None, what: str) -> tuple[ScenarioDoc, Scenario | ProgramScenario]:
         try:
             data = builder.build(data_values, seed)
         except SweepError:
@@ -499,7 +507,7 @@ class PointOutcome:
     error: str | None = None
 
 
-def default_runner(scenario: Scenario, resolved: dict[str, Any], out_dir: Path, progress: Progress | None) -> Summary:
+def default_runner(scenario: Scenario, resolved: ScenarioDoc, out_dir: Path, progress: Progress | None) -> Summary:
     """`testbed run`'s scenario runner, imported only when a point runs (a program
     scenario's: testbed/run/program.py)."""
     if not isinstance(scenario, Scenario):

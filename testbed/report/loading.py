@@ -21,7 +21,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -49,6 +49,14 @@ PREFERRED_METRICS = (
     "ttft_s.p50", "ttft_s.p95", "ttft_s.p99", "guard_violations", "seconds_per_step",
 )
 """The columns that come first in results.csv, in this order; the rest follow sorted."""
+
+
+Cell = str | int | float | bool | None
+"""One cell of results.csv: a scalar of a summary entry, or a parameter value (lists
+and mappings as JSON text, `cell`)."""
+
+Row = dict[str, Cell]
+"""One row of results.csv: column name -> cell."""
 
 
 class ReportError(ConfigError):
@@ -223,9 +231,10 @@ def load_results(root: str | Path) -> ResultSet:
 # ---------------------------------------------------------------------------- rows
 
 
-def flatten(data: dict[str, Any], prefix: str = "") -> dict[str, Any]:
-    """Scalar leaves of nested dicts, keyed by dotted path; lists are left out."""
-    out: dict[str, Any] = {}
+def flatten(data: Mapping[str, object], prefix: str = "") -> Row:
+    """Scalar leaves of nested mappings (a model's JSON dump), keyed by dotted path;
+    lists are left out."""
+    out: Row = {}
     for key, value in data.items():
         name = f"{prefix}{key}"
         if isinstance(value, dict):
@@ -239,13 +248,13 @@ def _metric_key(name: str) -> tuple[int, str]:
     return (PREFERRED_METRICS.index(name), "") if name in PREFERRED_METRICS else (len(PREFERRED_METRICS), name)
 
 
-def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
+def result_rows(rs: ResultSet) -> tuple[list[str], list[Row]]:
     """CSV columns and rows: one row per point x variant (one per point without results)."""
-    rows: list[dict[str, Any]] = []
+    rows: list[Row] = []
     metrics: set[str] = set()
     param_paths = [p for p, _ in rs.parameters]
     for pt in rs.points:
-        head: dict[str, Any] = {"point": pt.id, "status": pt.status, "seed": pt.seed}
+        head: Row = {"point": pt.id, "status": pt.status, "seed": pt.seed}
         for path in param_paths:
             head[path] = cell(pt.parameters.get(path))
         made = 0
@@ -289,7 +298,7 @@ def result_rows(rs: ResultSet) -> tuple[list[str], list[dict[str, Any]]]:
     return columns, rows
 
 
-def _program_rows(summary: ProgramSummary, head: dict[str, Any], rows: list[dict[str, Any]],
+def _program_rows(summary: ProgramSummary, head: Row, rows: list[Row],
                   metrics: set[str]) -> int:
     """A program scenario's rows: per variant its seconds per step (and the rest of its
     entry's scalars), and ``atlas_speedup``: its seconds per step over variant atlas's."""
@@ -306,11 +315,14 @@ def _program_rows(summary: ProgramSummary, head: dict[str, Any], rows: list[dict
     return len(summary.variants)
 
 
-def cell(value: Any) -> Any:
-    """A parameter value as one CSV cell (lists and mappings as JSON)."""
+def cell(value: object) -> Cell:
+    """A parameter value as one CSV cell (lists and mappings as JSON, anything else that
+    is not a scalar as its text)."""
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
-    return value
+    if value is None or isinstance(value, (str, int, float, bool)):
+        return value
+    return str(value)
 
 
 def number(value: Any) -> float | None:
@@ -322,7 +334,7 @@ def number(value: Any) -> float | None:
     return None
 
 
-def write_csv(path: Path, columns: list[str], rows: list[dict[str, Any]]) -> None:
+def write_csv(path: Path, columns: list[str], rows: list[Row]) -> None:
     """results.csv: empty cells for missing values, booleans as true/false."""
     with path.open("w", newline="") as fh:
         writer = csv.writer(fh)
@@ -360,7 +372,7 @@ def parse_cell(value: Any) -> Any:
     return value
 
 
-def wan_goodput(row: dict[str, Any]) -> float | None:
+def wan_goodput(row: Row) -> float | None:
     """A row's WAN goodput: the sum over its links (None without WAN traffic)."""
     values = [number(v) for k, v in row.items() if k.startswith("wan_links.") and k.endswith(".goodput_mbps")]
     values = [v for v in values if v is not None]

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from testbed.report.loading import ResultSet, category, number, parse_cell, wan_goodput
+from testbed.report.loading import ResultSet, Row, category, number, parse_cell, wan_goodput
 from testbed_core.contracts.summary import VariantResult
 from testbed_core.units import UnitError, parse_duration, parse_rate, parse_size
 from testbed_core.variants import base_name, colour, has_bubbletea, sort_key
@@ -140,7 +140,7 @@ def axis_for(path: str, values: list[Any]) -> Axis:
 class Series:
     label: str
     variant: str
-    metric: Callable[[dict[str, Any]], float | None]
+    metric: Callable[[Row], float | None]
     dashed: bool = False
     marker: str = "o"
     thin: bool = False
@@ -156,15 +156,15 @@ class Panel:
     decimals: int | None = 0  # of percent ticks
 
 
-def _col(name: str, scale: float = 1.0) -> Callable[[dict[str, Any]], float | None]:
-    def get(row: dict[str, Any]) -> float | None:
+def _col(name: str, scale: float = 1.0) -> Callable[[Row], float | None]:
+    def get(row: Row) -> float | None:
         value = number(row.get(name))
         return value * scale if value is not None else None
 
     return get
 
 
-def _aggregate(rows: list[dict[str, Any]], axis: Axis, series: Series) -> tuple[list[float], list[float], list[float]]:
+def _aggregate(rows: list[Row], axis: Axis, series: Series) -> tuple[list[float], list[float], list[float]]:
     """Mean and standard deviation over seeds at each x, for one series."""
     groups: dict[float, list[float]] = {}
     for row in rows:
@@ -184,12 +184,12 @@ def _aggregate(rows: list[dict[str, Any]], axis: Axis, series: Series) -> tuple[
     return xs, means, stds
 
 
-def _facets(rs: ResultSet, rows: list[dict[str, Any]], primary: str) -> list[tuple[str, list[dict[str, Any]]]]:
+def _facets(rs: ResultSet, rows: list[Row], primary: str) -> list[tuple[str, list[Row]]]:
     """One panel column per combination of the parameters other than the x axis."""
     others = [(p, lab) for p, lab in rs.parameters if p != primary]
     if not others:
         return [("", rows)]
-    groups: dict[tuple[str, ...], list[dict[str, Any]]] = {}
+    groups: dict[tuple[str, ...], list[Row]] = {}
     order: list[tuple[str, ...]] = []
     for pt in rs.points:
         key = tuple(f"{lab}={category(pt.parameters.get(p))}" for p, lab in others)
@@ -204,7 +204,7 @@ def _facets(rs: ResultSet, rows: list[dict[str, Any]], primary: str) -> list[tup
     return [(", ".join(k), groups[k]) for k in order]
 
 
-def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, list[dict[str, Any]]]],
+def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, list[Row]]],
                  panels: list[Panel]) -> Path | None:
     import matplotlib
 
@@ -277,14 +277,14 @@ def _line_figure(path: Path, title: str, axis: Axis, facets: list[tuple[str, lis
     return path
 
 
-def _present(rows: list[dict[str, Any]], metric: str, variant: str | None = None) -> bool:
+def _present(rows: list[Row], metric: str, variant: str | None = None) -> bool:
     return any(
         number(r.get(metric)) is not None and (variant is None or r.get("variant") == variant)
         for r in rows if r.get("status") == "ok"
     )
 
 
-def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Path]:
+def sweep_plots(rs: ResultSet, rows: list[Row], out: Path) -> list[Path]:
     """The plots that answer the sweep's question, against its (first numeric) parameter."""
     if not rs.parameters:
         return []
@@ -379,15 +379,15 @@ def sweep_plots(rs: ResultSet, rows: list[dict[str, Any]], out: Path) -> list[Pa
     return [p for p in made if p is not None]
 
 
-def _beyond(rows: list[dict[str, Any]], value: float) -> bool:
+def _beyond(rows: list[Row], value: float) -> bool:
     """Whether any atlas speedup in `rows` reaches `value` (then the 10x line is drawn)."""
     return any((number(r.get("atlas_speedup")) or 0.0) >= value for r in rows)
 
 
-def _col_rate(path: str) -> Callable[[dict[str, Any]], float | None]:
+def _col_rate(path: str) -> Callable[[Row], float | None]:
     """The swept link rate itself, in Mbit/s: the ceiling goodput is measured against."""
 
-    def get(row: dict[str, Any]) -> float | None:
+    def get(row: Row) -> float | None:
         try:
             return parse_rate(parse_cell(row.get(path))) / 1e6
         except (UnitError, TypeError, ValueError):
@@ -400,7 +400,7 @@ def _values_of(rs: ResultSet, path: str) -> list[Any]:
     return [pt.parameters.get(path) for pt in rs.points if path in pt.parameters]
 
 
-def _served_fraction(row: dict[str, Any]) -> float | None:
+def _served_fraction(row: Row) -> float | None:
     served = number(row.get("prefill_requests.served"))
     rejected = number(row.get("prefill_requests.rejected"))
     if served is None or rejected is None or served + rejected == 0:
@@ -408,7 +408,7 @@ def _served_fraction(row: dict[str, Any]) -> float | None:
     return served / (served + rejected)
 
 
-def _any_goodput(rows: list[dict[str, Any]], variant: str) -> bool:
+def _any_goodput(rows: list[Row], variant: str) -> bool:
     return any(r.get("variant") == variant and wan_goodput(r) is not None for r in rows)
 
 

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from testbed.report.loading import ResultSet, category, number, wan_goodput
+from testbed.report.loading import ResultSet, Row, category, number, wan_goodput
 from testbed_core.variants import BUBBLETEA_SUFFIX, base_name, has_bubbletea, sort_key
 
 
@@ -28,9 +28,9 @@ def _fmt(value: float | None, spec: str) -> str:
     return format(value, spec)
 
 
-def summary_table(rs: ResultSet, rows: list[dict[str, Any]]) -> str:
+def summary_table(rs: ResultSet, rows: list[Row]) -> str:
     """A compact text table for the terminal."""
-    by_point: dict[str, dict[str, dict[str, Any]]] = {}
+    by_point: dict[str, dict[str, Row]] = {}
     for r in rows:
         by_point.setdefault(r["point"], {})[r.get("variant") or ""] = r
     variants = sorted({r["variant"] for r in rows if r.get("variant") and not r["variant"].startswith("bench:")},
@@ -96,7 +96,7 @@ def _scaled(value: Any, factor: float) -> float | None:
 
 
 
-def _program_table(rs: ResultSet, rows: list[dict[str, Any]], by_point: dict[str, dict[str, dict[str, Any]]],
+def _program_table(rs: ResultSet, rows: list[Row], by_point: dict[str, dict[str, Row]],
                    variants: list[str]) -> str:
     """A program scenario's table: seconds per step per variant (and how many times
     faster atlas ran, when there is an atlas variant)."""

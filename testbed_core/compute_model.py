@@ -70,35 +70,28 @@ class GpuSpec:
 
 
 T = 1e12
-GPUS: dict[str, GpuSpec] = {
+
+
+def _datasheet(name: str, tensor_tflops: float, fp32_tflops: float, memory_bandwidth: float, memory_bytes: float,
+               source: str) -> GpuSpec:
+    """A GPU from its datasheet: BF16 and FP16 tensor throughput (dense, the same
+    figure for both), FP32, memory bandwidth (bytes/s) and size (bytes)."""
+    tensor = tensor_tflops * T
+    return GpuSpec(name, {"bf16": tensor, "fp16": tensor, "fp32": fp32_tflops * T},
+                   memory_bandwidth=memory_bandwidth, memory_bytes=memory_bytes, source=source)
+
+
+GPUS: dict[str, GpuSpec] = {gpu.name: gpu for gpu in (
     # NVIDIA A100 Tensor Core GPU datasheet (A100 80GB SXM): BF16/FP16 tensor 312
     # TFLOPS dense (624 with sparsity), FP32 19.5 TFLOPS, HBM2e 2,039 GB/s, 80 GB.
-    "A100": GpuSpec(
-        "A100",
-        {"bf16": 312 * T, "fp16": 312 * T, "fp32": 19.5 * T},
-        memory_bandwidth=2039e9,
-        memory_bytes=80e9,
-        source="NVIDIA A100 datasheet, A100 80GB SXM",
-    ),
+    _datasheet("A100", 312, 19.5, 2039e9, 80e9, "NVIDIA A100 datasheet, A100 80GB SXM"),
     # NVIDIA H100 Tensor Core GPU datasheet (H100 SXM): BF16/FP16 tensor 1,979
     # TFLOPS with sparsity = 989.5 dense, FP32 67 TFLOPS, HBM3 3.35 TB/s, 80 GB.
-    "H100": GpuSpec(
-        "H100",
-        {"bf16": 989.5 * T, "fp16": 989.5 * T, "fp32": 67 * T},
-        memory_bandwidth=3.35e12,
-        memory_bytes=80e9,
-        source="NVIDIA H100 datasheet, H100 SXM",
-    ),
+    _datasheet("H100", 989.5, 67, 3.35e12, 80e9, "NVIDIA H100 datasheet, H100 SXM"),
     # NVIDIA H200 Tensor Core GPU datasheet (H200 SXM): same compute as H100 SXM
     # (BF16/FP16 1,979 TFLOPS sparse = 989.5 dense, FP32 67), HBM3e 4.8 TB/s, 141 GB.
-    "H200": GpuSpec(
-        "H200",
-        {"bf16": 989.5 * T, "fp16": 989.5 * T, "fp32": 67 * T},
-        memory_bandwidth=4.8e12,
-        memory_bytes=141e9,
-        source="NVIDIA H200 datasheet, H200 SXM",
-    ),
-}
+    _datasheet("H200", 989.5, 67, 4.8e12, 141e9, "NVIDIA H200 datasheet, H200 SXM"),
+)}
 
 
 def gpu_spec(name: str) -> GpuSpec:

@@ -33,7 +33,7 @@ from testbed_core.configfile import (
     format_validation_error,
     read_yaml_mapping,
 )
-from testbed_core.servers import SERVER_NAME, SshSettings
+from testbed_core.servers import SERVER_NAME, SshSettings, keys_resolved
 
 
 class InventoryError(ConfigError):
@@ -152,11 +152,7 @@ class Inventory(_Model):
 
     def resolved(self, base: Path) -> Inventory:
         """The inventory with relative key paths made absolute from `base` (its folder)."""
-        def fix(ssh: SshSettings | None) -> SshSettings | None:
-            return None if ssh is None else ssh.resolved(base)
-
-        machines = [m.model_copy(update={"ssh": fix(m.ssh)}) for m in self.machines]
-        return self.model_copy(update={"ssh": fix(self.ssh), "machines": machines})
+        return keys_resolved(self, base)
 
 
 def parse_inventory(data: Any, path: str) -> Inventory:

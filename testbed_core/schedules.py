@@ -125,26 +125,16 @@ def interleaved_order(p: int, m: int, v: int) -> list[list[Op]]:
             chunk = v - 1 - chunk
         return group * p + offset, chunk * p + rank
 
+    def op(k: int, backward: bool, rank: int) -> Op:
+        return Op("B" if backward else "F", *unit(k, backward, rank))
+
     ranks = []
     for r in range(p):
         warmup = min(total, (p - r - 1) * 2 + (v - 1) * p)
-        order: list[Op] = []
-        f = b = 0
-        for _ in range(warmup):
-            mb, st = unit(f, False, r)
-            order.append(Op("F", mb, st))
-            f += 1
-        while f < total:
-            mb, st = unit(f, False, r)
-            order.append(Op("F", mb, st))
-            f += 1
-            mb, st = unit(b, True, r)
-            order.append(Op("B", mb, st))
-            b += 1
-        while b < total:
-            mb, st = unit(b, True, r)
-            order.append(Op("B", mb, st))
-            b += 1
+        order = [op(f, False, r) for f in range(warmup)]  # warm-up forwards
+        for f in range(warmup, total):  # steady state: one forward, one backward
+            order += [op(f, False, r), op(f - warmup, True, r)]
+        order += [op(b, True, r) for b in range(total - warmup, total)]  # cool-down backwards
         ranks.append(order)
     return ranks
 

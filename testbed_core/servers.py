@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -95,14 +95,9 @@ class Server(_Model):
     @field_validator("underlay_rate", mode="before")
     @classmethod
     def _rate(cls, value: Any) -> Any:
-        from testbed_core.units import UnitError, parse_rate
+        from testbed_core.units import convert_unit, parse_rate
 
-        if isinstance(value, str):
-            try:
-                return parse_rate(value)
-            except UnitError as exc:
-                raise ValueError(str(exc)) from None
-        return value
+        return convert_unit(parse_rate, value)
 
 
 class ServerPlan(_Model):
@@ -165,11 +160,20 @@ class ServerPlan(_Model):
 
     def resolved(self, base: Path) -> ServerPlan:
         """The plan with relative key paths made absolute from `base` (the file's folder)."""
-        def fix(ssh: SshSettings | None) -> SshSettings | None:
-            return None if ssh is None else ssh.resolved(base)
+        return keys_resolved(self, base)
 
-        machines = [s.model_copy(update={"ssh": fix(s.ssh)}) for s in self.machines]
-        return self.model_copy(update={"ssh": fix(self.ssh), "machines": machines})
+
+Logins = TypeVar("Logins", bound=ConfigModel)
+
+
+def keys_resolved(plan: Logins, base: Path) -> Logins:
+    """`plan` (a servers plan or an inventory: its own ``ssh`` and its ``machines``'
+    each) with relative key paths made absolute from `base` (the file's folder)."""
+    def fix(ssh: SshSettings | None) -> SshSettings | None:
+        return None if ssh is None else ssh.resolved(base)
+
+    machines = [m.model_copy(update={"ssh": fix(m.ssh)}) for m in getattr(plan, "machines")]  # noqa: B009
+    return plan.model_copy(update={"ssh": fix(getattr(plan, "ssh")), "machines": machines})  # noqa: B009
 
 
 # --------------------------------------------------------------------------- underlay checks

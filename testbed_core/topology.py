@@ -13,7 +13,6 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     AfterValidator,
-    BeforeValidator,
     ConfigDict,
     Field,
     ValidationError,
@@ -39,6 +38,7 @@ from testbed_core.units import (
     parse_fraction,
     parse_rate,
     parse_size,
+    unit_validator,
 )
 
 # Bounds of a topology's values: physically sensible, and within every limit the
@@ -66,22 +66,6 @@ class TopologyError(ConfigError):
     """A topology file that cannot be used, with the place and the fix in its message."""
 
 
-def _unit(parser):
-    def convert(value: Any) -> Any:
-        if value is None:
-            return value
-        if isinstance(value, bool):
-            raise ValueError(f"{str(value).lower()} is a yes/no value, not a {parser.__name__.removeprefix('parse_')}")
-        if isinstance(value, (str, int, float)):
-            try:
-                return parser(value)
-            except UnitError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    return BeforeValidator(convert)
-
-
 def _within(low: float, high: float, fmt: Any, what: str, why: str) -> AfterValidator:
     def check(value: float) -> float:
         if not low <= value <= high:
@@ -99,17 +83,17 @@ def _seconds(value: float) -> str:
     return f"{value * 1e3:g}ms" if 0 < value < 1 else f"{value:g}s"
 
 
-Rate = Annotated[float, _unit(parse_rate), Field(gt=0, description="bits per second"),
+Rate = Annotated[float, unit_validator(parse_rate), Field(gt=0, description="bits per second"),
                  _within(MIN_RATE_BPS, MAX_RATE_BPS, format_rate, "rate", "bits per second; 10Tbit is above any "
                          "single link")]
-Duration = Annotated[float, _unit(parse_duration), Field(ge=0, description="seconds")]
+Duration = Annotated[float, unit_validator(parse_duration), Field(ge=0, description="seconds")]
 Delay = Annotated[Duration, _within(0, MAX_DELAY_S, _seconds, "delay", "one way; satellite paths are ~300ms")]
-Size = Annotated[int, _unit(parse_size), Field(gt=0, description="bytes")]
+Size = Annotated[int, unit_validator(parse_size), Field(gt=0, description="bytes")]
 TcpBuffer = Annotated[Size, _within(TCP_BUFFER_MIN, TCP_BUFFER_MAX, _bytes, "buffer",
                                     "tcp_rmem/tcp_wmem take 4096 bytes to the kernel's int limit")]
 QUEUE_WHY = "at least one full frame; bfifo counts bytes in a signed 32-bit field"
 Queue = Annotated[Size, _within(QUEUE_MIN_BYTES, QUEUE_MAX_BYTES, _bytes, "queue", QUEUE_WHY)]
-Fraction = Annotated[float, _unit(parse_fraction), Field(ge=0, le=1)]
+Fraction = Annotated[float, unit_validator(parse_fraction), Field(ge=0, le=1)]
 
 CongestionControl = Literal["cubic", "bbr", "reno", "htcp", "vegas", "dctcp"]
 DC_NAME = r"^[a-z][a-z0-9]{0,7}$"

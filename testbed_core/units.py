@@ -8,8 +8,13 @@ silently, "Bps"/"MBps" are rejected with a hint). Sizes are bytes ("1MB" = 10**6
 
 from __future__ import annotations
 
+import functools
 import math
 import re
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BeforeValidator
 
 _NUM = r"([-+]?[0-9]*\.?[0-9]+(?:[eE][-+]?[0-9]+)?)"
 
@@ -65,48 +70,43 @@ def _allowed(units: dict[str, float]) -> str:
     return ", ".join(sorted({u for u in units if u}, key=lambda u: (units[u], u)))
 
 
-def parse_rate(value: str | int | float) -> float:
-    """Bits per second."""
+def _scaled(value: str | int | float, what: str, word: str, units: dict[str, float],
+            key: Callable[[str], str] = str.lower) -> float:
+    """`value` in the base unit of `units`: a number as it is (finite), a text as its
+    number times its unit's factor (the unit looked up as `key` writes it). `what`
+    names the quantity in errors, `word` its kind of unit."""
     if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not a rate")
+        raise UnitError(f"{value!r} is not a {what}")
     if isinstance(value, (int, float)):
-        return _finite(value, "rate")
-    number, unit = _split(value, "rate", _RATE_UNITS)
-    if unit and unit != unit.lower() and unit.endswith("Bps"):
-        raise UnitError(
-            f"{value!r}: 'Bps' (bytes per second) is ambiguous here; write the rate in bits, "
-            f"e.g. '{number * 8:g}{unit[:-3]}bit'"
-        )
-    factor = _RATE_UNITS.get(unit.lower())
+        return _finite(value, what)
+    number, unit = _split(value, what, units)
+    factor = units.get(key(unit))
     if factor is None:
-        raise UnitError(f"{_short(value)}: unknown rate unit {_short(unit, 20)} (allowed: {_allowed(_RATE_UNITS)})")
+        raise UnitError(f"{_short(value)}: unknown {word} unit {_short(unit, 20)} (allowed: {_allowed(units)})")
     return number * factor
 
 
+def parse_rate(value: str | int | float) -> float:
+    """Bits per second."""
+    if isinstance(value, str):
+        number, unit = _split(value, "rate", _RATE_UNITS)
+        if unit and unit != unit.lower() and unit.endswith("Bps"):
+            raise UnitError(
+                f"{value!r}: 'Bps' (bytes per second) is ambiguous here; write the rate in bits, "
+                f"e.g. '{number * 8:g}{unit[:-3]}bit'"
+            )
+    return _scaled(value, "rate", "rate", _RATE_UNITS)
+
+
 def parse_size(value: str | int | float) -> int:
-    """Bytes."""
-    if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not a size")
-    if isinstance(value, (int, float)):
-        return int(_finite(value, "size"))
-    number, unit = _split(value, "size", _SIZE_UNITS)
-    factor = _SIZE_UNITS.get(unit.lower())
-    if factor is None:
-        raise UnitError(f"{_short(value)}: unknown size unit {_short(unit, 20)} (allowed: {_allowed(_SIZE_UNITS)})")
-    return int(round(number * factor))
+    """Bytes (a number as given, truncated; a text rounded to whole bytes)."""
+    size = _scaled(value, "size", "size", _SIZE_UNITS)
+    return int(size) if isinstance(value, (int, float)) else int(round(size))
 
 
 def parse_duration(value: str | int | float) -> float:
     """Seconds."""
-    if isinstance(value, bool):
-        raise UnitError(f"{value!r} is not a duration")
-    if isinstance(value, (int, float)):
-        return _finite(value, "duration")
-    number, unit = _split(value, "duration", _TIME_UNITS)
-    factor = _TIME_UNITS.get(unit.lower() if unit != "µs" else unit)
-    if factor is None:
-        raise UnitError(f"{_short(value)}: unknown time unit {_short(unit, 20)} (allowed: {_allowed(_TIME_UNITS)})")
-    return number * factor
+    return _scaled(value, "duration", "time", _TIME_UNITS, key=lambda unit: unit if unit == "µs" else unit.lower())
 
 
 def parse_fraction(value: str | int | float) -> float:
@@ -137,3 +137,25 @@ def format_size(nbytes: float) -> str:
         if nbytes >= factor:
             return f"{nbytes / factor:.3g}{unit}"
     return f"{int(nbytes)}B"
+
+
+def convert_unit(parser: Callable[[str | int | float], float | int], value: Any) -> Any:
+    """A model field's raw `value` through `parser` (parse_rate, ...): a text or number
+    converted, None and other types left to the field's own validation; a yes/no value
+    or a unit error is a ValueError that pydantic reports with the field's place."""
+    if value is None:
+        return value
+    if isinstance(value, bool):
+        raise ValueError(f"{str(value).lower()} is a yes/no value, not a {parser.__name__.removeprefix('parse_')}")
+    if isinstance(value, (str, int, float)):
+        try:
+            return parser(value)
+        except UnitError as exc:
+            raise ValueError(str(exc)) from None
+    return value
+
+
+def unit_validator(parser: Callable[[str | int | float], float | int]) -> BeforeValidator:
+    """A field validator that reads the field through `parser` (`convert_unit`): a
+    model field ``Annotated[float, unit_validator(parse_rate)]`` takes '1Gbit' or 1e9."""
+    return BeforeValidator(functools.partial(convert_unit, parser))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
 from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
@@ -34,6 +34,9 @@ from testbed_core.simulate import Path, Resource, SimResult, SimSpec, simulate
 from testbed_core.topology import Topology
 from testbed_core.variants import REGISTRY, VariantDef
 from testbed_core.workload import EffectiveWorkload, Workload
+
+if TYPE_CHECKING:  # the fast prediction is built on this module
+    from testbed_core.whatif.predict import FastPrediction
 
 SHARING_MARGIN = 0.03  # temporal sharing is kept unless sharing is predicted this much faster
 Sharing = Literal["shared", "temporal", "auto"]
@@ -79,10 +82,6 @@ class Variant:
         )
 
 
-def default_variants(streams: int | Literal["auto"] = 8, baseline_placement: str = "even") -> dict[str, Variant]:
-    """Every variant of the registry, in its order, as `predict` runs it."""
-    return {name: Variant.of(d, streams, baseline_placement) for name, d in REGISTRY.items()}
-
 @dataclass
 class Prediction:
     variant: Variant
@@ -109,23 +108,32 @@ class Prediction:
 
     def to_json(self, topology: Topology | None = None) -> dict[str, Any]:
         return {
-            "variant": self.variant.name,
-            "streams": self.variant.streams,
-            "fill_link": self.variant.fill_link,
-            "sharing": self.sharing,
-            "sharing_requested": self.variant.sharing,
-            "sharing_alternatives_s": self.sharing_alternatives,
-            "placement": self.placement.to_json(topology),
-            "predicted_iteration_time_s": self.iteration_time_s,
-            "pipeline_time_s": self.pipeline_time_s,
-            "allreduce_s": self.allreduce_s,
-            "compute_only_s": self.compute_only_s,
-            "bubble_fraction": self.bubble_fraction,
-            "ideal_bubble_fraction": self.ideal_bubble_fraction,
+            **prediction_fields(self, topology),
             "wan_paths": [p.to_json() for p in self.paths.values()],
             "wan_bytes_per_iteration": self.wan_bytes,
             "temporal_plan": self.plan.to_json() if self.plan else None,
         }
+
+
+def prediction_fields(pred: Prediction | FastPrediction, topology: Topology | None) -> dict[str, object]:
+    """What the planner's prediction and the fast one (testbed_core/whatif/predict.py)
+    both write at the head of their JSON, in order: the variant as predicted, its
+    placement and the iteration's times and bubbles."""
+    return {
+        "variant": pred.variant.name,
+        "streams": pred.variant.streams,
+        "fill_link": pred.variant.fill_link,
+        "sharing": pred.sharing,
+        "sharing_requested": pred.variant.sharing,
+        "sharing_alternatives_s": pred.sharing_alternatives,
+        "placement": pred.placement.to_json(topology),
+        "predicted_iteration_time_s": pred.iteration_time_s,
+        "pipeline_time_s": pred.pipeline_time_s,
+        "allreduce_s": pred.allreduce_s,
+        "compute_only_s": pred.compute_only_s,
+        "bubble_fraction": pred.bubble_fraction,
+        "ideal_bubble_fraction": pred.ideal_bubble_fraction,
+    }
 
 
 def channel_resource(pipeline: int, boundary: int, direction: str) -> str:

@@ -126,20 +126,11 @@ class Compiled:
         return b, mb, direction
 
 
-def run_reference(
-    compiled: Compiled,
-    forward_s: list[float],
-    backward_s: list[float],
-    routes: list[list[Route]],
-    route_class: list[int],
-    offsets: list[float] | None = None,
-    links: int = 0,
-    exclusive_links: bool = False,
-    record_wan: bool = False,
-    rendezvous: bool = False,
-) -> EngineResult:
-    """`run` as a plain Python loop: the readable form of the compiled kernel
-    (testbed_core/whatif/kernel.py), kept as its reference in the tests."""
+def _run_python(compiled: Compiled, forward_s: list[float], backward_s: list[float], routes: list[list[Route]],
+                route_class: list[int], offsets: list[float] | None, links: int, exclusive_links: bool,
+                record_wan: bool, rendezvous: bool) -> EngineResult:
+    """`run` as a plain Python loop (``run(..., reference=True)``): the readable form of
+    the compiled kernel (testbed_core/whatif/kernel.py), kept as its reference in the tests."""
     p = compiled.schedule.ranks
     T = compiled.transfers
     nch = compiled.channels
@@ -410,11 +401,16 @@ def run(
     exclusive_links: bool = False,
     record_wan: bool = False,
     rendezvous: bool = False,
+    reference: bool = False,
 ) -> EngineResult:
     """One iteration of ``len(route_class)`` pipelines; pipeline d's channels travel
     ``routes[route_class[d]][channel]``. With `exclusive_links`, a transfer on WAN
     links holds them alone, first come first served; otherwise links are not waited
-    for (their share is already in `Route.seconds`). Runs the compiled kernel."""
+    for (their share is already in `Route.seconds`). Runs the compiled kernel, or with
+    `reference` its plain Python twin (the tests check both give the same timelines)."""
+    if reference:
+        return _run_python(compiled, forward_s, backward_s, routes, route_class, offsets, links, exclusive_links,
+                           record_wan, rendezvous)
     from testbed_core.whatif.kernel import run_steps
 
     p, n = compiled.schedule.ranks, compiled.compute_per_rank

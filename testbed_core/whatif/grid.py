@@ -14,13 +14,13 @@ variants differ in how they use the WAN. Errors name the file and the field.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from testbed_core.configfile import ConfigError, format_validation_error, read_yaml_mapping
 from testbed_core.topology import TcpSettings, Topology
-from testbed_core.units import UnitError, parse_duration, parse_rate
+from testbed_core.units import parse_duration, parse_rate, unit_validator
 from testbed_core.variants import REGISTRY, VariantError, parse_variants
 from testbed_core.workload import Workload, load_workload
 
@@ -29,20 +29,8 @@ class GridError(ConfigError):
     """A grid file that cannot be used; the message names the file, the field and the fix."""
 
 
-def _unit(parser):
-    def convert(value: Any) -> Any:
-        if isinstance(value, str):
-            try:
-                return parser(value)
-            except UnitError as exc:
-                raise ValueError(str(exc)) from None
-        return value
-
-    return BeforeValidator(convert)
-
-
-Rate = Annotated[float, _unit(parse_rate), Field(gt=0)]
-Duration = Annotated[float, _unit(parse_duration), Field(ge=0)]
+Rate = Annotated[float, unit_validator(parse_rate), Field(gt=0)]
+Duration = Annotated[float, unit_validator(parse_duration), Field(ge=0)]
 
 
 class _Model(BaseModel):

@@ -1,7 +1,7 @@
-"""The engine's loop compiled with numba: the same steps as `engine.run_reference`, on arrays.
+"""The engine's loop compiled with numba: the same steps as `engine.run(..., reference=True)`, on arrays.
 
 `engine.run` builds the step arrays and calls `run_steps`; the Python loop in
-`engine.run_reference` is the readable twin, and the unit tests check both give the
+`engine.run(..., reference=True)` is the readable twin, and the unit tests check both give the
 same timelines. Compiled once per machine (numba caches the machine code next to this
 file, in __pycache__). Compiled, the loop costs nanoseconds per op instead of the
 interpreter's microseconds, which is what lets Atlas's stride search run the planner's
@@ -32,10 +32,30 @@ def _swap(hk, hb, hs, hg, i, j):  # pragma: no cover - compiled
 
 
 @njit(cache=True)
+def _arrive(g, d, x, s0, e, latency, record, arrival, wan, nw, waiting, stack, top):  # pragma: no cover - compiled
+    """Transfer `g` (pipeline `d`, transfer `x`) on the wire from `s0` to `e`: it
+    arrives `latency` later, is recorded as a WAN transfer where `record`, and the
+    worker waiting for it, if any, is ready to run again. Returns (nw, top)."""
+    arrival[g] = e + latency
+    if record:
+        wan[nw, 0] = d
+        wan[nw, 1] = x
+        wan[nw, 2] = s0
+        wan[nw, 3] = e
+        nw += 1
+    v = waiting[g]
+    if v >= 0:
+        waiting[g] = -1
+        stack[top] = v
+        top += 1
+    return nw, top
+
+
+@njit(cache=True)
 def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w, held_i, held_t,
             arrival, chan_free, waiting, stack, top, wan, nw,
             route_class, sendch, sec, lat, rec, ch_lat, transfers, channels, m, p):  # pragma: no cover - compiled
-    """Rendezvous (`engine.run_reference`'s `notify` and `leave`): for each transfer in
+    """Rendezvous (`engine.run(..., reference=True)`'s `notify` and `leave`): for each transfer in
     `todo`, compute its notice once its receive is posted and the way back is settled,
     and release its send if held; a released send may settle notices its sender owes.
     Returns (stack top, wan rows)."""
@@ -89,18 +109,7 @@ def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w,
         chan_free[ci] = e
         rel[h] = go
         left_at[h] = e
-        arrival[h] = e + lat[c, hr, hi]
-        if rec[c, hr, hi]:
-            wan[nw, 0] = d
-            wan[nw, 1] = x
-            wan[nw, 2] = s0
-            wan[nw, 3] = e
-            nw += 1
-        v = waiting[h]
-        if v >= 0:
-            waiting[h] = -1
-            stack[top] = v
-            top += 1
+        nw, top = _arrive(h, d, x, s0, e, lat[c, hr, hi], rec[c, hr, hi], arrival, wan, nw, waiting, stack, top)
         for k in range(m):  # the notices its sender owes may have waited for it
             h2 = base + (b * m + k) * 2 + back
             if posted[h2] >= 0 and noticed[h2] < 0 and not in_todo[h2]:
@@ -117,7 +126,7 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
               wan):  # pragma: no cover - compiled
     """Run every worker; fill `starts` (workers x steps) and `wan` (rows of pipeline,
     transfer, start, end); return (number of wan rows, workers left unfinished).
-    `rendezvous`: a send waits for its receive (see `engine.run_reference`)."""
+    `rendezvous`: a send waits for its receive (see `engine.run(..., reference=True)`)."""
     n_classes, p, n = recv.shape
     D = route_class.shape[0]
     W = D * p
@@ -232,19 +241,8 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
                             s0 = t
                         e = s0 + sec[c, r, i]
                         chan_free[ci] = e
-                        g = base + sx
-                        arrival[g] = e + lat[c, r, i]
-                        if rec[c, r, i]:
-                            wan[nw, 0] = d
-                            wan[nw, 1] = sx
-                            wan[nw, 2] = s0
-                            wan[nw, 3] = e
-                            nw += 1
-                        v = waiting[g]
-                        if v >= 0:
-                            waiting[g] = -1
-                            stack[top] = v
-                            top += 1
+                        nw, top = _arrive(base + sx, d, sx, s0, e, lat[c, r, i], rec[c, r, i], arrival, wan, nw,
+                                          waiting, stack, top)
                 i += 1
             pos[w] = i
             clock[w] = t
@@ -289,18 +287,7 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
             lk = ch_links[c, y, j]
             if lk >= 0:
                 link_free[lk] = e
-        arrival[g] = e + ch_lat[c, y]
-        if record_wan:
-            wan[nw, 0] = d
-            wan[nw, 1] = x
-            wan[nw, 2] = s0
-            wan[nw, 3] = e
-            nw += 1
-        v = waiting[g]
-        if v >= 0:
-            waiting[g] = -1
-            stack[top] = v
-            top += 1
+        nw, top = _arrive(g, d, x, s0, e, ch_lat[c, y], record_wan, arrival, wan, nw, waiting, stack, top)
     left_over = 0
     for w in range(W):
         if pos[w] < n:

@@ -39,7 +39,12 @@ import numpy as np
 
 from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
 from testbed_core.planning.placement import Placement, free_gpus, place
-from testbed_core.planning.prediction import Variant, allreduce_time, choose_sharing
+from testbed_core.planning.prediction import (
+    Variant,
+    allreduce_time,
+    choose_sharing,
+    prediction_fields,
+)
 from testbed_core.planning.temporal import TemporalPlan, stagger_candidates
 from testbed_core.schedules import Schedule, build_schedule
 from testbed_core.simulate import (
@@ -106,18 +111,7 @@ class FastPrediction:
         return {
             "variant": self.variant.name,
             "method": self.method,
-            "streams": self.variant.streams,
-            "fill_link": self.variant.fill_link,
-            "sharing": self.sharing,
-            "sharing_requested": self.variant.sharing,
-            "sharing_alternatives_s": self.sharing_alternatives,
-            "placement": self.placement.to_json(topology),
-            "predicted_iteration_time_s": self.iteration_time_s,
-            "pipeline_time_s": self.pipeline_time_s,
-            "allreduce_s": self.allreduce_s,
-            "compute_only_s": self.compute_only_s,
-            "bubble_fraction": self.bubble_fraction,
-            "ideal_bubble_fraction": self.ideal_bubble_fraction,
+            **prediction_fields(self, topology),  # its "variant" stays first, "method" after it
             "utilization": self.utilization,
             "wan_paths": [p.to_json() for p in self.paths.values()],
             "wan_bytes_per_iteration": self.wan_bytes,

@@ -11,7 +11,7 @@ import pytest
 
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.planning.placement import PlacementError, free_gpus, place
-from testbed_core.planning.prediction import Variant, choose_sharing, default_variants, predict
+from testbed_core.planning.prediction import Variant, choose_sharing, predict
 from testbed_core.topology import load_topology, parse_topology
 from testbed_core.variants import REGISTRY
 from testbed_core.workload import load_workload, parse_workload
@@ -175,7 +175,7 @@ def test_zero_delay_fast_wan_gives_textbook_bubble(schedule: str) -> None:
 def test_variants_rank_as_atlas_expects_on_the_2dc_example() -> None:
     t = load_topology(ROOT / "topologies" / "2dc.yaml")
     wl = load_workload(ROOT / "scenarios" / "workloads" / "gpt-1.3b.yaml")
-    preds = {name: predict(t, wl, v) for name, v in default_variants().items()}
+    preds = {name: predict(t, wl, Variant.of(d)) for name, d in REGISTRY.items()}
     it = {n: p.iteration_time_s for n, p in preds.items()}
     assert it["atlas"] <= it["multi-tcp"] < it["baseline"]
     assert preds["atlas"].plan is not None
@@ -185,20 +185,20 @@ def test_variants_rank_as_atlas_expects_on_the_2dc_example() -> None:
     for p in preds.values():
         assert p.iteration_time_s >= p.compute_only_s
         assert p.iteration_time_s == pytest.approx(p.pipeline_time_s + p.allreduce_s)
-    no_ar = predict(t, wl, default_variants()["atlas"], net=NetParams(allreduce=False))
+    no_ar = predict(t, wl, Variant.of(REGISTRY["atlas"]), net=NetParams(allreduce=False))
     assert no_ar.iteration_time_s == pytest.approx(no_ar.pipeline_time_s)
 
 
 def test_more_delay_never_helps() -> None:
     wl = workload(num_micro_batches=4, dp=2, schedule="1f1b")
-    times = [predict(topo(delay=d), wl, default_variants()["multi-tcp"]).iteration_time_s
+    times = [predict(topo(delay=d), wl, Variant.of(REGISTRY["multi-tcp"])).iteration_time_s
              for d in ("1ms", "10ms", "40ms")]
     assert times == sorted(times) and times[0] < times[-1]
 
 
 def test_json_carries_placement_and_paths() -> None:
     t = topo()
-    pred = predict(t, workload(dp=2), default_variants()["atlas"])
+    pred = predict(t, workload(dp=2), Variant.of(REGISTRY["atlas"]))
     doc = pred.to_json(t)
     assert doc["placement"]["stage_dc"] == [["dc1", "dc2"], ["dc1", "dc2"]]
     assert doc["placement"]["wan_crossings"][0]["path"] == ["dc1", "dc2"]
@@ -220,7 +220,7 @@ def test_auto_sharing_keeps_the_plan_only_where_it_is_predicted_to_pay() -> None
                                                       "shared": shared.pipeline_time_s})
     assert one.iteration_time_s == pytest.approx(shared.iteration_time_s)
     assert forced.sharing == "temporal" and shared.sharing_alternatives is None
-    atlas = predict(t, wl, default_variants()["atlas"])
+    atlas = predict(t, wl, Variant.of(REGISTRY["atlas"]))
     assert atlas.sharing == "temporal" and atlas.plan is not None
     assert atlas.sharing_alternatives["temporal"] <= atlas.sharing_alternatives["shared"]
     doc = one.to_json(t)
@@ -235,8 +235,8 @@ def test_choose_sharing_prefers_the_plan_within_the_margin() -> None:
     assert choose_sharing(1.0, 0.9, margin=0.2) == "temporal"
 
 
-def test_default_variants_follow_the_registry() -> None:
-    table = default_variants(streams=4, baseline_placement="in-order")
+def test_variants_of_the_registry() -> None:
+    table = {name: Variant.of(d, streams=4, baseline_placement="in-order") for name, d in REGISTRY.items()}
     assert list(table) == list(REGISTRY)
     assert table["baseline"] == Variant("baseline", 1, "shared", "in-order")
     assert table["multi-tcp"] == Variant("multi-tcp", 4, "shared", "in-order")
@@ -262,7 +262,7 @@ def test_single_stream_rings_sharing_a_link_get_no_more_than_their_windows() -> 
         topo = parse_topology({"name": "t", "tcp": {"rmem_max": "512KB", "wmem_max": "512KB"},
                                "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
                                "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": delay}]})
-        variant = default_variants(streams=8)["dp-across-dc"]
+        variant = Variant.of(REGISTRY["dp-across-dc"], streams=8)
         assert variant.streams == 1
         p = predict(topo, wl, variant)
         times[delay] = p.iteration_time_s

@@ -12,10 +12,11 @@ import pytest
 
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.placement import PlacementError, place
-from testbed_core.planning.prediction import Variant, default_variants, predict
+from testbed_core.planning.prediction import Variant, predict
 from testbed_core.schedules import build_schedule
 from testbed_core.topology import parse_topology
-from testbed_core.whatif.engine import Compiled, Route, run, run_reference
+from testbed_core.variants import REGISTRY
+from testbed_core.whatif.engine import Compiled, Route, run
 from testbed_core.whatif.predict import fast_predict
 from testbed_core.workload import parse_workload
 
@@ -47,7 +48,8 @@ def _random_case(rng: random.Random):
     free = {d["name"]: rng.randint(1, 4) * dp for d in dcs}
     net = NetParams(crowded_fraction=rng.choice([None, 0.6]), lan_latency_s=rng.choice([0.0, 1e-4]),
                     lan_rate_bps=rng.choice([None, 8e8]))  # a measured LAN channel rate, or the nominal
-    variants = default_variants(rng.choice([1, 4, 8, "auto"]), rng.choice(["even", "round-robin", "atlas"]))
+    streams, baseline = rng.choice([1, 4, 8, "auto"]), rng.choice(["even", "round-robin", "atlas"])
+    variants = {name: Variant.of(d, streams, baseline) for name, d in REGISTRY.items()}
     return topo, wl, free, net, variants
 
 
@@ -127,7 +129,7 @@ def test_textbook_pipeline_without_network(schedule: str) -> None:
     topo = parse_topology({"name": "one", "dcs": [{"name": "a", "hosts": 4, "lan_rate": "1000Gbit"}]})
     p, m, tf, tb = 4, 6, 0.010, 0.020
     wl = _one_dc_workload(schedule, p, m)
-    f = fast_predict(topo, wl, default_variants()["baseline"], effective=_uniform(wl, tf, tb))
+    f = fast_predict(topo, wl, Variant.of(REGISTRY["baseline"]), effective=_uniform(wl, tf, tb))
     assert f.compute_only_s == pytest.approx((m + p - 1) * (tf + tb), rel=1e-12)
     assert f.pipeline_time_s == pytest.approx((m + p - 1) * (tf + tb), rel=1e-3)  # a 1 Tbit/s LAN: ~free
     assert f.bubble_fraction == pytest.approx((p - 1) / (m + p - 1), rel=1e-3)
@@ -142,7 +144,7 @@ def test_textbook_gpipe_with_lan_transfers() -> None:
     eff = _uniform(wl, tf, tb)
     c = eff.wire_activation_bytes * 8 / 1e9
     assert c < tf  # the channel never queues
-    f = fast_predict(topo, wl, default_variants()["baseline"], effective=eff)
+    f = fast_predict(topo, wl, Variant.of(REGISTRY["baseline"]), effective=eff)
     assert f.pipeline_time_s == pytest.approx((m + p - 1) * (tf + tb) + 2 * (p - 1) * c, rel=1e-12)
 
 
@@ -161,7 +163,7 @@ def test_textbook_one_micro_batch_over_a_shared_wan_link(dp: int) -> None:
     })
     tf, tb = 0.004, 0.008
     eff = _uniform(wl, tf, tb)
-    multi = default_variants(8)["multi-tcp"]
+    multi = Variant.of(REGISTRY["multi-tcp"], 8)
     f = fast_predict(topo, wl, replace(multi, placement="in-order"), effective=eff,
                      net=NetParams(allreduce=False))
     wire = 0.020 + eff.wire_activation_bytes * 8 / (1e9 / dp)
@@ -180,7 +182,7 @@ def test_compiled_loop_matches_python_loop_with_exclusive_links_and_offsets() ->
         cls = [0, 1, 0, 1]
         offsets = [0.0, 0.01, 0.02, 0.03]
         a = run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True)
-        b = run_reference(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True)
+        b = run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True, reference=True)
         assert a.makespan == b.makespan
         np.testing.assert_array_equal(a.starts, b.starts)
         assert sorted(a.wan) == sorted(b.wan)
@@ -198,7 +200,7 @@ def test_compiled_loop_matches_python_loop_with_rendezvous() -> None:
         routes = [[Route(rng.uniform(0.001, 0.03), rng.uniform(0.005, 0.05), (0,) if rng.random() < 0.5 else ())
                    for _ in range(c.channels)]]
         a = run(c, fwd, bwd, routes, [0, 0], record_wan=True, rendezvous=True)
-        b = run_reference(c, fwd, bwd, routes, [0, 0], record_wan=True, rendezvous=True)
+        b = run(c, fwd, bwd, routes, [0, 0], record_wan=True, rendezvous=True, reference=True)
         assert a.makespan == pytest.approx(b.makespan, rel=1e-12)
         np.testing.assert_allclose(a.starts, b.starts, rtol=1e-12)
         np.testing.assert_allclose(np.array(sorted(a.wan)), np.array(sorted(b.wan)), rtol=1e-12)

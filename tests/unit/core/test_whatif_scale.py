@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed_core.planning.prediction import default_variants
+from testbed_core.planning.prediction import Variant
 from testbed_core.topology import load_topology
 from testbed_core.variants import REGISTRY
 from testbed_core.whatif.predict import fast_predict
@@ -28,9 +28,9 @@ def test_8192_gpus_over_5_dcs_every_variant_in_seconds() -> None:
     # the first use on a machine compiles the engine's loop (numba, ~6 s of CPU, cached
     # in __pycache__ afterwards): done here first so the timing is the prediction's
     small = load_workload(ROOT / "scenarios/workloads/gpt-1.3b.yaml")
-    fast_predict(load_topology(ROOT / "topologies/2dc.yaml"), small, default_variants(8)["atlas"])
+    fast_predict(load_topology(ROOT / "topologies/2dc.yaml"), small, Variant.of(REGISTRY["atlas"], 8))
     cpu0, wall0 = time.process_time(), time.perf_counter()
-    out = {name: fast_predict(topo, wl, v) for name, v in default_variants(8).items()}
+    out = {name: fast_predict(topo, wl, Variant.of(d, 8)) for name, d in REGISTRY.items()}
     cpu, wall = time.process_time() - cpu0, time.perf_counter() - wall0
     peak_gb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
     print(f"8,192 GPUs, {len(out)} variants: {cpu:.2f} s CPU, {wall:.2f} s wall, peak RSS {peak_gb:.2f} GB; "

@@ -30,7 +30,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.emulation.addressing import Wiring, plan_addresses, plan_wiring
 from testbed.emulation.congestion import allow_congestion_controls
@@ -75,7 +75,10 @@ from testbed.emulation.records import (
     prefix_in_use,
 )
 from testbed_core.topology import Topology, load_topology
-from testbed_core.lifetime import OWNER_ENV, owner_mark
+from testbed_runtime.lifetime import OWNER_ENV, owner_mark
+
+if TYPE_CHECKING:
+    from testbed.emulation.cluster.build import ClusterBuild
 
 __all__ = [
     "Emulation",
@@ -148,7 +151,7 @@ class Emulation:
         self._procfs = ProcFS()
         self._wiring: Wiring | None = None
         self.path_offsets: dict[str, Any] = {}  # link name -> delayline.calibrate.PathOffset (relay only)
-        self.cluster: Any = None  # cluster.build.ClusterBuild when the topology places DCs on servers
+        self.cluster: ClusterBuild | None = None  # when the topology places DCs on servers
 
     @classmethod
     def from_file(cls, path: str | Path, prefix: str | None = None,

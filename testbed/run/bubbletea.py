@@ -366,7 +366,7 @@ def _waits(timelines: Mapping[str, Sequence[WorkRecord]], windows: Sequence[tupl
 
 
 def lease_events(folder: Path) -> list[LeaseOverrun]:
-    """The lease events of the variant's devices (testbed_core/device.py), longest first."""
+    """The lease events of the variant's devices (testbed_runtime/device.py), longest first."""
     from testbed_core.device_records import LeaseEvent
 
     out = []

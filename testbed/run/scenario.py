@@ -16,8 +16,6 @@ import copy
 from pathlib import Path
 from typing import Any, Literal, get_args, get_origin
 
-from atlas_transport.config import TransportConfig
-from atlas_transport.protocol import MIN_CHUNK
 from pydantic import (
     BaseModel,
     ConfigDict,
@@ -26,6 +24,9 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from atlas_transport.config import TransportConfig
+from atlas_transport.protocol import MIN_CHUNK
 from testbed.run.faults import MAX_FAULTS, Fault, check_faults
 from testbed.run.ports import PORT_SPAN
 from testbed_core.compute_model import activation_bytes

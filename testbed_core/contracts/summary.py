@@ -25,6 +25,7 @@ from pydantic import (
     SerializerFunctionWrapHandler,
     model_serializer,
 )
+
 from testbed_core.contracts.calibration import CalibrationReport
 
 __all__ = [

@@ -18,6 +18,13 @@ Work dispatched but not yet in an agent's reported backlog (sent since its last 
 is added on the controller's side, so a burst of arrivals between two syncs spreads over
 the devices instead of piling onto the one that looked emptiest.
 
+What a device really delivers falls behind its bubbles' prediction when its agent wakes
+late or the host's CPU is short: each device keeps how late its admitted requests ended
+(the last KV byte against the finish predicted when each was admitted; the last
+`LATE_WINDOW` that ended within `LATE_AGE_S`) and admission adds their `LATE_QUANTILE` to that device's predicted finish.
+A device that serves late then takes fewer new requests until its work ahead drains: the
+admitted requests keep within their deadline instead of all ending late.
+
 Late binding (`commit_ahead_s`): a request is sent to its device only once it would start
 there within `commit_ahead_s`; until then it waits at the controller, planned on the
 device that would finish it soonest (its predicted time counts against that device for
@@ -35,6 +42,7 @@ from __future__ import annotations
 
 import bisect
 import math
+from collections import deque
 from dataclasses import dataclass, field
 
 from bubbletea_agent.requests import Reason, Request, RequestLedger, Status
@@ -49,12 +57,18 @@ from testbed_core.contracts.prefill_service import (
 )
 
 MIN_IDLE_FRACTION = 0.01  # beyond the known slots a device is assumed idle at least this share
-# The service's order: requests not yet started run fewest prompt tokens first, at the
-# controller (late binding) and in each agent's queue (runtime.py gives the agents this
-# order when they take work from a controller). Under overload a device then serves more
-# requests per second of bubbles, and each waits less; the longest prompts are the ones
-# that wait past their deadline. "arrival" keeps arrival order.
-SERVICE_ORDER = "shortest"
+# The service's order, at the controller (late binding) and in each agent's queue (runtime.py
+# gives the agents this order when they take work from a controller): "arrival", first come
+# first served. An admission is a promise that the request finishes within its deadline
+# behind the work admitted before it; a later arrival must not push it back. ("shortest",
+# fewest prompt tokens first, serves more requests per second of bubbles under overload,
+# but every shorter arrival delays the longer prompts admitted before it: measured on the
+# unequal-bubbles scenario, admitted prompts waited up to 15 s against a 1 s deadline.)
+SERVICE_ORDER = "arrival"
+LATE_WINDOW = 64  # admitted requests per device whose lateness admission learns from
+LATE_QUANTILE = 0.9  # the share of them admission would have kept within their deadline
+LATE_MIN = 8  # ended requests before the lateness counts
+LATE_AGE_S = 3.0  # ... that ended this recently (a device given nothing more recovers)
 
 
 class Refusal(Exception):
@@ -157,6 +171,16 @@ class DeviceState:
     # the open requests' predicted seconds by prompt length (token_bucket), for shortest first
     open_by_len: list[float] = field(default_factory=lambda: [0.0] * TOKEN_BUCKETS)
     _bucket: dict[str, int] = field(default_factory=dict)
+    # (when, seconds) each recent admitted request ended after the finish predicted at its admission
+    late: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=LATE_WINDOW))
+
+    def lateness(self, now: float) -> float:
+        """How much later than predicted this device finishes what it is given (0 until
+        LATE_MIN requests ended here in the last LATE_AGE_S; never negative)."""
+        xs = sorted(x for t, x in self.late if now - t <= LATE_AGE_S)
+        if len(xs) < LATE_MIN:
+            return 0.0
+        return max(0.0, xs[min(len(xs) - 1, int(LATE_QUANTILE * len(xs)))])
 
     def add_open(self, rid: str, work: float, tokens: int) -> None:
         self.open[rid] = work
@@ -210,6 +234,7 @@ class Entry:
     predicted_finish: float | None = None
     dispatched_at: float | None = None
     admitted: bool = False  # placed once within its deadline: from then on it is served, never refused
+    admitted_finish: float | None = None  # the finish predicted when it was admitted
 
 
 @dataclass
@@ -327,6 +352,8 @@ class Dispatcher:
             if self.order == "shortest" and ahead > 0:
                 ahead = self._ahead_shortest(d, ahead, req.prompt_tokens)
             start, finish = device_times(d.status, now, ahead + planned.get(d.name, 0.0), work)
+            late = d.lateness(now)
+            start, finish = start + late, finish + late
             empty = capacity_times(d.status, now, [work])[0]
             fastest = min(fastest, empty - now)
             if best is None or finish < best[1]:
@@ -345,8 +372,9 @@ class Dispatcher:
                                raise_on_reject)
             return
         assert best is not None
-        entry.admitted = True
         start, finish, dev, work = best
+        if not entry.admitted:
+            entry.admitted, entry.admitted_finish = True, finish
         entry.predicted_start, entry.predicted_finish = start, finish
         if self.commit_ahead_s is not None and start > now + self.commit_ahead_s:
             if req.id not in self.queue:
@@ -496,6 +524,9 @@ class Dispatcher:
         rec = self.ledger.get(e.id)
         rec.chunks, rec.prefilled_tokens, rec.kv_bytes = e.chunks, e.prefilled_tokens, e.kv_bytes
         rec.start, rec.end = e.start, e.end
+        done = e.kv_arrival if e.kv_arrival is not None else e.end
+        if done is not None and entry.admitted_finish is not None:
+            dev.late.append((done, done - entry.admitted_finish))
         if e.status == "served" and e.kv_arrival is not None:
             self.ledger.serve(e.id, e.kv_arrival, f"at {dev.name}")
         else:

@@ -17,8 +17,9 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Any
 
-from bubbletea_agent.requests import Request
 from pydantic import ValidationError
+
+from bubbletea_agent.requests import Request
 from testbed_core.contracts.prefill_service import (
     Accepted,
     AgentHello,

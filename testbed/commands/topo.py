@@ -364,7 +364,7 @@ def check(file: str, as_json: bool, backend: str, duration: int, deep: bool, out
         "delay_backend": emu.delay_backend,
         "build_s": round(emu.build_s or 0.0, 3),
         "teardown_s": round(emu.teardown_s or 0.0, 3),
-        "links": [r.as_json() for r in results],
+        "links": [r.report().model_dump(mode="json") for r in results],
     }
     if as_json:
         click.echo(json.dumps(report, indent=2))

@@ -24,7 +24,7 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TypeVar
+from typing import Annotated, Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -319,7 +319,7 @@ _NETLINK: dict[type, Callable[[Any, Any, dict], None]] = {
 }
 
 
-def serve(stdin: Any, stdout: Any) -> int:
+def serve(stdin: TextIO, stdout: TextIO) -> int:
     """The node agent's loop: one `NodeRequest` JSON line in, one `NodeReply` line out,
     until stdin ends (the SSH session that started it is gone). A request's `pid`
     names the node (on this machine); without one, this process's own namespace."""

@@ -40,6 +40,7 @@ from testbed_core.topology import Topology, WanLink
 
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
+    from testbed.emulation.nodeconf import NodeOp, NodeReply
 
 LAN_RTT_S = 0.001  # sizes the LAN queues (one BDP of a 1 ms LAN)
 
@@ -70,7 +71,7 @@ class NodeHandle:
         cluster = getattr(self.emu, "cluster", None)
         return cluster is not None and cluster.is_remote(self.mn_name)
 
-    def configure(self, *ops: Any) -> Any:
+    def configure(self, *ops: NodeOp) -> NodeReply:
         """Apply configuration requests (testbed.emulation.nodeconf) in this node: through
         its PID on this machine, through its server's node agent on a server reached
         over SSH (the same code, run there, through the PID there);

@@ -89,7 +89,7 @@ class Network(Protocol):
 
 @dataclass
 class LocalNetwork:
-    topology: Any
+    topology: Topology
     delay_backend: str = "none (local mode: loopback, no emulated WAN)"
     local: bool = True
     temp_dirs: list[Path] = field(default_factory=list)  # removed by open_network when the run ends
@@ -119,7 +119,7 @@ class LocalNetwork:
 
 @dataclass
 class EmulatedNetwork:
-    emu: Any
+    emu: Emulation
     local: bool = False
 
     @property

@@ -44,9 +44,9 @@ import shlex
 import subprocess
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.nodeconf import MtuOp
@@ -61,6 +61,14 @@ from testbed_core.servers import (
     underlay_demand,
     underlay_problem,
 )
+
+if TYPE_CHECKING:
+    from testbed.emulation.naming import RunNames
+    from testbed.emulation.nodeconf import NodeOp, NodeReply
+    from testbed.emulation.records import RunRecord
+    from testbed.emulation.remote.client import RemoteAgent
+    from testbed.emulation.remote.sshlogin import RemoteLogin
+    from testbed_core.topology import Topology
 
 ENV_CONFIGURE = "TESTBED_SERVERS_CONFIGURE"  # "ssh": as servers.configure: ssh
 CONTROL_MAP_ENV = "TESTBED_CONTROL_MAP"  # as testbed.training.worker.control.CONTROL_MAP_ENV (a later layer)
@@ -91,8 +99,8 @@ def _remote_host_class(ssh: SshSettings, control_dir: Path) -> type:
 class ClusterBuild:
     """The servers of one emulation: connect and check them, then make nodes and links."""
 
-    def __init__(self, topology: Any, plan: ServerPlan, prefix: str, control_dir: Path,
-                 progress: Callable[[str], None], record: Any = None) -> None:
+    def __init__(self, topology: Topology, plan: ServerPlan, prefix: str, control_dir: Path,
+                 progress: Callable[[str], None], record: RunRecord | None = None) -> None:
         self.topology = topology
         self.plan = plan
         self.prefix = prefix
@@ -104,9 +112,9 @@ class ClusterBuild:
         self.mtu: int = 1500
         self.underlay: dict[tuple[str, str], tuple[float, str]] = {}  # pair -> (bit/s, how)
         self.facts: dict[str, dict[str, str]] = {}
-        self.record = record  # records.RunRecord: remote servers are written in it before use
+        self.record = record  # remote servers are written in it before use
         self.remote: dict[str, bool] = {}  # server name -> reached over SSH (another machine, or forced)
-        self.agents: dict[str, Any] = {}  # server name -> remote.client.RemoteAgent (one per server reached over SSH)
+        self.agents: dict[str, RemoteAgent] = {}  # server name -> its agent (one per server reached over SSH)
         self._pids: dict[str, int] = {}  # node (Mininet name) -> its PID on its server
         self.configure = "ssh" if os.environ.get(ENV_CONFIGURE) == "ssh" else plan.configure
         self._seen: dict[str, set[str]] = {}  # server -> folders it is known to see
@@ -115,7 +123,7 @@ class ClusterBuild:
         self._forward_dirs: dict[str, str] = {}
         self._forward_lock = threading.Lock()
 
-    def login(self, server: Server) -> Any:
+    def login(self, server: Server) -> RemoteLogin:
         from testbed.emulation.remote.sshlogin import RemoteLogin
 
         ssh = self.plan.ssh_for(server)
@@ -272,8 +280,8 @@ class ClusterBuild:
 
     # -- nodes and links
 
-    def place_run(self, names: Any) -> None:
-        """Put each node of the run (names: naming.RunNames) on its server: a DC's
+    def place_run(self, names: RunNames) -> None:
+        """Put each node of the run on its server: a DC's
         gateway and hosts on the DC's server, a WAN link node on its first DC's."""
         index = {dc.name: i for i, dc in enumerate(self.topology.dcs)}
         for i, dc in enumerate(self.topology.dcs):
@@ -297,7 +305,7 @@ class ClusterBuild:
             self.agents[server.name] = RemoteAgent(self.login(server), self.prefix, self.control_dir)
         return node
 
-    def request(self, mn_name: str, ops: Any) -> Any:
+    def request(self, mn_name: str, ops: Sequence[NodeOp]) -> NodeReply:
         """Configuration requests (nodeconf) for node `mn_name`, through its server's agent."""
         return self.agents[self._placement[mn_name].name].request(mn_name, self._pids[mn_name], ops)
 

@@ -49,7 +49,7 @@ from testbed.emulation.linkmeasure.results import Direction, LinkResult, Toleran
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
     from testbed.emulation.nodes import NodeHandle
-    from testbed_core.topology import TcpSettings
+    from testbed_core.topology import TcpSettings, WanLink
 
 R = TypeVar("R", bound=BaseModel)
 PING_RE = re.compile(r"time[=<]([0-9.]+) ms")
@@ -371,7 +371,7 @@ def _stop_capture(proc: subprocess.Popen[str]) -> CaptureReport:
     return report
 
 
-def _packet_checks(emu: Emulation, link: Any, result: LinkResult, na: NodeHandle, ip_a: str, nb: NodeHandle,
+def _packet_checks(emu: Emulation, link: WanLink, result: LinkResult, na: NodeHandle, ip_a: str, nb: NodeHandle,
                    ip_b: str, folder: Path, deep_dir: Path | None, say: Callable[[str], None],
                    loss_precision: float = packet_trains.TARGET_REL_HALF_WIDTH) -> None:
     """The UDP train (loss, delay, order, precise RTT) and the rate blast of one link;

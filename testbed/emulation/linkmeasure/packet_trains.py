@@ -44,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from testbed.emulation.linkmeasure.probe import RECORD
 
@@ -128,6 +129,64 @@ def binom_central(n: int, p: float, alpha: float = DIRECTION_ALPHA) -> tuple[int
     return lo, hi
 
 
+class _Report(BaseModel):
+    """A part of `testbed topo check`'s report (``--json``), as the verdicts left it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class DirectionLossReport(_Report):
+    """`DirectionLoss` as reported."""
+
+    sent: int
+    lost: int
+    accept: tuple[int, int]
+    ok: bool
+
+
+class LossVerdictReport(_Report):
+    """`LossVerdict` as reported: `pooled` the pooled loss (None when nothing was sent),
+    `rel_error` its error relative to the configured rate (None on a loss-free link)."""
+
+    configured: float
+    sent: int
+    lost: int
+    pooled: float | None
+    rel_error: float | None
+    rel_tol: float
+    sigmas: float
+    pooled_ok: bool
+    direction_alpha: float
+    directions: list[DirectionLossReport]
+    false_alarm: float
+    ok: bool
+
+
+class DirectionTrainReport(_Report):
+    """`DirectionTrain` as reported (delays in ms: min, p50, p99, max measured; min,
+    p50, max of the model)."""
+
+    src: str
+    dst: str
+    sent: int
+    received: int
+    lost: int
+    loss: float
+    loss_ci95: tuple[float, float]
+    loss_ci99: tuple[float, float]
+    reordered: int
+    keep_order: bool
+    duplicates: int
+    early: int
+    late: int
+    early_below_ms: float | None
+    late_above_ms: float | None
+    median_tol_ms: float
+    pps: float
+    delay_ms: dict[str, float]
+    model_ms: dict[str, float]
+
+
 @dataclass
 class DirectionLoss:
     """One direction against the configured rate: its count and the range a correct
@@ -138,8 +197,8 @@ class DirectionLoss:
     accept: tuple[int, int]
     ok: bool
 
-    def as_json(self) -> dict:
-        return {"sent": self.sent, "lost": self.lost, "accept": list(self.accept), "ok": self.ok}
+    def report(self) -> DirectionLossReport:
+        return DirectionLossReport(sent=self.sent, lost=self.lost, accept=self.accept, ok=self.ok)
 
 
 @dataclass
@@ -169,15 +228,15 @@ class LossVerdict:
     def ok(self) -> bool:
         return self.pooled_ok and all(d.ok for d in self.directions)
 
-    def as_json(self) -> dict:
+    def report(self) -> LossVerdictReport:
         rel = self.rel_error
-        return {"configured": self.configured, "sent": self.sent, "lost": self.lost,
-                "pooled": None if math.isnan(self.loss) else self.loss,
-                "rel_error": None if rel is None else round(rel, 4), "rel_tol": round(self.rel_tol, 4),
-                "sigmas": round(self.sigmas, 2), "pooled_ok": self.pooled_ok,
-                "direction_alpha": self.direction_alpha,
-                "directions": [d.as_json() for d in self.directions],
-                "false_alarm": float(f"{self.false_alarm:.3g}"), "ok": self.ok}
+        return LossVerdictReport(
+            configured=self.configured, sent=self.sent, lost=self.lost,
+            pooled=None if math.isnan(self.loss) else self.loss,
+            rel_error=None if rel is None else round(rel, 4), rel_tol=round(self.rel_tol, 4),
+            sigmas=round(self.sigmas, 2), pooled_ok=self.pooled_ok, direction_alpha=self.direction_alpha,
+            directions=[d.report() for d in self.directions],
+            false_alarm=float(f"{self.false_alarm:.3g}"), ok=self.ok)
 
 
 def judge_loss(counts: Sequence[tuple[int, int]], configured: float, rel_tol: float = LOSS_REL_TOL,
@@ -270,19 +329,17 @@ class DirectionTrain:
     early_below_ms: float | None = None  # delays below this count as early
     late_above_ms: float | None = None  # ... above this as late
 
-    def as_json(self) -> dict:
-        return {
-            "src": self.src, "dst": self.dst, "sent": self.sent, "received": self.received, "lost": self.lost,
-            "loss": self.loss, "loss_ci95": list(self.loss_ci95), "loss_ci99": list(self.loss_ci99),
-            "reordered": self.reordered, "keep_order": self.keep_order, "duplicates": self.duplicates,
-            "early": self.early, "late": self.late,
-            "early_below_ms": None if self.early_below_ms is None else round(self.early_below_ms, 4),
-            "late_above_ms": None if self.late_above_ms is None else round(self.late_above_ms, 4),
-            "median_tol_ms": round(self.median_tol_ms, 4),
-            "pps": self.pps,
-            "delay_ms": {k: round(v, 4) for k, v in self.delay_ms.items()},
-            "model_ms": {k: round(v, 4) for k, v in self.model_ms.items()},
-        }
+    def report(self) -> DirectionTrainReport:
+        return DirectionTrainReport(
+            src=self.src, dst=self.dst, sent=self.sent, received=self.received, lost=self.lost,
+            loss=self.loss, loss_ci95=self.loss_ci95, loss_ci99=self.loss_ci99,
+            reordered=self.reordered, keep_order=self.keep_order, duplicates=self.duplicates,
+            early=self.early, late=self.late,
+            early_below_ms=None if self.early_below_ms is None else round(self.early_below_ms, 4),
+            late_above_ms=None if self.late_above_ms is None else round(self.late_above_ms, 4),
+            median_tol_ms=round(self.median_tol_ms, 4), pps=self.pps,
+            delay_ms={k: round(v, 4) for k, v in self.delay_ms.items()},
+            model_ms={k: round(v, 4) for k, v in self.model_ms.items()})
 
 
 def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, jitter_s: float,

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+from pydantic import BaseModel, ConfigDict
 
 from testbed.emulation.linkmeasure.probe import HEADER, MAGIC
 
@@ -57,6 +58,19 @@ def read_capture(path: Path) -> list[Seen]:
     return out
 
 
+class NodePassReport(BaseModel):
+    """`NodePass` as `testbed topo check` reports it (delays in ms: min, p50, max)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    entered: int
+    left: int
+    lost: int
+    loss: float
+    reordered: int
+    delay_ms: dict[str, float]
+
+
 @dataclass
 class NodePass:
     """One direction through the WAN node."""
@@ -77,9 +91,10 @@ class NodePass:
         q = np.quantile(self.delays_s, [0.0, 0.5, 1.0]) * 1e3
         return {"min": float(q[0]), "p50": float(q[1]), "max": float(q[2])}
 
-    def as_json(self) -> dict:
-        return {"entered": self.entered, "left": self.left, "lost": self.lost, "loss": self.loss,
-                "reordered": self.reordered, "delay_ms": {k: round(v, 4) for k, v in self.summary_ms().items()}}
+    def report(self) -> NodePassReport:
+        return NodePassReport(entered=self.entered, left=self.left, lost=self.lost, loss=self.loss,
+                              reordered=self.reordered,
+                              delay_ms={k: round(v, 4) for k, v in self.summary_ms().items()})
 
 
 def node_pass(seen: list[Seen], src: str, in_intf: str, out_intf: str) -> NodePass:

@@ -10,11 +10,77 @@ the packet-train verdicts (`packet_trains`: loss, delay, rate). Measuring is
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
-from typing import Any
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict
 
 from testbed.emulation.linkmeasure import packet_trains
-from testbed.emulation.linkmeasure.pcapcheck import NodePass
+from testbed.emulation.linkmeasure.pcapcheck import NodePass, NodePassReport
+
+
+class _Report(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Figure(_Report):
+    """A configured figure beside what was measured (None: not measured)."""
+
+    configured: float
+    measured: float | None
+
+
+class LossReport(_Report):
+    """The configured loss, each direction's train loss, and the pooled verdict."""
+
+    configured: float
+    measured: list[float | None]
+    verdict: packet_trains.LossVerdictReport | None
+
+
+class DirectionReport(_Report):
+    """One direction of a link as reported (see `Direction`)."""
+
+    src: str
+    dst: str
+    rtt_ms_median: float | None
+    rtt_ms_mean: float | None
+    rtt_samples: int
+    goodput_mbps: float | None
+    streams: int
+    retransmits: int | None
+    error: str | None
+    expected_goodput_mbps: float | None
+    rate_mbps: float | None
+    train: packet_trains.DirectionTrainReport | None
+    node: NodePassReport | None
+    relay_cpu_s: float | None
+    relay_cpu_s_per_gbit: float | None
+
+
+class LinkReport(_Report):
+    """One WAN link in `testbed topo check`'s report (``--json``: its ``links``)."""
+
+    a: str
+    b: str
+    rtt_ms: Figure
+    goodput_mbps: Figure
+    loss: LossReport
+    jitter_ms: float
+    path_offset_ms: float | None
+    rtt_expected_ms: float | None
+    ok: bool
+    rtt_ok: bool
+    goodput_ok: bool
+    goodput_judged: bool
+    loss_ok: bool
+    delay_ok: bool
+    rate_ok: bool
+    endpoints: str
+    relay_during_train: dict[str, dict[str, int]] | None
+    pcap: str | None
+    histogram: str | None
+    capture_drops: int | None
+    directions: list[DirectionReport]
 
 
 @dataclass(frozen=True)
@@ -134,44 +200,33 @@ class LinkResult:
             packet_trains.rate_ok(self.configured_mbps * 1e6, None if d.rate_mbps is None else d.rate_mbps * 1e6)
             for d in self.directions)
 
-    def as_json(self) -> dict[str, Any]:
-        return {
-            "a": self.a,
-            "b": self.b,
-            "rtt_ms": {"configured": round(self.configured_rtt_ms, 3),
-                       "measured": _round(self.measured_rtt_ms, 3)},
-            "goodput_mbps": {"configured": round(self.configured_mbps, 3),
-                             "measured": _round(self.measured_mbps, 1)},
-            "loss": {"configured": self.configured_loss,
-                     "measured": [None if d.train is None else d.train.loss for d in self.directions],
-                     "verdict": None if self.loss_verdict is None else self.loss_verdict.as_json()},
-            "jitter_ms": self.configured_jitter_ms,
-            "path_offset_ms": _round(self.path_offset_ms, 4),
-            "rtt_expected_ms": _round(self.expected_rtt_ms, 3),
-            "ok": self.ok,
-            "rtt_ok": self.rtt_ok,
-            "goodput_ok": self.goodput_ok,
-            "goodput_judged": self.goodput_judged,
-            "loss_ok": self.loss_ok,
-            "delay_ok": self.delay_ok,
-            "rate_ok": self.rate_ok,
-            "endpoints": self.endpoints,
-            "relay_during_train": self.relay,
-            "pcap": self.pcap,
-            "histogram": self.histogram,
-            "capture_drops": self.capture_drops,
-            "directions": [_direction_json(d) for d in self.directions],
-        }
+    def report(self) -> LinkReport:
+        """This link in `testbed topo check`'s report (figures rounded as shown)."""
+        return LinkReport(
+            a=self.a, b=self.b,
+            rtt_ms=Figure(configured=round(self.configured_rtt_ms, 3), measured=_round(self.measured_rtt_ms, 3)),
+            goodput_mbps=Figure(configured=round(self.configured_mbps, 3), measured=_round(self.measured_mbps, 1)),
+            loss=LossReport(configured=self.configured_loss,
+                            measured=[None if d.train is None else d.train.loss for d in self.directions],
+                            verdict=None if self.loss_verdict is None else self.loss_verdict.report()),
+            jitter_ms=self.configured_jitter_ms,
+            path_offset_ms=_round(self.path_offset_ms, 4),
+            rtt_expected_ms=_round(self.expected_rtt_ms, 3),
+            ok=self.ok, rtt_ok=self.rtt_ok, goodput_ok=self.goodput_ok, goodput_judged=self.goodput_judged,
+            loss_ok=self.loss_ok, delay_ok=self.delay_ok, rate_ok=self.rate_ok,
+            endpoints=self.endpoints, relay_during_train=self.relay,
+            pcap=self.pcap, histogram=self.histogram, capture_drops=self.capture_drops,
+            directions=[_direction_report(d) for d in self.directions])
 
 
-def _direction_json(d: Direction) -> dict[str, Any]:
-    out = asdict(d)
-    out["train"] = None if d.train is None else d.train.as_json()
-    out["node"] = None if d.node is None else d.node.as_json()
-    for key in ("expected_goodput_mbps", "rate_mbps", "rtt_ms_median", "rtt_ms_mean", "goodput_mbps",
-                "relay_cpu_s", "relay_cpu_s_per_gbit"):
-        out[key] = _round(out[key], 3)
-    return out
+def _direction_report(d: Direction) -> DirectionReport:
+    return DirectionReport(
+        src=d.src, dst=d.dst, rtt_ms_median=_round(d.rtt_ms_median, 3), rtt_ms_mean=_round(d.rtt_ms_mean, 3),
+        rtt_samples=d.rtt_samples, goodput_mbps=_round(d.goodput_mbps, 3), streams=d.streams,
+        retransmits=d.retransmits, error=d.error, expected_goodput_mbps=_round(d.expected_goodput_mbps, 3),
+        rate_mbps=_round(d.rate_mbps, 3), train=None if d.train is None else d.train.report(),
+        node=None if d.node is None else d.node.report(), relay_cpu_s=_round(d.relay_cpu_s, 3),
+        relay_cpu_s_per_gbit=_round(d.relay_cpu_s_per_gbit, 3))
 
 
 def _round(value: float | None, digits: int) -> float | None:

@@ -116,7 +116,7 @@ def test_lossy_link_is_judged_on_loss_delay_and_rate_not_tcp_goodput():
 
 
 def test_json_shape():
-    data = _link([50.4, 50.6], [950.0, 930.0]).as_json()
+    data = _link([50.4, 50.6], [950.0, 930.0]).report().model_dump(mode="json")
     assert data["a"] == "dc1" and data["b"] == "dc2"
     assert data["rtt_ms"] == {"configured": 50.0, "measured": 50.0}
     assert data["goodput_mbps"] == {"configured": 1000.0, "measured": 930.0}
@@ -133,7 +133,7 @@ def test_json_shape():
 def test_render_check_shows_verdicts_and_the_loss_interval():
     report = {"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1,
               "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(190, 170),
-                               n=packet_trains.train_size(0.001)).as_json()]}
+                               n=packet_trains.train_size(0.001)).report().model_dump(mode="json")]}
     report["links"][0]["directions"][0]["expected_goodput_mbps"] = 126.0
     text = render_check(report)
     assert "(lossy)" in text and text.splitlines()[3].endswith("ok")
@@ -143,7 +143,7 @@ def test_render_check_shows_verdicts_and_the_loss_interval():
             "a correct link fails this at most 1 in 4,300") in text
     assert "expected under this loss 126 Mbit/s" in text
     wrong = {**report, "links": [_link([50.1, 50.1], [130.0, 180.0], loss=0.001, lost=(100, 300),
-                                       n=packet_trains.train_size(0.001)).as_json()]}
+                                       n=packet_trains.train_size(0.001)).report().model_dump(mode="json")]}
     text = render_check(wrong)
     assert "100 in 147-257 OUT, 300 in 147-257 OUT" in text and text.splitlines()[3].endswith("FAIL")
 
@@ -227,7 +227,8 @@ def test_without_tcp_the_link_is_judged_on_the_packet_figures():
     r.train_rtt_ms, r.expected_rtt_ms = 50.0, 50.0
     r.judge(Tolerance())
     assert r.ok and not r.goodput_ok and not r.goodput_judged
-    text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [r.as_json()]})
+    text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1,
+                         "links": [r.report().model_dump(mode="json")]})
     assert "(no TCP)" in text
 
 
@@ -240,7 +241,7 @@ def test_relay_drops_during_the_train_are_attributed_and_shown():
     got = relay_drops(before, after)
     assert got["w-eth0->w-eth1"] == {"loss_model": 2, "queue_drops": 1, "relay_drops": 5, "socket_drops": 5}
     assert got["w-eth1->w-eth0"]["relay_drops"] == 0
-    link = _link([50.1, 50.1], [950.0, 950.0]).as_json()
+    link = _link([50.1, 50.1], [950.0, 950.0]).report().model_dump(mode="json")
     link["relay_during_train"] = got
     text = render_check({"delay_backend": "relay", "build_s": 1.0, "teardown_s": 0.1, "links": [link]})
     assert "w-eth0->w-eth1: 5 dropped by the relay itself (5 by its socket), 1 by the shaper's queue" in text

@@ -96,8 +96,8 @@ def test_loss_verdict_at_the_edges_and_wrong_links() -> None:
     assert not ts.judge_loss([(0, 0), (2000, 0)], 0.0).ok  # nothing sent one way
     capped = ts.judge_loss([(ts.MAX_TRAIN, 30), (ts.MAX_TRAIN, 30)], 1e-4)  # 60 expected: 20% is 1.5 sd
     assert capped.rel_tol == pytest.approx(4 * math.sqrt((1 - 1e-4) / 60), rel=1e-3) and capped.ok
-    data = edge_low.as_json()
-    assert data["pooled_ok"] and data["sigmas"] == pytest.approx(4.0, abs=0.05) and data["directions"][0]["accept"]
+    data = edge_low.report()
+    assert data.pooled_ok and data.sigmas == pytest.approx(4.0, abs=0.05) and data.directions[0].accept
 
 
 def test_fifo_model_without_and_with_jitter() -> None:
@@ -120,7 +120,7 @@ def test_analyse_counts_loss_order_duplicates_and_delays() -> None:
     assert t.delay_ms["min"] == pytest.approx(25.0) and t.delay_ms["max"] == pytest.approx(26.00001)
     assert t.model_ms == {"min": 25.0, "p50": 25.0, "max": 25.0}
     assert not ts.delay_ok(t)  # reordered
-    assert t.as_json()["loss_ci95"][1] > 2 / 6
+    assert t.report().loss_ci95[1] > 2 / 6
 
 
 def _train(delays_ms: list[float], sent: int | None = None) -> ts.DirectionTrain:

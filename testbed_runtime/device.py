@@ -61,13 +61,26 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from testbed_core.compute_model import ComputeModel
 from testbed_core.device_records import KINDS, Lease, LeaseEvent, WorkRecord, busy_time, idle_gaps
 
 Mode = Literal["modelled", "real"]
+T = TypeVar("T")
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}")
+
+
+class Work(TypedDict, total=False):
+    """A piece of work, as `Device.run` and `Device.try_run` take it (keywords): modelled mode
+    holds the device for `duration_s` model seconds, or for `flops` at the compute model's
+    rate, running `fn` inside the hold when given; real mode runs `fn` and records its real
+    time. `label` names the work on the timeline."""
+
+    flops: float | None
+    duration_s: float | None
+    fn: Callable[[], Any] | None
+    label: str
 
 
 class DeviceError(RuntimeError):
@@ -321,9 +334,9 @@ class Device:
                 marker.unlink()
             return False
         owner = getattr(self, "_waiting_owner", "")
-        self._append_event(LeaseEvent(
+        _append_json(self.overruns_path, LeaseEvent(
             "revoked", self.name, lease.id, lease.owner, lease.label, lease.pid, lease.deadline, lease.guard_s,
-            now, now - lease.deadline, _cause_of(state), True, owner))
+            now, now - lease.deadline, _cause_of(state), True, owner).to_json())
         return True
 
     def lease(self) -> Lease | None:
@@ -343,32 +356,9 @@ class Device:
 
     def overruns(self) -> list[LeaseEvent]:
         """Every lease revoked by training and every hold that ended after its deadline."""
-        try:
-            lines = self.overruns_path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(LeaseEvent.from_json(json.loads(line)))
-            except (json.JSONDecodeError, TypeError):
-                continue
-        return out
-
-    def _append_event(self, event: LeaseEvent) -> None:
-        line = (json.dumps(event.to_json(), separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.overruns_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
+        return _read_json_lines(self.overruns_path, LeaseEvent.from_json)
 
     # ---------------------------------------------------- leases (holder side)
-
-    def _write_lease(self, lease: Lease) -> None:
-        tmp = self.lease_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(lease.to_json()))
-        os.replace(tmp, self.lease_path)
 
     def extend_lease(self, deadline: float) -> None:
         """Holder: move the deadline of the lease it holds (its window was confirmed
@@ -377,7 +367,7 @@ class Device:
         if lease is None or deadline == lease.deadline:
             return
         self._lease = Lease(lease.id, lease.pid, lease.owner, lease.label, lease.start, deadline, lease.guard_s)
-        self._write_lease(self._lease)
+        _replace_json(self.lease_path, self._lease.to_json())
 
     def lease_cause(self, cause: str) -> None:
         """Holder: why its hold may end late (recorded if it does): e.g. 'woke 12 ms late'."""
@@ -441,9 +431,9 @@ class Device:
             cause = self._lease_cause or "the holder released the device after its deadline"
             if revoked_at is not None:
                 cause = f"revoked by training after {revoked_at - lease.deadline:+.4f} s; {cause}"
-            self._append_event(LeaseEvent(
+            _append_json(self.overruns_path, LeaseEvent(
                 "overrun", self.name, lease.id, lease.owner, lease.label, lease.pid, lease.deadline,
-                lease.guard_s, end, over, cause, revoked_at is not None))
+                lease.guard_s, end, over, cause, revoked_at is not None).to_json())
         return revoked_at
 
     def modelled_seconds(self, flops: float | None, duration_s: float | None, op: str | None = None) -> float:
@@ -459,33 +449,14 @@ class Device:
             raise DeviceError(f"{self.name}: flops= needs a compute model (Device(..., compute=ComputeModel(...)))")
         return self.compute.seconds(flops, op=op)
 
-    def run(
-        self,
-        kind: str,
-        owner: str,
-        *,
-        flops: float | None = None,
-        duration_s: float | None = None,
-        fn: Callable[[], Any] | None = None,
-        label: str = "",
-    ) -> WorkRecord:
-        """Wait for the device, do the work, record it. The record's `result` is fn()'s."""
-        record = self._run(kind, owner, flops, duration_s, fn, label, blocking=True)
+    def run(self, kind: str, owner: str, **work: Unpack[Work]) -> WorkRecord:
+        """Wait for the device, do the work (`Work`), record it. The record's `result` is fn()'s."""
+        record = self._run(kind, owner, work, blocking=True)
         assert record is not None
         return record
 
-    def try_run(
-        self,
-        kind: str,
-        owner: str,
-        *,
-        flops: float | None = None,
-        duration_s: float | None = None,
-        fn: Callable[[], Any] | None = None,
-        label: str = "",
-        deadline: float | None = None,
-        guard_s: float = 0.0,
-    ) -> WorkRecord | None:
+    def try_run(self, kind: str, owner: str, *, deadline: float | None = None, guard_s: float = 0.0,
+                **work: Unpack[Work]) -> WorkRecord | None:
         """Like run(), but only if the device is free right now and training does not
         want it; None otherwise. With `deadline` (wall clock) the hold is a lease:
         training takes the device back at `deadline + guard_s` whatever this process
@@ -495,11 +466,16 @@ class Device:
         if deadline is not None and (not math.isfinite(deadline) or guard_s < 0):
             raise DeviceError(f"{self.name}: a lease needs a finite deadline and guard_s >= 0 "
                               f"(got deadline={deadline}, guard_s={guard_s})")
-        return self._run(kind, owner, flops, duration_s, fn, label, blocking=False,
-                         deadline=deadline, guard_s=guard_s)
+        return self._run(kind, owner, work, blocking=False, deadline=deadline, guard_s=guard_s)
 
-    def _run(self, kind, owner, flops, duration_s, fn, label, *, blocking: bool,
+    def _run(self, kind: str, owner: str, work: Work, *, blocking: bool,
              deadline: float | None = None, guard_s: float = 0.0) -> WorkRecord | None:
+        unknown = sorted(set(work) - set(Work.__annotations__))
+        if unknown:
+            raise TypeError(f"{self.name}: unknown work argument(s) {', '.join(unknown)}; "
+                            f"allowed: {', '.join(Work.__annotations__)}, and for try_run deadline, guard_s")
+        flops, duration_s = work.get("flops"), work.get("duration_s")
+        fn, label = work.get("fn"), work.get("label", "")
         if not kind or not owner:
             raise DeviceError(f"{self.name}: work needs a kind (e.g. {', '.join(KINDS)}) and an owner")
         modelled = None
@@ -519,13 +495,14 @@ class Device:
                 lease = Lease(f"{os.getpid()}-{threading.get_ident()}-{self._lease_seq}-{int(start * 1e6)}",
                               os.getpid(), owner, label, start, float(deadline), float(guard_s))
                 self._lease, self._lease_cause = lease, ""
-                self._write_lease(lease)
+                _replace_json(self.lease_path, lease.to_json())
                 if self._yield_fd >= 0:  # pokes meant for an earlier hold
                     with contextlib.suppress(BlockingIOError, OSError):
                         while os.read(self._yield_fd, 4096):
                             pass
             expected = None if modelled is None else start + modelled * self.time_scale
-            self._write_current(kind, owner, label, start, expected)
+            _replace_json(self.current_path, {"kind": kind, "owner": owner, "label": label, "start": start,
+                                               "expected_end": expected, "pid": os.getpid()})
             result, overrun, preempted = None, 0.0, False
             try:
                 if fn is not None:
@@ -552,7 +529,7 @@ class Device:
                     modelled, flops, overrun, os.getpid(), result,
                     deadline, revoked_at, preempted, held if isinstance(held, str) else "",
                 )
-                self._append(record)
+                _append_json(self.timeline_path, record.to_json())
             finally:
                 if self._lease is not None:  # fn raised: settle the lease all the same
                     failed, self._lease = self._lease, None
@@ -560,22 +537,6 @@ class Device:
                 with contextlib.suppress(FileNotFoundError):
                     self.current_path.unlink()
             return record
-
-    def _write_current(self, kind: str, owner: str, label: str, start: float, expected: float | None) -> None:
-        tmp = self.current_path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-        tmp.write_text(json.dumps(
-            {"kind": kind, "owner": owner, "label": label, "start": start, "expected_end": expected,
-             "pid": os.getpid()}
-        ))
-        os.replace(tmp, self.current_path)
-
-    def _append(self, record: WorkRecord) -> None:
-        line = (json.dumps(record.to_json(), separators=(",", ":")) + "\n").encode()
-        fd = os.open(self.timeline_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
-        try:
-            os.write(fd, line)
-        finally:
-            os.close(fd)
 
     # ----------------------------------------------------------- observing
 
@@ -604,19 +565,8 @@ class Device:
     def timeline(self, since: float | None = None) -> list[WorkRecord]:
         """All finished work of every process on this device, in start order;
         with `since`, only work that ended after it."""
-        try:
-            lines = self.timeline_path.read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        records = []
-        for line in lines:
-            try:
-                rec = WorkRecord.from_json(json.loads(line))
-            except (json.JSONDecodeError, TypeError):
-                continue  # a line cut short by a crash
-            if since is None or rec.end > since:
-                records.append(rec)
-        return sorted(records, key=lambda r: r.start)
+        records = _read_json_lines(self.timeline_path, WorkRecord.from_json)
+        return sorted((r for r in records if since is None or r.end > since), key=lambda r: r.start)
 
     def utilization(self, t0: float, t1: float | None = None) -> float:
         """Busy fraction of [t0, t1] (t1 defaults to now)."""
@@ -629,6 +579,41 @@ class Device:
         """Gaps longer than `min_s` in [t0, t1] with no recorded work."""
         t1 = time.time() if t1 is None else t1
         return idle_gaps(self.timeline(since=t0), t0, t1, min_s)
+
+
+def _append_json(path: Path, data: dict[str, Any]) -> None:
+    """Append `data` as one JSON line with one write() on an O_APPEND descriptor, so that
+    lines of concurrent writers (every process of the device) never interleave."""
+    line = (json.dumps(data, separators=(",", ":")) + "\n").encode()
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o666)
+    try:
+        os.write(fd, line)
+    finally:
+        os.close(fd)
+
+
+def _read_json_lines(path: Path, parse: Callable[[dict[str, Any]], T]) -> list[T]:
+    """Every line of `path` that `parse` accepts, in file order ([] when there is no file):
+    a line cut short by a crash, or one that is not a record, is skipped."""
+    try:
+        lines = path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(parse(json.loads(line)))
+        except (json.JSONDecodeError, TypeError):
+            continue
+    return out
+
+
+def _replace_json(path: Path, data: dict[str, Any]) -> None:
+    """Replace `path` with `data` as JSON: written beside it under a name of this process
+    and thread, then renamed over it, so a reader sees the old file or the new one."""
+    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
+    tmp.write_text(json.dumps(data))
+    os.replace(tmp, path)
 
 
 def _sleep_until(deadline: float, stop: Callable[[float], Any] | None = None) -> bool:

@@ -321,3 +321,12 @@ def test_a_lease_needs_a_finite_deadline(tmp_path: Path) -> None:
         Device("gpu0", tmp_path).try_run("prefill", "agent", duration_s=0.0, deadline=float("inf"))
     with pytest.raises(DeviceError, match="guard_s=-1"):
         Device("gpu0", tmp_path).try_run("prefill", "agent", duration_s=0.0, deadline=1.0, guard_s=-1)
+
+
+def test_a_misspelt_work_argument_is_refused_with_the_allowed_ones(tmp_path: Path) -> None:
+    dev = Device("gpu0", tmp_path, time_scale=1.0)
+    with pytest.raises(TypeError, match=r"unknown work argument\(s\) duraton_s; allowed: flops, duration_s"):
+        dev.run("forward", "train:p0r0", duraton_s=0.01)  # type: ignore[call-arg]
+    with pytest.raises(TypeError, match="unknown work argument"):
+        dev.try_run("prefill", "bubbletea:a", deadlines=1.0)  # type: ignore[call-arg]
+    assert dev.timeline() == []

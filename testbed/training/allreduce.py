@@ -19,7 +19,12 @@ import math
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+
+    from atlas_transport.channel import Channel
 
 RING_TAG = (1 << 40) - 1  # atlas_transport tag of the ring's messages (real_work's DP tags start at 1 << 40)
 
@@ -68,7 +73,7 @@ def ring_plan(rank: int, dp: int, grad_bytes: int, bucket_bytes: int) -> RingPla
     return RingPlan(rank, dp, step, messages)
 
 
-def ring_allreduce(plan: RingPlan, channels: Mapping[int, Any], filler: Any, landing: Any,
+def ring_allreduce(plan: RingPlan, channels: Mapping[int, Channel], filler: torch.Tensor, landing: torch.Tensor,
                    timeout_s: float) -> float:
     """Run the ring over `channels` (peer DP rank -> atlas_transport Channel; those to
     the next and previous replica are used): each message sends a slice of `filler` and

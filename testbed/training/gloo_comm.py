@@ -19,7 +19,11 @@ import socket
 import struct
 import time
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch
+    from torch.distributed import ProcessGroup, Work
 
 GLOO_TAG_MASK = (1 << 31) - 1
 """gloo tags are 31-bit: a channel tag keeps its low bits (micro-batch, direction and
@@ -48,7 +52,7 @@ def interface_of(ip: str) -> str:
 
 
 def init_gloo(*, store_ip: str, port: int, rank: int, world_size: int, own_ip: str, timeout_s: float,
-              groups: list[list[int]]) -> list[Any]:
+              groups: list[list[int]]) -> list[ProcessGroup]:
     """Join the run's gloo process group and create `groups` (every rank creates every
     group, in the same order: torch.distributed requires it). Returns the groups."""
     import datetime
@@ -73,8 +77,8 @@ class _GlooHandle:
     the clock (the pipeline waits for what it receives: the arrival, to the wait's
     granularity)."""
 
-    work: Any
-    tensor: Any
+    work: Work
+    tensor: torch.Tensor | None
     is_recv: bool
     completed_at: float | None = None
     _done: bool = field(default=False, repr=False)
@@ -83,7 +87,7 @@ class _GlooHandle:
         if self.completed_at is None:
             self.completed_at = time.monotonic()
 
-    def wait(self, timeout: float | None = None) -> Any:
+    def wait(self, timeout: float | None = None) -> torch.Tensor | None:
         import datetime
 
         if not self._done:
@@ -110,12 +114,13 @@ class GlooChannel:
         self.peer_rank = peer_rank
         self.nbytes = nbytes
 
-    def isend(self, tensor: Any, tag: int) -> _GlooHandle:
+    def isend(self, tensor: torch.Tensor, tag: int) -> _GlooHandle:
         import torch.distributed as dist
 
         return _GlooHandle(dist.isend(tensor.contiguous(), self.peer_rank, tag=tag & GLOO_TAG_MASK), None, False)
 
-    def irecv(self, tag: int, *, into: Any = None, device: Any = None) -> _GlooHandle:
+    def irecv(self, tag: int, *, into: torch.Tensor | None = None, device: torch.device | str | None = None
+              ) -> _GlooHandle:
         import torch
         import torch.distributed as dist
 
@@ -143,7 +148,7 @@ def close_gloo(timeout_s: float = 30.0) -> None:
     dist.destroy_process_group()
 
 
-def gloo_allreduce(group: Any, grad_bytes: int, bucket_bytes: int, buffer: Any) -> float:
+def gloo_allreduce(group: ProcessGroup, grad_bytes: int, bucket_bytes: int, buffer: torch.Tensor) -> float:
     """All-reduce `grad_bytes` of gradients over `group` in buckets of `bucket_bytes`
     (float32 elements of `buffer`, at least one bucket), as DDP does with gloo. Returns
     the seconds it took."""

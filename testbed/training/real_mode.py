@@ -19,9 +19,13 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed_core.contracts.worker_job import RealJob, TrainJob
+
+if TYPE_CHECKING:
+    from testbed.training.real_work import RealWork
+    from testbed_core.workload import Workload
 
 PARAMS_DIR = "params"  # <variant folder>/params/<worker>.pt
 
@@ -40,7 +44,7 @@ def params_dir(variant_folder: Path) -> Path:
 
 def real_jobs(
     *,
-    workload: Any,
+    workload: Workload,
     variant_folder: Path,
     torch_device: str,
     worker_id: Callable[[int, int], str],
@@ -64,7 +68,7 @@ def real_jobs(
 # ------------------------------------------------------------------ saved parameters
 
 
-def save_params(job: TrainJob, work: Any) -> None:
+def save_params(job: TrainJob, work: RealWork) -> None:
     """A real worker's parameters (CPU copies, the whole model's names) and
     per-iteration losses (last stage only), with what the runner's reference needs to
     match them, to ``job.real.out`` (written whole, then renamed)."""

@@ -30,9 +30,12 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 from testbed_core.simulate import TransferKey
+
+if TYPE_CHECKING:
+    import torch
 
 ITER_BITS, BOUNDARY_BITS, MB_BITS = 23, 16, 23  # + 1 direction bit = 63 bits (atlas tags are u63)
 MAX_ITERATION = (1 << ITER_BITS) - 1
@@ -101,6 +104,24 @@ def wall_of(monotonic_t: float | None) -> float | None:
     return time.time() - (time.monotonic() - monotonic_t)
 
 
+class CommHandle(Protocol):
+    """A send or receive in flight: `wait` returns the received tensor (None for a
+    send); `completed_at` (time.monotonic) is set once it completed."""
+
+    completed_at: float | None
+
+    def wait(self, timeout: float | None = None) -> torch.Tensor | None: ...
+
+
+class CommChannel(Protocol):
+    """What TransportComm calls on a channel: an atlas_transport Channel, a GlooChannel
+    (gloo_comm.py), or a wrapper of either (worker/live.py)."""
+
+    def isend(self, tensor: torch.Tensor, tag: int) -> CommHandle: ...
+
+    def irecv(self, tag: int) -> CommHandle: ...
+
+
 @dataclass
 class _Pending:
     key: TransferKey
@@ -113,7 +134,7 @@ class _Pending:
 
 @dataclass
 class _Outstanding:
-    handle: Any
+    handle: CommHandle
     record: dict[str, Any]
 
 
@@ -218,13 +239,13 @@ class TransportComm:
         self,
         pipeline: int,
         worker: str,
-        channels: Mapping[int, Any],
+        channels: Mapping[int, CommChannel],
         paths: Mapping[int, ChannelPath],
         *,
-        filler: Any,
+        filler: torch.Tensor,
         plan: Mapping[tuple[str, int, int], Planned] | None = None,
         mode: str = "token",
-        bus: Any = None,
+        bus: TokenBus | None = None,
         token_timeout_s: float = 10.0,
         timeout_s: float = 120.0,
         clock: Callable[[], float] = time.time,
@@ -391,7 +412,7 @@ class TransportComm:
 
     # ------------------------------------------------------------ internals
 
-    def _channel(self, boundary: int) -> Any:
+    def _channel(self, boundary: int) -> CommChannel:
         try:
             return self.channels[boundary]
         except KeyError:
@@ -399,7 +420,7 @@ class TransportComm:
                 f"{self.worker}: no channel for boundary {boundary} (have: {sorted(self.channels)})"
             ) from None
 
-    def _isend(self, ch: Any, key: TransferKey, tensor: Any, record: dict[str, Any],
+    def _isend(self, ch: CommChannel, key: TransferKey, tensor: Any, record: dict[str, Any],
                planned: Planned | None = None) -> None:
         record["sent"] = self.clock()
         handle = ch.isend(tensor, tag_for(key, record["iteration"]))

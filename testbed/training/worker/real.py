@@ -5,13 +5,17 @@ the end is written by testbed/training/real_mode.py `save_params`."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.training.worker.job import WorkerError
 from testbed_core.contracts.worker_job import TrainJob
 
+if TYPE_CHECKING:
+    from atlas_transport.channel import Channel
+    from testbed.training.real_work import RealWork
 
-def real_work_of(job: TrainJob, dp_channels: dict[int, Any]) -> Any:
+
+def real_work_of(job: TrainJob, dp_channels: dict[int, Channel]) -> RealWork:
     """The `RealWork` of a real-mode worker: its stages as torch modules on its torch
     device, DP gradients averaged over `dp_channels` (peer DP rank -> channel)."""
     from testbed.training.real_work import OptimConfig, PeerGradSync, RealWork, RealWorkError
@@ -26,7 +30,7 @@ def real_work_of(job: TrainJob, dp_channels: dict[int, Any]) -> Any:
         raise WorkerError(f"{job.worker}: real-mode training cannot start: {exc}") from None
 
 
-def end_real_iteration(work: Any, device: Any, owner: str, iteration: int) -> tuple[float | None, Any]:
+def end_real_iteration(work: RealWork, device: Any, owner: str, iteration: int) -> tuple[float | None, Any]:
     """Average the gradients over DP, then step the optimizer on the device (so its
     timeline shows it). Returns (this replica's mean loss or None, the step's record)."""
     if work.iteration != iteration:

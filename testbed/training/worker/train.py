@@ -11,7 +11,7 @@ import sys
 import time
 import traceback
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, TypedDict
 
 from testbed.training.allreduce import ring_allreduce, ring_plan
 from testbed.training.gloo_comm import GlooChannel, close_gloo, gloo_allreduce, init_gloo
@@ -28,8 +28,19 @@ from testbed.training.worker.real import end_real_iteration, real_work_of
 from testbed_core.contracts.control import Bye, Hello, IterDone, Ready, Stop, WorkerFailed
 from testbed_core.contracts.worker_job import TrainJob
 
+if TYPE_CHECKING:
+    from testbed.training.transport_comm import Planned
 
-def temporal_comm_args(job: TrainJob) -> dict[str, Any]:
+
+class TemporalArgs(TypedDict, total=False):
+    """The `TransportComm` keyword arguments a temporal plan sets."""
+
+    plan: dict[tuple[str, int, int], Planned]
+    mode: str
+    token_timeout_s: float
+
+
+def temporal_comm_args(job: TrainJob) -> TemporalArgs:
     """The `TransportComm` arguments of the job's temporal plan (none without a plan)."""
     from testbed.training.transport_comm import Planned
 

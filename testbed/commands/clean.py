@@ -23,8 +23,8 @@ import click
 def clean(dry_run: bool) -> None:
     """Remove leftovers (processes, namespaces, links, records) of crashed runs; returns
     once every process of them is gone."""
+    from testbed.emulation.cleanup import clean as do_clean
     from testbed.emulation.records import RECORD_DIR
-    from testbed.emulation.records import clean as do_clean
 
     if os.geteuid() != 0:
         raise click.ClickException(f"cleaning needs to read {RECORD_DIR} and kill processes: run as root (sudo)")

@@ -6,7 +6,7 @@ Modules, after Mininet's topo/node/link/net split:
 * `nodes`: the node handles and how hosts, gateways and WAN link nodes are made;
 * `network`: the lifecycle (`Emulation`: build, run programs in nodes, teardown);
 * `mininet_cli`: Mininet's interactive CLI over a running emulation (`testbed topo up`);
-* `naming`, `records`: run prefixes and names; the run records `testbed clean` works from;
+* `naming`, `records`, `cleanup`: run prefixes and names; the run records, and `testbed clean` working from them;
 * `netns`, `kernel`, `shaping`: namespace access, kernel feature probe, qdiscs via netlink;
 * `delayline/`: the userspace delay line (relay backend; `delayline.calibrate` measures each
   link's own path latency at start);

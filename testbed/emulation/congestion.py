@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Iterable
 from pathlib import Path
 
+from testbed.emulation.cleanup import shared_sysctl_origin
 from testbed.emulation.errors import EmulationError
-from testbed.emulation.records import RunRecord, shared_sysctl_origin
+from testbed.emulation.records import RunRecord
 
 KEY = "net.ipv4.tcp_allowed_congestion_control"
 PROC = Path("/proc/sys/net/ipv4")

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.emulation.addressing import Wiring, plan_addresses, plan_wiring
+from testbed.emulation.cleanup import execute, kill_and_wait, plan_clean
 from testbed.emulation.congestion import allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.naming import (
@@ -68,10 +69,7 @@ from testbed.emulation.records import (
     ProcFS,
     RecordError,
     RunRecord,
-    execute,
-    kill_and_wait,
     list_records,
-    plan_clean,
     prefix_in_use,
 )
 from testbed_core.topology import Topology, load_topology

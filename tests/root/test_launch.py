@@ -17,15 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from testbed.emulation.records import (
-    ENV_RUN,
-    RECORD_DIR,
-    ProcFS,
-    RunRecord,
-    execute,
-    list_records,
-    plan_clean,
-)
+from testbed.emulation.cleanup import execute, plan_clean
+from testbed.emulation.records import ENV_RUN, RECORD_DIR, ProcFS, RunRecord, list_records
 from testbed.launch.detach import DETACHED_DIR, list_detached, state_alive
 from testbed.launch.models import read_report
 

@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from testbed.emulation.cleanup import execute, plan_clean
 from testbed.emulation.congestion import allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.records import (
@@ -40,9 +41,7 @@ from testbed.emulation.records import (
     ProcFS,
     RecordError,
     RunRecord,
-    execute,
     list_records,
-    plan_clean,
     prefix_in_use,
 )
 

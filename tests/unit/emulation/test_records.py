@@ -9,17 +9,15 @@ from pathlib import Path
 
 import pytest
 
+from testbed.emulation.cleanup import clean, plan_clean, shared_sysctl_origin
 from testbed.emulation.records import (
     ENV_RUN,
     ProcEntry,
     ProcFS,
     RecordError,
     RunRecord,
-    clean,
     list_records,
-    plan_clean,
     prefix_in_use,
-    shared_sysctl_origin,
 )
 
 ROOT_NS = 4026531840
@@ -291,7 +289,7 @@ def test_end_processes_terms_then_kills_and_waits():
     import subprocess
     import sys
 
-    from testbed.emulation.records import end_processes
+    from testbed.emulation.cleanup import end_processes
 
     polite = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     stubborn = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
@@ -306,7 +304,8 @@ def test_end_processes_terms_then_kills_and_waits():
 
 
 def test_remote_clean_without_its_identity_file_fails_at_once_and_says_why():
-    from testbed.emulation.records import RemoteEntry, remote_clean
+    from testbed.emulation.cleanup import remote_clean
+    from testbed.emulation.records import RemoteEntry
 
     entry = RemoteEntry("s1", {"server": "s1", "address": "10.9.9.9", "user": "root", "port": 22,
                                "identity": "/nonexistent/tb123-rig/id_ed25519"})

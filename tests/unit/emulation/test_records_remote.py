@@ -1,4 +1,4 @@
-"""Run records of servers reached over SSH (testbed/emulation/records.py): a server is
+"""Run records of servers reached over SSH (testbed/emulation/records.py, cleanup.py): a server is
 written with its login before anything is made there, survives a reload, becomes a
 `remote-clean` step of the cleanup, and a record is kept while a server could not be
 cleaned (so a later `testbed clean` tries again). Against a fake /proc; the SSH step is
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-import testbed.emulation.records as records
-from testbed.emulation.records import ProcFS, RecordError, RunRecord, execute, plan_clean
+import testbed.emulation.cleanup as cleanup
+from testbed.emulation.cleanup import execute, plan_clean
+from testbed.emulation.records import ProcFS, RecordError, RemoteEntry, RunRecord
 from testbed.emulation.remote.sshlogin import RemoteLogin
 
 LOGIN = RemoteLogin(server="s2", address="192.0.2.11", identity="/k/id", known_hosts="/k/kh",
@@ -56,7 +57,7 @@ def test_clean_reaches_each_recorded_server_and_removes_the_record_when_done(tmp
     (step,) = [a for a in actions if a.kind == "remote-clean"]
     assert step.target == "s2" and step.detail == "over SSH root@192.0.2.11"
     asked = []
-    monkeypatch.setattr(records, "remote_clean", lambda prefix, entry: asked.append((prefix, entry.server)))
+    monkeypatch.setattr(cleanup, "remote_clean", lambda prefix, entry: asked.append((prefix, entry.server)))
     assert execute(actions, procfs) == []
     assert asked == [("tb0a1", "s2")]
     assert not rec.path.exists()
@@ -65,7 +66,7 @@ def test_clean_reaches_each_recorded_server_and_removes_the_record_when_done(tmp
 def test_a_record_is_kept_while_a_server_could_not_be_cleaned(tmp_path, procfs, monkeypatch):
     rec = _dead_record(tmp_path, procfs)
     rec.add_remote("s2", LOGIN)
-    monkeypatch.setattr(records, "remote_clean", lambda prefix, entry: f"server {entry.server}: unreachable")
+    monkeypatch.setattr(cleanup, "remote_clean", lambda prefix, entry: f"server {entry.server}: unreachable")
     failures = execute(plan_clean(RunRecord.load(rec.path), procfs), procfs)
     assert "server s2: unreachable" in failures
     assert any("kept, a server could not be cleaned over SSH" in f for f in failures)
@@ -84,8 +85,8 @@ def test_remote_clean_runs_the_agent_over_the_recorded_login(monkeypatch, tmp_pa
         return subprocess.CompletedProcess(argv, 255, "", "ssh: connect to host 192.0.2.11 port 22: No route")
 
     monkeypatch.setattr("subprocess.run", fake_run)
-    entry = records.RemoteEntry("s2", {**LOGIN, "identity": str(identity)}, ["/tmp/tb0a1-x"])
-    message = records.remote_clean("tb0a1", entry)
+    entry = RemoteEntry("s2", {**LOGIN, "identity": str(identity)}, ["/tmp/tb0a1-x"])
+    message = cleanup.remote_clean("tb0a1", entry)
     assert seen["argv"][-1] == ("/opt/v/bin/python -m testbed.emulation.remote.nodeagent clean --run tb0a1 "
                                 "--path /tmp/tb0a1-x")
     assert message is not None and message.startswith("server s2 (192.0.2.11): clean over SSH failed (exit 255)")
@@ -97,7 +98,7 @@ def test_a_login_whose_identity_file_is_gone_is_not_tried(monkeypatch):
         raise AssertionError(f"ssh was run: {argv}")
 
     monkeypatch.setattr("subprocess.run", fake_run)
-    message = records.remote_clean("tb0a1", records.RemoteEntry("s2", LOGIN, []))
+    message = cleanup.remote_clean("tb0a1", RemoteEntry("s2", LOGIN, []))
     assert message is not None
     assert "its login's identity file /k/id no longer exists" in message
     assert "remove the record if the server is gone" in message

@@ -7,7 +7,7 @@ import math
 from collections.abc import Iterable
 from typing import Any
 
-from testbed.report.loading import ResultSet, Row, category, number, wan_goodput
+from testbed.report.loading import PointResult, ResultSet, Row, category, number, wan_goodput
 from testbed_core.variants import BUBBLETEA_SUFFIX, base_name, has_bubbletea, sort_key
 
 
@@ -76,17 +76,27 @@ def summary_table(rs: ResultSet, rows: list[Row]) -> str:
     body = []
     for pt in rs.points:
         vr = by_point.get(pt.id, {})
-        cells = [pt.id.split("-", 1)[0], *[category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
-        cells += [_fmt(number(vr.get(v, {}).get("iteration_time_s")), ".3f") for v in plain]
-        cells += [_fmt(number(vr.get(v, {}).get("speedup_vs_baseline")), ".2f") + "x" for v in speed]
-        cells += [_fmt(number(vr.get(v, {}).get("atlas_speedup")), ".2f") + "x" for v in over]
+        cells = _point_cells(rs, pt)
+        cells += _column(vr, plain, "iteration_time_s", ".3f")
+        cells += _column(vr, speed, "speedup_vs_baseline", ".2f", "x")
+        cells += _column(vr, over, "atlas_speedup", ".2f", "x")
         cells += [_fmt(number(vr.get(b, {}).get("device_utilization"))
                        or number(vr.get(v, {}).get("device_utilization_training")), ".1%")
                   for b, v in zip(bt_base, bt, strict=True)]
-        cells += [_fmt(number(vr.get(v, {}).get("device_utilization")), ".1%") for v in bt]
-        cells += [_fmt(number(vr.get(v, {}).get("training_slowdown")), "+.1%") for v in bt]
+        cells += _column(vr, bt, "device_utilization", ".1%")
+        cells += _column(vr, bt, "training_slowdown", "+.1%")
         body.append(cells)
     return format_table(headers, body)
+
+
+def _point_cells(rs: ResultSet, pt: PointResult) -> list[str]:
+    """A point's first cells: its number, its parameters' values, its status."""
+    return [pt.id.split("-", 1)[0], *[category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
+
+
+def _column(vr: dict[str, Row], variants: list[str], key: str, spec: str, suffix: str = "") -> list[str]:
+    """One cell per variant: its row's `key` formatted with `spec` (then `suffix`), '-' when missing."""
+    return [_fmt(number(vr.get(v, {}).get(key)), spec) + suffix for v in variants]
 
 
 def _scaled(value: Any, factor: float) -> float | None:
@@ -106,8 +116,6 @@ def _program_table(rs: ResultSet, rows: list[Row], by_point: dict[str, dict[str,
     body = []
     for pt in rs.points:
         vr = by_point.get(pt.id, {})
-        cells = [pt.id.split("-", 1)[0], *[category(pt.parameters.get(p)) for p, _ in rs.parameters], pt.status]
-        cells += [_fmt(number(vr.get(v, {}).get("seconds_per_step")), ".3f") for v in variants]
-        cells += [_fmt(number(vr.get(v, {}).get("atlas_speedup")), ".2f") + "x" for v in over]
-        body.append(cells)
+        body.append(_point_cells(rs, pt) + _column(vr, variants, "seconds_per_step", ".3f")
+                    + _column(vr, over, "atlas_speedup", ".2f", "x"))
     return format_table(headers, body)

@@ -31,24 +31,17 @@ class _Model(BaseModel):
 # --------------------------------------------------------------------------- model
 
 # Llama shapes people ask about; any LlamaConfig field may override a preset.
-PRESETS: dict[str, dict[str, int]] = {
-    "tiny": dict(num_hidden_layers=2, hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                 num_key_value_heads=2, vocab_size=256, max_position_embeddings=4096),
-    "small": dict(num_hidden_layers=4, hidden_size=256, intermediate_size=688, num_attention_heads=8,
-                  num_key_value_heads=4, vocab_size=4096, max_position_embeddings=8192),
-    "llama-3.2-1b": dict(num_hidden_layers=16, hidden_size=2048, intermediate_size=8192,
-                         num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                         max_position_embeddings=131072),
-    "llama-2-7b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=11008,
-                       num_attention_heads=32, num_key_value_heads=32, vocab_size=32000,
-                       max_position_embeddings=4096),
-    "llama-3-8b": dict(num_hidden_layers=32, hidden_size=4096, intermediate_size=14336,
-                       num_attention_heads=32, num_key_value_heads=8, vocab_size=128256,
-                       max_position_embeddings=8192),
-    "llama-3-70b": dict(num_hidden_layers=80, hidden_size=8192, intermediate_size=28672,
-                        num_attention_heads=64, num_key_value_heads=8, vocab_size=128256,
-                        max_position_embeddings=8192),
-}
+_PRESET_FIELDS = ("num_hidden_layers", "hidden_size", "intermediate_size", "num_attention_heads",
+                  "num_key_value_heads", "vocab_size", "max_position_embeddings")
+PRESETS: dict[str, dict[str, int]] = {name: dict(zip(_PRESET_FIELDS, shape, strict=True)) for name, shape in {
+    # name: (layers, hidden, intermediate, attention heads, KV heads, vocabulary, context)
+    "tiny": (2, 64, 128, 4, 2, 256, 4096),
+    "small": (4, 256, 688, 8, 4, 4096, 8192),
+    "llama-3.2-1b": (16, 2048, 8192, 32, 8, 128256, 131072),
+    "llama-2-7b": (32, 4096, 11008, 32, 32, 32000, 4096),
+    "llama-3-8b": (32, 4096, 14336, 32, 8, 128256, 8192),
+    "llama-3-70b": (80, 8192, 28672, 64, 8, 128256, 8192),
+}.items()}
 
 DTYPE_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 """Bytes per element of the prefill model's dtypes (the KV cache has the model's dtype)."""

@@ -15,6 +15,8 @@ crossing of Atlas's placement) for the readers that want one path.
 
 from __future__ import annotations
 
+from typing import TypedDict
+
 from pydantic import BaseModel, ConfigDict, Field
 
 PROBE_WARMUP = 2
@@ -35,7 +37,18 @@ def _by_count(values: dict, factor: float = 1.0) -> dict:
     return {int(n): (v * factor if factor != 1.0 else v) for n, v in values.items()}
 
 
-class TogetherCalibration(BaseModel):
+class _Together(BaseModel):
+    """What a probe with every path of a placement loaded at once is: `streams` per
+    channel, the DC pairs loaded together, the colliding channels each way."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    streams: int
+    paths: list[tuple[str, str]]
+    channels: int
+
+
+class TogetherCalibration(_Together):
     """One WAN path's figures while every path of a placement is loaded at once: the
     delay lines of all WAN links share the machine's cores, so a path gives less while
     the others are busy than timed alone. `paths`: the DC pairs loaded together (this
@@ -43,11 +56,6 @@ class TogetherCalibration(BaseModel):
     channel rate here; `colliding_bps`: the placement's `channels` colliding channels
     each way on every path, their aggregate here (None: one channel crosses here)."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    streams: int
-    paths: list[tuple[str, str]]
-    channels: int
     rate_bps: float | None = None
     transfer_s: list[float] = Field(default_factory=list)
     colliding_bps: float | None = None
@@ -72,14 +80,9 @@ class TogetherCalibration(BaseModel):
                    colliding_s=r.colliding_transfer_s)
 
 
-class TogetherCalibrationReport(BaseModel):
+class TogetherCalibrationReport(_Together):
     """``summary.json`` ``calibration.paths[].together[]``: `TogetherCalibration` in Mbit/s."""
 
-    model_config = ConfigDict(extra="forbid")
-
-    streams: int
-    paths: list[tuple[str, str]]
-    channels: int
     channel_rate_mbps: float | None = None
     transfer_s: list[float] = Field(default_factory=list)
     colliding_aggregate_mbps: float | None = None
@@ -113,12 +116,67 @@ class PathCalibrationReport(BaseModel):
     together: list[TogetherCalibrationReport] | None = None
 
 
-class PathCalibration(BaseModel):
+class _FiguresReport(TypedDict):
+    """The per-stream-count figures of a calibration report (Mbit/s, counts as JSON keys)."""
+
+    channel_rate_mbps: dict[str, float]
+    per_flow_rate_mbps: dict[str, float]
+    transfer_s: dict[str, list[float]]
+    concurrent_channels: int
+    colliding_channels_aggregate_mbps: dict[str, float]
+    colliding_transfer_s: dict[str, list[float]]
+
+
+class _FiguresData(TypedDict):
+    """The same figures as `_Figures` holds them (bits/s, counts as ints)."""
+
+    transfer_s: dict[int, list[float]]
+    rates_bps: dict[int, float]
+    concurrent: int
+    colliding_bps: dict[int, float]
+    colliding_s: dict[int, list[float]]
+
+
+class _Figures(BaseModel):
+    """What the probes measured on a path, per stream count: each timed transfer and
+    the channel rate they give; apart, the aggregate of `concurrent` colliding
+    channels, per stream count."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    transfer_s: dict[int, list[float]] = Field(default_factory=dict)
+    rates_bps: dict[int, float] = Field(default_factory=dict)
+    concurrent: int = 0
+    colliding_bps: dict[int, float] = Field(default_factory=dict)
+    colliding_s: dict[int, list[float]] = Field(default_factory=dict)
+
+    def rate(self, streams: int) -> float:
+        return self.rates_bps[streams]
+
+    def figures_report(self) -> _FiguresReport:
+        """These figures as a report gives them."""
+        return _FiguresReport(
+            channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
+            per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
+            transfer_s={str(n): v for n, v in sorted(self.transfer_s.items())},
+            concurrent_channels=self.concurrent,
+            colliding_channels_aggregate_mbps={str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
+            colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
+        )
+
+    @staticmethod
+    def figures_of(r: PathCalibrationReport | CalibrationReport) -> _FiguresData:
+        """The figures back from a report."""
+        return _FiguresData(transfer_s=_by_count(r.transfer_s), rates_bps=_by_count(r.channel_rate_mbps, 1e6),
+                            concurrent=r.concurrent_channels,
+                            colliding_bps=_by_count(r.colliding_channels_aggregate_mbps, 1e6),
+                            colliding_s=_by_count(r.colliding_transfer_s))
+
+
+class PathCalibration(_Figures):
     """One WAN path (between two DCs, both directions at once) as the probes measured
     it: per stream count, each timed transfer and the channel rate they give; apart,
     the aggregate of `concurrent` channels colliding on it, per stream count."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
     dcs: tuple[str, str]
     src: str
@@ -126,11 +184,6 @@ class PathCalibration(BaseModel):
     nbytes: int
     latency_s: float
     nominal_bps: float | None = None
-    transfer_s: dict[int, list[float]] = Field(default_factory=dict)
-    rates_bps: dict[int, float] = Field(default_factory=dict)
-    concurrent: int = 0
-    colliding_bps: dict[int, float] = Field(default_factory=dict)
-    colliding_s: dict[int, list[float]] = Field(default_factory=dict)
     variants: list[str] = Field(default_factory=list)  # the variants whose placement crosses it
     ring_channels: int | None = None  # DP rings crossing the path, timed all at once
     ring_streams: int | None = None
@@ -138,9 +191,6 @@ class PathCalibration(BaseModel):
     ring_bps: float | None = None  # their aggregate each way: rings x bytes each replica sends / ring time
     ring_s: list[float] | None = None
     together: list[TogetherCalibration] = Field(default_factory=list)  # timed with other paths loaded at once
-
-    def rate(self, streams: int) -> float:
-        return self.rates_bps[streams]
 
     def together_for(self, streams: int, paths: list[tuple[str, str]] | set[frozenset[str]]
                      ) -> TogetherCalibration | None:
@@ -155,13 +205,7 @@ class PathCalibration(BaseModel):
         return PathCalibrationReport(
             dcs=self.dcs, src=self.src, dst=self.dst, one_way_delay_s=self.latency_s,
             nominal_rate_mbps=None if self.nominal_bps is None else self.nominal_bps / 1e6,
-            channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
-            per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
-            transfer_s={str(n): v for n, v in sorted(self.transfer_s.items())},
-            concurrent_channels=self.concurrent,
-            colliding_channels_aggregate_mbps={str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
-            colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
-            variants=self.variants, ring_channels=self.ring_channels, ring_streams=self.ring_streams,
+            **self.figures_report(), variants=self.variants, ring_channels=self.ring_channels, ring_streams=self.ring_streams,
             ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
             ring_s=self.ring_s, together=[t.report() for t in self.together] or None,
         )
@@ -171,10 +215,7 @@ class PathCalibration(BaseModel):
         """The measurement back from its ``summary.json`` form (`nbytes`: the
         calibration's tensor size, which the report gives once for every path)."""
         return cls(dcs=r.dcs, src=r.src, dst=r.dst, nbytes=nbytes, latency_s=r.one_way_delay_s,
-                   nominal_bps=_bps(r.nominal_rate_mbps), transfer_s=_by_count(r.transfer_s),
-                   rates_bps=_by_count(r.channel_rate_mbps, 1e6), concurrent=r.concurrent_channels,
-                   colliding_bps=_by_count(r.colliding_channels_aggregate_mbps, 1e6),
-                   colliding_s=_by_count(r.colliding_transfer_s), variants=r.variants,
+                   nominal_bps=_bps(r.nominal_rate_mbps), **cls.figures_of(r), variants=r.variants,
                    ring_channels=r.ring_channels, ring_streams=r.ring_streams, ring_nbytes=r.ring_nbytes,
                    ring_bps=_bps(r.ring_aggregate_mbps), ring_s=r.ring_s,
                    together=[TogetherCalibration.from_report(t) for t in r.together or []])
@@ -210,33 +251,23 @@ class CalibrationReport(BaseModel):
         return self.channel_rate_mbps.get(str(streams))
 
 
-class Calibration(BaseModel):
+class Calibration(_Figures):
     """Measured speed of the WAN path for tensors of the workload's wire size: per
     stream count, each timed transfer (hand-over to arrival) and the channel rate they
     give; apart, the aggregate of `concurrent` channels colliding on the link (all
     sending at once), per direction. The calibration fills it in stream count by
     stream count (testbed/run/calibration.py)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
     src: str
     dst: str
     nbytes: int
     latency_s: float
-    transfer_s: dict[int, list[float]] = Field(default_factory=dict)
-    rates_bps: dict[int, float] = Field(default_factory=dict)
-    concurrent: int = 0
-    colliding_bps: dict[int, float] = Field(default_factory=dict)
-    colliding_s: dict[int, list[float]] = Field(default_factory=dict)
     lan_pairs: list[tuple[str, str]] | None = None
     lan_nbytes: int | None = None
     lan_rate_bps: float | None = None
     lan_transfer_s: list[float] | None = None
     paths: list[PathCalibration] = Field(default_factory=list)
     wall_s: float | None = None
-
-    def rate(self, streams: int) -> float:
-        return self.rates_bps[streams]
 
     def primary(self) -> PathCalibration:
         """The primary path: the first of `paths`, or the top-level figures as one path."""
@@ -284,13 +315,7 @@ class Calibration(BaseModel):
                        "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
                        if any(p.ring_bps for p in self.paths) else "")),
             src=self.src, dst=self.dst, nbytes=self.nbytes, one_way_delay_s=self.latency_s,
-            channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.rates_bps.items())},
-            per_flow_rate_mbps={str(n): r / n / 1e6 for n, r in sorted(self.rates_bps.items())},
-            transfer_s={str(n): v for n, v in sorted(self.transfer_s.items())},
-            concurrent_channels=self.concurrent,
-            colliding_channels_aggregate_mbps={str(n): r / 1e6 for n, r in sorted(self.colliding_bps.items())},
-            colliding_transfer_s={str(n): v for n, v in sorted(self.colliding_s.items())},
-            lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
+            **self.figures_report(), lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
             lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,
             lan_transfer_s=self.lan_transfer_s,
             paths=[p.report() for p in self.paths] or None,
@@ -301,10 +326,8 @@ class Calibration(BaseModel):
     def from_report(cls, r: CalibrationReport) -> Calibration:
         """The measurement back from its ``summary.json`` form, as the run's
         predictions used it (what re-predicting a kept run from its own calibration needs)."""
-        return cls(src=r.src, dst=r.dst, nbytes=r.nbytes, latency_s=r.one_way_delay_s,
-                   transfer_s=_by_count(r.transfer_s), rates_bps=_by_count(r.channel_rate_mbps, 1e6),
-                   concurrent=r.concurrent_channels, colliding_bps=_by_count(r.colliding_channels_aggregate_mbps, 1e6),
-                   colliding_s=_by_count(r.colliding_transfer_s), lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
+        return cls(src=r.src, dst=r.dst, nbytes=r.nbytes, latency_s=r.one_way_delay_s, **cls.figures_of(r),
+                   lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], wall_s=r.wall_s)
 

@@ -28,21 +28,26 @@ class _Msg(BaseModel):
         return (self.model_dump_json() + "\n").encode()
 
 
-class Hello(_Msg):
-    type: Literal["hello"] = "hello"
+class _FromWorker(_Msg):
+    """A worker's message: its type, then the worker's name (a subclass narrows `type`
+    to its own literal; the field keeps its place)."""
+
+    type: str
     worker: str
+
+
+class Hello(_FromWorker):
+    type: Literal["hello"] = "hello"
     pid: int
     host: str
 
 
-class Ready(_Msg):
+class Ready(_FromWorker):
     type: Literal["ready"] = "ready"
-    worker: str
 
 
-class IterDone(_Msg):
+class IterDone(_FromWorker):
     type: Literal["iter_done"] = "iter_done"
-    worker: str
     iteration: int = Field(ge=0)
     end: float  # wall clock: the end of the worker's last work of the iteration
     busy: float = Field(ge=0)  # seconds the worker's device worked in the iteration
@@ -51,14 +56,12 @@ class IterDone(_Msg):
     allreduce_s: float | None = Field(ge=0)  # modelled DP all-reduce: seconds it took; None: none ran
 
 
-class Bye(_Msg):
+class Bye(_FromWorker):
     type: Literal["bye"] = "bye"
-    worker: str
 
 
-class WorkerFailed(_Msg):
+class WorkerFailed(_FromWorker):
     type: Literal["error"] = "error"
-    worker: str
     message: str
     trace: str
 

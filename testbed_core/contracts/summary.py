@@ -16,17 +16,12 @@ variant has no ``ttft_s`` at all rather than ``"ttft_s": null``.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    SerializerFunctionWrapHandler,
-    model_serializer,
-)
+from pydantic import ConfigDict, Field
 
 from testbed_core.contracts.calibration import CalibrationReport
+from testbed_core.contracts.document import Document
 
 __all__ = [
     "AgentCounters", "BubbleTeaMetrics", "KVChecks", "Crossing", "FaultRecord", "IterationAround", "DEFINITIONS", "DelayLineDirection", "DelayLineWindow", "Definitions",
@@ -37,27 +32,12 @@ __all__ = [
 ]
 
 
-class _Doc(BaseModel):
+class _Doc(Document):
     """A part of summary.json: unknown keys are refused (a renamed key is a bug in the
     writer or a reader, not data), assignments are validated, and the keys named in
     ``ABSENT_UNLESS_SET`` are written only when they were given."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, ser_json_inf_nan="constants")
-
-    ABSENT_UNLESS_SET: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in self.ABSENT_UNLESS_SET - self.model_fields_set:
-                data.pop(key, None)
-            data = self._ordered(data)
-        return data
-
-    def _ordered(self, data: dict[str, Any]) -> dict[str, Any]:
-        """The written key order, when it is not the fields' (see DelayLineWindow)."""
-        return data
 
 
 # ------------------------------------------------------------------ the run

@@ -11,9 +11,11 @@ the text stays what it was before the models (ASCII, two-space indentation).
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, SerializerFunctionWrapHandler, model_serializer
+from pydantic import BaseModel, ConfigDict, Field
+
+from testbed_core.contracts.document import Document
 
 __all__ = ["GitState", "KeptRecord", "PointRecord", "PointStatus", "SweepParameter", "SweepPointRef", "SweepRecord"]
 
@@ -22,21 +24,11 @@ PointStatus = Literal["running", "ok", "failed", "interrupted"]
 failed (``error`` says why), interrupted (Ctrl-C or the sweep stopped)."""
 
 
-class _Record(BaseModel):
+class _Record(Document):
     """A sweep file: unknown keys are refused (a renamed key is a bug in the writer or a
     reader), and the keys named in ``ABSENT_UNLESS_SET`` are written only when given."""
 
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
-
-    ABSENT_UNLESS_SET: ClassVar[frozenset[str]] = frozenset()
-
-    @model_serializer(mode="wrap")
-    def _leave_out_unset(self, handler: SerializerFunctionWrapHandler) -> Any:
-        data = handler(self)
-        if isinstance(data, dict):
-            for key in self.ABSENT_UNLESS_SET - self.model_fields_set:
-                data.pop(key, None)
-        return data
 
     def to_data(self) -> Any:
         """The JSON value written to the file (its keys as the file spells them)."""

@@ -10,7 +10,6 @@ it is cheap (no torch import, no network) and never fails: unknown facts are nul
 from __future__ import annotations
 
 import functools
-import json
 import os
 import platform
 import socket
@@ -19,9 +18,11 @@ import sys
 from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
-from typing import Any
+
+from pydantic import BaseModel, ConfigDict
 
 from testbed_core.constants import REPO_ROOT
+from testbed_core.contracts.sweep import GitState
 
 PACKAGES = (
     "geo-llm-testbed", "torch", "pyroute2", "mininet", "transformers", "pydantic", "numpy",
@@ -40,8 +41,44 @@ def package_versions(names: tuple[str, ...] = PACKAGES) -> dict[str, str | None]
     return out
 
 
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class KernelInfo(_Model):
+    release: str
+    version: str
+    machine: str
+
+
+class HostInfo(_Model):
+    name: str
+    cpus: int | None
+    accelerators: list[str]  # NVIDIA GPUs the driver reports
+
+
+class PythonInfo(_Model):
+    version: str
+    implementation: str
+    executable: str
+
+
+class Provenance(_Model):
+    """provenance.json: the machine, software and settings of one run."""
+
+    recorded_at: str  # ISO 8601, UTC, seconds
+    seed: int | None
+    delay_backend: str | None
+    kernel: KernelInfo
+    host: HostInfo
+    python: PythonInfo
+    packages: dict[str, str | None]  # distribution -> installed version (None: not installed)
+    git: GitState
+    command: list[str]
+
+
 @functools.lru_cache(maxsize=4)
-def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
+def git_state(root: Path = REPO_ROOT) -> GitState:
     """Commit and dirtiness of the toolkit's checkout (null outside a git tree)."""
 
     def git(*args: str) -> str | None:
@@ -55,9 +92,9 @@ def git_state(root: Path = REPO_ROOT) -> dict[str, Any]:
 
     commit = git("rev-parse", "HEAD")
     if commit is None:
-        return {"commit": None, "dirty": None}
+        return GitState(commit=None, dirty=None)
     status = git("status", "--porcelain", "--untracked-files=no")
-    return {"commit": commit, "dirty": bool(status) if status is not None else None}
+    return GitState(commit=commit, dirty=bool(status) if status is not None else None)
 
 
 def accelerators() -> list[str]:
@@ -73,28 +110,28 @@ def accelerators() -> list[str]:
     return names
 
 
-def collect_provenance(
-    *, seed: int | None = None, delay_backend: str | None = None, extra: dict[str, Any] | None = None
-) -> dict[str, Any]:
-    """A JSON-ready record of the machine, software and settings of one run."""
+def collect_provenance(*, seed: int | None = None, delay_backend: str | None = None) -> Provenance:
+    """The record of the machine, software and settings of one run."""
     uname = platform.uname()
-    record: dict[str, Any] = {
-        "recorded_at": datetime.now(UTC).isoformat(timespec="seconds"),
-        "seed": seed,
-        "delay_backend": delay_backend,
-        "kernel": {"release": uname.release, "version": uname.version, "machine": uname.machine},
-        "host": {"name": socket.gethostname(), "cpus": os.cpu_count(), "accelerators": accelerators()},
-        "python": {"version": platform.python_version(), "implementation": platform.python_implementation(),
-                   "executable": sys.executable},
-        "packages": package_versions(),
-        "git": git_state(),
-        "command": sys.argv[:],
-    }
-    if extra:
-        record.update(extra)
-    return record
+    return Provenance(
+        recorded_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        seed=seed,
+        delay_backend=delay_backend,
+        kernel=KernelInfo(release=uname.release, version=uname.version, machine=uname.machine),
+        host=HostInfo(name=socket.gethostname(), cpus=os.cpu_count(), accelerators=accelerators()),
+        python=PythonInfo(version=platform.python_version(), implementation=platform.python_implementation(),
+                          executable=sys.executable),
+        packages=package_versions(),
+        git=git_state(),
+        command=sys.argv[:],
+    )
 
 
-def write_provenance(path: Path, record: dict[str, Any]) -> None:
+def write_provenance(path: Path, record: Provenance) -> None:
     """Write a record from `collect_provenance` as indented JSON."""
-    path.write_text(json.dumps(record, indent=2, sort_keys=False, default=str) + "\n")
+    path.write_text(record.model_dump_json(indent=2) + "\n")
+
+
+def read_provenance(path: Path) -> Provenance:
+    """A provenance.json written by `write_provenance`."""
+    return Provenance.model_validate_json(path.read_text())

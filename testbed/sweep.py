@@ -44,7 +44,7 @@ import yaml
 from pydantic import ConfigDict, Field, JsonValue, ValidationError, field_validator
 
 from testbed.progress import Progress
-from testbed.provenance import collect_provenance, write_provenance
+from testbed.provenance import collect_provenance, read_provenance, write_provenance
 from testbed.run.scenario import (
     ProgramScenario,
     Scenario,
@@ -577,9 +577,8 @@ def execute_point(point: SweepPoint, folder: Path, runner: Runner, progress: Pro
         if not (folder / "summary.json").exists():
             (folder / "summary.json").write_text(summary.to_json())
         if summary.delay_backend:
-            prov = json.loads((folder / "provenance.json").read_text())
-            prov["delay_backend"] = summary.delay_backend
-            write_provenance(folder / "provenance.json", prov)
+            prov = read_provenance(folder / "provenance.json")
+            write_provenance(folder / "provenance.json", prov.model_copy(update={"delay_backend": summary.delay_backend}))
     except Exception as exc:  # a failed point is recorded and the sweep goes on
         status, error = "failed", f"{type(exc).__name__}: {exc}"
         (folder / "traceback.txt").write_text(traceback.format_exc())

@@ -19,7 +19,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
 
@@ -33,6 +33,14 @@ from testbed_core.variants import (
     help_text,
     parse_variants,
 )
+
+if TYPE_CHECKING:
+    from testbed_core.planning.placement import Placement, PlacementError
+    from testbed_core.planning.prediction import Prediction
+    from testbed_core.planning.search import SearchResult
+    from testbed_core.whatif.predict import FastPrediction
+
+    Planned = Prediction | FastPrediction | PlacementError  # a variant's plan, or why it cannot be placed
 
 SEARCH_DEFAULTS = (1000, 30)  # testbed_core.planning.search's DEFAULT_CANDIDATES, DEFAULT_SECONDS (a test
 # checks they agree; importing that module here would slow every command's start)
@@ -177,13 +185,13 @@ def plan(topology_path: Path, workload_path: Path, gpus_text: str | None, gpus_p
     budget = SearchBudget(**{k: v for k, v in (("candidates", search_candidates), ("seconds", search_seconds))
                              if v is not None})
     n_streams = _streams(streams)
-    results: dict[str, Any] = {}
-    searches: dict[str, Any] = {}
+    results: dict[str, Planned] = {}
+    searches: dict[str, SearchResult] = {}
     par = wl.parallelism
     where = (f"{workload_path}: workload.parallelism (pp={par.pp}, dp={par.dp}, tp={par.tp}) on topology "
              f"{topology_path}")  # a refused placement names the files it came from
 
-    def one(name: str, variant: Variant, placement: Any = None) -> None:
+    def one(name: str, variant: Variant, placement: Placement | None = None) -> None:
         try:
             if exact:
                 results[name] = predict(topo, wl, variant, free=free, gpus_per_host=gpus_per_host, net=net,
@@ -314,7 +322,7 @@ def _print_text(topo, wl, eff, free, results, net, wan_rate) -> None:
              f"{first.ideal_bubble_fraction:.2f}")
 
 
-def _print_search(name: str, found: Any, results: dict[str, Any]) -> None:
+def _print_search(name: str, found: SearchResult, results: dict[str, Planned]) -> None:
     """The search beside the heuristic: both placements, their predicted times, the budget."""
     from testbed_core.planning.search import describe_row
 

@@ -19,11 +19,14 @@ is added on the controller's side, so a burst of arrivals between two syncs spre
 the devices instead of piling onto the one that looked emptiest.
 
 What a device really delivers falls behind its bubbles' prediction when its agent wakes
-late or the host's CPU is short: each device keeps how late its admitted requests ended
-(the last KV byte against the finish predicted when each was admitted; the last
-`LATE_WINDOW` that ended within `LATE_AGE_S`) and admission adds their `LATE_QUANTILE` to that device's predicted finish.
-A device that serves late then takes fewer new requests until its work ahead drains: the
-admitted requests keep within their deadline instead of all ending late.
+late for its windows or the host's CPU is short: each device keeps how much slower its
+admitted requests ended than predicted (arrival to the last KV byte, over arrival to the
+finish predicted when each was admitted, that at least `SLOW_FLOOR_S`; the last
+`LATE_WINDOW` that ended within `LATE_AGE_S`), and admission stretches that device's
+predicted wait by their `LATE_QUANTILE` (never below 1). A device whose work drains at a
+fraction of its bubbles then takes fewer new requests: the wait ahead of a request grows
+with the work queued at the rate it really drains, so the stretch is a ratio, not a delay.
+The requests admitted keep within their deadline instead of all ending late.
 
 Late binding (`commit_ahead_s`): a request is sent to its device only once it would start
 there within `commit_ahead_s`; until then it waits at the controller, planned on the
@@ -69,6 +72,7 @@ LATE_WINDOW = 64  # admitted requests per device whose lateness admission learns
 LATE_QUANTILE = 0.9  # the share of them admission would have kept within their deadline
 LATE_MIN = 8  # ended requests before the lateness counts
 LATE_AGE_S = 3.0  # ... that ended this recently (a device given nothing more recovers)
+SLOW_FLOOR_S = 0.1  # predicted waits shorter than this count as this long (a ratio to ~0 means nothing)
 
 
 class Refusal(Exception):
@@ -171,16 +175,16 @@ class DeviceState:
     # the open requests' predicted seconds by prompt length (token_bucket), for shortest first
     open_by_len: list[float] = field(default_factory=lambda: [0.0] * TOKEN_BUCKETS)
     _bucket: dict[str, int] = field(default_factory=dict)
-    # (when, seconds) each recent admitted request ended after the finish predicted at its admission
-    late: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=LATE_WINDOW))
+    # (when, ratio) of recent admitted requests: how much longer they took than predicted
+    slow: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=LATE_WINDOW))
 
-    def lateness(self, now: float) -> float:
-        """How much later than predicted this device finishes what it is given (0 until
-        LATE_MIN requests ended here in the last LATE_AGE_S; never negative)."""
-        xs = sorted(x for t, x in self.late if now - t <= LATE_AGE_S)
+    def slowness(self, now: float) -> float:
+        """How many times longer than its bubbles predict this device takes to finish what
+        it is given (1 until LATE_MIN requests ended here in the last LATE_AGE_S; never below 1)."""
+        xs = sorted(x for t, x in self.slow if now - t <= LATE_AGE_S)
         if len(xs) < LATE_MIN:
-            return 0.0
-        return max(0.0, xs[min(len(xs) - 1, int(LATE_QUANTILE * len(xs)))])
+            return 1.0
+        return max(1.0, xs[min(len(xs) - 1, int(LATE_QUANTILE * len(xs)))])
 
     def add_open(self, rid: str, work: float, tokens: int) -> None:
         self.open[rid] = work
@@ -234,7 +238,7 @@ class Entry:
     predicted_finish: float | None = None
     dispatched_at: float | None = None
     admitted: bool = False  # placed once within its deadline: from then on it is served, never refused
-    admitted_finish: float | None = None  # the finish predicted when it was admitted
+    admitted_finish: float | None = None  # the finish its device's bubbles predicted when it was admitted
 
 
 @dataclass
@@ -343,7 +347,7 @@ class Dispatcher:
             self._end_rejected(entry, Reason.NO_DEVICE, "every device's training ended; none takes work", now,
                                raise_on_reject)
             return
-        best: tuple[float, float, DeviceState, float] | None = None
+        best: tuple[float, float, DeviceState, float, float] | None = None
         fastest = math.inf
         for d in devices:
             assert d.status is not None and d.predict is not None
@@ -352,13 +356,14 @@ class Dispatcher:
             if self.order == "shortest" and ahead > 0:
                 ahead = self._ahead_shortest(d, ahead, req.prompt_tokens)
             start, finish = device_times(d.status, now, ahead + planned.get(d.name, 0.0), work)
-            late = d.lateness(now)
-            start, finish = start + late, finish + late
+            bubbles = finish
+            slow = d.slowness(now)
+            start, finish = now + (start - now) * slow, now + (finish - now) * slow
             empty = capacity_times(d.status, now, [work])[0]
             fastest = min(fastest, empty - now)
             if best is None or finish < best[1]:
                 if entry.admitted or finish - entry.arrival <= deadline:
-                    best = (start, finish, d, work)
+                    best = (start, finish, d, work, bubbles)
         if entry.admitted:
             pass  # admitted at arrival: served wherever it finishes soonest, never refused now
         elif fastest > self.horizon_s:
@@ -372,9 +377,9 @@ class Dispatcher:
                                raise_on_reject)
             return
         assert best is not None
-        start, finish, dev, work = best
+        start, finish, dev, work, bubbles = best
         if not entry.admitted:
-            entry.admitted, entry.admitted_finish = True, finish
+            entry.admitted, entry.admitted_finish = True, bubbles
         entry.predicted_start, entry.predicted_finish = start, finish
         if self.commit_ahead_s is not None and start > now + self.commit_ahead_s:
             if req.id not in self.queue:
@@ -526,7 +531,8 @@ class Dispatcher:
         rec.start, rec.end = e.start, e.end
         done = e.kv_arrival if e.kv_arrival is not None else e.end
         if done is not None and entry.admitted_finish is not None:
-            dev.late.append((done, done - entry.admitted_finish))
+            predicted = max(SLOW_FLOOR_S, entry.admitted_finish - entry.arrival)
+            dev.slow.append((done, (done - entry.arrival) / predicted))
         if e.status == "served" and e.kv_arrival is not None:
             self.ledger.serve(e.id, e.kv_arrival, f"at {dev.name}")
         else:

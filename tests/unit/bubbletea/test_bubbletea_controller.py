@@ -351,20 +351,20 @@ def test_a_source_request_is_sent_ahead_and_placed_for_its_arrival():
     assert d.ledger.get("s0").arrival == T0 + 1.0  # TTFT counts from its arrival
 
 
-def test_admission_adds_how_late_a_device_ended_its_recent_requests():
+def test_admission_stretches_a_device_by_how_much_slower_it_finished_its_recent_requests():
     d = eager(["a", "b"], ["dc1-h2"])
     ready(d, "a", idle_fraction=1.0)
     ready(d, "b", idle_fraction=0.25)
-    for i in range(8):  # a ended 8 admitted requests 0.6 s after their predicted finish
-        e = d.submit(req(f"r{i}", tokens=16, deadline=2.0), T0)
+    for i in range(8):  # a ended 8 admitted requests 4x later after arrival than its bubbles predicted
+        e = d.submit(req(f"r{i}", tokens=1024, deadline=2.0), T0)
         assert e.device == "a"
-        end = e.admitted_finish + 0.6
+        end = T0 + 4 * (e.admitted_finish - T0)
         d.sync("a", AgentSync(status=status(T0, idle_fraction=1.0, taken=i + 1), received=i + 1, ended=[
-            EndedRequest(id=f"r{i}", status="served", start=end - 0.01, end=end, kv_arrival=end)]), T0)
-    assert d.devices["a"].lateness(T0 + 1.0) == pytest.approx(0.6, abs=0.01)
-    # a would finish 0.1 s after arrival by its bubbles, 0.7 s with its lateness: b (0.4 s) gets it
-    assert d.submit(req("x", deadline=2.0), T0).device == "b"
-    with pytest.raises(Refusal):  # neither finishes within 0.15 s
-        d.submit(req("y", deadline=0.15), T0)
-    # lateness older than LATE_AGE_S no longer counts
-    assert d.devices["a"].lateness(T0 + 10.0) == 0.0
+            EndedRequest(id=f"r{i}", status="served", start=end - 0.1, end=end, kv_arrival=end)]), T0)
+    assert d.devices["a"].slowness(T0 + 1.0) == pytest.approx(4.0)
+    # a would finish 0.1 s after arrival by its bubbles, 0.4 s stretched; b 0.41 s: a still
+    assert d.submit(req("x", deadline=2.0), T0).device == "a"
+    with pytest.raises(Refusal):  # neither finishes within 0.3 s
+        d.submit(req("y", deadline=0.3), T0)
+    # ratios older than LATE_AGE_S no longer count
+    assert d.devices["a"].slowness(T0 + 10.0) == 1.0

@@ -10,46 +10,46 @@ import sys
 from typing import Any
 
 from testbed_core.contracts.worker_job import TrainJob
+from testbed_runtime.live import Nudger, StatusWriter
+from testbed_runtime.live_reporter import (
+    ArrivalFloor,
+    LiveComm,
+    LiveReporter,
+    ProgressBound,
+    WatchedChannel,
+)
+from testbed_runtime.slots import Slot, SlotPublisher
+from testbed_runtime.tcp_progress import TcpProgressError, TcpReceived
 
 
-def slot_publisher(job: TrainJob) -> Any:
+def slot_publisher(job: TrainJob) -> SlotPublisher | None:
     """BubbleTea's slot feed of this worker's device, or None."""
     if not job.slots_path:
         return None
-    from testbed_runtime.slots import SlotPublisher
-
     return SlotPublisher(job.slots_path, worker=job.worker, stage=job.rank)
 
 
-def publish_slots(publisher: Any, job: TrainJob, iteration: int, start: float) -> None:
+def publish_slots(publisher: SlotPublisher, job: TrainJob, iteration: int, start: float) -> None:
     """The planned idle slots of `iteration`, which starts at `start` (wall clock)."""
-    from testbed_runtime.slots import Slot
-
     publisher.publish([Slot(iteration, k, start + s, e - s, job.rank) for k, (s, e) in enumerate(job.idle_slots)])
 
 
-def live_reporter(job: TrainJob) -> Any:
+def live_reporter(job: TrainJob) -> LiveReporter | None:
     """BubbleTea's live status writer of this worker's device, or None."""
     if job.live is None:
         return None
-    from testbed_runtime.live import Nudger, StatusWriter
-    from testbed_runtime.live_reporter import LiveReporter
-
     return LiveReporter(StatusWriter(job.live.status_path), Nudger(job.live.wake_path), lead_s=job.live.lead_s,
                         poll_s=job.live.poll_s)
 
 
-def watched(channels: dict[int, Any], job: TrainJob, live: Any) -> dict[int, Any]:
+def watched(channels: dict[int, Any], job: TrainJob, live: LiveReporter | None) -> dict[int, Any]:
     """The channels as the Comm sees them: with live status, receives report while they
     wait (bounded by the bytes still missing at the slowest link's rate, where the
     kernel's byte counts of the channel's sockets can be read)."""
     if live is None:
         return channels
-    from testbed_runtime.live_reporter import ArrivalFloor, ProgressBound, WatchedChannel
-    from testbed_runtime.tcp_progress import TcpProgressError, TcpReceived
-
     assert job.live is not None
-    out = {}
+    out: dict[int, Any] = {}
     for c in job.channels:
         rate = job.live.recv_rate_bps[c.boundary]
         progress = None
@@ -65,8 +65,6 @@ def watched(channels: dict[int, Any], job: TrainJob, live: Any) -> dict[int, Any
     return out
 
 
-def live_comm(comm: Any, live: Any) -> Any:
+def live_comm(comm: Any, live: LiveReporter) -> LiveComm:
     """The Comm the schedule drives: `comm`, reporting the live status as it goes."""
-    from testbed_runtime.live_reporter import LiveComm
-
     return LiveComm(comm, live)

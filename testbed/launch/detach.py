@@ -35,12 +35,15 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, TYPE_CHECKING, Any
 
 from testbed.emulation.records import RECORD_DIR, ProcFS
 from testbed.launch.models import DetachedHost, DetachedState, DetachedWan
 from testbed.launch.plan import HostSlot, LaunchError
 from testbed_core.atomic import write_text_atomic
+
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
 
 DETACHED_DIR = RECORD_DIR / "detached"
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,31}$")
@@ -183,7 +186,7 @@ def _send(sock: socket.socket, lock: threading.Lock, message: dict[str, Any]) ->
 class _Connection(threading.Thread):
     """One launch attached to the daemon."""
 
-    def __init__(self, emu: Any, sock: socket.socket) -> None:
+    def __init__(self, emu: Emulation, sock: socket.socket) -> None:
         super().__init__(daemon=True, name="detach-conn")
         self.emu, self.sock = emu, sock
         self.lock = threading.Lock()
@@ -253,7 +256,7 @@ class _Connection(threading.Thread):
                 _signal_rank(p, signal.SIGKILL)
 
 
-def _signal_rank(proc: Any, sig: int) -> None:
+def _signal_rank(proc: subprocess.Popen[bytes], sig: int) -> None:
     """`sig` to a rank the daemon started: its process group on this machine (mnexec -d
     made it a session leader); on another server, through the program's agent there."""
     try:
@@ -333,7 +336,7 @@ def serve(name: str, file: str, backend: str | None, servers: str | None) -> Non
 
 
 class _AttachedRank:
-    def __init__(self, client: Attached, pid: int, stdout: Any, stderr: Any) -> None:
+    def __init__(self, client: Attached, pid: int, stdout: IO[bytes], stderr: IO[bytes]) -> None:
         self.client, self.pid, self.stdout, self.stderr = client, pid, stdout, stderr
 
     def poll(self) -> int | None:

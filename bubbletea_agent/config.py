@@ -36,6 +36,7 @@ from bubbletea_agent.requests import (
     TraceSource,
     UniformLength,
 )
+from testbed_core.configfile import read_text
 from testbed_core.contracts.bubbletea import (
     BubbleTeaSettings,
     ControllerAddress,
@@ -181,10 +182,7 @@ def parse_config(data: dict[str, Any], source: str = "agent config") -> AgentCon
 
 def load_config(path: str | Path) -> AgentConfig:
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise AgentConfigError(f"{path}: cannot read agent configuration ({exc.strerror})") from None
+    text = read_text(path, "agent configuration", AgentConfigError)
     try:
         data = json.loads(text) if path.suffix == ".json" else yaml.safe_load(text)
     except (json.JSONDecodeError, yaml.YAMLError) as exc:

@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from bubbletea_agent.config import AgentConfig, AgentConfigError, config_from_scenario
+from testbed_core.configfile import read_text
 from testbed_core.contracts.bubbletea import AgentJob
 
 log = logging.getLogger(__name__)
@@ -27,10 +28,7 @@ def load_job(path: str | Path) -> AgentJob:
     """The job at `path`; an unreadable, non-JSON or invalid one is an AgentConfigError
     naming the file and the fields at fault."""
     path = Path(path)
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise AgentConfigError(f"{path}: cannot read the agent job ({exc.strerror})") from None
+    text = read_text(path, "agent job", AgentConfigError)
     try:
         return AgentJob.model_validate_json(text)
     except ValidationError as exc:

@@ -26,7 +26,7 @@ def test_config_errors_name_the_file_and_field(tmp_path):
     msg = str(exc.value)
     assert "a.yaml: invalid BubbleTea agent configuration" in msg
     assert "foo: unknown field" in msg and "requests.poisson: poisson request source needs duration_s or count" in msg
-    with pytest.raises(AgentConfigError, match="cannot read"):
+    with pytest.raises(AgentConfigError, match="missing.yaml: no such agent configuration file"):
         load_config(tmp_path / "missing.yaml")
     (tmp_path / "b.yaml").write_text("- 1\n")
     with pytest.raises(AgentConfigError, match="is a mapping"):

@@ -133,7 +133,7 @@ def htb_burst_bytes(rate_bps: float) -> int:
     return max(int(math.ceil(rate * BURST_TIME_S)), GSO_MAX + ETH_FRAME)
 
 
-def _htb_class_params(rate_bps: float) -> dict[str, Any]:
+def _htb_class_params(rate_bps: float) -> dict[str, int]:
     rate = _check_rate("htb class", rate_bps)
     burst = htb_burst_bytes(rate_bps)
     # quantum only matters between sibling classes; set it so the kernel does not
@@ -153,7 +153,7 @@ def netem_limit_packets(rate_bps: float, netem: NetemParams, queue_bytes: int) -
     return max(NETEM_MIN_LIMIT, int(math.ceil(in_flight + backlog)))
 
 
-def _netem_params(rate_bps: float, netem: NetemParams, queue_bytes: int) -> dict[str, Any]:
+def _netem_params(rate_bps: float, netem: NetemParams, queue_bytes: int) -> dict[str, int | float]:
     return {
         "delay": int(round(netem.delay_s * 1e6)),  # pyroute2 takes microseconds
         "jitter": int(round(netem.jitter_s * 1e6)),

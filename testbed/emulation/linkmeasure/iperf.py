@@ -18,14 +18,17 @@ import argparse
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING
 
 from pydantic import BaseModel, ConfigDict
+
+if TYPE_CHECKING:
+    from iperf3 import IPerf3, TestResult
 
 IPERF_MODULE = "testbed.emulation.linkmeasure.iperf"  # this module, as `python -m` runs it in a node
 IPERF_PORT = 5201
 F_SETPIPE_SZ = 1031
-_KEEP: list[Any] = []  # wrapper objects live as long as the process (see above)
+_KEEP: list[IPerf3] = []  # wrapper objects live as long as the process (see above)
 
 
 class IperfLine(BaseModel):
@@ -41,7 +44,7 @@ class IperfLine(BaseModel):
     error: str | None = None
 
 
-def _grow_pipe(obj: Any) -> None:
+def _grow_pipe(obj: IPerf3) -> None:
     import fcntl
 
     try:
@@ -50,7 +53,7 @@ def _grow_pipe(obj: Any) -> None:
         pass
 
 
-def iperf3_server(bind: str, port: int) -> Any:
+def iperf3_server(bind: str, port: int) -> TestResult | None:
     """Serve one iperf3 test on `bind:port`; the wrapper's result (None if it failed
     before a test)."""
     import iperf3
@@ -63,7 +66,7 @@ def iperf3_server(bind: str, port: int) -> Any:
 
 
 def iperf3_client(host: str, port: int, streams: int, duration: int, omit: int = 0,
-                  connect_timeout: float = 10.0) -> Any:
+                  connect_timeout: float = 10.0) -> TestResult:
     """Run one iperf3 test against `host:port` with `streams` parallel streams for
     `duration` seconds (the first `omit` not counted); the wrapper's result, whose
     `error` is set when the test failed."""

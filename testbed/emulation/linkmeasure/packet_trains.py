@@ -135,15 +135,6 @@ class _Report(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
-class DirectionLossReport(_Report):
-    """`DirectionLoss` as reported."""
-
-    sent: int
-    lost: int
-    accept: tuple[int, int]
-    ok: bool
-
-
 class LossVerdictReport(_Report):
     """`LossVerdict` as reported: `pooled` the pooled loss (None when nothing was sent),
     `rel_error` its error relative to the configured rate (None on a loss-free link)."""
@@ -157,38 +148,12 @@ class LossVerdictReport(_Report):
     sigmas: float
     pooled_ok: bool
     direction_alpha: float
-    directions: list[DirectionLossReport]
+    directions: list[DirectionLoss]
     false_alarm: float
     ok: bool
 
 
-class DirectionTrainReport(_Report):
-    """`DirectionTrain` as reported (delays in ms: min, p50, p99, max measured; min,
-    p50, max of the model)."""
-
-    src: str
-    dst: str
-    sent: int
-    received: int
-    lost: int
-    loss: float
-    loss_ci95: tuple[float, float]
-    loss_ci99: tuple[float, float]
-    reordered: int
-    keep_order: bool
-    duplicates: int
-    early: int
-    late: int
-    early_below_ms: float | None
-    late_above_ms: float | None
-    median_tol_ms: float
-    pps: float
-    delay_ms: dict[str, float]
-    model_ms: dict[str, float]
-
-
-@dataclass
-class DirectionLoss:
+class DirectionLoss(_Report):
     """One direction against the configured rate: its count and the range a correct
     link's count falls in with probability 1 - DIRECTION_ALPHA."""
 
@@ -196,9 +161,6 @@ class DirectionLoss:
     lost: int
     accept: tuple[int, int]
     ok: bool
-
-    def report(self) -> DirectionLossReport:
-        return DirectionLossReport(sent=self.sent, lost=self.lost, accept=self.accept, ok=self.ok)
 
 
 @dataclass
@@ -235,7 +197,7 @@ class LossVerdict:
             pooled=None if math.isnan(self.loss) else self.loss,
             rel_error=None if rel is None else round(rel, 4), rel_tol=round(self.rel_tol, 4),
             sigmas=round(self.sigmas, 2), pooled_ok=self.pooled_ok, direction_alpha=self.direction_alpha,
-            directions=[d.report() for d in self.directions],
+            directions=list(self.directions),
             false_alarm=float(f"{self.false_alarm:.3g}"), ok=self.ok)
 
 
@@ -250,10 +212,10 @@ def judge_loss(counts: Sequence[tuple[int, int]], configured: float, rel_tol: fl
     sent = sum(n for n, _ in counts)
     lost = sum(k for _, k in counts)
     if not counts or any(n <= 0 for n, _ in counts):
-        dirs = [DirectionLoss(n, k, (0, 0), False) for n, k in counts]
+        dirs = [DirectionLoss(sent=n, lost=k, accept=(0, 0), ok=False) for n, k in counts]
         return LossVerdict(configured, sent, lost, rel_tol, 0.0, False, dirs, 1.0, alpha)
     if configured <= 0:
-        dirs = [DirectionLoss(n, k, (0, 0), k == 0) for n, k in counts]
+        dirs = [DirectionLoss(sent=n, lost=k, accept=(0, 0), ok=k == 0) for n, k in counts]
         return LossVerdict(configured, sent, lost, 0.0, math.inf, lost == 0, dirs, 0.0, alpha)
     p = configured
     sd_rel = math.sqrt((1 - p) / (sent * p)) if p < 1 else 0.0
@@ -265,7 +227,7 @@ def judge_loss(counts: Sequence[tuple[int, int]], configured: float, rel_tol: fl
     false_alarm = binom_tail_outside(sent, p, lo_k - 1e-9, hi_k + 1e-9)
     for n, k in counts:
         lo, hi = binom_central(n, p, alpha)
-        dirs.append(DirectionLoss(n, k, (lo, hi), lo <= k <= hi))
+        dirs.append(DirectionLoss(sent=n, lost=k, accept=(lo, hi), ok=lo <= k <= hi))
         false_alarm += binom_tail_outside(n, p, lo, hi)
     return LossVerdict(configured, sent, lost, tol, sigmas, pooled_ok, dirs, min(1.0, false_alarm), alpha)
 
@@ -305,9 +267,11 @@ def fifo_model_quantiles(send_s: Sequence[float] | np.ndarray, delay_s: float, j
     return [float(v) for v in np.quantile(delays, qs)]
 
 
-@dataclass
-class DirectionTrain:
-    """One direction's train: counts, loss with its intervals, delay and order."""
+class DirectionTrain(BaseModel):
+    """One direction's train: counts, loss with its intervals, delay and order (in
+    `testbed topo check`'s report as `report` rounds it)."""
+
+    model_config = ConfigDict(extra="forbid")
 
     src: str
     dst: str
@@ -318,28 +282,25 @@ class DirectionTrain:
     loss_ci95: tuple[float, float]
     loss_ci99: tuple[float, float]
     reordered: int
+    keep_order: bool = True  # the link is meant to keep order (the relay); netem's jitter reorders
     duplicates: int
     early: int  # datagrams faster than delay - jitter (less DELAY_TOL_S): must be none
     late: int  # datagrams slower than delay + jitter + LATE_TOL_S
-    delay_ms: dict[str, float]  # min, p50, p99, max (measured, end to end)
-    model_ms: dict[str, float]  # min, p50, max of the FIFO model for the same send times
-    pps: float
-    keep_order: bool = True  # the link is meant to keep order (the relay); netem's jitter reorders
-    median_tol_ms: float = DELAY_TOL_S * 1e3  # |median - model median| allowed (0.3 ms + 4 sd of the median)
     early_below_ms: float | None = None  # delays below this count as early
     late_above_ms: float | None = None  # ... above this as late
+    median_tol_ms: float = DELAY_TOL_S * 1e3  # |median - model median| allowed (0.3 ms + 4 sd of the median)
+    pps: float
+    delay_ms: dict[str, float]  # min, p50, p99, max (measured, end to end)
+    model_ms: dict[str, float]  # min, p50, max of the FIFO model for the same send times
 
-    def report(self) -> DirectionTrainReport:
-        return DirectionTrainReport(
-            src=self.src, dst=self.dst, sent=self.sent, received=self.received, lost=self.lost,
-            loss=self.loss, loss_ci95=self.loss_ci95, loss_ci99=self.loss_ci99,
-            reordered=self.reordered, keep_order=self.keep_order, duplicates=self.duplicates,
-            early=self.early, late=self.late,
-            early_below_ms=None if self.early_below_ms is None else round(self.early_below_ms, 4),
-            late_above_ms=None if self.late_above_ms is None else round(self.late_above_ms, 4),
-            median_tol_ms=round(self.median_tol_ms, 4), pps=self.pps,
-            delay_ms={k: round(v, 4) for k, v in self.delay_ms.items()},
-            model_ms={k: round(v, 4) for k, v in self.model_ms.items()})
+    def report(self) -> DirectionTrain:
+        """This train with its delays rounded to 0.1 us, as reported."""
+        return self.model_copy(update={
+            "early_below_ms": None if self.early_below_ms is None else round(self.early_below_ms, 4),
+            "late_above_ms": None if self.late_above_ms is None else round(self.late_above_ms, 4),
+            "median_tol_ms": round(self.median_tol_ms, 4),
+            "delay_ms": {k: round(v, 4) for k, v in self.delay_ms.items()},
+            "model_ms": {k: round(v, 4) for k, v in self.model_ms.items()}})
 
 
 def analyse(src: str, dst: str, records: np.ndarray, sent: int, delay_s: float, jitter_s: float,

@@ -51,7 +51,7 @@ class DirectionReport(_Report):
     error: str | None
     expected_goodput_mbps: float | None
     rate_mbps: float | None
-    train: packet_trains.DirectionTrainReport | None
+    train: packet_trains.DirectionTrain | None
     node: NodePassReport | None
     relay_cpu_s: float | None
     relay_cpu_s_per_gbit: float | None

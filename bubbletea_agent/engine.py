@@ -313,6 +313,15 @@ class TransformersEngine:
         return KVCache(keys, values, tuple(keys.shape), self.mode, first_token)
 
 
+def checked_wire_scale(wire_scale: float, error: type[Exception]) -> float:
+    """`wire_scale` (the share of a KV cache's true size that crosses the wire), or `error`
+    saying what is allowed: the engine that sizes the cache and the shipper that pads it
+    take the same figure."""
+    if not 0 < wire_scale <= 1:
+        raise error(f"wire_scale {wire_scale} must be in (0, 1] (wire size / real size)")
+    return wire_scale
+
+
 # --------------------------------------------------------------------------- modelled
 
 
@@ -325,9 +334,7 @@ class ModelledEngine:
                  materialise_limit_bytes: int = 64 << 20, fill: str = "zeros", wire_scale: float = 1.0) -> None:
         if fill not in ("zeros", "random"):
             raise EngineError(f"KV fill {fill!r}: use 'zeros' or 'random'")
-        if not 0 < wire_scale <= 1:
-            raise EngineError(f"wire_scale {wire_scale} must be in (0, 1] (wire size / real size)")
-        self.wire_scale = wire_scale
+        self.wire_scale = checked_wire_scale(wire_scale, EngineError)
         self.spec = spec
         self.seconds_fn = seconds_fn
         self.limit = materialise_limit_bytes

@@ -47,7 +47,7 @@ from typing import Any, Protocol
 import torch
 import xxhash
 
-from bubbletea_agent.engine import KVCache
+from bubbletea_agent.engine import KVCache, checked_wire_scale
 
 log = logging.getLogger(__name__)
 
@@ -245,7 +245,7 @@ class KVShipper:
         self.ch = channel
         self.shared_clock = shared_clock
         self.pad = pad_to_logical
-        self.wire_scale = wire_scale
+        self.wire_scale = checked_wire_scale(wire_scale, ShipError)
         self.rest_rate_bps = rest_rate_bps
         self.max_rate_bps = max_rate_bps
         self.clock = clock

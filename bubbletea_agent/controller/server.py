@@ -31,10 +31,10 @@ import signal
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from aiohttp import web
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from bubbletea_agent.controller.dispatch import Dispatcher, Refusal
 from bubbletea_agent.requests import Reason, Request
@@ -47,6 +47,7 @@ from testbed_core.contracts.prefill_service import (
 )
 
 log = logging.getLogger(__name__)
+M = TypeVar("M", bound=BaseModel)
 
 # The scenario's source is known ahead (a trace, or a seeded Poisson stream): its requests
 # are placed and sent to their agent this long before they arrive, and the agent holds each
@@ -138,16 +139,27 @@ class Service:
             self.d.refused_bodies += 1
             return _error("body_too_large", f"the body is larger than {MAX_BODY_BYTES} bytes")
 
-    async def submit(self, request: web.Request) -> web.Response:
+    async def _message(self, request: web.Request, model: type[M],
+                       invalid: Callable[[str], None]) -> M | web.Response:
+        """The body as a `model`, or the 4xx answer (too large, not JSON, fields at fault);
+        `invalid` is told the detail of a body that is not a valid `model`."""
         body = await self._body(request)
         if isinstance(body, web.Response):
             return body
         try:
-            msg = ClientRequest.model_validate_json(body)
+            return model.model_validate_json(body)
         except ValidationError as exc:
-            self.d.refused_bodies += 1
             code, detail, field = validation_detail(exc)
+            invalid(detail)
             return _error(code, detail, field)
+
+    def _refused_body(self, detail: str) -> None:
+        self.d.refused_bodies += 1
+
+    async def submit(self, request: web.Request) -> web.Response:
+        msg = await self._message(request, ClientRequest, self._refused_body)
+        if isinstance(msg, web.Response):
+            return msg
         now = self.clock()
         rid = msg.id or self.d.new_client_id()
         req = Request(rid, now, msg.prompt_tokens, 0, msg.deadline_s)
@@ -172,15 +184,10 @@ class Service:
 
     async def sync(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
-        body = await self._body(request)
-        if isinstance(body, web.Response):
-            return body
-        try:
-            msg = AgentSync.model_validate_json(body)
-        except ValidationError as exc:
-            code, detail, field = validation_detail(exc)
-            log.warning("agent %s sent an invalid sync: %s", name, detail)
-            return _error(code, detail, field)
+        msg = await self._message(request, AgentSync,
+                                  lambda detail: log.warning("agent %s sent an invalid sync: %s", name, detail))
+        if isinstance(msg, web.Response):
+            return msg
         try:
             reply = self.d.sync(name, msg, self.clock())
         except Refusal as r:

@@ -31,7 +31,7 @@ import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from statistics import median
-from typing import Any
+from typing import IO, Any, NamedTuple
 
 from testbed.progress import Progress
 from testbed.run.common import (
@@ -103,6 +103,18 @@ def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, laten
     return mean_rate(nbytes, durations, channels, latency_s)
 
 
+class ProbeTimes(NamedTuple):
+    """One channel's probe: when each tensor was handed over (the sender's clock) and
+    when it arrived (the receiver's; the hosts share the machine's clock)."""
+
+    sent: list[float]
+    arrived: list[float]
+
+    def timed(self) -> list[float]:
+        """Each tensor's transfer time, the untimed warm-up tensors (PROBE_WARMUP) left out."""
+        return [a - s for s, a in zip(self.sent, self.arrived, strict=True)][PROBE_WARMUP:]
+
+
 class ProbeAgents:
     """One probe agent per host (testbed/training/worker/probe.py): a process that runs
     every probe job of the calibration handed to it, so that the calibration starts a
@@ -113,7 +125,7 @@ class ProbeAgents:
         self.net, self.folder, self.env, self.timeout_s = net, folder, worker_env(secret), timeout_s
         self.warm = warm  # forked from the run's fork server that imported torch (runner.warm_start)
         self.procs: dict[str, subprocess.Popen] = {}
-        self.logs: dict[str, Any] = {}
+        self.logs: dict[str, IO[str]] = {}
         self.queues: dict[str, queue.Queue[str]] = {}
         self.owner: dict[str, str] = {}  # probe name -> host
         self.lock = threading.Lock()
@@ -212,7 +224,7 @@ class Prober:
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
-            offsets: Sequence[float] | None = None) -> list[dict[str, Any]]:
+            offsets: Sequence[float] | None = None) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start)."""
@@ -246,7 +258,7 @@ class Prober:
         for name in names:
             snd = json.loads((self.folder / f"{name}-send.json").read_text())
             rcv = json.loads((self.folder / f"{name}-recv.json").read_text())
-            results.append({"sent": snd["sent"], "arrived": rcv["arrived"]})
+            results.append(ProbeTimes(snd["sent"], rcv["arrived"]))
         return results
 
 
@@ -269,7 +281,7 @@ def calibrate(
         for n in sorted(set(stream_counts) - set(cal.rates_bps)):
             durations = []
             for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-"):
-                durations += [a - s for s, a in zip(res["sent"], res["arrived"], strict=True)][PROBE_WARMUP:]
+                durations += res.timed()
             cal.transfer_s = {**cal.transfer_s, n: durations}
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
@@ -310,7 +322,7 @@ def calibrate_link(
     rates = []
     durations: list[float] = []
     for group in (res[:len(pairs)], res[len(pairs):]):
-        timed = [a - s for r in group for s, a in list(zip(r["sent"], r["arrived"], strict=True))[PROBE_WARMUP:]]
+        timed = [d for r in group for d in r.timed()]
         durations += timed
         rates.append(aggregate_rate(cal.nbytes, timed, len(pairs), cal.latency_s))
     cal.concurrent = len(pairs)
@@ -343,9 +355,6 @@ def calibrate_together(
     label = "+".join(f"{a}-{z}" for a, z in dcs)
     figures = {pc.dcs: TogetherCalibration(streams=streams, paths=dcs, channels=len(pairs)) for pc, pairs in loads}
 
-    def timed(res: dict[str, Any]) -> list[float]:
-        return [a - s for s, a in list(zip(res["sent"], res["arrived"], strict=True))[PROBE_WARMUP:]]
-
     def play(per_path: Sequence[Sequence[tuple[str, str]]], tag: str) -> list[list[list[float]]]:
         """Per path, per direction: the timed transfers of its channels."""
         both = [list(pairs) + [(b, a) for a, b in pairs] for pairs in per_path]
@@ -356,7 +365,7 @@ def calibrate_together(
             group = res[k:k + len(pairs)]
             k += len(pairs)
             half = len(pairs) // 2
-            out.append([[d for r in group[:half] for d in timed(r)], [d for r in group[half:] for d in timed(r)]])
+            out.append([[d for r in group[:half] for d in r.timed()], [d for r in group[half:] for d in r.timed()]])
         return out
 
     try:

@@ -15,38 +15,31 @@ The specs are validated with the scenario, before anything is built (`check_faul
 from __future__ import annotations
 
 import re
+import subprocess
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from typing import Annotated, Any, Literal
+from dataclasses import KW_ONLY, dataclass, field
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
-from pydantic import BeforeValidator, ConfigDict, Discriminator, Field, Tag, field_validator
+from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from testbed_core.configfile import ConfigModel
 from testbed_core.contracts.summary import FaultRecord, IterationAround
-from testbed_core.topology import MAX_DOWN_S, Delay, Duration, _within
-from testbed_core.units import UnitError, parse_duration
+from testbed_core.topology import MAX_DOWN_S, Delay, Duration, _seconds, _within
+from testbed_core.units import parse_duration, unit_validator
+
+if TYPE_CHECKING:
+    from testbed.emulation.network import Emulation
+    from testbed.run.metrics import TransferRecord
+    from testbed_core.topology import Topology
+    from testbed_core.workload import Workload
 
 MAX_FAULTS = 100
 MAX_FAULT_AT_S = 3_600.0
 
 
-def _seconds(value: float) -> str:
-    return f"{value * 1e3:g}ms" if 0 < value < 1 else f"{value:g}s"
-
-
-def _no_bool(value: Any) -> Any:
-    if isinstance(value, bool):
-        raise ValueError(f"{str(value).lower()} is a yes/no value, not a time")
-    if isinstance(value, str):
-        try:
-            return parse_duration(value)
-        except UnitError as exc:
-            raise ValueError(str(exc)) from None
-    return value
-
-
-At = Annotated[float, BeforeValidator(_no_bool), Field(ge=0),
+At = Annotated[float, unit_validator(parse_duration), Field(ge=0),
                _within(0, MAX_FAULT_AT_S, _seconds, "at", "seconds after the iteration starts, at most an hour")]
 Lasting = Annotated[Duration, _within(0.001, MAX_DOWN_S, _seconds, "duration", "a fault lasts 1ms to an hour")]
 
@@ -129,7 +122,7 @@ def describe(fault: AnyFault, warmup: int) -> str:
     return f"kill-worker {fault.worker} at {when}"
 
 
-def link_name(topology: Any, given: str) -> str | None:
+def link_name(topology: Topology, given: str) -> str | None:
     """The topology's name of WAN link `given` (``dc2-dc1`` finds ``dc1-dc2``), or None."""
     ends = given.split("-")
     for link in topology.wan:
@@ -138,7 +131,7 @@ def link_name(topology: Any, given: str) -> str | None:
     return None
 
 
-def check_faults(faults: Sequence[AnyFault], topology: Any, workload: Any,
+def check_faults(faults: Sequence[AnyFault], topology: Topology, workload: Workload,
                  local: bool) -> None:
     """What the models alone cannot check, against the scenario's topology and workload;
     raises ValueError naming ``faults.<i>.<field>`` and what is allowed."""
@@ -176,6 +169,7 @@ def check_faults(faults: Sequence[AnyFault], topology: Any, workload: Any,
                                  f"(pp={par.pp})")
 
 
+@dataclass(eq=False)
 class FaultInjector:
     """Arms and applies the faults of one variant's run and records what followed.
 
@@ -183,28 +177,26 @@ class FaultInjector:
     faults then, as `check_faults` ensures); `procs` the workers' processes by name.
     """
 
-    def __init__(self, faults: Sequence[AnyFault], variant: str, warmup: int,
-                 emulation: Any, *, clock: Callable[[], float] = time.time,
-                 topology: Any = None) -> None:
-        self.faults = list(faults)
-        self.variant = variant
-        self.warmup = warmup
-        self.emulation = emulation
-        self.clock = clock
-        self.topology = topology
-        self.procs: Mapping[str, Any] = {}
-        self.starts: dict[int, float] = {}
-        self.ends: dict[int, float] = {}
-        self.started: dict[int, float] = {}
-        self.ended: dict[int, float] = {}
-        self.errors: dict[int, str] = {}
-        self._restore: dict[int, Callable[[], None]] = {}
-        self._timers: list[threading.Timer] = []
-        self._lock = threading.Lock()
-        self._closed = False
-        self._drops_before: dict[int, int] = {}  # by fault: the links' down_drops when it began
-        self._dropped: dict[int, int] = {}  # by fault: frames its links dropped while it lasted (-1: unknown)
-        self.transfers: Sequence[Any] = ()  # the variant's TransferRecords, once it ran (testbed/run/metrics.py)
+    faults: Sequence[AnyFault]
+    variant: str
+    warmup: int
+    emulation: Emulation | None
+    _: KW_ONLY
+    clock: Callable[[], float] = time.time
+    topology: Topology | None = None
+    procs: Mapping[str, subprocess.Popen] = field(default_factory=dict)
+    starts: dict[int, float] = field(default_factory=dict)
+    ends: dict[int, float] = field(default_factory=dict)
+    started: dict[int, float] = field(default_factory=dict)
+    ended: dict[int, float] = field(default_factory=dict)
+    errors: dict[int, str] = field(default_factory=dict)
+    transfers: Sequence[TransferRecord] = ()  # the variant's, once it ran (testbed/run/metrics.py)
+    _restore: dict[int, Callable[[], None]] = field(default_factory=dict)
+    _timers: list[threading.Timer] = field(default_factory=list)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _closed: bool = False
+    _drops_before: dict[int, int] = field(default_factory=dict)  # by fault: the links' down_drops when it began
+    _dropped: dict[int, int] = field(default_factory=dict)  # by fault: frames its links dropped while it lasted (-1: unknown)
 
     # ------------------------------------------------------------ hooks
 

@@ -45,7 +45,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.emulation.records import ENV_RUN
 from testbed.emulation.remote.nodeagent import READY_MARK
@@ -56,6 +56,12 @@ from testbed.training.worker.control import CONTROL_MAP_ENV
 from testbed_core.constants import REPO_ROOT
 from testbed_core.inventory import Inventory, InventoryError, Machine, load_inventory
 from testbed_runtime.readiness import READY_FD_ENV
+
+if TYPE_CHECKING:
+    from testbed.emulation.records import RunRecord
+    from testbed.emulation.remote.sshlogin import RemoteLogin
+    from testbed.run.scenario import Scenario
+    from testbed_core.topology import Topology
 
 CONNECT_TIMEOUT_S = 8
 LOGIN_TIMEOUT_S = 60.0
@@ -146,7 +152,7 @@ class Remote:
     folder: str  # the run's folder on the machine: pid files, forwarded control sockets
     repo: str
     python: str
-    record: Any = None  # records.RunRecord of the run (None where none could be written)
+    record: RunRecord | None = None  # the run's record (None where none could be written)
     _seen: set[str] = field(default_factory=set)  # folders known to be visible there
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -158,7 +164,7 @@ class Remote:
     def ssh(self, *extra: str) -> list[str]:
         return ["ssh", *ssh_options(self.inv, self.machine), *extra, login(self.inv, self.machine)]
 
-    def login_record(self) -> dict[str, Any]:
+    def login_record(self) -> RemoteLogin:
         """The login as run records keep it (testbed.emulation.remote.sshlogin.RemoteLogin): the
         login's own user (no sudo), this machine's Python and repository."""
         from testbed.emulation.remote.sshlogin import RemoteLogin
@@ -166,7 +172,7 @@ class Remote:
         ssh = self.inv.ssh_for(self.machine)
         return RemoteLogin(server=self.machine.name, address=self.machine.address, user=ssh.user, port=ssh.port,
                            identity=ssh.identity, known_hosts=ssh.known_hosts, python=self.python, sudo=False,
-                           cwd=self.repo).model_dump()
+                           cwd=self.repo)
 
     def run(self, command: str, timeout: float) -> subprocess.CompletedProcess:
         return subprocess.run([*self.ssh(), command], capture_output=True, text=True, timeout=timeout,
@@ -282,14 +288,14 @@ class InventoryNetwork:
     """The run's hosts as real machines (the `Network` protocol of testbed/run/network.py)."""
 
     inv: Inventory
-    topology: Any
+    topology: Topology
     remotes: dict[str, Remote]
     assignment: dict[str, Machine]
     delay_backend: str = DELAY_BACKEND
     local: bool = False
     counter: Iterator[int] = field(default_factory=itertools.count)
     _temp: list[Path] = field(default_factory=list)
-    record: Any = None  # the run record: local temporary folders are written in it before they are made
+    record: RunRecord | None = None  # the run record: local temporary folders are written in it before they are made
     _tunnels: dict[tuple[str, str], tuple[subprocess.Popen, str]] = field(default_factory=dict)
     _tunnel_lock: threading.Lock = field(default_factory=threading.Lock)
 
@@ -353,7 +359,7 @@ class InventoryNetwork:
     def delay_line_stats(self) -> dict[str, dict[str, Any]]:
         return {}
 
-    def adopt(self, scenario: Any, progress: Progress) -> Any:
+    def adopt(self, scenario: Scenario, progress: Progress) -> Scenario:
         """The scenario as it runs here: its topology's WAN delays measured between the machines."""
         return scenario.model_copy(update={"topology": real_topology(self, scenario.topology, progress)})
 
@@ -387,7 +393,7 @@ def measure_rtt(src: Remote, dst: Machine) -> float:
                           "data addresses") from None
 
 
-def real_topology(net: InventoryNetwork, topology: Any, progress: Progress) -> Any:
+def real_topology(net: InventoryNetwork, topology: Topology, progress: Progress) -> Topology:
     """`topology` with each WAN link's delay the real one between the machines of its
     DCs (half the measured round trip), no jitter, loss, trace or scheduled changes:
     the real network is not shaped, and the calibration and predictions must start
@@ -437,7 +443,7 @@ def _login_check(remote: Remote) -> str | None:
     return None
 
 
-def _claim_record(progress: Progress) -> Any:
+def _claim_record(progress: Progress) -> RunRecord | None:
     """A run record (testbed/emulation/records.py) for the machines' folders and
     processes, so that `testbed clean` can end them over SSH when this run is killed;
     None, said once, where records cannot be written (not root)."""
@@ -456,14 +462,14 @@ def _claim_record(progress: Progress) -> Any:
     return None
 
 
-def _refused_faults(scenario: Any, inv: Inventory) -> list[str]:
+def _refused_faults(scenario: Scenario, inv: Inventory) -> list[str]:
     return [f"{scenario.source or 'scenario'}: faults.{i}: a {f.kind} needs the emulated network; on real "
             f"machines ({inv.where()}) only kill-worker faults are played (drop it, or run without --inventory)"
             for i, f in enumerate(scenario.faults or []) if f.kind != "kill-worker"]
 
 
 @contextlib.contextmanager
-def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwork]:
+def open_inventory(scenario: Scenario, progress: Progress) -> Iterator[InventoryNetwork]:
     """The scenario's hosts on the inventory's machines: files checked, every machine
     logged in to (in parallel) and given a private folder; at the end, whatever the run
     left there is ended and the folders removed."""
@@ -483,7 +489,7 @@ def open_inventory(scenario: Any, progress: Progress) -> Iterator[InventoryNetwo
                for name, m in used.items()}
     if record is not None:  # before anything is made there: `testbed clean` undoes it after a crash
         for r in remotes.values():
-            record.add_remote(r.machine.name, r.login_record())
+            record.add_remote(r.machine.name, r.login_record().model_dump())
             record.add_remote_path(r.machine.name, r.folder)
     progress.log(f"real machines: logging in to {', '.join(sorted(remotes))} ({inv.where()})")
     with ThreadPoolExecutor(max_workers=min(16, len(remotes))) as pool:

@@ -3,25 +3,29 @@
 `run_scenario` follows the data, one step after the other, each step in its module:
 
 1. **Scenario** (testbed/run/scenario.py): validated once into typed models (topology,
-   workload, variants); `check_runnable` adds what the runner needs of it.
+   workload, variants); `check_runnable` (testbed/run/variants.py) adds what the runner
+   needs of it.
 2. **Variants** (testbed/run/variants.py, from the registry testbed_core/variants.py):
    which variant runs there are, each with or without BubbleTea agents.
 3. **Network** (testbed/run/network.py): the scenario's topology built once, or, with
    ``runner.local``, 127.0.0.1 and no emulated network; the run's port block.
-4. **Calibration** (`calibrate_wan`, measurements in testbed/run/calibration.py): the
-   channel rates of the WAN path for every stream count the variants use.
-5. **Placement and prediction** (testbed/run/variants.py): the planner places the
-   stages and predicts one iteration with the calibrated rates; a variant whose
+4. **Placement** (testbed/run/variants.py `place_variants`): every variant's stages
+   placed once; the calibration and the variant's plan both use that placement (a
+   placement search is never repeated).
+5. **Calibration** (`calibrate_wan`, testbed/run/calibration.py): the channel rates of
+   every WAN path those placements cross, for every stream count the variants use.
+6. **Prediction** (testbed/run/variants.py `plan_variants`): the planner predicts one
+   iteration of each variant on its placement with the calibrated rates; a variant whose
    sharing policy is ``auto`` (Atlas) gets its temporal plan unless, with
    ``runner.atlas_sharing: auto``, sharing the link is predicted faster.
-6. **Variant runs** (`play_variant`): one worker process per (pipeline, rank) on its
+7. **Variant runs** (`play_variant`): one worker process per (pipeline, rank) on its
    placed host (testbed/run/jobs.py, testbed/training/worker/), each with its
    emulated GPU, modelled or, with ``gpu.mode: real``, real torch work checked against
    a one-process reference (testbed/run/real_check.py); every pipeline boundary
    is an atlas_transport channel, and under a temporal plan each WAN send waits for
    its token in the link's planned order. Workers start each iteration at a common
    wall-clock instant and the next when all have finished (testbed/run/workers.py).
-7. **Summary**: device timelines and transfer records give iteration times,
+8. **Summary**: device timelines and transfer records give iteration times,
    utilization, bubbles and per-WAN-link bytes and goodput (testbed/run/metrics.py),
    a CSV timeline and a Gantt chart per variant, and summary.json. The prediction
    stands as made before the run (real devices: with the compute times their warm-up
@@ -49,7 +53,7 @@ import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import yaml
 
@@ -74,16 +78,29 @@ from testbed.run.variants import (
 from testbed.run.workers import VariantRun, run_workers
 from testbed_core.configfile import ConfigError
 from testbed_core.contracts.summary import (
+    AllReduceResult,
+    DelayLineWindow,
+    FaultRecord,
     Parallelism,
+    RealCheck,
+    RealCheckSkipped,
     RepeatRun,
     Summary,
+    TemporalPlanInfo,
     VariantFailure,
     VariantResult,
     WanTailDrops,
 )
+from testbed_core.contracts.summary import Placement as PlacementReport
+from testbed_core.contracts.summary import Prediction as PredictionReport
+from testbed_core.planning.prediction import Prediction
 from testbed_core.planning.wan_paths import grad_wire_bytes
 from testbed_core.variants import RunVariant
-from testbed_core.workload import EffectiveWorkload
+from testbed_core.workload import EffectiveWorkload, Workload
+
+if TYPE_CHECKING:
+    from testbed.run.faults import FaultInjector
+    from testbed.run.metrics import TransferRecord
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
 AUTO_MARGIN = 0.10
@@ -171,8 +188,9 @@ def run_scenario(
     return summary
 
 
-def _play_run(run: RunVariant, r: int, repeat: int, done: Mapping[str, VariantResult], setups: Mapping[str, Any],
-              summary: Summary, scenario: Scenario, net: Network, workload: Any, out: Path, ctl_dir: Path,
+def _play_run(run: RunVariant, r: int, repeat: int, done: Mapping[str, VariantResult],
+              setups: Mapping[str, VariantSetup | RunnerError], summary: Summary, scenario: Scenario, net: Network,
+              workload: Workload, out: Path, ctl_dir: Path,
               secret: str, iterations: int, progress: Progress, base_dir: str | None, cal: Calibration | None,
               idle_twins: Sequence[str]) -> VariantResult | VariantFailure:
     """One repeat of one variant: its idle twin first (a +bubbletea variant with its plain
@@ -248,7 +266,7 @@ def repeats_line(entry: VariantResult) -> str:
     return text
 
 
-def fault_injector(scenario: Scenario, net: Network, variant: str) -> Any:
+def fault_injector(scenario: Scenario, net: Network, variant: str) -> FaultInjector | None:
     """The faults of one variant's run (testbed/run/faults.py), None when none are listed."""
     if not scenario.faults:
         return None
@@ -258,7 +276,7 @@ def fault_injector(scenario: Scenario, net: Network, variant: str) -> Any:
                          topology=scenario.topology)
 
 
-def fault_line(rec: Any) -> str:
+def fault_line(rec: FaultRecord) -> str:
     """One line of the run's log on a fault and what followed it."""
     if rec.started is None:
         return f"{rec.description}: {rec.outcome}{f' ({rec.error})' if rec.error else ''}"
@@ -283,10 +301,10 @@ def calibrate_wan(scenario: Scenario, runs: Sequence[RunVariant], placements: Pl
                               AUTO_MARGIN)
 
 
-def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Any, out: Path, ctl_dir: Path,
-                 secret: str, iterations: int, progress: Progress, base_dir: str | None,
+def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload: Workload, out: Path,
+                 ctl_dir: Path, secret: str, iterations: int, progress: Progress, base_dir: str | None,
                  pair: tuple[str, str] | None, plain: VariantResult | None = None,
-                 faults: Any = None, *, folder: str | None = None, admit: bool = True,
+                 faults: FaultInjector | None = None, *, folder: str | None = None, admit: bool = True,
                  idle: VariantResult | None = None) -> VariantResult:
     """Run one variant and return its summary entry, with its prediction (made
     before the run; real devices: with their warm-up's measured compute times).
@@ -336,13 +354,10 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     setup.final_prediction = predicted
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup,
                                   faults.records() if faults is not None else ())
-    extra: dict[str, Any] = {}
-    if scenario.runner.verify_tensors:
-        extra["tensors_verified"] = run.tensors_verified
+    bt, decomposition = None, None
     if setup.bubbletea:
         kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
         bt = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
-        extra = dict(bt)  # the entry's BubbleTea fields, as models
         req, slow = bt.prefill_requests, bt.training_slowdown
         p50 = bt.ttft_s.p50
         progress.log(f"  {name}: utilization {m.device_utilization_training:.0%} training -> "
@@ -353,56 +368,66 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         if plain is not None:
             cores = run.cpu_cores or {}
             idle_d = idle.slowdown_decomposition if idle is not None else None
-            d = decompose_slowdown(
+            decomposition = decompose_slowdown(
                 plain.iteration_times_s, m.iteration_times_s, idle.iteration_times_s if idle is not None else None,
                 bt.training_wait_on_prefill_s, agents_cpu_cores=cores.get("agents"),
                 idle_agents_cpu_cores=None if idle_d is None else idle_d.agents_cpu_cores,
                 emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights)
-            extra["slowdown_decomposition"] = d
-            progress.log(f"  {name}: {decomposition_line(d)}")
-    return VariantResult.model_validate({
-        "iteration_time_s": measured_it,
-        "predicted_iteration_time_s": predicted,
-        "prediction_error": (measured_it - predicted) / predicted,
-        "prediction": prediction,
-        "device_utilization": m.device_utilization,
-        "device_utilization_training": m.device_utilization_training,
-        "bubble_fraction": m.bubble_fraction,
-        "predicted_bubble_fraction": pred.bubble_fraction,
-        "wan_links": m.wan_links,
-        "wan_directions": m.wan_directions,
-        "predicted_wan_bytes_per_iteration": pred.wan_bytes,
-        "iteration_times_s": m.iteration_times_s,
-        "warmup_iteration_times_s": m.warmup_iteration_times_s,
-        "iteration_time_stdev_s": m.iteration_time_stdev_s,
-        "per_device_utilization": m.per_device_utilization,
-        "mean_plan_wait_s": m.mean_plan_wait_s,
-        "mean_wan_transfer_s": m.mean_wan_transfer_s,
-        "streams": setup.streams,
-        "sharing": setup.sharing,
-        "sharing_requested": setup.sharing_requested,
+            progress.log(f"  {name}: {decomposition_line(decomposition)}")
+    real = real_check(folder, workload, progress, setup.name)  # real devices: equivalence check (real_check.py)
+    result = VariantResult(
+        iteration_time_s=measured_it,
+        predicted_iteration_time_s=predicted,
+        prediction_error=(measured_it - predicted) / predicted,
+        prediction=prediction,
+        device_utilization=m.device_utilization,
+        device_utilization_training=m.device_utilization_training,
+        bubble_fraction=m.bubble_fraction,
+        predicted_bubble_fraction=pred.bubble_fraction,
+        wan_links=m.wan_links,
+        wan_directions=m.wan_directions,
+        predicted_wan_bytes_per_iteration=pred.wan_bytes,
+        iteration_times_s=m.iteration_times_s,
+        warmup_iteration_times_s=m.warmup_iteration_times_s,
+        iteration_time_stdev_s=m.iteration_time_stdev_s,
+        per_device_utilization=m.per_device_utilization,
+        mean_plan_wait_s=m.mean_plan_wait_s,
+        mean_wan_transfer_s=m.mean_wan_transfer_s,
+        streams=setup.streams,
+        sharing=setup.sharing,
+        sharing_requested=setup.sharing_requested,
         # atlas "auto": the a-priori prediction of each way; the faster (temporal unless
         # sharing wins by more than the planner's SHARING_MARGIN) ran
-        "sharing_alternatives_s": setup.sharing_alternatives,
-        "schedule": workload.parallelism.schedule,
-        "schedule_alternatives_s": setup.schedule_alternatives,
-        "schedules_refused": setup.schedules_refused or None,
-        "placement": setup.placement.to_json(scenario.topology),
-        "temporal_plan": None if pred.plan is None else {
-            "offsets_s": pred.plan.offsets, "stagger_s": pred.plan.stagger_s,
-            "transfers_planned": sum(len(v) for v in pred.plan.order.values()),
-        },
-        "compute_only_s": pred.compute_only_s,
-        "allreduce": _allreduce_entry(run, pred, setup, workload, scenario.runner.dp_bucket),
-        "delay_line": delay_line,
-        **real_entry(folder, workload, progress, setup.name),  # real devices: equivalence check (real_check.py)
-        **extra,
-        **files,
-    })
+        sharing_alternatives_s=setup.sharing_alternatives,
+        schedule=workload.parallelism.schedule,
+        schedule_alternatives_s=setup.schedule_alternatives,
+        schedules_refused=setup.schedules_refused or None,
+        placement=PlacementReport.model_validate(setup.placement.to_json(scenario.topology)),
+        temporal_plan=None if pred.plan is None else TemporalPlanInfo(
+            offsets_s=pred.plan.offsets, stagger_s=pred.plan.stagger_s,
+            transfers_planned=sum(len(v) for v in pred.plan.order.values())),
+        compute_only_s=pred.compute_only_s,
+        allreduce=_allreduce_entry(run, pred, setup, workload, scenario.runner.dp_bucket),
+        delay_line=delay_line,
+        timeline_csv=files.timeline_csv,
+        transfers_csv=files.transfers_csv,
+        gantt_png=files.gantt_png,
+    )
+    # the keys written only when given (VariantResult.ABSENT_UNLESS_SET)
+    if scenario.runner.verify_tensors:
+        result.tensors_verified = run.tensors_verified
+    if real is not None:
+        result.device_mode, result.real = "real", real
+    if bt is not None:
+        for key, value in bt:  # the agents' figures, each the entry's field of the same name
+            setattr(result, key, value)
+        if plain is not None:
+            result.slowdown_decomposition = decomposition
+    return result
 
 
-def _allreduce_entry(run: VariantRun, pred: Any, setup: VariantSetup, workload: Any,
-                     bucket: int) -> dict[str, Any] | None:
+def _allreduce_entry(run: VariantRun, pred: Prediction, setup: VariantSetup, workload: Workload,
+                     bucket: int) -> AllReduceResult | None:
     """The DP all-reduce of a variant whose modelled workers ran it: the slowest
     worker's time per measured iteration, its mean, the a-priori prediction of the
     time it adds after the pipeline, and the bytes its rings send across WAN links
@@ -416,23 +441,31 @@ def _allreduce_entry(run: VariantRun, pred: Any, setup: VariantSetup, workload: 
     eff = pred.effective or workload.effective()
     wan = sum(ring_plan(d, par.dp, grad_wire_bytes(workload, eff, r), bucket).bytes_sent
               for r in range(par.pp) for d in range(par.dp) if pl.dc_of(d, r) != pl.dc_of((d + 1) % par.dp, r))
-    return {"measured_s": times, "mean_s": sum(times) / len(times), "predicted_added_s": pred.allreduce_s,
-            "wan_bytes_per_iteration": wan}
+    return AllReduceResult(measured_s=times, mean_s=sum(times) / len(times), predicted_added_s=pred.allreduce_s,
+                           wan_bytes_per_iteration=wan)
 
 
-def real_entry(folder: Path, workload: Any, progress: Progress, name: str) -> dict[str, Any]:
-    """What a real-device variant adds to its summary entry: ``device_mode`` and the
-    comparison with the one-process reference (``real``); nothing for modelled GPUs."""
+def real_check(folder: Path, workload: Workload, progress: Progress, name: str) -> RealCheck | RealCheckSkipped | None:
+    """What a real-device variant adds to its summary entry (with ``device_mode:
+    real``): the comparison with the one-process reference; None for modelled GPUs."""
     if workload.gpu.mode != "real":
-        return {}
+        return None
     from testbed.run.real_check import summary_entry
 
-    real = summary_entry(folder, workload, progress.log, name)
-    return {} if real is None else {"device_mode": "real", "real": real}
+    return summary_entry(folder, workload, progress.log, name)
+
+
+class VariantFiles(NamedTuple):
+    """A variant's files, relative to the run folder (its summary entry names them)."""
+
+    timeline_csv: str
+    transfers_csv: str
+    gantt_png: str
 
 
 def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: VariantMetrics,
-                          setup: VariantSetup, warmup: int, faults: Sequence[Any] = ()) -> dict[str, str]:
+                          setup: VariantSetup, warmup: int, faults: Sequence[FaultRecord] = ()) -> VariantFiles:
+    """The variant's timeline and transfers (CSV), prediction, iteration spans and Gantt chart."""
     from testbed.run.gantt import gantt_png
     from testbed_runtime.device import write_timeline_csv
 
@@ -446,11 +479,10 @@ def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: Var
              f"{metrics.device_utilization:.0%}, {setup.streams} stream(s) per WAN channel")
     gantt_png(run.timelines, run.transfers, run.starts, run.ends, warmup, folder / "gantt.png", title=title,
               faults=faults)
-    return {"timeline_csv": f"{folder.name}/timeline.csv", "transfers_csv": f"{folder.name}/transfers.csv",
-            "gantt_png": f"{folder.name}/gantt.png"}
+    return VariantFiles(f"{folder.name}/timeline.csv", f"{folder.name}/transfers.csv", f"{folder.name}/gantt.png")
 
 
-def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
+def _write_transfers_csv(transfers: Sequence[TransferRecord], path: Path) -> None:
     import csv
 
     cols = ["iteration", "pipeline", "boundary", "mb", "direction", "src", "dst", "nbytes", "links", "streams",
@@ -464,8 +496,8 @@ def _write_transfers_csv(transfers: Sequence[Any], path: Path) -> None:
             w.writerow([row.get(c) for c in cols])
 
 
-def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_dir: str | None, run: VariantRun,
-                 pair: tuple[str, str] | None, local: bool, measured_it: float) -> tuple[float, dict[str, Any]]:
+def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None, run: VariantRun,
+                 pair: tuple[str, str] | None, local: bool, measured_it: float) -> tuple[float, PredictionReport]:
     """The variant's headline prediction and the summary's ``prediction`` block.
 
     The headline is made before the measured iterations from the calibration probe's
@@ -511,22 +543,22 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Any, base_di
         if warm is not None:
             warm_predicted = repredict(setup, scenario, workload, base_dir, warm[0], pair, local, compute,
                                        None if crowd is None else crowd[0]) + overhead
-    return predicted, {
-        "rates_from": how,
-        "warmup_channel_rate_mbps": None if warm is None else warm[0] / 1e6,
-        "warmup_transfers_counted": None if warm is None else f"{warm[1]} ({warm[2]})",
-        "with_warmup_rates_iteration_time_s": warm_predicted,
-        "calibrated_channel_rate_mbps": None if setup.rate_bps is None else setup.rate_bps / 1e6,
-        "calibrated_colliding_aggregate_mbps": None if setup.colliding_bps is None else setup.colliding_bps / 1e6,
-        "warmup_colliding_aggregate_mbps": None if crowd is None else crowd[0] / 1e6,
-        "warmup_colliding_transfers": None if crowd is None else crowd[1],
-        "a_priori_iteration_time_s": pred.iteration_time_s,
-        "a_priori_error": (measured_it - pred.iteration_time_s) / pred.iteration_time_s,
-        "measured_stage_forward_s": None if compute is None else compute[0],
-        "measured_stage_backward_s": None if compute is None else compute[1],
-        "measured_overhead_s": None if compute is None else overhead,
-        "calibrated_paths": setup.paths_used() or None,
-    }
+    return predicted, PredictionReport(
+        rates_from=how,
+        warmup_channel_rate_mbps=None if warm is None else warm[0] / 1e6,
+        warmup_transfers_counted=None if warm is None else f"{warm[1]} ({warm[2]})",
+        with_warmup_rates_iteration_time_s=warm_predicted,
+        calibrated_channel_rate_mbps=None if setup.rate_bps is None else setup.rate_bps / 1e6,
+        calibrated_colliding_aggregate_mbps=None if setup.colliding_bps is None else setup.colliding_bps / 1e6,
+        warmup_colliding_aggregate_mbps=None if crowd is None else crowd[0] / 1e6,
+        warmup_colliding_transfers=None if crowd is None else crowd[1],
+        a_priori_iteration_time_s=pred.iteration_time_s,
+        a_priori_error=(measured_it - pred.iteration_time_s) / pred.iteration_time_s,
+        measured_stage_forward_s=None if compute is None else compute[0],
+        measured_stage_backward_s=None if compute is None else compute[1],
+        measured_overhead_s=None if compute is None else overhead,
+        calibrated_paths=setup.paths_used() or None,
+    )
 
 
 def _compare_wan_loss(entry: VariantResult, plain: VariantResult | None, name: str, progress: Progress) -> None:
@@ -546,8 +578,8 @@ def _compare_wan_loss(entry: VariantResult, plain: VariantResult | None, name: s
         progress.log(f"  {name}: note: {note}")
 
 
-def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,
-                       progress: Progress) -> dict[str, Any] | None:
+def _delay_line_window(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]], name: str,
+                       progress: Progress) -> dict[str, DelayLineWindow] | None:
     """The relay delay lines' counters over one variant (None with netem or local
     mode), and a warning when a relay itself dropped packets."""
     from testbed.emulation.delayline.stats import windows
@@ -560,7 +592,7 @@ def _delay_line_window(before: dict[str, Any], after: dict[str, Any], name: str,
             progress.log(f"  {name}: warning: the delay line of {link} itself dropped {w['relay_drops']} packets "
                          "(its queue or socket overflowed): the link lost more than configured; the machine may be "
                          "overloaded")
-    return stats
+    return {link: DelayLineWindow.model_validate(w) for link, w in stats.items()}
 
 
 def _alternatives(setup: VariantSetup) -> str:

@@ -249,7 +249,7 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
             for a, b in pairs:  # 1 MiB in 0.03 s + (0.1 s east-west, 0.2 s west-mid) each, +0.1 s colliding
                 east_west = {a.split("-")[0], b.split("-")[0]} == {"east", "west"}
                 d = 0.03 + (0.1 if east_west else 0.2) + (0.1 if len(pairs) > 4 else 0)
-                out.append({"sent": [0.0] * count, "arrived": [d] * count})
+                out.append(calibration.ProbeTimes([0.0] * count, [d] * count))
             return out
 
     monkeypatch.setattr(calibration, "Prober", FakeProber)

@@ -26,20 +26,24 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 # The layer contracts (pyproject.toml [tool.importlinter]) first: a structure that no
-# longer holds fails before the slower tests run. Then the suite in two parts: the tests
-# that build no namespace on both cores at once (pytest-xdist, one test file per worker,
-# so the tests of a file never overlap), then the root and cluster tests one at a time
-# (their delay lines and emulated runs are CPU bound: two at once would skew each other).
-# The second part runs even when the first fails; the exit status is the first failure's.
-PYTEST_PARALLEL := $(VENV)/bin/pytest -q -n 2 --dist loadfile -m "not root and not cluster"
-PYTEST_SERIAL   := $(VENV)/bin/pytest -q -m "root or cluster"
+# longer holds fails before the slower tests run. Then the suite in three parts, each run
+# even when one before it failed (the exit status is the first failure's):
+# 1. the tests that build no topology (everything outside tests/root and tests/cluster),
+#    on both cores at once (pytest-xdist, one test file per worker);
+# 2. the root and cluster tests two at a time, one test file (all cluster tests: one rig
+#    at a time) per worker: they mostly wait (on the emulated WAN, on process start-up);
+# 3. the tests marked `alone` one at a time, nothing beside them: their checks are
+#    measurements (RTT, loss, order) that a concurrent run would skew.
+PYTEST_UNIT  := $(VENV)/bin/pytest -q -n 2 --dist loadfile --ignore=tests/root --ignore=tests/cluster tests
+PYTEST_ROOT  := $(VENV)/bin/pytest -q -n 2 --dist loadgroup -m "not alone" tests/root tests/cluster
+PYTEST_ALONE := $(VENV)/bin/pytest -q -m alone tests/root tests/cluster
 
 test: install
 	$(VENV)/bin/lint-imports --no-cache
 	@rc=0; \
-	echo '$(PYTEST_PARALLEL) --durations=15'; $(PYTEST_PARALLEL) --durations=15 || rc=$$?; \
-	echo '$(PYTEST_SERIAL) --durations=25'; $(PYTEST_SERIAL) --durations=25 || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
-	exit $$rc
+	for part in '$(PYTEST_UNIT) --durations=15' '$(PYTEST_ROOT) --durations=20' '$(PYTEST_ALONE) --durations=10'; do \
+	  echo "$$part"; eval "$$part" || { r=$$?; [ $$rc -ne 0 ] || rc=$$r; }; \
+	done; exit $$rc
 
 # The multi-server tests alone (as root: server namespaces with their own sshd; `make test`
 # runs them too, except the `long` runs, which this target includes).

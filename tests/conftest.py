@@ -8,6 +8,11 @@ Markers (registered in pyproject.toml):
 * ``long``: a whole end-to-end run of a minute or more on 2 cores (the multi-server and
   real-machine runs, the 3-DC run, real prefill in real training); skipped unless
   ``TESTBED_LONG_TESTS=1`` (``make test-long``), so ``make test`` stays within its time.
+* ``alone``: a root test whose checks are measurements of the emulated network (RTT,
+  loss, order) that a concurrent run would skew; ``make test`` runs these one at a time,
+  after the others. The other root and cluster tests run two at a time there (xdist
+  ``--dist loadgroup``): each test file is one group, all of ``tests/cluster`` one more
+  (one rig at a time), so the tests of a file never overlap.
 * ``floor``: asserts a throughput, a speedup ratio or a duration that depends on the
   machine's speed (a benchmark floor, mostly under ``tests/floors/``); skipped unless
   ``TESTBED_FLOOR_TESTS=1`` (``make floors``, on a quiet machine), so that noise on busy
@@ -50,7 +55,13 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if "cluster" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group("cluster"))
+        elif "root" in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="needs root and network namespaces (run as root, e.g. sudo make test)")
         for item in items:

@@ -60,6 +60,7 @@ def rig():
         yield rig
 
 
+@pytest.mark.alone  # the RTT measured: make test runs it with nothing beside it
 def test_the_quickstart_split_over_two_servers_passes_topo_check(rig, tmp_path):
     """`topo check --no-tcp`, unchanged, on 2dc with dc1 on server s1 and dc2 on s2 (the
     WAN link's far leg a VXLAN tunnel over the underlay), judged with the tolerances of
@@ -97,6 +98,7 @@ def test_tcp_across_the_split_carries_a_quarter_of_the_rate(rig, tmp_path):
     assert min(rates) >= 250, rates
 
 
+@pytest.mark.alone  # the RTT measured: make test runs it with nothing beside it
 def test_the_split_with_every_node_reached_over_ssh_passes_topo_check(rig, tmp_path):
     """The same split with `servers.configure: ssh`: the rig's servers are handled as
     other machines (every node configured by its node agent over SSH, every program,

@@ -51,8 +51,10 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
     # prefill work filled former bubbles: utilization with prefill above training alone
     assert bt["device_utilization"] > bt["device_utilization_training"] + 0.2
     assert plain["device_utilization"] == pytest.approx(plain["device_utilization_training"])
-    # training was not delayed by more than a few late wake-ups (generous: shared machine)
-    assert bt["training_wait_on_prefill_s"] < 0.2
+    # how long training waited on prefill (a duration the machine's load sets): printed here,
+    # its floor in tests/floors/test_bubbletea_training_wait.py (make floors)
+    assert bt["training_wait_on_prefill_s"] >= 0
+    print(f"training waited {bt['training_wait_on_prefill_s']:.3f} s on prefill")
     agents = sorted(p.name for p in (out / "atlas+bubbletea" / "agents").glob("p*.json"))
     assert agents == ["p0r0.json", "p0r1.json", "p1r0.json", "p1r1.json"]
     decoded = [json.loads(line) for p in (out / "atlas+bubbletea" / "agents").glob("decode-*.jsonl")

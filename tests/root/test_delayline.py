@@ -29,7 +29,7 @@ import pytest
 from testbed.emulation import shaping
 from testbed.emulation.netns import open_iproute, temporary_netns
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.alone]  # RTT, order and rates measured: make test runs it alone
 
 REPO = Path(__file__).resolve().parents[2]
 RATE = 1e9

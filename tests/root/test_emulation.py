@@ -20,7 +20,7 @@ from testbed.emulation.records import RECORD_DIR, ProcFS
 from testbed.run.common import RUN_PRELOAD
 from testbed_core.topology import load_topology, parse_topology
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.alone]  # ping RTTs bounded: run alone
 TOPOS = Path(__file__).resolve().parents[2] / "topologies"
 ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 

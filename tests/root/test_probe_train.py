@@ -14,7 +14,7 @@ import pytest
 
 from testbed.emulation.netns import temporary_netns
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.alone]  # named namespaces, datagrams counted: run alone
 
 
 def sh(*argv: str) -> None:

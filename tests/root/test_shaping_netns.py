@@ -20,7 +20,7 @@ from testbed.emulation.netns import (
     temporary_netns,
 )
 
-pytestmark = pytest.mark.root
+pytestmark = [pytest.mark.root, pytest.mark.alone]  # named namespaces come and go: run alone
 
 
 def netns_list() -> str:

@@ -15,7 +15,7 @@ import pytest
 
 from testbed.emulation.kernel import detect_features
 
-pytestmark = [pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.root, pytest.mark.slow, pytest.mark.alone]  # RTT and loss measured: run alone
 REPO = Path(__file__).resolve().parents[2]
 TOPO = REPO / "topologies" / "2dc.yaml"
 

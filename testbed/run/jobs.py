@@ -42,6 +42,7 @@ from testbed_core.contracts.worker_job import (
     TransportJob,
 )
 from testbed_core.planning.wan_paths import grad_wire_bytes
+from testbed_core.planning.wan_paths import grad_wire_bytes
 
 if TYPE_CHECKING:
     from testbed_core.planning.temporal import TemporalPlan

@@ -355,7 +355,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup,
                                   faults.records() if faults is not None else ())
     bt, decomposition = None, None
-    if setup.bubbletea:
+    if setup.run.bubbletea:
         kept = [(s, e) for i, (s, e) in enumerate(zip(run.starts, run.ends, strict=True)) if i >= workload.warmup]
         bt = bubbletea_metrics(folder, run.timelines, kept, plain_iteration_s, measured_it)
         req, slow = bt.prefill_requests, bt.training_slowdown

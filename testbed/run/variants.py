@@ -131,14 +131,6 @@ class VariantSetup:
         """The registry variant's name, e.g. "atlas"."""
         return self.run.base
 
-    @property
-    def bubbletea(self) -> bool:
-        return self.run.bubbletea
-
-    @property
-    def definition(self) -> VariantDef:
-        return self.run.variant
-
     def paths_used(self) -> list[PathRatesUsed]:
         """Each WAN path's calibrated figures the prediction used (summary.json
         ``prediction.calibrated_paths``)."""

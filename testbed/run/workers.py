@@ -246,7 +246,7 @@ def run_workers(
         lead = scenario.runner.iteration_lead
         if faults is not None:
             faults.procs = procs
-        if setup.bubbletea:
+        if setup.run.bubbletea:
             from testbed_runtime.gate import Gate
             from testbed_runtime.live import gate_path
 
@@ -261,7 +261,7 @@ def run_workers(
             procs.update({name: a.popen for name, a in agents.items()})
             servers = {name: d.popen for name, d in decoders.items()}
         ctl.wait_all(Ready, scenario.runner.setup_timeout + 30, f"{setup.name}: starting the workers")
-        if setup.bubbletea:
+        if setup.run.bubbletea:
             wait_ready({**agents, **decoders}, scenario.runner.setup_timeout)
             # weighed once ready: loading (imports, the request stream) is no time to be starved
             group, weights = weigh_agents(net, setup.name, scenario.runner.bubbletea_cpu_weight,

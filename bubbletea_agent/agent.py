@@ -169,6 +169,9 @@ class Agent:
     # made at arrival, once); False: one whose deadline passes before it starts is rejected
     # then (Reason.DEADLINE_PASSED)
     serve_admitted: bool = True
+    # ... and once training has ended (the device is free) the queue is finished in one last
+    # hold of at most this long; what is left then is rejected (Reason.NO_SLOTS)
+    drain_s: float = 3.0
 
     ledger: RequestLedger = field(default_factory=RequestLedger)
     queue: list[Pending] = field(default_factory=list)
@@ -188,6 +191,7 @@ class Agent:
     _ahead_at: float = -math.inf
     _next_scan: float = -math.inf
     _rt_on: bool = False
+    _drain_until: float | None = None
     _taken: int = 0  # requests taken from the inbox
     _ahead: list[Request] = field(default_factory=list)  # from the inbox, sent ahead of their arrival
     _next_status: float = -math.inf
@@ -457,6 +461,17 @@ class Agent:
         next_arrival = self._arrivals(now)
         self._expire(now)
         if self.tracker.ended and self.tracker.next_start(now) is None and self.tracker.current(now) is None:
+            if self.serve_admitted and self.admit and self.queue and self._preemptible():
+                # training is over and the device free: finish what was admitted
+                if self._drain_until is None:
+                    self._drain_until = now + self.drain_s
+                    log.info("training ended: finishing %d queued requests (at most %.1f s)", len(self.queue),
+                             self.drain_s)
+                if now < self._drain_until:
+                    until = self._drain_until
+                    self._hold(lambda: until, now)
+                    if self.queue and self.clock.now() < until:
+                        return self.poll_s
             for p in list(self.queue):
                 self._reject(p.request.id, Reason.NO_SLOTS, "training ended; no idle slot will come")
             self.queue.clear()

@@ -364,9 +364,15 @@ def test_no_hold_when_not_even_one_layer_fits() -> None:
     # windows of 5 ms; one layer of a 300-token chunk needs 8.5 ms
     training = [(T0 + 0.005 + 0.01 * k, T0 + 0.01 + 0.01 * k) for k in range(30)]
     agent, device, _ = make_hold_agent([Request("r", 0.0, 300)], training, T0 + 0.25)
+    agent.drain_s = 0.0
     agent.run(until=T0 + 0.3)
     s = agent.finish()
     assert device.holds == [] and s["served"] == 0 and s["rejected_by_reason"] == {"no_slots": 1}
+    # by default what was admitted is finished once training has ended, on the free device
+    agent, device, _ = make_hold_agent([Request("r", 0.0, 300)], training, T0 + 0.25)
+    agent.run(until=T0 + 0.5)
+    s = agent.finish()
+    assert s["served"] == 1 and device.holds and all(start >= T0 + 0.25 for start, _, _ in device.holds)
 
 
 def test_requests_stop_arriving_a_margin_before_the_last_iteration_ends() -> None:

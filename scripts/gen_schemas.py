@@ -47,7 +47,7 @@ UNIT_TEXT = {"type": "string", "pattern": UNIT_PATTERN,
 
 
 # The `before` validators that parse a number with a unit out of text (by qualified name).
-UNIT_PARSERS = ("_unit.<locals>.convert", "Server._rate", "WanLink._queue")
+UNIT_PARSERS = ("unit_validator.<locals>.convert", "Server._rate", "WanLink._queue")
 
 
 class FileSchema(GenerateJsonSchema):
@@ -141,6 +141,11 @@ def _kept_record() -> type[BaseModel]:
     return KeptRecord
 
 
+def _demo() -> type[BaseModel]:
+    from testbed_core.contracts.demo import DemoDoc
+    return DemoDoc
+
+
 def _launch() -> type[BaseModel]:
     from testbed.launch.models import LaunchReport
     return LaunchReport
@@ -223,6 +228,9 @@ FORMATS: tuple[Format, ...] = (
     Format("kept", "kept.json", _kept_record,
            "What `testbed report --keep` writes beside kept sweep results (`results/<sweep>/kept.json`): where "
            "they came from, when, and every kept file's size."),
+    Format("demo", "demo.json", _demo,
+           "What `testbed demo` writes: the table's rows as shown and what the demo ran (its settings and the "
+           "notes of the parts that did not run); read back when the table is rebuilt from the folder."),
 )
 
 

@@ -55,7 +55,7 @@ def demo(out_dir: Path | None, quick: bool, skip_bench: bool) -> None:
         sys.exit(130)
     progress.close()
     head = d.subtitle(outcome.meta)
-    click.echo(f"\nthe three results ({head}), in {format_duration(outcome.meta['duration_s'])}:\n")
+    click.echo(f"\nthe three results ({head}), in {format_duration(outcome.meta.duration_s or 0.0)}:\n")
     click.echo(outcome.table)
     click.echo("", err=True)
     for path in outcome.files:

@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from testbed_core.contracts.demo import DemoRowRecord
 from testbed_core.contracts.summary import Summary, VariantFailure
 from testbed_core.variants import BUBBLETEA_SUFFIX
 
@@ -58,8 +59,9 @@ class Row:
     def verdict(self) -> str:
         return {True: "ok", False: "MISS", None: ""}[self.ok]
 
-    def as_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "shown": self.shown(), "verdict": self.verdict()}
+    def record(self) -> DemoRowRecord:
+        """The row as demo.json keeps it: its fields, as shown, and the verdict."""
+        return DemoRowRecord(**asdict(self), shown=self.shown(), verdict=self.verdict())
 
 
 RESULT_TITLES = {

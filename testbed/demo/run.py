@@ -22,6 +22,7 @@ from testbed.demo.files import DemoError, write_outputs
 from testbed.demo.rows import Row, build_rows, format_table, short
 from testbed.progress import Progress
 from testbed_core.constants import REPO_ROOT
+from testbed_core.contracts.demo import DemoBench, DemoMeta
 from testbed_core.contracts.summary import Summary
 from testbed_core.variants import base_name, has_bubbletea
 
@@ -213,7 +214,7 @@ class DemoOutcome:
     out: Path
     rows: list[Row]
     table: str
-    meta: dict[str, Any]
+    meta: DemoMeta
     failed: list[str]  # parts that failed (empty when all ran)
     files: list[Path]
 
@@ -288,14 +289,13 @@ def run_demo(cfg: DemoConfig, out: Path, progress: PlannedProgress | None = None
             notes["bubbletea"] = f"not run: the scenario has no {base_name(dropped[-1])} variant"
 
     progress = progress or PlannedProgress(cfg.expected_steps(), cfg.child_step_s(), label="demo")
-    meta: dict[str, Any] = {
-        "scenario": str(cfg.scenario), "overrides": dict(cfg.overrides), "variants": variants,
-        "topology": str(topology), "link_mbps": link_mbps, "rtt_ms": link.rtt_s * 1000 if link else None,
-        "streams": streams, "bench": {"size_bytes": cfg.bench_size, "streams": list(cfg.bench_streams),
-                                      "repeat": cfg.bench_repeat, "iperf_seconds": cfg.iperf_seconds,
-                                      "skipped": cfg.skip_bench},
-        "host": platform.node(), "started": datetime.now().isoformat(timespec="seconds"), "notes": notes,
-    }
+    meta = DemoMeta(
+        scenario=str(cfg.scenario), overrides=dict(cfg.overrides), variants=variants, topology=str(topology),
+        link_mbps=link_mbps, rtt_ms=link.rtt_s * 1000 if link else None, streams=streams,
+        bench=DemoBench(size_bytes=cfg.bench_size, streams=list(cfg.bench_streams), repeat=cfg.bench_repeat,
+                        iperf_seconds=cfg.iperf_seconds, skipped=cfg.skip_bench),
+        host=platform.node(), started=datetime.now().isoformat(timespec="seconds"), notes=notes,
+    )
 
     bench_rows: list[dict[str, Any]] | None = None
     if cfg.skip_bench:
@@ -327,7 +327,7 @@ def run_demo(cfg: DemoConfig, out: Path, progress: PlannedProgress | None = None
         else:
             if summary.failed():
                 failed.append("training")
-            meta["delay_backend"] = summary.delay_backend
+            meta.delay_backend = summary.delay_backend
         finally:
             kid.close()
 
@@ -342,8 +342,9 @@ def run_demo(cfg: DemoConfig, out: Path, progress: PlannedProgress | None = None
     rows = build_rows(bench_rows, summary, streams=streams, link_mbps=link_mbps,
                       bench_note=notes.get("transport", ""), run_note=notes.get("training", ""),
                       bubbletea_note=notes.get("bubbletea", ""))
-    meta["duration_s"] = round(time.monotonic() - t0, 1)
-    meta["failed"] = failed
+    meta.notes = notes  # the notes the parts added since
+    meta.duration_s = round(time.monotonic() - t0, 1)
+    meta.failed = failed
     files = write_outputs(rows, meta, out)
     table = format_table(rows)
     return DemoOutcome(out, rows, table, meta, failed, files)

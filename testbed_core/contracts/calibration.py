@@ -15,7 +15,8 @@ crossing of Atlas's placement) for the readers that want one path.
 
 from __future__ import annotations
 
-from typing import TypedDict
+from collections.abc import Mapping
+from typing import TypedDict, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -28,13 +29,17 @@ def dc_of_host(host: str) -> str:
     return host.split("-", 1)[0]
 
 
+_V = TypeVar("_V", float, list[float])
+
+
 def _bps(mbps: float | None) -> float | None:
     return None if mbps is None else mbps * 1e6
 
 
-def _by_count(values: dict, factor: float = 1.0) -> dict:
-    """A report's per-stream-count mapping (JSON keys) back to int keys, scaled by `factor`."""
-    return {int(n): (v * factor if factor != 1.0 else v) for n, v in values.items()}
+def _by_count(values: Mapping[str, _V], factor: float = 1.0) -> dict[int, _V]:
+    """A report's per-stream-count mapping (JSON keys) back to int keys, scaled by
+    `factor` (rates only: a list of times is never scaled)."""
+    return {int(n): (v * factor if factor != 1.0 else v) for n, v in values.items()}  # type: ignore[operator, misc]
 
 
 class _Together(BaseModel):
@@ -330,7 +335,3 @@ class Calibration(_Figures):
                    lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], wall_s=r.wall_s)
-
-    def to_json(self) -> dict:
-        """`report` as plain JSON data."""
-        return self.report().model_dump(mode="json")

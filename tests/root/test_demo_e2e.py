@@ -58,4 +58,4 @@ def test_reduced_demo_end_to_end(tmp_path: Path) -> None:
     meta = json.loads((tmp_path / "demo.json").read_text())["meta"]
     assert meta["variants"][:2] == ["baseline", "atlas"]
     again, _ = d.load_rows(tmp_path)
-    assert [r.as_dict() for r in again] == [r.as_dict() for r in outcome.rows]
+    assert [r.record() for r in again] == [r.record() for r in outcome.rows]

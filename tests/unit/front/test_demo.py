@@ -21,6 +21,7 @@ import summary_builders as b  # noqa: E402
 
 from testbed import demo as d  # noqa: E402
 from testbed.demo import run as demo_run  # noqa: E402
+from testbed_core.contracts.demo import DemoMeta  # noqa: E402
 from testbed_core.contracts.summary import Summary  # noqa: E402
 
 # What `testbed bench transport` saved (results.json "results"), from a run here.
@@ -203,15 +204,15 @@ def save_demo_folder(out: Path, bench: list | None = BENCH, summary: Summary | N
 
 def test_outputs_rebuilt_from_saved_results(tmp_path: Path) -> None:
     save_demo_folder(tmp_path)
-    meta = {"streams": 8, "link_mbps": 1000.0, "rtt_ms": 50.0, "topology": "topologies/2dc.yaml",
-            "delay_backend": "relay", "duration_s": 150.0, "notes": {}}
+    meta = DemoMeta(streams=8, link_mbps=1000.0, rtt_ms=50.0, topology="topologies/2dc.yaml",
+                    delay_backend="relay", duration_s=150.0, notes={})
     rows = d.build_rows(BENCH, SUMMARY, streams=8, link_mbps=1000.0)
     files = d.write_outputs(rows, meta, tmp_path)
     assert [f.name for f in files] == ["demo.json", "demo.csv", "demo.txt", "demo.png"]
 
     again, meta2 = d.load_rows(tmp_path)
-    assert [r.as_dict() for r in again] == [r.as_dict() for r in rows]
-    assert meta2["link_mbps"] == 1000.0
+    assert [r.record() for r in again] == [r.record() for r in rows]
+    assert meta2 == meta  # demo.json's meta read back through its model
 
     doc = json.loads((tmp_path / "demo.json").read_text())
     assert doc["rows"][0]["shown"] == "102.8 Mbit/s"
@@ -407,7 +408,7 @@ def test_run_demo_bench_failure_is_recorded_and_the_run_goes_on(monkeypatch: pyt
     saved = json.loads((tmp_path / "demo.json").read_text())["meta"]
     assert saved["notes"]["transport"].startswith("bench failed")
     again, _ = d.load_rows(tmp_path)  # the notes survive a rebuild from the folder
-    assert [r.as_dict() for r in again] == [r.as_dict() for r in outcome.rows]
+    assert [r.record() for r in again] == [r.record() for r in outcome.rows]
 
 
 def test_run_demo_without_the_bubbletea_agent(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:

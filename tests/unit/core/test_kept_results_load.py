@@ -9,10 +9,12 @@ from pathlib import Path
 
 import pytest
 
+from testbed_core.contracts.demo import DemoDoc
 from testbed_core.contracts.summary import ProgramSummary, Summary, is_program_summary
 from testbed_core.contracts.sweep import KeptRecord, PointRecord, SweepRecord
 
-RESULTS = Path(__file__).resolve().parents[3] / "results"
+ROOT = Path(__file__).resolve().parents[3]
+RESULTS = ROOT / "results"
 RECORDS = {"point.json": PointRecord, "sweep.json": SweepRecord, "kept.json": KeptRecord}
 
 
@@ -31,9 +33,14 @@ def test_sweep_files_round_trip_through_their_model(name: str) -> None:
 
 
 def test_every_kept_summary_loads() -> None:
-    paths = _kept("summary.json")
+    paths = _kept("summary.json") + sorted((ROOT / "docs").rglob("summary.json"))
     assert paths
     for path in paths:
         text = path.read_text()
         model = ProgramSummary if is_program_summary(text) else Summary
         model.model_validate_json(text)
+
+
+def test_the_kept_demo_json_round_trips() -> None:
+    text = (ROOT / "docs" / "demo.json").read_text()
+    assert json.dumps(DemoDoc.model_validate_json(text).model_dump(), indent=2, default=str) + "\n" == text

@@ -8,7 +8,6 @@ silently, "Bps"/"MBps" are rejected with a hint). Sizes are bytes ("1MB" = 10**6
 
 from __future__ import annotations
 
-import functools
 import math
 import re
 from collections.abc import Callable
@@ -158,4 +157,7 @@ def convert_unit(parser: Callable[[str | int | float], float | int], value: Any)
 def unit_validator(parser: Callable[[str | int | float], float | int]) -> BeforeValidator:
     """A field validator that reads the field through `parser` (`convert_unit`): a
     model field ``Annotated[float, unit_validator(parse_rate)]`` takes '1Gbit' or 1e9."""
-    return BeforeValidator(functools.partial(convert_unit, parser))
+    def convert(value: Any) -> Any:
+        return convert_unit(parser, value)
+
+    return BeforeValidator(convert)

@@ -48,7 +48,8 @@ def rig():
 def test_launch_over_the_split(rig, tmp_path: Path):
     topo = {"name": "launch-split", "dcs": [{"name": "dc1", "hosts": 1}, {"name": "dc2", "hosts": 1}],
             "wan": [{"between": ["dc1", "dc2"], "rate": "1Gbit", "delay": "2ms"}],
-            "servers": rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")}
+            "servers": rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")
+                .model_dump(mode="json", exclude_none=True)}
     (tmp_path / "split.yaml").write_text(yaml.safe_dump(topo))
     (tmp_path / "prog.py").write_text(GLOO_PROG)
     env = {**os.environ, "PYTHONPATH": str(REPO)}

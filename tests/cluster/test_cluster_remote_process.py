@@ -140,7 +140,7 @@ def test_a_remote_program_reaches_the_runners_control_socket_through_a_forward(r
     """The runner's control socket (a UNIX socket in the emulation's ``ctl`` folder) is
     forwarded to a path of the server (``ssh -N -R``) and named to programs started
     there (TESTBED_CONTROL_MAP): the program connects through the server's path."""
-    section = rig.servers_section({"s1": ["dc1"]}, configure="ssh")
+    section = rig.servers_section({"s1": ["dc1"]}, configure="ssh").model_dump(mode="json", exclude_none=True)
     res = subprocess.run(rig.head_argv([sys.executable, "-c", FORWARD, json.dumps(section),
                                         str(rig.servers[0].pid)]),
                          cwd=REPO_ROOT, capture_output=True, text=True, timeout=180, check=False)

@@ -26,7 +26,8 @@ TESTBED = [sys.executable, "-m", "testbed.cli"]
 
 def _split(rig, tmp_path: Path, configure: str = "auto", **servers_update) -> Path:
     data = yaml.safe_load((TOPOLOGIES_DIR / "2dc.yaml").read_text())
-    section = rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure=configure)
+    section = rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure=configure).model_dump(mode="json",
+                                                                                   exclude_none=True)
     for key, value in servers_update.items():
         if key == "machines":
             for machine, extra in zip(section["machines"], value, strict=True):
@@ -256,7 +257,8 @@ def _run_quickstart(rig, tmp_path: Path, name: str, split: bool) -> dict:
             *RUN_REDUCED]
     if split:
         servers = tmp_path / "servers.yaml"
-        servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")))
+        servers.write_text(yaml.safe_dump(rig.servers_section({"s1": ["dc1"], "s2": ["dc2"]}, configure="ssh")
+                                          .model_dump(mode="json", exclude_none=True)))
         argv = rig.head_argv([*argv, "--servers", str(servers)])
     res = subprocess.run(argv, cwd=REPO_ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                          timeout=420, check=False)

@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from testbed.emulation.cleanup import execute, plan_clean
 from testbed.emulation.congestion import allow_congestion_controls
@@ -44,6 +44,7 @@ from testbed.emulation.records import (
     list_records,
     prefix_in_use,
 )
+from testbed_core.servers import Server, ServerPlan, SshSettings
 
 UNDERLAY = ipaddress.ip_network("10.202.0.0/24")  # private to the rig's head namespace
 SSHD_READY_S = 15.0
@@ -250,20 +251,17 @@ class ServerRig:
         raise EmulationError(f"rig server {server.name} ({server.address}) accepts no SSH login after "
                              f"{SSHD_READY_S:g}s: {last[-500:] or 'no output'}")
 
-    def servers_section(self, placement: dict[str, list[str]], tunnel: str = "vxlan",
-                        configure: str = "auto") -> dict[str, Any]:
-        """The topology's `servers:` section placing DCs (`{server name: [dc, ...]}`) on the rig.
+    def servers_section(self, placement: dict[str, list[str]], tunnel: Literal["vxlan", "gre"] = "vxlan",
+                        configure: Literal["auto", "ssh"] = "auto") -> ServerPlan:
+        """The topology's `servers:` section placing DCs (`{server name: [dc, ...]}`) on the rig
+        (for a topology file: ``.model_dump(mode="json", exclude_none=True)``).
         `configure: ssh` reaches the rig's nodes over SSH as those of other machines are
         (the servers' Python is this one, which has this package)."""
         by_name = {s.name: s for s in self.servers}
-        return {
-            "tunnel": tunnel,
-            "configure": configure,
-            "python": sys.executable,
-            "ssh": {"user": "root", "identity": str(self.identity), "known_hosts": str(self.known_hosts)},
-            "machines": [{"name": name, "address": by_name[name].address, "dcs": dcs}
-                         for name, dcs in placement.items()],
-        }
+        return ServerPlan(
+            tunnel=tunnel, configure=configure, python=sys.executable,
+            ssh=SshSettings(user="root", identity=str(self.identity), known_hosts=str(self.known_hosts)),
+            machines=[Server(name=name, address=by_name[name].address, dcs=dcs) for name, dcs in placement.items()])
 
     def stop(self) -> None:
         """Stop the sshds, remove the namespaces and the key folder, drop the record."""

@@ -1,7 +1,8 @@
 """What an emulated device leaves behind, and the math on it: pure models, no I/O.
 
 The shared device (testbed_runtime/device.py) appends a `WorkRecord` to
-``<name>.timeline.jsonl`` for every piece of work, says its current lease in
+``<name>.timeline.jsonl`` for every piece of work, says who holds it now in
+``<name>.current.json`` (`Holding`), its current lease in
 ``<name>.lease.json`` (`Lease`) and records every revoked or overrun lease in
 ``<name>.overruns.jsonl`` (`LeaseEvent`). Whoever reads those files back (the run's
 metrics, the BubbleTea agent and its simulator, the report) needs these models and the
@@ -107,6 +108,25 @@ class LeaseEvent:
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> LeaseEvent:
         return cls(**{k: data[k] for k in cls.__dataclass_fields__ if k in data})
+
+
+@dataclass(frozen=True)
+class Holding:
+    """Who holds the device now, as ``<name>.current.json`` says while the work runs."""
+
+    kind: str
+    owner: str
+    label: str
+    start: float
+    expected_end: float | None  # modelled work: when it ends; None in real mode
+    pid: int
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> Holding:
+        return cls(**{k: data[k] for k in cls.__dataclass_fields__})
 
 
 def busy_time(records: list[WorkRecord], t0: float, t1: float) -> float:

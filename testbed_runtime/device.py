@@ -44,8 +44,9 @@ the deadline, the cause). A holder killed outright (SIGKILL) loses its ``flock``
 file descriptors, so the device is free at once.
 
 Times are ``time.time()`` (one clock for every process of the machine). The records
-these files hold (`WorkRecord`, `Lease`, `LeaseEvent`) and the busy-time math on them are
-pure models of the core (testbed_core/device_records.py); this module is their I/O.
+these files hold (`WorkRecord`, `Holding`, `Lease`, `LeaseEvent`) and the busy-time math
+on them are pure models of the core (testbed_core/device_records.py); this module is
+their I/O.
 """
 
 from __future__ import annotations
@@ -64,7 +65,15 @@ from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
 from testbed_core.compute_model import ComputeModel
-from testbed_core.device_records import KINDS, Lease, LeaseEvent, WorkRecord, busy_time, idle_gaps
+from testbed_core.device_records import (
+    KINDS,
+    Holding,
+    Lease,
+    LeaseEvent,
+    WorkRecord,
+    busy_time,
+    idle_gaps,
+)
 
 Mode = Literal["modelled", "real"]
 T = TypeVar("T")
@@ -501,8 +510,7 @@ class Device:
                         while os.read(self._yield_fd, 4096):
                             pass
             expected = None if modelled is None else start + modelled * self.time_scale
-            _replace_json(self.current_path, {"kind": kind, "owner": owner, "label": label, "start": start,
-                                               "expected_end": expected, "pid": os.getpid()})
+            _replace_json(self.current_path, Holding(kind, owner, label, start, expected, os.getpid()).to_json())
             result, overrun, preempted = None, 0.0, False
             try:
                 if fn is not None:
@@ -540,12 +548,12 @@ class Device:
 
     # ----------------------------------------------------------- observing
 
-    def current(self) -> dict[str, Any] | None:
+    def current(self) -> Holding | None:
         """Who holds the device now (kind, owner, start, expected_end), or None.
         A file left by a holder that died is ignored: the lock is the truth."""
         try:
-            info = json.loads(self.current_path.read_text())
-        except (FileNotFoundError, json.JSONDecodeError):
+            info = Holding.from_json(json.loads(self.current_path.read_text()))
+        except (FileNotFoundError, json.JSONDecodeError, KeyError, TypeError):
             return None
         return info if self.busy() else None
 

@@ -96,7 +96,7 @@ def test_threads_contend_and_try_run_refuses_a_busy_device(tmp_path: Path) -> No
     started.wait(2)
     assert b.busy()
     cur = b.current()
-    assert cur is not None and cur["owner"] == "train" and cur["expected_end"] > time.time()
+    assert cur is not None and cur.owner == "train" and cur.expected_end is not None and cur.expected_end > time.time()
     assert b.try_run("prefill", "bubbletea", duration_s=0.01) is None
     rec = b.run("prefill", "bubbletea", duration_s=0.01)  # waits for the forward
     th.join()

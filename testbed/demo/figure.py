@@ -12,15 +12,18 @@ import math
 import textwrap
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from testbed.demo.rows import PAPER_UTILIZATION, SLOWDOWN_LIMIT, Row, find
 from testbed_core.variants import colour
 
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+
 PREFILL_COLOUR = "#2ca02c"  # BubbleTea's prefill work on top of training
 
 
-def _na(ax: Any, title: str, why: str) -> None:
+def _na(ax: Axes, title: str, why: str) -> None:
     ax.set_title(title, fontsize=11)
     ax.text(0.5, 0.5, "n/a\n" + textwrap.fill(why or "not measured", 40), ha="center", va="center",
             fontsize=10, color="0.35", transform=ax.transAxes)
@@ -28,7 +31,7 @@ def _na(ax: Any, title: str, why: str) -> None:
     ax.set_yticks([])
 
 
-def _bars(ax: Any, labels: list[str], values: list[float | None], colors: list[str], fmt: str) -> None:
+def _bars(ax: Axes, labels: list[str], values: list[float | None], colors: list[str], fmt: str) -> None:
     xs = list(range(len(labels)))
     heights = [float("nan") if v is None else v for v in values]
     bars = ax.bar(xs, heights, 0.62, color=colors, edgecolor="0.2", linewidth=0.6)

@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from testbed_core.contracts.demo import DemoRowRecord
-from testbed_core.contracts.summary import Summary, VariantFailure
+from testbed_core.contracts.summary import Summary, VariantFailure, VariantResult
 from testbed_core.variants import BUBBLETEA_SUFFIX
 
 # The issue's targets (the same as `testbed bench transport` checks, and the
@@ -249,7 +249,7 @@ def bubbletea_rows(summary: Summary | None, plain: str = "atlas", why_missing: s
     return out
 
 
-def worst_iteration_row(entry: Any, twin: Any) -> Row | None:
+def worst_iteration_row(entry: VariantResult | None, twin: VariantResult | None) -> Row | None:
     """BubbleTea's slowest measured iteration over the slowest without it (over every
     repeat when the variants were repeated), with the p95s, the iterations slowed by
     more than 5% and the longest wait of training on a prefill; None when not measured."""

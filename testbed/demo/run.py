@@ -16,7 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.demo.files import DemoError, write_outputs
 from testbed.demo.rows import Row, build_rows, format_table, short
@@ -24,6 +24,9 @@ from testbed.progress import Progress
 from testbed_core.constants import REPO_ROOT
 from testbed_core.contracts.demo import DemoBench, DemoMeta
 from testbed_core.contracts.summary import Summary
+
+if TYPE_CHECKING:
+    from testbed.bench.transport import Measurement
 from testbed_core.variants import base_name, has_bubbletea
 
 WARMUP = {"workload.warmup": 3}
@@ -224,7 +227,7 @@ def default_out_dir() -> Path:
     return Path("results") / f"demo-{datetime.now().strftime('%Y%m%d-%H%M%S')}"
 
 
-def run_bench(cfg: DemoConfig, topology: Path, out: Path, progress: Progress) -> list[Any]:
+def run_bench(cfg: DemoConfig, topology: Path, out: Path, progress: Progress) -> list[Measurement]:
     """The short transport bench across the WAN of `topology`; writes results.json,
     results.csv and goodput.png in `out` as `testbed bench transport` does."""
     from testbed.bench import report as bench_report
@@ -232,7 +235,7 @@ def run_bench(cfg: DemoConfig, topology: Path, out: Path, progress: Progress) ->
 
     out.mkdir(parents=True, exist_ok=True)
 
-    def on_result(m: Any) -> None:
+    def on_result(m: Measurement) -> None:
         what = f"atlas N={m.requested_streams}" if m.method == "atlas" else f"{m.method} -P {m.requested_streams}"
         if m.error:
             progress.log(f"  transport: {what}: FAILED: {m.error}")

@@ -17,12 +17,16 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from testbed.report.loading import ResultSet, Row, category, number, parse_cell, wan_goodput
 from testbed_core.contracts.summary import VariantResult
 from testbed_core.units import UnitError, parse_duration, parse_rate, parse_size
 from testbed_core.variants import base_name, colour, has_bubbletea, sort_key
+
+if TYPE_CHECKING:
+    from matplotlib.axes import Axes
+    from matplotlib.container import BarContainer
 
 MARKERS = ("o", "s", "D", "v", "P")  # by variant rank in the registry; the last for the others
 PAPER_UTILIZATION = 0.94  # the paper's best reported GPU utilization with BubbleTea
@@ -558,7 +562,7 @@ def _link_goodput(entry: VariantResult | None, link: str) -> float | None:
     return number(found.goodput_mbps) if found is not None else None
 
 
-def _bar_labels(ax: Any, bars: Any, fmt: str) -> None:
+def _bar_labels(ax: Axes, bars: BarContainer, fmt: str) -> None:
     for bar in bars:
         h = bar.get_height()
         if h is None or math.isnan(h):

@@ -30,6 +30,7 @@ from testbed.training.real_mode import RealModeError, load_worker_results, param
 from testbed_core.contracts.summary import RealCheck, RealCheckSkipped, RealReference
 
 if TYPE_CHECKING:
+    from testbed.training.reference import ReferenceResult
     from testbed_core.workload import Workload
 
 __all__ = ["RealModeError", "check_machine", "describe", "equivalence", "references", "resolve_device",
@@ -120,7 +121,8 @@ def check_machine(workload: Workload) -> str | None:
 
 
 @functools.lru_cache(maxsize=8)
-def _references(workload_json: str, iterations: int, seed: int, device: str, threads: int) -> tuple[Any, Any]:
+def _references(workload_json: str, iterations: int, seed: int, device: str,
+                threads: int) -> tuple[ReferenceResult, ReferenceResult]:
     from testbed.training.real_work import OptimConfig
     from testbed.training.reference import train_reference
     from testbed_core.workload import parse_workload
@@ -134,7 +136,7 @@ def _references(workload_json: str, iterations: int, seed: int, device: str, thr
     return accumulate, global_batch
 
 
-def references(workload: Workload, iterations: int, device: str, threads: int) -> tuple[Any, Any]:
+def references(workload: Workload, iterations: int, device: str, threads: int) -> tuple[ReferenceResult, ReferenceResult]:
     """(micro-batched, global-batch) one-process references, cached per workload."""
     return _references(workload.model_dump_json(), iterations, workload.real.seed, device, threads)
 

@@ -321,7 +321,7 @@ class Reason(enum.StrEnum):
     # the prefill controller (bubbletea_agent/controller/)
     DEADLINE_UNREACHABLE = "deadline_unreachable"  # no device's bubbles could start it within its deadline
     UNKNOWN_DECODE_HOST = "unknown_decode_host"  # a client named a decode host the cluster does not have
-    NO_DEVICE = "no_device"  # every device's training ended
+    NO_DEVICE = "no_device"  # every device's training ended, or no agent synced lately (stale)
     AGENT_LOST = "agent_lost"  # dispatched to an agent that stopped without reporting its end
 
 

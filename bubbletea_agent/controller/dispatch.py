@@ -335,6 +335,15 @@ class Dispatcher:
             into = self._planned
         devices = self._eligible(entry)
         if not devices:
+            started = [d for d in self.devices.values() if d.status is not None and d.status.epoch is not None
+                       and not d.final and not d.status.ended]
+            if started and not entry.admitted and entry.decode_host is None:
+                # training runs, but no agent synced lately (starved of CPU, stopped): refused now,
+                # not left to expire here
+                quiet = min(now - d.synced_at for d in started)
+                self._end_rejected(entry, Reason.NO_DEVICE, f"no device's agent has synced for {quiet:.2f} s "
+                                                            f"(stale after {self.stale_s:g} s)", now, raise_on_reject)
+                return
             if any(not d.final and not (d.status is not None and d.status.ended) for d in self.devices.values()):
                 if req.id not in self.queue:
                     if len(self.queue) >= self.max_queue:

@@ -11,8 +11,8 @@ From the run's request records beside summary.json: the requests served within t
 deadline (TTFT at most the scenario's `bubbletea.requests.deadline`) per second of the
 arrival window (first to last arrival: the offered load's span), and how many of the
 refused were refused at arrival (`deadline_unreachable`, `too_long`, `queue_full`,
-`unknown_decode_host`) rather than later (`deadline_passed`: left to expire in a queue) or
-by the run's end (`no_slots`, `run_ended`, `no_device`, `agent_lost`).
+`unknown_decode_host`, `no_device`) rather than later (`deadline_passed`: left to expire in
+a queue) or by the run's end (`no_slots`, `run_ended`, `agent_lost`).
 """
 
 from __future__ import annotations
@@ -25,8 +25,8 @@ from typing import Any
 
 import yaml
 
-AT_ARRIVAL = frozenset({"deadline_unreachable", "too_long", "queue_full", "unknown_decode_host"})
-AT_RUN_END = frozenset({"no_slots", "run_ended", "no_device", "agent_lost"})
+AT_ARRIVAL = frozenset({"deadline_unreachable", "too_long", "queue_full", "unknown_decode_host", "no_device"})
+AT_RUN_END = frozenset({"no_slots", "run_ended", "agent_lost"})
 
 
 @dataclass(frozen=True)

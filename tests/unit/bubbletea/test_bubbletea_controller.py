@@ -368,3 +368,12 @@ def test_admission_stretches_a_device_by_how_much_slower_it_finished_its_recent_
         d.submit(req("y", deadline=0.3), T0)
     # ratios older than LATE_AGE_S no longer count
     assert d.devices["a"].slowness(T0 + 10.0) == 1.0
+
+
+def test_a_request_is_refused_at_arrival_when_no_agent_synced_lately():
+    d = eager(["a"], ["dc1-h2"], stale_s=1.0)
+    ready(d, "a", now=T0)
+    with pytest.raises(Refusal) as exc:  # training runs, but a has been silent for 2 s
+        d.submit(req("r1", at=T0 + 2.0), T0 + 2.0)
+    assert exc.value.code == "no_device" and "synced for 2.00 s" in exc.value.detail
+    assert not d.queue

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from testbed.process import Process, ProcessError, start
 from testbed.run.common import REPO_ROOT, RUN_PRELOAD, RunnerError, path_links
@@ -392,16 +392,35 @@ def guard_overruns(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]],
         worst_lease_overrun_s=max((e.overrun_s for e in events), default=0.0))
 
 
-def _wan_transfers(folder: Path) -> dict[int, list[dict[str, Any]]]:
+class _Send(BaseModel):
+    """What `iteration_stalls` reads of a worker's send record (transfers/<worker>.jsonl,
+    testbed/training/transport_comm.py); the record's other keys are ignored."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    iteration: int
+    links: list[str] | None = None  # WAN link directions crossed (none or empty: inside a DC)
+    posted: float | None = None
+    confirmed: float | None = None
+    token_timeout: bool = False  # waited for Atlas's link token until its timeout
+
+    @property
+    def span(self) -> float | None:
+        """From posted to confirmed (None: either missing)."""
+        return None if self.posted is None or self.confirmed is None else self.confirmed - self.posted
+
+
+def _wan_transfers(folder: Path) -> dict[int, list[_Send]]:
     """The workers' send records by iteration (transfers/<worker>.jsonl): WAN ones only
     where the record says which links it crossed."""
     from testbed.training.transport_comm import read_transfer_logs
 
     sends, _ = read_transfer_logs(sorted((folder / "run" / "transfers").glob("*.jsonl")))
-    out: dict[int, list[dict[str, Any]]] = {}
+    out: dict[int, list[_Send]] = {}
     for r in sends:
         if "iteration" in r:
-            out.setdefault(int(r["iteration"]), []).append(r)
+            rec = _Send.model_validate(r)
+            out.setdefault(rec.iteration, []).append(rec)
     return out
 
 
@@ -425,11 +444,7 @@ def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]]
     last = max(sends) if sends else -1
     base = last - len(windows) + 1 if sends else first_measured
 
-    def span(r: dict[str, Any]) -> float | None:
-        a, b = r.get("posted"), r.get("confirmed")
-        return None if a is None or b is None else b - a
-
-    all_spans = [x for rs in sends.values() for r in rs if r.get("links") and (x := span(r)) is not None]
+    all_spans = [x for rs in sends.values() for r in rs if r.links and (x := r.span) is not None]
     typical = median(all_spans) if all_spans else None
     out = []
     for k, t in enumerate(times):
@@ -438,8 +453,8 @@ def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]]
         mine = [w for w in waits if w.iteration == k]
         waited = sum(w.waited_s for w in mine)
         recs = sends.get(base + k, [])
-        timeouts = sum(1 for r in recs if r.get("token_timeout"))
-        spans = [x for r in recs if r.get("links") and (x := span(r)) is not None]
+        timeouts = sum(1 for r in recs if r.token_timeout)
+        spans = [x for r in recs if r.links and (x := r.span) is not None]
         longest = max(spans) if spans else None
         excess = t - mid
         parts = []

@@ -23,7 +23,9 @@ late for its windows or the host's CPU is short: each device keeps how much slow
 admitted requests ended than predicted (arrival to the last KV byte, over arrival to the
 finish predicted when each was admitted, that at least `SLOW_FLOOR_S`; the last
 `LATE_WINDOW` that ended within `LATE_AGE_S`), and admission stretches that device's
-predicted wait by their `LATE_QUANTILE` (never below 1). A device whose work drains at a
+predicted wait by their `LATE_QUANTILE` (never below 1), or, if more, by how overdue the
+requests it holds are now (the oldest past its predicted finish: a device that delivers
+nothing shows no ended request, but its overdue ones say how far behind it is). A device whose work drains at a
 fraction of its bubbles then takes fewer new requests: the wait ahead of a request grows
 with the work queued at the rate it really drains, so the stretch is a ratio, not a delay.
 The requests admitted keep within their deadline instead of all ending late.
@@ -178,13 +180,21 @@ class DeviceState:
     # (when, ratio) of recent admitted requests: how much longer they took than predicted
     slow: deque[tuple[float, float]] = field(default_factory=lambda: deque(maxlen=LATE_WINDOW))
 
+    # id -> (arrival, finish predicted at admission) of the open requests, in dispatch order
+    promised: dict[str, tuple[float, float]] = field(default_factory=dict)
+
     def slowness(self, now: float) -> float:
         """How many times longer than its bubbles predict this device takes to finish what
-        it is given (1 until LATE_MIN requests ended here in the last LATE_AGE_S; never below 1)."""
+        it is given: the LATE_QUANTILE of the ratios of the requests that ended here in the
+        last LATE_AGE_S (when at least LATE_MIN did), or, if more, the ratio the most overdue
+        open request has reached by now; never below 1."""
         xs = sorted(x for t, x in self.slow if now - t <= LATE_AGE_S)
-        if len(xs) < LATE_MIN:
-            return 1.0
-        return max(1.0, xs[min(len(xs) - 1, int(LATE_QUANTILE * len(xs)))])
+        ended = xs[min(len(xs) - 1, int(LATE_QUANTILE * len(xs)))] if len(xs) >= LATE_MIN else 1.0
+        overdue = 1.0
+        for arrival, finish in self.promised.values():
+            if now > finish:
+                overdue = max(overdue, (now - arrival) / max(SLOW_FLOOR_S, finish - arrival))
+        return max(1.0, ended, overdue)
 
     def add_open(self, rid: str, work: float, tokens: int) -> None:
         self.open[rid] = work
@@ -192,12 +202,14 @@ class DeviceState:
         self.open_by_len[b] += work
 
     def pop_open(self, rid: str) -> None:
+        self.promised.pop(rid, None)
         work = self.open.pop(rid, None)
         b = self._bucket.pop(rid, None)
         if work is not None and b is not None:
             self.open_by_len[b] = max(0.0, self.open_by_len[b] - work)
 
     def clear_open(self) -> None:
+        self.promised.clear()
         self.open.clear()
         self._bucket.clear()
         self.open_by_len = [0.0] * TOKEN_BUCKETS
@@ -405,6 +417,8 @@ class Dispatcher:
         entry.planned = None
         entry.state, entry.device, entry.dispatched_at = "dispatched", dev.name, sent_at
         dev.add_open(req.id, work, req.prompt_tokens)
+        if entry.admitted_finish is not None:
+            dev.promised[req.id] = (entry.arrival, entry.admitted_finish)
         dev.sent.append(WorkItem(id=req.id, arrival=entry.arrival, prompt_tokens=req.prompt_tokens,
                                  deadline_s=deadline))
         dev.sent_predicted.append(work)

@@ -366,7 +366,8 @@ def test_admission_stretches_a_device_by_how_much_slower_it_finished_its_recent_
     assert d.submit(req("x", deadline=2.0), T0).device == "a"
     with pytest.raises(Refusal):  # neither finishes within 0.3 s
         d.submit(req("y", deadline=0.3), T0)
-    # ratios older than LATE_AGE_S no longer count
+    # ratios older than LATE_AGE_S no longer count (x, still open, is overdue by then: it counts)
+    d.devices["a"].pop_open("x")
     assert d.devices["a"].slowness(T0 + 10.0) == 1.0
 
 
@@ -377,3 +378,15 @@ def test_a_request_is_refused_at_arrival_when_no_agent_synced_lately():
         d.submit(req("r1", at=T0 + 2.0), T0 + 2.0)
     assert exc.value.code == "no_device" and "synced for 2.00 s" in exc.value.detail
     assert not d.queue
+
+
+def test_a_device_whose_admitted_requests_are_overdue_is_stretched_before_any_ends():
+    d = eager(["a"], ["dc1-h2"])
+    ready(d, "a", idle_fraction=1.0)
+    e = d.submit(req("r1", tokens=1024, deadline=2.0), T0)
+    assert d.devices["a"].slowness(T0 + 0.05) == 1.0  # not due yet
+    # predicted to finish 0.1024 s after arrival; 0.5 s later it has not ended: 4.9x
+    assert d.devices["a"].slowness(T0 + 0.5) == pytest.approx(0.5 / (e.admitted_finish - T0))
+    d.sync("a", AgentSync(status=status(T0 + 0.5, idle_fraction=1.0, taken=1), received=1, ended=[
+        EndedRequest(id="r1", status="served", start=T0 + 0.4, end=T0 + 0.5, kv_arrival=T0 + 0.5)]), T0 + 0.5)
+    assert d.devices["a"].slowness(T0 + 0.6) == 1.0  # ended: one ratio is not LATE_MIN of them

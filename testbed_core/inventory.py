@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -34,6 +34,9 @@ from testbed_core.configfile import (
     read_yaml_mapping,
 )
 from testbed_core.servers import SERVER_NAME, SshSettings, keys_resolved
+
+if TYPE_CHECKING:
+    from testbed_core.topology import Topology
 
 
 class InventoryError(ConfigError):
@@ -118,7 +121,7 @@ class Inventory(_Model):
     def where(self) -> str:
         return self.source or "inventory"
 
-    def assignment(self, topology: Any) -> dict[str, Machine]:
+    def assignment(self, topology: Topology) -> dict[str, Machine]:
         """Each topology host (``<dc>-<host>``) and the machine that plays it; an
         InventoryError naming the file and field when a DC or host is unknown, a host
         is on two machines, or a host is on none."""

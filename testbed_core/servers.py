@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import ipaddress
 from pathlib import Path
-from typing import Any, Literal, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
@@ -35,6 +35,9 @@ from testbed_core.configfile import (
     read_yaml_mapping,
 )
 from testbed_core.units import format_rate
+
+if TYPE_CHECKING:  # the topology holds a servers plan: imported for the annotations only
+    from testbed_core.topology import Topology, WanLink
 
 SERVER_NAME = r"^[a-z][a-z0-9-]{0,15}$"
 SSH_USER = r"^[a-z_][a-z0-9_-]{0,31}$"
@@ -195,7 +198,7 @@ def mtu_problem(server: str, device: str, underlay_mtu: int, tunnel: str) -> str
             "or more (jumbo frames give the emulation a full 1500)")
 
 
-def crossing_links(topology: Any, plan: ServerPlan) -> list[tuple[Any, str, str]]:
+def crossing_links(topology: Topology, plan: ServerPlan) -> list[tuple[WanLink, str, str]]:
     """(WAN link, server of its first DC, server of its second) for each WAN link whose
     DCs are on different servers: the links that become tunnels."""
     out = []
@@ -206,7 +209,7 @@ def crossing_links(topology: Any, plan: ServerPlan) -> list[tuple[Any, str, str]
     return out
 
 
-def underlay_demand(topology: Any, plan: ServerPlan) -> dict[tuple[str, str], float]:
+def underlay_demand(topology: Topology, plan: ServerPlan) -> dict[tuple[str, str], float]:
     """Per pair of servers (sorted names), the sum of the peak rates of the WAN links
     tunnelled between them: what the underlay must carry in each direction."""
     demand: dict[tuple[str, str], float] = {}
@@ -249,7 +252,7 @@ def load_servers(path: str | Path) -> ServerPlan:
     return parse_servers(read_yaml_mapping(Path(path), "servers", ServersError), str(path))
 
 
-def place_topology(topology: Any, plan: ServerPlan, path: str) -> Any:
+def place_topology(topology: Topology, plan: ServerPlan, path: str) -> Topology:
     """`topology` with `plan` as its servers (``--servers FILE`` over a topology file);
     refused, naming `path`, when the plan's DCs do not match the topology's."""
     problem = plan.placement_problem([dc.name for dc in topology.dcs])

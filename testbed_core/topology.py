@@ -8,6 +8,7 @@ allowed. The format: docs/topologies.md, every field in docs/reference/formats/t
 from __future__ import annotations
 
 import ipaddress
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -66,7 +67,7 @@ class TopologyError(ConfigError):
     """A topology file that cannot be used, with the place and the fix in its message."""
 
 
-def _within(low: float, high: float, fmt: Any, what: str, why: str) -> AfterValidator:
+def _within(low: float, high: float, fmt: Callable[[float], str], what: str, why: str) -> AfterValidator:
     def check(value: float) -> float:
         if not low <= value <= high:
             raise ValueError(f"{what} {fmt(value)} is out of range: allowed {fmt(low)} to {fmt(high)} ({why})")

@@ -30,7 +30,7 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.placement import (
@@ -43,6 +43,9 @@ from testbed_core.planning.placement import (
 )
 from testbed_core.topology import Topology
 from testbed_core.workload import EffectiveWorkload, Workload
+
+if TYPE_CHECKING:  # the prediction module may use the search
+    from testbed_core.planning.prediction import Variant
 
 DEFAULT_CANDIDATES = 1000  # 4 DCs and pp=8: at most 1,432 candidates (fewer when DCs are small)
 DEFAULT_SECONDS = 30.0
@@ -185,7 +188,7 @@ def count_candidates(free: dict[str, int], pp: int, dp: int = 1, tp: int = 1) ->
 def search_placement(
     topology: Topology,
     workload: Workload,
-    variant: Any,
+    variant: Variant,
     *,
     predictor: Predictor,
     free: dict[str, int] | None = None,

@@ -14,13 +14,14 @@ stdin, and answers ``ready`` once, then ``<name> listening``, ``<name> connected
 
 from __future__ import annotations
 
-import json
 import sys
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Literal
+
+from pydantic import BaseModel, ConfigDict
 
 from testbed.training.worker.channels import connect_with_retry, transport_config
 from testbed.training.worker.job import WorkerError, load_job
@@ -29,6 +30,33 @@ from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 
 if TYPE_CHECKING:
     from atlas_transport.channel import Channel
+
+
+class ProbeResult(BaseModel):
+    """What a probe writes to its job's `out`: the receiver the wall-clock arrival of
+    each tensor, the sender when it handed each over and when the receiver confirmed it
+    (the warm-up tensor not counted)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    role: Literal["probe-send", "probe-recv"]
+    streams: int
+    nbytes: int
+    arrived: list[float | None] | None = None  # probe-recv (None: a receive that did not complete)
+    sent: list[float] | None = None  # probe-send
+    confirmed: list[float | None] | None = None  # probe-send
+
+
+class RingProbeResult(BaseModel):
+    """What a ring probe writes to its job's `out`: the seconds of each all-reduce and
+    the bytes this replica sent in one."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    times_s: list[float]
+    bytes_sent: int
 
 
 class ProbeIO:
@@ -141,7 +169,7 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     from testbed.training.transport_comm import wall_of
 
     io = io or ProbeIO()
-    result: dict[str, Any] = {"name": job.name, "role": job.role, "streams": job.streams, "nbytes": job.nbytes}
+    result = ProbeResult(name=job.name, role=job.role, streams=job.streams, nbytes=job.nbytes)
     deadline = time.monotonic() + job.timeout_s
     receiver = job.role == "probe-recv"
     ch = _open_channel(job, receiver, deadline, f"probe {job.name}", io)
@@ -154,7 +182,7 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                 h = ch.irecv(1)
                 h.wait(max(0.1, deadline - time.monotonic()))
                 arrived.append(wall_of(h.completed_at))
-            result["arrived"] = arrived
+            result.arrived = arrived
         else:
             if job.warmup_bytes:
                 ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), 2).wait(max(0.1, deadline - time.monotonic()))
@@ -178,10 +206,10 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                 h = ch.isend(payload, 1)
                 h.wait(max(0.1, deadline - time.monotonic()))
                 confirmed.append(wall_of(h.completed_at))
-            result.update(sent=sent, confirmed=confirmed)
+            result.sent, result.confirmed = sent, confirmed
     finally:
         ch.close(timeout=5.0)
-    write_text_atomic(job.out, json.dumps(result))
+    write_text_atomic(job.out, result.model_dump_json(exclude_none=True))
 
 
 def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
@@ -209,4 +237,4 @@ def run_ring_probe(job: RingProbeJob, io: ProbeIO | None = None) -> None:
                  for _ in range(job.count)]
     finally:
         ch.close(timeout=5.0)
-    write_text_atomic(job.out, json.dumps({"name": job.name, "times_s": times, "bytes_sent": plan.bytes_sent}))
+    write_text_atomic(job.out, RingProbeResult(name=job.name, times_s=times, bytes_sent=plan.bytes_sent).model_dump_json())

@@ -24,9 +24,16 @@ import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, TextIO, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, Literal, TextIO, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
+
+    from testbed.emulation.shaping import NetemParams
+
+Counters = dict[str, tuple[int, int]]  # interface -> (tx bytes, tx packets), as a reply carries them
 
 T = TypeVar("T")
 
@@ -148,7 +155,7 @@ class NodeConfError(RuntimeError):
 class NodeNs:
     """Where a node's netlink, /proc/sys and /sys are, from the caller's point of view."""
 
-    iproute: Callable[[], Any]  # a new IPRoute in the node's namespace (caller closes it)
+    iproute: Callable[[], IPRoute]  # a new IPRoute in the node's namespace (caller closes it)
     run: Callable[[Callable[[], Any]], Any]  # call fn inside the namespace (for /proc/sys)
     root: Path  # the node's / (its own /sys mount)
 
@@ -176,7 +183,7 @@ def apply(request: NodeRequest, ns: NodeNs) -> NodeReply:
     from testbed.emulation.shaping import ShapingError
 
     errors: list[str] = []
-    counters: dict[str, tuple[int, int]] = {}
+    counters: Counters = {}
     try:
         with contextlib.ExitStack() as stack:
             ipr = None
@@ -198,7 +205,7 @@ def apply(request: NodeRequest, ns: NodeNs) -> NodeReply:
 
 
 @contextlib.contextmanager
-def _closing(ipr: Any) -> Iterator[Any]:
+def _closing(ipr: IPRoute) -> Iterator[IPRoute]:
     try:
         yield ipr
     finally:
@@ -227,32 +234,32 @@ def _rps(root: Path, mask: str) -> None:
             return
 
 
-def _index(ipr: Any, ifname: str, where: str) -> int:
+def _index(ipr: IPRoute, ifname: str, where: str) -> int:
     found = ipr.link_lookup(ifname=ifname)
     if not found:
         raise NodeConfError(f"{where}: interface {ifname} is missing")
     return int(found[0])
 
 
-def _up(ipr: Any, ifname: str) -> None:
+def _up(ipr: IPRoute, ifname: str) -> None:
     found = ipr.link_lookup(ifname=ifname)
     if found:
         ipr.link("set", index=found[0], state="up")
 
 
-def _netem(spec: NetemSpec | None) -> Any:
+def _netem(spec: NetemSpec | None) -> NetemParams | None:
     from testbed.emulation.shaping import NetemParams
 
     return None if spec is None else NetemParams(delay_s=spec.delay_s, jitter_s=spec.jitter_s, loss=spec.loss)
 
 
-def _mtu(ipr: Any, op: MtuOp, _c: dict) -> None:
+def _mtu(ipr: IPRoute, op: MtuOp, _c: Counters) -> None:
     for link in ipr.get_links():
         if link.get_attr("IFLA_IFNAME") != "lo" and link.get_attr("IFLA_MTU") != op.mtu:
             ipr.link("set", index=link["index"], mtu=op.mtu)
 
 
-def _host(ipr: Any, op: HostOp, _c: dict) -> None:
+def _host(ipr: IPRoute, op: HostOp, _c: Counters) -> None:
     from testbed.emulation import shaping
 
     _up(ipr, "lo")
@@ -263,7 +270,7 @@ def _host(ipr: Any, op: HostOp, _c: dict) -> None:
     shaping.apply(ipr, op.intf, shaping.egress_shaper(op.intf, op.lan_rate, op.queue_bytes))
 
 
-def _gateway(ipr: Any, op: GatewayOp, _c: dict) -> None:
+def _gateway(ipr: IPRoute, op: GatewayOp, _c: Counters) -> None:
     from testbed.emulation import shaping
 
     _up(ipr, "lo")
@@ -281,7 +288,7 @@ def _gateway(ipr: Any, op: GatewayOp, _c: dict) -> None:
         ipr.route("add", dst=dst, gateway=via)
 
 
-def _wan(ipr: Any, op: WanOp, _c: dict) -> None:
+def _wan(ipr: IPRoute, op: WanOp, _c: Counters) -> None:
     from testbed.emulation import shaping
 
     _up(ipr, "lo")
@@ -296,7 +303,7 @@ def _wan(ipr: Any, op: WanOp, _c: dict) -> None:
         _up(ipr, op.bridge)
 
 
-def _change(ipr: Any, op: ChangeOp, _c: dict) -> None:
+def _change(ipr: IPRoute, op: ChangeOp, _c: Counters) -> None:
     from testbed.emulation import shaping
 
     for intf in op.intfs:
@@ -306,7 +313,7 @@ def _change(ipr: Any, op: ChangeOp, _c: dict) -> None:
             shaping.apply(ipr, intf, shaping.change_netem(_netem(op.netem), op.netem_rate, op.queue_bytes))
 
 
-def _counters(ipr: Any, op: CountersOp, out: dict) -> None:
+def _counters(ipr: IPRoute, op: CountersOp, out: Counters) -> None:
     for msg in ipr.get_links():
         name = msg.get_attr("IFLA_IFNAME")
         if name in op.intfs:
@@ -314,7 +321,7 @@ def _counters(ipr: Any, op: CountersOp, out: dict) -> None:
             out[name] = (int(stats["tx_bytes"]), int(stats["tx_packets"]))
 
 
-_NETLINK: dict[type, Callable[[Any, Any, dict], None]] = {
+_NETLINK: dict[type, Callable[[IPRoute, Any, Counters], None]] = {
     MtuOp: _mtu, HostOp: _host, GatewayOp: _gateway, WanOp: _wan, ChangeOp: _change, CountersOp: _counters,
 }
 

@@ -18,11 +18,14 @@ import errno
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
+
+if TYPE_CHECKING:
+    from pyroute2 import IPRoute
 
 # pyroute2 0.9.7 knows "pfifo" but not "bfifo"; both use the same netlink options
 # (struct tc_fifo_qopt { u32 limit; }), only the unit differs (packets vs bytes).
@@ -198,7 +201,7 @@ def change_netem(netem: NetemParams, rate_bps: float, queue_bytes: int) -> list[
     return [_leaf("change", rate_bps, _check_queue("change_netem", queue_bytes), netem)]
 
 
-def _ifindex(ipr: Any, ifname: str) -> int:
+def _ifindex(ipr: IPRoute, ifname: str) -> int:
     found = ipr.link_lookup(ifname=ifname)
     if not found:
         raise ShapingError(
@@ -221,7 +224,7 @@ def _explain(req: TcRequest, ifname: str, exc: NetlinkError) -> str:
     return what
 
 
-def apply(ipr: Any, ifname: str, requests: Iterable[TcRequest]) -> None:
+def apply(ipr: IPRoute, ifname: str, requests: Iterable[TcRequest]) -> None:
     """Send the requests in order to ``ifname`` through ``ipr`` (an IPRoute opened in
     the interface's namespace). If a request fails after this call added a root qdisc,
     that root is removed again before `ShapingError` is raised."""
@@ -240,7 +243,7 @@ def apply(ipr: Any, ifname: str, requests: Iterable[TcRequest]) -> None:
         added_root = added_root or (req.command == "add" and req.parent == TC_H_ROOT)
 
 
-def remove_shaper(ipr: Any, ifname: str) -> bool:
+def remove_shaper(ipr: IPRoute, ifname: str) -> bool:
     """Delete the root qdisc (and with it the whole shaper); False if there was none."""
     index = _ifindex(ipr, ifname)
     try:
@@ -252,7 +255,7 @@ def remove_shaper(ipr: Any, ifname: str) -> bool:
     return True
 
 
-def read_shaper(ipr: Any, ifname: str) -> ShaperState:
+def read_shaper(ipr: IPRoute, ifname: str) -> ShaperState:
     """Read back rate, ceil, queue limit and netem settings of our shaper."""
     index = _ifindex(ipr, ifname)
     rate = ceil = None

@@ -13,9 +13,13 @@ import shutil
 import subprocess
 import sys
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
 
 import click
+from pydantic import BaseModel
+
+if TYPE_CHECKING:
+    from testbed.emulation.kernel import KernelFeatures
 
 APT = "apt-get install"
 PIP_HINT = "make install (the venv with the pinned Python dependencies)"
@@ -33,7 +37,7 @@ class Check:
 @dataclass
 class Facts:
     euid: int
-    features: dict[str, Any] | None  # KernelFeatures.as_dict(), None if the probe failed
+    features: KernelFeatures | None  # None if the probe failed
     features_error: str = ""
     backend: str | None = None
     backend_error: str = ""
@@ -41,7 +45,16 @@ class Facts:
     versions: dict[str, str | None] = field(default_factory=dict)  # name -> version or None
     libiperf: str | None = None
     libiperf_error: str = ""
-    gpu: dict[str, Any] = field(default_factory=dict)
+    gpu: GpuInfo | None = None  # None: not probed
+
+
+class GpuInfo(BaseModel):
+    """What torch sees of CUDA (`error`: why torch could not be asked)."""
+
+    torch: str | None = None
+    available: bool
+    devices: list[str] | None = None
+    error: str | None = None
 
 
 TOOLS = {  # binary -> (Debian package, essential, why)
@@ -77,7 +90,7 @@ def gather(probe_gpu: bool = True) -> Facts:
     facts = Facts(euid=os.geteuid(), features=None)
     try:
         features = detect_features()
-        facts.features = features.as_dict()
+        facts.features = features
         try:
             facts.backend = choose_delay_backend(features)
         except BackendError as exc:
@@ -101,14 +114,14 @@ def gather(probe_gpu: bool = True) -> Facts:
     return facts
 
 
-def _gpu() -> dict[str, Any]:
+def _gpu() -> GpuInfo:
     try:
         import torch
     except Exception as exc:
-        return {"available": False, "error": f"torch not importable: {exc}"}
-    info: dict[str, Any] = {"torch": torch.__version__, "available": bool(torch.cuda.is_available())}
-    if info["available"]:
-        info["devices"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+        return GpuInfo(available=False, error=f"torch not importable: {exc}")
+    info = GpuInfo(torch=torch.__version__, available=bool(torch.cuda.is_available()))
+    if info.available:
+        info.devices = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return info
 
 
@@ -120,12 +133,12 @@ def assess(facts: Facts) -> list[Check]:
     if feats is None:
         checks.append(Check("kernel features", False, True, facts.features_error, "run as root (sudo) on Linux"))
     else:
-        notes = feats.get("notes", {})
+        notes = feats.notes
         for key, label, essential in (("netns", "network namespaces", True), ("veth", "veth pairs", True),
                                       ("htb", "HTB qdisc (rate)", True), ("tbf", "TBF qdisc", False),
                                       ("netem", "netem qdisc (delay)", False),
                                       ("packet_vnet_hdr", "AF_PACKET + PACKET_VNET_HDR (relay)", False)):
-            ok = bool(feats.get(key))
+            ok = bool(getattr(feats, key))
             fix = ""
             if not ok:
                 fix = {"netns": "run as root (sudo)", "htb": "modprobe sch_htb",
@@ -153,10 +166,10 @@ def assess(facts: Facts) -> list[Check]:
         fix = "" if version else ("pip install torch==2.13.0" if dist == "torch" else PIP_HINT)
         checks.append(Check(f"python: {dist}", version is not None, essential, version or "not installed", fix))
     gpu = facts.gpu
-    if gpu:
-        detail = ", ".join(gpu.get("devices", [])) if gpu.get("available") else gpu.get(
-            "error", "no CUDA device: compute is emulated on the CPU")
-        checks.append(Check("GPU", bool(gpu.get("available")), False, detail, ""))
+    if gpu is not None:
+        detail = ", ".join(gpu.devices or []) if gpu.available else (
+            gpu.error or "no CUDA device: compute is emulated on the CPU")
+        checks.append(Check("GPU", gpu.available, False, detail, ""))
     return checks
 
 
@@ -171,13 +184,13 @@ def doctor(as_json: bool) -> None:
         click.echo(json.dumps({
             "ok": ok,
             "delay_backend": facts.backend,
-            "kernel": facts.features,
+            "kernel": facts.features.as_dict() if facts.features is not None else None,
             "versions": {**facts.versions, "libiperf": facts.libiperf},
-            "gpu": facts.gpu,
+            "gpu": facts.gpu.model_dump(exclude_none=True) if facts.gpu is not None else {},
             "checks": [asdict(c) for c in checks],
         }, indent=2))
     else:
-        kernel = (facts.features or {}).get("kernel", "?")
+        kernel = facts.features.kernel if facts.features is not None else "?"
         click.echo(f"testbed doctor: kernel {kernel}, Python {sys.version.split()[0]}")
         for c in checks:
             status = "ok" if c.ok else ("MISSING" if c.essential else "absent")

@@ -11,6 +11,7 @@ from click.testing import CliRunner
 from testbed.cli import main
 from testbed.commands import doctor as doctor_mod
 from testbed.emulation import network as emulation
+from testbed.emulation.kernel import KernelFeatures
 
 TOPOS = Path(__file__).resolve().parents[3] / "topologies"
 
@@ -74,14 +75,14 @@ def test_clean_needs_root(runner, monkeypatch):
 def _facts(**changes) -> doctor_mod.Facts:
     facts = doctor_mod.Facts(
         euid=0,
-        features={"netns": True, "veth": True, "htb": True, "tbf": True, "netem": False,
-                  "packet_vnet_hdr": True, "packet_ignore_outgoing": True, "kernel": "6.1",
-                  "notes": {"netem": "adding a netem qdisc failed: module missing"}},
+        features=KernelFeatures(netns=True, veth=True, htb=True, tbf=True, netem=False, packet_vnet_hdr=True,
+                                packet_ignore_outgoing=True, kernel="6.1",
+                                notes={"netem": "adding a netem qdisc failed: module missing"}),
         backend="relay",
         tools={name: f"/usr/bin/{name}" for name in doctor_mod.TOOLS},
         versions={dist: "1.0" for dist in doctor_mod.PY_PACKAGES},
         libiperf="iperf 3.12",
-        gpu={"available": False, "error": "no CUDA device"},
+        gpu=doctor_mod.GpuInfo(available=False, error="no CUDA device"),
     )
     for key, value in changes.items():
         setattr(facts, key, value)

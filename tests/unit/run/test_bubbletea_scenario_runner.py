@@ -26,6 +26,7 @@ from testbed.run.ports import PortPlan
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant, variant_names
 from testbed.training.worker.job import parse_job
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import TrainJob
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -105,7 +106,7 @@ def test_workers_of_a_bubbletea_variant_publish_live_status(tmp_path: Path) -> N
 def test_agents_ship_to_a_decode_server_in_their_own_dc(tmp_path: Path) -> None:
     scenario, workload, jobs, ips = setup_jobs(tmp_path, decode_host="same-dc")
     where = decode_hosts(scenario, jobs)
-    assert {jobs[w].host.split("-")[0]: h.split("-")[0] for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
+    assert {dc_of_host(jobs[w].host): dc_of_host(h) for w, h in where.items()} == {"dc1": "dc1", "dc2": "dc2"}
     decode = {w: Endpoint(host=h, ip=ips[h], port=33000) for w, h in where.items()}
     agents = build_agent_jobs(jobs, tmp_path / "v", scenario, workload, None, decode, 5)
     assert sorted(a.agent_index for a in agents.values()) == [0, 1, 2, 3]

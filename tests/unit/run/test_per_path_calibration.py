@@ -13,7 +13,7 @@ import pytest
 from testbed.run.calibration import path_uses
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import place_variants, plan_variant, run_variants
-from testbed_core.contracts.calibration import Calibration, PathCalibration
+from testbed_core.contracts.calibration import Calibration, PathCalibration, dc_of_host
 
 ROOT = Path(__file__).resolve().parents[3]
 SCENARIO = ROOT / "scenarios" / "atlas-4dc.yaml"
@@ -174,8 +174,8 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
                                                                            ("mid", "edge"))]
     for c in singles:
         (a, b), (c2, d) = c[2]
-        assert a.split("-")[0] == c[1][0] and b.split("-")[0] == c[1][1]  # forward
-        assert c2.split("-")[0] == c[1][1] and d.split("-")[0] == c[1][0]  # and reverse
+        assert dc_of_host(a) == c[1][0] and dc_of_host(b) == c[1][1]  # forward
+        assert dc_of_host(c2) == c[1][1] and dc_of_host(d) == c[1][0]  # and reverse
         assert a != d  # two pipelines' channels, not one channel's two ends
     assert {c[1:] for c in calls if c[0] == "collide"} == {(p, 2, 8) for p in (("east", "west"), ("west", "mid"),
                                                                                ("mid", "edge"))}
@@ -247,7 +247,7 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
             assert period_s is not None and period_s > 0.5  # rounds that fit the slowest path
             out = []
             for a, b in pairs:  # 1 MiB in 0.03 s + (0.1 s east-west, 0.2 s west-mid) each, +0.1 s colliding
-                east_west = {a.split("-")[0], b.split("-")[0]} == {"east", "west"}
+                east_west = {dc_of_host(a), dc_of_host(b)} == {"east", "west"}
                 d = 0.03 + (0.1 if east_west else 0.2) + (0.1 if len(pairs) > 4 else 0)
                 out.append(calibration.ProbeTimes([0.0] * count, [d] * count))
             return out

@@ -24,6 +24,7 @@ from testbed.run.scenario import ScenarioError, load_scenario
 from testbed.run.variants import plan_variant
 from testbed.training.worker.job import WorkerError, parse_job
 from testbed.training.worker.real import end_real_iteration, real_work_of
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.summary import RealCheckSkipped
 from testbed_core.contracts.worker_job import TrainJob, TransportJob
 from testbed_core.workload import WorkloadError, load_workload, parse_workload
@@ -172,7 +173,7 @@ def test_real_jobs_train_their_stages_and_pair_the_dp_replicas(tmp_path, no_cuda
         assert peer.role == ("listen" if parsed.pipeline == 0 else "connect")
         assert peer.peer_ip == ips[jobs[peer.peer].host]
         # Atlas and even placements keep a stage's replicas in one DC: one stream on the LAN
-        assert job.host.split("-")[0] == jobs[peer.peer].host.split("-")[0] and peer.streams == 1
+        assert dc_of_host(job.host) == dc_of_host(jobs[peer.peer].host) and peer.streams == 1
     ports = {j.dp.peers[0].port for j in jobs.values()}
     first = PortPlan(30000).dp_gradients.first
     assert ports == {first, first + 1}  # one per rank

@@ -17,6 +17,7 @@ from testbed.run.ports import RANGE_SIZE, PortPlan
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import plan_variant, variant_names
 from testbed.training.worker.job import WorkerError, parse_job
+from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import ProbeJob, TrainJob, TransportJob
 from testbed_core.planning.streams import choose_streams
 from testbed_core.planning.wan_paths import pipeline_crossings
@@ -304,7 +305,7 @@ def test_dp_across_dc_keeps_pipelines_in_a_dc_and_all_reduces_across_the_wan(tmp
         assert job.dp is not None and job.dp.dp == 2 and job.dp.dp_rank == job.pipeline
         (peer,) = job.dp.peers
         assert peer.streams == setup.streams == 1 and peer.peer_ip == ips[jobs[peer.peer].host]
-        assert job.host.split("-")[0] != jobs[peer.peer].host.split("-")[0]
+        assert dc_of_host(job.host) != dc_of_host(jobs[peer.peer].host)
         assert job.dp.grad_bytes == int(eff.stage_params[job.rank] * 2 * scale)
     assert setup.prediction.allreduce_s > 0
 

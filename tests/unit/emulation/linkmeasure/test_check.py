@@ -280,3 +280,21 @@ def test_rtt_tolerance_widens_by_the_medians_sampling_spread_under_jitter():
     assert not r.rtt_ok
     plain = _link([50.4, 50.6], [950.0, 930.0], train_ms=(25.0, 25.4))
     assert not plain.rtt_ok  # no jitter: 0.4 ms off is out
+
+
+def test_a_probe_report_is_its_last_json_line_and_a_silent_probe_fails_with_its_stderr():
+    import subprocess
+    import sys
+
+    from testbed.emulation.linkmeasure.check import _report
+    from testbed.emulation.linkmeasure.probe import TrainReport
+
+    line = TrainReport(sent=3, received=2, foreign=0, records="/tmp/r.bin").model_dump_json()
+    ok = subprocess.Popen([sys.executable, "-c", f"print('READY'); print({line!r})"], stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True)
+    assert _report(ok, 30, TrainReport, "the probe train") == TrainReport(sent=3, received=2, foreign=0,
+                                                                         records="/tmp/r.bin")
+    bad = subprocess.Popen([sys.executable, "-c", "import sys; sys.exit('no socket')"], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match=r"the probe train failed \(exit 1\): no socket"):
+        _report(bad, 30, TrainReport, "the probe train")

@@ -49,7 +49,8 @@ def test_the_run_searches_once_per_variant_and_plans_on_that_placement(searches:
         setup = setups[name]
         assert not isinstance(setup, Exception) and setup.placement is placements["atlas"]
     (atlas_path,) = [dcs for dcs, use in uses.items() if "atlas" in use.channels]
-    assert set(atlas_path) == {"near", "big"}  # the search's placement, not the heuristic's
+    assert placements["atlas"].strategy == "search"
+    assert set(atlas_path) == set(placements["atlas"].stage_dc[0])  # the calibration times the searched placement
 
 
 def test_the_preflight_and_the_run_share_one_search(searches: list[str]) -> None:

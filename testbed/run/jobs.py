@@ -42,7 +42,6 @@ from testbed_core.contracts.worker_job import (
     TransportJob,
 )
 from testbed_core.planning.wan_paths import grad_wire_bytes
-from testbed_core.planning.wan_paths import grad_wire_bytes
 
 if TYPE_CHECKING:
     from testbed_core.planning.temporal import TemporalPlan
@@ -107,17 +106,17 @@ def build_jobs(
         real = add_real_jobs(workload, run_dir, torch_device)
     dp = (dp_sync_jobs(setup, workload, eff, topology, hosts, host_ips, ports, dp_bucket_bytes)
           if par.dp > 1 and (dp_allreduce or real) else {})
-    gloo = gloo_jobs(workload, channels, hosts, host_ips, ports) if setup.definition.comm == "gloo" else {}
+    gloo = gloo_jobs(workload, channels, hosts, host_ips, ports) if setup.run.variant.comm == "gloo" else {}
     temporal = ({} if plan is None else
                 temporal_jobs(plan, sched, hosts, host_ips, ports, temporal_mode, token_timeout_s))
-    live = live_jobs(channels, hosts, devices, topology, run_dir, iteration_lead_s, local) if setup.bubbletea else {}
+    live = live_jobs(channels, hosts, devices, topology, run_dir, iteration_lead_s, local) if setup.run.bubbletea else {}
     jobs: dict[str, TrainJob] = {}
     for d in range(par.dp):
         for r in range(par.pp):
             wid = worker_id(d, r)
             host, dev = hosts[wid], devices[wid]
             slots: list[tuple[float, float]] = []
-            if setup.bubbletea:
+            if setup.run.bubbletea:
                 slots = [(s, e) for s, e in setup.prediction.sim.idle_slots(d, r, min_s=1e-3)]
             jobs[wid] = TrainJob(
                 role="train", worker=wid, pipeline=d, rank=r, host=host,
@@ -131,7 +130,7 @@ def build_jobs(
                                  time_scale=1.0, torch_device=torch_device),
                 control=control, transfers_path=str(run_dir / "transfers" / f"{wid}.jsonl"),
                 setup_timeout_s=setup_timeout_s, timeout_s=timeout_s,
-                slots_path=str(run_dir / "slots" / f"{dev}.jsonl") if setup.bubbletea else None,
+                slots_path=str(run_dir / "slots" / f"{dev}.jsonl") if setup.run.bubbletea else None,
                 idle_slots=slots, live=live.get(wid), real=real.get(wid), dp=dp.get(wid),
                 gloo=gloo.get(wid),
             )

@@ -17,9 +17,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from testbed_core.device_records import WorkRecord
 from testbed_core.schedules import Schedule
 from testbed_core.simulate import TransferKey
-from testbed_runtime.device import Device, WorkRecord
+from testbed_runtime.device import Device
 
 
 class Comm(Protocol):

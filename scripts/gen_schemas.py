@@ -146,6 +146,11 @@ def _demo() -> type[BaseModel]:
     return DemoDoc
 
 
+def _provenance() -> type[BaseModel]:
+    from testbed.provenance import Provenance
+    return Provenance
+
+
 def _launch() -> type[BaseModel]:
     from testbed.launch.models import LaunchReport
     return LaunchReport
@@ -228,6 +233,9 @@ FORMATS: tuple[Format, ...] = (
     Format("kept", "kept.json", _kept_record,
            "What `testbed report --keep` writes beside kept sweep results (`results/<sweep>/kept.json`): where "
            "they came from, when, and every kept file's size."),
+    Format("provenance", "provenance.json", _provenance,
+           "What `testbed sweep` writes beside its plan and in every point's folder: the machine, the software "
+           "versions, the git commit, the seed and the delay backend of the run."),
     Format("demo", "demo.json", _demo,
            "What `testbed demo` writes: the table's rows as shown and what the demo ran (its settings and the "
            "notes of the parts that did not run); read back when the table is rebuilt from the folder."),

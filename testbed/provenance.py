@@ -19,7 +19,7 @@ from datetime import UTC, datetime
 from importlib import metadata
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from testbed_core.constants import REPO_ROOT
 from testbed_core.contracts.sweep import GitState
@@ -46,35 +46,37 @@ class _Model(BaseModel):
 
 
 class KernelInfo(_Model):
+    """`uname` of the machine: delay lines and TCP behave differently across kernels."""
+
     release: str
     version: str
     machine: str
 
 
 class HostInfo(_Model):
-    name: str
-    cpus: int | None
-    accelerators: list[str]  # NVIDIA GPUs the driver reports
+    name: str = Field(description="the host name")
+    cpus: int | None = Field(description="logical CPUs (null when unknown)")
+    accelerators: list[str] = Field(description="the NVIDIA GPUs the driver reports, by model name")
 
 
 class PythonInfo(_Model):
     version: str
     implementation: str
-    executable: str
+    executable: str = Field(description="the interpreter that ran the toolkit")
 
 
 class Provenance(_Model):
     """provenance.json: the machine, software and settings of one run."""
 
-    recorded_at: str  # ISO 8601, UTC, seconds
-    seed: int | None
-    delay_backend: str | None
+    recorded_at: str = Field(description="when it was collected: ISO 8601, UTC, to the second")
+    seed: int | None = Field(description="the point's seed (null for the sweep's own record)")
+    delay_backend: str | None = Field(description="netem or relay, as the runner picked it (null until known)")
     kernel: KernelInfo
     host: HostInfo
     python: PythonInfo
-    packages: dict[str, str | None]  # distribution -> installed version (None: not installed)
-    git: GitState
-    command: list[str]
+    packages: dict[str, str | None] = Field(description="distribution -> installed version (null: not installed)")
+    git: GitState = Field(description="the toolkit checkout's commit and whether it had local changes")
+    command: list[str] = Field(description="the command line (sys.argv) that ran")
 
 
 @functools.lru_cache(maxsize=4)

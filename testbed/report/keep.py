@@ -25,7 +25,7 @@ from pathlib import Path
 from testbed.provenance import git_state
 from testbed.report.loading import ReportError, load_results
 from testbed_core.constants import REPO_ROOT
-from testbed_core.contracts.sweep import GitState, KeptRecord
+from testbed_core.contracts.sweep import KeptRecord
 
 MAX_FILE_BYTES = 1 << 20  # one kept file
 MAX_TOTAL_BYTES = 8 << 20  # one kept sweep
@@ -93,7 +93,7 @@ def keep_results(root: str | Path, dest: str | Path | None = None) -> Kept:
         kept_at=datetime.now(UTC).isoformat(timespec="seconds"),
         source=str(rs.root.resolve()),
         sweep=rs.name,
-        git=GitState.model_validate(git_state()),
+        git=git_state(),
         points={pt.id: pt.status for pt in rs.points},
         rebuild=f"testbed report {_shown(out)}",
         files={str(p.relative_to(out)): p.stat().st_size for p in kept.files},

@@ -23,7 +23,6 @@ from testbed.commands.plan import _streams, parse_gpus
 from testbed_core.variants import REGISTRY, VariantError, allowed_text, help_text, parse_variants
 
 PAPER_SPEEDUP = 17.0  # arXiv 2411.14458: Atlas up to 17x faster than the baselines it compares with
-PAPER_UTILIZATION = 0.94  # arXiv 2411.14458: up to 94% GPU utilization with BubbleTea
 
 
 def _human_bytes(n: float | None) -> str:
@@ -224,6 +223,7 @@ def _plot(records: list[dict], grid, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    from testbed_core.contracts.bubbletea import PAPER_UTILIZATION
     from testbed_core.variants import colour
 
     rtt = max(r["rtt_ms"] for r in records)

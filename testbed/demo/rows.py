@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from testbed_core.contracts.bubbletea import PAPER_UTILIZATION, SLOWDOWN_LIMIT
 from testbed_core.contracts.demo import DemoRowRecord
 from testbed_core.contracts.summary import Summary, VariantFailure, VariantResult
 from testbed_core.variants import BUBBLETEA_SUFFIX
@@ -23,8 +24,6 @@ from testbed_core.variants import BUBBLETEA_SUFFIX
 # and testbed/report/plots.py.
 TARGET_LINK_FRACTION = 0.9  # atlas N streams >= 90% of iperf3 -P N
 TARGET_MULTI_SPEEDUP = 4.0  # atlas N streams >= 4x atlas on one stream
-PAPER_UTILIZATION = 0.94  # the paper's best GPU utilization with BubbleTea
-SLOWDOWN_LIMIT = 0.01  # BubbleTea may slow training by at most 1%
 WORST_ITERATION_LIMIT = 1.15  # its slowest iteration may be at most 1.15x the slowest without (issue 30)
 
 @dataclass(frozen=True)

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from testbed.report.loading import ResultSet, Row, category, number, parse_cell, wan_goodput
+from testbed_core.contracts.bubbletea import PAPER_UTILIZATION, SLOWDOWN_LIMIT
 from testbed_core.contracts.summary import VariantResult
 from testbed_core.units import UnitError, parse_duration, parse_rate, parse_size
 from testbed_core.variants import base_name, colour, has_bubbletea, sort_key
@@ -29,8 +30,6 @@ if TYPE_CHECKING:
     from matplotlib.container import BarContainer
 
 MARKERS = ("o", "s", "D", "v", "P")  # by variant rank in the registry; the last for the others
-PAPER_UTILIZATION = 0.94  # the paper's best reported GPU utilization with BubbleTea
-SLOWDOWN_LIMIT = 0.01  # BubbleTea's promise: training slows down by at most 1%
 
 
 # ---------------------------------------------------------------------------- axes

@@ -140,6 +140,13 @@ class RequestSource(_Model):
 
 DECODE_SAME_DC = "same-dc"
 
+PAPER_UTILIZATION = 0.94
+"""BubbleTea's paper (arXiv 2411.14458): up to 94% GPU utilization with prefill in the
+bubbles; the line the demo, the report and the what-if plots draw."""
+
+SLOWDOWN_LIMIT = 0.01
+"""BubbleTea's promise: training slows down by at most 1%."""
+
 
 class BubbleTeaSettings(_Model):
     """BubbleTea agents next to the training workers (bubbletea_agent/README.md)."""

@@ -507,15 +507,9 @@ class BubbleTeaMetrics(_Doc):
     prefill_service: PrefillService
 
 
-BUBBLETEA_KEYS = frozenset({
-    "prefill_requests", "ttft_s", "prefill_tokens_served", "guard_violations", "guard_violations_all_iterations",
-    "training_wait_on_prefill_s", "training_slowdown", "compared_with_iteration_time_s", "bubbletea_agents",
-    "prefill_service",
-    "kv_checks",
-    "slowdown_decomposition",
-    "guard_overruns", "stalls",
-})
-"""The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`)."""
+BUBBLETEA_KEYS = frozenset(BubbleTeaMetrics.model_fields) | {"slowdown_decomposition"}
+"""The keys a ``+bubbletea`` variant adds (testbed/run/bubbletea.py `bubbletea_metrics`,
+then the runner's slowdown decomposition)."""
 
 
 class VariantResult(_Doc):

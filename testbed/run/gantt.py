@@ -13,7 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from testbed.run.metrics import TransferRecord
+    from testbed_core.contracts.summary import FaultRecord
+    from testbed_core.device_records import WorkRecord
 
 KIND_COLORS = {
     "forward": "#4c72b0",
@@ -43,15 +48,15 @@ def _device_sort_key(name: str) -> tuple:
 
 
 def gantt_png(
-    timelines: Mapping[str, Sequence[Any]],
-    transfers: Sequence[Any],
+    timelines: Mapping[str, Sequence[WorkRecord]],
+    transfers: Sequence[TransferRecord],
     starts: Sequence[float],
     ends: Sequence[float],
     warmup: int,
     path: str | Path,
     *,
     title: str = "",
-    faults: Sequence[Any] = (),
+    faults: Sequence[FaultRecord] = (),
 ) -> Path:
     """Draw the measured iterations of a variant to `path` (PNG). Each fault injected on
     purpose (`FaultRecord`s, testbed/run/faults.py) that happened is a shaded band over

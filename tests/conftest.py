@@ -11,8 +11,9 @@ Markers (registered in pyproject.toml):
 * ``alone``: a root test whose checks are measurements of the emulated network (RTT,
   loss, order) that a concurrent run would skew; ``make test`` runs these one at a time,
   after the others. The other root and cluster tests run two at a time there (xdist
-  ``--dist loadgroup``): each test file is one group, all of ``tests/cluster`` one more
-  (one rig at a time), so the tests of a file never overlap.
+  ``--dist loadgroup``): each test file is one group, so the tests of a file never
+  overlap; all of ``tests/cluster`` and the root tests that crash runs and clean up after
+  them (``_CLEANING``) are one group more, "clean": one rig, one ``testbed clean`` at a time.
 * ``floor``: asserts a throughput, a speedup ratio or a duration that depends on the
   machine's speed (a benchmark floor, mostly under ``tests/floors/``); skipped unless
   ``TESTBED_FLOOR_TESTS=1`` (``make floors``, on a quiet machine), so that noise on busy
@@ -46,6 +47,11 @@ import pytest
 
 from testbed_core.constants import REPO_ROOT, WORKLOADS_DIR
 
+# Root test files that crash a run on purpose and then end what it left (`testbed clean`, or
+# its record's plan): with pytest-xdist they share one group with the cluster tests (whose
+# rigs do the same), so that no other test's clean ends their leftovers first.
+_CLEANING = {"test_teardown.py", "test_kill_anywhere.py", "test_launch.py"}
+
 
 def _cuda_available() -> bool:
     try:
@@ -58,8 +64,8 @@ def _cuda_available() -> bool:
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "cluster" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group("cluster"))
+        if "cluster" in item.keywords or item.path.name in _CLEANING:
+            item.add_marker(pytest.mark.xdist_group("clean"))
         elif "root" in item.keywords:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
     if os.geteuid() != 0:

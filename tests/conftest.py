@@ -40,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import resource
+import signal
 import time
 from collections.abc import Generator
 
@@ -62,6 +63,17 @@ def _cuda_available() -> bool:
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
+def pytest_configure(config: pytest.Config) -> None:
+    """Give SIGINT its default meaning back when the suite was started with it ignored.
+
+    A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an
+    ignored signal stays ignored across exec: every toolkit command the tests start would
+    then ignore the Ctrl-C that the teardown tests send it, and those tests would fail for
+    a reason that is not the toolkit's."""
+    if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         if "cluster" in item.keywords or item.path.name in _CLEANING:

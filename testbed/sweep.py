@@ -41,13 +41,14 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 import yaml
-from pydantic import ConfigDict, Field, JsonValue, ValidationError, field_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator
 
 from testbed.progress import Progress
 from testbed.provenance import collect_provenance, read_provenance, write_provenance
 from testbed.run.scenario import (
     ProgramScenario,
     Scenario,
+    ScenarioDoc,
     ScenarioError,
     apply_override,
     resolve_scenario,
@@ -56,10 +57,6 @@ from testbed.run.scenario import (
 from testbed_core.configfile import ConfigModel, format_validation_error, read_yaml_mapping
 from testbed_core.contracts.summary import ProgramSummary, Summary
 from testbed_core.contracts.sweep import PointRecord, SweepParameter, SweepPointRef, SweepRecord
-
-ScenarioDoc = dict[str, JsonValue]
-"""A scenario as a document, before validation: what scenario.resolved.yaml holds (the
-base scenario with its files read in and a point's overrides applied)."""
 
 Runner = Callable[[Scenario, ScenarioDoc, Path, Progress | None], Summary]
 """Runs one point: (scenario, resolved scenario, point folder, progress) -> its summary

@@ -77,6 +77,7 @@ from testbed_runtime.lifetime import OWNER_ENV, owner_mark
 
 if TYPE_CHECKING:
     from testbed.emulation.cluster.build import ClusterBuild
+    from testbed.emulation.delayline.stats import RelaySnapshot
 
 __all__ = [
     "Emulation",
@@ -478,11 +479,11 @@ class Emulation:
             f"{(err.tail() or buf).strip()[-800:] or 'no output'}"
         )
 
-    def delay_line_stats(self, timeout_s: float = 2.0) -> dict[str, dict[str, Any]]:
+    def delay_line_stats(self, timeout_s: float = 2.0) -> dict[str, RelaySnapshot]:
         """Each relay delay line's counters (frames, bytes, and the drops of the relay
         itself vs. those of the shaper queue), by WAN link name; {} with netem. A
         relay that does not answer within `timeout_s` is left out."""
-        import json
+        from testbed.emulation.delayline.stats import RelaySnapshot
 
         asked = {}
         for w in self._wans:
@@ -497,13 +498,14 @@ class Emulation:
             except (BrokenPipeError, OSError, ValueError):
                 continue
             asked[w] = seen
-        stats: dict[str, dict[str, Any]] = {}
+        stats: dict[str, RelaySnapshot] = {}
         deadline = time.monotonic() + timeout_s
         while asked and time.monotonic() < deadline:
             for w in [w for w, seen in asked.items() if w.relay_out.watched[0] > seen]:  # type: ignore[union-attr]
                 try:
-                    stats[w.link.name if w.link else w.name] = json.loads(w.relay_out.watched[1])  # type: ignore[union-attr]
-                except ValueError:
+                    line = w.relay_out.watched[1]  # type: ignore[union-attr]
+                    stats[w.link.name if w.link else w.name] = RelaySnapshot.model_validate_json(line)
+                except ValueError:  # not a STATS line (pydantic's ValidationError is a ValueError)
                     pass
                 del asked[w]
             time.sleep(0.01)

@@ -318,9 +318,9 @@ class FaultInjector:
             stats = self.emulation.delay_line_stats()
         except Exception:
             return -1
-        if any(not stats.get(name) for name in names):
+        if any(name not in stats for name in names):
             return -1
-        return sum(int(stats[name].get(d, {}).get("down_drops", 0)) for name in names for d in ("a2b", "b2a"))
+        return sum(stats[name].a2b.down_drops + stats[name].b2a.down_drops for name in names)
 
     # ------------------------------------------------------------ recording
 

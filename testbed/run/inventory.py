@@ -58,6 +58,7 @@ from testbed_core.inventory import Inventory, InventoryError, Machine, load_inve
 from testbed_runtime.readiness import READY_FD_ENV
 
 if TYPE_CHECKING:
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.emulation.records import RunRecord
     from testbed.emulation.remote.sshlogin import RemoteLogin
     from testbed.run.scenario import Scenario
@@ -356,7 +357,7 @@ class InventoryNetwork:
                 out += sorted(str(p) for p in folder.glob("*.sock") if p.is_socket())
         return out
 
-    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return {}
 
     def adopt(self, scenario: Scenario, progress: Progress) -> Scenario:

@@ -22,10 +22,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
 from testbed.run.ports import PORT_SPAN, free_port_block
-from testbed.run.scenario import EMULATED_BASE_PORT, Scenario
+from testbed.run.scenario import EMULATED_BASE_PORT, Scenario, ScenarioDoc
 from testbed_core.topology import Topology
 
 if TYPE_CHECKING:
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.emulation.network import Emulation
 
 
@@ -51,7 +52,7 @@ class LocalHost:
     ip: str = "127.0.0.1"
 
     def popen(self, argv: Sequence[str], **kwargs: Any) -> subprocess.Popen:
-        return subprocess.Popen(list(argv), **_owned(kwargs))
+        return subprocess.Popen(list(argv), **{**kwargs, "env": _owner_env(kwargs)})
 
     def popen_warm(self, argv: Sequence[str], *, preload: Sequence[str], **kwargs: Any) -> Any:
         from testbed.emulation.warmstart import claim, warm_start
@@ -59,18 +60,18 @@ class LocalHost:
         folder = self.net.warm_folder()
         if not claim(folder, preload):  # another run of this process has the fork server
             return self.popen(argv, **kwargs)
-        return warm_start(os.getpid(), argv, server=folder, **_owned(kwargs))
+        return warm_start(os.getpid(), argv, server=folder, **{**kwargs, "env": _owner_env(kwargs)})
 
 
-def _owned(kwargs: dict[str, Any]) -> dict[str, Any]:
-    """`kwargs` with this process named as the owner in the child's environment: the
+def _owner_env(kwargs: dict[str, Any]) -> dict[str, str]:
+    """The child's environment (`kwargs`' env, else ours) with this process named as its owner: the
     workers and agents end themselves once it is gone (testbed_runtime/lifetime.py), as
     under emulation (Emulation names itself the same way)."""
     from testbed_runtime.lifetime import OWNER_ENV, owner_mark
 
     env = dict(kwargs.get("env") or os.environ)
     env[OWNER_ENV] = owner_mark()
-    return {**kwargs, "env": env}
+    return env
 
 
 class Network(Protocol):
@@ -84,7 +85,7 @@ class Network(Protocol):
         emulation also by the teardown, or by `testbed clean` after a crash)."""
         ...
 
-    def delay_line_stats(self) -> dict[str, dict[str, Any]]: ...
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]: ...
 
 
 @dataclass
@@ -107,7 +108,7 @@ class LocalNetwork:
         self.temp_dirs.append(path)
         return path
 
-    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return {}
 
     def warm_folder(self) -> Path:
@@ -135,7 +136,7 @@ class EmulatedNetwork:
     def temp_dir(self, purpose: str) -> Path:
         return self.emu.temp_dir(purpose)
 
-    def delay_line_stats(self) -> dict[str, dict[str, Any]]:
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return self.emu.delay_line_stats()
 
 
@@ -190,8 +191,8 @@ def built_emulation(topology: Topology, progress: Progress,
         emu.stop()
 
 
-def with_servers(scenario: Scenario, resolved: dict[str, Any], path: Path,
-                 local: bool = False) -> tuple[Scenario, dict[str, Any]]:
+def with_servers(scenario: Scenario, resolved: ScenarioDoc, path: Path,
+                 local: bool = False) -> tuple[Scenario, ScenarioDoc]:
     """The scenario with its topology's DCs placed on the servers of ``--servers FILE``
     (testbed_core/servers.py), and the resolved scenario recording them."""
     from testbed_core.servers import ServersError, load_servers, place_topology
@@ -206,8 +207,8 @@ def with_servers(scenario: Scenario, resolved: dict[str, Any], path: Path,
     return scenario.model_copy(update={"topology": topology}), resolved
 
 
-def with_inventory(scenario: Scenario, resolved: dict[str, Any], path: Path,
-                   other_mode: bool = False) -> tuple[Scenario, dict[str, Any]]:
+def with_inventory(scenario: Scenario, resolved: ScenarioDoc, path: Path,
+                   other_mode: bool = False) -> tuple[Scenario, ScenarioDoc]:
     """The scenario run on the real machines of the inventory ``path`` (checked against
     the topology's hosts now, before anything starts)."""
     from testbed_core.inventory import InventoryError, load_inventory

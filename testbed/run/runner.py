@@ -99,6 +99,7 @@ from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload, Workload
 
 if TYPE_CHECKING:
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.run.faults import FaultInjector
     from testbed.run.metrics import TransferRecord
 
@@ -578,7 +579,7 @@ def _compare_wan_loss(entry: VariantResult, plain: VariantResult | None, name: s
         progress.log(f"  {name}: note: {note}")
 
 
-def _delay_line_window(before: Mapping[str, Mapping[str, Any]], after: Mapping[str, Mapping[str, Any]], name: str,
+def _delay_line_window(before: Mapping[str, RelaySnapshot], after: Mapping[str, RelaySnapshot], name: str,
                        progress: Progress) -> dict[str, DelayLineWindow] | None:
     """The relay delay lines' counters over one variant (None with netem or local
     mode), and a warning when a relay itself dropped packets."""
@@ -588,11 +589,11 @@ def _delay_line_window(before: Mapping[str, Mapping[str, Any]], after: Mapping[s
         return None
     stats = windows(before, after)
     for link, w in stats.items():
-        if w["relay_drops"]:
-            progress.log(f"  {name}: warning: the delay line of {link} itself dropped {w['relay_drops']} packets "
+        if w.relay_drops:
+            progress.log(f"  {name}: warning: the delay line of {link} itself dropped {w.relay_drops} packets "
                          "(its queue or socket overflowed): the link lost more than configured; the machine may be "
                          "overloaded")
-    return {link: DelayLineWindow.model_validate(w) for link, w in stats.items()}
+    return stats
 
 
 def _alternatives(setup: VariantSetup) -> str:

@@ -20,6 +20,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    JsonValue,
     StrictStr,
     ValidationError,
     field_validator,
@@ -38,12 +39,7 @@ from testbed_core.configfile import (
     read_yaml_mapping,
 )
 from testbed_core.contracts.bubbletea import DECODE_SAME_DC, BubbleTeaSettings
-from testbed_core.topology import (
-    CongestionControl,
-    Topology,
-    TopologyError,
-    parse_topology,
-)
+from testbed_core.topology import CongestionControl, Topology, TopologyError, parse_topology
 from testbed_core.units import UnitError, format_size, parse_size
 from testbed_core.variants import VariantError, default_names, get_variant
 from testbed_core.workload import Workload
@@ -234,7 +230,15 @@ def _inline(value: Any, base: Path, kind: str) -> Any:
     raise ScenarioError(f"{kind} must be a file path or an inline mapping, got {type(value).__name__}")
 
 
-def resolve_scenario(path: str | Path) -> dict[str, Any]:
+# A scenario as a document, before validation: what scenario.resolved.yaml holds (the
+# scenario with its topology and workload files read in and the overrides applied; the
+# form a sweep edits per point): JSON values only.
+ScenarioDoc = dict[str, JsonValue]
+# `--set path=value` overrides: a dotted path and the value parsed as YAML.
+Overrides = dict[str, JsonValue]
+
+
+def resolve_scenario(path: str | Path) -> ScenarioDoc:
     """The scenario as a dict with its topology and workload files read in."""
     path = Path(path)
     data = read_yaml_mapping(path, "scenario", ScenarioError)
@@ -432,7 +436,7 @@ def _check_limits(scenario: Scenario, source: str) -> None:
 _READ_TRACES: set[tuple[str, int, int]] = set()  # request traces read without a problem (path, mtime, size)
 
 
-def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> tuple[Scenario, dict[str, Any]]:
+def load_scenario(path: str | Path, overrides: Overrides | None = None) -> tuple[Scenario, ScenarioDoc]:
     """Validated scenario and the resolved dict it came from (to save with results)."""
     data = resolve_scenario(path)
     for dotted, value in (overrides or {}).items():
@@ -440,8 +444,8 @@ def load_scenario(path: str | Path, overrides: dict[str, Any] | None = None) -> 
     return validate_scenario(data), data
 
 
-def parse_set_options(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
+def parse_set_options(items: tuple[str, ...] | list[str]) -> Overrides:
+    out: Overrides = {}
     for item in items:
         if "=" not in item:
             raise ScenarioError(f"--set {item!r}: expected path=value, e.g. --set topology.wan.0.delay=50ms")
@@ -609,8 +613,8 @@ def validate_any(data: dict[str, Any]) -> Scenario | ProgramScenario:
     return validate_scenario(data)
 
 
-def load_any(path: str | Path, overrides: dict[str, Any] | None = None
-             ) -> tuple[Scenario | ProgramScenario, dict[str, Any]]:
+def load_any(path: str | Path, overrides: Overrides | None = None
+             ) -> tuple[Scenario | ProgramScenario, ScenarioDoc]:
     """`load_scenario` for either kind of scenario."""
     data = resolve_scenario(path)
     for dotted, value in (overrides or {}).items():

@@ -36,7 +36,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import numpy as np
 from pydantic import BaseModel
@@ -47,6 +47,7 @@ from testbed.emulation.linkmeasure.probe import GSO_SEGMENT, CaptureReport, Trai
 from testbed.emulation.linkmeasure.results import Direction, LinkResult, Tolerance
 
 if TYPE_CHECKING:
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.emulation.network import Emulation
     from testbed.emulation.nodes import NodeHandle
     from testbed_core.topology import TcpSettings, WanLink
@@ -240,27 +241,26 @@ def timed_reads(samples: Sequence[tuple[float, int, int, float]],
     return quick if len(quick) >= 3 else [(t, b, p) for t, b, p, _ in samples]
 
 
-def relay_drops(before: dict[str, Any], after: dict[str, Any]) -> dict[str, dict[str, int]]:
+def relay_drops(before: RelaySnapshot, after: RelaySnapshot) -> dict[str, dict[str, int]]:
     """Per direction of a relay, between two STATS snapshots: what its loss model dropped
     (segments), what the shaper's queue refused, and what the relay itself lost (its
     socket's ring or its own queue overflowing: the emulator's fault, not the link's)."""
     from testbed.emulation.delayline.stats import window
 
     got = window(before, after)
-    return {name: {"loss_model": d["loss_model"], "queue_drops": d["queue_drops"], "relay_drops": d["relay_drops"],
-                   "socket_drops": d["socket_drops"]}
-            for name, d in got.items() if isinstance(d, dict)}
+    return {name: {"loss_model": d.loss_model, "queue_drops": d.queue_drops, "relay_drops": d.relay_drops,
+                   "socket_drops": d.socket_drops}
+            for name, d in got.directions().items()}
 
 
-def relay_cpu(before: dict[str, Any] | None, after: dict[str, Any] | None) -> tuple[float, float | None] | None:
+def relay_cpu(before: RelaySnapshot | None, after: RelaySnapshot | None) -> tuple[float, float | None] | None:
     """The relay's CPU seconds between two STATS snapshots, and per Gbit it sent in
     both directions together then (frames as they left it, vnet header excluded);
     None when either snapshot is missing or has no CPU figure (netem, an older relay)."""
-    if not before or not after or "cpu_s" not in before or "cpu_s" not in after:
+    if before is None or after is None or before.cpu_s is None or after.cpu_s is None:
         return None
-    cpu = float(after["cpu_s"]) - float(before["cpu_s"])
-    sent = sum(int(after.get(k, {}).get("tx_bytes", 0)) - int(before.get(k, {}).get("tx_bytes", 0))
-               for k in ("a2b", "b2a"))
+    cpu = after.cpu_s - before.cpu_s
+    sent = sum(after.direction(k).tx_bytes - before.direction(k).tx_bytes for k in ("a2b", "b2a"))
     return cpu, (cpu / (sent * 8 / 1e9) if sent > 0 else None)
 
 

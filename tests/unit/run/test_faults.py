@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 import yaml
 
+from testbed.emulation.delayline.stats import RelaySnapshot
 from testbed.run.faults import DelaySpike, FaultInjector, KillWorker, LinkDown, Partition
 from testbed.run.scenario import ScenarioError, load_scenario
 from testbed_core.contracts.summary import Summary
@@ -84,8 +85,8 @@ class FakeEmulation:
     def link_state(self, name: str) -> tuple[float, float, float, float, bool]:
         return (1e9, 0.025, 0.0, 0.0, False)
 
-    def delay_line_stats(self) -> dict[str, Any]:
-        return {"dc1-dc2": {"a2b": {"down_drops": self.drops}, "b2a": {"down_drops": 0}}}
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]:
+        return {"dc1-dc2": RelaySnapshot.model_validate({"a2b": {"down_drops": self.drops}, "b2a": {"down_drops": 0}})}
 
 
 class FakeProc:

@@ -10,7 +10,7 @@ import pytest
 from testbed.emulation.delayline import set_command
 from testbed.emulation.delayline.control import ControlError, SetCommand, parse_control
 from testbed.emulation.delayline.schedule import DelayQueue, LinkParams
-from testbed.emulation.delayline.stats import window
+from testbed.emulation.delayline.stats import RelaySnapshot, window
 
 
 def _queue() -> DelayQueue:
@@ -48,8 +48,8 @@ def test_bad_down_lines_are_explained(line: str, message: str) -> None:
 
 
 def test_stats_window_reports_down_drops() -> None:
-    before = {"a": "dc1", "b": "dc2", "a2b": {"down_drops": 1}, "b2a": {}}
-    after = {"a": "dc1", "b": "dc2", "a2b": {"down_drops": 5}, "b2a": {"down_drops": 2}}
+    before = RelaySnapshot.model_validate({"a": "dc1", "b": "dc2", "a2b": {"down_drops": 1}, "b2a": {}})
+    after = RelaySnapshot.model_validate({"a": "dc1", "b": "dc2", "a2b": {"down_drops": 5}, "b2a": {"down_drops": 2}})
     w = window(before, after)
-    assert w["dc1->dc2"]["down_drops"] == 4 and w["dc2->dc1"]["down_drops"] == 2
-    assert w["relay_drops"] == 0  # an outage on purpose is not the emulator's fault
+    assert w.directions()["dc1->dc2"].down_drops == 4 and w.directions()["dc2->dc1"].down_drops == 2
+    assert w.relay_drops == 0  # an outage on purpose is not the emulator's fault

@@ -233,11 +233,14 @@ def test_without_tcp_the_link_is_judged_on_the_packet_figures():
 
 
 def test_relay_drops_during_the_train_are_attributed_and_shown():
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.emulation.linkmeasure.check import relay_drops
 
-    before = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 1}, "b2a": {}, "kernel_drops": {"a": 0, "b": 0}}
-    after = {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 9, "lost_segments": 2, "send_drops": 1},
-             "b2a": {}, "kernel_drops": {"a": 5, "b": 0}}
+    before = RelaySnapshot.model_validate(
+        {"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 1}, "b2a": {}, "kernel_drops": {"a": 0, "b": 0}})
+    after = RelaySnapshot.model_validate({"a": "w-eth0", "b": "w-eth1", "a2b": {"rx_frames": 9, "lost_segments": 2,
+                                                                               "send_drops": 1},
+                                          "b2a": {}, "kernel_drops": {"a": 5, "b": 0}})
     got = relay_drops(before, after)
     assert got["w-eth0->w-eth1"] == {"loss_model": 2, "queue_drops": 1, "relay_drops": 5, "socket_drops": 5}
     assert got["w-eth1->w-eth0"]["relay_drops"] == 0
@@ -248,16 +251,18 @@ def test_relay_drops_during_the_train_are_attributed_and_shown():
 
 
 def test_relay_cpu_per_gbit_from_two_stats_snapshots():
+    from testbed.emulation.delayline.stats import RelaySnapshot
     from testbed.emulation.linkmeasure.check import relay_cpu
 
-    before = {"cpu_s": 10.0, "a2b": {"tx_bytes": 1_000}, "b2a": {"tx_bytes": 0}}
-    after = {"cpu_s": 10.6, "a2b": {"tx_bytes": 1_000 + 1_000_000_000}, "b2a": {"tx_bytes": 250_000_000}}
+    before = RelaySnapshot.model_validate({"cpu_s": 10.0, "a2b": {"tx_bytes": 1_000}, "b2a": {"tx_bytes": 0}})
+    after = RelaySnapshot.model_validate({"cpu_s": 10.6, "a2b": {"tx_bytes": 1_000 + 1_000_000_000},
+                                          "b2a": {"tx_bytes": 250_000_000}})
     cpu, per_gbit = relay_cpu(before, after)
     assert cpu == pytest.approx(0.6)
     assert per_gbit == pytest.approx(0.6 / 10.0)  # 1.25 GB both ways = 10 Gbit
     assert relay_cpu(None, after) is None
-    assert relay_cpu({"a2b": {}}, after) is None  # a relay without the figure
-    assert relay_cpu(before, {**before}) == (0.0, None)  # nothing relayed: no rate
+    assert relay_cpu(RelaySnapshot(), after) is None  # a relay without the figure
+    assert relay_cpu(before, before.model_copy()) == (0.0, None)  # nothing relayed: no rate
 
 
 def test_rtt_tolerance_widens_by_the_medians_sampling_spread_under_jitter():

@@ -54,6 +54,7 @@ from testbed.run.scenario import (
     resolve_scenario,
     validate_any,
 )
+from testbed_core.atomic import write_text_atomic
 from testbed_core.configfile import ConfigModel, format_validation_error, read_yaml_mapping
 from testbed_core.contracts.summary import ProgramSummary, Summary
 from testbed_core.contracts.sweep import PointRecord, SweepParameter, SweepPointRef, SweepRecord
@@ -530,9 +531,7 @@ def read_point(folder: Path) -> PointRecord | None:
 
 
 def _write_json(path: Path, record: PointRecord | SweepRecord) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(record.to_data(), indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(record.to_data(), indent=2, default=str) + "\n")
 
 
 def is_finished(folder: Path, point: SweepPoint) -> bool:

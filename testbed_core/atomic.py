@@ -8,6 +8,7 @@ within one file system)."""
 from __future__ import annotations
 
 import os
+import threading
 from pathlib import Path
 
 
@@ -15,7 +16,8 @@ def write_text_atomic(path: str | os.PathLike[str], text: str, mode: int = 0o666
     """Write `text` to `path` atomically; the path written. `mode`: the new file's
     permission bits before the umask (0o600 for a file only its owner may read)."""
     target = Path(path)
-    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    # the writer's process and thread in the name: two writers never share a temporary file
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
         with open(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode), "w", encoding="utf-8") as f:
             f.write(text)

@@ -64,6 +64,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any, Literal, TypedDict, TypeVar, Unpack
 
+from testbed_core.atomic import write_text_atomic
 from testbed_core.compute_model import ComputeModel
 from testbed_core.device_records import (
     KINDS,
@@ -617,11 +618,8 @@ def _read_json_lines(path: Path, parse: Callable[[dict[str, Any]], T]) -> list[T
 
 
 def _replace_json(path: Path, data: dict[str, Any]) -> None:
-    """Replace `path` with `data` as JSON: written beside it under a name of this process
-    and thread, then renamed over it, so a reader sees the old file or the new one."""
-    tmp = path.with_suffix(f".{os.getpid()}.{threading.get_ident()}.tmp")
-    tmp.write_text(json.dumps(data))
-    os.replace(tmp, path)
+    """Replace `path` with `data` as JSON, atomically (a reader sees the old file or the new one)."""
+    write_text_atomic(path, json.dumps(data))
 
 
 def _sleep_until(deadline: float, stop: Callable[[float], Any] | None = None) -> bool:

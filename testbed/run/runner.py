@@ -46,7 +46,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import json
-import os
 import secrets
 import shutil
 import time
@@ -76,6 +75,7 @@ from testbed.run.variants import (
     run_variants,
 )
 from testbed.run.workers import VariantRun, run_workers
+from testbed_core.atomic import write_text_atomic
 from testbed_core.configfile import ConfigError
 from testbed_core.contracts.summary import (
     AllReduceResult,
@@ -620,6 +620,4 @@ def _plain(data: Any) -> Any:
 def _write_summary(out: Path, summary: Summary, t_begin: float) -> None:
     """summary.json through its model (testbed_core/contracts/summary.py), replaced whole."""
     summary.duration_s = time.time() - t_begin
-    tmp = out / "summary.json.tmp"
-    tmp.write_text(summary.to_json())
-    os.replace(tmp, out / "summary.json")
+    write_text_atomic(out / "summary.json", summary.to_json())

@@ -29,13 +29,14 @@ $(STAMP): pyproject.toml
 # longer holds fails before the slower tests run. Then the suite in three parts, each run
 # even when one before it failed (the exit status is the first failure's):
 # 1. the tests that build no topology (everything outside tests/root and tests/cluster),
-#    on both cores at once (pytest-xdist, one test file per worker);
+#    three workers on the two cores (pytest-xdist, one test file per worker): a third
+#    fills the time the others spend waiting on child processes and sockets;
 # 2. the root and cluster tests three at a time (they mostly wait: on the emulated WAN, on
 #    processes starting), one test file per worker; the cluster tests and the root tests
 #    that crash runs and clean up after them are one group (tests/conftest.py);
 # 3. the tests marked `alone` one at a time, nothing beside them: their checks are
 #    measurements (RTT, loss, order) that a concurrent run would skew.
-PYTEST_UNIT  := $(VENV)/bin/pytest -q -n 2 --dist loadfile --ignore=tests/root --ignore=tests/cluster tests
+PYTEST_UNIT  := $(VENV)/bin/pytest -q -n 3 --dist loadfile --ignore=tests/root --ignore=tests/cluster tests
 PYTEST_ROOT  := $(VENV)/bin/pytest -q -n 3 --dist loadgroup -m "not alone" tests/cluster tests/root
 PYTEST_ALONE := $(VENV)/bin/pytest -q -m alone tests/cluster tests/root
 

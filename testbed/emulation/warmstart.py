@@ -259,14 +259,26 @@ def _arm_server() -> None:
     """In the fork server (this module is its last preload): when the controller is gone
     the server's main loop sees its pipe close and raises SystemExit; leave then without
     the interpreter's teardown (unloading torch took seconds of CPU on a busy machine).
-    Only the server leaves this way: its forked children run this module too."""
+    Only the server leaves this way: its forked children run this module too.
+
+    The pipe is not the only guard: a watch thread leaves as soon as the server's parent
+    (the controller that started it) is gone and the server was reparented, whatever its
+    main loop is doing (a server that outlived a SIGKILLed controller by 20 s was seen on
+    a busy machine). Forked children do not inherit the thread."""
     server = os.getpid()
+    parent = os.getppid()
 
     def quick_exit() -> None:
         if os.getpid() == server:
             os._exit(0)
 
+    def watch_parent() -> None:
+        while os.getppid() == parent:
+            time.sleep(0.25)
+        os._exit(0)
+
     atexit.register(quick_exit)
+    threading.Thread(target=watch_parent, name="fork-server-parent-watch", daemon=True).start()
 
 
 def module_of(argv: Sequence[str]) -> tuple[int, str, list[str]]:

@@ -78,9 +78,9 @@ def test_cli_errors_speak_to_the_user(tmp_path: Path) -> None:
 
 
 def test_emulation_needs_root(tmp_path: Path, monkeypatch) -> None:
-    import testbed.run.runner as runner_mod
+    import os
 
-    monkeypatch.setattr(runner_mod.os, "geteuid", lambda: 1000)
+    monkeypatch.setattr(os, "geteuid", lambda: 1000)
     scenario, resolved = load_scenario(write_scenario(tmp_path), {"runner.local": False})
     with pytest.raises(RunnerError, match=r"needs root: run as root \(sudo\), or set runner.local: true"):
         run_scenario(scenario, resolved, tmp_path / "o", Progress(stream=io.StringIO(), tty=False))

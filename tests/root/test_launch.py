@@ -77,11 +77,8 @@ def _leftovers(prefix: str) -> list[str]:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2:].split()[0] == "Z"
+    """Gone or a zombie (ProcFS reads /proc/<pid>/stat, as `testbed clean` does)."""
+    return ProcFS().state(pid) in (None, "Z")
 
 
 @pytest.fixture

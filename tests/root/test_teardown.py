@@ -68,11 +68,8 @@ def clean_failures(done: subprocess.CompletedProcess, prefix: str) -> list[str]:
 
 
 def _zombie(pid: int) -> bool:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return True
-    return stat[stat.rfind(")") + 2:].split()[0] == "Z"
+    """Gone or a zombie (ProcFS reads /proc/<pid>/stat, as `testbed clean` does)."""
+    return ProcFS().state(pid) in (None, "Z")
 
 
 def read_until(proc: subprocess.Popen, pattern: str, timeout: float, stream: str = "stderr") -> tuple[str, str]:

@@ -115,11 +115,14 @@ def test_watched_wait_rolls_then_fixes_the_bound_and_learns_the_transfer(tmp_pat
 def test_watched_wait_with_byte_counts_uses_the_missing_bytes(tmp_path: Path) -> None:
     writer = Recorder(tmp_path / "w.status")
     rep = LiveReporter(writer, poll_s=0.002)
-    got = {"n": 0}
-    progress = ProgressBound(lambda: got["n"], rate_bps=8e8, slack_bytes=0)  # 100 MB/s
-    handle = FakeHandle(0.02, 0.06, nbytes=5_000_000)
+    # bytes arrive once the wait was announced (not after a wall-clock delay: on a busy machine
+    # a timer could fire before the reporter's first poll), and the transfer ends well after
+    def received() -> int:
+        return 3_000_000 if any(h.state is LiveState.WAITING for h in writer.history) else 0
+
+    progress = ProgressBound(received, rate_bps=8e8, slack_bytes=0)  # 100 MB/s
+    handle = FakeHandle(0.02, 0.5, nbytes=5_000_000)
     ch = WatchedChannel(FakeChannel(handle), rep, ArrivalFloor(0.0), 5_000_000, progress)
-    threading.Timer(0.03, lambda: got.update(n=3_000_000)).start()
     ch.irecv(1).wait(5.0)
     bounds = [(h.state, h.free_until - h.confirmed) for h in writer.history if h.state is not LiveState.BUSY]
     assert bounds[0][0] is LiveState.WAITING and bounds[0][1] == pytest.approx(0.05, abs=0.005)

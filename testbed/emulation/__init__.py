@@ -7,6 +7,7 @@ Modules, after Mininet's topo/node/link/net split:
 * `network`: the lifecycle (`Emulation`: build, run programs in nodes, teardown);
 * `mininet_cli`: Mininet's interactive CLI over a running emulation (`testbed topo up`);
 * `naming`, `records`, `cleanup`: run prefixes and names; the run records, and `testbed clean` working from them;
+* `memfs`: the memory file system where a run's per-step coordination files live;
 * `netns`, `kernel`, `shaping`: namespace access, kernel feature probe, qdiscs via netlink;
 * `delayline/`: the userspace delay line (relay backend; `delayline.calibrate` measures each
   link's own path latency at start);

@@ -197,8 +197,9 @@ class Emulation:
             self._restore_signal_handlers()
             self.teardown_s = time.perf_counter() - t0
 
-    def temp_dir(self, purpose: str) -> Path:
-        """A new private folder in the system's temporary directory, named
+    def temp_dir(self, purpose: str, root: Path | None = None) -> Path:
+        """A new private folder in the system's temporary directory (or in `root`, e.g. a
+        memory file system: testbed/emulation/memfs.py), named
         ``<prefix>-<purpose>-<random>`` and recorded before it is created, so that the
         teardown, or `testbed clean` after a crash, removes it with what is in it
         (e.g. the runner's control sockets)."""
@@ -206,7 +207,8 @@ class Emulation:
             raise EmulationError("the emulation is not running: use `with Emulation(...) as emu:`")
         if not purpose.replace("-", "").isalnum():
             raise ValueError(f"temp_dir purpose {purpose!r}: letters, digits and '-' only")
-        path = Path(tempfile.gettempdir()).resolve() / f"{self.prefix}-{purpose}-{secrets.token_hex(4)}"
+        base = Path(root) if root is not None else Path(tempfile.gettempdir())
+        path = base.resolve() / f"{self.prefix}-{purpose}-{secrets.token_hex(4)}"
         self.record.add_path(path)
         path.mkdir(mode=0o700)
         if self.cluster is not None:  # and on the servers reached over SSH, for their nodes' programs

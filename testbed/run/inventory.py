@@ -349,6 +349,10 @@ class InventoryNetwork:
         self._temp.append(path)
         return path
 
+    def memory_dir(self, purpose: str) -> Path | None:
+        """None: the run's processes are on other machines and share the results folder."""
+        return None
+
     def control_sockets(self) -> list[str]:
         """The runner's listening control sockets now (forwarded to each new process)."""
         out = []

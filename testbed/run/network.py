@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from testbed.emulation.memfs import memory_root
 from testbed.progress import Progress
 from testbed.run.common import RunnerError
 from testbed.run.ports import PORT_SPAN, free_port_block
@@ -85,6 +86,14 @@ class Network(Protocol):
         emulation also by the teardown, or by `testbed clean` after a crash)."""
         ...
 
+    def memory_dir(self, purpose: str) -> Path | None:
+        """A new private folder on this machine's memory file system (testbed/emulation/memfs.py)
+        for the files a variant's processes exchange at every step (device locks and leases,
+        live status, slot feeds, transfer logs), removed like `temp_dir`'s; None when there is
+        no such file system or the run's processes are not all on this machine (then those
+        files stay in the results folder)."""
+        ...
+
     def delay_line_stats(self) -> dict[str, RelaySnapshot]: ...
 
 
@@ -105,6 +114,14 @@ class LocalNetwork:
 
     def temp_dir(self, purpose: str) -> Path:
         path = Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-"))
+        self.temp_dirs.append(path)
+        return path
+
+    def memory_dir(self, purpose: str) -> Path | None:
+        root = memory_root()
+        if root is None:
+            return None
+        path = Path(tempfile.mkdtemp(prefix=f"tbrun-{purpose}-", dir=root))
         self.temp_dirs.append(path)
         return path
 
@@ -135,6 +152,12 @@ class EmulatedNetwork:
 
     def temp_dir(self, purpose: str) -> Path:
         return self.emu.temp_dir(purpose)
+
+    def memory_dir(self, purpose: str) -> Path | None:
+        root = memory_root()
+        if root is None or self.emu.cluster is not None:  # nodes on other servers write there too
+            return None
+        return self.emu.temp_dir(purpose, root=root)
 
     def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return self.emu.delay_line_stats()

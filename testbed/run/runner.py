@@ -320,8 +320,12 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     folder = out / (folder or setup.name)
     if folder.exists():
         shutil.rmtree(folder)
-    run_dir = folder / "run"
-    run_dir.mkdir(parents=True)
+    kept_dir = folder / "run"  # the variant's step files, kept with its results
+    kept_dir.mkdir(parents=True)
+    # while it plays they live in memory when they can (testbed/emulation/memfs.py: no journal
+    # commit to wait behind between two pieces of training's work), copied here after
+    in_memory = net.memory_dir("steps")
+    run_dir = in_memory or kept_dir
     host_ips = {h: net.host(h).ip for h in {hs[0] for hs in setup.placement.hosts.values()}}
     t = scenario.transport
     jobs = build_jobs(
@@ -342,8 +346,12 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                  f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
                  f"{pred.iteration_time_s:.3f} s per iteration")
     lines_before = net.delay_line_stats()
-    run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload, base_dir,
-                      faults, admit=admit)
+    try:
+        run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload,
+                          base_dir, faults, admit=admit)
+    finally:
+        if in_memory is not None:
+            keep_step_files(in_memory, kept_dir)
     delay_line = _delay_line_window(lines_before, net.delay_line_stats(), setup.name, progress)
     link_names = {frozenset(link.between): link.name for link in scenario.topology.wan}
     m = variant_metrics(run.timelines, run.starts, workload.warmup, run.transfers, ends=run.ends,
@@ -462,6 +470,20 @@ class VariantFiles(NamedTuple):
     timeline_csv: str
     transfers_csv: str
     gantt_png: str
+
+
+def keep_step_files(src: Path, dst: Path) -> None:
+    """Copy a variant's step files from memory (`Network.memory_dir`) into its results
+    folder and free the memory: the regular files (lock files and the holders' FIFOs are
+    meaningless after the run), with their folders."""
+    for path in sorted(src.rglob("*")):
+        target = dst / path.relative_to(src)
+        if path.is_dir() and not path.is_symlink():
+            target.mkdir(parents=True, exist_ok=True)
+        elif path.is_file() and not path.is_symlink():
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(path, target)
+    shutil.rmtree(src, ignore_errors=True)
 
 
 def write_variant_outputs(folder: Path, name: str, run: VariantRun, metrics: VariantMetrics,

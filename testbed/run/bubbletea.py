@@ -424,6 +424,21 @@ def _wan_transfers(folder: Path) -> dict[int, list[_Send]]:
     return out
 
 
+def _training_overrun(timelines: Mapping[str, Sequence[WorkRecord]],
+                      window: tuple[float, float]) -> tuple[float, str] | None:
+    """The longest overrun of a training piece (not a prefill) that started in `window`:
+    (seconds, "<device> <label>"), or None when none ran past its modelled time."""
+    from bubbletea_agent.metrics import is_prefill
+
+    worst: tuple[float, str] | None = None
+    for device, recs in timelines.items():
+        for r in recs:
+            if r.overrun_s > 0 and window[0] <= r.start < window[1] and not is_prefill(r) \
+                    and (worst is None or r.overrun_s > worst[0]):
+                worst = (r.overrun_s, f"{device} {r.label}")
+    return worst
+
+
 def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]],
                      windows: Sequence[tuple[float, float]], threshold: float = 1.05) -> list[IterationStall]:
     """The measured iterations longer than `threshold` x their median, each with what held
@@ -457,24 +472,33 @@ def iteration_stalls(folder: Path, timelines: Mapping[str, Sequence[WorkRecord]]
         spans = [x for r in recs if r.links and (x := r.span) is not None]
         longest = max(spans) if spans else None
         excess = t - mid
-        parts = []
+        late = _training_overrun(timelines, windows[k])
+        parts: list[tuple[float, str]] = []  # (seconds it may explain, what): the largest first
         if mine:
             w = mine[0]
-            parts.append(f"prefill {w.request} on {w.device} held the device {w.held_s * 1e3:.0f} ms and training "
-                         f"({w.training}) waited {w.waited_s * 1e3:.0f} ms for it"
-                         + (f"; {len(mine) - 1} more waits, {waited * 1e3:.0f} ms in all" if len(mine) > 1 else ""))
+            parts.append((waited, f"prefill {w.request} on {w.device} held the device {w.held_s * 1e3:.0f} ms and "
+                          f"training ({w.training}) waited {w.waited_s * 1e3:.0f} ms for it"
+                          + (f"; {len(mine) - 1} more waits, {waited * 1e3:.0f} ms in all" if len(mine) > 1 else "")))
         if timeouts:
-            parts.append(f"{timeouts} transfer(s) waited for Atlas's link token until its timeout")
+            parts.append((excess, f"{timeouts} transfer(s) waited for Atlas's link token until its timeout"))
         if longest is not None and typical is not None and longest - typical > 0.5 * excess:
-            parts.append(f"a WAN transfer took {longest:.3f} s from posted to confirmed (median {typical:.3f} s)")
-        if not parts:
-            parts.append("no prefill made training wait and the transfer records show nothing unusual: "
-                         "cause not recorded (CPU contention on the host?)")
+            parts.append((longest - typical, f"a WAN transfer took {longest:.3f} s from posted to confirmed "
+                                             f"(median {typical:.3f} s)"))
+        if late is not None and late[0] > 0.25 * excess:
+            parts.append((late[0], f"training's own {late[1]} ran {late[0] * 1e3:.0f} ms past its modelled time: "
+                                   "its worker was held up between taking the device and finishing the work "
+                                   "(descheduled or blocked, not waiting for a prefill)"))
+        parts.sort(key=lambda p: -p[0])
+        said = [text for _, text in parts]
+        if not said:
+            said.append("no prefill made training wait and the transfer records show nothing unusual: "
+                        "cause not recorded (CPU contention on the host?)")
         elif waited < 0.5 * excess and mine:
-            parts.append(f"the waits on prefill explain {waited / excess:.0%} of the {excess * 1e3:.0f} ms excess")
+            said.append(f"the waits on prefill explain {waited / excess:.0%} of the {excess * 1e3:.0f} ms excess")
         out.append(IterationStall(iteration=k, time_s=t, over_median_s=excess, waited_on_prefill_s=waited,
                                   held_by=mine[:5], token_timeouts=timeouts, longest_wan_transfer_s=longest,
-                                  median_wan_transfer_s=typical, verdict="; ".join(parts)))
+                                  median_wan_transfer_s=typical, training_overrun_s=late[0] if late else 0.0,
+                                  training_overrun_at=late[1] if late else None, verdict="; ".join(said)))
     return out
 
 

@@ -424,6 +424,13 @@ class IterationStall(_Doc):
     token_timeouts: int = 0
     longest_wan_transfer_s: float | None = None
     median_wan_transfer_s: float | None = None
+    training_overrun_s: float = 0.0
+    """The longest a piece of training work of this iteration ran past its modelled time
+    (the device's own record, ``overrun_s``): its worker was held up between taking the
+    device and sleeping out the work (descheduled, or blocked in the file system), not
+    waiting for a prefill."""
+    training_overrun_at: str | None = None
+    """Where that was: the device and the piece (e.g. ``dc2-h2-p1r1 F2@s1``)."""
     verdict: str
 
 

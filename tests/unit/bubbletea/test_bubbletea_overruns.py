@@ -85,6 +85,24 @@ def test_a_stall_without_records_does_not_blame_the_network(tmp_path: Path) -> N
     assert s.token_timeouts == 0 and s.longest_wan_transfer_s is None
 
 
+def test_a_stall_of_trainings_own_work_names_the_piece_first(tmp_path: Path) -> None:
+    # a prefill made training wait 2 ms, but a training piece ran 280 ms past its modelled
+    # time (its worker held up between taking the device and the work's end): that leads
+    windows = [(0.0, 2.0), (2.0, 4.0), (4.0, 6.3)]
+    prefill = rec("prefill", 4.0, 4.5, label="r1915:hold")
+    waited = rec("forward", 4.5, 4.8, requested=4.497, label="F1@s1")
+    late = WorkRecord("dc2-h2-gpu0", "forward", "train:p1r1", "F2@s1", 5.0, 5.0, 5.3, "modelled",
+                      modelled_s=0.02, overrun_s=0.28)
+    (s,) = iteration_stalls(tmp_path, {"dc1-h1-gpu0": [prefill, waited], "dc2-h2-gpu0": [late]}, windows)
+    assert s.training_overrun_s == pytest.approx(0.28) and s.training_overrun_at == "dc2-h2-gpu0 F2@s1"
+    assert s.verdict.startswith("training's own dc2-h2-gpu0 F2@s1 ran 280 ms past its modelled time")
+    assert "prefill r1915" in s.verdict and "explain 1% of the 300 ms excess" in s.verdict
+    # a prefill's own overrun is not training's
+    late_prefill = WorkRecord("d", "prefill", "a", "r1:hold", 5.0, 5.0, 5.3, "modelled", overrun_s=0.28)
+    (s,) = iteration_stalls(tmp_path, {"d": [late_prefill]}, windows)
+    assert s.training_overrun_s == 0.0 and "cause not recorded" in s.verdict
+
+
 def test_tail_with_and_without_bubbletea() -> None:
     plain = [2.0, 2.1, 2.2, 2.4]
     with_bt = [2.0, 2.1, 2.3, 12.13]

@@ -38,9 +38,13 @@ from pathlib import Path
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2_DEFAULT_WEIGHT = 100
 V1_DEFAULT_SHARES = 1024
-RT_RUNTIME_US = 100_000
+RT_RUNTIME_US = 3_000
 """cgroup v1 with real-time group scheduling: the agents' group may run SCHED_FIFO for
-this many microseconds per period (1 s by default): their holds sleep, they barely run."""
+this many microseconds per `RT_PERIOD_US` (30% of a core): their holds mostly sleep."""
+RT_PERIOD_US = 10_000
+"""The group's real-time period. A group that used its budget waits for the next period:
+with the kernel's 1 s period and a 100 ms budget agents woke up to 0.34 s late inside
+their holds (idle devices in the bubbles); a 10 ms period bounds that wait to 7 ms."""
 
 
 class CpuGroupError(RuntimeError):
@@ -140,6 +144,7 @@ def create_group(name: str, weight: float, record: Callable[[Path], None] | None
             (path / "cpu.shares").write_text(f"{weight_value(1, weight)}\n")
             rt = path / "cpu.rt_runtime_us"
             if rt.exists():
+                (path / "cpu.rt_period_us").write_text(f"{RT_PERIOD_US}\n")  # first: the budget must fit
                 rt.write_text(f"{RT_RUNTIME_US}\n")
     except OSError as exc:
         group.remove()

@@ -76,4 +76,13 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
     if parts["cpu_weights"].startswith("agents in cgroup"):  # the agents' cgroup is gone with the run
         name = parts["cpu_weights"].split()[4]
         assert not (Path("/sys/fs/cgroup/cpu") / name).exists() and not (Path("/sys/fs/cgroup") / name).exists()
+    # the step files played in memory (/dev/shm, testbed/emulation/memfs.py) and were kept here after
+    for variant in ("atlas", "atlas+bubbletea"):
+        kept = out / variant / "run"
+        assert sorted(p.name for p in kept.iterdir()) >= ["devices", "live", "transfers"], variant
+        assert list((kept / "devices").glob("*.timeline.jsonl")) and list((kept / "transfers").glob("*.jsonl"))
+        assert not list((kept / "devices").glob("*.yield"))  # the holders' FIFOs are not copied
+        jobs = [json.loads(p.read_text()) for p in (out / variant / "jobs").glob("*.json")]
+        played = {Path(j["device"]["run_dir"]) for j in jobs}
+        assert len(played) == 1 and not next(iter(played)).exists(), played  # freed after the copy
     assert namespaces() <= before  # nothing of the run is left behind

@@ -44,8 +44,9 @@ def leftovers(prefix: str, netns: set[int]) -> list[str]:
         found += [f"netns {n}" for n in os.listdir("/run/netns") if n.startswith(prefix)]
     if (RECORD_DIR / f"{prefix}.json").exists():
         found.append(f"record {RECORD_DIR / f'{prefix}.json'}")
-    tmp = Path(tempfile.gettempdir())
-    found += [f"temporary {p}" for p in tmp.iterdir() if p.name.startswith(f"{prefix}-")]
+    for tmp in (Path(tempfile.gettempdir()), Path("/dev/shm")):  # /dev/shm: a variant's step files (memfs.py)
+        if tmp.is_dir():
+            found += [f"temporary {p}" for p in tmp.iterdir() if p.name.startswith(f"{prefix}-")]
     return found
 
 

@@ -58,7 +58,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--parent-pid", type=int, metavar="PID",
                    help="exit at once unless our parent is PID (closes the race with an early parent death)")
     p.add_argument("--sched", choices=("fifo", "nice", "normal"), default="fifo",
-                   help="CPU scheduling: fifo (SCHED_FIFO 1, default; falls back to nice), nice (-10), normal")
+                   help="CPU scheduling: fifo (SCHED_FIFO 2, default; falls back to nice), nice (-10), normal")
     p.add_argument("--no-promisc", action="store_true", help="do not put the interfaces in promiscuous mode")
     return p
 

@@ -123,14 +123,20 @@ def die_with_parent(expected_parent: int | None = None, sig: int = signal.SIGTER
         raise SystemExit(EXIT_OK)
 
 
+RELAY_RT_PRIORITY = 2
+"""Above an agent's real-time hold (SCHED_FIFO 1, bubbletea_agent/agent.py): the emulated
+network's packets never wait for an agent's bookkeeping."""
+
+
 def set_scheduling(policy: str) -> str:
-    """Keep deadlines under CPU contention: "fifo" (SCHED_FIFO priority 1, the default:
-    the relay sleeps in select() and wakes on time even on a loaded machine; the
-    kernel's RT throttling still leaves 5% to others), "nice" (-10) or "normal".
+    """Keep deadlines under CPU contention: "fifo" (SCHED_FIFO priority `RELAY_RT_PRIORITY`,
+    the default: the relay sleeps in select() and wakes on time even on a loaded machine,
+    ahead of BubbleTea's real-time holds at priority 1; the kernel's RT throttling still
+    leaves 5% to others), "nice" (-10) or "normal".
     Falls back to the next weaker policy when not permitted; returns what applied."""
     if policy == "fifo":
         try:
-            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(1))
+            os.sched_setscheduler(0, os.SCHED_FIFO, os.sched_param(RELAY_RT_PRIORITY))
             return "fifo"
         except OSError:
             policy = "nice"

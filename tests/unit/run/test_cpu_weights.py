@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from testbed.run.cpu import (
+    RT_PERIOD_US,
     RT_RUNTIME_US,
     CpuGroupError,
     cpu_seconds,
@@ -55,7 +56,7 @@ def test_v1_group_gets_shares_and_a_realtime_budget(tmp_path: Path) -> None:
     def kernel_mkdir(self: Path, *a, **kw) -> None:  # noqa: ANN001 (the files the kernel makes in a cgroup)
         real_mkdir(self, *a, **kw)
         if self.parent == root / "cpu":
-            for f in ("cgroup.procs", "cpu.shares", "cpu.rt_runtime_us"):
+            for f in ("cgroup.procs", "cpu.shares", "cpu.rt_runtime_us", "cpu.rt_period_us"):
                 (self / f).write_text("")
 
     mp = pytest.MonkeyPatch()
@@ -67,6 +68,9 @@ def test_v1_group_gets_shares_and_a_realtime_budget(tmp_path: Path) -> None:
     assert group is not None and recorded == [root / "cpu" / "tbx-bubbletea"]
     assert (group.path / "cpu.shares").read_text() == "102\n"
     assert (group.path / "cpu.rt_runtime_us").read_text() == f"{RT_RUNTIME_US}\n"
+    # a short real-time period: a group that spent its budget waits at most the rest of one
+    assert (group.path / "cpu.rt_period_us").read_text() == f"{RT_PERIOD_US}\n"
+    assert RT_RUNTIME_US < RT_PERIOD_US <= 20_000
     assert how == "agents in cgroup v1 tbx-bubbletea at 0.1 of a normal cpu.shares"
     group.add(4242)
     assert (group.path / "cgroup.procs").read_text() == "4242\n"

@@ -144,7 +144,7 @@ class Agent:
     arrivals_until_iteration: int | None = None  # no arrival once this iteration is nearly over
     arrivals_margin_s: float = 0.5  # ... that is, this long before its planned end
     hold_chunk_tokens: int = 2048  # preemptible holds: chunk size when max_chunk_tokens is not set
-    # run each hold at real-time priority (SCHED_FIFO 1, as the relay delay line does): on an
+    # run each hold at real-time priority (SCHED_FIFO 1, below the relay delay lines at 2): on an
     # emulated GPU the hold ends when this thread wakes, which must not wait for a busy core
     realtime_holds: bool = False
     # every hold is a lease (testbed_runtime/device.py): training takes the device back at the

@@ -144,7 +144,7 @@ class AgentConfig(_M):
     # emulated GPU the end of a prefill is the agent waking from a sleep: under CPU
     # contention a late wake-up would hold the device past its window and delay training.
     nice: int | None = Field(default=None, ge=-20, le=19)
-    # preemptible holds at real-time priority (SCHED_FIFO 1, needs root; like the relay delay line)
+    # preemptible holds at real-time priority (SCHED_FIFO 1, needs root; below the relay delay lines at 2)
     realtime_holds: bool = False
     max_runtime_s: float | None = Field(default=None, gt=0)
     slot_wait_s: float = Field(default=60.0, gt=0)  # give up if no slot is ever published

@@ -87,7 +87,7 @@ def figures(k: int, folder: Path) -> RunFigures:
 
 
 def table(out: Path, scenario: str) -> Runs:
-    runs = [figures(int(p.name.split("-")[1]), p) for p in sorted(out.glob("run-*"), key=lambda p: int(p.name[4:]))
+    runs = [figures(int(p.name.split("-")[1]), p) for p in sorted((p for p in out.glob("run-*") if p.is_dir()), key=lambda p: int(p.name[4:]))
             if (p / "summary.json").exists()]
     if not runs:
         raise SystemExit(f"{out}: no run-<k>/summary.json here")
@@ -135,13 +135,20 @@ def plot(res: Runs, path: Path) -> None:
     a.set_ylabel("ratio")
     a.set_title("tail per run (each a whole testbed run)")
     a.legend(fontsize=7, loc="upper left")
-    b.bar([k - 0.2 for k in ks], [100 * r.slowdown for r in res.runs], width=0.4, label="training slowdown %")
-    b.bar([k + 0.2 for k in ks], [100 * r.utilization - 90 for r in res.runs], width=0.4,
-          label="utilization % - 90", color="tab:green")
+    b.bar(ks, [100 * r.slowdown for r in res.runs], color="tab:blue", label="training slowdown %")
+    b.axhline(100 * MEDIAN_SLOWDOWN_BOUND, color="tab:blue", ls="--", lw=1, label="median bound +1%")
     b.axhline(0, color="black", lw=0.5)
     b.set_xlabel("run")
+    b.set_ylabel("training slowdown, %")
+    u = b.twinx()
+    u.plot(ks, [100 * r.utilization for r in res.runs], "s", color="tab:green", label="utilization %")
+    u.axhline(100 * MEDIAN_UTILIZATION_BOUND, color="tab:green", ls=":", lw=1, label="median bound 94%")
+    u.set_ylim(80, 100)
+    u.set_ylabel("device utilization with prefill, %")
     b.set_title(f"median slowdown {res.median_slowdown:+.1%}, utilization {res.median_utilization:.1%}")
-    b.legend(fontsize=7)
+    h1, l1 = b.get_legend_handles_labels()
+    h2, l2 = u.get_legend_handles_labels()
+    b.legend(h1 + h2, l1 + l2, fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

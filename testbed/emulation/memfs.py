@@ -4,10 +4,10 @@ The emulated GPU's lock, leases and timeline, the workers' live status, the slot
 the transfer logs are written and renamed many times a second by training and by the
 BubbleTea agents beside it. On a disk file system every such rename and create is a
 journal transaction; with the agents' churn added, training's own bookkeeping (a rename
-between two pieces of work) now and then waited a quarter of a second behind a journal
-commit, far longer than any bubble (docs/bubbletea.md, "Where the tail came from"). A
-memory file system (tmpfs) has no journal, so these files live there while the run plays
-and are copied into the results folder after it.
+between two pieces of work) now and then waited a quarter of a second, far longer than
+any bubble (docs/bubbletea.md, "What still stalled training"). A memory file system
+(tmpfs) has no journal, so these files live there while the run plays and are copied into
+the results folder after it.
 """
 
 from __future__ import annotations

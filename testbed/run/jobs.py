@@ -84,11 +84,15 @@ def build_jobs(
     iteration_lead_s: float = 0.05,
     dp_allreduce: bool = True,
     dp_bucket_bytes: int = 25 << 20,
+    variant_folder: Path | None = None,
 ) -> dict[str, TrainJob]:
     """The job of every worker of a variant, by worker name (pure: no I/O). Channel
     ports are the `ports.channels` range over the (pipeline, boundary) channels, so no
     two collide. With dp > 1 the workers all-reduce their gradients after each
-    iteration (`dp_allreduce`; always with real devices, whose replicas must agree)."""
+    iteration (`dp_allreduce`; always with real devices, whose replicas must agree).
+    `run_dir`: where the step files go while the variant plays (in memory when it can,
+    testbed/run/runner.py); `variant_folder`: its results folder, where real devices'
+    parameters are saved (default: `run_dir`'s parent)."""
     from testbed_core.schedules import build_schedule
 
     par = workload.parallelism
@@ -103,7 +107,7 @@ def build_jobs(
     torch_device = None
     if workload.gpu.mode == "real":
         torch_device = real_device(workload)
-        real = add_real_jobs(workload, run_dir, torch_device)
+        real = add_real_jobs(workload, Path(variant_folder or Path(run_dir).parent), torch_device)
     dp = (dp_sync_jobs(setup, workload, eff, topology, hosts, host_ips, ports, dp_bucket_bytes)
           if par.dp > 1 and (dp_allreduce or real) else {})
     gloo = gloo_jobs(workload, channels, hosts, host_ips, ports) if setup.run.variant.comm == "gloo" else {}
@@ -197,12 +201,12 @@ def real_device(workload: Workload) -> str:
         raise RunnerError(str(exc)) from None
 
 
-def add_real_jobs(workload: Workload, run_dir: Path, torch_device: str) -> dict[str, RealJob]:
+def add_real_jobs(workload: Workload, variant_folder: Path, torch_device: str) -> dict[str, RealJob]:
     """Real devices (``workload.gpu.mode: real``): each worker trains its stages for
-    real (testbed/training/real_mode.py)."""
+    real (testbed/training/real_mode.py), saving its parameters in `variant_folder`."""
     from testbed.training.real_mode import real_jobs
 
-    return real_jobs(workload=workload, variant_folder=Path(run_dir).parent, torch_device=torch_device,
+    return real_jobs(workload=workload, variant_folder=variant_folder, torch_device=torch_device,
                      worker_id=worker_id)
 
 

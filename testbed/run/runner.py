@@ -338,6 +338,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         token_timeout_s=max(1.0, 2 * setup.prediction.iteration_time_s),
         iteration_lead_s=scenario.runner.iteration_lead,
         dp_allreduce=scenario.runner.dp_allreduce, dp_bucket_bytes=scenario.runner.dp_bucket,
+        variant_folder=folder,
     )
     if scenario.runner.verify_tensors:
         jobs = {w: j.model_copy(update={"verify_tensors": True}) for w, j in jobs.items()}

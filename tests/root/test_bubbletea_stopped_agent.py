@@ -24,12 +24,25 @@ pytestmark = pytest.mark.root
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _saboteur(devices: Path, done: threading.Event, acts: list[tuple[str, str, int]]) -> None:
+def _devices(variant: Path) -> Path | None:
+    """The device folder the variant plays in: its jobs name it (in memory while it plays,
+    testbed/emulation/memfs.py; copied to ``<variant>/run/devices`` after)."""
+    for job in sorted((variant / "jobs").glob("p*.json")) if (variant / "jobs").exists() else []:
+        try:
+            return Path(json.loads(job.read_text())["device"]["run_dir"]) / "devices"
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+    return None
+
+
+def _saboteur(variant: Path, done: threading.Event, acts: list[tuple[str, str, int]]) -> None:
     """Stop the first agent seen holding a device (and let it go on 2 s later), then kill
     the first one seen holding another device."""
     stopped: tuple[int, float] | None = None
+    devices: Path | None = None
     while not done.is_set():
-        for path in sorted(devices.glob("*.lease.json")) if devices.exists() else []:
+        devices = devices or _devices(variant)
+        for path in sorted(devices.glob("*.lease.json")) if devices is not None and devices.exists() else []:
             try:
                 lease = Lease.from_json(json.loads(path.read_text()))
             except (OSError, ValueError, KeyError, TypeError):
@@ -61,7 +74,7 @@ def test_a_stopped_and_a_killed_agent_cannot_stall_training(tmp_path: Path, name
     out = tmp_path / "out"
     acts: list[tuple[str, str, int]] = []
     done = threading.Event()
-    spy = threading.Thread(target=_saboteur, args=(out / "atlas+bubbletea" / "run" / "devices", done, acts))
+    spy = threading.Thread(target=_saboteur, args=(out / "atlas+bubbletea", done, acts))
     spy.start()
     log = io.StringIO()
     try:

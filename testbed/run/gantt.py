@@ -11,6 +11,7 @@ ends (solid); time is in seconds from the first measured start.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -35,6 +36,7 @@ PIPELINE_COLORS = ("#2a9d8f", "#e76f51", "#264653", "#e9c46a", "#8ab17d", "#9d4e
 
 
 FAULT_COLOR = "#c62828"
+MAX_ITERATION_LABELS = 12  # more iterations than this: every k-th labelled
 
 
 def _device_sort_key(name: str) -> tuple:
@@ -125,10 +127,12 @@ def gantt_png(
         labels.append(name)
         y += 1
 
+    every = max(1, math.ceil((len(starts) - first) / MAX_ITERATION_LABELS))  # a soak's 100 would overlap
     for i in range(first, len(starts)):
         ax.axvline(starts[i] - t0, color="#333333", linestyle="--", linewidth=0.8, zorder=4)
         if i < len(ends):
             ax.axvline(ends[i] - t0, color="#333333", linestyle="-", linewidth=0.8, zorder=4)
+        if i < len(ends) and (i - first) % every == 0:
             ax.text((starts[i] + ends[i]) / 2 - t0, -0.62, f"iteration {i}: {ends[i] - starts[i]:.3f} s",
                     ha="center", va="center", fontsize=8,
                     bbox={"facecolor": "white", "edgecolor": "none", "pad": 1.0}, zorder=5)

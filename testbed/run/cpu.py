@@ -43,7 +43,7 @@ RT_RUNTIME_US = 3_000
 this many microseconds per `RT_PERIOD_US` (30% of a core): their holds mostly sleep."""
 RT_PERIOD_US = 10_000
 """The group's real-time period. A group that used its budget waits for the next period:
-with the kernel's 1 s period and a 100 ms budget agents woke up to 0.34 s late inside
+with the kernel's 1 s period and a 100 ms budget agents woke up to 0.47 s late inside
 their holds (idle devices in the bubbles); a 10 ms period bounds that wait to 7 ms."""
 
 

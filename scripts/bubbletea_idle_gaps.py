@@ -18,33 +18,39 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from collections import defaultdict
 from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from testbed_core.device_records import WorkRecord, idle_gaps  # noqa: E402
 
 
 def gaps(folder: Path, min_s: float, warmup: int) -> list[tuple[str, str, str, float, int]]:
     it = json.loads((folder / "iterations.json").read_text())
     windows = list(zip(it["starts"], it["ends"], strict=True))[warmup:]
     t0, t1 = windows[0][0], windows[-1][1]
-    by_device: dict[str, list[dict[str, str]]] = defaultdict(list)
+    by_device: dict[str, list[WorkRecord]] = defaultdict(list)
     with open(folder / "timeline.csv", newline="") as f:
-        for row in csv.DictReader(f):
-            by_device[row["device"]].append(row)
+        for r in csv.DictReader(f):
+            by_device[r["device"]].append(WorkRecord(r["device"], r["kind"], r["owner"], r["label"], float(r["requested"]),
+                                                     float(r["start"]), float(r["end"]), r["mode"]))
     out = []
-    for device, rows in sorted(by_device.items()):
+    for device, recs in sorted(by_device.items()):
         worker = device.rsplit("-", 1)[-1]
-        agent = json.loads((folder / "agents" / f"{worker}.json").read_text())
-        epoch = float(agent["epoch"])
+        epoch = float(json.loads((folder / "agents" / f"{worker}.json").read_text())["epoch"])
         requests = [json.loads(line) for line in
                     (folder / "agents" / f"{worker}.requests.jsonl").read_text().splitlines() if line.strip()]
-        rows.sort(key=lambda r: float(r["start"]))
-        for a, b in zip(rows, rows[1:], strict=False):
-            g0, g1 = float(a["end"]), float(b["start"])
-            if g1 - g0 < min_s or g0 < t0 or g1 > t1:
-                continue
+        for g0, g1 in idle_gaps(recs, t0, t1, min_s):  # the device's own busy-time union (device_records.py)
+            before = max((r for r in recs if r.end <= g0), key=lambda r: r.end, default=None)
+            after = min((r for r in recs if r.start >= g1), key=lambda r: r.start, default=None)
+            if before is None or after is None or before.end < t0 or after.start > t1:
+                continue  # a stretch cut by the measured window's edge, not a gap between two pieces
             queued = sum(1 for r in requests if r["arrival"] + epoch < g0 and r.get("start") is not None
                          and r["start"] + epoch > g1)
-            out.append((device, a["label"], b["label"], g1 - g0, queued))
+            out.append((device, before.label, after.label, g1 - g0, queued))
     return out
 
 

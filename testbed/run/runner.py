@@ -475,15 +475,13 @@ class VariantFiles(NamedTuple):
 
 def keep_step_files(src: Path, dst: Path) -> None:
     """Copy a variant's step files from memory (`Network.memory_dir`) into its results
-    folder and free the memory: the regular files (lock files and the holders' FIFOs are
-    meaningless after the run), with their folders."""
-    for path in sorted(src.rglob("*")):
-        target = dst / path.relative_to(src)
-        if path.is_dir() and not path.is_symlink():
-            target.mkdir(parents=True, exist_ok=True)
-        elif path.is_file() and not path.is_symlink():
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(path, target)
+    folder and free the memory: folders and regular files only (the holders' FIFOs mean
+    nothing after the run, and opening one to copy it would block)."""
+
+    def not_plain(folder: str, names: list[str]) -> list[str]:
+        return [n for n in names if (p := Path(folder, n)).is_symlink() or not (p.is_dir() or p.is_file())]
+
+    shutil.copytree(src, dst, ignore=not_plain, dirs_exist_ok=True)
     shutil.rmtree(src, ignore_errors=True)
 
 

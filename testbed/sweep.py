@@ -16,8 +16,12 @@ the file, the field and what is allowed, instead of surfacing an hour into the s
 Each point runs in `OUT/<id>/` (id: index and values, e.g.
 `p003-delay=50ms-streams=8`) holding its fully resolved scenario, `point.json`
 (parameters, seed, status, error, duration), `provenance.json` and the runner's
-outputs. A rerun with the same `--out` skips points whose status is ok and whose
-configuration is unchanged, and reruns the rest.
+outputs. Where OUT is: a new folder every time by default
+(`results/<sweep name>-<UTC time>`, `default_out_dir`), so that a reproduction never
+lands in, or skips its points because of, a kept result (`results/<sweep name>/`,
+written only by `--keep`). Resuming is explicit (`--resume OUT`, `choose_out_dir`): it
+skips points whose status is ok and whose configuration is unchanged, and reruns the
+rest.
 """
 
 from __future__ import annotations
@@ -751,8 +755,53 @@ def _outcome_from_disk(folder: Path, point: SweepPoint, exitcode: int | None, el
     return PointOutcome(point.id, "failed", elapsed, error)
 
 
-def default_out_dir(plan: SweepPlan) -> Path:
-    return Path("results") / plan.name
+KEPT_MARK = "kept.json"  # testbed/report/keep.py writes it in every kept folder
+
+
+def default_out_dir(plan: SweepPlan, now: datetime | None = None) -> Path:
+    """A new folder for this run: results/<sweep name>-<UTC time>, e.g.
+    results/sweep-rtt-20261204-212000Z (a suffix -2, -3 ... if that one exists). Never
+    the kept folder results/<sweep name>/, which only --keep writes."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%SZ")
+    base = Path("results") / f"{plan.name}-{stamp}"
+    candidate, n = base, 1
+    while candidate.exists():
+        n += 1
+        candidate = base.with_name(f"{base.name}-{n}")
+    return candidate
+
+
+def choose_out_dir(plan: SweepPlan, out: Path | None, resume: Path | None) -> Path:
+    """The folder a `testbed sweep` writes to: `--resume DIR` continues the sweep in DIR
+    (which must hold this sweep's results and not be a kept result), `--out DIR` starts
+    one in a new or empty DIR, neither starts one in `default_out_dir`. SweepError
+    saying which option to use otherwise."""
+    if out is not None and resume is not None:
+        raise SweepError("--out and --resume both name the result folder: --resume DIR continues the sweep in "
+                         "DIR, --out DIR starts a new one there; give one of them")
+    if resume is not None:
+        if not (resume / SWEEP_FILE).is_file():
+            what = "does not exist" if not resume.exists() else f"holds no {SWEEP_FILE}"
+            raise SweepError(f"--resume {resume}: {what}, so there is no sweep to resume; give the folder an "
+                             "earlier `testbed sweep` wrote (it printed `-> DIR`), or drop --resume to start anew")
+        if (resume / KEPT_MARK).exists():
+            raise SweepError(f"--resume {resume}: this is a kept result ({KEPT_MARK}), which a run never writes "
+                             "into; run the sweep into a new folder (drop --resume) and keep it with --keep")
+        old = _sweep_name(resume / SWEEP_FILE)
+        if old not in (None, plan.name):
+            raise SweepError(f"--resume {resume}: holds the results of sweep {old!r}, not {plan.name!r}; "
+                             "give the folder of this sweep, or drop --resume to start anew")
+        return resume
+    if out is None:
+        return default_out_dir(plan)
+    if (out / KEPT_MARK).exists():
+        raise SweepError(f"--out {out}: this is a kept result ({KEPT_MARK}), which a run never writes into; "
+                         "choose a new folder (or leave --out out: a new results/<sweep>-<time>/) and keep "
+                         "the result with --keep")
+    if (out / SWEEP_FILE).exists():
+        raise SweepError(f"--out {out}: holds a sweep's results already; to continue that sweep pass "
+                         f"--resume {out}, to start afresh choose a new folder (or leave --out out)")
+    return out
 
 
 def sweep_size_text(plan: SweepPlan) -> str:
@@ -765,6 +814,6 @@ def sweep_size_text(plan: SweepPlan) -> str:
 
 __all__ = [
     "PointOutcome", "Parameter", "RangeSpec", "Runner", "SweepError", "SweepFile", "SweepPlan", "SweepPoint",
-    "ValuesSpec", "config_hash", "default_out_dir", "default_runner", "execute_point", "is_finished", "load_sweep",
+    "ValuesSpec", "choose_out_dir", "config_hash", "default_out_dir", "default_runner", "execute_point", "is_finished", "load_sweep",
     "parameter_values", "range_values", "read_point", "run_sweep", "sweep_size_text",
 ]

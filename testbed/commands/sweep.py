@@ -1,4 +1,5 @@
-"""`testbed sweep SWEEP.yaml`: run a scenario over a parameter grid, resumably."""
+"""`testbed sweep SWEEP.yaml`: run a scenario over a parameter grid, resumably, into a
+new folder by default (`--resume DIR` continues one, `--keep` keeps the result)."""
 
 from __future__ import annotations
 
@@ -37,7 +38,10 @@ def _load_runner(ref: str | None):
 @click.command()
 @click.argument("sweep_file", type=click.Path(dir_okay=False, path_type=Path))
 @click.option("--out", "-o", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Result folder (default results/<sweep name>). Rerun with the same folder to resume.")
+              help="New or empty result folder (default: a new results/<sweep name>-<UTC time>/).")
+@click.option("--resume", type=click.Path(file_okay=False, path_type=Path), default=None, metavar="DIR",
+              help="Continue the sweep in DIR (an earlier run's folder): finished points are skipped, "
+                   "failed and unfinished ones rerun.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Points run at once, each in its own process and emulation.")
 @click.option("--set", "sets", multiple=True, metavar="PATH=VALUE",
@@ -48,21 +52,24 @@ def _load_runner(ref: str | None):
                    "results/<sweep name>/ (testbed/report/keep.py).")
 @click.option("--runner", "runner_ref", default=None, hidden=True,
               help="module:function used instead of testbed.run.runner.run_scenario (tests, custom runners).")
-def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
+def sweep(sweep_file: Path, out: Path | None, resume: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
           keep: bool, runner_ref: str | None) -> None:
     """Run SWEEP_FILE's base scenario at every point of its parameter grid.
 
+    Each run writes to a new folder (results/<sweep name>-<UTC time>/ unless --out
+    names one), so it never skips points because of, or writes into, a kept result.
     Each point gets its own folder with its resolved scenario, point.json and
-    provenance. Finished points are skipped when the same --out is used again, so an
-    interrupted sweep resumes; failed points are recorded and rerun. At the end,
-    results.csv, plots and a summary table are written (rebuild them with
-    `testbed report DIR`); --keep copies the small ones to results/<sweep name>/.
+    provenance; failed points are recorded and the sweep goes on. --resume DIR
+    continues an interrupted or partly failed sweep: finished points are skipped, the
+    rest rerun. At the end, results.csv, plots and a summary table are written (rebuild
+    them with `testbed report DIR`); --keep copies the small ones to the kept result
+    results/<sweep name>/ (replacing what was kept there).
     """
     from testbed.report import build_report
     from testbed.run.scenario import parse_set_options
     from testbed.sweep import (
         SweepError,
-        default_out_dir,
+        choose_out_dir,
         is_finished,
         load_sweep,
         run_sweep,
@@ -71,9 +78,9 @@ def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], 
 
     try:
         plan = load_sweep(sweep_file, parse_set_options(sets))
+        out = choose_out_dir(plan, out, resume)
     except ConfigError as exc:
         raise click.ClickException(str(exc)) from None
-    out = out or default_out_dir(plan)
     click.echo(f"sweep {plan.name}: {sweep_size_text(plan)} -> {out}", err=True)
     if dry_run:
         for point in plan.points:
@@ -99,13 +106,13 @@ def sweep(sweep_file: Path, out: Path | None, jobs: int, sets: tuple[str, ...], 
 
         _keep(out, None)
     if interrupted:
-        click.echo(f"interrupted: finished points are kept; rerun the same command "
-                   f"(with --out {out}) to resume", err=True)
+        click.echo(f"interrupted: finished points are kept; add --resume {out} to the same command "
+                   "to finish the sweep", err=True)
         sys.exit(130)
     failed = [o for o in outcomes if o.status == "failed"]
     if failed:
-        click.echo(f"\n{len(failed)} of {len(outcomes)} points failed (rerun the same command to retry them):",
-                   err=True)
+        click.echo(f"\n{len(failed)} of {len(outcomes)} points failed (rerun them: the same command with "
+                   f"--resume {out}):", err=True)
         for o in failed:
             click.echo(f"  {o.id}: {o.error}  (see {out / o.id / 'traceback.txt'})", err=True)
         sys.exit(1)

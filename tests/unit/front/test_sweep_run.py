@@ -7,6 +7,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -225,7 +226,7 @@ def test_command_runs_reports_and_prints_the_table(folder: Path) -> None:
     for name in ("results.csv", "iteration_time.png", "speedup.png", "summary.txt"):
         assert (out / name).stat().st_size > 0, name
     assert yaml.safe_load((out / "p001-delay=5ms" / "scenario.resolved.yaml").read_text())["transport"]["streams"] == 4
-    again = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fake_runner",
+    again = cli("sweep", str(path), "--resume", str(out), "--runner", "sweep_fakes:fake_runner",
                 "--set", "transport.streams=4")
     assert again.exit_code == 0 and "4 skipped" in again.stderr
 
@@ -235,7 +236,7 @@ def test_command_exit_status_and_message_on_failed_points(folder: Path) -> None:
     out = folder / "out"
     result = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:flaky_runner")
     assert result.exit_code == 1
-    assert "1 of 2 points failed (rerun the same command to retry them):" in result.stderr
+    assert f"1 of 2 points failed (rerun them: the same command with --resume {out}):" in result.stderr
     assert f"p002-delay=100ms: RuntimeError: relay lost its queue at RTT 200 ms  (see {out}/p002-delay=100ms/traceback.txt)" in result.stderr
     assert "failed" in result.stdout  # the table shows the failed point
 
@@ -255,6 +256,54 @@ def test_command_bad_set_and_bad_runner(folder: Path) -> None:
     assert result.exit_code == 1 and "--set 'transport': expected path=value" in result.stderr
     result = cli("sweep", str(path), "--out", str(folder / "o"), "--runner", "nomodule_here:run")
     assert result.exit_code == 1 and "--runner 'nomodule_here:run': cannot import nomodule_here" in result.stderr
+
+
+def test_default_out_is_a_new_folder_never_the_kept_one(folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reproduction on a clone runs every point: the default folder is new each time
+    (results/<sweep>-<UTC time>), and the kept result results/<sweep>/ is left as it is."""
+    monkeypatch.chdir(folder)
+    path = write_sweep(folder, {"parameters": {"transport.streams": [2, 4]}})
+    kept = folder / "results" / "t"
+    run(load_sweep(path), kept, runner=fake_runner)
+    (kept / "kept.json").write_text("{}")
+    before = {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()}
+    dry = cli("sweep", str(path), "--dry-run")
+    assert dry.exit_code == 0, dry.output
+    assert dry.stdout.splitlines() == ["p001-streams=2  seed=1  to run", "p002-streams=4  seed=1  to run"]
+    assert re.search(r"-> results/t-\d{8}-\d{6}Z$", dry.stderr.strip()), dry.stderr
+    first = cli("sweep", str(path), "--runner", "sweep_fakes:fake_runner")
+    second = cli("sweep", str(path), "--runner", "sweep_fakes:fake_runner")
+    assert first.exit_code == 0 and second.exit_code == 0, first.output + second.output
+    assert "2 skipped" not in first.stderr + second.stderr
+    runs = sorted(p.name for p in (folder / "results").iterdir() if p.name != "t")
+    assert len(runs) == 2 and all(re.fullmatch(r"t-\d{8}-\d{6}Z(-2)?", r) for r in runs), runs
+    assert {p: p.read_bytes() for p in kept.rglob("*") if p.is_file()} == before
+
+
+def test_resume_and_out_are_explicit(folder: Path) -> None:
+    path = write_sweep(folder, {"parameters": {"transport.streams": [2, 4]}})
+    out = folder / "out"
+    assert cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fake_runner").exit_code == 0
+    again = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fail_if_called")
+    assert again.exit_code == 1
+    assert f"--out {out}: holds a sweep's results already; to continue that sweep pass --resume {out}" in again.stderr
+    dry = cli("sweep", str(path), "--resume", str(out), "--dry-run")
+    assert dry.stdout.splitlines() == ["p001-streams=2  seed=1  done", "p002-streams=4  seed=1  done"]
+    both = cli("sweep", str(path), "--out", str(out), "--resume", str(out))
+    assert both.exit_code == 1 and "--out and --resume both name the result folder" in both.stderr
+    missing = cli("sweep", str(path), "--resume", str(folder / "nowhere"))
+    assert missing.exit_code == 1
+    assert f"--resume {folder / 'nowhere'}: does not exist, so there is no sweep to resume" in missing.stderr
+    (out / "kept.json").write_text("{}")
+    kept = cli("sweep", str(path), "--resume", str(out), "--runner", "sweep_fakes:fail_if_called")
+    assert kept.exit_code == 1
+    assert f"--resume {out}: this is a kept result (kept.json), which a run never writes into" in kept.stderr
+    kept = cli("sweep", str(path), "--out", str(out), "--runner", "sweep_fakes:fail_if_called")
+    assert kept.exit_code == 1 and f"--out {out}: this is a kept result (kept.json)" in kept.stderr
+    other = write_sweep(folder, {"name": "other", "parameters": {"transport.streams": [2]}}, "o.yaml")
+    (out / "kept.json").unlink()
+    wrong = cli("sweep", str(other), "--resume", str(out))
+    assert wrong.exit_code == 1 and f"--resume {out}: holds the results of sweep 't', not 'other'" in wrong.stderr
 
 
 def test_dry_run_lists_points_and_runs_nothing(folder: Path) -> None:

@@ -161,10 +161,13 @@ def rank_env(base: Mapping[str, str], plan: RankPlan, world_size: int, master_ad
     """The environment of one rank: the caller's (`base`), torchrun's variables, where
     it runs, the interface gloo and TensorPipe must bind to, then `extra` (``--env``),
     which wins over everything. ``OMP_NUM_THREADS=1`` and ``PYTHONUNBUFFERED=1`` unless
-    the caller set them (ranks share the machine's cores; output streams line by line)."""
+    the caller set them (ranks share the machine's cores; output streams line by line);
+    ``ATLAS_SITE`` (the atlas backend's site label: ranks with the same label share a
+    LAN) is the rank's DC unless the caller set it."""
     env = dict(base)
     env.setdefault("OMP_NUM_THREADS", "1")
     env.setdefault("PYTHONUNBUFFERED", "1")
+    env.setdefault("ATLAS_SITE", plan.host.dc)  # the atlas backend's locality (ranks sharing a DC)
     env.update({
         "RANK": str(plan.rank),
         "WORLD_SIZE": str(world_size),

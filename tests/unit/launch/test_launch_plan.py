@@ -101,6 +101,13 @@ def test_rank_env_is_torchruns_plus_the_hosts_interface():
     assert rank_env({}, plan, 8, "a", 1, {})["OMP_NUM_THREADS"] == "1"
 
 
+def test_rank_env_sets_atlas_site_to_the_dc_unless_given():
+    plan = plan_ranks(SLOTS, None, 2)[5]  # dc2-h1
+    assert rank_env({}, plan, 8, "a", 1, {})["ATLAS_SITE"] == "dc2"
+    assert rank_env({"ATLAS_SITE": "mine"}, plan, 8, "a", 1, {})["ATLAS_SITE"] == "mine"  # the user's own value
+    assert rank_env({}, plan, 8, "a", 1, {"ATLAS_SITE": "x"})["ATLAS_SITE"] == "x"  # --env wins
+
+
 def test_resolve_command(tmp_path: Path):
     assert resolve_command(["sh", "-c", "true"], tmp_path).endswith("/sh")
     with pytest.raises(LaunchError, match="no command to launch: put it after `--`"):

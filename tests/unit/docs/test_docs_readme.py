@@ -1,5 +1,6 @@
-"""README.md as the front door: short, every command in it runs as written on a fresh
-clone, and every relative link in it and in docs/ resolves. The results pages name kept
+"""README.md as the front door: short, its tour starting with `make demo` and `make test`,
+and every relative link in it and in docs/ resolves (test_docs_commands.py checks every
+command of every page). The results pages name kept
 results that exist, and `docs/results/paper.md` gives every claim a command and a kept
 result."""
 
@@ -9,84 +10,21 @@ import re
 import shlex
 import subprocess
 import sys
-from functools import cache
 from pathlib import Path
 
 import pytest
-
-from testbed.run.scenario import load_scenario, parse_set_options
+from doc_commands import check_command, shell_commands
 
 ROOT = Path(__file__).resolve().parents[3]
 README = ROOT / "README.md"
 MAX_README_LINES = 200
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```", re.S | re.M)
 LINK = re.compile(r"!?\[[^\]]*\]\(([^)\s]+)(?:\s+\"[^\"]*\")?\)")
-GROUPS = {"topo", "bench"}  # commands whose first argument is a subcommand
 
 
 def readme_commands(text: str) -> list[str]:
-    """Every command line of the README's sh code blocks, comments and `sudo` dropped."""
-    out = []
-    for lang, body in FENCE.findall(text):
-        if lang not in ("sh", "bash", "console", ""):
-            continue
-        for line in body.splitlines():
-            line = re.sub(r"\s+#.*$", "", line).strip()
-            if line and not line.startswith("#"):
-                out.append(line.removeprefix("sudo ").strip())
-    return out
-
-
-@cache
-def _help(*words: str) -> str:
-    proc = subprocess.run([sys.executable, "-m", "testbed.cli", *words, "--help"], capture_output=True, text=True,
-                          timeout=120, cwd=ROOT)
-    assert proc.returncode == 0, f"testbed {' '.join(words)} --help exited {proc.returncode}: {proc.stderr[-2000:]}"
-    return proc.stdout
-
-
-def _make_targets() -> set[str]:
-    return set(re.findall(r"^([A-Za-z][\w-]*):", (ROOT / "Makefile").read_text(), re.M))
-
-
-OUTPUT_OPTIONS = {"--out"}  # their value is made by the command
-
-
-def _paths_named(tokens: list[str]) -> list[str]:
-    outputs = {i + 1 for i, t in enumerate(tokens) if t in OUTPUT_OPTIONS}
-    return [t for i, t in enumerate(tokens) if i not in outputs and "/" in t and not t.startswith("-")
-            and "<" not in t and "=" not in t and "://" not in t]
-
-
-def check_command(line: str) -> None:
-    """The command's program and subcommand exist, its options are the command's own,
-    every file it names is there, and its --set overrides apply to its scenario."""
-    tokens = shlex.split(line)
-    prog, args = tokens[0], tokens[1:]
-    if prog == "make":
-        missing = set(args) - _make_targets()
-        assert not missing, f"{line!r}: no Makefile target {sorted(missing)}"
-        return
-    head = [prog]
-    if "--" in args:  # testbed launch ... -- PROGRAM ARGS: the program's own files must be there too
-        cut = args.index("--")
-        args, program = args[:cut], args[cut + 1:]
-        assert program, f"{line!r}: nothing after --"
-        head += program
-    for path in _paths_named(head + args):
-        if path.startswith(".venv/") and not (ROOT / ".venv").is_dir():
-            continue  # installed by `make install`
-        assert (ROOT / path).exists(), f"{line!r}: {path} does not exist in the repository"
-    if Path(prog).name != "testbed":
-        return
-    words = [args[0]] + ([args[1]] if args[0] in GROUPS and len(args) > 1 else [])
-    text = _help(*words)
-    for opt in (t.split("=", 1)[0] for t in args if t.startswith("--")):
-        assert re.search(rf"(?<![\w-]){re.escape(opt)}(?![\w-])", text), \
-            f"{line!r}: testbed {' '.join(words)} has no option {opt}"
-    sets = [args[i + 1] for i, t in enumerate(args) if t == "--set" and i + 1 < len(args)]
-    if sets and words[0] == "run":
-        load_scenario(ROOT / args[1], parse_set_options(sets))
+    """Every command line of a page's shell code blocks, `sudo` dropped."""
+    return [line.removeprefix("sudo ") for block in shell_commands(text) for line in block]
 
 
 def test_readme_is_short():
@@ -98,20 +36,6 @@ def test_readme_names_the_two_commands_first():
     text = README.read_text()
     commands = readme_commands(text)
     assert commands[:2] == ["make demo", "make test"], commands[:2]
-
-
-@pytest.mark.parametrize("line", readme_commands(README.read_text()))
-def test_readme_command_runs_as_written(line):
-    check_command(line)
-
-
-def test_the_command_check_is_real():
-    for bad in ("testbed no-such-command", "testbed run scenarios/no-such.yaml",
-                "testbed run scenarios/quickstart.yaml --no-such-option",
-                "testbed run scenarios/quickstart.yaml --set workload.no_such=1", "make no-such-target",
-                "testbed launch topologies/2dc.yaml -- .venv/bin/python examples/no-such.py"):
-        with pytest.raises((AssertionError, ValueError)):
-            check_command(bad)
 
 
 def test_readme_runs_read_only_commands_for_real():
@@ -175,7 +99,7 @@ def test_paper_page_gives_every_claim_a_command_and_a_kept_result():
         commands = re.findall(r"`([^`]+)`", command)
         assert commands, f"{claim}: no command"
         for cmd in commands:
-            check_command(cmd.removeprefix("sudo ").replace("testbed ", ".venv/bin/testbed ", 1))
+            check_command(cmd)
         kept_paths = _backticked_paths(kept)
         assert kept_paths, f"{claim}: no kept result"
         for path in kept_paths:
@@ -187,13 +111,3 @@ def test_paper_page_gives_every_claim_a_command_and_a_kept_result():
 def test_every_shipped_file_is_documented(path: Path):
     pages = "\n".join(p.read_text() for p in (ROOT / "docs").rglob("*.md"))
     assert path.name in pages, f"{path.relative_to(ROOT)} is shipped but no page of docs/ mentions it"
-
-
-TOUR_PAGES = ("getting-started.md", "launch.md")
-
-
-@pytest.mark.parametrize("line", [line for page in TOUR_PAGES
-                                  for line in readme_commands((ROOT / "docs" / page).read_text())])
-def test_tour_command_runs_as_written(line):
-    """The tour's and the launch page's commands are checked as the README's are."""
-    check_command(line)

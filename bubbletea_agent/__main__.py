@@ -159,14 +159,15 @@ def controller_cmd(job_path: str) -> None:
     """Run the cluster's prefill controller from its job file (a ControllerJob:
     testbed_core/contracts/prefill_service.py) until SIGTERM; API in
     bubbletea_agent/controller/README.md."""
+    from bubbletea_agent.controller.auth import AuthError
     from bubbletea_agent.controller.server import run_job as run_controller
     from bubbletea_agent.requests import TraceError
 
     try:
         summary = run_controller(job_path)
-    except TraceError as exc:
+    except (TraceError, AuthError) as exc:
         raise click.ClickException(str(exc)) from None
-    keys = ("arrived", "served", "rejected", "rejected_by_reason", "refused_bodies")
+    keys = ("arrived", "served", "rejected", "rejected_by_reason", "refused_bodies", "unauthorized")
     click.echo(json.dumps({k: summary.get(k) for k in keys}))
 
 

@@ -239,13 +239,15 @@ def build(cfg: AgentConfig, on_record: Any = None, connect: Any = None) -> Built
     admission_cfg = cfg.admission.model_copy(update={"max_prompt_tokens": context})
     link = None
     if cfg.controller is not None:
+        from bubbletea_agent.controller.auth import agent_token, run_secret
         from bubbletea_agent.controller.client import AgentLink
         from testbed_core.contracts.prefill_service import AgentHello
 
         points = sorted({n for n in (16, 64, 256, 1024, 4096, 16384, 65536) if n < context} | {context})
         hello = AgentHello(device=device.name, decode_host=cfg.controller.decode_host,
                            predict_s={n: latency.predict(n, 0) for n in points}, max_prompt_tokens=context)
-        link = AgentLink(cfg.controller.host, cfg.controller.port, cfg.controller.name, hello)
+        link = AgentLink(cfg.controller.host, cfg.controller.port, cfg.controller.name, hello,
+                         token=agent_token(run_secret(who=f"agent {cfg.controller.name}"), cfg.controller.name))
         if on_record is not None:
             write = on_record
 

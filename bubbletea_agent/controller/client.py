@@ -3,7 +3,9 @@ its end), `AgentLink` for agents (a background thread that syncs the device's st
 the requests that ended, and hands the agent the work the controller sends).
 
 Both use the standard library's HTTP client: an agent must not pull an event loop into
-the process that times prefills on the device.
+the process that times prefills on the device. Both send the run's token (auth.py): a
+client the client token (`read_token_file` reads it from a run's output folder), an
+agent its own (`agent_token(secret, name)`).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from bubbletea_agent.controller.auth import bearer
 from bubbletea_agent.requests import Request
 from testbed_core.contracts.prefill_service import (
     Accepted,
@@ -44,11 +47,14 @@ class ControllerRefused(Exception):
 
 
 def _call(host: str, port: int, method: str, path: str, body: bytes | None = None,
-          timeout: float = 10.0, conn: http.client.HTTPConnection | None = None) -> tuple[int, bytes]:
+          timeout: float = 10.0, conn: http.client.HTTPConnection | None = None,
+          token: str | None = None) -> tuple[int, bytes]:
     own = conn is None
     c = conn or http.client.HTTPConnection(host, port, timeout=timeout)
     try:
         headers = {"Content-Type": "application/json"} if body is not None else {}
+        if token is not None:
+            headers.update(bearer(token))
         c.request(method, path, body=body, headers=headers)
         resp = c.getresponse()
         return resp.status, resp.read()
@@ -66,22 +72,23 @@ def _refused(status: int, raw: bytes) -> ControllerRefused:
 
 
 class PrefillClient:
-    """A client of the prefill service at host:port."""
+    """A client of the prefill service at host:port, with the run's client `token`
+    (auth.client_token of the run's secret, or `auth.read_token_file(<run folder>)`)."""
 
-    def __init__(self, host: str, port: int, timeout: float = 10.0) -> None:
-        self.host, self.port, self.timeout = host, port, timeout
+    def __init__(self, host: str, port: int, token: str, timeout: float = 10.0) -> None:
+        self.host, self.port, self.token, self.timeout = host, port, token, timeout
 
     def submit(self, prompt_tokens: int, *, deadline_s: float | None = None, decode_host: str | None = None,
                id: str | None = None) -> Accepted:  # noqa: A002 - the API's field name
         body = ClientRequest(id=id, prompt_tokens=prompt_tokens, deadline_s=deadline_s,
                              decode_host=decode_host).model_dump_json(exclude_none=True).encode()
-        status, raw = _call(self.host, self.port, "POST", "/v1/prefill", body, self.timeout)
+        status, raw = _call(self.host, self.port, "POST", "/v1/prefill", body, self.timeout, token=self.token)
         if status != 202:
             raise _refused(status, raw)
         return Accepted.model_validate_json(raw)
 
     def get(self, rid: str) -> RequestView:
-        status, raw = _call(self.host, self.port, "GET", f"/v1/requests/{rid}", None, self.timeout)
+        status, raw = _call(self.host, self.port, "GET", f"/v1/requests/{rid}", None, self.timeout, token=self.token)
         if status != 200:
             raise _refused(status, raw)
         return RequestView.model_validate_json(raw)
@@ -98,7 +105,7 @@ class PrefillClient:
             time.sleep(poll_s)
 
     def status(self) -> dict[str, Any]:
-        status, raw = _call(self.host, self.port, "GET", "/v1/status", None, self.timeout)
+        status, raw = _call(self.host, self.port, "GET", "/v1/status", None, self.timeout, token=self.token)
         if status != 200:
             raise _refused(status, raw)
         return json.loads(raw)
@@ -118,11 +125,13 @@ def ended_from_row(row: dict[str, Any], epoch: float) -> EndedRequest:
 class AgentLink:
     """An agent's side of the controller: a thread that long-polls ``sync`` (status and
     ended requests out, work in). `status` and `ended` are called from the agent's
-    loop; `take` hands it the work received (as Requests relative to its epoch)."""
+    loop; `take` hands it the work received (as Requests relative to its epoch).
+    `token` is this agent's (auth.agent_token(run secret, name)): the controller takes
+    a sync for `name` with no other."""
 
     def __init__(self, host: str, port: int, name: str, hello: AgentHello, wait_s: float = 0.1,
-                 connect_timeout_s: float = 30.0, timeout_s: float = 2.0) -> None:
-        self.host, self.port, self.name, self.hello = host, port, name, hello
+                 connect_timeout_s: float = 30.0, timeout_s: float = 2.0, *, token: str) -> None:
+        self.host, self.port, self.name, self.hello, self.token = host, port, name, hello, token
         # a sync not answered within timeout_s is given up and sent again (its work is re-sent)
         self.wait_s, self.connect_timeout_s, self.timeout_s = wait_s, connect_timeout_s, timeout_s
         self._status: AgentStatus | None = None
@@ -175,7 +184,7 @@ class AgentLink:
                         wait_s=0.0 if final else self.wait_s, received=self.received)
         try:
             status, raw = _call(self.host, self.port, "POST", f"/v1/agents/{self.name}/sync",
-                                msg.model_dump_json(exclude_none=True).encode(), conn=conn)
+                                msg.model_dump_json(exclude_none=True).encode(), conn=conn, token=self.token)
         except Exception:
             with self._lock:
                 self._ended.extendleft(reversed(ended))  # sent again with the next sync

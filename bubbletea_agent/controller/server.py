@@ -8,6 +8,12 @@ Routes (bodies are JSON, one model of testbed_core/contracts/prefill_service.py 
 * ``POST /v1/agents/<name>/sync`` (`AgentSync`): 200 `SyncReply` (long-polled up to
   ``wait_s`` when there is no work for it).
 
+Every request carries ``Authorization: Bearer <token>`` (auth.py): the run's client token
+on the first three routes, agent <name>'s own token on its sync. A missing or wrong
+token is answered 401 ``unauthorized`` before the body is read: nothing is parsed,
+recorded or sent, the refusal is counted (``unauthorized`` in the status and in
+controller.json, by reason) and logged with the peer's address.
+
 Refusals: 400 ``bad_json`` (not JSON), 422 ``invalid_request`` (a field missing, unknown
 or out of range; `field` names it), 413 ``body_too_large`` (above MAX_BODY_BYTES), 415
 ``not_json`` (another content type), 409 ``duplicate_id``, 422 ``too_long`` /
@@ -23,6 +29,7 @@ count as not arrived.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 import math
@@ -36,6 +43,15 @@ from typing import Any, TypeVar
 from aiohttp import web
 from pydantic import BaseModel, ValidationError
 
+from bubbletea_agent.controller.auth import (
+    TOKEN_FILE,
+    agent_token,
+    client_token,
+    matches,
+    presented,
+    run_secret,
+    write_token_file,
+)
 from bubbletea_agent.controller.dispatch import Dispatcher, Refusal
 from bubbletea_agent.requests import Reason, Request
 from testbed_core.contracts.prefill_service import (
@@ -57,7 +73,9 @@ M = TypeVar("M", bound=BaseModel)
 PRESEND_S = 0.15
 
 REFUSAL_STATUS = {"duplicate_id": 409, "unknown_agent": 404, "not_found": 404, "body_too_large": 413,
-                  "not_json": 415, "bad_json": 400}
+                  "not_json": 415, "bad_json": 400, "unauthorized": 401}
+LOG_REFUSALS = 20  # the first refusals are logged one by one; then one line per LOG_EVERY
+LOG_EVERY = 1000
 
 
 def _error(code: str, detail: str, field: str | None = None, status: int | None = None) -> web.Response:
@@ -87,12 +105,19 @@ def validation_detail(exc: ValidationError) -> tuple[str, str, str | None]:
 
 
 class Service:
-    """The controller: a Dispatcher behind HTTP, fed by the scenario's request source."""
+    """The controller: a Dispatcher behind HTTP, fed by the scenario's request source.
+    `secret` is the run's (auth.py derives the tokens from it); a Service without one
+    can be fed and ticked but not served (`app` refuses)."""
 
     def __init__(self, dispatcher: Dispatcher, source: Sequence[Request] = (), clock: Callable[[], float] = time.time,
                  on_end: Callable[[dict[str, Any]], None] | None = None, tick_s: float = 0.01,
-                 presend_s: float = PRESEND_S) -> None:
+                 presend_s: float = PRESEND_S, *, secret: str | bytes | None = None) -> None:
         self.d = dispatcher
+        self._secret = secret
+        self._client = None if secret is None else client_token(secret)
+        self._agents = {} if secret is None else {name: agent_token(secret, name) for name in dispatcher.devices}
+        self.unauthorized: dict[str, int] = {}  # refusals for who sent them, by reason
+        self._refusals = itertools.count(1)
         self.source = list(source)
         self.clock = clock
         self.tick_s = tick_s
@@ -118,12 +143,54 @@ class Service:
     # ------------------------------------------------------------------ app
 
     def app(self) -> web.Application:
-        app = web.Application(client_max_size=MAX_BODY_BYTES)
+        if self._client is None:
+            raise RuntimeError("the controller serves only with the run's secret: Service(..., secret=...)")
+        app = web.Application(client_max_size=MAX_BODY_BYTES, middlewares=[self._authenticate])
         app.router.add_post("/v1/prefill", self.submit)
         app.router.add_get("/v1/requests/{rid}", self.get_request)
         app.router.add_get("/v1/status", self.status)
         app.router.add_post("/v1/agents/{name}/sync", self.sync)
         return app
+
+    # ------------------------------------------------------------------ who
+
+    @web.middleware
+    async def _authenticate(self, request: web.Request, handler: Callable[[web.Request], Any]) -> web.StreamResponse:
+        """Every route, known or not, needs the run's token: agent <name>'s own on its
+        sync, the client token elsewhere. Checked before the body is read."""
+        token = presented(request.headers.get("Authorization"))
+        name = request.match_info.get("name") if request.path.startswith("/v1/agents/") else None
+        if name is not None:
+            # a name no agent has needs its token too (only the run can make it): then 404 unknown_agent
+            expected = self._agents.get(name) or agent_token(self._secret, name)  # type: ignore[arg-type]
+            who = f"agent {name}"
+        else:
+            expected, who = self._client, "a client"
+        if matches(token, expected):  # type: ignore[arg-type]
+            return await handler(request)
+        reason = "no_token" if token is None else "wrong_token"
+        return self._unauthorized(request, reason, who)
+
+    def _unauthorized(self, request: web.Request, reason: str, who: str) -> web.Response:
+        self.unauthorized[reason] = self.unauthorized.get(reason, 0) + 1
+        n = next(self._refusals)
+        if n <= LOG_REFUSALS or n % LOG_EVERY == 0:
+            log.warning("refused %s %s from %s: %s (%d refused so far)", request.method, request.path,
+                        request.remote, "no bearer token" if reason == "no_token" else f"not the token of {who}", n)
+        detail = ("this controller needs 'Authorization: Bearer <token>': the run's client token is in "
+                  "prefill-client.token in the run's output folder" if reason == "no_token" else
+                  f"the token is not the one of {who} in this run (a token of another run, or of another agent, "
+                  "is refused)")
+        resp = _error("unauthorized", detail)
+        resp.headers["WWW-Authenticate"] = 'Bearer realm="prefill-controller"'
+        return resp
+
+    def counts(self) -> dict[str, Any]:
+        """The dispatcher's counts and the requests refused for who sent them."""
+        return {**self.d.counts(), "unauthorized": sum(self.unauthorized.values()),
+                "unauthorized_by_reason": dict(self.unauthorized)}
+
+    # ------------------------------------------------------------------ bodies
 
     async def _body(self, request: web.Request) -> bytes | web.Response:
         if request.content_length is not None and request.content_length > MAX_BODY_BYTES:
@@ -180,7 +247,7 @@ class Service:
         return _json(view)
 
     async def status(self, request: web.Request) -> web.Response:
-        return web.json_response(self.d.counts())
+        return web.json_response(self.counts())
 
     async def sync(self, request: web.Request) -> web.Response:
         name = request.match_info["name"]
@@ -256,7 +323,7 @@ class Service:
         from bubbletea_agent.metrics import percentiles
 
         ttfts = self.d.served_ttfts()
-        counts = self.d.counts()
+        counts = self.counts()
         counts["not_arrived"] = self.not_arrived
         counts["source_requests"] = len(self.source)
         mean = sum(ttfts) / len(ttfts) if ttfts else None
@@ -294,9 +361,12 @@ async def serve(service: Service, host: str, port: int, ready: Callable[[int], N
 
 
 def run_job(job_path: str | Path) -> dict[str, Any]:
-    """Run the controller of a ControllerJob file until SIGTERM; writes
-    `<out>/requests.jsonl` (one line per request as it ends: the agents' fields plus
-    origin and device; times are time.time() seconds) and `<out>/controller.json`."""
+    """Run the controller of a ControllerJob file until SIGTERM, on `job.host` (the
+    run's address of its host) only, answering only requests with the run's tokens
+    (derived from ``ATLAS_SECRET``, auth.py); writes `<out>/prefill-client.token` (0600,
+    the client token), `<out>/requests.jsonl` (one line per request as it ends: the
+    agents' fields plus origin and device; times are time.time() seconds) and
+    `<out>/controller.json`."""
     from bubbletea_agent.config import request_source
     from bubbletea_agent.requests import load_requests
     from testbed_core.contracts.prefill_service import ControllerJob
@@ -314,16 +384,23 @@ def run_job(job_path: str | Path) -> dict[str, Any]:
                                           shard_index=0, shard_count=1, id_prefix="s"))
     d = Dispatcher(list(job.agents), list(job.decode_hosts), deadline_s=bt.requests.deadline,
                    horizon_s=job.horizon_s)
+    secret = run_secret()
+    write_token_file(out / TOKEN_FILE, client_token(secret))
     started = time.time()
     with open(out / "requests.jsonl", "w", buffering=1) as rows:
-        service = Service(d, source, on_end=lambda row: rows.write(json.dumps(row) + "\n"))
+        service = Service(d, source, on_end=lambda row: rows.write(json.dumps(row) + "\n"), secret=secret)
 
         def ready(port: int) -> None:
             log.info("prefill controller listening on %s:%d for agents %s (%d source requests)", job.host, port,
                      ", ".join(job.agents), len(source))
             announce_ready(port=port, pid=os.getpid())
 
-        asyncio.run(serve(service, job.host, job.port, ready))
+        try:
+            asyncio.run(serve(service, job.host, job.port, ready))
+        except OSError as exc:
+            raise SystemExit(f"{path}: the controller cannot listen on {job.host}:{job.port}: "
+                             f"{exc.strerror or exc} (host is the address it binds: one of this machine's "
+                             "interfaces; a scenario sets it with bubbletea.controller_bind)") from None
         d.finish(time.time())
     summary = service.summary(started, time.time())
     (out / "controller.json").write_text(json.dumps(summary, indent=1, default=str))

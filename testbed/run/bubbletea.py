@@ -244,10 +244,11 @@ def controller_host(scenario: Scenario) -> str:
 
 
 def controller_job(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scenario, base_dir: str | None,
-                   decode_hosts: Sequence[str], port: int, duration_s: float) -> ControllerJob:
+                   decode_hosts: Sequence[str], port: int, duration_s: float, bind: str) -> ControllerJob:
     """The controller's job: the scenario's bubbletea section (its request source), the
-    agents that will sync (by worker name) and the decode hosts a client may name. Pure."""
-    return ControllerJob(bubbletea=scenario.bubbletea, seed=scenario.seed, host="0.0.0.0", port=port,
+    agents that will sync (by worker name), the decode hosts a client may name, and the
+    address it listens on (`bind`: its host's address in the run, `controller_bind`). Pure."""
+    return ControllerJob(bubbletea=scenario.bubbletea, seed=scenario.seed, host=bind, port=port,
                          out=folder / "controller", agents=sorted(jobs), decode_hosts=list(decode_hosts),
                          base_dir=None if base_dir is None else Path(base_dir), duration_s=duration_s)
 
@@ -256,10 +257,14 @@ def start_controller(net: Network, jobs: Mapping[str, TrainJob], folder: Path, s
                      decode_hosts: Sequence[str], env: dict[str, str], logs: dict[str, Path], duration_s: float,
                      servers: dict[str, Process]) -> Endpoint:
     """Start the cluster's prefill controller (bubbletea_agent/controller/) on
-    `controller_host`, with a readiness pipe; adds it to `servers`; returns where it listens."""
+    `controller_host`, with a readiness pipe; adds it to `servers`; returns where it listens.
+    It listens on its host's address in the run only (`controller_bind` says otherwise)
+    and answers only requests with the run's tokens (from ATLAS_SECRET in `env`)."""
     host = controller_host(scenario)
     port = PortPlan(scenario.runner.base_port).decode.port(CONTROLLER_PORT_INDEX)
-    job = controller_job(jobs, folder, scenario, base_dir, decode_hosts, port, duration_s)
+    ip = net.host(host).ip
+    job = controller_job(jobs, folder, scenario, base_dir, decode_hosts, port, duration_s,
+                         controller_bind(scenario, ip))
     path = folder / "jobs" / "controller.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(job.model_dump_json(indent=1))
@@ -269,6 +274,27 @@ def start_controller(net: Network, jobs: Mapping[str, TrainJob], folder: Path, s
                                   popen=popen_of(net, host, scenario), env=env, log_path=logs["controller"],
                                   name="BubbleTea controller", cwd=str(REPO_ROOT))
     return Endpoint(host=host, ip=net.host(host).ip, port=port)
+
+
+def controller_bind(scenario: Scenario, host_ip: str) -> str:
+    """The address the controller listens on: bubbletea.controller_bind, else its host's
+    address in the run (`host_ip`), where the agents reach it, and no other interface."""
+    return scenario.bubbletea.controller_bind or host_ip
+
+
+def uses_controller(scenario: Scenario) -> bool:
+    """Whether a variant of the run dispatches through the prefill controller."""
+    bt = scenario.bubbletea
+    return bt.enabled and (bt.dispatch == "controller" or "controller" in bt.compare_dispatch)
+
+
+def write_client_token(out: Path, secret: str) -> Path:
+    """The controller's client token (bubbletea_agent/controller/auth.py) in the run's
+    output folder, readable by the run's user only: a load generator of the user's own
+    reads it there (`auth.read_token_file`) to submit prefill requests."""
+    from bubbletea_agent.controller.auth import TOKEN_FILE, client_token, write_token_file
+
+    return write_token_file(out / TOKEN_FILE, client_token(secret))
 
 
 def wait_ready(procs: Mapping[str, Process], timeout_s: float) -> None:

@@ -57,7 +57,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 import yaml
 
 from testbed.progress import Progress
-from testbed.run.bubbletea import bubbletea_metrics
+from testbed.run.bubbletea import bubbletea_metrics, uses_controller, write_client_token
 from testbed.run.calibration import Calibration, calibrate_variants
 from testbed.run.common import RunnerError, transport_job
 from testbed.run.jobs import build_jobs
@@ -140,6 +140,8 @@ def run_scenario(
                   and any(o.name == r.base for o in runs)]
     progress.set_total(1 + (len(names) + len(idle_twins)) * repeat)
     secret = secrets.token_hex(16)
+    if uses_controller(scenario):  # a client of the run's prefill controller needs its token
+        write_client_token(out, secret)
     summary = Summary(
         scenario=scenario.name, topology=scenario.topology.name, workload=workload.name, delay_backend=None,
         scale=workload.scale,

@@ -197,6 +197,11 @@ class BubbleTeaSettings(_Model):
     controller_host: str | None = Field(
         None, description="host of the controller (dispatch: controller); none: the first DC's first host"
     )
+    controller_bind: str | None = Field(
+        None, description="address the controller listens on; none: its host's address in the run (the emulated "
+                          "host's, or the real machine's data address) and no other; 0.0.0.0: every interface "
+                          "(every request still needs the run's token)"
+    )
 
     @field_validator("variants")
     @classmethod

@@ -10,6 +10,7 @@ import time
 
 import pytest
 
+from bubbletea_agent.controller.auth import agent_token, bearer, client_token
 from bubbletea_agent.controller.client import AgentLink, ControllerRefused, PrefillClient
 from bubbletea_agent.controller.dispatch import Dispatcher
 from bubbletea_agent.controller.server import Service, serve
@@ -17,6 +18,7 @@ from bubbletea_agent.requests import Request
 from testbed_core.contracts.prefill_service import MAX_BODY_BYTES, AgentHello, AgentStatus
 
 PRED = {16: 0.0016, 1024: 0.1024, 4096: 0.4096}
+SECRET = "0123456789abcdef0123456789abcdef"  # the run's secret (ATLAS_SECRET in a run)
 
 
 @pytest.fixture
@@ -25,7 +27,7 @@ def controller():
     # a busy test machine syncs late; sent on arrival (no late binding): the statuses here never change
     d = Dispatcher(["a", "b"], ["dc1-h2"], deadline_s=2.0, stale_s=30.0, commit_ahead_s=None)
     rows: list[dict] = []
-    service = Service(d, [Request("s0", 0.05, 256, 0, 2.0)], on_end=rows.append)
+    service = Service(d, [Request("s0", 0.05, 256, 0, 2.0)], on_end=rows.append, secret=SECRET)
     service.rows = rows
     started = threading.Event()
     box: dict = {}
@@ -53,16 +55,24 @@ def controller():
 def raw(port: int, method: str, path: str, body: bytes | None, ctype: str = "application/json"):
     c = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
     try:
-        c.request(method, path, body=body, headers={"Content-Type": ctype} if body is not None else {})
+        headers = {"Content-Type": ctype} if body is not None else {}
+        c.request(method, path, body=body, headers={**headers, **bearer(token_for(path))})
         r = c.getresponse()
         return r.status, json.loads(r.read() or b"null")
     finally:
         c.close()
 
 
+def token_for(path: str) -> str:
+    """The run's token for `path`: the agent's own on its sync, the client token elsewhere."""
+    parts = path.split("/")
+    return agent_token(SECRET, parts[3]) if path.startswith("/v1/agents/") else client_token(SECRET)
+
+
 def link(port: int, name: str) -> AgentLink:
     return AgentLink("127.0.0.1", port, name, AgentHello(device=f"gpu-{name}", decode_host="dc1-h2",
-                                                         predict_s=PRED, max_prompt_tokens=8192), wait_s=0.05)
+                                                         predict_s=PRED, max_prompt_tokens=8192), wait_s=0.05,
+                     token=agent_token(SECRET, name))
 
 
 def test_garbage_gets_a_json_refusal_and_the_server_goes_on(controller):
@@ -98,7 +108,7 @@ def test_client_refusals_are_recorded_as_rejections(controller):
     la.status(AgentStatus(at=time.time(), epoch=time.time(), idle_fraction=0.5))
     la.start()
     try:
-        client = PrefillClient("127.0.0.1", port)
+        client = PrefillClient("127.0.0.1", port, client_token(SECRET))
         deadline = time.monotonic() + 5
         while service.d.devices["a"].hello is None and time.monotonic() < deadline:
             time.sleep(0.02)
@@ -140,7 +150,7 @@ def test_request_round_trip_over_the_socket(controller):
         lb.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5))
         while service.d.epoch is None and time.monotonic() < deadline:
             time.sleep(0.02)
-        client = PrefillClient("127.0.0.1", port)
+        client = PrefillClient("127.0.0.1", port, client_token(SECRET))
         acc = client.submit(512, deadline_s=3.0)
         assert acc.status == "dispatched" and acc.device == "b"
         got: list = []

@@ -154,8 +154,9 @@ def test_runner_builds_controller_and_agent_jobs(tmp_path: Path):
         bubbletea = bt
         seed = 3
 
-    job = controller_job({"p1r0": None, "p0r0": None}, tmp_path, S, None, ["dc1-h2"], 43063, 60.0)
+    job = controller_job({"p1r0": None, "p0r0": None}, tmp_path, S, None, ["dc1-h2"], 43063, 60.0, "10.0.1.1")
     assert job.agents == ["p0r0", "p1r0"] and job.port == 43063 and job.out == tmp_path / "controller"
+    assert job.host == "10.0.1.1"  # its host's address in the run, not every interface
     assert job.decode_hosts == ["dc1-h2"] and job.seed == 3
 
 

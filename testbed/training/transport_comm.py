@@ -21,7 +21,10 @@ atlas_transport channels, one channel per (pipeline, boundary).
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
+import logging
 import math
 import threading
 import time
@@ -168,16 +171,31 @@ class Planned:
     next_holders: tuple[tuple[str, int, str], ...] = ()
 
 
+_BUS_PURPOSE = b"testbed token bus v1"
+_BUS_MAC = hashlib.sha256().digest_size
+_log = logging.getLogger(__name__)
+
+
 class TokenBus:
     """Token announcements between the senders that share WAN links: one UDP socket
     per worker; a message says that transfer `index` of `link` in `iteration` went out
     and until when it is planned to hold the link. A lost datagram only costs the next
-    holder its token timeout."""
+    holder its token timeout.
+
+    Each datagram carries an HMAC-SHA256 of its body, keyed with a key derived from the
+    run's `secret` (ATLAS_SECRET, as the channels'): one that does not prove it (a
+    stranger's, another run's, a cut one) is dropped unread and counted in `refused`,
+    so nothing outside the run can hand a sender the link."""
 
     def __init__(self, bind_ip: str, port: int, peers: Mapping[str, tuple[str, int]],
-                 on_message: Callable[[dict[str, Any]], None]) -> None:
+                 on_message: Callable[[dict[str, Any]], None], *, secret: str | bytes) -> None:
         import socket
 
+        raw = secret.encode() if isinstance(secret, str) else bytes(secret)
+        if not raw:
+            raise CommError("token bus: the run's secret is empty (ATLAS_SECRET); the bus signs every datagram with it")
+        self._key = hmac.new(raw, _BUS_PURPOSE, hashlib.sha256).digest()
+        self.refused = 0
         self.peers = dict(peers)
         self.on_message = on_message
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -197,18 +215,26 @@ class TokenBus:
             addr = self.peers[worker]
         except KeyError:
             raise CommError(f"token bus: no address for worker {worker} (known: {sorted(self.peers)})") from None
-        self.sock.sendto(json.dumps(message, separators=(",", ":")).encode(), tuple(addr))
+        body = json.dumps(message, separators=(",", ":")).encode()
+        self.sock.sendto(hmac.new(self._key, body, hashlib.sha256).digest() + body, tuple(addr))
 
     def _loop(self) -> None:
         while not self._closed:
             try:
-                data, _ = self.sock.recvfrom(4096)
+                data, peer = self.sock.recvfrom(4096)
             except TimeoutError:
                 continue
             except OSError:
                 return
+            mac, body = data[:_BUS_MAC], data[_BUS_MAC:]
+            if not hmac.compare_digest(mac, hmac.new(self._key, body, hashlib.sha256).digest()):
+                self.refused += 1
+                if self.refused == 1 or self.refused % 1000 == 0:
+                    _log.warning("token bus: dropped %d datagram(s) not signed with the run's secret (last from %s)",
+                                 self.refused, peer)
+                continue
             try:
-                msg = json.loads(data)
+                msg = json.loads(body)
             except json.JSONDecodeError:
                 continue
             self.on_message(msg)

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, TypedDict
 
 from testbed.training.allreduce import ring_allreduce, ring_plan
 from testbed.training.gloo_comm import GlooChannel, close_gloo, gloo_allreduce, init_gloo
-from testbed.training.worker.channels import open_all_channels
+from testbed.training.worker.channels import open_all_channels, transport_config
 from testbed.training.worker.control import Control
 from testbed.training.worker.live import (
     live_comm,
@@ -103,7 +103,8 @@ def run_train(job: TrainJob) -> None:
         driver = comm if live is None else live_comm(comm, live)
         if job.temporal is not None and job.temporal.token_bus is not None:
             bus = job.temporal.token_bus
-            comm.bus = TokenBus(job.bind_ip, bus.port, bus.peers, comm.on_token)
+            comm.bus = TokenBus(job.bind_ip, bus.port, bus.peers, comm.on_token,
+                                secret=transport_config(job.transport, 1).resolved_secret())
         tlog = TransferLog(Path(job.transfers_path))
         publisher = slot_publisher(job)
         if live is not None:

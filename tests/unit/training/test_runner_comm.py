@@ -162,6 +162,7 @@ def free_udp_port() -> int:
 
 
 LINK = "dc1->dc2"
+BUS_SECRET = "bus-test-secret"  # the run's (ATLAS_SECRET): the token bus signs every datagram with it
 
 
 @contextmanager
@@ -176,8 +177,8 @@ def token_pipelines(plan0, plan1, nbytes: int = 1024, wrap0=lambda ch: ch):
     with loopback_pair(streams=1) as (c0, s0), loopback_pair(streams=1) as (c1, s1):
         up0 = TransportComm(0, "p0r0", {0: wrap0(c0)}, {0: ChannelPath("p0r1", (LINK,))}, filler=filler, plan=plan0)
         up1 = TransportComm(1, "p1r0", {0: c1}, {0: ChannelPath("p1r1", (LINK,))}, filler=filler, plan=plan1)
-        up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token)
-        up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token)
+        up0.bus = TokenBus("127.0.0.1", ports["p0r0"], peers, up0.on_token, secret=BUS_SECRET)
+        up1.bus = TokenBus("127.0.0.1", ports["p1r0"], peers, up1.on_token, secret=BUS_SECRET)
         start = time.time()
         for c in (up0, up1):
             c.begin_iteration(0, start)

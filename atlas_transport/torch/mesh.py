@@ -214,6 +214,12 @@ class PeerMesh:
                              f"(size {self.size})")
         return p
 
+    def rtt(self, peer: int, tries: int = 3) -> float:
+        """Seconds of one round trip to `peer` (smallest of `tries` TCP connects to its
+        ping socket); OSError when it cannot be reached."""
+        addr = PeerAddress.decode(self.store.get(addr_key(peer)), peer)
+        return rtt_to(addr.host, addr.ping_port, tries=tries, timeout=self.cfg.connect_timeout_s)
+
     def _streams_for(self, addr: PeerAddress, peer: int) -> int | str:
         if self.opts.streams is not None:
             return self.opts.streams

@@ -1,0 +1,73 @@
+"""How a collective posts its transfers on the group's channels: `MeshNet`, the
+backend's implementation of the algorithms' `Net` (post now, wait later) and of the
+older one-step `xfer(sends, recvs)`.
+
+All of a collective's traffic uses the one collective tag, so each pair's messages
+match by the order in which both sides post them. Sends the algorithm made from its
+own copy (`detach=True`) are not waited for at the end of the collective: the peer's
+DONE arrives a round trip after the bytes left, which across a WAN would add one RTT
+to every collective. They are kept (with their memory) in the group's `detached`
+list until confirmed; `reap` raises the error of any that failed, at the group's next
+collective."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from .mesh import COLL_TAG, PeerMesh, PeerOp
+
+
+class MeshNet:
+    def __init__(self, mesh: PeerMesh, what: str, deadline: float, detached: list[PeerOp]) -> None:
+        self.mesh, self.what, self.deadline = mesh, what, deadline
+        self.detached = detached
+        self.ops: list[PeerOp] = []
+
+    def _post(self, kind: str, peer: int, t: torch.Tensor) -> PeerOp:
+        op = PeerOp(kind, peer, t, COLL_TAG, self.deadline, self.what)
+        self.mesh.post(op)
+        return op
+
+    def send(self, peer: int, t: torch.Tensor, detach: bool = False) -> PeerOp:
+        op = self._post("send", peer, t)
+        (self.detached if detach else self.ops).append(op)
+        return op
+
+    def recv(self, peer: int, t: torch.Tensor) -> PeerOp:
+        op = self._post("recv", peer, t)
+        self.ops.append(op)
+        return op
+
+    def wait(self, op: PeerOp) -> None:
+        self.mesh.wait(op)
+
+    def finish(self) -> None:
+        for op in self.ops:
+            self.mesh.wait(op)
+        self.ops.clear()
+
+    def __call__(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]]) -> None:
+        """One step: post every receive, then every send; wait for all of them."""
+        for p, t in recvs:
+            self.recv(p, t)
+        for p, t in sends:
+            self.send(p, t)
+        self.finish()
+
+
+def reap(mesh: PeerMesh, detached: list[PeerOp]) -> None:
+    """Forget the detached sends that completed; raise the error of one that failed
+    (it is forgotten too)."""
+    pending = list(detached)
+    detached.clear()
+    for i, op in enumerate(pending):
+        if not op.done():
+            detached.append(op)
+            continue
+        try:
+            mesh.wait(op)
+        except BaseException:
+            detached.extend(o for o in pending[i + 1:])
+            raise

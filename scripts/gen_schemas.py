@@ -22,9 +22,15 @@ No root, no network: it imports the models and writes files.
 from __future__ import annotations
 
 import argparse
+import ast
+import functools
+import inspect
+import io
 import json
 import re
 import sys
+import textwrap
+import tokenize
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,9 +56,84 @@ UNIT_TEXT = {"type": "string", "pattern": UNIT_PATTERN,
 UNIT_PARSERS = ("unit_validator.<locals>.convert", "Server._rate", "WanLink._queue")
 
 
+def _first_paragraph(text: str) -> str:
+    return " ".join(inspect.cleandoc(text).split("\n\n", 1)[0].split())
+
+
+@functools.cache
+def _class_notes(cls: type) -> dict[str, str]:
+    """What the source of `cls` says about each of its own fields: the attribute's
+    docstring (a string right after it), else the comment at the end of its line(s), else
+    the comment lines right above it. The models document many fields this way; the
+    reference shows it as the field's description where the field has none of its own."""
+    try:
+        source = textwrap.dedent(inspect.getsource(cls))
+    except (OSError, TypeError):
+        return {}
+    lines = source.splitlines()
+    comments: dict[int, str] = {}
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.COMMENT:
+                comments[tok.start[0]] = tok.string.lstrip("#").strip()
+    except (tokenize.TokenError, IndentationError):
+        return {}
+    tree = ast.parse(source)
+    body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
+    notes: dict[str, str] = {}
+    previous_end = body[0].lineno - 1 if body else 0
+    for i, node in enumerate(body):
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            name = node.target.id
+            after = body[i + 1] if i + 1 < len(body) else None
+            if isinstance(after, ast.Expr) and isinstance(after.value, ast.Constant) and isinstance(after.value.value, str):
+                notes[name] = _first_paragraph(after.value.value)
+            else:
+                end = node.end_lineno or node.lineno
+                trailing = [comments[n] for n in range(node.lineno, end + 1) if n in comments
+                            and not lines[n - 1].lstrip().startswith("#")]
+                above = []
+                n = node.lineno - 1
+                while n > previous_end and lines[n - 1].lstrip().startswith("#"):
+                    above.insert(0, comments.get(n, ""))
+                    n -= 1
+                text = " ".join(trailing) or " ".join(above)
+                text = text.strip()
+                if text and not set(text) <= set("-=# "):
+                    notes[name] = text
+        previous_end = node.end_lineno or node.lineno
+    return notes
+
+
+def field_notes(cls: type) -> dict[str, str]:
+    """`_class_notes` of `cls` and of the classes it inherits fields from (its own win)."""
+    merged: dict[str, str] = {}
+    for klass in reversed(cls.__mro__):
+        if klass is object or klass.__module__.startswith("pydantic"):
+            continue
+        merged.update(_class_notes(klass))
+    return merged
+
+
 class FileSchema(GenerateJsonSchema):
     """pydantic's schema generator, taught what the files accept before a field's own
-    type: the `before` validators that widen the input (units as text, a host count)."""
+    type: the `before` validators that widen the input (units as text, a host count), and
+    each field's description from its model's source where it has no `description=`
+    (`field_notes`)."""
+
+    def model_schema(self, schema: Any) -> dict[str, Any]:
+        out = super().model_schema(schema)
+        cls = schema.get("cls")
+        props = out.get("properties") if isinstance(out, dict) else None
+        if cls is None or not props:
+            return out
+        notes = field_notes(cls)
+        for name, info in getattr(cls, "model_fields", {}).items():
+            key = info.validation_alias if isinstance(info.validation_alias, str) else (info.alias or name)
+            prop = props.get(key)
+            if prop is not None and not prop.get("description") and notes.get(name):
+                prop["description"] = notes[name]
+        return out
 
     def function_before_schema(self, schema: Any) -> dict[str, Any]:
         inner = super().function_before_schema(schema)
@@ -308,7 +389,7 @@ def _type_text(prop: dict[str, Any]) -> str:
     if "const" in prop:
         return f"`{json.dumps(prop['const'])}`"
     if "enum" in prop:
-        return " \\| ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
+        return " or ".join(f"`{json.dumps(v)}`" for v in prop["enum"])
     for key in ("anyOf", "oneOf"):
         if key in prop:
             parts = [_type_text(p) for p in prop[key]]
@@ -354,7 +435,13 @@ def _default_text(prop: dict[str, Any]) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
+    """One table cell: one line; `<`, `>`, `&` outside code spans as entities (a
+    description's `<variant>` is no HTML tag); a pipe outside code spans escaped once, as
+    Python-Markdown's tables want it (`\\|`; escaped twice, the row splits)."""
+    parts = " ".join(str(text).split()).split("`")
+    for i in range(0, len(parts), 2):  # outside code spans (Python-Markdown keeps a code span's pipes)
+        parts[i] = parts[i].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    return "`".join(parts)
 
 
 def _table(schema: dict[str, Any]) -> list[str]:

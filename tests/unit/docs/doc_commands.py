@@ -181,8 +181,8 @@ def _check_testbed(line: str, args: list[str], made: set[str]) -> None:
     cmd: click.Command = _cli()
     words = ["testbed"]
     while isinstance(cmd, click.Group):
-        if args and args[0] == "...":
-            return  # the group named, its commands left out
+        if args and is_placeholder(args[0]):
+            return  # the group named, its commands left out (`testbed <command> --help`)
         if not args or args[0].startswith("-"):
             assert args and args[0] in ("--help", "--version"), \
                 f"{line!r}: `{' '.join(words)}` needs a command: {', '.join(cmd.list_commands(click.Context(cmd)))}"

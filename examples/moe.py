@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     for name in ("steps", "tokens", "dim", "hidden", "experts_per_rank", "top_k", "world", "threads"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    if args.reference and args.top_k > args.experts_per_rank * args.world:
+        p.error(f"--top-k {args.top_k} is more than the {args.experts_per_rank * args.world} experts "
+                f"(--experts-per-rank {args.experts_per_rank} x --world {args.world})")
     return args
 
 
@@ -176,6 +179,9 @@ def distributed(args: argparse.Namespace) -> None:
     backend = backend_from_env()
     rank, world = init_distributed(backend)
     per = args.experts_per_rank
+    if args.top_k > per * world:
+        raise SystemExit(f"--top-k {args.top_k} is more than the {per * world} experts "
+                         f"(--experts-per-rank {per} x {world} ranks)")
     model = build_model(args, world)
     mine = nn.ModuleList(model.experts[rank * per:(rank + 1) * per])
     model.experts = nn.ModuleList()  # the other ranks' experts are not this rank's to hold

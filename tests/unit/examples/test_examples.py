@@ -3,8 +3,9 @@ their one-process ``--reference``: the same loss at every step and the same fina
 parameters, within 1e-5; with gloo, and with atlas once atlas_transport.torch exists.
 
 `make test` runs each example once, the backends alternating so that both are covered
-(gloo and atlas each carry a pipeline schedule, and one of ddp and hybrid); the other
-combinations of the matrix are marked ``long`` (make test-long)."""
+(gloo and atlas each carry a pipeline schedule, and one of ddp and hybrid), and FSDP2
+and the mixture-of-experts example (2 ranks each) with gloo; the other combinations of
+the matrix (the 2-D mesh's 4 ranks among them) are marked ``long`` (make test-long)."""
 
 from __future__ import annotations
 
@@ -98,11 +99,18 @@ CASES = {
                                          "--layers-per-stage", "2"], ["--stages", "2"]),
     "ddp": ("ddp.py", 2, ["--batch", "64", "--hidden", "128"], ["--world", "2"]),
     "hybrid": ("hybrid.py", 4, ["--rows", "128", "--hidden", "16"], ["--world", "4"]),
+    "fsdp2": ("fsdp2.py", 2, ["--batch", "16", "--dim", "32", "--hidden", "64", "--blocks", "2"], ["--world", "2"]),
+    "mesh2d": ("mesh2d.py", 4, ["--tp", "2", "--batch", "16", "--dim", "32", "--hidden", "64", "--blocks", "2"],
+               ["--world", "4"]),
+    "moe": ("moe.py", 2, ["--tokens", "32", "--dim", "16", "--hidden", "32"], ["--world", "2"]),
+    "moe-c10d": ("moe.py", 3, ["--tokens", "32", "--dim", "16", "--hidden", "32", "--a2a", "c10d", "--top-k", "1",
+                               "--experts-per-rank", "1"], ["--world", "3"]),
 }
 
 
 # (case, backend) in make test; the rest of the matrix under `long`
-DEFAULT = {("pipeline-gpipe", "gloo"), ("pipeline-1f1b", "atlas"), ("ddp", "atlas"), ("hybrid", "gloo")}
+DEFAULT = {("pipeline-gpipe", "gloo"), ("pipeline-1f1b", "atlas"), ("ddp", "atlas"), ("hybrid", "gloo"),
+           ("fsdp2", "gloo"), ("moe", "gloo")}
 MATRIX = [pytest.param(case, backend, id=f"{case}-{backend}",
                        marks=[*([NO_ATLAS] if backend == "atlas" else []),
                               *([] if (case, backend) in DEFAULT else [pytest.mark.long])])
@@ -151,3 +159,17 @@ def test_bad_size_flag_is_refused(child_env: dict[str, str]) -> None:
                           env=child_env, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2
     assert "--steps must be at least 1, got 0" in done.stderr
+
+
+@pytest.mark.parametrize(("script", "args", "message"), [
+    ("mesh2d.py", ["--world", "3", "--tp", "2"], "--world 3 is not a multiple of --tp 2"),
+    ("mesh2d.py", ["--hidden", "30", "--tp", "4"], "--hidden 30 is not a multiple of --tp 4"),
+    ("moe.py", ["--top-k", "0"], "--top-k must be at least 1, got 0"),
+    ("moe.py", ["--top-k", "5", "--world", "2"], "--top-k 5 is more than the 4 experts (--experts-per-rank 2 x --world 2)"),
+])
+def test_bad_mesh_or_moe_flag_is_refused(script: str, args: list[str], message: str,
+                                         child_env: dict[str, str]) -> None:
+    done = subprocess.run([sys.executable, str(EXAMPLES / script), "--reference", *args],
+                          env=child_env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert message in done.stderr

@@ -2,7 +2,12 @@
 
 A Python `Work` subclass (not a future-wrapping work: torch 2.13's
 `_create_work_from_future` does not raise a failed future's error from `wait()`).
-`get_future()` is what DDP's communication hooks use on all-reduce work."""
+`get_future()` is what DDP's communication hooks use on all-reduce work.
+
+A future is settled on a thread of its own, never on the thread that ran the
+operation: a callback may start another collective and wait for it (DDP's PowerSGD
+hook does, from inside `then`), and that collective runs on the group's one
+collectives thread, which must stay free for it."""
 
 from __future__ import annotations
 
@@ -48,7 +53,8 @@ class AtlasWork(dist.distributed_c10d.Work):
             self._event.set()
             fut = self._future
         if fut is not None:
-            _settle(fut, exc, self._result)
+            threading.Thread(target=_settle, args=(fut, exc, self._result), daemon=True,
+                             name="atlas-future").start()
 
     # --- torch's Work API ------------------------------------------------------------
 
@@ -81,7 +87,8 @@ class AtlasWork(dist.distributed_c10d.Work):
     def get_future(self) -> Future:
         with self._lock:
             if self._future is None:
-                self._future = Future()
+                devices = sorted({str(t.device) for t in self._result if t.device.type == "cuda"})
+                self._future = Future(devices=devices) if devices else Future()
                 if self._event.is_set():
                     _settle(self._future, self._error, self._result)
                 else:
@@ -97,7 +104,10 @@ class AtlasWork(dist.distributed_c10d.Work):
 
 
 def _settle(fut: Future, exc: BaseException | None, result: list[torch.Tensor]) -> None:
-    if exc is not None:
-        fut.set_exception(exc)
-    else:
-        fut.set_result(result)
+    if exc is None:
+        try:
+            fut.set_result(result)
+            return
+        except RuntimeError as err:  # e.g. a result on a device the future was not made for
+            exc = AtlasError(f"atlas: could not hand the operation's result to its future: {err}")
+    fut.set_exception(exc)

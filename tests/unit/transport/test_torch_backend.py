@@ -114,10 +114,11 @@ def test_point_to_point_ops_keep_order_per_tag_and_never_block(tmp_path):
         r.wait()
     res["ring"] = got[0].item()
     res["streams"] = dist.distributed_c10d._get_default_group().streams_used   # by RTT: 1 on loopback
-    try:
-        dist.recv(torch.empty(1))
-    except Exception as exc:
-        res["anysource"] = str(exc)
+    if RANK == 0:                                   # from any source: dist.recv returns the sender
+        got = torch.empty(2)
+        res["anysource"] = (dist.recv(got), got.tolist())
+    else:
+        dist.send(torch.tensor([4.0, 5.0]), 0)
     save(res)
     dist.destroy_process_group()
     """
@@ -130,7 +131,7 @@ def test_point_to_point_ops_keep_order_per_tag_and_never_block(tmp_path):
     assert r1["bf16"] == [1.5, -2.25] and r1["int64"] == [7, 8, 9]
     assert (r0["ring"], r1["ring"]) == (1.0, 0.0)
     assert r0["streams"] == {1: 1} and r1["streams"] == {0: 1}
-    assert "recv from any source (src=None) is not supported: pass the sender's rank" in r0["anysource"]
+    assert r0["anysource"] == (1, [4.0, 5.0])
 
 
 COLLECTIVES = """

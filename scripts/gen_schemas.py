@@ -374,7 +374,7 @@ def modeline(path: Path, fmt: str) -> str:
 def with_modeline(path: Path, fmt: str) -> str:
     text = path.read_text()
     lines = text.splitlines(keepends=True)
-    if lines and lines[0].startswith(MODELINE):
+    while lines and lines[0].startswith(MODELINE):  # one first line, however many there were
         lines = lines[1:]
     return modeline(path, fmt) + "\n" + "".join(lines)
 

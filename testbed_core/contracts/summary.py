@@ -56,16 +56,19 @@ class Definitions(_Doc):
     explains itself."""
 
     iteration_time_s: str = (
-        "mean over measured iterations (after warm-up) of: common start -> last training work of any device ends; "
-        "iterations are separated by a barrier")
+        "mean over measured iterations (after warm-up) of: common start -> last training work of any device ends "
+        "(or, with dp > 1, the last worker's DP gradient all-reduce ends, where that is later); iterations are "
+        "separated by a barrier")
     predicted_iteration_time_s: str = (
         "planner simulation of one iteration (testbed_core/planning/prediction.py) with the variant's placement and "
         "temporal plan, made before the run from the calibration probe's WAN channel rates (a shared link carries, "
         "while transfers collide on it, the probe's aggregate of colliding channels); real devices (gpu.mode: real): "
         "with the stage compute times the warm-up iterations measured, plus their measured time outside the "
         "pipeline. prediction.with_warmup_rates_iteration_time_s: the same fed with the variant's own warm-up "
-        "channel rate and colliding aggregate (diagnostic). Modelled devices: DP all-reduce not emulated, not "
-        "included")
+        "channel rate and colliding aggregate (diagnostic). With dp > 1 the DP gradient all-reduce is run over "
+        "the network after every iteration (runner.dp_allreduce, on by default; real devices always) and the "
+        "prediction includes it (allreduce.predicted_added_s); with runner.dp_allreduce: false modelled devices "
+        "neither run nor predict it")
     device_utilization: str = "mean over devices of busy time / wall time of the measured iterations"
     bubble_fraction: str = "mean over devices of idle (no training work) / wall time of the measured iterations"
     wan_links: str = ("bytes of the measured iterations; goodput = bytes / time the link had a transfer on the wire "

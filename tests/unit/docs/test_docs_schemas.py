@@ -50,8 +50,9 @@ def test_a_changed_model_is_caught(gen):
                          ids=lambda p: str(p.relative_to(ROOT)))
 def test_shipped_yaml_names_its_schema_and_validates(path: Path, gen, schemas):
     fmt = gen.shipped_files()[path]
-    first = path.read_text().splitlines()[0]
+    first, second = (path.read_text().splitlines() + [""])[:2]
     assert first == gen.modeline(path, fmt), f"{path}: first line must be {gen.modeline(path, fmt)!r}"
+    assert not second.startswith(gen.MODELINE), f"{path}: names its schema twice"
     schema_path = (path.parent / first.split("$schema=", 1)[1]).resolve()
     assert schema_path == (ROOT / "schemas" / f"{fmt}.schema.json").resolve()
     data = read_yaml(path, fmt)

@@ -213,6 +213,7 @@ def allreduce_time(
     wan_info: dict[str, tuple[float, float]] = {}
     wan_rings: dict[str, int] = {}
     wan_volumes: dict[str, list[float]] = {}
+    routes: dict[tuple[str, str], WanPath] = {}
     for k in range(sched.stages):
         r = sched.rank_of(k)
         grad_bytes = eff.stage_params[k] * dtype_bytes * workload.scale
@@ -225,7 +226,9 @@ def allreduce_time(
             finish = max(finish, last_b + volume / lan + 2 * (dp - 1) * net.lan_latency_s)
             continue
         for a, z in hops:
-            wp = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+            wp = routes.get((a, z))
+            if wp is None:  # thousands of hops at paper scale, a handful of routes
+                wp = routes[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
             for res in wp.resources:
                 wan_load[res] = wan_load.get(res, 0.0) + volume
                 wan_volumes.setdefault(res, []).append(volume)

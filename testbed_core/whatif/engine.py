@@ -43,6 +43,7 @@ the caller then falls back to the exact simulator on one representative pipeline
 from __future__ import annotations
 
 import heapq
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -79,6 +80,7 @@ class EngineResult:
     wan: list[tuple[int, int, float, float]]  # (pipeline, transfer id, start, end), WAN transfers only
     pipelines: int
     ranks: int
+    stopped: bool = False  # the run reached its cutoff and stopped: timelines incomplete
 
     @property
     def ends(self) -> np.ndarray:
@@ -402,12 +404,18 @@ def run(
     record_wan: bool = False,
     rendezvous: bool = False,
     reference: bool = False,
+    cutoff: float = math.inf,
 ) -> EngineResult:
     """One iteration of ``len(route_class)`` pipelines; pipeline d's channels travel
     ``routes[route_class[d]][channel]``. With `exclusive_links`, a transfer on WAN
     links holds them alone, first come first served; otherwise links are not waited
     for (their share is already in `Route.seconds`). Runs the compiled kernel, or with
-    `reference` its plain Python twin (the tests check both give the same timelines)."""
+    `reference` its plain Python twin (the tests check both give the same timelines).
+
+    `cutoff`: the caller only needs the result if the makespan is below it (a stride
+    search that has a best already); the compiled run stops as soon as a lower bound
+    on the makespan reaches it and returns ``stopped=True`` with incomplete timelines
+    (see `kernel.run_steps`). The reference twin never stops."""
     if reference:
         return _run_python(compiled, forward_s, backward_s, routes, route_class, offsets, links, exclusive_links,
                            record_wan, rendezvous)
@@ -423,7 +431,61 @@ def run(
             raise EngineError(f"{len(cls_routes)} routes for {compiled.channels} channels")
     if rendezvous and exclusive_links:
         raise EngineError("rendezvous sends (gloo) run on shared links only")
+    key = (id(compiled), tuple(forward_s), tuple(backward_s), tuple(tuple(c) for c in routes), exclusive_links,
+           record_wan)
+    prep = _prepared.get(key)
+    if prep is None or prep[0] is not compiled:
+        prep = (compiled, _prepare(compiled, forward_s, backward_s, routes, exclusive_links, record_wan))
+        if len(_prepared) >= 8:
+            _prepared.pop(next(iter(_prepared)))
+        _prepared[key] = prep
+    arrays, rest, ch_sec, ch_lat, ch_links = prep[1]
+    cls = np.asarray(route_class, np.int64)
+    # per link: how many queued transfers will hold it, the shortest wire time and latency among them
+    nl = max(links, 1)
+    link_left = np.zeros(nl, np.int64)
+    link_min_s = np.full(nl, math.inf)
+    link_min_lat = np.full(nl, math.inf)
+    if exclusive_links and links:
+        per_class = np.bincount(cls, minlength=len(routes))
+        m = compiled.schedule.microbatches
+        for c, cls_routes in enumerate(routes):
+            if not per_class[c]:
+                continue
+            for rt in cls_routes:
+                for k in rt.links:
+                    link_left[k] += per_class[c] * m
+                    link_min_s[k] = min(link_min_s[k], rt.seconds)
+                    link_min_lat[k] = min(link_min_lat[k], rt.latency_s)
+    link_min_s[~np.isfinite(link_min_s)] = 0.0
+    link_min_lat[~np.isfinite(link_min_lat)] = 0.0
+    starts = np.zeros((D * p, n))
+    wan = np.zeros((D * compiled.transfers if record_wan else 0, 4))
+    nw, left, stopped = run_steps(*arrays, cls, np.asarray(offsets, float), ch_sec, ch_lat, ch_links,
+                                  compiled.transfers, compiled.channels, 2 * compiled.schedule.microbatches, links,
+                                  record_wan, rendezvous, starts, wan, rest, link_left, link_min_s, link_min_lat,
+                                  float(cutoff))
+    durations = arrays[1][0]
+    if stopped:
+        return EngineResult(math.inf, starts, durations.copy(), [], D, p, stopped=True)
+    if left:
+        raise EngineError(f"the schedule cannot finish: {left} of {D * p} workers are stuck waiting for a tensor")
+    makespan = float((starts[:, -1] + np.tile(durations[:, -1], D)).max()) if D * p and n else 0.0
+    rows = [(int(a), int(b), float(s), float(e)) for a, b, s, e in wan[:nw]]
+    return EngineResult(makespan, starts, durations.copy(), rows, D, p)
+
+
+# The step arrays of the last few (schedule, stage times, routes) runs: a stride search
+# runs the same ones once per stride, only the offsets change.
+_prepared: dict[tuple, tuple[Compiled, tuple]] = {}
+
+
+def _prepare(compiled: Compiled, forward_s: list[float], backward_s: list[float], routes: list[list[Route]],
+             exclusive_links: bool, record_wan: bool) -> tuple:
+    """The kernel's per-step arrays, each step's compute left on its worker (`rest`)
+    and the per-channel wire seconds, latency and links."""
     arrays = _step_arrays(compiled, forward_s, backward_s, routes, exclusive_links, record_wan)
+    rest = np.ascontiguousarray(np.cumsum(arrays[1][:, :, ::-1], axis=2)[:, :, ::-1])
     nch = max(compiled.channels, 1)
     maxl = max([len(r.links) for cls_routes in routes for r in cls_routes] + [1])
     ch_sec = np.zeros((len(routes), nch))
@@ -433,14 +495,4 @@ def run(
         for y, rt in enumerate(cls_routes):
             ch_sec[c, y], ch_lat[c, y] = rt.seconds, rt.latency_s
             ch_links[c, y, :len(rt.links)] = rt.links
-    starts = np.zeros((D * p, n))
-    wan = np.zeros((D * compiled.transfers if record_wan else 0, 4))
-    nw, left = run_steps(*arrays, np.asarray(route_class, np.int64), np.asarray(offsets, float), ch_sec, ch_lat,
-                         ch_links, compiled.transfers, compiled.channels, 2 * compiled.schedule.microbatches,
-                         links, record_wan, rendezvous, starts, wan)
-    if left:
-        raise EngineError(f"the schedule cannot finish: {left} of {D * p} workers are stuck waiting for a tensor")
-    durations = arrays[1][0]
-    makespan = float((starts[:, -1] + np.tile(durations[:, -1], D)).max()) if D * p and n else 0.0
-    rows = [(int(a), int(b), float(s), float(e)) for a, b, s, e in wan[:nw]]
-    return EngineResult(makespan, starts, durations.copy(), rows, D, p)
+    return arrays, rest, ch_sec, ch_lat, ch_links

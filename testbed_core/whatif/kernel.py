@@ -123,26 +123,36 @@ def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w,
 def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, rank, step)
               route_class, offsets, ch_sec, ch_lat, ch_links,  # per pipeline; per (class, channel)
               transfers, channels, m2, links, record_wan, rendezvous, starts,
-              wan):  # pragma: no cover - compiled
+              wan, rest, link_left, link_min_s, link_min_lat, cutoff):  # pragma: no cover - compiled
     """Run every worker; fill `starts` (workers x steps) and `wan` (rows of pipeline,
-    transfer, start, end); return (number of wan rows, workers left unfinished).
-    `rendezvous`: a send waits for its receive (see `engine.run(..., reference=True)`)."""
+    transfer, start, end); return (number of wan rows, workers left unfinished, stopped).
+    `rendezvous`: a send waits for its receive (see `engine.run(..., reference=True)`).
+
+    `cutoff`: stop (stopped = True, timelines incomplete) as soon as the makespan is
+    known to reach it. Two lower bounds, both final when computed: a step that starts
+    at t still has `rest[c, r, i]` seconds of its worker's compute to run; a queued
+    transfer that ends at e on link k leaves `link_left[k]` transfers for that link,
+    each at least `link_min_s[k]` on the wire after e, the last then at least
+    `link_min_lat[k]` from its receiver (links are held one transfer at a time and
+    decided in order, so every later one starts after e)."""
     n_classes, p, n = recv.shape
     D = route_class.shape[0]
     W = D * p
     arrival = np.full(D * transfers, -1.0)
     # rendezvous: per transfer, its receive's post, its notice at the sender, its send's
     # issue, release and leaving its channel, the held send's worker, step and time
-    posted = np.full(D * transfers, -1.0)
-    noticed = np.full(D * transfers, -1.0)
-    issued = np.full(D * transfers, -1.0)
-    rel = np.full(D * transfers, -1.0)
-    left_at = np.zeros(D * transfers)
-    held_w = np.full(D * transfers, -1, np.int64)
-    held_i = np.zeros(D * transfers, np.int64)
-    held_t = np.zeros(D * transfers)
-    todo = np.empty(D * transfers + 1, np.int64)
-    in_todo = np.zeros(D * transfers, np.bool_)
+    # (one element each without rendezvous: at paper scale these would be hundreds of MB)
+    nr = D * transfers if rendezvous else 1
+    posted = np.full(nr, -1.0)
+    noticed = np.full(nr, -1.0)
+    issued = np.full(nr, -1.0)
+    rel = np.full(nr, -1.0)
+    left_at = np.zeros(nr)
+    held_w = np.full(nr, -1, np.int64)
+    held_i = np.zeros(nr, np.int64)
+    held_t = np.zeros(nr)
+    todo = np.empty(nr + 1, np.int64)
+    in_todo = np.zeros(nr, np.bool_)
     m = m2 // 2
     waiting = np.full(D * transfers, -1, np.int64)
     chan_free = np.zeros(D * channels)
@@ -205,6 +215,8 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
                     if a > t:
                         t = a
                 starts[w, i] = t
+                if t + rest[c, r, i] >= cutoff:
+                    return nw, 0, True
                 t += dur[c, r, i]
                 sx = send[c, r, i]
                 if sx >= 0:
@@ -287,9 +299,12 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
             lk = ch_links[c, y, j]
             if lk >= 0:
                 link_free[lk] = e
+                link_left[lk] -= 1
+                if e + link_left[lk] * link_min_s[lk] + link_min_lat[lk] >= cutoff:
+                    return nw, 0, True
         nw, top = _arrive(g, d, x, s0, e, ch_lat[c, y], record_wan, arrival, wan, nw, waiting, stack, top)
     left_over = 0
     for w in range(W):
         if pos[w] < n:
             left_over += 1
-    return nw, left_over
+    return nw, left_over, False

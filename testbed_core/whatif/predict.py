@@ -19,7 +19,11 @@ with the same margin, and the DP all-reduce added by the planner's own
   alone moves a transfer at its full rate), and a stride is skipped when it cannot
   win: the last pipeline starts ``(D - 1) x stride`` late and cannot finish before its
   own run alone (sound when a pipeline has one channel per link direction, so that
-  the others can only delay its transfers, not reorder them; otherwise none is skipped);
+  the others can only delay its transfers, not reorder them; otherwise before its
+  busiest rank's compute); a stride that runs is stopped as soon as the engine's
+  lower bounds reach the best so far (a worker's compute still to run; a link's
+  transfers still to come, at their wire time each): the kept stride and its time
+  are those of the full search, at a fraction of its runs;
 * the bubble fraction, WAN bytes and device busy time are closed forms (compute
   seconds per device do not depend on the timing; bytes are counts x size).
 
@@ -94,7 +98,7 @@ class FastPrediction:
     method: str = "fast"
     sharing_alternatives: dict[str, float] | None = None
     stagger_s: float | None = None
-    staggers: list[tuple[float, float | None]] = field(default_factory=list)  # (stride, time; None: bound skip)
+    staggers: list[tuple[float, float | None]] = field(default_factory=list)  # (stride, time; None: cannot win)
     plan: TemporalPlan | None = field(default=None, repr=False)
     offsets: list[float] | None = None
 
@@ -405,15 +409,26 @@ def fast_predict(
         # stride runs.
         users = [(row, k) for (row, ch) in netw.wan_channels for k in netw.exclusive[row][ch].links]
         may_skip = len(users) == len(set(users))
+        # Always sound: the last pipeline starts (D - 1) x stride late and its busiest
+        # rank still has all its compute to run.
+        compute = max(sum(bwd[x] if y else fwd[x] for kind, x, y in ops if kind == 0) for ops in compiled.ops)
         best: tuple[float, float, EngineResult] | None = None
         tried: list[tuple[float, float | None]] = []
         for delta in candidates:
-            if may_skip and best is not None and (D - 1) * delta + alone >= best[1] * (1 - PLAN_TIE):
+            if best is not None:
+                floor = (D - 1) * delta + (alone if may_skip else compute)
+                if floor >= best[1] * (1 - PLAN_TIE):
+                    tried.append((delta, None))
+                    continue
+            offsets = [d * delta for d in range(D)]
+            # a stride that cannot beat the best is stopped as soon as the engine's
+            # bounds show it (the margin keeps rounding from stopping a winner)
+            cutoff = math.inf if best is None else best[1] * (1 - PLAN_TIE) * (1 + 1e-12)
+            res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
+                      exclusive_links=True, record_wan=keep_plan, cutoff=cutoff)
+            if res.stopped:
                 tried.append((delta, None))
                 continue
-            offsets = [d * delta for d in range(D)]
-            res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
-                      exclusive_links=True, record_wan=keep_plan)
             tried.append((delta, res.makespan))
             if best is None or res.makespan < best[1] * (1 - PLAN_TIE):
                 best = (delta, res.makespan, res)

@@ -33,6 +33,7 @@ SHELL_LANGS = {"sh", "bash", "shell", "console"}
 CLI = ".venv/bin/testbed"
 PLACEHOLDER = re.compile(r"^(\.\.\.|[A-Z][A-Z0-9_]*(=[A-Z0-9_]+)?(\.[a-z]+)?)$")
 WRAPPERS = {"sudo", "-E", "env", "time", "nice"}
+OUTPUT_FLAGS = {"--out", "-o"}  # another program's output folder: made by the command
 
 
 def is_placeholder(token: str) -> bool:
@@ -149,8 +150,10 @@ def _path_exists(token: str, made: set[str]) -> bool:
 
 
 def _named_paths(tokens: list[str]) -> list[str]:
+    """Tokens that name a file of the repository: a relative path whose first part is one
+    of its top-level folders or files (a header like `Content-Type: a/b` is not)."""
     return [t for t in tokens if "/" in t and not t.startswith(("-", "/", "~")) and "=" not in t and "://" not in t
-            and not is_placeholder(t)]
+            and not is_placeholder(t) and (ROOT / t.split("/", 1)[0]).exists()]
 
 
 def check_command(line: str, made: set[str] | None = None) -> None:
@@ -165,7 +168,8 @@ def check_command(line: str, made: set[str] | None = None) -> None:
         assert not missing, f"{line!r}: no Makefile target {sorted(missing)}"
         return
     if Path(prog).name != "testbed":
-        for path in _named_paths(tokens):
+        outputs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in OUTPUT_FLAGS}
+        for path in _named_paths([t for t in tokens if t not in outputs]):
             assert _path_exists(path, made), f"{line!r}: {path} does not exist in the repository"
         return
     assert prog == CLI, (f"{line!r}: call the CLI as {CLI} (with sudo where it needs root), as every page "

@@ -86,10 +86,37 @@ def test_results_page_names_kept_results_that_exist(page: Path):
             f"{page.name}: {path} is not in the repository"
 
 
+PAPER = ROOT / "docs" / "results" / "paper.md"
+GLANCE = re.compile(r"<!-- glance -->\n(.*?)\n<!-- /glance -->", re.S)
+
+
+def test_readme_results_are_paper_md_s_number_for_number():
+    """One source: the README's results table is paper.md's "At a glance", links aside."""
+    readme, paper = GLANCE.search(README.read_text()), GLANCE.search(PAPER.read_text())
+    assert readme and paper, "README.md and docs/results/paper.md each need their <!-- glance --> table"
+    ours = readme.group(1).replace("](docs/results/", "](")
+    assert ours == paper.group(1), "README.md's results table differs from docs/results/paper.md's At a glance"
+    rows = [r for r in paper.group(1).splitlines()[2:] if r.startswith("|")]
+    assert len(rows) >= 6
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split(" | ")]
+        assert len(cells) == 5 and all(cells), f"a glance row needs claim, paper, measured, conditions, page: {row}"
+        assert re.search(r"\brun|repeat|predicted|model", cells[3]), f"conditions say how often it ran: {row}"
+
+
+def test_every_path_paper_md_names_exists():
+    text = PAPER.read_text()
+    named = [p for p in re.findall(r"`([^`\s]+)`", text) if "/" in p and not p.startswith(("/", "-", "http"))
+             and "<" not in p and not p.startswith(".venv/")]
+    outputs = set(re.findall(r"--out (\S+?)`", text))
+    missing = [p for p in named if p not in outputs and not any(ROOT.glob(p.rstrip("/")))]
+    assert not missing, f"docs/results/paper.md names what is not in the repository: {missing}"
+
+
 def test_paper_page_gives_every_claim_a_command_and_a_kept_result():
-    text = (ROOT / "docs" / "results" / "paper.md").read_text()
-    rows = [line for line in text.splitlines() if line.startswith("| ") and not line.startswith("| claim")
-            and not line.startswith("|---")]
+    text = PAPER.read_text().split("## Every claim", 1)[1]
+    rows = [line for line in text.split("\n\n", 2)[1].splitlines() if line.startswith("| ")
+            and not line.startswith("| claim") and not line.startswith("|---")]
     assert len(rows) >= 8, f"expected a row per claim, got {len(rows)}"
     for row in rows:
         cells = [c.strip() for c in row.strip("|").split(" | ")]

@@ -87,3 +87,33 @@ def test_blocks_and_spans_are_found() -> None:
     assert shell_commands(text) == [["make install", "sudo .venv/bin/testbed demo",
                                      ".venv/bin/testbed sweep a.yaml --dry-run", "head"]]
     assert inline_commands(text) == ["sudo .venv/bin/testbed run scenarios/atlas-2dc.yaml"]
+
+
+def _reproductions() -> list[str]:
+    """Every `testbed sweep` command of the results pages, as written."""
+    found = []
+    for page in sorted((ROOT / "docs" / "results").glob("*.md")):
+        text = page.read_text()
+        lines = [line for block in shell_commands(text) for line in block] + inline_commands(text)
+        found += [line for line in lines if " sweep " in line and "testbed" in line]
+    return sorted(set(found))
+
+
+@pytest.mark.parametrize("line", _reproductions())
+def test_a_reproduction_on_a_clone_runs_its_points(line: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A results page's sweep, on a clone with the kept results, lists every point as to be
+    run (its kept folder is never where it runs)."""
+    import shlex
+
+    from click.testing import CliRunner
+
+    from testbed.cli import main
+
+    monkeypatch.chdir(ROOT)
+    args = shlex.split(line)
+    args = args[args.index(next(a for a in args if a.endswith("testbed"))) + 1:]
+    args = [a for a in args if a != "--keep"] + ["--dry-run"]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 0, result.output
+    points = result.stdout.splitlines()
+    assert points and all(p.endswith("  to run") for p in points), f"{line}:\n{result.stdout}"

@@ -3,7 +3,12 @@
 Each algorithm is written against `xfer(sends, recvs)`: post every receive and send
 of one step ([(peer, tensor)]), wait for all of them. Results are deterministic and
 bit-identical on every rank: a reduction combines contributions in rank order
-(exchange) or computes each chunk on one rank and copies it to the others (ring)."""
+(exchange) or computes each chunk on one rank and copies it to the others (ring).
+
+When `xfer` is also a `hierarchical.Net` that knows the group's topology (the
+backend's `MeshNet`: post now, wait later, `xfer.topology`), all_reduce,
+reduce_scatter, all_gather and broadcast use the topology-aware, pipelined
+algorithms of `hierarchical` instead."""
 
 from __future__ import annotations
 
@@ -91,10 +96,20 @@ def reduce_in_order(parts: Sequence[torch.Tensor], name: str, out: torch.Tensor)
     out.copy_(acc)
 
 
+def _topology(xfer: object):
+    """The group's topology when `xfer` can post and wait separately, else None."""
+    return getattr(xfer, "topology", None)
+
+
 def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer, scratch: Scratch = fresh) -> None:
     """Reduce the flat contiguous `x` across the group, in place. `scratch(dtype, n)`
     gives the ring's receive buffer (the backend reuses one: no page faults per call)."""
     if size == 1:
+        return
+    topo = _topology(xfer)
+    if topo is not None:
+        from . import hierarchical as H
+        H.all_reduce(x, name, rank, topo, xfer, scratch)
         return
     if x.numel() >= size and x.numel() * x.element_size() >= RING_MIN_BYTES:
         _ring_all_reduce(x, name, rank, size, xfer, scratch)
@@ -122,6 +137,11 @@ def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfe
 
 
 def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> None:
+    topo = _topology(xfer)
+    if topo is not None:
+        from . import hierarchical as H
+        H.broadcast(x, root, rank, topo, xfer)
+        return
     if rank == root:
         xfer([(p, x) for p in range(size) if p != root], [])
     else:
@@ -130,6 +150,11 @@ def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> N
 
 def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: int, xfer: Xfer) -> None:
     """outs[p] = rank p's x (outs contiguous, each shaped like x)."""
+    topo = _topology(xfer)
+    if topo is not None:
+        from . import hierarchical as H
+        H.all_gather(outs, x, rank, topo, xfer)
+        return
     peers = [p for p in range(size) if p != rank]
     outs[rank].copy_(x)
     xfer([(p, x) for p in peers], [(p, outs[p]) for p in peers])
@@ -138,6 +163,11 @@ def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: i
 def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, rank: int, size: int,
                    xfer: Xfer) -> None:
     """out = reduction over ranks of their ins[rank]."""
+    topo = _topology(xfer)
+    if topo is not None:
+        from . import hierarchical as H
+        H.reduce_scatter(out, ins, name, rank, topo, xfer)
+        return
     peers = [p for p in range(size) if p != rank]
     bufs = {p: torch.empty_like(ins[rank]) for p in peers}
     xfer([(p, ins[p]) for p in peers], [(p, bufs[p]) for p in peers])

@@ -116,6 +116,7 @@ def all_reduce(x: torch.Tensor, name: str, rank: int, topo: Topology, net: Net, 
     size = topo.size
     if size == 1:
         return
+    x = x.view(-1)
     if x.numel() * x.element_size() < small_bytes or x.numel() < size:
         _exchange_all_reduce(x, name, rank, size, net)
     else:
@@ -277,7 +278,7 @@ def broadcast(x: torch.Tensor, root: int, rank: int, topo: Topology, net: Net,
     heads = [root if t == rs else site[rj] if rj < len(site) else site[0] for t, site in enumerate(topo.sites)]
     s = topo.site_of(rank)
     local = topo.sites[s]
-    pieces = _pieces(x, piece_bytes)
+    pieces = _pieces(x.view(-1), piece_bytes)
     if rank == root:
         for piece in pieces:
             for h in heads:

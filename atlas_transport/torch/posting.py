@@ -17,12 +17,37 @@ from collections.abc import Sequence
 import torch
 
 from .mesh import COLL_TAG, PeerMesh, PeerOp
+from .options import LAN_RTT_S
+from .topology import Topology, discover
+
+
+class Posting:
+    """A group's collective posting state: its topology (found at the first
+    collective, the same on every rank) and its detached sends."""
+
+    def __init__(self, mesh: PeerMesh) -> None:
+        self.mesh = mesh
+        self.detached: list[PeerOp] = []
+        self.topology: Topology | None = None
+
+    def net(self, what: str, deadline: float) -> MeshNet:
+        """The next collective's `MeshNet`; raises the error of an earlier detached send
+        that failed. Called on the collectives thread, once per collective, in order."""
+        reap(self.mesh, self.detached)
+        if self.topology is None:
+            m = self.mesh
+            self.topology = discover(m.store, m.rank, m.size, m.rtt, LAN_RTT_S)
+        return MeshNet(self.mesh, what, deadline, self.detached, self.topology)
 
 
 class MeshNet:
-    def __init__(self, mesh: PeerMesh, what: str, deadline: float, detached: list[PeerOp]) -> None:
+    """`topology`: where the group's ranks are (the algorithms choose by it)."""
+
+    def __init__(self, mesh: PeerMesh, what: str, deadline: float, detached: list[PeerOp],
+                 topology: Topology | None = None) -> None:
         self.mesh, self.what, self.deadline = mesh, what, deadline
         self.detached = detached
+        self.topology = topology
         self.ops: list[PeerOp] = []
 
     def _post(self, kind: str, peer: int, t: torch.Tensor) -> PeerOp:

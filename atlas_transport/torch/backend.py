@@ -1,6 +1,12 @@
 """`ProcessGroupAtlas`: a torch.distributed process group whose traffic goes over
 atlas channels (see the package docstring for use).
 
+It is a Python `ProcessGroup` (torch's C++ trampoline calls its methods, also from
+C++ callers such as functional collectives and DDP), so it also answers what torch
+otherwise asks of the C++ backends a `ProcessGroup` holds: its name and description,
+the device types it serves (cpu and cuda), `_get_backend(device)` (itself),
+`split_group`, coalescing, the group store.
+
 Point-to-point operations are posted on the pair's channel at once (or queued until
 it opens) with the caller's tag; their work waits on the transfer itself.
 Collectives run one at a time, in call order, on the group's own thread, all on one
@@ -10,6 +16,7 @@ pair's messages match by their order on that tag."""
 from __future__ import annotations
 
 import logging
+import math
 import queue
 import threading
 import time
@@ -20,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import collectives as C
+from .anysource import AnySource
 from .mesh import COLL_TAG, MAX_P2P_TAG, PeerMesh, PeerOp
 from .options import AtlasOptions, resolve
 from .posting import Posting
@@ -29,15 +37,16 @@ from .work import AtlasError, AtlasWork
 log = logging.getLogger("atlas_transport.torch")
 
 BACKEND_NAME = "atlas"
+DEVICE_TYPES = ("cpu", "cuda")
 
 
 class P2PWork(AtlasWork):
     """A send or receive: wait() waits on the transfer itself (no extra thread)."""
 
-    def __init__(self, mesh: PeerMesh, op: PeerOp, result: list[torch.Tensor]) -> None:
-        super().__init__(op.what, result)
+    def __init__(self, mesh: PeerMesh, op: PeerOp | None, result: list[torch.Tensor], what: str = "") -> None:
+        super().__init__(op.what if op is not None else what, result)
         self._mesh, self._op = mesh, op
-        self._src = op.peer
+        self._src = op.peer if op is not None else -1
 
     def _drive(self) -> None:
         if self._event.is_set():
@@ -64,28 +73,96 @@ class P2PWork(AtlasWork):
         return self._src
 
 
+class AnySourceWork(AtlasWork):
+    """A receive from any source: completed by its own thread; `_source_rank()` is the
+    sender's group rank once matched (-1 before)."""
+
+    def __init__(self, what: str, result: list[torch.Tensor]) -> None:
+        super().__init__(what, result)
+        self._src = -1
+
+    def _source_rank(self) -> int:
+        return self._src
+
+    def source_rank(self) -> int:
+        return self._src
+
+
+class CoalescedWork(AtlasWork):
+    """The works issued between `_start_coalescing` and `_end_coalescing`, as one."""
+
+    def __init__(self, what: str, works: list[AtlasWork]) -> None:
+        super().__init__(what, [t for w in works for t in w.result()])
+        self._works = works
+        if not works:
+            self._finish()
+        else:
+            threading.Thread(target=self._drive_all, daemon=True, name="atlas-coalesced").start()
+
+    def _drive_all(self) -> None:
+        for w in self._works:
+            w._event.wait()
+        err = next((w._error for w in self._works if w._error is not None), None)
+        self._complete(err)
+
+
+def _premul_factor(op: object) -> float | torch.Tensor | None:
+    """The factor of a PREMUL_SUM op (`dist._make_nccl_premul_sum(f)`, FSDP2's
+    `ReduceOp.PREMUL_SUM(1 / f)`), else None."""
+    kind = getattr(op, "op", op)
+    try:
+        is_premul = kind == dist.ReduceOp.RedOpType.PREMUL_SUM
+    except TypeError:
+        return None
+    return getattr(op, "factor", None) if is_premul else None
+
+
+def all_to_all(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], rank: int, size: int,
+               xfer: C.Xfer) -> None:
+    """outs[p] = rank p's ins[rank] (each pair's parts may differ in size, also be empty)."""
+    impl = getattr(C, "all_to_all", None)  # the algorithms module's, once it has one
+    if impl is not None:
+        impl(outs, ins, rank, size, xfer)
+        return
+    outs[rank].copy_(ins[rank])
+    peers = [p for p in range(size) if p != rank]
+    xfer([(p, ins[p]) for p in peers], [(p, outs[p]) for p in peers])
+
+
 class ProcessGroupAtlas(dist.ProcessGroup):
     """One process group over atlas channels (created by `init_process_group` /
     `new_group` with backend="atlas")."""
+
+    # What torch asks of the backend `_get_backend(device)` returns (this group itself).
+    supports_splitting = True
+    supports_coalescing = False
+    supports_time_estimate = False
 
     def __init__(self, store, rank: int, size: int, timeout: timedelta, group_name: str = "0",
                  global_ranks: Sequence[int] = (), options: AtlasOptions | None = None) -> None:
         super().__init__(rank, size)
         self._rank, self._size = rank, size
+        self._store = store
+        self._timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._label = str(group_name)
+        self._group_name = str(group_name)
+        self._group_desc = "undefined"
+        self._global_ranks = list(global_ranks)
         self.options = resolve(options)
         self._mesh = PeerMesh(rank, size, store, self.options, self._timeout_s, self._label, list(global_ranks))
+        self._anysource = AnySource(self._mesh)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = 0
         self._seq_lock = threading.Lock()
+        self._coalescing: list[AtlasWork] | None = None
         self._broken: AtlasError | None = None
         self._scratch_bufs: dict[torch.dtype, torch.Tensor] = {}  # used by the collectives thread only
         self._posting = Posting(self._mesh)  # topology and detached sends, used by the collectives thread only
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"atlas-pg{self._label}-collectives")
         self._thread.start()
 
-    # --- identity ----------------------------------------------------------------
+    # --- identity, as torch asks it of a process group and of its backends -----------
 
     def getBackendName(self) -> str:
         return BACKEND_NAME
@@ -95,6 +172,91 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def rank(self) -> int:
         return self._rank
+
+    # The group's name: torch sets it after creating the group (`_set_group_name`) and
+    # reads it from Python (`group_name`: DeviceMesh, functional collectives) and C++
+    # (`getGroupName`, through the trampoline). C++'s own version would read it from a
+    # registered C++ backend, which a Python group has none of ("ProcessGroup name not set").
+    def getGroupName(self) -> str:
+        return self._group_name
+
+    def setGroupName(self, name: str) -> None:
+        self._group_name = str(name)
+
+    def getGroupDesc(self) -> str:
+        return self._group_desc
+
+    def setGroupDesc(self, desc: str) -> None:
+        self._group_desc = str(desc)
+
+    @property
+    def group_name(self) -> str:
+        return self._group_name
+
+    @property
+    def group_desc(self) -> str:
+        return self._group_desc
+
+    def _set_group_name(self, name: str) -> None:
+        self.setGroupName(name)
+
+    def _set_group_desc(self, desc: str) -> None:
+        self.setGroupDesc(desc)
+
+    @property
+    def _device_types(self) -> list[torch.device]:
+        return [torch.device(d) for d in DEVICE_TYPES]
+
+    def _get_backend(self, device: object) -> ProcessGroupAtlas:
+        """This group serves cpu and cuda tensors itself (RuntimeError for other devices,
+        as torch's own lookup raises)."""
+        kind = device.type if isinstance(device, torch.device) else torch.device(str(device)).type
+        if kind not in DEVICE_TYPES:
+            raise RuntimeError(f"atlas: process group {self._group_name!r} has no backend for device type "
+                               f"{kind!r}: backend 'atlas' serves {' and '.join(DEVICE_TYPES)} tensors")
+        return self
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._seq
+
+    def _set_sequence_number_for_group(self) -> None:
+        """Sequence numbers count this group's collectives from 0 on every rank already."""
+
+    def eager_connect_single_device(self, device: object) -> None:
+        """`init_process_group(device_id=...)`: torch binds the device to the group it
+        replaces with this one, so bind it here (channels open on first use)."""
+        if device is not None:
+            self.bound_device_id = device if isinstance(device, torch.device) else torch.device(device)
+
+    def perform_nocolor_split(self, device: object) -> None:
+        """A rank outside a new group takes no part in creating it."""
+
+    def supports_tensor_alloc(self, device: object) -> bool:
+        return False
+
+    def get_group_store(self):
+        return self._store
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+        self._timeout_s = timeout.total_seconds()
+        self._mesh.timeout_s = self._timeout_s
+
+    def split_group(self, ranks: Sequence[int], timeout: timedelta | None = None, opts: object = None,
+                    group_name: str | None = None, group_desc: str | None = None,
+                    device_types: object = None) -> ProcessGroupAtlas | None:
+        """A new atlas group of `ranks` (group ranks of this group), or None on a rank
+        outside it; `torch.distributed.split_group` calls this on every rank."""
+        ranks = sorted(int(r) for r in ranks)
+        if self._rank not in ranks:
+            return None
+        name = group_name or f"{self._group_name}:split:{','.join(map(str, ranks))}"
+        glob = self._global_ranks or list(range(self._size))
+        pg = ProcessGroupAtlas(dist.PrefixStore(f"{name}/", self._store), ranks.index(self._rank), len(ranks),
+                               timeout or self._timeout, name, [glob[r] for r in ranks],
+                               opts if isinstance(opts, AtlasOptions) else self.options)
+        pg.setGroupDesc(group_desc or f"{self._group_desc}:split")
+        return pg
 
     def __repr__(self) -> str:
         return f"ProcessGroupAtlas(group={self._label!r}, rank={self._rank}, size={self._size})"
@@ -113,15 +275,18 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     # --- point to point -------------------------------------------------------------
 
-    def _p2p(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> P2PWork:
+    def _check_p2p(self, kind: str, tensors: list[torch.Tensor], tag: int) -> torch.Tensor:
         if len(tensors) != 1:
             raise ValueError(f"atlas: {kind} takes exactly one tensor, got {len(tensors)}")
         if isinstance(tag, bool) or not isinstance(tag, int) or not 0 <= tag <= MAX_P2P_TAG:
             raise ValueError(f"atlas: {kind} tag {tag!r} is out of range: use 0..{MAX_P2P_TAG}")
+        return tensors[0]
+
+    def _p2p(self, kind: str, tensors: list[torch.Tensor], peer: int, tag: int) -> P2PWork:
+        t = self._check_p2p(kind, tensors, tag)
         if not 0 <= peer < self._size or peer == self._rank:
             raise ValueError(f"atlas: {kind} peer {peer} is not another rank of this group (size {self._size}, "
                              f"this rank {self._rank})")
-        t = tensors[0]
         what = f"{kind} of {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
         op = PeerOp(kind, peer, t, tag, time.monotonic() + self._timeout_s, what)
         self._mesh.post(op)
@@ -133,8 +298,31 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> P2PWork:
         return self._p2p("recv", tensors, src, tag)
 
-    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> P2PWork:
-        raise AtlasError("atlas: recv from any source (src=None) is not supported: pass the sender's rank as src")
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> AnySourceWork:
+        """Receive the next message on `tag` from whichever rank sends first; the work's
+        `_source_rank()` names it (what `dist.recv(t)` without src returns)."""
+        t = self._check_p2p("recv", tensors, tag)
+        if self._size < 2:
+            raise ValueError("atlas: recv from any source in a group of one rank: there is no other rank")
+        what = f"recv of {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
+        work = AnySourceWork(f"{what} from any source", tensors)
+        deadline = time.monotonic() + self._timeout_s
+
+        def run() -> None:
+            try:
+                op = self._anysource.match(
+                    tag, deadline, what, lambda peer: PeerOp("recv", peer, t, tag, deadline, what))
+                self._mesh.wait(op)
+                work._src = op.peer
+            except AtlasError as exc:
+                work._fail(exc)
+            except Exception as exc:  # noqa: BLE001 - handed to whoever waits on the work
+                work._fail(AtlasError(f"atlas: {what} from any source failed: {type(exc).__name__}: {exc}"))
+            else:
+                work._finish()
+
+        threading.Thread(target=run, daemon=True, name=f"atlas-pg{self._label}-anysource").start()
+        return work
 
     # --- collectives --------------------------------------------------------------
 
@@ -144,6 +332,8 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             seq = self._seq
             self._seq += 1
         work = AtlasWork(f"{name} #{seq} of group {self._label!r} on rank {self._rank}", result)
+        if self._coalescing is not None:
+            self._coalescing.append(work)
         self._queue.put((work, body))
         return work
 
@@ -181,6 +371,23 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             buf = self._scratch_bufs[dtype] = torch.empty(numel, dtype=dtype)
         return buf[:numel]
 
+    def _start_coalescing(self, device: object = None) -> None:
+        """Collectives until `_end_coalescing` still run at once, in order; the end
+        returns one work for all of them."""
+        if self._coalescing is not None:
+            raise ValueError(f"atlas: group {self._group_name!r} is already coalescing (a _coalescing_manager "
+                             "inside another on the same group)")
+        self._coalescing = []
+
+    def _end_coalescing(self, device: object = None) -> CoalescedWork:
+        works, self._coalescing = self._coalescing, None
+        if works is None:
+            raise ValueError(f"atlas: _end_coalescing on group {self._group_name!r} without _start_coalescing")
+        return CoalescedWork(f"{len(works)} coalesced collectives of group {self._label!r}", works)
+
+    start_coalescing = _start_coalescing
+    end_coalescing = _end_coalescing
+
     def _check_per_rank(self, op: str, role: str, tensors: Sequence[torch.Tensor], other: str,
                         like: torch.Tensor) -> None:
         """ValueError unless `tensors` holds one tensor per rank of the group, each with
@@ -195,17 +402,46 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def _flat(self, tensors: Sequence[torch.Tensor], read: bool = True) -> list[Staged]:
         return [Staged(t, read) for t in tensors]
 
-    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
-        name = C.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+    def _reduce_op(self, opts: object, what: str, tensors: Sequence[torch.Tensor]) -> tuple[str, float | None]:
+        """(name of the op the algorithms run, PREMUL_SUM's factor or None), checked
+        against every tensor's dtype in the caller's thread."""
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        factor = _premul_factor(op)
+        if factor is not None:
+            if isinstance(factor, torch.Tensor):
+                if factor.numel() != 1:
+                    raise ValueError(f"atlas: {what}: PREMUL_SUM's factor must be one number, got a tensor of "
+                                     f"shape {tuple(factor.shape)}")
+                factor = factor.item()
+            for t in tensors:
+                if not (t.dtype.is_floating_point or t.dtype.is_complex):
+                    raise ValueError(f"atlas: {what}: reduce op PREMUL_SUM needs a floating point tensor, got "
+                                     f"{t.dtype}")
+            return "SUM", float(factor)
+        try:
+            name = C.op_name(op)
+        except ValueError as exc:
+            dtypes = ", ".join(sorted({str(t.dtype) for t in tensors})) or "no tensors"
+            raise ValueError(f"{exc} (in {what} of {dtypes})") from None
         for t in tensors:
             C.check_op(name, t.dtype)
+        return name, None
+
+    @staticmethod
+    def _op_label(name: str, factor: float | None) -> str:
+        return f"PREMUL_SUM({factor:g})" if factor is not None else name
+
+    def allreduce(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
+        name, factor = self._reduce_op(opts, "all_reduce", tensors)
         staged = self._flat(tensors)
 
         def body(xfer: C.Xfer) -> None:
             for s in staged:
+                if factor is not None:
+                    s.host.mul_(factor)
                 C.all_reduce(s.host, name, self._rank, self._size, xfer, self._scratch)
                 s.write_back()
-        return self._collective(f"all_reduce({name})", tensors, body)
+        return self._collective(f"all_reduce({self._op_label(name, factor)})", tensors, body)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
         return self.allreduce(tensors, opts)
@@ -221,86 +457,204 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                     s.write_back()
         return self._collective(f"broadcast(root {root})", tensors, body)
 
-    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
-                  opts=None) -> AtlasWork:
-        if len(output_tensors) != len(input_tensors):
-            raise ValueError("atlas: all_gather needs one output list per input tensor")
+    def _gather_pairs(self, op: str, outputs: Sequence[Sequence[torch.Tensor]],
+                      inputs: Sequence[torch.Tensor]) -> list[tuple[list[Staged], Staged]]:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"atlas: {op} needs one output list per input tensor, got {len(outputs)} output "
+                             f"lists for {len(inputs)} inputs")
         pairs = []
-        for outs, x in zip(output_tensors, input_tensors, strict=True):
-            self._check_per_rank("all_gather", "output", outs, "input", x)
+        for outs, x in zip(outputs, inputs, strict=True):
+            self._check_per_rank(op, "output", outs, "input", x)
             pairs.append((self._flat(outs, read=False), Staged(x)))
+        return pairs
 
+    def _run_gathers(self, name: str, pairs: list[tuple[list[Staged], Staged]],
+                     result: list[torch.Tensor]) -> AtlasWork:
         def body(xfer: C.Xfer) -> None:
             for outs, x in pairs:
                 C.all_gather([o.host for o in outs], x.host, self._rank, self._size, xfer)
-                for o in outs:
+                for o in {id(w): w for w in (getattr(o, "whole", o) for o in outs)}.values():
                     o.write_back()
-        return self._collective("all_gather", [t for outs in output_tensors for t in outs], body)
+        return self._collective(name, result, body)
 
-    def allgather_coalesced(self, output_lists, input_list, opts=None) -> AtlasWork:
-        return self.allgather(output_lists, input_list, opts)
+    def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
+                  opts=None) -> AtlasWork:
+        pairs = self._gather_pairs("all_gather", output_tensors, input_tensors)
+        return self._run_gathers("all_gather", pairs, [t for outs in output_tensors for t in outs])
+
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
+                            opts=None) -> AtlasWork:
+        """`all_gather_coalesced`: output_lists[rank][i] receives rank's input_list[i]."""
+        if len(output_lists) != self._size:
+            raise ValueError(f"atlas: all_gather_coalesced needs one output list per rank ({self._size}), got "
+                             f"{len(output_lists)}")
+        for r, outs in enumerate(output_lists):
+            if len(outs) != len(input_list):
+                raise ValueError(f"atlas: all_gather_coalesced output list of rank {r} has {len(outs)} tensors, "
+                                 f"needs one per input ({len(input_list)})")
+        per_input = [[output_lists[r][i] for r in range(self._size)] for i in range(len(input_list))]
+        pairs = self._gather_pairs("all_gather_coalesced", per_input, input_list)
+        return self._run_gathers("all_gather_coalesced", pairs, [t for outs in output_lists for t in outs])
+
+    def _single_gather(self, op: str, output: torch.Tensor, input: torch.Tensor) -> tuple[list[Staged], Staged]:
+        if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
+            raise ValueError(f"atlas: {op} output {tuple(output.shape)} {output.dtype} needs {self._size} x the "
+                             f"input's {input.numel()} elements of {input.dtype}")
+        out = Staged(output, read=False)
+        return [_Part(out, c) for c in out.host.chunk(self._size)], Staged(input)
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> AtlasWork:
-        if output.numel() != input.numel() * self._size:
-            raise ValueError(f"atlas: all_gather_into_tensor output has {output.numel()} elements, needs "
-                             f"{self._size} x {input.numel()}")
-        out, x = Staged(output, read=False), Staged(input)
-
-        def body(xfer: C.Xfer) -> None:
-            C.all_gather(list(out.host.chunk(self._size)), x.host, self._rank, self._size, xfer)
-            out.write_back()
-        return self._collective("all_gather_into_tensor", [output], body)
+        pair = self._single_gather("all_gather_into_tensor", output, input)
+        return self._run_gathers("all_gather_into_tensor", [pair], [output])
 
     _allgather_base = all_gather_single
 
-    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
-                       opts=None) -> AtlasWork:
-        name = C.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        pairs = []
-        for out, ins in zip(output_tensors, input_tensors, strict=True):
-            C.check_op(name, out.dtype)
-            self._check_per_rank("reduce_scatter", "input", ins, "output", out)
-            pairs.append((Staged(out, read=False), self._flat(ins)))
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts=None) -> AtlasWork:
+        if len(outputs) != len(inputs):
+            raise ValueError(f"atlas: all_gather_into_tensor_coalesced got {len(outputs)} outputs for "
+                             f"{len(inputs)} inputs")
+        pairs = [self._single_gather("all_gather_into_tensor_coalesced", o, i)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._run_gathers("all_gather_into_tensor_coalesced", pairs, list(outputs))
 
+    all_gather_single_coalesced = allgather_into_tensor_coalesced
+
+    def _run_reduce_scatters(self, name: str, factor: float | None, op: str,
+                             pairs: list[tuple[Staged, list[Staged]]], result: list[torch.Tensor]) -> AtlasWork:
         def body(xfer: C.Xfer) -> None:
             for out, ins in pairs:
-                C.reduce_scatter(out.host, [i.host for i in ins], name, self._rank, self._size, xfer)
+                parts = [i.host for i in ins]
+                if factor is not None:  # scale a copy: the caller's input stays as it was
+                    parts = [p.mul(factor) for p in parts]
+                C.reduce_scatter(out.host, parts, name, self._rank, self._size, xfer)
                 out.write_back()
-        return self._collective(f"reduce_scatter({name})", output_tensors, body)
+        return self._collective(f"{op}({self._op_label(name, factor)})", result, body)
+
+    def reduce_scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
+                       opts=None) -> AtlasWork:
+        name, factor = self._reduce_op(opts, "reduce_scatter", output_tensors)
+        if len(output_tensors) != len(input_tensors):
+            raise ValueError(f"atlas: reduce_scatter needs one input list per output tensor, got "
+                             f"{len(input_tensors)} input lists for {len(output_tensors)} outputs")
+        pairs = []
+        for out, ins in zip(output_tensors, input_tensors, strict=True):
+            self._check_per_rank("reduce_scatter", "input", ins, "output", out)
+            pairs.append((Staged(out, read=False), self._flat(ins)))
+        return self._run_reduce_scatters(name, factor, "reduce_scatter", pairs, output_tensors)
+
+    def _single_scatter(self, op: str, output: torch.Tensor, input: torch.Tensor) -> tuple[Staged, list[Staged]]:
+        if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
+            raise ValueError(f"atlas: {op} input {tuple(input.shape)} {input.dtype} needs {self._size} x the "
+                             f"output's {output.numel()} elements of {output.dtype}")
+        x = Staged(input)
+        return Staged(output, read=False), [_Part(x, c) for c in x.host.chunk(self._size)]
 
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> AtlasWork:
-        name = C.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
-        C.check_op(name, output.dtype)
-        if input.numel() != output.numel() * self._size:
-            raise ValueError(f"atlas: reduce_scatter_tensor input has {input.numel()} elements, needs "
-                             f"{self._size} x {output.numel()}")
-        out, x = Staged(output, read=False), Staged(input)
-
-        def body(xfer: C.Xfer) -> None:
-            C.reduce_scatter(out.host, list(x.host.chunk(self._size)), name, self._rank, self._size, xfer)
-            out.write_back()
-        return self._collective(f"reduce_scatter_tensor({name})", [output], body)
+        name, factor = self._reduce_op(opts, "reduce_scatter_tensor", [output])
+        pair = self._single_scatter("reduce_scatter_tensor", output, input)
+        return self._run_reduce_scatters(name, factor, "reduce_scatter_tensor", [pair], [output])
 
     _reduce_scatter_base = reduce_scatter_single
 
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
+                                        opts=None) -> AtlasWork:
+        name, factor = self._reduce_op(opts, "reduce_scatter_tensor_coalesced", outputs)
+        if len(outputs) != len(inputs):
+            raise ValueError(f"atlas: reduce_scatter_tensor_coalesced got {len(outputs)} outputs for "
+                             f"{len(inputs)} inputs")
+        pairs = [self._single_scatter("reduce_scatter_tensor_coalesced", o, i)
+                 for o, i in zip(outputs, inputs, strict=True)]
+        return self._run_reduce_scatters(name, factor, "reduce_scatter_tensor_coalesced", pairs, list(outputs))
+
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+
+    def _splits(self, op: str, role: str, t: torch.Tensor, splits: Sequence[int]) -> list[int]:
+        """Rows of `t` (along dim 0) for each rank: `splits`, or equal parts when empty."""
+        rows = t.shape[0] if t.dim() > 0 else 1
+        if not splits:
+            if rows % self._size:
+                raise ValueError(f"atlas: {op} {role} has {rows} rows (dim 0), not divisible by the group size "
+                                 f"{self._size}: pass {role}_split_sizes")
+            return [rows // self._size] * self._size
+        splits = [int(s) for s in splits]
+        if len(splits) != self._size or any(s < 0 for s in splits) or sum(splits) != rows:
+            raise ValueError(f"atlas: {op} {role}_split_sizes {splits} must be {self._size} (the group size) "
+                             f"non-negative row counts adding up to the {role}'s {rows} rows (dim 0)")
+        return splits
+
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts=None) -> AtlasWork:
+        """`all_to_all_single`: rank r's input rows for rank p land in rank p's output
+        rows for rank r; splits may be uneven or empty (equal parts)."""
+        op = "all_to_all_single"
+        if output.dtype != input.dtype:
+            raise ValueError(f"atlas: {op} output {output.dtype} does not match the input {input.dtype}")
+        row_in = math.prod(input.shape[1:]) if input.dim() > 0 else 1
+        row_out = math.prod(output.shape[1:]) if output.dim() > 0 else 1
+        if row_in != row_out:
+            raise ValueError(f"atlas: {op} rows of the output {tuple(output.shape)} and the input "
+                             f"{tuple(input.shape)} differ in size ({row_out} and {row_in} elements)")
+        ins = self._splits(op, "input", input, input_split_sizes)
+        outs = self._splits(op, "output", output, output_split_sizes)
+        x, out = Staged(input), Staged(output, read=False)
+        in_parts = [_Part(x, c) for c in x.host.split([s * row_in for s in ins])]
+        out_parts = [_Part(out, c) for c in out.host.split([s * row_out for s in outs])]
+
+        def body(xfer: C.Xfer) -> None:
+            all_to_all([o.host for o in out_parts], [i.host for i in in_parts], self._rank, self._size, xfer)
+            out.write_back()
+        return self._collective(op, [output], body)
+
+    all_to_all_single = alltoall_base
+
+    def alltoall(self, output_tensors: list[torch.Tensor], input_tensors: list[torch.Tensor],
+                 opts=None) -> AtlasWork:
+        """`all_to_all`: output_tensors[p] receives rank p's input_tensors[this rank]."""
+        op = "all_to_all"
+        for role, ts in (("output", output_tensors), ("input", input_tensors)):
+            if len(ts) != self._size:
+                raise ValueError(f"atlas: {op} needs {self._size} {role} tensors (the group size), got {len(ts)}")
+        dtypes = {t.dtype for t in [*output_tensors, *input_tensors]}
+        if len(dtypes) > 1:
+            raise ValueError(f"atlas: {op} tensors must share one dtype, got {sorted(map(str, dtypes))}")
+        if output_tensors[self._rank].numel() != input_tensors[self._rank].numel():
+            raise ValueError(f"atlas: {op} output {self._rank} {tuple(output_tensors[self._rank].shape)} does not "
+                             f"match input {self._rank} {tuple(input_tensors[self._rank].shape)} (this rank's own part)")
+        ins, outs = self._flat(input_tensors), self._flat(output_tensors, read=False)
+
+        def body(xfer: C.Xfer) -> None:
+            all_to_all([o.host for o in outs], [i.host for i in ins], self._rank, self._size, xfer)
+            for o in outs:
+                o.write_back()
+        return self._collective(op, list(output_tensors), body)
+
     def reduce(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
-        name = C.op_name(opts.reduceOp if opts is not None else dist.ReduceOp.SUM)
+        name, factor = self._reduce_op(opts, "reduce", tensors)
         root = opts.rootRank if opts is not None else 0
         staged = self._flat(tensors)
 
         def body(xfer: C.Xfer) -> None:
             for s in staged:
-                C.check_op(name, s.host.dtype)
+                if factor is not None:
+                    s.host.mul_(factor)
                 C.reduce(s.host, name, root, self._rank, self._size, xfer)
                 if self._rank == root:
                     s.write_back()
-        return self._collective(f"reduce({name}, root {root})", tensors, body)
+        return self._collective(f"reduce({self._op_label(name, factor)}, root {root})", tensors, body)
 
     def gather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                opts=None) -> AtlasWork:
         root = opts.rootRank if opts is not None else 0
+        if len(input_tensors) != 1:
+            raise ValueError(f"atlas: gather takes exactly one input tensor, got {len(input_tensors)}")
         x = Staged(input_tensors[0])
-        outs = self._flat(output_tensors[0], read=False) if self._rank == root else None
+        outs = None
+        if self._rank == root:
+            if len(output_tensors) != 1:
+                raise ValueError(f"atlas: gather takes one output list on the root, got {len(output_tensors)}")
+            self._check_per_rank("gather", "output", output_tensors[0], "input", input_tensors[0])
+            outs = self._flat(output_tensors[0], read=False)
 
         def body(xfer: C.Xfer) -> None:
             C.gather([o.host for o in outs] if outs else None, x.host, root, self._rank, self._size, xfer)
@@ -311,8 +665,15 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def scatter(self, output_tensors: list[torch.Tensor], input_tensors: list[list[torch.Tensor]],
                 opts=None) -> AtlasWork:
         root = opts.rootRank if opts is not None else 0
+        if len(output_tensors) != 1:
+            raise ValueError(f"atlas: scatter takes exactly one output tensor, got {len(output_tensors)}")
         out = Staged(output_tensors[0], read=False)
-        ins = self._flat(input_tensors[0]) if self._rank == root else None
+        ins = None
+        if self._rank == root:
+            if len(input_tensors) != 1:
+                raise ValueError(f"atlas: scatter takes one input list on the root, got {len(input_tensors)}")
+            self._check_per_rank("scatter", "input", input_tensors[0], "output", output_tensors[0])
+            ins = self._flat(input_tensors[0])
 
         def body(xfer: C.Xfer) -> None:
             C.scatter(out.host, [i.host for i in ins] if ins else None, root, self._rank, self._size, xfer)
@@ -321,6 +682,13 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def barrier(self, opts=None) -> AtlasWork:
         return self._collective("barrier", [], lambda xfer: C.barrier(self._rank, self._size, xfer))
+
+
+class _Part:
+    """A slice of a staged tensor's host buffer; the caller writes back `whole`, once."""
+
+    def __init__(self, whole: Staged, host: torch.Tensor) -> None:
+        self.whole, self.host = whole, host
 
 
 def create_backend(dist_opts, pg_options) -> ProcessGroupAtlas:

@@ -204,7 +204,10 @@ def start_agents(net: Network, jobs: Mapping[str, TrainJob], folder: Path, scena
         port = ports.port(k)
         name = f"decode-{host}"
         logs[name] = folder / "logs" / f"{name}.log"
-        argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server", "--port", str(port),
+        # every interface of its host (as the workers' channels; in local mode the loopback): the
+        # KV streams authenticate with the run's secret (ATLAS_SECRET in `env`)
+        argv = ["nice", "-n", str(DECODE_NICE), sys.executable, "-m", "bubbletea_agent", "decode-server",
+                "--host", "127.0.0.1" if net.local else "0.0.0.0", "--port", str(port),
                 "--streams", str(DECODE_STREAMS), "--log", str(folder / "agents" / f"decode-{host}.jsonl")]
         argv += decode_check_args(scenario, workload, jobs)
         servers[name] = start(argv, popen=popen_of(net, host, scenario), env=env, log_path=logs[name], name=name,

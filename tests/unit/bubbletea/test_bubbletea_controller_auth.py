@@ -223,3 +223,20 @@ def test_the_controller_job_without_the_secret_says_where_it_comes_from(tmp_path
         run_job(path)
     assert not (tmp_path / "ctl" / TOKEN_FILE).exists()
     assert os.environ.get("ATLAS_SECRET") is None
+
+
+def test_an_address_not_on_this_machine_says_how_to_choose_another(tmp_path: Path, monkeypatch):
+    """A real machine's data address that is no interface's (a NAT address): the
+    controller cannot bind it, and says which setting names another."""
+    from bubbletea_agent.controller.server import run_job
+    from testbed_core.contracts.bubbletea import BubbleTeaSettings
+    from testbed_core.contracts.prefill_service import ControllerJob
+
+    job = ControllerJob(bubbletea=BubbleTeaSettings(enabled=True, dispatch="controller"), host="192.0.2.1", port=0,
+                        out=tmp_path / "ctl", agents=["a"])
+    path = tmp_path / "job.json"
+    path.write_text(job.model_dump_json())
+    monkeypatch.setenv("ATLAS_SECRET", SECRET)
+    with pytest.raises(SystemExit, match=r"cannot listen on 192\.0\.2\.1:0: .*bubbletea\.controller_bind"):
+        run_job(path)
+    assert read_token_file(tmp_path / "ctl") == client_token(SECRET)

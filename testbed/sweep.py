@@ -89,12 +89,15 @@ class RangeSpec(_Model):
     start: Any = Field(alias="from", description="first value, a number or a number with a unit (10ms)")
     to: Any = Field(description="last value, same unit as from")
     steps: int = Field(ge=2, le=MAX_POINTS, description="number of values, from and to included")
+    # linear: evenly spaced values; log: evenly spaced logarithms
     scale: Literal["linear", "log"] = "linear"
+    # the parameter's short name in point ids and tables (default: the path's last part)
     label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
 
 
 class ValuesSpec(_Model):
-    values: list[Any] = Field(min_length=1)
+    values: list[Any] = Field(min_length=1)  # the values, in order
+    # the parameter's short name in point ids and tables (default: the path's last part)
     label: str | None = Field(None, pattern=r"^[A-Za-z0-9_.]+$")
 
 
@@ -103,9 +106,10 @@ _Specs = TypeVar("_Specs", bound=Mapping[str, object])
 
 class SweepFile(_Model):
     name: str = Field(pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$", description="letters, digits, . _ -")
-    description: str = ""
+    description: str = ""  # what the sweep asks, in words
     base: str = Field(description="the scenario file, relative to the sweep file")
     parameters: dict[str, Any] = Field(description="dotted path -> list of values or a range")
+    # grid: every combination of the parameters' values; zip: their values side by side
     mode: Literal["grid", "zip"] = "grid"
     repeat: int | list[int] = Field(1, description="runs per point: a count (seeds seed, seed+1, ...) or a list of seeds")
     set: dict[str, Any] = Field(default_factory=dict, description="fixed overrides for every point")

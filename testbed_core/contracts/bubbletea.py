@@ -54,17 +54,19 @@ class PrefillModelSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
+    # a named model shape (tiny, ...) that fills the fields not given (None: give them all)
     preset: str | None = "tiny"
-    num_hidden_layers: int = Field(default=0, ge=0)
-    hidden_size: int = Field(default=0, ge=0)
-    intermediate_size: int = Field(default=0, ge=0)
-    num_attention_heads: int = Field(default=0, ge=0)
-    num_key_value_heads: int = Field(default=0, ge=0)
-    vocab_size: int = Field(default=0, ge=0)
+    num_hidden_layers: int = Field(default=0, ge=0)  # decoder layers (unset: the preset's)
+    hidden_size: int = Field(default=0, ge=0)  # hidden size (unset: the preset's)
+    intermediate_size: int = Field(default=0, ge=0)  # MLP size (unset: the preset's)
+    num_attention_heads: int = Field(default=0, ge=0)  # attention heads (unset: the preset's)
+    num_key_value_heads: int = Field(default=0, ge=0)  # key/value heads (unset: the preset's)
+    vocab_size: int = Field(default=0, ge=0)  # vocabulary size (unset: the preset's)
+    # longest prompt in tokens (unset: the preset's)
     max_position_embeddings: int = Field(default=0, ge=0)
-    head_dim: int = Field(default=0, ge=0)
-    dtype: str = "bfloat16"
-    seed: int = 0
+    head_dim: int = Field(default=0, ge=0)  # per-head size (unset or 0: hidden_size / heads)
+    dtype: str = "bfloat16"  # the model's dtype
+    seed: int = 0  # seed of the random weights (when no weights are given)
     weights: Path | None = None  # a local directory saved with save_pretrained()
 
     @model_validator(mode="before")
@@ -124,16 +126,16 @@ class PrefillModelSpec(BaseModel):
 
 
 class PromptLengths(_Model):
-    dist: Literal["fixed", "uniform", "lognormal"] = "lognormal"
+    dist: Literal["fixed", "uniform", "lognormal"] = "lognormal"  # how prompt lengths are drawn
     mean: float = Field(512, gt=0, description="tokens (fixed value, uniform midpoint, lognormal mean)")
-    sigma: float = Field(0.6, ge=0)
-    min: int = Field(16, ge=1)
-    max: int = Field(4096, ge=1)
+    sigma: float = Field(0.6, ge=0)  # lognormal: the spread of log length
+    min: int = Field(16, ge=1)  # shortest prompt, tokens
+    max: int = Field(4096, ge=1)  # longest prompt, tokens
 
 
 class RequestSource(_Model):
     rate: float = Field(5.0, ge=0, description="Poisson arrivals per second, over the whole cluster")
-    prompt_tokens: PromptLengths = PromptLengths()
+    prompt_tokens: PromptLengths = PromptLengths()  # how long the prompts are
     trace: str | None = Field(None, description="CSV trace to replay instead of Poisson arrivals")
     deadline: float = Field(5.0, gt=0, description="seconds a request may wait before it is rejected")
 
@@ -151,12 +153,13 @@ SLOWDOWN_LIMIT = 0.01
 class BubbleTeaSettings(_Model):
     """BubbleTea agents next to the training workers (bubbletea_agent/README.md)."""
 
-    enabled: bool = False
+    enabled: bool = False  # run the +bubbletea variants (prefill in the training's bubbles)
     compare: bool = Field(True, description="also run each variant without agents, for the slowdown")
     variants: list[str] | None = Field(
         None, description="which of the scenario's variants also run with agents (default: all; names from "
                           "testbed_core/variants.py)"
     )
+    # the prefill requests: arrivals, prompt lengths, deadline
     requests: RequestSource = RequestSource()
     decode_host: str | None = Field(
         None, description="where KV caches go: 'same-dc' (a decode server in each DC: LAN only, never the WAN), "

@@ -48,9 +48,9 @@ class _Together(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    streams: int
-    paths: list[tuple[str, str]]
-    channels: int
+    streams: int  # TCP streams per channel in this probe
+    paths: list[tuple[str, str]]  # the DC pairs loaded at once
+    channels: int  # colliding channels each way on every path
 
 
 class TogetherCalibration(_Together):
@@ -88,9 +88,13 @@ class TogetherCalibration(_Together):
 class TogetherCalibrationReport(_Together):
     """``summary.json`` ``calibration.paths[].together[]``: `TogetherCalibration` in Mbit/s."""
 
+    # one channel's rate on this path with every path loaded, Mbit/s
     channel_rate_mbps: float | None = None
+    # each timed transfer of that probe, seconds
     transfer_s: list[float] = Field(default_factory=list)
+    # the colliding channels' aggregate on this path with every path loaded, Mbit/s
     colliding_aggregate_mbps: float | None = None
+    # each timed transfer of the colliding probe, seconds
     colliding_transfer_s: list[float] = Field(default_factory=list)
 
 
@@ -99,24 +103,28 @@ class PathCalibrationReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    dcs: tuple[str, str]
-    src: str
-    dst: str
-    one_way_delay_s: float
-    nominal_rate_mbps: float | None = None
-    channel_rate_mbps: dict[str, float]
-    per_flow_rate_mbps: dict[str, float]
+    dcs: tuple[str, str]  # the path's two DCs
+    src: str  # the host the probe sent from
+    dst: str  # the host the probe sent to
+    one_way_delay_s: float  # the path's one-way delay, seconds
+    nominal_rate_mbps: float | None = None  # the path's narrowest link rate as configured, Mbit/s
+    channel_rate_mbps: dict[str, float]  # per stream count, one channel's measured rate, Mbit/s
+    per_flow_rate_mbps: dict[str, float]  # per stream count, that rate per TCP stream, Mbit/s
+    # per stream count, each timed transfer (hand-over to arrival), seconds
     transfer_s: dict[str, list[float]]
-    concurrent_channels: int
+    concurrent_channels: int  # channels sent at once in the colliding probe
+    # per stream count, the colliding channels' aggregate, Mbit/s
     colliding_channels_aggregate_mbps: dict[str, float]
+    # per stream count, each timed transfer of the colliding probe, seconds
     colliding_transfer_s: dict[str, list[float]]
+    # the variants whose placement crosses this path
     variants: list[str] = Field(default_factory=list)
     # the DP rings crossing this path (dp-across-dc), all at once: their aggregate
     ring_channels: int | None = None
-    ring_streams: int | None = None
-    ring_nbytes: int | None = None
-    ring_aggregate_mbps: float | None = None
-    ring_s: list[float] | None = None
+    ring_streams: int | None = None  # TCP streams per ring channel
+    ring_nbytes: int | None = None  # bytes per timed ring transfer
+    ring_aggregate_mbps: float | None = None  # the rings' aggregate each way, Mbit/s
+    ring_s: list[float] | None = None  # each timed ring transfer, seconds
     # this path's figures while every path of a placement was loaded at once (TogetherCalibration)
     together: list[TogetherCalibrationReport] | None = None
 
@@ -231,22 +239,25 @@ class CalibrationReport(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    method: str
-    src: str
-    dst: str
-    nbytes: int
-    one_way_delay_s: float
-    channel_rate_mbps: dict[str, float]
-    per_flow_rate_mbps: dict[str, float]
+    method: str  # how the path was measured (the probe)
+    src: str  # the host the probe sent from
+    dst: str  # the host the probe sent to
+    nbytes: int  # bytes per timed transfer (the workload's wire size)
+    one_way_delay_s: float  # the path's one-way delay, seconds
+    channel_rate_mbps: dict[str, float]  # per stream count, one channel's measured rate, Mbit/s
+    per_flow_rate_mbps: dict[str, float]  # per stream count, that rate per TCP stream, Mbit/s
+    # per stream count, each timed transfer (hand-over to arrival), seconds
     transfer_s: dict[str, list[float]]
-    concurrent_channels: int
+    concurrent_channels: int  # channels sent at once in the colliding probe
+    # per stream count, the colliding channels' aggregate, Mbit/s
     colliding_channels_aggregate_mbps: dict[str, float]
+    # per stream count, each timed transfer of the colliding probe, seconds
     colliding_transfer_s: dict[str, list[float]]
     # the DP all-reduce's channels inside a DC (None: no all-reduce inside a DC to predict)
     lan_pairs: list[tuple[str, str]] | None = None
-    lan_nbytes: int | None = None
-    lan_channel_rate_mbps: float | None = None
-    lan_transfer_s: list[float] | None = None
+    lan_nbytes: int | None = None  # bytes per timed transfer inside a DC
+    lan_channel_rate_mbps: float | None = None  # one all-reduce channel's rate inside a DC, Mbit/s
+    lan_transfer_s: list[float] | None = None  # each timed transfer inside a DC, seconds
     # every WAN path the variants' placements cross, each timed on its own (the first: the
     # primary path above); None in summaries written before per-path calibration
     paths: list[PathCalibrationReport] | None = None

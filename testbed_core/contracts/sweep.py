@@ -43,13 +43,13 @@ class PointRecord(_Record):
     id: str = Field(description="the point's folder name, e.g. p003-delay=50ms")
     index: int = Field(description="its place in the sweep, from 1")
     parameters: dict[str, Any] = Field(description="swept field (dotted path) -> value as written in the sweep file")
-    seed: int
-    status: PointStatus
-    error: str | None = None
+    seed: int  # the point's seed (one per repeat)
+    status: PointStatus  # running, ok, failed or interrupted
+    error: str | None = None  # failed: the error's first line (traceback.txt has the rest)
     started_at: str | None = Field(None, description="UTC, ISO 8601; absent when the sweep recorded a point "
                                                      "whose own process never started its record")
-    finished_at: str | None = None
-    duration_s: float | None = None
+    finished_at: str | None = None  # UTC, ISO 8601 (None: not finished)
+    duration_s: float | None = None  # the point's wall time, seconds
     attempts: int = Field(1, ge=1, description="runs of this point so far (a rerun counts on)")
     config_hash: str = Field(description="hash of the resolved scenario: a finished point with the same hash "
                                          "is not run again")
@@ -61,9 +61,9 @@ class SweepParameter(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    path: str
-    label: str
-    values: list[Any]
+    path: str  # the swept field's dotted path in the resolved scenario
+    label: str  # its short name in point ids and tables
+    values: list[Any]  # its values, as written in the sweep file
 
 
 class SweepPointRef(BaseModel):
@@ -71,25 +71,25 @@ class SweepPointRef(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    id: str
-    parameters: dict[str, Any]
-    seed: int
+    id: str  # the point's folder name
+    parameters: dict[str, Any]  # swept field (dotted path) -> value
+    seed: int  # the point's seed
 
 
 class SweepRecord(_Record):
     """``sweep.json``: what a sweep ran, enough for `testbed report` to rebuild everything."""
 
-    name: str
-    description: str = ""
-    sweep_file: str
+    name: str  # the sweep's name
+    description: str = ""  # the sweep file's description
+    sweep_file: str  # the sweep file it was run from
     base: str = Field(description="the base scenario file")
-    mode: Literal["grid", "zip"]
-    repeat: int | list[int]
-    parameters: list[SweepParameter]
+    mode: Literal["grid", "zip"]  # grid: every combination; zip: the values side by side
+    repeat: int | list[int]  # seeds per point (a count, or the seeds)
+    parameters: list[SweepParameter]  # the swept fields and their values
     fixed: dict[str, Any] = Field(alias="set", description="the sweep file's fixed overrides")
     cli_set: dict[str, Any] = Field(default_factory=dict, description="--set overrides")
-    points: list[SweepPointRef]
-    updated_at: str | None = None
+    points: list[SweepPointRef]  # every point of the sweep
+    updated_at: str | None = None  # when this file was last written (UTC, ISO 8601)
 
 
 class GitState(BaseModel):
@@ -97,17 +97,17 @@ class GitState(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    commit: str | None
-    dirty: bool | None
+    commit: str | None  # the checkout's commit (None: not a git checkout)
+    dirty: bool | None  # the working tree had uncommitted changes
 
 
 class KeptRecord(_Record):
     """``kept.json``: where kept sweep results came from, when, and every kept file's size."""
 
-    kept_at: str
+    kept_at: str  # when they were kept (UTC, ISO 8601)
     source: str = Field(description="the sweep folder they were copied from")
-    sweep: str
-    git: GitState
+    sweep: str  # the sweep's name
+    git: GitState  # the checkout's git state when they were kept
     points: dict[str, str] = Field(description="point id -> its status")
     rebuild: str = Field(description="the command that rebuilds the table and plots")
     files: dict[str, int] = Field(description="kept file (relative) -> bytes")

@@ -44,21 +44,23 @@ class _Doc(Document):
 
 
 class Parallelism(_Doc):
-    dp: int
-    pp: int
-    tp: int
-    micro_batch: int
-    num_micro_batches: int
+    dp: int  # data-parallel degree: pipelines (replicas) trained side by side
+    pp: int  # pipeline-parallel degree: stages per pipeline
+    tp: int  # tensor-parallel degree: devices per stage
+    micro_batch: int  # samples per micro-batch
+    num_micro_batches: int  # micro-batches per pipeline per iteration
 
 
 class Definitions(_Doc):
     """What the headline figures mean, written into every summary so that the file
     explains itself."""
 
+    # what iteration_time_s means
     iteration_time_s: str = (
         "mean over measured iterations (after warm-up) of: common start -> last training work of any device ends "
         "(or, with dp > 1, the last worker's DP gradient all-reduce ends, where that is later); iterations are "
         "separated by a barrier")
+    # what predicted_iteration_time_s means and where its rates came from
     predicted_iteration_time_s: str = (
         "planner simulation of one iteration (testbed_core/planning/prediction.py) with the variant's placement and "
         "temporal plan, made before the run from the calibration probe's WAN channel rates (a shared link carries, "
@@ -69,8 +71,11 @@ class Definitions(_Doc):
         "the network after every iteration (runner.dp_allreduce, on by default; real devices always) and the "
         "prediction includes it (allreduce.predicted_added_s); with runner.dp_allreduce: false modelled devices "
         "neither run nor predict it")
+    # what device_utilization means
     device_utilization: str = "mean over devices of busy time / wall time of the measured iterations"
+    # what bubble_fraction means
     bubble_fraction: str = "mean over devices of idle (no training work) / wall time of the measured iterations"
+    # what the wan_links figures mean
     wan_links: str = ("bytes of the measured iterations; goodput = bytes / time the link had a transfer on the wire "
                       "(both directions)")
 
@@ -85,7 +90,7 @@ class PathRatesUsed(_Doc):
     """``prediction.calibrated_paths[]``: one WAN path the variant crosses, as its
     prediction saw it (the calibration's figures of that path for the variant's streams)."""
 
-    dcs: tuple[str, str]
+    dcs: tuple[str, str]  # the path's two DCs
     channel_rate_mbps: float | None  # one channel alone on the path
     colliding_aggregate_mbps: float | None  # its channels colliding there, in all
     ring_aggregate_mbps: float | None  # the DP rings crossing it, in all each way
@@ -102,18 +107,30 @@ class Prediction(_Doc):
     """``prediction``: where the headline prediction's rates came from, and the same
     model fed with the variant's own warm-up (a diagnostic)."""
 
+    # where the headline prediction's WAN rates came from (calibration probe or the window model;
+    # real devices: and the warm-up compute times)
     rates_from: str
+    # one channel's rate measured over the variant's own warm-up transfers, Mbit/s (None: too few)
     warmup_channel_rate_mbps: float | None
+    # how many warm-up transfers that rate counts, and which (those alone on the link, or all)
     warmup_transfers_counted: str | None
+    # the same prediction fed with the warm-up's own rates, seconds (a diagnostic)
     with_warmup_rates_iteration_time_s: float | None
+    # one channel's rate from the calibration probe, Mbit/s
     calibrated_channel_rate_mbps: float | None
+    # the calibration probe's aggregate of channels colliding on a shared link, Mbit/s
     calibrated_colliding_aggregate_mbps: float | None
+    # the same aggregate measured over the warm-up's colliding transfers, Mbit/s
     warmup_colliding_aggregate_mbps: float | None
-    warmup_colliding_transfers: int | None
+    warmup_colliding_transfers: int | None  # warm-up transfers that aggregate counts
+    # the planner's prediction before any of this variant ran, seconds
     a_priori_iteration_time_s: float
-    a_priori_error: float
+    a_priori_error: float  # (measured - a priori) / a priori iteration time
+    # real devices: each stage's forward time the warm-up measured, seconds
     measured_stage_forward_s: list[float] | None
+    # real devices: each stage's backward time the warm-up measured, seconds
     measured_stage_backward_s: list[float] | None
+    # real devices: the warm-up's time outside the pipeline's work per iteration, seconds
     measured_overhead_s: float | None
     calibrated_paths: list[PathRatesUsed] | None = None  # each WAN path's own figures (per-path calibration)
 
@@ -123,7 +140,7 @@ class AllReduceResult(_Doc):
     network after each iteration's last backward)."""
 
     measured_s: list[float]  # per measured iteration: the slowest worker's ring
-    mean_s: float
+    mean_s: float  # mean of measured_s, seconds
     predicted_added_s: float  # what the a-priori prediction adds after the pipeline for it
     wan_bytes_per_iteration: int  # what the rings send across WAN links (0: every ring inside a DC)
 
@@ -131,66 +148,67 @@ class AllReduceResult(_Doc):
 class WanDirection(_Doc):
     """One direction of a WAN link over the measured iterations."""
 
-    bytes: int
-    transfers: int
-    busy_s: float
-    goodput_mbps: float | None
+    bytes: int  # bytes carried over the measured iterations
+    transfers: int  # transfers carried over the measured iterations
+    busy_s: float  # seconds with at least one transfer on the wire
+    goodput_mbps: float | None  # bytes / busy_s, Mbit/s (None: no transfer)
+    # mean over transfers of each one's bytes / its time on the wire, Mbit/s
     mean_throughput_mbps: float | None
 
 
 class WanLink(WanDirection):
     """A WAN link, both directions together; goodput is comparable to the link's rate."""
 
-    directions: list[str]
+    directions: list[str]  # the directions counted (e.g. dc1->dc2, dc2->dc1)
 
 
 class Crossing(_Doc):
-    boundary: int
-    src: str
-    dst: str
-    path: list[str]
-    pipelines: list[int]
+    boundary: int  # the stage boundary that crosses (between stage boundary and boundary + 1)
+    src: str  # DC of the earlier stage
+    dst: str  # DC of the later stage
+    path: list[str]  # the DCs the boundary's tensors pass through, src to dst
+    pipelines: list[int]  # the pipelines (DP replicas) whose boundary crosses here
 
 
 class Placement(_Doc):
     """Where the variant's stages ran: DC per (pipeline, stage), hosts per ``p<d>s<s>``."""
 
-    strategy: str
-    pp: int
-    dp: int
-    tp: int
-    free_gpus: dict[str, int]
-    used_gpus: dict[str, int]
-    stage_dc: list[list[str]]
-    hosts: dict[str, list[str]]
-    wan_crossings: list[Crossing]
+    strategy: str  # how the stages were placed (atlas, even, in-order, round-robin, search, ...)
+    pp: int  # stages per pipeline
+    dp: int  # pipelines
+    tp: int  # devices per stage
+    free_gpus: dict[str, int]  # GPUs free per DC before placing
+    used_gpus: dict[str, int]  # GPUs used per DC
+    stage_dc: list[list[str]]  # per pipeline, the DC of each stage
+    hosts: dict[str, list[str]]  # per p<pipeline>s<stage>, the hosts that run it
+    wan_crossings: list[Crossing]  # every stage boundary whose tensors cross the WAN
 
 
 class TemporalPlanInfo(_Doc):
-    offsets_s: list[float]
-    stagger_s: float
-    transfers_planned: int
+    offsets_s: list[float]  # per pipeline, its start offset in the staggered plan, seconds
+    stagger_s: float  # the stagger between consecutive pipelines, seconds
+    transfers_planned: int  # WAN transfers the plan orders per iteration
 
 
 class DelayLineDirection(_Doc):
     """A relay delay line's counters in one direction over the variant
     (testbed/emulation/delayline/stats.py)."""
 
-    rx_frames: int
-    rx_bytes: int
-    tx_frames: int
-    tx_bytes: int
-    lost_frames: int
-    lost_segments: int
-    split_frames: int
-    overflow_drops: int
-    send_drops: int
-    send_errors: int
-    truncated: int
-    socket_drops: int
-    queue_drops: int
-    loss_model: int
-    relay_drops: int
+    rx_frames: int  # frames the relay received
+    rx_bytes: int  # bytes the relay received
+    tx_frames: int  # frames the relay sent on after the delay
+    tx_bytes: int  # bytes the relay sent on after the delay
+    lost_frames: int  # frames dropped by the link's loss model
+    lost_segments: int  # TCP segments in the frames the loss model dropped
+    split_frames: int  # oversized frames split into segments before sending
+    overflow_drops: int  # frames dropped because the delay line's buffer was full
+    send_drops: int  # frames the relay could not send (the socket would block)
+    send_errors: int  # frames whose send failed with an error
+    truncated: int  # frames received cut short
+    socket_drops: int  # frames the kernel dropped before the relay read them
+    queue_drops: int  # frames dropped at the link's queue (its tail drops)
+    loss_model: int  # frames dropped on purpose by the configured loss
+    relay_drops: int  # the relay's own drops in this direction
     down_drops: int = 0
     """Frames dropped while the link was down on purpose (a `down` change or a link fault)."""
 
@@ -202,7 +220,7 @@ class DelayLineWindow(_Doc):
     model_config = ConfigDict(extra="allow")
     __pydantic_extra__: dict[str, DelayLineDirection] = Field(init=False)  # type: ignore[assignment]
 
-    relay_drops: int
+    relay_drops: int  # the relay's own drops, both directions
 
     def _ordered(self, data: dict[str, Any]) -> dict[str, Any]:
         if "relay_drops" in data:
@@ -219,61 +237,64 @@ class DelayLineWindow(_Doc):
 
 class RealReference(_Doc):
     model_config = ConfigDict(extra="allow")  # the comparisons' descriptions and losses
-    what: str
+    what: str  # what the reference is (the one-process run the workers are compared with)
 
 
 class RealCheck(_Doc):
     """``real``: the parameters real-device workers trained, against the one-process
     reference (testbed/training/real_mode.py)."""
 
-    device: str | list[str]
-    torch_threads: int
-    seed: int
-    optimizer: dict[str, Any]
-    iterations_trained: int
-    note: str
-    identical: bool
+    device: str | list[str]  # the device(s) the stages trained on (cpu, cuda:N)
+    torch_threads: int  # torch threads per worker
+    seed: int  # the seed of the parameters and data
+    optimizer: dict[str, Any]  # the optimizer and its settings
+    iterations_trained: int  # iterations the workers trained
+    note: str  # how to read the comparison
+    identical: bool  # the parameters equal the reference's bit for bit
+    # the largest absolute difference of any parameter from the reference's
     max_abs_param_diff: float
-    within_tolerance: bool
+    within_tolerance: bool  # that difference is within the tolerance
+    # identical or within tolerance: the distributed run trained what one process trains
     equivalent: bool
-    reference: RealReference
-    losses: list[float] | None
-    losses_identical: bool | None
-    replicas: dict[str, dict[str, str]]
-    params_files: list[str]
+    reference: RealReference  # the reference's description and its losses
+    losses: list[float] | None  # per iteration, the loss the workers computed
+    losses_identical: bool | None  # those losses equal the reference's
+    replicas: dict[str, dict[str, str]]  # per DP replica and stage, the digest of its parameters
+    params_files: list[str]  # the files holding the trained parameters, relative to the run folder
 
 
 class RealCheckSkipped(_Doc):
     """``real`` when the comparison could not be made: why."""
 
     ABSENT_UNLESS_SET = frozenset({"note"})
-    error: str
-    note: str | None = None
+    error: str  # why the comparison could not be made
+    note: str | None = None  # what that means for the run
 
 
 class PrefillRequests(_Doc):
-    arrived: int
-    served: int
-    rejected: int
+    arrived: int  # prefill requests that arrived over the measured iterations
+    served: int  # requests whose prefill ran and whose KV cache reached its decode host
+    rejected: int  # requests turned away
+    # rejected requests per reason (no slot, deadline, KV check, ...)
     rejected_by_reason: dict[str, int] = Field(default_factory=dict)
-    unaccounted: int = 0
+    unaccounted: int = 0  # arrived requests neither served nor rejected (should be 0)
 
 
 class Ttft(_Doc):
     """Time to first token of the served prefill requests, seconds (None: none served)."""
 
-    p50: float | None
-    p95: float | None
-    p99: float | None
-    mean: float | None
+    p50: float | None  # median time to first token, seconds
+    p95: float | None  # 95th percentile, seconds
+    p99: float | None  # 99th percentile, seconds
+    mean: float | None  # mean, seconds
 
 
 class AgentCounters(_Doc):
-    engine_mode: list[str]
-    not_arrived: int
-    chunks_run: int
-    late_starts: int
-    device_busy_retries: int
+    engine_mode: list[str]  # the prefill engine each agent ran (modelled or real)
+    not_arrived: int  # requests still due when the variant ended
+    chunks_run: int  # prefill chunks the agents ran
+    late_starts: int  # chunks that started after their planned start
+    device_busy_retries: int  # times an agent found the device taken and tried again
 
 
 class PrefillService(_Doc):
@@ -281,48 +302,49 @@ class PrefillService(_Doc):
     what became of them; with the controller, TTFT is measured there, from arrival to the
     last KV byte at the decode host (bubbletea_agent/controller/README.md)."""
 
+    # how requests reached the devices: controller, shards or naive
     dispatch: Literal["controller", "shards", "naive"]
-    arrived: int
-    served: int
-    rejected: int
-    rejected_by_reason: dict[str, int] = Field(default_factory=dict)
+    arrived: int  # requests that arrived
+    served: int  # requests served
+    rejected: int  # requests rejected
+    rejected_by_reason: dict[str, int] = Field(default_factory=dict)  # rejected requests per reason
     accounted: bool
     """Every request that arrived ended served or rejected with a reason (arrived == served
     + rejected, none without a reason)."""
-    ttft_p50_s: float | None
-    ttft_p99_s: float | None
-    not_arrived: int = 0
+    ttft_p50_s: float | None  # median time to first token, seconds
+    ttft_p99_s: float | None  # 99th-percentile time to first token, seconds
+    not_arrived: int = 0  # requests still due when the variant ended
     by_device: dict[str, int] | None = None  # controller: requests dispatched to each device
     by_origin: dict[str, int] | None = None  # controller: the scenario's source, clients over HTTP
     refused_bodies: int | None = None  # controller: client bodies refused before they were requests
 
 
 class WanTailDrops(_Doc):
-    with_bubbletea: int
-    without: int
+    with_bubbletea: int  # tail drops of the WAN queues in this +bubbletea variant
+    without: int  # the same in its plain twin
 
 
 class IterationTail(_Doc):
     """The tail of measured iteration times, seconds (numpy's linear percentiles)."""
 
-    n: int
-    p50: float
-    p95: float
-    p99: float
-    max: float
+    n: int  # measured iterations counted
+    p50: float  # median, seconds
+    p95: float  # 95th percentile, seconds
+    p99: float  # 99th percentile, seconds
+    max: float  # slowest, seconds
 
 
 class BubbleTeaTail(_Doc):
     """A ``+bubbletea`` variant's measured iterations against its plain twin's in the same
     run: BubbleTea's promise is about the tail, not only the mean (issue 30)."""
 
-    with_bubbletea: IterationTail
-    without: IterationTail
+    with_bubbletea: IterationTail  # the tail of this variant's measured iterations
+    without: IterationTail  # the tail of its plain twin's
     max_ratio: float
     """Slowest iteration with BubbleTea over the slowest without."""
-    p99_ratio: float
-    p95_ratio: float
-    p50_ratio: float
+    p99_ratio: float  # p99 with BubbleTea over p99 without
+    p95_ratio: float  # p95 with BubbleTea over p95 without
+    p50_ratio: float  # median with BubbleTea over median without
     slowed_over_5pct: int
     """Measured iterations with BubbleTea longer than 1.05 x the plain twin's median."""
 
@@ -351,7 +373,9 @@ class SlowdownDecomposition(_Doc):
     """Half-width of a 95% interval of ``total`` from both variants' iteration spreads
     (1.96 x the standard error of the difference of the means, over the plain mean);
     None with fewer than two iterations."""
+    # the idle twin's mean measured iteration time, seconds (None: no idle twin)
     idle_twin_iteration_time_s: float | None = None
+    # the idle twin's measured iteration times, seconds
     idle_twin_iteration_times_s: list[float] = Field(default_factory=list)
     agents_cpu_cores: float | None = None
     """CPU the agents used over the measured iterations, in cores (CPU seconds over
@@ -369,15 +393,15 @@ class SlowdownDecomposition(_Doc):
 class TrainingWait(_Doc):
     """Training asked for a device while a prefill held it, and waited (device timelines)."""
 
-    device: str
+    device: str  # the device (e.g. dc2-h1-p0r1)
     request: str
     """The request whose hold it was (the label's request id; a hold may run several)."""
-    label: str
+    label: str  # the hold's label on the device's timeline
     training: str
     """The training piece that waited (its label, e.g. F3@s1)."""
     iteration: int | None
     """The measured iteration it fell in (0: the first measured one)."""
-    waited_s: float
+    waited_s: float  # how long training waited for the device, seconds
     held_s: float
     """How long the prefill held the device in all."""
     revoked: bool
@@ -388,14 +412,15 @@ class LeaseOverrun(_Doc):
     """A prefill hold that ended after its lease's deadline, or that training revoked
     (``<device>.overruns.jsonl``, testbed_core/device_records.py `LeaseEvent`)."""
 
-    device: str
-    request: str
-    label: str
+    device: str  # the device
+    request: str  # the request whose hold it was
+    label: str  # the hold's label on the device's timeline
+    # revoked: training took the device back; overrun: the hold ended past its deadline
     event: Literal["revoked", "overrun"]
     overrun_s: float
     """Past the lease's deadline (revoked: when training took the device back)."""
-    guard_s: float
-    cause: str
+    guard_s: float  # the lease guard in force, seconds
+    cause: str  # what the records say held the hold up
 
 
 class GuardOverruns(_Doc):
@@ -407,10 +432,10 @@ class GuardOverruns(_Doc):
     """The longest single wait of training on a prefill (0: none)."""
     worst: list[TrainingWait] = Field(default_factory=list)
     """The longest waits, longest first (at most 10)."""
-    lease_revocations: int = 0
+    lease_revocations: int = 0  # holds training took back under the lease (warm-ups included)
     lease_overruns: list[LeaseOverrun] = Field(default_factory=list)
     """Every lease event of the variant (warm-ups included), longest first (at most 50)."""
-    worst_lease_overrun_s: float = 0.0
+    worst_lease_overrun_s: float = 0.0  # the longest a hold went past its deadline, seconds
 
 
 class IterationStall(_Doc):
@@ -419,14 +444,15 @@ class IterationStall(_Doc):
     the transport's own signs (token timeouts, the longest WAN transfer). The verdict
     names the network only when those records show it in this iteration."""
 
-    iteration: int
-    time_s: float
-    over_median_s: float
-    waited_on_prefill_s: float
+    iteration: int  # the measured iteration (0: the first measured one)
+    time_s: float  # its iteration time, seconds
+    over_median_s: float  # how far above the variant's median, seconds
+    waited_on_prefill_s: float  # time training waited on prefills in it, seconds
+    # the prefills training waited for in it
     held_by: list[TrainingWait] = Field(default_factory=list)
-    token_timeouts: int = 0
-    longest_wan_transfer_s: float | None = None
-    median_wan_transfer_s: float | None = None
+    token_timeouts: int = 0  # transport token timeouts in it (a sign of the network)
+    longest_wan_transfer_s: float | None = None  # its longest WAN transfer, seconds
+    median_wan_transfer_s: float | None = None  # the variant's median WAN transfer, seconds
     training_overrun_s: float = 0.0
     """The longest a piece of training work of this iteration ran past its modelled time
     (the device's own record, ``overrun_s``): its worker was held up between taking the
@@ -434,27 +460,32 @@ class IterationStall(_Doc):
     waiting for a prefill."""
     training_overrun_at: str | None = None
     """Where that was: the device and the piece (e.g. ``dc2-h2-p1r1 F2@s1``)."""
-    verdict: str
+    verdict: str  # what held the iteration up, as far as the records show
 
 
 class RepeatFigures(_Doc):
     """The figures of one repeat; over the repeats, their median (or spread: max - min)."""
 
-    iteration_time_s: float
-    device_utilization: float
-    device_utilization_training: float
+    iteration_time_s: float  # mean measured iteration time, seconds
+    device_utilization: float  # device busy time over wall time (training and prefill)
+    device_utilization_training: float  # the same counting training work only
+    # +bubbletea: iteration time over the plain twin's, minus 1
     training_slowdown: float | None = None
+    # +bubbletea: the idle twin's iteration time over the plain twin's, minus 1
     agent_overhead: float | None = None
+    # +bubbletea: time training waited on prefill per measured iteration, seconds
     training_wait_on_prefill_s: float | None = None
-    max_iteration_time_s: float | None = None
-    p95_iteration_time_s: float | None = None
+    max_iteration_time_s: float | None = None  # slowest measured iteration, seconds
+    p95_iteration_time_s: float | None = None  # 95th-percentile measured iteration, seconds
+    # the longest single wait of training on a prefill, seconds
     worst_training_wait_s: float | None = None
 
 
 class RepeatRun(RepeatFigures):
     """One repeat of a variant's measured phase (``runner.repeat``)."""
 
-    repeat: int
+    repeat: int  # the repeat's number, from 1
+    # its measured iteration times, seconds
     iteration_times_s: list[float] = Field(default_factory=list)
     folder: str
     """The repeat's files, relative to the run folder."""
@@ -464,9 +495,9 @@ class Repeats(_Doc):
     """A variant played ``runner.repeat`` times: every repeat, and per figure the median
     and the spread. The variant's other fields are its first repeat's."""
 
-    runs: list[RepeatRun]
-    median: RepeatFigures
-    spread: RepeatFigures
+    runs: list[RepeatRun]  # every repeat, in the order played
+    median: RepeatFigures  # per figure, the median over the repeats
+    spread: RepeatFigures  # per figure, max - min over the repeats
     tail: IterationTail | None = None
     """Over every measured iteration of every repeat (not a median of medians)."""
     worst: RepeatFigures | None = None
@@ -482,12 +513,12 @@ class KVChecks(_Doc):
 
     shipped: int
     """Caches that reached a decode host (checked or refused)."""
-    digest_ok: int
-    digest_mismatches: int
+    digest_ok: int  # caches whose digest matched
+    digest_mismatches: int  # caches whose digest did not match (refused)
     decode_checked: int
     """Caches the decode step ran on (real engine; 0 for modelled caches)."""
-    decode_passed: int
-    decode_failed: int
+    decode_passed: int  # decode steps whose next token equalled the reference's
+    decode_failed: int  # decode steps whose next token did not
     kv_bytes: int
     """True size of the shipped caches, bytes."""
     wire_bytes: int
@@ -529,29 +560,34 @@ class VariantResult(_Doc):
     ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note",
                                           "tensors_verified", "repeats"}
 
-    iteration_time_s: float
+    iteration_time_s: float  # mean measured iteration time, seconds (definitions.iteration_time_s)
+    # the prediction made before the run, seconds (definitions.predicted_iteration_time_s)
     predicted_iteration_time_s: float
-    prediction_error: float
-    prediction: Prediction
-    device_utilization: float
-    device_utilization_training: float
-    bubble_fraction: float
-    predicted_bubble_fraction: float
-    wan_links: dict[str, WanLink]
-    wan_directions: dict[str, WanDirection]
+    prediction_error: float  # (measured - predicted) / predicted
+    prediction: Prediction  # where the prediction's rates came from, and diagnostics
+    device_utilization: float  # mean over devices of busy time over wall time, training and prefill
+    device_utilization_training: float  # the same counting training work only
+    bubble_fraction: float  # mean over devices of idle (no training) time over wall time
+    predicted_bubble_fraction: float  # the bubble fraction the planner predicted
+    wan_links: dict[str, WanLink]  # per WAN link, both directions together
+    wan_directions: dict[str, WanDirection]  # per WAN link direction
+    # per WAN link, the bytes the planner predicted per iteration
     predicted_wan_bytes_per_iteration: dict[str, float]
-    iteration_times_s: list[float]
-    warmup_iteration_times_s: list[float]
+    iteration_times_s: list[float]  # every measured iteration's time, seconds
+    warmup_iteration_times_s: list[float]  # the warm-up iterations' times, seconds
     tensors_verified: int | None = None
     """Modelled tensors whose every byte the receiver checked against the pattern of
     its (iteration, micro-batch, direction) (``runner.verify_tensors``); absent when off."""
-    iteration_time_stdev_s: float
-    per_device_utilization: dict[str, float]
+    iteration_time_stdev_s: float  # standard deviation of the measured iteration times, seconds
+    per_device_utilization: dict[str, float]  # per device, busy time over wall time
+    # mean seconds a WAN transfer waited for its planned slot (temporal plans)
     mean_plan_wait_s: float
-    mean_wan_transfer_s: float
-    streams: int
+    mean_wan_transfer_s: float  # mean seconds from a WAN transfer's hand-over to its arrival
+    streams: int  # TCP streams per channel
+    # how the WAN links were shared: shared (all at once) or temporal (one transfer at a time)
     sharing: str
-    sharing_requested: str
+    sharing_requested: str  # what the scenario asked for: shared, temporal or auto
+    # sharing auto: the a-priori prediction of each way, seconds (the faster ran)
     sharing_alternatives_s: dict[str, float] | None
     schedule: str | None = None
     """The pipeline schedule this variant ran (Atlas's scheduling may choose another than
@@ -561,37 +597,50 @@ class VariantResult(_Doc):
     can hold; the fastest ran unless the configured one was within 3%."""
     schedules_refused: dict[str, str] | None = None
     """Schedules not weighed, and why (memory, interleaved stages, an unknown device)."""
-    placement: Placement
-    temporal_plan: TemporalPlanInfo | None
-    compute_only_s: float
+    placement: Placement  # where the variant's stages ran
+    temporal_plan: TemporalPlanInfo | None  # the temporal plan (None: links shared)
+    compute_only_s: float  # the iteration time with an infinitely fast network, seconds (predicted)
     allreduce: AllReduceResult | None = None  # modelled DP all-reduce (None: dp 1, off, or real devices)
+    # per WAN link, the relay delay line's counters (None: netem)
     delay_line: dict[str, DelayLineWindow] | None
     # real devices (gpu.mode: real) only
-    device_mode: Literal["real"] | None = None
+    device_mode: Literal["real"] | None = None  # real: the stages trained a real model
+    # real devices: the trained parameters against the one-process reference
     real: RealCheck | RealCheckSkipped | None = None
     # +bubbletea variants only
+    # +bubbletea: what became of the prefill requests
     prefill_requests: PrefillRequests | None = None
-    ttft_s: Ttft | None = None
-    prefill_tokens_served: int | None = None
+    ttft_s: Ttft | None = None  # +bubbletea: time to first token of the served requests
+    prefill_tokens_served: int | None = None  # +bubbletea: prompt tokens prefilled
+    # +bubbletea: holds past their deadline plus guard in the measured iterations
     guard_violations: int | None = None
+    # +bubbletea: the same over every iteration, warm-ups included
     guard_violations_all_iterations: int | None = None
+    # +bubbletea: time training waited on prefill per measured iteration, seconds
     training_wait_on_prefill_s: float | None = None
+    # +bubbletea: iteration time over the plain twin's in the same run, minus 1
     training_slowdown: float | None = None
+    # +bubbletea: the plain twin's iteration time, seconds
     compared_with_iteration_time_s: float | None = None
-    bubbletea_agents: AgentCounters | None = None
+    bubbletea_agents: AgentCounters | None = None  # +bubbletea: the agents' counters
+    # +bubbletea: how requests reached the devices and what became of them
     prefill_service: PrefillService | None = None
+    # +bubbletea: the decode hosts' checks of the shipped KV caches
     kv_checks: KVChecks | None = None
+    # +bubbletea: where the slowdown comes from
     slowdown_decomposition: SlowdownDecomposition | None = None
-    guard_overruns: GuardOverruns | None = None
+    guard_overruns: GuardOverruns | None = None  # +bubbletea: how far holds went past their slots
+    # +bubbletea: measured iterations well above the median and what held them up
     stalls: list[IterationStall] | None = None
     # runner.repeat > 1: every repeat, median and spread
     repeats: Repeats | None = None
     # the variant's files
     timeline_csv: str
-    transfers_csv: str
-    gantt_png: str
+    transfers_csv: str  # every WAN transfer of the variant, relative to the run folder
+    gantt_png: str  # the variant's Gantt chart, relative to the run folder
     # +bubbletea variants whose WAN lost packets (relay delay lines only)
     wan_tail_drops: WanTailDrops | None = None
+    # +bubbletea: why the slowdown may be the network's (WAN loss the plain twin did not see)
     training_slowdown_note: str | None = None
 
     @property
@@ -634,27 +683,27 @@ class IterationAround(_Doc):
     """One iteration near a fault: its index (warm-ups count from 0), its measured time,
     and whether it overlapped the fault."""
 
-    iteration: int
-    time_s: float
-    overlapped: bool
+    iteration: int  # its index (warm-ups count from 0)
+    time_s: float  # its iteration time, seconds
+    overlapped: bool  # it ran while the fault lasted
 
 
 class FaultRecord(_Doc):
     """A fault injected on purpose (a scenario's ``faults:``, testbed/run/faults.py) and
     what followed it in one variant's run. Times are wall-clock seconds (time.time())."""
 
-    variant: str
-    kind: Literal["link-down", "delay-spike", "partition", "kill-worker"]
+    variant: str  # the variant the fault hit
+    kind: Literal["link-down", "delay-spike", "partition", "kill-worker"]  # what was injected
     target: str
     """The WAN link (``dc1-dc2``), the DC cut off (``dc2``) or the worker (``p0r1``)."""
-    description: str
+    description: str  # the fault in words
     planned_iteration: int
     """The iteration whose start the fault's ``at`` counts from."""
     outcome: Literal["survived", "failed", "not-reached"]
     """survived: the run finished every iteration; failed: the variant failed after it
     (``error``); not-reached: the run ended (or failed) before the fault's time."""
-    started: float | None = None
-    ended: float | None = None
+    started: float | None = None  # when it started (time.time())
+    ended: float | None = None  # when it ended (time.time())
     iterations: list[int] = Field(default_factory=list)
     """The iterations that were running while the fault lasted."""
     around: list[IterationAround] = Field(default_factory=list)
@@ -674,13 +723,13 @@ class FaultRecord(_Doc):
     dropped_frames: int | None = None
     """Frames the delay line dropped while the link was down (TCP sends them again);
     None where unknown (netem, or not a link-down)."""
-    error: str | None = None
+    error: str | None = None  # failed: the variant's error
 
 
 class VariantFailure(_Doc):
     """The entry of a variant that failed: what went wrong."""
 
-    error: str
+    error: str  # what went wrong
 
 
 VariantEntry = VariantResult | VariantFailure
@@ -691,27 +740,30 @@ class Summary(_Doc):
 
     ABSENT_UNLESS_SET = frozenset({"calibration", "duration_s", "faults"})
 
-    scenario: str
-    topology: str
-    workload: str
-    delay_backend: str | None = None
-    scale: float
-    scale_note: str
-    seed: int
-    schedule: str
-    parallelism: Parallelism
-    iterations: int
-    warmup: int
-    wire_activation_bytes: int
+    scenario: str  # the scenario's name
+    topology: str  # the topology's name
+    workload: str  # the workload's name
+    delay_backend: str | None = None  # the delay backend the WAN links used (netem or relay)
+    scale: float  # workload.scale: the share of the real tensor sizes sent
+    scale_note: str  # what the scale means for this run's figures
+    seed: int  # the scenario's seed
+    schedule: str  # the workload's pipeline schedule (gpipe, 1f1b, ...)
+    parallelism: Parallelism  # the workload's parallelism
+    iterations: int  # measured iterations per variant
+    warmup: int  # warm-up iterations per variant (not measured)
+    wire_activation_bytes: int  # bytes one boundary carries per micro-batch each way (at scale)
+    # the compute model's forward time of each stage per micro-batch, seconds
     stage_forward_s: list[float]
+    # the compute model's backward time of each stage per micro-batch, seconds
     stage_backward_s: list[float]
-    definitions: Definitions = Field(default_factory=Definitions)
+    definitions: Definitions = Field(default_factory=Definitions)  # what the headline figures mean
     runner: dict[str, Any]
     """The scenario's ``runner`` section as the run used it (ports fixed)."""
+    # per variant, its result or its failure
     variants: dict[str, VariantEntry] = Field(default_factory=dict)
     calibration: CalibrationReport | None = None
     """None: not calibrated (``runner.calibrate: false``); absent: the set-up failed first."""
-    duration_s: float | None = None
+    duration_s: float | None = None  # the run's wall time, seconds
     faults: list[FaultRecord] = Field(default_factory=list)
     """The faults injected on purpose and what followed each (empty: none listed)."""
 
@@ -743,18 +795,20 @@ def read_summary(path: str | Path) -> Summary:
 class ProgramDefinitions(_Doc):
     """What the figures of a program run mean (written into summary.json)."""
 
+    # what seconds_per_step means
     seconds_per_step: str = (
         "median over rank 0's steps after the first `warmup` of the step_s it printed (one JSON object per line "
         "on stdout with a numeric step_s); when rank 0 printed none, the launch's wall time (source: wall)")
+    # what wan_bytes means
     wan_bytes: str = "bytes the emulated WAN links carried during the launch, both directions, from their counters"
 
 
 class ProgramRankResult(_Doc):
-    rank: int
-    host: str
-    dc: str
-    exit_code: int | None
-    wall_s: float
+    rank: int  # the rank (RANK)
+    host: str  # its emulated host
+    dc: str  # its DC
+    exit_code: int | None  # its exit status (None: did not end)
+    wall_s: float  # its wall time, seconds
     json_lines: int
     """The JSON objects it printed on stdout."""
 
@@ -762,43 +816,46 @@ class ProgramRankResult(_Doc):
 class ProgramVariantResult(_Doc):
     """One variant (environment set) of a program scenario."""
 
-    env: dict[str, str]
-    ok: bool
+    env: dict[str, str]  # the variant's environment set, given to every rank
+    ok: bool  # every rank exited 0
     exit_status: int | None
     """0 when every rank exited 0; else the first failing rank's status (None: never started)."""
-    failure: str | None = None
+    failure: str | None = None  # what went wrong (None: nothing)
     seconds_per_step: float
     """The headline: `step_s_median` when rank 0 printed step times, else `wall_s`."""
+    # where seconds_per_step came from: rank 0's step_s lines, or the wall time
     source: Literal["step_s", "wall"]
-    step_s_median: float | None
+    step_s_median: float | None  # median of rank 0's step times after the warm-up, seconds
     steps: int
     """Steps rank 0 reported (warm-up included)."""
-    warmup_steps: int
-    step_times_s: list[float]
+    warmup_steps: int  # steps left out of the median
+    step_times_s: list[float]  # every step time rank 0 printed, seconds
     losses: list[float] | None = None
     """Per step, the loss the first rank that printed one gave (None: no rank did)."""
-    wall_s: float
-    wan_bytes: int | None
-    wan_bytes_by_link: dict[str, int] | None = None
-    launch_dir: str
-    ranks: list[ProgramRankResult]
+    wall_s: float  # the launch's wall time, seconds
+    wan_bytes: int | None  # bytes the WAN links carried, both ways (None: not counted)
+    wan_bytes_by_link: dict[str, int] | None = None  # the same per link
+    launch_dir: str  # the launch's folder (launch.json, rank outputs), relative to the run folder
+    ranks: list[ProgramRankResult]  # every rank's exit and wall time
 
 
 class ProgramSummary(_Doc):
     """``summary.json`` of a program scenario (``kind: program``)."""
 
-    kind: Literal["program"] = "program"
-    scenario: str
-    topology: str
-    command: list[str]
-    hosts: list[str] | None
-    nproc_per_host: int
-    warmup: int
-    seed: int
-    delay_backend: str | None = None
+    kind: Literal["program"] = "program"  # program: a program scenario's summary
+    scenario: str  # the scenario's name
+    topology: str  # the topology's name
+    command: list[str]  # the program's command
+    hosts: list[str] | None  # the hosts ranks ran on, in rank order (None: every host)
+    nproc_per_host: int  # ranks per host
+    warmup: int  # steps left out of seconds_per_step
+    seed: int  # the scenario's seed
+    delay_backend: str | None = None  # the delay backend of the WAN links
+    # what the figures mean
     definitions: ProgramDefinitions = Field(default_factory=ProgramDefinitions)
+    # per variant, its result or failure
     variants: dict[str, ProgramVariantResult | VariantFailure] = Field(default_factory=dict)
-    duration_s: float | None = None
+    duration_s: float | None = None  # the run's wall time, seconds
 
     def result(self, name: str) -> ProgramVariantResult | None:
         entry = self.variants.get(name)

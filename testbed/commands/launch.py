@@ -87,9 +87,13 @@ class _LaunchCommand(click.Command):
                    "reached over SSH (as `testbed run --inventory`); no GLOO_SOCKET_IFNAME is set (give it with "
                    "--env) and no WAN bytes are counted")
 @click.option("--quiet", "-q", is_flag=True, help="do not show the ranks' output (it is still saved in --out)")
+@click.option("--profile", is_flag=True,
+              help="record what the program does per step (each rank's compute between communications, the bytes "
+                   "and peers of every send/recv and collective) into --out/profile.json, for "
+                   "`testbed whatif --program DIR`")
 def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_items: tuple[str, ...],
            master_port: int | None, timeout_s: float | None, out_dir: str | None, attach: str | None,
-           backend: str, servers: str | None, inventory: str | None, quiet: bool) -> None:
+           backend: str, servers: str | None, inventory: str | None, quiet: bool, profile: bool) -> None:
     """Start COMMAND once per rank in the emulated hosts of TOPOLOGY, wait, report, tear down.
 
     Builds TOPOLOGY (or uses the one kept up with --attach), starts COMMAND in each
@@ -128,11 +132,22 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
             plan_ranks([], None, nproc_per_host)
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
+    if profile and (inventory is not None or servers is not None):
+        raise click.UsageError("--profile times every rank on one clock: it goes with a topology emulated on this "
+                               "machine, not with --inventory or --servers")
     out = Path(out_dir) if out_dir else Path("results") / f"launch-{time.strftime('%Y%m%d-%H%M%S')}"
     _check_out(out)
     say = _progress()
+    profiled_env = dict(spec.env)
+    line_times: dict[int, list[float]] | None = None
+    if profile:
+        from testbed.launch.profile import prepare, profile_env
+
+        prepare(out)
+        spec.env.update(profile_env(out, spec.env.get("PYTHONPATH", os.environ.get("PYTHONPATH"))))
+        line_times = {}
     if attach is not None:
-        report = _attached(attach, spec, out, quiet, say)
+        report = _attached(attach, spec, out, quiet, say, line_times)
     elif inventory is not None:
         assert topology_file is not None
         spec.topology_file = str(Path(topology_file).resolve())
@@ -140,7 +155,9 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
     else:
         assert topology_file is not None
         spec.topology_file = str(Path(topology_file).resolve())
-        report = _built(topology_file, servers, backend, spec, out, quiet, say)
+        report = _built(topology_file, servers, backend, spec, out, quiet, say, line_times)
+    if line_times is not None:
+        _write_profile(report, out, cwd, profiled_env, line_times, say)
     _summary(report, out)
     if not report.ok:
         click.echo(f"launch failed: {report.failure}", err=True)
@@ -176,8 +193,30 @@ def _check_plan(topology: Topology, spec: LaunchSpec) -> None:
         raise click.ClickException(str(exc)) from None
 
 
+def _write_profile(report: LaunchReport, out: Path, cwd: str, env: dict[str, str],
+                   line_times: dict[int, list[float]], say: Say) -> None:
+    """``profile.json`` from the ranks' records (a failed launch still gets the part it ran)."""
+    from testbed.launch.profile import build_profile, write_profile
+    from testbed_core.configfile import ConfigError
+    from testbed_core.topology import load_topology
+
+    try:
+        topology = load_topology(report.topology_file)
+    except ConfigError as exc:
+        click.echo(f"no profile: cannot read the topology {report.topology_file} again: {exc}", err=True)
+        return
+    report = report.model_copy(update={"env": env})
+    prof = build_profile(report, topology, out, cwd, line_times)
+    path = write_profile(prof, out)
+    ops = sum(len(r.ops) for r in prof.ranks)
+    steps = sum(len(r.steps) for r in prof.ranks)
+    share = (f"; {prof.recorded_wan_bytes / prof.wan_bytes:.0%} of the WAN counters' bytes recorded"
+             if prof.wan_bytes else "")
+    say(f"profile: {ops} communications and {steps} step lines over {len(prof.ranks)} ranks{share}: {path}")
+
+
 def _built(file: str, servers: str | None, backend: str, spec: LaunchSpec, out: Path, quiet: bool,
-           say: Say) -> LaunchReport:
+           say: Say, line_times: dict[int, list[float]] | None = None) -> LaunchReport:
     from testbed.commands.topo import _load, _user_errors
     from testbed.emulation.network import Emulation
     from testbed.launch.plan import LaunchError
@@ -191,7 +230,7 @@ def _built(file: str, servers: str | None, backend: str, spec: LaunchSpec, out: 
             with emu:
                 say(f"built {topology.name} in {emu.build_s:.2f} s (delay backend {emu.delay_backend}, "
                     f"run {emu.prefix})")
-                report = run_launch(emu, spec, out_dir=out, echo=not quiet, progress=say)
+                report = run_launch(emu, spec, out_dir=out, echo=not quiet, progress=say, line_times=line_times)
                 say("tearing down")
             say(f"torn down in {emu.teardown_s:.2f} s")
             return report
@@ -260,7 +299,8 @@ def _real(file: str, inventory: str, spec: LaunchSpec, out: Path, quiet: bool, s
         raise click.ClickException(str(exc)) from None
 
 
-def _attached(name: str, spec: LaunchSpec, out: Path, quiet: bool, say: Say) -> LaunchReport:
+def _attached(name: str, spec: LaunchSpec, out: Path, quiet: bool, say: Say,
+              line_times: dict[int, list[float]] | None = None) -> LaunchReport:
     from testbed.launch.detach import Attached
     from testbed.launch.plan import LaunchError
     from testbed.launch.run import run_launch
@@ -268,7 +308,7 @@ def _attached(name: str, spec: LaunchSpec, out: Path, quiet: bool, say: Say) -> 
     try:
         with _ranks_ended_on_exit(out, f"every rank was ended ({name} stays up)"), Attached.connect(name) as site:
             say(f"attached to {name} ({site.topology_name}, run {site.prefix})")
-            return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say)
+            return run_launch(site, spec, out_dir=out, echo=not quiet, progress=say, line_times=line_times)
     except LaunchError as exc:
         raise click.ClickException(str(exc)) from None
 

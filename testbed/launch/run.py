@@ -200,6 +200,7 @@ class _Rank:
     code: int | None = None
     ended_by_launch: bool = False
     metrics: list[dict] = field(default_factory=list)
+    metric_times: list[float] = field(default_factory=list)  # Unix time each metric line was read
     tail_out: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     tail_err: deque[str] = field(default_factory=lambda: deque(maxlen=TAIL_LINES))
     readers: list[threading.Thread] = field(default_factory=list)
@@ -241,6 +242,7 @@ def _reader(rank: _Rank, pipe: IO[bytes], path: Path, err: bool, echo: _Echo) ->
                         except ValueError:
                             value = None
                         if isinstance(value, dict):
+                            rank.metric_times.append(time.time())
                             rank.metrics.append(value)
                 echo.line(label, text, err)
         except (OSError, ValueError):
@@ -301,7 +303,8 @@ def check_out_dir(out_dir: Path) -> None:
 
 
 def run_launch(emu: Emulation | Site, spec: LaunchSpec, *, out_dir: Path, echo: bool = True,
-               progress: Callable[[str], None] | None = None) -> LaunchReport:
+               progress: Callable[[str], None] | None = None,
+               line_times: dict[int, list[float]] | None = None) -> LaunchReport:
     """Start `spec.command` once per rank in the hosts of `emu` (a running `Emulation`,
     or an attached detached topology), stream and save their output, wait, and write
     ``out_dir/launch.json``.
@@ -313,7 +316,8 @@ def run_launch(emu: Emulation | Site, spec: LaunchSpec, *, out_dir: Path, echo: 
     ``ok=False`` and `failure` naming the rank, how it ended and its log (the same for
     a `timeout_s`). KeyboardInterrupt and SystemExit end every rank, write the report
     (``failure`` says "interrupted") and propagate. No signal handler is installed;
-    nothing is printed unless `echo`.
+    nothing is printed unless `echo`. `line_times`, when given, gets per rank the Unix
+    time the launch read each of its metric lines (what `--profile` aligns steps by).
     """
     say = progress or (lambda _msg: None)
     site = as_site(emu)
@@ -383,6 +387,8 @@ def run_launch(emu: Emulation | Site, spec: LaunchSpec, *, out_dir: Path, echo: 
                           stdout=str(r.out_path), stderr=str(r.err_path), metrics=r.metrics) for r in ranks],
         wan_bytes=wan)
     write_report(report, out_dir)
+    if line_times is not None:
+        line_times.update({r.plan.rank: list(r.metric_times) for r in ranks})
     if interrupted is not None:
         raise interrupted
     return report

@@ -1,0 +1,117 @@
+"""`testbed launch --profile`: what the launch adds to each rank so that the recorder
+(testbed/launch/profile_record.py) runs there, and the ``profile.json`` it builds from
+the ranks' records afterwards (testbed_core/program/profile.py)."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from testbed.launch.models import LaunchReport
+from testbed_core.program.profile import (
+    PROFILE_FILE,
+    GroupRecord,
+    OpRecord,
+    ProgramProfile,
+    RankProfile,
+    StepRecord,
+    program_identity,
+)
+from testbed_core.topology import Topology
+
+BOOT_DIR = Path(__file__).resolve().parent / "profile_boot"
+RECORDS_DIR = "profile-records"
+DIR_ENV = "TESTBED_PROFILE_DIR"
+
+
+def profile_env(out_dir: Path, base_pythonpath: str | None) -> dict[str, str]:
+    """The variables every rank gets: where to write, and the boot folder first on PYTHONPATH."""
+    records = (Path(out_dir) / RECORDS_DIR).resolve()
+    path = str(BOOT_DIR) + (os.pathsep + base_pythonpath if base_pythonpath else "")
+    return {DIR_ENV: str(records), "PYTHONPATH": path}
+
+
+def prepare(out_dir: Path) -> Path:
+    """An empty records folder (the recorder appends)."""
+    records = Path(out_dir) / RECORDS_DIR
+    records.mkdir(parents=True, exist_ok=True)
+    for f in records.glob("rank-*.jsonl"):
+        f.unlink()
+    return records
+
+
+def _rank_records(path: Path, started: float) -> tuple[list[GroupRecord], list[OpRecord], float, float | None, list[str]]:
+    groups: list[GroupRecord] = []
+    ops: dict[int, dict] = {}
+    waits: dict[int, list[tuple[float, float]]] = {}
+    done: dict[int, float] = {}
+    t_start, t_end, notes = started, None, []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line cut short by a rank killed mid-write
+        ev = rec.get("ev")
+        if ev == "start":
+            t_start = rec["t"] - started
+        elif ev == "end":
+            t_end = rec["t"] - started
+        elif ev == "group":
+            groups.append(GroupRecord(index=rec["group"], ranks=rec["ranks"], backend=rec["backend"],
+                                      streams=rec.get("streams")))
+        elif ev == "op":
+            ops[rec["id"]] = rec
+        elif ev == "wait":
+            waits.setdefault(rec["id"], []).append((rec["t0"] - started, rec["t1"] - started))
+        elif ev == "done":
+            done[rec["id"]] = rec["t"] - started
+        elif ev == "note":
+            notes.append(rec.get("text", ""))
+    out = [OpRecord(id=i, kind=r["kind"], op=r["op"], bytes=r["bytes"], peer=r.get("peer"), group=r["group"],
+                    tag=r.get("tag") or 0, blocking=r["blocking"], ddp=bool(r.get("ddp")),
+                    t_issue=r["t"] - started, t_issue_end=r.get("t_end", r["t"]) - started,
+                    waits=waits.get(i, []), t_done=done.get(i))
+           for i, r in sorted(ops.items())]
+    return groups, out, t_start, t_end, notes
+
+
+def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: str,
+                  line_times: dict[int, list[float]]) -> ProgramProfile:
+    """``profile.json`` from the ranks' records in ``out_dir/profile-records`` and the
+    times the launch read each rank's JSON lines (`line_times`, Unix time per metric)."""
+    records = Path(out_dir) / RECORDS_DIR
+    ranks = []
+    for r in report.ranks:
+        path = records / f"rank-{r.rank}.jsonl"
+        groups, ops, t_start, t_end, notes = (_rank_records(path, report.started) if path.is_file()
+                                              else ([], [], 0.0, None, ["no records: the rank never imported torch"
+                                                                         " or was not a Python program"]))
+        times = line_times.get(r.rank, [])
+        steps = [StepRecord(step=int(m["step"]), step_s=float(m["step_s"]), t_line=t - report.started)
+                 for m, t in zip(r.metrics, times, strict=False)
+                 if isinstance(m.get("step"), int) and isinstance(m.get("step_s"), (int, float))]
+        ranks.append(RankProfile(rank=r.rank, host=r.host, dc=r.dc, groups=groups, ops=ops, steps=steps,
+                                 t_start=t_start, t_end=t_end, notes=notes))
+    dc_of = {r.rank: r.dc for r in report.ranks}
+    crossing = 0
+    for rp in ranks:
+        by_group = {g.index: g for g in rp.groups}
+        for op in rp.ops:
+            if op.kind == "send" and op.peer is not None and dc_of.get(op.peer) not in (None, rp.dc):
+                crossing += op.bytes
+            elif op.kind == "collective" and op.group in by_group:
+                if any(dc_of.get(p) != rp.dc for p in by_group[op.group].ranks):
+                    crossing += op.bytes
+    wan = sum(w.a_to_b_bytes + w.b_to_a_bytes for w in report.wan_bytes) if report.wan_bytes else None
+    profile = ProgramProfile(program=program_identity(report.command, cwd), topology=topology,
+                             topology_file=report.topology_file, env=dict(report.env), world_size=report.world_size,
+                             nproc_per_host=report.nproc_per_host, started=report.started, wall_s=report.wall_s,
+                             ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing)
+    return profile
+
+
+def write_profile(profile: ProgramProfile, out_dir: Path) -> Path:
+    from testbed_core.atomic import write_text_atomic
+
+    return write_text_atomic(Path(out_dir) / PROFILE_FILE, profile.model_dump_json(indent=None) + "\n")

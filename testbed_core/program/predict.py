@@ -1,0 +1,684 @@
+"""A profiled program on another network: `testbed whatif --program DIR`.
+
+The profile (testbed_core/program/profile.py) gives each rank's program as a sequence
+of actions: compute for d seconds (what is left of its time once the waits on
+communication are taken out: the compute between communications, the Python around
+them), issue a communication, wait for some, and the step marks it printed. The replay
+runs every rank's sequence at once on a model of the target network: the compute
+stays as measured, every communication takes what the network gives it, and a rank
+waits where it waited. A step's predicted time is the span between its marks; the
+figure is rank 0's median after the warm-up steps (what the program itself prints).
+
+The network model, per directed pair of ranks (one connection of the backend, its
+transfers one after another):
+
+* across DCs: the route's one-way latency and a transfer rate of
+  ``min(link goodput, streams x window / RTT)``: a window-limited TCP flow moves a
+  window per round trip (testbed_core/planning/network.py's model); gloo uses one flow
+  per pair, atlas its streams (``ATLAS_STREAMS``, else 8 on a WAN path, 1 under 2 ms);
+* a connection idle for longer than its retransmission timeout (RTT + 200 ms, Linux's
+  minimum) restarts from the initial window (``tcp_slow_start_after_idle``, on unless
+  the topology turns it off): its first transfer then takes the rounds of slow start,
+  each stream's window doubling per round trip from 10 segments up to the window;
+* inside a DC: the DC's LAN rate, no latency;
+* the per-stream window is the profile's own measure where a path was window-limited
+  at the profiled RTT (back-to-back transfers' service times: the effective window the
+  kernel gave, which the nominal ``rmem_max / 2`` only approximates), else the nominal;
+* collectives by their algorithm (`ALGORITHMS`, a parameter per backend and op): a
+  ring all-reduce is 2(n-1) rounds of 1/n of the tensor to the next rank, an exchange
+  one round of the whole tensor to every other rank, a direct (rooted) one from the
+  root; a round ends when its slowest transfer does; the collective starts when the
+  last member issued it.
+
+What it leaves out: transfers of different pairs sharing a WAN link (each pair has the
+link to itself), loss, and CPU limits of the transport (the compute between
+communications is kept as measured, so a host as loaded as during the profile is
+assumed).
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import defaultdict
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from testbed_core.planning.calibrated import LINK_GOODPUT
+from testbed_core.program.profile import OpRecord, ProfileError, ProgramProfile, RankProfile
+from testbed_core.topology import Topology
+
+MSS = 1448
+INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window (RFC 6928)
+RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout
+LAN_STREAMS_RTT_S = 0.002  # atlas: 1 stream under this RTT, else WAN_STREAMS (atlas_transport/torch/options.py)
+WAN_STREAMS = 8
+RING_MIN_BYTES = 256 << 10  # atlas: all_reduce by ring from this size (atlas_transport/torch/collectives.py)
+WINDOW_LIMITED = 0.8  # a path moving less than this share of its link's goodput is window-limited
+BLOCKED_S = 1e-3
+EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips per transfer (fit_extra_rtts)
+METRIC_BYTES = 1024
+NOTIFYING = frozenset({"gloo"})  # backends whose receives send a notice to the sender (Replay._p2p)  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
+
+
+def _atlas_all_reduce(nbytes: int, size: int) -> str:
+    return "ring" if nbytes >= RING_MIN_BYTES and nbytes >= 4 * size else "exchange"
+
+
+# backend -> op -> algorithm name, or a function of (bytes, group size) giving it
+Algorithm = str | Callable[[int, int], str]
+ALGORITHMS: dict[str, dict[str, Algorithm]] = {
+    "gloo": {"all_reduce": "ring", "all_reduce_coalesced": "ring", "all_gather": "ring",
+             "all_gather_into_tensor": "ring", "reduce_scatter": "ring", "reduce_scatter_tensor": "ring",
+             "barrier": "ring", "broadcast": "direct", "reduce": "direct", "gather": "direct", "scatter": "direct",
+             "all_to_all": "exchange", "all_to_all_single": "exchange"},
+    "atlas": {"all_reduce": _atlas_all_reduce, "all_reduce_coalesced": _atlas_all_reduce,
+              "broadcast": "direct", "reduce": "direct", "gather": "direct", "scatter": "direct",
+              "barrier": "exchange", "all_gather": "exchange", "all_gather_into_tensor": "exchange",
+              "reduce_scatter": "exchange", "reduce_scatter_tensor": "exchange"},
+}
+DEFAULT_ALGORITHM = "exchange"
+
+
+class PredictError(ProfileError):
+    """A profile that cannot be replayed on the target (the message says what does not fit)."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class PathFigures(_Model):
+    """What the replay used for one pair of DCs (either way)."""
+
+    dcs: tuple[str, str]
+    one_way_latency_s: float
+    link_goodput_bps: float
+    window_bytes: float = Field(description="one stream's effective TCP window")
+    window_source: str = Field(description="'profile' (measured there) or 'nominal' (min(wmem_max, rmem_max / 2))")
+    rto_s: float
+
+
+class StepPrediction(_Model):
+    rank: int
+    steps: list[float] = Field(description="every step's predicted seconds, in order")
+    median_s: float | None = Field(description="median after the warm-up steps")
+    measured_median_s: float | None = Field(None, description="the profile's own median after the warm-up (its network)")
+
+
+class ProgramPrediction(_Model):
+    """One target network's prediction."""
+
+    label: str
+    topology: str
+    rtt_s: dict[str, float] = Field(description="RTT of each WAN link, by 'a-b'")
+    bandwidth_bps: dict[str, float]
+    seconds_per_step: float | None = Field(description="rank 0's median predicted step time after the warm-up")
+    ranks: list[StepPrediction]
+    paths: list[PathFigures]
+    streams: dict[str, int] = Field(description="streams per pair by backend, on WAN paths")
+    extra_rtts: float = Field(description="round trips added to each WAN transfer, fitted on the profile's network")
+
+
+@dataclass
+class _Path:
+    latency: float
+    rtt: float
+    link_Bps: float  # bytes/s of goodput
+    window: float  # bytes per stream
+    rto: float
+    lan: bool
+
+
+@dataclass
+class _Channel:
+    free: float = -math.inf  # when its last transfer's last byte left
+    cwnd: float = INITIAL_WINDOW  # each stream's congestion window (bytes)
+    sent: float = -math.inf  # when its sender last sent anything (data, or a receive's notice the other way)
+
+
+@dataclass
+class _Op:
+    rank: int
+    rec: OpRecord
+    issued: float | None = None
+    done: float | None = None
+
+
+@dataclass
+class _Transfer:
+    send: _Op | None = None
+    recv: _Op | None = None
+
+
+@dataclass
+class _Collective:
+    members: list[int]
+    algorithm: str
+    backend: str
+    ops: dict[int, _Op] = field(default_factory=dict)
+
+
+# --------------------------------------------------------------------------- the rank's actions
+
+
+def rank_actions(rank: RankProfile) -> tuple[float, list[tuple[str, object]]]:
+    """(start time, actions) of one rank: ('c', seconds of compute), ('i', op id),
+    ('w', [op ids]), ('m', (step, 'start'|'end')). DDP's all-reduces of one backward
+    pass are waited for together after the last one is issued (the reducer's finalize)."""
+    points: list[tuple[float, int, str, object]] = []
+    ddp_batch: list[OpRecord] = []
+
+    def flush_ddp() -> None:
+        if not ddp_batch:
+            return
+        t0 = max(o.t_issue_end for o in ddp_batch)
+        done = [o.t_done for o in ddp_batch if o.t_done is not None]
+        t1 = max([t0, *done])
+        points.append((t0, 2, "w", ([o.id for o in ddp_batch], t1)))
+        ddp_batch.clear()
+
+    for op in sorted(rank.ops, key=lambda o: o.t_issue):
+        if not op.ddp:
+            flush_ddp()
+        points.append((op.t_issue, 1, "i", (op.id, op.t_issue_end)))
+        if op.ddp:
+            ddp_batch.append(op)
+            continue
+        for t0, t1 in op.waits:
+            points.append((t0, 2, "w", ([op.id], t1)))
+    flush_ddp()
+    for s in rank.steps:
+        end = step_end(rank, s.t_line)
+        points.append((end - s.step_s, 0, "m", ((s.step, "start"), None)))
+        points.append((end, 0, "m", ((s.step, "end"), None)))
+    points.sort(key=lambda p: (p[0], p[1]))
+    if not points:
+        return 0.0, []
+    start = points[0][0]
+    cursor = start
+    actions: list[tuple[str, object]] = []
+    for t, _, kind, (what, t_end) in points:
+        if t > cursor:
+            actions.append(("c", t - cursor))
+            cursor = t
+        actions.append((kind, what))
+        if kind == "w":
+            cursor = max(cursor, t_end)  # type: ignore[type-var]
+        elif kind == "i":
+            cursor = max(cursor, t_end)  # type: ignore[type-var]
+    return start, actions
+
+
+def step_end(rank: RankProfile, t_line: float) -> float:
+    """When a step's timer stopped, from when its line was read: before the small
+    blocking collectives the rank ran just before printing it (a loss or metric
+    all-reduce, e.g. ``dist.all_reduce(loss)`` then the line: outside the step's timer),
+    else at the line."""
+    end = t_line
+    while True:
+        before = [o for o in rank.ops if o.t_issue < end]
+        if not before:
+            return end
+        last = max(before, key=lambda o: o.t_issue)
+        if not (last.kind == "collective" and last.blocking and last.bytes <= METRIC_BYTES
+                and last.t_issue_end <= end + BLOCKED_S):
+            return end
+        end = last.t_issue
+
+
+# --------------------------------------------------------------------------- the network
+
+
+def _restart(cwnd: float, idle: float, rto: float) -> float:
+    """Linux's tcp_cwnd_restart: after `idle` seconds without sending (more than an RTO),
+    the window halves once per further RTO, down to the initial window."""
+    restart = min(float(INITIAL_WINDOW), cwnd)
+    delta = idle - rto
+    while delta > 0 and cwnd > restart:
+        cwnd /= 2
+        delta -= rto
+    return max(cwnd, restart)
+
+
+def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float) -> tuple[float, float]:
+    """(seconds from a transfer's start until its last byte left, each stream's window
+    after it): each stream sends its window per round trip, the window doubling from
+    `cwnd` (slow start) up to the path's window (or its share of the link); at the
+    full window the transfer moves at the path's rate."""
+    rate = path.link_Bps if path.lan else min(path.link_Bps, streams * path.window / path.rtt)
+    if nbytes <= 0:
+        return 0.0, cwnd
+    if path.lan:
+        return nbytes / rate, cwnd
+    per_stream = nbytes / streams
+    cap = min(path.window, path.link_Bps * path.rtt / streams)
+    sent, t = 0.0, 0.0
+    while cwnd < cap and sent + cwnd < per_stream:
+        sent += cwnd
+        cwnd *= 2
+        t += path.rtt
+    return t + (per_stream - sent) * streams / rate, min(max(cwnd, INITIAL_WINDOW), cap)
+
+
+class Replay:
+    """Every rank's actions at once on a network model."""
+
+    def __init__(self, profile: ProgramProfile, paths: Mapping[tuple[str, str], _Path],
+                 dc_of: Mapping[int, str], streams_of: Callable[[str, _Path], int],
+                 algorithms: Mapping[str, Mapping[str, Algorithm]], slow_start_after_idle: bool,
+                 extra_rtts: float = 0.0) -> None:
+        self.profile, self.paths, self.dc_of = profile, paths, dc_of
+        self.extra_rtts = extra_rtts
+        self.streams_of, self.algorithms = streams_of, algorithms
+        self.cold_restart = slow_start_after_idle
+        self.channels: dict[tuple, _Channel] = defaultdict(_Channel)
+        self.ops: dict[tuple[int, int], _Op] = {}
+        self.queues: dict[tuple, list[_Transfer]] = defaultdict(list)
+        self.next_send: dict[tuple, int] = defaultdict(int)
+        self.next_recv: dict[tuple, int] = defaultdict(int)
+        self.resolved: dict[tuple, int] = defaultdict(int)
+        self.collectives: dict[tuple, _Collective] = {}
+        self.coll_seq: dict[tuple[int, tuple], int] = defaultdict(int)
+        self.group_key: dict[tuple[int, int], tuple] = {}
+        self.backend: dict[tuple[int, int], str] = {}
+        for r in profile.ranks:
+            seen: dict[tuple, int] = defaultdict(int)
+            for g in sorted(r.groups, key=lambda g: g.index):
+                base = (tuple(g.ranks), g.backend)
+                self.group_key[(r.rank, g.index)] = (*base, seen[base])
+                self.backend[(r.rank, g.index)] = g.backend
+                seen[base] += 1
+            for op in r.ops:
+                self.ops[(r.rank, op.id)] = _Op(r.rank, op)
+
+    # --- transfers
+
+    def path(self, a: int, b: int) -> _Path:
+        return self.paths[(self.dc_of[a], self.dc_of[b])]
+
+    def _transfer(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, start: float) -> tuple[float, float]:
+        """(last byte out, arrival) of `nbytes` from `src` to `dst` on the group's connection."""
+        path = self.path(src, dst)
+        ch = self.channels[(gkey, src, dst)]
+        begin = max(start, ch.free)
+        cwnd = ch.cwnd
+        last = max(ch.free, ch.sent)
+        if self.cold_restart and begin - last > path.rto:
+            cwnd = _restart(cwnd, begin - last, path.rto)
+        took, ch.cwnd = _serialization(nbytes, self.streams_of(backend, path), path, cwnd)
+        ch.free = ch.sent = begin + took
+        return ch.free, ch.free + max(0.0, path.latency + self.extra_rtts * path.rtt)
+
+    def _p2p(self, op: _Op) -> None:
+        rec = op.rec
+        gkey = self.group_key[(op.rank, rec.group)]
+        if rec.peer is None:
+            raise PredictError(f"rank {op.rank}: {rec.op} #{rec.id} has no peer rank recorded: cannot replay it")
+        src, dst = (op.rank, rec.peer) if rec.kind == "send" else (rec.peer, op.rank)
+        key = (gkey, src, dst, rec.tag)
+        counter = self.next_send if rec.kind == "send" else self.next_recv
+        i = counter[key]
+        counter[key] += 1
+        queue = self.queues[key]
+        while len(queue) <= i:
+            queue.append(_Transfer())
+        if rec.kind == "send":
+            queue[i].send = op
+        else:
+            queue[i].recv = op
+            if self.backend[(op.rank, rec.group)] in NOTIFYING:
+                # a posted receive sends a notice to the sender on the same connection (gloo's
+                # "ready to receive"): data the other way, which keeps that direction from idling
+                back = self.channels[(gkey, dst, src)]
+                back.sent = max(back.sent, op.issued or -math.inf)
+        backend = self.backend[(op.rank, rec.group)]
+        while self.resolved[key] < len(queue):
+            tr = queue[self.resolved[key]]
+            if tr.send is None or tr.recv is None or tr.send.issued is None or tr.recv.issued is None:
+                break
+            out, arrival = self._transfer(gkey, backend, src, dst, tr.send.rec.bytes, tr.send.issued)
+            tr.send.done = out
+            tr.recv.done = max(arrival, tr.recv.issued)
+            self.resolved[key] += 1
+
+    def _collective(self, op: _Op) -> None:
+        rec = op.rec
+        gkey = self.group_key[(op.rank, rec.group)]
+        seq_key = (op.rank, gkey)
+        seq = self.coll_seq[seq_key]
+        self.coll_seq[seq_key] += 1
+        key = (gkey, seq)
+        coll = self.collectives.get(key)
+        if coll is None:
+            backend = self.backend[(op.rank, rec.group)]
+            members = list(gkey[0]) or sorted(self.dc_of)
+            choice = self.algorithms.get(backend, {}).get(rec.op, DEFAULT_ALGORITHM)
+            algorithm = choice(rec.bytes, len(members)) if callable(choice) else choice
+            coll = self.collectives[key] = _Collective(members, algorithm, backend)
+        coll.ops[op.rank] = op
+        if len(coll.ops) < len(coll.members) or any(o.issued is None for o in coll.ops.values()):
+            return
+        start = max(o.issued for o in coll.ops.values())  # type: ignore[type-var]
+        end = self._run_collective(gkey, coll, rec, start)
+        for o in coll.ops.values():
+            o.done = end
+
+    def _run_collective(self, gkey: tuple, coll: _Collective, rec: OpRecord, start: float) -> float:
+        members, n = coll.members, len(coll.members)
+        if n <= 1:
+            return start
+        nbytes = max(o.rec.bytes for o in coll.ops.values())
+        t = start
+        if coll.algorithm == "ring":
+            chunk = nbytes / n
+            rounds = 2 * (n - 1) if rec.op.startswith("all_reduce") else n - 1
+            for _ in range(rounds):
+                t = max(self._transfer(gkey, coll.backend, members[i], members[(i + 1) % n], chunk, t)[1]
+                        for i in range(n))
+            return t
+        if coll.algorithm == "direct":
+            root = rec.peer if rec.peer in members else members[0]
+            if rec.op in ("reduce", "gather"):
+                return max(self._transfer(gkey, coll.backend, m, root, nbytes, t)[1] for m in members if m != root)
+            return max(self._transfer(gkey, coll.backend, root, m, nbytes, t)[1] for m in members if m != root)
+        # exchange: every member sends its whole tensor to every other, at once
+        return max(self._transfer(gkey, coll.backend, a, b, nbytes, t)[1] for a in members for b in members if a != b)
+
+    # --- the run
+
+    def run(self) -> dict[int, dict[tuple[int, str], float]]:
+        """Every rank's step marks, as predicted times."""
+        state = {}
+        for r in self.profile.ranks:
+            start, actions = rank_actions(r)
+            state[r.rank] = [start, actions, 0]
+        marks: dict[int, dict[tuple[int, str], float]] = {r: {} for r in state}
+        progress = True
+        while progress:
+            progress = False
+            for rank, st in state.items():
+                clock, actions, i = st
+                while i < len(actions):
+                    kind, what = actions[i]
+                    if kind == "c":
+                        clock += what  # type: ignore[operator]
+                    elif kind == "m":
+                        marks[rank][what] = clock  # type: ignore[index]
+                    elif kind == "i":
+                        op = self.ops[(rank, what)]  # type: ignore[index]
+                        op.issued = clock
+                        if op.rec.kind == "collective":
+                            self._collective(op)
+                        else:
+                            self._p2p(op)
+                    else:  # wait
+                        ops = [self.ops[(rank, j)] for j in what]  # type: ignore[union-attr]
+                        if any(o.done is None for o in ops):
+                            break
+                        clock = max([clock, *(o.done for o in ops)])  # type: ignore[list-item]
+                    i += 1
+                if i != st[2]:
+                    progress = True
+                st[0], st[2] = clock, i
+        stuck = [(rank, st) for rank, st in state.items() if st[2] < len(st[1])]
+        if stuck:
+            rank, st = stuck[0]
+            waiting = st[1][st[2]][1]
+            ops = [self.ops[(rank, j)].rec for j in waiting]  # type: ignore[union-attr]
+            names = ", ".join(f"{o.op} #{o.id} (peer {o.peer})" for o in ops)
+            raise PredictError(f"the replay stops at rank {rank}, waiting for {names} that no other rank's record "
+                               "matches: the profile is incomplete (a rank ended early or was killed); profile a "
+                               "launch that ran to its end")
+        return marks
+
+
+# --------------------------------------------------------------------------- calibration from the profile
+
+
+def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozenset[str], float]:
+    """Per pair of DCs, one stream's effective TCP window as the profile shows it: the
+    service time of back-to-back transfers on one connection (the gap between two
+    arrivals while the sender had the next one queued) gives the connection's rate; a
+    rate under `WINDOW_LIMITED` of the link's goodput is window-limited, and
+    rate x RTT / streams is the window. Pairs with no such transfer are left out."""
+    dc_of = {r.rank: r.dc for r in profile.ranks}
+    sends: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
+    recvs: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
+    backend: dict[tuple[int, int], str] = {}
+    for r in profile.ranks:
+        for g in r.groups:
+            backend[(r.rank, g.index)] = g.backend
+        for op in sorted(r.ops, key=lambda o: o.t_issue):
+            if op.kind == "send" and op.peer is not None:
+                sends[(r.rank, op.peer, op.tag)].append(op)
+            elif op.kind == "recv" and op.peer is not None:
+                recvs[(op.peer, r.rank, op.tag)].append(op)
+    env_streams = _env_streams(profile.env)
+    rates: dict[frozenset[str], list[float]] = defaultdict(list)
+    for key, ss in sends.items():
+        src, dst, _ = key
+        a, b = dc_of.get(src), dc_of.get(dst)
+        if a is None or b is None or a == b:
+            continue
+        rs = recvs.get(key, [])
+        arrivals: list[float | None] = []
+        for s, rv in zip(ss, rs, strict=False):
+            blocked = [w for w in rv.waits if w[1] - w[0] > BLOCKED_S]
+            arrivals.append(blocked[-1][1] if blocked and s.bytes == rv.bytes else None)
+        route = topology.route(a, b)
+        latency = sum(topology.link(x, y).delay for x, y in zip(route, route[1:], strict=False))
+        rtt = 2 * latency
+        link = (topology.bottleneck_rate(a, b) or math.inf) * LINK_GOODPUT / 8
+        be = backend.get((src, ss[0].group), "gloo")
+        streams = 1 if be != "atlas" else (env_streams or (WAN_STREAMS if rtt >= LAN_STREAMS_RTT_S else 1))
+        for k in range(1, len(ss)):
+            prev, now = arrivals[k - 1], arrivals[k]
+            if prev is None or now is None or ss[k].t_issue + latency >= prev or ss[k].bytes < 4 * MSS:
+                continue  # the connection was not busy: the gap is not a service time
+            service = now - prev
+            if service <= 0:
+                continue
+            rate = ss[k].bytes / service
+            if rate < WINDOW_LIMITED * link:
+                rates[frozenset((a, b))].append(rate * rtt / streams)
+    return {pair: statistics.median(v) for pair, v in rates.items() if v}
+
+
+def _env_streams(env: Mapping[str, str]) -> int | None:
+    text = env.get("ATLAS_STREAMS", "").strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
+
+
+# --------------------------------------------------------------------------- the prediction
+
+
+def map_ranks(profile: ProgramProfile, topology: Topology, source: str, hosts: list[str] | None = None
+              ) -> dict[int, str]:
+    """Each rank's DC on `topology`: the host it ran on in the profile (or `hosts[rank]`),
+    which `topology` must have. PredictError naming the rank and host otherwise."""
+    from testbed_core.topology import TopologyError
+
+    names: dict[str, str] = {}
+    for dc in topology.dcs:
+        for i, _ in enumerate(dc.hosts, start=1):
+            names[f"{dc.name}-h{i}"] = dc.name
+    ranks = sorted(profile.ranks, key=lambda r: r.rank)
+    if hosts is not None and len(hosts) != len(ranks):
+        raise PredictError(f"--hosts names {len(hosts)} hosts for a profile of {len(ranks)} ranks: give one host "
+                           "per rank, in rank order")
+    have = ", ".join(f"{dc.name} ({len(dc.hosts)} host{'s' if len(dc.hosts) != 1 else ''})" for dc in topology.dcs)
+    total = sum(len(dc.hosts) for dc in topology.dcs)
+    hosts_needed = len({r.host for r in ranks}) if hosts is None else len(set(hosts))
+    if total < hosts_needed:
+        raise PredictError(f"{source} has {total} host{'s' if total != 1 else ''} ({have}); the profile's "
+                           f"{len(ranks)} ranks ran on {hosts_needed} hosts: too few hosts; give a topology with "
+                           "at least as many, or map the ranks with --hosts")
+    out = {}
+    for r in ranks:
+        host = hosts[r.rank] if hosts is not None else r.host
+        if host not in names:
+            raise PredictError(f"rank {r.rank} ran on {host} in the profile, but {source} has no host {host} "
+                               f"(it has {have}); give a topology with that host, or map the ranks with "
+                               f"--hosts H0,H1,... in rank order")
+        out[r.rank] = names[host]
+    try:
+        for a in set(out.values()):
+            for b in set(out.values()):
+                if a != b:
+                    topology.route(a, b)
+    except (TopologyError, KeyError, ValueError) as exc:
+        raise PredictError(f"{source}: no WAN route between the ranks' DCs: {exc}") from None
+    return out
+
+
+def retarget(topology: Topology, rtt_s: float | None = None, bandwidth_bps: float | None = None) -> Topology:
+    """`topology` with every WAN link at `rtt_s` (one-way delay rtt/2) and/or `bandwidth_bps`."""
+    if rtt_s is None and bandwidth_bps is None:
+        return topology
+    data = topology.model_dump()
+    for link in data["wan"]:
+        if rtt_s is not None:
+            link["delay"] = rtt_s / 2
+            link["jitter"] = min(link.get("jitter") or 0.0, rtt_s / 2)
+        if bandwidth_bps is not None:
+            link["rate"] = bandwidth_bps
+        link["changes"] = []
+        link["trace"] = None
+    data.pop("source", None)
+    return type(topology).model_validate(data)
+
+
+def _paths(topology: Topology, dcs: set[str], windows: Mapping[frozenset[str], float]
+           ) -> tuple[dict[tuple[str, str], _Path], list[PathFigures]]:
+    out: dict[tuple[str, str], _Path] = {}
+    figures: list[PathFigures] = []
+    for a in dcs:
+        for b in dcs:
+            if a == b:
+                lan = next(dc for dc in topology.dcs if dc.name == a).lan_rate
+                out[(a, b)] = _Path(0.0, 0.0, lan * LINK_GOODPUT / 8, math.inf, math.inf, True)
+                continue
+            route = topology.route(a, b)
+            links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
+            latency = sum(link.delay for link in links)
+            rtt = 2 * latency
+            link_Bps = min(link.rate for link in links) * LINK_GOODPUT / 8
+            nominal = min(topology.tcp_for(a).wmem_max, topology.tcp_for(b).rmem_max / 2)
+            window = windows.get(frozenset((a, b)))
+            rto = rtt + RTO_MIN_S
+            out[(a, b)] = _Path(latency, rtt, link_Bps, window or nominal, rto, False)
+            if a < b:
+                figures.append(PathFigures(dcs=(a, b), one_way_latency_s=latency, link_goodput_bps=link_Bps * 8,
+                                           window_bytes=window or nominal,
+                                           window_source="profile" if window else "nominal", rto_s=rto))
+    return out, figures
+
+
+def _median_after(values: list[float], warmup: int) -> float | None:
+    kept = values[warmup:] or values
+    return statistics.median(kept) if kept else None
+
+
+def _streams_rule(profile: ProgramProfile, streams: int | None) -> Callable[[str, _Path], int]:
+    env_streams = streams or _env_streams(profile.env)
+    group_streams = {g.backend: g.streams for r in profile.ranks for g in r.groups if g.streams}
+
+    def streams_of(backend: str, path: _Path) -> int:
+        if backend != "atlas":
+            return 1
+        n = env_streams or group_streams.get("atlas")
+        return n or (1 if path.lan or path.rtt < LAN_STREAMS_RTT_S else WAN_STREAMS)
+
+    return streams_of
+
+
+def _rank0_median(profile: ProgramProfile, marks: Mapping[int, Mapping[tuple[int, str], float]],
+                  warmup: int) -> float | None:
+    r = min(profile.ranks, key=lambda r: r.rank)
+    m = marks[r.rank]
+    steps = [m[(s.step, "end")] - m[(s.step, "start")] for s in r.steps
+             if (s.step, "end") in m and (s.step, "start") in m]
+    return _median_after(steps, warmup)
+
+
+def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], float], streams: int | None,
+                   algorithms: Mapping[str, Mapping[str, Algorithm]], warmup: int) -> float:
+    """The round trips each WAN transfer takes beyond the model (a protocol's own
+    exchanges, a restart the model makes too slow or too fast), fitted so that the
+    replay on the profile's own network gives rank 0's measured median step: a number
+    in [EXTRA_RTTS_MIN, EXTRA_RTTS_MAX] that then scales with the target's RTT."""
+    topo = profile.topology
+    dc_of = {r.rank: r.dc for r in profile.ranks}
+    paths, _ = _paths(topo, set(dc_of.values()), windows)
+    if all(p.lan for p in paths.values()):
+        return 0.0
+    measured = _median_after([s.step_s for s in min(profile.ranks, key=lambda r: r.rank).steps], warmup)
+    if measured is None:
+        return 0.0
+    slow = any(topo.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
+    rule = _streams_rule(profile, streams)
+
+    def error(x: float) -> float:
+        got = _rank0_median(profile, Replay(profile, paths, dc_of, rule, algorithms, slow, x).run(), warmup)
+        return (got or 0.0) - measured
+
+    lo, hi = EXTRA_RTTS_MIN, EXTRA_RTTS_MAX
+    if error(lo) >= 0:
+        return lo
+    if error(hi) <= 0:
+        return hi
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if error(mid) < 0:
+            lo = mid
+        else:
+            hi = mid
+    return (lo + hi) / 2
+
+
+def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", warmup: int = 1,
+            streams: int | None = None, hosts: list[str] | None = None, source: str = "the topology",
+            algorithms: Mapping[str, Mapping[str, Algorithm]] | None = None,
+            windows: Mapping[frozenset[str], float] | None = None,
+            extra_rtts: float | None = None) -> ProgramPrediction:
+    """The profiled program replayed on `topology` (see the module docstring);
+    `extra_rtts` None: fitted on the profile's own network (`fit_extra_rtts`)."""
+    if not any(r.steps for r in profile.ranks):
+        raise PredictError("the profile has no step lines: the program printed no {\"step\": k, \"step_s\": s} "
+                           "JSON lines, so there is no step to predict")
+    dc_of = map_ranks(profile, topology, source, hosts)
+    if windows is None:
+        windows = measured_windows(profile, profile.topology)
+    paths, figures = _paths(topology, set(dc_of.values()), windows)
+    streams_of = _streams_rule(profile, streams)
+    slow_start = any(topology.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
+    algos = algorithms or ALGORITHMS
+    if extra_rtts is None:
+        extra_rtts = fit_extra_rtts(profile, windows, streams, algos, warmup)
+
+    def replay_on(topo: Topology, paths_: Mapping[tuple[str, str], _Path], dcs: Mapping[int, str], slow: bool,
+                  extra: float) -> dict[int, dict[tuple[int, str], float]]:
+        return Replay(profile, paths_, dcs, streams_of, algos, slow, extra).run()
+
+    marks = replay_on(topology, paths, dc_of, slow_start, extra_rtts)
+    ranks = []
+    for r in sorted(profile.ranks, key=lambda r: r.rank):
+        m = marks[r.rank]
+        steps = [m[(s.step, "end")] - m[(s.step, "start")] for s in r.steps
+                 if (s.step, "end") in m and (s.step, "start") in m]
+        ranks.append(StepPrediction(rank=r.rank, steps=steps, median_s=_median_after(steps, warmup),
+                                    measured_median_s=_median_after([s.step_s for s in r.steps], warmup)))
+    wan = {f"{link.between[0]}-{link.between[1]}": link for link in topology.wan}
+    wan_paths = [p for p in paths.values() if not p.lan]
+    return ProgramPrediction(
+        label=label or topology.name, topology=topology.name,
+        rtt_s={k: 2 * v.delay for k, v in wan.items()}, bandwidth_bps={k: v.rate for k, v in wan.items()},
+        seconds_per_step=ranks[0].median_s if ranks else None, ranks=ranks, paths=figures,
+        streams={"gloo": 1, "atlas": streams_of("atlas", wan_paths[0]) if wan_paths else streams_of("atlas", _LAN)},
+        extra_rtts=extra_rtts)
+
+
+_LAN = _Path(0.0, 0.0, math.inf, math.inf, math.inf, True)

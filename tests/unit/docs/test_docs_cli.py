@@ -91,3 +91,33 @@ def test_a_new_command_is_picked_up(hooks) -> None:
     assert "| `--mode` `{a, b}` | **required** | the &lt;mode&gt; |" in text
     assert "| `--n` `INTEGER` | 3 |" in text
     assert "**Notes:**\n\n```text\none | two\n```" in text
+
+
+# Options without a help text yet, in commands the documentation does not own; the
+# reference shows an empty description for them. A new option comes with its help.
+NO_HELP_YET = {
+    ("testbed bench transport", "--methods"),
+    ("testbed bench collectives", "--backends"),
+    ("testbed bench collectives", "--collectives"),
+    ("testbed plan", "--gpus-per-host"),
+    ("testbed whatif", "--baseline-placement"),
+}
+
+
+def _options_without_help(group: click.Group, path: str) -> set[tuple[str, str]]:
+    ctx = click.Context(group)
+    out = set()
+    for name in group.list_commands(ctx):
+        cmd = group.get_command(ctx, name)
+        if cmd is None or cmd.hidden:
+            continue
+        if isinstance(cmd, click.Group):
+            out |= _options_without_help(cmd, f"{path} {name}")
+        out |= {(f"{path} {name}", p.opts[0]) for p in cmd.params
+                if isinstance(p, click.Option) and not p.hidden and not p.help}
+    return out
+
+
+def test_every_option_has_a_help_text() -> None:
+    new = _options_without_help(main, "testbed") - NO_HELP_YET
+    assert not new, f"options without help=...: {sorted(new)}; the CLI reference shows their description"

@@ -57,11 +57,38 @@ def _human_bytes(n: float | None) -> str:
               help="BubbleTea's guard, a fraction of a chunk's predicted time.")
 @click.option("--no-allreduce", is_flag=True, help="Leave the DP gradient all-reduce out of the iteration time.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON document instead of text.")
+@click.option("--program", "program_dir", type=click.Path(path_type=Path), default=None, metavar="DIR",
+              help="Your own program: the folder of a `testbed launch --profile` (its profile.json), predicted on "
+                   "--topology (default: the one it ran on), --rtt and --bandwidth.")
+@click.option("--rtt", "rtt_text", default=None, metavar="RTT[,RTT...]",
+              help="With --program: every WAN link at this RTT (e.g. 10ms,100ms,200ms: one prediction each).")
+@click.option("--bandwidth", "bandwidth_text", default=None, metavar="RATE",
+              help="With --program: every WAN link at this rate (e.g. 10Gbit).")
+@click.option("--hosts", "hosts_text", default=None, metavar="H0,H1,...",
+              help="With --program: the host of each rank on --topology, in rank order (default: the hosts it ran on).")
+@click.option("--command", "command_text", default=None, metavar="COMMAND",
+              help="With --program: the command you mean to run; refused unless it is the profiled one.")
 def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Path | None, out_dir: Path | None,
            gpus_text: str | None, variants: str, streams: str, baseline_placement: str,
-           calibration_dir: Path | None, chunk_tokens: int, guard: float, no_allreduce: bool, as_json: bool) -> None:
+           calibration_dir: Path | None, chunk_tokens: int, guard: float, no_allreduce: bool, as_json: bool,
+           program_dir: Path | None, rtt_text: str | None, bandwidth_text: str | None, hosts_text: str | None,
+           command_text: str | None) -> None:
     """Predict iteration time, utilization, bubbles, WAN bytes and BubbleTea's prefill
-    capacity per variant, at any scale (no emulation is started)."""
+    capacity per variant, at any scale (no emulation is started); with --program, the
+    seconds per step of your own profiled program on another network."""
+    if program_dir is not None:
+        from testbed.commands.whatif_program import program_whatif
+
+        if workload_path is not None or grid_path is not None or calibration_dir is not None:
+            raise click.UsageError("--program predicts the profiled program itself: drop --workload, --grid and "
+                                   "--calibration")
+        ctx = click.get_current_context()
+        given = ctx.get_parameter_source("streams") == click.core.ParameterSource.COMMANDLINE
+        program_whatif(program_dir, topology_path, rtt_text, bandwidth_text, hosts_text, command_text,
+                       streams if given else None, as_json)
+        return
+    if rtt_text is not None or bandwidth_text is not None or hosts_text is not None or command_text is not None:
+        raise click.UsageError("--rtt, --bandwidth, --hosts and --command go with --program DIR")
     from testbed_core.planning.network import NetParams
     from testbed_core.whatif.calibration import CalibrationError, load_efficiencies, run_setting
 

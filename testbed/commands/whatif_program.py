@@ -1,0 +1,90 @@
+"""`testbed whatif --program DIR`: a program profiled by `testbed launch --profile`,
+predicted on another topology, RTT or bandwidth (testbed_core/program/predict.py)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from pathlib import Path
+
+import click
+
+
+def _values(text: str | None, parse, what: str) -> list[float | None]:
+    if text is None:
+        return [None]
+    out: list[float | None] = []
+    for part in text.split(","):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            value = parse(part)
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint=what) from None
+        if not value > 0:
+            raise click.BadParameter(f"{part}: must be more than 0", param_hint=what)
+        out.append(value)
+    if not out:
+        raise click.BadParameter("give at least one value", param_hint=what)
+    return out
+
+
+def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str | None, bandwidth_text: str | None,
+                   hosts_text: str | None, command_text: str | None, streams: str | None, as_json: bool) -> None:
+    """Print (or give as JSON) the profiled program's predicted seconds per step per target."""
+    from testbed_core.configfile import ConfigError
+    from testbed_core.program.predict import measured_windows, predict, retarget
+    from testbed_core.program.profile import ProfileError, check_program, read_profile
+    from testbed_core.topology import load_topology
+    from testbed_core.units import parse_duration, parse_rate
+
+    rtts = _values(rtt_text, parse_duration, "--rtt")
+    rates = _values(bandwidth_text, parse_rate, "--bandwidth")
+    n_streams = None
+    if streams is not None:
+        if not streams.isdigit() or int(streams) < 1:
+            raise click.BadParameter(f"{streams!r}: with --program give a number of streams (atlas's per pair)",
+                                     param_hint="--streams")
+        n_streams = int(streams)
+    try:
+        profile = read_profile(program_dir)
+        check_program(profile, str(program_dir), shlex.split(command_text) if command_text else None)
+        base = load_topology(topology_path) if topology_path is not None else profile.topology
+        source = str(topology_path) if topology_path is not None else f"the profile's topology ({base.name})"
+        hosts = [h.strip() for h in hosts_text.split(",") if h.strip()] if hosts_text else None
+        windows = measured_windows(profile, profile.topology)
+        t0 = time.perf_counter()
+        rows = []
+        for rtt in rtts:
+            for rate in rates:
+                label = ", ".join(x for x in (f"RTT {rtt * 1e3:g} ms" if rtt else "",
+                                              f"{rate / 1e9:g} Gbit/s" if rate else "") if x) or base.name
+                rows.append(predict(profile, retarget(base, rtt, rate), label=label, streams=n_streams,
+                                    hosts=hosts, source=source, windows=windows))
+        took = time.perf_counter() - t0
+    except (ProfileError, ConfigError) as exc:
+        raise click.ClickException(str(exc)) from None
+    measured = rows[0].ranks[0].measured_median_s if rows and rows[0].ranks else None
+    if as_json:
+        click.echo(json.dumps({"program": profile.program.model_dump(), "profiled_on": profile.topology.name,
+                               "measured_s_per_step": measured, "predict_s": took,
+                               "predictions": [r.model_dump() for r in rows]}, indent=1))
+        return
+    backends = sorted({g.backend for r in profile.ranks for g in r.groups})
+    click.echo(f"What-if: {shlex.join(profile.program.command)} ({profile.world_size} ranks, "
+               f"{', '.join(backends) or 'no communication'}), profiled on {profile.topology.name}: "
+               f"{measured if measured is None else f'{measured:.3f}'} s per step measured there (rank 0's median "
+               "after the first step)")
+    for p in rows[0].paths:
+        click.echo(f"  path {p.dcs[0]}-{p.dcs[1]} on the profile's network: one stream's window "
+                   f"{p.window_bytes / 1e3:,.0f} kB ({p.window_source}); fitted {rows[0].extra_rtts:+.2f} round "
+                   "trips per WAN transfer")
+    click.echo(f"  {'target':<28}{'s/step':>9}  {'per rank (median s/step)'}")
+    for r in rows:
+        per_rank = ", ".join(f"{x.rank}: {x.median_s:.3f}" for x in r.ranks if x.median_s is not None)
+        value = "-" if r.seconds_per_step is None else f"{r.seconds_per_step:.3f}"
+        click.echo(f"  {r.label:<28}{value:>9}  {per_rank}")
+    click.echo(f"  predicted in {took:.2f} s (testbed_core/program/predict.py: the ranks' compute as profiled, "
+               "each communication on the target network)")

@@ -176,3 +176,237 @@ def transport(topology: str, streams_text: str, size_text: str, repeat: int, rou
         click.echo(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}, {out / 'goodput.png'}")
     if any(m.error or m.verified is False for m in results):
         sys.exit(1)
+
+
+# --------------------------------------------------------------------------- collectives
+
+
+def _parse_list(text: str, allowed: tuple[str, ...], what: str, hint: str) -> list[str]:
+    items = [x.strip() for x in text.split(",") if x.strip()]
+    unknown = [x for x in items if x not in allowed]
+    if unknown or not items:
+        raise click.BadParameter(f"unknown {what} {', '.join(unknown) or '(none)'}; choose from {', '.join(allowed)}",
+                                 param_hint=hint)
+    return list(dict.fromkeys(items))
+
+
+def _size(text: str, hint: str) -> int:
+    try:
+        size = parse_size(text)
+    except UnitError as exc:
+        raise click.BadParameter(str(exc), param_hint=hint) from None
+    if size < 4:
+        raise click.BadParameter(f"{text} is under one float32 (4 bytes); use e.g. 4KiB", param_hint=hint)
+    return size
+
+
+COLLECTIVES_EPILOG = """\b
+Examples:
+  .venv/bin/testbed bench collectives --local 4 --max-size 16MiB
+  sudo .venv/bin/testbed bench collectives --topology topologies/2dc.yaml --max-size 64MiB --iters 3
+
+\b
+Bus bandwidth as nccl-tests reports it (NVIDIA/nccl-tests doc/PERFORMANCE.md):
+busbw = algbw x 2(n-1)/n for all_reduce, x (n-1)/n for all_gather, reduce_scatter
+and all_to_all, x 1 for send_recv (a ring: each rank sends to the next); algbw = S / t,
+S the whole array (the gathered output, the scattered input, one rank's all-to-all
+input). In Gbit/s; nccl-tests prints GB/s (8x smaller numbers).
+"""
+
+
+@bench.command(epilog=COLLECTIVES_EPILOG)
+@click.option("--topology", default=None, metavar="FILE",
+              help="run the ranks in the emulated hosts of FILE, as `testbed launch` does (root) "
+                   "[default: topologies/2dc.yaml unless --local]")
+@click.option("--local", "local", type=int, default=None, metavar="N",
+              help="N ranks on 127.0.0.1 instead (torch.multiprocessing; no root, no emulation)")
+@click.option("--hosts", default=None, metavar="H1,H2,...", help="with --topology: the hosts, in rank order "
+              "(default: every host, DCs in file order)")
+@click.option("--nproc-per-host", type=int, default=1, show_default=True, metavar="N",
+              help="with --topology: ranks per host")
+@click.option("--backends", "backends_text", default="gloo,atlas", show_default=True)
+@click.option("--collectives", "collectives_text", default="all_reduce,all_gather,reduce_scatter,all_to_all,send_recv",
+              show_default=True)
+@click.option("--min-size", "min_text", default="4KiB", show_default=True, help="the smallest S")
+@click.option("--max-size", "max_text", default="256MiB", show_default=True, help="the largest S")
+@click.option("--factor", default=4, show_default=True, type=int, help="each size is the one before times this")
+@click.option("--iters", default=5, show_default=True, type=int, help="timed calls per point")
+@click.option("--warmup", default=1, show_default=True, type=int,
+              help="untimed calls per point before them (the first one's result is checked)")
+@click.option("--budget", "budget_s", default=20.0, show_default=True, type=float, metavar="SECONDS",
+              help="fewer timed calls where --iters of them would take longer than this")
+@click.option("--max-op-seconds", "max_op_s", default=120.0, show_default=True, type=float,
+              help="skip a collective's larger sizes after one call took longer")
+@click.option("--timeout", "timeout_s", default=3600.0, show_default=True, type=float, metavar="SECONDS",
+              help="end a backend's ranks after this long (and its process group's timeout, capped at 600 s)")
+@click.option("--json", "as_json", is_flag=True, help="print results.json on stdout instead of the table")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="where results.json, results.csv, busbw.png and the ranks' logs go "
+                   "[default: results/bench-collectives-<time>]")
+def collectives(topology: str | None, local: int | None, hosts: str | None, nproc_per_host: int,
+                backends_text: str, collectives_text: str, min_text: str, max_text: str, factor: int, iters: int,
+                warmup: int, budget_s: float, max_op_s: float, timeout_s: float, as_json: bool,
+                out_dir: str | None) -> None:
+    """Time all_reduce, all_gather, reduce_scatter, all_to_all and send/recv over each
+    backend from --min-size to --max-size: time per call, algorithm and bus bandwidth
+    (nccl-tests' convention), a table, results.json/.csv and a plot.
+
+    Every call's first result is checked on every rank; the time of a call is the
+    slowest rank's.
+    """
+    from testbed.bench.collectives import (
+        BACKENDS,
+        COLLECTIVES,
+        BenchConfig,
+        BenchReport,
+        CollectivesError,
+        PointResult,
+        plot,
+        size_ladder,
+        table,
+        write_csv,
+        write_json,
+    )
+    from testbed.bench.collectives_worker import run_local
+    from testbed.provenance import git_state
+
+    backends = _parse_list(backends_text, BACKENDS, "backend(s)", "--backends")
+    colls = _parse_list(collectives_text, COLLECTIVES, "collective(s)", "--collectives")
+    try:
+        sizes = size_ladder(_size(min_text, "--min-size"), _size(max_text, "--max-size"), factor)
+    except ValueError as exc:
+        raise click.UsageError(f"--min-size/--max-size/--factor: {exc}") from None
+    for name, value, low in (("--iters", iters, 1), ("--warmup", warmup, 1)):
+        if value < low:
+            raise click.BadParameter(f"{value}: use {low} or more", param_hint=name)
+    for name, value in (("--budget", budget_s), ("--max-op-seconds", max_op_s), ("--timeout", timeout_s)):
+        if value <= 0:
+            raise click.BadParameter(f"{value:g}: use a positive number of seconds", param_hint=name)
+    if local is not None:
+        if topology is not None or hosts is not None or nproc_per_host != 1:
+            raise click.UsageError("--local N runs on loopback: it goes without --topology, --hosts and "
+                                   "--nproc-per-host")
+        if local < 2:
+            raise click.BadParameter(f"{local}: collectives need 2 or more ranks", param_hint="--local")
+        if local > (os.cpu_count() or 1) * 8:
+            raise click.BadParameter(f"{local} ranks on {os.cpu_count()} CPUs: use at most {(os.cpu_count() or 1) * 8}",
+                                     param_hint="--local")
+    topo_path = None
+    if local is None:
+        topo_path = _resolve_topology(topology or "topologies/2dc.yaml")
+        try:
+            import testbed.emulation.network  # noqa: F401
+        except ImportError as exc:
+            raise click.ClickException(
+                f"running on a topology needs testbed.emulation.network, which cannot be imported here ({exc}); "
+                "use --local N to measure on loopback") from None
+        if os.geteuid() != 0:
+            raise click.ClickException("running on a topology builds network namespaces and needs root: run with "
+                                       "sudo, or use --local N to measure on loopback")
+    cfg = BenchConfig(collectives=colls, sizes=sizes, iters=iters, warmup=warmup, budget_s=budget_s,
+                      max_op_s=max_op_s, timeout_s=min(timeout_s, 600.0))
+    out = Path(out_dir) if out_dir else Path("results") / f"bench-collectives-{time.strftime('%Y%m%d-%H%M%S')}"
+    out.mkdir(parents=True, exist_ok=True)
+
+    def progress(r: PointResult) -> None:
+        what = f"  {r.backend} {r.collective} {r.size} B"
+        if r.time_s is not None:
+            click.echo(f"{what}: {r.time_s * 1e3:.3f} ms, busbw {r.busbw_gbit_s:.4f} Gbit/s", err=True)
+        else:
+            click.echo(f"{what}: {r.error or r.skipped}", err=True)
+
+    hosts_used: list[str] = []
+    try:
+        if local is not None:
+            click.echo(f"local: {local} ranks on 127.0.0.1, {', '.join(backends)}, {len(sizes)} sizes", err=True)
+            results, failures = run_local(local, backends, cfg, on_result=progress)
+            world = local
+        else:
+            assert topo_path is not None
+            results, failures, hosts_used = _collectives_on_topology(topo_path, hosts, nproc_per_host, backends, cfg,
+                                                                     out, timeout_s)
+            world = len(hosts_used)
+    except CollectivesError as exc:
+        raise click.ClickException(str(exc)) from None
+    git = git_state()
+    report = BenchReport(command=" ".join(["testbed", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "collectives"]
+                         else "testbed bench collectives",
+                         mode=f"local {local}" if local is not None else str(topo_path), world_size=world,
+                         hosts=hosts_used, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         host=platform.node(),
+                         commit=(git.commit[:12] + ("-dirty" if git.dirty else "")) if git.commit else None,
+                         config=cfg, results=results, failures=failures)
+    write_json(report, out / "results.json")
+    write_csv(results, out / "results.csv")
+    title = (f"{topo_path.stem if topo_path else 'loopback'}: {world} ranks"
+             + (f" ({', '.join(hosts_used)})" if hosts_used else ""))
+    if results:
+        plot(results, out / "busbw.png", title=title)
+    if as_json:
+        click.echo(report.model_dump_json(indent=1))
+    else:
+        click.echo(table(results))
+        click.echo(f"\nwrote {out / 'results.json'}, {out / 'results.csv'}" + (f", {out / 'busbw.png'}" if results else ""))
+    for f in failures:
+        click.echo(f"FAILED: {f}", err=True)
+    if failures or any(r.error for r in results):
+        sys.exit(1)
+
+
+def _collectives_on_topology(topo_path: Path, hosts: str | None, nproc_per_host: int, backends: list[str],
+                             cfg, out: Path, timeout_s: float):
+    """Build the emulation once; `testbed launch` the worker on its ranks once per
+    backend (the logs under out/launch-<backend>); rank 0's result lines, the failures,
+    and where each rank ran."""
+    from testbed.bench.collectives import CollectivesError, results_from_metrics
+    from testbed.commands.launch import _check_plan
+    from testbed.commands.topo import _load, _user_errors
+    from testbed.emulation.network import Emulation
+    from testbed.launch.models import LaunchSpec
+    from testbed.launch.plan import LaunchError, parse_hosts
+    from testbed.launch.run import run_launch
+
+    say = _say_elapsed()
+    topology = _load(str(topo_path))
+    pythonpath = str(REPO_ROOT) + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    command = [sys.executable, "-m", "testbed.bench.collectives_worker", "--config", cfg.model_dump_json()]
+    results, failures, where = [], [], []
+
+    def spec(backend: str) -> LaunchSpec:
+        return LaunchSpec(command=command, hosts=parse_hosts(hosts), nproc_per_host=max(1, nproc_per_host),
+                          env={"BACKEND": backend, "PYTHONPATH": pythonpath}, timeout_s=timeout_s,
+                          cwd=str(REPO_ROOT), topology_file=str(topo_path))
+
+    if nproc_per_host < 1:
+        raise CollectivesError(f"--nproc-per-host {nproc_per_host}: give 1 or more ranks per host")
+    _check_plan(topology, spec(backends[0]))  # an unknown host or too many ranks, before anything is built
+    try:
+        with Emulation(topology, progress=say) as emu:
+            say(f"built {topology.name} in {emu.build_s:.2f} s (delay backend {emu.delay_backend})")
+            for backend in backends:
+                logs = out / f"launch-{backend}"
+                say(f"{backend}: the worker on every rank (progress: {logs / 'rank-0.stderr'})")
+                report = run_launch(emu, spec(backend), out_dir=logs, echo=False, progress=say)
+                rows = results_from_metrics(report.ranks[0].metrics) if report.ranks else []
+                for r in rows:
+                    say(f"{r.backend} {r.collective} {r.size} B: " + (
+                        f"{r.time_s * 1e3:.3f} ms, busbw {r.busbw_gbit_s:.4f} Gbit/s" if r.time_s is not None
+                        else (r.error or r.skipped or "")))
+                results += rows
+                where = [f"{r.dc}/{r.host}" for r in report.ranks]
+                if not report.ok:
+                    failures.append(f"{backend}: {report.failure}")
+    except LaunchError as exc:
+        raise CollectivesError(str(exc)) from None
+    except _user_errors() as exc:
+        raise CollectivesError(f"cannot build {topo_path}: {exc}") from None
+    return results, failures, where
+
+
+def _say_elapsed():
+    t0 = time.monotonic()
+
+    def say(message: str) -> None:
+        click.echo(f"[{time.monotonic() - t0:6.1f}s] {message}", err=True)
+
+    return say

@@ -31,7 +31,9 @@ from .sockets import (
     kernel_unsent,
     recv_bytes,
     recv_exact,
+    rtt_s,
     send_parts,
+    set_congestion,
     set_io_timeout,
 )
 from .splice import PageSender
@@ -255,6 +257,23 @@ class Channel:
             pending = self._sendq.pending_bytes()
             socks = [s.sock for s in self._streams if s.alive]
         return pending + sum(kernel_unsent(sock) for sock in socks)
+
+    def rtt_s(self) -> float | None:
+        """The kernel's smoothed RTT of the first live stream (None: not measured)."""
+        with self._lock:
+            socks = [s.sock for s in self._streams if s.alive]
+        for sock in socks:
+            rtt = rtt_s(sock)
+            if rtt is not None:
+                return rtt
+        return None
+
+    def set_congestion(self, name: str) -> bool:
+        """Switch every live stream to congestion control `name` (e.g. "bbr"); False
+        when the kernel refused it for any stream (those keep theirs)."""
+        with self._lock:
+            socks = [s.sock for s in self._streams if s.alive]
+        return all([set_congestion(sock, name) for sock in socks])
 
     @property
     def error(self) -> TransportError | None:

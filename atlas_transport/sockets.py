@@ -56,6 +56,24 @@ def tune(sock: socket.socket, cfg: TransportConfig, *, before_connect: bool = Tr
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, int(cfg.idle_timeout_s * 1000))
 
 
+def available_congestion() -> list[str]:
+    """Congestion control algorithms this kernel offers (empty where unknown)."""
+    try:
+        return _AVAILABLE_CC.read_text().split()
+    except OSError:
+        return []
+
+
+def set_congestion(sock: socket.socket, name: str) -> bool:
+    """Switch a (connected) socket's congestion control; False where the kernel refuses
+    (not available, or not allowed to an unprivileged process)."""
+    try:
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, name.encode())
+    except OSError:
+        return False
+    return True
+
+
 SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
 
 

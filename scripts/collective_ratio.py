@@ -2,6 +2,8 @@
 the atlas / gloo ratio, after checking that both give the same results.
 
     .venv/bin/python scripts/collective_ratio.py [--ranks 4] [--sites 2] [--sizes 4KiB,8MiB,64MiB] [--iters 5]
+    sudo .venv/bin/testbed launch topologies/2dc.yaml --env BACKEND=atlas -- \
+        .venv/bin/python scripts/collective_ratio.py --launched --sizes 1MiB,8MiB   # one backend, env://
 
 `--sites S` gives the ranks S site labels (ATLAS_SITE, consecutive ranks per site),
 so the hierarchical algorithms run even on one machine; 1: one LAN. Each backend runs
@@ -100,6 +102,20 @@ def worker(rank: int, world: int, backend: str, port: int, sites: int, sizes: li
     dist.destroy_process_group()
 
 
+def launched(backend: str, sizes: list[int], iters: int) -> None:
+    torch.set_num_threads(1)
+    if backend == "atlas":
+        import atlas_transport.torch  # noqa: F401
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for nbytes in sizes:
+        for op, size, sec, _ in measure(rank, world, nbytes, iters):
+            if rank == 0:
+                print(json.dumps({"backend": backend, "op": op, "bytes": size, "ms": round(sec * 1e3, 2)}), flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
 def run(backend: str, world: int, sites: int, sizes: list[int], iters: int) -> dict:
     ctx = mp.get_context("spawn")
     q = ctx.Queue()
@@ -128,8 +144,13 @@ def main() -> None:
     p.add_argument("--sizes", default="4KiB,8MiB,64MiB")
     p.add_argument("--iters", type=int, default=5)
     p.add_argument("--json", default=None, help="also write the rows to this file")
+    p.add_argument("--launched", action="store_true",
+                   help="run as one rank of an env:// launch (BACKEND, RANK, WORLD_SIZE...) and print rank 0's rows")
     args = p.parse_args()
     sizes = [parse_size(s) for s in args.sizes.split(",")]
+    if args.launched:
+        launched(os.environ.get("BACKEND", "gloo"), sizes, args.iters)
+        return
     res = {b: run(b, args.ranks, args.sites, sizes, args.iters) for b in ("gloo", "atlas")}
     print(f"{args.ranks} ranks on loopback, {args.sites} site label(s); median of {args.iters} calls")
     print(f"{'op':16}{'bytes':>12}{'gloo ms':>10}{'atlas ms':>10}{'atlas/gloo':>12}  same result")

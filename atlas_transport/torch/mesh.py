@@ -7,7 +7,16 @@ exists per pair and no order of first uses can deadlock. The connector introduce
 itself with a HELLO tensor (its rank and the group's token) since every rank of a
 group may share one address. Operations posted before the channel is open wait in a
 per-peer queue and are posted on it, in order, the moment it opens, so `isend` and
-`irecv` never block."""
+`irecv` never block.
+
+Congestion control: unless the group sets one (AtlasOptions.congestion /
+ATLAS_CONGESTION), a channel whose streams measure an RTT of LAN_RTT_S or more
+switches them to `WAN_CONGESTION` (BBR) where the kernel offers it, on both ends.
+Collectives leave the WAN idle between bursts (compute, then a gradient bucket);
+with loss-based algorithms Linux halves an idle or application-limited stream's
+window every RTO (tcp_slow_start_after_idle, the default), so every burst restarts
+in slow start; BBR keeps its bandwidth estimate across idle periods and resumes at
+that rate."""
 
 from __future__ import annotations
 
@@ -23,6 +32,7 @@ import torch
 from ..config import TransportConfig
 from ..endpoints import connect, listen
 from ..errors import AuthenticationError, ChannelClosed, ConnectError, TransportError
+from ..sockets import available_congestion
 from .options import LAN_RTT_S, WAN_STREAMS, AtlasOptions
 from .rendezvous import PeerAddress, addr_key, group_secret, own_address
 from .work import AtlasError
@@ -32,6 +42,7 @@ log = logging.getLogger("atlas_transport.torch")
 COLL_TAG = 1 << 62  # every collective's traffic: collectives run one at a time, in order
 HELLO_TAG = COLL_TAG + 1
 MAX_P2P_TAG = COLL_TAG - 1
+WAN_CONGESTION = "bbr"
 
 
 def rtt_to(host: str, port: int, tries: int = 3, timeout: float = 5.0) -> float:
@@ -259,7 +270,19 @@ class PeerMesh:
         except AtlasError:
             pass
 
+    def _tune_wan(self, peer: int, ch) -> None:
+        """BBR on a channel across a WAN unless the group chose its congestion control."""
+        if self.opts.congestion is not None or WAN_CONGESTION not in available_congestion():
+            return
+        rtt = ch.rtt_s()
+        if rtt is None or rtt < LAN_RTT_S:
+            return
+        ok = ch.set_congestion(WAN_CONGESTION)
+        log.info("atlas: rank %d <-> rank %d: RTT %.1f ms: %s", self.rank, peer, rtt * 1e3,
+                 f"streams use {WAN_CONGESTION}" if ok else f"the kernel refused {WAN_CONGESTION}, default kept")
+
     def _attach(self, peer: int, ch) -> None:
+        self._tune_wan(peer, ch)
         p = self._peer(peer)
         with p.lock:
             if p.channel is not None or p.error is not None or self._closed:

@@ -1,0 +1,61 @@
+"""A channel's RTT and congestion control, and the backend's WAN choice (BBR on a
+channel whose streams measure an RTT of 2 ms or more, unless the group chose)."""
+
+from __future__ import annotations
+
+import socket
+
+import torch
+
+from atlas_transport import TransportConfig
+from atlas_transport.loopback import loopback_pair
+from atlas_transport.sockets import TCP_CONGESTION, available_congestion
+from atlas_transport.torch import mesh as M
+from atlas_transport.torch.options import AtlasOptions
+
+
+def _cc(sock: socket.socket) -> str:
+    return sock.getsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, 16).rstrip(b"\0").decode()
+
+
+def test_channel_rtt_and_congestion_switch():
+    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):
+        rtt = a.rtt_s()
+        assert rtt is not None and 0 < rtt < 0.05
+        assert a.set_congestion("reno")
+        assert all(_cc(s.sock) == "reno" for s in a._streams)
+        assert not a.set_congestion("no-such-algorithm")
+        assert all(_cc(s.sock) == "reno" for s in a._streams)  # refused: unchanged
+        x = torch.arange(1 << 16, dtype=torch.float32)
+        h = a.isend(x, tag=1)
+        assert torch.equal(b.recv(1, timeout=10), x)
+        h.wait(10)
+
+
+class FakeChannel:
+    def __init__(self, rtt: float | None) -> None:
+        self.rtt, self.set_to = rtt, None
+
+    def rtt_s(self):
+        return self.rtt
+
+    def set_congestion(self, name: str) -> bool:
+        self.set_to = name
+        return True
+
+
+def _mesh(congestion: str | None) -> M.PeerMesh:
+    m = M.PeerMesh.__new__(M.PeerMesh)  # only what _tune_wan reads
+    m.opts, m.rank = AtlasOptions(congestion=congestion), 0
+    return m
+
+
+def test_wan_channels_get_bbr_unless_the_group_chose():
+    wan, lan, unknown = FakeChannel(0.05), FakeChannel(0.0001), FakeChannel(None)
+    for ch in (wan, lan, unknown):
+        _mesh(None)._tune_wan(1, ch)
+    assert wan.set_to == ("bbr" if "bbr" in available_congestion() else None)
+    assert lan.set_to is None and unknown.set_to is None
+    chosen = FakeChannel(0.05)
+    _mesh("cubic")._tune_wan(1, chosen)
+    assert chosen.set_to is None

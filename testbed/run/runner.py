@@ -414,6 +414,7 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         schedule=workload.parallelism.schedule,
         schedule_alternatives_s=setup.schedule_alternatives,
         schedules_refused=setup.schedules_refused or None,
+        configurations=setup.configurations,
         placement=PlacementReport.model_validate(setup.placement.to_json(scenario.topology)),
         temporal_plan=None if pred.plan is None else TemporalPlanInfo(
             offsets_s=pred.plan.offsets, stagger_s=pred.plan.stagger_s,
@@ -627,6 +628,10 @@ def _alternatives(setup: VariantSetup) -> str:
         ran = setup.schedule or next(iter(setup.schedule_alternatives))
         weighed = ", ".join(f"{k} {v:.3f} s" for k, v in setup.schedule_alternatives.items())
         text += f", schedule {ran} (predicted {weighed})"
+    if setup.configurations:
+        taken = next(c for c in setup.configurations if c.taken)
+        text += (f", of {len(setup.configurations)} configurations predicted ran {taken.streams} stream(s) "
+                 f"{taken.sharing} on {taken.placement}")
     return text
 
 

@@ -44,7 +44,7 @@ from testbed.progress import Progress
 from testbed.run.common import RunnerError, nominal_link
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import Calibration
-from testbed_core.contracts.summary import PathRatesUsed
+from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
 from testbed_core.planning.calibrated import calibrated_rates, calibrated_topology, path_topology
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
@@ -82,6 +82,7 @@ from testbed_core.whatif.predict import fast_predict
 from testbed_core.workload import EffectiveWorkload, Workload
 
 SCHEDULE_MARGIN = 0.03  # atlas_schedule auto: another schedule runs only when predicted this much faster
+CHOICE_MARGIN = 0.01  # Atlas's own configuration is kept unless another candidate is predicted this much faster
 LOAD_PASSES = 1  # predictions again with each path weighed by the load the last one simulated
 
 Placements = Mapping[str, Placement | ValueError]
@@ -110,6 +111,10 @@ class VariantSetup:
     workload: Workload | None = None  # what the variant runs where its schedule is not the configured one
     schedule_alternatives: dict[str, float] | None = None  # atlas_schedule auto: a-priori prediction of each
     schedules_refused: dict[str, str] = field(default_factory=dict)  # schedules not weighed, and why
+    placement_label: str = ""  # how `configurations` names its placement
+    # Atlas with calibrated, auto sharing: every configuration predicted (streams, sharing,
+    # placement), the one taken marked; None where there was nothing to choose
+    configurations: list[ConfigurationCandidate] | None = None
 
     def runs(self, workload: Workload) -> Workload:
         """The workload this variant runs: `workload` (the scenario's), or its own
@@ -352,21 +357,23 @@ def requested_schedule(variant: str | VariantDef | RunVariant, scenario: Scenari
 def plan_variant(
     variant: str | RunVariant, scenario: Scenario, workload: Workload, base_dir: str | None,
     cal: Calibration | None, auto_streams: int | None, local: bool = False,
-    placement: Placement | ValueError | None = None,
+    placement: Placement | ValueError | None = None, others: Sequence[Placement] = (),
 ) -> VariantSetup:
     """Plan a variant run on its placement (`placement`: as `place_variants` computed
     it; None: placed now), choose its streams, WAN sharing and (Atlas's scheduling,
     ``runner.atlas_schedule: auto``) its pipeline schedule, and predict it. Each
     schedule the devices can hold is planned in full (streams, sharing, temporal plan)
     and predicted; another than the configured one runs only when predicted faster by
-    more than SCHEDULE_MARGIN."""
+    more than SCHEDULE_MARGIN. Atlas's streams, sharing and placement follow its own
+    calibrated prediction (`_choose_configuration`; `others`: the placements of the
+    run's other variants it may take)."""
     run = variant if isinstance(variant, RunVariant) else RunVariant(_definition(variant), has_bubbletea(variant))
     if placement is None:
         try:
             placement = variant_placement(run.variant, scenario, workload)
         except ValueError as exc:
             placement = exc
-    setup = _plan_one(run, scenario, workload, placement, base_dir, cal, auto_streams, local)
+    setup = _choose_configuration(run, scenario, workload, placement, base_dir, cal, auto_streams, local, others)
     if requested_schedule(run, scenario) != "auto":
         return setup
     options, refused = schedule_options(workload)
@@ -379,8 +386,10 @@ def plan_variant(
         # so a channel's windows, not one transfer's time, can bound it (every timed count)
         nominal = nominal_link(scenario.topology, (cal.src, cal.dst)) if cal else None
         counts = timed_counts(run.variant, scenario.transport.streams, cal, auto_streams, nominal)
-        plans = [_plan_one(run, scenario, other, placement, base_dir, cal, auto_streams, local, streams=n)
-                 for n in [None, *counts]]
+        plans = [_choose_configuration(run, scenario, other, placement, base_dir, cal, auto_streams, local, others)]
+        if plans[0].configurations is None:  # no choice made there: each timed count in the policy's way
+            plans += [_plan_one(run, scenario, other, placement, base_dir, cal, auto_streams, local, streams=n)
+                      for n in counts]
         alt = min(plans, key=lambda p: p.prediction.iteration_time_s)  # type: ignore[union-attr]
         assert alt.prediction is not None and best.prediction is not None
         times[name] = alt.prediction.iteration_time_s
@@ -393,9 +402,10 @@ def plan_variant(
 def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,
               base_dir: str | None,
               cal: Calibration | None, auto_streams: int | None, local: bool,
-              streams: int | None = None) -> VariantSetup:
+              streams: int | None = None, way: str | None = None) -> VariantSetup:
     """`plan_variant` for the workload's own schedule on `placement` (`streams`: this
-    count instead of the stream policy's)."""
+    count instead of the stream policy's; `way`: "temporal" or "shared" only, instead
+    of what the scenario asks for)."""
     definition = run.variant
     if definition.placement == "dp-across" and not scenario.runner.dp_allreduce and scenario.workload.gpu.mode != "real":
         raise RunnerError(
@@ -418,6 +428,9 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         raise RunnerError(f"variant {run.name}: placement {strategy} left a stage without a host")
     rate = cal.rates_bps.get(streams) if cal else None
     sharing = requested_sharing(definition, scenario.runner.atlas_sharing)
+    requested = sharing
+    if way is not None:
+        sharing = way  # type: ignore[assignment]
     setup = VariantSetup(run, streams, Variant(definition.name, streams, "shared", strategy), placement, None,
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
@@ -431,33 +444,112 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
             pair = (pc.src, pc.dst) if pc is not None else pair
     options: dict[str, tuple[Variant, Prediction, float | None, float | None, dict[tuple[str, str], PathRates]]] = {}
     timed, colliding = setup.path_rates, setup.colliding_bps
-    for way in ("temporal", "shared"):
-        if sharing not in (way, "auto"):
+    for option in ("temporal", "shared"):
+        if sharing not in (option, "auto"):
             continue
-        setup.variant = Variant(definition.name, streams, way, strategy)
+        setup.variant = Variant(definition.name, streams, option, strategy)
         # a planned transfer holds its link token_margin longer than its measured time on
         # the wire, so that one running late does not collide with the next
-        hold = 1 + scenario.runner.token_margin if way == "temporal" else 1.0
+        hold = 1 + scenario.runner.token_margin if option == "temporal" else 1.0
         setup.path_rates = timed
         pred = _predict_loaded(setup, scenario, workload, base_dir, cal, None if rate is None else rate / hold,
                                pair, local)
         first = first_rated(setup.path_rates)  # the first crossing's figures, as the prediction weighed them
         way_rate, way_colliding = (rate, colliding) if first is None else (first.rate_bps, first.colliding_bps)
-        options[way] = (setup.variant, pred, None if way_rate is None else way_rate / hold, way_colliding,
-                        setup.path_rates)
+        options[option] = (setup.variant, pred, None if way_rate is None else way_rate / hold, way_colliding,
+                           setup.path_rates)
     if len(options) == 2:
-        times = {way: opt[1].iteration_time_s for way, opt in options.items()}
+        times = {option: opt[1].iteration_time_s for option, opt in options.items()}
         setup.sharing_alternatives = times
-        way = choose_sharing(times["temporal"], times["shared"])
+        chosen = choose_sharing(times["temporal"], times["shared"])
     else:
-        (way,) = options
-    setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates = options[way]
-    if setup.prediction.plan is None and way == "temporal":
-        way = "shared"  # no WAN link to plan (every crossing inside one DC)
-    setup.sharing = way
-    if sharing == "auto" and definition.streams == "fill-link" and cal is not None:
+        (chosen,) = options
+    setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates = options[chosen]
+    if setup.prediction.plan is None and chosen == "temporal":
+        chosen = "shared"  # no WAN link to plan (every crossing inside one DC)
+    setup.sharing = chosen
+    setup.sharing_requested = requested
+    if way is None and sharing == "auto" and definition.streams == "fill-link" and cal is not None:
         _consider_configured_shared(setup, scenario, workload, base_dir, cal, auto_streams, pair, local)
     return setup
+
+
+def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,
+                          base_dir: str | None, cal: Calibration | None, auto_streams: int | None, local: bool,
+                          others: Sequence[Placement] = ()) -> VariantSetup:
+    """Atlas follows its own calibrated prediction: with a calibration and sharing
+    ``auto``, every configuration it may run is planned and predicted, each stream
+    count the calibration timed (one stream, the configured count, the count to fill
+    the link: the baseline's and multi-TCP's own counts among them) each way
+    (temporal plan or shared links), on its own placement and on each of `others`
+    whose paths were timed (the baseline's placement), and the fastest by prediction
+    runs. Its own configuration (the stream policy's count, the plan unless sharing is
+    predicted faster by the sharing margin) is kept unless another is predicted faster
+    by more than CHOICE_MARGIN. A shared way at a count above one is weighed only
+    where that count's collision was calibrated (the prediction needs its aggregate)
+    or it is the policy's own count. Every candidate and the one taken are kept in
+    ``setup.configurations`` (summary.json). Other variants, and Atlas without a
+    calibration or with fixed sharing: `_plan_one` as it is."""
+    definition = run.variant
+    own = _plan_one(run, scenario, workload, placement, base_dir, cal, auto_streams, local)
+    if cal is None or definition.streams != "fill-link" or own.sharing_requested != "auto" \
+            or isinstance(placement, ValueError):
+        return own
+    pair = (cal.src, cal.dst)
+    nominal = nominal_link(scenario.topology, pair)
+    counts = timed_counts(definition, scenario.transport.streams, cal, auto_streams, nominal)
+    places = [placement] + [pl for pl in others if pl.stage_dc != placement.stage_dc and _timed(pl, scenario, cal)]
+    places = list({pl.stage_dc: pl for pl in places}.values())
+    pool: list[VariantSetup] = []
+    for pl in places:
+        for n in sorted(set(counts) | {own.streams}):
+            for option in ("temporal", "shared"):
+                if pl is placement and n == own.streams and option == own.sharing:
+                    continue  # that is `own`
+                if option == "shared" and n > 1 and n != own.streams and not _collision_timed(pl, scenario, cal, n):
+                    continue
+                try:
+                    cand = _plan_one(run, scenario, workload, pl, base_dir, cal, auto_streams, local, streams=n,
+                                     way=option)
+                except (RunnerError, ValueError):
+                    continue
+                if cand.sharing != option:  # no WAN link to plan: the same as shared
+                    continue
+                cand.placement_label = pl.strategy if pl is placement else f"{pl.strategy} (the baseline's)"
+                pool.append(cand)
+    own.placement_label = placement.strategy
+    assert own.prediction is not None
+    best = min(pool, key=lambda c: c.prediction.iteration_time_s, default=None)  # type: ignore[union-attr]
+    taken = own
+    if best is not None and best.prediction is not None and \
+            best.prediction.iteration_time_s < own.prediction.iteration_time_s * (1 - CHOICE_MARGIN):
+        taken = best
+        taken.sharing_alternatives = own.sharing_alternatives
+    taken.configurations = [
+        ConfigurationCandidate(streams=c.streams, sharing=c.sharing, placement=c.placement_label,
+                               stage_dcs=list(c.placement.stage_dc[0]),
+                               predicted_iteration_time_s=c.prediction.iteration_time_s,  # type: ignore[union-attr]
+                               taken=c is taken, own=c is own)
+        for c in sorted([own, *pool], key=lambda c: c.prediction.iteration_time_s)]  # type: ignore[union-attr]
+    return taken
+
+
+def _timed(placement: Placement, scenario: Scenario, cal: Calibration) -> bool:
+    """Whether the calibration timed every WAN path `placement` crosses (else its
+    prediction would rest on rates nobody measured). A calibration of one path stands
+    for every link, for any placement, as it does for the variant's own."""
+    if not cal.paths:
+        return True
+    rates = path_rates_of(placement, scenario.topology, cal, 1, _allreduce_on(scenario))
+    return all(pr.rate_bps is not None for pr in rates.values())
+
+
+def _collision_timed(placement: Placement, scenario: Scenario, cal: Calibration, streams: int) -> bool:
+    """Whether `streams`-stream channels colliding were calibrated on every path of `placement`."""
+    if cal.paths:
+        rates = path_rates_of(placement, scenario.topology, cal, streams, _allreduce_on(scenario))
+        return bool(rates) and all(pr.colliding_bps is not None for pr in rates.values())
+    return streams in cal.colliding_bps and streams in cal.rates_bps
 
 
 def _predict_loaded(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
@@ -525,8 +617,10 @@ def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Work
     setups: dict[str, VariantSetup | RunnerError] = {}
     for run in runs:
         try:
+            others = [pl for name, pl in placements.items() if isinstance(pl, Placement) and name != run.base
+                      and get_variant(name).placement == "baseline"]
             setup = plan_variant(run, scenario, workload, base_dir, cal, auto_streams, local,
-                                 placements[run.base])
+                                 placements[run.base], others)
             if cal is not None and not cal.paths and setup.streams not in cal.rates_bps:
                 raise RunnerError(f"{setup.streams} streams were not calibrated")
             missing = [f"{a}<->{z}" for (a, z), pr in setup.path_rates.items()

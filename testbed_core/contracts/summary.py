@@ -553,6 +553,20 @@ BUBBLETEA_KEYS = frozenset(BubbleTeaMetrics.model_fields) | {"slowdown_decomposi
 then the runner's slowdown decomposition)."""
 
 
+class ConfigurationCandidate(_Doc):
+    """One configuration Atlas weighed before it ran (testbed/run/variants.py
+    `_choose_configuration`): its streams per WAN channel, how it shares the links,
+    where its stages go, and its calibrated a-priori prediction."""
+
+    streams: int
+    sharing: Literal["temporal", "shared"]
+    placement: str  # its placement strategy; "(the baseline's)" where it is another variant's
+    stage_dcs: list[str]  # the DC of each stage (of pipeline 0)
+    predicted_iteration_time_s: float
+    taken: bool  # the one that ran
+    own: bool  # Atlas's own (its stream policy's count, the plan unless sharing is clearly faster)
+
+
 class VariantResult(_Doc):
     """The entry of a variant that ran: measured, predicted, how it ran, and where its
     per-variant files are (relative to the run folder)."""
@@ -597,6 +611,11 @@ class VariantResult(_Doc):
     can hold; the fastest ran unless the configured one was within 3%."""
     schedules_refused: dict[str, str] | None = None
     """Schedules not weighed, and why (memory, interleaved stages, an unknown device)."""
+    configurations: list[ConfigurationCandidate] | None = None
+    """Atlas with a calibration and ``runner.atlas_sharing: auto``: every configuration it
+    could run (each calibrated stream count, one included, each way of sharing, its own
+    placement and the baseline's), fastest first by prediction, and which ran: the
+    fastest, unless its own was predicted within 1% of it. None for other variants."""
     placement: Placement  # where the variant's stages ran
     temporal_plan: TemporalPlanInfo | None  # the temporal plan (None: links shared)
     compute_only_s: float  # the iteration time with an infinitely fast network, seconds (predicted)

@@ -193,6 +193,20 @@ for key, fn in (("band_float", lambda: dist.all_reduce(torch.ones(2), op=dist.Re
         errors[key] = None
     except Exception as exc:
         errors[key] = f"{type(exc).__name__}: {exc}"
+# split_group as torch runs it where init_process_group(device_id=...) bound an accelerator
+# (simulated: the cpu stands in for it; torch itself refuses to split without one)
+try:
+    dist.split_group(split_ranks=[[0, 2], [1]])
+except RuntimeError as exc:
+    errors["split_unbound"] = str(exc)
+torch.accelerator.is_available = lambda: True
+torch.accelerator.current_accelerator = lambda check_available=False: torch.device("cpu")
+pg.eager_connect_single_device(torch.device("cpu", 0))  # what init_process_group(device_id=) calls
+sub = dist.split_group(split_ranks=[[0, 2], [1]])
+t = torch.full((2,), float(RANK + 1))
+dist.all_reduce(t, group=sub)
+res["split"] = (str(pg.bound_device_id), dist.get_process_group_ranks(sub), sub.group_name in
+                dist.distributed_c10d._world.pg_names.values(), t.tolist())
 dist.barrier()
 try:                                             # sizes differ across ranks: the group breaks, named
     dist.all_reduce(torch.ones(3 + RANK))
@@ -248,6 +262,10 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
         assert inp.tolist() == (torch.arange(2.0 * world) + r).tolist()  # PREMUL_SUM left the input as it was
         assert r != 0 or p4.tolist() == [18.0, 18.0]
         assert res[r]["callback"].tolist() == [12.0, 12.0]  # 3 + (0 + 1 + 2) summed again: 3 + 9
+
+        assert res[r]["split"] == ("cpu:0", [0, 2] if r != 1 else [1], True, [4.0, 4.0] if r != 1 else [2.0, 2.0])
+        assert res[r]["errors"]["split_unbound"] == ("No device associated with the default pg, not safe to split "
+                                                     "any process groups")
 
     got, irecv_src = res[world - 1]["anysource"]
     assert sorted(src for src, _ in got) == list(range(world - 1))

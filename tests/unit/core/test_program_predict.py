@@ -1,0 +1,262 @@
+"""A profiled program on another network (testbed_core/program/): the replay's figures
+against the network model worked by hand, and every refusal of a profile that does not
+fit (another version of the program, other arguments, a topology with too few hosts)."""
+
+from __future__ import annotations
+
+import math
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from testbed.cli import main
+from testbed_core.program.predict import (
+    INITIAL_WINDOW,
+    PredictError,
+    _restart,
+    measured_windows,
+    predict,
+    retarget,
+)
+from testbed_core.program.profile import (
+    PROFILE_FILE,
+    GroupRecord,
+    OpRecord,
+    ProfileError,
+    ProgramProfile,
+    RankProfile,
+    StepRecord,
+    check_program,
+    program_identity,
+    read_profile,
+)
+from testbed_core.topology import load_topology, parse_topology
+
+ROOT = Path(__file__).resolve().parents[3]
+TOPO = ROOT / "topologies" / "2dc.yaml"
+MB4 = 4 << 20
+
+
+def _topology(slow_start: bool = False, rtt_ms: float = 50, hosts: int = 1):
+    return parse_topology({
+        "name": "t", "tcp": {"rmem_max": "1MB", "wmem_max": "1MB", "slow_start_after_idle": slow_start},
+        "dcs": [{"name": "dc1", "hosts": hosts}, {"name": "dc2", "hosts": hosts}],
+        "wan": [{"between": ["dc1", "dc2"], "rate": "1Gbit", "delay": f"{rtt_ms / 2}ms"}]}, "t.yaml")
+
+
+def _op(i, kind, op, nbytes, peer, t, waits, blocking=False, done=None):
+    return OpRecord(id=i, kind=kind, op=op, bytes=nbytes, peer=peer, group=0, blocking=blocking, t_issue=t,
+                    t_issue_end=t, waits=waits, t_done=done)
+
+
+def _pipeline_profile(tmp_path: Path, steps: int = 4, step_s: float = 1.0, backend: str = "gloo",
+                      compute: float = 0.1, sender_busy: float | None = None) -> ProgramProfile:
+    """Rank 0 sends one 4 MiB tensor to rank 1 per step and waits for it; rank 1
+    receives it, computes `compute` s, prints its line. Times as a 1 s step would give;
+    with `sender_busy`, rank 0's wait on its send ends that long after it began and it
+    computes the rest of the step (its connection idles)."""
+    script = tmp_path / "prog.py"
+    if not script.exists():
+        script.write_text("print('hi')\n")
+    ops0, ops1, lines0, lines1 = [], [], [], []
+    for k in range(steps):
+        t = 1.0 + k * step_s
+        arrival = t + step_s - compute - 0.01
+        send_end = arrival - 0.025 if sender_busy is None else t + sender_busy
+        ops0.append(_op(k + 1, "send", "isend", MB4, 1, t, [(t, send_end)]))
+        ops1.append(_op(k + 1, "recv", "irecv", MB4, 0, t, [(t, arrival)]))
+        lines0.append(StepRecord(step=k, step_s=arrival - 0.025 - t + 0.005, t_line=arrival - 0.025))
+        lines1.append(StepRecord(step=k, step_s=step_s - 0.005, t_line=t + step_s - 0.01))  # from t - 0.005
+    group = [GroupRecord(index=0, ranks=[0, 1], backend=backend)]
+    ranks = [RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, steps=lines0, t_start=0.5),
+             RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, steps=lines1, t_start=0.5)]
+    return ProgramProfile(program=program_identity([sys.executable, str(script), "--steps", str(steps)], str(tmp_path)),
+                          topology=_topology(), topology_file="t.yaml", world_size=2, started=1000.0,
+                          wall_s=steps * step_s + 2, ranks=ranks)
+
+
+def test_a_transfer_takes_latency_plus_bytes_over_window_per_rtt(tmp_path):
+    """One window-limited gloo flow on a new connection: six round trips of slow start
+    (10 segments doubling to the 0.5 MB window), the rest at a window per RTT, then the
+    one-way delay; rank 1's first step adds its 0.1 s of compute and 5 ms before the receive."""
+    prof = _pipeline_profile(tmp_path)
+    for rtt in (0.01, 0.1, 0.2):
+        pred = predict(prof, retarget(_topology(), rtt), extra_rtts=0.0, windows={})
+        rate = 0.5e6 / rtt  # nominal window (rmem_max / 2) per RTT, under the link at these RTTs
+        ramp = 6 * rtt + (MB4 - INITIAL_WINDOW * 63) / rate
+        assert pred.ranks[1].steps[0] == pytest.approx(ramp + rtt / 2 + 0.1 + 0.005, rel=1e-3), rtt
+        assert pred.paths[0].window_source == "nominal" and pred.paths[0].window_bytes == 0.5e6
+
+
+def test_predictions_grow_with_the_rtt_and_shrink_with_more_bandwidth(tmp_path):
+    prof = _pipeline_profile(tmp_path, backend="atlas")
+    times = [predict(prof, retarget(prof.topology, rtt), extra_rtts=0.0).seconds_per_step for rtt in (0.01, 0.1, 0.2)]
+    assert times[0] < times[1] < times[2]
+    narrow = predict(prof, retarget(prof.topology, 0.01, 1e8), extra_rtts=0.0).seconds_per_step
+    assert narrow > times[0]  # at 10 ms the 8 streams fill 1 Gbit/s; 100 Mbit/s is the limit then
+
+
+def test_the_fit_reproduces_the_profiled_step(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    pred = predict(prof, prof.topology)
+    assert -0.5 <= pred.extra_rtts <= 8.0
+    if -0.5 < pred.extra_rtts < 8.0:
+        assert pred.seconds_per_step == pytest.approx(pred.ranks[0].measured_median_s, rel=1e-3)
+
+
+def test_a_collective_by_ring_takes_two_rounds_of_half_the_tensor(tmp_path):
+    nbytes = 1 << 20
+    ranks = []
+    for r in (0, 1):
+        ops = [_op(k + 1, "collective", "all_reduce", nbytes, None, 1.0 + k, [(1.0 + k, 1.5 + k)], blocking=True)
+               for k in range(3)]
+        steps = [StepRecord(step=k, step_s=0.6, t_line=1.6 + k) for k in range(3)]
+        ranks.append(RankProfile(rank=r, host=f"dc{r + 1}-h1", dc=f"dc{r + 1}", ops=ops, steps=steps, t_start=0.0,
+                                 groups=[GroupRecord(index=0, ranks=[0, 1], backend="gloo")]))
+    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology(), topology_file="t",
+                          world_size=2, started=0.0, wall_s=4.0, ranks=ranks)
+    pred = predict(prof, retarget(_topology(), 0.1), extra_rtts=0.0, windows={})
+    round_s = (nbytes / 2) / (0.5e6 / 0.1) + 0.05
+    assert pred.seconds_per_step == pytest.approx(0.6 - 0.5 + 2 * round_s, rel=1e-3)
+
+
+def test_slow_start_after_idle_halves_the_window_per_rto():
+    assert _restart(512e3, 0.1, 0.25) == 512e3  # idle less than an RTO: untouched (the caller checks)
+    assert _restart(512e3, 0.4, 0.25) == 256e3  # one RTO more
+    assert _restart(512e3, 100.0, 0.25) == INITIAL_WINDOW  # at most down to the initial window
+
+
+def test_slow_start_makes_a_cold_transfer_slower(tmp_path):
+    prof = _pipeline_profile(tmp_path, step_s=3.0, sender_busy=0.1)
+    warm = predict(prof, retarget(_topology(False), 0.1), extra_rtts=0.0, windows={}).ranks[1].median_s
+    cold = predict(prof, retarget(_topology(True), 0.1), extra_rtts=0.0, windows={}).ranks[1].median_s
+    assert cold > warm + 0.1
+
+
+def test_window_measured_from_back_to_back_transfers(tmp_path):
+    """Four 4 MiB sends queued at once, arriving 0.4 s apart at 50 ms RTT: 10.5 MB/s, a window of 524 kB."""
+    ops0 = [_op(k + 1, "send", "isend", MB4, 1, 1.0, []) for k in range(4)]
+    ops1 = [_op(k + 1, "recv", "irecv", MB4, 0, 1.0, [(1.0, 1.5 + 0.4 * k)]) for k in range(4)]
+    group = [GroupRecord(index=0, ranks=[0, 1], backend="gloo")]
+    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology(), topology_file="t",
+                          world_size=2, started=0.0, wall_s=4.0,
+                          ranks=[RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, t_start=0.0),
+                                 RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, t_start=0.0)])
+    (window,) = measured_windows(prof, prof.topology).values()
+    assert window == pytest.approx(MB4 / 0.4 * 0.05)
+
+
+# --------------------------------------------------------------------------- what does not fit
+
+
+def test_a_changed_program_file_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    check_program(prof, "DIR")
+    (tmp_path / "prog.py").write_text("print('another version')\n")
+    with pytest.raises(ProfileError, match=r"prog\.py has changed since it was profiled \(sha256 .* in the profile, "
+                                           r".* now\): the profile describes another version of the program"):
+        check_program(prof, "DIR")
+
+
+def test_a_deleted_program_file_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    (tmp_path / "prog.py").unlink()
+    with pytest.raises(ProfileError, match=r"the profiled program's file .*prog\.py is gone"):
+        check_program(prof, "DIR")
+
+
+def test_other_arguments_are_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    script = str(tmp_path / "prog.py")
+    check_program(prof, "DIR", ["python3", script, "--steps", "4"])  # another interpreter is the same program
+    with pytest.raises(ProfileError, match=r"argument 3: '4' in the profile, '8' now"):
+        check_program(prof, "DIR", ["python3", script, "--steps", "8"])
+    with pytest.raises(ProfileError, match=r"extra arguments now: --schedule 1f1b"):
+        check_program(prof, "DIR", ["python3", script, "--steps", "4", "--schedule", "1f1b"])
+
+
+def test_a_topology_with_too_few_hosts_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    one = parse_topology({"name": "one", "dcs": [{"name": "dc1", "hosts": 1}], "wan": []}, "one.yaml")
+    with pytest.raises(PredictError, match=r"one\.yaml has 1 host \(dc1 \(1 host\)\); the profile's 2 ranks ran on "
+                                           r"2 hosts: too few hosts"):
+        predict(prof, one, source="one.yaml")
+
+
+def test_a_topology_without_the_ranks_host_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    other = parse_topology({"name": "o", "dcs": [{"name": "dc1", "hosts": 1}, {"name": "dc3", "hosts": 1}],
+                            "wan": [{"between": ["dc1", "dc3"], "rate": "1Gbit", "delay": "5ms"}]}, "o.yaml")
+    with pytest.raises(PredictError, match=r"rank 1 ran on dc2-h1 in the profile, but o\.yaml has no host dc2-h1 "
+                                           r"\(it has dc1 \(1 host\), dc3 \(1 host\)\)"):
+        predict(prof, other, source="o.yaml")
+    pred = predict(prof, other, source="o.yaml", hosts=["dc1-h1", "dc3-h1"], extra_rtts=0.0)
+    assert pred.seconds_per_step is not None
+    with pytest.raises(PredictError, match=r"--hosts names 1 hosts for a profile of 2 ranks"):
+        predict(prof, other, source="o.yaml", hosts=["dc1-h1"])
+
+
+def test_an_incomplete_profile_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    prof.ranks[0].ops.pop()  # rank 1's last receive has no send
+    with pytest.raises(PredictError, match=r"the replay stops at rank 1, waiting for irecv #4 \(peer 0\)"):
+        predict(prof, prof.topology, extra_rtts=0.0)
+
+
+def test_a_profile_without_steps_is_refused(tmp_path):
+    prof = _pipeline_profile(tmp_path)
+    for r in prof.ranks:
+        r.steps = []
+    with pytest.raises(PredictError, match=r"the profile has no step lines"):
+        predict(prof, prof.topology)
+
+
+def test_read_profile_says_what_is_missing(tmp_path):
+    with pytest.raises(ProfileError, match=r"no profile\.json there; make one with"):
+        read_profile(tmp_path)
+    (tmp_path / "launch.json").write_text("{}")
+    with pytest.raises(ProfileError, match=r"that launch was not profiled; run it again with --profile"):
+        read_profile(tmp_path)
+    (tmp_path / PROFILE_FILE).write_text('{"format": 2}')
+    with pytest.raises(ProfileError, match=r"not a profile this version reads"):
+        read_profile(tmp_path)
+
+
+# --------------------------------------------------------------------------- the command
+
+
+def _saved(tmp_path: Path) -> Path:
+    prof = _pipeline_profile(tmp_path)
+    prof.topology = load_topology(TOPO)
+    out = tmp_path / "launch"
+    out.mkdir()
+    (out / PROFILE_FILE).write_text(prof.model_dump_json())
+    return out
+
+
+def test_whatif_program_prints_one_row_per_target(tmp_path):
+    out = _saved(tmp_path)
+    result = CliRunner().invoke(main, ["whatif", "--program", str(out), "--rtt", "10ms,200ms", "--bandwidth", "10Gbit"])
+    assert result.exit_code == 0, result.output
+    assert "RTT 10 ms, 10 Gbit/s" in result.output and "RTT 200 ms, 10 Gbit/s" in result.output
+    rows = [line.split() for line in result.output.splitlines() if line.strip().startswith("RTT")]
+    assert float(rows[0][5]) < float(rows[1][5])
+    assert not math.isnan(float(rows[0][5]))
+
+
+def test_whatif_program_refusals(tmp_path):
+    out = _saved(tmp_path)
+    run = CliRunner().invoke
+    result = run(main, ["whatif", "--program", str(out), "--command", f"python {tmp_path / 'prog.py'} --steps 9"])
+    assert result.exit_code != 0 and "argument 3: '4' in the profile, '9' now" in result.output
+    result = run(main, ["whatif", "--rtt", "10ms"])
+    assert result.exit_code != 0 and "--rtt, --bandwidth, --hosts and --command go with --program DIR" in result.output
+    result = run(main, ["whatif", "--program", str(out), "--rtt", "0ms"])
+    assert result.exit_code != 0 and "must be more than 0" in result.output
+    result = run(main, ["whatif", "--program", str(out), "--workload", "w.yaml"])
+    assert result.exit_code != 0 and "--program predicts the profiled program itself" in result.output
+    result = run(main, ["whatif", "--program", str(out), "--topology", str(ROOT / "topologies" / "1dc-lan.yaml")])
+    assert result.exit_code != 0
+    assert "rank 1 ran on dc2-h1 in the profile, but" in result.output and "has no host dc2-h1" in result.output

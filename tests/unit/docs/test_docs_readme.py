@@ -82,7 +82,7 @@ def test_results_page_names_kept_results_that_exist(page: Path):
     for path in _backticked_paths(text):
         if path.startswith("results/") and ("-<" in path or path.rstrip("/").count("/") == 0):
             continue
-        assert (ROOT / path).exists() or path.startswith("results/whatif-scale"), \
+        assert (ROOT / path).exists(), \
             f"{page.name}: {path} is not in the repository"
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from datetime import timedelta
 
 import torch
 import torch.distributed as dist
@@ -63,8 +64,16 @@ class AtlasWork(dist.distributed_c10d.Work):
         self._event.wait()
 
     def wait(self, timeout: object = None) -> bool:
-        # Every operation is bounded by the group's timeout already, so wait() cannot hang.
-        self._drive()
+        """Wait for the operation (bounded by the group's timeout already); a shorter
+        `timeout` (timedelta or seconds; 0 or None: none) raises AtlasError when it
+        passes first, leaving the operation running."""
+        limit = _seconds(timeout)
+        if limit and not self._event.is_set():
+            self._start_watch()
+            if not self._event.wait(limit):
+                raise AtlasError(f"atlas: {self.what} did not complete within the {limit:g} s given to wait()")
+        else:
+            self._drive()
         if self._error is not None:
             raise self._error
         return True
@@ -101,6 +110,14 @@ class AtlasWork(dist.distributed_c10d.Work):
     def __repr__(self) -> str:
         state = "failed" if self._error else "completed" if self._event.is_set() else "pending"
         return f"<AtlasWork {self.what} {state}>"
+
+
+def _seconds(timeout: object) -> float:
+    if timeout is None:
+        return 0.0
+    if isinstance(timeout, timedelta):
+        return max(0.0, timeout.total_seconds())
+    return max(0.0, float(timeout))
 
 
 def _settle(fut: Future, exc: BaseException | None, result: list[torch.Tensor]) -> None:

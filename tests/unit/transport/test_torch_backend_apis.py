@@ -193,6 +193,18 @@ for key, fn in (("band_float", lambda: dist.all_reduce(torch.ones(2), op=dist.Re
         errors[key] = None
     except Exception as exc:
         errors[key] = f"{type(exc).__name__}: {exc}"
+if RANK == 0:                                    # wait(timeout) shorter than the group's: raises, the receive stays
+    w = dist.irecv(torch.empty(1), src=1, tag=9)
+    try:
+        w.wait(timeout=timedelta(seconds=0.2))
+    except Exception as exc:
+        errors["wait_timeout"] = f"{type(exc).__name__}: {exc}"
+    dist.barrier()
+    errors["wait_later"] = w.wait()
+else:
+    dist.barrier()
+    if RANK == 1:
+        dist.send(torch.ones(1), 0, tag=9)
 # split_group as torch runs it where init_process_group(device_id=...) bound an accelerator
 # (simulated: the cpu stands in for it; torch itself refuses to split without one)
 try:
@@ -278,6 +290,8 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
     assert "input_split_sizes [2, 2, 2] must be 3 (the group size) non-negative row counts adding up to the " \
            "input's 4 rows" in err["a2a_splits"]
     assert "all_gather_coalesced needs one output list per rank (3), got 1" in err["agc_lists"]
+    assert err["wait_timeout"] == ("AtlasError: atlas: recv of (1,) float32 did not complete within the 0.2 s "
+                                   "given to wait()") and err["wait_later"] is True
     for r in range(world):  # each rank names itself, the peer whose message did not fit, and both sizes
         msg = res[r]["errors"]["sizes"]
         assert msg.startswith("AtlasError: atlas: all_reduce(SUM) #") and f"on rank {r} from rank" in msg, msg

@@ -1,17 +1,40 @@
 """The Atlas transport as a torch.distributed backend: `import atlas_transport.torch`
-registers backend "atlas", then
+registers backend "atlas" (for cpu and cuda tensors), then
 
     dist.init_process_group(backend="atlas")            # or
     dist.new_group(ranks, backend="atlas", pg_options=AtlasOptions(streams=8))
 
 carries the group's traffic over atlas channels: one per pair of ranks, opened on
 first use, N TCP streams each (AtlasOptions.streams or ATLAS_STREAMS; by default 1
-stream on a path under 2 ms RTT, 8 beyond). Point-to-point (send, recv, isend, irecv,
-batch_isend_irecv) and the collectives of data parallelism (broadcast, all_reduce,
-all_gather, reduce_scatter, barrier, reduce, gather, scatter). Rendezvous goes
-through the group's store; every wait is bounded by the group's timeout and a dead
-or silent peer becomes an `AtlasError` naming its rank. Importing this module only
-registers the backend (idempotent)."""
+stream on a path under 2 ms RTT, 8 beyond). CUDA tensors are staged through host
+memory.
+
+What works on it (torch 2.13, checked by tests/unit/transport/test_torch_backend*.py):
+- point to point: send, recv, isend, irecv, batch_isend_irecv, recv from any source
+  (`dist.recv(t)` returns the sender), object send/recv;
+- every collective in its list, single-tensor and coalesced forms: all_reduce (SUM,
+  AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM), allreduce_coalesced,
+  broadcast, all_gather, all_gather_into_tensor, all_gather_coalesced,
+  reduce_scatter, reduce_scatter_tensor, all_to_all and all_to_all_single (uneven
+  splits), reduce, gather, scatter, barrier, the object collectives, and
+  `_coalescing_manager` (its coalesced forms);
+- what torch's libraries look up on a group: its name (DeviceMesh, functional
+  collectives and torch.compile'd ones, DTensor, tensor parallel, FSDP2), its device
+  types (object collectives, state-dict broadcast, dcp.async_save), `_get_backend`,
+  `split_group` where an accelerator is bound (`init_process_group(device_id=...)`);
+- DDP communication hooks: futures are settled off the collectives thread, so a
+  callback may run collectives and wait for them (PowerSGD).
+torch restricts some things to its built-in backends: `monitored_barrier` (gloo
+only), `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works), and the
+`_out` all-gather of compiled code (`all_gather_into_tensor_out`), which C++ sends to
+a C++ backend a Python group cannot have.
+
+Rendezvous goes through the group's store; every wait is bounded by the group's
+timeout and a dead or silent peer becomes an `AtlasError` naming its rank. Bad input
+(an op a dtype cannot take, split sizes, list lengths) raises at the call, naming
+the op and dtype; tensors whose sizes differ across ranks fail the operation naming
+both ranks and both sizes. Importing this module only registers the backend
+(idempotent)."""
 
 from __future__ import annotations
 

@@ -104,8 +104,10 @@ def inline_commands(text: str) -> list[str]:
     prose = FENCE.sub("", text)
     found = []
     for span in re.findall(r"(?<!`)`([^`\n]+(?:\n[^`\n]+)?)`(?!`)", prose):
-        span = " ".join(span.split())
+        span = re.sub(r"<[^>]*>", lambda m: m.group(0).replace(" ", "_"), " ".join(span.split()))
         if span.startswith(("sudo ", CLI + " ")) and ("testbed" in span.split()[1] or span.startswith(CLI)):
+            found.append(span)
+        elif span.startswith((".venv/bin/python ", "sudo .venv/bin/python ")):
             found.append(span)
         elif span.startswith("testbed ") and any("/" in t and not t.startswith("-") for t in span.split()[2:]):
             found.append(span)
@@ -169,6 +171,8 @@ def check_command(line: str, made: set[str] | None = None) -> None:
         return
     if Path(prog).name != "testbed":
         outputs = {tokens[i + 1] for i, t in enumerate(tokens[:-1]) if t in OUTPUT_FLAGS}
+        for out in outputs:
+            _not_a_kept_result(line, out)
         for path in _named_paths([t for t in tokens if t not in outputs]):
             assert _path_exists(path, made), f"{line!r}: {path} does not exist in the repository"
         return
@@ -261,6 +265,14 @@ def _check_sets(line: str, name: str, path: str, sets: list[str]) -> None:
         raise AssertionError(f"{line!r}: {exc}") from None
 
 
+def _not_a_kept_result(line: str, out: str) -> None:
+    """A command as the docs give it writes a new folder, never over a kept result."""
+    path = out.rstrip("/")
+    assert not (path.startswith("results/") and (ROOT / path).exists()), (
+        f"{line!r}: writes into {path}, a kept result in the repository; a reproduction writes a new "
+        "folder (say where the kept one is beside the command)")
+
+
 def _is_output(param: click.Parameter) -> bool:
     return bool(param.name and (param.name.startswith("out") or param.name in ("keep_to",)))
 
@@ -270,6 +282,7 @@ def _check_value(line: str, name: str, opt: str, param: click.Parameter, value: 
         return
     if isinstance(param.type, click.Path):
         if _is_output(param):
+            _not_a_kept_result(line, value)
             made.add(value)
             return
         assert "/" not in value or _path_exists(value, made), \

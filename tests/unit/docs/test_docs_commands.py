@@ -63,6 +63,9 @@ def test_every_page_is_looked_at() -> None:
     ("make no-such-target", "no Makefile target"),
     (".venv/bin/testbed launch topologies/2dc.yaml -- .venv/bin/python examples/no-such.py", "examples/no-such.py"),
     (".venv/bin/python scripts/no-such.py", "scripts/no-such.py does not exist"),
+    (".venv/bin/testbed whatif --grid scenarios/whatif-scale.yaml --out results/whatif-scale",
+     "writes into results/whatif-scale, a kept result"),
+    (".venv/bin/python scripts/bubbletea_runs.py --out results/bubbletea-ten-runs", "a kept result"),
 ])
 def test_the_check_is_real(bad: str, message: str) -> None:
     with pytest.raises(AssertionError, match=None) as info:

@@ -237,6 +237,11 @@ def _launch() -> type[BaseModel]:
     return LaunchReport
 
 
+def _profile() -> type[BaseModel]:
+    from testbed_core.program.profile import ProgramProfile
+    return ProgramProfile
+
+
 def _adapt_scenario(schema: dict[str, Any]) -> None:
     """A scenario file names its topology and workload as a file (relative to the
     scenario) or inline; `source` and `workload_source` are filled in by the loader."""
@@ -305,6 +310,9 @@ FORMATS: tuple[Format, ...] = (
            "step rank 0 printed, the launch's outcome and the WAN bytes."),
     Format("launch", "launch.json", _launch,
            "What `testbed launch` writes: the command, each rank's outcome and the WAN bytes."),
+    Format("profile", "profile.json", _profile,
+           "What `testbed launch --profile` writes beside launch.json: each rank's communications and steps, "
+           "read by `testbed whatif --program DIR`."),
     Format("sweep-record", "sweep.json", _sweep_record,
            "What `testbed sweep` writes in its result folder: the plan it ran (parameters, points, overrides); "
            "read back by `report` and by the sweep itself when it resumes."),

@@ -51,10 +51,10 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
     try:
         profile = read_profile(program_dir)
         check_program(profile, str(program_dir), shlex.split(command_text) if command_text else None)
-        base = load_topology(topology_path) if topology_path is not None else profile.topology
+        base = load_topology(topology_path) if topology_path is not None else profile.network
         source = str(topology_path) if topology_path is not None else f"the profile's topology ({base.name})"
         hosts = [h.strip() for h in hosts_text.split(",") if h.strip()] if hosts_text else None
-        windows = measured_windows(profile, profile.topology)
+        windows = measured_windows(profile, profile.network)
         t0 = time.perf_counter()
         rows = []
         for rtt in rtts:
@@ -68,13 +68,13 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
         raise click.ClickException(str(exc)) from None
     measured = rows[0].ranks[0].measured_median_s if rows and rows[0].ranks else None
     if as_json:
-        click.echo(json.dumps({"program": profile.program.model_dump(), "profiled_on": profile.topology.name,
+        click.echo(json.dumps({"program": profile.program.model_dump(), "profiled_on": profile.network.name,
                                "measured_s_per_step": measured, "predict_s": took,
                                "predictions": [r.model_dump() for r in rows]}, indent=1))
         return
     backends = sorted({g.backend for r in profile.ranks for g in r.groups})
     click.echo(f"What-if: {shlex.join(profile.program.command)} ({profile.world_size} ranks, "
-               f"{', '.join(backends) or 'no communication'}), profiled on {profile.topology.name}: "
+               f"{', '.join(backends) or 'no communication'}), profiled on {profile.network.name}: "
                f"{measured if measured is None else f'{measured:.3f}'} s per step measured there (rank 0's median "
                "after the first step)")
     for p in rows[0].paths:

@@ -104,7 +104,7 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
                 if any(dc_of.get(p) != rp.dc for p in by_group[op.group].ranks):
                     crossing += op.bytes
     wan = sum(w.a_to_b_bytes + w.b_to_a_bytes for w in report.wan_bytes) if report.wan_bytes else None
-    profile = ProgramProfile(program=program_identity(report.command, cwd), topology=topology,
+    profile = ProgramProfile(program=program_identity(report.command, cwd), topology=topology.model_dump(mode="json"),
                              topology_file=report.topology_file, env=dict(report.env), world_size=report.world_size,
                              nproc_per_host=report.nproc_per_host, started=report.started, wall_s=report.wall_s,
                              ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing)

@@ -60,7 +60,9 @@ WINDOW_LIMITED = 0.8  # a path moving less than this share of its link's goodput
 BLOCKED_S = 1e-3
 EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips per transfer (fit_extra_rtts)
 METRIC_BYTES = 1024
-NOTIFYING = frozenset({"gloo"})  # backends whose receives send a notice to the sender (Replay._p2p)  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
+# backends whose receives send a notice to the sender, which sends only then (rendezvous: gloo's
+# transfers start one one-way delay after the receive is posted); the others send at once
+NOTIFYING = frozenset({"gloo"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
 
 
 def _atlas_all_reduce(nbytes: int, size: int) -> str:
@@ -339,7 +341,10 @@ class Replay:
             tr = queue[self.resolved[key]]
             if tr.send is None or tr.recv is None or tr.send.issued is None or tr.recv.issued is None:
                 break
-            out, arrival = self._transfer(gkey, backend, src, dst, tr.send.rec.bytes, tr.send.issued)
+            start = tr.send.issued
+            if backend in NOTIFYING:
+                start = max(start, tr.recv.issued + self.path(src, dst).latency)
+            out, arrival = self._transfer(gkey, backend, src, dst, tr.send.rec.bytes, start)
             tr.send.done = out
             tr.recv.done = max(arrival, tr.recv.issued)
             self.resolved[key] += 1
@@ -463,25 +468,28 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
         a, b = dc_of.get(src), dc_of.get(dst)
         if a is None or b is None or a == b:
             continue
-        rs = recvs.get(key, [])
-        arrivals: list[float | None] = []
-        for s, rv in zip(ss, rs, strict=False):
-            blocked = [w for w in rv.waits if w[1] - w[0] > BLOCKED_S]
-            arrivals.append(blocked[-1][1] if blocked and s.bytes == rv.bytes else None)
         route = topology.route(a, b)
         latency = sum(topology.link(x, y).delay for x, y in zip(route, route[1:], strict=False))
         rtt = 2 * latency
         link = (topology.bottleneck_rate(a, b) or math.inf) * LINK_GOODPUT / 8
         be = backend.get((src, ss[0].group), "gloo")
         streams = 1 if be != "atlas" else (env_streams or (WAN_STREAMS if rtt >= LAN_STREAMS_RTT_S else 1))
-        for k in range(1, len(ss)):
-            prev, now = arrivals[k - 1], arrivals[k]
-            if prev is None or now is None or ss[k].t_issue + latency >= prev or ss[k].bytes < 4 * MSS:
-                continue  # the connection was not busy: the gap is not a service time
-            service = now - prev
-            if service <= 0:
+        previous = -math.inf
+        for s, rv in zip(ss, recvs.get(key, []), strict=False):
+            blocked = [w for w in rv.waits if w[1] - w[0] > BLOCKED_S]
+            arrival = blocked[-1][1] if blocked and s.bytes == rv.bytes else None
+            if arrival is None:
+                previous = -math.inf
                 continue
-            rate = ss[k].bytes / service
+            # its last byte left `service` after the connection could start it: once sent (and, for a
+            # rendezvous backend, once the receive's notice arrived), and once the one before it had left
+            began = max(s.t_issue, previous - latency, rv.t_issue + latency if be in NOTIFYING else -math.inf)
+            service = arrival - latency - began
+            idle = began - (previous - latency)
+            previous = arrival
+            if service <= 0 or s.bytes < 4 * MSS or idle > rtt + RTO_MIN_S:
+                continue  # too small to time, or after an idle connection (slow start)
+            rate = s.bytes / service
             if rate < WINDOW_LIMITED * link:
                 rates[frozenset((a, b))].append(rate * rtt / streams)
     return {pair: statistics.median(v) for pair, v in rates.items() if v}
@@ -610,7 +618,7 @@ def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], flo
     exchanges, a restart the model makes too slow or too fast), fitted so that the
     replay on the profile's own network gives rank 0's measured median step: a number
     in [EXTRA_RTTS_MIN, EXTRA_RTTS_MAX] that then scales with the target's RTT."""
-    topo = profile.topology
+    topo = profile.network
     dc_of = {r.rank: r.dc for r in profile.ranks}
     paths, _ = _paths(topo, set(dc_of.values()), windows)
     if all(p.lan for p in paths.values()):
@@ -651,7 +659,7 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
                            "JSON lines, so there is no step to predict")
     dc_of = map_ranks(profile, topology, source, hosts)
     if windows is None:
-        windows = measured_windows(profile, profile.topology)
+        windows = measured_windows(profile, profile.network)
     paths, figures = _paths(topology, set(dc_of.values()), windows)
     streams_of = _streams_rule(profile, streams)
     slow_start = any(topology.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))

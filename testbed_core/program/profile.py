@@ -15,9 +15,9 @@ from __future__ import annotations
 import hashlib
 import shlex
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from testbed_core.topology import Topology
 
@@ -38,7 +38,7 @@ class ProgramFile(_Model):
     """A file of the program's command line (the script), by content."""
 
     path: str = Field(description="as given on the command line (relative to `cwd` unless absolute)")
-    sha256: str
+    sha256: str = Field(description="its content's sha256 when profiled")
 
 
 class ProgramIdentity(_Model):
@@ -54,25 +54,25 @@ class GroupRecord(_Model):
     """A process group a rank used: its global ranks and backend."""
 
     index: int = Field(description="the rank's own numbering of its groups, in order of first use")
-    ranks: list[int]
-    backend: str
+    ranks: list[int] = Field(description="the group's global ranks ([] where torch could not tell)")
+    backend: str = Field(description="torch.distributed's name of its backend (gloo, atlas, ...)")
     streams: int | None = Field(None, description="an atlas group's TCP streams per pair, where configured")
 
 
 class OpRecord(_Model):
     """One communication a rank asked for."""
 
-    id: int
-    kind: Literal["send", "recv", "collective"]
+    id: int = Field(description="the rank's own numbering of its communications, in order of issue")
+    kind: Literal["send", "recv", "collective"] = Field(description="a point-to-point send or receive, or a collective")
     op: str = Field(description="the torch.distributed function (isend, batch_irecv, all_reduce, ...)")
     bytes: int = Field(ge=0, description="the tensor(s) it carries from this rank (a collective: its input)")
     peer: int | None = Field(None, description="the other global rank of a send/recv; a rooted collective's root")
     group: int = Field(description="GroupRecord.index")
-    tag: int = 0
+    tag: int = Field(0, description="the point-to-point tag")
     blocking: bool = Field(description="the call returned only once done (send, recv, a collective without async_op)")
     ddp: bool = Field(False, description="DDP's gradient all-reduce (waited for at the end of the backward pass)")
-    t_issue: float
-    t_issue_end: float
+    t_issue: float = Field(description="when the program called it")
+    t_issue_end: float = Field(description="when the call returned (a blocking call: when it was done)")
     waits: list[tuple[float, float]] = Field(default_factory=list, description="the program's waits on it (start, end)")
     t_done: float | None = Field(None, description="when it completed (a collective's future), if known")
 
@@ -80,18 +80,20 @@ class OpRecord(_Model):
 class StepRecord(_Model):
     """One ``{"step": k, "step_s": s}`` line the rank printed."""
 
-    step: int
-    step_s: float = Field(ge=0)
+    step: int = Field(description="the line's step")
+    step_s: float = Field(ge=0, description="the line's step_s: the seconds the program timed its step")
     t_line: float = Field(description="when the launch read the line (the step ended just before)")
 
 
 class RankProfile(_Model):
-    rank: int
-    host: str
-    dc: str
-    groups: list[GroupRecord] = Field(default_factory=list)
-    ops: list[OpRecord] = Field(default_factory=list)
-    steps: list[StepRecord] = Field(default_factory=list)
+    """One rank: where it ran, its groups, communications and step lines."""
+
+    rank: int = Field(description="its global rank (RANK)")
+    host: str = Field(description="the host it ran on (dc1-h1, ...)")
+    dc: str = Field(description="that host's DC")
+    groups: list[GroupRecord] = Field(default_factory=list, description="the process groups it used")
+    ops: list[OpRecord] = Field(default_factory=list, description="its communications, in order of issue")
+    steps: list[StepRecord] = Field(default_factory=list, description="its step lines, in order")
     t_start: float = Field(description="when the recorder started in the rank (its interpreter's start)")
     t_end: float | None = Field(None, description="when the rank's interpreter exited")
     notes: list[str] = Field(default_factory=list, description="what the recorder could not see")
@@ -100,18 +102,29 @@ class RankProfile(_Model):
 class ProgramProfile(_Model):
     """``profile.json``: a program's communication and compute per rank and step."""
 
-    format: Literal[1] = PROFILE_FORMAT
-    program: ProgramIdentity
-    topology: Topology = Field(description="the topology it ran on (as loaded)")
-    topology_file: str
+    format: Literal[1] = Field(PROFILE_FORMAT, description="this file's format version")
+    program: ProgramIdentity = Field(description="which program was profiled")
+    topology: dict[str, Any] = Field(description="the topology it ran on, as loaded (the fields of a topology file)")
+    topology_file: str = Field(description="the topology file it was loaded from")
     env: dict[str, str] = Field(default_factory=dict, description="the launch's --env options")
-    world_size: int
-    nproc_per_host: int = 1
+    world_size: int = Field(description="the number of ranks")
+    nproc_per_host: int = Field(1, description="ranks per host")
     started: float = Field(description="Unix time the launch started (the times here are seconds after it)")
-    wall_s: float
-    ranks: list[RankProfile]
+    wall_s: float = Field(description="the launch's wall time")
+    ranks: list[RankProfile] = Field(description="every rank, by rank")
     wan_bytes: int | None = Field(None, description="what the WAN links' counters carried during the launch, both ways")
     recorded_wan_bytes: int = Field(0, description="bytes the recorded sends and collectives put between DCs")
+
+    @field_validator("topology")
+    @classmethod
+    def _topology(cls, value: dict[str, Any]) -> dict[str, Any]:
+        Topology.model_validate(value)
+        return value
+
+    @property
+    def network(self) -> Topology:
+        """The topology it ran on, as the model."""
+        return Topology.model_validate(self.topology)
 
     def hosts(self) -> list[str]:
         return [r.host for r in sorted(self.ranks, key=lambda r: r.rank)]

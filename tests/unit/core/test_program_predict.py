@@ -73,34 +73,35 @@ def _pipeline_profile(tmp_path: Path, steps: int = 4, step_s: float = 1.0, backe
     ranks = [RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, steps=lines0, t_start=0.5),
              RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, steps=lines1, t_start=0.5)]
     return ProgramProfile(program=program_identity([sys.executable, str(script), "--steps", str(steps)], str(tmp_path)),
-                          topology=_topology(), topology_file="t.yaml", world_size=2, started=1000.0,
+                          topology=_topology().model_dump(mode="json"), topology_file="t.yaml", world_size=2, started=1000.0,
                           wall_s=steps * step_s + 2, ranks=ranks)
 
 
 def test_a_transfer_takes_latency_plus_bytes_over_window_per_rtt(tmp_path):
     """One window-limited gloo flow on a new connection: six round trips of slow start
     (10 segments doubling to the 0.5 MB window), the rest at a window per RTT, then the
-    one-way delay; rank 1's first step adds its 0.1 s of compute and 5 ms before the receive."""
+    one-way delay; gloo sends once the receive's notice arrived (one more one-way delay);
+    rank 1's first step adds its 0.1 s of compute and 5 ms before the receive."""
     prof = _pipeline_profile(tmp_path)
     for rtt in (0.01, 0.1, 0.2):
         pred = predict(prof, retarget(_topology(), rtt), extra_rtts=0.0, windows={})
         rate = 0.5e6 / rtt  # nominal window (rmem_max / 2) per RTT, under the link at these RTTs
         ramp = 6 * rtt + (MB4 - INITIAL_WINDOW * 63) / rate
-        assert pred.ranks[1].steps[0] == pytest.approx(ramp + rtt / 2 + 0.1 + 0.005, rel=1e-3), rtt
+        assert pred.ranks[1].steps[0] == pytest.approx(rtt / 2 + ramp + rtt / 2 + 0.1 + 0.005, rel=1e-3), rtt
         assert pred.paths[0].window_source == "nominal" and pred.paths[0].window_bytes == 0.5e6
 
 
 def test_predictions_grow_with_the_rtt_and_shrink_with_more_bandwidth(tmp_path):
     prof = _pipeline_profile(tmp_path, backend="atlas")
-    times = [predict(prof, retarget(prof.topology, rtt), extra_rtts=0.0).seconds_per_step for rtt in (0.01, 0.1, 0.2)]
+    times = [predict(prof, retarget(prof.network, rtt), extra_rtts=0.0).seconds_per_step for rtt in (0.01, 0.1, 0.2)]
     assert times[0] < times[1] < times[2]
-    narrow = predict(prof, retarget(prof.topology, 0.01, 1e8), extra_rtts=0.0).seconds_per_step
+    narrow = predict(prof, retarget(prof.network, 0.01, 1e8), extra_rtts=0.0).seconds_per_step
     assert narrow > times[0]  # at 10 ms the 8 streams fill 1 Gbit/s; 100 Mbit/s is the limit then
 
 
 def test_the_fit_reproduces_the_profiled_step(tmp_path):
     prof = _pipeline_profile(tmp_path)
-    pred = predict(prof, prof.topology)
+    pred = predict(prof, prof.network)
     assert -0.5 <= pred.extra_rtts <= 8.0
     if -0.5 < pred.extra_rtts < 8.0:
         assert pred.seconds_per_step == pytest.approx(pred.ranks[0].measured_median_s, rel=1e-3)
@@ -115,7 +116,7 @@ def test_a_collective_by_ring_takes_two_rounds_of_half_the_tensor(tmp_path):
         steps = [StepRecord(step=k, step_s=0.6, t_line=1.6 + k) for k in range(3)]
         ranks.append(RankProfile(rank=r, host=f"dc{r + 1}-h1", dc=f"dc{r + 1}", ops=ops, steps=steps, t_start=0.0,
                                  groups=[GroupRecord(index=0, ranks=[0, 1], backend="gloo")]))
-    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology(), topology_file="t",
+    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology().model_dump(mode="json"), topology_file="t",
                           world_size=2, started=0.0, wall_s=4.0, ranks=ranks)
     pred = predict(prof, retarget(_topology(), 0.1), extra_rtts=0.0, windows={})
     round_s = (nbytes / 2) / (0.5e6 / 0.1) + 0.05
@@ -140,11 +141,11 @@ def test_window_measured_from_back_to_back_transfers(tmp_path):
     ops0 = [_op(k + 1, "send", "isend", MB4, 1, 1.0, []) for k in range(4)]
     ops1 = [_op(k + 1, "recv", "irecv", MB4, 0, 1.0, [(1.0, 1.5 + 0.4 * k)]) for k in range(4)]
     group = [GroupRecord(index=0, ranks=[0, 1], backend="gloo")]
-    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology(), topology_file="t",
+    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology().model_dump(mode="json"), topology_file="t",
                           world_size=2, started=0.0, wall_s=4.0,
                           ranks=[RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, t_start=0.0),
                                  RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, t_start=0.0)])
-    (window,) = measured_windows(prof, prof.topology).values()
+    (window,) = measured_windows(prof, prof.network).values()
     assert window == pytest.approx(MB4 / 0.4 * 0.05)
 
 
@@ -202,7 +203,7 @@ def test_an_incomplete_profile_is_refused(tmp_path):
     prof = _pipeline_profile(tmp_path)
     prof.ranks[0].ops.pop()  # rank 1's last receive has no send
     with pytest.raises(PredictError, match=r"the replay stops at rank 1, waiting for irecv #4 \(peer 0\)"):
-        predict(prof, prof.topology, extra_rtts=0.0)
+        predict(prof, prof.network, extra_rtts=0.0)
 
 
 def test_a_profile_without_steps_is_refused(tmp_path):
@@ -210,7 +211,7 @@ def test_a_profile_without_steps_is_refused(tmp_path):
     for r in prof.ranks:
         r.steps = []
     with pytest.raises(PredictError, match=r"the profile has no step lines"):
-        predict(prof, prof.topology)
+        predict(prof, prof.network)
 
 
 def test_read_profile_says_what_is_missing(tmp_path):
@@ -229,7 +230,7 @@ def test_read_profile_says_what_is_missing(tmp_path):
 
 def _saved(tmp_path: Path) -> Path:
     prof = _pipeline_profile(tmp_path)
-    prof.topology = load_topology(TOPO)
+    prof.topology = load_topology(TOPO).model_dump(mode="json")
     out = tmp_path / "launch"
     out.mkdir()
     (out / PROFILE_FILE).write_text(prof.model_dump_json())

@@ -6,7 +6,7 @@ PIP     := $(VENV)/bin/pip
 APT_PKGS := mininet iperf3 libiperf0 iputils-ping ethtool iproute2 net-tools procps openssh-server openssh-client sudo
 STAMP   := $(VENV)/.installed
 
-.PHONY: install sysdeps venv test test-cluster test-long test-unit floors demo lint layers docs clean-venv
+.PHONY: install sysdeps venv test test-cluster test-long test-unit floors torch-suite demo lint layers docs clean-venv
 
 install: sysdeps $(STAMP)
 
@@ -65,6 +65,14 @@ test-unit: install
 # quiet machine; `make test` checks the same runs for correctness and skips these.
 floors: install
 	TESTBED_FLOOR_TESTS=1 $(VENV)/bin/pytest -q -s -m floor tests
+
+# PyTorch's own distributed test suite (torch.testing._internal.distributed.distributed_test,
+# the collectives, point-to-point and DDP tests) with BACKEND=gloo and BACKEND=atlas, 2 and 3
+# ranks on CPU, as PyTorch runs it for gloo; per-test outcomes and the tests that pass with
+# gloo but not with atlas, with the reason, in results/torch-dist-suite
+# (docs/results/torch-suite.md). Not part of `make test`: about half an hour on 2 cores.
+torch-suite: install
+	$(PY) scripts/torch_dist_suite.py --out results/torch-dist-suite
 
 lint: install
 	$(VENV)/bin/ruff check .

@@ -22,18 +22,25 @@ transfers one after another):
   each stream's window doubling per round trip from 10 segments up to the window;
 * inside a DC: the DC's LAN rate, no latency;
 * the per-stream window is the profile's own measure where a path was window-limited
-  at the profiled RTT (back-to-back transfers' service times: the effective window the
+  at the profiled RTT (each timed transfer's service time: the effective window the
   kernel gave, which the nominal ``rmem_max / 2`` only approximates), else the nominal;
+* gloo sends once the receive's notice reached the sender (a rendezvous: one one-way
+  delay after the receive was posted), and that notice keeps the connection from idling;
+  atlas sends at once and its send completes when the receiver's confirmation is back;
 * collectives by their algorithm (`ALGORITHMS`, a parameter per backend and op): a
   ring all-reduce is 2(n-1) rounds of 1/n of the tensor to the next rank, an exchange
   one round of the whole tensor to every other rank, a direct (rooted) one from the
   root; a round ends when its slowest transfer does; the collective starts when the
-  last member issued it.
+  last member issued it;
+* what the model still misses at the profiled RTT (a protocol's own exchanges, a restart
+  it makes too slow or too fast) is fitted there as round trips added to each WAN
+  transfer's arrival (`fit_extra_rtts`, bounded), and scales with the target's RTT.
 
 What it leaves out: transfers of different pairs sharing a WAN link (each pair has the
-link to itself), loss, and CPU limits of the transport (the compute between
-communications is kept as measured, so a host as loaded as during the profile is
-assumed).
+link to itself), loss and retransmission timeouts, and the CPU the transport and the
+emulation take from the ranks: the compute between communications is kept as profiled,
+as on a cluster whose GPUs compute whatever the network does; on one shared machine a
+faster network takes CPU from the ranks and their compute stretches.
 """
 
 from __future__ import annotations
@@ -62,7 +69,10 @@ EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips p
 METRIC_BYTES = 1024
 # backends whose receives send a notice to the sender, which sends only then (rendezvous: gloo's
 # transfers start one one-way delay after the receive is posted); the others send at once
-NOTIFYING = frozenset({"gloo"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
+NOTIFYING = frozenset({"gloo"})
+# backends whose sends complete once the receiver confirmed the transfer (atlas: a DONE message
+# back), one one-way delay after it arrived; the others once the last byte left
+CONFIRMING = frozenset({"atlas"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
 
 
 def _atlas_all_reduce(nbytes: int, size: int) -> str:
@@ -345,7 +355,7 @@ class Replay:
             if backend in NOTIFYING:
                 start = max(start, tr.recv.issued + self.path(src, dst).latency)
             out, arrival = self._transfer(gkey, backend, src, dst, tr.send.rec.bytes, start)
-            tr.send.done = out
+            tr.send.done = arrival + self.path(src, dst).latency if backend in CONFIRMING else out
             tr.recv.done = max(arrival, tr.recv.issued)
             self.resolved[key] += 1
 

@@ -9,9 +9,12 @@ Each launch is `testbed launch TOPOLOGY --hosts dc1-h1,dc2-h1 --env BACKEND=B --
 examples/PROG.py --steps N` (the profile adds --profile); the RTT variants are 2dc.yaml with
 every WAN link's delay set to RTT/2 (written to OUT/topologies/). Measured seconds per step:
 the median of rank 0's step_s after the first step, as `testbed run` reports a program.
-Writes OUT/profile-<prog>-<backend>/ (profile.json, launch.json), OUT/results.csv,
-OUT/predictions.json and prints the table; the launch folders of the targets are removed
-but for their launch.json (OUT/launch-<rtt>-<prog>-<backend>.json). Timing figures: the
+The target launches are profiled too (the recorder costs microseconds per call), so that
+the table can set beside each prediction the ranks' compute per step there and the
+replay of the target's own profile with the 50 ms profile's network figures (its window
+and fitted round trips): that isolates the network model from the compute the replay
+keeps as profiled. Writes OUT/profile-<rtt>-<prog>-<backend>/ (profile.json, launch.json),
+OUT/results.csv, OUT/predictions.json and prints the table. Timing figures: the
 machine's load shows in them (say so when keeping them).
 """
 
@@ -30,7 +33,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from testbed_core.program.predict import predict, retarget  # noqa: E402
+from testbed_core.program.predict import compute_per_step, measured_windows, predict, retarget  # noqa: E402
 from testbed_core.program.profile import read_profile  # noqa: E402
 
 TOPOLOGY = REPO / "topologies" / "2dc.yaml"
@@ -90,38 +93,39 @@ def main() -> None:
     backends = [b for b in args.backends.split(",") if b]
     t0 = time.time()
     if not args.reuse:
-        print("profiling at 50 ms:", flush=True)
-        for prog in progs:
-            for be in backends:
-                d = out / f"profile-{prog}-{be}"
-                if d.exists():
-                    shutil.rmtree(d)
-                _launch(TOPOLOGY, prog, be, d, profile=True)
-                for f in d.glob("rank-*"):
-                    f.unlink()
-                shutil.rmtree(d / "profile-records", ignore_errors=True)
-        print("launching the targets:", flush=True)
-        for rtt in rtts:
+        for rtt in [PROFILE_RTT_MS, *rtts]:
+            print(f"launching at {rtt} ms (profiled):", flush=True)
             topo = _topology(rtt, out)
             for prog in progs:
                 for be in backends:
-                    d = out / f"launch-{rtt}-{prog}-{be}"
-                    _launch(topo, prog, be, d, profile=False)
-                    shutil.copy(d / "launch.json", out / f"launch-{rtt}-{prog}-{be}.json")
-                    shutil.rmtree(d)
+                    d = out / f"profile-{rtt}-{prog}-{be}"
+                    if d.exists():
+                        shutil.rmtree(d)
+                    _launch(topo, prog, be, d, profile=True)
+                    for f in d.glob("rank-*"):
+                        f.unlink()
+                    shutil.rmtree(d / "profile-records", ignore_errors=True)
     rows, preds = [], []
     for prog in progs:
         for be in backends:
-            profile = read_profile(out / f"profile-{prog}-{be}")
+            profile = read_profile(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}")
+            windows = measured_windows(profile, profile.network)
+            compute0 = statistics.median(compute_per_step(profile.ranks[0])[1:])
             for rtt in rtts:
-                pred = predict(profile, retarget(profile.network, rtt / 1000), label=f"RTT {rtt} ms")
-                m, steps = measured(out / f"launch-{rtt}-{prog}-{be}.json")
+                pred = predict(profile, retarget(profile.network, rtt / 1000), label=f"RTT {rtt} ms", windows=windows)
+                target_dir = out / f"profile-{rtt}-{prog}-{be}"
+                m, steps = measured(target_dir / "launch.json")
                 err = pred.seconds_per_step / m - 1 if pred.seconds_per_step else None
+                target = read_profile(target_dir)
+                own = predict(target, target.network, windows=windows, extra_rtts=pred.extra_rtts)
+                compute_t = statistics.median(compute_per_step(target.ranks[0])[1:])
                 rows.append({"program": prog, "backend": be, "rtt_ms": rtt,
                              "profiled_s_per_step": round(pred.ranks[0].measured_median_s or 0, 4),
                              "predicted_s_per_step": round(pred.seconds_per_step or 0, 4),
                              "measured_s_per_step": round(m, 4), "error": None if err is None else round(err, 4),
                              "extra_rtts": round(pred.extra_rtts, 3),
+                             "rank0_compute_profiled_s": round(compute0, 4), "rank0_compute_target_s": round(compute_t, 4),
+                             "replay_with_target_compute_s": round(own.seconds_per_step or 0, 4),
                              "window_kB": round(pred.paths[0].window_bytes / 1e3, 1) if pred.paths else None,
                              "window_source": pred.paths[0].window_source if pred.paths else None,
                              "measured_steps": " ".join(f"{s:.3f}" for s in steps)})
@@ -131,11 +135,15 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     (out / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n")
-    print("\n| program | backend | RTT | profiled at 50 ms | predicted | measured | error |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| program | backend | RTT | profiled at 50 ms | predicted | measured | error | rank 0 compute/step "
+          "(50 ms -> there) | replay with the compute there |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
+        own_err = r["replay_with_target_compute_s"] / r["measured_s_per_step"] - 1
         print(f"| {r['program']} | {r['backend']} | {r['rtt_ms']} ms | {r['profiled_s_per_step']:.3f} | "
-              f"{r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | {r['error']:+.1%} |")
+              f"{r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | {r['error']:+.1%} | "
+              f"{r['rank0_compute_profiled_s']:.3f} -> {r['rank0_compute_target_s']:.3f} | "
+              f"{r['replay_with_target_compute_s']:.3f} ({own_err:+.1%}) |")
     worst = max(abs(r["error"]) for r in rows if r["error"] is not None)
     print(f"\nworst error {worst:.1%}; {time.time() - t0:.0f} s; {out}/results.csv")
 

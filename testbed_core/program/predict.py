@@ -241,6 +241,21 @@ def step_end(rank: RankProfile, t_line: float) -> float:
         end = last.t_issue
 
 
+def compute_per_step(rank: RankProfile) -> list[float]:
+    """The rank's compute inside each step (its time not waiting on communication),
+    in step order: what the replay keeps as profiled."""
+    totals: dict[int, float] = {}
+    inside: int | None = None
+    for kind, what in rank_actions(rank)[1]:
+        if kind == "m":
+            step, edge = what  # type: ignore[misc]
+            inside = step if edge == "start" else None
+            totals.setdefault(step, 0.0)
+        elif kind == "c" and inside is not None:
+            totals[inside] += what  # type: ignore[operator]
+    return [totals[k] for k in sorted(totals)]
+
+
 # --------------------------------------------------------------------------- the network
 
 

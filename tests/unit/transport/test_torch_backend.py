@@ -331,10 +331,24 @@ def test_cuda_tensors_over_atlas(tmp_path):
         y = torch.empty(3, 2, device="cuda")
         dist.recv(y, 0)
         x = y
-    save({"sum": t.cpu()[:3].tolist(), "x": x.cpu().tolist(), "dev": str(t.device)})
+    import torch.distributed._functional_collectives as funcol
+    a2a = torch.empty(2 * WORLD, device="cuda")
+    dist.all_to_all_single(a2a, torch.arange(2.0 * WORLD, device="cuda") + 10 * RANK)
+    ag = torch.empty(2 * WORLD, device="cuda")
+    dist.all_gather_into_tensor(ag, torch.full((2,), float(RANK), device="cuda"))
+    pm = torch.full((2,), float(RANK + 1), device="cuda")
+    dist.all_reduce(pm, op=dist._make_nccl_premul_sum(0.5))
+    fut = dist.all_reduce(torch.ones(2, device="cuda"), async_op=True).get_future().then(lambda f: f.value()[0] * 2)
+    fc = funcol.all_reduce(torch.ones(2, device="cuda"), "sum", dist.group.WORLD).wait()
+    save({"sum": t.cpu()[:3].tolist(), "x": x.cpu().tolist(), "dev": str(t.device), "a2a": a2a.tolist(),
+          "ag": ag.tolist(), "premul": pm.tolist(), "future": fut.wait().tolist(), "funcol": fc.tolist()})
     dist.destroy_process_group()
     """
     rcs, outs, res = launch(tmp_path, body, 2)
     check_ok(rcs, outs)
     assert res[0]["sum"] == res[1]["sum"] == [3.0] * 3 and res[1]["dev"].startswith("cuda")
     assert res[1]["x"] == torch.arange(6.0).reshape(2, 3).t().tolist()
+    assert res[0]["a2a"] == [0.0, 1.0, 10.0, 11.0] and res[1]["a2a"] == [2.0, 3.0, 12.0, 13.0]
+    for r in res:
+        assert r["ag"] == [0.0, 0.0, 1.0, 1.0] and r["premul"] == [1.5, 1.5]
+        assert r["future"] == [4.0, 4.0] and r["funcol"] == [2.0, 2.0]

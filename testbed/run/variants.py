@@ -50,6 +50,7 @@ from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
 from testbed_core.planning.prediction import (
+    CHOICE_MARGIN,
     Prediction,
     Variant,
     allreduce_time,
@@ -82,7 +83,6 @@ from testbed_core.whatif.predict import fast_predict
 from testbed_core.workload import EffectiveWorkload, Workload
 
 SCHEDULE_MARGIN = 0.03  # atlas_schedule auto: another schedule runs only when predicted this much faster
-CHOICE_MARGIN = 0.01  # Atlas's own configuration is kept unless another candidate is predicted this much faster
 LOAD_PASSES = 1  # predictions again with each path weighed by the load the last one simulated
 
 Placements = Mapping[str, Placement | ValueError]

@@ -39,6 +39,7 @@ if TYPE_CHECKING:  # the fast prediction is built on this module
     from testbed_core.whatif.predict import FastPrediction
 
 SHARING_MARGIN = 0.03  # temporal sharing is kept unless sharing is predicted this much faster
+CHOICE_MARGIN = 0.01  # Atlas's own configuration is kept unless another it may run is predicted this much faster
 Sharing = Literal["shared", "temporal", "auto"]
 
 

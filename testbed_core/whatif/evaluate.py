@@ -1,6 +1,8 @@
 """One what-if: every variant of a workload on a topology, with BubbleTea's prefill capacity.
 
-`evaluate` runs the fast predictor (testbed_core/whatif/predict.py) per variant,
+`evaluate` runs the fast predictor (testbed_core/whatif/predict.py) per variant
+(Atlas also on the baseline's placement, kept where predicted faster by CHOICE_MARGIN,
+as a run chooses),
 applies a run's measured efficiencies when given (testbed_core/whatif/calibration.py),
 and turns each variant's bubbles into prefill capacity (testbed_core/whatif/prefill.py).
 Each variant's result is an `Outcome`: the row of the what-if's table, CSV and JSON.
@@ -9,20 +11,21 @@ Each variant's result is an `Outcome`: the row of the what-if's table, CSV and J
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
 
 from testbed_core.planning.network import NetParams
-from testbed_core.planning.placement import PlacementError
-from testbed_core.planning.prediction import Variant
+from testbed_core.planning.placement import PlacementError, free_gpus, place
+from testbed_core.planning.prediction import CHOICE_MARGIN, Variant
 from testbed_core.topology import Topology
-from testbed_core.variants import parse_variants
+from testbed_core.variants import VariantDef, parse_variants
 from testbed_core.whatif.calibration import Efficiencies
 from testbed_core.whatif.grid import Prefill
-from testbed_core.whatif.predict import FastPrediction, fast_predict
+from testbed_core.whatif.predict import FastPrediction, fast_predict, fast_predict_below
 from testbed_core.whatif.prefill import prefill_capacity
-from testbed_core.workload import Workload
+from testbed_core.workload import EffectiveWorkload, Workload
 
 
 class Outcome(BaseModel):
@@ -86,9 +89,9 @@ def evaluate(
     for definition in parse_variants(names):
         variant = Variant.of(definition, streams, baseline_placement)  # type: ignore[arg-type]
         t0 = time.perf_counter()
+        hold = calibration.temporal_hold if calibration is not None else 1.0
         try:
-            p = fast_predict(topology, workload, variant, free=free, net=net, effective=eff,
-                             hold=calibration.temporal_hold if calibration is not None else 1.0)
+            p = _predict_variant(topology, workload, definition, variant, baseline_placement, free, net, eff, hold)
         except PlacementError as exc:
             out.append(Outcome(variant=definition.name, feasible=False, error=str(exc)))
             continue
@@ -111,3 +114,32 @@ def evaluate(
 
 def outcome_fields() -> list[str]:
     return list(Outcome.model_fields)
+
+
+def _predict_variant(topology: Topology, workload: Workload, definition: VariantDef, variant: Variant,
+                     baseline_placement: str, free: dict[str, int] | None, net: NetParams, eff: EffectiveWorkload,
+                     hold: float) -> FastPrediction:
+    """`fast_predict` of the variant; Atlas (its placement, sharing ``auto``) follows its own
+    prediction as a run does (testbed/run/variants.py `_choose_configuration`): where the
+    baseline's placement differs from its own, it runs there when that is predicted
+    faster by more than CHOICE_MARGIN. The baseline's placement is predicted first, and
+    its own only as far as it can still be kept (`fast_predict_below`)."""
+    if definition.placement != "atlas" or definition.sharing != "auto" or variant.placement == baseline_placement:
+        return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold)
+    par = workload.parallelism
+    free = free if free is not None else free_gpus(topology)
+    own = place(free, par.pp, par.dp, par.tp, strategy=variant.placement)
+    try:
+        other = place(free, par.pp, par.dp, par.tp, strategy=baseline_placement)
+    except PlacementError:
+        other = None
+    if other is None or other.stage_dc == own.stage_dc:
+        return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold, placement=own)
+    alt = fast_predict(topology, workload, replace(variant, placement=baseline_placement), free=free, net=net,
+                       effective=eff, hold=hold, placement=other)
+    keep = alt.iteration_time_s / (1 - CHOICE_MARGIN)  # its own is kept up to this
+    mine = fast_predict_below(keep * (1 + 1e-12), topology, workload, variant, free=free, net=net, effective=eff,
+                              hold=hold, placement=own)
+    if mine is None or alt.iteration_time_s < mine.iteration_time_s * (1 - CHOICE_MARGIN):
+        return alt
+    return mine

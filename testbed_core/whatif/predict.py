@@ -44,6 +44,7 @@ import numpy as np
 from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
 from testbed_core.planning.placement import Placement, free_gpus, place
 from testbed_core.planning.prediction import (
+    SHARING_MARGIN,
     Variant,
     allreduce_time,
     choose_sharing,
@@ -357,6 +358,34 @@ def fast_predict(
     transfer holds its links that many times its wire time (a runner that plans each
     transfer longer than calibrated, as `testbed run`'s token margin does; 1 is the
     planner's model)."""
+    out = _predict(topology, workload, variant, free, gpus_per_host, net, base_dir, placement, effective, keep_plan,
+                   hold, math.inf)
+    assert out is not None  # nothing to beat
+    return out
+
+
+def fast_predict_below(
+    beat: float,
+    topology: Topology,
+    workload: Workload,
+    variant: Variant,
+    *,
+    free: dict[str, int] | None = None,
+    net: NetParams | None = None,
+    placement: Placement | None = None,
+    effective: EffectiveWorkload | None = None,
+    hold: float = 1.0,
+) -> FastPrediction | None:
+    """`fast_predict`, when its pipeline time (the iteration without the all-reduce) is
+    below `beat`; None as soon as it is known not to be (an alternative that only
+    matters if it wins: Atlas's stride search then stops every stride at `beat`)."""
+    return _predict(topology, workload, variant, free, 1, net, None, placement, effective, False, hold, beat)
+
+
+def _predict(topology: Topology, workload: Workload, variant: Variant, free: dict[str, int] | None,
+             gpus_per_host: int, net: NetParams | None, base_dir: str | None, placement: Placement | None,
+             effective: EffectiveWorkload | None, keep_plan: bool, hold: float, beat: float
+             ) -> FastPrediction | None:
     net = net or NetParams()
     par = workload.parallelism
     eff = effective or workload.effective(base_dir)
@@ -397,7 +426,9 @@ def fast_predict(
         return max(r.makespan for r, _ in out), out, method
 
     # ---- temporal: every pipeline, links held alone, the planner's strides
-    def temporal_run() -> tuple[float, EngineResult, float, list[tuple[float, float | None]], list[float]]:
+    def temporal_run(limit: float = math.inf
+                     ) -> tuple[float, EngineResult, float, list[tuple[float, float | None]], list[float]] | None:
+        """The stride search; None where every stride reaches `limit`."""
         stub = _stub_spec(sched, D, fwd, bwd, nbytes, netw)
         candidates = stagger_candidates(stub, set(netw.links))
         last_row = netw.row_of[-1]
@@ -415,15 +446,16 @@ def fast_predict(
         best: tuple[float, float, EngineResult] | None = None
         tried: list[tuple[float, float | None]] = []
         for delta in candidates:
-            if best is not None:
+            bar = limit if best is None else best[1] * (1 - PLAN_TIE)
+            if best is not None or math.isfinite(limit):
                 floor = (D - 1) * delta + (alone if may_skip else compute)
-                if floor >= best[1] * (1 - PLAN_TIE):
+                if floor >= bar:
                     tried.append((delta, None))
                     continue
             offsets = [d * delta for d in range(D)]
-            # a stride that cannot beat the best is stopped as soon as the engine's
-            # bounds show it (the margin keeps rounding from stopping a winner)
-            cutoff = math.inf if best is None else best[1] * (1 - PLAN_TIE) * (1 + 1e-12)
+            # a stride that cannot beat the best (or the limit) is stopped as soon as the
+            # engine's bounds show it (the margin keeps rounding from stopping a winner)
+            cutoff = bar * (1 + 1e-12) if math.isfinite(bar) else math.inf
             res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
                       exclusive_links=True, record_wan=keep_plan, cutoff=cutoff)
             if res.stopped:
@@ -432,7 +464,8 @@ def fast_predict(
             tried.append((delta, res.makespan))
             if best is None or res.makespan < best[1] * (1 - PLAN_TIE):
                 best = (delta, res.makespan, res)
-        assert best is not None  # stagger_candidates always has 0
+        if best is None:  # every stride reached the limit (without one: stagger_candidates always has 0)
+            return None
         return best[1], best[2], best[0], tried, [d * best[0] for d in range(D)]
 
     method = "fast"
@@ -442,13 +475,25 @@ def fast_predict(
     plan = None
     offsets = None
     if variant.sharing != "shared" and netw.links:
-        t_makespan, t_res, delta, staggers, offs = temporal_run()
+        temporal = temporal_run(beat)
+        if temporal is None and variant.sharing != "auto":
+            return None  # every stride reaches `beat`
         chosen = "temporal"
         if variant.sharing == "auto":
             s_makespan, s_runs, s_method = shared_run()
-            alternatives = {"temporal": t_makespan, "shared": s_makespan}
-            chosen = choose_sharing(t_makespan, s_makespan)
+            if temporal is None:  # the plan takes `beat` or more: sharing wins only where clearly below it
+                if s_makespan >= beat:
+                    return None
+                if s_makespan >= beat * (1 - SHARING_MARGIN):  # choose_sharing needs the plan's own time
+                    temporal = temporal_run()
+            if temporal is None:
+                alternatives, chosen = {"shared": s_makespan}, "shared"
+            else:
+                alternatives = {"temporal": temporal[0], "shared": s_makespan}
+                chosen = choose_sharing(temporal[0], s_makespan)
         if chosen == "temporal":
+            assert temporal is not None
+            t_makespan, t_res, delta, staggers, offs = temporal
             makespan, runs, stagger, offsets = t_makespan, [(t_res, 1)], delta, offs
             if keep_plan:
                 plan = _plan(t_res, compiled, netw, offs, delta, [(s, t) for s, t in staggers if t is not None])
@@ -456,6 +501,8 @@ def fast_predict(
             makespan, runs, method = s_makespan, s_runs, s_method
     else:
         makespan, runs, method = shared_run()
+    if makespan >= beat:
+        return None
 
     last_b: dict[int, float] = {}
     for res, _ in runs:

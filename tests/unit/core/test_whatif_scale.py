@@ -9,15 +9,17 @@ from __future__ import annotations
 import math
 import resource
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from testbed_core.planning.prediction import Variant, predict
+from testbed_core.planning.prediction import CHOICE_MARGIN, Variant, predict
 from testbed_core.topology import load_topology, parse_topology
 from testbed_core.variants import REGISTRY
 from testbed_core.whatif import predict as fast_module
-from testbed_core.whatif.predict import PLAN_TIE, fast_predict
+from testbed_core.whatif.evaluate import evaluate
+from testbed_core.whatif.predict import PLAN_TIE, fast_predict, fast_predict_below
 from testbed_core.workload import load_workload, parse_workload
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -140,7 +142,7 @@ def test_stopped_strides_could_not_have_won() -> None:
 def test_fast_equals_exact_on_a_five_unequal_dc_case() -> None:
     """The 131k case's shape (5 unequal DCs, Atlas's route through a DC, pp=16, 1F1B)
     at dp=3, which the exact simulator runs in seconds: fast = exact (the issue allows 1%)."""
-    topo, wl = _five_unequal(3), _qwen(3, 1, 16)
+    topo, wl = _five_unequal(3), _qwen(3, 1, 8)
     for name in ("baseline", "atlas"):
         v = Variant.of(REGISTRY[name], 8)
         exact, fast = predict(topo, wl, v), fast_predict(topo, wl, v)
@@ -148,3 +150,41 @@ def test_fast_equals_exact_on_a_five_unequal_dc_case() -> None:
         assert fast.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=0.01), name
         assert fast.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-9), name  # in fact to rounding
         assert fast.sharing == exact.sharing
+
+
+def test_a_prediction_below_a_bar_is_the_prediction_or_none() -> None:
+    """`fast_predict_below` (an alternative that only matters if it wins) gives the full
+    prediction where its pipeline time is under the bar, and None where it is not, for
+    Atlas on its through-a-DC placement and on the even one, and for a shared variant."""
+    topo, wl = _five_unequal(16), _qwen(16, 1, 16)
+    for name, placement in (("atlas", None), ("atlas", "even"), ("baseline", None)):
+        v = Variant.of(REGISTRY[name], 8)
+        if placement is not None:
+            v = replace(v, placement=placement)
+        full = fast_predict(topo, wl, v)
+        t = full.pipeline_time_s
+        above = fast_predict_below(t * 1.001, topo, wl, v)
+        assert above is not None and above.iteration_time_s == full.iteration_time_s, (name, placement)
+        assert above.stagger_s == full.stagger_s and above.sharing == full.sharing
+        assert fast_predict_below(t * 0.999, topo, wl, v) is None, (name, placement)
+        assert fast_predict_below(t, topo, wl, v) is None, (name, placement)
+
+
+def test_the_what_if_s_atlas_takes_the_baseline_s_placement_where_predicted_faster() -> None:
+    """On the 131k shape Atlas's largest-first placement routes dc3 -> dc5 through dc4
+    and is predicted slower than the even placement; like a run, the what-if's Atlas
+    takes the even one (and keeps its own where that is not more than 1% slower)."""
+    topo, wl = _five_unequal(64), _qwen(64, 1, 16)
+    rows = {r.variant: r for r in evaluate(topo, wl, ["baseline", "atlas"])}
+    own = fast_predict(topo, wl, Variant.of(REGISTRY["atlas"], 8))
+    even = fast_predict(topo, wl, replace(Variant.of(REGISTRY["atlas"], 8), placement="even"))
+    assert even.iteration_time_s < own.iteration_time_s * (1 - CHOICE_MARGIN)
+    assert rows["atlas"].placement == "even"
+    assert rows["atlas"].iteration_s == pytest.approx(even.iteration_time_s)
+    assert rows["atlas"].iteration_s <= rows["baseline"].iteration_s
+    # on the 8k topology both placements coincide: nothing else is predicted
+    topo8 = load_topology(ROOT / "topologies/5dc-8k.yaml")
+    wl8 = _qwen(4, 1, 8)
+    free = {dc.name: dc.gpu_count() // 16 // 8 * 4 for dc in topo8.dcs}
+    row = evaluate(topo8, wl8, ["atlas"], free=free)[0]
+    assert row.placement == "atlas"

@@ -515,6 +515,8 @@ def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workloa
                     continue
                 if cand.sharing != option:  # no WAN link to plan: the same as shared
                     continue
+                if any(pr.rate_bps is None and pr.ring_bps is None for pr in cand.path_rates.values()):
+                    continue  # a path of the baseline's placement not timed at this count
                 cand.placement_label = pl.strategy if pl is placement else f"{pl.strategy} (the baseline's)"
                 pool.append(cand)
     own.placement_label = placement.strategy

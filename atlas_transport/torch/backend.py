@@ -89,7 +89,8 @@ class AnySourceWork(AtlasWork):
 
 
 class CoalescedWork(AtlasWork):
-    """The works issued between `_start_coalescing` and `_end_coalescing`, as one."""
+    """The works issued between `_start_coalescing` and `_end_coalescing` (collectives,
+    sends and receives), as one."""
 
     def __init__(self, what: str, works: list[AtlasWork]) -> None:
         super().__init__(what, [t for w in works for t in w.result()])
@@ -101,7 +102,7 @@ class CoalescedWork(AtlasWork):
 
     def _drive_all(self) -> None:
         for w in self._works:
-            w._event.wait()
+            w._drive()
         err = next((w._error for w in self._works if w._error is not None), None)
         self._complete(err)
 
@@ -290,7 +291,13 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         what = f"{kind} of {tuple(t.shape)} {str(t.dtype).removeprefix('torch.')}"
         op = PeerOp(kind, peer, t, tag, time.monotonic() + self._timeout_s, what)
         self._mesh.post(op)
-        return P2PWork(self._mesh, op, tensors)
+        return self._coalesce(P2PWork(self._mesh, op, tensors))
+
+    def _coalesce(self, work: AtlasWork) -> AtlasWork:
+        """Count `work` in the open coalescing block, if any (its end waits for it)."""
+        if self._coalescing is not None:
+            self._coalescing.append(work)
+        return work
 
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> P2PWork:
         return self._p2p("send", tensors, dst, tag)
@@ -322,7 +329,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                 work._finish()
 
         threading.Thread(target=run, daemon=True, name=f"atlas-pg{self._label}-anysource").start()
-        return work
+        return self._coalesce(work)
 
     # --- collectives --------------------------------------------------------------
 
@@ -331,9 +338,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         with self._seq_lock:
             seq = self._seq
             self._seq += 1
-        work = AtlasWork(f"{name} #{seq} of group {self._label!r} on rank {self._rank}", result)
-        if self._coalescing is not None:
-            self._coalescing.append(work)
+        work = self._coalesce(AtlasWork(f"{name} #{seq} of group {self._label!r} on rank {self._rank}", result))
         self._queue.put((work, body))
         return work
 

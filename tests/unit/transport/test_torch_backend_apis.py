@@ -78,6 +78,14 @@ def coalesced(g):
     return a, b, *outs, *rs
 both("coalescing_manager", coalesced)
 
+right, left = (RANK + 1) % WORLD, (RANK - 1) % WORLD    # a coalescing block's end covers its sends and receives
+ring = torch.zeros(2)
+with _coalescing_manager(device=torch.device("cpu"), async_ops=True) as cm:
+    dist.isend(torch.full((2,), float(RANK + 1)), right)
+    dist.irecv(ring, left)
+cm.wait()
+res["coalesced_p2p"] = ring.tolist()
+
 def rooted(g):
     t = torch.arange(4.0) * (RANK + 1)
     dist.reduce(t, dst=1, op=dist.ReduceOp.MAX, group=g)
@@ -273,6 +281,7 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
         assert p2.tolist() == [0.25 * sum(2 * r + j + q for q in range(world)) for j in range(2)]
         assert inp.tolist() == (torch.arange(2.0 * world) + r).tolist()  # PREMUL_SUM left the input as it was
         assert r != 0 or p4.tolist() == [18.0, 18.0]
+        assert res[r]["coalesced_p2p"] == [float((r - 1) % world + 1)] * 2
         assert res[r]["callback"].tolist() == [12.0, 12.0]  # 3 + (0 + 1 + 2) summed again: 3 + 9
 
         assert res[r]["split"] == ("cpu:0", [0, 2] if r != 1 else [1], True, [4.0, 4.0] if r != 1 else [2.0, 2.0])

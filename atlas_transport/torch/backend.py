@@ -489,7 +489,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> AtlasWork:
-        """`all_gather_coalesced`: output_lists[rank][i] receives rank's input_list[i]."""
+        """`all_gather_coalesced`: `output_lists[rank][i]` receives that rank's `input_list[i]`."""
         if len(output_lists) != self._size:
             raise ValueError(f"atlas: all_gather_coalesced needs one output list per rank ({self._size}), got "
                              f"{len(output_lists)}")

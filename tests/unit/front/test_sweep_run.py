@@ -306,6 +306,23 @@ def test_resume_and_out_are_explicit(folder: Path) -> None:
     assert wrong.exit_code == 1 and f"--resume {out}: holds the results of sweep 't', not 'other'" in wrong.stderr
 
 
+def interrupting_runner(scenario, resolved, out_dir, progress=None):
+    """A runner whose point is cut short by Ctrl-C (importable as test_sweep_run:interrupting_runner)."""
+    raise KeyboardInterrupt
+
+
+def test_interrupted_command_says_how_to_resume(folder: Path) -> None:
+    path = write_sweep(folder, {"parameters": {"transport.streams": [2, 4]}})
+    out = folder / "out"
+    result = cli("sweep", str(path), "--out", str(out), "--runner", "test_sweep_run:interrupting_runner")
+    assert result.exit_code == 130
+    assert f"interrupted: finished points are kept; add --resume {out} to the same command" in result.stderr
+    again = cli("sweep", str(path), "--resume", str(out), "--runner", "sweep_fakes:fake_runner")
+    assert again.exit_code == 0, again.output
+    assert [json.loads((out / p / "point.json").read_text())["status"] for p in ("p001-streams=2", "p002-streams=4")] \
+        == ["ok", "ok"]
+
+
 def test_dry_run_lists_points_and_runs_nothing(folder: Path) -> None:
     path = write_sweep(folder, {"parameters": {"transport.streams": [2, 4]}})
     result = cli("sweep", str(path), "--out", str(folder / "out"), "--dry-run")

@@ -28,6 +28,7 @@ from .scheduler import Chunk, InTransfer, OutTransfer, Reassembly, SendQueue
 from .sockets import (
     StreamDown,
     discard,
+    kernel_outq,
     kernel_unsent,
     recv_bytes,
     recv_exact,
@@ -50,6 +51,9 @@ from .tensors import (
 log = logging.getLogger("atlas_transport")
 
 _PING = P.encode_control(P.PING)
+# Transfers up to this size may be written by the sending thread itself (one gathered
+# sendmsg, never the zero-copy pipe, which belongs to the stream's writer thread).
+INLINE_MAX_BYTES = 32 << 10
 
 
 def _mib(n: int) -> str:
@@ -384,8 +388,49 @@ class Channel:
             h.tid, h.nbytes, h.describe_tensor = tid, meta.total_bytes, meta.describe()
             t = OutTransfer(tid, meta, out.view, lanes=lanes, owner=h, keepalive=out.host)
             self._sendq.add(t)
-            self._cv.notify_all()
+            inline = self._take_inline(t)
+            if inline is None:
+                self._cv.notify_all()
+        if inline is not None:
+            self._write_inline(*inline)
         return h
+
+    def _take_inline(self, t: OutTransfer) -> tuple[_Stream, Chunk] | None:
+        """A small transfer alone in the queue is written by the sending thread itself
+        on an idle stream, saving the hand-off to a writer thread (its wake-up is most
+        of a small message's latency). Lock held."""
+        if t.meta.total_bytes > INLINE_MAX_BYTES or t.lanes is not None or self._sendq.pending_chunks() != 1:
+            return None
+        # An idle stream whose send queue is empty: the write cannot block the caller.
+        s = next((x for x in self._streams if x.alive and not x.busy and not x.ctrl and not x.close_pending
+                  and kernel_outq(x.sock) == 0), None)
+        if s is None:
+            return None
+        chunk = self._sendq.next_chunk(s.index)
+        if chunk is None or chunk.transfer is not t:  # cannot happen with one chunk queued; be safe
+            self._cv.notify_all()
+            return None
+        t.started_at = time.monotonic()
+        s.busy = True
+        return s, chunk
+
+    def _write_inline(self, s: _Stream, chunk: Chunk) -> None:
+        """Write the chunk `_take_inline` took; a failure takes the stream down, and the
+        chunk is re-sent on the others like any chunk of a lost stream."""
+        reason = None
+        try:
+            self._send_chunk(s, chunk)
+        except StreamDown as exc:
+            reason = str(exc)
+        except OSError as exc:
+            reason = exc.strerror or str(exc)
+        finally:
+            with self._lock:
+                s.busy = False
+                s.last_send = time.monotonic()
+                self._cv.notify_all()
+        if reason is not None:
+            self._stream_down(s, reason)
 
     def _send_chunk(self, s: _Stream, c: Chunk) -> None:
         t = c.transfer
@@ -412,6 +457,9 @@ class Channel:
                 while True:
                     if not s.alive or self._failure is not None:
                         return
+                    if s.busy:  # a sender writes a small transfer on this stream itself
+                        self._cv.wait()
+                        continue
                     if s.ctrl:
                         frame = s.ctrl.popleft()
                         break

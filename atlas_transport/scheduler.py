@@ -77,6 +77,12 @@ class SendQueue:
         length = t.meta.chunk_length(off) if t.meta.total_bytes else 0
         return Chunk(t, off, length, with_meta)
 
+    def pending_chunks(self) -> int:
+        """Chunks no stream has taken yet (fresh and queued again)."""
+        fresh = sum(-(-max(0, t.meta.total_bytes - t.next_offset) // t.meta.chunk_bytes) or
+                    (0 if t.handed_out else 1) for t in self._fresh)
+        return fresh + len(self._resend)
+
     def pending_bytes(self) -> int:
         """Bytes of chunks no stream has taken yet (fresh and queued again)."""
         fresh = sum(max(0, t.meta.total_bytes - t.next_offset) for t in self._fresh)

@@ -75,6 +75,17 @@ def set_congestion(sock: socket.socket, name: str) -> bool:
 
 
 SIOCOUTQNSD = 0x894B  # linux/sockios.h: bytes in the send queue not yet sent
+SIOCOUTQ = 0x5411  # TIOCOUTQ: bytes in the send queue, sent but unacknowledged included
+
+
+def kernel_outq(sock: socket.socket) -> int | None:
+    """Bytes this TCP socket's send queue holds (unsent and unacknowledged); None
+    where the ioctl is missing."""
+    try:
+        raw = fcntl.ioctl(sock.fileno(), SIOCOUTQ, b"\0\0\0\0")
+    except (OSError, ValueError):
+        return None
+    return int.from_bytes(raw, sys.byteorder, signed=True)
 
 
 def kernel_unsent(sock: socket.socket) -> int:

@@ -6,8 +6,8 @@ All of a collective's traffic uses the one collective tag, so each pair's messag
 match by the order in which both sides post them. Sends the algorithm made from its
 own copy (`detach=True`) are not waited for at the end of the collective: the peer's
 DONE arrives a round trip after the bytes left, which across a WAN would add one RTT
-to every collective. They are kept (with their memory) in the group's `detached`
-list until confirmed; `reap` raises the error of any that failed, at the group's next
+to every collective. Small sends (SMALL_SEND_BYTES) are always copied and detached.
+They are kept (with their memory) in the group's `detached` list until confirmed; `reap` raises the error of any that failed, at the group's next
 collective."""
 
 from __future__ import annotations
@@ -19,6 +19,10 @@ import torch
 from .mesh import COLL_TAG, PeerMesh, PeerOp
 from .options import LAN_RTT_S
 from .topology import Topology, discover
+
+# Sends up to this size are made from a copy and detached (not waited for), whatever
+# the algorithm asked: the copy takes microseconds, the peer's DONE a round trip.
+SMALL_SEND_BYTES = 64 << 10
 
 
 class Posting:
@@ -56,6 +60,8 @@ class MeshNet:
         return op
 
     def send(self, peer: int, t: torch.Tensor, detach: bool = False) -> PeerOp:
+        if not detach and t.numel() * t.element_size() <= SMALL_SEND_BYTES:
+            t, detach = t.clone(), True  # a copy costs less than waiting for the peer's DONE
         op = self._post("send", peer, t)
         (self.detached if detach else self.ops).append(op)
         return op

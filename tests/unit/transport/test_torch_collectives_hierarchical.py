@@ -246,3 +246,47 @@ def test_sites_from_labels_and_from_round_trips():
     assert store.d[site_key(1)] == b"\x00"
     assert Topology.from_lan_rows([[], [], []]).sites == ((0,), (1,), (2,))
     assert Topology(((0, 1), (2,))).uniform is False
+
+
+class FakeMesh:
+    """What MeshNet and reap use of a PeerMesh: post, wait (raising a failed op's error)."""
+
+    def __init__(self) -> None:
+        self.posted: list = []
+
+    def post(self, op) -> None:
+        self.posted.append(op)
+
+    def wait(self, op) -> None:
+        if op.error is not None:
+            raise op.error
+
+
+class Op:
+    def __init__(self, done: bool, error: BaseException | None = None) -> None:
+        self._done, self.error = done, error
+
+    def done(self) -> bool:
+        return self._done
+
+
+def test_meshnet_detaches_small_sends_from_a_copy_and_reap_reports_failures():
+    from atlas_transport.torch.posting import SMALL_SEND_BYTES, MeshNet, reap
+
+    mesh, detached = FakeMesh(), []
+    net = MeshNet(mesh, "all_reduce", 0.0, detached)
+    small = torch.ones(4)
+    net.send(1, small)
+    assert detached and not net.ops and detached[0].tensor is not small  # a copy, not waited for
+    small.zero_()
+    assert detached[0].tensor.sum().item() == 4  # what was sent is what the caller had
+    big = torch.ones(SMALL_SEND_BYTES // 4 + 1)
+    net.send(1, big)
+    assert net.ops[0].tensor is big  # waited for at finish, sent from the caller's memory
+    pending = [Op(True), Op(False), Op(True, RuntimeError("peer lost")), Op(False)]
+    detached[:] = pending
+    with pytest.raises(RuntimeError, match="peer lost"):
+        reap(mesh, detached)
+    assert detached == [pending[1], pending[3]]  # the failed and the completed ones are forgotten
+    reap(mesh, detached)
+    assert detached == [pending[1], pending[3]]

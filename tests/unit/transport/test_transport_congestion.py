@@ -59,3 +59,30 @@ def test_wan_channels_get_bbr_unless_the_group_chose():
     chosen = FakeChannel(0.05)
     _mesh("cubic")._tune_wan(1, chosen)
     assert chosen.set_to is None
+
+
+def test_a_small_send_is_written_by_the_sending_thread(monkeypatch):
+    """Small transfers skip the hand-off to a stream's writer thread (most of a small
+    message's latency); large ones are striped by the writers."""
+    import threading
+
+    from atlas_transport import channel as C
+
+    writers: list[str] = []
+    orig = C.Channel._send_chunk
+
+    def spy(self, s, c):
+        writers.append(threading.current_thread().name)
+        return orig(self, s, c)
+
+    monkeypatch.setattr(C.Channel, "_send_chunk", spy)
+    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):
+        small = torch.arange(100, dtype=torch.float32)
+        a.isend(small, tag=1).wait(10)
+        assert torch.equal(b.recv(1, timeout=10), small)
+        assert writers == [threading.current_thread().name]
+        writers.clear()
+        big = torch.zeros(1 << 20)
+        a.isend(big, tag=2).wait(10)
+        assert torch.equal(b.recv(2, timeout=10), big)
+        assert writers and all("-tx" in w for w in writers)

@@ -143,9 +143,9 @@ class BenchReport(_Model):
     mode: str = Field(description="'local N' or the topology file")
     world_size: int
     hosts: list[str] = Field(default_factory=list, description="rank k ran on hosts[k] (emulated mode)")
-    time: str
+    time: str = Field(description="when the run started (UTC)")
     host: str
-    commit: str | None = None
+    commit: str | None = Field(None, description="the checkout's commit when the run started; -dirty: with local changes")
     config: BenchConfig
     bus_bandwidth: str = ("busbw = algbw x 2(n-1)/n (all_reduce), x (n-1)/n (all_gather, reduce_scatter, "
                           "all_to_all), x 1 (send_recv); nccl-tests doc/PERFORMANCE.md; Gbit/s")

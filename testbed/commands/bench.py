@@ -316,6 +316,8 @@ def collectives(topology: str | None, local: int | None, hosts: str | None, npro
             click.echo(f"{what}: {r.error or r.skipped}", err=True)
 
     hosts_used: list[str] = []
+    git = git_state()  # the tree the ranks run (read before they start)
+    started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         if local is not None:
             click.echo(f"local: {local} ranks on 127.0.0.1, {', '.join(backends)}, {len(sizes)} sizes", err=True)
@@ -328,11 +330,10 @@ def collectives(topology: str | None, local: int | None, hosts: str | None, npro
             world = len(hosts_used)
     except CollectivesError as exc:
         raise click.ClickException(str(exc)) from None
-    git = git_state()
     report = BenchReport(command=" ".join(["testbed", *sys.argv[1:]]) if sys.argv[1:3] == ["bench", "collectives"]
                          else "testbed bench collectives",
                          mode=f"local {local}" if local is not None else str(topo_path), world_size=world,
-                         hosts=hosts_used, time=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                         hosts=hosts_used, time=started,
                          host=platform.node(),
                          commit=(git.commit[:12] + ("-dirty" if git.dirty else "")) if git.commit else None,
                          config=cfg, results=results, failures=failures)

@@ -77,6 +77,12 @@ def measured(launch_json: Path) -> tuple[float, list[float]]:
     return statistics.median(steps[1:] or steps), steps
 
 
+def _load(profile) -> float | None:
+    """Rank 0's compute: wall over CPU seconds (1.0: a core to itself; more: the machine was busy)."""
+    r = profile.ranks[0]
+    return round(r.compute_wall_s / r.compute_cpu_s, 2) if r.compute_wall_s and r.compute_cpu_s else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rtts", default="10,100,200", help="target RTTs in ms (the profiles are at 50 ms)")
@@ -126,6 +132,7 @@ def main() -> None:
                              "extra_rtts": round(pred.extra_rtts, 3),
                              "rank0_compute_profiled_s": round(compute0, 4), "rank0_compute_target_s": round(compute_t, 4),
                              "replay_with_target_compute_s": round(own.seconds_per_step or 0, 4),
+                             "rank0_wall_over_cpu_profiled": _load(profile), "rank0_wall_over_cpu_target": _load(target),
                              "window_kB": round(pred.paths[0].window_bytes / 1e3, 1) if pred.paths else None,
                              "window_source": pred.paths[0].window_source if pred.paths else None,
                              "measured_steps": " ".join(f"{s:.3f}" for s in steps)})

@@ -77,6 +77,11 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
                f"{', '.join(backends) or 'no communication'}), profiled on {profile.network.name}: "
                f"{measured if measured is None else f'{measured:.3f}'} s per step measured there (rank 0's median "
                "after the first step)")
+    loads = [r.compute_wall_s / r.compute_cpu_s for r in profile.ranks if r.compute_wall_s and r.compute_cpu_s]
+    if loads:
+        click.echo(f"  the ranks' compute took {min(loads):.1f}-{max(loads):.1f}x its CPU time in wall time there (1.0: "
+                   "cores to spare); it is replayed as profiled, so a machine busier or idler then than at the "
+                   "target moves the prediction by as much")
     for p in rows[0].paths:
         click.echo(f"  path {p.dcs[0]}-{p.dcs[1]} on the profile's network: one stream's window "
                    f"{p.window_bytes / 1e3:,.0f} kB ({p.window_source}); fitted {rows[0].extra_rtts:+.2f} round "

@@ -41,8 +41,20 @@ def prepare(out_dir: Path) -> Path:
     return records
 
 
-def _rank_records(path: Path, started: float) -> tuple[list[GroupRecord], list[OpRecord], float, float | None, list[str]]:
+def _compute_cpu(points: list[tuple[float, float, str]]) -> tuple[float | None, float | None]:
+    """(wall, CPU) seconds of the spans from a wait's end to the next issue (the main thread's compute)."""
+    wall = cpu = 0.0
+    seen = False
+    for (t0, c0, k0), (t1, c1, k1) in zip(points, points[1:], strict=False):
+        if k0 == "w" and k1 == "o" and t1 >= t0 and c1 >= c0:
+            wall, cpu, seen = wall + t1 - t0, cpu + c1 - c0, True
+    return (wall, cpu) if seen else (None, None)
+
+
+def _rank_records(path: Path, started: float
+                  ) -> tuple[list[GroupRecord], list[OpRecord], float, float | None, list[str], tuple]:
     groups: list[GroupRecord] = []
+    cpu_points: list[tuple[float, float, str]] = []
     ops: dict[int, dict] = {}
     waits: dict[int, list[tuple[float, float]]] = {}
     done: dict[int, float] = {}
@@ -62,8 +74,12 @@ def _rank_records(path: Path, started: float) -> tuple[list[GroupRecord], list[O
                                       streams=rec.get("streams")))
         elif ev == "op":
             ops[rec["id"]] = rec
+            if "c" in rec:
+                cpu_points.append((rec["t"], rec["c"], "o"))
         elif ev == "wait":
             waits.setdefault(rec["id"], []).append((rec["t0"] - started, rec["t1"] - started))
+            if "c1" in rec:
+                cpu_points.append((rec["t1"], rec["c1"], "w"))
         elif ev == "done":
             done[rec["id"]] = rec["t"] - started
         elif ev == "note":
@@ -73,7 +89,7 @@ def _rank_records(path: Path, started: float) -> tuple[list[GroupRecord], list[O
                     t_issue=r["t"] - started, t_issue_end=r.get("t_end", r["t"]) - started,
                     waits=waits.get(i, []), t_done=done.get(i))
            for i, r in sorted(ops.items())]
-    return groups, out, t_start, t_end, notes
+    return groups, out, t_start, t_end, notes, _compute_cpu(sorted(cpu_points))
 
 
 def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: str,
@@ -84,15 +100,16 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
     ranks = []
     for r in report.ranks:
         path = records / f"rank-{r.rank}.jsonl"
-        groups, ops, t_start, t_end, notes = (_rank_records(path, report.started) if path.is_file()
-                                              else ([], [], 0.0, None, ["no records: the rank never imported torch"
-                                                                         " or was not a Python program"]))
+        groups, ops, t_start, t_end, notes, (wall, cpu) = (
+            _rank_records(path, report.started) if path.is_file()
+            else ([], [], 0.0, None, ["no records: the rank never imported torch or was not a Python program"],
+                  (None, None)))
         times = line_times.get(r.rank, [])
         steps = [StepRecord(step=int(m["step"]), step_s=float(m["step_s"]), t_line=t - report.started)
                  for m, t in zip(r.metrics, times, strict=False)
                  if isinstance(m.get("step"), int) and isinstance(m.get("step_s"), (int, float))]
         ranks.append(RankProfile(rank=r.rank, host=r.host, dc=r.dc, groups=groups, ops=ops, steps=steps,
-                                 t_start=t_start, t_end=t_end, notes=notes))
+                                 t_start=t_start, t_end=t_end, notes=notes, compute_wall_s=wall, compute_cpu_s=cpu))
     dc_of = {r.rank: r.dc for r in report.ranks}
     crossing = 0
     for rp in ranks:

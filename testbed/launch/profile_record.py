@@ -60,6 +60,11 @@ def _now() -> float:
     return time.time()
 
 
+def _cpu() -> float:
+    """The calling thread's CPU seconds (compute between two records: CPU against wall)."""
+    return time.thread_time()
+
+
 class Recorder:
     """One rank's JSON lines, written by any thread (futures complete on the backend's)."""
 
@@ -159,7 +164,7 @@ def _work_class() -> type:
                 if rec is not None:
                     t1 = _now()
                     for i in self._ids:
-                        rec.write({"ev": "wait", "id": i, "t0": t0, "t1": t1})
+                        rec.write({"ev": "wait", "id": i, "t0": t0, "t1": t1, "c1": _cpu()})
 
         def is_completed(self) -> bool:
             return bool(self._inner.is_completed())
@@ -248,7 +253,7 @@ def _p2p_wrapper(c10d: Any, name: str, orig: Any) -> Any:
                 peer = None
         record = {"ev": "op", "id": rec.new_id(), "kind": "send" if sending else "recv", "op": name,
                   "bytes": _nbytes(a.get("tensor")), "peer": peer, "group": rec.group_index(c10d, group),
-                  "tag": a.get("tag") or 0, "blocking": blocking, "t": _now()}
+                  "tag": a.get("tag") or 0, "blocking": blocking, "t": _now(), "c": _cpu()}
         rec.local.inside = True
         try:
             out = orig(*args, **kwargs)
@@ -285,7 +290,7 @@ def _batch_wrapper(c10d: Any, orig: Any) -> Any:
             records.append({"ev": "op", "id": rec.new_id(), "kind": "send" if sending else "recv",
                             "op": "batch_isend" if sending else "batch_irecv", "bytes": _nbytes(op.tensor),
                             "peer": peer, "group": rec.group_index(c10d, group), "tag": op.tag or 0,
-                            "blocking": False, "t": t})
+                            "blocking": False, "t": t, "c": _cpu()})
             ids.append(records[-1]["id"])
         rec.local.inside = True
         try:
@@ -326,7 +331,7 @@ def _collective_wrapper(c10d: Any, name: str, orig: Any) -> Any:
                 root = None
         record = {"ev": "op", "id": rec.new_id(), "kind": "collective", "op": name,
                   "bytes": _nbytes(a.get(arg)) if arg else 0, "peer": root, "group": rec.group_index(c10d, group),
-                  "tag": 0, "blocking": not async_op, "t": _now()}
+                  "tag": 0, "blocking": not async_op, "t": _now(), "c": _cpu()}
         ddp = getattr(rec.local, "ddp", False)
         if ddp:
             record["ddp"] = True

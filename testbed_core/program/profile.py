@@ -97,6 +97,10 @@ class RankProfile(_Model):
     t_start: float = Field(description="when the recorder started in the rank (its interpreter's start)")
     t_end: float | None = Field(None, description="when the rank's interpreter exited")
     notes: list[str] = Field(default_factory=list, description="what the recorder could not see")
+    compute_wall_s: float | None = Field(None, description="wall seconds between the end of a wait and the next "
+                                         "communication the rank issued, summed: its compute as the replay keeps it")
+    compute_cpu_s: float | None = Field(None, description="the rank's main thread's CPU seconds over the same spans: "
+                                        "wall / CPU above 1 says the machine's cores were busy with other work")
 
 
 class ProgramProfile(_Model):

@@ -111,7 +111,9 @@ def _write_records(records: Path) -> None:
               {"ev": "group", "group": 0, "ranks": [0, 1], "backend": "gloo", "streams": None},
               {"ev": "op", "id": 1, "kind": "send", "op": "isend", "bytes": 4096, "peer": 1, "group": 0, "tag": 0,
                "blocking": False, "t": 1001.0, "t_end": 1001.01},
-              {"ev": "wait", "id": 1, "t0": 1001.2, "t1": 1001.3},
+              {"ev": "wait", "id": 1, "t0": 1001.2, "t1": 1001.3, "c1": 2.0},
+              {"ev": "op", "id": 2, "kind": "send", "op": "send", "bytes": 8, "peer": 1, "group": 0, "tag": 0,
+               "blocking": True, "t": 1001.7, "t_end": 1001.8, "c": 2.1},
               {"ev": "end", "t": 1004.0}]
     lines1 = [{"ev": "start", "format": 1, "t": 1000.6, "pid": 2, "argv": [], "rank": 1},
               {"ev": "group", "group": 0, "ranks": [0, 1], "backend": "gloo", "streams": None},
@@ -133,7 +135,9 @@ def test_build_profile_from_the_ranks_records(tmp_path):
     assert r0.ops[0].kind == "send" and r0.ops[0].waits == [(pytest.approx(1.2), pytest.approx(1.3))]
     assert len(r1.ops) == 1  # the line cut short is skipped
     assert r0.t_start == pytest.approx(0.5) and r0.t_end == pytest.approx(4.0)
-    assert profile.recorded_wan_bytes == 4096 and profile.wan_bytes == 4196
+    assert profile.recorded_wan_bytes == 4096 + 8 and profile.wan_bytes == 4196
+    assert r0.compute_wall_s == pytest.approx(0.4) and r0.compute_cpu_s == pytest.approx(0.1)  # a busy machine
+    assert r1.compute_wall_s is None
     assert profile.program.files[0].path == str(TOPO)  # every existing file argument is hashed
 
 

@@ -24,22 +24,24 @@ What works on it (torch 2.13, checked by tests/unit/transport/test_torch_backend
   `split_group` where an accelerator is bound (`init_process_group(device_id=...)`);
 - DDP communication hooks: futures are settled off the collectives thread, so a
   callback may run collectives and wait for them (PowerSGD).
-torch restricts some things to its built-in backends: `monitored_barrier` (gloo
-only), `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works), and the
-`_out` all-gather of compiled code (`all_gather_into_tensor_out`), which C++ sends to
-a C++ backend a Python group cannot have.
+torch restricts two things to its built-in backends: `monitored_barrier` (gloo only)
+and `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works). The `_out`
+all-gather of compiled code (`all_gather_into_tensor_out`), whose C++ kernel looks for
+a C++ backend a Python group cannot have, gets a kernel that calls the group's
+`_allgather_base` (see `functional`; it serves C++ groups the same way).
 
 Rendezvous goes through the group's store; every wait is bounded by the group's
 timeout and a dead or silent peer becomes an `AtlasError` naming its rank. Bad input
 (an op a dtype cannot take, split sizes, list lengths) raises at the call, naming
 the op and dtype; tensors whose sizes differ across ranks fail the operation naming
-both ranks and both sizes. Importing this module only registers the backend
+both ranks and both sizes. Importing this module registers the backend and that kernel
 (idempotent)."""
 
 from __future__ import annotations
 
 import torch.distributed as _dist
 
+from . import functional
 from .backend import BACKEND_NAME, ProcessGroupAtlas, create_backend
 from .options import AtlasOptions
 from .work import AtlasError, AtlasWork
@@ -48,6 +50,7 @@ __all__ = ["AtlasError", "AtlasOptions", "AtlasWork", "ProcessGroupAtlas", "BACK
 
 
 def _register() -> None:
+    functional.register()
     if BACKEND_NAME.upper() in _dist.Backend._plugins:
         return
     _dist.Backend.register_backend(BACKEND_NAME, create_backend, extended_api=True, devices=["cpu", "cuda"])

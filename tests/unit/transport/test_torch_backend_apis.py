@@ -133,6 +133,13 @@ def functional(g):                               # C++ finds the group by its na
             funcol.broadcast(x, 2, g)]
     return [t.wait() if isinstance(t, funcol.AsyncCollectiveTensor) else t for t in outs]
 both("funcol", functional)
+
+def gather_out(g):                               # the _out form torch.compile's bucketing emits
+    out = torch.empty(2 * WORLD)
+    got = torch.ops._c10d_functional.all_gather_into_tensor_out(torch.full((2,), float(RANK)), WORLD,
+                                                                (g or pg).group_name, out=out)
+    return torch.ops._c10d_functional.wait_tensor(got), out
+both("all_gather_into_tensor_out", gather_out)
 rsc = funcol.reduce_scatter_tensor_coalesced([torch.ones(WORLD * 2), torch.arange(float(WORLD))], "sum", [0, 0], pg)
 res["funcol_rs_coalesced"] = [t.wait() for t in rsc]   # gloo has no reduce_scatter_tensor_coalesced
 
@@ -271,6 +278,7 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
         assert rows == want
         assert res[r]["all_to_all_single"][2].tolist() == ([] if r == 0 else [float(q) for q in range(1, world)])
         assert [t.tolist() for t in res[r]["all_to_all_uneven"]] == [[10.0 * q + r] * (r + 1) for q in range(world)]
+        assert res[r]["all_gather_into_tensor_out"][1].tolist() == [float(q) for q in range(world) for _ in range(2)]
         assert [t.tolist() for t in res[r]["funcol_rs_coalesced"]] == [[3.0, 3.0], [3.0 * r]]
         full = torch.arange(world * 8.0).reshape(world * 2, 4)
         local, gathered, replicated, resharded, total = res[r]["dtensor"]

@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -98,6 +99,7 @@ def main() -> None:
     progs = [p for p in args.programs.split(",") if p]
     backends = [b for b in args.backends.split(",") if b]
     t0 = time.time()
+    load_before = os.getloadavg()
     if not args.reuse:
         for rtt in [PROFILE_RTT_MS, *rtts]:
             print(f"launching at {rtt} ms (profiled):", flush=True)
@@ -142,17 +144,60 @@ def main() -> None:
         writer.writeheader()
         writer.writerows(rows)
     (out / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n")
-    print("\n| program | backend | RTT | profiled at 50 ms | predicted | measured | error | rank 0 compute/step "
-          "(50 ms -> there) | replay with the compute there |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for r in rows:
-        own_err = r["replay_with_target_compute_s"] / r["measured_s_per_step"] - 1
-        print(f"| {r['program']} | {r['backend']} | {r['rtt_ms']} ms | {r['profiled_s_per_step']:.3f} | "
-              f"{r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | {r['error']:+.1%} | "
-              f"{r['rank0_compute_profiled_s']:.3f} -> {r['rank0_compute_target_s']:.3f} | "
-              f"{r['replay_with_target_compute_s']:.3f} ({own_err:+.1%}) |")
+    table = _table(rows)
+    print("\n" + table)
     worst = max(abs(r["error"]) for r in rows if r["error"] is not None)
     print(f"\nworst error {worst:.1%}; {time.time() - t0:.0f} s; {out}/results.csv")
+    if not args.reuse:
+        _readme(out, table, worst, load_before, os.getloadavg(), time.time() - t0, sys.argv[1:])
+
+
+def _table(rows: list[dict]) -> str:
+    lines = ["| program | backend | RTT | profiled at 50 ms | predicted | measured | error | rank 0 compute/step "
+             "(50 ms -> there) | rank 0 wall/CPU (50 ms -> there) | replay with the compute there |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        own_err = r["replay_with_target_compute_s"] / r["measured_s_per_step"] - 1
+        lines.append(f"| {r['program']} | {r['backend']} | {r['rtt_ms']} ms | {r['profiled_s_per_step']:.3f} | "
+                     f"{r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | {r['error']:+.1%} | "
+                     f"{r['rank0_compute_profiled_s']:.3f} -> {r['rank0_compute_target_s']:.3f} | "
+                     f"{r['rank0_wall_over_cpu_profiled']} -> {r['rank0_wall_over_cpu_target']} | "
+                     f"{r['replay_with_target_compute_s']:.3f} ({own_err:+.1%}) |")
+    return "\n".join(lines)
+
+
+def _readme(out: Path, table: str, worst: float, load_before: tuple, load_after: tuple, took: float,
+            argv: list[str]) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    text = f"""# Your program, predicted from a profile (kept results)
+
+`sudo .venv/bin/python scripts/program_predict_check.py {' '.join(argv)}` ({when}, commit {commit}{' with others'
+ ' uncommitted changes in the tree' if dirty else ''}; {took / 60:.0f} minutes; load average {load_before[0]:.1f} before,
+{load_after[0]:.1f} after, on 2 cores shared with other runs: timing figures are noisy).
+
+Each example (`examples/pipeline.py --steps 6`: GPipe, 4 micro-batches of 4 MiB across the WAN;
+`examples/ddp.py --steps 20`: 0.5 MiB of gradients all-reduced a step) with each backend was
+launched on topologies/2dc.yaml (50 ms RTT, 1 Gbit/s, 1 MB socket buffers) with `--profile`;
+`testbed whatif --program` predicted it at 10, 100 and 200 ms RTT from that profile alone;
+then it was launched there (2dc.yaml with the WAN delay set to RTT/2: `topologies/`),
+profiled too. Seconds per step: rank 0's median step_s after the first step, predicted and
+measured alike. The last three columns take the launch's own profile there: rank 0's
+compute per step (its time not waiting on communication), how much longer that compute
+took in wall time than in CPU time (the machine's load at that moment), and the replay of
+the target's profile with the 50 ms profile's network figures (its window and fitted round
+trips): what the prediction would be had the compute matched.
+
+{table}
+
+Worst error {worst:.1%}. Files: `profile-<rtt>-<program>-<backend>/` (profile.json and
+launch.json of every launch), `results.csv` (every column, each launch's step times),
+`predictions.json` (the predictions in full). `.venv/bin/python
+scripts/program_predict_check.py --reuse --out {out}` recomputes the table from them.
+"""
+    (out / "README.md").write_text(text)
 
 
 if __name__ == "__main__":

@@ -260,7 +260,6 @@ def collectives(topology: str | None, local: int | None, hosts: str | None, npro
         BenchConfig,
         BenchReport,
         CollectivesError,
-        PointResult,
         plot,
         size_ladder,
         table,
@@ -308,20 +307,13 @@ def collectives(topology: str | None, local: int | None, hosts: str | None, npro
     out = Path(out_dir) if out_dir else Path("results") / f"bench-collectives-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
 
-    def progress(r: PointResult) -> None:
-        what = f"  {r.backend} {r.collective} {r.size} B"
-        if r.time_s is not None:
-            click.echo(f"{what}: {r.time_s * 1e3:.3f} ms, busbw {r.busbw_gbit_s:.4f} Gbit/s", err=True)
-        else:
-            click.echo(f"{what}: {r.error or r.skipped}", err=True)
-
     hosts_used: list[str] = []
     git = git_state()  # the tree the ranks run (read before they start)
     started = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     try:
         if local is not None:
             click.echo(f"local: {local} ranks on 127.0.0.1, {', '.join(backends)}, {len(sizes)} sizes", err=True)
-            results, failures = run_local(local, backends, cfg, on_result=progress)
+            results, failures = run_local(local, backends, cfg)  # rank 0 says each point as it goes
             world = local
         else:
             assert topo_path is not None

@@ -107,15 +107,12 @@ class CoalescedWork(AtlasWork):
         self._complete(err)
 
 
-def _premul_factor(op: object) -> float | torch.Tensor | None:
-    """The factor of a PREMUL_SUM op (`dist._make_nccl_premul_sum(f)`, FSDP2's
-    `ReduceOp.PREMUL_SUM(1 / f)`), else None."""
-    kind = getattr(op, "op", op)
+def _is_premul(op: object) -> bool:
+    """Is `op` PREMUL_SUM (`dist._make_nccl_premul_sum(f)`, FSDP2's `ReduceOp.PREMUL_SUM(1 / f)`)?"""
     try:
-        is_premul = kind == dist.ReduceOp.RedOpType.PREMUL_SUM
+        return getattr(op, "op", op) == dist.ReduceOp.RedOpType.PREMUL_SUM
     except TypeError:
-        return None
-    return getattr(op, "factor", None) if is_premul else None
+        return False
 
 
 def all_to_all(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], rank: int, size: int,
@@ -411,8 +408,11 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         """(name of the op the algorithms run, PREMUL_SUM's factor or None), checked
         against every tensor's dtype in the caller's thread."""
         op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
-        factor = _premul_factor(op)
-        if factor is not None:
+        if _is_premul(op):
+            factor = getattr(op, "factor", None)
+            if factor is None:
+                raise ValueError(f"atlas: {what}: reduce op PREMUL_SUM needs its factor: pass "
+                                 "dist._make_nccl_premul_sum(factor) or ReduceOp.PREMUL_SUM(factor)")
             if isinstance(factor, torch.Tensor):
                 if factor.numel() != 1:
                     raise ValueError(f"atlas: {what}: PREMUL_SUM's factor must be one number, got a tensor of "

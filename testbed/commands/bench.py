@@ -292,6 +292,8 @@ def collectives(topology: str | None, local: int | None, hosts: str | None, npro
                                      param_hint="--local")
     topo_path = None
     if local is None:
+        if nproc_per_host < 1:
+            raise click.BadParameter(f"{nproc_per_host}: give 1 or more ranks per host", param_hint="--nproc-per-host")
         topo_path = _resolve_topology(topology or "topologies/2dc.yaml")
         try:
             import testbed.emulation.network  # noqa: F401
@@ -370,8 +372,6 @@ def _collectives_on_topology(topo_path: Path, hosts: str | None, nproc_per_host:
                           env={"BACKEND": backend, "PYTHONPATH": pythonpath}, timeout_s=timeout_s,
                           cwd=str(REPO_ROOT), topology_file=str(topo_path))
 
-    if nproc_per_host < 1:
-        raise CollectivesError(f"--nproc-per-host {nproc_per_host}: give 1 or more ranks per host")
     _check_plan(topology, spec(backends[0]))  # an unknown host or too many ranks, before anything is built
     try:
         with Emulation(topology, progress=say) as emu:

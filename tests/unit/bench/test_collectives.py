@@ -171,6 +171,8 @@ def test_config_refuses_unknown_collectives_and_tiny_sizes() -> None:
     (["--local", "1"], "1: collectives need 2 or more ranks"),
     (["--local", "2", "--topology", "topologies/2dc.yaml"],
      "--local N runs on loopback: it goes without --topology, --hosts and --nproc-per-host"),
+    (["--local", "100000"], "100000 ranks on"),
+    (["--nproc-per-host", "0"], "0: give 1 or more ranks per host"),
     (["--topology", "no/such.yaml"], "topology file no/such.yaml not found"),
 ])
 def test_argument_errors(args: list[str], message: str, tmp_path: Path) -> None:
@@ -218,3 +220,17 @@ def test_local_mode_end_to_end(tmp_path: Path) -> None:
 def test_local_mode_both_backends(tmp_path: Path) -> None:
     """gloo and atlas, two sizes each (make test-long)."""
     _local(tmp_path, "gloo,atlas", [4 * KiB, 16 * KiB])
+
+
+def test_unknown_host_is_refused_before_anything_is_built(monkeypatch, tmp_path: Path) -> None:
+    import testbed.emulation.network as network
+
+    monkeypatch.setattr("os.geteuid", lambda: 0)
+
+    def no_build(*_a, **_k):
+        raise AssertionError("the emulation was built")
+
+    monkeypatch.setattr(network.Emulation, "__init__", no_build)
+    r = CliRunner().invoke(main, ["bench", "collectives", "--hosts", "dc1-h1,dc9-h1", "--out", str(tmp_path)])
+    assert r.exit_code == 1, r.output
+    assert "--hosts: 'dc9-h1' is not a host of the topology (hosts: dc1-h1, dc1-h2, dc2-h1, dc2-h2)" in r.output

@@ -107,6 +107,8 @@ class _Model(ConfigModel):
 class TcpSettings(_Model):
     """Per-host TCP settings, applied inside each host's own namespace."""
 
+    # TCP congestion control algorithm set in each host's namespace
+    # (net.ipv4.tcp_congestion_control); the kernel must have it (testbed/emulation/congestion.py)
     congestion_control: CongestionControl = "cubic"
     # Maxima of net.ipv4.tcp_rmem / tcp_wmem: they cap one flow's window, hence its
     # rate to window/RTT, as per-flow limits do on real WAN paths.
@@ -139,6 +141,7 @@ class Datacenter(_Model):
     hosts: list[str] = []
     gpus: int | None = Field(None, ge=1, le=MAX_DC_GPUS, description="DC size in GPUs, instead of hosts")
     lan_rate: Rate = 10e9
+    # TCP settings for this DC's hosts instead of the topology's top-level `tcp` (None: those)
     tcp: TcpSettings | None = None
 
     @model_validator(mode="after")
@@ -192,11 +195,13 @@ class LinkChange(_Model):
     until ``duration`` has passed or a later change says ``down: false``."""
 
     at: Annotated[Duration, _within(0, MAX_CHANGE_AT_S, _seconds, "change time", "at most a day into the run")]
-    rate: Rate | None = None
-    delay: Delay | None = None
-    jitter: Delay | None = None
-    loss: Fraction | None = None
+    rate: Rate | None = None  # the link's new rate, bits per second (None: unchanged)
+    delay: Delay | None = None  # the link's new one-way delay, seconds (None: unchanged)
+    jitter: Delay | None = None  # the link's new jitter, seconds, at most its delay (None: unchanged)
+    loss: Fraction | None = None  # the link's new random loss per packet, 0 to 1 (None: unchanged)
+    # true cuts the link (every frame dropped both ways), false restores a cut link (None: unchanged)
     down: bool | None = None
+    # with down: true, how long the link stays cut, seconds; then it is restored (None: until a down: false)
     duration: Annotated[Duration, _within(0.001, MAX_DOWN_S, _seconds, "down duration",
                                           "an outage on purpose lasts 1ms to an hour")] | None = None
 
@@ -223,13 +228,15 @@ class LinkChange(_Model):
 
 
 class WanLink(_Model):
-    between: tuple[str, str]
+    between: tuple[str, str]  # the two DCs the link joins (names from `dcs`), different
     rate: Rate
     delay: Delay = Field(description="one-way delay; RTT is twice this")
     jitter: Delay = 0.0
+    # random loss per packet (per segment of a GSO super-packet), each way: a fraction (0.001) or a percentage (0.1%)
     loss: Fraction = 0.0
     # Bytes of queue at the bottleneck; default one bandwidth-delay product.
     queue: Queue | Literal["auto"] = "auto"
+    # step changes of the link's rate, delay, jitter, loss or state over the run, in increasing `at` order
     changes: list[LinkChange] = Field([], max_length=MAX_CHANGES)
     # A Mahimahi-style trace (one line per 1500-byte delivery opportunity, in ms),
     # relative to the topology file; turned into rate changes.
@@ -344,7 +351,10 @@ def bdp_bytes(rate_bps: float, rtt_s: float, floor: int = 64 * 1024) -> int:
 class Addressing(_Model):
     """Where the emulated networks live. Only the toolkit's own namespaces use them."""
 
+    # IPv4 network (/16 or larger) the DC LANs are cut from: DC i (from 0) gets the /24 at lan_base + (i+1)*256
     lan_base: str = "10.200.0.0/16"
+    # IPv4 network (/16 or larger, disjoint from lan_base) the WAN links are cut from: link k gets the /30 at
+    # wan_base + 4k
     wan_base: str = "10.201.0.0/16"
 
     @field_validator("lan_base", "wan_base")
@@ -366,13 +376,17 @@ class Addressing(_Model):
 
 
 class Topology(_Model):
+    # the topology's name: shown by `testbed topo show`; names a `testbed topo up --detach` emulation unless --name does
     name: str
-    description: str = ""
-    source: str = ""
-    tcp: TcpSettings = TcpSettings()
+    description: str = ""  # free text: what the topology models (shown by `testbed topo show`)
+    source: str = ""  # free text: where its figures come from (a measurement, a paper), shown by `testbed topo show`
+    tcp: TcpSettings = TcpSettings()  # TCP settings of every host, unless its DC gives its own `tcp`
+    # the datacenters: each with emulated hosts, or a GPU count for predictions only
     dcs: list[Datacenter] = Field(min_length=1, max_length=MAX_DCS)
+    # the WAN links between DCs (at most one per pair); every DC must be reachable; traffic takes the
+    # lowest-delay path
     wan: list[WanLink] = Field([], max_length=MAX_DCS * (MAX_DCS - 1) // 2)
-    addressing: Addressing = Addressing()
+    addressing: Addressing = Addressing()  # the IPv4 networks the emulation numbers its LANs and WAN links from
     # Optional: which server emulates which DC (testbed_core/servers.py); None = this machine.
     servers: ServerPlan | None = None
 

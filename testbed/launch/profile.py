@@ -92,6 +92,20 @@ def _rank_records(path: Path, started: float
     return groups, out, t_start, t_end, notes, _compute_cpu(sorted(cpu_points))
 
 
+def atlas_all_reduce_algorithm() -> str:
+    """Which all-reduce the atlas backend installed here runs: 'hierarchical' when its
+    process group uses atlas_transport/torch/hierarchical.py, else 'ring' (the ring of
+    collectives.py)."""
+    try:
+        import atlas_transport.torch.backend as backend
+        import atlas_transport.torch.hierarchical as hierarchical
+    except ImportError:
+        return "ring"
+    used = any(v is hierarchical or getattr(v, "__module__", None) == hierarchical.__name__
+               for v in vars(backend).values())
+    return "hierarchical" if used else "ring"
+
+
 def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: str,
                   line_times: dict[int, list[float]]) -> ProgramProfile:
     """``profile.json`` from the ranks' records in ``out_dir/profile-records`` and the
@@ -124,7 +138,8 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
     profile = ProgramProfile(program=program_identity(report.command, cwd), topology=topology.model_dump(mode="json"),
                              topology_file=report.topology_file, env=dict(report.env), world_size=report.world_size,
                              nproc_per_host=report.nproc_per_host, started=report.started, wall_s=report.wall_s,
-                             ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing)
+                             ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing,
+                             atlas_all_reduce=atlas_all_reduce_algorithm())
     return profile
 
 

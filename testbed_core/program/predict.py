@@ -75,8 +75,17 @@ NOTIFYING = frozenset({"gloo"})
 CONFIRMING = frozenset({"atlas"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
 
 
+HIERARCHICAL_SMALL_BYTES = 64 << 10  # atlas's two-level all-reduce: one exchange below this
+
+
 def _atlas_all_reduce(nbytes: int, size: int) -> str:
+    """atlas's all-reduce before its two-level form: a ring from RING_MIN_BYTES, else one exchange."""
     return "ring" if nbytes >= RING_MIN_BYTES and nbytes >= 4 * size else "exchange"
+
+
+def _atlas_hierarchical(nbytes: int, size: int) -> str:
+    """atlas's two-level all-reduce (atlas_transport/torch/hierarchical.py): one exchange below 64 KiB."""
+    return "hierarchical" if nbytes >= HIERARCHICAL_SMALL_BYTES and nbytes >= 4 * size else "exchange"
 
 
 # backend -> op -> algorithm name, or a function of (bytes, group size) giving it
@@ -92,6 +101,18 @@ ALGORITHMS: dict[str, dict[str, Algorithm]] = {
               "reduce_scatter": "exchange", "reduce_scatter_tensor": "exchange"},
 }
 DEFAULT_ALGORITHM = "exchange"
+
+
+def algorithms_for(atlas_all_reduce: str) -> dict[str, dict[str, Algorithm]]:
+    """`ALGORITHMS` with atlas's all-reduce as `atlas_all_reduce`: 'ring' (a ring from
+    256 KiB) or 'hierarchical' (two levels by site from 64 KiB), whichever the atlas
+    backend the program ran with uses."""
+    if atlas_all_reduce not in ("ring", "hierarchical"):
+        raise ValueError(f"atlas all-reduce {atlas_all_reduce!r}: use ring or hierarchical")
+    table = {backend: dict(ops) for backend, ops in ALGORITHMS.items()}
+    choice = _atlas_all_reduce if atlas_all_reduce == "ring" else _atlas_hierarchical
+    table["atlas"]["all_reduce"] = table["atlas"]["all_reduce_coalesced"] = choice
+    return table
 
 
 class PredictError(ProfileError):
@@ -414,8 +435,35 @@ class Replay:
             if rec.op in ("reduce", "gather"):
                 return max(self._transfer(gkey, coll.backend, m, root, nbytes, t)[1] for m in members if m != root)
             return max(self._transfer(gkey, coll.backend, root, m, nbytes, t)[1] for m in members if m != root)
+        if coll.algorithm == "hierarchical" and rec.op.startswith("all_reduce"):
+            return self._hierarchical(gkey, coll, nbytes, t)
         # exchange: every member sends its whole tensor to every other, at once
         return max(self._transfer(gkey, coll.backend, a, b, nbytes, t)[1] for a in members for b in members if a != b)
+
+    def _hierarchical(self, gkey: tuple, coll: _Collective, nbytes: float, t: float) -> float:
+        """atlas's two-level all-reduce (atlas_transport/torch/hierarchical.py): ranks by
+        site (DC); with sites of L ranks, a reduce-scatter inside each site (1/L of the
+        tensor to each local peer), each shard to the ranks holding it in the other
+        sites (across the WAN, once per remote site), an all-gather inside each site.
+        Unequal sites: one site over all ranks. Each phase ends when its slowest transfer does."""
+        sites: dict[str, list[int]] = defaultdict(list)
+        for m in coll.members:
+            sites[self.dc_of[m]].append(m)
+        groups = list(sites.values())
+        if len({len(g) for g in groups}) != 1:
+            groups = [list(coll.members)]
+        local_n = len(groups[0])
+        shard = nbytes / local_n
+        be = coll.backend
+
+        def phase(pairs: list[tuple[int, int]], size: float, start: float) -> float:
+            return max([start, *(self._transfer(gkey, be, a, b, size, start)[1] for a, b in pairs)])
+
+        local_pairs = [(a, b) for g in groups for a in g for b in g if a != b]
+        t = phase(local_pairs, shard, t)
+        cross = [(g1[j], g2[j]) for j in range(local_n) for g1 in groups for g2 in groups if g1 is not g2]
+        t = phase(cross, shard, t)
+        return phase(local_pairs, shard, t)
 
     # --- the run
 
@@ -638,7 +686,7 @@ def _rank0_median(profile: ProgramProfile, marks: Mapping[int, Mapping[tuple[int
 
 
 def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], float], streams: int | None,
-                   algorithms: Mapping[str, Mapping[str, Algorithm]], warmup: int) -> float:
+                   algorithms: Mapping[str, Mapping[str, Algorithm]] | None, warmup: int) -> float:
     """The round trips each WAN transfer takes beyond the model (a protocol's own
     exchanges, a restart the model makes too slow or too fast), fitted so that the
     replay on the profile's own network gives rank 0's measured median step: a number
@@ -653,9 +701,10 @@ def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], flo
         return 0.0
     slow = any(topo.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
     rule = _streams_rule(profile, streams)
+    algos = algorithms or algorithms_for(profile.atlas_all_reduce)
 
     def error(x: float) -> float:
-        got = _rank0_median(profile, Replay(profile, paths, dc_of, rule, algorithms, slow, x).run(), warmup)
+        got = _rank0_median(profile, Replay(profile, paths, dc_of, rule, algos, slow, x).run(), warmup)
         return (got or 0.0) - measured
 
     lo, hi = EXTRA_RTTS_MIN, EXTRA_RTTS_MAX
@@ -688,7 +737,7 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
     paths, figures = _paths(topology, set(dc_of.values()), windows)
     streams_of = _streams_rule(profile, streams)
     slow_start = any(topology.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
-    algos = algorithms or ALGORITHMS
+    algos = algorithms or algorithms_for(profile.atlas_all_reduce)
     if extra_rtts is None:
         extra_rtts = fit_extra_rtts(profile, windows, streams, algos, warmup)
 

@@ -117,7 +117,11 @@ class ProgramProfile(_Model):
     wall_s: float = Field(description="the launch's wall time")
     ranks: list[RankProfile] = Field(description="every rank, by rank")
     wan_bytes: int | None = Field(None, description="what the WAN links' counters carried during the launch, both ways")
-    recorded_wan_bytes: int = Field(0, description="bytes the recorded sends and collectives put between DCs")
+    recorded_wan_bytes: int = Field(0, description="bytes the recorded sends and collectives put between DCs "
+                                    "(a collective counted by its input)")
+    atlas_all_reduce: Literal["ring", "hierarchical"] = Field(
+        "ring", description="the all-reduce of the atlas backend the program ran with: a ring (collectives.py) or "
+                            "two levels by site (hierarchical.py)")
 
     @field_validator("topology")
     @classmethod

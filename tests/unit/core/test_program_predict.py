@@ -16,6 +16,7 @@ from testbed_core.program.predict import (
     INITIAL_WINDOW,
     PredictError,
     _restart,
+    algorithms_for,
     measured_windows,
     predict,
     retarget,
@@ -261,3 +262,38 @@ def test_whatif_program_refusals(tmp_path):
     result = run(main, ["whatif", "--program", str(out), "--topology", str(ROOT / "topologies" / "1dc-lan.yaml")])
     assert result.exit_code != 0
     assert "rank 1 ran on dc2-h1 in the profile, but" in result.output and "has no host dc2-h1" in result.output
+
+
+def _all_reduce_profile(tmp_path: Path, backend: str, hosts: int, nbytes: int) -> ProgramProfile:
+    """Every rank all-reduces `nbytes` once a step (3 steps), blocking, nothing else."""
+    n = 2 * hosts
+    ranks = []
+    for r in range(n):
+        dc, h = divmod(r, hosts)
+        ops = [_op(k + 1, "collective", "all_reduce", nbytes, None, 1.0 + k, [(1.0 + k, 1.5 + k)], blocking=True)
+               for k in range(3)]
+        steps = [StepRecord(step=k, step_s=0.6, t_line=1.6 + k) for k in range(3)]
+        ranks.append(RankProfile(rank=r, host=f"dc{dc + 1}-h{h + 1}", dc=f"dc{dc + 1}", ops=ops, steps=steps,
+                                 t_start=0.0, groups=[GroupRecord(index=0, ranks=list(range(n)), backend=backend)]))
+    return ProgramProfile(program=program_identity(["true"], str(tmp_path)),
+                          topology=_topology(hosts=hosts).model_dump(mode="json"), topology_file="t", world_size=n,
+                          started=0.0, wall_s=4.0, ranks=ranks)
+
+
+def test_atlas_all_reduce_by_its_installed_algorithm(tmp_path):
+    """The two-level all-reduce crosses the WAN once (a shard per pair of sites); the ring
+    crosses it in each of its 2(n-1) rounds. Two ranks: one exchange of the whole tensor."""
+    topo = retarget(_topology(hosts=2), 0.2)
+    prof = _all_reduce_profile(tmp_path, "atlas", 2, 4 << 20)
+    ring = predict(prof, topo, extra_rtts=0.0, algorithms=algorithms_for("ring")).seconds_per_step
+    two = predict(prof, topo, extra_rtts=0.0, algorithms=algorithms_for("hierarchical")).seconds_per_step
+    assert two < ring - 4 * 0.1  # at least four one-way delays fewer
+    prof.atlas_all_reduce = "hierarchical"
+    assert predict(prof, topo, extra_rtts=0.0).seconds_per_step == pytest.approx(two)
+    pair = _all_reduce_profile(tmp_path, "atlas", 1, 4 << 20)
+    topo1 = retarget(_topology(), 0.2)
+    exchange = predict(pair, topo1, extra_rtts=0.0, algorithms=algorithms_for("hierarchical")).seconds_per_step
+    forced = {"atlas": {"all_reduce": "exchange"}}
+    assert exchange == pytest.approx(predict(pair, topo1, extra_rtts=0.0, algorithms=forced).seconds_per_step)
+    with pytest.raises(ValueError, match="use ring or hierarchical"):
+        algorithms_for("tree")

@@ -3,9 +3,9 @@ their one-process ``--reference``: the same loss at every step and the same fina
 parameters, within 1e-5; with gloo, and with atlas once atlas_transport.torch exists.
 
 `make test` runs each example once, the backends alternating so that both are covered
-(gloo and atlas each carry a pipeline schedule, and one of ddp and hybrid), and FSDP2
-and the mixture-of-experts example (2 ranks each) with gloo; the other combinations of
-the matrix (the 2-D mesh's 4 ranks among them) are marked ``long`` (make test-long)."""
+(gloo and atlas each carry a pipeline schedule, one of ddp and hybrid, and one of fsdp2
+and moe, 2 ranks each); the other combinations of the matrix (the 2-D mesh's 4 ranks
+among them) are marked ``long`` (make test-long)."""
 
 from __future__ import annotations
 
@@ -110,7 +110,7 @@ CASES = {
 
 # (case, backend) in make test; the rest of the matrix under `long`
 DEFAULT = {("pipeline-gpipe", "gloo"), ("pipeline-1f1b", "atlas"), ("ddp", "atlas"), ("hybrid", "gloo"),
-           ("fsdp2", "gloo"), ("moe", "gloo")}
+           ("fsdp2", "atlas"), ("moe", "gloo")}
 MATRIX = [pytest.param(case, backend, id=f"{case}-{backend}",
                        marks=[*([NO_ATLAS] if backend == "atlas" else []),
                               *([] if (case, backend) in DEFAULT else [pytest.mark.long])])

@@ -425,6 +425,22 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
             out.append((res, counts[i]))
         return max(r.makespan for r, _ in out), out, method
 
+    def shared_floor() -> float:
+        """A lower bound of shared_run's makespan: the lockstep pipelines of one row each
+        hold capacity(D users) / D of a link, so one pipeline's transfers there take at
+        least their bits over that share, one after another or together (0 where rows
+        meet on links: not bounded here)."""
+        if len(wan_rows) != 1:
+            return 0.0
+        (row,) = wan_rows
+        per_link: dict[int, int] = {}
+        for (r, ch) in netw.wan_channels:
+            if r == row:
+                for k in netw.shared[r][ch].links:
+                    per_link[k] = per_link.get(k, 0) + sched.microbatches
+        return max((n * nbytes * 8 / _lockstep_share(netw.capacity[k], netw.crowded[k], counts[row])
+                    for k, n in per_link.items()), default=0.0)
+
     # ---- temporal: every pipeline, links held alone, the planner's strides
     def temporal_run(limit: float = math.inf
                      ) -> tuple[float, EngineResult, float, list[tuple[float, float | None]], list[float]] | None:
@@ -480,6 +496,8 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
             return None  # every stride reaches `beat`
         chosen = "temporal"
         if variant.sharing == "auto":
+            if temporal is None and shared_floor() >= beat:
+                return None  # neither way comes in under `beat`
             s_makespan, s_runs, s_method = shared_run()
             if temporal is None:  # the plan takes `beat` or more: sharing wins only where clearly below it
                 if s_makespan >= beat:

@@ -188,3 +188,27 @@ def test_the_what_if_s_atlas_takes_the_baseline_s_placement_where_predicted_fast
     free = {dc.name: dc.gpu_count() // 16 // 8 * 4 for dc in topo8.dcs}
     row = evaluate(topo8, wl8, ["atlas"], free=free)[0]
     assert row.placement == "atlas"
+
+
+def test_the_bars_bounds_never_drop_a_winner_on_random_cases() -> None:
+    """The bounds `fast_predict_below` stops at (strides, the shared links' lockstep
+    floor) are lower bounds: on randomized small cases (the fast-vs-exact test's) a bar
+    just above the full prediction's pipeline time always gets the full prediction."""
+    import random
+
+    from test_whatif_fast_predict import _random_case
+
+    rng = random.Random(7)
+    checked = 0
+    for _ in range(8):
+        topo, wl, free, net, variants = _random_case(rng)
+        for v in variants.values():
+            try:
+                full = fast_predict(topo, wl, v, free=free, net=net)
+            except ValueError:
+                continue
+            got = fast_predict_below(full.pipeline_time_s * (1 + 1e-9), topo, wl, v, free=free, net=net)
+            assert got is not None and got.iteration_time_s == full.iteration_time_s, v.name
+            assert fast_predict_below(full.pipeline_time_s * (1 - 1e-6), topo, wl, v, free=free, net=net) is None
+            checked += 1
+    assert checked >= 20

@@ -70,18 +70,24 @@ class ModelConfig(_Model):
     """A decoder-only transformer. Defaults follow GPT-2/GPT-3 (4h MLP, biases,
     learned positions, tied embeddings); set the rest for Llama-style models."""
 
-    name: str = "model"
+    name: str = "model"  # the model's name, shown by `testbed plan` and in real-mode messages
+    # transformer layers, split over pp x chunks pipeline stages (earlier stages take the remainder)
     layers: int = Field(ge=1, le=MAX_LAYERS)
-    hidden: int = Field(ge=1, le=MAX_WIDTH)
+    hidden: int = Field(ge=1, le=MAX_WIDTH)  # model width h: the size of every token's activation vector
+    # tokens per sequence: with micro_batch and hidden it sets the activation tensor sent between stages
     seq_len: int = Field(ge=1, le=MAX_SEQ_LEN)
-    vocab: int = Field(ge=1, le=MAX_VOCAB)
-    heads: int = Field(ge=1, le=MAX_HEADS)
+    vocab: int = Field(ge=1, le=MAX_VOCAB)  # vocabulary size: the embedding's and the output layer's rows
+    heads: int = Field(ge=1, le=MAX_HEADS)  # attention heads; hidden must be a multiple, tp must divide it
     kv_heads: int | None = Field(None, ge=1, le=MAX_HEADS, description="grouped-query attention; default = heads")
     ffn_hidden: int | None = Field(None, ge=1, le=MAX_WIDTH, description="MLP width; default 4 x hidden")
-    gated_mlp: bool = False
-    bias: bool = True
+    gated_mlp: bool = False  # true: a gated (SwiGLU) MLP with three weight matrices instead of two
+    bias: bool = True  # biases in the linear layers and layer norms (false: none, as in Llama)
+    # learned: a position embedding of seq_len x hidden on the first stage; rotary: none (RoPE)
     positional: Literal["learned", "rotary"] = "learned"
+    # the output layer shares the input embedding's weight (not counted twice); real mode always
+    # keeps its own LM head (testbed/training/model.py says why)
     tied_embeddings: bool = True
+    # number format of weights and activations: bytes per value on the wire and the GPU's peak for it
     dtype: Literal["bf16", "fp16", "fp32"] = "bf16"
 
     @model_validator(mode="after")
@@ -107,8 +113,11 @@ class Parallelism(_Model):
     tp: int = Field(1, ge=1, le=MAX_TP, description="tensor-parallel GPUs per stage (inside a host group)")
     micro_batch: int = Field(1, ge=1, le=MAX_MICRO_BATCH, description="sequences per micro-batch")
     num_micro_batches: int = Field(ge=1, le=MAX_MICRO_BATCHES, description="micro-batches per iteration per pipeline")
+    # pipeline schedule: gpipe (all forwards, then all backwards), 1f1b, or interleaved-1f1b (needs
+    # chunks >= 2 and num_micro_batches a multiple of pp)
     schedule: Literal["gpipe", "1f1b", "interleaved-1f1b"] = "1f1b"
     chunks: int = Field(1, ge=1, le=MAX_CHUNKS, description="model chunks per stage (interleaved-1f1b only)")
+    # recompute each layer's forward during its backward (backward costs 3x the forward instead of 2x)
     activation_recompute: bool = False
 
     @model_validator(mode="after")
@@ -165,12 +174,12 @@ class GpuConfig(_Model):
 class RealOptimizer(_Model):
     """The optimizer of real-mode training (testbed/training/real_work.py `OptimConfig`)."""
 
-    kind: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0, le=100)
-    momentum: float = Field(0.0, ge=0, lt=1)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    weight_decay: float = Field(0.0, ge=0)
+    kind: Literal["sgd", "adam"] = "sgd"  # torch.optim.SGD or torch.optim.Adam
+    lr: float = Field(0.05, gt=0, le=100)  # learning rate
+    momentum: float = Field(0.0, ge=0, lt=1)  # SGD momentum (kind sgd only)
+    betas: tuple[float, float] = (0.9, 0.999)  # Adam's decay rates of the gradient's mean and square (kind adam only)
+    eps: float = Field(1e-8, gt=0)  # Adam's term added to the denominator (kind adam only)
+    weight_decay: float = Field(0.0, ge=0)  # L2 penalty added to the gradients (both kinds)
 
 
 class RealSettings(_Model):
@@ -178,7 +187,7 @@ class RealSettings(_Model):
 
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="torch device: auto = CUDA when present")
     seed: int = Field(0, ge=0, le=2**63 - 1, description="initial parameters and synthetic data")
-    optimizer: RealOptimizer = RealOptimizer()
+    optimizer: RealOptimizer = RealOptimizer()  # the optimizer every stage trains its parameters with
     threads: int = Field(1, ge=1, le=64, description="torch intra-op threads per worker on CPU (the one-process "
                                                      "reference uses as many: the bit-for-bit check needs it)")
     cpu_max_params: int = Field(25_000_000, ge=1, le=10**13, description="largest model (parameters) trained on a CPU; "
@@ -187,18 +196,18 @@ class RealSettings(_Model):
 
 
 class Workload(_Model):
-    name: str
-    description: str = ""
-    model: ModelConfig
-    parallelism: Parallelism
-    gpu: GpuConfig
+    name: str  # the workload's name, written into run records and shown by `testbed plan`
+    description: str = ""  # free text: what the workload stands for
+    model: ModelConfig  # the transformer trained: its shape and number format
+    parallelism: Parallelism  # how it is split: dp x pp x tp, micro-batches, pipeline schedule
+    gpu: GpuConfig  # the GPU each stage runs on and how its compute time is found (modelled or real)
     iterations: int = Field(5, ge=1, le=MAX_ITERATIONS, description="measured iterations, after warm-up")
     warmup: int = Field(1, ge=0, le=MAX_ITERATIONS, description="iterations run first and not measured")
     scale: float = Field(
         1.0, gt=0, le=1,
         description="wire size / real size of every tensor; an emulated link of rate R stands for R/scale",
     )
-    real: RealSettings = RealSettings()
+    real: RealSettings = RealSettings()  # what the workers train with gpu.mode: real (ignored when modelled)
 
     @model_validator(mode="after")
     def _fits(self) -> Workload:

@@ -152,3 +152,36 @@ def test_launch_profile_refuses_real_machines():
                                        sys.executable, "-c", "pass"])
     assert result.exit_code != 0
     assert "--profile times every rank on one clock" in result.output
+
+
+CHILD = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+assert hasattr(dist.all_reduce, "__wrapped__") and hasattr(dist.isend, "__wrapped__")  # patched before re-export
+dist.init_process_group("gloo", rank=0, world_size=1)
+model = DDP(torch.nn.Linear(4, 4))
+model(torch.ones(2, 4)).sum().backward()
+t = torch.ones(3)
+dist.all_reduce(t)
+dist.destroy_process_group()
+print("ok")
+"""
+
+
+def test_the_boot_folder_records_an_unchanged_program(tmp_path):
+    """A real interpreter with the launch's PYTHONPATH: torch.distributed comes patched,
+    and DDP's gradient all-reduce is recorded (marked ddp) beside the program's own."""
+    import socket
+    import subprocess
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**os.environ, **profile_env(tmp_path, None), "RANK": "0", "WORLD_SIZE": "1",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, "-c", CHILD], env=env, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and done.stdout.strip() == "ok", done.stderr[-2000:]
+    lines = _lines(tmp_path / RECORDS_DIR / "rank-0.jsonl")
+    ops = [(x["op"], x["bytes"], x.get("ddp", False), x["blocking"]) for x in lines if x["ev"] == "op"]
+    assert ops == [("all_reduce", 4 * 20, True, False), ("all_reduce", 12, False, True)]
+    assert lines[0]["ev"] == "start" and lines[-1]["ev"] == "end"

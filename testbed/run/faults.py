@@ -49,13 +49,13 @@ class _Fault(ConfigModel):
 
     iteration: int | None = Field(None, ge=0, description="the iteration whose start `at` counts from (warm-ups "
                                                           "count from 0); default: the first measured one")
-    at: At = 0.0
+    at: At = 0.0  # seconds after that iteration starts when the fault begins (a number or text like 200ms)
 
 
 class LinkDown(_Fault):
     """The WAN link cut both ways for `duration` (every frame dropped)."""
 
-    kind: Literal["link-down"]
+    kind: Literal["link-down"]  # link-down: cut one WAN link both ways for `duration`
     link: str = Field(description="a WAN link of the topology, dc1-dc2 (either order)")
     duration: Lasting
 
@@ -63,8 +63,8 @@ class LinkDown(_Fault):
 class DelaySpike(_Fault):
     """The WAN link's one-way delay raised to `delay` for `duration`."""
 
-    kind: Literal["delay-spike"]
-    link: str
+    kind: Literal["delay-spike"]  # delay-spike: raise one WAN link's one-way delay for `duration`
+    link: str  # a WAN link of the topology, dc1-dc2 (either order)
     delay: Delay
     duration: Lasting
 
@@ -72,7 +72,7 @@ class DelaySpike(_Fault):
 class Partition(_Fault):
     """Every WAN link of DC `dc` cut both ways for `duration`: the DC cut off from the others."""
 
-    kind: Literal["partition"]
+    kind: Literal["partition"]  # partition: cut every WAN link of one DC for `duration`
     dc: str = Field(description="a DC of the topology")
     duration: Lasting
 
@@ -80,7 +80,7 @@ class Partition(_Fault):
 class KillWorker(_Fault):
     """A training worker killed (SIGKILL): the variant must fail cleanly, naming the fault."""
 
-    kind: Literal["kill-worker"]
+    kind: Literal["kill-worker"]  # kill-worker: SIGKILL one training worker
     worker: str = Field(description="p<pipeline>r<rank>, e.g. p0r1")
 
     @field_validator("worker")

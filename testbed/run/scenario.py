@@ -65,6 +65,8 @@ class TransportSettings(_Model):
     streams: int | Literal["auto"] = Field(8, description="streams per channel for multi-tcp and atlas")
     chunk: str | int = Field("4MiB", description=f"largest piece of a tensor sent as one frame ({MIN_CHUNK} bytes "
                                                   f"to {format_size(MAX_CHUNK_BYTES)})")
+    # TCP congestion control set on every stream's socket (TCP_CONGESTION), e.g. bbr; None: the hosts' own
+    # (the topology's tcp.congestion_control)
     congestion: CongestionControl | None = None
     pacing: bool = Field(False, description=(
         "pace every stream at TCP's own rate (cwnd / RTT x 1.2, twice that in slow start) instead of "
@@ -173,8 +175,10 @@ class RunnerSettings(_Model):
 
 class Scenario(_Model):
     name: str = Field(pattern=NAME_PATTERN, description="letters, digits, . _ + -; it names the result folder")
-    description: str = ""
+    description: str = ""  # free text: what the scenario compares
+    # the network: a topology file's path (relative to the scenario file) or an inline mapping
     topology: Topology
+    # what is trained: a workload file's path (relative to the scenario file) or an inline mapping
     workload: Workload
     workload_source: str | None = Field(
         None, description="the workload file, when it was one (relative gpu.profile paths are read from its "
@@ -184,13 +188,15 @@ class Scenario(_Model):
         default_factory=lambda: list(default_names()), min_length=1,
         description="variants to compare, in order (names from testbed_core/variants.py)",
     )
+    # the run's seed: BubbleTea's prefill request stream is drawn from it; recorded in summary.json
+    # (real-mode training seeds itself from the workload's real.seed)
     seed: int = Field(1, ge=0, le=2**32 - 1)
-    transport: TransportSettings = TransportSettings()
-    bubbletea: BubbleTeaSettings = BubbleTeaSettings()
-    runner: RunnerSettings = RunnerSettings()
+    transport: TransportSettings = TransportSettings()  # how tensors cross the network: streams, chunk size, TCP
+    bubbletea: BubbleTeaSettings = BubbleTeaSettings()  # BubbleTea: prefill requests served in pipeline bubbles
+    runner: RunnerSettings = RunnerSettings()  # how `testbed run` plays the scenario: where, calibration, ports
     faults: list[Fault] = Field([], max_length=MAX_FAULTS, description=(
         "faults injected on purpose (testbed/run/faults.py): link-down, delay-spike, kill-worker"))
-    source: str = ""
+    source: str = ""  # the scenario file the loader read (filled in; its messages name it)
 
     @field_validator("topology", mode="before")
     @classmethod
@@ -521,14 +527,15 @@ class ProgramScenario(_Model):
     as environment sets (no workload)."""
 
     name: str = Field(pattern=NAME_PATTERN, description="letters, digits, . _ + -; it names the result folder")
-    description: str = ""
+    description: str = ""  # free text: what the scenario compares
+    # the network: a topology file's path (relative to the scenario file) or an inline mapping
     topology: Topology
-    program: ProgramSection
+    program: ProgramSection  # the program every rank runs: its command, environment, hosts, ranks per host, limits
     variants: dict[str, dict[str, StrictStr]] = Field(
         min_length=1, description="variant name -> the environment it adds, e.g. {gloo: {BACKEND: gloo}, "
         "atlas: {BACKEND: atlas}}; values are strings (quote numbers: '8')")
     seed: int = Field(1, ge=0, le=2**32 - 1, description="recorded with the results; the program seeds itself")
-    source: str = ""
+    source: str = ""  # the scenario file the loader read (filled in; its messages name it)
 
     @field_validator("topology", mode="before")
     @classmethod

@@ -57,18 +57,23 @@ class Prefill(_Model):
 
 
 class Grid(_Model):
+    # the grid's name: it names the output folder (results/whatif-<name>-<time>/), each point's topology and the plot
     name: str
-    description: str = ""
+    description: str = ""  # free text: what the grid explores
     workload: str = Field(description="workload file, relative to the grid file")
     pp: int = Field(ge=1, description="pipeline stages, fixed over the grid")
     tp: int = Field(1, ge=1, description="tensor-parallel GPUs per stage, fixed over the grid")
+    # variants predicted at every point (names from testbed_core/variants.py; default: all of them);
+    # `testbed whatif --variants` replaces the list when given
     variants: list[str] = Field(default_factory=lambda: list(REGISTRY))
-    streams: int = Field(8, ge=1, le=64)
+    streams: int = Field(8, ge=1, le=64)  # TCP streams per channel for the variants that use N streams (not one)
+    # placement of the variants placed like the baseline: atlas, in-order, even or round-robin
+    # (testbed_core/planning/placement.py)
     baseline_placement: str = "even"
-    lan_rate: Rate = 400e9
-    tcp: TcpSettings = TcpSettings()
-    grid: Axes
-    prefill: Prefill = Prefill()
+    lan_rate: Rate = 400e9  # every DC's LAN rate at each point, bits per second (a number or text like 400Gbit)
+    tcp: TcpSettings = TcpSettings()  # TCP settings of every point's topology (they cap one flow's rate to window/RTT)
+    grid: Axes  # the axes: every combination of their values is one point
+    prefill: Prefill = Prefill()  # BubbleTea's prefill settings for the capacity each point predicts
 
     @model_validator(mode="after")
     def _check(self) -> Grid:

@@ -517,11 +517,13 @@ class Replay:
 
 
 def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozenset[str], float]:
-    """Per pair of DCs, one stream's effective TCP window as the profile shows it: the
-    service time of back-to-back transfers on one connection (the gap between two
-    arrivals while the sender had the next one queued) gives the connection's rate; a
-    rate under `WINDOW_LIMITED` of the link's goodput is window-limited, and
-    rate x RTT / streams is the window. Pairs with no such transfer are left out."""
+    """Per pair of DCs, one TCP flow's effective window as the profile shows it: each
+    timed transfer on a one-stream connection (its arrival less the one-way delay, from
+    when the connection could start it) gives the flow's rate; a rate under
+    `WINDOW_LIMITED` of the link's goodput is window-limited, and rate x RTT is the
+    window (the median over transfers). Striped channels (atlas) are left out: their
+    rate shows the transport's own costs as much as the windows (the fit of round trips
+    takes those). Pairs with no such transfer are left out (the nominal window then)."""
     dc_of = {r.rank: r.dc for r in profile.ranks}
     sends: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
     recvs: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
@@ -547,6 +549,8 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
         link = (topology.bottleneck_rate(a, b) or math.inf) * LINK_GOODPUT / 8
         be = backend.get((src, ss[0].group), "gloo")
         streams = 1 if be != "atlas" else (env_streams or (WAN_STREAMS if rtt >= LAN_STREAMS_RTT_S else 1))
+        if streams > 1:
+            continue  # a striped channel's rate shows the transport's own costs as much as the windows
         previous = -math.inf
         for s, rv in zip(ss, recvs.get(key, []), strict=False):
             blocked = [w for w in rv.waits if w[1] - w[0] > BLOCKED_S]

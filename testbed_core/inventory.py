@@ -95,10 +95,10 @@ class Machine(_Model):
 class Inventory(_Model):
     """Which real machine plays which host, and how to log in and start Python there."""
 
-    ssh: SshSettings = SshSettings()
+    ssh: SshSettings = SshSettings()  # how to log in to every machine, unless a machine gives its own `ssh`
     repo: str | None = Field(None, description="the repository's path on the machines (default: this one's)")
     python: str | None = Field(None, description="the interpreter on the machines (default: this one's path)")
-    machines: list[Machine] = Field(min_length=1, max_length=256)
+    machines: list[Machine] = Field(min_length=1, max_length=256)  # the real machines, each with the hosts it plays
     source: str | None = Field(None, exclude=True)  # the file it was read from (for messages)
 
     @model_validator(mode="after")

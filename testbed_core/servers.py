@@ -61,8 +61,8 @@ class _Model(ConfigModel):
 class SshSettings(_Model):
     """How to log in to a server: key-based, never a password (BatchMode)."""
 
-    user: str = Field("root", pattern=SSH_USER)
-    port: int = Field(22, ge=1, le=65535)
+    user: str = Field("root", pattern=SSH_USER)  # the login name on the servers
+    port: int = Field(22, ge=1, le=65535)  # the servers' SSH port
     identity: str | None = None  # private key; relative to the file that names it
     known_hosts: str | None = None  # a known_hosts file holding the servers' host keys
 
@@ -77,7 +77,7 @@ class SshSettings(_Model):
 class Server(_Model):
     name: str = Field(pattern=SERVER_NAME, description="short lowercase name")
     address: str  # IPv4 address on the underlay (Mininet's cluster edition connects by address)
-    dcs: list[str] = Field(min_length=1)
+    dcs: list[str] = Field(min_length=1)  # the topology's DCs this server emulates (each DC on exactly one server)
     # The underlay's capacity towards the other servers, bit/s; measured at start when absent.
     underlay_rate: float | None = Field(None, gt=0)
     ssh: SshSettings | None = None  # overrides the section's ssh settings
@@ -106,9 +106,11 @@ class Server(_Model):
 class ServerPlan(_Model):
     """Which server emulates which DC, the tunnel kind and the SSH login."""
 
+    # the tunnel that carries a WAN link between DCs on different servers over the underlay
+    # (VXLAN adds 50 bytes to each frame, GRE 42: the emulated hosts' MTU is the underlay's less that, at most 1500)
     tunnel: Literal["vxlan", "gre"] = "vxlan"
-    ssh: SshSettings = SshSettings()
-    machines: list[Server] = Field(min_length=1, max_length=64)
+    ssh: SshSettings = SshSettings()  # how to log in to every server, unless a server gives its own `ssh`
+    machines: list[Server] = Field(min_length=1, max_length=64)  # the servers, each with the DCs it emulates
     # How nodes are configured and programs started in them: `auto` reaches the nodes of a
     # server that shares this machine's kernel through their PIDs (setns, /proc) and those of
     # any other server over its SSH (the node agent); `ssh` takes the SSH path for every

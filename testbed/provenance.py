@@ -48,9 +48,9 @@ class _Model(BaseModel):
 class KernelInfo(_Model):
     """`uname` of the machine: delay lines and TCP behave differently across kernels."""
 
-    release: str
-    version: str
-    machine: str
+    release: str  # the kernel release (uname -r), e.g. 6.8.0-45-generic
+    version: str  # the kernel's build string (uname -v)
+    machine: str  # the hardware architecture (uname -m), e.g. x86_64
 
 
 class HostInfo(_Model):
@@ -60,8 +60,8 @@ class HostInfo(_Model):
 
 
 class PythonInfo(_Model):
-    version: str
-    implementation: str
+    version: str  # the Python version, e.g. 3.12.3
+    implementation: str  # the Python implementation, e.g. CPython
     executable: str = Field(description="the interpreter that ran the toolkit")
 
 
@@ -71,9 +71,9 @@ class Provenance(_Model):
     recorded_at: str = Field(description="when it was collected: ISO 8601, UTC, to the second")
     seed: int | None = Field(description="the point's seed (null for the sweep's own record)")
     delay_backend: str | None = Field(description="netem or relay, as the runner picked it (null until known)")
-    kernel: KernelInfo
-    host: HostInfo
-    python: PythonInfo
+    kernel: KernelInfo  # the kernel the run's delay lines and TCP ran on
+    host: HostInfo  # the machine: its name, CPUs and GPUs
+    python: PythonInfo  # the interpreter that ran the toolkit
     packages: dict[str, str | None] = Field(description="distribution -> installed version (null: not installed)")
     git: GitState = Field(description="the toolkit checkout's commit and whether it had local changes")
     command: list[str] = Field(description="the command line (sys.argv) that ran")

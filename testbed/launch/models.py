@@ -36,22 +36,22 @@ class LinkBytes(_Model):
     """Bytes a WAN link carried each way during the launch (the tx counters of its
     node's two interfaces, after minus before)."""
 
-    link: str
-    a: str
-    b: str
-    a_to_b_bytes: int
-    b_to_a_bytes: int
+    link: str  # the WAN link's name, <dc>-<dc> as the topology lists it
+    a: str  # the DC at its first end
+    b: str  # the DC at its other end
+    a_to_b_bytes: int  # bytes sent from a towards b during the launch (all traffic, headers included)
+    b_to_a_bytes: int  # bytes sent from b towards a during the launch
 
 
 class RankReport(_Model):
-    rank: int
-    local_rank: int
-    host: str
-    dc: str
-    ip: str
+    rank: int  # the global rank (RANK), 0 to world_size - 1
+    local_rank: int  # the rank among those on its host (LOCAL_RANK)
+    host: str  # the host it ran on, by display name (<dc>-<host>)
+    dc: str  # the DC of that host
+    ip: str  # the host's IPv4 address the other ranks reach it at
     exit_code: int | None = Field(description="the exit status; -N when killed by signal N; None if never started")
     ended_by_launch: bool = Field(False, description="ended by the launch (another rank failed, timeout, interrupt)")
-    wall_s: float
+    wall_s: float  # seconds from the rank's start until it ended (0 when it never started)
     stdout: str = Field(description="path of the rank's whole stdout")
     stderr: str = Field(description="path of the rank's whole stderr")
     metrics: list[dict] = Field(default_factory=list,
@@ -61,25 +61,25 @@ class RankReport(_Model):
 class LaunchReport(_Model):
     """``launch.json``: the command, where it ran, each rank's outcome and the WAN traffic."""
 
-    command: list[str]
-    topology: str
-    topology_file: str
+    command: list[str]  # the program and its arguments every rank ran
+    topology: str  # the topology's name
+    topology_file: str  # the topology file it was built from ("" when unknown)
     attached: str | None = Field(None, description="the detached topology's name, when run with --attach")
-    prefix: str = ""
+    prefix: str = ""  # the emulation's run prefix (its namespaces, interfaces and run record); "" on real machines
     started: float = Field(description="Unix time the first rank started")
-    finished: float
-    wall_s: float
-    ok: bool
-    failure: str | None = None
-    world_size: int
-    nproc_per_host: int
-    master_addr: str
-    master_port: int
+    finished: float  # Unix time every rank had ended and its output was read
+    wall_s: float  # seconds from the first rank's start until every rank had ended
+    ok: bool  # every rank exited with status 0 (no failure)
+    failure: str | None = None  # what failed: the first rank that did, the timeout or the interrupt (None: ok)
+    world_size: int  # ranks in all (WORLD_SIZE)
+    nproc_per_host: int  # ranks per host
+    master_addr: str  # MASTER_ADDR: the IPv4 address of rank 0's host
+    master_port: int  # MASTER_PORT: the TCP port given to every rank for its rendezvous
     env: dict[str, str] = Field(default_factory=dict, description="the --env options given")
     logs: str = Field("one stdout and one stderr file per rank: rank-<k>.stdout, rank-<k>.stderr",
                       description="how the logs are laid out")
-    ranks: list[RankReport]
-    wan_bytes: list[LinkBytes]
+    ranks: list[RankReport]  # each rank's outcome, in rank order
+    wan_bytes: list[LinkBytes]  # bytes each WAN link carried each way (empty on real machines: no counters)
 
 
 def write_report(report: LaunchReport, out_dir: Path) -> Path:

@@ -558,10 +558,12 @@ class ConfigurationCandidate(_Doc):
     `_choose_configuration`): its streams per WAN channel, how it shares the links,
     where its stages go, and its calibrated a-priori prediction."""
 
-    streams: int
+    streams: int  # TCP streams per WAN channel
+    # temporal: Atlas's temporal plan gives each WAN link's sends turns; shared: the channels share the links at once
     sharing: Literal["temporal", "shared"]
     placement: str  # its placement strategy; "(the baseline's)" where it is another variant's
     stage_dcs: list[str]  # the DC of each stage (of pipeline 0)
+    # its a-priori iteration time, predicted from the calibration's rates before the variant ran, seconds
     predicted_iteration_time_s: float
     taken: bool  # the one that ran
     own: bool  # Atlas's own (its stream policy's count, the plan unless sharing is clearly faster)

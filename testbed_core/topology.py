@@ -376,8 +376,7 @@ class Addressing(_Model):
 
 
 class Topology(_Model):
-    # the topology's name: shown by `testbed topo show`; names a `testbed topo up --detach` emulation unless --name does
-    name: str
+    name: str  # the topology's name: shown by `testbed topo show`; names a `testbed topo up --detach` emulation unless --name does
     description: str = ""  # free text: what the topology models (shown by `testbed topo show`)
     source: str = ""  # free text: where its figures come from (a measurement, a paper), shown by `testbed topo show`
     tcp: TcpSettings = TcpSettings()  # TCP settings of every host, unless its DC gives its own `tcp`

@@ -57,8 +57,7 @@ class Prefill(_Model):
 
 
 class Grid(_Model):
-    # the grid's name: it names the output folder (results/whatif-<name>-<time>/), each point's topology and the plot
-    name: str
+    name: str  # the grid's name: it names the output folder (results/whatif-<name>-<time>/) and each point's topology
     description: str = ""  # free text: what the grid explores
     workload: str = Field(description="workload file, relative to the grid file")
     pp: int = Field(ge=1, description="pipeline stages, fixed over the grid")

@@ -4,7 +4,10 @@ which reduces with PREMUL_SUM), FSDP across dp with tensor parallel
 (Colwise/Rowwise) inside tp, SequenceParallel, DDP over a mesh dimension,
 torch.compile'd functional collectives, state-dict loading broadcast from rank 0 and
 distributed checkpoint's async_save. Parameters are checked against one process.
-Marked long: four processes importing all of it take most of a minute on 2 busy cores."""
+Then inductor-compiled collectives whose all-gathers inductor buckets into the `_out`
+all-gather (the form torch's C++ cannot send to a Python group: see
+atlas_transport/torch/functional.py). Marked long: each takes most of a minute on 2
+busy cores."""
 
 from __future__ import annotations
 
@@ -147,3 +150,31 @@ def test_fsdp2_tensor_parallel_2d_mesh_compile_and_checkpoints_on_atlas(tmp_path
         assert max(got["sp"]) < 1e-5, got["sp"]
         assert got["compiled"].tolist() == [52.0, 52.0]  # all_reduce(2r) + 1 = 13, gathered, reduce-scattered
         assert got["broadcast_from_rank0"] == 0.0 and got["async_save"] == 0.0
+
+
+INDUCTOR = """
+import torch._inductor.config as inductor_config
+import torch.distributed._functional_collectives as funcol
+from torch._inductor.utils import run_and_get_code
+inductor_config.bucket_all_gathers_fx = "all"     # two all-gathers become one _out all-gather
+dist.init_process_group("atlas", timeout=timedelta(seconds=120))
+
+@torch.compile(fullgraph=True)
+def step(a, b):
+    x = funcol.all_gather_tensor(a * 2, 0, dist.group.WORLD)
+    y = funcol.all_reduce(funcol.all_gather_tensor(b + 1, 0, dist.group.WORLD), "sum", dist.group.WORLD)
+    return x, y
+
+(x, y), code = run_and_get_code(step, torch.full((3,), float(RANK)), torch.full((2,), float(RANK)))
+save({"x": x, "y": y, "out_form": any("all_gather_into_tensor_out" in c for c in code)})
+dist.destroy_process_group()
+"""
+
+
+@pytest.mark.long
+def test_inductor_compiled_collectives_with_the_out_all_gather_on_atlas(tmp_path):
+    rcs, outs, res = launch(tmp_path, INDUCTOR, 2, timeout=400)
+    check_ok(rcs, outs)
+    for r in res:
+        assert r["out_form"]  # inductor's bucketing emitted the _out all-gather, and it ran on atlas
+        assert r["x"].tolist() == [0.0] * 3 + [2.0] * 3 and r["y"].tolist() == [2.0, 2.0, 4.0, 4.0]

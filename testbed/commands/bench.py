@@ -80,7 +80,9 @@ def _resolve_topology(path: str) -> Path:
                    "[default: results/bench-transport-<time>]")
 @click.option("--no-wan", is_flag=True, help="measure loopback only (no root, no emulation)")
 @click.option("--no-loopback", is_flag=True, help="measure the WAN path only")
-@click.option("--methods", "methods_text", default=",".join(ALL_METHODS), show_default=True)
+@click.option("--methods", "methods_text", default=",".join(ALL_METHODS), show_default=True,
+              help="comma-separated methods to measure: atlas (one measurement per --streams count), tcp "
+                   "(one plain socket), gloo (torch.distributed send/recv) and iperf3 (-P N, the ceiling)")
 @click.option("--between", default=None, help="the two DCs to measure between, e.g. dc1,dc2")
 @click.option("--iperf-seconds", default=3.0, show_default=True, type=click.FloatRange(1, 60),
               help="duration of each iperf3 test")
@@ -224,9 +226,12 @@ input). In Gbit/s; nccl-tests prints GB/s (8x smaller numbers).
               "(default: every host, DCs in file order)")
 @click.option("--nproc-per-host", type=int, default=1, show_default=True, metavar="N",
               help="with --topology: ranks per host")
-@click.option("--backends", "backends_text", default="gloo,atlas", show_default=True)
+@click.option("--backends", "backends_text", default="gloo,atlas", show_default=True,
+              help="comma-separated torch.distributed backends to time, one after the other: gloo, atlas "
+                   "(the atlas_transport backend)")
 @click.option("--collectives", "collectives_text", default="all_reduce,all_gather,reduce_scatter,all_to_all,send_recv",
-              show_default=True)
+              show_default=True, help="comma-separated collectives to time on each backend, from those listed "
+              "by default (send_recv: a ring, each rank sends to the next)")
 @click.option("--min-size", "min_text", default="4KiB", show_default=True, help="the smallest S")
 @click.option("--max-size", "max_text", default="256MiB", show_default=True, help="the largest S")
 @click.option("--factor", default=4, show_default=True, type=int, help="each size is the one before times this")

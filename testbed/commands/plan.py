@@ -113,7 +113,9 @@ def _stage_ranges(stages: list[int]) -> str:
               help="Workload YAML (e.g. scenarios/workloads/gpt-1.3b.yaml).")
 @click.option("--gpus", "gpus_text", default=None, metavar="DC=N,...",
               help="Free GPUs per DC, overriding hosts x --gpus-per-host (e.g. dc1=4,dc2=2).")
-@click.option("--gpus-per-host", type=click.IntRange(1, 64), default=1, show_default=True)
+@click.option("--gpus-per-host", type=click.IntRange(1, 64), default=1, show_default=True,
+              help="GPUs of each host of a DC given as hosts: the DC has hosts x this many free GPUs (DCs "
+                   "given as a GPU count keep it), and the placement fills each host's GPUs in turn.")
 @click.option("--variants", default=",".join(default_names()), show_default=True,
               help=f"Comma-separated, from: {', '.join(REGISTRY)}.")
 @click.option("--streams", default="8", show_default=True,

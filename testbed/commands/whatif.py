@@ -48,7 +48,10 @@ def _human_bytes(n: float | None) -> str:
               help=f"Comma-separated, from: {', '.join(REGISTRY)}.")
 @click.option("--streams", default="8", show_default=True, help="TCP streams per channel where the variant uses N.")
 @click.option("--baseline-placement", default="even", show_default=True,
-              type=click.Choice(["atlas", "in-order", "even", "round-robin"]))
+              type=click.Choice(["atlas", "in-order", "even", "round-robin"]),
+              help="Placement of the variants placed like the baseline; Atlas (sharing auto) takes it instead of "
+                   "its own where it is predicted faster by more than a margin. --grid takes the grid file's "
+                   "baseline_placement.")
 @click.option("--calibration", "calibration_dir", type=click.Path(file_okay=False, path_type=Path), default=None,
               help="Folder of a finished `testbed run`: its measured efficiencies replace the defaults.")
 @click.option("--chunk-tokens", type=click.IntRange(1, 1 << 20), default=512, show_default=True,

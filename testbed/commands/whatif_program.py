@@ -82,10 +82,11 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
         click.echo(f"  the ranks' compute took {min(loads):.1f}-{max(loads):.1f}x its CPU time in wall time there (1.0: "
                    "cores to spare); it is replayed as profiled, so a machine busier or idler then than at the "
                    "target moves the prediction by as much")
+    click.echo(f"  fitted on the profile's own network: {rows[0].extra_rtts:+.2f} round trips per WAN transfer "
+               "beyond the model")
     for p in rows[0].paths:
-        click.echo(f"  path {p.dcs[0]}-{p.dcs[1]} on the profile's network: one stream's window "
-                   f"{p.window_bytes / 1e3:,.0f} kB ({p.window_source}); fitted {rows[0].extra_rtts:+.2f} round "
-                   "trips per WAN transfer")
+        click.echo(f"  path {p.dcs[0]}-{p.dcs[1]}: one TCP flow's window {p.window_bytes / 1e3:,.0f} kB "
+                   f"({'measured in the profile' if p.window_source == 'profile' else 'nominal: the hosts tcp buffers'})")
     click.echo(f"  {'target':<28}{'s/step':>9}  {'per rank (median s/step)'}")
     for r in rows:
         per_rank = ", ".join(f"{x.rank}: {x.median_s:.3f}" for x in r.ranks if x.median_s is not None)

@@ -605,6 +605,9 @@ def map_ranks(profile: ProgramProfile, topology: Topology, source: str, hosts: l
     for r in ranks:
         host = hosts[r.rank] if hosts is not None else r.host
         if host not in names:
+            if hosts is not None:
+                raise PredictError(f"--hosts puts rank {r.rank} on {host}, but {source} has no host {host} (it has "
+                                   f"{have}; hosts are named <dc>-h<k>, e.g. {next(iter(names))})")
             raise PredictError(f"rank {r.rank} ran on {host} in the profile, but {source} has no host {host} "
                                f"(it has {have}); give a topology with that host, or map the ranks with "
                                f"--hosts H0,H1,... in rank order")

@@ -196,6 +196,9 @@ def test_a_topology_without_the_ranks_host_is_refused(tmp_path):
         predict(prof, other, source="o.yaml")
     pred = predict(prof, other, source="o.yaml", hosts=["dc1-h1", "dc3-h1"], extra_rtts=0.0)
     assert pred.seconds_per_step is not None
+    with pytest.raises(PredictError, match=r"--hosts puts rank 1 on dc2-h1, but o\.yaml has no host dc2-h1 \(it has "
+                                           r"dc1 \(1 host\), dc3 \(1 host\); hosts are named <dc>-h<k>, e\.g\. dc1-h1\)"):
+        predict(prof, other, source="o.yaml", hosts=["dc1-h1", "dc2-h1"])
     with pytest.raises(PredictError, match=r"--hosts names 1 hosts for a profile of 2 ranks"):
         predict(prof, other, source="o.yaml", hosts=["dc1-h1"])
 

@@ -141,7 +141,7 @@ class Datacenter(_Model):
     hosts: list[str] = []
     gpus: int | None = Field(None, ge=1, le=MAX_DC_GPUS, description="DC size in GPUs, instead of hosts")
     lan_rate: Rate = 10e9
-    # TCP settings for this DC's hosts instead of the topology's top-level `tcp` (None: those)
+    # TCP settings for this DC's hosts instead of the topology's top-level `tcp` (null: those)
     tcp: TcpSettings | None = None
 
     @model_validator(mode="after")
@@ -195,13 +195,13 @@ class LinkChange(_Model):
     until ``duration`` has passed or a later change says ``down: false``."""
 
     at: Annotated[Duration, _within(0, MAX_CHANGE_AT_S, _seconds, "change time", "at most a day into the run")]
-    rate: Rate | None = None  # the link's new rate, bits per second (None: unchanged)
-    delay: Delay | None = None  # the link's new one-way delay, seconds (None: unchanged)
-    jitter: Delay | None = None  # the link's new jitter, seconds, at most its delay (None: unchanged)
-    loss: Fraction | None = None  # the link's new random loss per packet, 0 to 1 (None: unchanged)
-    # true cuts the link (every frame dropped both ways), false restores a cut link (None: unchanged)
+    rate: Rate | None = None  # the link's new rate, bits per second (null: unchanged)
+    delay: Delay | None = None  # the link's new one-way delay, seconds (null: unchanged)
+    jitter: Delay | None = None  # the link's new jitter, seconds, at most its delay (null: unchanged)
+    loss: Fraction | None = None  # the link's new random loss per packet, 0 to 1 (null: unchanged)
+    # true cuts the link (every frame dropped both ways), false restores a cut link (null: unchanged)
     down: bool | None = None
-    # with down: true, how long the link stays cut, seconds; then it is restored (None: until a down: false)
+    # with down: true, how long the link stays cut, seconds; then it is restored (null: until a later down: false)
     duration: Annotated[Duration, _within(0.001, MAX_DOWN_S, _seconds, "down duration",
                                           "an outage on purpose lasts 1ms to an hour")] | None = None
 

@@ -70,7 +70,7 @@ class LaunchReport(_Model):
     finished: float  # Unix time every rank had ended and its output was read
     wall_s: float  # seconds from the first rank's start until every rank had ended
     ok: bool  # every rank exited with status 0 (no failure)
-    failure: str | None = None  # what failed: the first rank that did, the timeout or the interrupt (None: ok)
+    failure: str | None = None  # what failed: the first rank that did, the timeout or the interrupt (null: ok)
     world_size: int  # ranks in all (WORLD_SIZE)
     nproc_per_host: int  # ranks per host
     master_addr: str  # MASTER_ADDR: the IPv4 address of rank 0's host

@@ -81,7 +81,7 @@ def _class_notes(cls: type) -> dict[str, str]:
     tree = ast.parse(source)
     body = tree.body[0].body if tree.body and isinstance(tree.body[0], ast.ClassDef) else []
     notes: dict[str, str] = {}
-    previous_end = body[0].lineno - 1 if body else 0
+    previous_end = tree.body[0].lineno if body else 0  # the `class` line: comments above the first field count
     for i, node in enumerate(body):
         if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
             name = node.target.id

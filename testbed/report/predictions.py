@@ -1,0 +1,158 @@
+"""`testbed report predictions DIR...`: the a-priori prediction errors of kept or fresh runs.
+
+Every `testbed run` writes, per variant, the iteration time the planner predicted
+before that variant ran (``predicted_iteration_time_s``, from the calibration measured
+before the run, never fitted to it) beside the one it measured. This module gathers
+those pairs from any number of run summaries (a run folder's ``summary.json``, a
+sweep's point folders, a kept ``*.summary.json``) into one table: scenario, variant,
+predicted, measured and the error ``measured / predicted - 1``, marking the rows
+beyond the tolerance (5%, issue 40). Each row also carries what usually explains a
+large error: the WAN queues' tail drops over the variant (loss the model may not
+know), whether the run was calibrated, and where the prediction's rates came from.
+
+A repeated variant (``runner.repeat``) counts its median iteration time, as the rest
+of the report does. Program scenarios (their summary.json has ``"kind": "program"``)
+carry no prediction and are listed as skipped, as are variants that failed.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from testbed.report.loading import ReportError, read_summary_file
+from testbed.report.table import format_table
+from testbed_core.contracts.summary import VariantResult, is_program_summary
+from testbed_core.variants import sort_key
+
+TOLERANCE = 0.05
+"""The error (either way) a prediction may have and count as within: issue 40's 5%."""
+
+SUMMARY_NAME = "summary.json"
+SUMMARY_SUFFIXES = (".summary.json", "-summary.json")
+"""Files read: a run folder's summary.json, or a kept copy named ``<name>.summary.json``
+(or ``<name>-summary.json``)."""
+
+
+@dataclass(frozen=True)
+class PredictionRow:
+    """One variant of one run: its a-priori prediction against its measurement."""
+
+    source: str  # the run folder of a summary.json (as given or found), else the kept summary file
+    scenario: str
+    topology: str
+    variant: str
+    predicted_s: float  # the a-priori prediction, seconds per iteration
+    measured_s: float  # the measured iteration time (median over repeats when repeated), seconds
+    error: float  # measured / predicted - 1
+    within: bool  # |error| <= the tolerance
+    calibrated: bool  # the run measured its WAN paths before the variants (runner.calibrate)
+    rates_from: str  # where the prediction's WAN rates came from (summary's prediction.rates_from)
+    tail_drops: int | None  # the WAN queues' tail drops over the variant (relay delay lines; None: netem)
+    streams: int  # TCP streams per channel
+    sharing: str  # shared or temporal
+
+
+@dataclass
+class PredictionTable:
+    """What `prediction_table` found: the rows, and what it could not count and why."""
+
+    rows: list[PredictionRow] = field(default_factory=list)
+    skipped: list[str] = field(default_factory=list)  # "<file>: why" (program runs, failed variants)
+    tolerance: float = TOLERANCE
+
+    def beyond(self) -> list[PredictionRow]:
+        return [r for r in self.rows if not r.within]
+
+    def text(self) -> str:
+        """The table for the terminal (and a results page), beyond-tolerance rows marked."""
+        headers = ["source", "scenario", "variant", "predicted s", "measured s", "error", "", "drops"]
+        body = [[r.source, r.scenario, r.variant, f"{r.predicted_s:.3f}", f"{r.measured_s:.3f}",
+                 f"{r.error:+.1%}", "" if r.within else "BEYOND", "-" if r.tail_drops is None else str(r.tail_drops)]
+                for r in self.rows]
+        n, ok = len(self.rows), len(self.rows) - len(self.beyond())
+        foot = f"{ok} of {n} variant rows within {self.tolerance:.0%} of their a-priori prediction"
+        if self.skipped:
+            foot += f"; {len(self.skipped)} skipped"
+        return format_table(headers, body) + "\n\n" + foot
+
+    def write(self, folder: Path) -> tuple[Path, Path]:
+        """prediction-errors.csv and prediction-errors.json under `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        csv_path, json_path = folder / "prediction-errors.csv", folder / "prediction-errors.json"
+        names = list(PredictionRow.__dataclass_fields__)
+        with csv_path.open("w", newline="") as fh:
+            writer = csv.DictWriter(fh, fieldnames=names)
+            writer.writeheader()
+            for r in self.rows:
+                writer.writerow(asdict(r))
+        json_path.write_text(json.dumps({
+            "tolerance": self.tolerance,
+            "rows": [asdict(r) for r in self.rows],
+            "within": len(self.rows) - len(self.beyond()),
+            "beyond": len(self.beyond()),
+            "skipped": self.skipped,
+        }, indent=2) + "\n")
+        return csv_path, json_path
+
+
+def find_summaries(paths: Iterable[Path]) -> list[tuple[Path, str]]:
+    """Every run summary under `paths` (files taken as given, folders searched to any
+    depth), each with the name its row shows; sorted, each file once."""
+    found: dict[Path, str] = {}
+    for path in paths:
+        if path.is_file():
+            found.setdefault(path.resolve(), _shown(path))
+            continue
+        if not path.is_dir():
+            raise ReportError(f"{path}: no such file or folder; give run folders, sweep folders or summary.json files")
+        for file in sorted(path.rglob("*summary.json")):
+            if file.name == SUMMARY_NAME or file.name.endswith(SUMMARY_SUFFIXES):
+                found.setdefault(file.resolve(), _shown(file))
+    return sorted(((p, name) for p, name in found.items()), key=lambda item: item[1])
+
+
+def _shown(file: Path) -> str:
+    """A summary's name in the table: its run folder for a summary.json, else the file."""
+    return str(file.parent) if file.name == SUMMARY_NAME else str(file)
+
+
+def _fail(why: str) -> ReportError:
+    return ReportError(f"{why}; remove that file or leave its folder out")
+
+
+def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> PredictionTable:
+    """The a-priori prediction errors of every run summary under `paths`."""
+    paths = list(paths)
+    files = find_summaries(paths)
+    if not files:
+        raise ReportError(f"no summary.json under {', '.join(map(str, paths))}: give `testbed run` output folders, "
+                          "sweep folders or kept *.summary.json files")
+    table = PredictionTable(tolerance=tolerance)
+    for file, name in files:
+        try:
+            text = file.read_text()
+        except OSError as exc:
+            raise _fail(f"{name}: unreadable ({exc})") from None
+        if is_program_summary(text):
+            table.skipped.append(f"{name}: a program run (no prediction)")
+            continue
+        summary = read_summary_file(file, _fail)
+        assert summary is not None  # the file was just read
+        for variant in sorted(summary.variants, key=sort_key):
+            entry = summary.variants[variant]
+            if not isinstance(entry, VariantResult):
+                table.skipped.append(f"{name}: {variant} failed")
+                continue
+            measured = float(entry.headline("iteration_time_s"))
+            predicted = entry.predicted_iteration_time_s
+            error = measured / predicted - 1
+            table.rows.append(PredictionRow(
+                source=name, scenario=summary.scenario, topology=summary.topology, variant=variant,
+                predicted_s=predicted, measured_s=measured, error=error, within=abs(error) <= tolerance + 1e-9,
+                calibrated=summary.calibration is not None, rates_from=entry.prediction.rates_from,
+                tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing))
+    return table

@@ -1,0 +1,114 @@
+"""`testbed report predictions`: the a-priori prediction errors of run summaries, in a
+table, a CSV and a JSON; rows beyond 5% marked; program runs and failed variants
+skipped and said; bad input refused with the file named."""
+
+from __future__ import annotations
+
+import csv
+import json
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+import summary_builders as b  # noqa: E402
+
+from testbed.cli import main  # noqa: E402
+from testbed.report import ReportError  # noqa: E402
+from testbed.report.predictions import prediction_table  # noqa: E402
+
+
+def _write(folder: Path, summary, name: str = "summary.json") -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / name
+    path.write_text(summary.to_json())
+    return path
+
+
+@pytest.fixture
+def runs(tmp_path: Path) -> Path:
+    root = tmp_path / "results"
+    _write(root / "sweep" / "p001", b.summary({
+        "baseline": b.variant("baseline", 2.0, predicted_s=2.05),          # -2.4%: within
+        "multi-tcp": b.variant("multi-tcp", 1.3, predicted_s=1.0, streams=8,
+                               delay_line=b.delay_line(839)),              # +30%: beyond, with drops
+        "atlas": b.variant("atlas", 0.94, predicted_s=1.0),                # -6%: beyond
+    }, scenario="atlas-2dc"))
+    _write(root / "sweep" / "p002", b.summary({
+        "baseline": b.variant("baseline", 1.05, predicted_s=1.0),          # +5% exactly: within
+        "atlas": b.failure("the relay died"),
+    }, scenario="atlas-2dc"))
+    _write(root, b.summary({"atlas": b.variant("atlas", 1.0)}, scenario="kept"), name="kept.summary.json")
+    (root / "program").mkdir()
+    (root / "program" / "summary.json").write_text(json.dumps({"kind": "program", "scenario": "x"}))
+    return root
+
+
+def test_rows_errors_and_marks(runs: Path) -> None:
+    table = prediction_table([runs])
+    got = {(Path(r.source).name, r.variant): r for r in table.rows}
+    assert set(got) == {("p001", "baseline"), ("p001", "multi-tcp"), ("p001", "atlas"), ("p002", "baseline"),
+                        ("kept.summary.json", "atlas")}
+    assert got["p001", "multi-tcp"].error == pytest.approx(0.30)
+    assert got["p001", "multi-tcp"].tail_drops == 839 and got["p001", "multi-tcp"].streams == 8
+    assert got["p001", "baseline"].tail_drops is None  # no relay counters: netem, drops unknown
+    assert got["p001", "atlas"].error == pytest.approx(-0.06)
+    assert got["p002", "baseline"].within and got["p001", "baseline"].within
+    assert {(Path(r.source).name, r.variant) for r in table.beyond()} == {("p001", "multi-tcp"), ("p001", "atlas")}
+    assert sorted(s.split(": ", 1)[1] for s in table.skipped) == ["a program run (no prediction)", "atlas failed"]
+    text = table.text()
+    assert text.count("BEYOND") == 2 and "+30.0%" in text and "-6.0%" in text
+    assert "3 of 5 variant rows within 5%" in text and "2 skipped" in text
+
+
+def test_tolerance_moves_the_mark(runs: Path) -> None:
+    assert len(prediction_table([runs], tolerance=0.10).beyond()) == 1
+
+
+def test_a_repeated_variant_counts_its_median(tmp_path: Path) -> None:
+    from testbed_core.contracts.summary import RepeatFigures, RepeatRun, Repeats
+
+    def fig(t: float) -> dict:
+        return dict(iteration_time_s=t, device_utilization=0.5, device_utilization_training=0.5)
+
+    runs = [RepeatRun(repeat=i, folder=f"r{i}", **fig(t)) for i, t in enumerate([1.0, 1.2, 1.4], 1)]
+    repeats = Repeats(runs=runs, median=RepeatFigures(**fig(1.2)), spread=RepeatFigures(**fig(0.4)))
+    _write(tmp_path / "run", b.summary({"atlas": b.variant("atlas", 1.0, predicted_s=1.0, repeats=repeats)}))
+    (row,) = prediction_table([tmp_path]).rows
+    assert row.measured_s == pytest.approx(1.2) and not row.within
+
+
+def test_command_prints_and_writes(runs: Path, tmp_path: Path) -> None:
+    out = tmp_path / "table"
+    result = CliRunner().invoke(main, ["report", "predictions", str(runs / "sweep"), "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    assert "BEYOND" in result.output and "3 of 4 variant rows" not in result.output
+    assert "2 of 4 variant rows within 5%" in result.output
+    rows = list(csv.DictReader((out / "prediction-errors.csv").open()))
+    assert [r["variant"] for r in rows] == ["baseline", "multi-tcp", "atlas", "baseline"]
+    doc = json.loads((out / "prediction-errors.json").read_text())
+    assert doc["within"] == 2 and doc["beyond"] == 2 and doc["tolerance"] == 0.05
+    assert doc["skipped"] == [f"{runs / 'sweep' / 'p002'}: atlas failed"]
+
+
+def test_the_plain_report_still_takes_a_folder(runs: Path) -> None:
+    result = CliRunner().invoke(main, ["report", str(runs / "sweep" / "p001"), "--out", str(runs / "rep")])
+    assert result.exit_code == 0, result.output
+    assert (runs / "rep" / "results.csv").exists()
+
+
+def test_no_summary_is_refused_with_the_folder(tmp_path: Path) -> None:
+    with pytest.raises(ReportError, match=rf"no summary.json under {tmp_path}"):
+        prediction_table([tmp_path])
+    result = CliRunner().invoke(main, ["report", "predictions", str(tmp_path)])
+    assert result.exit_code != 0 and "no summary.json under" in result.output
+
+
+def test_a_broken_summary_is_named(tmp_path: Path) -> None:
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "summary.json").write_text('{"scenario": "x"}')
+    with pytest.raises(ReportError, match=r"run/summary.json: not the summary.json of a `testbed run` \(.*topology"):
+        prediction_table([tmp_path])

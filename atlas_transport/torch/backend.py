@@ -115,6 +115,25 @@ def _is_premul(op: object) -> bool:
         return False
 
 
+_REDUCIBLE: dict[tuple[str, torch.dtype], str | None] = {}
+
+
+def _check_reducible(what: str, name: str, dtype: torch.dtype) -> None:
+    """ValueError naming the op and the dtype when torch has no CPU kernel to reduce it
+    with (float8, uint16, ...): the reduction runs on host memory, for CUDA tensors too."""
+    key = (name, dtype)
+    if key not in _REDUCIBLE:
+        try:
+            C.combine(torch.zeros(1, dtype=dtype), torch.zeros(1, dtype=dtype), name)
+            _REDUCIBLE[key] = None
+        except (RuntimeError, NotImplementedError, TypeError) as exc:
+            _REDUCIBLE[key] = str(exc).splitlines()[0]
+    why = _REDUCIBLE[key]
+    if why is not None:
+        raise ValueError(f"atlas: {what}: reduce op {name} is not supported for {dtype} (torch has no CPU kernel "
+                         f"for it: {why}); reduce in a wider dtype such as torch.float32 and cast back")
+
+
 def all_to_all(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], rank: int, size: int,
                xfer: C.Xfer) -> None:
     """outs[p] = rank p's ins[rank] (each pair's parts may differ in size, also be empty)."""
@@ -422,6 +441,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                 if not (t.dtype.is_floating_point or t.dtype.is_complex):
                     raise ValueError(f"atlas: {what}: reduce op PREMUL_SUM needs a floating point tensor, got "
                                      f"{t.dtype}")
+                _check_reducible(what, "SUM", t.dtype)
             return "SUM", float(factor)
         try:
             name = C.op_name(op)
@@ -430,6 +450,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             raise ValueError(f"{exc} (in {what} of {dtypes})") from None
         for t in tensors:
             C.check_op(name, t.dtype)
+            _check_reducible(what, name, t.dtype)
         return name, None
 
     @staticmethod

@@ -201,6 +201,7 @@ both("powersgd", ddp_powersgd)
 errors = {}
 for key, fn in (("band_float", lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)),
                 ("premul_int", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0))),
+                ("sum_float8", lambda: dist.all_reduce(torch.zeros(2, dtype=torch.float8_e4m3fn))),
                 ("a2a_splits", lambda: dist.all_to_all_single(torch.empty(4), torch.empty(4), [1] * WORLD, [2] * WORLD)),
                 ("agc_lists", lambda: dist.all_gather_coalesced([[torch.empty(1)]], [torch.ones(1)]))):
     try:
@@ -304,6 +305,9 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
     assert err["band_float"] == "ValueError: atlas: reduce op BAND needs an integer or bool tensor, got torch.float32"
     assert err["premul_int"] == ("ValueError: atlas: all_reduce: reduce op PREMUL_SUM needs a floating point "
                                  "tensor, got torch.int32")
+    assert err["sum_float8"] == ("ValueError: atlas: all_reduce: reduce op SUM is not supported for "
+                                 "torch.float8_e4m3fn (torch has no CPU kernel for it: \"add_stub\" not implemented "
+                                 "for 'Float8_e4m3fn'); reduce in a wider dtype such as torch.float32 and cast back")
     assert "input_split_sizes [2, 2, 2] must be 3 (the group size) non-negative row counts adding up to the " \
            "input's 4 rows" in err["a2a_splits"]
     assert "all_gather_coalesced needs one output list per rank (3), got 1" in err["agc_lists"]

@@ -10,8 +10,9 @@ Runs the tests of `torch.testing._internal.distributed.distributed_test` (class
 DistributedTest._DistTestBase, the suite PyTorch's CI runs for gloo on CPU through
 test/distributed/test_distributed_spawn.py) through tests/torch_suite/, once per backend
 and world size, on CPU. For atlas, that module imports `atlas_transport.torch` and
-declares atlas in `DistTestCases.backend_feature` ("plugin", "ddp", "subgroup": torch's
-own door for a third-party backend); nothing else differs from the gloo run.
+declares atlas in `DistTestCases.backend_feature` ("plugin", "ddp", "subgroup", "gpu",
+"cuda": torch's own door for a third-party backend, each a claim the backend makes);
+nothing else differs from the gloo run.
 
 The selection (`--select`, default "collectives,p2p,ddp") goes by test name, each test in
 the first category whose pattern matches (`CATEGORIES`); "all" takes every test, the
@@ -69,6 +70,10 @@ CATEGORIES: dict[str, str] = {
 }
 DEFAULT_SELECT = "collectives,p2p,ddp"
 
+# the DistTestCases.backend_feature sets tests/torch_suite/test_distributed_spawn.py declares
+# atlas in (ATLAS_FEATURES there; --atlas-features overrides)
+ATLAS_FEATURES = ("plugin", "ddp", "subgroup", "gpu", "cuda")
+
 # torch's own longer per-test timeouts (common_distributed.TIMEOUT_OVERRIDE)
 TORCH_TIMEOUT_OVERRIDE = {"test_ddp_uneven_inputs": 400, "test_DistributedDataParallel": 500}
 # how long past a test's own timeout the script waits for any progress before it kills
@@ -93,7 +98,8 @@ class TestOutcome(BaseModel):
     world_size: int
     outcome: Outcome
     duration_s: float | None = None
-    message: str = ""
+    message: str = ""  # a skip's reason, or a failure's error lines
+    detail: str = ""  # a failure's traceback tail
 
 
 class Exception_(BaseModel):
@@ -105,6 +111,7 @@ class Exception_(BaseModel):
     atlas_outcome: Outcome
     kind: Literal["torch gate by backend name", "skipped by torch", "atlas failure"]
     reason: str
+    detail: str = ""
     gates: list[str]
 
 
@@ -134,13 +141,21 @@ class RunInfo(BaseModel):
     world_sizes: list[int]
 
 
+class Comparison(BaseModel):
+    """gloo against one atlas run ("atlas" or "atlas-gloo-gates"), per world size."""
+
+    both_pass: dict[str, int]
+    exceptions: list[Exception_]
+    atlas_only_pass: dict[str, list[str]]
+
+
 class Summary(BaseModel):
     run: RunInfo
     # counts[backend][world_size][category or "total"]
     counts: dict[str, dict[str, dict[str, Counts]]]
-    both_pass: dict[str, int]
-    exceptions: list[Exception_]
-    atlas_only_pass: dict[str, list[str]]
+    # comparisons[atlas run]: "atlas" (torch's gates, as torch runs a third-party backend)
+    # and "atlas-gloo-gates" (gloo's gates: the tests gloo runs, run on atlas)
+    comparisons: dict[str, Comparison]
 
 
 # ---------------------------------------------------------------- the suite's tests
@@ -217,8 +232,12 @@ def select_tests(tests: list[SuiteTest], select: str, pattern: str | None) -> li
 # ---------------------------------------------------------------- running
 
 
+# The runs a backend token names: BACKEND, and the gates torch's decorators decide with.
+RUNS = {"gloo": ("gloo", None), "atlas": ("atlas", None), "atlas-gloo-gates": ("atlas", "gloo")}
+
+
 def _class_name(backend: str) -> str:
-    return f"TestDistBackendWithSpawn{backend.upper()}NoInitFile"
+    return f"TestDistBackendWithSpawn{RUNS[backend][0].upper()}NoInitFile"
 
 
 def _read_records(path: Path) -> list[dict]:
@@ -250,8 +269,11 @@ def run_config(backend: str, world_size: int, tests: list[SuiteTest], args: argp
         (temp_dir / "test_dir").mkdir()
         env = dict(os.environ)
         env.pop("INIT_METHOD", None)
+        env.pop("ATLAS_TORCH_SUITE_GATES_AS", None)
+        if RUNS[backend][1] is not None:
+            env["ATLAS_TORCH_SUITE_GATES_AS"] = RUNS[backend][1]
         env.update({
-            "BACKEND": backend, "WORLD_SIZE": str(world_size), "TEMP_DIR": str(temp_dir),
+            "BACKEND": RUNS[backend][0], "WORLD_SIZE": str(world_size), "TEMP_DIR": str(temp_dir),
             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(args.timeout),
             "ATLAS_TORCH_SUITE": "1", "ATLAS_TORCH_SUITE_RECORD": str(record),
             "ATLAS_TORCH_SUITE_START": args.start,
@@ -295,7 +317,7 @@ def run_config(backend: str, world_size: int, tests: list[SuiteTest], args: argp
                 outcomes[r["test"]] = TestOutcome(
                     test=r["test"], category=by_name[r["test"]].category, backend=backend,
                     world_size=world_size, outcome=r["outcome"], duration_s=r.get("duration_s"),
-                    message=r.get("message", ""))
+                    message=r.get("message", ""), detail=r.get("detail", ""))
         unfinished = [n for n in started if n not in outcomes]
         for name in unfinished:  # killed by the watchdog, or its process died under it
             why = (f"no progress for {limit} s: killed with its ranks by {Path(__file__).name}"
@@ -328,8 +350,23 @@ def counts_of(rows: list[TestOutcome]) -> Counts:
                   skipped=c["skipped"], hung=c["hung"], not_run=c["not_run"])
 
 
-def compare(tests: list[SuiteTest], outcomes: list[TestOutcome]) -> tuple[
-        dict[str, int], list[Exception_], dict[str, list[str]]]:
+def gates_for(message: str, gates: list[str]) -> list[str]:
+    """The gate lines that gave this skip message: those quoting its text (f-strings and
+    all), else torch's `require_backend_is_available` for its "Test requires backend"
+    message; all the test's gates when none is recognised."""
+    def words(text: str) -> str:
+        return " ".join(w for w in re.split(r"[^A-Za-z_]+", text) if len(w) > 2)
+
+    head = " ".join(words(message.split("{")[0]).split()[:4])
+    matched = [g for g in gates if head and head in words(g)]
+    if not matched and message.startswith("Test requires backend"):
+        matched = [g for g in gates if "require_backend_is_available" in g]
+    return matched or gates
+
+
+def compare(tests: list[SuiteTest], outcomes: list[TestOutcome], label: str) -> Comparison:
+    """gloo against the atlas run `label`: which pass with both, which with gloo only (and
+    why), which with atlas only."""
     by_name = {t.name: t for t in tests}
     index = {(o.backend, o.world_size, o.test): o for o in outcomes}
     world_sizes = sorted({o.world_size for o in outcomes})
@@ -341,14 +378,14 @@ def compare(tests: list[SuiteTest], outcomes: list[TestOutcome]) -> tuple[
         atlas_only[str(ws)] = []
         for t in tests:
             gloo = index.get(("gloo", ws, t.name))
-            atlas = index.get(("atlas", ws, t.name))
+            atlas = index.get((label, ws, t.name))
             if gloo is None or atlas is None:
                 continue
             if gloo.outcome == "passed" and atlas.outcome == "passed":
                 both[str(ws)] += 1
             elif gloo.outcome == "passed":
-                gates = by_name[t.name].gates
-                if atlas.outcome == "skipped" and gates:
+                gates = gates_for(atlas.message, by_name[t.name].gates)
+                if atlas.outcome == "skipped" and gates and label == "atlas":
                     kind = "torch gate by backend name"
                 elif atlas.outcome == "skipped":
                     kind = "skipped by torch"
@@ -356,10 +393,11 @@ def compare(tests: list[SuiteTest], outcomes: list[TestOutcome]) -> tuple[
                     kind = "atlas failure"
                 exceptions.append(Exception_(test=t.name, category=t.category, world_size=ws,
                                              atlas_outcome=atlas.outcome, kind=kind,
-                                             reason=atlas.message, gates=gates))
+                                             reason=atlas.message, detail=atlas.detail,
+                                             gates=gates))
             elif atlas.outcome == "passed":
                 atlas_only[str(ws)].append(t.name)
-    return both, exceptions, atlas_only
+    return Comparison(both_pass=both, exceptions=exceptions, atlas_only_pass=atlas_only)
 
 
 def summarize(tests: list[SuiteTest], outcomes: list[TestOutcome], run: RunInfo) -> Summary:
@@ -374,42 +412,36 @@ def summarize(tests: list[SuiteTest], outcomes: list[TestOutcome], run: RunInfo)
             for category in sorted({r.category for r in rows}):
                 per[category] = counts_of([r for r in rows if r.category == category])
             counts[backend][str(ws)] = per
-    both, exceptions, atlas_only = compare(tests, outcomes)
-    return Summary(run=run, counts=counts, both_pass=both, exceptions=exceptions,
-                   atlas_only_pass=atlas_only)
+    comparisons = {label: compare(tests, outcomes, label) for label in run.backends
+                   if label != "gloo" and "gloo" in run.backends}
+    return Summary(run=run, counts=counts, comparisons=comparisons)
 
 
 def first_line(text: str) -> str:
-    for line in text.splitlines():
-        line = line.strip().removeprefix("E").strip()
-        if line and not line.startswith(("raise ", "Traceback")):
-            return line[:200]
-    return ""
+    return " ".join(text.split())[:240]
 
 
 def print_tables(summary: Summary) -> None:
-    print("\nbackend  world  selected  passed  failed  skipped  hung  not_run")
+    print("\nbackend            world  selected  passed  failed  skipped  hung  not_run")
     for backend, per_ws in summary.counts.items():
         for ws, per in per_ws.items():
             c = per["total"]
-            print(f"{backend:<8} {ws:>5}  {c.selected:>8}  {c.passed:>6}  {c.failed:>6}  "
+            print(f"{backend:<18} {ws:>5}  {c.selected:>8}  {c.passed:>6}  {c.failed:>6}  "
                   f"{c.skipped:>7}  {c.hung:>4}  {c.not_run:>7}")
-    for ws, n in summary.both_pass.items():
-        print(f"world_size {ws}: {n} pass with both backends")
-    by_ws: dict[int, list[Exception_]] = {}
-    for e in summary.exceptions:
-        by_ws.setdefault(e.world_size, []).append(e)
-    for ws, items in sorted(by_ws.items()):
-        print(f"\nworld_size {ws}: {len(items)} pass with gloo but not with atlas")
-        for e in items:
-            print(f"  {e.test} [{e.category}] atlas {e.atlas_outcome} ({e.kind}): "
-                  f"{first_line(e.reason)}")
-            if e.kind != "atlas failure":
-                for g in e.gates[:2]:
-                    print(f"      {g[:160]}")
-    for ws, names in summary.atlas_only_pass.items():
-        if names:
-            print(f"world_size {ws}: pass with atlas, not with gloo: {', '.join(names)}")
+    for label, comp in summary.comparisons.items():
+        for ws, n in comp.both_pass.items():
+            print(f"\n{label}, world_size {ws}: {n} pass with gloo and {label}")
+            items = [e for e in comp.exceptions if str(e.world_size) == ws]
+            print(f"{label}, world_size {ws}: {len(items)} pass with gloo but not with {label}")
+            for e in items:
+                print(f"  {e.test} [{e.category}] {e.atlas_outcome} ({e.kind}): "
+                      f"{first_line(e.reason)}")
+                if e.kind != "atlas failure":
+                    for g in e.gates[:2]:
+                        print(f"      {g[:160]}")
+            if comp.atlas_only_pass.get(ws):
+                print(f"{label}, world_size {ws}: pass with {label}, not with gloo: "
+                      f"{', '.join(comp.atlas_only_pass[ws])}")
 
 
 def write_outcomes(out: Path, outcomes: list[TestOutcome]) -> None:
@@ -431,7 +463,8 @@ def _git(*args: str) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--backends", default="gloo,atlas")
+    ap.add_argument("--backends", default="gloo,atlas,atlas-gloo-gates",
+                    help=f"a comma list of {list(RUNS)} (default %(default)s)")
     ap.add_argument("--world-sizes", default="2,3")
     ap.add_argument("--select", default=DEFAULT_SELECT,
                     help=f"'all' or a comma list of {list(CATEGORIES)} (default %(default)s)")
@@ -462,9 +495,9 @@ def main(argv: list[str] | None = None) -> int:
     if not tests:
         raise SystemExit(f"no test matches --select {args.select} -k {args.pattern}")
     backends = [b.strip() for b in args.backends.split(",") if b.strip()]
-    bad = [b for b in backends if b not in ("gloo", "atlas")]
+    bad = [b for b in backends if b not in RUNS]
     if bad:
-        raise SystemExit(f"--backends: {bad} not supported here; use gloo and/or atlas")
+        raise SystemExit(f"--backends: {bad} not supported here; use {list(RUNS)}")
     try:
         world_sizes = [int(w) for w in args.world_sizes.split(",") if w.strip()]
     except ValueError:
@@ -482,7 +515,7 @@ def main(argv: list[str] | None = None) -> int:
     for ws in world_sizes:
         for backend in backends:
             outcomes += run_config(backend, ws, tests, args, logs)
-    features = (list(("plugin", "ddp", "subgroup")) if args.atlas_features is None
+    features = (list(ATLAS_FEATURES) if args.atlas_features is None
                 else [f for f in args.atlas_features.split(",") if f])
     run = RunInfo(
         command=" ".join([".venv/bin/python", "scripts/torch_dist_suite.py", *(argv or sys.argv[1:])]),

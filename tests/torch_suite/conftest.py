@@ -5,7 +5,8 @@ and runs for many minutes).
 
 With ATLAS_TORCH_SUITE_RECORD=<file>, each test appends JSON lines to that file: one
 when it starts ({"event": "start", "test": name}) and one with its outcome ({"event":
-"end", "test", "outcome": passed|failed|skipped, "duration_s", "message"}), so that the
+"end", "test", "outcome": passed|failed|skipped, "duration_s", "message": the skip's
+reason or the failure's error lines, "detail": the failure's traceback tail}), so that the
 script knows which test was running if the process is stopped, and reads every test's
 outcome and reason without parsing pytest's output."""
 
@@ -13,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
 
 import pytest
@@ -32,14 +34,26 @@ def _write(entry: dict) -> None:
             f.write(json.dumps(entry) + "\n")
 
 
-def _message(report: pytest.TestReport) -> str:
+_BOILERPLATE = re.compile(r"To execute this test|test_distributed_spawn\.py Test|"
+                         r"PYTORCH_PRINT_REPRO_ON_FAILURE|^\S+\.py:\d+: \w+$")
+_ERROR_LINE = re.compile(r"^(\w+\.)*\w*(Error|Exception|Exit|Timeout)\w*: .+")
+
+
+def _message(report: pytest.TestReport) -> tuple[str, str]:
+    """(message, detail): a skip's reason, or a failure's error lines (the ranks'
+    exceptions, which torch forwards in the test's RuntimeError) and the traceback's tail."""
     if report.skipped and isinstance(report.longrepr, tuple):
-        return str(report.longrepr[2]).removeprefix("Skipped: ")
-    text = report.longreprtext or ""
-    # the last lines name the error; keep them, not the whole traceback
-    lines = [ln for ln in text.splitlines() if ln.strip()]
-    errors = [ln for ln in lines if ln.startswith("E ") or "Error" in ln or "Exception" in ln]
-    return "\n".join((errors or lines)[-12:])[-3000:]
+        return str(report.longrepr[2]).removeprefix("Skipped: "), ""
+    lines = [ln[1:].strip() if ln.startswith("E ") else ln.rstrip()
+             for ln in (report.longreprtext or "").splitlines()]
+    lines = [ln for ln in lines if ln.strip() and not _BOILERPLATE.search(ln)]
+    errors: list[str] = []
+    for ln in lines:
+        ln = ln.strip()
+        if _ERROR_LINE.match(ln) and not ln.startswith("RuntimeError: Process ") and ln not in errors:
+            errors.append(ln)
+    message = " | ".join(errors[-3:]) or (lines[-1].strip() if lines else "")
+    return message[:1500], "\n".join(lines[-40:])[-4000:]
 
 
 def pytest_runtest_logstart(nodeid: str, location) -> None:
@@ -60,7 +74,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     if report.outcome != "passed" and entry["outcome"] == "passed":
         entry["outcome"] = report.outcome
         entry["phase"] = report.when
-        entry["message"] = _message(report)
+        entry["message"], entry["detail"] = _message(report)
     if report.when == "teardown":
         entry["duration_s"] = round(time.monotonic() - _started.get(name, time.monotonic()), 2)
         _write(entry)

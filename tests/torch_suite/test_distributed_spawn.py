@@ -25,15 +25,16 @@ import torch.distributed as dist
 
 torch.backends.cuda.matmul.allow_tf32 = False
 
-# The features a backend declares to torch's suite, and what declaring them means:
+# The features a backend declares to torch's suite (DistTestCases.backend_feature, "sets
+# showing that something is implemented"), all of them claims atlas makes:
 #   plugin   - a registered third-party backend: `require_backend_is_available` lets
 #              it through where the test's allowed backends name it;
-#   ddp      - DistributedDataParallel works on it (55 tests are gated on this set);
-#   subgroup - `new_group` / `new_subgroups` work on it (the gate's message speaks
-#              of CUDA devices; on CPU the tests it guards create CPU subgroups).
-# Not declared: "gpu" and "cuda" (those tests need one GPU per rank, none here).
+#   ddp      - DistributedDataParallel works on it;
+#   subgroup - `new_group` / `new_subgroups` work on it;
+#   gpu, cuda - it takes CUDA tensors (atlas stages them through host memory). The tests
+#              these admit that need one GPU per rank still skip on a machine without.
 # ATLAS_TORCH_SUITE_FEATURES overrides the list (comma separated; "" declares none).
-ATLAS_FEATURES = ("plugin", "ddp", "subgroup")
+ATLAS_FEATURES = ("plugin", "ddp", "subgroup", "gpu", "cuda")
 
 _ALLOWED_BACKENDS = ("gloo", "nccl", "ucc", "atlas")
 
@@ -73,12 +74,53 @@ if BACKEND == "atlas":
                                f"{sorted(DistTestCases.backend_feature)}")
         DistTestCases.backend_feature[_feature].add("atlas")
 
+# ATLAS_TORCH_SUITE_GATES_AS=gloo (with BACKEND=atlas): atlas in gloo's place. The suite is
+# imported with BACKEND=gloo, so its skip decorators (read at import) and the branches of
+# the test bodies that look at BACKEND (`if BACKEND == "gloo": <the CPU variant>`) go as
+# they go for gloo, and each rank turns every process group asked of "gloo"
+# (init_process_group, new_group) into an atlas one. This runs on atlas exactly what gloo
+# runs, including the tests torch keeps to gloo by name; it is not how torch runs the suite
+# for a third-party backend, and the script reports it apart ("atlas-gloo-gates").
+GATES_AS = os.environ.get("ATLAS_TORCH_SUITE_GATES_AS") or None
+if GATES_AS is not None and (BACKEND != "atlas" or GATES_AS != "gloo"):
+    raise RuntimeError(f"ATLAS_TORCH_SUITE_GATES_AS={GATES_AS!r} with BACKEND={BACKEND!r}: "
+                       "only gloo's gates, and only for BACKEND=atlas")
+
 # Imported after the features are declared: its skip decorators read them at import.
-import torch.testing._internal.distributed.distributed_test as _distributed_test  # noqa: E402
-from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
-    DistributedTest,
-    TestDistBackend,
-)
+if GATES_AS is not None:
+    os.environ["BACKEND"] = GATES_AS
+try:
+    import torch.testing._internal.distributed.distributed_test as _distributed_test  # noqa: E402
+    from torch.testing._internal.distributed.distributed_test import (  # noqa: E402
+        DistributedTest,
+        TestDistBackend,
+    )
+finally:
+    os.environ["BACKEND"] = BACKEND
+
+
+def _groups_of_gloo_on_atlas() -> None:
+    """In a rank of the atlas-gloo-gates run: a process group asked of gloo is made on atlas."""
+    import torch.distributed.distributed_c10d as c10d
+
+    def on_atlas(fn):
+        def wrapper(*args, **kwargs):
+            if str(kwargs.get("backend") or "").lower() == "gloo":
+                kwargs["backend"] = "atlas"
+            result = fn(*args, **kwargs)
+            if dist.get_backend() != "atlas":
+                raise RuntimeError(f"atlas-gloo-gates: the default group is on "
+                                   f"{dist.get_backend()}, not atlas")
+            return result
+
+        wrapper._atlas_in_gloo_place = True
+        return wrapper
+
+    for module in (dist, c10d):
+        for name in ("init_process_group", "new_group"):
+            if not getattr(getattr(module, name), "_atlas_in_gloo_place", False):
+                setattr(module, name, on_atlas(getattr(module, name)))
+
 
 # How the ranks start. "spawn" is PyTorch's way: each rank a new interpreter that imports
 # torch and this module (5-10 s of CPU per rank on a shared 2-core machine, more than most
@@ -105,6 +147,17 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
         self._spawn_processes()
         torch.backends.cudnn.flags(enabled=True, allow_tf32=False).__enter__()
 
+    @classmethod
+    def _run(cls, rank, test_name, file_name, pipe, environ=None, **kwargs):
+        if environ is not None:  # forkserver: the parent's environment when it started us
+            os.environ.clear()
+            os.environ.update(environ)
+            # what distributed_test read from the environment when a spawned rank imported it
+            _distributed_test.INIT_METHOD = os.environ.get("INIT_METHOD", "env://")
+        if GATES_AS is not None:
+            _groups_of_gloo_on_atlas()
+        super()._run(rank, test_name, file_name, pipe, **kwargs)
+
     if START_METHOD == "forkserver":
 
         def _spawn_processes(self) -> None:
@@ -117,15 +170,6 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
                 os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (here, pythonpath) if p)
             torch.multiprocessing.get_context("forkserver").set_forkserver_preload([__name__])
             self._start_processes(_RankProcess)
-
-        @classmethod
-        def _run(cls, rank, test_name, file_name, pipe, environ=None, **kwargs):
-            if environ is not None:
-                os.environ.clear()
-                os.environ.update(environ)
-                # what distributed_test read from the environment when a spawned rank imported it
-                _distributed_test.INIT_METHOD = os.environ.get("INIT_METHOD", "env://")
-            super()._run(rank, test_name, file_name, pipe, **kwargs)
 
 
 # The class name PyTorch gives it (TestDistBackendWithSpawnGLOONoInitFile, ...), so that

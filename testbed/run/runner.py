@@ -545,6 +545,8 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
     pred = setup.prediction
     predicted = pred.iteration_time_s
     how = "calibration probe" if setup.rate_bps else "window model"
+    if not local and any(link.loss > 0 for link in scenario.topology.wan):
+        how += ", held to the loss-limited rate (Mathis) on lossy paths"  # testbed_core/planning/network.py
     compute, overhead = None, 0.0
     first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
     warmup_its = range(first, workload.warmup)

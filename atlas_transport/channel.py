@@ -54,6 +54,9 @@ _PING = P.encode_control(P.PING)
 # Transfers up to this size may be written by the sending thread itself (one gathered
 # sendmsg, never the zero-copy pipe, which belongs to the stream's writer thread).
 INLINE_MAX_BYTES = 32 << 10
+# Smallest chunk a transfer is cut into to spread it over several streams (the
+# lowest-numbered ones first, see _warm_lanes): a 512 KiB transfer rides 4 streams.
+SPLIT_MIN_BYTES = 128 << 10
 
 
 def _mib(n: int) -> str:
@@ -382,11 +385,20 @@ class Channel:
             self._send_seq[tag] = seq + 1
             tid = self._next_tid
             self._next_tid += 1
-            chunk = self.cfg.chunk_for(out.view.nbytes, lanes or len(self._streams), self._stream_rate)
+            n_lanes = lanes or len(self._streams)
+            chunk = self.cfg.chunk_for(out.view.nbytes, n_lanes, self._stream_rate)
+            if n_lanes > 1:  # every stream gets about two chunks, down to SPLIT_MIN_BYTES
+                share = -(-out.view.nbytes // (2 * n_lanes))
+                share = -(-share // P.MIN_CHUNK) * P.MIN_CHUNK
+                chunk = max(P.MIN_CHUNK, min(chunk, max(SPLIT_MIN_BYTES, share)))
             meta = P.make_meta(tag, seq, out.dtype, out.shape, chunk, self._limits)
             h = Handle("send", tag, self.peer, seq)
             h.tid, h.nbytes, h.describe_tensor = tid, meta.total_bytes, meta.describe()
-            t = OutTransfer(tid, meta, out.view, lanes=lanes, owner=h, keepalive=out.host)
+            soft = lanes is None
+            if soft:
+                lanes = self._warm_lanes(meta.n_chunks)
+            t = OutTransfer(tid, meta, out.view, lanes=lanes, owner=h, keepalive=out.host,
+                            soft_lanes=soft and lanes is not None)
             self._sendq.add(t)
             inline = self._take_inline(t)
             if inline is None:
@@ -395,15 +407,27 @@ class Channel:
             self._write_inline(*inline)
         return h
 
+    def _warm_lanes(self, n_chunks: int) -> int | None:
+        """A transfer of fewer chunks than live streams goes on the lowest-numbered live
+        streams (None: any stream). Streams that carry traffic often keep a warm
+        congestion window; spreading a few chunks over all streams at random found
+        them cold: on the 2dc WAN a 512 KiB collective took 60-70 ms over 8 streams
+        against 45 ms over 2. Lifted for a transfer when a stream is lost. Lock held."""
+        alive = [s.index for s in self._streams if s.alive]
+        if n_chunks >= len(alive) or n_chunks <= 1:  # one chunk: whichever stream is free first
+            return None
+        return alive[max(0, n_chunks - 1)] + 1
+
     def _take_inline(self, t: OutTransfer) -> tuple[_Stream, Chunk] | None:
         """A small transfer alone in the queue is written by the sending thread itself
         on an idle stream, saving the hand-off to a writer thread (its wake-up is most
         of a small message's latency). Lock held."""
-        if t.meta.total_bytes > INLINE_MAX_BYTES or t.lanes is not None or self._sendq.pending_chunks() != 1:
+        if t.meta.total_bytes > INLINE_MAX_BYTES or (t.lanes is not None and not t.soft_lanes) \
+                or self._sendq.pending_chunks() != 1:
             return None
         # An idle stream whose send queue is empty: the write cannot block the caller.
         s = next((x for x in self._streams if x.alive and not x.busy and not x.ctrl and not x.close_pending
-                  and kernel_outq(x.sock) == 0), None)
+                  and (t.lanes is None or x.index < t.lanes) and kernel_outq(x.sock) == 0), None)
         if s is None:
             return None
         chunk = self._sendq.next_chunk(s.index)

@@ -26,6 +26,7 @@ class OutTransfer:
     meta: TensorMeta
     view: memoryview  # the flat bytes of the (contiguous, host) tensor
     lanes: int | None = None  # only streams with index < lanes may carry it (probing)
+    soft_lanes: bool = False  # lanes is a preference: lifted when a stream is lost
     owner: Any = None  # the channel's handle, opaque here
     keepalive: Any = None  # the tensor behind `view`, held until DONE
     started_at: float | None = None  # when a stream took its first chunk (set by the channel)
@@ -92,6 +93,8 @@ class SendQueue:
         """Queue again every unconfirmed chunk the lost stream carried; returns the ids
         of all unconfirmed transfers, whose DONE may have been lost with the stream."""
         for t in self.inflight.values():
+            if t.soft_lanes:
+                t.lanes = None
             t.meta_sent_on.discard(stream)
             for off in t.sent_on.pop(stream, ()):
                 self._resend.append((t, off))

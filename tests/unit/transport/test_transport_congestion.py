@@ -86,3 +86,30 @@ def test_a_small_send_is_written_by_the_sending_thread(monkeypatch):
         a.isend(big, tag=2).wait(10)
         assert torch.equal(b.recv(2, timeout=10), big)
         assert writers and all("-tx" in w for w in writers)
+
+
+def test_a_transfer_of_few_chunks_rides_the_lowest_streams(monkeypatch):
+    """Fewer chunks than streams: the lowest-numbered live streams carry them (they
+    stay warm), not whichever streams' writers wake first."""
+    from atlas_transport import channel as C
+
+    used: list[int] = []
+    orig = C.Channel._send_chunk
+
+    def spy(self, s, c):
+        if c.length >= C.SPLIT_MIN_BYTES:
+            used.append(s.index)
+        return orig(self, s, c)
+
+    monkeypatch.setattr(C.Channel, "_send_chunk", spy)
+    with loopback_pair(TransportConfig(streams=8, secret=b"s")) as (a, b):
+        for i in range(5):
+            x = torch.zeros(C.SPLIT_MIN_BYTES * 2 // 4)  # two chunks
+            a.isend(x, tag=i).wait(10)
+            b.recv(i, timeout=10)
+        assert set(used) <= {0, 1}
+        a.drop_stream(0)
+        used.clear()
+        a.isend(torch.zeros(C.SPLIT_MIN_BYTES * 2 // 4), tag=9).wait(10)
+        b.recv(9, timeout=10)
+        assert used and set(used) <= {1, 2}  # the lowest live ones

@@ -137,3 +137,20 @@ def test_completion_watermark_keeps_memory_bounded() -> None:
         t, _ = rx.announce(tid, m)
         assert rx.end_chunk(rx.begin_chunk(tid, 0, 0), 0, ok=True)
     assert rx._done_below == 4 and not rx._done_above
+
+
+def test_soft_lanes_are_lifted_when_a_stream_is_lost() -> None:
+    q = SendQueue()
+    t = transfer(1, total=4 * 4096, lanes=2)
+    t.soft_lanes = True
+    q.add(t)
+    assert q.next_chunk(5) is None  # a preference for streams 0 and 1 ...
+    assert q.next_chunk(0).offset == 0
+    assert q.next_chunk(1).offset == 4096
+    q.stream_lost(1)
+    assert t.lanes is None  # ... that no longer binds once one of them is gone
+    assert [q.next_chunk(5).offset for _ in range(3)] == [4096, 8192, 12288]
+    probe = transfer(2, total=2 * 4096, lanes=1)  # a probe's lanes stay hard
+    q.add(probe)
+    q.stream_lost(0)
+    assert probe.lanes == 1

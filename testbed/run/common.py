@@ -85,7 +85,7 @@ CONNECT_TIMEOUT_S = 10.0  # to open all streams of a channel and finish its hand
 def transport_job(settings: TransportSettings) -> TransportJob:
     """The transport part of a worker's or probe's job, from the scenario's `transport`."""
     return TransportJob(chunk_bytes=chunk_bytes(settings.chunk), congestion=settings.congestion,
-                        pacing_rate_mbps=PACING_CAP_MBPS if settings.pacing else None,
+                        pacing_rate_mbps=PACING_CAP_MBPS if settings.pacing is True else None,  # auto: resolved by the run
                         connect_timeout_s=CONNECT_TIMEOUT_S)
 
 

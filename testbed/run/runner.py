@@ -131,6 +131,7 @@ def run_scenario(
     par = workload.parallelism
     check_runnable(scenario, progress)
     runs = run_variants(scenario, variants)
+    scenario = _resolve_pacing(scenario, resolved, runs, out, progress)
     names = [run.name for run in runs]
     scenario = with_ports(scenario, progress)
     iterations = workload.warmup + workload.iterations
@@ -189,6 +190,26 @@ def run_scenario(
         if own_progress:
             progress.close()
     return summary
+
+
+def _resolve_pacing(scenario: Scenario, resolved: dict[str, Any], runs: Sequence[RunVariant], out: Path,
+                    progress: Progress) -> Scenario:
+    """``transport.pacing: auto`` made true or false for the whole run (testbed/run/pacing.py),
+    said in the progress and kept in scenario.resolved.yaml (transport.pacing, the reason
+    as the file's first comment line)."""
+    from testbed.run.pacing import choose_pacing
+
+    t = scenario.transport
+    choice = choose_pacing(scenario.topology, scenario.workload.parallelism.dp, t.streams, t.pacing, runs,
+                           local=scenario.runner.local)
+    progress.log(choice.why)
+    if t.pacing != "auto":
+        return scenario
+    transport = dict(resolved.get("transport") or {})
+    transport["pacing"] = choice.on
+    resolved["transport"] = transport
+    (out / "scenario.resolved.yaml").write_text(f"# {choice.why}\n" + yaml.safe_dump(_plain(resolved), sort_keys=False))
+    return scenario.model_copy(update={"transport": t.model_copy(update={"pacing": choice.on})})
 
 
 def _play_run(run: RunVariant, r: int, repeat: int, done: Mapping[str, VariantResult],

@@ -68,10 +68,12 @@ class TransportSettings(_Model):
     # TCP congestion control set on every stream's socket (TCP_CONGESTION), e.g. bbr; None: the hosts' own
     # (the topology's tcp.congestion_control)
     congestion: CongestionControl | None = None
-    pacing: bool = Field(False, description=(
+    pacing: bool | Literal["auto"] = Field("auto", description=(
         "pace every stream at TCP's own rate (cwnd / RTT x 1.2, twice that in slow start) instead of "
         "sending each window at line rate: Linux's internal pacing, turned on per socket with "
-        "SO_MAX_PACING_RATE, as sch_fq would (this kernel has no fq)"))
+        "SO_MAX_PACING_RATE, as sch_fq would (this kernel has no fq); auto: on where the windows of the "
+        "channels that may cross a WAN link at once would overflow its queue (testbed/run/pacing.py), "
+        "the run says which and why"))
 
     @field_validator("streams")
     @classmethod

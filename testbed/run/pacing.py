@@ -1,0 +1,93 @@
+"""``transport.pacing: auto`` (the default): pace every stream where unpaced channels
+would overflow a WAN queue, and say why.
+
+Unpaced Linux TCP (this kernel has no sch_fq) sends what its window allows at the
+sender's line rate. A WAN link direction then takes, at worst, the windows of every
+channel that may send across it at once: the workload's dp pipelines, each channel
+with its streams, each stream up to its TCP buffer (min of the sender's tcp wmem max
+and the receiver's rmem max; Linux may advertise nearly all of it). That is lost when
+
+- in steady state, it exceeds what the path holds: its bandwidth-delay product plus
+  the bottleneck's queue, or
+- sent as one burst at the DC's LAN rate (a tensor after a pipeline bubble, every
+  stream's window at once), the part the WAN link cannot drain meanwhile,
+  ``windows x (1 - wan rate / lan rate)``, exceeds the queue.
+
+Those tail drops and the retransmissions after them are not in the planner's model
+(issue 40: scenarios/prefill-service-2dc.yaml ran +28% to +62% over its prediction
+with 839-1,506 tail drops per variant; atlas-2dc's multi-tcp +7.5% with 1,315), so
+the run avoids the regime instead of modelling it: pacing spreads each window over
+the round trip (Linux's internal pacing, SO_MAX_PACING_RATE), the kept paced runs
+hold their predictions (docs/scenarios.md, 'TCP pacing'). The choice is made once per
+run, before the calibration, so that the calibration measures the streams the
+variants then use; every variant of the run is paced alike. ``pacing: true`` or
+``false`` in a scenario keeps its word.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from testbed_core.topology import Topology, bdp_bytes
+from testbed_core.variants import RunVariant
+
+AUTO_STREAMS_MAX = 16
+"""The most streams ``transport.streams: auto`` may choose (runner.AUTO_CANDIDATES' largest)."""
+
+
+@dataclass(frozen=True)
+class PacingChoice:
+    """Whether the run paces its streams, and the sentence that says why."""
+
+    on: bool
+    why: str
+
+
+def link_streams(topology: Topology, a: str, z: str, configured: int | str, runs: Sequence[RunVariant]) -> int:
+    """The most streams one channel of the run's variants may take across the link a-z:
+    1 for one-stream variants, ``transport.streams`` for configured ones, and for
+    fill-link ones (Atlas) at least enough window-limited streams to fill the link."""
+    link = topology.link(a, z)
+    window = min(topology.tcp_for(a).wmem_max, topology.tcp_for(z).rmem_max)
+    most = 1
+    for run in runs:
+        policy = run.variant.streams
+        if policy == "one":
+            continue
+        n = AUTO_STREAMS_MAX if configured == "auto" else int(configured)
+        if policy == "fill-link" and link.rtt_s > 0:
+            n = max(n, math.ceil(link.rate * link.rtt_s / (window * 8)))  # the planner's half window: fewer
+        most = max(most, n)
+    return most
+
+
+def choose_pacing(topology: Topology, dp: int, configured_streams: int | str, pacing: bool | str,
+                  runs: Sequence[RunVariant], local: bool = False) -> PacingChoice:
+    """What ``transport.pacing`` comes to for this run (module docstring)."""
+    if pacing is True or pacing is False:
+        return PacingChoice(bool(pacing), f"transport.pacing: {str(pacing).lower()} (the scenario's)")
+    if local:
+        return PacingChoice(False, "transport.pacing auto: off (--local: no emulated WAN queue)")
+    worst: tuple[float, str] | None = None
+    for link in topology.wan:
+        for a, z in (link.between, link.between[::-1]):
+            streams = link_streams(topology, a, z, configured_streams, runs)
+            window = min(topology.tcp_for(a).wmem_max, topology.tcp_for(z).rmem_max)
+            flight = dp * streams * window
+            queue, bdp = link.queue_bytes, bdp_bytes(link.rate, link.rtt_s)
+            lan = topology.dc(a).lan_rate
+            burst = flight * max(0.0, 1 - link.rate / lan) if lan > 0 else flight
+            over = max(flight / (bdp + queue), burst / queue)
+            if over > 1 and (worst is None or over > worst[0]):
+                worst = (over, (
+                    f"{dp} channel(s) x {streams} stream(s) x {window / 1e6:.2f} MB windows = {flight / 1e6:.1f} MB "
+                    f"may leave {a} for {z} at once: sent at {lan / 1e9:g} Gbit/s, {burst / 1e6:.1f} MB of it "
+                    f"against a {queue / 1e6:.2f} MB queue; in steady state against {(bdp + queue) / 1e6:.2f} MB "
+                    f"(queue + bandwidth-delay product) on {link.name}"))
+    if worst is None:
+        return PacingChoice(False, "transport.pacing auto: off (every WAN queue holds the windows of the channels "
+                                   "that may cross it at once)")
+    return PacingChoice(True, f"transport.pacing auto: on, unpaced channels would overflow a WAN queue: {worst[1]} "
+                              "(set transport.pacing: false to run unpaced)")

@@ -160,6 +160,19 @@ def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: i
     xfer([(p, x) for p in peers], [(p, outs[p]) for p in peers])
 
 
+def all_gather_many(items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]], rank: int, size: int,
+                    xfer: Xfer) -> None:
+    """all_gather for each (outs, x) of `items` (a coalesced call): one round when the
+    net can post and wait separately, else one after the other."""
+    topo = _topology(xfer)
+    if topo is not None:
+        from . import hierarchical as H
+        H.all_gather_many(items, rank, topo, xfer)
+        return
+    for outs, x in items:
+        all_gather(outs, x, rank, size, xfer)
+
+
 def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, rank: int, size: int,
                    xfer: Xfer) -> None:
     """out = reduction over ranks of their ins[rank]."""

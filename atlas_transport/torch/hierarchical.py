@@ -240,28 +240,42 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, ra
 def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, topo: Topology, net: Net) -> None:
     """outs[p] = rank p's x. Each block crosses the WAN once per remote site (between
     ranks with the same local index), then is forwarded inside the site."""
+    all_gather_many([(outs, x)], rank, topo, net)
+
+
+def all_gather_many(items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]], rank: int, topo: Topology,
+                    net: Net) -> None:
+    """Several all_gathers (`items`: (outs, x) each) in one round: everything is posted
+    before anything is waited for, so a coalesced call costs one WAN crossing, not
+    one per tensor."""
     size = topo.size
-    outs[rank].copy_(x)
+    for outs, x in items:
+        outs[rank].copy_(x)
     if size == 1:
         return
     if not hierarchical(topo):
         topo = Topology.flat(size)
     s, j, local, cross = _layout(topo, rank)
     L, S = len(local), len(cross)
-    b_recv = {t: net.recv(cross[t], outs[cross[t]]) for t in range(S) if t != s}
-    c_recv = [net.recv(local[m], outs[topo.sites[t][m]]) for m in range(L) if m != j for t in range(S)]
-    if S > 1:
-        own = x.detach().clone()
-        for t in b_recv:
-            net.send(cross[t], own, detach=True)
-    for t in range(S):  # forward blocks (t, j) inside the site, mine first, the others as they land
-        if t != s:
-            net.wait(b_recv[t])
-        for m in range(L):
-            if m != j:
-                net.send(local[m], outs[topo.sites[t][j]])
-    for op in c_recv:
-        net.wait(op)
+    posted = []
+    for outs, x in items:
+        b_recv = {t: net.recv(cross[t], outs[cross[t]]) for t in range(S) if t != s}
+        c_recv = [net.recv(local[m], outs[topo.sites[t][m]]) for m in range(L) if m != j for t in range(S)]
+        if S > 1:
+            own = x.detach().clone()
+            for t in b_recv:
+                net.send(cross[t], own, detach=True)
+        posted.append((outs, b_recv, c_recv))
+    for outs, b_recv, _ in posted:
+        for t in range(S):  # forward blocks (t, j) inside the site, mine first, the others as they land
+            if t != s:
+                net.wait(b_recv[t])
+            for m in range(L):
+                if m != j:
+                    net.send(local[m], outs[topo.sites[t][j]])
+    for _, _, c_recv in posted:
+        for op in c_recv:
+            net.wait(op)
     net.finish()
 
 

@@ -290,3 +290,33 @@ def test_meshnet_detaches_small_sends_from_a_copy_and_reap_reports_failures():
     assert detached == [pending[1], pending[3]]  # the failed and the completed ones are forgotten
     reap(mesh, detached)
     assert detached == [pending[1], pending[3]]
+
+
+def test_all_gather_many_is_one_round():
+    """Three tensors gathered in one call: every rank's WAN sends are posted before it
+    waits for anything, so the sends of all three precede the first receive's wait."""
+    topo = Topology(((0, 1), (2, 3)))
+    xs = [[torch.full((5 + i,), float(10 * r + i)) for i in range(3)] for r in range(4)]
+    outs = [[[torch.empty(5 + i) for _ in range(4)] for i in range(3)] for _ in range(4)]
+    events: list[list[str]] = [[] for _ in range(4)]
+
+    class Logged(FakeNet):
+        def send(self, peer, t, detach=False):
+            events[self.rank].append("wan-send" if topo.site_of(peer) != topo.site_of(self.rank) else "lan-send")
+            return super().send(peer, t, detach)
+
+        def wait(self, op):
+            events[self.rank].append("wait")
+            return super().wait(op)
+
+    def body(r, net):
+        net.__class__ = Logged
+        H.all_gather_many([(outs[r][i], xs[r][i]) for i in range(3)], r, topo, net)
+
+    run(4, body, topo)
+    for ev in events:
+        assert ev[:3] == ["wan-send"] * 3 and ev.count("wan-send") == 3
+    for r in range(4):
+        for i in range(3):
+            for p in range(4):
+                assert torch.equal(outs[r][i][p], xs[p][i])

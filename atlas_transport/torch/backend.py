@@ -497,8 +497,9 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def _run_gathers(self, name: str, pairs: list[tuple[list[Staged], Staged]],
                      result: list[torch.Tensor]) -> AtlasWork:
         def body(xfer: C.Xfer) -> None:
-            for outs, x in pairs:
-                C.all_gather([o.host for o in outs], x.host, self._rank, self._size, xfer)
+            # one round for every pair (a coalesced call crosses the WAN once, not once per tensor)
+            C.all_gather_many([([o.host for o in outs], x.host) for outs, x in pairs], self._rank, self._size, xfer)
+            for outs, _ in pairs:
                 for o in {id(w): w for w in (getattr(o, "whole", o) for o in outs)}.values():
                     o.write_back()
         return self._collective(name, result, body)

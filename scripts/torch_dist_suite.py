@@ -162,13 +162,16 @@ class Summary(BaseModel):
 
 
 def distributed_test_path() -> Path:
+    """torch's distributed_test.py, found without importing torch (a few seconds)."""
     import importlib.util
 
-    spec = importlib.util.find_spec("torch.testing._internal.distributed.distributed_test")
-    if spec is None or spec.origin is None:
+    spec = importlib.util.find_spec("torch")
+    found = (Path(spec.origin).parent / "testing" / "_internal" / "distributed" / "distributed_test.py"
+             if spec is not None and spec.origin is not None else None)
+    if found is None or not found.is_file():
         raise SystemExit("torch.testing._internal.distributed.distributed_test not found: "
                          "is torch installed in this interpreter (.venv/bin/python)?")
-    return Path(spec.origin)
+    return found
 
 
 _GATE = re.compile(r"BACKEND|backend_feature|require_backend_is_available|skip_collective"
@@ -444,6 +447,38 @@ def print_tables(summary: Summary) -> None:
                       f"{', '.join(comp.atlas_only_pass[ws])}")
 
 
+def markdown(summary: Summary) -> str:
+    """The counts and the gloo-only passes as Markdown tables (summary.md, for the docs page)."""
+    cats = sorted({c for per_ws in summary.counts.values() for per in per_ws.values() for c in per}
+                  - {"total"})
+    out = ["| backend | ranks | selected | passed | failed | skipped | hung | "
+           + " | ".join(f"{c} passed" for c in cats) + " |",
+           "|---|---|---|---|---|---|---|" + "---|" * len(cats)]
+    for backend, per_ws in summary.counts.items():
+        for ws, per in sorted(per_ws.items()):
+            c = per["total"]
+            out.append(f"| {backend} | {ws} | {c.selected} | {c.passed} | {c.failed} | {c.skipped} "
+                       f"| {c.hung} | " + " | ".join(
+                           f"{per[k].passed} of {per[k].selected}" if k in per else "-" for k in cats)
+                       + " |")
+    for label, comp in summary.comparisons.items():
+        out += ["", f"**gloo against {label}**: " + ", ".join(
+            f"{n} pass with both at {ws} ranks" for ws, n in sorted(comp.both_pass.items())), ""]
+        if comp.exceptions:
+            out += ["| test | category | ranks | " + label + " | kind | reason | torch's gate |",
+                    "|---|---|---|---|---|---|---|"]
+            for e in sorted(comp.exceptions, key=lambda e: (e.kind, e.test, e.world_size)):
+                gate = (e.gates[0] if e.gates and e.kind != "atlas failure" else "").replace("|", "\\|")
+                reason = first_line(e.reason).replace("|", "\\|")
+                out.append(f"| `{e.test}` | {e.category} | {e.world_size} | {e.atlas_outcome} | "
+                           f"{e.kind} | {reason} | {('`' + gate + '`') if gate else ''} |")
+        for ws, names in sorted(comp.atlas_only_pass.items()):
+            if names:
+                out.append(f"\nPass with {label} and not with gloo at {ws} ranks: "
+                           + ", ".join(f"`{n}`" for n in names))
+    return "\n".join(out) + "\n"
+
+
 def write_outcomes(out: Path, outcomes: list[TestOutcome]) -> None:
     with open(out / "outcomes.csv", "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -482,6 +517,7 @@ def main(argv: list[str] | None = None) -> int:
 
     if args.table is not None:
         summary = Summary.model_validate_json((args.table / "summary.json").read_text())
+        (args.table / "summary.md").write_text(markdown(summary), encoding="utf-8")
         print_tables(summary)
         return 0
 
@@ -529,6 +565,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize(tests, outcomes, run)
     write_outcomes(out, outcomes)
     (out / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     (out / "tests.json").write_text(json.dumps([t.model_dump() for t in tests], indent=1) + "\n",
                                     encoding="utf-8")
     print_tables(summary)

@@ -73,6 +73,30 @@ class P2PWork(AtlasWork):
         return self._src
 
 
+class GroupStore:
+    """The group's store with every read bounded by the group's timeout rather than the
+    store's own (the default group's, often minutes): a rank that never reaches this
+    group's first operation, and so never publishes its address or site, fails the
+    operation within the group's timeout. Everything else goes to the store itself."""
+
+    def __init__(self, store, timeout: timedelta, group: str, rank: int) -> None:
+        self._store, self._timeout, self._group, self._rank = store, timeout, group, rank
+
+    def get(self, key: str) -> bytes:
+        try:
+            self._store.wait([key], self._timeout)
+        except Exception as exc:  # noqa: BLE001 - DistStoreError (timeout) or a store that went away
+            raise AtlasError(
+                f"atlas: group {self._group!r} on rank {self._rank}: key {key!r} did not appear in the store "
+                f"within the group's timeout of {self._timeout.total_seconds():g} s: the rank that publishes it "
+                f"has not reached this group's first operation (is it running, and does it call the same "
+                f"operations on this group?) ({type(exc).__name__}: {str(exc).splitlines()[0]})") from None
+        return self._store.get(key)
+
+    def __getattr__(self, name: str):
+        return getattr(self._store, name)
+
+
 class AnySourceWork(AtlasWork):
     """A receive from any source: completed by its own thread; `_source_rank()` is the
     sender's group rank once matched (-1 before)."""
@@ -167,7 +191,8 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._group_desc = "undefined"
         self._global_ranks = list(global_ranks)
         self.options = resolve(options)
-        self._mesh = PeerMesh(rank, size, store, self.options, self._timeout_s, self._label, list(global_ranks))
+        self._mesh = PeerMesh(rank, size, GroupStore(store, timeout, self._label, rank), self.options,
+                              self._timeout_s, self._label, list(global_ranks))
         self._anysource = AnySource(self._mesh)
         self._queue: queue.SimpleQueue = queue.SimpleQueue()
         self._seq = 0
@@ -258,6 +283,8 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._timeout = timeout
         self._timeout_s = timeout.total_seconds()
         self._mesh.timeout_s = self._timeout_s
+        if isinstance(self._mesh.store, GroupStore):
+            self._mesh.store._timeout = timeout
 
     def split_group(self, ranks: Sequence[int], timeout: timedelta | None = None, opts: object = None,
                     group_name: str | None = None, group_desc: str | None = None,
@@ -371,6 +398,8 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             try:
                 body(self._posting.net(work.what, deadline))  # an xfer(sends, recvs) and a post/wait Net
             except AtlasError as exc:
+                if work.what not in str(exc):  # e.g. from the store, before any transfer: name the operation
+                    exc = AtlasError(f"atlas: {work.what}: {str(exc).removeprefix('atlas: ')}")
                 self._broken = exc
                 work._fail(exc)
             except Exception as exc:  # noqa: BLE001 - a bad argument: this collective fails, the group lives

@@ -221,6 +221,13 @@ else:
     dist.barrier()
     if RANK == 1:
         dist.send(torch.ones(1), 0, tag=9)
+short = dist.new_group(timeout=timedelta(seconds=2))  # only rank 0 enters: it fails within the group's timeout
+if RANK == 0:
+    t0 = time.monotonic()
+    try:
+        dist.barrier(group=short)
+    except Exception as exc:
+        errors["group_timeout"] = (f"{type(exc).__name__}: {exc}", time.monotonic() - t0)
 # split_group as torch runs it where init_process_group(device_id=...) bound an accelerator
 # (simulated: the cpu stands in for it; torch itself refuses to split without one)
 try:
@@ -313,6 +320,9 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
     assert "all_gather_coalesced needs one output list per rank (3), got 1" in err["agc_lists"]
     assert err["wait_timeout"] == ("AtlasError: atlas: recv of (1,) float32 did not complete within the 0.2 s "
                                    "given to wait()") and err["wait_later"] is True
+    msg, took = err["group_timeout"]
+    assert msg.startswith("AtlasError: atlas: barrier #0 of group ") and " timeout " in msg, msg
+    assert "did not appear in the store within the group's timeout of 2 s" in msg and 1.9 < took < 10, (msg, took)
     for r in range(world):  # each rank names itself, the peer whose message did not fit, and both sizes
         msg = res[r]["errors"]["sizes"]
         assert msg.startswith("AtlasError: atlas: all_reduce(SUM) #") and f"on rank {r} from rank" in msg, msg

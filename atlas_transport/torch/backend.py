@@ -32,12 +32,13 @@ from .mesh import COLL_TAG, MAX_P2P_TAG, PeerMesh, PeerOp
 from .options import AtlasOptions, resolve
 from .posting import Posting
 from .staging import Staged
-from .work import AtlasError, AtlasWork
+from .work import AtlasError, AtlasWork, seconds
 
 log = logging.getLogger("atlas_transport.torch")
 
 BACKEND_NAME = "atlas"
 DEVICE_TYPES = ("cpu", "cuda")
+MONITORED_BARRIER_TAG = MAX_P2P_TAG  # the last point-to-point tag: monitored_barrier's messages
 
 
 class P2PWork(AtlasWork):
@@ -738,6 +739,48 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def barrier(self, opts=None) -> AtlasWork:
         return self._collective("barrier", [], lambda xfer: C.barrier(self._rank, self._size, xfer))
+
+    def monitored_barrier(self, timeout: object = None, wait_all_ranks: bool = False) -> None:
+        """gloo's monitored barrier, on this group object (`dist.monitored_barrier` itself
+        accepts only gloo, by name): every rank reports to rank 0, which waits up to
+        `timeout` (default: the group's) and raises RuntimeError naming the first rank
+        that did not arrive (every such rank with `wait_all_ranks`), then releases the
+        others; a rank that rank 0 does not release raises naming rank 0. Runs on point
+        to point tag MONITORED_BARRIER_TAG, apart from the collectives' order."""
+        limit = self._timeout.total_seconds() if timeout is None else seconds(timeout)
+        ms = round(limit * 1000)
+        tag = MONITORED_BARRIER_TAG
+        if self._rank != 0:
+            try:
+                self.send([torch.zeros(1, dtype=torch.uint8)], 0, tag)
+                self.recv([torch.empty(1, dtype=torch.uint8)], 0, tag).wait(timeout=max(limit, 1e-3))
+            except Exception as exc:  # noqa: BLE001 - reported as gloo reports it, with the cause
+                raise RuntimeError(f"Rank {self._rank} successfully reached monitoredBarrier, but received errors "
+                                   f"while waiting for send/recv from rank 0. Please check rank 0 logs for faulty "
+                                   f"rank. ({exc})") from None
+            return
+        start = time.monotonic()
+        works = {r: self.recv([torch.empty(1, dtype=torch.uint8)], r, tag) for r in range(1, self._size)}
+        done: list[int] = []
+        failed: list[int] = []
+        for r, w in works.items():
+            remaining = limit if wait_all_ranks else limit - (time.monotonic() - start)
+            if remaining <= 0:
+                raise RuntimeError(f"Rank 0 timed out in monitoredBarrier after {ms} ms (group "
+                                   f"{self._group_name!r}); ranks that arrived: {done}")
+            try:
+                w.wait(timeout=remaining)
+                done.append(r)
+            except Exception:  # noqa: BLE001 - the rank did not arrive in time
+                if not wait_all_ranks:
+                    raise RuntimeError(f"[Rank 0]: Rank {r} failed to pass monitoredBarrier in {ms} ms (group "
+                                       f"{self._group_name!r})") from None
+                failed.append(r)
+        if failed:
+            raise RuntimeError(f"[Rank 0]: Ranks {', '.join(map(str, failed))} failed to pass monitoredBarrier in "
+                               f"{ms} ms (group {self._group_name!r})")
+        for w in [self.send([torch.zeros(1, dtype=torch.uint8)], r, tag) for r in range(1, self._size)]:
+            w.wait()
 
 
 class _Part:

@@ -67,7 +67,7 @@ class AtlasWork(dist.distributed_c10d.Work):
         """Wait for the operation (bounded by the group's timeout already); a shorter
         `timeout` (timedelta or seconds; 0 or None: none) raises AtlasError when it
         passes first, leaving the operation running."""
-        limit = _seconds(timeout)
+        limit = seconds(timeout)
         if limit and not self._event.is_set():
             self._start_watch()
             if not self._event.wait(limit):
@@ -112,7 +112,8 @@ class AtlasWork(dist.distributed_c10d.Work):
         return f"<AtlasWork {self.what} {state}>"
 
 
-def _seconds(timeout: object) -> float:
+def seconds(timeout: object) -> float:
+    """A wait's timeout (timedelta, seconds or None) in seconds; 0 means none."""
     if timeout is None:
         return 0.0
     if isinstance(timeout, timedelta):

@@ -221,6 +221,18 @@ else:
     dist.barrier()
     if RANK == 1:
         dist.send(torch.ones(1), 0, tag=9)
+pg.monitored_barrier(timedelta(seconds=20))          # gloo's monitored barrier, on the group object
+pg.monitored_barrier(timedelta(seconds=20), wait_all_ranks=True)
+if RANK != 1:                                        # rank 1 stays away: rank 0 names it, rank 2 names rank 0
+    try:
+        pg.monitored_barrier(timedelta(seconds=1))
+    except RuntimeError as exc:
+        errors["monitored"] = str(exc)
+if RANK == 0:                                        # no time left at all (torch's rank-0-timeout test)
+    try:
+        pg.monitored_barrier(timedelta(seconds=0))
+    except RuntimeError as exc:
+        errors["monitored_zero"] = str(exc)
 short = dist.new_group(timeout=timedelta(seconds=2))  # only rank 0 enters: it fails within the group's timeout
 if RANK == 0:
     t0 = time.monotonic()
@@ -320,6 +332,11 @@ def test_torch_apis_on_atlas_match_gloo_in_one_world(tmp_path):
     assert "all_gather_coalesced needs one output list per rank (3), got 1" in err["agc_lists"]
     assert err["wait_timeout"] == ("AtlasError: atlas: recv of (1,) float32 did not complete within the 0.2 s "
                                    "given to wait()") and err["wait_later"] is True
+    assert err["monitored"] == "[Rank 0]: Rank 1 failed to pass monitoredBarrier in 1000 ms (group '0')"
+    assert err["monitored_zero"].startswith("Rank 0 timed out in monitoredBarrier after 0 ms")
+    assert res[2]["errors"]["monitored"].startswith("Rank 2 successfully reached monitoredBarrier, but received "
+                                                    "errors while waiting for send/recv from rank 0.")
+    assert "monitored" not in res[1]["errors"]
     msg, took = err["group_timeout"]
     assert msg.startswith("AtlasError: atlas: barrier #0 of group ") and " timeout " in msg, msg
     assert "did not appear in the store within the group's timeout of 2 s" in msg and 1.9 < took < 10, (msg, took)

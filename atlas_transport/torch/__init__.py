@@ -13,7 +13,8 @@ What works on it (torch 2.13, checked by tests/unit/transport/test_torch_backend
 - point to point: send, recv, isend, irecv, batch_isend_irecv, recv from any source
   (`dist.recv(t)` returns the sender), object send/recv;
 - every collective in its list, single-tensor and coalesced forms: all_reduce (SUM,
-  AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM), allreduce_coalesced,
+  AVG, PRODUCT, MIN, MAX, BAND, BOR, BXOR, PREMUL_SUM; SUM of sparse COO tensors,
+  as gloo), allreduce_coalesced,
   broadcast, all_gather, all_gather_into_tensor, all_gather_coalesced,
   reduce_scatter, reduce_scatter_tensor, all_to_all and all_to_all_single (uneven
   splits), reduce, gather, scatter, barrier, the object collectives, and
@@ -23,9 +24,10 @@ What works on it (torch 2.13, checked by tests/unit/transport/test_torch_backend
   types (object collectives, state-dict broadcast, dcp.async_save), `_get_backend`,
   `split_group` where an accelerator is bound (`init_process_group(device_id=...)`);
 - DDP communication hooks: futures are settled off the collectives thread, so a
-  callback may run collectives and wait for them (PowerSGD).
-torch restricts two things to its built-in backends: `monitored_barrier` (gloo only)
-and `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works). The `_out`
+  callback may run collectives and wait for them (PowerSGD);
+- `monitored_barrier` on the group object, as gloo's.
+torch restricts two things to its built-in backends: `dist.monitored_barrier` (gloo
+only, by name) and `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works). The `_out`
 all-gather of compiled code (`all_gather_into_tensor_out`), whose C++ kernel looks for
 a C++ backend a Python group cannot have, gets a kernel that calls the group's
 `_allgather_base` (see `functional`; it serves C++ groups the same way).

@@ -488,6 +488,8 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         return f"PREMUL_SUM({factor:g})" if factor is not None else name
 
     def allreduce(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
+        if any(t.layout == torch.sparse_coo for t in tensors):
+            return self._sparse_allreduce(tensors, opts)
         name, factor = self._reduce_op(opts, "all_reduce", tensors)
         staged = self._flat(tensors)
 
@@ -498,6 +500,43 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                 C.all_reduce(s.host, name, self._rank, self._size, xfer, self._scratch)
                 s.write_back()
         return self._collective(f"all_reduce({self._op_label(name, factor)})", tensors, body)
+
+    def _sparse_allreduce(self, tensors: list[torch.Tensor], opts) -> AtlasWork:
+        """SUM of sparse COO tensors (as gloo does it; `nn.Embedding(sparse=True)` under
+        DDP): every rank gathers every rank's indices and values, padded to the largest
+        count, and coalesces them in rank order, so every rank gets the same bits; the
+        result replaces each tensor's contents."""
+        op = opts.reduceOp if opts is not None else dist.ReduceOp.SUM
+        if _is_premul(op) or C.op_name(op) != "SUM":
+            raise ValueError(f"atlas: all_reduce of sparse tensors supports reduce op SUM only, got "
+                             f"{getattr(getattr(op, 'op', op), 'name', op)}")
+        for t in tensors:
+            if t.layout != torch.sparse_coo:
+                raise ValueError(f"atlas: all_reduce takes sparse and dense tensors in separate calls, got "
+                                 f"{sorted({str(x.layout) for x in tensors})}")
+
+        def body(xfer: C.Xfer) -> None:
+            for t in tensors:
+                mine = t.detach().cpu().coalesce()
+                idx, val = mine.indices().contiguous(), mine.values().contiguous()
+                counts = [torch.empty(1, dtype=torch.int64) for _ in range(self._size)]
+                C.all_gather(counts, torch.tensor([idx.shape[1]], dtype=torch.int64), self._rank, self._size, xfer)
+                counts_i = [int(c.item()) for c in counts]
+                most = max(counts_i)
+                pad_idx = torch.zeros(idx.shape[0], most, dtype=idx.dtype)
+                pad_idx[:, :idx.shape[1]] = idx
+                pad_val = torch.zeros((most, *val.shape[1:]), dtype=val.dtype)
+                pad_val[:val.shape[0]] = val
+                all_idx = [torch.empty_like(pad_idx) for _ in range(self._size)]
+                all_val = [torch.empty_like(pad_val) for _ in range(self._size)]
+                C.all_gather([a.view(-1) for a in all_idx], pad_idx.view(-1), self._rank, self._size, xfer)
+                C.all_gather([a.view(-1) for a in all_val], pad_val.view(-1), self._rank, self._size, xfer)
+                total = torch.sparse_coo_tensor(
+                    torch.cat([a[:, :n] for a, n in zip(all_idx, counts_i, strict=True)], dim=1),
+                    torch.cat([a[:n] for a, n in zip(all_val, counts_i, strict=True)]), t.shape).coalesce()
+                with torch.no_grad():
+                    t.copy_(total.to(t.device))
+        return self._collective("all_reduce(SUM) of sparse tensors", tensors, body)
 
     def allreduce_coalesced(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
         return self.allreduce(tensors, opts)

@@ -198,6 +198,16 @@ def ddp_powersgd(g):                             # the same seeds over atlas and
     return [p.detach().clone() for p in model.parameters()]
 both("powersgd", ddp_powersgd)
 
+def sparse(g):                                   # sparse COO SUM (gloo's), and DDP over a sparse embedding
+    idx = torch.tensor([[RANK, RANK + 1, 0], [0, 1, RANK]])[:, :RANK + 1]
+    t = torch.sparse_coo_tensor(idx, torch.arange(2.0 * (RANK + 1)).reshape(-1, 2) + RANK, (4, 4, 2))
+    dist.all_reduce(t, group=g)
+    torch.manual_seed(0)
+    model = DDP(nn.Embedding(10, 3, sparse=True), process_group=g or pg)
+    model(torch.tensor([RANK, 2 * RANK + 1])).sum().backward()
+    return t.to_dense(), model.module.weight.grad.to_dense()
+both("sparse", sparse)
+
 errors = {}
 for key, fn in (("band_float", lambda: dist.all_reduce(torch.ones(2), op=dist.ReduceOp.BAND)),
                 ("premul_int", lambda: dist.all_reduce(torch.ones(2, dtype=torch.int32), op=dist._make_nccl_premul_sum(2.0))),

@@ -112,3 +112,25 @@ def test_a_broken_summary_is_named(tmp_path: Path) -> None:
     (tmp_path / "run" / "summary.json").write_text('{"scenario": "x"}')
     with pytest.raises(ReportError, match=r"run/summary.json: not the summary.json of a `testbed run` \(.*topology"):
         prediction_table([tmp_path])
+
+
+def test_the_results_page_s_command_runs(tmp_path: Path) -> None:
+    """docs/results/fidelity.md gives the command in a text block (the docs' command check
+    reads `report` as taking one folder): it is run here as written, over the kept runs."""
+    import os
+    import shlex
+
+    root = HERE.parents[2]
+    page = (root / "docs" / "results" / "fidelity.md").read_text()
+    (line,) = [ln for ln in page.splitlines() if ln.startswith(".venv/bin/testbed report predictions ")]
+    args = shlex.split(line)[1:]
+    args[args.index("--out") + 1] = str(tmp_path)
+    cwd = os.getcwd()
+    os.chdir(root)
+    try:
+        result = CliRunner().invoke(main, args)
+    finally:
+        os.chdir(cwd)
+    assert result.exit_code == 0, result.output
+    doc = json.loads((tmp_path / "prediction-errors.json").read_text())
+    assert doc["rows"] and doc["within"] + doc["beyond"] == len(doc["rows"])

@@ -27,10 +27,11 @@ What works on it (torch 2.13, checked by tests/unit/transport/test_torch_backend
   callback may run collectives and wait for them (PowerSGD);
 - `monitored_barrier` on the group object, as gloo's.
 torch restricts two things to its built-in backends: `dist.monitored_barrier` (gloo
-only, by name) and `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group works). The `_out`
-all-gather of compiled code (`all_gather_into_tensor_out`), whose C++ kernel looks for
-a C++ backend a Python group cannot have, gets a kernel that calls the group's
-`_allgather_base` (see `functional`; it serves C++ groups the same way).
+only, by name) and `_set_pg_timeout` (gloo and nccl; `set_timeout` on the group
+works). The `_out` all-gather of compiled code (`all_gather_into_tensor_out`), whose
+C++ kernel looks for a C++ backend a Python group cannot have, gets a kernel that
+calls the group's `_allgather_base` (see `functional`; it serves C++ groups the same
+way).
 
 Rendezvous goes through the group's store; every wait is bounded by the group's
 timeout and a dead or silent peer becomes an `AtlasError` naming its rank. Bad input

@@ -4,7 +4,7 @@
     .venv/bin/python scripts/torch_dist_suite.py                      (make torch-suite)
     .venv/bin/python scripts/torch_dist_suite.py --backends atlas --world-sizes 3 -k any_source
     .venv/bin/python scripts/torch_dist_suite.py --list               (the selection, by category)
-    .venv/bin/python scripts/torch_dist_suite.py --table results/torch-dist-suite
+    .venv/bin/python scripts/torch_dist_suite.py --table results/torch-dist-suite   (tables again)
 
 Runs the tests of `torch.testing._internal.distributed.distributed_test` (class
 DistributedTest._DistTestBase, the suite PyTorch's CI runs for gloo on CPU through
@@ -74,6 +74,10 @@ DEFAULT_SELECT = "collectives,p2p,ddp"
 # atlas in (ATLAS_FEATURES there; --atlas-features overrides)
 ATLAS_FEATURES = ("plugin", "ddp", "subgroup", "gpu", "cuda")
 
+# torch.distributed's own refusals of a backend by name (not the test's gates): e.g.
+# `dist.monitored_barrier` raises "monitored_barrier is only implemented for GLOO backend."
+TORCH_REFUSES = re.compile(r"(only|is) (implemented|supported) (for|on|with) (the )?(GLOO|gloo|NCCL|nccl)")
+
 # torch's own longer per-test timeouts (common_distributed.TIMEOUT_OVERRIDE)
 TORCH_TIMEOUT_OVERRIDE = {"test_ddp_uneven_inputs": 400, "test_DistributedDataParallel": 500}
 # how long past a test's own timeout the script waits for any progress before it kills
@@ -109,10 +113,13 @@ class Exception_(BaseModel):
     category: str
     world_size: int
     atlas_outcome: Outcome
-    kind: Literal["torch gate by backend name", "skipped by torch", "atlas failure"]
+    kind: Literal["torch gate by backend name", "skipped by torch",
+                  "torch.distributed refuses by backend name", "atlas failure"]
     reason: str
     detail: str = ""
     gates: list[str]
+    # the same test's outcome in the atlas-gloo-gates run (atlas in gloo's place), if any
+    in_gloo_place: Outcome | None = None
 
 
 class Counts(BaseModel):
@@ -128,8 +135,9 @@ class RunInfo(BaseModel):
     command: str
     started: str
     finished: str
-    commit: str
-    dirty_paths: list[str]
+    commit: str  # HEAD when the run started
+    dirty_paths: list[str]  # uncommitted changes under atlas_transport/, tests/torch_suite/ then
+    commit_at_end: str | None = None  # HEAD when it finished, where another commit came between
     torch_version: str
     python: str
     select: str
@@ -392,6 +400,8 @@ def compare(tests: list[SuiteTest], outcomes: list[TestOutcome], label: str) -> 
                     kind = "torch gate by backend name"
                 elif atlas.outcome == "skipped":
                     kind = "skipped by torch"
+                elif TORCH_REFUSES.search(atlas.message):
+                    kind = "torch.distributed refuses by backend name"
                 else:
                     kind = "atlas failure"
                 exceptions.append(Exception_(test=t.name, category=t.category, world_size=ws,
@@ -417,6 +427,10 @@ def summarize(tests: list[SuiteTest], outcomes: list[TestOutcome], run: RunInfo)
             counts[backend][str(ws)] = per
     comparisons = {label: compare(tests, outcomes, label) for label in run.backends
                    if label != "gloo" and "gloo" in run.backends}
+    placed = {(o.world_size, o.test): o.outcome for o in outcomes if o.backend == "atlas-gloo-gates"}
+    for e in comparisons.get("atlas", Comparison(both_pass={}, exceptions=[],
+                                                 atlas_only_pass={})).exceptions:
+        e.in_gloo_place = placed.get((e.world_size, e.test))
     return Summary(run=run, counts=counts, comparisons=comparisons)
 
 
@@ -439,7 +453,7 @@ def print_tables(summary: Summary) -> None:
             for e in items:
                 print(f"  {e.test} [{e.category}] {e.atlas_outcome} ({e.kind}): "
                       f"{first_line(e.reason)}")
-                if e.kind != "atlas failure":
+                if e.kind == "torch gate by backend name":
                     for g in e.gates[:2]:
                         print(f"      {g[:160]}")
             if comp.atlas_only_pass.get(ws):
@@ -464,19 +478,58 @@ def markdown(summary: Summary) -> str:
     for label, comp in summary.comparisons.items():
         out += ["", f"**gloo against {label}**: " + ", ".join(
             f"{n} pass with both at {ws} ranks" for ws, n in sorted(comp.both_pass.items())), ""]
+        placed = label == "atlas" and any(e.in_gloo_place for e in comp.exceptions)
         if comp.exceptions:
-            out += ["| test | category | ranks | " + label + " | kind | reason | torch's gate |",
-                    "|---|---|---|---|---|---|---|"]
+            out += ["| test | category | ranks | " + label + " | kind | reason | torch's gate |"
+                    + (" atlas in gloo's place |" if placed else ""),
+                    "|---|---|---|---|---|---|---|" + ("---|" if placed else "")]
+            rows: dict[tuple, list[int]] = {}  # one row for the world sizes that agree
             for e in sorted(comp.exceptions, key=lambda e: (e.kind, e.test, e.world_size)):
-                gate = (e.gates[0] if e.gates and e.kind != "atlas failure" else "").replace("|", "\\|")
-                reason = first_line(e.reason).replace("|", "\\|")
-                out.append(f"| `{e.test}` | {e.category} | {e.world_size} | {e.atlas_outcome} | "
-                           f"{e.kind} | {reason} | {('`' + gate + '`') if gate else ''} |")
+                gate = e.gates[0] if e.gates and e.kind == "torch gate by backend name" else ""
+                key = (e.test, e.category, e.atlas_outcome, e.kind, first_line(e.reason), gate,
+                       e.in_gloo_place)
+                rows.setdefault(key, []).append(e.world_size)
+            for (test, category, outcome, kind, reason, gate, in_place), sizes in rows.items():
+                gate, reason = gate.replace("|", "\\|"), reason.replace("|", "\\|")
+                out.append(f"| `{test}` | {category} | {', '.join(map(str, sizes))} | {outcome} | "
+                           f"{kind} | {reason} | {('`' + gate + '`') if gate else ''} |"
+                           + (f" {in_place or '-'} |" if placed else ""))
         for ws, names in sorted(comp.atlas_only_pass.items()):
             if names:
                 out.append(f"\nPass with {label} and not with gloo at {ws} ranks: "
                            + ", ".join(f"`{n}`" for n in names))
     return "\n".join(out) + "\n"
+
+
+def readme(summary: Summary) -> str:
+    """The kept folder's README.md: what ran, when, on which commit, and the files."""
+    r = summary.run
+    dirty = (f" with uncommitted changes in {', '.join(r.dirty_paths)}" if r.dirty_paths
+             else " (no uncommitted change under atlas_transport/ or tests/torch_suite/)")
+    if r.commit_at_end:
+        dirty += f"; HEAD was {r.commit_at_end} when it finished"
+    return f"""# PyTorch's distributed suite: gloo against atlas
+
+PyTorch's `torch.testing._internal.distributed.distributed_test` run with gloo and atlas
+(see docs/results/torch-suite.md for how, and what the runs mean).
+
+- command: `{r.command}`
+- ran: {r.started} to {r.finished} (UTC)
+- commit when it started: {r.commit}{dirty}
+- torch {r.torch_version}, Python {r.python}, ranks started by {r.start_method},
+  torch's per-test timeout {r.timeout_s} s
+- selection: `{r.select}`{f" and -k `{r.pattern}`" if r.pattern else ""};
+  runs: {", ".join(r.backends)}; world sizes: {", ".join(map(str, r.world_sizes))}
+- atlas declared in DistTestCases.backend_feature: {", ".join(r.atlas_features) or "none"}
+
+Files: `outcomes.csv` / `outcomes.jsonl` (one row per test, run and world size: outcome,
+seconds, the skip reason or the ranks' error), `summary.json` and `summary.md` (the counts,
+and each test that passes with gloo and not with atlas, with its reason and torch's gate
+quoted from distributed_test.py with its line), `tests.json` (the selected tests, their
+category and gates), `logs/` (each run's pytest log and per-test record).
+`.venv/bin/python scripts/torch_dist_suite.py --table <this folder>` rebuilds the summaries
+from `outcomes.jsonl`.
+"""
 
 
 def write_outcomes(out: Path, outcomes: list[TestOutcome]) -> None:
@@ -516,8 +569,16 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
 
     if args.table is not None:
-        summary = Summary.model_validate_json((args.table / "summary.json").read_text())
-        (args.table / "summary.md").write_text(markdown(summary), encoding="utf-8")
+        # rebuilt from the kept outcomes, so that a kept run gets this script's comparisons
+        kept = args.table
+        run = RunInfo.model_validate(json.loads((kept / "summary.json").read_text())["run"])
+        tests = [SuiteTest.model_validate(t) for t in json.loads((kept / "tests.json").read_text())]
+        outcomes = [TestOutcome.model_validate_json(line) for line in
+                    (kept / "outcomes.jsonl").read_text().splitlines() if line.strip()]
+        summary = summarize(tests, outcomes, run)
+        (kept / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (kept / "summary.md").write_text(markdown(summary), encoding="utf-8")
+        (kept / "README.md").write_text(readme(summary), encoding="utf-8")
         print_tables(summary)
         return 0
 
@@ -547,6 +608,9 @@ def main(argv: list[str] | None = None) -> int:
     logs = out / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
+    commit = _git("rev-parse", "HEAD")
+    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", "atlas_transport",
+                                   "tests/torch_suite").splitlines()]
     outcomes: list[TestOutcome] = []
     for ws in world_sizes:
         for backend in backends:
@@ -556,9 +620,8 @@ def main(argv: list[str] | None = None) -> int:
     run = RunInfo(
         command=" ".join([".venv/bin/python", "scripts/torch_dist_suite.py", *(argv or sys.argv[1:])]),
         started=started, finished=dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        commit=_git("rev-parse", "HEAD"),
-        dirty_paths=[ln[3:] for ln in _git("status", "--porcelain", "--", "atlas_transport",
-                                           "tests/torch_suite").splitlines()],
+        commit=commit, dirty_paths=dirty,
+        commit_at_end=None if _git("rev-parse", "HEAD") == commit else _git("rev-parse", "HEAD"),
         torch_version=torch.__version__, python=sys.version.split()[0], select=args.select,
         pattern=args.pattern, timeout_s=args.timeout, start_method=args.start,
         atlas_features=features, backends=backends, world_sizes=world_sizes)
@@ -566,6 +629,7 @@ def main(argv: list[str] | None = None) -> int:
     write_outcomes(out, outcomes)
     (out / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
     (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
+    (out / "README.md").write_text(readme(summary), encoding="utf-8")
     (out / "tests.json").write_text(json.dumps([t.model_dump() for t in tests], indent=1) + "\n",
                                     encoding="utf-8")
     print_tables(summary)

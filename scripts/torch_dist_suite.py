@@ -526,7 +526,8 @@ Files: `outcomes.csv` / `outcomes.jsonl` (one row per test, run and world size: 
 seconds, the skip reason or the ranks' error), `summary.json` and `summary.md` (the counts,
 and each test that passes with gloo and not with atlas, with its reason and torch's gate
 quoted from distributed_test.py with its line), `tests.json` (the selected tests, their
-category and gates), `logs/` (each run's pytest log and per-test record).
+category and gates). The run also writes `logs/` (each run's pytest log and per-test
+record), which is not kept in the repository: `outcomes.jsonl` has what they say of each test.
 `.venv/bin/python scripts/torch_dist_suite.py --table <this folder>` rebuilds the summaries
 from `outcomes.jsonl`.
 """
@@ -609,8 +610,8 @@ def main(argv: list[str] | None = None) -> int:
     logs.mkdir(parents=True, exist_ok=True)
     started = dt.datetime.now(dt.UTC).isoformat(timespec="seconds")
     commit = _git("rev-parse", "HEAD")
-    dirty = [ln[3:] for ln in _git("status", "--porcelain", "--", "atlas_transport",
-                                   "tests/torch_suite").splitlines()]
+    dirty = [ln.split(None, 1)[1] for ln in _git("status", "--porcelain", "--", "atlas_transport",
+                                                 "tests/torch_suite").splitlines() if ln.strip()]
     outcomes: list[TestOutcome] = []
     for ws in world_sizes:
         for backend in backends:

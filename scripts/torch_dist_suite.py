@@ -230,10 +230,10 @@ def select_tests(tests: list[SuiteTest], select: str, pattern: str | None) -> li
         chosen = list(tests)
     else:
         wanted = [c.strip() for c in select.split(",") if c.strip()]
-        unknown = [c for c in wanted if c not in CATEGORIES]
+        unknown = [c for c in wanted if c not in CATEGORIES and c != "other"]
         if unknown:
             raise SystemExit(f"--select: unknown categories {unknown}; use 'all' or a comma "
-                             f"list of {list(CATEGORIES)}")
+                             f"list of {[*CATEGORIES, 'other']}")
         chosen = [t for t in tests if t.category in wanted]
     if pattern:
         chosen = [t for t in chosen if re.search(pattern, t.name)]
@@ -556,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
                     help=f"a comma list of {list(RUNS)} (default %(default)s)")
     ap.add_argument("--world-sizes", default="2,3")
     ap.add_argument("--select", default=DEFAULT_SELECT,
-                    help=f"'all' or a comma list of {list(CATEGORIES)} (default %(default)s)")
+                    help=f"'all' or a comma list of {[*CATEGORIES, 'other']} (default %(default)s)")
     ap.add_argument("-k", dest="pattern", default=None, help="only tests whose name matches this regex")
     ap.add_argument("--timeout", type=int, default=180,
                     help="torch's per-test timeout, seconds (DISTRIBUTED_TESTS_DEFAULT_TIMEOUT)")

@@ -1,15 +1,20 @@
 """PyTorch's distributed test suite (`torch.testing._internal.distributed.distributed_test`)
 run the way PyTorch's own `test/distributed/test_distributed_spawn.py` runs it for gloo,
-with one addition: BACKEND=atlas imports `atlas_transport.torch` (which registers the
-backend) and declares atlas in `DistTestCases.backend_feature`, the sets through which
-torch's suite lets a third-party backend in (see `ATLAS_FEATURES`).
+with these additions:
+
+- BACKEND=atlas imports `atlas_transport.torch` (which registers the backend) and declares
+  atlas in `DistTestCases.backend_feature`, the sets through which torch's suite lets a
+  third-party backend in (`ATLAS_FEATURES`);
+- ATLAS_TORCH_SUITE_GATES_AS=gloo puts atlas in gloo's place (`GATES_AS` below);
+- the ranks are forked from a forkserver that imported this module, unless
+  ATLAS_TORCH_SUITE_START=spawn (`START_METHOD` below).
 
 Not part of `make test`: this folder's conftest collects nothing unless
 `scripts/torch_dist_suite.py` (`make torch-suite`) starts pytest on it with the
 environment PyTorch's runner sets: BACKEND, WORLD_SIZE and TEMP_DIR (a folder holding
-`barrier/` and `test_dir/`). Each test spawns WORLD_SIZE processes (multiprocessing
-"spawn"); each of them imports this module again, so the registration and the declared
-features hold in every rank, as they must: torch's gates are decided when
+`barrier/` and `test_dir/`). Each test starts WORLD_SIZE rank processes; each of them has
+this module imported (by the forkserver, or by itself when spawned), so the registration
+and the declared features hold in every rank, as they must: torch's gates are decided when
 `distributed_test` is imported."""
 
 from __future__ import annotations

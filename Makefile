@@ -70,7 +70,7 @@ floors: install
 # the collectives, point-to-point and DDP tests) with BACKEND=gloo and BACKEND=atlas, 2 and 3
 # ranks on CPU, as PyTorch runs it for gloo; per-test outcomes and the tests that pass with
 # gloo but not with atlas, with the reason, in results/torch-dist-suite
-# (docs/results/torch-suite.md). Not part of `make test`: about half an hour on 2 cores.
+# (docs/results/torch-suite.md). Not part of `make test`: 10-15 minutes on 2 shared cores.
 torch-suite: install
 	$(PY) scripts/torch_dist_suite.py --out results/torch-dist-suite
 

@@ -292,7 +292,10 @@ def broadcast(x: torch.Tensor, root: int, rank: int, topo: Topology, net: Net,
     heads = [root if t == rs else site[rj] if rj < len(site) else site[0] for t, site in enumerate(topo.sites)]
     s = topo.site_of(rank)
     local = topo.sites[s]
-    pieces = _pieces(x.view(-1), piece_bytes)
+    # Pieces only where a site head forwards (a remote site of several ranks): there the
+    # forwarding of piece k overlaps the arrival of piece k+1; elsewhere one transfer.
+    forwards = any(len(site) > 1 for t, site in enumerate(topo.sites) if t != rs)
+    pieces = _pieces(x.view(-1), piece_bytes) if forwards else [x.view(-1)]
     if rank == root:
         for piece in pieces:
             for h in heads:

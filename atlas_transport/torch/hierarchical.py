@@ -12,7 +12,7 @@ rank of its site):
   all-gather inside each site. Each shard is cut into pieces: a piece moves to the
   next phase as soon as it is reduced. With one site it is a direct reduce-scatter +
   all-gather (what a ring moves, in two rounds instead of 2(n-1)); small tensors
-  take one round of direct exchange instead.
+  take one round of direct exchange instead (SMALL_BYTES).
 - reduce_scatter / all_gather: the same two levels, each block crossing the WAN once.
 - broadcast: the root sends to one rank per remote site, which forwards inside its
   site, piece by piece.
@@ -37,9 +37,11 @@ from .topology import Topology
 
 # Pieces a shard is cut into for pipelining: about this many bytes each.
 PIECE_BYTES = 4 << 20
-# Below this many bytes an all_reduce is one round of direct exchange (every rank
-# sends its tensor to every other and reduces in rank order): fewest round trips.
-SMALL_BYTES = 64 << 10
+# An all_reduce whose direct exchange (every rank sends its tensor to every other and
+# reduces in rank order: one round, the fewest round trips) sends fewer bytes per rank
+# than this takes that exchange: up to 256 KiB between 2 ranks (a tensor-parallel
+# pair's activations), 85 KiB among 4.
+SMALL_BYTES = 256 << 10
 
 
 class Net(Protocol):
@@ -117,7 +119,7 @@ def all_reduce(x: torch.Tensor, name: str, rank: int, topo: Topology, net: Net, 
     if size == 1:
         return
     x = x.view(-1)
-    if x.numel() * x.element_size() < small_bytes or x.numel() < size:
+    if x.numel() * x.element_size() * (size - 1) < small_bytes or x.numel() < size:
         _exchange_all_reduce(x, name, rank, size, net)
     else:
         if not hierarchical(topo):

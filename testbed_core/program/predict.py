@@ -71,7 +71,8 @@ METRIC_BYTES = 1024
 # transfers start one one-way delay after the receive is posted); the others send at once
 NOTIFYING = frozenset({"gloo"})
 # backends whose sends complete once the receiver confirmed the transfer (atlas: a DONE message
-# back), one one-way delay after it arrived; the others once the last byte left
+# back, on the same connections, which keeps them from idling), one one-way delay after it
+# arrived; the others once the last byte left
 CONFIRMING = frozenset({"atlas"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
 
 
@@ -392,6 +393,9 @@ class Replay:
                 start = max(start, tr.recv.issued + self.path(src, dst).latency)
             out, arrival = self._transfer(gkey, backend, src, dst, tr.send.rec.bytes, start)
             tr.send.done = arrival + self.path(src, dst).latency if backend in CONFIRMING else out
+            if backend in CONFIRMING:  # the confirmation is data the other way: that direction does not idle
+                back = self.channels[(gkey, dst, src)]
+                back.sent = max(back.sent, arrival)
             tr.recv.done = max(arrival, tr.recv.issued)
             self.resolved[key] += 1
 

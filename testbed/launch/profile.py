@@ -94,15 +94,23 @@ def _rank_records(path: Path, started: float
 
 def atlas_all_reduce_algorithm() -> str:
     """Which all-reduce the atlas backend installed here runs: 'hierarchical' when its
-    process group uses atlas_transport/torch/hierarchical.py, else 'ring' (the ring of
-    collectives.py)."""
+    all-reduce goes to atlas_transport/torch/hierarchical.py (the backend or its
+    collectives module holds it, or collectives.all_reduce imports it inside), else
+    'ring' (the ring of collectives.py)."""
+    import inspect
+
     try:
         import atlas_transport.torch.backend as backend
+        import atlas_transport.torch.collectives as collectives
         import atlas_transport.torch.hierarchical as hierarchical
     except ImportError:
         return "ring"
     used = any(v is hierarchical or getattr(v, "__module__", None) == hierarchical.__name__
-               for v in vars(backend).values())
+               for module in (backend, collectives) for v in vars(module).values())
+    try:
+        used = used or "hierarchical" in inspect.getsource(collectives.all_reduce)
+    except (OSError, TypeError, AttributeError):
+        pass
     return "hierarchical" if used else "ring"
 
 

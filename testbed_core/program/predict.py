@@ -416,10 +416,30 @@ class Replay:
         coll.ops[op.rank] = op
         if len(coll.ops) < len(coll.members) or any(o.issued is None for o in coll.ops.values()):
             return
+        if coll.algorithm == "exchange" or (coll.algorithm == "hierarchical" and self._one_per_site(coll)):
+            self._exchange(gkey, coll)
+            return
         start = max(o.issued for o in coll.ops.values())  # type: ignore[type-var]
         end = self._run_collective(gkey, coll, rec, start)
         for o in coll.ops.values():
             o.done = end
+
+    def _one_per_site(self, coll: _Collective) -> bool:
+        return len({self.dc_of[m] for m in coll.members}) == len(coll.members)
+
+    def _exchange(self, gkey: tuple, coll: _Collective) -> None:
+        """One round: every member sends its whole tensor to every other as soon as it
+        issued the collective (its sends not waited for: atlas's detached copies), and is
+        done once every other member's tensor reached it."""
+        nbytes = max(o.rec.bytes for o in coll.ops.values())
+        arrivals: dict[int, float] = {m: coll.ops[m].issued for m in coll.members}  # type: ignore[misc]
+        for a in coll.members:
+            for b in coll.members:
+                if a != b:
+                    arrived = self._transfer(gkey, coll.backend, a, b, nbytes, coll.ops[a].issued)[1]  # type: ignore[arg-type]
+                    arrivals[b] = max(arrivals[b], arrived)
+        for m, o in coll.ops.items():
+            o.done = arrivals[m]
 
     def _run_collective(self, gkey: tuple, coll: _Collective, rec: OpRecord, start: float) -> float:
         members, n = coll.members, len(coll.members)

@@ -300,3 +300,22 @@ def test_atlas_all_reduce_by_its_installed_algorithm(tmp_path):
     assert exchange == pytest.approx(predict(pair, topo1, extra_rtts=0.0, algorithms=forced).seconds_per_step)
     with pytest.raises(ValueError, match="use ring or hierarchical"):
         algorithms_for("tree")
+
+
+def test_an_exchange_completes_each_rank_when_the_others_tensors_arrived(tmp_path):
+    """atlas's one-round exchange: each rank sends from its own issue and is done once the
+    other's tensor reached it (its own send not waited for): rank 0, issuing 80 ms after
+    rank 1 at 100 ms RTT, finds rank 1's tensor there; rank 1 waits one one-way delay."""
+    from testbed_core.program.predict import ALGORITHMS, Replay, _paths, _streams_rule
+
+    prof = _all_reduce_profile(tmp_path, "atlas", 1, 8 << 10)  # under 64 KiB: one exchange
+    for op in prof.ranks[0].ops:
+        op.t_issue = op.t_issue_end = op.t_issue + 0.08
+        op.waits = [(op.t_issue, op.t_issue + 0.1)]
+    topo = retarget(_topology(), 0.1)
+    replay = Replay(prof, _paths(topo, {"dc1", "dc2"}, {})[0], {0: "dc1", 1: "dc2"}, _streams_rule(prof, None),
+                    ALGORITHMS, False, 0.0)
+    replay.run()
+    first0, first1 = replay.ops[(0, 1)], replay.ops[(1, 1)]
+    assert first0.done == pytest.approx(first0.issued)  # rank 1's 8 KiB left at 1.0 s, arrived by 1.06 s
+    assert first1.done == pytest.approx(first0.issued + 0.05, abs=0.005)

@@ -27,11 +27,14 @@ transfers one after another):
 * gloo sends once the receive's notice reached the sender (a rendezvous: one one-way
   delay after the receive was posted), and that notice keeps the connection from idling;
   atlas sends at once and its send completes when the receiver's confirmation is back;
-* collectives by their algorithm (`ALGORITHMS`, a parameter per backend and op): a
-  ring all-reduce is 2(n-1) rounds of 1/n of the tensor to the next rank, an exchange
-  one round of the whole tensor to every other rank, a direct (rooted) one from the
-  root; a round ends when its slowest transfer does; the collective starts when the
-  last member issued it;
+* collectives by their algorithm (`ALGORITHMS`, a parameter per backend and op; atlas's
+  all-reduce as the profile says the installed backend runs it, `algorithms_for`): a
+  ring all-reduce is 2(n-1) rounds of 1/n of the tensor to the next rank, starting when
+  the last member issued it, a round ending when its slowest transfer does; atlas's
+  two-level all-reduce a reduce-scatter in each site, each shard once across the WAN,
+  an all-gather in each site; an exchange (one per site: the two-level one too) one
+  round in which each member sends from its own issue and is done once every other
+  member's tensor reached it; a direct (rooted) one from the root;
 * what the model still misses at the profiled RTT (a protocol's own exchanges, a restart
   it makes too slow or too fast) is fitted there as round trips added to each WAN
   transfer's arrival (`fit_extra_rtts`, bounded), and scales with the target's RTT.

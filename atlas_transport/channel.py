@@ -78,6 +78,7 @@ class Handle:
         self.started_at = time.monotonic()
         self.completed_at: float | None = None
         self._event = threading.Event()
+        self._out = threading.Event()  # send: every byte handed to the kernel (or the transfer ended)
         self._result: torch.Tensor | None = None
         self._error: TransportError | None = None
         # Bytes landed so far (recv): a callable while the transfer runs, frozen to a
@@ -88,6 +89,15 @@ class Handle:
 
     def done(self) -> bool:
         return self._event.is_set()
+
+    def wait_out(self, timeout: float | None = None) -> None:
+        """Send: wait until every chunk was handed to the kernel (not for the peer's
+        DONE, a round trip later); raises the transfer's error if it failed first.
+        Chunks of a stream that breaks afterwards are still re-sent until DONE."""
+        if not self._out.wait(timeout):
+            raise TimeoutError(f"{self.describe()}: not all sent after {timeout:g} s")
+        if self._error is not None:
+            raise self._error
 
     def wait(self, timeout: float | None = None) -> torch.Tensor | None:
         if not self._event.wait(timeout):
@@ -117,6 +127,7 @@ class Handle:
         self._freeze()
         self.completed_at = time.monotonic()
         self._event.set()
+        self._out.set()
 
     def _fail(self, exc: TransportError) -> None:
         if self._event.is_set():
@@ -125,6 +136,7 @@ class Handle:
         self._freeze()
         self.completed_at = time.monotonic()
         self._event.set()
+        self._out.set()
 
     def _freeze(self) -> None:
         if self._progress is not None:
@@ -444,6 +456,7 @@ class Channel:
         reason = None
         try:
             self._send_chunk(s, chunk)
+            self._chunk_out(chunk)
         except StreamDown as exc:
             reason = str(exc)
         except OSError as exc:
@@ -465,6 +478,16 @@ class Channel:
             s.pages.send(s.sock, head, payload, self.cfg.idle_timeout_s)
         else:
             send_parts(s.sock, [head, payload], self.cfg.idle_timeout_s)
+
+    def _chunk_out(self, c: Chunk) -> None:
+        """A chunk was handed to the kernel: once all of its transfer's chunks were,
+        the send's handle says so (`wait_out`)."""
+        t = c.transfer
+        with self._lock:
+            t.chunks_out += 1
+            out = t.chunks_out >= t.meta.n_chunks
+        if out:
+            t.owner._out.set()
 
     def _writer(self, s: _Stream) -> None:
         try:
@@ -505,6 +528,7 @@ class Channel:
             try:
                 if chunk is not None:
                     self._send_chunk(s, chunk)
+                    self._chunk_out(chunk)
                 else:
                     send_parts(s.sock, [frame], self.cfg.idle_timeout_s)
             finally:

@@ -31,6 +31,7 @@ class OutTransfer:
     keepalive: Any = None  # the tensor behind `view`, held until DONE
     started_at: float | None = None  # when a stream took its first chunk (set by the channel)
     next_offset: int = 0
+    chunks_out: int = 0  # chunks handed to the kernel (re-sent ones count again)
     handed_out: bool = False
     meta_sent_on: set[int] = field(default_factory=set)
     sent_on: dict[int, list[int]] = field(default_factory=dict)  # stream -> chunk offsets

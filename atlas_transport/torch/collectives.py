@@ -15,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 
 import torch
-import torch.distributed as dist
+
+from . import hierarchical as H
+from .reduction import _OPS, check_op, combine, finish_avg, op_name  # noqa: F401 - the backend's names
 
 Xfer = Callable[[Sequence[tuple[int, torch.Tensor]], Sequence[tuple[int, torch.Tensor]]], None]
 Scratch = Callable[[torch.dtype, int], torch.Tensor]
@@ -28,65 +30,6 @@ def fresh(dtype: torch.dtype, numel: int) -> torch.Tensor:
 # each way); above it, a ring: 2(n-1) steps of 1/n of the tensor, each one transfer
 # per neighbour (striped over the pair's streams).
 RING_MIN_BYTES = 256 << 10
-
-_OPS = {
-    dist.ReduceOp.SUM: "SUM", dist.ReduceOp.AVG: "AVG", dist.ReduceOp.PRODUCT: "PRODUCT",
-    dist.ReduceOp.MIN: "MIN", dist.ReduceOp.MAX: "MAX", dist.ReduceOp.BAND: "BAND",
-    dist.ReduceOp.BOR: "BOR", dist.ReduceOp.BXOR: "BXOR",
-}
-
-
-def op_name(op: object) -> str:
-    """The supported op's name; ValueError naming an unsupported one (PREMUL_SUM)."""
-    for known, name in _OPS.items():
-        try:
-            if op == known:
-                return name
-        except TypeError:
-            continue
-    shown = getattr(getattr(op, "op", op), "name", None) or repr(op)
-    raise ValueError(f"atlas: reduce op {shown} is not supported; use one of {', '.join(_OPS.values())}")
-
-
-def check_op(name: str, dtype: torch.dtype) -> None:
-    if name in ("BAND", "BOR", "BXOR") and (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"atlas: reduce op {name} needs an integer or bool tensor, got {dtype}")
-    if name == "AVG" and not (dtype.is_floating_point or dtype.is_complex):
-        raise ValueError(f"atlas: reduce op AVG needs a floating point tensor, got {dtype} (use SUM and divide)")
-    if name in ("MIN", "MAX") and dtype.is_complex:
-        raise ValueError(f"atlas: reduce op {name} is undefined for complex tensor {dtype}")
-
-
-def combine(acc: torch.Tensor, other: torch.Tensor, name: str) -> None:
-    """acc = acc (op) other, in place (AVG sums: the caller divides at the end)."""
-    if name in ("SUM", "AVG"):
-        if acc.dtype == torch.bool:
-            acc.logical_or_(other)
-        else:
-            acc.add_(other)
-    elif name == "PRODUCT":
-        if acc.dtype == torch.bool:
-            acc.logical_and_(other)
-        else:
-            acc.mul_(other)
-    elif name == "MIN":
-        torch.minimum(acc, other, out=acc)
-    elif name == "MAX":
-        torch.maximum(acc, other, out=acc)
-    elif name == "BAND":
-        acc.bitwise_and_(other)
-    elif name == "BOR":
-        acc.bitwise_or_(other)
-    elif name == "BXOR":
-        acc.bitwise_xor_(other)
-    else:  # op_name() lets nothing else through
-        raise ValueError(f"atlas: reduce op {name} is not supported")
-
-
-def finish_avg(x: torch.Tensor, name: str, size: int) -> None:
-    if name == "AVG":
-        x.div_(size)
-
 
 def reduce_in_order(parts: Sequence[torch.Tensor], name: str, out: torch.Tensor) -> None:
     """out = parts[0] op parts[1] op ... (rank order, so every rank gets the same bits)."""
@@ -108,7 +51,6 @@ def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer, scr
         return
     topo = _topology(xfer)
     if topo is not None:
-        from . import hierarchical as H
         H.all_reduce(x, name, rank, topo, xfer, scratch)
         return
     if x.numel() >= size and x.numel() * x.element_size() >= RING_MIN_BYTES:
@@ -139,7 +81,6 @@ def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfe
 def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> None:
     topo = _topology(xfer)
     if topo is not None:
-        from . import hierarchical as H
         H.broadcast(x, root, rank, topo, xfer)
         return
     if rank == root:
@@ -152,7 +93,6 @@ def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: i
     """outs[p] = rank p's x (outs contiguous, each shaped like x)."""
     topo = _topology(xfer)
     if topo is not None:
-        from . import hierarchical as H
         H.all_gather(outs, x, rank, topo, xfer)
         return
     peers = [p for p in range(size) if p != rank]
@@ -166,7 +106,6 @@ def all_gather_many(items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]
     net can post and wait separately, else one after the other."""
     topo = _topology(xfer)
     if topo is not None:
-        from . import hierarchical as H
         H.all_gather_many(items, rank, topo, xfer)
         return
     for outs, x in items:
@@ -178,7 +117,6 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, ra
     """out = reduction over ranks of their ins[rank]."""
     topo = _topology(xfer)
     if topo is not None:
-        from . import hierarchical as H
         H.reduce_scatter(out, ins, name, rank, topo, xfer)
         return
     peers = [p for p in range(size) if p != rank]

@@ -32,7 +32,7 @@ from typing import Protocol
 
 import torch
 
-from .collectives import combine, finish_avg
+from .reduction import combine, finish_avg
 from .topology import Topology
 
 # Pieces a shard is cut into for pipelining: about this many bytes each.

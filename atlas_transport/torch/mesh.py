@@ -140,8 +140,10 @@ class PeerMesh:
                     threading.Thread(target=self._connect, args=(op.peer,), daemon=True,
                                      name=f"atlas-pg{self.group}-connect-{op.peer}").start()
 
-    def wait(self, op: PeerOp) -> None:
-        """Wait for `op` until its deadline; errors name the peer rank and the operation."""
+    def wait(self, op: PeerOp, out_only: bool = False) -> None:
+        """Wait for `op` until its deadline; errors name the peer rank and the operation.
+        `out_only` (a send): until its bytes were handed to the kernel, not for the
+        peer's DONE."""
         peer = f"rank {self.describe(op.peer)}"
         direction = "to" if op.kind == "send" else "from"
         if not op.posted.wait(max(0.0, op.deadline - time.monotonic())):
@@ -157,7 +159,11 @@ class PeerMesh:
             self.peer_failed(op.peer, err)
             raise err
         try:
-            op.handle.wait(max(0.0, op.deadline - time.monotonic()))
+            left = max(0.0, op.deadline - time.monotonic())
+            if out_only and op.kind == "send":
+                op.handle.wait_out(left)
+            else:
+                op.handle.wait(left)
         except TimeoutError:
             other = "recv" if op.kind == "send" else "send"
             err = AtlasError(

@@ -4,11 +4,12 @@ older one-step `xfer(sends, recvs)`.
 
 All of a collective's traffic uses the one collective tag, so each pair's messages
 match by the order in which both sides post them. Sends the algorithm made from its
-own copy (`detach=True`) are not waited for at the end of the collective: the peer's
-DONE arrives a round trip after the bytes left, which across a WAN would add one RTT
-to every collective. Small sends (SMALL_SEND_BYTES) are always copied and detached.
-They are kept (with their memory) in the group's `detached` list until confirmed; `reap` raises the error of any that failed, at the group's next
-collective."""
+own copy (`detach=True`), and every send up to SMALL_SEND_BYTES (copied here), end
+the collective once their bytes are out (handed to the kernel), not at the peer's
+DONE, which arrives a round trip after the bytes left and across a WAN would add one
+RTT to every collective. Until confirmed they stay (with their memory, which a
+re-send after a stream failure reads) in the group's `detached` list; `reap` raises
+the error of any that failed, at the group's next collective."""
 
 from __future__ import annotations
 
@@ -53,6 +54,7 @@ class MeshNet:
         self.detached = detached
         self.topology = topology
         self.ops: list[PeerOp] = []
+        self.out: list[PeerOp] = []  # this collective's detached sends
 
     def _post(self, kind: str, peer: int, t: torch.Tensor) -> PeerOp:
         op = PeerOp(kind, peer, t, COLL_TAG, self.deadline, self.what)
@@ -63,7 +65,11 @@ class MeshNet:
         if not detach and t.numel() * t.element_size() <= SMALL_SEND_BYTES:
             t, detach = t.clone(), True  # a copy costs less than waiting for the peer's DONE
         op = self._post("send", peer, t)
-        (self.detached if detach else self.ops).append(op)
+        if detach:
+            self.detached.append(op)
+            self.out.append(op)
+        else:
+            self.ops.append(op)
         return op
 
     def recv(self, peer: int, t: torch.Tensor) -> PeerOp:
@@ -75,9 +81,15 @@ class MeshNet:
         self.mesh.wait(op)
 
     def finish(self) -> None:
+        """Wait for every posted operation; detached sends only until their bytes are
+        out (handed to the kernel), so that a process that ends right after the
+        collective does not leave its peers waiting for bytes it never wrote."""
         for op in self.ops:
             self.mesh.wait(op)
         self.ops.clear()
+        for op in self.out:
+            self.mesh.wait(op, out_only=True)
+        self.out.clear()
 
     def __call__(self, sends: Sequence[tuple[int, torch.Tensor]], recvs: Sequence[tuple[int, torch.Tensor]]) -> None:
         """One step: post every receive, then every send; wait for all of them."""

@@ -257,7 +257,7 @@ class FakeMesh:
     def post(self, op) -> None:
         self.posted.append(op)
 
-    def wait(self, op) -> None:
+    def wait(self, op, out_only: bool = False) -> None:
         if op.error is not None:
             raise op.error
 

@@ -113,3 +113,27 @@ def test_a_transfer_of_few_chunks_rides_the_lowest_streams(monkeypatch):
         a.isend(torch.zeros(C.SPLIT_MIN_BYTES * 2 // 4), tag=9).wait(10)
         b.recv(9, timeout=10)
         assert used and set(used) <= {1, 2}  # the lowest live ones
+
+
+def test_wait_out_returns_when_the_bytes_are_out_not_at_done(monkeypatch):
+    """A send's bytes handed to the kernel: wait_out returns without the peer's DONE
+    (ignored here), while wait() still waits for it."""
+    import pytest
+
+    from atlas_transport import channel as C
+
+    held: list = []
+    orig = C.Channel._on_done
+    monkeypatch.setattr(C.Channel, "_on_done", lambda self, tid: held.append((self, tid)))
+    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):
+        for n in (10, 1 << 20):  # inline, and striped by the writers
+            x = torch.ones(n)
+            h = a.isend(x, tag=n)
+            h.wait_out(10)
+            assert torch.equal(b.recv(n, timeout=10), x)
+            with pytest.raises(TimeoutError):
+                h.wait(0.2)
+        monkeypatch.setattr(C.Channel, "_on_done", orig)  # a DONE still on its way goes through
+        for ch, tid in list(held):  # the DONEs, late: now the sends complete
+            orig(ch, tid)
+        assert h.wait(1) is None

@@ -201,7 +201,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._coalescing: list[AtlasWork] | None = None
         self._broken: AtlasError | None = None
         self._scratch_bufs: dict[torch.dtype, torch.Tensor] = {}  # used by the collectives thread only
-        self._posting = Posting(self._mesh)  # topology and detached sends, used by the collectives thread only
+        self._posting = Posting(self._mesh, store, self.options.intra_site)  # topology and detached sends, used by the collectives thread only
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"atlas-pg{self._label}-collectives")
         self._thread.start()
 
@@ -314,6 +314,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def shutdown(self) -> None:
         self._queue.put(None)
         self._mesh.close()
+        self._posting.close()
 
     def abort(self) -> None:
         self.shutdown()

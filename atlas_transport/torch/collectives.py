@@ -8,7 +8,10 @@ bit-identical on every rank: a reduction combines contributions in rank order
 When `xfer` is also a `hierarchical.Net` that knows the group's topology (the
 backend's `MeshNet`: post now, wait later, `xfer.topology`), all_reduce,
 reduce_scatter, all_gather and broadcast use the topology-aware, pipelined
-algorithms of `hierarchical` instead."""
+algorithms of `hierarchical` instead. When it also carries the site's gloo group
+(`xfer.site`, option intra_site="gloo") and the site is the whole group, every
+collective runs on that gloo group (`intrasite`); with several sites the
+hierarchical algorithms run their intra-site phases on it."""
 
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from collections.abc import Callable, Sequence
 import torch
 
 from . import hierarchical as H
+from . import intrasite as I
 from .reduction import _OPS, check_op, combine, finish_avg, op_name  # noqa: F401 - the backend's names
 
 Xfer = Callable[[Sequence[tuple[int, torch.Tensor]], Sequence[tuple[int, torch.Tensor]]], None]
@@ -44,10 +48,21 @@ def _topology(xfer: object):
     return getattr(xfer, "topology", None)
 
 
+def _whole_site(xfer: object, *tensors: torch.Tensor) -> I.SiteGroup | None:
+    """The gloo group to run the collective on: the site is the whole group and gloo
+    takes these tensors' dtypes (the same answer on every rank), else None."""
+    site = getattr(xfer, "site", None)
+    return site if site is not None and site.whole and I.supports(*tensors) else None
+
+
 def all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfer, scratch: Scratch = fresh) -> None:
     """Reduce the flat contiguous `x` across the group, in place. `scratch(dtype, n)`
     gives the ring's receive buffer (the backend reuses one: no page faults per call)."""
     if size == 1:
+        return
+    site = _whole_site(xfer, x)
+    if site is not None:
+        I.group_all_reduce(site, x, name)
         return
     topo = _topology(xfer)
     if topo is not None:
@@ -79,6 +94,10 @@ def _ring_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, xfer: Xfe
 
 
 def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> None:
+    site = _whole_site(xfer, x)
+    if site is not None:
+        I.broadcast(site, x, root)
+        return
     topo = _topology(xfer)
     if topo is not None:
         H.broadcast(x, root, rank, topo, xfer)
@@ -91,6 +110,10 @@ def broadcast(x: torch.Tensor, root: int, rank: int, size: int, xfer: Xfer) -> N
 
 def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, size: int, xfer: Xfer) -> None:
     """outs[p] = rank p's x (outs contiguous, each shaped like x)."""
+    site = _whole_site(xfer, x)
+    if site is not None:
+        I.group_all_gather_many(site, [(outs, x)])
+        return
     topo = _topology(xfer)
     if topo is not None:
         H.all_gather(outs, x, rank, topo, xfer)
@@ -115,6 +138,10 @@ def all_gather_many(items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]
 def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, rank: int, size: int,
                    xfer: Xfer) -> None:
     """out = reduction over ranks of their ins[rank]."""
+    site = _whole_site(xfer, out, *ins)
+    if site is not None:
+        I.group_reduce_scatter(site, out, ins, name)
+        return
     topo = _topology(xfer)
     if topo is not None:
         H.reduce_scatter(out, ins, name, rank, topo, xfer)
@@ -127,6 +154,10 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, ra
 
 
 def reduce(x: torch.Tensor, name: str, root: int, rank: int, size: int, xfer: Xfer) -> None:
+    site = _whole_site(xfer, x)
+    if site is not None:
+        I.group_reduce(site, x, name, root)
+        return
     if rank != root:
         xfer([(root, x)], [])
         return
@@ -139,6 +170,10 @@ def reduce(x: torch.Tensor, name: str, root: int, rank: int, size: int, xfer: Xf
 
 def gather(outs: Sequence[torch.Tensor] | None, x: torch.Tensor, root: int, rank: int, size: int,
            xfer: Xfer) -> None:
+    site = _whole_site(xfer, x)
+    if site is not None:
+        I.group_gather(site, outs, x, root)
+        return
     if rank != root:
         xfer([(root, x)], [])
         return
@@ -148,6 +183,10 @@ def gather(outs: Sequence[torch.Tensor] | None, x: torch.Tensor, root: int, rank
 
 def scatter(out: torch.Tensor, ins: Sequence[torch.Tensor] | None, root: int, rank: int, size: int,
             xfer: Xfer) -> None:
+    site = _whole_site(xfer, out)
+    if site is not None:
+        I.group_scatter(site, out, ins, root)
+        return
     if rank != root:
         xfer([], [(root, out)])
         return
@@ -155,7 +194,23 @@ def scatter(out: torch.Tensor, ins: Sequence[torch.Tensor] | None, root: int, ra
     xfer([(p, ins[p]) for p in range(size) if p != rank], [])
 
 
+def all_to_all(outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor], rank: int, size: int,
+               xfer: Xfer) -> None:
+    """outs[p] = rank p's ins[rank] (each pair's parts may differ in size, also be empty)."""
+    site = _whole_site(xfer, *outs, *ins)
+    if site is not None:
+        I.group_all_to_all(site, outs, ins)
+        return
+    outs[rank].copy_(ins[rank])
+    peers = [p for p in range(size) if p != rank]
+    xfer([(p, ins[p]) for p in peers], [(p, outs[p]) for p in peers])
+
+
 def barrier(rank: int, size: int, xfer: Xfer) -> None:
+    site = getattr(xfer, "site", None)
+    if site is not None and site.whole:
+        I.group_barrier(site)
+        return
     peers = [p for p in range(size) if p != rank]
     token = torch.zeros(1, dtype=torch.uint8)
     xfer([(p, token) for p in peers], [(p, torch.empty(1, dtype=torch.uint8)) for p in peers])

@@ -15,6 +15,8 @@ PACING_ENV = "ATLAS_PACING_MBPS"
 CONGESTION_ENV = "ATLAS_CONGESTION"
 BIND_ENV = "ATLAS_BIND_ADDR"
 IDLE_ENV = "ATLAS_IDLE_TIMEOUT_S"
+INTRA_SITE_ENV = "ATLAS_INTRA_SITE"
+INTRA_SITE_CHOICES = ("gloo", "atlas")
 
 # Default stream count when neither ATLAS_STREAMS nor pg_options set one: measured RTT
 # to the peer (three TCP connects, one round trip each) below LAN_RTT_S means a LAN,
@@ -39,6 +41,10 @@ class AtlasOptions:
         the local address that routes to MASTER_ADDR (the store's host).
     idle_timeout_s: a stream silent for this long (no data, no heartbeat) is dead;
         env ATLAS_IDLE_TIMEOUT_S; None: the group's timeout / 2, at most 30 s.
+    intra_site: what carries collectives between ranks of one site: "gloo" (a gloo
+        group per site, built by the atlas group at its first collective; atlas
+        channels only cross between sites) or "atlas" (atlas channels everywhere);
+        env ATLAS_INTRA_SITE; None: "gloo".
     """
 
     streams: Streams = None
@@ -46,6 +52,7 @@ class AtlasOptions:
     congestion: str | None = None
     bind_addr: str | None = None
     idle_timeout_s: float | None = None
+    intra_site: str | None = None
 
 
 def parse_streams(value: object, source: str) -> int | Literal["auto"]:
@@ -64,6 +71,16 @@ def parse_streams(value: object, source: str) -> int | Literal["auto"]:
         f"(probe each peer once); leave it unset for 1 stream on a path under {LAN_RTT_S * 1000:g} ms RTT "
         f"and {WAN_STREAMS} otherwise"
     )
+
+
+def parse_intra_site(value: object, source: str) -> str:
+    """"gloo" or "atlas" (any case); anything else is refused naming `source`."""
+    text = value.strip().lower() if isinstance(value, str) else None
+    if text in INTRA_SITE_CHOICES:
+        return text
+    raise ValueError(
+        f"{source}={value!r}: use 'gloo' (collectives inside a site run on a gloo group of the site's ranks; "
+        f"atlas channels cross between sites) or 'atlas' (atlas channels everywhere); unset means 'gloo'")
 
 
 def _positive_float(value: str, source: str, what: str) -> float:
@@ -103,4 +120,10 @@ def resolve(pg_options: object, env: dict[str, str] | None = None) -> AtlasOptio
         idle = _positive_float(env[IDLE_ENV], IDLE_ENV, "number of seconds")
     if idle is not None and not idle > 0:
         raise ValueError(f"AtlasOptions.idle_timeout_s={idle!r}: use a positive number of seconds")
-    return AtlasOptions(streams, pacing, congestion, bind, idle)
+    if o.intra_site is not None:
+        intra = parse_intra_site(o.intra_site, "AtlasOptions.intra_site")
+    elif env.get(INTRA_SITE_ENV, "").strip():
+        intra = parse_intra_site(env[INTRA_SITE_ENV], INTRA_SITE_ENV)
+    else:
+        intra = "gloo"
+    return AtlasOptions(streams, pacing, congestion, bind, idle, intra)

@@ -17,6 +17,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .intrasite import SiteGroup
 from .mesh import COLL_TAG, PeerMesh, PeerOp
 from .options import LAN_RTT_S
 from .topology import Topology, discover
@@ -28,12 +29,17 @@ SMALL_SEND_BYTES = 64 << 10
 
 class Posting:
     """A group's collective posting state: its topology (found at the first
-    collective, the same on every rank) and its detached sends."""
+    collective, the same on every rank), its site's gloo group (`intra_site="gloo"`:
+    built right after the topology, by every rank at the same collective) and its
+    detached sends. `store`: the group's own c10d store (gloo's rendezvous)."""
 
-    def __init__(self, mesh: PeerMesh) -> None:
+    def __init__(self, mesh: PeerMesh, store=None, intra_site: str = "atlas") -> None:
         self.mesh = mesh
+        self.store = store
+        self.intra_site = intra_site
         self.detached: list[PeerOp] = []
         self.topology: Topology | None = None
+        self.site: SiteGroup | None = None
 
     def net(self, what: str, deadline: float) -> MeshNet:
         """The next collective's `MeshNet`; raises the error of an earlier detached send
@@ -42,17 +48,27 @@ class Posting:
         if self.topology is None:
             m = self.mesh
             self.topology = discover(m.store, m.rank, m.size, m.rtt, LAN_RTT_S)
-        return MeshNet(self.mesh, what, deadline, self.detached, self.topology)
+        if (self.site is None and self.intra_site == "gloo" and self.store is not None and self.mesh.size > 1
+                and self.topology.uniform):  # the two-level algorithms need equal sites
+            m = self.mesh
+            self.site = SiteGroup(self.store, self.topology, m.rank, m.host, m.timeout_s, m.group)
+        return MeshNet(self.mesh, what, deadline, self.detached, self.topology, self.site)
+
+    def close(self) -> None:
+        if self.site is not None:
+            self.site.shutdown()
 
 
 class MeshNet:
-    """`topology`: where the group's ranks are (the algorithms choose by it)."""
+    """`topology`: where the group's ranks are (the algorithms choose by it); `site`:
+    this rank's site as a gloo group, or None (atlas channels inside sites too)."""
 
     def __init__(self, mesh: PeerMesh, what: str, deadline: float, detached: list[PeerOp],
-                 topology: Topology | None = None) -> None:
+                 topology: Topology | None = None, site: SiteGroup | None = None) -> None:
         self.mesh, self.what, self.deadline = mesh, what, deadline
         self.detached = detached
         self.topology = topology
+        self.site = site
         self.ops: list[PeerOp] = []
         self.out: list[PeerOp] = []  # this collective's detached sends
 

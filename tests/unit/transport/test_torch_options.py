@@ -17,7 +17,7 @@ import torch.distributed as dist
 import atlas_transport.torch as atl
 from atlas_transport.torch import collectives as C
 from atlas_transport.torch.mesh import default_streams
-from atlas_transport.torch.options import AtlasOptions, parse_streams, resolve
+from atlas_transport.torch.options import AtlasOptions, parse_intra_site, parse_streams, resolve
 from atlas_transport.torch.rendezvous import PeerAddress, own_address, route_source
 from atlas_transport.torch.staging import Staged
 
@@ -31,6 +31,22 @@ def test_streams_values_and_their_errors():
         assert f"ATLAS_STREAMS={bad!r}" in str(e.value) and "1..256" in str(e.value) and "'auto'" in str(e.value)
     with pytest.raises(ValueError, match=r"AtlasOptions.streams=True"):
         resolve(AtlasOptions(streams=True), {})
+
+
+def test_intra_site_values_and_their_errors():
+    assert parse_intra_site(" GLOO ", "ATLAS_INTRA_SITE") == "gloo"
+    assert parse_intra_site("atlas", "ATLAS_INTRA_SITE") == "atlas"
+    assert resolve(None, {}).intra_site == "gloo"  # the default
+    assert resolve(None, {"ATLAS_INTRA_SITE": "atlas"}).intra_site == "atlas"
+    assert resolve(AtlasOptions(intra_site="gloo"), {"ATLAS_INTRA_SITE": "atlas"}).intra_site == "gloo"
+    for bad in ("nccl", "", "gloo,atlas", 1):
+        with pytest.raises(ValueError) as e:
+            parse_intra_site(bad, "ATLAS_INTRA_SITE")
+        assert "ATLAS_INTRA_SITE=" in str(e.value) and "'gloo'" in str(e.value) and "'atlas'" in str(e.value)
+    with pytest.raises(ValueError, match=r"ATLAS_INTRA_SITE='mpi': use 'gloo'"):
+        resolve(None, {"ATLAS_INTRA_SITE": "mpi"})
+    with pytest.raises(ValueError, match=r"AtlasOptions.intra_site='tcp'"):
+        resolve(AtlasOptions(intra_site="tcp"), {})
 
 
 def test_resolve_prefers_pg_options_then_environment():

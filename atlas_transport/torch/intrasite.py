@@ -1,0 +1,154 @@
+"""Collectives inside one site on a gloo process group of the site's ranks.
+
+On a LAN the network is not the bottleneck and gloo's C++ collectives beat atlas's
+Python-driven ones, so (option `intra_site="gloo"`, the default) each atlas group
+builds, at its first collective (once the topology is known, the same on every
+rank), one `ProcessGroupGloo` per site over a `PrefixStore` of the group's store,
+bound to the address the atlas rank listens on (`PeerMesh.host`: emulated hosts use
+their own interface). When the whole group is one site every collective runs on it;
+with several sites the algorithms of `hierarchical` run their intra-site phases on
+it and cross the WAN on atlas channels.
+
+gloo's results are bit-identical on every rank of its group. Dtypes gloo does not
+reduce or move (bool, complex, float8, ...) keep the atlas algorithms: the choice
+depends only on the dtype, so every rank makes the same one."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from .reduction import finish_avg
+from .topology import Topology
+from .work import AtlasError
+
+GLOO_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
+                         torch.int32, torch.int64})
+_GLOO_OPS = {"SUM": dist.ReduceOp.SUM, "AVG": dist.ReduceOp.SUM, "PRODUCT": dist.ReduceOp.PRODUCT,
+             "MIN": dist.ReduceOp.MIN, "MAX": dist.ReduceOp.MAX, "BAND": dist.ReduceOp.BAND,
+             "BOR": dist.ReduceOp.BOR, "BXOR": dist.ReduceOp.BXOR}
+
+
+def store_prefix(group: str, site: int) -> str:
+    return f"atlas/{group}/site/{site}/"
+
+
+class SiteGroup:
+    """This rank's site as a gloo group: `ranks` (group ranks, ascending), this rank's
+    index `local` in them; `whole`: the site is the whole atlas group."""
+
+    def __init__(self, store, topo: Topology, rank: int, host: str, timeout_s: float, group: str) -> None:
+        self.site = topo.site_of(rank)
+        self.ranks = topo.sites[self.site]
+        self.local = self.ranks.index(rank)
+        self.whole = len(topo.sites) == 1
+        self.group = group
+        opts = dist.ProcessGroupGloo._Options()
+        opts._timeout = timedelta(seconds=timeout_s)
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        try:
+            self.pg = dist.ProcessGroupGloo(dist.PrefixStore(store_prefix(group, self.site), store), self.local,
+                                            len(self.ranks), opts)
+        except RuntimeError as exc:
+            raise AtlasError(f"atlas: group {group!r} on rank {rank}: the gloo group of site {self.site} (ranks "
+                             f"{list(self.ranks)}) on {host} could not be built: {str(exc).splitlines()[0]}; set "
+                             f"ATLAS_INTRA_SITE=atlas to run collectives inside a site on atlas channels") from None
+
+    def run(self, what: str, work) -> None:
+        """Wait for a gloo work; its failure breaks the atlas group (AtlasError)."""
+        try:
+            work.wait()
+        except RuntimeError as exc:
+            raise AtlasError(f"atlas: the gloo group of site {self.site} (group ranks {list(self.ranks)}) failed "
+                             f"in {what}: {str(exc).splitlines()[0]}") from None
+
+    def shutdown(self) -> None:
+        try:
+            self.pg.abort()
+        except RuntimeError:
+            pass
+
+
+def supports(*tensors: torch.Tensor) -> bool:
+    """Whether gloo moves and reduces every one of these tensors' dtypes."""
+    return all(t.dtype in GLOO_DTYPES for t in tensors)
+
+
+def _opts(cls, **fields):
+    o = cls()
+    for k, v in fields.items():
+        setattr(o, k, v)
+    return o
+
+
+# --- one collective over the site group (local ranks) -----------------------------------------
+
+def all_reduce(site: SiteGroup, x: torch.Tensor, name: str) -> None:
+    """In place, SUM for AVG (the caller divides)."""
+    site.run("all_reduce", site.pg.allreduce([x], _opts(dist.AllreduceOptions, reduceOp=_GLOO_OPS[name])))
+
+
+def reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str) -> None:
+    """out = reduction over the site of its ranks' ins[local] (SUM for AVG)."""
+    site.run("reduce_scatter", site.pg.reduce_scatter(
+        [out], [list(ins)], _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])))
+
+
+def all_gather(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor) -> None:
+    site.run("all_gather", site.pg.allgather([list(outs)], [x]))
+
+
+def broadcast(site: SiteGroup, x: torch.Tensor, root: int) -> None:
+    site.run("broadcast", site.pg.broadcast([x], _opts(dist.BroadcastOptions, rootRank=root, rootTensor=0)))
+
+
+# --- the whole group is the site: group ranks are local ranks ---------------------------------
+
+def group_all_reduce(site: SiteGroup, x: torch.Tensor, name: str) -> None:
+    all_reduce(site, x, name)
+    finish_avg(x, name, len(site.ranks))
+
+
+def group_reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str) -> None:
+    reduce_scatter(site, out, ins, name)
+    finish_avg(out, name, len(site.ranks))
+
+
+def group_all_gather_many(site: SiteGroup, items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> None:
+    works = [site.pg.allgather([list(outs)], [x]) for outs, x in items]  # all issued, then waited for
+    for w in works:
+        site.run("all_gather", w)
+
+
+def group_reduce(site: SiteGroup, x: torch.Tensor, name: str, root: int) -> None:
+    site.run("reduce", site.pg.reduce([x], _opts(dist.ReduceOptions, reduceOp=_GLOO_OPS[name], rootRank=root,
+                                                    rootTensor=0)))
+    if site.local == root:
+        finish_avg(x, name, len(site.ranks))
+
+
+def group_gather(site: SiteGroup, outs: Sequence[torch.Tensor] | None, x: torch.Tensor, root: int) -> None:
+    site.run("gather", site.pg.gather([list(outs)] if outs is not None else [], [x],
+                                      _opts(dist.GatherOptions, rootRank=root)))
+
+
+def group_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor] | None, root: int) -> None:
+    site.run("scatter", site.pg.scatter([out], [list(ins)] if ins is not None else [],
+                                        _opts(dist.ScatterOptions, rootRank=root)))
+
+
+def group_all_to_all(site: SiteGroup, outs: Sequence[torch.Tensor], ins: Sequence[torch.Tensor]) -> None:
+    """outs[p] = rank p's ins[this rank]; parts may differ in size (flat, element splits)."""
+    flat_in = torch.cat([i.reshape(-1) for i in ins]) if ins else torch.empty(0)
+    flat_out = torch.empty(sum(o.numel() for o in outs), dtype=flat_in.dtype)
+    site.run("all_to_all", site.pg.alltoall_base(flat_out, flat_in, [o.numel() for o in outs],
+                                                 [i.numel() for i in ins], dist.AllToAllOptions()))
+    for o, part in zip(outs, flat_out.split([o.numel() for o in outs]), strict=True):
+        o.view(-1).copy_(part)
+
+
+def group_barrier(site: SiteGroup) -> None:
+    site.run("barrier", site.pg.barrier(dist.BarrierOptions()))

@@ -17,6 +17,11 @@ rank of its site):
 - broadcast: the root sends to one rank per remote site, which forwards inside its
   site, piece by piece.
 
+When the net carries the site's gloo group (`net.site`, option intra_site="gloo")
+and there are several equal sites, the intra-site phases (reduce-scatter, all-gather,
+broadcast inside a site) run on that gloo group, whole tensors at a time, and only
+the WAN crossings use the net (atlas channels).
+
 Bit-identical results on every rank: every sum is combined in a fixed order (local
 rank order inside a site, then site order), and every rank holding the same shard
 computes it from the same operands in that order. Sends whose tensor the algorithm
@@ -32,6 +37,7 @@ from typing import Protocol
 
 import torch
 
+from . import intrasite as I
 from .reduction import combine, finish_avg
 from .topology import Topology
 
@@ -112,6 +118,15 @@ def hierarchical(topo: Topology) -> bool:
     return topo.uniform
 
 
+def _site(net: object, topo: Topology, *tensors: torch.Tensor) -> I.SiteGroup | None:
+    """The site's gloo group for the intra-site phases: the net has one, there are
+    several equal sites, gloo takes these dtypes (the same answer on every rank)."""
+    site = getattr(net, "site", None)
+    if site is None or len(topo.sites) < 2 or not hierarchical(topo) or not I.supports(*tensors):
+        return None
+    return site
+
+
 def all_reduce(x: torch.Tensor, name: str, rank: int, topo: Topology, net: Net, scratch: Scratch = _fresh,
                piece_bytes: int = PIECE_BYTES, small_bytes: int = SMALL_BYTES) -> None:
     """Reduce the flat contiguous `x` over the group, in place (AVG divides at the end)."""
@@ -122,10 +137,42 @@ def all_reduce(x: torch.Tensor, name: str, rank: int, topo: Topology, net: Net, 
     if x.numel() * x.element_size() * (size - 1) < small_bytes or x.numel() < size:
         _exchange_all_reduce(x, name, rank, size, net)
     else:
-        if not hierarchical(topo):
-            topo = Topology.flat(size)
-        _two_level_all_reduce(x, name, rank, topo, net, scratch, piece_bytes)
+        site = _site(net, topo, x)
+        if site is not None:
+            _gloo_two_level_all_reduce(x, name, rank, topo, net, site)
+        else:
+            if not hierarchical(topo):
+                topo = Topology.flat(size)
+            _two_level_all_reduce(x, name, rank, topo, net, scratch, piece_bytes)
     finish_avg(x, name, size)
+
+
+def _gloo_two_level_all_reduce(x: torch.Tensor, name: str, rank: int, topo: Topology, net: Net,
+                               site: I.SiteGroup) -> None:
+    """Reduce-scatter inside the site (gloo), shard j's site partials exchanged between
+    the sites' ranks j (atlas), combined in site order, all-gather inside the site (gloo)."""
+    s, j, local, cross = _layout(topo, rank)
+    L, S = len(local), len(cross)
+    n = -(-x.numel() // L)
+    flat = x
+    if n * L != x.numel():  # gloo's reduce-scatter and all-gather take equal blocks: pad
+        flat = torch.zeros(n * L, dtype=x.dtype)
+        flat[: x.numel()].copy_(x)
+    shards = list(flat.split(n))
+    partial = torch.empty(n, dtype=x.dtype)  # fresh: the WAN sends of it are detached
+    I.reduce_scatter(site, partial, shards, name)
+    bufs = {t: torch.empty(n, dtype=x.dtype) for t in range(S) if t != s}
+    recvs = [net.recv(cross[t], bufs[t]) for t in bufs]
+    for t in bufs:
+        net.send(cross[t], partial, detach=True)
+    for op in recvs:
+        net.wait(op)
+    total = torch.empty(n, dtype=x.dtype)
+    reduce_into(total, [partial if t == s else bufs[t] for t in range(S)], name, None)
+    I.all_gather(site, shards, total)
+    if flat is not x:
+        x.copy_(flat[: x.numel()])
+    net.finish()
 
 
 def _exchange_all_reduce(x: torch.Tensor, name: str, rank: int, size: int, net: Net) -> None:
@@ -206,6 +253,11 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, ra
         out.copy_(ins[0])
         finish_avg(out, name, size)
         return
+    site = _site(net, topo, out, *ins)
+    if site is not None:
+        _gloo_reduce_scatter(out, ins, name, rank, topo, net, site)
+        finish_avg(out, name, size)
+        return
     if not hierarchical(topo):
         topo = Topology.flat(size)
     s, j, local, cross = _layout(topo, rank)
@@ -239,6 +291,27 @@ def reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, ra
     finish_avg(out, name, size)
 
 
+def _gloo_reduce_scatter(out: torch.Tensor, ins: Sequence[torch.Tensor], name: str, rank: int, topo: Topology,
+                         net: Net, site: I.SiteGroup) -> None:
+    """One gloo reduce-scatter inside the site gives this rank the site partials of the
+    blocks (t, j) of every site t; each goes to its rank across the WAN (atlas)."""
+    s, j, local, cross = _layout(topo, rank)
+    L, S = len(local), len(cross)
+    n = out.numel()
+    inputs = [torch.cat([ins[topo.sites[t][m]].reshape(-1) for t in range(S)]) for m in range(L)]
+    partials = torch.empty(S * n, dtype=out.dtype)  # fresh: the WAN sends of it are detached
+    I.reduce_scatter(site, partials, inputs, name)
+    parts = list(partials.split(n))
+    bufs = {t: torch.empty(n, dtype=out.dtype) for t in range(S) if t != s}
+    recvs = [net.recv(cross[t], bufs[t]) for t in bufs]
+    for t in bufs:
+        net.send(cross[t], parts[t], detach=True)
+    for op in recvs:
+        net.wait(op)
+    reduce_into(out.view(-1), [parts[s] if t == s else bufs[t] for t in range(S)], name, None)
+    net.finish()
+
+
 def all_gather(outs: Sequence[torch.Tensor], x: torch.Tensor, rank: int, topo: Topology, net: Net) -> None:
     """outs[p] = rank p's x. Each block crosses the WAN once per remote site (between
     ranks with the same local index), then is forwarded inside the site."""
@@ -255,10 +328,27 @@ def all_gather_many(items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]
         outs[rank].copy_(x)
     if size == 1:
         return
+    site = _site(net, topo, *[t for outs, x in items for t in (*outs, x)])
     if not hierarchical(topo):
         topo = Topology.flat(size)
     s, j, local, cross = _layout(topo, rank)
     L, S = len(local), len(cross)
+    if site is not None:  # blocks (t, j) across the WAN (atlas), then each site's blocks inside it (gloo)
+        recvs = []
+        for outs, x in items:
+            recvs += [net.recv(cross[t], outs[cross[t]]) for t in range(S) if t != s]
+            own = x.detach().clone()
+            for t in range(S):
+                if t != s:
+                    net.send(cross[t], own, detach=True)
+        for op in recvs:
+            net.wait(op)
+        works = [site.pg.allgather([[outs[topo.sites[t][m]] for m in range(L)]], [outs[topo.sites[t][j]]])
+                 for outs, _ in items for t in range(S)]
+        for w in works:
+            site.run("all_gather", w)
+        net.finish()
+        return
     posted = []
     for outs, x in items:
         b_recv = {t: net.recv(cross[t], outs[cross[t]]) for t in range(S) if t != s}
@@ -294,6 +384,18 @@ def broadcast(x: torch.Tensor, root: int, rank: int, topo: Topology, net: Net,
     heads = [root if t == rs else site[rj] if rj < len(site) else site[0] for t, site in enumerate(topo.sites)]
     s = topo.site_of(rank)
     local = topo.sites[s]
+    site = _site(net, topo, x)
+    if site is not None:  # root -> the sites' heads (atlas), then each head inside its site (gloo)
+        flat = x.view(-1)
+        if rank == root:
+            for h in heads:
+                if h != root:
+                    net.send(h, flat)
+        elif rank == heads[s]:
+            net.wait(net.recv(root, flat))
+        I.broadcast(site, flat, local.index(heads[s]))
+        net.finish()
+        return
     # Pieces only where a site head forwards (a remote site of several ranks): there the
     # forwarding of piece k overlaps the arrival of piece k+1; elsewhere one transfer.
     forwards = any(len(site) > 1 for t, site in enumerate(topo.sites) if t != rs)

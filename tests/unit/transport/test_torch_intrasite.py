@@ -1,7 +1,7 @@
 """Collectives on the site's gloo group (intra_site="gloo") through the real backend:
-four ProcessGroupAtlas ranks as threads of this process on loopback, one site, give
-the same results as atlas channels everywhere (intra_site="atlas") and as a plain
-gloo group."""
+four ProcessGroupAtlas ranks as threads of this process on loopback, in one site or
+two, give the same results as atlas channels everywhere (intra_site="atlas") and as
+a plain gloo group."""
 
 from __future__ import annotations
 
@@ -13,8 +13,14 @@ import torch.distributed as dist
 
 from atlas_transport.torch.backend import ProcessGroupAtlas
 from atlas_transport.torch.options import AtlasOptions
+from atlas_transport.torch.topology import Topology
 
 SIZE = 4
+SITE_SIZES: dict = {}
+
+
+def on_gloo_site_size(rank: int) -> int:
+    return SITE_SIZES[("sites-gloo", rank)]
 
 
 def _program(pg, rank: int) -> list[torch.Tensor]:
@@ -69,6 +75,7 @@ def _rank(rank: int, store, label: str, make, results: dict, errors: list) -> No
         results[rank] = _program(pg, rank)
         if isinstance(pg, ProcessGroupAtlas):  # whether the collectives ran on the site's gloo group
             results[("site", rank)] = pg._posting.site is not None and pg._posting.site.whole
+            SITE_SIZES[(label, rank)] = len(pg._posting.site.ranks) if pg._posting.site is not None else 0
     except BaseException as exc:  # noqa: BLE001
         errors.append(exc)
     finally:
@@ -89,10 +96,13 @@ def _run(make, label: str) -> dict:
     return results
 
 
-def _atlas(intra: str):
+def _atlas(intra: str, topo: Topology | None = None):
     def make(store, rank, label):
-        return ProcessGroupAtlas(store, rank, SIZE, timedelta(seconds=30), label, options=AtlasOptions(
+        pg = ProcessGroupAtlas(store, rank, SIZE, timedelta(seconds=30), label, options=AtlasOptions(
             intra_site=intra))
+        if topo is not None:
+            pg._posting.topology = topo  # as ATLAS_SITE per rank would set it
+        return pg
     return make
 
 
@@ -112,4 +122,18 @@ def test_one_site_on_gloo_equals_atlas_channels_and_gloo(monkeypatch):
             torch.testing.assert_close(a, b, msg=f"rank {r}, result {i}: intra_site gloo vs atlas")
             assert torch.equal(a, c), f"rank {r}, result {i}: intra_site gloo vs a plain gloo group"
         for i in (0, 1, 3, 4):  # all_reduce, all_gather, broadcast: the same bits on every rank
+            assert torch.equal(on_gloo[r][i], on_gloo[0][i]), (r, i)
+
+
+def test_two_sites_run_their_intra_site_phases_on_gloo():
+    topo = Topology(((0, 2), (1, 3)))  # interleaved: neighbours cross the "WAN"
+    on_gloo = _run(_atlas("gloo", topo), "sites-gloo")
+    on_atlas = _run(_atlas("atlas", topo), "sites-atlas")
+    plain = _run(_gloo, "sites-plain")
+    for r in range(SIZE):
+        assert on_gloo[("site", r)] is False and on_gloo_site_size(r) == 2  # a site group, not the whole group
+        for i, (a, b, c) in enumerate(zip(on_gloo[r], on_atlas[r], plain[r], strict=True)):
+            torch.testing.assert_close(a, b, msg=f"rank {r}, result {i}: intra_site gloo vs atlas")
+            torch.testing.assert_close(a, c, msg=f"rank {r}, result {i}: intra_site gloo vs a plain gloo group")
+        for i in (0, 1, 3, 4):
             assert torch.equal(on_gloo[r][i], on_gloo[0][i]), (r, i)

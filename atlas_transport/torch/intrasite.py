@@ -77,6 +77,21 @@ def supports(*tensors: torch.Tensor) -> bool:
     return all(t.dtype in GLOO_DTYPES for t in tensors)
 
 
+def joined(parts: Sequence[torch.Tensor]) -> torch.Tensor | None:
+    """One flat tensor over `parts` when they are contiguous, equal-sized and adjacent in
+    memory, in order (the per-rank chunks of one buffer), else None: gloo's single-buffer
+    collectives then skip a flatten and a copy back."""
+    if not parts:
+        return None
+    first = parts[0]
+    n, size = first.numel(), first.element_size()
+    for i, p in enumerate(parts):
+        if (not p.is_contiguous() or p.numel() != n or p.dtype != first.dtype
+                or p.data_ptr() != first.data_ptr() + i * n * size):
+            return None
+    return first.view(-1).as_strided((n * len(parts),), (1,))
+
+
 def _opts(cls, **fields):
     o = cls()
     for k, v in fields.items():
@@ -93,12 +108,24 @@ def all_reduce(site: SiteGroup, x: torch.Tensor, name: str) -> None:
 
 def reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str) -> None:
     """out = reduction over the site of its ranks' ins[local] (SUM for AVG)."""
+    flat = joined(ins)
+    if flat is not None and out.is_contiguous():
+        site.run("reduce_scatter", site.pg._reduce_scatter_base(
+            out, flat, _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])))
+        return
     site.run("reduce_scatter", site.pg.reduce_scatter(
         [out], [list(ins)], _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])))
 
 
+def _all_gather_work(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor):
+    flat = joined(outs)
+    if flat is not None and x.is_contiguous():
+        return site.pg._allgather_base(flat, x)
+    return site.pg.allgather([list(outs)], [x])
+
+
 def all_gather(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor) -> None:
-    site.run("all_gather", site.pg.allgather([list(outs)], [x]))
+    site.run("all_gather", _all_gather_work(site, outs, x))
 
 
 def broadcast(site: SiteGroup, x: torch.Tensor, root: int) -> None:
@@ -118,7 +145,7 @@ def group_reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch
 
 
 def group_all_gather_many(site: SiteGroup, items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> None:
-    works = [site.pg.allgather([list(outs)], [x]) for outs, x in items]  # all issued, then waited for
+    works = [_all_gather_work(site, outs, x) for outs, x in items]  # all issued, then waited for
     for w in works:
         site.run("all_gather", w)
 

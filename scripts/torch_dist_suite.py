@@ -138,6 +138,7 @@ class RunInfo(BaseModel):
     commit: str  # HEAD when the run started
     dirty_paths: list[str]  # uncommitted changes under atlas_transport/, tests/torch_suite/ then
     commit_at_end: str | None = None  # HEAD when it finished, where another commit came between
+    merged: list[RunInfo] = []  # runs of other backends added by --table --merge
     torch_version: str
     python: str
     select: str
@@ -243,8 +244,19 @@ def select_tests(tests: list[SuiteTest], select: str, pattern: str | None) -> li
 # ---------------------------------------------------------------- running
 
 
-# The runs a backend token names: BACKEND, and the gates torch's decorators decide with.
-RUNS = {"gloo": ("gloo", None), "atlas": ("atlas", None), "atlas-gloo-gates": ("atlas", "gloo")}
+# The runs a backend token names: BACKEND, the gates torch's decorators decide with, and
+# the environment of the run. On one host every rank is in one site, where atlas hands
+# its collectives to a gloo group of the site (ATLAS_INTRA_SITE=gloo, its default):
+# "atlas-own" makes atlas carry them itself (its algorithms, its channels), "atlas-sites"
+# puts every rank in a site of its own (ATLAS_SITE=rank<r>), so that every collective
+# crosses atlas channels the way it crosses a WAN between DCs.
+RUNS: dict[str, tuple[str, str | None, dict[str, str]]] = {
+    "gloo": ("gloo", None, {}),
+    "atlas": ("atlas", None, {}),
+    "atlas-gloo-gates": ("atlas", "gloo", {}),
+    "atlas-own": ("atlas", None, {"ATLAS_INTRA_SITE": "atlas"}),
+    "atlas-sites": ("atlas", None, {"ATLAS_TORCH_SUITE_SITE_PER_RANK": "1"}),
+}
 
 
 def _class_name(backend: str) -> str:
@@ -280,9 +292,12 @@ def run_config(backend: str, world_size: int, tests: list[SuiteTest], args: argp
         (temp_dir / "test_dir").mkdir()
         env = dict(os.environ)
         env.pop("INIT_METHOD", None)
-        env.pop("ATLAS_TORCH_SUITE_GATES_AS", None)
+        for name in ("ATLAS_TORCH_SUITE_GATES_AS", "ATLAS_INTRA_SITE", "ATLAS_SITE",
+                     "ATLAS_TORCH_SUITE_SITE_PER_RANK"):
+            env.pop(name, None)
         if RUNS[backend][1] is not None:
             env["ATLAS_TORCH_SUITE_GATES_AS"] = RUNS[backend][1]
+        env.update(RUNS[backend][2])
         env.update({
             "BACKEND": RUNS[backend][0], "WORLD_SIZE": str(world_size), "TEMP_DIR": str(temp_dir),
             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(args.timeout),
@@ -508,6 +523,10 @@ def readme(summary: Summary) -> str:
              else " (no uncommitted change under atlas_transport/ or tests/torch_suite/)")
     if r.commit_at_end:
         dirty += f"; HEAD was {r.commit_at_end} when it finished"
+    for m in r.merged:
+        changed = f", uncommitted changes in {', '.join(m.dirty_paths)}" if m.dirty_paths else ""
+        dirty += (f"\n- merged into it (`--table --merge`): runs {', '.join(m.backends)} by "
+                  f"`{m.command}`, {m.started} to {m.finished}, commit {m.commit}{changed}")
     return f"""# PyTorch's distributed suite: gloo against atlas
 
 PyTorch's `torch.testing._internal.distributed.distributed_test` run with gloo and atlas
@@ -567,6 +586,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=DEFAULT_OUT)
     ap.add_argument("--list", action="store_true", help="print the selection and exit")
     ap.add_argument("--table", type=Path, default=None, help="print the tables of a kept run")
+    ap.add_argument("--merge", type=Path, action="append", default=[],
+                    help="with --table: add this run folder's outcomes (other backends, same "
+                         "selection) to the kept run's, which then holds both")
     args = ap.parse_args(argv)
 
     if args.table is not None:
@@ -576,6 +598,17 @@ def main(argv: list[str] | None = None) -> int:
         tests = [SuiteTest.model_validate(t) for t in json.loads((kept / "tests.json").read_text())]
         outcomes = [TestOutcome.model_validate_json(line) for line in
                     (kept / "outcomes.jsonl").read_text().splitlines() if line.strip()]
+        for other in args.merge:
+            more = RunInfo.model_validate(json.loads((other / "summary.json").read_text())["run"])
+            if more.select != run.select or more.pattern != run.pattern:
+                raise SystemExit(f"--merge {other}: selection {more.select!r} -k {more.pattern!r} "
+                                 f"differs from {kept}'s {run.select!r} -k {run.pattern!r}")
+            new = [b for b in more.backends if b not in run.backends]
+            outcomes += [o for line in (other / "outcomes.jsonl").read_text().splitlines()
+                         if line.strip() and (o := TestOutcome.model_validate_json(line)).backend in new]
+            run.backends += new
+            run.merged.append(more)
+        write_outcomes(kept, outcomes)
         summary = summarize(tests, outcomes, run)
         (kept / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
         (kept / "summary.md").write_text(markdown(summary), encoding="utf-8")

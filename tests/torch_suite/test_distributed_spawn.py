@@ -161,6 +161,10 @@ class TestDistBackendWithSpawn(TestDistBackend, DistributedTest._DistTestBase):
             _distributed_test.INIT_METHOD = os.environ.get("INIT_METHOD", "env://")
         if GATES_AS is not None:
             _groups_of_gloo_on_atlas()
+        if os.environ.get("ATLAS_TORCH_SUITE_SITE_PER_RANK") == "1":
+            # every rank a site of its own: atlas's collectives cross its channels as
+            # between DCs (atlas_transport/torch/topology.py reads ATLAS_SITE)
+            os.environ["ATLAS_SITE"] = f"rank{rank}"
         super()._run(rank, test_name, file_name, pipe, **kwargs)
 
     if START_METHOD == "forkserver":

@@ -303,7 +303,7 @@ def run_config(backend: str, world_size: int, tests: list[SuiteTest], args: argp
             "DISTRIBUTED_TESTS_DEFAULT_TIMEOUT": str(args.timeout),
             "ATLAS_TORCH_SUITE": "1", "ATLAS_TORCH_SUITE_RECORD": str(record),
             "ATLAS_TORCH_SUITE_START": args.start,
-            "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p),
+            "PYTHONPATH": os.pathsep.join(p for p in (env.get("PYTHONPATH", ""), str(REPO)) if p),
         })
         if args.atlas_features is not None:
             env["ATLAS_TORCH_SUITE_FEATURES"] = args.atlas_features

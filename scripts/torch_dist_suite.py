@@ -525,8 +525,9 @@ def readme(summary: Summary) -> str:
         dirty += f"; HEAD was {r.commit_at_end} when it finished"
     for m in r.merged:
         changed = f", uncommitted changes in {', '.join(m.dirty_paths)}" if m.dirty_paths else ""
-        dirty += (f"\n- merged into it (`--table --merge`): runs {', '.join(m.backends)} by "
-                  f"`{m.command}`, {m.started} to {m.finished}, commit {m.commit}{changed}")
+        dirty += (f"\n- merged into it (`--table --merge`): runs {', '.join(m.backends)} at "
+                  f"{', '.join(map(str, m.world_sizes))} ranks, by `{m.command}`, {m.started} to "
+                  f"{m.finished}, commit {m.commit}{changed}")
     return f"""# PyTorch's distributed suite: gloo against atlas
 
 PyTorch's `torch.testing._internal.distributed.distributed_test` run with gloo and atlas
@@ -587,8 +588,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--list", action="store_true", help="print the selection and exit")
     ap.add_argument("--table", type=Path, default=None, help="print the tables of a kept run")
     ap.add_argument("--merge", type=Path, action="append", default=[],
-                    help="with --table: add this run folder's outcomes (other backends, same "
-                         "selection) to the kept run's, which then holds both")
+                    help="with --table: add this run folder's outcomes (the backends and world "
+                         "sizes the kept run lacks, same selection) to the kept run's")
     args = ap.parse_args(argv)
 
     if args.table is not None:
@@ -603,10 +604,15 @@ def main(argv: list[str] | None = None) -> int:
             if more.select != run.select or more.pattern != run.pattern:
                 raise SystemExit(f"--merge {other}: selection {more.select!r} -k {more.pattern!r} "
                                  f"differs from {kept}'s {run.select!r} -k {run.pattern!r}")
-            new = [b for b in more.backends if b not in run.backends]
-            outcomes += [o for line in (other / "outcomes.jsonl").read_text().splitlines()
-                         if line.strip() and (o := TestOutcome.model_validate_json(line)).backend in new]
-            run.backends += new
+            have = {(o.backend, o.world_size) for o in outcomes}
+            added = [o for line in (other / "outcomes.jsonl").read_text().splitlines()
+                     if line.strip() and ((o := TestOutcome.model_validate_json(line)).backend,
+                                          o.world_size) not in have]
+            outcomes += added
+            run.backends += [b for b in more.backends if b not in run.backends]
+            run.world_sizes = sorted({*run.world_sizes, *(o.world_size for o in added)})
+            more.backends = sorted({o.backend for o in added})
+            more.world_sizes = sorted({o.world_size for o in added})
             run.merged.append(more)
         write_outcomes(kept, outcomes)
         summary = summarize(tests, outcomes, run)

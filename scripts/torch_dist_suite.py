@@ -400,6 +400,8 @@ def compare(tests: list[SuiteTest], outcomes: list[TestOutcome], label: str) -> 
     exceptions: list[Exception_] = []
     atlas_only: dict[str, list[str]] = {}
     for ws in world_sizes:
+        if not any(o.backend == label and o.world_size == ws for o in outcomes):
+            continue
         both[str(ws)] = 0
         atlas_only[str(ws)] = []
         for t in tests:
@@ -411,7 +413,7 @@ def compare(tests: list[SuiteTest], outcomes: list[TestOutcome], label: str) -> 
                 both[str(ws)] += 1
             elif gloo.outcome == "passed":
                 gates = gates_for(atlas.message, by_name[t.name].gates)
-                if atlas.outcome == "skipped" and gates and label == "atlas":
+                if atlas.outcome == "skipped" and gates and label != "atlas-gloo-gates":
                     kind = "torch gate by backend name"
                 elif atlas.outcome == "skipped":
                     kind = "skipped by torch"
@@ -494,12 +496,19 @@ def markdown(summary: Summary) -> str:
         out += ["", f"**gloo against {label}**: " + ", ".join(
             f"{n} pass with both at {ws} ranks" for ws, n in sorted(comp.both_pass.items())), ""]
         placed = label == "atlas" and any(e.in_gloo_place for e in comp.exceptions)
-        if comp.exceptions:
+        listed = comp.exceptions
+        if label != "atlas":  # torch's gates are the atlas table's; list the rest
+            gated = [e for e in listed if e.kind == "torch gate by backend name"]
+            listed = [e for e in listed if e.kind != "torch gate by backend name"]
+            if gated:
+                out += [f"{len(gated)} skipped by torch's gates by backend name over all world "
+                        "sizes, as listed for atlas" + (":" if listed else "; no other exception."), ""]
+        if listed:
             out += ["| test | category | ranks | " + label + " | kind | reason | torch's gate |"
                     + (" atlas in gloo's place |" if placed else ""),
                     "|---|---|---|---|---|---|---|" + ("---|" if placed else "")]
             rows: dict[tuple, list[int]] = {}  # one row for the world sizes that agree
-            for e in sorted(comp.exceptions, key=lambda e: (e.kind, e.test, e.world_size)):
+            for e in sorted(listed, key=lambda e: (e.kind, e.test, e.world_size)):
                 gate = e.gates[0] if e.gates and e.kind == "torch gate by backend name" else ""
                 key = (e.test, e.category, e.atlas_outcome, e.kind, first_line(e.reason), gate,
                        e.in_gloo_place)

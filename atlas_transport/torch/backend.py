@@ -27,6 +27,7 @@ import torch
 import torch.distributed as dist
 
 from . import collectives as C
+from . import intrasite as I
 from .anysource import AnySource
 from .mesh import COLL_TAG, MAX_P2P_TAG, PeerMesh, PeerOp
 from .options import AtlasOptions, resolve
@@ -199,6 +200,7 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._seq = 0
         self._seq_lock = threading.Lock()
         self._coalescing: list[AtlasWork] | None = None
+        self._pending = 0  # collectives queued for the collectives thread and not yet run
         self._broken: AtlasError | None = None
         self._scratch_bufs: dict[torch.dtype, torch.Tensor] = {}  # used by the collectives thread only
         self._posting = Posting(self._mesh, store, self.options.intra_site)  # topology and detached sends, used by the collectives thread only
@@ -383,9 +385,36 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         with self._seq_lock:
             seq = self._seq
             self._seq += 1
+            self._pending += 1
         work = self._coalesce(AtlasWork(f"{name} #{seq} of group {self._label!r} on rank {self._rank}", result))
         self._queue.put((work, body))
         return work
+
+    def _direct(self, site: I.SiteGroup, name: str, result: list[torch.Tensor], gloo_work) -> AtlasWork:
+        """The work of a collective handed to the site's gloo group from this thread."""
+        what = f"{name} #{self._seq - 1} of group {self._label!r} on rank {self._rank}"
+        return I.GlooWork(what, result, site, gloo_work)
+
+    def _direct_site(self, tensors: Sequence[torch.Tensor]) -> I.SiteGroup | None:
+        """The site's gloo group when this collective goes to it straight from the
+        caller's thread (gloo's own work returned, no hand-off to the collectives
+        thread): the group is one site on gloo, nothing is queued before it (so gloo
+        sees the collectives in call order), no coalescing block is open, and every
+        tensor is a plain contiguous CPU tensor of a dtype gloo takes. Counts the
+        collective's sequence number when it answers a group."""
+        site = self._posting.site
+        if (site is None or not site.whole or self._pending or self._coalescing is not None
+                or self._broken is not None):
+            return None
+        for t in tensors:
+            if (t.device.type != "cpu" or t.layout != torch.strided or not t.is_contiguous() or t.is_conj()
+                    or t.is_neg() or t.dtype not in I.GLOO_DTYPES):
+                return None
+        with self._seq_lock:
+            if self._pending:
+                return None
+            self._seq += 1
+        return site
 
     def _run(self) -> None:
         while True:
@@ -393,21 +422,26 @@ class ProcessGroupAtlas(dist.ProcessGroup):
             if item is None:
                 return
             work, body = item
-            if self._broken is not None:
-                work._fail(AtlasError(f"atlas: {work.what}: the group failed earlier: {self._broken}"))
-                continue
-            deadline = time.monotonic() + self._timeout_s
-            try:
-                body(self._posting.net(work.what, deadline))  # an xfer(sends, recvs) and a post/wait Net
-            except AtlasError as exc:
-                if work.what not in str(exc):  # e.g. from the store, before any transfer: name the operation
-                    exc = AtlasError(f"atlas: {work.what}: {str(exc).removeprefix('atlas: ')}")
-                self._broken = exc
-                work._fail(exc)
-            except Exception as exc:  # noqa: BLE001 - a bad argument: this collective fails, the group lives
-                work._fail(exc)
-            else:
-                work._finish()
+            err = self._run_one(work, body)
+            with self._seq_lock:  # before completing: the caller's next collective may go to gloo directly
+                self._pending -= 1
+            work._complete(err)
+
+    def _run_one(self, work: AtlasWork, body: Callable[[C.Xfer], None]) -> BaseException | None:
+        """Run one queued collective; its error, or None."""
+        if self._broken is not None:
+            return AtlasError(f"atlas: {work.what}: the group failed earlier: {self._broken}")
+        deadline = time.monotonic() + self._timeout_s
+        try:
+            body(self._posting.net(work.what, deadline))  # an xfer(sends, recvs) and a post/wait Net
+        except AtlasError as exc:
+            if work.what not in str(exc):  # e.g. from the store, before any transfer: name the operation
+                exc = AtlasError(f"atlas: {work.what}: {str(exc).removeprefix('atlas: ')}")
+            self._broken = exc
+            return exc
+        except Exception as exc:  # noqa: BLE001 - a bad argument: this collective fails, the group lives
+            return exc
+        return None
 
     def _xfer(self, sends, recvs, what: str, deadline: float) -> None:
         ops = [PeerOp("recv", p, t, COLL_TAG, deadline, what) for p, t in recvs]
@@ -492,6 +526,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         if any(t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
         name, factor = self._reduce_op(opts, "all_reduce", tensors)
+        site = self._direct_site(tensors) if len(tensors) == 1 and factor is None and name != "AVG" else None
+        if site is not None:
+            return self._direct(site, f"all_reduce({name})", tensors,
+                                site.pg.allreduce(list(tensors), I.allreduce_options(name)))
         staged = self._flat(tensors)
 
         def body(xfer: C.Xfer) -> None:
@@ -544,6 +582,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
         root = opts.rootRank if opts is not None else 0
+        site = self._direct_site(tensors) if len(tensors) == 1 and 0 <= root < self._size else None
+        if site is not None:
+            return self._direct(site, f"broadcast(root {root})", tensors,
+                                site.pg.broadcast(list(tensors), I.broadcast_options(root)))
         staged = self._flat(tensors, read=self._rank == root)
 
         def body(xfer: C.Xfer) -> None:
@@ -602,6 +644,9 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def all_gather_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> AtlasWork:
         pair = self._single_gather("all_gather_into_tensor", output, input)
+        site = self._direct_site([output, input])
+        if site is not None:
+            return self._direct(site, "all_gather_into_tensor", [output], site.pg._allgather_base(output, input))
         return self._run_gathers("all_gather_into_tensor", [pair], [output])
 
     _allgather_base = all_gather_single
@@ -650,6 +695,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> AtlasWork:
         name, factor = self._reduce_op(opts, "reduce_scatter_tensor", [output])
         pair = self._single_scatter("reduce_scatter_tensor", output, input)
+        site = self._direct_site([output, input]) if factor is None and name != "AVG" else None
+        if site is not None:
+            return self._direct(site, f"reduce_scatter_tensor({name})", [output],
+                                site.pg._reduce_scatter_base(output, input, I.reduce_scatter_options(name)))
         return self._run_reduce_scatters(name, factor, "reduce_scatter_tensor", [pair], [output])
 
     _reduce_scatter_base = reduce_scatter_single

@@ -15,6 +15,7 @@ depends only on the dtype, so every rank makes the same one."""
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from datetime import timedelta
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from .reduction import finish_avg
 from .topology import Topology
-from .work import AtlasError
+from .work import AtlasError, AtlasWork
 
 GLOO_DTYPES = frozenset({torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int8, torch.uint8,
                          torch.int32, torch.int64})
@@ -57,19 +58,63 @@ class SiteGroup:
                              f"{list(self.ranks)}) on {host} could not be built: {str(exc).splitlines()[0]}; set "
                              f"ATLAS_INTRA_SITE=atlas to run collectives inside a site on atlas channels") from None
 
+    def error(self, what: str, exc: BaseException) -> AtlasError:
+        """`what` failed on the site's gloo group: an AtlasError naming the other ranks."""
+        others = ", ".join(f"rank {r}" for i, r in enumerate(self.ranks) if i != self.local)
+        return AtlasError(f"atlas: {what}: the gloo group of this rank's site (group ranks {list(self.ranks)}) "
+                          f"failed: one of the other ranks ({others}) is silent, gone, or not running the same "
+                          f"collectives ({type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''})")
+
     def run(self, what: str, work) -> None:
         """Wait for a gloo work; its failure breaks the atlas group (AtlasError)."""
         try:
             work.wait()
         except RuntimeError as exc:
-            raise AtlasError(f"atlas: the gloo group of site {self.site} (group ranks {list(self.ranks)}) failed "
-                             f"in {what}: {str(exc).splitlines()[0]}") from None
+            raise self.error(what, exc) from None
 
     def shutdown(self) -> None:
         try:
             self.pg.abort()
         except RuntimeError:
             pass
+
+
+class GlooWork(AtlasWork):
+    """A collective the caller's thread handed to the site's gloo group: gloo's work,
+    with atlas's name for it and atlas's error message from wait(). Its future is gloo's."""
+
+    def __init__(self, what: str, result: list[torch.Tensor], site: SiteGroup, work) -> None:
+        super().__init__(what, result)
+        self._site, self._gloo = site, work
+
+    def _complete(self, exc: BaseException | None) -> None:
+        with self._lock:  # the future, if any, is gloo's: it completes by itself
+            if not self._event.is_set():
+                self._error = exc
+                self._event.set()
+
+    def _drive(self) -> None:
+        if self._event.is_set():
+            return
+        try:
+            self._gloo.wait()
+        except RuntimeError as exc:
+            self._complete(self._site.error(self.what, exc))
+        else:
+            self._complete(None)
+
+    def is_completed(self) -> bool:
+        if not self._event.is_set() and self._gloo.is_completed():
+            self._drive()
+        return self._event.is_set()
+
+    def _start_watch(self) -> None:
+        threading.Thread(target=self._drive, daemon=True, name="atlas-gloo-watch").start()
+
+    def get_future(self):
+        """gloo's own future (its value: the result tensors; no Python callback in
+        gloo's threads, no thread of ours). wait() names a failure in atlas's words."""
+        return self._gloo.get_future()
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -97,6 +142,18 @@ def _opts(cls, **fields):
     for k, v in fields.items():
         setattr(o, k, v)
     return o
+
+
+def allreduce_options(name: str) -> dist.AllreduceOptions:
+    return _opts(dist.AllreduceOptions, reduceOp=_GLOO_OPS[name])
+
+
+def broadcast_options(root: int) -> dist.BroadcastOptions:
+    return _opts(dist.BroadcastOptions, rootRank=root, rootTensor=0)
+
+
+def reduce_scatter_options(name: str) -> dist.ReduceScatterOptions:
+    return _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])
 
 
 # --- one collective over the site group (local ranks) -----------------------------------------

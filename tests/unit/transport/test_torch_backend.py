@@ -312,7 +312,11 @@ def test_a_stopped_peer_is_lost_by_its_heartbeats(tmp_path):
         save({"error": f"{type(exc).__name__}: {exc}", "after_s": time.monotonic() - t0})
     os._exit(0)
     """
-    rcs, outs, res = launch(tmp_path, body, 2, {"ATLAS_IDLE_TIMEOUT_S": "2"}, timeout=60, stop_rank=0)
+    # ATLAS_INTRA_SITE=atlas: the barrier opens the pair's atlas channel (on gloo, the default
+    # for ranks of one site, it would not, and a channel first opened to a stopped peer
+    # waits for its hello up to the group's timeout: no heartbeats before it is open)
+    rcs, outs, res = launch(tmp_path, body, 2, {"ATLAS_IDLE_TIMEOUT_S": "2", "ATLAS_INTRA_SITE": "atlas"},
+                            timeout=60, stop_rank=0)
     err = res[1]["error"]
     assert err.startswith("AtlasError: atlas: recv of (3,) float32 from rank 0"), outs[1]
     assert "lost rank 0" in err and res[1]["after_s"] < 20

@@ -73,10 +73,10 @@ class SiteGroup:
             raise self.error(what, exc) from None
 
     def shutdown(self) -> None:
-        try:
-            self.pg.abort()
-        except RuntimeError:
-            pass
+        """Drop the gloo group here, on the thread that shuts the atlas group down (the
+        caller of destroy_process_group): left to the last reference, its destructor
+        could run on a daemon thread that Python's exit kills mid-way (std::terminate)."""
+        self.pg = None
 
 
 class GlooWork(AtlasWork):

@@ -25,7 +25,7 @@ should the pytest process itself stop making progress, it is killed with its ran
 test it was in is recorded as "hung", and a new process takes the rest.
 
 Writes under --out: ``outcomes.csv`` (one row per test, backend and world size),
-``summary.json`` (the counts, and each test that passes with gloo but not with atlas with
+``suite-counts.json`` (the counts, and each test that passes with gloo but not with atlas with
 its reason: atlas's error, or torch's gate by backend name quoted from
 distributed_test.py with its line), ``run.json`` (command, date, commit, torch version)
 and the pytest logs under ``logs/``. The tables print at the end.
@@ -552,7 +552,7 @@ PyTorch's `torch.testing._internal.distributed.distributed_test` run with gloo a
 - atlas declared in DistTestCases.backend_feature: {", ".join(r.atlas_features) or "none"}
 
 Files: `outcomes.csv` / `outcomes.jsonl` (one row per test, run and world size: outcome,
-seconds, the skip reason or the ranks' error), `summary.json` and `summary.md` (the counts,
+seconds, the skip reason or the ranks' error), `suite-counts.json` and `summary.md` (the counts,
 and each test that passes with gloo and not with atlas, with its reason and torch's gate
 quoted from distributed_test.py with its line), `tests.json` (the selected tests, their
 category and gates). The run also writes `logs/` (each run's pytest log and per-test
@@ -604,12 +604,12 @@ def main(argv: list[str] | None = None) -> int:
     if args.table is not None:
         # rebuilt from the kept outcomes, so that a kept run gets this script's comparisons
         kept = args.table
-        run = RunInfo.model_validate(json.loads((kept / "summary.json").read_text())["run"])
+        run = RunInfo.model_validate(json.loads((kept / "suite-counts.json").read_text())["run"])
         tests = [SuiteTest.model_validate(t) for t in json.loads((kept / "tests.json").read_text())]
         outcomes = [TestOutcome.model_validate_json(line) for line in
                     (kept / "outcomes.jsonl").read_text().splitlines() if line.strip()]
         for other in args.merge:
-            more = RunInfo.model_validate(json.loads((other / "summary.json").read_text())["run"])
+            more = RunInfo.model_validate(json.loads((other / "suite-counts.json").read_text())["run"])
             if more.select != run.select or more.pattern != run.pattern:
                 raise SystemExit(f"--merge {other}: selection {more.select!r} -k {more.pattern!r} "
                                  f"differs from {kept}'s {run.select!r} -k {run.pattern!r}")
@@ -625,7 +625,7 @@ def main(argv: list[str] | None = None) -> int:
             run.merged.append(more)
         write_outcomes(kept, outcomes)
         summary = summarize(tests, outcomes, run)
-        (kept / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
+        (kept / "suite-counts.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
         (kept / "summary.md").write_text(markdown(summary), encoding="utf-8")
         (kept / "README.md").write_text(readme(summary), encoding="utf-8")
         print_tables(summary)
@@ -676,7 +676,7 @@ def main(argv: list[str] | None = None) -> int:
         atlas_features=features, backends=backends, world_sizes=world_sizes)
     summary = summarize(tests, outcomes, run)
     write_outcomes(out, outcomes)
-    (out / "summary.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
+    (out / "suite-counts.json").write_text(summary.model_dump_json(indent=1) + "\n", encoding="utf-8")
     (out / "summary.md").write_text(markdown(summary), encoding="utf-8")
     (out / "README.md").write_text(readme(summary), encoding="utf-8")
     (out / "tests.json").write_text(json.dumps([t.model_dump() for t in tests], indent=1) + "\n",

@@ -16,6 +16,7 @@ Output (stdout, one JSON object per line; everything else goes to stderr):
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -27,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch import nn
 
 BACKENDS = ("gloo", "atlas")
 
@@ -104,3 +106,40 @@ def seeded(seed: int) -> torch.Generator:
     gen = torch.Generator()
     gen.manual_seed(seed)
     return gen
+
+
+# --- the residual MLP model of fsdp2.py and mesh2d.py ------------------------------
+
+
+class Block(nn.Module):
+    """x + W2 gelu(W1 layernorm(x)): a transformer's MLP half."""
+
+    def __init__(self, dim: int, hidden: int) -> None:
+        super().__init__()
+        self.norm = nn.LayerNorm(dim)
+        self.up = nn.Linear(dim, hidden)
+        self.down = nn.Linear(hidden, dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
+
+
+class Model(nn.Module):
+    """`--blocks` residual MLP blocks, a final layer norm and a linear head."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        super().__init__()
+        self.blocks = nn.ModuleList(Block(args.dim, args.hidden) for _ in range(args.blocks))
+        self.norm = nn.LayerNorm(args.dim)
+        self.head = nn.Linear(args.dim, args.dim)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        for block in self.blocks:
+            x = block(x)
+        return self.head(self.norm(x))
+
+
+def build_model(args: argparse.Namespace) -> Model:
+    """The model, seeded with `--seed` (every rank and the reference build the same)."""
+    torch.manual_seed(args.seed)
+    return Model(args)

@@ -25,6 +25,7 @@ from torch import nn
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
     backend_from_env,
+    build_model,
     emit,
     init_distributed,
     log,
@@ -53,37 +54,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if getattr(args, name) < 1:
             p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
     return args
-
-
-class Block(nn.Module):
-    """x + W2 gelu(W1 layernorm(x)): a transformer's MLP half."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(args.dim, args.hidden) for _ in range(args.blocks))
-        self.norm = nn.LayerNorm(args.dim)
-        self.head = nn.Linear(args.dim, args.dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def build_model(args: argparse.Namespace) -> Model:
-    torch.manual_seed(args.seed)
-    return Model(args)
 
 
 def global_batch(args: argparse.Namespace, world: int, step: int) -> tuple[torch.Tensor, torch.Tensor]:

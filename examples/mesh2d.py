@@ -32,7 +32,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    Model,
     backend_from_env,
+    build_model,
     emit,
     init_distributed,
     log,
@@ -66,37 +68,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.world % args.tp:
         p.error(f"--world {args.world} is not a multiple of --tp {args.tp}")
     return args
-
-
-class Block(nn.Module):
-    """x + down(gelu(up(layernorm(x)))): a transformer's MLP half."""
-
-    def __init__(self, dim: int, hidden: int) -> None:
-        super().__init__()
-        self.norm = nn.LayerNorm(dim)
-        self.up = nn.Linear(dim, hidden)
-        self.down = nn.Linear(hidden, dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return x + self.down(nn.functional.gelu(self.up(self.norm(x))))
-
-
-class Model(nn.Module):
-    def __init__(self, args: argparse.Namespace) -> None:
-        super().__init__()
-        self.blocks = nn.ModuleList(Block(args.dim, args.hidden) for _ in range(args.blocks))
-        self.norm = nn.LayerNorm(args.dim)
-        self.head = nn.Linear(args.dim, args.dim)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        for block in self.blocks:
-            x = block(x)
-        return self.head(self.norm(x))
-
-
-def build_model(args: argparse.Namespace) -> Model:
-    torch.manual_seed(args.seed)
-    return Model(args)
 
 
 def replica_batch(args: argparse.Namespace, dp: int, step: int, replica: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -108,6 +108,27 @@ def seeded(seed: int) -> torch.Generator:
     return gen
 
 
+# --- the flags every example takes ---------------------------------------------------
+
+
+def add_common_args(p: argparse.ArgumentParser, *, reference: str, world: int) -> None:
+    """--lr, --seed, --threads, --save, --reference (`reference`: what one process runs)
+    and --world (the ranks the reference stands for, `world` by default)."""
+    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
+    p.add_argument("--seed", type=int, default=1, help="seed of the parameters and the data")
+    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
+    p.add_argument("--save", default=None, metavar="DIR", help="save the final parameters to DIR/rank-<k>.pt")
+    p.add_argument("--reference", action="store_true", help=reference)
+    p.add_argument("--world", type=int, default=world, help="ranks the reference stands for (else the world size)")
+
+
+def check_at_least_one(p: argparse.ArgumentParser, args: argparse.Namespace, names: tuple[str, ...]) -> None:
+    """Refuse (argparse's usage error) any of the integer options `names` below 1."""
+    for name in names:
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
 # --- the residual MLP model of fsdp2.py and mesh2d.py ------------------------------
 
 

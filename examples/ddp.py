@@ -23,7 +23,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    add_common_args,
     backend_from_env,
+    check_at_least_one,
     emit,
     init_distributed,
     log,
@@ -40,16 +42,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--batch", type=int, default=256, help="rows per rank per step")
     p.add_argument("--inputs", type=int, default=64, help="input features")
     p.add_argument("--hidden", type=int, default=1024, help="hidden size (parameters ~ 2 x inputs x hidden)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=1, help="seed of the parameters and the data")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--save", default=None, metavar="DIR", help="save the final parameters to DIR/rank-<k>.pt")
-    p.add_argument("--reference", action="store_true", help="one process, the whole global batch")
-    p.add_argument("--world", type=int, default=2, help="ranks the reference stands for (else the world size)")
+    add_common_args(p, reference="one process, the whole global batch", world=2)
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "inputs", "hidden", "world", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least_one(p, args, ("steps", "batch", "inputs", "hidden", "world", "threads"))
     return args
 
 

@@ -24,8 +24,10 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    add_common_args,
     backend_from_env,
     build_model,
+    check_at_least_one,
     emit,
     init_distributed,
     log,
@@ -43,16 +45,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--dim", type=int, default=256, help="model width")
     p.add_argument("--hidden", type=int, default=1024, help="hidden size of each block's MLP")
     p.add_argument("--blocks", type=int, default=4, help="residual blocks (one fully_shard unit each)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=1, help="seed of the parameters and the data")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--save", default=None, metavar="DIR", help="save the final parameters to DIR/rank-<k>.pt")
-    p.add_argument("--reference", action="store_true", help="one process, the whole global batch")
-    p.add_argument("--world", type=int, default=2, help="ranks the reference stands for (else the world size)")
+    add_common_args(p, reference="one process, the whole global batch", world=2)
     args = p.parse_args(argv)
-    for name in ("steps", "batch", "dim", "hidden", "blocks", "world", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least_one(p, args, ("steps", "batch", "dim", "hidden", "blocks", "world", "threads"))
     return args
 
 

@@ -30,7 +30,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    add_common_args,
     backend_from_env,
+    check_at_least_one,
     emit,
     init_distributed,
     log,
@@ -48,16 +50,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--microbatches", type=int, default=4, help="micro-batches per replica per step")
     p.add_argument("--rows", type=int, default=4096, help="rows per micro-batch")
     p.add_argument("--hidden", type=int, default=64, help="hidden size (boundary tensor: rows x hidden x 4 bytes)")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=1, help="seed of the parameters and the data")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--save", default=None, metavar="DIR", help="save the final parameters to DIR/rank-<k>.pt")
-    p.add_argument("--reference", action="store_true", help="one process, every replica's data")
-    p.add_argument("--world", type=int, default=4, help="ranks the reference stands for (else the world size)")
+    add_common_args(p, reference="one process, every replica's data", world=4)
     args = p.parse_args(argv)
-    for name in ("stages", "steps", "microbatches", "rows", "hidden", "world", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name} must be at least 1, got {getattr(args, name)}")
+    check_at_least_one(p, args, ("stages", "steps", "microbatches", "rows", "hidden", "world", "threads"))
     if args.world % args.stages:
         p.error(f"--world {args.world} is not a multiple of --stages {args.stages}")
     return args

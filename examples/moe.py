@@ -41,7 +41,9 @@ from torch import nn
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _common import (  # noqa: E402
+    add_common_args,
     backend_from_env,
+    check_at_least_one,
     emit,
     init_distributed,
     log,
@@ -62,16 +64,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--top-k", type=int, default=2, help="experts each token is routed to")
     p.add_argument("--a2a", choices=("functional", "c10d"), default="functional",
                    help="the differentiable all_to_all_single to use")
-    p.add_argument("--lr", type=float, default=0.05, help="SGD learning rate")
-    p.add_argument("--seed", type=int, default=1, help="seed of the parameters and the data")
-    p.add_argument("--threads", type=int, default=1, help="torch threads per process")
-    p.add_argument("--save", default=None, metavar="DIR", help="save the final parameters to DIR/rank-<k>.pt")
-    p.add_argument("--reference", action="store_true", help="one process, every rank's tokens and every expert")
-    p.add_argument("--world", type=int, default=4, help="ranks the reference stands for (else the world size)")
+    add_common_args(p, reference="one process, every rank's tokens and every expert", world=4)
     args = p.parse_args(argv)
-    for name in ("steps", "tokens", "dim", "hidden", "experts_per_rank", "top_k", "world", "threads"):
-        if getattr(args, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+    check_at_least_one(p, args, ("steps", "tokens", "dim", "hidden", "experts_per_rank", "top_k", "world", "threads"))
     if args.reference and args.top_k > args.experts_per_rank * args.world:
         p.error(f"--top-k {args.top_k} is more than the {args.experts_per_rank * args.world} experts "
                 f"(--experts-per-rank {args.experts_per_rank} x --world {args.world})")

@@ -22,7 +22,7 @@ import json
 import os
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -127,6 +127,28 @@ def check_at_least_one(p: argparse.ArgumentParser, args: argparse.Namespace, nam
     for name in names:
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1, got {getattr(args, name)}")
+
+
+# --- the one-process reference ---------------------------------------------------------
+
+
+def train_reference(model: torch.nn.Module, args: argparse.Namespace,
+                    shard_losses: Callable[[int], list[torch.Tensor]]) -> None:
+    """--reference: `args.steps` SGD steps of `model` in one process, each on the mean of
+    `shard_losses(step)` (one loss per rank or replica, as the distributed run averages
+    its gradients); one JSON line per step, then the final parameters' digest (and
+    DIR/reference.pt with --save)."""
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
+    for step in range(args.steps):
+        with timed() as took:
+            opt.zero_grad(set_to_none=True)
+            loss = torch.stack(shard_losses(step)).mean()
+            loss.backward()
+            opt.step()
+        emit(step=step, loss=float(loss.detach()), step_s=round(took[0], 6), rank=0)
+    named = dict(model.named_parameters())
+    emit(final=True, rank=0, params=param_digest(named))
+    save_params(args.save, "reference.pt", named)
 
 
 # --- the residual MLP model of fsdp2.py and mesh2d.py ------------------------------

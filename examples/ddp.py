@@ -33,6 +33,7 @@ from _common import (  # noqa: E402
     save_params,
     seeded,
     timed,
+    train_reference,
 )
 
 
@@ -65,20 +66,12 @@ def reference(args: argparse.Namespace) -> None:
     """The same steps in one process: the shards' mean losses averaged, as DDP averages
     the gradients."""
     model = build_model(args)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    for step in range(args.steps):
+
+    def shard_losses(step: int) -> list[torch.Tensor]:
         x, y = global_batch(args, args.world, step)
-        with timed() as took:
-            opt.zero_grad(set_to_none=True)
-            losses = [nn.functional.mse_loss(model(xs), ys)
-                      for xs, ys in zip(x.chunk(args.world), y.chunk(args.world), strict=True)]
-            loss = torch.stack(losses).mean()
-            loss.backward()
-            opt.step()
-        emit(step=step, loss=float(loss.detach()), step_s=round(took[0], 6), rank=0)
-    named = dict(model.named_parameters())
-    emit(final=True, rank=0, params=param_digest(named))
-    save_params(args.save, "reference.pt", named)
+        return [nn.functional.mse_loss(model(xs), ys)
+                for xs, ys in zip(x.chunk(args.world), y.chunk(args.world), strict=True)]
+    train_reference(model, args, shard_losses)
 
 
 def distributed(args: argparse.Namespace) -> None:

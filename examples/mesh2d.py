@@ -44,6 +44,7 @@ from _common import (  # noqa: E402
     save_params,
     seeded,
     timed,
+    train_reference,
 )
 
 
@@ -78,22 +79,12 @@ def reference(args: argparse.Namespace) -> None:
     replicas as FSDP averages the gradients over ``dp`` (tensor parallelism splits the
     arithmetic, not the data)."""
     model = build_model(args)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
     dp = args.world // args.tp
-    for step in range(args.steps):
-        with timed() as took:
-            opt.zero_grad(set_to_none=True)
-            losses = []
-            for r in range(dp):
-                xs, ys = replica_batch(args, dp, step, r)
-                losses.append(nn.functional.mse_loss(model(xs), ys))
-            loss = torch.stack(losses).mean()
-            loss.backward()
-            opt.step()
-        emit(step=step, loss=float(loss.detach()), step_s=round(took[0], 6), rank=0)
-    named = dict(model.named_parameters())
-    emit(final=True, rank=0, params=param_digest(named))
-    save_params(args.save, "reference.pt", named)
+
+    def replica_losses(step: int) -> list[torch.Tensor]:
+        return [nn.functional.mse_loss(model(xs), ys)
+                for xs, ys in (replica_batch(args, dp, step, r) for r in range(dp))]
+    train_reference(model, args, replica_losses)
 
 
 def distributed(args: argparse.Namespace) -> None:

@@ -51,6 +51,7 @@ from _common import (  # noqa: E402
     save_params,
     seeded,
     timed,
+    train_reference,
 )
 
 
@@ -150,22 +151,15 @@ def reference(args: argparse.Namespace) -> None:
     """The same steps in one process: every rank's tokens through the same MoE with all
     experts here; the loss is the mean of the ranks' mean losses."""
     model = build_model(args, args.world)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    for step in range(args.steps):
-        with timed() as took:
-            opt.zero_grad(set_to_none=True)
-            losses = []
-            for r in range(args.world):
-                xs, ys = rank_tokens(args, args.world, step, r)
-                out, _ = moe_forward(model, xs, args.top_k)
-                losses.append(nn.functional.mse_loss(out, ys))
-            loss = torch.stack(losses).mean()
-            loss.backward()
-            opt.step()
-        emit(step=step, loss=float(loss.detach()), step_s=round(took[0], 6), rank=0)
-    named = dict(model.named_parameters())
-    emit(final=True, rank=0, params=param_digest(named))
-    save_params(args.save, "reference.pt", named)
+
+    def rank_losses(step: int) -> list[torch.Tensor]:
+        losses = []
+        for r in range(args.world):
+            xs, ys = rank_tokens(args, args.world, step, r)
+            out, _ = moe_forward(model, xs, args.top_k)
+            losses.append(nn.functional.mse_loss(out, ys))
+        return losses
+    train_reference(model, args, rank_losses)
 
 
 def distributed(args: argparse.Namespace) -> None:

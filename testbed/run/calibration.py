@@ -460,7 +460,8 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
     (the largest stage's gradients) between the hosts of DP neighbours, all pairs at
     once (as the rings of every stage run together), single-stream channels; rate =
     bytes each replica sends / median time (the first run, which opens the connections'
-    windows, not counted)."""
+    windows, not counted). With several pairs, then the first pair alone, the same way
+    (the planner shares the aggregate among the rings that overlap, each at most that)."""
     count = scenario.runner.calibration_transfers + 1
     times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-", agents)
     timed = times[1:]
@@ -469,6 +470,16 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
     progress.log(f"  calibration: DP all-reduce inside the DCs, {len(pairs)} ring(s) at once, "
                  f"{grad_bytes / 1e6:.1f} MB gradients: {cal.lan_rate_bps / 1e6:.0f} Mbit/s per replica "
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in timed)} ms)")
+    if len(pairs) < 2:
+        return
+    # the stages' rings start one after another (each at its stage's last backward), so
+    # a ring often runs alone or beside few others: time the first one alone too
+    times, sent = time_rings(net, scenario, folder, secret, pairs[:1], 1, grad_bytes, count, "lan-alone-", agents)
+    alone = times[1:]
+    cal.lan_alone_transfer_s = alone
+    cal.lan_alone_rate_bps = sent * 8 / max(1e-6, median(alone))
+    progress.log(f"  calibration: one of those rings alone: {cal.lan_alone_rate_bps / 1e6:.0f} Mbit/s per replica "
+                 f"(rings {', '.join(f'{t * 1e3:.0f}' for t in alone)} ms)")
 
 
 # ------------------------------------------------------------------ the run's calibration

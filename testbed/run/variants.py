@@ -102,6 +102,8 @@ class VariantSetup:
     rate_bps: float | None = None  # calibrated channel rate the a-priori prediction used
     colliding_bps: float | None = None  # calibrated aggregate of the pipelines' channels colliding
     lan_rate_bps: float | None = None  # calibrated rate of one DP all-reduce channel inside a DC
+    lan_rings: int | None = None  # how many rings inside the DCs the calibration timed at once
+    lan_alone_bps: float | None = None  # and one of them alone (calibrated)
     final_prediction: float | None = None  # the headline prediction (real devices: measured compute)
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
     sharing_requested: str = "shared"  # what the scenario asked for: "shared", "temporal" or "auto"
@@ -273,7 +275,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
                                            nominal, colliding_bps or setup.colliding_bps)
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
-                    crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps)
+                    crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
+                    lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -297,6 +300,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
             if pr.ring_alone_bps is not None:
                 rings_alone[key] = pr.ring_alone_bps
     net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
+                    lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None)
     return net, path_topology(scenario.topology, links, local)
@@ -435,6 +439,8 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
+    if cal is not None and cal.lan_alone_rate_bps is not None and cal.lan_pairs:
+        setup.lan_rings, setup.lan_alone_bps = len(cal.lan_pairs), cal.lan_alone_rate_bps
     if cal is not None and cal.paths:
         setup.path_rates = path_rates_of(placement, topo, cal, streams, _allreduce_on(scenario))
         first = first_rated(setup.path_rates)

@@ -258,6 +258,10 @@ class CalibrationReport(BaseModel):
     lan_nbytes: int | None = None  # bytes per timed transfer inside a DC
     lan_channel_rate_mbps: float | None = None  # one all-reduce channel's rate inside a DC, Mbit/s
     lan_transfer_s: list[float] | None = None  # each timed transfer inside a DC, seconds
+    # one of those rings (the first pair) timed alone, Mbit/s per replica (None: one
+    # ring only, or a summary written before this probe)
+    lan_alone_channel_rate_mbps: float | None = None
+    lan_alone_transfer_s: list[float] | None = None  # each timed run of that ring alone, seconds
     # every WAN path the variants' placements cross, each timed on its own (the first: the
     # primary path above); None in summaries written before per-path calibration
     paths: list[PathCalibrationReport] | None = None
@@ -282,6 +286,8 @@ class Calibration(_Figures):
     lan_nbytes: int | None = None
     lan_rate_bps: float | None = None
     lan_transfer_s: list[float] | None = None
+    lan_alone_rate_bps: float | None = None
+    lan_alone_transfer_s: list[float] | None = None
     paths: list[PathCalibration] = Field(default_factory=list)
     wall_s: float | None = None
 
@@ -325,6 +331,8 @@ class Calibration(_Figures):
                     + ("; inside the DCs: the workers' DP ring all-reduce of the largest stage's gradients "
                        "(lan_nbytes) between DP neighbours, all rings at once, rate = bytes each replica sends / "
                        "median ring time (the first not timed)"
+                       + ("; then the first of those rings alone, the same way (lan_alone_channel_rate_mbps)"
+                          if self.lan_alone_rate_bps is not None else "")
                        if self.lan_rate_bps is not None else "")
                     + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
                        "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
@@ -334,6 +342,8 @@ class Calibration(_Figures):
             **self.figures_report(), lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
             lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,
             lan_transfer_s=self.lan_transfer_s,
+            lan_alone_channel_rate_mbps=None if self.lan_alone_rate_bps is None else self.lan_alone_rate_bps / 1e6,
+            lan_alone_transfer_s=self.lan_alone_transfer_s,
             paths=[p.report() for p in self.paths] or None,
             wall_s=self.wall_s,
         )
@@ -345,4 +355,5 @@ class Calibration(_Figures):
         return cls(src=r.src, dst=r.dst, nbytes=r.nbytes, latency_s=r.one_way_delay_s, **cls.figures_of(r),
                    lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
+                   lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], wall_s=r.wall_s)

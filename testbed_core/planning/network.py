@@ -37,6 +37,10 @@ class NetParams:
     max_streams: int = 64
     allreduce: bool = True  # add the DP gradient all-reduce to the iteration time
     lan_rate_bps: float | None = None  # a measured rate of one channel inside a DC; overrides the DC's lan_rate
+    # the DP rings inside the DCs: how many the calibration timed at once at lan_rate_bps
+    # each, and what one of them moved timed alone (None: not measured)
+    lan_rings: int | None = None
+    lan_ring_alone_bps: float | None = None
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)
     crowded_fraction: float | None = None

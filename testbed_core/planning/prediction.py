@@ -201,7 +201,11 @@ def allreduce_time(
     least one channel's rate), or, where the rings crossing the link were measured
     running together (``net.link_ring_rate_bps``), at that aggregate: shared evenly by
     the rings still running (`shared_rings_time`), each at most what one ring moves
-    alone there (``net.link_ring_alone_bps``, when measured)."""
+    alone there (``net.link_ring_alone_bps``, when measured). Inside the DCs, where the
+    calibration timed the rings all at once and one alone (``net.lan_rings`` rings at
+    ``net.lan_rate_bps`` each, ``net.lan_ring_alone_bps``), each stage's ring starts at
+    its own last backward and shares that aggregate with the rings running beside it
+    (`staggered_rings_finish`); else each at the measured (or nominal) LAN rate."""
     dp = workload.parallelism.dp
     if dp == 1:
         return 0.0
@@ -215,6 +219,8 @@ def allreduce_time(
     wan_rings: dict[str, int] = {}
     wan_volumes: dict[str, list[float]] = {}
     routes: dict[tuple[str, str], WanPath] = {}
+    lan_starts: list[float] = []
+    lan_volumes: list[float] = []
     for k in range(sched.stages):
         r = sched.rank_of(k)
         grad_bytes = eff.stage_params[k] * dtype_bytes * workload.scale
@@ -224,6 +230,10 @@ def allreduce_time(
         hops = [(ring[i], ring[(i + 1) % dp]) for i in range(dp) if ring[i] != ring[(i + 1) % dp]]
         if not hops:
             lan = net.lan_rate_bps or topology.dc(ring[0]).lan_rate
+            if net.lan_rate_bps is not None and net.lan_ring_alone_bps is not None and net.lan_rings:
+                lan_starts.append(last_b)  # the rings inside the DCs overlap as their stages end
+                lan_volumes.append(volume)
+                continue
             finish = max(finish, last_b + volume / lan + 2 * (dp - 1) * net.lan_latency_s)
             continue
         for a, z in hops:
@@ -237,6 +247,11 @@ def allreduce_time(
                 lat, rate = wan_info.get(res, (0.0, math.inf))
                 wan_info[res] = (max(lat, wp.latency_s), min(rate, wp.rate_bps))
                 wan_rings[res] = wan_rings.get(res, 0) + 1
+    if lan_starts:  # measured: the rings all at once (an aggregate) and one alone
+        assert net.lan_rate_bps is not None and net.lan_ring_alone_bps is not None and net.lan_rings
+        ends = staggered_rings_finish(lan_starts, lan_volumes, net.lan_rings * net.lan_rate_bps,
+                                      net.lan_ring_alone_bps)
+        finish = max(finish, max(ends) + 2 * (dp - 1) * net.lan_latency_s)
     for res, bits in wan_load.items():
         lat, rate = wan_info[res]
         a, z = res.removeprefix("wan:").split("->")
@@ -255,6 +270,42 @@ def allreduce_time(
             rate = max(rate, min(link_share, wan_rings[res] * rate))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
+
+
+def staggered_rings_finish(starts: list[float], volumes: list[float], aggregate_bps: float,
+                           alone_bps: float) -> list[float]:
+    """When each ring all-reduce inside the DCs ends, ring i starting at `starts[i]`
+    with `volumes[i]` bits to send each way: the rings running at a moment share
+    `aggregate_bps` (what all the calibration's rings moved at once, measured) evenly,
+    each at most `alone_bps` (what one ring moved timed alone). A stage's ring starts at
+    its last backward, so in a pipeline the rings start one after another, each
+    running alone or beside few others for part of its time: the rate of all of them at
+    once would make every ring as slow as the calibration's crowd (the emulated hosts
+    share the machine's cores; on real hosts the aggregate is the rings' sum and each
+    ring keeps its own rate)."""
+    if not starts:
+        return []
+    if len(starts) != len(volumes):
+        raise ValueError(f"{len(starts)} ring starts but {len(volumes)} volumes")
+    if aggregate_bps <= 0 or alone_bps <= 0:
+        raise ValueError(f"ring rates must be positive (aggregate {aggregate_bps}, alone {alone_bps} bit/s)")
+    left = list(volumes)
+    ends: list[float | None] = [None] * len(starts)
+    t = min(starts)
+    while any(e is None for e in ends):
+        running = [i for i, e in enumerate(ends) if e is None and starts[i] <= t]
+        later = min((starts[i] for i, e in enumerate(ends) if e is None and starts[i] > t), default=math.inf)
+        if not running:
+            t = later
+            continue
+        rate = min(alone_bps, aggregate_bps / len(running))
+        step = min(min(left[i] for i in running) / rate, later - t)
+        for i in running:
+            left[i] -= rate * step
+            if left[i] <= 1e-9 * max(1.0, volumes[i]):
+                ends[i] = t + step
+        t += step
+    return [e for e in ends if e is not None]
 
 
 def shared_rings_time(volumes: list[float], aggregate_bps: float, alone_bps: float) -> float:

@@ -46,8 +46,10 @@ def _random_case(rng: random.Random):
         "scale": rng.choice([1.0, 0.1]),
     })
     free = {d["name"]: rng.randint(1, 4) * dp for d in dcs}
+    lan = rng.choice([None, 8e8, 8e8])  # a measured LAN channel rate, or the nominal
+    rings = rng.choice([None, 3]) if lan else None  # ... and the rings timed at once and one alone
     net = NetParams(crowded_fraction=rng.choice([None, 0.6]), lan_latency_s=rng.choice([0.0, 1e-4]),
-                    lan_rate_bps=rng.choice([None, 8e8]))  # a measured LAN channel rate, or the nominal
+                    lan_rate_bps=lan, lan_rings=rings, lan_ring_alone_bps=1.6e9 if rings else None)
     streams, baseline = rng.choice([1, 4, 8, "auto"]), rng.choice(["even", "round-robin", "atlas"])
     variants = {name: Variant.of(d, streams, baseline) for name, d in REGISTRY.items()}
     return topo, wl, free, net, variants

@@ -306,3 +306,45 @@ def test_the_largest_ring_ends_at_the_rate_one_ring_gets_alone() -> None:
     s = plan_variant("dp-across-dc", scenario, wl, None, slow, None)
     assert f.path_rates["east", "west"].ring_alone_bps == 1e8
     assert s.prediction.allreduce_s > 1.05 * f.prediction.allreduce_s
+
+
+def test_the_lan_rings_are_timed_at_once_then_one_alone(monkeypatch, tmp_path: Path) -> None:
+    """`calibrate_lan`: every DP pair's ring at once, then the first pair's alone (the
+    first of each not counted); the rates are bytes sent / median, and plan_variant hands
+    both, with the ring count, to the prediction's all-reduce inside the DCs."""
+    from testbed.progress import Progress
+    from testbed.run import calibration
+
+    calls = []
+
+    def fake_rings(net, scenario, folder, secret, pairs, streams, grad, count, label, agents):
+        calls.append((label, len(pairs), streams, count))
+        return ([9.0, 0.4, 0.2, 0.3] if len(pairs) > 1 else [9.0, 0.1, 0.2, 0.1]), 10_000_000
+
+    monkeypatch.setattr(calibration, "time_rings", fake_rings)
+    scenario = _scenario(**{"runner.calibration_transfers": 3})
+    cal = Calibration(src="east-h3", dst="west-h1", nbytes=1 << 20, latency_s=0.03)
+    pairs = [("east-h1", "east-h2"), ("west-h1", "west-h2"), ("mid-h1", "mid-h2")]
+    calibration.calibrate_lan(object(), scenario, tmp_path, "s", pairs, 20_000_000, cal,
+                              Progress(label="t", tty=False))
+    assert calls == [("lan-", 3, 1, 4), ("lan-alone-", 1, 1, 4)]
+    assert cal.lan_rate_bps == pytest.approx(8e7 / 0.3) and cal.lan_transfer_s == [0.4, 0.2, 0.3]
+    assert cal.lan_alone_rate_bps == pytest.approx(8e7 / 0.1) and cal.lan_alone_transfer_s == [0.1, 0.2, 0.1]
+    assert "lan_alone_channel_rate_mbps" in cal.report().model_dump()
+    # one pair: nothing to time alone
+    calls.clear()
+    one = Calibration(src="east-h3", dst="west-h1", nbytes=1 << 20, latency_s=0.03)
+    calibration.calibrate_lan(object(), scenario, tmp_path, "s", pairs[:1], 20_000_000, one,
+                              Progress(label="t", tty=False))
+    assert [c[0] for c in calls] == ["lan-"] and one.lan_alone_rate_bps is None
+    # the prediction: atlas's rings inside the DCs at 5 x 1e8 all at once, 4e8 alone, are
+    # faster than at 1e8 each from their stages' ends; without the alone probe, as before
+    scenario = _scenario()
+    crowd = _cal(2e8, 2e8, 1e8)
+    crowd.lan_pairs, crowd.lan_rate_bps = [("east-h1", "east-h2")] * 5, 1e8
+    staged = _cal(2e8, 2e8, 1e8)
+    staged.lan_pairs, staged.lan_rate_bps, staged.lan_alone_rate_bps = crowd.lan_pairs, 1e8, 4e8
+    before = plan_variant("atlas", scenario, scenario.workload, None, crowd, None)
+    after = plan_variant("atlas", scenario, scenario.workload, None, staged, None)
+    assert (before.lan_rings, after.lan_rings, after.lan_alone_bps) == (None, 5, 4e8)
+    assert after.prediction.allreduce_s < before.prediction.allreduce_s

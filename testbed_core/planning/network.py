@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from testbed_core.planning.lossy import lossy_flow_rate
 from testbed_core.topology import Topology, shortest_path
 
 MSS = 1448
@@ -57,6 +58,9 @@ class NetParams:
     # channel rate at the rings' stream count): once the smaller stages' rings are done,
     # the largest runs alone, at this rate, not at the aggregate
     link_ring_alone_bps: Mapping[tuple[str, str], float] | None = None
+    # net.ipv4.tcp_slow_start_after_idle on the hosts (runner.slow_start_after_idle): a
+    # lossy path's flows start every tensor from the initial window (testbed_core/planning/lossy.py)
+    slow_start_after_idle: bool = False
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
@@ -140,10 +144,15 @@ def wan_resource(a: str, b: str) -> str:
 
 
 def wan_path(
-    topology: Topology, src: str, dst: str, streams: int | str, net: NetParams, *, fill_link: bool = False
+    topology: Topology, src: str, dst: str, streams: int | str, net: NetParams, *, fill_link: bool = False,
+    transfer_bytes: float | None = None,
 ) -> WanPath:
     """Route, latency and rates between two DCs; with `fill_link`, at least enough
-    streams for one transfer to fill the bottleneck link."""
+    streams for one transfer to fill the bottleneck link. On a lossy route, with
+    `transfer_bytes` (the size of the tensors its channels move) each flow is held to
+    what it delivers of such a tensor through the loss (`lossy_flow_rate`: its stripe,
+    the channel's slowest stripe and the repairs included), else to Mathis's
+    steady-state rate (a long flow)."""
     dcs = tuple(shortest_path(src, dst, topology.wan))
     links = [topology.link(x, y) for x, y in zip(dcs, dcs[1:], strict=False)]
     latency = sum(link.delay for link in links)
@@ -156,11 +165,15 @@ def wan_path(
     # a connection its warm-up just opened and keeps the median, which a tensor that met
     # no loss (or one without a timeout) sets; a run's tensors, each after a pipeline
     # bubble, meet the path's loss over the whole iteration
-    flow = min(flow, loss_limited_rate(rtt, 1 - math.prod(1 - link.loss for link in links)))
+    loss = 1 - math.prod(1 - link.loss for link in links)
+    flow = min(flow, loss_limited_rate(rtt, loss))
     fill = 1 if flow >= bottleneck else min(net.max_streams, math.ceil(bottleneck / flow - 1e-9))
     n = fill if streams == "auto" else int(streams)
     if fill_link:
         n = max(n, fill)
+    if loss > 0 and rtt > 0 and transfer_bytes:
+        flow = min(flow, lossy_flow_rate(float(transfer_bytes), n, rtt, loss, window, bottleneck,
+                                         net.slow_start_after_idle))
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
                    latency, bottleneck, flow, n, window, measured is not None)
 

@@ -175,7 +175,8 @@ def build_spec(
                     paths[(d, b, direction)] = Path((chan,), net.lan_latency_s)
                     continue
                 if (a, z) not in wan:
-                    wan[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+                    wan[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link,
+                                           transfer_bytes=nbytes[b])
                 wp = wan[(a, z)]
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
                     rate = topology.link(x, y).rate

@@ -168,7 +168,8 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
                     chans.append((lan_bps, net.lan_latency_s, ()))
                     continue
                 if (a, z) not in paths:
-                    paths[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link)
+                    paths[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link,
+                                             transfer_bytes=bits / 8)  # as build_spec: the loss model's tensor
                 wp = paths[(a, z)]
                 ids = []
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):

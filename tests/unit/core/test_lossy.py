@@ -1,0 +1,137 @@
+"""The short-transfer loss model (testbed_core/planning/lossy.py): its pieces against
+hand-computed figures, a channel's time with the losses placed by hand, and the whole
+model against what TCP theory says of a long flow."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+import pytest
+
+from testbed_core.planning.lossy import (
+    ALPHA,
+    channel_time,
+    chunk_bytes,
+    lossy_flow_rate,
+    mathis_window,
+    pto_s,
+    repair_delay,
+    rto_s,
+    stripe_loss_probability,
+)
+from testbed_core.planning.network import MSS, NetParams, loss_limited_rate, wan_path
+from testbed_core.topology import parse_topology
+
+
+class _Never:
+    """Draws that never lose a tail-loss probe."""
+
+    def random(self) -> float:
+        return 0.99
+
+
+def _gaps(*values: int) -> Iterator[int]:
+    yield from values
+    while True:
+        yield 1 << 40  # no further loss
+
+
+def test_the_pieces_numbers() -> None:
+    # Cubic's Reno-friendly AIMD: increase 3 x 0.3 / 1.7 = 0.529 per RTT, decrease to 0.7:
+    # average window sqrt(0.529 x 1.7 / (2 x 0.3 x 0.001)) = sqrt(1500) = 38.73 packets at 0.1%,
+    # Mathis's 1.22 / sqrt(p) (1.2247 / 0.03162 = 38.73)
+    assert ALPHA == pytest.approx(0.52941, rel=1e-4)
+    assert mathis_window(0.001) == pytest.approx(38.730, rel=1e-4)
+    # 72 packets (a 0.84 MB tensor over 8 streams, as the brief has it): 1 - 0.999^72
+    assert stripe_loss_probability(72 * MSS, 0.001) == pytest.approx(0.069503, rel=1e-4)
+    assert stripe_loss_probability(1, 0.001) == pytest.approx(0.001)
+    # Linux: probe timeout 2 RTT (at least 10 ms), retransmission timeout RTT + 200 ms
+    assert pto_s(0.05) == pytest.approx(0.1) and pto_s(0.002) == pytest.approx(0.010)
+    assert rto_s(0.05) == pytest.approx(0.25)
+    # what a loss in a stripe's last round costs, by how many packets follow it
+    assert repair_delay(3, 0.05) == pytest.approx(0.05)  # fast retransmit: one RTT
+    assert repair_delay(1, 0.05) == pytest.approx(0.0625)  # RACK's reordering window first
+    assert repair_delay(0, 0.05) == pytest.approx(0.1)  # the last packet: the probe
+    assert repair_delay(0, 0.05, probe_lost=True) == pytest.approx(0.25)  # and its timeout
+
+
+def test_chunks_follow_the_transport() -> None:
+    assert chunk_bytes(838_861, 8) == 128 << 10  # 52 KiB shares: the 128 KiB floor, 7 chunks
+    assert chunk_bytes(8 << 20, 8) == 512 << 10  # two 512 KiB chunks per stream
+    assert chunk_bytes(8 << 20, 1) == 4 << 20  # one stream: the default 4 MiB chunk
+
+
+def test_a_loss_free_channel_is_its_window_rounds() -> None:
+    # 8 MiB on one stream, window 512 kB = 353.6 packets (353 a round): 5,794 packets in
+    # 17 rounds; the last leaves at 16 x 10 ms and lands 5 ms later, plus 67.1 ms at 1 Gbit/s
+    t = channel_time(8 << 20, 1, 0.01, 0.0, 512e3, 1e9)
+    assert t == pytest.approx(16 * 0.01 + 0.005 + (8 << 20) * 8 / 1e9)
+
+
+@pytest.mark.parametrize(("gap", "extra"), [
+    (50, 0.0),  # lost in the second round of three: repaired while the third goes out
+    (90, 0.05),  # lost in the last round with 10 after it: fast retransmit, one RTT
+    (99, 0.0625),  # one after it: RACK waits a quarter RTT more
+    (100, 0.1),  # the stripe's last packet: the tail-loss probe, 2 RTT after it left
+])
+def test_where_the_loss_falls_decides_what_it_costs(gap: int, extra: float) -> None:
+    # one stream, 100 packets, 0.1% loss (window 38.73: rounds of 38, 39, then 23), 50 ms RTT;
+    # the loss-free time: the last round leaves at 2 x 50 ms and lands 25 ms later
+    nbytes = 100 * MSS
+    g = _gaps(gap)
+    t = channel_time(nbytes, 1, 0.05, 0.001, 10e6, 1e9, transfers=1, warmup=0, gaps=lambda: next(g), draws=_Never())
+    assert t == pytest.approx(0.125 + extra + nbytes * 8 / 1e9)
+
+
+def test_the_channel_waits_for_its_slowest_stripe() -> None:
+    # 8 streams, 0.84 MB: 7 chunks of 128 KiB (91 packets, the last 37): each on its own
+    # stream in three rounds (38, 39, 14), the seventh in one. Stream 2 loses its 91st
+    # packet (its stripe's last): the whole tensor waits the probe's 100 ms
+    nbytes = 838_861
+    order = iter([1 << 40, 91] + [1 << 40] * 6)
+    t = channel_time(nbytes, 8, 0.05, 0.001, 10e6, 1e9, transfers=1, warmup=0,
+                     gaps=lambda: next(order, 1 << 40), draws=_Never())
+    assert t == pytest.approx(2 * 0.05 + 0.025 + 0.1 + nbytes * 8 / 1e9)
+
+
+def test_a_long_flow_comes_to_mathis_and_short_stripes_fall_below_it() -> None:
+    # one stream, 8 MiB tensors at 10 ms RTT (5.8 losses each): within 5% of 1.22 MSS / (RTT sqrt p)
+    mathis = loss_limited_rate(0.01, 0.001)
+    one = lossy_flow_rate(8 << 20, 1, 0.01, 0.001, 512e3, 1e9)
+    assert one == pytest.approx(mathis, rel=0.05)
+    # eight streams of 91-packet stripes at 50 ms: each stripe is two or three rounds of its
+    # window, the channel waits for the slowest and for the repairs of its last rounds
+    eight = lossy_flow_rate(838_861, 8, 0.05, 0.001, 512e3, 1e9)
+    assert eight < 0.7 * loss_limited_rate(0.05, 0.001)
+    # the same inputs, the same figure (seeded draws)
+    assert channel_time(838_861, 8, 0.05, 0.001, 512e3, 1e9) == channel_time(838_861, 8, 0.05, 0.001, 512e3, 1e9)
+
+
+def test_slow_start_after_idle_costs_every_transfer_its_ramp() -> None:
+    # 0.84 MB on one stream at 50 ms (580 packets): from the initial 10 packets slow start
+    # takes rounds the kept window (about 38) does not
+    kept = channel_time(838_861, 1, 0.05, 0.001, 4e6, 1e9)
+    restarted = channel_time(838_861, 1, 0.05, 0.001, 4e6, 1e9, idle_restart=True)
+    assert restarted > kept + 0.05
+
+
+def _topo(loss: str | float):
+    return parse_topology({"name": "t", "tcp": {"rmem_max": "1MB", "wmem_max": "1MB"},
+                           "dcs": [{"name": "a", "hosts": 1}, {"name": "b", "hosts": 1}],
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms", "loss": loss}]})
+
+
+def test_the_planner_holds_a_lossy_channel_to_it() -> None:
+    lossy, clean = _topo("0.1%"), _topo(0)
+    path = wan_path(lossy, "a", "b", 8, NetParams(), transfer_bytes=838_861)
+    assert path.flow_rate_bps == pytest.approx(lossy_flow_rate(838_861, 8, 0.05, 0.001, 500e3, 1e9))
+    assert path.flow_rate_bps < loss_limited_rate(0.05, 0.001)
+    # without a size: Mathis's long flow, as before; without loss: the size changes nothing
+    assert wan_path(lossy, "a", "b", 8, NetParams()).flow_rate_bps == pytest.approx(loss_limited_rate(0.05, 0.001))
+    assert (wan_path(clean, "a", "b", 8, NetParams(), transfer_bytes=838_861).flow_rate_bps
+            == wan_path(clean, "a", "b", 8, NetParams()).flow_rate_bps == pytest.approx(500e3 * 8 / 0.05))  # 1 MB x 0.5 over 50 ms
+    # a measured rate below the model stands
+    slow = NetParams(path_flow_rate_bps={("a", "b"): 1e6})
+    assert wan_path(lossy, "a", "b", 8, slow, transfer_bytes=838_861).flow_rate_bps == 1e6
+    assert math.isfinite(path.rate_bps)

@@ -34,7 +34,14 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from testbed_core.program.predict import compute_per_step, measured_windows, predict, retarget  # noqa: E402
+from testbed_core.program.predict import (  # noqa: E402
+    compute_per_step,
+    measured_steps,
+    measured_windows,
+    predict,
+    ranks_mean_median,
+    retarget,
+)
 from testbed_core.program.profile import read_profile  # noqa: E402
 
 TOPOLOGY = REPO / "topologies" / "2dc.yaml"
@@ -61,14 +68,33 @@ def _topology(rtt_ms: int, out: Path) -> Path:
     return path
 
 
-def _launch(topology: Path, prog: str, backend: str, out: Path, profile: bool) -> None:
-    cmd = [str(REPO / ".venv" / "bin" / "testbed"), "launch", str(topology), "--hosts", "dc1-h1,dc2-h1", "--quiet",
+LOCK = "/tmp/emulation.lock"
+META_FILE = "run-meta.json"  # not summary.json: kept-results tests read those as run summaries
+
+
+def _commit() -> str:
+    """HEAD's short hash, '+dirty' when tracked files differ from it (other helpers' edits)."""
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout
+    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
+                           text=True).stdout.strip()
+    return head.strip() + ("+dirty" if dirty else "")
+
+
+def _launch(topology: Path, prog: str, backend: str, out: Path, profile: bool, lock: bool = True) -> None:
+    """One launch, under the shared emulation lock (one emulation at a time on this machine);
+    OUT/run-meta.json: when it ran, at which commit, the load average before and after."""
+    meta = {"commit": _commit(), "started_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+            "load_before": round(os.getloadavg()[0], 2)}
+    cmd = (["flock", LOCK] if lock else []) + [str(REPO / ".venv" / "bin" / "testbed"), "launch", str(topology), "--hosts", "dc1-h1,dc2-h1", "--quiet",
            "--timeout", "600", "--out", str(out), "--env", f"BACKEND={backend}"]
     if profile:
         cmd.append("--profile")
     cmd += ["--", str(REPO / ".venv" / "bin" / "python"), *PROGRAMS[prog]]
-    print(f"  {' '.join(cmd[1:])}", flush=True)
+    print(f"  {' '.join(cmd[3 if lock else 1:])}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
+    meta["load_after"] = round(os.getloadavg()[0], 2)
+    meta["launch_wall_s"] = json.loads((out / "launch.json").read_text()).get("wall_s")
+    (out / META_FILE).write_text(json.dumps(meta) + "\n")
 
 
 def measured(launch_json: Path) -> tuple[float, list[float]]:
@@ -76,6 +102,11 @@ def measured(launch_json: Path) -> tuple[float, list[float]]:
     report = json.loads(launch_json.read_text())
     steps = [m["step_s"] for m in report["ranks"][0]["metrics"] if "step_s" in m]
     return statistics.median(steps[1:] or steps), steps
+
+
+def _meta(directory: Path) -> dict:
+    path = directory / META_FILE
+    return json.loads(path.read_text()) if path.is_file() else {}
 
 
 def _load(profile) -> float | None:
@@ -92,6 +123,10 @@ def main() -> None:
                     "OUT's launch-*.json")
     ap.add_argument("--programs", default=",".join(PROGRAMS))
     ap.add_argument("--backends", default=",".join(BACKENDS))
+    ap.add_argument("--lock-held", action="store_true", help=f"the caller holds {LOCK} (flock {LOCK} python "
+                    "scripts/program_predict_check.py ...): launch without taking it per launch")
+    ap.add_argument("--no-profile-launch", action="store_true", help="launch only the targets (the 50 ms profiles "
+                    "are in OUT already)")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -101,7 +136,7 @@ def main() -> None:
     t0 = time.time()
     load_before = os.getloadavg()
     if not args.reuse:
-        for rtt in [PROFILE_RTT_MS, *rtts]:
+        for rtt in ([] if args.no_profile_launch else [PROFILE_RTT_MS]) + rtts:
             print(f"launching at {rtt} ms (profiled):", flush=True)
             topo = _topology(rtt, out)
             for prog in progs:
@@ -109,7 +144,7 @@ def main() -> None:
                     d = out / f"profile-{rtt}-{prog}-{be}"
                     if d.exists():
                         shutil.rmtree(d)
-                    _launch(topo, prog, be, d, profile=True)
+                    _launch(topo, prog, be, d, profile=True, lock=not args.lock_held)
                     for f in d.glob("rank-*"):
                         f.unlink()
                     shutil.rmtree(d / "profile-records", ignore_errors=True)
@@ -125,19 +160,32 @@ def main() -> None:
                 m, steps = measured(target_dir / "launch.json")
                 err = pred.seconds_per_step / m - 1 if pred.seconds_per_step else None
                 target = read_profile(target_dir)
+                m_mean = ranks_mean_median(measured_steps(target), 1)
+                p_mean = pred.ranks_mean_s_per_step
+                err_mean = p_mean / m_mean - 1 if p_mean and m_mean else None
                 own = predict(target, target.network, windows=windows, extra_rtts=pred.extra_rtts)
                 compute_t = statistics.median(compute_per_step(target.ranks[0])[1:])
+                meta_p, meta_t = _meta(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"), _meta(target_dir)
                 rows.append({"program": prog, "backend": be, "rtt_ms": rtt,
+                             "profile_commit": meta_p.get("commit"), "profile_utc": meta_p.get("started_utc"),
+                             "profile_load": meta_p.get("load_before"),
+                             "launch_commit": meta_t.get("commit"), "launch_utc": meta_t.get("started_utc"),
+                             "launch_load": meta_t.get("load_before"),
                              "profiled_s_per_step": round(pred.ranks[0].measured_median_s or 0, 4),
                              "predicted_s_per_step": round(pred.seconds_per_step or 0, 4),
                              "measured_s_per_step": round(m, 4), "error": None if err is None else round(err, 4),
+                             "profiled_ranks_mean_s": round(pred.measured_ranks_mean_s_per_step or 0, 4),
+                             "predicted_ranks_mean_s": round(p_mean or 0, 4), "measured_ranks_mean_s": round(m_mean or 0, 4),
+                             "error_ranks_mean": None if err_mean is None else round(err_mean, 4),
                              "extra_rtts": round(pred.extra_rtts, 3),
                              "rank0_compute_profiled_s": round(compute0, 4), "rank0_compute_target_s": round(compute_t, 4),
                              "replay_with_target_compute_s": round(own.seconds_per_step or 0, 4),
                              "rank0_wall_over_cpu_profiled": _load(profile), "rank0_wall_over_cpu_target": _load(target),
                              "window_kB": round(pred.paths[0].window_bytes / 1e3, 1) if pred.paths else None,
                              "window_source": pred.paths[0].window_source if pred.paths else None,
-                             "measured_steps": " ".join(f"{s:.3f}" for s in steps)})
+                             "measured_steps": " ".join(f"{s:.3f}" for s in steps),
+                             "measured_steps_rank1": " ".join(f"{s.step_s:.3f}" for s in target.ranks[1].steps)
+                             if len(target.ranks) > 1 else ""})
                 preds.append({"program": prog, "backend": be, "rtt_ms": rtt, "prediction": pred.model_dump()})
     with open(out / "results.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))

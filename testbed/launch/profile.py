@@ -13,6 +13,7 @@ from testbed_core.program.profile import (
     PROFILE_FILE,
     GroupRecord,
     OpRecord,
+    ProgramFile,
     ProgramProfile,
     RankProfile,
     StepRecord,
@@ -52,13 +53,14 @@ def _compute_cpu(points: list[tuple[float, float, str]]) -> tuple[float | None, 
 
 
 def _rank_records(path: Path, started: float
-                  ) -> tuple[list[GroupRecord], list[OpRecord], float, float | None, list[str], tuple]:
+                  ) -> tuple[list[GroupRecord], list[OpRecord], float, float | None, list[str], tuple, list[dict]]:
     groups: list[GroupRecord] = []
     cpu_points: list[tuple[float, float, str]] = []
     ops: dict[int, dict] = {}
     waits: dict[int, list[tuple[float, float]]] = {}
     done: dict[int, float] = {}
     t_start, t_end, notes = started, None, []
+    modules: list[dict] = []
     for line in path.read_text().splitlines():
         try:
             rec = json.loads(line)
@@ -84,12 +86,14 @@ def _rank_records(path: Path, started: float
             done[rec["id"]] = rec["t"] - started
         elif ev == "note":
             notes.append(rec.get("text", ""))
+        elif ev == "modules":
+            modules.extend(f for f in rec.get("files", []) if isinstance(f, dict) and "path" in f and "sha256" in f)
     out = [OpRecord(id=i, kind=r["kind"], op=r["op"], bytes=r["bytes"], peer=r.get("peer"), group=r["group"],
                     tag=r.get("tag") or 0, blocking=r["blocking"], ddp=bool(r.get("ddp")),
                     t_issue=r["t"] - started, t_issue_end=r.get("t_end", r["t"]) - started,
                     waits=waits.get(i, []), t_done=done.get(i))
            for i, r in sorted(ops.items())]
-    return groups, out, t_start, t_end, notes, _compute_cpu(sorted(cpu_points))
+    return groups, out, t_start, t_end, notes, _compute_cpu(sorted(cpu_points)), modules
 
 
 def atlas_all_reduce_algorithm() -> str:
@@ -120,12 +124,15 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
     times the launch read each rank's JSON lines (`line_times`, Unix time per metric)."""
     records = Path(out_dir) / RECORDS_DIR
     ranks = []
+    modules: dict[str, str] = {}
     for r in report.ranks:
         path = records / f"rank-{r.rank}.jsonl"
-        groups, ops, t_start, t_end, notes, (wall, cpu) = (
+        groups, ops, t_start, t_end, notes, (wall, cpu), mods = (
             _rank_records(path, report.started) if path.is_file()
             else ([], [], 0.0, None, ["no records: the rank never imported torch or was not a Python program"],
-                  (None, None)))
+                  (None, None), []))
+        for m in mods:
+            modules.setdefault(m["path"], m["sha256"])
         times = line_times.get(r.rank, [])
         steps = [StepRecord(step=int(m["step"]), step_s=float(m["step_s"]), t_line=t - report.started)
                  for m, t in zip(r.metrics, times, strict=False)
@@ -143,12 +150,21 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
                 if any(dc_of.get(p) != rp.dc for p in by_group[op.group].ranks):
                     crossing += op.bytes
     wan = sum(w.a_to_b_bytes + w.b_to_a_bytes for w in report.wan_bytes) if report.wan_bytes else None
-    profile = ProgramProfile(program=program_identity(report.command, cwd), topology=topology.model_dump(mode="json"),
+    identity = program_identity(report.command, cwd)
+    identity.modules = [ProgramFile(path=_relative(p, cwd), sha256=h) for p, h in sorted(modules.items())]
+    profile = ProgramProfile(program=identity, topology=topology.model_dump(mode="json"),
                              topology_file=report.topology_file, env=dict(report.env), world_size=report.world_size,
                              nproc_per_host=report.nproc_per_host, started=report.started, wall_s=report.wall_s,
                              ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing,
                              atlas_all_reduce=atlas_all_reduce_algorithm())
     return profile
+
+
+def _relative(path: str, cwd: str) -> str:
+    try:
+        return str(Path(path).relative_to(Path(cwd).resolve()))
+    except ValueError:
+        return path
 
 
 def write_profile(profile: ProgramProfile, out_dir: Path) -> Path:

@@ -112,10 +112,43 @@ class Recorder:
         return index
 
     def close(self) -> None:
+        try:
+            modules = program_modules()
+        except Exception:  # noqa: BLE001 - the end line matters more
+            modules = []
         with self._lock:
             if not self._fh.closed:
+                if modules:
+                    self._fh.write(json.dumps({"ev": "modules", "files": modules}) + "\n")
                 self._fh.write(json.dumps({"ev": "end", "t": _now()}) + "\n")
                 self._fh.close()
+
+
+def program_modules(script: str | None = None) -> list[dict[str, str]]:
+    """The program's own Python modules it imported: every module whose file lies in the
+    folder of its script (``sys.argv[0]``) or below it, but not in an installed
+    environment, with its sha256 (e.g. the examples' ``_common.py``): a change in one of
+    them makes another program as much as a change in the script."""
+    import hashlib
+
+    script = script if script is not None else (sys.argv[0] if sys.argv else "")
+    if not script or not os.path.isfile(script):
+        return []
+    here = os.path.dirname(os.path.abspath(script)) + os.sep
+    prefixes = tuple({os.path.abspath(p) + os.sep for p in (sys.prefix, sys.base_prefix, sys.exec_prefix)})
+    out = {}
+    for module in list(sys.modules.values()):
+        path = getattr(module, "__file__", None)
+        if not path or not path.endswith(".py"):
+            continue
+        path = os.path.abspath(path)
+        if not path.startswith(here) or path.startswith(prefixes) or "site-packages" in path:
+            continue
+        if path == os.path.abspath(script) or not os.path.isfile(path):
+            continue
+        with open(path, "rb") as fh:
+            out[path] = hashlib.sha256(fh.read()).hexdigest()
+    return [{"path": k, "sha256": v} for k, v in sorted(out.items())]
 
 
 def _streams(pg: Any) -> int | None:

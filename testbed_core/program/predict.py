@@ -153,6 +153,11 @@ class ProgramPrediction(_Model):
     rtt_s: dict[str, float] = Field(description="RTT of each WAN link, by 'a-b'")
     bandwidth_bps: dict[str, float]
     seconds_per_step: float | None = Field(description="rank 0's median predicted step time after the warm-up")
+    ranks_mean_s_per_step: float | None = Field(
+        None, description="the median after the warm-up of each step's mean over the ranks: where ranks meet in one "
+                          "exchange per step, how a step splits between one rank's timed part and its wait after "
+                          "depends on which rank runs ahead, their mean does not")
+    measured_ranks_mean_s_per_step: float | None = Field(None, description="the same figure, measured in the profile")
     ranks: list[StepPrediction]
     paths: list[PathFigures]
     streams: dict[str, int] = Field(description="streams per pair by backend, on WAN paths")
@@ -360,9 +365,13 @@ class Replay:
         last = max(ch.free, ch.sent)
         if self.cold_restart and begin - last > path.rto:
             cwnd = _restart(cwnd, begin - last, path.rto)
-        took, ch.cwnd = _serialization(nbytes, self.streams_of(backend, path), path, cwnd)
+        streams = self.streams_of(backend, path)
+        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd)
         ch.free = ch.sent = begin + took
-        return ch.free, ch.free + max(0.0, path.latency + self.extra_rtts * path.rtt)
+        # the fitted round trips are what a transfer's data costs beyond the model (pacing, ramp-up,
+        # the protocol's own exchanges); a message within each stream's first flight pays none of them
+        extra = self.extra_rtts if nbytes / streams > INITIAL_WINDOW else min(0.0, self.extra_rtts)
+        return ch.free, ch.free + max(0.0, path.latency + extra * path.rtt)
 
     def _p2p(self, op: _Op) -> None:
         rec = op.rec
@@ -719,6 +728,28 @@ def _rank0_median(profile: ProgramProfile, marks: Mapping[int, Mapping[tuple[int
     return _median_after(steps, warmup)
 
 
+def ranks_mean_median(per_rank: Mapping[int, Mapping[int, float]], warmup: int) -> float | None:
+    """The median after `warmup` steps of each step's mean over the ranks (steps every rank timed).
+    Two ranks meeting in one exchange per step time it as c + L + d and c + L - d, d the lead of
+    one over the other, which nothing in the exchange sets (it drifts with the ranks' compute):
+    one rank's median is anywhere from c to c + 2L, the ranks' mean is c + L."""
+    common = sorted(set.intersection(*(set(v) for v in per_rank.values()))) if per_rank else []
+    means = [statistics.fmean(per_rank[r][k] for r in per_rank) for k in common]
+    return _median_after(means, warmup)
+
+
+def _replayed_steps(profile: ProgramProfile, marks: Mapping[int, Mapping[tuple[int, str], float]]
+                    ) -> dict[int, dict[int, float]]:
+    return {r.rank: {s.step: marks[r.rank][(s.step, "end")] - marks[r.rank][(s.step, "start")] for s in r.steps
+                     if (s.step, "end") in marks[r.rank] and (s.step, "start") in marks[r.rank]}
+            for r in profile.ranks if r.steps}
+
+
+def measured_steps(profile: ProgramProfile) -> dict[int, dict[int, float]]:
+    """Each rank's step_s lines by step, as profiled."""
+    return {r.rank: {s.step: s.step_s for s in r.steps} for r in profile.ranks if r.steps}
+
+
 def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], float], streams: int | None,
                    algorithms: Mapping[str, Mapping[str, Algorithm]] | None, warmup: int) -> float:
     """The round trips each WAN transfer takes beyond the model (a protocol's own
@@ -730,7 +761,7 @@ def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], flo
     paths, _ = _paths(topo, set(dc_of.values()), windows)
     if all(p.lan for p in paths.values()):
         return 0.0
-    measured = _median_after([s.step_s for s in min(profile.ranks, key=lambda r: r.rank).steps], warmup)
+    measured = ranks_mean_median(measured_steps(profile), warmup)
     if measured is None:
         return 0.0
     slow = any(topo.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
@@ -738,7 +769,8 @@ def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], flo
     algos = algorithms or algorithms_for(profile.atlas_all_reduce)
 
     def error(x: float) -> float:
-        got = _rank0_median(profile, Replay(profile, paths, dc_of, rule, algos, slow, x).run(), warmup)
+        marks = Replay(profile, paths, dc_of, rule, algos, slow, x).run()
+        got = ranks_mean_median(_replayed_steps(profile, marks), warmup)
         return (got or 0.0) - measured
 
     lo, hi = EXTRA_RTTS_MIN, EXTRA_RTTS_MAX
@@ -793,6 +825,8 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
         label=label or topology.name, topology=topology.name,
         rtt_s={k: 2 * v.delay for k, v in wan.items()}, bandwidth_bps={k: v.rate for k, v in wan.items()},
         seconds_per_step=ranks[0].median_s if ranks else None, ranks=ranks, paths=figures,
+        ranks_mean_s_per_step=ranks_mean_median(_replayed_steps(profile, marks), warmup),
+        measured_ranks_mean_s_per_step=ranks_mean_median(measured_steps(profile), warmup),
         streams={"gloo": 1, "atlas": streams_of("atlas", wan_paths[0]) if wan_paths else streams_of("atlas", _LAN)},
         extra_rtts=extra_rtts)
 

@@ -48,6 +48,9 @@ class ProgramIdentity(_Model):
     cwd: str = Field(description="the ranks' working folder")
     files: list[ProgramFile] = Field(default_factory=list,
                                      description="every argument naming an existing file (not the interpreter), hashed")
+    modules: list[ProgramFile] = Field(default_factory=list,
+                                       description="the program's own Python modules it imported (in its script's "
+                                                   "folder or below, not installed ones), hashed at its exit")
 
 
 class GroupRecord(_Model):
@@ -168,17 +171,18 @@ def check_program(profile: ProgramProfile, source: str, command: list[str] | Non
     (another version of the program), or when `command` (the program one means to run)
     differs from the profiled command in its files or arguments."""
     ident = profile.program
-    for f in ident.files:
+    for f, what in [(f, "file") for f in ident.files] + [(f, "module (imported by it)") for f in ident.modules]:
         path = Path(f.path) if Path(f.path).is_absolute() else Path(ident.cwd) / f.path
         if not path.is_file():
-            raise ProfileError(f"{source}: the profiled program's file {f.path} is gone (looked in {ident.cwd}): "
+            raise ProfileError(f"{source}: the profiled program's {what} {f.path} is gone (looked in {ident.cwd}): "
                                "this profile cannot be checked against the program; profile it again with "
                                "`testbed launch --profile`")
         now = file_sha256(path)
         if now != f.sha256:
-            raise ProfileError(f"{source}: {f.path} has changed since it was profiled (sha256 {f.sha256[:12]} in the "
-                               f"profile, {now[:12]} now): the profile describes another version of the program; "
-                               f"profile this one again: testbed launch TOPOLOGY --profile -- {shlex.join(ident.command)}")
+            raise ProfileError(f"{source}: {f.path}, the program's {what}, has changed since it was profiled (sha256 "
+                               f"{f.sha256[:12]} in the profile, {now[:12]} now): the profile describes another "
+                               "version of the program; profile this one again: testbed launch TOPOLOGY --profile -- "
+                               f"{shlex.join(ident.command)}")
     if command is None:
         return
     old, new = ident.command, list(command)

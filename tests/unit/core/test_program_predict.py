@@ -157,8 +157,27 @@ def test_a_changed_program_file_is_refused(tmp_path):
     prof = _pipeline_profile(tmp_path)
     check_program(prof, "DIR")
     (tmp_path / "prog.py").write_text("print('another version')\n")
-    with pytest.raises(ProfileError, match=r"prog\.py has changed since it was profiled \(sha256 .* in the profile, "
-                                           r".* now\): the profile describes another version of the program"):
+    with pytest.raises(ProfileError, match=r"prog\.py, the program's file, has changed since it was profiled "
+                                           r"\(sha256 .* in the profile, .* now\): the profile describes another "
+                                           r"version of the program"):
+        check_program(prof, "DIR")
+
+
+def test_a_changed_module_of_the_program_is_refused(tmp_path):
+    """A module the program imported from its own folder (the examples' _common.py) is
+    part of its version: its change is named."""
+    from testbed_core.program.profile import ProgramFile, file_sha256
+
+    prof = _pipeline_profile(tmp_path)
+    (tmp_path / "helpers.py").write_text("X = 1\n")
+    prof.program.modules = [ProgramFile(path="helpers.py", sha256=file_sha256(tmp_path / "helpers.py"))]
+    check_program(prof, "DIR")
+    (tmp_path / "helpers.py").write_text("X = 2\n")
+    with pytest.raises(ProfileError, match=r"DIR: helpers\.py, the program's module \(imported by it\), has changed "
+                                           r"since it was profiled .* another version of the program"):
+        check_program(prof, "DIR")
+    (tmp_path / "helpers.py").unlink()
+    with pytest.raises(ProfileError, match=r"the profiled program's module \(imported by it\) helpers\.py is gone"):
         check_program(prof, "DIR")
 
 

@@ -141,6 +141,28 @@ def test_build_profile_from_the_ranks_records(tmp_path):
     assert profile.program.files[0].path == str(TOPO)  # every existing file argument is hashed
 
 
+def test_the_program_modules_it_imported_from_its_folder(tmp_path):
+    """The recorder lists the modules imported from the script's folder (not installed
+    ones, not the script itself); the profile keeps them relative to the ranks' folder."""
+    (tmp_path / "prog.py").write_text("pass\n")
+    (tmp_path / "helper_for_profile_test.py").write_text("X = 1\n")
+    sys.path.insert(0, str(tmp_path))
+    try:
+        import helper_for_profile_test  # noqa: F401
+        mods = rec_mod.program_modules(str(tmp_path / "prog.py"))
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("helper_for_profile_test", None)
+    assert [Path(m["path"]).name for m in mods] == ["helper_for_profile_test.py"]
+    assert rec_mod.program_modules(str(tmp_path / "absent.py")) == []
+    records = prepare(tmp_path)
+    _write_records(records)
+    with open(records / "rank-0.jsonl", "a") as fh:
+        fh.write(json.dumps({"ev": "modules", "files": mods}) + "\n")
+    profile = build_profile(_report(tmp_path), load_topology(TOPO), tmp_path, str(tmp_path), {})
+    assert [(m.path, m.sha256) for m in profile.program.modules] == [("helper_for_profile_test.py", mods[0]["sha256"])]
+
+
 def test_a_rank_without_records_is_noted(tmp_path):
     prepare(tmp_path)
     profile = build_profile(_report(tmp_path), load_topology(TOPO), tmp_path, str(ROOT), {})

@@ -10,7 +10,10 @@ loss (a topology link's ``loss``), either is capped at Mathis et al.'s
 ``1.22 MSS / (RTT sqrt(loss))`` per flow (`loss_limited_rate`), measured or not: the
 calibration's few back-to-back tensors, median kept, see less of the loss than an
 iteration's tensors do (issue 40: one-stream variants ran +196% over a calibrated
-prediction without the bound on a 0.1%-loss link). A
+prediction without the bound on a 0.1%-loss link). Given the size of the tensors a
+channel moves, the cap is what each stream delivers of such a tensor through the loss
+(testbed_core/planning/lossy.py: short stripes, the channel's slowest stripe and the
+repairs of late losses), not a long flow's rate. A
 route between two DCs is the lowest-latency path of WAN links; its bottleneck is the
 slowest of them.
 """

@@ -480,6 +480,18 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     return setup
 
 
+TEMPORAL_MARGIN = 0.03
+"""Atlas runs a temporal plan only where it is predicted faster than the fastest shared
+way it may run by more than this. The plan gives each transfer its link for the
+calibrated time (token_margin longer) and no one else: a channel that runs below the
+rate the calibration measured for its path (one channel of several, for a whole run)
+holds the link for longer and leaves part of it unused meanwhile, and every transfer
+after it on that link waits. On shared
+links the other channels take what it leaves. So the plan's measured times spread more
+about its prediction than shared channels' do, and within this margin the plan's
+predicted gain is smaller than that spread (docs/results/sweep-rtt.md)."""
+
+
 def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,
                           base_dir: str | None, cal: Calibration | None, auto_streams: int | None, local: bool,
                           others: Sequence[Placement] = ()) -> VariantSetup:
@@ -491,7 +503,8 @@ def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workloa
     whose paths were timed (the baseline's placement), and the fastest by prediction
     runs. Its own configuration (the stream policy's count, the plan unless sharing is
     predicted faster by the sharing margin) is kept unless another is predicted faster
-    by more than CHOICE_MARGIN. A shared way at a count above one is weighed only
+    by more than CHOICE_MARGIN, and a temporal plan only where no shared way is
+    predicted within TEMPORAL_MARGIN of it. A shared way at a count above one is weighed only
     where that count's collision was calibrated (the prediction needs its aggregate)
     or it is the policy's own count. Every candidate and the one taken are kept in
     ``setup.configurations`` (summary.json). Other variants, and Atlas without a
@@ -532,6 +545,13 @@ def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workloa
     if best is not None and best.prediction is not None and \
             best.prediction.iteration_time_s < own.prediction.iteration_time_s * (1 - CHOICE_MARGIN):
         taken = best
+    if taken.sharing == "temporal":  # a plan must win clearly: see TEMPORAL_MARGIN
+        shared = min((c for c in [own, *pool] if c.sharing == "shared"),
+                     key=lambda c: c.prediction.iteration_time_s, default=None)  # type: ignore[union-attr]
+        if shared is not None and shared.prediction is not None and \
+                shared.prediction.iteration_time_s <= taken.prediction.iteration_time_s * (1 + TEMPORAL_MARGIN):
+            taken = shared
+    if taken is not own:
         taken.sharing_alternatives = own.sharing_alternatives
     taken.configurations = [
         ConfigurationCandidate(streams=c.streams, sharing=c.sharing, placement=c.placement_label,

@@ -202,7 +202,8 @@ def allreduce_time(
     least one channel's rate), or, where the rings crossing the link were measured
     running together (``net.link_ring_rate_bps``), at that aggregate: shared evenly by
     the rings still running (`shared_rings_time`), each at most what one ring moves
-    alone there (``net.link_ring_alone_bps``, when measured). Inside the DCs, where the
+    alone there (``net.link_ring_alone_bps``, when measured, and no more than its
+    flows' windows per round trip, `window_rate`). Inside the DCs, where the
     calibration timed the rings all at once and one alone (``net.lan_rings`` rings at
     ``net.lan_rate_bps`` each, ``net.lan_ring_alone_bps``), each stage's ring starts at
     its own last backward and shares that aggregate with the rings running beside it
@@ -217,6 +218,7 @@ def allreduce_time(
     wan_load: dict[str, float] = {}
     wan_start: dict[str, float] = {}
     wan_info: dict[str, tuple[float, float]] = {}
+    wan_window_rate: dict[str, float] = {}  # per link, what one ring's flows carry a window per RTT
     wan_rings: dict[str, int] = {}
     wan_volumes: dict[str, list[float]] = {}
     routes: dict[tuple[str, str], WanPath] = {}
@@ -247,6 +249,7 @@ def allreduce_time(
                 wan_start[res] = min(wan_start.get(res, math.inf), last_b)
                 lat, rate = wan_info.get(res, (0.0, math.inf))
                 wan_info[res] = (max(lat, wp.latency_s), min(rate, wp.rate_bps))
+                wan_window_rate[res] = min(wan_window_rate.get(res, math.inf), window_rate(wp))
                 wan_rings[res] = wan_rings.get(res, 0) + 1
     if lan_starts:  # measured: the rings all at once (an aggregate) and one alone
         assert net.lan_rate_bps is not None and net.lan_ring_alone_bps is not None and net.lan_rings
@@ -257,8 +260,11 @@ def allreduce_time(
         lat, rate = wan_info[res]
         a, z = res.removeprefix("wan:").split("->")
         measured = net.ring_rate_for(a, z)
-        alone = net.ring_alone_for(a, z)
-        if measured is not None and alone is not None:  # the rings of unequal stages end one by one
+        # one ring alone: at most its channel's measured rate (a tensor of the pipeline's
+        # size, a window or less) and, its gradients being many windows long, at most its
+        # flows' windows per round trip
+        alone = min(net.ring_alone_for(a, z) or math.inf, wan_window_rate[res])
+        if measured is not None and alone < math.inf:  # the rings of unequal stages end one by one
             finish = max(finish, wan_start[res] + shared_rings_time(wan_volumes[res], measured, alone)
                          + 2 * (dp - 1) * lat)
             continue
@@ -271,6 +277,17 @@ def allreduce_time(
             rate = max(rate, min(link_share, wan_rings[res] * rate))
         finish = max(finish, wan_start[res] + bits / rate + 2 * (dp - 1) * lat)
     return finish - sim.makespan
+
+
+def window_rate(wp: WanPath) -> float:
+    """What a long transfer over `wp` carries at most: its channel's rate, and where
+    that rate was measured, its streams' windows once per round trip (the window
+    model's rate already is that). A measured channel rate comes from tensors of the
+    pipeline's wire size, often a window or less, which arrive in about one RTT
+    whatever the window; a ring's gradients (megabytes) wait for acknowledgements."""
+    if wp.rtt_s <= 0:
+        return wp.rate_bps
+    return min(wp.rate_bps, wp.window_bits / wp.rtt_s)
 
 
 def staggered_rings_finish(starts: list[float], volumes: list[float], aggregate_bps: float,

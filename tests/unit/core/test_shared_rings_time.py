@@ -28,3 +28,24 @@ def test_the_largest_ring_ends_alone_at_one_rings_rate() -> None:
 
 def test_no_ring_takes_no_time() -> None:
     assert shared_rings_time([], 1e8, 1e7) == 0.0
+
+
+def test_a_ring_alone_is_held_to_its_windows_per_round_trip() -> None:
+    """`window_rate`: a path whose channel rate was measured (5e8 bit/s with tensors of
+    a window or less) carries a long transfer at most streams x window per RTT: one
+    stream of a 256 KiB window over 20 ms is 262144 x 8 / 0.02 = 104.8576 Mbit/s; two
+    streams twice that; where the rate is the window model's own, that rate."""
+    from testbed_core.planning.network import WanPath
+    from testbed_core.planning.prediction import window_rate
+
+    def path(streams: int, measured: bool) -> WanPath:
+        return WanPath("a", "b", ("a", "b"), ("wan:a->b",), 0.01, 1e9, 5e8 if measured else 4e7, streams,
+                       window_bytes=262144, measured=measured)
+
+    assert window_rate(path(1, True)) == pytest.approx(104.8576e6)
+    assert window_rate(path(2, True)) == pytest.approx(2 * 104.8576e6)
+    assert window_rate(path(1, False)) == pytest.approx(4e7)
+    # the rings of unequal stages, each held to its window: with 4 rings measured at
+    # 5.2e8 in all, a ring alone gets at least its share with all running (1.3e8), so the
+    # largest (2.8e8 bits) takes 2.8e8 / 1.3e8 s whatever the smaller ones do
+    assert shared_rings_time([2.6e8] * 3 + [2.8e8], 5.2e8, 104.8576e6) == pytest.approx(2.8e8 / 1.3e8)

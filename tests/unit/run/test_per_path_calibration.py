@@ -295,17 +295,26 @@ def test_a_temporal_plan_loads_its_paths_together_one_channel_each() -> None:
 
 def test_the_largest_ring_ends_at_the_rate_one_ring_gets_alone() -> None:
     """dp-across-dc's last stage has the most gradients: its ring ends alone on the
-    link, at the path's measured channel rate at the rings' stream count, so a slower
-    single channel (the same ring aggregate) predicts a longer all-reduce."""
+    link, at the path's measured channel rate at the rings' stream count, held to what
+    one stream's window carries per round trip (the rate was measured with 1 MiB
+    tensors; the gradients are many windows long): atlas-4dc's 512 KB rmem_max gives a
+    256000-byte window, over 60 ms 256000 x 8 / 0.06 = 34.13 Mbit/s. A channel measured
+    at 1e8 is predicted as one measured at that window rate; a slower one (2e7, under
+    the rings' share with all five running, 1.5e8 / 5) takes longer."""
     scenario = _scenario()
     wl = scenario.workload
-    fast, slow = _cal(2e8, 2e8, 1e8, ring=1.5e8), _cal(2e8, 2e8, 1e8, ring=1.5e8)
-    fast.paths[0].rates_bps = {1: 1e8, 8: 2e8}
-    slow.paths[0].rates_bps = {1: 3.1e7, 8: 2e8}
-    f = plan_variant("dp-across-dc", scenario, wl, None, fast, None)
-    s = plan_variant("dp-across-dc", scenario, wl, None, slow, None)
-    assert f.path_rates["east", "west"].ring_alone_bps == 1e8
-    assert s.prediction.allreduce_s > 1.05 * f.prediction.allreduce_s
+
+    def allreduce(rate: float) -> float:
+        cal = _cal(2e8, 2e8, 1e8, ring=1.5e8)
+        cal.paths[0].rates_bps = {1: rate, 8: 2e8}
+        setup = plan_variant("dp-across-dc", scenario, wl, None, cal, None)
+        assert setup.path_rates["east", "west"].ring_alone_bps == rate
+        return setup.prediction.allreduce_s
+
+    window = 256000 * 8 / 0.06
+    assert allreduce(1e8) == pytest.approx(allreduce(window))
+    assert allreduce(1e8) < allreduce(window * 0.99)
+    assert allreduce(2e7) > allreduce(1e8)
 
 
 def test_the_lan_rings_are_timed_at_once_then_one_alone(monkeypatch, tmp_path: Path) -> None:

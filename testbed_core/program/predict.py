@@ -12,9 +12,9 @@ figure is rank 0's median after the warm-up steps (what the program itself print
 The network model, per directed pair of ranks (one connection of the backend, its
 transfers one after another):
 
-* across DCs: the route's one-way latency and a transfer rate of
-  ``min(link goodput, streams x window / RTT)``: a window-limited TCP flow moves a
-  window per round trip (testbed_core/planning/network.py's model); gloo uses one flow
+* across DCs: the route's one-way latency, and the bytes leave at the link's goodput as
+  far as each stream's window allows: a flight within the window at once, a longer one
+  a window per round trip after the first; gloo uses one flow
   per pair, atlas its streams (``ATLAS_STREAMS``, else 8 on a WAN path, 1 under 2 ms);
 * a connection idle for longer than its retransmission timeout (RTT + 200 ms, Linux's
   minimum) restarts from the initial window (``tcp_slow_start_after_idle``, on unless
@@ -26,6 +26,9 @@ transfers one after another):
   kernel gave, which the nominal ``rmem_max / 2`` only approximates), else the nominal;
 * gloo sends once the receive's notice reached the sender (a rendezvous: one one-way
   delay after the receive was posted), and that notice keeps the connection from idling;
+  so does each round of its collectives (a ring round of gloo is a round trip plus the
+  bytes, found on 2dc's DDP: 2 RTT + 4 ms for 0.5 MiB at 50, 100 and 200 ms); a ring of
+  fewer 4-byte elements than ranks (a loss's scalar) is one round;
   atlas sends at once and its send completes when the receiver's confirmation is back;
 * collectives by their algorithm (`ALGORITHMS`, a parameter per backend and op; atlas's
   all-reduce as the profile says the installed backend runs it, `algorithms_for`): a
@@ -79,6 +82,10 @@ NOTIFYING = frozenset({"gloo"})
 CONFIRMING = frozenset({"atlas"})  # a blocking collective this small right before a step line is a metric (step_end)  # a wait longer than this was blocked: its end is when the data arrived
 
 
+# backends whose WAN streams are paced (BBR: atlas_transport/torch/mesh.py switches a channel's
+# streams to it across a WAN unless ATLAS_CONGESTION names another): a transfer leaves at the
+# flow's rate from its first byte, no flight within the window at once
+PACED = frozenset({"atlas"})
 HIERARCHICAL_SMALL_BYTES = 64 << 10  # atlas's two-level all-reduce: one exchange below this
 
 
@@ -300,16 +307,19 @@ def _restart(cwnd: float, idle: float, rto: float) -> float:
     return max(cwnd, restart)
 
 
-def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float) -> tuple[float, float]:
+def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float, paced: bool = False
+                   ) -> tuple[float, float]:
     """(seconds from a transfer's start until its last byte left, each stream's window
     after it): each stream sends its window per round trip, the window doubling from
-    `cwnd` (slow start) up to the path's window (or its share of the link); at the
-    full window the transfer moves at the path's rate."""
-    rate = path.link_Bps if path.lan else min(path.link_Bps, streams * path.window / path.rtt)
+    `cwnd` (slow start) up to the path's window (or its share of the link). What is left
+    once the window is reached leaves at the link's rate as far as the window allows: a
+    flight within the window at once (bytes / link rate), a longer one a window per round
+    trip after the first ((left - window) / window round trips). `paced` (BBR: atlas's WAN
+    channels): no flight at once, every byte at the flow's rate, a window per round trip."""
     if nbytes <= 0:
         return 0.0, cwnd
     if path.lan:
-        return nbytes / rate, cwnd
+        return nbytes / path.link_Bps, cwnd
     per_stream = nbytes / streams
     cap = min(path.window, path.link_Bps * path.rtt / streams)
     sent, t = 0.0, 0.0
@@ -317,7 +327,11 @@ def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float) -> tup
         sent += cwnd
         cwnd *= 2
         t += path.rtt
-    return t + (per_stream - sent) * streams / rate, min(max(cwnd, INITIAL_WINDOW), cap)
+    window = min(max(cwnd, INITIAL_WINDOW), cap)
+    left = per_stream - sent
+    if paced:
+        return t + left * streams / min(path.link_Bps, streams * window / path.rtt), window
+    return t + max(left * streams / path.link_Bps, (left - window) / window * path.rtt), window
 
 
 class Replay:
@@ -331,6 +345,8 @@ class Replay:
         self.extra_rtts = extra_rtts
         self.streams_of, self.algorithms = streams_of, algorithms
         self.cold_restart = slow_start_after_idle
+        congestion = profile.env.get("ATLAS_CONGESTION", "").strip().lower()
+        self.paced = PACED if congestion in ("", "bbr") else frozenset()
         self.channels: dict[tuple, _Channel] = defaultdict(_Channel)
         self.ops: dict[tuple[int, int], _Op] = {}
         self.queues: dict[tuple, list[_Transfer]] = defaultdict(list)
@@ -366,7 +382,7 @@ class Replay:
         if self.cold_restart and begin - last > path.rto:
             cwnd = _restart(cwnd, begin - last, path.rto)
         streams = self.streams_of(backend, path)
-        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd)
+        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, backend in self.paced)
         ch.free = ch.sent = begin + took
         # the fitted round trips are what a transfer's data costs beyond the model (pacing, ramp-up,
         # the protocol's own exchanges); a message within each stream's first flight pays none of them
@@ -459,22 +475,34 @@ class Replay:
             return start
         nbytes = max(o.rec.bytes for o in coll.ops.values())
         t = start
+        send = self._round_transfer
         if coll.algorithm == "ring":
             chunk = nbytes / n
             rounds = 2 * (n - 1) if rec.op.startswith("all_reduce") else n - 1
+            if nbytes < 4 * n:  # fewer elements than ranks: gloo skips the empty chunks
+                rounds = 1
             for _ in range(rounds):
-                t = max(self._transfer(gkey, coll.backend, members[i], members[(i + 1) % n], chunk, t)[1]
-                        for i in range(n))
+                t = max(send(gkey, coll.backend, members[i], members[(i + 1) % n], chunk, t) for i in range(n))
             return t
         if coll.algorithm == "direct":
             root = rec.peer if rec.peer in members else members[0]
             if rec.op in ("reduce", "gather"):
-                return max(self._transfer(gkey, coll.backend, m, root, nbytes, t)[1] for m in members if m != root)
-            return max(self._transfer(gkey, coll.backend, root, m, nbytes, t)[1] for m in members if m != root)
+                return max(send(gkey, coll.backend, m, root, nbytes, t) for m in members if m != root)
+            return max(send(gkey, coll.backend, root, m, nbytes, t) for m in members if m != root)
         if coll.algorithm == "hierarchical" and rec.op.startswith("all_reduce"):
             return self._hierarchical(gkey, coll, nbytes, t)
         # exchange: every member sends its whole tensor to every other, at once
-        return max(self._transfer(gkey, coll.backend, a, b, nbytes, t)[1] for a in members for b in members if a != b)
+        return max(send(gkey, coll.backend, a, b, nbytes, t) for a in members for b in members if a != b)
+
+    def _round_transfer(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, start: float) -> float:
+        """Arrival of one round's transfer of a collective that starts at `start`: a
+        rendezvous backend (gloo) sends once the receiver's notice, posted at the round's
+        start, reached the sender."""
+        if backend in NOTIFYING:
+            start += self.path(dst, src).latency
+            back = self.channels[(gkey, dst, src)]
+            back.sent = max(back.sent, start)
+        return self._transfer(gkey, backend, src, dst, nbytes, start)[1]
 
     def _hierarchical(self, gkey: tuple, coll: _Collective, nbytes: float, t: float) -> float:
         """atlas's two-level all-reduce (atlas_transport/torch/hierarchical.py): ranks by
@@ -556,8 +584,8 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
     """Per pair of DCs, one TCP flow's effective window as the profile shows it: each
     timed transfer on a one-stream connection (its arrival less the one-way delay, from
     when the connection could start it) gives the flow's rate; a rate under
-    `WINDOW_LIMITED` of the link's goodput is window-limited, and rate x RTT is the
-    window (the median over transfers). Striped channels (atlas) are left out: their
+    `WINDOW_LIMITED` of the link's goodput is window-limited, and gives the: service = (bytes - window) / window round trips (the median over
+    transfers). Striped channels (atlas) are left out: their
     rate shows the transport's own costs as much as the windows (the fit of round trips
     takes those). Pairs with no such transfer are left out (the nominal window then)."""
     dc_of = {r.rank: r.dc for r in profile.ranks}
@@ -603,8 +631,8 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
             if service <= 0 or s.bytes < 4 * MSS or idle > rtt + RTO_MIN_S:
                 continue  # too small to time, or after an idle connection (slow start)
             rate = s.bytes / service
-            if rate < WINDOW_LIMITED * link:
-                rates[frozenset((a, b))].append(rate * rtt / streams)
+            if rate < WINDOW_LIMITED * link:  # window-limited: service = (bytes - window) / window round trips
+                rates[frozenset((a, b))].append(s.bytes * rtt / (service + rtt) / streams)
     return {pair: statistics.median(v) for pair, v in rates.items() if v}
 
 

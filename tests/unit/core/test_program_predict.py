@@ -12,6 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from testbed.cli import main
+from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.program.predict import (
     INITIAL_WINDOW,
     PredictError,
@@ -38,6 +39,7 @@ from testbed_core.topology import load_topology, parse_topology
 ROOT = Path(__file__).resolve().parents[3]
 TOPO = ROOT / "topologies" / "2dc.yaml"
 MB4 = 4 << 20
+LINK_BPS = 1e9 * LINK_GOODPUT / 8
 
 
 def _topology(slow_start: bool = False, rtt_ms: float = 50, hosts: int = 1):
@@ -80,16 +82,28 @@ def _pipeline_profile(tmp_path: Path, steps: int = 4, step_s: float = 1.0, backe
 
 def test_a_transfer_takes_latency_plus_bytes_over_window_per_rtt(tmp_path):
     """One window-limited gloo flow on a new connection: six round trips of slow start
-    (10 segments doubling to the 0.5 MB window), the rest at a window per RTT, then the
-    one-way delay; gloo sends once the receive's notice arrived (one more one-way delay);
-    rank 1's first step adds its 0.1 s of compute and 5 ms before the receive."""
+    (10 segments doubling to the 0.5 MB window), then the first window's flight at once
+    and a window per RTT after it, then the one-way delay; gloo sends once the receive's
+    notice arrived (one more one-way delay); rank 1's first step adds its 0.1 s of
+    compute and 5 ms before the receive."""
     prof = _pipeline_profile(tmp_path)
     for rtt in (0.01, 0.1, 0.2):
         pred = predict(prof, retarget(_topology(), rtt), extra_rtts=0.0, windows={})
-        rate = 0.5e6 / rtt  # nominal window (rmem_max / 2) per RTT, under the link at these RTTs
-        ramp = 6 * rtt + (MB4 - INITIAL_WINDOW * 63) / rate
+        left = MB4 - INITIAL_WINDOW * 63
+        ramp = 6 * rtt + max(left / LINK_BPS, (left - 0.5e6) / 0.5e6 * rtt)
         assert pred.ranks[1].steps[0] == pytest.approx(rtt / 2 + ramp + rtt / 2 + 0.1 + 0.005, rel=1e-3), rtt
         assert pred.paths[0].window_source == "nominal" and pred.paths[0].window_bytes == 0.5e6
+
+
+def test_a_flight_within_the_window_leaves_at_the_link_rate_unless_paced():
+    """A warm flow sends what fits in its window at once; a paced one (BBR: atlas's WAN
+    streams) at a window per round trip from the first byte."""
+    from testbed_core.program.predict import _Path, _serialization
+
+    path = _Path(0.05, 0.1, LINK_BPS, 0.5e6, 0.3, False)
+    assert _serialization(0.4e6, 1, path, 0.5e6)[0] == pytest.approx(0.4e6 / LINK_BPS)
+    assert _serialization(1.5e6, 1, path, 0.5e6)[0] == pytest.approx(2 * 0.1)  # two windows after the first
+    assert _serialization(0.4e6, 1, path, 0.5e6, paced=True)[0] == pytest.approx(0.4e6 / (0.5e6 / 0.1))
 
 
 def test_predictions_grow_with_the_rtt_and_shrink_with_more_bandwidth(tmp_path):
@@ -109,19 +123,34 @@ def test_the_fit_reproduces_the_profiled_step(tmp_path):
 
 
 def test_a_collective_by_ring_takes_two_rounds_of_half_the_tensor(tmp_path):
-    nbytes = 1 << 20
-    ranks = []
-    for r in (0, 1):
-        ops = [_op(k + 1, "collective", "all_reduce", nbytes, None, 1.0 + k, [(1.0 + k, 1.5 + k)], blocking=True)
-               for k in range(3)]
-        steps = [StepRecord(step=k, step_s=0.6, t_line=1.6 + k) for k in range(3)]
-        ranks.append(RankProfile(rank=r, host=f"dc{r + 1}-h1", dc=f"dc{r + 1}", ops=ops, steps=steps, t_start=0.0,
-                                 groups=[GroupRecord(index=0, ranks=[0, 1], backend="gloo")]))
-    prof = ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology().model_dump(mode="json"), topology_file="t",
-                          world_size=2, started=0.0, wall_s=4.0, ranks=ranks)
-    pred = predict(prof, retarget(_topology(), 0.1), extra_rtts=0.0, windows={})
-    round_s = (nbytes / 2) / (0.5e6 / 0.1) + 0.05
-    assert pred.seconds_per_step == pytest.approx(0.6 - 0.5 + 2 * round_s, rel=1e-3)
+    """gloo's ring all-reduce of two ranks: two rounds, each a round trip (the receiver's
+    notice, then the data) plus half the tensor at the window's pace once warm; a scalar
+    (fewer elements than ranks) one round (a round trip at 50 ms: 2dc's loss all-reduce)."""
+    def profile(nbytes: int) -> ProgramProfile:
+        ranks = []
+        for r in (0, 1):
+            ops = [_op(k + 1, "collective", "all_reduce", nbytes, None, 1.0 + k, [(1.0 + k, 1.5 + k)], blocking=True)
+                   for k in range(5)]
+            steps = [StepRecord(step=k, step_s=0.6, t_line=1.6 + k) for k in range(5)]
+            ranks.append(RankProfile(rank=r, host=f"dc{r + 1}-h1", dc=f"dc{r + 1}", ops=ops, steps=steps, t_start=0.0,
+                                     groups=[GroupRecord(index=0, ranks=[0, 1], backend="gloo")]))
+        return ProgramProfile(program=program_identity(["true"], str(tmp_path)),
+                              topology=_topology().model_dump(mode="json"), topology_file="t", world_size=2,
+                              started=0.0, wall_s=6.0, ranks=ranks)
+
+    chunk = (1 << 20) / 2
+    pred = predict(profile(1 << 20), retarget(_topology(), 0.1), extra_rtts=0.0, windows={})
+    round_s = 0.1 + max(chunk / LINK_BPS, (chunk - 0.5e6) / 0.5e6 * 0.1)
+    assert pred.ranks[0].steps[3] == pytest.approx(0.6 - 0.5 + 2 * round_s, rel=1e-3)  # warm by then
+    from testbed_core.program.predict import ALGORITHMS, Replay, _Collective, _paths, _streams_rule
+
+    prof = profile(4)  # a scalar: one round (its replay as a step would be a metric line's all-reduce)
+    replay = Replay(prof, _paths(_topology(), {"dc1", "dc2"}, {})[0], {0: "dc1", 1: "dc2"},
+                    _streams_rule(prof, None), ALGORITHMS, False, 0.0)
+    coll = _Collective([0, 1], "ring", "gloo")
+    coll.ops = {0: replay.ops[(0, 1)], 1: replay.ops[(1, 1)]}
+    gkey = replay.group_key[(0, 0)]
+    assert replay._run_collective(gkey, coll, prof.ranks[0].ops[0], 1.0) == pytest.approx(1.0 + 0.05 + 2 / LINK_BPS)
 
 
 def test_slow_start_after_idle_halves_the_window_per_rto():
@@ -138,7 +167,8 @@ def test_slow_start_makes_a_cold_transfer_slower(tmp_path):
 
 
 def test_window_measured_from_back_to_back_transfers(tmp_path):
-    """Four 4 MiB sends queued at once, arriving 0.4 s apart at 50 ms RTT: 10.5 MB/s, a window of 524 kB."""
+    """Four 4 MiB sends queued at once, arriving 0.4 s apart at 50 ms RTT: 0.4 s = (4 MiB - W) / W
+    round trips, a window of 466 kB."""
     ops0 = [_op(k + 1, "send", "isend", MB4, 1, 1.0, []) for k in range(4)]
     ops1 = [_op(k + 1, "recv", "irecv", MB4, 0, 1.0, [(1.0, 1.5 + 0.4 * k)]) for k in range(4)]
     group = [GroupRecord(index=0, ranks=[0, 1], backend="gloo")]
@@ -147,7 +177,7 @@ def test_window_measured_from_back_to_back_transfers(tmp_path):
                           ranks=[RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, t_start=0.0),
                                  RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, t_start=0.0)])
     (window,) = measured_windows(prof, prof.network).values()
-    assert window == pytest.approx(MB4 / 0.4 * 0.05)
+    assert window == pytest.approx(MB4 * 0.05 / (0.4 + 0.05))
 
 
 # --------------------------------------------------------------------------- what does not fit
@@ -337,4 +367,24 @@ def test_an_exchange_completes_each_rank_when_the_others_tensors_arrived(tmp_pat
     replay.run()
     first0, first1 = replay.ops[(0, 1)], replay.ops[(1, 1)]
     assert first0.done == pytest.approx(first0.issued)  # rank 1's 8 KiB left at 1.0 s, arrived by 1.06 s
-    assert first1.done == pytest.approx(first0.issued + 0.05, abs=0.005)
+    assert first1.done == pytest.approx(first0.issued + 0.05, abs=0.01)  # + 8 KiB paced at a fresh window
+
+
+def test_the_ranks_mean_is_free_of_which_rank_runs_ahead():
+    """Two ranks meeting in one exchange a step time it as c + L + d and c + L - d (d: the
+    lead of one over the other); the mean over ranks is c + L whatever d, step by step."""
+    from testbed_core.program.predict import ranks_mean_median
+
+    c, lat = 0.01, 0.05
+    leads = [0.04, -0.03, 0.05, 0.0, -0.05]
+    steps = {0: {k: c + lat + d for k, d in enumerate(leads)}, 1: {k: c + lat - d for k, d in enumerate(leads)}}
+    assert ranks_mean_median(steps, 1) == pytest.approx(c + lat)
+    assert ranks_mean_median({0: {0: 1.0, 1: 2.0}, 1: {1: 4.0}}, 0) == pytest.approx(3.0)  # steps both timed
+    assert ranks_mean_median({}, 1) is None
+
+
+def test_the_fit_targets_the_ranks_mean(tmp_path):
+    """The fitted round trips make the replay's mean over ranks match the profile's."""
+    prof = _pipeline_profile(tmp_path)
+    pred = predict(prof, prof.network)
+    assert pred.ranks_mean_s_per_step == pytest.approx(pred.measured_ranks_mean_s_per_step, rel=0.01)

@@ -45,7 +45,7 @@ from testbed_core.program.predict import (  # noqa: E402
 from testbed_core.program.profile import read_profile  # noqa: E402
 
 TOPOLOGY = REPO / "topologies" / "2dc.yaml"
-PROGRAMS = {"pipeline": ["examples/pipeline.py", "--steps", "6"], "ddp": ["examples/ddp.py", "--steps", "20"]}
+PROGRAMS = {"pipeline": ["examples/pipeline.py", "--steps", "6"], "ddp": ["examples/ddp.py", "--steps", "40"]}
 BACKENDS = ("gloo", "atlas")
 PROFILE_RTT_MS = 50
 
@@ -104,6 +104,32 @@ def measured(launch_json: Path) -> tuple[float, list[float]]:
     return statistics.median(steps[1:] or steps), steps
 
 
+FROZEN = "predictions-a-priori.json"
+
+
+def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -> None:
+    """The predictions from the 50 ms profiles alone, kept with when and at which commit they
+    were made: made before the target launches, they cannot have been fitted to them."""
+    path = out / FROZEN
+    kept = json.loads(path.read_text()) if path.is_file() else []
+    for prog in progs:
+        for be in backends:
+            profile = read_profile(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}")
+            windows = measured_windows(profile, profile.network)
+            for rtt in rtts:
+                pred = predict(profile, retarget(profile.network, rtt / 1000), windows=windows)
+                targets = out / f"profile-{rtt}-{prog}-{be}" / META_FILE
+                kept = [k for k in kept if (k["program"], k["backend"], k["rtt_ms"]) != (prog, be, rtt)]
+                kept.append({"program": prog, "backend": be, "rtt_ms": rtt, "commit": _commit(),
+                             "made_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
+                             "target_launched_already": targets.is_file(),
+                             "rank0_s_per_step": round(pred.seconds_per_step or 0, 4),
+                             "ranks_mean_s_per_step": round(pred.ranks_mean_s_per_step or 0, 4),
+                             "extra_rtts": round(pred.extra_rtts, 3)})
+                print(kept[-1])
+    path.write_text(json.dumps(kept, indent=1) + "\n")
+
+
 def _meta(directory: Path) -> dict:
     path = directory / META_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -125,6 +151,8 @@ def main() -> None:
     ap.add_argument("--backends", default=",".join(BACKENDS))
     ap.add_argument("--lock-held", action="store_true", help=f"the caller holds {LOCK} (flock {LOCK} python "
                     "scripts/program_predict_check.py ...): launch without taking it per launch")
+    ap.add_argument("--predict-only", action="store_true", help="launch nothing: predict from OUT's 50 ms profiles "
+                    f"and add the figures to OUT/{FROZEN} with the commit and time (before the targets are launched)")
     ap.add_argument("--no-profile-launch", action="store_true", help="launch only the targets (the 50 ms profiles "
                     "are in OUT already)")
     args = ap.parse_args()
@@ -135,6 +163,9 @@ def main() -> None:
     backends = [b for b in args.backends.split(",") if b]
     t0 = time.time()
     load_before = os.getloadavg()
+    if args.predict_only:
+        _freeze(out, progs, backends, rtts)
+        return
     if not args.reuse:
         for rtt in ([] if args.no_profile_launch else [PROFILE_RTT_MS]) + rtts:
             print(f"launching at {rtt} ms (profiled):", flush=True)

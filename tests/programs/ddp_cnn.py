@@ -50,9 +50,10 @@ def batch(step, micro, rank):
 
 
 def checked_allreduce_hook(state, bucket):
-    """Average the bucket; in the last bucket's callback, all-reduce its norm (MAX) and wait
-    for it, as PowerSGD starts collectives from its callbacks (only the last bucket's, so that
-    every rank issues its collectives in one order: nothing else is in flight by then)."""
+    """Average the bucket; in the last bucket's callback, all-reduce its norm (MAX) on a group
+    of its own and wait for it, as PowerSGD starts collectives from its callbacks. (On DDP's
+    own group that would race DDP's unused-parameter all-reduce, which the autograd thread
+    issues meanwhile: ranks could issue the two in different orders, with any backend.)"""
     world = dist.get_world_size()
     buf = bucket.buffer()
     fut = dist.all_reduce(buf, async_op=True).get_future()
@@ -63,7 +64,7 @@ def checked_allreduce_hook(state, bucket):
         if not bucket.is_last():
             return out
         norm = out.norm().reshape(1).clone()
-        dist.all_reduce(norm, op=dist.ReduceOp.MAX, async_op=True).get_future().wait()
+        dist.all_reduce(norm, op=dist.ReduceOp.MAX, group=state["group"], async_op=True).get_future().wait()
         assert torch.isfinite(norm).all()
         state["nested"] += 1
         return out
@@ -89,7 +90,7 @@ def main():
     dist.init_process_group(backend=backend)
     rank = dist.get_rank()
     ddp = DDP(model, broadcast_buffers=True, find_unused_parameters=True, bucket_cap_mb=0.004)
-    state = {"calls": 0, "nested": 0}
+    state = {"calls": 0, "nested": 0, "group": dist.new_group()}
     ddp.register_comm_hook(state, checked_allreduce_hook)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
     for step in range(args.steps):

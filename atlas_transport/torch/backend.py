@@ -390,10 +390,13 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         self._queue.put((work, body))
         return work
 
-    def _direct(self, site: I.SiteGroup, name: str, result: list[torch.Tensor], gloo_work) -> AtlasWork:
-        """The work of a collective handed to the site's gloo group from this thread."""
+    def _direct(self, site: I.SiteGroup, name: str, result: list[torch.Tensor], gloo_work,
+                after: Callable[[], None] | None = None) -> AtlasWork:
+        """The work of a collective handed to the site's gloo group from this thread:
+        `gloo_work`, one gloo work or the list issued for a call over several tensors;
+        `after`, what completes the result once gloo is done (AVG's division)."""
         what = f"{name} #{self._seq - 1} of group {self._label!r} on rank {self._rank}"
-        return I.GlooWork(what, result, site, gloo_work)
+        return I.GlooWork(what, result, site, gloo_work, after)
 
     def _direct_site(self, tensors: Sequence[torch.Tensor]) -> I.SiteGroup | None:
         """The site's gloo group when this collective goes to it straight from the
@@ -526,10 +529,15 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         if any(t.layout == torch.sparse_coo for t in tensors):
             return self._sparse_allreduce(tensors, opts)
         name, factor = self._reduce_op(opts, "all_reduce", tensors)
-        site = self._direct_site(tensors) if len(tensors) == 1 and factor is None and name != "AVG" else None
-        if site is not None:
-            return self._direct(site, f"all_reduce({name})", tensors,
-                                site.pg.allreduce(list(tensors), I.allreduce_options(name)))
+        site = self._direct_site(tensors) if tensors else None
+        if site is not None:  # one gloo all_reduce per tensor (gloo's own list form sums the list)
+            if factor is not None:  # PREMUL_SUM: scaled in place before the sum, as the atlas path does
+                for t in tensors:
+                    t.detach().mul_(factor)
+            gloo_op = I.allreduce_options(name)
+            return self._direct(site, f"all_reduce({self._op_label(name, factor)})", tensors,
+                                [site.pg.allreduce([t], gloo_op) for t in tensors],
+                                I.avg_after(tensors, name, self._size))
         staged = self._flat(tensors)
 
         def body(xfer: C.Xfer) -> None:
@@ -582,10 +590,11 @@ class ProcessGroupAtlas(dist.ProcessGroup):
 
     def broadcast(self, tensors: list[torch.Tensor], opts=None) -> AtlasWork:
         root = opts.rootRank if opts is not None else 0
-        site = self._direct_site(tensors) if len(tensors) == 1 and 0 <= root < self._size else None
+        site = self._direct_site(tensors) if tensors and 0 <= root < self._size else None
         if site is not None:
+            gloo_opts = I.broadcast_options(root)
             return self._direct(site, f"broadcast(root {root})", tensors,
-                                site.pg.broadcast(list(tensors), I.broadcast_options(root)))
+                                [site.pg.broadcast([t], gloo_opts) for t in tensors])
         staged = self._flat(tensors, read=self._rank == root)
 
         def body(xfer: C.Xfer) -> None:
@@ -619,7 +628,12 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def allgather(self, output_tensors: list[list[torch.Tensor]], input_tensors: list[torch.Tensor],
                   opts=None) -> AtlasWork:
         pairs = self._gather_pairs("all_gather", output_tensors, input_tensors)
-        return self._run_gathers("all_gather", pairs, [t for outs in output_tensors for t in outs])
+        result = [t for outs in output_tensors for t in outs]
+        site = self._direct_site([*result, *input_tensors]) if input_tensors else None
+        if site is not None:
+            return self._direct(site, "all_gather", result, [I.all_gather_work(site, outs, x) for outs, x in
+                                                             zip(output_tensors, input_tensors, strict=True)])
+        return self._run_gathers("all_gather", pairs, result)
 
     def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], input_list: list[torch.Tensor],
                             opts=None) -> AtlasWork:
@@ -633,7 +647,12 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                                  f"needs one per input ({len(input_list)})")
         per_input = [[output_lists[r][i] for r in range(self._size)] for i in range(len(input_list))]
         pairs = self._gather_pairs("all_gather_coalesced", per_input, input_list)
-        return self._run_gathers("all_gather_coalesced", pairs, [t for outs in output_lists for t in outs])
+        result = [t for outs in output_lists for t in outs]
+        site = self._direct_site([*result, *input_list]) if input_list else None
+        if site is not None:
+            return self._direct(site, "all_gather_coalesced", result, [I.all_gather_work(site, outs, x) for outs, x
+                                                                       in zip(per_input, input_list, strict=True)])
+        return self._run_gathers("all_gather_coalesced", pairs, result)
 
     def _single_gather(self, op: str, output: torch.Tensor, input: torch.Tensor) -> tuple[list[Staged], Staged]:
         if output.numel() != input.numel() * self._size or output.dtype != input.dtype:
@@ -658,6 +677,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                              f"{len(inputs)} inputs")
         pairs = [self._single_gather("all_gather_into_tensor_coalesced", o, i)
                  for o, i in zip(outputs, inputs, strict=True)]
+        site = self._direct_site([*outputs, *inputs]) if inputs else None
+        if site is not None:
+            return self._direct(site, "all_gather_into_tensor_coalesced", list(outputs),
+                                [site.pg._allgather_base(o, i) for o, i in zip(outputs, inputs, strict=True)])
         return self._run_gathers("all_gather_into_tensor_coalesced", pairs, list(outputs))
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced
@@ -683,7 +706,24 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         for out, ins in zip(output_tensors, input_tensors, strict=True):
             self._check_per_rank("reduce_scatter", "input", ins, "output", out)
             pairs.append((Staged(out, read=False), self._flat(ins)))
+        site = (self._direct_site([*output_tensors, *(t for ins in input_tensors for t in ins)])
+                if output_tensors else None)
+        if site is not None:
+            return self._direct_reduce_scatters(site, "reduce_scatter", name, factor, list(output_tensors),
+                                                [list(ins) for ins in input_tensors])
         return self._run_reduce_scatters(name, factor, "reduce_scatter", pairs, output_tensors)
+
+    def _direct_reduce_scatters(self, site: I.SiteGroup, op: str, name: str, factor: float | None,
+                                outs: list[torch.Tensor], ins: list[list[torch.Tensor]]) -> AtlasWork:
+        """Reduce-scatters handed to the site's gloo group from this thread, one gloo work
+        per output: PREMUL_SUM sums a scaled copy (the caller's input stays as it was),
+        AVG divides the sum once gloo is done, as the atlas path does."""
+        if factor is not None:  # one buffer's chunks stay one buffer's chunks (gloo's single-buffer form)
+            ins = [list(flat.mul(factor).chunk(self._size)) if (flat := I.joined(parts)) is not None
+                   else [p.mul(factor) for p in parts] for parts in ins]
+        return self._direct(site, f"{op}({self._op_label(name, factor)})", outs,
+                            [I.reduce_scatter_work(site, o, parts, name) for o, parts in zip(outs, ins, strict=True)],
+                            I.avg_after(outs, name, self._size))
 
     def _single_scatter(self, op: str, output: torch.Tensor, input: torch.Tensor) -> tuple[Staged, list[Staged]]:
         if input.numel() != output.numel() * self._size or output.dtype != input.dtype:
@@ -695,10 +735,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
     def reduce_scatter_single(self, output: torch.Tensor, input: torch.Tensor, opts=None) -> AtlasWork:
         name, factor = self._reduce_op(opts, "reduce_scatter_tensor", [output])
         pair = self._single_scatter("reduce_scatter_tensor", output, input)
-        site = self._direct_site([output, input]) if factor is None and name != "AVG" else None
+        site = self._direct_site([output, input])
         if site is not None:
-            return self._direct(site, f"reduce_scatter_tensor({name})", [output],
-                                site.pg._reduce_scatter_base(output, input, I.reduce_scatter_options(name)))
+            return self._direct_reduce_scatters(site, "reduce_scatter_tensor", name, factor, [output],
+                                                [list(input.view(-1).chunk(self._size))])
         return self._run_reduce_scatters(name, factor, "reduce_scatter_tensor", [pair], [output])
 
     _reduce_scatter_base = reduce_scatter_single
@@ -711,6 +751,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                              f"{len(inputs)} inputs")
         pairs = [self._single_scatter("reduce_scatter_tensor_coalesced", o, i)
                  for o, i in zip(outputs, inputs, strict=True)]
+        site = self._direct_site([*outputs, *inputs]) if inputs else None
+        if site is not None:
+            return self._direct_reduce_scatters(site, "reduce_scatter_tensor_coalesced", name, factor, list(outputs),
+                                                [list(i.view(-1).chunk(self._size)) for i in inputs])
         return self._run_reduce_scatters(name, factor, "reduce_scatter_tensor_coalesced", pairs, list(outputs))
 
     reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
@@ -743,6 +787,10 @@ class ProcessGroupAtlas(dist.ProcessGroup):
                              f"{tuple(input.shape)} differ in size ({row_out} and {row_in} elements)")
         ins = self._splits(op, "input", input, input_split_sizes)
         outs = self._splits(op, "output", output, output_split_sizes)
+        site = self._direct_site([output, input])
+        if site is not None:
+            return self._direct(site, op, [output], site.pg.alltoall_base(
+                output, input, list(output_split_sizes), list(input_split_sizes), dist.AllToAllOptions()))
         x, out = Staged(input), Staged(output, read=False)
         in_parts = [_Part(x, c) for c in x.host.split([s * row_in for s in ins])]
         out_parts = [_Part(out, c) for c in out.host.split([s * row_out for s in outs])]
@@ -827,6 +875,9 @@ class ProcessGroupAtlas(dist.ProcessGroup):
         return self._collective(f"scatter(root {root})", output_tensors, body)
 
     def barrier(self, opts=None) -> AtlasWork:
+        site = self._direct_site([])
+        if site is not None:
+            return self._direct(site, "barrier", [], I.barrier_work(site))
         return self._collective("barrier", [], lambda xfer: C.barrier(self._rank, self._size, xfer))
 
     def monitored_barrier(self, timeout: object = None, wait_all_ranks: bool = False) -> None:

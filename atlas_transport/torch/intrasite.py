@@ -16,7 +16,7 @@ depends only on the dtype, so every rank makes the same one."""
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from datetime import timedelta
 
 import torch
@@ -80,31 +80,48 @@ class SiteGroup:
 
 
 class GlooWork(AtlasWork):
-    """A collective the caller's thread handed to the site's gloo group: gloo's work,
-    with atlas's name for it and atlas's error message from wait(). Its future is gloo's."""
+    """A collective the caller's thread handed to the site's gloo group: gloo's work(s),
+    with atlas's name for it and atlas's error message from wait(). `works`: one gloo
+    work, or several issued in order (a coalesced call: one per tensor); `after`: what
+    completes the result once gloo is done (AVG's division), run once, by whoever sees
+    the completion first. With one work and nothing after it, its future is gloo's own
+    (no thread of ours, no Python callback in gloo's threads)."""
 
-    def __init__(self, what: str, result: list[torch.Tensor], site: SiteGroup, work) -> None:
+    def __init__(self, what: str, result: list[torch.Tensor], site: SiteGroup, works,
+                 after: Callable[[], None] | None = None) -> None:
         super().__init__(what, result)
-        self._site, self._gloo = site, work
+        self._site = site
+        self._works = list(works) if isinstance(works, list | tuple) else [works]
+        self._after = after
+        self._drive_lock = threading.Lock()
 
     def _complete(self, exc: BaseException | None) -> None:
-        with self._lock:  # the future, if any, is gloo's: it completes by itself
-            if not self._event.is_set():
-                self._error = exc
-                self._event.set()
+        if len(self._works) == 1 and self._after is None:
+            with self._lock:  # the future, if any, is gloo's: it completes by itself
+                if not self._event.is_set():
+                    self._error = exc
+                    self._event.set()
+            return
+        super()._complete(exc)  # settles our own future (get_future below)
 
     def _drive(self) -> None:
         if self._event.is_set():
             return
-        try:
-            self._gloo.wait()
-        except RuntimeError as exc:
-            self._complete(self._site.error(self.what, exc))
-        else:
-            self._complete(None)
+        with self._drive_lock:  # one driver: `after` runs once
+            if self._event.is_set():
+                return
+            try:
+                for w in self._works:
+                    w.wait()
+                if self._after is not None:
+                    self._after()
+            except RuntimeError as exc:
+                self._complete(self._site.error(self.what, exc))
+            else:
+                self._complete(None)
 
     def is_completed(self) -> bool:
-        if not self._event.is_set() and self._gloo.is_completed():
+        if not self._event.is_set() and all(w.is_completed() for w in self._works):
             self._drive()
         return self._event.is_set()
 
@@ -112,9 +129,12 @@ class GlooWork(AtlasWork):
         threading.Thread(target=self._drive, daemon=True, name="atlas-gloo-watch").start()
 
     def get_future(self):
-        """gloo's own future (its value: the result tensors; no Python callback in
-        gloo's threads, no thread of ours). wait() names a failure in atlas's words."""
-        return self._gloo.get_future()
+        """gloo's own future for one work with nothing after it (its value: the result
+        tensors); else atlas's, settled once every work is done and `after` has run.
+        wait() names a failure in atlas's words."""
+        if len(self._works) == 1 and self._after is None:
+            return self._works[0].get_future()
+        return super().get_future()
 
 
 def supports(*tensors: torch.Tensor) -> bool:
@@ -163,26 +183,34 @@ def all_reduce(site: SiteGroup, x: torch.Tensor, name: str) -> None:
     site.run("all_reduce", site.pg.allreduce([x], _opts(dist.AllreduceOptions, reduceOp=_GLOO_OPS[name])))
 
 
-def reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str) -> None:
-    """out = reduction over the site of its ranks' ins[local] (SUM for AVG)."""
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """`t` as one dimension (gloo checks shapes, the collectives only element counts)."""
+    return t.view(-1) if t.is_contiguous() else t
+
+
+def reduce_scatter_work(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str):
+    """gloo's work for out = reduction over the site of its ranks' ins[local] (SUM for AVG)."""
     flat = joined(ins)
     if flat is not None and out.is_contiguous():
-        site.run("reduce_scatter", site.pg._reduce_scatter_base(
-            out, flat, _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])))
-        return
-    site.run("reduce_scatter", site.pg.reduce_scatter(
-        [out], [list(ins)], _opts(dist.ReduceScatterOptions, reduceOp=_GLOO_OPS[name])))
+        return site.pg._reduce_scatter_base(out.view(-1), flat, reduce_scatter_options(name))
+    return site.pg.reduce_scatter([_flat(out)], [[_flat(i) for i in ins]], reduce_scatter_options(name))
 
 
-def _all_gather_work(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor):
+def reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch.Tensor], name: str) -> None:
+    """out = reduction over the site of its ranks' ins[local] (SUM for AVG)."""
+    site.run("reduce_scatter", reduce_scatter_work(site, out, ins, name))
+
+
+def all_gather_work(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor):
+    """gloo's work for outs[p] = local rank p's x (one buffer when outs are its chunks)."""
     flat = joined(outs)
     if flat is not None and x.is_contiguous():
-        return site.pg._allgather_base(flat, x)
-    return site.pg.allgather([list(outs)], [x])
+        return site.pg._allgather_base(flat, x.view(-1))
+    return site.pg.allgather([[_flat(o) for o in outs]], [_flat(x)])
 
 
 def all_gather(site: SiteGroup, outs: Sequence[torch.Tensor], x: torch.Tensor) -> None:
-    site.run("all_gather", _all_gather_work(site, outs, x))
+    site.run("all_gather", all_gather_work(site, outs, x))
 
 
 def broadcast(site: SiteGroup, x: torch.Tensor, root: int) -> None:
@@ -202,7 +230,7 @@ def group_reduce_scatter(site: SiteGroup, out: torch.Tensor, ins: Sequence[torch
 
 
 def group_all_gather_many(site: SiteGroup, items: Sequence[tuple[Sequence[torch.Tensor], torch.Tensor]]) -> None:
-    works = [_all_gather_work(site, outs, x) for outs, x in items]  # all issued, then waited for
+    works = [all_gather_work(site, outs, x) for outs, x in items]  # all issued, then waited for
     for w in works:
         site.run("all_gather", w)
 
@@ -236,3 +264,19 @@ def group_all_to_all(site: SiteGroup, outs: Sequence[torch.Tensor], ins: Sequenc
 
 def group_barrier(site: SiteGroup) -> None:
     site.run("barrier", site.pg.barrier(dist.BarrierOptions()))
+
+
+def avg_after(tensors: Sequence[torch.Tensor], name: str, size: int) -> Callable[[], None] | None:
+    """What completes AVG once gloo's SUM is done (each tensor divided by the group
+    size, as the atlas path does); None for every other op."""
+    if name != "AVG":
+        return None
+
+    def after() -> None:
+        for t in tensors:
+            finish_avg(t.detach(), name, size)
+    return after
+
+
+def barrier_work(site: SiteGroup):
+    return site.pg.barrier(dist.BarrierOptions())

@@ -2,20 +2,26 @@
 profiled on topologies/2dc.yaml (50 ms RTT) with each backend, are predicted at other
 RTTs and launched there; the table of predicted against measured seconds per step.
 
-    sudo .venv/bin/python scripts/program_predict_check.py [--rtts 10,100,200] [--out results/program-predict]
+    .venv/bin/python scripts/program_predict_check.py --backends gloo --out results/program-predict   # as root
+    .venv/bin/python scripts/program_predict_check.py --predict-only --out results/program-predict    # freeze
     .venv/bin/python scripts/program_predict_check.py --reuse --out results/program-predict   # table again, no launch
 
 Each launch is `testbed launch TOPOLOGY --hosts dc1-h1,dc2-h1 --env BACKEND=B -- python
-examples/PROG.py --steps N` (the profile adds --profile); the RTT variants are 2dc.yaml with
-every WAN link's delay set to RTT/2 (written to OUT/topologies/). Measured seconds per step:
-the median of rank 0's step_s after the first step, as `testbed run` reports a program.
-The target launches are profiled too (the recorder costs microseconds per call), so that
-the table can set beside each prediction the ranks' compute per step there and the
-replay of the target's own profile with the 50 ms profile's network figures (its window
-and fitted round trips): that isolates the network model from the compute the replay
-keeps as profiled. Writes OUT/profile-<rtt>-<prog>-<backend>/ (profile.json, launch.json),
-OUT/results.csv, OUT/predictions.json and prints the table. Timing figures: the
-machine's load shows in them (say so when keeping them).
+examples/PROG.py --steps N` (the profile adds --profile), under `flock /tmp/emulation.lock`
+(one emulation at a time on a shared machine; --lock-held when the caller holds it); the
+RTT variants are 2dc.yaml with every WAN link's delay set to RTT/2 (written to
+OUT/topologies/). --no-profile-launch launches only the targets, so that the predictions
+can be frozen in between (--predict-only: OUT/predictions-a-priori.json, with commit and
+time). Seconds per step: the median after the first step of each step's mean over the
+ranks' step_s (`ranks_mean_median`: where two ranks meet in one exchange a step, one
+rank's own timer depends on which of them runs ahead); rank 0's median beside it. The
+target launches are profiled too (the recorder costs microseconds per call), so that the
+table can set beside each prediction the ranks' compute per step there and the replay of
+the target's own profile with the 50 ms profile's network figures (its window and fitted
+round trips): that isolates the network model from the compute the replay keeps as
+profiled. Writes OUT/profile-<rtt>-<prog>-<backend>/ (profile.json, launch.json,
+run-meta.json: commit, time, load), OUT/results.csv, OUT/predictions.json, OUT/table.md.
+Timing figures: the machine's load shows in them (say so when keeping them).
 """
 
 from __future__ import annotations
@@ -93,7 +99,10 @@ def _launch(topology: Path, prog: str, backend: str, out: Path, profile: bool, l
     print(f"  {' '.join(cmd[3 if lock else 1:])}", flush=True)
     subprocess.run(cmd, cwd=REPO, check=True, stdout=subprocess.DEVNULL)
     meta["load_after"] = round(os.getloadavg()[0], 2)
-    meta["launch_wall_s"] = json.loads((out / "launch.json").read_text()).get("wall_s")
+    report = json.loads((out / "launch.json").read_text())
+    meta["launch_wall_s"] = report.get("wall_s")
+    if isinstance(report.get("started"), (int, float)):  # the launch itself, once it held the lock
+        meta["launched_utc"] = time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(report["started"]))
     (out / META_FILE).write_text(json.dumps(meta) + "\n")
 
 
@@ -130,6 +139,13 @@ def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -
     path.write_text(json.dumps(kept, indent=1) + "\n")
 
 
+def _started(directory: Path) -> str | None:
+    """When the launch in `directory` started (its launch.json), UTC."""
+    path = directory / "launch.json"
+    started = json.loads(path.read_text()).get("started") if path.is_file() else None
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(started)) if isinstance(started, (int, float)) else None
+
+
 def _meta(directory: Path) -> dict:
     path = directory / META_FILE
     return json.loads(path.read_text()) if path.is_file() else {}
@@ -162,7 +178,6 @@ def main() -> None:
     progs = [p for p in args.programs.split(",") if p]
     backends = [b for b in args.backends.split(",") if b]
     t0 = time.time()
-    load_before = os.getloadavg()
     if args.predict_only:
         _freeze(out, progs, backends, rtts)
         return
@@ -198,9 +213,11 @@ def main() -> None:
                 compute_t = statistics.median(compute_per_step(target.ranks[0])[1:])
                 meta_p, meta_t = _meta(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"), _meta(target_dir)
                 rows.append({"program": prog, "backend": be, "rtt_ms": rtt,
-                             "profile_commit": meta_p.get("commit"), "profile_utc": meta_p.get("started_utc"),
+                             "profile_commit": meta_p.get("commit"),
+                             "profile_utc": meta_p.get("launched_utc") or _started(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"),
                              "profile_load": meta_p.get("load_before"),
-                             "launch_commit": meta_t.get("commit"), "launch_utc": meta_t.get("started_utc"),
+                             "launch_commit": meta_t.get("commit"),
+                             "launch_utc": meta_t.get("launched_utc") or _started(target_dir),
                              "launch_load": meta_t.get("load_before"),
                              "profiled_s_per_step": round(pred.ranks[0].measured_median_s or 0, 4),
                              "predicted_s_per_step": round(pred.seconds_per_step or 0, 4),
@@ -210,7 +227,7 @@ def main() -> None:
                              "error_ranks_mean": None if err_mean is None else round(err_mean, 4),
                              "extra_rtts": round(pred.extra_rtts, 3),
                              "rank0_compute_profiled_s": round(compute0, 4), "rank0_compute_target_s": round(compute_t, 4),
-                             "replay_with_target_compute_s": round(own.seconds_per_step or 0, 4),
+                             "replay_with_target_compute_s": round(own.ranks_mean_s_per_step or 0, 4),
                              "rank0_wall_over_cpu_profiled": _load(profile), "rank0_wall_over_cpu_target": _load(target),
                              "window_kB": round(pred.paths[0].window_bytes / 1e3, 1) if pred.paths else None,
                              "window_source": pred.paths[0].window_source if pred.paths else None,
@@ -225,58 +242,24 @@ def main() -> None:
     (out / "predictions.json").write_text(json.dumps(preds, indent=1) + "\n")
     table = _table(rows)
     print("\n" + table)
-    worst = max(abs(r["error"]) for r in rows if r["error"] is not None)
+    worst = max(abs(r["error_ranks_mean"]) for r in rows if r["error_ranks_mean"] is not None)
     print(f"\nworst error {worst:.1%}; {time.time() - t0:.0f} s; {out}/results.csv")
-    if not args.reuse:
-        _readme(out, table, worst, load_before, os.getloadavg(), time.time() - t0, sys.argv[1:])
+    (out / "table.md").write_text(table + "\n")  # the README (written by hand) says how the launches were made
 
 
 def _table(rows: list[dict]) -> str:
-    lines = ["| program | backend | RTT | profiled at 50 ms | predicted | measured | error | rank 0 compute/step "
-             "(50 ms -> there) | rank 0 wall/CPU (50 ms -> there) | replay with the compute there |",
+    lines = ["| program | backend | RTT | predicted | measured | error | rank 0: predicted / measured (error) | "
+             "rank 0 compute/step (50 ms -> there) | replay with the compute there | launched (UTC), commit, load |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        own_err = r["replay_with_target_compute_s"] / r["measured_s_per_step"] - 1
-        lines.append(f"| {r['program']} | {r['backend']} | {r['rtt_ms']} ms | {r['profiled_s_per_step']:.3f} | "
-                     f"{r['predicted_s_per_step']:.3f} | {r['measured_s_per_step']:.3f} | {r['error']:+.1%} | "
+        own_err = r["replay_with_target_compute_s"] / r["measured_ranks_mean_s"] - 1
+        lines.append(f"| {r['program']} | {r['backend']} | {r['rtt_ms']} ms | {r['predicted_ranks_mean_s']:.3f} | "
+                     f"{r['measured_ranks_mean_s']:.3f} | {r['error_ranks_mean']:+.1%} | "
+                     f"{r['predicted_s_per_step']:.3f} / {r['measured_s_per_step']:.3f} ({r['error']:+.1%}) | "
                      f"{r['rank0_compute_profiled_s']:.3f} -> {r['rank0_compute_target_s']:.3f} | "
-                     f"{r['rank0_wall_over_cpu_profiled']} -> {r['rank0_wall_over_cpu_target']} | "
-                     f"{r['replay_with_target_compute_s']:.3f} ({own_err:+.1%}) |")
+                     f"{r['replay_with_target_compute_s']:.3f} ({own_err:+.1%}) | "
+                     f"{(r['launch_utc'] or '-')[11:16]}, {r['launch_commit'] or '-'}, {r['launch_load']} |")
     return "\n".join(lines)
-
-
-def _readme(out: Path, table: str, worst: float, load_before: tuple, load_after: tuple, took: float,
-            argv: list[str]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
-    dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO, capture_output=True,
-                           text=True).stdout.strip()
-    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
-    text = f"""# Your program, predicted from a profile (kept results)
-
-`sudo .venv/bin/python scripts/program_predict_check.py {' '.join(argv)}` ({when}, commit {commit}{' with others'
- ' uncommitted changes in the tree' if dirty else ''}; {took / 60:.0f} minutes; load average {load_before[0]:.1f} before,
-{load_after[0]:.1f} after, on 2 cores shared with other runs: timing figures are noisy).
-
-Each example (`examples/pipeline.py --steps 6`: GPipe, 4 micro-batches of 4 MiB across the WAN;
-`examples/ddp.py --steps 20`: 0.5 MiB of gradients all-reduced a step) with each backend was
-launched on topologies/2dc.yaml (50 ms RTT, 1 Gbit/s, 1 MB socket buffers) with `--profile`;
-`testbed whatif --program` predicted it at 10, 100 and 200 ms RTT from that profile alone;
-then it was launched there (2dc.yaml with the WAN delay set to RTT/2: `topologies/`),
-profiled too. Seconds per step: rank 0's median step_s after the first step, predicted and
-measured alike. The last three columns take the launch's own profile there: rank 0's
-compute per step (its time not waiting on communication), how much longer that compute
-took in wall time than in CPU time (the machine's load at that moment), and the replay of
-the target's profile with the 50 ms profile's network figures (its window and fitted round
-trips): what the prediction would be had the compute matched.
-
-{table}
-
-Worst error {worst:.1%}. Files: `profile-<rtt>-<program>-<backend>/` (profile.json and
-launch.json of every launch), `results.csv` (every column, each launch's step times),
-`predictions.json` (the predictions in full). `.venv/bin/python
-scripts/program_predict_check.py --reuse --out {out}` recomputes the table from them.
-"""
-    (out / "README.md").write_text(text)
 
 
 if __name__ == "__main__":

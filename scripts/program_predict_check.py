@@ -117,8 +117,9 @@ FROZEN = "predictions-a-priori.json"
 
 
 def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -> None:
-    """The predictions from the 50 ms profiles alone, kept with when and at which commit they
-    were made: made before the target launches, they cannot have been fitted to them."""
+    """The predictions from the 50 ms profiles alone, added to those kept before, with when and
+    at which commit (model) they were made: made before a target's launch
+    (target_launched_already false), they cannot have been fitted to it."""
     path = out / FROZEN
     kept = json.loads(path.read_text()) if path.is_file() else []
     for prog in progs:
@@ -128,7 +129,6 @@ def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -
             for rtt in rtts:
                 pred = predict(profile, retarget(profile.network, rtt / 1000), windows=windows)
                 targets = out / f"profile-{rtt}-{prog}-{be}" / META_FILE
-                kept = [k for k in kept if (k["program"], k["backend"], k["rtt_ms"]) != (prog, be, rtt)]
                 kept.append({"program": prog, "backend": be, "rtt_ms": rtt, "commit": _commit(),
                              "made_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                              "target_launched_already": targets.is_file(),

@@ -20,6 +20,9 @@ transfers one after another):
   minimum) restarts from the initial window (``tcp_slow_start_after_idle``, on unless
   the topology turns it off): its first transfer then takes the rounds of slow start,
   each stream's window doubling per round trip from 10 segments up to the window;
+* an emulated link's token bucket (HTB, 1 ms at line rate) lets a flight that starts on
+  an idle link pass that much at once (gloo's 0.5 MiB DDP all-reduce at 10 ms: 2 RTT +
+  2.8 ms, not the 4.5 ms of two half-tensors at 1 Gbit/s);
 * inside a DC: the DC's LAN rate, no latency;
 * the per-stream window is the profile's own measure where a path was window-limited
   at the profiled RTT (each timed transfer's service time: the effective window the
@@ -69,6 +72,8 @@ RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout
 LAN_STREAMS_RTT_S = 0.002  # atlas: 1 stream under this RTT, else WAN_STREAMS (atlas_transport/torch/options.py)
 WAN_STREAMS = 8
 RING_MIN_BYTES = 256 << 10  # atlas: all_reduce by ring from this size (atlas_transport/torch/collectives.py)
+BURST_TIME_S = 0.001  # the emulated links' HTB bucket: 1 ms at line rate (testbed/emulation/shaping.py)
+GSO_MAX, ETH_FRAME = 65536, 1514
 WINDOW_LIMITED = 0.8  # a path moving less than this share of its link's goodput is window-limited
 BLOCKED_S = 1e-3
 EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips per transfer (fit_extra_rtts)
@@ -261,14 +266,22 @@ def rank_actions(rank: RankProfile) -> tuple[float, list[tuple[str, object]]]:
     return start, actions
 
 
+def _finished(op: OpRecord) -> float:
+    """When the rank knew `op` done: the end of its last wait, its completion, or the call's return."""
+    ends = [op.t_issue_end, *(w[1] for w in op.waits)] + ([op.t_done] if op.t_done is not None else [])
+    return max(ends)
+
+
 def step_end(rank: RankProfile, t_line: float) -> float:
     """When a step's timer stopped, from when its line was read: before the small
     blocking collectives the rank ran just before printing it (a loss or metric
     all-reduce, e.g. ``dist.all_reduce(loss)`` then the line: outside the step's timer),
-    else at the line."""
+    else at the line. The launch reads a line some time after it was printed (ms on a
+    busy machine), when the next step may have issued its first communication already:
+    only what was finished by the line's reading counts as before it."""
     end = t_line
     while True:
-        before = [o for o in rank.ops if o.t_issue < end]
+        before = [o for o in rank.ops if o.t_issue < end and _finished(o) <= t_line + BLOCKED_S]
         if not before:
             return end
         last = max(before, key=lambda o: o.t_issue)
@@ -307,15 +320,22 @@ def _restart(cwnd: float, idle: float, rto: float) -> float:
     return max(cwnd, restart)
 
 
-def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float, paced: bool = False
-                   ) -> tuple[float, float]:
+def link_burst_bytes(link_Bps: float) -> float:
+    """The emulated link's token bucket (testbed/emulation/shaping.py's HTB burst: 1 ms at
+    line rate, at least a GSO packet and a frame): an idle link passes this much at once."""
+    return max(link_Bps / LINK_GOODPUT * BURST_TIME_S, GSO_MAX + ETH_FRAME)
+
+
+def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float, paced: bool = False,
+                   tokens: float = 0.0) -> tuple[float, float]:
     """(seconds from a transfer's start until its last byte left, each stream's window
     after it): each stream sends its window per round trip, the window doubling from
     `cwnd` (slow start) up to the path's window (or its share of the link). What is left
     once the window is reached leaves at the link's rate as far as the window allows: a
     flight within the window at once (bytes / link rate), a longer one a window per round
-    trip after the first ((left - window) / window round trips). `paced` (BBR: atlas's WAN
-    channels): no flight at once, every byte at the flow's rate, a window per round trip."""
+    trip after the first ((left - window) / window round trips); `tokens` bytes of the
+    link's bucket pass it at once. `paced` (BBR: atlas's WAN channels): no flight at once,
+    every byte at the flow's rate, a window per round trip."""
     if nbytes <= 0:
         return 0.0, cwnd
     if path.lan:
@@ -331,7 +351,8 @@ def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float, paced:
     left = per_stream - sent
     if paced:
         return t + left * streams / min(path.link_Bps, streams * window / path.rtt), window
-    return t + max(left * streams / path.link_Bps, (left - window) / window * path.rtt), window
+    at_once = max(0.0, left * streams - tokens) if t == 0 else left * streams
+    return t + max(at_once / path.link_Bps, (left - window) / window * path.rtt), window
 
 
 class Replay:
@@ -345,6 +366,7 @@ class Replay:
         self.extra_rtts = extra_rtts
         self.streams_of, self.algorithms = streams_of, algorithms
         self.cold_restart = slow_start_after_idle
+        self.link_free: dict[tuple[str, str], float] = {}  # when each direction's link last sent
         congestion = profile.env.get("ATLAS_CONGESTION", "").strip().lower()
         self.paced = PACED if congestion in ("", "bbr") else frozenset()
         self.channels: dict[tuple, _Channel] = defaultdict(_Channel)
@@ -382,8 +404,12 @@ class Replay:
         if self.cold_restart and begin - last > path.rto:
             cwnd = _restart(cwnd, begin - last, path.rto)
         streams = self.streams_of(backend, path)
-        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, backend in self.paced)
+        link = (self.dc_of[src], self.dc_of[dst])
+        idle_since = self.link_free.get(link, -math.inf)
+        tokens = 0.0 if path.lan else min(link_burst_bytes(path.link_Bps), max(0.0, begin - idle_since) * path.link_Bps)
+        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, backend in self.paced, tokens)
         ch.free = ch.sent = begin + took
+        self.link_free[link] = max(idle_since, ch.free)
         # the fitted round trips are what a transfer's data costs beyond the model (pacing, ramp-up,
         # the protocol's own exchanges); a message within each stream's first flight pays none of them
         extra = self.extra_rtts if nbytes / streams > INITIAL_WINDOW else min(0.0, self.extra_rtts)

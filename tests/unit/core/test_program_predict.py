@@ -388,3 +388,16 @@ def test_the_fit_targets_the_ranks_mean(tmp_path):
     prof = _pipeline_profile(tmp_path)
     pred = predict(prof, prof.network)
     assert pred.ranks_mean_s_per_step == pytest.approx(pred.measured_ranks_mean_s_per_step, rel=0.01)
+
+
+def test_an_idle_emulated_link_passes_its_bucket_at_once():
+    """The emulated links' HTB bucket (1 ms at line rate): a flight starting on an idle link
+    passes that much at once, the rest at the link's rate."""
+    from testbed_core.program.predict import _Path, _serialization, link_burst_bytes
+
+    assert link_burst_bytes(LINK_BPS) == pytest.approx(125_000)
+    assert link_burst_bytes(1e6) == 65536 + 1514  # at least a GSO packet and a frame
+    path = _Path(0.05, 0.1, LINK_BPS, 0.5e6, 0.3, False)
+    full = _serialization(0.3e6, 1, path, 0.5e6, tokens=125_000)[0]
+    assert full == pytest.approx((0.3e6 - 125_000) / LINK_BPS)
+    assert _serialization(0.1e6, 1, path, 0.5e6, tokens=125_000)[0] == 0.0

@@ -87,10 +87,13 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
     for p in rows[0].paths:
         where = "measured in the profile" if p.window_source == "profile" else "nominal: from the hosts' TCP buffers"
         click.echo(f"  path {p.dcs[0]}-{p.dcs[1]}: one TCP flow's window {p.window_bytes / 1e3:,.0f} kB ({where})")
-    click.echo(f"  {'target':<28}{'s/step':>9}  {'per rank (median s/step)'}")
+    click.echo(f"  {'target':<28}{'s/step':>9}{'ranks mean':>12}  {'per rank (median s/step)'}")
     for r in rows:
         per_rank = ", ".join(f"{x.rank}: {x.median_s:.3f}" for x in r.ranks if x.median_s is not None)
         value = "-" if r.seconds_per_step is None else f"{r.seconds_per_step:.3f}"
-        click.echo(f"  {r.label:<28}{value:>9}  {per_rank}")
+        mean = "-" if r.ranks_mean_s_per_step is None else f"{r.ranks_mean_s_per_step:.3f}"
+        click.echo(f"  {r.label:<28}{value:>9}{mean:>12}  {per_rank}")
+    click.echo("  s/step: rank 0's median after the first step; ranks mean: the median of each step's mean over "
+               "the ranks (where ranks meet in one exchange a step, one rank's own timer depends on which runs ahead)")
     click.echo(f"  predicted in {took:.2f} s (testbed_core/program/predict.py: the ranks' compute as profiled, "
                "each communication on the target network)")

@@ -56,9 +56,10 @@ def classify(file: Path) -> str | None:
 def shipped(only: list[str] | None) -> tuple[list[Path], list[str]]:
     """The run scenarios to run (sorted by name) and the others with why."""
     runs, left = [], []
-    for file in sorted(SCENARIOS.glob("*.yaml")):
-        if only and file.stem not in only:
-            continue
+    files = sorted(SCENARIOS.glob("*.yaml"))
+    if only:  # in the order given
+        files = sorted((f for f in files if f.stem in only), key=lambda f: only.index(f.stem))
+    for file in files:
         why = classify(file)
         if why is None:
             runs.append(file)
@@ -113,7 +114,8 @@ def main() -> None:
                     help="folder of the runs (OUT/runs/<scenario>) and the table")
     ap.add_argument("--iterations", type=int, default=2, help="measured iterations at most (default 2)")
     ap.add_argument("--warmup", type=int, default=2, help="warm-up iterations at most (default 2)")
-    ap.add_argument("--only", nargs="+", metavar="NAME", help="only these scenarios (file names without .yaml)")
+    ap.add_argument("--only", nargs="+", metavar="NAME",
+                    help="only these scenarios (file names without .yaml), run in this order")
     ap.add_argument("--again", action="store_true", help="rerun scenarios that already have a summary.json")
     ap.add_argument("--report-only", action="store_true", help="run nothing; tabulate the runs under OUT")
     ap.add_argument("--lock", default="/tmp/emulation.lock", help="flock file held around each run ('' for none)")
@@ -135,6 +137,8 @@ def main() -> None:
     from testbed.report.loading import ReportError
     from testbed.report.predictions import prediction_table
 
+    if not runs_dir.is_dir():
+        sys.exit(f"no table: no runs under {runs_dir} (run without --report-only first)")
     try:
         table = prediction_table([runs_dir])
     except ReportError as exc:

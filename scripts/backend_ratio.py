@@ -19,9 +19,10 @@ where a step takes 40-200 ms and a median of a few is noise, and 6 on the 2dc WA
 where a step takes seconds. DDP runs with 8 MiB of gradients (--hidden 16384 --batch 32,
 as the issue's DDP program).
 
-`--lock PATH` takes an exclusive flock on PATH around each round (its gloo and atlas
-runs back to back) instead of the caller holding it for the whole sweep (do not pass
-it when the whole command already runs under `flock PATH`: it would wait for itself).
+`--lock PATH` takes an exclusive flock on PATH around each (topology, program): its
+rounds run back to back while the lock is held, other users of the lock run between
+programs, instead of the caller holding it for the whole sweep (do not pass it when
+the whole command already runs under `flock PATH`: it would wait for itself).
 
 Writes ``ratio.json`` (every run's step times and the 1-minute load when it started,
 each row's medians, ratio and per-round ratios) and prints the table. Figures measured
@@ -136,7 +137,7 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=1, help="first steps of each run left out (default 1)")
     p.add_argument("--programs", default=",".join(PROGRAMS))
     p.add_argument("--topologies", default="2dc,1dc-lan")
-    p.add_argument("--lock", type=Path, default=None, help="flock this file around each round (gloo + atlas)")
+    p.add_argument("--lock", type=Path, default=None, help="flock this file around each program's rounds")
     p.add_argument("--out", type=Path, default=REPO / "results" / "bench-backend-ratio")
     args = p.parse_args()
     names = args.programs.split(",")
@@ -155,8 +156,8 @@ def main() -> None:
                 program, hosts = PROGRAMS[name]
                 h = hosts.get(topology) if hosts else None
                 runs = []
-                for i in range(args.rounds):
-                    with held(args.lock):
+                with held(args.lock):
+                    for i in range(args.rounds):
                         for b in BACKENDS:
                             load = os.getloadavg()[0]
                             began = time.monotonic()

@@ -235,6 +235,8 @@ def main() -> None:
                              "measured_steps_rank1": " ".join(f"{s.step_s:.3f}" for s in target.ranks[1].steps)
                              if len(target.ranks) > 1 else ""})
                 preds.append({"program": prog, "backend": be, "rtt_ms": rtt, "prediction": pred.model_dump()})
+    if not rows:  # profiles only (--rtts '')
+        return
     with open(out / "results.csv", "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=list(rows[0]))
         writer.writeheader()

@@ -1,7 +1,7 @@
 """A small CNN trained with DistributedDataParallel, written the way a user would.
 
 Features: BatchNorm buffers broadcast from rank 0 (broadcast_buffers=True), gradient
-accumulation with ``no_sync()``, Adam, ``find_unused_parameters=True`` with a branch that
+accumulation with ``no_sync()``, SGD with momentum, ``find_unused_parameters=True`` with a branch that
 only odd ranks use, ``bucket_cap_mb`` small enough for several buckets, and a comm hook
 whose future callback starts another collective and waits for it (as PowerSGD does).
 
@@ -92,7 +92,7 @@ def main():
     ddp = DDP(model, broadcast_buffers=True, find_unused_parameters=True, bucket_cap_mb=0.004)
     state = {"calls": 0, "nested": 0, "group": dist.new_group()}
     ddp.register_comm_hook(state, checked_allreduce_hook)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-2)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     for step in range(args.steps):
         opt.zero_grad()
         for micro in range(ACCUM):
@@ -112,7 +112,7 @@ def main():
 
 
 def reference(model, args):
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9, weight_decay=1e-4)
     buffers = [b for b in model.buffers()]
     for step in range(args.steps):
         opt.zero_grad()

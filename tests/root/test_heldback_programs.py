@@ -1,5 +1,5 @@
 """Programs written as outside users write them (tests/programs/: DDP, FSDP2, 2-D FSDP x
-tensor parallel, pipelining, DTensor + MoE all_to_all), not from examples/, each run with
+tensor parallel, pipelining, DTensor + MoE all_to_all, DDP + ZeRO + Join), not from examples/, each run with
 ``testbed launch`` on topologies/2dc.yaml and topologies/1dc-lan.yaml with gloo and with
 atlas (plain env://, ``import atlas_transport.torch`` when BACKEND=atlas). Each must give
 the parameters its own one-process ``--reference`` gives, within 2e-5 relative
@@ -42,6 +42,7 @@ CASES = {
     "pipe_gpipe_trace_2": ("pipe_sched.py", ["--schedule", "gpipe", "--split", "trace"],
                            {"2dc": "dc1-h1,dc2-h1", "1dc-lan": "dc1-h1,dc1-h2"}, []),
     "dtensor_moe": ("dtensor_moe.py", [], None, ["--world", "4"]),
+    "ddp_zero_join": ("ddp_zero_join.py", [], None, ["--world", "4"]),
 }
 TOPOLOGIES = ["2dc", "1dc-lan"]
 BACKENDS = ["gloo", "atlas"]

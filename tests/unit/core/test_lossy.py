@@ -135,3 +135,27 @@ def test_the_planner_holds_a_lossy_channel_to_it() -> None:
     slow = NetParams(path_flow_rate_bps={("a", "b"): 1e6})
     assert wan_path(lossy, "a", "b", 8, slow, transfer_bytes=838_861).flow_rate_bps == 1e6
     assert math.isfinite(path.rate_bps)
+
+
+def test_the_fast_what_if_sees_the_same_loss_model() -> None:
+    # the fast predictor passes the tensor size to wan_path as build_spec does: on a lossy
+    # link both give the same iteration, one stream and eight
+    from testbed_core.planning.prediction import Variant, predict
+    from testbed_core.variants import REGISTRY
+    from testbed_core.whatif.predict import fast_predict
+    from testbed_core.workload import parse_workload
+
+    topo = parse_topology({"name": "t", "tcp": {"rmem_max": "1MB", "wmem_max": "1MB"},
+                           "dcs": [{"name": "a", "hosts": 2}, {"name": "b", "hosts": 2}],
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms", "loss": "0.1%"}]})
+    wl = parse_workload({"name": "w", "model": {"layers": 4, "hidden": 1024, "heads": 8, "seq_len": 512, "vocab": 1000},
+                         "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"},
+                         "gpu": {"type": "A100", "efficiency": 0.5}, "scale": 0.5})
+    for name in ("baseline", "multi-tcp"):
+        exact = predict(topo, wl, Variant.of(REGISTRY[name], 8))
+        fast = fast_predict(topo, wl, Variant.of(REGISTRY[name], 8), placement=exact.placement)
+        assert fast.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-6)
+        (path, *_) = exact.paths.values()
+        # one stream of these tensors: Mathis's rate; eight stripes: well under it
+        bound = loss_limited_rate(0.05, 0.001) * (0.8 if name == "multi-tcp" else 1.0)
+        assert path.flow_rate_bps <= bound

@@ -480,16 +480,19 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     return setup
 
 
-TEMPORAL_MARGIN = 0.03
+TEMPORAL_MARGIN = 0.05
 """Atlas runs a temporal plan only where it is predicted faster than the fastest shared
 way it may run by more than this. The plan gives each transfer its link for the
-calibrated time (token_margin longer) and no one else: a channel that runs below the
-rate the calibration measured for its path (one channel of several, for a whole run)
-holds the link for longer and leaves part of it unused meanwhile, and every transfer
-after it on that link waits. On shared
-links the other channels take what it leaves. So the plan's measured times spread more
-about its prediction than shared channels' do, and within this margin the plan's
-predicted gain is smaller than that spread (docs/results/sweep-rtt.md)."""
+calibrated time (token_margin longer) and no one else, so it assumes every channel
+moves at the rate the calibration measured for one channel sending alone, again and
+again. A channel in a run need not: its streams' windows are what its history left
+them (a loss, the warm-up's collisions), and a transfer lasts only a few round trips, so
+a window left small reopens slowly (with the link idle meanwhile), most of all at long
+RTTs. Such a channel holds the link longer, leaves part of it unused, and every
+transfer after it on that link waits; on shared links the other channels take what it
+leaves. So the plan's measured times lie above its prediction more often and further
+than shared channels' do, and a small predicted gain is not worth that risk
+(docs/results/sweep-rtt.md, "Atlas's choice")."""
 
 
 def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,

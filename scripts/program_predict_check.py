@@ -139,6 +139,16 @@ def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -
     path.write_text(json.dumps(kept, indent=1) + "\n")
 
 
+def _commit_at(utc: str | None, queued: str | None) -> str | None:
+    """HEAD when a launch started (the newest commit before then: the launch may have waited
+    for the lock after it was queued at `queued`), '+dirty' as when queued."""
+    if not utc:
+        return queued
+    head = subprocess.run(["git", "rev-list", "-1", f"--before={utc} +0000", "HEAD"], cwd=REPO, capture_output=True,
+                          text=True).stdout.strip()[:7]
+    return (head or "?") + ("+dirty" if queued and queued.endswith("+dirty") else "")
+
+
 def _started(directory: Path) -> str | None:
     """When the launch in `directory` started (its launch.json), UTC."""
     path = directory / "launch.json"
@@ -215,10 +225,11 @@ def main() -> None:
                 rows.append({"program": prog, "backend": be, "rtt_ms": rtt,
                              "profile_commit": meta_p.get("commit"),
                              "profile_utc": meta_p.get("launched_utc") or _started(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"),
-                             "profile_load": meta_p.get("load_before"),
-                             "launch_commit": meta_t.get("commit"),
+                             "profile_load": meta_p.get("load_after"),
+                             "profile_commit_at_launch": _commit_at(meta_p.get("launched_utc"), meta_p.get("commit")),
+                             "launch_commit": _commit_at(meta_t.get("launched_utc"), meta_t.get("commit")),
                              "launch_utc": meta_t.get("launched_utc") or _started(target_dir),
-                             "launch_load": meta_t.get("load_before"),
+                             "launch_load": meta_t.get("load_after"),
                              "profiled_s_per_step": round(pred.ranks[0].measured_median_s or 0, 4),
                              "predicted_s_per_step": round(pred.seconds_per_step or 0, 4),
                              "measured_s_per_step": round(m, 4), "error": None if err is None else round(err, 4),
@@ -251,7 +262,7 @@ def main() -> None:
 
 def _table(rows: list[dict]) -> str:
     lines = ["| program | backend | RTT | predicted | measured | error | rank 0: predicted / measured (error) | "
-             "rank 0 compute/step (50 ms -> there) | replay with the compute there | launched (UTC), commit, load |",
+             "rank 0 compute/step (50 ms -> there) | replay with the compute there | launched (UTC), commit, load after |",
              "|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         own_err = r["replay_with_target_compute_s"] / r["measured_ranks_mean_s"] - 1

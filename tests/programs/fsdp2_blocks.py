@@ -4,7 +4,10 @@ Features: ``fully_shard`` on each block (alternating ``reshard_after_forward`` T
 then on the root, AdamW, ``clip_grad_norm_`` over the DTensor gradients, gradient
 accumulation with ``set_requires_gradient_sync(False)``, and the full state dict gathered
 with ``get_model_state_dict(full_state_dict=True, cpu_offload=True)`` at the end (plus a
-``full_tensor()`` check of one parameter).
+``full_tensor()`` check of one parameter), after a round trip through
+``torch.distributed.checkpoint``: the sharded state saved with ``dcp.save`` (to
+``OUT.dcp/``) and loaded with ``dcp.load`` into a freshly sharded model, which is the one
+whose parameters are written.
 
     torchrun --nproc-per-node 4 fsdp2_blocks.py --out params.pt   # BACKEND=gloo|atlas
     python fsdp2_blocks.py --reference --world 4 --out ref.pt      # one process
@@ -98,6 +101,18 @@ def main():
             print(f"step {step} grad norm {float(norm.full_tensor() if isinstance(norm, DTensor) else norm):.6f}",
                   flush=True)
         opt.step()
+    import torch.distributed.checkpoint as dcp
+
+    ckpt = args.out + ".dcp"
+    dcp.save({"model": model.state_dict()}, checkpoint_id=ckpt)
+    torch.manual_seed(99)  # other values, so that the load must bring them
+    model = Model()
+    for block in model.blocks:
+        fully_shard(block)
+    fully_shard(model)
+    state = {"model": model.state_dict()}
+    dcp.load(state, checkpoint_id=ckpt)
+    model.load_state_dict(state["model"])
     w = model.blocks[0].up.weight.full_tensor()
     sd = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     if rank == 0:

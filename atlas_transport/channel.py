@@ -203,6 +203,7 @@ class Channel:
         self._close_started = False
         self.bytes_received = 0
         self._stream_rate: float | None = None  # bytes/s per stream of recent large sends
+        self._warm_s: float | None = None  # keep_warm(): PING a stream idle this long
         self._streams = [_Stream(i, s) for i, s in enumerate(socks)]
         for s in self._streams:
             set_io_timeout(s.sock, cfg.idle_timeout_s)
@@ -293,6 +294,18 @@ class Channel:
         with self._lock:
             socks = [s.sock for s in self._streams if s.alive]
         return all([set_congestion(sock, name) for sock in socks])
+
+    def keep_warm(self, interval_s: float | None) -> None:
+        """Write a PING on every stream that sent nothing for `interval_s` (None: only
+        the idle heartbeat). With a loss-based congestion control (cubic, reno) Linux
+        shrinks the window of a stream idle for one retransmission timeout, at least
+        200 ms (tcp_slow_start_after_idle), so the next burst starts in slow start; a
+        PING more often than that keeps the stream's window for bursty traffic."""
+        if interval_s is not None and not interval_s > 0:
+            raise ValueError(f"keep_warm interval {interval_s!r}: use a positive number of seconds or None")
+        with self._cv:
+            self._warm_s = interval_s
+            self._cv.notify_all()
 
     @property
     def error(self) -> TransportError | None:
@@ -496,7 +509,7 @@ class Channel:
             s.pages.close()
 
     def _write(self, s: _Stream) -> None:
-        hb = self.cfg.heartbeat_s
+        beat = self.cfg.heartbeat_s
         while True:
             frame = chunk = None
             closing = False
@@ -519,6 +532,7 @@ class Channel:
                         if chunk.transfer.started_at is None:
                             chunk.transfer.started_at = time.monotonic()
                         break
+                    hb = beat if self._warm_s is None else min(beat, self._warm_s)
                     wait = hb - (time.monotonic() - s.last_send)
                     if wait <= 0:
                         frame = _PING

@@ -16,7 +16,19 @@ Collectives leave the WAN idle between bursts (compute, then a gradient bucket);
 with loss-based algorithms Linux halves an idle or application-limited stream's
 window every RTO (tcp_slow_start_after_idle, the default), so every burst restarts
 in slow start; BBR keeps its bandwidth estimate across idle periods and resumes at
-that rate."""
+that rate.
+
+But BBR learns a stream's bandwidth from how fast its bursts are delivered, and a
+burst much smaller than the path's bandwidth-delay product is delivered in about one
+RTT whatever the rate, so on a channel that carries only small transfers (FSDP's
+all-gathers and reduce-scatters of a few hundred KiB, one after another) BBR's
+estimate stays low, it never leaves STARTUP, and it paces each burst over tens of
+milliseconds. So a WAN channel that BBR was chosen for follows what it sends: once
+its last BURST_WINDOW sends were all under BIG_SHARE_BYTES per stream it switches to
+SMALL_CONGESTION (cubic: a burst within the window leaves at line rate) and keeps its
+streams warm (`Channel.keep_warm`: a PING every KEEP_WARM_S, below Linux's smallest
+retransmission timeout, so the window survives the gaps between bursts); the next
+large send switches it back to BBR before it starts."""
 
 from __future__ import annotations
 
@@ -25,6 +37,7 @@ import socket
 import threading
 import time
 import zlib
+from collections import deque
 from dataclasses import replace
 
 import torch
@@ -43,6 +56,10 @@ COLL_TAG = 1 << 62  # every collective's traffic: collectives run one at a time,
 HELLO_TAG = COLL_TAG + 1
 MAX_P2P_TAG = COLL_TAG - 1
 WAN_CONGESTION = "bbr"
+SMALL_CONGESTION = "cubic"
+BURST_WINDOW = 16  # sends that decide a WAN channel's congestion control
+BIG_SHARE_BYTES = 256 << 10  # a send this large per stream (8 streams: 2 MiB) is a BBR burst
+KEEP_WARM_S = 0.1  # under Linux's 200 ms minimum RTO
 
 
 def rtt_to(host: str, port: int, tries: int = 3, timeout: float = 5.0) -> float:
@@ -132,6 +149,8 @@ class PeerMesh:
             if p.error is not None:
                 op.fail(self._earlier(op, p.error))
             elif p.channel is not None:
+                if p.adaptive and op.kind == "send":
+                    self._adapt(p, op.tensor.numel() * op.tensor.element_size())
                 op.start(p.channel)
             else:
                 p.pending.append(op)
@@ -276,19 +295,44 @@ class PeerMesh:
         except AtlasError:
             pass
 
-    def _tune_wan(self, peer: int, ch) -> None:
-        """BBR on a channel across a WAN unless the group chose its congestion control."""
+    def _tune_wan(self, peer: int, ch) -> bool:
+        """BBR on a channel across a WAN unless the group chose its congestion control;
+        True when the channel got it (and so follows its sends, see `_adapt`)."""
         if self.opts.congestion is not None or WAN_CONGESTION not in available_congestion():
-            return
+            return False
         rtt = ch.rtt_s()
         if rtt is None or rtt < LAN_RTT_S:
-            return
+            return False
         ok = ch.set_congestion(WAN_CONGESTION)
         log.info("atlas: rank %d <-> rank %d: RTT %.1f ms: %s", self.rank, peer, rtt * 1e3,
                  f"streams use {WAN_CONGESTION}" if ok else f"the kernel refused {WAN_CONGESTION}, default kept")
+        return ok and SMALL_CONGESTION in available_congestion()
+
+    def _adapt(self, p: _Peer, nbytes: int) -> None:
+        """Count a send on `p`'s WAN channel and switch its congestion control when its
+        recent sends call for the other one (see the module docstring). p.lock held."""
+        ch = p.channel
+        p.recent.append(nbytes)
+        big = nbytes >= BIG_SHARE_BYTES * max(1, ch.streams)
+        if big and p.congestion != WAN_CONGESTION:
+            want = WAN_CONGESTION
+        elif (not big and p.congestion == WAN_CONGESTION and len(p.recent) == BURST_WINDOW
+              and max(p.recent) < BIG_SHARE_BYTES * max(1, ch.streams)):
+            want = SMALL_CONGESTION
+        else:
+            return
+        if not ch.set_congestion(want):
+            p.adaptive = False  # the kernel refused (some streams may have switched): stop trying
+            log.info("atlas: rank %d <-> rank %d: the kernel refused %s; congestion control left as it is",
+                     self.rank, p.rank, want)
+            return
+        p.congestion = want
+        ch.keep_warm(None if want == WAN_CONGESTION else KEEP_WARM_S)
+        log.debug("atlas: rank %d <-> rank %d: %s sends: streams use %s", self.rank, p.rank,
+                  "large" if big else "small", want)
 
     def _attach(self, peer: int, ch) -> None:
-        self._tune_wan(peer, ch)
+        adaptive = self._tune_wan(peer, ch)
         p = self._peer(peer)
         with p.lock:
             if p.channel is not None or p.error is not None or self._closed:
@@ -296,6 +340,7 @@ class PeerMesh:
             else:
                 dup = False
                 p.channel = ch
+                p.adaptive, p.congestion = adaptive, WAN_CONGESTION if adaptive else None
                 self.streams_used[peer] = ch.streams
                 pending, p.pending = p.pending, []
                 for op in pending:
@@ -347,3 +392,6 @@ class _Peer:
         self.pending: list[PeerOp] = []
         self.error: AtlasError | None = None
         self.opening = False
+        self.adaptive = False  # a WAN channel on BBR that follows its sends (PeerMesh._adapt)
+        self.congestion: str | None = None
+        self.recent: deque[int] = deque(maxlen=BURST_WINDOW)  # bytes of its last sends

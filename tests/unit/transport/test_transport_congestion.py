@@ -137,3 +137,101 @@ def test_wait_out_returns_when_the_bytes_are_out_not_at_done(monkeypatch):
         for ch, tid in list(held):  # the DONEs, late: now the sends complete
             orig(ch, tid)
         assert h.wait(1) is None
+
+
+class FakeWanChannel(FakeChannel):
+    def __init__(self, streams: int = 8, refuse: str | None = None) -> None:
+        super().__init__(0.05)
+        self.streams, self.refuse, self.warm, self.switches = streams, refuse, None, []
+
+    def set_congestion(self, name: str) -> bool:
+        if name == self.refuse:
+            return False
+        self.switches.append(name)
+        return True
+
+    def keep_warm(self, interval_s):
+        self.warm = interval_s
+
+
+def _wan_peer(ch: FakeWanChannel) -> tuple[M.PeerMesh, M._Peer]:
+    m = _mesh(None)
+    p = M._Peer(1)
+    p.channel, p.adaptive, p.congestion = ch, True, M.WAN_CONGESTION
+    return m, p
+
+
+def test_a_wan_channel_of_small_sends_leaves_bbr_and_a_large_send_brings_it_back():
+    """BBR paces small bursts slowly (its estimate stays low): a WAN channel whose last
+    BURST_WINDOW sends were all small switches to cubic with warm streams; one large
+    send switches it back to BBR at once."""
+    ch = FakeWanChannel(streams=8)
+    m, p = _wan_peer(ch)
+    small, big = 512 << 10, M.BIG_SHARE_BYTES * 8
+    for _ in range(M.BURST_WINDOW - 1):
+        m._adapt(p, small)
+    assert ch.switches == [] and ch.warm is None  # not yet a whole window
+    m._adapt(p, small)
+    assert ch.switches == [M.SMALL_CONGESTION] and p.congestion == M.SMALL_CONGESTION
+    assert ch.warm == M.KEEP_WARM_S
+    m._adapt(p, big)
+    assert ch.switches == [M.SMALL_CONGESTION, M.WAN_CONGESTION] and ch.warm is None
+    for _ in range(M.BURST_WINDOW - 1):  # the large send is still in the window
+        m._adapt(p, small)
+    assert p.congestion == M.WAN_CONGESTION
+    m._adapt(p, small)
+    assert p.congestion == M.SMALL_CONGESTION
+
+
+def test_the_size_that_counts_as_large_follows_the_stream_count():
+    ch = FakeWanChannel(streams=2)
+    m, p = _wan_peer(ch)
+    for _ in range(M.BURST_WINDOW):
+        m._adapt(p, M.BIG_SHARE_BYTES * 2)  # large for 2 streams
+    assert ch.switches == []
+
+
+def test_a_refused_switch_stops_the_adaptation():
+    ch = FakeWanChannel(refuse=M.SMALL_CONGESTION)
+    m, p = _wan_peer(ch)
+    for _ in range(M.BURST_WINDOW * 2):
+        m._adapt(p, 1024)
+    assert not p.adaptive and p.congestion == M.WAN_CONGESTION and ch.warm is None
+
+
+def test_keep_warm_pings_an_idle_stream():
+    """keep_warm(s): a stream with nothing to send writes a PING every s seconds (the
+    peer's idle clock sees it); None goes back to the heartbeat alone."""
+    import time
+
+    import pytest
+
+    from atlas_transport import channel as C
+
+    with loopback_pair(TransportConfig(streams=2, secret=b"s", idle_timeout_s=30)) as (a, b):
+        with pytest.raises(ValueError, match="positive number of seconds"):
+            a.keep_warm(0)
+        sent: list[int] = []
+        orig = C.send_parts
+
+        def spy(sock, parts, timeout):
+            if parts and parts[0] == C._PING:
+                sent.append(1)
+            return orig(sock, parts, timeout)
+
+        C.send_parts = spy
+        try:
+            a.keep_warm(0.05)
+            time.sleep(0.5)
+            warm = len(sent)
+            a.keep_warm(None)
+            time.sleep(0.15)
+            sent.clear()
+            time.sleep(0.4)
+        finally:
+            C.send_parts = orig
+        assert warm >= 8  # two streams, about ten each
+        assert sent == []  # heartbeat every 7.5 s: none in 0.4 s
+        x = torch.arange(1000, dtype=torch.float32)
+        a.isend(x, tag=3).wait(10)
+        assert torch.equal(b.recv(3, timeout=10), x)

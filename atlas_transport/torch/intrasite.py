@@ -5,9 +5,13 @@ Python-driven ones, so (option `intra_site="gloo"`, the default) each atlas grou
 builds, at its first collective (once the topology is known, the same on every
 rank), one `ProcessGroupGloo` per site over a `PrefixStore` of the group's store,
 bound to the address the atlas rank listens on (`PeerMesh.host`: emulated hosts use
-their own interface). When the whole group is one site every collective runs on it;
-with several sites the algorithms of `hierarchical` run their intra-site phases on
-it and cross the WAN on atlas channels.
+their own interface). When the whole group is one site every collective runs on it,
+and once that group exists a collective of plain CPU tensors with nothing queued
+before it goes to it from the caller's thread (`GlooWork`: gloo's work, no hop
+through the collectives thread), every form included (coalesced, list, AVG divided
+once gloo is done, PREMUL_SUM scaled first, all_to_all_single, barrier); with several
+sites the algorithms of `hierarchical` run their intra-site phases on it and cross
+the WAN on atlas channels.
 
 gloo's results are bit-identical on every rank of its group. Dtypes gloo does not
 reduce or move (bool, complex, float8, ...) keep the atlas algorithms: the choice

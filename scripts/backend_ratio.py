@@ -128,6 +128,22 @@ def table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def write(out: Path, args: argparse.Namespace, rows: list[dict], complete: bool) -> Path:
+    """ratio.json with the rows so far (`complete`: every program and topology ran)."""
+    out.mkdir(parents=True, exist_ok=True)
+    doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
+                                    text=True).stdout.strip(),
+           "command": "sudo .venv/bin/python scripts/backend_ratio.py " + " ".join(sys.argv[1:]),
+           "complete": complete,
+           "method": {"rounds": args.rounds, "warmup": args.warmup, "order": list(BACKENDS),
+                      "statistic": "median of every kept step of rank 0 over all rounds; ratio gloo / atlas"},
+           "rows": rows}
+    path = out / "ratio.json"
+    path.write_text(json.dumps(doc, indent=1) + "\n")
+    return path
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", type=int, default=None,
@@ -177,17 +193,10 @@ def main() -> None:
                              "steps": steps, "runs": runs})
                 print(f"{topology:8} {name:9} gloo {row['gloo_s']:.4f} s  atlas {row['atlas_s']:.4f} s  "
                       f"gloo/atlas {speedup:.2f} (rounds {row['round_ratios']}, target {target})", flush=True)
-    args.out.mkdir(parents=True, exist_ok=True)
-    doc = {"time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-           "commit": subprocess.run(["git", "rev-parse", "HEAD"], cwd=REPO, capture_output=True,
-                                    text=True).stdout.strip(),
-           "command": "sudo .venv/bin/python scripts/backend_ratio.py " + " ".join(sys.argv[1:]),
-           "method": {"rounds": args.rounds, "warmup": args.warmup, "order": list(BACKENDS),
-                      "statistic": "median of every kept step of rank 0 over all rounds; ratio gloo / atlas"},
-           "rows": rows}
-    (args.out / "ratio.json").write_text(json.dumps(doc, indent=1) + "\n")
+                write(args.out, args, rows, complete=False)  # kept if a later program fails
+    path = write(args.out, args, rows, complete=True)
     print(table(rows))
-    print(f"written: {args.out / 'ratio.json'}")
+    print(f"written: {path}")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,8 @@ transfers one after another):
   kernel gave, which the nominal ``rmem_max / 2`` only approximates), else the nominal;
 * gloo sends once the receive's notice reached the sender (a rendezvous: one one-way
   delay after the receive was posted), and that notice keeps the connection from idling;
+  atlas's WAN streams are paced (BBR) until a channel's last 16 sends were all under
+  256 KiB per stream (then cubic, kept warm: unpaced), back at the next large send;
   so does each round of its collectives (a ring round of gloo is a round trip plus the
   bytes, found on 2dc's DDP: 2 RTT + 4 ms for 0.5 MiB at 50, 100 and 200 ms); a ring of
   fewer 4-byte elements than ranks (a loss's scalar) is one round;
@@ -91,6 +93,12 @@ CONFIRMING = frozenset({"atlas"})  # a blocking collective this small right befo
 # streams to it across a WAN unless ATLAS_CONGESTION names another): a transfer leaves at the
 # flow's rate from its first byte, no flight within the window at once
 PACED = frozenset({"atlas"})
+# ... but an atlas WAN channel follows its sends (atlas_transport/torch/mesh.py, PeerMesh._adapt):
+# once its last BURST_WINDOW sends were all under BIG_SHARE_BYTES per stream it gives BBR up for
+# cubic with warm streams (unpaced: a flight within the window at once); a send that large
+# switches it back to BBR before it starts
+BURST_WINDOW = 16
+BIG_SHARE_BYTES = 256 << 10
 HIERARCHICAL_SMALL_BYTES = 64 << 10  # atlas's two-level all-reduce: one exchange below this
 
 
@@ -367,6 +375,8 @@ class Replay:
         self.streams_of, self.algorithms = streams_of, algorithms
         self.cold_restart = slow_start_after_idle
         self.link_free: dict[tuple[str, str], float] = {}  # when each direction's link last sent
+        self.recent_sends: dict[tuple, list[float]] = defaultdict(list)  # a paced channel's last sends
+        self.unpaced: set[tuple] = set()  # paced channels that gave pacing up (small sends)
         congestion = profile.env.get("ATLAS_CONGESTION", "").strip().lower()
         self.paced = PACED if congestion in ("", "bbr") else frozenset()
         self.channels: dict[tuple, _Channel] = defaultdict(_Channel)
@@ -407,13 +417,30 @@ class Replay:
         link = (self.dc_of[src], self.dc_of[dst])
         idle_since = self.link_free.get(link, -math.inf)
         tokens = 0.0 if path.lan else min(link_burst_bytes(path.link_Bps), max(0.0, begin - idle_since) * path.link_Bps)
-        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, backend in self.paced, tokens)
+        took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, self._paced(gkey, backend, src, dst, nbytes,
+                                                                              streams, path), tokens)
         ch.free = ch.sent = begin + took
         self.link_free[link] = max(idle_since, ch.free)
         # the fitted round trips are what a transfer's data costs beyond the model (pacing, ramp-up,
         # the protocol's own exchanges); a message within each stream's first flight pays none of them
         extra = self.extra_rtts if nbytes / streams > INITIAL_WINDOW else min(0.0, self.extra_rtts)
         return ch.free, ch.free + max(0.0, path.latency + extra * path.rtt)
+
+    def _paced(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, streams: int, path: _Path) -> bool:
+        """Whether this send leaves paced (BBR): a paced backend's WAN channel, unless its
+        recent sends were all small (see BIG_SHARE_BYTES)."""
+        if backend not in self.paced or path.lan:
+            return False
+        key = (gkey, src, dst)
+        recent = self.recent_sends[key]
+        recent.append(nbytes)
+        del recent[:-BURST_WINDOW]
+        big = nbytes >= BIG_SHARE_BYTES * streams
+        if big:
+            self.unpaced.discard(key)
+        elif len(recent) == BURST_WINDOW and max(recent) < BIG_SHARE_BYTES * streams:
+            self.unpaced.add(key)
+        return key not in self.unpaced
 
     def _p2p(self, op: _Op) -> None:
         rec = op.rec

@@ -401,3 +401,18 @@ def test_an_idle_emulated_link_passes_its_bucket_at_once():
     full = _serialization(0.3e6, 1, path, 0.5e6, tokens=125_000)[0]
     assert full == pytest.approx((0.3e6 - 125_000) / LINK_BPS)
     assert _serialization(0.1e6, 1, path, 0.5e6, tokens=125_000)[0] == 0.0
+
+
+def test_an_atlas_channel_gives_pacing_up_after_sixteen_small_sends(tmp_path):
+    """atlas_transport/torch/mesh.py: a WAN channel whose last 16 sends were all under
+    256 KiB per stream leaves BBR for cubic (unpaced); a send that large paces again."""
+    from testbed_core.program.predict import BIG_SHARE_BYTES, Replay, _paths, _streams_rule
+
+    prof = _all_reduce_profile(tmp_path, "atlas", 1, 8 << 10)
+    paths = _paths(_topology(), {"dc1", "dc2"}, {})[0]
+    replay = Replay(prof, paths, {0: "dc1", 1: "dc2"}, _streams_rule(prof, None), algorithms_for("ring"), False, 0.0)
+    path = paths[("dc1", "dc2")]
+    paced = [replay._paced(("g",), "atlas", 0, 1, 64 << 10, 8, path) for _ in range(17)]
+    assert paced[:15] == [True] * 15 and paced[15:] == [False, False]
+    assert replay._paced(("g",), "atlas", 0, 1, BIG_SHARE_BYTES * 8, 8, path) is True
+    assert replay._paced(("g",), "gloo", 0, 1, 64 << 10, 1, path) is False

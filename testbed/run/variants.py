@@ -486,7 +486,7 @@ way it may run by more than this. The plan gives each transfer its link for the
 calibrated time (token_margin longer) and no one else, so it assumes every channel
 moves at the rate the calibration measured for one channel sending alone, again and
 again. A channel in a run need not: its streams' windows are what its history left
-them (a loss, the warm-up's collisions), and a transfer lasts only a few round trips, so
+them (a loss, an early end of slow start), and a transfer lasts only a few round trips, so
 a window left small reopens slowly (with the link idle meanwhile), most of all at long
 RTTs. Such a channel holds the link longer, leaves part of it unused, and every
 transfer after it on that link waits; on shared links the other channels take what it

@@ -320,3 +320,35 @@ def test_all_gather_many_is_one_round():
         for i in range(3):
             for p in range(4):
                 assert torch.equal(outs[r][i][p], xs[p][i])
+
+
+def test_all_to_all_detaches_its_sends_to_other_sites_from_a_copy():
+    """all_to_all over a net that knows the sites: the parts for another site leave
+    from a copy and are not waited for (no round trip for the peer's DONE), so the
+    caller may reuse its inputs at once; parts inside the site are waited for."""
+    from atlas_transport.torch import collectives as C
+
+    topo = Topology(((0, 1), (2, 3)))
+    detached: list[tuple[int, int]] = []
+
+    class SiteNet(FakeNet):
+        topology = topo
+
+        def send(self, peer, t, detach=False):
+            if detach:
+                detached.append((self.rank, peer))
+            return super().send(peer, t, detach)
+
+    ins = [[torch.full((3 + p,), float(10 * r + p)) for p in range(4)] for r in range(4)]
+    outs = [[torch.empty(3 + r) for _ in range(4)] for r in range(4)]
+
+    def body(r, net):
+        C.all_to_all(outs[r], ins[r], r, 4, SiteNet(net.w, r))
+        for t in ins[r]:
+            t.fill_(-1.0)  # the caller reuses its inputs: what the peers get must not change
+
+    run(4, body, topo)
+    for r in range(4):
+        for p in range(4):
+            assert torch.equal(outs[r][p], torch.full((3 + r,), float(10 * p + r))), (r, p)
+    assert sorted(detached) == sorted((r, p) for r in range(4) for p in range(4) if topo.site_of(r) != topo.site_of(p))

@@ -20,7 +20,10 @@ from testbed.emulation.records import RECORD_DIR, ProcFS
 from testbed.run.common import RUN_PRELOAD
 from testbed_core.topology import load_topology, parse_topology
 
-pytestmark = [pytest.mark.root, pytest.mark.alone]  # ping RTTs bounded: run alone
+# The tests that bound ping RTTs are marked `alone` (make test runs them with nothing beside
+# them); the others check processes, records and tc layouts, which concurrent runs leave
+# alone, and run with the other root tests.
+pytestmark = pytest.mark.root
 TOPOS = Path(__file__).resolve().parents[2] / "topologies"
 ALLOWED_CC = Path("/proc/sys/net/ipv4/tcp_allowed_congestion_control")
 
@@ -47,6 +50,7 @@ def root_links() -> list[str]:
     return os.listdir("/sys/class/net")
 
 
+@pytest.mark.alone  # ping RTTs bounded
 def test_2dc_connectivity_settings_and_clean_exit():
     allowed_before = ALLOWED_CC.read_text()
     others_before = {p.name for p in RECORD_DIR.glob("*.json")}
@@ -90,6 +94,7 @@ def test_2dc_connectivity_settings_and_clean_exit():
         assert ALLOWED_CC.read_text() == allowed_before
 
 
+@pytest.mark.alone  # ping RTTs bounded
 def test_triangle_builds_and_routes_over_the_lowest_latency_path():
     """Build and teardown times are printed; their issue targets (10 s, 5 s) are
     asserted by tests/floors/test_build_times.py (make floors)."""
@@ -184,6 +189,7 @@ def test_exception_inside_the_block_tears_down():
     assert not (RECORD_DIR / f"{prefix}.json").exists()
 
 
+@pytest.mark.alone  # ping RTTs bounded
 def test_two_runs_at_once_do_not_collide():
     with Emulation(small_topology("5ms")) as one, Emulation(small_topology("15ms")) as two:
         assert one.prefix != two.prefix
@@ -197,6 +203,7 @@ def test_two_runs_at_once_do_not_collide():
         assert (RECORD_DIR / f"{one.prefix}.json").exists()  # the failed attempt did not touch it
 
 
+@pytest.mark.alone  # ping RTTs bounded
 def test_time_varying_link_changes_delay_and_rate():
     from testbed.emulation import shaping
     from testbed.emulation.netns import open_iproute

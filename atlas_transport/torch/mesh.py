@@ -11,24 +11,23 @@ per-peer queue and are posted on it, in order, the moment it opens, so `isend` a
 
 Congestion control: unless the group sets one (AtlasOptions.congestion /
 ATLAS_CONGESTION), a channel whose streams measure an RTT of LAN_RTT_S or more
-switches them to `WAN_CONGESTION` (BBR) where the kernel offers it, on both ends.
-Collectives leave the WAN idle between bursts (compute, then a gradient bucket);
-with loss-based algorithms Linux halves an idle or application-limited stream's
-window every RTO (tcp_slow_start_after_idle, the default), so every burst restarts
-in slow start; BBR keeps its bandwidth estimate across idle periods and resumes at
-that rate.
-
-But BBR learns a stream's bandwidth from how fast its bursts are delivered, and a
-burst much smaller than the path's bandwidth-delay product is delivered in about one
-RTT whatever the rate, so on a channel that carries only small transfers (FSDP's
-all-gathers and reduce-scatters of a few hundred KiB, one after another) BBR's
-estimate stays low, it never leaves STARTUP, and it paces each burst over tens of
-milliseconds. So a WAN channel that BBR was chosen for follows what it sends: once
-its last BURST_WINDOW sends were all under BIG_SHARE_BYTES per stream it switches to
-SMALL_CONGESTION (cubic: a burst within the window leaves at line rate) and keeps its
-streams warm (`Channel.keep_warm`: a PING every KEEP_WARM_S, below Linux's smallest
-retransmission timeout, so the window survives the gaps between bursts); the next
-large send switches it back to BBR before it starts."""
+follows what it sends, where the kernel offers both algorithms:
+- small bursts (FSDP's all-gathers and reduce-scatters of a few hundred KiB, one
+  after another): SMALL_CONGESTION (cubic), streams kept warm (`Channel.keep_warm`:
+  a PING every KEEP_WARM_S, under Linux's smallest retransmission timeout, so a
+  stream's window survives the gaps between bursts: tcp_slow_start_after_idle
+  halves it every RTO of idleness). A burst within the window leaves at line rate.
+  A channel starts this way.
+- a send of BIG_SHARE_BYTES per stream or more (DDP's gradient shards, pipeline
+  activations): WAN_CONGESTION (BBR), switched before that send starts. BBR keeps its
+  bandwidth estimate across idle periods and resumes at that rate; cubic's windows
+  would be cut by losses and idleness between such bursts.
+- back to cubic once the channel's last BURST_WINDOW sends were all small: BBR learns
+  a stream's bandwidth from how fast its bursts are delivered, and a burst much
+  smaller than the bandwidth-delay product is delivered in about one RTT whatever the
+  rate, so on small bursts its estimate stays low (it never leaves STARTUP) and it
+  paces each burst over tens of milliseconds (a stream that ran BBR stays paced,
+  at 1.2 x cwnd / RTT, under cubic: still far faster)."""
 
 from __future__ import annotations
 
@@ -296,17 +295,24 @@ class PeerMesh:
             pass
 
     def _tune_wan(self, peer: int, ch) -> bool:
-        """BBR on a channel across a WAN unless the group chose its congestion control;
-        True when the channel got it (and so follows its sends, see `_adapt`)."""
-        if self.opts.congestion is not None or WAN_CONGESTION not in available_congestion():
+        """A channel across a WAN, unless the group chose its congestion control, starts
+        on SMALL_CONGESTION with warm streams and follows its sends (see `_adapt`); True
+        when it does."""
+        if self.opts.congestion is not None:
+            return False
+        avail = available_congestion()
+        if WAN_CONGESTION not in avail or SMALL_CONGESTION not in avail:
             return False
         rtt = ch.rtt_s()
         if rtt is None or rtt < LAN_RTT_S:
             return False
-        ok = ch.set_congestion(WAN_CONGESTION)
+        ok = ch.set_congestion(SMALL_CONGESTION)
+        if ok:
+            ch.keep_warm(KEEP_WARM_S)
         log.info("atlas: rank %d <-> rank %d: RTT %.1f ms: %s", self.rank, peer, rtt * 1e3,
-                 f"streams use {WAN_CONGESTION}" if ok else f"the kernel refused {WAN_CONGESTION}, default kept")
-        return ok and SMALL_CONGESTION in available_congestion()
+                 f"streams use {SMALL_CONGESTION}, {WAN_CONGESTION} for large sends" if ok
+                 else f"the kernel refused {SMALL_CONGESTION}, default kept")
+        return ok
 
     def _adapt(self, p: _Peer, nbytes: int) -> None:
         """Count a send on `p`'s WAN channel and switch its congestion control when its
@@ -340,10 +346,12 @@ class PeerMesh:
             else:
                 dup = False
                 p.channel = ch
-                p.adaptive, p.congestion = adaptive, WAN_CONGESTION if adaptive else None
+                p.adaptive, p.congestion = adaptive, SMALL_CONGESTION if adaptive else None
                 self.streams_used[peer] = ch.streams
                 pending, p.pending = p.pending, []
                 for op in pending:
+                    if adaptive and op.kind == "send":
+                        self._adapt(p, op.tensor.numel() * op.tensor.element_size())
                     op.start(ch)
         if dup:
             ch.close(timeout=0.5)
@@ -392,6 +400,6 @@ class _Peer:
         self.pending: list[PeerOp] = []
         self.error: AtlasError | None = None
         self.opening = False
-        self.adaptive = False  # a WAN channel on BBR that follows its sends (PeerMesh._adapt)
+        self.adaptive = False  # a WAN channel that follows its sends (PeerMesh._adapt)
         self.congestion: str | None = None
         self.recent: deque[int] = deque(maxlen=BURST_WINDOW)  # bytes of its last sends

@@ -1,5 +1,6 @@
-"""A channel's RTT and congestion control, and the backend's WAN choice (BBR on a
-channel whose streams measure an RTT of 2 ms or more, unless the group chose)."""
+"""A channel's RTT and congestion control, and the backend's WAN choice (on a channel
+whose streams measure an RTT of 2 ms or more, unless the group chose: cubic with warm
+streams for small sends, BBR for large ones)."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_channel_rtt_and_congestion_switch():
 
 class FakeChannel:
     def __init__(self, rtt: float | None) -> None:
-        self.rtt, self.set_to = rtt, None
+        self.rtt, self.set_to, self.warm = rtt, None, None
 
     def rtt_s(self):
         return self.rtt
@@ -43,6 +44,9 @@ class FakeChannel:
         self.set_to = name
         return True
 
+    def keep_warm(self, interval_s):
+        self.warm = interval_s
+
 
 def _mesh(congestion: str | None) -> M.PeerMesh:
     m = M.PeerMesh.__new__(M.PeerMesh)  # only what _tune_wan reads
@@ -50,15 +54,16 @@ def _mesh(congestion: str | None) -> M.PeerMesh:
     return m
 
 
-def test_wan_channels_get_bbr_unless_the_group_chose():
+def test_wan_channels_start_on_cubic_with_warm_streams_unless_the_group_chose():
     wan, lan, unknown = FakeChannel(0.05), FakeChannel(0.0001), FakeChannel(None)
-    for ch in (wan, lan, unknown):
-        _mesh(None)._tune_wan(1, ch)
-    assert wan.set_to == ("bbr" if "bbr" in available_congestion() else None)
-    assert lan.set_to is None and unknown.set_to is None
+    adaptive = [_mesh(None)._tune_wan(1, ch) for ch in (wan, lan, unknown)]
+    both = {"bbr", "cubic"} <= set(available_congestion())
+    assert adaptive == [both, False, False]
+    assert wan.set_to == ("cubic" if both else None) and wan.warm == (M.KEEP_WARM_S if both else None)
+    assert lan.set_to is None and unknown.set_to is None and lan.warm is None
     chosen = FakeChannel(0.05)
-    _mesh("cubic")._tune_wan(1, chosen)
-    assert chosen.set_to is None
+    assert not _mesh("reno")._tune_wan(1, chosen)
+    assert chosen.set_to is None and chosen.warm is None
 
 
 def test_a_small_send_is_written_by_the_sending_thread(monkeypatch):
@@ -142,16 +147,13 @@ def test_wait_out_returns_when_the_bytes_are_out_not_at_done(monkeypatch):
 class FakeWanChannel(FakeChannel):
     def __init__(self, streams: int = 8, refuse: str | None = None) -> None:
         super().__init__(0.05)
-        self.streams, self.refuse, self.warm, self.switches = streams, refuse, None, []
+        self.streams, self.refuse, self.switches = streams, refuse, []
 
     def set_congestion(self, name: str) -> bool:
         if name == self.refuse:
             return False
         self.switches.append(name)
         return True
-
-    def keep_warm(self, interval_s):
-        self.warm = interval_s
 
 
 def _wan_peer(ch: FakeWanChannel) -> tuple[M.PeerMesh, M._Peer]:
@@ -168,6 +170,14 @@ def test_a_wan_channel_of_small_sends_leaves_bbr_and_a_large_send_brings_it_back
     ch = FakeWanChannel(streams=8)
     m, p = _wan_peer(ch)
     small, big = 512 << 10, M.BIG_SHARE_BYTES * 8
+    p.congestion = M.SMALL_CONGESTION  # as a channel starts: small sends change nothing
+    for _ in range(M.BURST_WINDOW * 2):
+        m._adapt(p, small)
+    assert ch.switches == []
+    m._adapt(p, big)
+    assert ch.switches == [M.WAN_CONGESTION] and ch.warm is None
+    ch.switches.clear()
+    p.recent.clear()
     for _ in range(M.BURST_WINDOW - 1):
         m._adapt(p, small)
     assert ch.switches == [] and ch.warm is None  # not yet a whole window

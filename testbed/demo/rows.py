@@ -150,6 +150,9 @@ def short(text: str, limit: int = 160) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
+MULTI_TCP_TOLERANCE = 1.03  # atlas / multi-tcp: within 3% (issue 40)
+
+
 def training_rows(summary: Summary | None, why_missing: str = "") -> list[Row]:
     """Result 2 from a run summary: iteration time of baseline, multi-tcp and atlas,
     and Atlas's against the baseline's (and multi-tcp's)."""
@@ -178,8 +181,11 @@ def training_rows(summary: Summary | None, why_missing: str = "") -> list[Row]:
                    f"atlas {1 / r:.2f}x faster" if r else (why_missing or _first_why(whys, "baseline", "atlas"))))
     if "multi-tcp" in variants:
         r = _ratio(a, m)
-        out.append(Row("training", "atlas / multi-tcp iteration time", r, "x", "<= 1",
-                       _check(r, lambda x: x <= 1),
+        # Issue 40's criterion: atlas within 3% of multi-TCP or ahead. Where Atlas's own
+        # prediction says sharing the link is as fast as any plan, it runs multi-TCP's
+        # configuration, and two runs of one configuration differ by noise alone.
+        out.append(Row("training", "atlas / multi-tcp iteration time", r, "x", f"<= {MULTI_TCP_TOLERANCE:g}",
+                       _check(r, lambda x: x <= MULTI_TCP_TOLERANCE),
                        f"atlas {1 / r:.2f}x faster" if r else _first_why(whys, "multi-tcp", "atlas")))
     return out
 

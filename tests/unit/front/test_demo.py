@@ -117,6 +117,15 @@ def test_training_rows() -> None:
     assert rows["atlas / multi-tcp iteration time"].value == pytest.approx(1.212 / 1.558)
 
 
+def test_atlas_within_three_percent_of_multi_tcp_is_ok_beyond_is_a_miss() -> None:
+    """Issue 40's criterion: atlas within 3% of multi-TCP (the same configuration where
+    sharing is predicted as fast as a plan) or ahead."""
+    for multi, ok in ((1.212 / 1.029, True), (1.212 / 1.031, False)):
+        s = edited(SUMMARY, **{"multi-tcp": b.variant("multi-tcp", multi, device_utilization=0.16, streams=8)})
+        row = rows_by_measure(d.training_rows(s))["atlas / multi-tcp iteration time"]
+        assert row.target == "<= 1.03" and row.ok is ok, (multi, row)
+
+
 def test_training_rows_without_multi_tcp_and_with_a_failed_variant() -> None:
     s = edited(SUMMARY, **{"multi-tcp": None, "baseline": b.failure("worker p0r1 exited with code 1")})
     rows = rows_by_measure(d.training_rows(s))

@@ -146,9 +146,14 @@ def test_request_round_trip_over_the_socket(controller):
         while any(d.hello is None for d in service.d.devices.values()) and time.monotonic() < deadline:
             time.sleep(0.02)
         epoch = time.time()  # training starts: the source's requests arrive from now on
-        la.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5, backlog_s=5.0))
+        # b reports the epoch first: the source's s0 (0.05 s after the first epoch the
+        # controller hears) must find b's bubbles, not only a's 5 s backlog, whatever the load
         lb.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5))
         while service.d.epoch is None and time.monotonic() < deadline:
+            time.sleep(0.02)
+        la.status(AgentStatus(at=epoch, epoch=epoch, idle_fraction=0.5, backlog_s=5.0))
+        while (service.d.devices["a"].status is None or service.d.devices["a"].status.epoch is None) \
+                and time.monotonic() < deadline:
             time.sleep(0.02)
         client = PrefillClient("127.0.0.1", port, client_token(SECRET))
         acc = client.submit(512, deadline_s=3.0)

@@ -26,7 +26,9 @@ rest.
 
 from __future__ import annotations
 
+import contextlib
 import copy
+import fcntl
 import hashlib
 import itertools
 import json
@@ -651,11 +653,17 @@ def run_sweep(
     jobs: int = 1,
     runner: Runner | None = None,
     progress: Progress | None = None,
+    lock: str | Path | None = None,
 ) -> list[PointOutcome]:
-    """Runs every unfinished point of `plan` under `out_dir`; returns one outcome per point."""
+    """Runs every unfinished point of `plan` under `out_dir`; returns one outcome per point.
+    With `lock`, each point holds an exclusive flock on that file while it runs (and the
+    sweep waits for it between points), so that emulations started by others on a shared
+    machine with the same lock (`flock FILE testbed run ...`) never run beside a point."""
     out_dir = Path(out_dir)
     runner = runner or default_runner
     jobs = max(1, int(jobs))
+    if lock is not None and jobs > 1:
+        raise SweepError(f"--lock {lock} holds one lock per point, so points run one at a time: drop --jobs {jobs}")
     if jobs > 1:
         try:
             pickle.dumps(runner)
@@ -679,10 +687,11 @@ def run_sweep(
     try:
         if jobs == 1:
             for point in todo:
-                progress.start(point.id)
-                child = progress.child(point.id)
-                result = execute_point(point, out_dir / point.id, runner, child)
-                child.close()
+                with point_lock(lock, progress):
+                    progress.start(point.id)
+                    child = progress.child(point.id)
+                    result = execute_point(point, out_dir / point.id, runner, child)
+                    child.close()
                 outcomes[point.id] = result
                 progress.done(point.id, ok=result.status == "ok", duration=result.duration_s,
                               note=_short(result.error))
@@ -692,6 +701,28 @@ def run_sweep(
         if own_progress:
             progress.close()
     return [outcomes[p.id] for p in plan.points if p.id in outcomes]
+
+
+@contextlib.contextmanager
+def point_lock(path: str | Path | None, progress: Progress):
+    """An exclusive flock on `path` (created if missing) for one point; nothing without one."""
+    if path is None:
+        yield
+        return
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as exc:
+        raise SweepError(f"--lock {path}: cannot open the lock file ({exc.strerror}); name a file in a "
+                         "writable folder, e.g. /tmp/emulation.lock") from None
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            progress.log(f"waiting for the lock {path} (another emulation holds it)")
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)  # closing the file releases the lock
 
 
 def _short(error: str | None, limit: int = 100) -> str:

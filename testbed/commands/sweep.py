@@ -44,6 +44,9 @@ def _load_runner(ref: str | None):
                    "failed and unfinished ones rerun.")
 @click.option("--jobs", "-j", type=click.IntRange(1, 64), default=1, show_default=True,
               help="Points run at once, each in its own process and emulation.")
+@click.option("--lock", type=click.Path(dir_okay=False, path_type=Path), default=None, metavar="FILE",
+              help="Hold an exclusive flock on FILE while each point runs, so that other emulations "
+                   "taking the same lock (`flock FILE ...`) never run beside a point on a shared machine.")
 @click.option("--set", "sets", multiple=True, metavar="PATH=VALUE",
               help="Fixed override for every point, e.g. --set workload.iterations=3 (repeatable).")
 @click.option("--dry-run", is_flag=True, help="Validate the sweep and list its points; run nothing.")
@@ -52,8 +55,8 @@ def _load_runner(ref: str | None):
                    "results/<sweep name>/ (testbed/report/keep.py).")
 @click.option("--runner", "runner_ref", default=None, hidden=True,
               help="module:function used instead of testbed.run.runner.run_scenario (tests, custom runners).")
-def sweep(sweep_file: Path, out: Path | None, resume: Path | None, jobs: int, sets: tuple[str, ...], dry_run: bool,
-          keep: bool, runner_ref: str | None) -> None:
+def sweep(sweep_file: Path, out: Path | None, resume: Path | None, jobs: int, lock: Path | None,
+          sets: tuple[str, ...], dry_run: bool, keep: bool, runner_ref: str | None) -> None:
     """Run SWEEP_FILE's base scenario at every point of its parameter grid.
 
     Each run writes to a new folder (results/<sweep name>-<UTC time>/ unless --out
@@ -90,7 +93,7 @@ def sweep(sweep_file: Path, out: Path | None, resume: Path | None, jobs: int, se
     runner = _load_runner(runner_ref)
     interrupted = False
     try:
-        outcomes = run_sweep(plan, out, jobs=jobs, runner=runner)
+        outcomes = run_sweep(plan, out, jobs=jobs, runner=runner, lock=lock)
     except SweepError as exc:
         raise click.ClickException(str(exc)) from None
     except KeyboardInterrupt:

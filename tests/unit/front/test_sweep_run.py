@@ -389,3 +389,40 @@ def test_missing_runner_module_is_explained(folder: Path, monkeypatch: pytest.Mo
     assert result.exit_code == 1
     assert "the scenario runner (testbed/run/runner.py) is not installed in this checkout" in result.stderr
     assert not (folder / "out").exists()
+
+
+def test_lock_is_held_while_each_point_runs_and_waited_for(folder: Path, tmp_path: Path) -> None:
+    """--lock: a point runs only while the sweep holds the flock; one held by another
+    process (as `flock FILE testbed run ...` holds it) makes the sweep wait and say so."""
+    import fcntl
+    import threading
+
+    plan = load_sweep(write_sweep(folder, {"parameters": {"topology.wan.0.delay": DELAYS[:2]}}))
+    lock = tmp_path / "emulation.lock"
+    held: list[bool] = []
+
+    def probing_runner(scenario, resolved, out_dir, progress=None):
+        fd = os.open(lock, os.O_RDWR)
+        try:  # another holder cannot take it while the point runs
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.append(False)
+        except BlockingIOError:
+            held.append(True)
+        finally:
+            os.close(fd)
+        return fake_runner(scenario, resolved, out_dir, progress)
+
+    other = os.open(lock, os.O_RDWR | os.O_CREAT)
+    fcntl.flock(other, fcntl.LOCK_EX)
+    threading.Timer(0.3, os.close, [other]).start()  # the other emulation ends after 0.3 s
+    stream = io.StringIO()
+    progress = Progress(len(plan.points), "t", stream=stream, tty=False)
+    start = time.monotonic()
+    outcomes = run_sweep(plan, folder / "out", runner=probing_runner, progress=progress, lock=lock)
+    assert [o.status for o in outcomes] == ["ok", "ok"] and held == [True, True]
+    assert time.monotonic() - start >= 0.25
+    assert f"waiting for the lock {lock}" in stream.getvalue()
+    with pytest.raises(SweepError, match="points run one at a time: drop --jobs 2"):
+        run_sweep(plan, folder / "out2", runner=fake_runner, jobs=2, lock=lock, progress=quiet())
+    with pytest.raises(SweepError, match="cannot open the lock file"):
+        run_sweep(plan, folder / "out3", runner=fake_runner, lock=tmp_path / "nope" / "x.lock", progress=quiet())

@@ -25,7 +25,7 @@ from pathlib import Path
 
 from testbed.report.loading import ReportError, read_summary_file
 from testbed.report.table import format_table
-from testbed_core.contracts.summary import VariantResult, is_program_summary
+from testbed_core.contracts.summary import Summary, VariantResult, is_program_summary
 from testbed_core.variants import sort_key
 
 TOLERANCE = 0.05
@@ -54,6 +54,10 @@ class PredictionRow:
     tail_drops: int | None  # the WAN queues' tail drops over the variant (relay delay lines; None: netem)
     streams: int  # TCP streams per channel
     sharing: str  # shared or temporal
+    # faults injected on purpose (a scenario's ``faults:``): the prediction includes the
+    # forecast of each (testbed/run/faults.py `forecast`) or says it has none, and the
+    # iterations outside them against the healthy prediction; "" without faults
+    faults: str = ""
 
 
 @dataclass
@@ -77,6 +81,10 @@ class PredictionTable:
         foot = f"{ok} of {n} variant rows within {self.tolerance:.0%} of their a-priori prediction"
         if self.skipped:
             foot += f"; {len(self.skipped)} skipped"
+        notes = [f"{r.source} {r.variant}: {r.faults}" for r in self.rows if r.faults]
+        if notes:
+            foot += "\n\nfaults injected on purpose (the prediction includes each one's forecast where one was made):\n" \
+                + "\n".join(notes)
         return format_table(headers, body) + "\n\n" + foot
 
     def write(self, folder: Path) -> tuple[Path, Path]:
@@ -154,5 +162,25 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 source=name, scenario=summary.scenario, topology=summary.topology, variant=variant,
                 predicted_s=predicted, measured_s=measured, error=error, within=abs(error) <= tolerance + 1e-9,
                 calibrated=summary.calibration is not None, rates_from=entry.prediction.rates_from,
-                tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing))
+                tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing,
+                faults=fault_note(summary, variant, entry)))
     return table
+
+
+def fault_note(summary: Summary, variant: str, entry: VariantResult) -> str:
+    """What the faults injected in `variant`'s run did to its prediction: each one's
+    forecast (or why none), and the iterations that did not overlap a fault against
+    the healthy prediction; "" when none was injected."""
+    records = [f for f in summary.faults if f.variant == variant]
+    if not records:
+        return ""
+    said = "; ".join(f.forecast if f.forecast is not None else f"{f.description}: not forecast (a run before "
+                     "forecasts)" for f in records)
+    hit = {i - summary.warmup for f in records for i in f.iterations}
+    outside = [t for i, t in enumerate(entry.iteration_times_s) if i not in hit]
+    healthy = entry.prediction.a_priori_iteration_time_s
+    if outside and healthy:
+        mean = sum(outside) / len(outside)
+        said += (f"; the {len(outside)} measured iteration(s) outside them: {mean:.3f} s against the healthy "
+                 f"{healthy:.3f} s ({mean / healthy - 1:+.1%})")
+    return said

@@ -10,10 +10,23 @@ or kills the worker, restores the link after ``duration``, and afterwards writes
 what followed (`FaultRecord` in summary.json): the iterations it overlapped, their
 times, the recovery time, the frames the link dropped, or the failure it caused.
 The specs are validated with the scenario, before anything is built (`check_faults`).
+
+A link outage is known before the run (it is in the scenario), so it is predicted,
+not left out of the judgement (`forecast`): the planner's healthy iteration says
+which WAN transfers are under way when the link goes down; each of their streams
+gets nothing through until its first retransmission after the link is back (the
+retransmission timeout, RTT + 200 ms on Linux, doubling at every retry: an outage
+of 2 s at 50 ms RTT is over after the fourth retry, 3.75 s after it began), then
+sends its lost window again from one packet in slow start. That stall, the longest
+over the transfers caught, is added to the iteration the outage starts in (the WAN
+is on its critical path while its micro-batches cross); the variant's headline
+prediction is the mean over the measured iterations. A delay spike is not
+forecast (its iterations are predicted as healthy ones, and the record says so).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import subprocess
 import threading
@@ -26,17 +39,20 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from testbed_core.configfile import ConfigModel
 from testbed_core.contracts.summary import FaultRecord, IterationAround
+from testbed_core.planning.lossy import MSS, rto_s
 from testbed_core.topology import MAX_DOWN_S, Delay, Duration, _seconds, _within
 from testbed_core.units import parse_duration, unit_validator
 
 if TYPE_CHECKING:
     from testbed.emulation.network import Emulation
     from testbed.run.metrics import TransferRecord
+    from testbed_core.planning.prediction import Prediction
     from testbed_core.topology import Topology
     from testbed_core.workload import Workload
 
 MAX_FAULTS = 100
 MAX_FAULT_AT_S = 3_600.0
+RTO_MAX_S = 120.0  # Linux's TCP_RTO_MAX: the retransmission timeout stops doubling there
 
 
 At = Annotated[float, unit_validator(parse_duration), Field(ge=0),
@@ -169,6 +185,98 @@ def check_faults(faults: Sequence[AnyFault], topology: Topology, workload: Workl
                                  f"(pp={par.pp})")
 
 
+@dataclass(frozen=True)
+class FaultForecast:
+    """What a fault is predicted to add, before the run: `delay_s` seconds to iteration
+    `iteration` (warm-ups count from 0), or None where the kind has no model."""
+
+    fault: int  # its index in the scenario's faults
+    iteration: int
+    delay_s: float | None
+    why: str
+
+
+def resume_after_outage(head_s: float, up_s: float, rtt_s: float) -> float:
+    """When a TCP stream whose oldest unacknowledged packet left at `head_s` gets data
+    through again after an outage ending at `up_s`: its retransmissions leave at
+    ``head + RTO (2^k - 1)`` (the timeout doubling at each retry, at most RTO_MAX_S
+    apart), and the first at or after `up_s` is delivered."""
+    step = rto_s(rtt_s)
+    t = head_s + step
+    while t < up_s:
+        step = min(2 * step, RTO_MAX_S)
+        t += step
+    return t
+
+
+def slow_start_extra_s(window_bytes: float, rtt_s: float) -> float:
+    """What re-sending a lost window of `window_bytes` costs after a retransmission
+    timeout (the window back to one packet, doubling each round trip) beyond the one
+    round trip it takes with the window open: ``(ceil(log2(packets + 1)) - 1) x RTT``."""
+    packets = max(1, math.ceil(window_bytes / MSS))
+    return (math.ceil(math.log2(packets + 1)) - 1) * rtt_s
+
+
+def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
+             topology: Topology | None = None) -> list[FaultForecast]:
+    """Each fault's predicted effect on the iteration it starts in (module docstring),
+    from the planner's healthy iteration (`prediction`: its simulated transfers, paths
+    and time). A fault timed past the healthy iteration's end falls in a later one."""
+    healthy = prediction.iteration_time_s
+    out = []
+    for n, f in enumerate(faults):
+        it = f.iteration if f.iteration is not None else warmup
+        at = f.at
+        if healthy > 0:
+            skip = int(at // healthy)
+            it, at = it + skip, at - skip * healthy
+        if isinstance(f, KillWorker):
+            out.append(FaultForecast(n, it, None, "not forecast: a killed worker fails the variant"))
+            continue
+        if isinstance(f, DelaySpike):
+            out.append(FaultForecast(n, it, None, "not forecast: the iterations a delay spike overlaps are predicted "
+                                                  "as healthy ones"))
+            continue
+        if isinstance(f, Partition):
+            names = [link.name for link in topology.wan if f.dc in link.between] if topology is not None else []
+        else:
+            names = [link_name(topology, f.link) or f.link if topology is not None else f.link]
+        ways = set()
+        for name in names:
+            a, _, b = name.partition("-")
+            ways |= {f"wan:{a}->{b}", f"wan:{b}->{a}"}
+        down, up = at, at + f.duration
+        stall, caught = 0.0, 0
+        for t in prediction.sim.transfers:
+            if not ways & set(t.resources) or t.arrival <= down or t.start >= up:
+                continue
+            head = max(t.start, down)  # under way when the link went down, or sent into the outage
+            path = prediction.spec.path(t.key)
+            rtt = 2 * path.latency_s
+            wp = next((w for w in prediction.paths.values() if ways & set(w.resources)), None)
+            streams = wp.streams if wp is not None else 1
+            window = min(wp.window_bytes if wp is not None else math.inf, t.nbytes / max(1, streams))
+            window = window if math.isfinite(window) else t.nbytes / max(1, streams)
+            caught += 1
+            stall = max(stall, resume_after_outage(head, up, rtt) + slow_start_extra_s(window, rtt) - head)
+        what = f"{describe(f, warmup)}: "
+        if not caught:
+            out.append(FaultForecast(n, it, 0.0, what + "no WAN transfer on the link while it is down"))
+            continue
+        out.append(FaultForecast(n, it, stall, what + f"+{stall:.2f} s in iteration {it} (the outage, TCP's "
+                                                     "retransmission back-off after it and the lost windows "
+                                                     "sent again in slow start)"))
+    return out
+
+
+def with_forecasts(healthy_s: float, forecasts: Sequence[FaultForecast], warmup: int, iterations: int) -> float:
+    """The mean predicted iteration time over the measured iterations (those after the
+    `warmup`), each fault's predicted delay added to the iteration it starts in."""
+    extra = sum(fc.delay_s for fc in forecasts
+                if fc.delay_s is not None and warmup <= fc.iteration < warmup + iterations)
+    return healthy_s + extra / max(1, iterations)
+
+
 @dataclass(eq=False)
 class FaultInjector:
     """Arms and applies the faults of one variant's run and records what followed.
@@ -195,8 +303,19 @@ class FaultInjector:
     _timers: list[threading.Timer] = field(default_factory=list)
     _lock: threading.Lock = field(default_factory=threading.Lock)
     _closed: bool = False
+    forecasts: list[FaultForecast] = field(default_factory=list)  # `predict`: each fault's a-priori effect
     _drops_before: dict[int, int] = field(default_factory=dict)  # by fault: the links' down_drops when it began
     _dropped: dict[int, int] = field(default_factory=dict)  # by fault: frames its links dropped while it lasted (-1: unknown)
+
+    # ------------------------------------------------------------ forecast
+
+    def predict(self, prediction: Prediction, iterations: int) -> tuple[float, str]:
+        """Before the variant runs: each fault's predicted effect (`forecast`, kept for
+        the records) and the variant's headline prediction with them, the mean over its
+        `iterations` measured ones, with the sentence that says so."""
+        self.forecasts = forecast(self.faults, self.warmup, prediction, self.topology)
+        mean = with_forecasts(prediction.iteration_time_s, self.forecasts, self.warmup, iterations)
+        return mean, "faults forecast: " + "; ".join(fc.why for fc in self.forecasts)
 
     # ------------------------------------------------------------ hooks
 
@@ -334,6 +453,9 @@ class FaultInjector:
                 "variant": self.variant, "kind": f.kind, "description": describe(f, self.warmup),
                 "target": self._target(f), "planned_iteration": base,
             }
+            fc = next((c for c in self.forecasts if c.fault == n), None)
+            if fc is not None:
+                rec.update(predicted_delay_s=fc.delay_s, forecast=fc.why)
             start, end = self.started.get(n), self.ended.get(n)
             if start is None:
                 out.append(FaultRecord.model_validate({**rec, "outcome": "failed" if n in self.errors else

@@ -366,9 +366,12 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     if scenario.runner.verify_tensors:
         jobs = {w: j.model_copy(update={"verify_tensors": True}) for w, j in jobs.items()}
     pred = setup.prediction
+    # a fault is in the scenario, so known before the run: its predicted effect joins the headline
+    fault_mean, fault_note = faults.predict(pred, workload.iterations) if faults is not None else (None, "")
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
                  f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
-                 f"{pred.iteration_time_s:.3f} s per iteration")
+                 f"{pred.iteration_time_s:.3f} s per iteration"
+                 + (f"; {fault_note}: {fault_mean:.3f} s over the measured iterations" if fault_note else ""))
     lines_before = net.delay_line_stats()
     try:
         run = run_workers(net, setup, jobs, folder, ctl_dir, secret, scenario, iterations, progress, workload,
@@ -384,6 +387,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     if faults is not None:
         faults.transfers = run.transfers  # what the transport did around each fault
     predicted, prediction = _predictions(setup, scenario, workload, base_dir, run, pair, net.local, measured_it)
+    if fault_mean is not None:
+        predicted += fault_mean - pred.iteration_time_s
+        prediction.rates_from += f"; {fault_note}"
     setup.final_prediction = predicted
     files = write_variant_outputs(folder, setup.name, run, m, setup, workload.warmup,
                                   faults.records() if faults is not None else ())

@@ -744,6 +744,12 @@ class FaultRecord(_Doc):
     dropped_frames: int | None = None
     """Frames the delay line dropped while the link was down (TCP sends them again);
     None where unknown (netem, or not a link-down)."""
+    predicted_delay_s: float | None = None
+    """What the planner predicted, before the run, the fault adds to the iteration it
+    starts in (testbed/run/faults.py `forecast`: a link outage and TCP's retransmission
+    back-off after it); the variant's headline prediction includes it. None: not
+    forecast (a delay spike, a killed worker, or a run before forecasts)."""
+    forecast: str | None = None  # the forecast in words, or why there is none
     error: str | None = None  # failed: the variant's error
 
 

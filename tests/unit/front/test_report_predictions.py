@@ -134,3 +134,24 @@ def test_the_results_page_s_command_runs(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     doc = json.loads((tmp_path / "prediction-errors.json").read_text())
     assert doc["rows"] and doc["within"] + doc["beyond"] == len(doc["rows"])
+
+
+def test_a_run_with_a_fault_says_what_its_prediction_includes(tmp_path: Path) -> None:
+    from testbed_core.contracts.summary import FaultRecord
+
+    times = [1.2, 5.35, 1.25]
+    v = b.variant("atlas", sum(times) / 3, predicted_s=1.16 + 4.15 / 3, iteration_times_s=times,
+                  prediction=b.prediction(1.16, sum(times) / 3))
+    record = FaultRecord(variant="atlas", kind="link-down", target="dc1-dc2", planned_iteration=2,
+                         description="link-down dc1-dc2 for 2s at iteration 2 + 300ms", outcome="survived",
+                         iterations=[3], predicted_delay_s=4.15, forecast="link-down ...: +4.15 s in iteration 3")
+    _write(tmp_path / "faults", b.summary({"atlas": v}, scenario="faults-2dc", faults=[record]))
+    _write(tmp_path / "plain", b.summary({"atlas": b.variant("atlas", 1.0)}))
+    table = prediction_table([tmp_path])
+    row = next(r for r in table.rows if r.scenario == "faults-2dc")
+    assert row.error == pytest.approx(2.6 / (1.16 + 4.15 / 3) - 1)
+    # warm-up 2: iteration 3 is the second measured one; the other two against the healthy 1.16 s
+    assert row.faults == ("link-down ...: +4.15 s in iteration 3; the 2 measured iteration(s) outside them: "
+                          "1.225 s against the healthy 1.160 s (+5.6%)")
+    assert next(r for r in table.rows if r.scenario != "faults-2dc").faults == ""
+    assert f"{row.source} atlas: link-down ...: +4.15 s" in table.text()

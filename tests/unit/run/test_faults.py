@@ -263,3 +263,74 @@ def test_partition_cuts_every_link_of_its_dc_and_restores_them() -> None:
     inj.close()
     (rec,) = inj.records()
     assert rec.kind == "partition" and rec.target == "dc2" and rec.description.startswith("partition dc2 for 30ms")
+
+
+# ------------------------------------------------------------ the a-priori forecast of an outage
+
+def test_retransmissions_back_off_until_the_link_is_back() -> None:
+    from testbed.run.faults import resume_after_outage, slow_start_extra_s
+
+    # RTT 50 ms: RTO 250 ms, retries at 0.25, 0.75, 1.75, 3.75 s: a 2 s outage ends before the fourth
+    assert resume_after_outage(0.0, 2.0, 0.05) == pytest.approx(3.75)
+    assert resume_after_outage(0.0, 1.7, 0.05) == pytest.approx(1.75)
+    # a stream that first sent half a second into the outage: 0.75, 1.25, 2.25
+    assert resume_after_outage(0.5, 2.0, 0.05) == pytest.approx(2.25)
+    # a 512 KB window (363 packets) from one packet: 9 round trips, 8 more than with it open
+    assert slow_start_extra_s(524288, 0.05) == pytest.approx(0.4)
+    assert slow_start_extra_s(1000, 0.05) == 0.0
+
+
+def _planned(scenario: Any) -> Any:
+    from testbed_core.planning.prediction import Variant, predict
+
+    return predict(scenario.topology, scenario.workload, Variant("atlas", 8, "shared", "atlas"),
+                   base_dir=str(scenario.workload_dir))
+
+
+def test_the_shipped_outage_is_forecast_in_its_iteration() -> None:
+    from testbed.run.faults import forecast, with_forecasts
+
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    pred = _planned(scenario)
+    (fc,) = forecast(scenario.faults, scenario.workload.warmup, pred, scenario.topology)
+    # 0.3 s in, WAN transfers under way: stalled 3.75 s (back-off) + 0.4 s (8 MB tensors over
+    # 8 streams: 1 MB stripes, 512 KB windows sent again from one packet)
+    assert fc.iteration == 2 and fc.delay_s == pytest.approx(4.15)
+    assert "+4.15 s in iteration 2" in fc.why
+    mean = with_forecasts(pred.iteration_time_s, [fc], scenario.workload.warmup, scenario.workload.iterations)
+    assert mean == pytest.approx(pred.iteration_time_s + 4.15 / 3)
+    # in a warm-up it leaves the measured mean alone
+    assert with_forecasts(1.0, [fc], 3, 3) == 1.0
+
+
+def test_faults_without_a_model_or_without_traffic_say_so(tmp_path: Path) -> None:
+    from testbed.run.faults import forecast
+
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    pred = _planned(scenario)
+    faults = [DelaySpike(kind="delay-spike", link="dc1-dc2", iteration=2, delay=0.2, duration=1.0),
+              KillWorker(kind="kill-worker", worker="p0r1", iteration=2),
+              LinkDown(kind="link-down", link="dc1-dc2", iteration=1, at=0.0, duration=0.001),
+              Partition(kind="partition", dc="dc2", iteration=1, at=0.3, duration=2.0)]
+    spike, kill, blink, part = forecast(faults, 1, pred, scenario.topology)
+    assert spike.delay_s is None and "not forecast" in spike.why
+    assert kill.delay_s is None and "fails the variant" in kill.why
+    # the first tensor leaves after stage 0's first forward: nothing on the link in its first millisecond
+    assert blink.delay_s == 0.0 and "no WAN transfer" in blink.why
+    assert part.delay_s == pytest.approx(4.15)  # dc2's only link: as the link-down
+    # timed past the healthy iteration's end: a later iteration
+    (late,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=1,
+                                 at=pred.iteration_time_s + 0.3, duration=2.0)], 1, pred, scenario.topology)
+    assert late.iteration == 2
+
+
+def test_the_injector_keeps_its_forecast_in_the_record() -> None:
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    pred = _planned(scenario)
+    inj = FaultInjector(scenario.faults, "atlas", 1, FakeEmulation(), topology=_topology())
+    mean, note = inj.predict(pred, 3)
+    assert mean == pytest.approx(pred.iteration_time_s + 4.15 / 3)
+    assert note.startswith("faults forecast: link-down dc1-dc2 for 2s at iteration 2 + 300ms: +4.15 s")
+    (rec,) = inj.records()
+    assert rec.outcome == "not-reached" and rec.predicted_delay_s == pytest.approx(4.15)
+    assert rec.forecast is not None and "retransmission back-off" in rec.forecast

@@ -26,7 +26,9 @@ transfers one after another):
 * inside a DC: the DC's LAN rate, no latency;
 * the per-stream window is the profile's own measure where a path was window-limited
   at the profiled RTT (each timed transfer's service time: the effective window the
-  kernel gave, which the nominal ``rmem_max / 2`` only approximates), else the nominal;
+  kernel gave, which the nominal ``rmem_max / 2`` only approximates); on a path only
+  striped channels crossed (atlas), the window whose replay gives the profiled step,
+  where the step depends on it there (`fit_windows`); else the nominal;
 * gloo sends once the receive's notice reached the sender (a rendezvous: one one-way
   delay after the receive was posted), and that notice keeps the connection from idling;
   atlas's WAN streams are paced (BBR) until a channel's last 16 sends were all under
@@ -79,6 +81,8 @@ GSO_MAX, ETH_FRAME = 65536, 1514
 WINDOW_LIMITED = 0.8  # a path moving less than this share of its link's goodput is window-limited
 BLOCKED_S = 1e-3
 EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips per transfer (fit_extra_rtts)
+WINDOW_FIT_RANGE = (0.5, 2.0)  # a fitted stream window, as a share of the nominal one (fit_windows)
+WINDOW_SENSITIVE = 0.02  # ... fitted only where the step over that range moves by more than this share of it
 METRIC_BYTES = 1024
 # backends whose receives send a notice to the sender, which sends only then (rendezvous: gloo's
 # transfers start one one-way delay after the receive is posted); the others send at once
@@ -154,7 +158,8 @@ class PathFigures(_Model):
     one_way_latency_s: float
     link_goodput_bps: float
     window_bytes: float = Field(description="one stream's effective TCP window")
-    window_source: str = Field(description="'profile' (measured there) or 'nominal' (min(wmem_max, rmem_max / 2))")
+    window_source: str = Field(description="'profile' (measured there; where only striped channels crossed, fitted "
+                                           "to its step: fit_windows) or 'nominal' (min(wmem_max, rmem_max / 2))")
     rto_s: float
 
 
@@ -686,7 +691,64 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
             rate = s.bytes / service
             if rate < WINDOW_LIMITED * link:  # window-limited: service = (bytes - window) / window round trips
                 rates[frozenset((a, b))].append(s.bytes * rtt / (service + rtt) / streams)
-    return {pair: statistics.median(v) for pair, v in rates.items() if v}
+    measured = {pair: statistics.median(v) for pair, v in rates.items() if v}
+    return {**measured, **fit_windows(profile, measured)}
+
+
+def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float], warmup: int = 1
+                ) -> dict[frozenset[str], float]:
+    """The stream window of the WAN paths that only striped channels crossed in the
+    profile (atlas: no one-stream transfer there to measure it), where the program's
+    step on the profile's own network depends on it: the window, as a share of each
+    path's nominal one (`WINDOW_FIT_RANGE`), that makes the replay there (no round trips
+    added) give the measured step. Why: the nominal ``rmem_max / 2`` is Linux's old
+    fixed share (tcp_adv_win_scale 1); newer kernels advertise the share of the buffer
+    they measure, and a window assumed too small at the profiled RTT would otherwise be
+    taken up by the fitted round trips (`fit_extra_rtts`), negative then, which scale
+    with the RTT where the window no longer binds (results/program-predict/README.md).
+    Empty when every WAN path has its measure or was crossed by a one-stream connection
+    (a group of gloo, or of atlas on one stream: its transfers moved within the nominal
+    window, else `measured_windows` timed it), when the step does
+    not depend on the window there (small transfers: the round trips are fitted
+    instead), or when no window in the range gives the measured step."""
+    topo = profile.network
+    dc_of = {r.rank: r.dc for r in profile.ranks}
+    dcs = set(dc_of.values())
+    one_stream: set[frozenset[str]] = set()
+    env_streams = _env_streams(profile.env)
+    for r in profile.ranks:
+        for g in r.groups:
+            if g.backend != "atlas" or (env_streams or g.streams or WAN_STREAMS) == 1:
+                members = {dc_of[m] for m in (g.ranks or dc_of) if m in dc_of}
+                one_stream.update(frozenset((a, b)) for a in members for b in members if a != b)
+    missing = {frozenset((a, b)) for a in dcs for b in dcs if a != b} - set(measured) - one_stream
+    target = ranks_mean_median(measured_steps(profile), warmup)
+    if not missing or target is None:
+        return {}
+    nominal = {pair: min(topo.tcp_for(a).wmem_max, topo.tcp_for(b).rmem_max / 2)
+               for pair in missing for a, b in [sorted(pair)]}
+    slow = any(topo.tcp_for(dc).slow_start_after_idle for dc in dcs)
+    rule = _streams_rule(profile, None)
+    algos = algorithms_for(profile.atlas_all_reduce)
+
+    def step(share: float) -> float:
+        windows = {**measured, **{pair: share * n for pair, n in nominal.items()}}
+        paths, _ = _paths(topo, dcs, windows)
+        marks = Replay(profile, paths, dc_of, rule, algos, slow, 0.0).run()
+        return ranks_mean_median(_replayed_steps(profile, marks), warmup) or 0.0
+
+    lo, hi = WINDOW_FIT_RANGE
+    slow_step, fast_step = step(lo), step(hi)
+    if slow_step - fast_step < WINDOW_SENSITIVE * target or not fast_step <= target <= slow_step:
+        return {}
+    for _ in range(30):
+        mid = (lo + hi) / 2
+        if step(mid) > target:
+            lo = mid
+        else:
+            hi = mid
+    share = (lo + hi) / 2
+    return {pair: share * n for pair, n in nominal.items()}
 
 
 def _env_streams(env: Mapping[str, str]) -> int | None:

@@ -180,6 +180,49 @@ def test_window_measured_from_back_to_back_transfers(tmp_path):
     assert window == pytest.approx(MB4 * 0.05 / (0.4 + 0.05))
 
 
+def _striped_profile(tmp_path: Path, transfer_s: float, steps: int = 5, backend: str = "atlas") -> ProgramProfile:
+    """Rank 0 sends a 4 MiB tensor to rank 1 (through atlas) each 2 s step and waits for its
+    confirmation (its line 1 ms later); rank 1 receives it `transfer_s` after the send
+    (arrival) and computes 0.05 s before its line."""
+    ops0, ops1, lines0, lines1 = [], [], [], []
+    for k in range(steps):
+        t = 1.0 + 2.0 * k
+        arrival = t + transfer_s
+        ops0.append(_op(k + 1, "send", "isend", MB4, 1, t, [(t, arrival + 0.025)]))
+        ops1.append(_op(k + 1, "recv", "irecv", MB4, 0, t, [(t, arrival)]))
+        lines0.append(StepRecord(step=k, step_s=transfer_s + 0.026, t_line=arrival + 0.026))
+        lines1.append(StepRecord(step=k, step_s=transfer_s + 0.05, t_line=arrival + 0.05))
+    group = [GroupRecord(index=0, ranks=[0, 1], backend=backend)]
+    ranks = [RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, steps=lines0, t_start=0.5),
+             RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, steps=lines1, t_start=0.5)]
+    return ProgramProfile(program=program_identity(["true"], str(tmp_path)), topology=_topology().model_dump(mode="json"),
+                          topology_file="t", world_size=2, started=0.0, wall_s=2.0 * steps + 1, ranks=ranks)
+
+
+def test_a_striped_paths_window_is_fitted_to_the_profiled_step(tmp_path):
+    """Only atlas's 8 paced streams crossed the WAN (no one-stream transfer to measure the
+    window): where the step depends on the window at the profiled RTT, the window is the
+    one whose replay gives the measured step (here steps made with 0.6 MB), not the
+    nominal 0.5 MB, and no round trips are fitted on top. Where a one-stream connection
+    crossed, or the step does not depend on the window, nothing is fitted."""
+    from testbed_core.program.predict import fit_windows
+
+    pair = frozenset({"dc1", "dc2"})
+    guess = _striped_profile(tmp_path, 0.1)
+    made = predict(guess, guess.network, windows={pair: 0.6e6}, extra_rtts=0.0).ranks[1].steps[-1] - 0.05
+    nominal = predict(guess, guess.network, windows={pair: 0.5e6}, extra_rtts=0.0).ranks[1].steps[-1] - 0.05
+    assert made < nominal  # 8 x 0.6 MB per 50 ms is under the link's rate: the window shows in the step
+    prof = _striped_profile(tmp_path, made)
+    (window,) = measured_windows(prof, prof.network).values()
+    assert window == pytest.approx(0.6e6, rel=1e-3)
+    assert predict(prof, prof.network).extra_rtts == pytest.approx(0.0, abs=0.01)
+    assert fit_windows(prof.model_copy(update={"env": {"ATLAS_STREAMS": "1"}}), {}) == {}  # one stream: not fitted
+    assert fit_windows(_striped_profile(tmp_path, made, backend="gloo"), {}) == {}  # gloo's one stream: not fitted
+    fast = retarget(_topology(), 0.002)
+    small = _striped_profile(tmp_path, 0.02).model_copy(update={"topology": fast.model_dump(mode="json")})
+    assert fit_windows(small, {}) == {}  # at 2 ms RTT no window binds: the step does not show it
+
+
 # --------------------------------------------------------------------------- what does not fit
 
 

@@ -102,6 +102,10 @@ class SimSpec:
     compute_fn: Callable[[int, int, str, int], float] | None = None  # (pipeline, stage, kind, mb)
     # gloo: a send waits for the receiver's notice (queued behind its data on the way back)
     rendezvous: bool = False
+    # each transfer's time on its path as a factor of what its bytes and rate give (None:
+    # 1): the planner's spread of lossy channels (testbed_core/planning/lossy.py
+    # `spread_makespan`, which keeps only the makespan: the spans carry the scaled bytes)
+    transfer_scale: Callable[[TransferKey], float] | None = None
 
     def path(self, key: TransferKey) -> Path:
         return self.paths.get((key.pipeline, key.boundary, key.direction), Path())
@@ -312,6 +316,8 @@ class _Sim:
         """The bytes of `key` (handed over at `ready`) leave at `t`."""
         path = self.spec.path(key)
         bits = self.spec.nbytes(key) * 8
+        if self.spec.transfer_scale is not None:
+            bits *= self.spec.transfer_scale(key)
         if bits <= 0 or (not path.resources and path.cap_bps == INF):
             self.transfers.append(TransferSpan(key, ready, t, t, t + path.latency_s, bits / 8, path.resources))
             self.push(t + path.latency_s, "arrive", key)

@@ -257,6 +257,16 @@ def place_variants(scenario: Scenario, runs: Sequence[RunVariant]) -> dict[str, 
 
 # ------------------------------------------------------------------ the prediction's network
 
+def lossy_history(scenario: Scenario) -> tuple[int, int]:
+    """What each channel of a variant carries on connections opened for its run: the
+    tensors of its warm-up iterations, then those of its measured ones (a lossy path's
+    windows have not come down to the loss's steady state in a short run:
+    testbed_core/planning/lossy.py `run_times`)."""
+    w = scenario.workload
+    per_iteration = w.parallelism.num_micro_batches
+    return w.warmup * per_iteration, w.iterations * per_iteration
+
+
 def _allreduce_on(scenario: Scenario) -> bool:
     return scenario.workload.parallelism.dp > 1 and (
         scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
@@ -276,7 +286,9 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                                            nominal, colliding_bps or setup.colliding_bps)
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
-                    lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps)
+                    lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
+                    lossy_history=lossy_history(scenario),
+                    paced=scenario.transport.pacing is True)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -302,7 +314,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
-                    link_ring_alone_bps=rings_alone or None)
+                    link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario),
+                    paced=scenario.transport.pacing is True)
     return net, path_topology(scenario.topology, links, local)
 
 

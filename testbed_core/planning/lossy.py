@@ -9,12 +9,15 @@ the average window but where the losses fall (`channel_time`, a round-by-round m
 of every stream of the channel over many transfers, cwnd kept from one transfer to the
 next as on a long-lived connection):
 
-- a stream sends its congestion window per round trip; a round with a loss cuts the
-  window to ``BETA`` x it (Cubic), a round without one grows it by ``ALPHA`` packets per
-  round trip (Cubic's Reno-friendly estimate, where its window sits at these loss rates
-  and RTTs: together the AIMD average ``sqrt(ALPHA (1 + BETA) / (2 (1 - BETA) p))`` =
-  Mathis's 1.22 / sqrt(p)), or doubles it below ssthresh (slow start, e.g. after idle
-  with ``slow_start_after_idle``);
+- a stream sends its congestion window per round trip (at most the receiver's window;
+  paced, spread at 2 or 1.2 x cwnd a round trip as Linux's internal pacing does); a
+  round with a loss cuts the window to ``BETA`` x it (Cubic), a round without one grows
+  it along Cubic's curve back towards the window it lost (time spent sending counted,
+  idle time not), at least by ``ALPHA`` packets per round trip (its Reno-friendly
+  estimate, where its window sits at these loss rates and RTTs: together the AIMD
+  average ``sqrt(ALPHA (1 + BETA) / (2 (1 - BETA) p))`` = Mathis's 1.22 / sqrt(p)), or
+  doubles it below ssthresh (slow start: a fresh connection, up to twice what the
+  receiver lets it have in flight, or after idle with ``slow_start_after_idle``);
 - a loss before the stripe's last round is repaired while later rounds go out (SACK):
   it costs only the window cut. A loss in the last round is what the stripe waits for
   (`repair_delay`): with ``DUPTHRESH`` or more packets after it, fast retransmit, one
@@ -25,22 +28,35 @@ next as on a long-lived connection):
 
 The channel's time of a transfer is the latest of its stripes' (first byte out to last
 byte in), plus the tensor's serialization at the bottleneck; `channel_time` returns the
-mean over transfers. Random draws come from a seeded generator: the same inputs give
-the same figure. Nothing here is fitted to a run.
+mean over transfers on a long-lived connection in its steady state (a what-if),
+`run_times` a run's: connections opened for it, the warm-up iterations' tensors, then
+the measured ones (at 0.1% loss a channel meets a few losses an iteration, so a short
+run's windows stay above the steady state). Those times are random, and a pipeline
+waits for its slow transfers: the planner simulates the iteration with each lossy
+channel's tensors taking the model's times in turn and keeps the mean
+(`spread_makespan`); `run_interval` says how far one run's mean may fall from it by
+chance. Random draws come from a seeded generator: the same inputs give the same
+figure. Nothing here is fitted to a run.
 """
 
 from __future__ import annotations
 
 import math
 import random
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
 from functools import lru_cache
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:  # network.py imports this module
+    from testbed_core.planning.network import WanPath
+    from testbed_core.simulate import SimResult, SimSpec, TransferKey
+    from testbed_core.topology import Topology
 
 MSS = 1448
 BETA = 0.7  # Cubic's multiplicative decrease (Linux: 717/1024)
 ALPHA = 3 * (1 - BETA) / (1 + BETA)  # Cubic's Reno-friendly additive increase, packets per RTT
+CUBIC_C = 0.4  # Cubic's scaling constant (packets / s^3)
 DUPTHRESH = 3  # packets SACKed after a hole before it is retransmitted at once
 PTO_MIN_S = 0.010  # Linux's floor of the tail-loss probe timeout
 RTO_MIN_S = 0.200  # Linux's floor of the retransmission timeout (added to the RTT)
@@ -114,17 +130,57 @@ class _Stream:
     cwnd: float
     ssthresh: float
     gap: int  # packets still to send before the next lost one (the lost one counted)
+    w_max: float = 0.0  # Cubic: the window at the last loss (fast convergence applied)
+    epoch_s: float = 0.0  # Cubic: time spent sending since the last loss (idle time left out, as Linux does)
+    w_est: float = 0.0  # Cubic: its Reno-friendly estimate
 
 
 class _Channel:
-    """The streams of one channel and their state between transfers."""
+    """The streams of one channel and their state between transfers: on a long-lived
+    connection in its steady state (the window at the loss's AIMD average), or
+    (`fresh`) on a connection just opened (the initial window, slow start until the
+    first loss)."""
 
     def __init__(self, streams: int, loss: float, window_pkts: float, draws: Draws, idle_restart: bool,
-                 gaps: Callable[[], int] | None = None) -> None:
+                 gaps: Callable[[], int] | None = None, fresh: bool = False, paced: bool = False) -> None:
         self.loss, self.cap, self.draws, self.idle_restart = loss, max(1.0, window_pkts), draws, idle_restart
+        self.paced = paced
         self._gap = gaps or self._draw_gap
-        start = min(self.cap, mathis_window(loss)) if loss > 0 else self.cap
-        self.streams = [_Stream(start, start, self._gap()) for _ in range(streams)]
+        if fresh:
+            self.streams = [_Stream(INITIAL_WINDOW, math.inf, self._gap()) for _ in range(streams)]
+        else:
+            start = min(self.cap, mathis_window(loss)) if loss > 0 else self.cap
+            self.streams = [_Stream(start, start, self._gap(), start, 0.0, start) for _ in range(streams)]
+
+    def _grow(self, s: _Stream, acked: int, rtt_s: float) -> None:
+        """A round without loss in which `s` sent all its window allowed. Slow start
+        (below ssthresh) adds what was acknowledged, up to twice what was in flight
+        (Linux's tcp_is_cwnd_limited there: the window grows past the receiver's); in
+        congestion avoidance Cubic grows only a window-limited flow, towards
+        ``w_max + C (t - K)^3`` (t: its sending time since the last loss, K =
+        cbrt(w_max (1 - BETA) / C)), at most half the window a round trip, or to its
+        Reno-friendly estimate (ALPHA a round trip) where that is larger."""
+        if s.cwnd < s.ssthresh:
+            s.cwnd = min(s.cwnd + acked, s.ssthresh, 2 * self.cap)
+            s.w_est = s.cwnd
+            return
+        if s.cwnd > self.cap + 1e-9:  # held by the receiver's window, not its own: no growth
+            return
+        s.epoch_s += rtt_s
+        k = (max(0.0, s.w_max) * (1 - BETA) / CUBIC_C) ** (1 / 3)
+        target = s.w_max + CUBIC_C * (s.epoch_s + rtt_s - k) ** 3
+        s.w_est += ALPHA
+        cubic = s.cwnd + min(max(0.0, target - s.cwnd), s.cwnd / 2)
+        s.cwnd = max(cubic, s.w_est)
+
+    @staticmethod
+    def _cut(s: _Stream) -> None:
+        """A round with a loss: the window to BETA of it, Cubic's w_max with fast
+        convergence (a loss below the last w_max lowers it to (1 + BETA) / 2 of the window)."""
+        s.w_max = s.cwnd * (1 + BETA) / 2 if s.cwnd < s.w_max else s.cwnd
+        s.cwnd = max(2.0, s.cwnd * BETA)
+        s.ssthresh = s.w_est = s.cwnd
+        s.epoch_s = 0.0
 
     def _draw_gap(self) -> int:
         """Packets up to and including the next lost one (geometric in the loss rate)."""
@@ -149,7 +205,7 @@ class _Channel:
         while active:
             for i in list(active):
                 s = lanes[i]
-                budget = max(1, int(s.cwnd))
+                budget = max(1, int(min(s.cwnd, self.cap)))
                 sent, losses = 0, []
                 while sent < budget:
                     if left[i] == 0:
@@ -168,16 +224,19 @@ class _Channel:
                     sent += k
                     left[i] -= k
                 last = left[i] == 0 and not queue
+                # paced (Linux's internal pacing): the round's packets leave spread at
+                # 2 (slow start) or 1.2 (congestion avoidance) x cwnd a round trip
+                rate = (2.0 if s.cwnd < s.ssthresh else 1.2) * s.cwnd / rtt_s if self.paced and rtt_s > 0 else math.inf
                 if losses:
-                    s.cwnd = max(2.0, s.cwnd * BETA)
-                    s.ssthresh = s.cwnd
+                    self._cut(s)
                 elif sent >= budget:  # window-limited: the window grows
-                    s.cwnd = min(self.cap, min(s.cwnd + sent, s.ssthresh) if s.cwnd < s.ssthresh else s.cwnd + ALPHA)
+                    self._grow(s, sent, rtt_s)
                 if last:
-                    end = rnd * rtt_s + rtt_s / 2
+                    end = rnd * rtt_s + (sent - 1) / rate + rtt_s / 2
                     for at in losses:
                         probe_lost = sent - at == 0 and self.draws.random() < self.loss
-                        end = max(end, rnd * rtt_s + rtt_s / 2 + repair_delay(sent - at, rtt_s, probe_lost))
+                        end = max(end, rnd * rtt_s + (at - 1) / rate + rtt_s / 2
+                                  + repair_delay(sent - at, rtt_s, probe_lost))
                     done[i] = end
                     active.remove(i)
             rnd += 1
@@ -187,7 +246,7 @@ class _Channel:
 def channel_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
                  bottleneck_bps: float, *, idle_restart: bool = False, mss: int = MSS,
                  draws: Draws | None = None, transfers: int | None = None, warmup: int | None = None,
-                 gaps: Callable[[], int] | None = None) -> float:
+                 gaps: Callable[[], int] | None = None, paced: bool = False) -> float:
     """Mean time (s) for one channel of `streams` streams to move a tensor of `nbytes`
     over a path of `rtt_s` with per-packet loss `loss`: first byte handed over to last
     byte in, including the one-way latency and the tensor's serialization at
@@ -197,7 +256,21 @@ def channel_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_
     enough for every stream to see about 200 losses, 100 to 2,000) after `warmup` ones
     (None: as many as bring the windows to their steady state, about 20 losses each).
     `gaps` replaces the random loss positions (each call: packets a stream sends up to
-    and including its next lost one), to check the model by hand."""
+    and including its next lost one), to check the model by hand. `paced`: Linux's
+    internal pacing (``transport.pacing``) spreads each round's packets at 2 (slow
+    start) or 1.2 x cwnd a round trip instead of sending them at once."""
+    times = transfer_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart,
+                           mss=mss, draws=draws, transfers=transfers, warmup=warmup, gaps=gaps, paced=paced)
+    return sum(times) / len(times)
+
+
+def transfer_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
+                   bottleneck_bps: float, *, idle_restart: bool = False, mss: int = MSS,
+                   draws: Draws | None = None, transfers: int | None = None, warmup: int | None = None,
+                   gaps: Callable[[], int] | None = None, paced: bool = False) -> list[float]:
+    """The times of `channel_time`'s transfers, one after another on the same
+    connections (each as `channel_time` counts it): their spread, not only their mean,
+    is what a pipeline waits for (`channel_time` has the arguments)."""
     nbytes = max(1, int(nbytes))
     chunk = chunk_bytes(nbytes, streams) if streams > 1 else nbytes
     chunks = [math.ceil(min(chunk, nbytes - off) / mss) for off in range(0, nbytes, chunk)]
@@ -206,21 +279,178 @@ def channel_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_
     budget = max(3, int(min(WORK_PACKETS / sum(chunks), WORK_LOSSES / max(loss, 1e-12) / sum(chunks))))
     if transfers is None:
         transfers = min(budget, int(min(2000, max(100, 200 / loss / per_stream)))) if loss > 0 else 1
-    ch = _Channel(streams, loss, window_bytes / mss, draws or random.Random(SEED), idle_restart, gaps)
+    ch = _Channel(streams, loss, window_bytes / mss, draws or random.Random(SEED), idle_restart, gaps, paced=paced)
     if warmup is None:
         warmup = min(transfers, budget // 4, int(20 / loss / per_stream)) if loss > 0 else 0
-    warm = warmup
-    for _ in range(warm):
+    for _ in range(warmup):
         ch.transfer(chunks, rtt_s)
-    mean = sum(ch.transfer(chunks, rtt_s) for _ in range(transfers)) / transfers
-    return mean + nbytes * 8 / bottleneck_bps
+    wire = nbytes * 8 / bottleneck_bps
+    return [ch.transfer(chunks, rtt_s) + wire for _ in range(transfers)]
+
+
+RUN_REPLICAS = (20, 400)  # fresh connections `run_times` plays: at least, at most
+RUN_WORK_PACKETS = 4_000_000  # what `run_times` simulates at most (a second or two)
+
+
+@lru_cache(maxsize=1024)
+def run_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float, bottleneck_bps: float,
+              before: int, measured: int, idle_restart: bool = False,
+              paced: bool = False) -> tuple[tuple[float, ...], ...]:
+    """A run's transfers on a channel opened for it: from a fresh connection (the
+    initial window, slow start until the first loss), `before` tensors not counted
+    (the run's warm-up iterations), then the times of `measured` tensors (its measured
+    iterations), as `channel_time` counts them; one sequence per replica of the run,
+    seeded. A short run's windows have not come down to the loss's steady state: few
+    losses a tensor, and after each Cubic climbs back towards the window it lost."""
+    nbytes = max(1, int(nbytes))
+    chunk = chunk_bytes(nbytes, streams) if streams > 1 else nbytes
+    chunks = [math.ceil(min(chunk, nbytes - off) / MSS) for off in range(0, nbytes, chunk)]
+    per_run = sum(chunks) * max(1, before + measured)
+    replicas = max(RUN_REPLICAS[0], min(RUN_REPLICAS[1], RUN_WORK_PACKETS // per_run, 4000 // max(1, measured)))
+    draws = random.Random(SEED)
+    wire = nbytes * 8 / bottleneck_bps
+    out = []
+    for _ in range(replicas):
+        ch = _Channel(streams, loss, window_bytes / MSS, draws, idle_restart, fresh=True, paced=paced)
+        for _ in range(before):
+            ch.transfer(chunks, rtt_s)
+        out.append(tuple(ch.transfer(chunks, rtt_s) + wire for _ in range(measured)))
+    return tuple(out)
+
+
+def _mean_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float, bottleneck_bps: float,
+               idle_restart: bool, history: tuple[int, int] | None, paced: bool) -> float:
+    if history is None or history[1] <= 0:
+        return channel_time(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart,
+                            paced=paced)
+    runs = run_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, history[0], history[1], idle_restart,
+                     paced)
+    return sum(map(sum, runs)) / sum(map(len, runs))
 
 
 @lru_cache(maxsize=4096)
 def lossy_flow_rate(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
-                    bottleneck_bps: float, idle_restart: bool = False) -> float:
+                    bottleneck_bps: float, idle_restart: bool = False,
+                    history: tuple[int, int] | None = None, paced: bool = False) -> float:
     """The per-stream rate (bits/s) that makes the planner's ``latency + bytes / (streams
     x rate)`` equal `channel_time`: what each stream of the channel delivers of a
-    tensor of `nbytes` through loss, its slowest stripe and its repairs included."""
-    t = channel_time(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart)
+    tensor of `nbytes` through loss, its slowest stripe and its repairs included. With
+    `history` (tensors before the measured ones, measured ones, on a channel opened for
+    the run: `run_times`), the mean over the measured ones of a fresh connection; else
+    a long-lived connection's steady state."""
+    t = _mean_time(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart, history, paced)
     return nbytes * 8 / (streams * max(t - rtt_s / 2, 1e-9))
+
+
+# ------------------------------------------------------------------ the spread of a channel's transfers
+
+SPREAD_RUNS = 32
+"""Simulations of the iteration `spread_makespan` averages."""
+
+
+@lru_cache(maxsize=1024)
+def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
+                    bottleneck_bps: float, idle_restart: bool = False, history: tuple[int, int] | None = None,
+                    block: int = 1, paced: bool = False) -> tuple[tuple[float, ...], int]:
+    """The spread of a lossy channel's tensors around the mean the planner's rate gives
+    them: each transfer's service time (its time less the one-way latency, rtt_s / 2)
+    over their mean, in the order they ran on the channel's connections (windows carried
+    from one to the next), with the `block` they come in: a long-lived connection's
+    steady state (`transfer_times`), any one after another (block 1); with `history`,
+    the measured transfers of the run's replicas (`run_times`) one after another, in
+    blocks of `block` (an iteration's tensors on the channel)."""
+    if history is None or history[1] <= 0:
+        times = transfer_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart,
+                               paced=paced)
+        block = 1
+    else:
+        runs = run_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, history[0], history[1],
+                         idle_restart, paced)
+        times = [t for run in runs for t in run]
+        block = max(1, block) if history[1] % max(1, block) == 0 else 1
+    service = [max(1e-9, t - rtt_s / 2) for t in times]
+    mean = sum(service) / len(service)
+    return tuple(x / mean for x in service), block
+
+
+def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple[float, ...], int]],
+                    run: Callable[[SimSpec], SimResult], runs: int = SPREAD_RUNS, seed: int = SEED) -> float:
+    """The mean iteration (makespan) over `runs` simulations of `spec` in which every
+    channel whose WAN route (its path's link resources, `factors`' keys) is lossy takes
+    each tensor in the time the rate gives it times the next of its route's
+    `service_factors`, from a seeded random block of them (channels lose packets
+    independently). Random times on a pipeline's dependent transfers make it wait for
+    the slowest more often than the mean time says: the mean iteration is longer than the
+    iteration of mean transfers."""
+    chans = {key: factors[path.resources[1:]] for key, path in spec.paths.items() if path.resources[1:] in factors}
+    if not chans:
+        return run(spec).makespan
+    rng = random.Random(seed)
+    total = 0.0
+    for _ in range(runs):
+        start = {key: block * rng.randrange(max(1, len(f) // block)) for key, (f, block) in chans.items()}
+
+        def scale(key: TransferKey, start: dict = start) -> float:
+            ch = (key.pipeline, key.boundary, key.direction)
+            if ch not in chans:
+                return 1.0
+            f = chans[ch][0]
+            return f[(start[ch] + key.mb) % len(f)]
+
+        total += run(replace(spec, transfer_scale=scale)).makespan
+    return total / runs
+
+
+def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple[float, ...], int]],
+                 run: Callable[[SimSpec], SimResult], iterations: int, runs: int = 200,
+                 seed: int = SEED) -> tuple[float, float]:
+    """The 5th and 95th percentiles of a run's mean iteration over `iterations`
+    iterations, each channel's tensors taking one replica's blocks of `factors` one
+    iteration after another (as `spread_makespan` takes one): how far one short run on a
+    lossy path may fall from the expected iteration by chance alone. Each distinct
+    iteration is simulated once and reused."""
+    chans = {key: factors[path.resources[1:]] for key, path in spec.paths.items() if path.resources[1:] in factors}
+    if not chans:
+        t = run(spec).makespan
+        return t, t
+    rng = random.Random(seed)
+    memo: dict[tuple[tuple[tuple[int, int, str], int], ...], float] = {}
+
+    def one(start: dict) -> float:
+        key = tuple(sorted(start.items()))
+        if key not in memo:
+            def scale(k: TransferKey) -> float:
+                ch = (k.pipeline, k.boundary, k.direction)
+                return chans[ch][0][(start[ch] + k.mb) % len(chans[ch][0])] if ch in chans else 1.0
+            memo[key] = run(replace(spec, transfer_scale=scale)).makespan
+        return memo[key]
+
+    means = []
+    for _ in range(runs):
+        first = {key: block * iterations * rng.randrange(max(1, len(f) // (block * iterations)))
+                 for key, (f, block) in chans.items()}  # a replica's run from its start
+        means.append(sum(one({k: (v + i * chans[k][1]) % max(1, len(chans[k][0])) for k, v in first.items()})
+                         for i in range(iterations)) / iterations)
+    means.sort()
+    return means[int(0.05 * (runs - 1))], means[int(0.95 * (runs - 1))]
+
+
+def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
+    """The per-packet loss of a route through DCs `dcs`: 1 - the product of its links' delivery."""
+    return 1 - math.prod(1 - topology.link(x, y).loss for x, y in zip(dcs, dcs[1:], strict=False))
+
+
+def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
+                 history: tuple[int, int] | None = None, per_iteration: int = 1,
+                 paced: bool = False) -> dict[tuple[str, ...], tuple[tuple[float, ...], int]]:
+    """The `service_factors` of every lossy route among `paths` (by its link resources),
+    for tensors of `nbytes` at the route's streams and windows; `history` and
+    `per_iteration` (tensors a channel carries an iteration) as `service_factors` takes them."""
+    out = {}
+    for wp in paths:
+        loss = route_loss(topology, wp.dcs)
+        if loss > 0 and wp.rtt_s > 0 and nbytes > 0:
+            window = wp.window_bytes if math.isfinite(wp.window_bytes) else wp.flow_rate_bps * wp.rtt_s / 8
+            out[wp.resources] = service_factors(float(nbytes), wp.streams, wp.rtt_s, loss, window,
+                                                wp.bottleneck_bps, idle_restart, history, per_iteration, paced)
+    return out

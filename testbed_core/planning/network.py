@@ -64,6 +64,12 @@ class NetParams:
     # net.ipv4.tcp_slow_start_after_idle on the hosts (runner.slow_start_after_idle): a
     # lossy path's flows start every tensor from the initial window (testbed_core/planning/lossy.py)
     slow_start_after_idle: bool = False
+    # a lossy path's channels as a run has them (testbed_core/planning/lossy.py `run_times`):
+    # opened for the run, (tensors each carries before the measured ones, measured ones);
+    # None: long-lived connections in their steady state (a what-if)
+    lossy_history: tuple[int, int] | None = None
+    # the streams are paced (transport.pacing): a lossy path's rounds leave spread, not at once
+    paced: bool = False
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
@@ -163,7 +169,7 @@ def wan_path(
     bottleneck = min(link.rate for link in links)
     measured = net.flow_rate_for(src, dst)
     window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
-    flow = measured if measured is not None else window * 8 / rtt if rtt > 0 else math.inf
+    flow = unlossy = measured if measured is not None else window * 8 / rtt if rtt > 0 else math.inf
     # the loss bound holds for a measured rate too: the calibration times a few tensors on
     # a connection its warm-up just opened and keeps the median, which a tensor that met
     # no loss (or one without a timeout) sets; a run's tensors, each after a pipeline
@@ -174,9 +180,9 @@ def wan_path(
     n = fill if streams == "auto" else int(streams)
     if fill_link:
         n = max(n, fill)
-    if loss > 0 and rtt > 0 and transfer_bytes:
-        flow = min(flow, lossy_flow_rate(float(transfer_bytes), n, rtt, loss, window, bottleneck,
-                                         net.slow_start_after_idle))
+    if loss > 0 and rtt > 0 and transfer_bytes:  # the short-transfer model replaces Mathis's long flow
+        flow = min(unlossy, lossy_flow_rate(float(transfer_bytes), n, rtt, loss, window, bottleneck,
+                                            net.slow_start_after_idle, net.lossy_history, net.paced))
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
                    latency, bottleneck, flow, n, window, measured is not None)
 

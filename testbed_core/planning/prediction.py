@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from testbed_core.planning.lossy import lossy_routes, spread_makespan
 from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
 from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
 from testbed_core.planning.temporal import TemporalPlan, derive_plan
@@ -385,6 +386,11 @@ def predict(
             spec = planned
     if sim is None:
         sim = simulate(spec)
+    # a lossy route's tensors take random times around the rate's mean: the pipeline
+    # waits for the slow ones (testbed_core/planning/lossy.py `spread_makespan`)
+    lossy = lossy_routes(topology, paths.values(), eff.wire_activation_bytes, net.slow_start_after_idle,
+                         net.lossy_history, par.num_micro_batches, net.paced)
+    makespan = spread_makespan(spec, lossy, simulate) if lossy else sim.makespan
     idle_net = replace(spec, paths={}, resources={}, offsets=None)
     compute_only = simulate(idle_net).makespan
     ar = allreduce_time(topology, workload, placement, eff, sim, variant, net)
@@ -396,8 +402,8 @@ def predict(
     sched = spec.schedule
     return Prediction(
         variant=variant, placement=placement,
-        iteration_time_s=sim.makespan + (ar if net.allreduce else 0.0),
-        pipeline_time_s=sim.makespan, allreduce_s=ar, compute_only_s=compute_only,
+        iteration_time_s=makespan + (ar if net.allreduce else 0.0),
+        pipeline_time_s=makespan, allreduce_s=ar, compute_only_s=compute_only,
         bubble_fraction=sim.bubble_fraction(), ideal_bubble_fraction=sched.ideal_bubble_fraction(),
         paths=paths, wan_bytes=wan_bytes, sim=sim, spec=spec, plan=plan, effective=eff,
         sharing_alternatives=alternatives,

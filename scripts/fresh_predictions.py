@@ -76,9 +76,11 @@ def shipped(only: list[str] | None) -> tuple[list[Path], list[str]]:
 def short_sets(file: Path, iterations: int, warmup: int) -> list[str]:
     """--set arguments that cap the scenario's measured and warm-up iterations (a
     scenario already shorter keeps its own; the faults scenario keeps its own: its
-    outage is timed to its iterations)."""
+    outage is timed to its iterations; so does one over a lossy link: at 0.1% loss a
+    channel meets a few losses an iteration, and two iterations' mean is a few random
+    draws, testbed_core/planning/lossy.py `run_interval`)."""
     doc = yaml.safe_load(file.read_text())
-    if "faults" in doc:
+    if "faults" in doc or _lossy(file, doc):
         return []
     work = doc.get("workload")
     if isinstance(work, str):  # a workload file, relative to the scenario
@@ -87,6 +89,15 @@ def short_sets(file: Path, iterations: int, warmup: int) -> list[str]:
     own_it, own_wu = int(work.get("iterations", iterations)), int(work.get("warmup", warmup))
     return ["--set", f"workload.iterations={min(own_it, iterations)}",
             "--set", f"workload.warmup={min(own_wu, warmup)}"]
+
+
+def _lossy(file: Path, doc: dict) -> bool:
+    """Whether the scenario's topology has a WAN link with loss."""
+    topo = doc.get("topology")
+    if isinstance(topo, str):
+        topo = yaml.safe_load((file.parent / topo).read_text())
+    return any(str((link or {}).get("loss", 0)).strip() not in ("0", "0%", "0.0")
+               for link in (topo or {}).get("wan") or [])
 
 
 def run_one(file: Path, out: Path, args: argparse.Namespace) -> str:

@@ -46,6 +46,7 @@ def test_a_run_is_shortened_but_never_lengthened() -> None:
     sets = m.short_sets(ROOT / "scenarios" / "quickstart.yaml", 5, 5)  # ships 2 and 2
     assert sets == ["--set", "workload.iterations=2", "--set", "workload.warmup=2"]
     assert m.short_sets(ROOT / "scenarios" / "faults-2dc.yaml", 1, 0) == []  # its outage is timed to them
+    assert m.short_sets(ROOT / "scenarios" / "lossy-4dc.yaml", 2, 2) == []  # a lossy link: two are a few draws
 
 
 @pytest.mark.parametrize(("args", "message"), [

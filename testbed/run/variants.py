@@ -51,11 +51,13 @@ from testbed_core.planning.path_load import path_loads
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
 from testbed_core.planning.prediction import (
     CHOICE_MARGIN,
+    TEMPORAL_MARGIN,
     Prediction,
     Variant,
     allreduce_time,
     build_spec,
     choose_sharing,
+    plan_wins,
     predict,
 )
 from testbed_core.planning.schedule import schedule_options, with_schedule
@@ -493,21 +495,6 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     return setup
 
 
-TEMPORAL_MARGIN = 0.05
-"""Atlas runs a temporal plan only where it is predicted faster than the fastest shared
-way it may run by more than this. The plan gives each transfer its link for the
-calibrated time (token_margin longer) and no one else, so it assumes every channel
-moves at the rate the calibration measured for one channel sending alone, again and
-again. A channel in a run need not: its streams' windows are what its history left
-them (a loss, an early end of slow start), and a transfer lasts only a few round trips, so
-a window left small reopens slowly (with the link idle meanwhile), most of all at long
-RTTs. Such a channel holds the link longer, leaves part of it unused, and every
-transfer after it on that link waits; on shared links the other channels take what it
-leaves. So the plan's measured times lie above its prediction more often and further
-than shared channels' do, and a small predicted gain is not worth that risk
-(docs/results/sweep-rtt.md, "Atlas's choice")."""
-
-
 def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,
                           base_dir: str | None, cal: Calibration | None, auto_streams: int | None, local: bool,
                           others: Sequence[Placement] = ()) -> VariantSetup:
@@ -565,7 +552,7 @@ def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workloa
         shared = min((c for c in [own, *pool] if c.sharing == "shared"),
                      key=lambda c: c.prediction.iteration_time_s, default=None)  # type: ignore[union-attr]
         if shared is not None and shared.prediction is not None and \
-                shared.prediction.iteration_time_s <= taken.prediction.iteration_time_s * (1 + TEMPORAL_MARGIN):
+                not plan_wins(taken.prediction.iteration_time_s, shared.prediction.iteration_time_s, TEMPORAL_MARGIN):
             taken = shared
     if taken is not own:
         taken.sharing_alternatives = own.sharing_alternatives

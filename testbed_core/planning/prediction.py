@@ -41,6 +41,21 @@ if TYPE_CHECKING:  # the fast prediction is built on this module
 
 SHARING_MARGIN = 0.03  # temporal sharing is kept unless sharing is predicted this much faster
 CHOICE_MARGIN = 0.01  # Atlas's own configuration is kept unless another it may run is predicted this much faster
+TEMPORAL_MARGIN = 0.05
+"""A calibrated Atlas runs a temporal plan only where it is predicted faster than the
+fastest shared way it may run by more than this (`plan_wins`; the run's
+testbed/run/variants.py `_choose_configuration` and the what-if's fast prediction
+both). The plan gives each transfer its link for the calibrated time (token_margin
+longer) and no one else, so it assumes every channel moves at the rate the calibration
+measured for one channel sending alone, again and again. A channel in a run need not:
+its streams' windows are what its history left them (a loss, an early end of slow
+start), and a transfer lasts only a few round trips, so a window left small reopens
+slowly (with the link idle meanwhile), most of all at long RTTs. Such a channel holds
+the link longer (the token passes at the later of its planned end and its last byte
+out), leaves part of it unused, and every transfer after it on that link waits; on
+shared links the other channels take what it leaves. So the plan's measured times lie
+above its prediction more often and further than shared channels' do, and a small
+predicted gain is not worth that risk (docs/results/sweep-rtt.md, "Atlas's choice")."""
 Sharing = Literal["shared", "temporal", "auto"]
 
 
@@ -408,6 +423,13 @@ def predict(
         paths=paths, wan_bytes=wan_bytes, sim=sim, spec=spec, plan=plan, effective=eff,
         sharing_alternatives=alternatives,
     )
+
+
+def plan_wins(temporal_s: float, shared_s: float, margin: float = TEMPORAL_MARGIN) -> bool:
+    """Whether a calibrated Atlas runs its temporal plan (predicted `temporal_s`) rather
+    than the fastest shared way it may run (`shared_s`): only where sharing is predicted
+    slower by more than `margin` (TEMPORAL_MARGIN)."""
+    return shared_s > temporal_s * (1 + margin)
 
 
 def choose_sharing(temporal_s: float, shared_s: float, margin: float = SHARING_MARGIN) -> str:

@@ -7,7 +7,9 @@ on the WAN ``streams x per-flow rate``, through the link directions of the route
 plus the one-way latency), shared links or Atlas's temporal sharing (pipelines
 staggered by each of the planner's candidate strides, links one transfer at a time,
 first come first served, the fastest stride kept), ``auto`` choosing between them
-with the same margin, and the DP all-reduce added by the planner's own
+with the same margin (or, as a calibrated run chooses, `plan_margin`: the plan only
+where sharing is predicted slower by more than it, `plan_wins`), and the DP
+all-reduce added by the planner's own
 `allreduce_time`. What makes it fast (testbed_core/whatif/engine.py):
 
 * shared links: the DP pipelines of a placement are identical and start together, so
@@ -48,6 +50,7 @@ from testbed_core.planning.prediction import (
     Variant,
     allreduce_time,
     choose_sharing,
+    plan_wins,
     prediction_fields,
 )
 from testbed_core.planning.temporal import TemporalPlan, stagger_candidates
@@ -352,15 +355,18 @@ def fast_predict(
     effective: EffectiveWorkload | None = None,
     keep_plan: bool = False,
     hold: float = 1.0,
+    plan_margin: float | None = None,
 ) -> FastPrediction:
     """The planner's prediction of `workload` on `topology` under `variant`, computed
     the fast way (see the module docstring); `keep_plan` also builds Atlas's token
     order (as `TemporalPlan`, for display). `hold` > 1: under temporal sharing a
     transfer holds its links that many times its wire time (a runner that plans each
     transfer longer than calibrated, as `testbed run`'s token margin does; 1 is the
-    planner's model)."""
+    planner's model). `plan_margin`: with sharing ``auto``, the plan runs only where
+    sharing is predicted slower by more than this (`plan_wins`, as a calibrated run
+    chooses: TEMPORAL_MARGIN); None: `choose_sharing`, as the planner's `predict`."""
     out = _predict(topology, workload, variant, free, gpus_per_host, net, base_dir, placement, effective, keep_plan,
-                   hold, math.inf)
+                   hold, math.inf, plan_margin)
     assert out is not None  # nothing to beat
     return out
 
@@ -376,17 +382,19 @@ def fast_predict_below(
     placement: Placement | None = None,
     effective: EffectiveWorkload | None = None,
     hold: float = 1.0,
+    plan_margin: float | None = None,
 ) -> FastPrediction | None:
     """`fast_predict`, when its pipeline time (the iteration without the all-reduce) is
     below `beat`; None as soon as it is known not to be (an alternative that only
     matters if it wins: Atlas's stride search then stops every stride at `beat`)."""
-    return _predict(topology, workload, variant, free, 1, net, None, placement, effective, False, hold, beat)
+    return _predict(topology, workload, variant, free, 1, net, None, placement, effective, False, hold, beat,
+                    plan_margin)
 
 
 def _predict(topology: Topology, workload: Workload, variant: Variant, free: dict[str, int] | None,
              gpus_per_host: int, net: NetParams | None, base_dir: str | None, placement: Placement | None,
-             effective: EffectiveWorkload | None, keep_plan: bool, hold: float, beat: float
-             ) -> FastPrediction | None:
+             effective: EffectiveWorkload | None, keep_plan: bool, hold: float, beat: float,
+             plan_margin: float | None = None) -> FastPrediction | None:
     net = net or NetParams()
     par = workload.parallelism
     eff = effective or workload.effective(base_dir)
@@ -503,13 +511,17 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
             if temporal is None:  # the plan takes `beat` or more: sharing wins only where clearly below it
                 if s_makespan >= beat:
                     return None
-                if s_makespan >= beat * (1 - SHARING_MARGIN):  # choose_sharing needs the plan's own time
+                # choose_sharing needs the plan's own time; plan_wins never takes a plan above a faster sharing
+                if plan_margin is None and s_makespan >= beat * (1 - SHARING_MARGIN):
                     temporal = temporal_run()
             if temporal is None:
                 alternatives, chosen = {"shared": s_makespan}, "shared"
             else:
                 alternatives = {"temporal": temporal[0], "shared": s_makespan}
-                chosen = choose_sharing(temporal[0], s_makespan)
+                if plan_margin is None:
+                    chosen = choose_sharing(temporal[0], s_makespan)
+                else:
+                    chosen = "temporal" if plan_wins(temporal[0], s_makespan, plan_margin) else "shared"
         if chosen == "temporal":
             assert temporal is not None
             t_makespan, t_res, delta, staggers, offs = temporal

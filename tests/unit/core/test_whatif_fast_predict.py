@@ -12,7 +12,7 @@ import pytest
 
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.placement import PlacementError, place
-from testbed_core.planning.prediction import Variant, predict
+from testbed_core.planning.prediction import Variant, choose_sharing, plan_wins, predict
 from testbed_core.schedules import build_schedule
 from testbed_core.topology import parse_topology
 from testbed_core.variants import REGISTRY
@@ -242,3 +242,28 @@ def test_hold_lengthens_only_planned_transfers() -> None:
     assert fast_predict(topo, wl, shared, hold=1.5).pipeline_time_s == fast_predict(topo, wl, shared).pipeline_time_s
     with pytest.raises(ValueError, match="hold must be >= 1"):
         fast_predict(topo, wl, temporal, hold=0.5)
+
+
+def test_plan_margin_takes_the_plan_only_where_it_wins_clearly() -> None:
+    """With `plan_margin` (a calibrated run's TEMPORAL_MARGIN) Atlas's ``auto`` runs the
+    plan only where sharing is predicted slower by more than the margin, as the run's
+    `_choose_configuration` does; without it, `choose_sharing` as the planner's `predict`."""
+    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
+                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
+    wl = parse_workload({
+        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
+        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
+    })
+    auto = Variant("atlas", "auto", "auto", "atlas", fill_link=True)
+    plain = fast_predict(topo, wl, auto)
+    assert plain.sharing_alternatives is not None
+    t, s = plain.sharing_alternatives["temporal"], plain.sharing_alternatives["shared"]
+    assert plain.sharing == choose_sharing(t, s)
+    gain = s / t - 1  # how much faster the plan is predicted
+    assert gain > 0.01
+    assert fast_predict(topo, wl, auto, plan_margin=gain * 0.9).sharing == "temporal"
+    taken = fast_predict(topo, wl, auto, plan_margin=gain * 1.1)
+    assert taken.sharing == "shared"
+    assert taken.iteration_time_s == pytest.approx(fast_predict(topo, wl, replace(auto, sharing="shared")).iteration_time_s)
+    assert plan_wins(1.0, 1.06) and not plan_wins(1.0, 1.05) and not plan_wins(1.0, 0.9)

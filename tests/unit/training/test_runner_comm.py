@@ -253,6 +253,22 @@ def test_token_holder_still_sending_at_its_planned_end_announces_a_later_end() -
     assert up1.token_timeouts == 0
 
 
+def test_a_token_holder_planned_shorter_than_the_lead_is_looked_at_halfway() -> None:
+    """A small tensor planned 4 ms on the wire has all its bytes on the host as it is handed
+    over: looked at then (5 ms before its end, WATCH_LEAD_S), it announced an end 5 ms
+    later and held p1 back by that much; looked at halfway, its backlog (gone 1.5 ms
+    after the hand-over) is over and p1 may go at the planned end."""
+    nbytes = 1024
+    plan0 = {("fwd", 0, 0): Planned(0.0, ((LINK, 0),), 0.004, ((LINK, 1, "p1r0"),))}
+    plan1 = {("fwd", 0, 0): Planned(0.004, ((LINK, 1),), 0.004, ())}
+    with token_pipelines(plan0, plan1, nbytes, lambda ch: Backlogged(ch, nbytes, 0.0015)) as (up0, up1, s0, s1):
+        up1.send(TransferKey(1, 0, 0, "fwd"), None)
+        up0.send(TransferKey(0, 0, 0, "fwd"), None)
+        r0, r1 = both_records(up0, up1, s0, s1)
+    assert up0.slot_extensions == 0
+    assert r1["not_before"] == pytest.approx(r0["sent"] + 0.004, abs=1e-3)
+
+
 def test_token_mode_gives_up_waiting_after_the_token_timeout() -> None:
     link = "dc1->dc2"
     plan = {("fwd", 0, 0): Planned(0.0, ((link, 3),), 0.1, ())}  # nobody will announce token 2

@@ -26,6 +26,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from testbed_core.planning.interleave import interleave
 from testbed_core.planning.lossy import lossy_routes, spread_makespan
 from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
 from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
@@ -382,6 +383,9 @@ def predict(
         placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement,
                           hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host)
     spec, paths = build_spec(topology, workload, placement, variant, eff, net)
+    # tensors handed to a multi-stream channel back to back cross side by side
+    # (testbed_core/planning/interleave.py)
+    spec = interleave(spec, paths, lambda dc: topology.tcp_for(dc).wmem_max, simulate)
     plan = None
     alternatives = None
     sim = None

@@ -228,6 +228,8 @@ class _Channel:
                 # 2 (slow start) or 1.2 (congestion avoidance) x cwnd a round trip
                 rate = (2.0 if s.cwnd < s.ssthresh else 1.2) * s.cwnd / rtt_s if self.paced and rtt_s > 0 else math.inf
                 if losses:
+                    if s.cwnd < s.ssthresh:  # slow start: the round's ACKs grew it before the loss was seen
+                        s.cwnd = min(s.cwnd + sent - len(losses), 2 * self.cap)
                     self._cut(s)
                 elif sent >= budget:  # window-limited: the window grows
                     self._grow(s, sent, rtt_s)

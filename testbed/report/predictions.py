@@ -58,6 +58,9 @@ class PredictionRow:
     # forecast of each (testbed/run/faults.py `forecast`) or says it has none, and the
     # iterations outside them against the healthy prediction; "" without faults
     faults: str = ""
+    # on lossy paths: where one run's mean falls by chance (the prediction's chance_interval_s)
+    chance_low_s: float | None = None
+    chance_high_s: float | None = None
 
 
 @dataclass
@@ -85,6 +88,13 @@ class PredictionTable:
         if notes:
             foot += "\n\nfaults injected on purpose (the prediction includes each one's forecast where one was made):\n" \
                 + "\n".join(notes)
+        chance = [r for r in self.rows if r.chance_low_s is not None and r.chance_high_s is not None]
+        if chance:
+            foot += ("\n\nlossy paths: where one run's mean falls by chance around the prediction (5th-95th "
+                     "percentile, testbed_core/planning/lossy.py), and whether this one did:\n"
+                     + "\n".join(f"{r.source} {r.variant}: {r.chance_low_s:.3f}-{r.chance_high_s:.3f} s, measured "
+                                  f"{r.measured_s:.3f}: {'inside' if r.chance_low_s <= r.measured_s <= r.chance_high_s else 'outside'}"
+                                  for r in chance))
         return format_table(headers, body) + "\n\n" + foot
 
     def write(self, folder: Path) -> tuple[Path, Path]:
@@ -163,7 +173,9 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 predicted_s=predicted, measured_s=measured, error=error, within=abs(error) <= tolerance + 1e-9,
                 calibrated=summary.calibration is not None, rates_from=entry.prediction.rates_from,
                 tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing,
-                faults=fault_note(summary, variant, entry)))
+                faults=fault_note(summary, variant, entry),
+                chance_low_s=(entry.prediction.chance_interval_s or [None])[0],
+                chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1]))
     return table
 
 

@@ -572,8 +572,10 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
     pred = setup.prediction
     predicted = pred.iteration_time_s
     how = "calibration probe" if setup.rate_bps else "window model"
+    band = None
     if not local and any(link.loss > 0 for link in scenario.topology.wan):
-        how += ", held to the loss-limited rate (Mathis) on lossy paths"  # testbed_core/planning/network.py
+        note, band = lossy_note(pred, scenario, workload)
+        how += note
     compute, overhead = None, 0.0
     first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
     warmup_its = range(first, workload.warmup)
@@ -612,7 +614,25 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
         measured_stage_backward_s=None if compute is None else compute[1],
         measured_overhead_s=None if compute is None else overhead,
         calibrated_paths=setup.paths_used() or None,
+        chance_interval_s=None if band is None else list(band),
     )
+
+
+def lossy_note(pred: Prediction, scenario: Scenario,
+               workload: Workload) -> tuple[str, tuple[float, float] | None]:
+    """What the prediction of a run over lossy links is, and where one run's mean may
+    fall by chance (testbed_core/planning/lossy.py `chance_interval`), with that interval."""
+    from testbed.run.variants import lossy_history
+    from testbed_core.planning.lossy import chance_interval
+
+    note = (", held on lossy paths to the short-transfer loss model (testbed_core/planning/lossy.py: the run's "
+            "fresh connections, the iteration averaged over the spread of their transfer times)")
+    band = chance_interval(pred, scenario.topology, workload.iterations, lossy_history(scenario),
+                           scenario.transport.pacing is True, scenario.runner.slow_start_after_idle)
+    if band is not None:
+        note += (f"; one run's mean over {workload.iterations} iteration(s) falls by chance between "
+                 f"{band[0]:.3f} and {band[1]:.3f} s (5th-95th percentile)")
+    return note, band
 
 
 def _compare_wan_loss(entry: VariantResult, plain: VariantResult | None, name: str, progress: Progress) -> None:

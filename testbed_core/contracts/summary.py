@@ -133,6 +133,9 @@ class Prediction(_Doc):
     # real devices: the warm-up's time outside the pipeline's work per iteration, seconds
     measured_overhead_s: float | None
     calibrated_paths: list[PathRatesUsed] | None = None  # each WAN path's own figures (per-path calibration)
+    # on lossy paths: the 5th and 95th percentiles of one run's mean iteration by chance
+    # around the prediction (testbed_core/planning/lossy.py `chance_interval`), seconds
+    chance_interval_s: list[float] | None = None
 
 
 class AllReduceResult(_Doc):

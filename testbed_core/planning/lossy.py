@@ -48,8 +48,9 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
-if TYPE_CHECKING:  # network.py imports this module
+if TYPE_CHECKING:  # network.py and prediction.py import this module
     from testbed_core.planning.network import WanPath
+    from testbed_core.planning.prediction import Prediction
     from testbed_core.simulate import SimResult, SimSpec, TransferKey
     from testbed_core.topology import Topology
 
@@ -456,3 +457,21 @@ def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, id
             out[wp.resources] = service_factors(float(nbytes), wp.streams, wp.rtt_s, loss, window,
                                                 wp.bottleneck_bps, idle_restart, history, per_iteration, paced)
     return out
+
+
+def chance_interval(prediction: Prediction, topology: Topology, iterations: int,
+                    history: tuple[int, int] | None = None, paced: bool = False, idle_restart: bool = False,
+                    runs: int = 100) -> tuple[float, float] | None:
+    """Where one run's mean iteration over `iterations` may fall by chance around
+    `prediction` on its lossy routes (`run_interval` on its simulation; the all-reduce's
+    time added as predicted), or None without a lossy route."""
+    from testbed_core.simulate import simulate
+
+    assert prediction.effective is not None
+    factors = lossy_routes(topology, prediction.paths.values(), prediction.effective.wire_activation_bytes,
+                           idle_restart, history, prediction.spec.schedule.microbatches, paced)
+    if not factors:
+        return None
+    lo, hi = run_interval(prediction.spec, factors, simulate, max(1, iterations), runs)
+    extra = prediction.iteration_time_s - prediction.pipeline_time_s
+    return lo + extra, hi + extra

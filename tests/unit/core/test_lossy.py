@@ -270,3 +270,24 @@ def test_one_short_runs_mean_may_fall_far_from_the_expected_iteration() -> None:
     expected = spread_makespan(spec, {("wan:a->b",): factors}, simulate)
     lo, hi = run_interval(spec, {("wan:a->b",): factors}, simulate, 2, runs=60)
     assert lo < expected < hi and hi / lo > 1.1  # two iterations of a one-stream lossy channel: far apart
+
+
+def test_the_shipped_lossy_scenario_says_where_one_run_may_fall() -> None:
+    from pathlib import Path
+
+    from testbed.run.runner import lossy_note
+    from testbed.run.scenario import load_scenario
+    from testbed.run.variants import lossy_history, plan_variant
+    from testbed_core.planning.lossy import chance_interval
+
+    root = Path(__file__).resolve().parents[3]
+    sc, _ = load_scenario(root / "scenarios" / "lossy-4dc.yaml")
+    assert lossy_history(sc) == (8, 64)  # 1 warm-up and 8 measured iterations of 8 micro-batches
+    setup = plan_variant("baseline", sc, sc.workload, sc.workload_dir, None, None)
+    pred = setup.prediction
+    note, band = lossy_note(pred, sc, sc.workload)
+    assert band is not None and band[0] < pred.iteration_time_s < band[1]
+    assert "falls by chance between" in note and "short-transfer loss model" in note
+    # a topology without loss: no interval
+    clean = sc.topology.model_copy(update={"wan": [w.model_copy(update={"loss": 0.0}) for w in sc.topology.wan]})
+    assert chance_interval(pred, clean, 8) is None

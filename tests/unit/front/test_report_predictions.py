@@ -155,3 +155,14 @@ def test_a_run_with_a_fault_says_what_its_prediction_includes(tmp_path: Path) ->
                           "1.225 s against the healthy 1.160 s (+5.6%)")
     assert next(r for r in table.rows if r.scenario != "faults-2dc").faults == ""
     assert f"{row.source} atlas: link-down ...: +4.15 s" in table.text()
+
+
+def test_a_lossy_run_says_where_one_run_falls_by_chance(tmp_path: Path) -> None:
+    pred = b.prediction(4.17, 3.72).model_copy(update={"chance_interval_s": [3.07, 4.43]})
+    _write(tmp_path / "lossy", b.summary({"baseline": b.variant("baseline", 3.72, predicted_s=4.17, prediction=pred),
+                                          "atlas": b.variant("atlas", 1.0)}, scenario="lossy-4dc"))
+    table = prediction_table([tmp_path])
+    row = next(r for r in table.rows if r.variant == "baseline")
+    assert (row.chance_low_s, row.chance_high_s) == (3.07, 4.43)
+    assert next(r for r in table.rows if r.variant == "atlas").chance_low_s is None
+    assert f"{row.source} baseline: 3.070-4.430 s, measured 3.720: inside" in table.text()

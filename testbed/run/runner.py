@@ -627,7 +627,8 @@ def lossy_note(pred: Prediction, scenario: Scenario,
 
     note = (", held on lossy paths to the short-transfer loss model (testbed_core/planning/lossy.py: the run's "
             "fresh connections, the iteration averaged over the spread of their transfer times)")
-    band = chance_interval(pred, scenario.topology, workload.iterations, lossy_history(scenario),
+    band = chance_interval(pred, scenario.topology, workload.iterations,
+                           lossy_history(scenario, not pred.variant.rendezvous),
                            scenario.transport.pacing is True, scenario.runner.slow_start_after_idle)
     if band is not None:
         note += (f"; one run's mean over {workload.iterations} iteration(s) falls by chance between "

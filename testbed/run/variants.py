@@ -259,14 +259,19 @@ def place_variants(scenario: Scenario, runs: Sequence[RunVariant]) -> dict[str, 
 
 # ------------------------------------------------------------------ the prediction's network
 
-def lossy_history(scenario: Scenario) -> tuple[int, int]:
+def lossy_history(scenario: Scenario, warmed: bool = True) -> tuple[int, int, int]:
     """What each channel of a variant carries on connections opened for its run: the
-    tensors of its warm-up iterations, then those of its measured ones (a lossy path's
-    windows have not come down to the loss's steady state in a short run:
-    testbed_core/planning/lossy.py `run_times`)."""
+    tensors of its warm-up iterations, then those of its measured ones, and the bytes a
+    stream of the untimed tensor an atlas_transport worker warms each WAN channel with
+    first (`warmed`; testbed/training/worker/warm.py, the calibration's
+    PROBE_WARMUP_BYTES_PER_STREAM; gloo's pairs are not warmed): a lossy path's windows
+    have not come down to the loss's steady state in a short run
+    (testbed_core/planning/lossy.py `run_times`)."""
+    from testbed.run.calibration import PROBE_WARMUP_BYTES_PER_STREAM
+
     w = scenario.workload
     per_iteration = w.parallelism.num_micro_batches
-    return w.warmup * per_iteration, w.iterations * per_iteration
+    return w.warmup * per_iteration, w.iterations * per_iteration, PROBE_WARMUP_BYTES_PER_STREAM if warmed else 0
 
 
 def _allreduce_on(scenario: Scenario) -> bool:
@@ -289,7 +294,7 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
-                    lossy_history=lossy_history(scenario),
+                    lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
@@ -316,7 +321,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
-                    link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario),
+                    link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True)
     return net, path_topology(scenario.topology, links, local)
 

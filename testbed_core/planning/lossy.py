@@ -291,6 +291,7 @@ def transfer_times(nbytes: float, streams: int, rtt_s: float, loss: float, windo
     return [ch.transfer(chunks, rtt_s) + wire for _ in range(transfers)]
 
 
+WARM_MAX_BYTES = 64 << 20  # the workers' warm-up tensor's cap (testbed/training/worker/warm.py)
 RUN_REPLICAS = (20, 400)  # fresh connections `run_times` plays: at least, at most
 RUN_WORK_PACKETS = 4_000_000  # what `run_times` simulates at most (a second or two)
 
@@ -298,43 +299,54 @@ RUN_WORK_PACKETS = 4_000_000  # what `run_times` simulates at most (a second or 
 @lru_cache(maxsize=1024)
 def run_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float, bottleneck_bps: float,
               before: int, measured: int, idle_restart: bool = False,
-              paced: bool = False) -> tuple[tuple[float, ...], ...]:
+              paced: bool = False, warm_per_stream: int = 0) -> tuple[tuple[float, ...], ...]:
     """A run's transfers on a channel opened for it: from a fresh connection (the
-    initial window, slow start until the first loss), `before` tensors not counted
-    (the run's warm-up iterations), then the times of `measured` tensors (its measured
-    iterations), as `channel_time` counts them; one sequence per replica of the run,
-    seeded. A short run's windows have not come down to the loss's steady state: few
+    initial window, slow start until the first loss), the worker's untimed warm-up
+    tensor of `warm_per_stream` bytes a stream (at most WARM_MAX_BYTES; 0: none), then
+    `before` tensors not counted (the run's warm-up iterations), then the times of
+    `measured` tensors (its measured iterations), as `channel_time` counts them; one
+    sequence per replica of the run, seeded. A short run's windows have not come down to the loss's steady state: few
     losses a tensor, and after each Cubic climbs back towards the window it lost."""
     nbytes = max(1, int(nbytes))
     chunk = chunk_bytes(nbytes, streams) if streams > 1 else nbytes
     chunks = [math.ceil(min(chunk, nbytes - off) / MSS) for off in range(0, nbytes, chunk)]
-    per_run = sum(chunks) * max(1, before + measured)
+    warm = min(warm_per_stream * streams, WARM_MAX_BYTES)
+    warm_chunks = [math.ceil(min(chunk_bytes(warm, streams), warm - off) / MSS)
+                   for off in range(0, warm, chunk_bytes(warm, streams))] if warm > 0 else []
+    per_run = sum(chunks) * max(1, before + measured) + sum(warm_chunks)
     replicas = max(RUN_REPLICAS[0], min(RUN_REPLICAS[1], RUN_WORK_PACKETS // per_run, 4000 // max(1, measured)))
     draws = random.Random(SEED)
     wire = nbytes * 8 / bottleneck_bps
     out = []
     for _ in range(replicas):
         ch = _Channel(streams, loss, window_bytes / MSS, draws, idle_restart, fresh=True, paced=paced)
+        if warm_chunks:
+            ch.transfer(warm_chunks, rtt_s)
         for _ in range(before):
             ch.transfer(chunks, rtt_s)
         out.append(tuple(ch.transfer(chunks, rtt_s) + wire for _ in range(measured)))
     return tuple(out)
 
 
+def _warm(history: tuple[int, ...]) -> int:
+    """A history's warm-up bytes a stream (its third element; 0 when it has none)."""
+    return history[2] if len(history) > 2 else 0
+
+
 def _mean_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float, bottleneck_bps: float,
-               idle_restart: bool, history: tuple[int, int] | None, paced: bool) -> float:
+               idle_restart: bool, history: tuple[int, ...] | None, paced: bool) -> float:
     if history is None or history[1] <= 0:
         return channel_time(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart,
                             paced=paced)
     runs = run_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, history[0], history[1], idle_restart,
-                     paced)
+                     paced, _warm(history))
     return sum(map(sum, runs)) / sum(map(len, runs))
 
 
 @lru_cache(maxsize=4096)
 def lossy_flow_rate(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
                     bottleneck_bps: float, idle_restart: bool = False,
-                    history: tuple[int, int] | None = None, paced: bool = False) -> float:
+                    history: tuple[int, ...] | None = None, paced: bool = False) -> float:
     """The per-stream rate (bits/s) that makes the planner's ``latency + bytes / (streams
     x rate)`` equal `channel_time`: what each stream of the channel delivers of a
     tensor of `nbytes` through loss, its slowest stripe and its repairs included. With
@@ -353,7 +365,7 @@ SPREAD_RUNS = 32
 
 @lru_cache(maxsize=1024)
 def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
-                    bottleneck_bps: float, idle_restart: bool = False, history: tuple[int, int] | None = None,
+                    bottleneck_bps: float, idle_restart: bool = False, history: tuple[int, ...] | None = None,
                     block: int = 1, paced: bool = False) -> tuple[tuple[float, ...], int]:
     """The spread of a lossy channel's tensors around the mean the planner's rate gives
     them: each transfer's service time (its time less the one-way latency, rtt_s / 2)
@@ -368,7 +380,7 @@ def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, wind
         block = 1
     else:
         runs = run_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, history[0], history[1],
-                         idle_restart, paced)
+                         idle_restart, paced, _warm(history))
         times = [t for run in runs for t in run]
         block = max(1, block) if history[1] % max(1, block) == 0 else 1
     service = [max(1e-9, t - rtt_s / 2) for t in times]
@@ -444,7 +456,7 @@ def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
 
 
 def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
-                 history: tuple[int, int] | None = None, per_iteration: int = 1,
+                 history: tuple[int, ...] | None = None, per_iteration: int = 1,
                  paced: bool = False) -> dict[tuple[str, ...], tuple[tuple[float, ...], int]]:
     """The `service_factors` of every lossy route among `paths` (by its link resources),
     for tensors of `nbytes` at the route's streams and windows; `history` and
@@ -460,7 +472,7 @@ def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, id
 
 
 def chance_interval(prediction: Prediction, topology: Topology, iterations: int,
-                    history: tuple[int, int] | None = None, paced: bool = False, idle_restart: bool = False,
+                    history: tuple[int, ...] | None = None, paced: bool = False, idle_restart: bool = False,
                     runs: int = 100) -> tuple[float, float] | None:
     """Where one run's mean iteration over `iterations` may fall by chance around
     `prediction` on its lossy routes (`run_interval` on its simulation; the all-reduce's

@@ -65,9 +65,10 @@ class NetParams:
     # lossy path's flows start every tensor from the initial window (testbed_core/planning/lossy.py)
     slow_start_after_idle: bool = False
     # a lossy path's channels as a run has them (testbed_core/planning/lossy.py `run_times`):
-    # opened for the run, (tensors each carries before the measured ones, measured ones);
+    # opened for the run, (tensors each carries before the measured ones, measured ones,
+    # and optionally the bytes a stream of the workers' warm-up tensor before them);
     # None: long-lived connections in their steady state (a what-if)
-    lossy_history: tuple[int, int] | None = None
+    lossy_history: tuple[int, ...] | None = None
     # the streams are paced (transport.pacing): a lossy path's rounds leave spread, not at once
     paced: bool = False
 

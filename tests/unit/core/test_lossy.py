@@ -282,7 +282,8 @@ def test_the_shipped_lossy_scenario_says_where_one_run_may_fall() -> None:
 
     root = Path(__file__).resolve().parents[3]
     sc, _ = load_scenario(root / "scenarios" / "lossy-4dc.yaml")
-    assert lossy_history(sc) == (8, 64)  # 1 warm-up and 8 measured iterations of 8 micro-batches
+    # 1 warm-up and 8 measured iterations of 8 micro-batches, after the workers' 2 MB-a-stream warm-up tensor
+    assert lossy_history(sc) == (8, 64, 2 << 20) and lossy_history(sc, warmed=False)[2] == 0
     setup = plan_variant("baseline", sc, sc.workload, sc.workload_dir, None, None)
     pred = setup.prediction
     note, band = lossy_note(pred, sc, sc.workload)

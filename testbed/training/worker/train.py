@@ -80,7 +80,7 @@ def run_train(job: TrainJob) -> None:
             gloo_group = groups[job.gloo.dp_group]
         t_imports = time.time()
         channels, dp_channels = open_all_channels(job)
-        if job.gloo is None:  # every atlas_transport worker: its streams as the calibration had them (warm.py)
+        if job.real is not None and job.gloo is None:  # small real tensors: streams as the calibration had them
             from testbed.training.worker.warm import warm_wan_channels
 
             warm_wan_channels(channels, job.channels, job.setup_timeout_s)

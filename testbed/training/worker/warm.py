@@ -1,6 +1,5 @@
-"""Warming a worker's WAN channels before its first iteration, as the calibration
-warms its probes' channels before it times them (every worker on atlas_transport,
-modelled or real devices; torch-gloo's process group has no such channels).
+"""Warming a real-device worker's WAN channels before its first iteration, as the
+calibration warms its probes' channels before it times them.
 
 The calibration sends one large untimed tensor over each probe channel first (a few
 windows per stream, testbed/run/calibration.py ``PROBE_WARMUP_BYTES_PER_STREAM``) and
@@ -13,13 +12,7 @@ once, so the run's transfers take longer than the calibration timed, and an Atla
 holder announces later ends. Each WAN boundary channel therefore carries the same
 untimed warm-up tensor each way before the worker reports ready: the run's streams are
 in the state the calibration measured (``tcp_slow_start_after_idle`` is off on the
-emulated hosts, so the windows stay open between iterations). Modelled workers alike:
-a tensor cut over many paced streams gives each stream a stripe of about a window, and
-streams whose windows only the run's own stripes opened pace it over more of a round
-trip than the warmed probe did; under Atlas's temporal plan each such transfer overruns
-its planned slot (the token passes at the later of its planned end and its last byte
-out) and delays every transfer after it on the link (docs/results/fidelity.md,
-"What changed in the model").
+emulated hosts, so the windows stay open between iterations).
 """
 
 from __future__ import annotations

@@ -264,14 +264,16 @@ def lossy_history(scenario: Scenario, warmed: bool = True) -> tuple[int, int, in
     tensors of its warm-up iterations, then those of its measured ones, and the bytes a
     stream of the untimed tensor an atlas_transport worker warms each WAN channel with
     first (`warmed`; testbed/training/worker/warm.py, the calibration's
-    PROBE_WARMUP_BYTES_PER_STREAM; gloo's pairs are not warmed): a lossy path's windows
-    have not come down to the loss's steady state in a short run
+    PROBE_WARMUP_BYTES_PER_STREAM; real-device workers only, as
+    testbed/training/worker/train.py warms them; gloo's pairs are not warmed): a lossy
+    path's windows have not come down to the loss's steady state in a short run
     (testbed_core/planning/lossy.py `run_times`)."""
     from testbed.run.calibration import PROBE_WARMUP_BYTES_PER_STREAM
 
     w = scenario.workload
     per_iteration = w.parallelism.num_micro_batches
-    return w.warmup * per_iteration, w.iterations * per_iteration, PROBE_WARMUP_BYTES_PER_STREAM if warmed else 0
+    warm = PROBE_WARMUP_BYTES_PER_STREAM if warmed and w.gpu.mode == "real" else 0
+    return w.warmup * per_iteration, w.iterations * per_iteration, warm
 
 
 def _allreduce_on(scenario: Scenario) -> bool:

@@ -85,7 +85,9 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
     click.echo(f"  fitted on the profile's own network: {rows[0].extra_rtts:+.2f} round trips per WAN transfer "
                "beyond the model")
     for p in rows[0].paths:
-        where = "measured in the profile" if p.window_source == "profile" else "nominal: from the hosts' TCP buffers"
+        where = {"profile": "measured in the profile",
+                 "fitted": "fitted to the profiled step: only striped channels crossed there"}.get(
+                     p.window_source, "nominal: from the hosts' TCP buffers")
         click.echo(f"  path {p.dcs[0]}-{p.dcs[1]}: one TCP flow's window {p.window_bytes / 1e3:,.0f} kB ({where})")
     click.echo(f"  {'target':<28}{'s/step':>9}{'ranks mean':>12}  {'per rank (median s/step)'}")
     for r in rows:

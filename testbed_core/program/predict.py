@@ -158,8 +158,9 @@ class PathFigures(_Model):
     one_way_latency_s: float
     link_goodput_bps: float
     window_bytes: float = Field(description="one stream's effective TCP window")
-    window_source: str = Field(description="'profile' (measured there; where only striped channels crossed, fitted "
-                                           "to its step: fit_windows) or 'nominal' (min(wmem_max, rmem_max / 2))")
+    window_source: str = Field(description="'profile' (measured there on one-stream transfers), 'fitted' (only "
+                                           "striped channels crossed there: fitted to the profiled step, "
+                                           "fit_windows) or 'nominal' (min(wmem_max, rmem_max / 2))")
     rto_s: float
 
 
@@ -638,14 +639,16 @@ class Replay:
 # --------------------------------------------------------------------------- calibration from the profile
 
 
-def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozenset[str], float]:
+def measured_windows(profile: ProgramProfile, topology: Topology, fit: bool = True) -> dict[frozenset[str], float]:
     """Per pair of DCs, one TCP flow's effective window as the profile shows it: each
     timed transfer on a one-stream connection (its arrival less the one-way delay, from
     when the connection could start it) gives the flow's rate; a rate under
-    `WINDOW_LIMITED` of the link's goodput is window-limited, and gives the: service = (bytes - window) / window round trips (the median over
-    transfers). Striped channels (atlas) are left out: their
-    rate shows the transport's own costs as much as the windows (the fit of round trips
-    takes those). Pairs with no such transfer are left out (the nominal window then)."""
+    `WINDOW_LIMITED` of the link's goodput is window-limited, and gives the window
+    (service = (bytes - window) / window round trips; the median over transfers).
+    Striped channels (atlas) are left out: their rate shows the transport's own costs as
+    much as the windows (the fit of round trips takes those). Pairs with no such transfer
+    get the window `fit_windows` fits to the profiled step where it can (`fit` True), else
+    are left out (the nominal window then)."""
     dc_of = {r.rank: r.dc for r in profile.ranks}
     sends: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
     recvs: dict[tuple[int, int, int], list[OpRecord]] = defaultdict(list)
@@ -692,7 +695,7 @@ def measured_windows(profile: ProgramProfile, topology: Topology) -> dict[frozen
             if rate < WINDOW_LIMITED * link:  # window-limited: service = (bytes - window) / window round trips
                 rates[frozenset((a, b))].append(s.bytes * rtt / (service + rtt) / streams)
     measured = {pair: statistics.median(v) for pair, v in rates.items() if v}
-    return {**measured, **fit_windows(profile, measured)}
+    return {**measured, **fit_windows(profile, measured)} if fit else measured
 
 
 def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float], warmup: int = 1
@@ -818,7 +821,8 @@ def retarget(topology: Topology, rtt_s: float | None = None, bandwidth_bps: floa
     return type(topology).model_validate(data)
 
 
-def _paths(topology: Topology, dcs: set[str], windows: Mapping[frozenset[str], float]
+def _paths(topology: Topology, dcs: set[str], windows: Mapping[frozenset[str], float],
+           fitted: frozenset[frozenset[str]] = frozenset()
            ) -> tuple[dict[tuple[str, str], _Path], list[PathFigures]]:
     out: dict[tuple[str, str], _Path] = {}
     figures: list[PathFigures] = []
@@ -840,7 +844,8 @@ def _paths(topology: Topology, dcs: set[str], windows: Mapping[frozenset[str], f
             if a < b:
                 figures.append(PathFigures(dcs=(a, b), one_way_latency_s=latency, link_goodput_bps=link_Bps * 8,
                                            window_bytes=window or nominal,
-                                           window_source="profile" if window else "nominal", rto_s=rto))
+                                           window_source=("fitted" if frozenset((a, b)) in fitted else "profile")
+                                           if window else "nominal", rto_s=rto))
     return out, figures
 
 
@@ -941,9 +946,12 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
         raise PredictError("the profile has no step lines: the program printed no {\"step\": k, \"step_s\": s} "
                            "JSON lines, so there is no step to predict")
     dc_of = map_ranks(profile, topology, source, hosts)
+    fitted: frozenset[frozenset[str]] = frozenset()
     if windows is None:
-        windows = measured_windows(profile, profile.network)
-    paths, figures = _paths(topology, set(dc_of.values()), windows)
+        measured = measured_windows(profile, profile.network, fit=False)
+        fits = fit_windows(profile, measured)
+        windows, fitted = {**measured, **fits}, frozenset(fits)
+    paths, figures = _paths(topology, set(dc_of.values()), windows, fitted)
     streams_of = _streams_rule(profile, streams)
     slow_start = any(topology.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
     algos = algorithms or algorithms_for(profile.atlas_all_reduce)

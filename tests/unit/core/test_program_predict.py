@@ -215,7 +215,10 @@ def test_a_striped_paths_window_is_fitted_to_the_profiled_step(tmp_path):
     prof = _striped_profile(tmp_path, made)
     (window,) = measured_windows(prof, prof.network).values()
     assert window == pytest.approx(0.6e6, rel=1e-3)
-    assert predict(prof, prof.network).extra_rtts == pytest.approx(0.0, abs=0.01)
+    fitted = predict(prof, prof.network)
+    assert fitted.extra_rtts == pytest.approx(0.0, abs=0.01)
+    assert fitted.paths[0].window_source == "fitted"  # said as fitted, not as measured in the profile
+    assert measured_windows(prof, prof.network, fit=False) == {}
     assert fit_windows(prof.model_copy(update={"env": {"ATLAS_STREAMS": "1"}}), {}) == {}  # one stream: not fitted
     assert fit_windows(_striped_profile(tmp_path, made, backend="gloo"), {}) == {}  # gloo's one stream: not fitted
     fast = retarget(_topology(), 0.002)

@@ -686,7 +686,9 @@ def run_sweep(
             todo.append(point)
     try:
         if jobs == 1:
-            for point in todo:
+            for k, point in enumerate(todo):
+                if lock is not None and k:
+                    time.sleep(LOCK_GAP_S)  # let an emulation waiting for the lock take it first
                 with point_lock(lock, progress):
                     progress.start(point.id)
                     child = progress.child(point.id)
@@ -701,6 +703,12 @@ def run_sweep(
         if own_progress:
             progress.close()
     return [outcomes[p.id] for p in plan.points if p.id in outcomes]
+
+
+LOCK_GAP_S = 2.0
+"""With --lock, the pause between one point's release of the lock and the next point's
+request: a flock is not fair, and a sweep asking again at once would keep taking it ahead
+of an emulation that waited through the whole point."""
 
 
 @contextlib.contextmanager

@@ -391,12 +391,16 @@ def test_missing_runner_module_is_explained(folder: Path, monkeypatch: pytest.Mo
     assert not (folder / "out").exists()
 
 
-def test_lock_is_held_while_each_point_runs_and_waited_for(folder: Path, tmp_path: Path) -> None:
+def test_lock_is_held_while_each_point_runs_and_waited_for(folder: Path, tmp_path: Path,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
     """--lock: a point runs only while the sweep holds the flock; one held by another
     process (as `flock FILE testbed run ...` holds it) makes the sweep wait and say so."""
     import fcntl
     import threading
 
+    import testbed.sweep as sweep_module
+
+    monkeypatch.setattr(sweep_module, "LOCK_GAP_S", 0.3)
     plan = load_sweep(write_sweep(folder, {"parameters": {"topology.wan.0.delay": DELAYS[:2]}}))
     lock = tmp_path / "emulation.lock"
     held: list[bool] = []
@@ -422,6 +426,24 @@ def test_lock_is_held_while_each_point_runs_and_waited_for(folder: Path, tmp_pat
     assert [o.status for o in outcomes] == ["ok", "ok"] and held == [True, True]
     assert time.monotonic() - start >= 0.25
     assert f"waiting for the lock {lock}" in stream.getvalue()
+    # between two points the sweep pauses before asking again: an emulation that waited
+    # through a point takes the lock first (a flock is not fair)
+    got: list[float] = []
+
+    def waiter() -> None:
+        fd = os.open(lock, os.O_RDWR)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        got.append(time.monotonic())
+        os.close(fd)
+
+    def slow_runner(scenario, resolved, out_dir, progress=None):
+        if not got and not any(t.name == "waiter" for t in threading.enumerate()):
+            threading.Thread(target=waiter, name="waiter", daemon=True).start()
+            time.sleep(0.2)  # the waiter is blocked on the lock while this point runs
+        return fake_runner(scenario, resolved, out_dir, progress)
+
+    run_sweep(plan, folder / "out4", runner=slow_runner, lock=lock, progress=quiet())
+    assert len(got) == 1  # it got the lock between the two points
     with pytest.raises(SweepError, match="points run one at a time: drop --jobs 2"):
         run_sweep(plan, folder / "out2", runner=fake_runner, jobs=2, lock=lock, progress=quiet())
     with pytest.raises(SweepError, match="cannot open the lock file"):

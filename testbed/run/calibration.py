@@ -47,6 +47,7 @@ from testbed.run.common import (
 from testbed.run.network import Network
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
+from testbed_core.constants import WARMUP_BYTES_PER_STREAM, warmup_bytes
 from testbed_core.contracts.calibration import (
     PROBE_WARMUP,
     Calibration,
@@ -81,7 +82,7 @@ __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Pro
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
-PROBE_WARMUP_BYTES_PER_STREAM = 2 << 20  # one big untimed tensor first: a few windows per stream
+PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
 
 
 def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) -> float:
@@ -235,7 +236,7 @@ class Prober:
         for k, (src, dst) in enumerate(pairs):
             name = f"{label}s{streams}-c{k}"
             port = self.ports.port(k)
-            warm = min(PROBE_WARMUP_BYTES_PER_STREAM * streams, 64 << 20)
+            warm = warmup_bytes(streams)
             agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,

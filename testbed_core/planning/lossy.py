@@ -48,6 +48,8 @@ from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import TYPE_CHECKING, Protocol
 
+from testbed_core.constants import WARMUP_MAX_BYTES
+
 if TYPE_CHECKING:  # network.py and prediction.py import this module
     from testbed_core.planning.network import WanPath
     from testbed_core.planning.prediction import Prediction
@@ -291,7 +293,7 @@ def transfer_times(nbytes: float, streams: int, rtt_s: float, loss: float, windo
     return [ch.transfer(chunks, rtt_s) + wire for _ in range(transfers)]
 
 
-WARM_MAX_BYTES = 64 << 20  # the workers' warm-up tensor's cap (testbed/training/worker/warm.py)
+WARM_MAX_BYTES = WARMUP_MAX_BYTES  # the workers' warm-up tensor's cap (testbed_core/constants.py)
 RUN_REPLICAS = (20, 400)  # fresh connections `run_times` plays: at least, at most
 RUN_WORK_PACKETS = 4_000_000  # what `run_times` simulates at most (a second or two)
 

@@ -21,21 +21,17 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 from testbed.training.worker.job import WorkerError
+from testbed_core.constants import WARMUP_BYTES_PER_STREAM, warmup_bytes
 
 if TYPE_CHECKING:
     from atlas_transport.channel import Channel
     from testbed_core.contracts.worker_job import ChannelJob
 
-# The calibration's warm-up tensor per stream and its cap (testbed/run/calibration.py
-# PROBE_WARMUP_BYTES_PER_STREAM and Prober.run; a unit test keeps them equal)
-WARM_BYTES_PER_STREAM = 2 << 20
-WARM_MAX_BYTES = 64 << 20
+WARM_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # the calibration's (testbed_core/constants.py)
 WARM_TAG = (1 << 63) - 1  # above every training tag (testbed/training/transport_comm.py tag_for)
 
 
-def warm_bytes(streams: int) -> int:
-    """The warm-up tensor of a channel of `streams` streams (the calibration's)."""
-    return min(WARM_BYTES_PER_STREAM * streams, WARM_MAX_BYTES)
+warm_bytes = warmup_bytes  # the warm-up tensor of a channel of `streams` streams (the calibration's)
 
 
 def warm_wan_channels(channels: Mapping[int, Channel], specs: Sequence[ChannelJob], timeout_s: float) -> float:

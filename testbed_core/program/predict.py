@@ -67,12 +67,12 @@ from dataclasses import dataclass, field
 from pydantic import BaseModel, ConfigDict, Field
 
 from testbed_core.planning.calibrated import LINK_GOODPUT
+from testbed_core.planning.lossy import RTO_MIN_S  # Linux's minimum retransmission timeout
 from testbed_core.program.profile import OpRecord, ProfileError, ProgramProfile, RankProfile
 from testbed_core.topology import Topology
 
 MSS = 1448
 INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window (RFC 6928)
-RTO_MIN_S = 0.2  # Linux's minimum retransmission timeout
 LAN_STREAMS_RTT_S = 0.002  # atlas: 1 stream under this RTT, else WAN_STREAMS (atlas_transport/torch/options.py)
 WAN_STREAMS = 8
 RING_MIN_BYTES = 256 << 10  # atlas: all_reduce by ring from this size (atlas_transport/torch/collectives.py)

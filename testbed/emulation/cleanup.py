@@ -26,8 +26,10 @@ is unit-tested against a fake /proc tree; `execute` performs them.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
+import tempfile
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -36,6 +38,7 @@ from pathlib import Path
 from testbed.emulation.naming import PREFIX_RE
 from testbed.emulation.records import (
     ENV_RUN,
+    RECORD_DIR,
     ProcEntry,
     ProcFS,
     RemoteEntry,
@@ -346,6 +349,8 @@ def remote_clean(prefix: str, entry: RemoteEntry, timeout: float = 60.0) -> str 
     from testbed.emulation.remote.sshlogin import RemoteLogin
 
     identity = entry.login.get("identity")
+    if identity and not os.path.exists(identity) and _rig_gone(identity):
+        return _clean_here(prefix, entry, timeout)
     if identity and not os.path.exists(identity):  # ssh would still try, and wait out its connect timeout
         return (f"server {entry.server} ({entry.login.get('address')}): not cleaned over SSH: its login's identity "
                 f"file {identity} no longer exists (a test rig's, gone with it?); run `testbed clean` where that "
@@ -360,6 +365,50 @@ def remote_clean(prefix: str, entry: RemoteEntry, timeout: float = 60.0) -> str 
                 f"{res.returncode}): {(res.stderr or res.stdout).strip()[-300:] or 'no output'}; run `testbed clean` "
                 "where that server is reachable")
     return None
+
+
+RIG_FOLDER_RE = re.compile(r"(tb[0-9a-f]{3})-rig-[0-9a-f]+")
+
+
+def rig_prefix(identity: str) -> str | None:
+    """The prefix of the test rig (testbed/emulation/cluster/rig.py) whose key folder
+    holds `identity`, or None when the login is not a rig's."""
+    folder = Path(identity).parent
+    match = RIG_FOLDER_RE.fullmatch(folder.name)
+    return match.group(1) if match and folder.parent == Path(tempfile.gettempdir()).resolve() else None
+
+
+def _rig_gone(identity: str, directory: Path | None = None) -> bool:
+    """A rig's servers are namespaces of this machine with an sshd each: once the rig's
+    key folder and its record are gone, so are the servers, and what a run started
+    there carried the run's mark on this machine, where `plan_clean` ends it."""
+    prefix = rig_prefix(identity)
+    return prefix is not None and not (Path(directory or RECORD_DIR) / f"{prefix}.json").exists()
+
+
+def _clean_here(prefix: str, entry: RemoteEntry, timeout: float) -> str | None:
+    """The node agent's clean run on this machine for a server of a rig that is gone:
+    the server shared this machine's processes and files, and its namespace (with the
+    run's interfaces there) goes once the run's last process in it has ended."""
+    import subprocess
+    import sys
+
+    argv = [sys.executable, "-m", "testbed.emulation.remote.nodeagent", "clean", "--run", prefix]
+    for path in entry.paths:
+        argv += ["--path", path]
+    try:
+        res = subprocess.run(argv, capture_output=True, text=True, timeout=timeout, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"server {entry.server} (a test rig's, gone): clean on this machine failed: {exc}"
+    if res.returncode != 0:
+        return (f"server {entry.server} (a test rig's, gone): clean on this machine failed (exit {res.returncode}): "
+                f"{(res.stderr or res.stdout).strip()[-300:] or 'no output'}")
+    return None
+
+
+def uses_rig(record: RunRecord, rig: str) -> bool:
+    """Whether `record` reached servers of rig `rig` over SSH."""
+    return any(rig_prefix(str(e.login.get("identity") or "")) == rig for e in record.remote)
 
 
 @dataclass
@@ -377,12 +426,19 @@ def clean(directory: Path | None = None, dry_run: bool = False,
     records, problems = list_records(directory)
     plans = [plan_clean(record, procfs, records) for record in records]
     actions = [a for planned in plans for a in planned]
-    todo = [planned for planned in plans if not dry_run and not any(a.kind == "skip" for a in planned)]
     # Records at once: a server reached over SSH that does not answer costs its connect
     # timeout, and that should be paid once, not once per record.
     from concurrent.futures import ThreadPoolExecutor
 
-    with ThreadPoolExecutor(max_workers=max(1, min(8, len(todo)))) as pool:
-        results = list(pool.map(lambda planned: execute(planned, procfs), todo))
-    failures = [f for result in results for f in result]
+    # A dead test rig first: the dead runs that reached its servers over SSH are then
+    # cleaned on this machine, where those servers' processes and files were
+    # (`_clean_here`), not over an SSH that no longer answers.
+    todo = [(planned, record.topology == "server-rig") for planned, record in zip(plans, records, strict=True)
+            if not dry_run and not any(a.kind == "skip" for a in planned)]
+    first = [planned for planned, rig in todo if rig]
+    last = [planned for planned, rig in todo if not rig]
+    failures: list[str] = []
+    for batch in (first, last):
+        with ThreadPoolExecutor(max_workers=max(1, min(8, len(batch)))) as pool:
+            failures += [f for result in pool.map(lambda planned: execute(planned, procfs), batch) for f in result]
     return CleanReport(actions, failures, problems, dry_run)

@@ -102,3 +102,20 @@ def test_a_server_that_cannot_be_reached_keeps_the_record(rig):
             res = _clean(rig)
         assert res.returncode == 0 or not record.path.exists(), res.stdout + res.stderr
     assert not record.path.exists() and not Path(folder).exists()
+
+
+def test_a_rig_that_stops_first_cleans_the_dead_runs_that_used_it():
+    """A run over a test rig killed (e.g. by a test's timeout) and the rig stopped after
+    it: the rig ends that run over SSH while its sshds and keys still exist, so no record
+    is left that names a key folder that is gone."""
+    from testbed.emulation.cluster.rig import ServerRig
+
+    own = ServerRig(1)
+    own.start()
+    try:
+        prefix, record, folder, marker = _dead_run_with_a_remote_server(own)
+    finally:
+        own.stop()
+    assert not record.path.exists()
+    assert not Path(folder).exists()
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).returncode == 1

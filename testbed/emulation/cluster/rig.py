@@ -33,7 +33,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-from testbed.emulation.cleanup import execute, plan_clean
+from testbed.emulation.cleanup import execute, plan_clean, uses_rig
 from testbed.emulation.congestion import allow_congestion_controls
 from testbed.emulation.errors import EmulationError
 from testbed.emulation.records import (
@@ -280,6 +280,14 @@ class ServerRig:
             if failures:
                 print("testbed: the server rig left something behind, run `testbed clean`: "
                       + "; ".join(failures))
+            else:  # dead runs that used its servers (e.g. killed by a test's timeout): cleaned here now
+                for other in others:
+                    if other.prefix != self.prefix and uses_rig(other, self.prefix):
+                        plan = plan_clean(other, self._procfs, others)
+                        left = [] if any(a.kind == "skip" for a in plan) else execute(plan, self._procfs)
+                        if left:
+                            print(f"testbed: run {other.prefix} over the server rig left something behind, "
+                                  "run `testbed clean`: " + "; ".join(left))
         for node in [s.node for s in self.servers] + ([self.head] if self.head is not None else []):
             close_mininet_host(node)
         self.servers, self.head, self.record = [], None, None

@@ -102,3 +102,62 @@ def test_a_login_whose_identity_file_is_gone_is_not_tried(monkeypatch):
     assert message is not None
     assert "its login's identity file /k/id no longer exists" in message
     assert "remove the record if the server is gone" in message
+
+
+def _rig_login(tmp_path: Path) -> dict:
+    import tempfile
+
+    folder = Path(tempfile.gettempdir()).resolve() / "tbf0e-rig-0badc0de"  # a rig's key folder, never made here
+    assert not folder.exists()
+    return {**LOGIN, "identity": str(folder / "id_ed25519"), "known_hosts": str(folder / "known_hosts")}
+
+
+def test_a_server_of_a_test_rig_that_is_gone_is_cleaned_on_this_machine(monkeypatch, tmp_path):
+    """A rig's servers are namespaces of this machine: with the rig's key folder and its
+    record gone, the node agent's clean runs here (same processes, same files), not over
+    an SSH that no longer answers."""
+    seen = {}
+
+    def fake_run(argv, **kwargs):
+        import subprocess
+
+        seen["argv"] = argv
+        return subprocess.CompletedProcess(argv, 0, "", "")
+
+    monkeypatch.setattr("subprocess.run", fake_run)
+    monkeypatch.setattr(cleanup, "RECORD_DIR", tmp_path / "records")
+    entry = RemoteEntry("s1", _rig_login(tmp_path), ["/tmp/tb0a1-agent-x"])
+    assert cleanup.rig_prefix(entry.login["identity"]) == "tbf0e"
+    assert cleanup.remote_clean("tb0a1", entry) is None
+    assert "ssh" not in seen["argv"][0]
+    assert seen["argv"][1:] == ["-m", "testbed.emulation.remote.nodeagent", "clean", "--run", "tb0a1",
+                                "--path", "/tmp/tb0a1-agent-x"]
+    (tmp_path / "records").mkdir()
+    (tmp_path / "records" / "tbf0e.json").write_text("{}")  # the rig's record is still there: not gone
+    seen.clear()
+    message = cleanup.remote_clean("tb0a1", entry)
+    assert message is not None and "no longer exists" in message and not seen
+
+
+def test_a_dead_rig_is_cleaned_before_the_runs_that_used_it(monkeypatch, tmp_path, procfs):
+    """Both dead: the rig goes first, so the run that reached its servers is then cleaned
+    on this machine rather than over the rig's SSH, which no longer answers."""
+    monkeypatch.setattr(cleanup, "RECORD_DIR", tmp_path / "records")
+    rig = RunRecord.create("tbf0e", "server-rig", tmp_path / "records", procfs)
+    rig.owner.pid, rig.owner.start = 999998, 5
+    rig.save()
+    run = RunRecord.create("tb001", "2dc", tmp_path / "records", procfs)  # sorts before the rig
+    run.owner.pid, run.owner.start = 999999, 5
+    run.add_remote("s1", _rig_login(tmp_path))
+    assert cleanup.uses_rig(RunRecord.load(run.path), "tbf0e")
+    assert not cleanup.uses_rig(RunRecord.load(run.path), "tb000")
+    order: list[str] = []
+
+    def fake_execute(actions, procfs=None):
+        order.append(next(Path(a.target).stem for a in actions if a.kind == "remove-record"))
+        return []
+
+    monkeypatch.setattr(cleanup, "execute", fake_execute)
+    report = cleanup.clean(tmp_path / "records", procfs=procfs)
+    assert report.failures == []
+    assert order == ["tbf0e", "tb001"]

@@ -255,12 +255,17 @@ class ClusterBuild:
             if not self.facts[server.name].get("iperf3"):
                 raise EmulationError(f"server {server.name}: iperf3 is not installed there (it measures the "
                                      "underlay): apt-get install iperf3, or declare underlay_rate")
-        port = 5290 + secrets.randbelow(200)
-        server = subprocess.Popen(self.ssh_argv(b, f"timeout 20 iperf3 -s -1 -B {b.address} -p {port}"),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        # A one-off server (-1) per try: a try that reached it but failed (a busy machine)
+        # has ended it, so the next try starts a fresh one rather than meeting a refused port.
+        server: subprocess.Popen | None = None
+        out = ""
         try:
-            out = ""
-            for _ in range(20):
+            deadline = time.monotonic() + 40
+            while time.monotonic() < deadline:
+                if server is None or server.poll() is not None:
+                    port = 5290 + secrets.randbelow(200)
+                    server = subprocess.Popen(self.ssh_argv(b, f"timeout 20 iperf3 -s -1 -B {b.address} -p {port}"),
+                                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
                 time.sleep(0.25)
                 res = self.run(a, f"iperf3 -c {b.address} -B {a.address} -p {port} -t {IPERF_S:g} -P 4 -J")
                 out = res.stdout
@@ -272,11 +277,12 @@ class ClusterBuild:
                 raise EmulationError(f"could not measure the underlay {a.name} -> {b.name} with iperf3: "
                                      f"{out.strip()[-300:] or 'no output'}; declare underlay_rate instead") from None
         finally:
-            server.terminate()
-            try:
-                server.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                server.kill()
+            if server is not None:
+                server.terminate()
+                try:
+                    server.wait(timeout=5)
+                except subprocess.TimeoutExpired:
+                    server.kill()
 
     # -- nodes and links
 

@@ -136,7 +136,19 @@ def launch(args: tuple[str, ...], hosts: str | None, nproc_per_host: int, env_it
         raise click.UsageError("--profile times every rank on one clock: it goes with a topology emulated on this "
                                "machine, not with --inventory or --servers")
     out = Path(out_dir) if out_dir else Path("results") / f"launch-{time.strftime('%Y%m%d-%H%M%S')}"
+    made = [d for d in [out, *out.parents] if not d.exists()]  # the folders this launch makes, deepest first
     _check_out(out)
+    try:
+        _launch(out, spec, profile, attach, inventory, servers, backend, topology_file, cwd, quiet)
+    except BaseException:
+        for folder in made:  # refused before any rank ran: no empty folder left behind
+            if folder.is_dir() and not any(folder.iterdir()):
+                folder.rmdir()
+        raise
+
+
+def _launch(out: Path, spec: LaunchSpec, profile: bool, attach: str | None, inventory: str | None,
+            servers: str | None, backend: str, topology_file: str | None, cwd: str, quiet: bool) -> None:
     say = _progress()
     profiled_env = dict(spec.env)
     line_times: dict[int, list[float]] | None = None

@@ -40,7 +40,8 @@ def test_help_explains_the_environment(runner):
         assert word in result.output
 
 
-def test_refusals(runner, tmp_path):
+def test_refusals(runner, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # the default --out is results/launch-<time>/ under the working folder
     _fails(runner, [TOPO], "no command to launch: put it after `--`")
     _fails(runner, [], "give the TOPOLOGY file and the command after `--`")
     _fails(runner, [TOPO, "--", "no-such-prog-xyz"], "command not found: no-such-prog-xyz")
@@ -61,6 +62,7 @@ def test_refusals(runner, tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("")
     _fails(runner, [TOPO, "--out", str(blocker / "out"), *PY], "cannot write there")
+    assert not (tmp_path / "results").exists(), "a refused launch left its (empty) output folder"
 
 
 def test_topo_name_needs_detach_and_down_of_unknown(runner):

@@ -50,17 +50,21 @@ from testbed.run.scenario import Scenario
 from testbed_core.constants import WARMUP_BYTES_PER_STREAM, warmup_bytes
 from testbed_core.contracts.calibration import (
     PROBE_WARMUP,
+    TURNS_MAX_UNTIMED,
     Calibration,
     PathCalibration,
     TogetherCalibration,
+    TurnsCalibration,
 )
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
+from testbed_core.planning.calibrated import turns_hold_s
 from testbed_core.planning.placement import Placement
 from testbed_core.planning.streams import (
     choose_streams,
     configured_streams,
     mean_rate,
     requested_sharing,
+    timed_counts,
     variant_streams,
 )
 from testbed_core.planning.wan_paths import (
@@ -78,10 +82,12 @@ from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload
 
 __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_together", "calibrate_variants", "calibrate_wan_rings", "effective_rate"]
+           "calibrate_link", "calibrate_together", "calibrate_turns", "calibrate_variants", "calibrate_wan_rings",
+           "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
+TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
 
 
@@ -225,10 +231,11 @@ class Prober:
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
-            offsets: Sequence[float] | None = None) -> list[ProbeTimes]:
+            offsets: Sequence[float] | None = None, warm: bool = True) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
-        `period_s`, pair k starting `offsets[k]` after the common start)."""
+        `period_s`, pair k starting `offsets[k]` after the common start); `warm`: each
+        channel first sends one untimed tensor that opens its windows (warmup_bytes)."""
         transport = transport_job(self.scenario.transport)
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
@@ -236,15 +243,15 @@ class Prober:
         for k, (src, dst) in enumerate(pairs):
             name = f"{label}s{streams}-c{k}"
             port = self.ports.port(k)
-            warm = warmup_bytes(streams)
+            warm_bytes = warmup_bytes(streams) if warm else 0
             agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,
-                                        warmup_bytes=warm))
+                                        warmup_bytes=warm_bytes))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
-                                        wait_go=True, period_s=period_s, warmup_bytes=warm,
+                                        wait_go=True, period_s=period_s, warmup_bytes=warm_bytes,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport))
             names.append(name)
         for name in names:  # every sender connected: one common start
@@ -393,6 +400,50 @@ def calibrate_together(
                      + ("" if fig.colliding_bps is None else
                         f", {fig.channels} channels colliding each way: {fig.colliding_bps / 1e6:.0f} Mbit/s in all"
                         + (f" (alone {pc.colliding_bps[streams] / 1e6:.0f})" if streams in pc.colliding_bps else "")))
+
+
+def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+                    streams: int, pc: PathCalibration, progress: Progress, agents: ProbeAgents | None = None) -> None:
+    """The path timed as a temporal plan uses it (`TurnsCalibration`): one channel of
+    `streams` per pipeline crossing it (`pairs`), each way, taking turns on each link
+    direction with the plan's hold per transfer (the alone probe's median time on the
+    wire, token_margin longer; each turn two holds long, so that a late transfer meets no
+    other), both directions at once. Cold, as the run's channels are: no warm-up tensor,
+    only as many untimed tensors as a run channel carries in its warm-up iterations (at
+    most TURNS_MAX_UNTIMED), then at least TURNS_ROUNDS timed rounds. A planned
+    transfer holds its link until the later of its planned end and its last byte out
+    (testbed/training/transport_comm.py), and the run's channels, which only ever carry
+    the workload's tensors, move them slower than a channel opened by the alone probe's
+    big warm-up tensor: the planner takes the plan's holds from these transfers
+    (testbed_core/planning/calibrated.py `turns_hold_s`)."""
+    single = pc.transfer_s.get(streams)
+    if not single or not pairs:
+        return
+    w = scenario.workload
+    untimed = min(TURNS_MAX_UNTIMED, w.warmup * w.parallelism.num_micro_batches)
+    slot = max(1e-3, median(single) - pc.latency_s) * (1 + scenario.runner.token_margin)
+    turn = 2 * slot
+    count = untimed + max(scenario.runner.calibration_transfers, TURNS_ROUNDS)
+    both = list(pairs) + [(b, a) for a, b in pairs]
+    offsets = [k * turn for k in range(len(pairs))] * 2
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    try:
+        res = prober.run(both, streams, pc.nbytes, count, f"{_label(pc)}turns-", period_s=len(pairs) * turn,
+                         offsets=offsets, warm=False)
+    finally:
+        if agents is None:
+            prober.agents.close()
+    ways = [[a - s for r in group for s, a in list(zip(r.sent, r.arrived, strict=True))[untimed:]]
+            for group in (res[:len(pairs)], res[len(pairs):])]
+    fig = TurnsCalibration(streams=streams, channels=len(pairs), slot_s=slot, untimed=untimed, transfer_s=ways[0],
+                           return_s=ways[1])
+    pc.turns = [t for t in pc.turns if t.streams != streams] + [fig]
+    holds = ", ".join(f"{turns_hold_s(w, pc.latency_s, slot) * 1e3:.0f}" for w in ways)
+    progress.log(f"  calibration{_where(pc)}: {len(pairs)} cold channel(s) of {streams} streams taking turns each "
+                 f"way, {untimed} untimed tensors first: a planned transfer holds its link {holds} ms on average "
+                 f"each way (planned {slot * 1e3:.0f} ms; transfers median "
+                 f"{', '.join(f'{median(w) * 1e3:.0f}' for w in ways)} ms, slowest "
+                 f"{max(max(w) for w in ways) * 1e3:.0f} ms)")
 
 
 def calibrate_wan_rings(net: Network, scenario: Scenario, folder: Path, secret: str,
@@ -602,6 +653,16 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
             for n, k in sorted(collide.items()):
                 if k > 1:
                     calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
+            for name, k in use.channels.items():  # a plan's channels taking turns (Atlas's temporal sharing)
+                if name not in by_name or \
+                        requested_sharing(by_name[name].variant, scenario.runner.atlas_sharing) == "shared":
+                    continue
+                definition = by_name[name].variant
+                counts_here = set(timed_counts(definition, s, cal, auto, nominal)) | \
+                    {variant_streams(definition, s, cal, auto, nominal)}
+                for n in sorted(counts_here):
+                    if pc.turns_for(n) is None:
+                        calibrate_turns(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
             ring_runs = [by_name[v] for v in use.ring_variants if v in by_name]
             if use.ring_pairs and ring_runs:
                 n = variant_streams(ring_runs[0].variant, s, cal, auto, nominal)

@@ -310,7 +310,13 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     rings: dict[tuple[str, str], float] = {}
     rings_alone: dict[tuple[str, str], float] = {}
     for key, pr in setup.path_rates.items():
-        if pr.rate_bps is not None:
+        if pr.rate_bps is not None and temporal and pr.turns_rate_bps is not None:
+            # a plan's transfers where the path was timed as a plan uses it: its holds
+            # measured, each way (the return way often the slower)
+            for dcs, rate in zip((key, key[::-1]), pr.turns_rate_bps, strict=True):
+                flows[dcs], link, _ = calibrated_rates(True, setup.streams, rate, pr.nominal_bps)
+                links[key] = max(links.get(key, 0.0), link or 0.0)
+        elif pr.rate_bps is not None:  # else the alone rate (a plan's transfers token_margin longer)
             flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
                                                    pr.colliding_bps)
             flows[key], links[key] = flow, link
@@ -484,8 +490,10 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
                                pair, local)
         first = first_rated(setup.path_rates)  # the first crossing's figures, as the prediction weighed them
         way_rate, way_colliding = (rate, colliding) if first is None else (first.rate_bps, first.colliding_bps)
-        options[option] = (setup.variant, pred, None if way_rate is None else way_rate / hold, way_colliding,
-                           setup.path_rates)
+        way_rate = None if way_rate is None else way_rate / hold
+        if option == "temporal" and first is not None and first.turns_rate_bps is not None:
+            way_rate = min(first.turns_rate_bps)  # the plan's transfers as the turns probe timed them (slower way)
+        options[option] = (setup.variant, pred, way_rate, way_colliding, setup.path_rates)
     if len(options) == 2:
         times = {option: opt[1].iteration_time_s for option, opt in options.items()}
         setup.sharing_alternatives = times

@@ -23,6 +23,10 @@ from pydantic import BaseModel, ConfigDict, Field
 PROBE_WARMUP = 2
 """Calibration tensors sent first and not timed (connection set-up, window growth)."""
 
+TURNS_MAX_UNTIMED = 8
+"""The turns probe (`TurnsCalibration`) sends each channel at most this many untimed
+tensors first (the run's warm-up iterations' tensors, capped to keep the probe short)."""
+
 
 def dc_of_host(host: str) -> str:
     """The DC of a host named `<dc>-<host>` (the emulation's naming)."""
@@ -98,6 +102,28 @@ class TogetherCalibrationReport(_Together):
     colliding_transfer_s: list[float] = Field(default_factory=list)
 
 
+class TurnsCalibration(BaseModel):
+    """One WAN path timed as a temporal plan uses it (``summary.json``
+    ``calibration.paths[].turns[]``, seconds as they are): the `channels` pipelines
+    crossing it each way take turns, one tensor of the workload's wire size at a time on
+    each link direction, each turn two planned holds after the last (`slot_s`, the planned
+    hold of one transfer: the alone probe's time on the wire, token_margin longer; two, so
+    that a late transfer meets no other), both directions at once, on
+    cold channels: no warm-up tensor, only the `untimed` tensors the run's own channels
+    carry in its warm-up iterations before the measured ones (at most
+    TURNS_MAX_UNTIMED). `transfer_s`: each timed transfer from the path's first DC to
+    its second, hand-over to arrival; `return_s`: the other way."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    streams: int  # TCP streams per channel
+    channels: int  # channels taking turns each way
+    slot_s: float  # the planned hold of one transfer the probe was played with, seconds
+    untimed: int  # tensors each channel sent first, not timed
+    transfer_s: list[float] = Field(default_factory=list)  # each timed transfer dcs[0] -> dcs[1], seconds
+    return_s: list[float] = Field(default_factory=list)  # each timed transfer dcs[1] -> dcs[0], seconds
+
+
 class PathCalibrationReport(BaseModel):
     """``summary.json`` ``calibration.paths[]``: one WAN path's measured speed."""
 
@@ -127,6 +153,9 @@ class PathCalibrationReport(BaseModel):
     ring_s: list[float] | None = None  # each timed ring transfer, seconds
     # this path's figures while every path of a placement was loaded at once (TogetherCalibration)
     together: list[TogetherCalibrationReport] | None = None
+    # the path timed as a temporal plan uses it, per stream count (None: not timed, or a
+    # summary written before this probe)
+    turns: list[TurnsCalibration] | None = None
 
 
 class _FiguresReport(TypedDict):
@@ -204,6 +233,11 @@ class PathCalibration(_Figures):
     ring_bps: float | None = None  # their aggregate each way: rings x bytes each replica sends / ring time
     ring_s: list[float] | None = None
     together: list[TogetherCalibration] = Field(default_factory=list)  # timed with other paths loaded at once
+    turns: list[TurnsCalibration] = Field(default_factory=list)  # timed as a temporal plan uses it
+
+    def turns_for(self, streams: int) -> TurnsCalibration | None:
+        """This path timed as a temporal plan uses it with channels of `streams`, if it was."""
+        return next((t for t in self.turns if t.streams == streams and t.transfer_s and t.return_s), None)
 
     def together_for(self, streams: int, paths: list[tuple[str, str]] | set[frozenset[str]]
                      ) -> TogetherCalibration | None:
@@ -221,6 +255,7 @@ class PathCalibration(_Figures):
             **self.figures_report(), variants=self.variants, ring_channels=self.ring_channels, ring_streams=self.ring_streams,
             ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
             ring_s=self.ring_s, together=[t.report() for t in self.together] or None,
+            turns=list(self.turns) or None,
         )
 
     @classmethod
@@ -231,7 +266,8 @@ class PathCalibration(_Figures):
                    nominal_bps=_bps(r.nominal_rate_mbps), **cls.figures_of(r), variants=r.variants,
                    ring_channels=r.ring_channels, ring_streams=r.ring_streams, ring_nbytes=r.ring_nbytes,
                    ring_bps=_bps(r.ring_aggregate_mbps), ring_s=r.ring_s,
-                   together=[TogetherCalibration.from_report(t) for t in r.together or []])
+                   together=[TogetherCalibration.from_report(t) for t in r.together or []],
+                   turns=list(r.turns or []))
 
 
 class CalibrationReport(BaseModel):
@@ -337,7 +373,12 @@ class Calibration(_Figures):
                     + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
                        "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
                        "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
-                       if any(p.ring_bps for p in self.paths) else "")),
+                       if any(p.ring_bps for p in self.paths) else "")
+                    + ("; a path a temporal plan crosses (turns): the plan's pipelines' cold channels taking turns "
+                       "each way, each transfer two planned holds after the last, both ways at once; a planned "
+                       "transfer holds its link the later of its planned end and its time on the wire plus the "
+                       "hand-over, the mean taken"
+                       if any(p.turns for p in self.paths) else "")),
             src=self.src, dst=self.dst, nbytes=self.nbytes, one_way_delay_s=self.latency_s,
             **self.figures_report(), lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
             lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,

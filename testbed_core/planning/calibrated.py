@@ -11,6 +11,7 @@ topology it is given carries the measured figures instead of the nominal ones.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.topology import MAX_RATE_BPS, Topology
@@ -92,3 +93,29 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
     if crowded is not None and nominal_bps is not None and 2 * rate_bps <= link:
         crowded = None
     return rate_bps / streams, link, crowded
+
+
+TOKEN_HANDOVER_S = 0.005
+"""How long after its last byte left a planned transfer hands its link on: a sender
+looks at its channel this long before its announced end and announces a later one while
+bytes are left (testbed/training/transport_comm.py ``WATCH_LEAD_S``, kept equal by a test)."""
+
+
+def turns_hold_s(transfer_s: Sequence[float], latency_s: float, slot_s: float,
+                 handover_s: float = TOKEN_HANDOVER_S) -> float:
+    """How long a planned transfer holds its link on average, from the turns probe
+    (`TurnsCalibration`): each transfer holds it until the later of its planned end
+    (`slot_s` after it started) and its last byte out (its hand-over-to-arrival time less
+    the one-way delay) plus the hand-over; the mean, since every overrun delays every later
+    holder on the link."""
+    if not transfer_s:
+        raise ValueError("the turns probe timed no transfer")
+    if slot_s <= 0:
+        raise ValueError(f"the planned hold must be positive, not {slot_s} s")
+    return sum(max(slot_s, t - latency_s + handover_s) for t in transfer_s) / len(transfer_s)
+
+
+def turns_rate_bps(nbytes: int, transfer_s: Sequence[float], latency_s: float, slot_s: float) -> float:
+    """The rate at which a temporal plan's transfers of `nbytes` move through their link,
+    holds included (`turns_hold_s`): the channel rate its slots are planned with."""
+    return nbytes * 8 / turns_hold_s(transfer_s, latency_s, slot_s)

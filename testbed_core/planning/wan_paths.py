@@ -15,7 +15,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from testbed_core.contracts.calibration import Calibration, PathCalibration
+from testbed_core.contracts.calibration import Calibration, PathCalibration, TurnsCalibration
+from testbed_core.planning.calibrated import turns_rate_bps
 from testbed_core.planning.path_load import load_of, weighed_rate
 from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology
@@ -173,6 +174,11 @@ class PathRates:
     # weight its rate and aggregate take between the alone and together figures
     load: float | None = None
     ring_alone_bps: float | None = None  # one DP ring alone there: the channel rate at the rings' streams
+    # the rate a temporal plan's transfers move through their link, holds included, each
+    # way (dcs[0] -> dcs[1], then back), from the path timed as a plan uses it
+    # (testbed_core/planning/calibrated.py `turns_rate_bps`; None: not timed so, the
+    # plan's holds are the alone rate's, token_margin longer)
+    turns_rate_bps: tuple[float, float] | None = None
 
 
 def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, streams: int, allreduce: bool,
@@ -200,15 +206,25 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
             rate = weighed_rate(rate, together.rate_bps, load)
             colliding = weighed_rate(colliding, together.colliding_bps, load)
         ringed = pc is not None and on_ring and pc.ring_streams == streams
+        turns = pc.turns_for(streams) if pc and on_pipe else None
         out[(a, z)] = PathRates(
             (a, z), rate_bps=rate, colliding_bps=colliding, nominal_bps=topology.bottleneck_rate(a, z),
             ring_bps=pc.ring_bps if ringed else None,
             ring_alone_bps=pc.rates_bps.get(streams) if ringed else None,
             load=load,
+            turns_rate_bps=None if turns is None else _turns_rates(pc, turns, (a, z)),
         )
         if pc and on_ring and not on_pipe and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
             out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])
     return out
+
+
+def _turns_rates(pc: PathCalibration, turns: TurnsCalibration, dcs: DcPair) -> tuple[float, float]:
+    """The turns probe's rates on `pc`, `dcs[0]` -> `dcs[1]` first (the probe's path may
+    be named the other way round)."""
+    ahead = turns_rate_bps(pc.nbytes, turns.transfer_s, pc.latency_s, turns.slot_s)
+    back = turns_rate_bps(pc.nbytes, turns.return_s, pc.latency_s, turns.slot_s)
+    return (ahead, back) if pc.dcs == dcs else (back, ahead)
 
 
 def first_rated(path_rates: Mapping[DcPair, PathRates]) -> PathRates | None:

@@ -32,10 +32,12 @@ from .sockets import (
     kernel_unsent,
     recv_bytes,
     recv_exact,
+    restart_slow_start,
     rtt_s,
     send_parts,
     set_congestion,
     set_io_timeout,
+    window_state,
 )
 from .splice import PageSender
 from .tensors import (
@@ -204,6 +206,8 @@ class Channel:
         self.bytes_received = 0
         self._stream_rate: float | None = None  # bytes/s per stream of recent large sends
         self._warm_s: float | None = None  # keep_warm(): PING a stream idle this long
+        self.slow_start_restarts = 0  # streams put back into slow start (restart_cut_slow_start)
+        self._restart_refused = False  # the kernel refused it once: not tried again
         self._streams = [_Stream(i, s) for i, s in enumerate(socks)]
         for s in self._streams:
             set_io_timeout(s.sock, cfg.idle_timeout_s)
@@ -574,7 +578,40 @@ class Channel:
             if t is not None:
                 self._learn_rate(t, now)
         if t is not None:
+            if self.cfg.restart_cut_slow_start and t.meta.total_bytes >= SPLIT_MIN_BYTES:
+                # before the send completes: the caller's next send finds the streams repaired
+                self._repair_slow_start(list(t.sent_on))
             t.owner._finish(None)
+
+    def _repair_slow_start(self, used: list[int]) -> None:
+        """Put each stream in `used` whose slow start was cut short without a loss
+        (`WindowState.slow_start_cut_short`) back into slow start, between sends, so
+        that the channel's next tensor finds its streams' windows open to what the
+        peer allows, not held where cubic's HyStart stopped them on a delay spike."""
+        if self._restart_refused:
+            return
+        with self._lock:
+            socks = [(s.index, s.sock) for s in self._streams if s.alive and s.index in used]
+        for index, sock in socks:
+            state = window_state(sock)
+            if state is None or not state.slow_start_cut_short():
+                continue
+            try:
+                done = restart_slow_start(sock)
+            except OSError as exc:
+                log.warning("channel %s to %s, stream %d: %s", self.name, self.peer, index, exc)
+                done = False
+            if not done:
+                self._restart_refused = True
+                log.info("channel %s to %s: stream %d left slow start at ssthresh %d segments, below the "
+                         "peer's window of %d; the kernel refused to restart it (BBR unavailable or not "
+                         "allowed: net.ipv4.tcp_allowed_congestion_control)", self.name, self.peer, index,
+                         state.ssthresh, state.peer_window // state.mss)
+                return
+            self.slow_start_restarts += 1
+            log.debug("channel %s to %s, stream %d: slow start cut short at ssthresh %d segments (peer window "
+                      "%d, cwnd %d), restarted", self.name, self.peer, index, state.ssthresh,
+                      state.peer_window // state.mss, state.cwnd)
 
     def _learn_rate(self, t: OutTransfer, now: float) -> None:
         """Fold a confirmed send into the per-stream rate estimate. Lock held. Only

@@ -55,6 +55,12 @@ class TransportConfig:
     checksum: per-chunk checksum added by the sender: none, xxh3, xxh64, crc32.
     zero_copy: send chunk payloads with vmsplice + splice instead of copying them into
         the kernel (Linux; see `splice`); off or unavailable: one gathered sendmsg.
+    restart_cut_slow_start: after each confirmed send of at least 128 KiB, put every
+        stream that carried it and left slow start below the window its peer allows
+        without ever losing a segment (cubic's HyStart reacting to a delay: another
+        channel's queue, a loaded host) back into slow start (`sockets.WindowState`,
+        `sockets.restart_slow_start`); off: such a stream stays slow until congestion
+        avoidance has grown its window, dozens of bursts on a bursty channel.
     auto_*: stream-count probe: candidates tried in order, stop when goodput grows by
         less than auto_margin; each candidate sends for at least auto_probe_s.
     """
@@ -72,6 +78,7 @@ class TransportConfig:
     idle_timeout_s: float = 30.0
     checksum: str = "none"
     zero_copy: bool = True
+    restart_cut_slow_start: bool = True
     auto_candidates: tuple[int, ...] = (1, 2, 4, 8, 16)
     auto_margin: float = 0.10
     auto_probe_bytes: int = 16 << 20

@@ -408,9 +408,11 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     `streams` per pipeline crossing it (`pairs`), each way, taking turns on each link
     direction with the plan's hold per transfer (the alone probe's median time on the
     wire, token_margin longer; each turn two holds long, so that a late transfer meets no
-    other), both directions at once. Cold, as the run's channels are: no warm-up tensor,
-    only as many untimed tensors as a run channel carries in its warm-up iterations (at
-    most TURNS_MAX_UNTIMED), then at least TURNS_ROUNDS timed rounds. A planned
+    other), both directions at once. As the run's channels are: cold on modelled devices
+    (no warm-up tensor), warmed with the calibration's tensor on real ones (their workers
+    warm each WAN channel so, testbed/training/worker/warm.py); then as many untimed
+    tensors as a run channel carries in its warm-up iterations (at most
+    TURNS_MAX_UNTIMED), then at least TURNS_ROUNDS timed rounds. A planned
     transfer holds its link until the later of its planned end and its last byte out
     (testbed/training/transport_comm.py), and the run's channels, which only ever carry
     the workload's tensors, move them slower than a channel opened by the alone probe's
@@ -423,13 +425,14 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     untimed = min(TURNS_MAX_UNTIMED, w.warmup * w.parallelism.num_micro_batches)
     slot = max(1e-3, median(single) - pc.latency_s) * (1 + scenario.runner.token_margin)
     turn = 2 * slot
+    warm = w.gpu.mode == "real"
     count = untimed + max(scenario.runner.calibration_transfers, TURNS_ROUNDS)
     both = list(pairs) + [(b, a) for a, b in pairs]
     offsets = [k * turn for k in range(len(pairs))] * 2
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         res = prober.run(both, streams, pc.nbytes, count, f"{_label(pc)}turns-", period_s=len(pairs) * turn,
-                         offsets=offsets, warm=False)
+                         offsets=offsets, warm=warm)
     finally:
         if agents is None:
             prober.agents.close()
@@ -439,7 +442,8 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
                            return_s=ways[1])
     pc.turns = [t for t in pc.turns if t.streams != streams] + [fig]
     holds = ", ".join(f"{turns_hold_s(w, pc.latency_s, slot) * 1e3:.0f}" for w in ways)
-    progress.log(f"  calibration{_where(pc)}: {len(pairs)} cold channel(s) of {streams} streams taking turns each "
+    progress.log(f"  calibration{_where(pc)}: {len(pairs)} {'warmed' if warm else 'cold'} channel(s) of {streams} "
+                 "streams taking turns each "
                  f"way, {untimed} untimed tensors first: a planned transfer holds its link {holds} ms on average "
                  f"each way (planned {slot * 1e3:.0f} ms; transfers median "
                  f"{', '.join(f'{median(w) * 1e3:.0f}' for w in ways)} ms, slowest "

@@ -92,6 +92,13 @@ def test_calibrate_turns_times_cold_channels_taking_turns_each_way(tmp_path: Pat
     assert fig.transfer_s == [0.2] * 12 and fig.return_s == [0.3] * 12  # the untimed ones left out
     back = Calibration.from_report(CalibrationReport.model_validate(cal.report().model_dump()))
     assert back.paths[0].turns_for(8) == fig and back.paths[0].turns_for(1) is None
+    assert "turns" in cal.report().method
+    # real devices' workers warm their WAN channels with the calibration's tensor: so does the probe
+    real, _ = load_scenario(ROOT / "scenarios" / "real-tiny-2dc.yaml", {"runner.base_port": "29500"})
+    assert real.workload.gpu.mode == "real"
+    calibration.calibrate_turns(None, real, tmp_path, "s", pairs, 8, pc, Progress(label="t", tty=False),
+                                agents=object())
+    assert runs[-1]["warm"] is True
 
 
 def test_calibrate_turns_skips_a_count_the_alone_probe_did_not_time(tmp_path: Path, monkeypatch) -> None:

@@ -162,10 +162,11 @@ def test_wire_scale_ships_a_fraction_of_the_true_size():
 
 
 def test_async_shipper_backlog_full_is_an_error_not_a_stall(real_kv):
-    gate = threading.Event()
+    gate, shipping = threading.Event(), threading.Event()
 
     class Slow:
         def ship(self, rid, kv):
+            shipping.set()
             gate.wait(10)
             raise ShipError("decode host gone")
 
@@ -174,7 +175,7 @@ def test_async_shipper_backlog_full_is_an_error_not_a_stall(real_kv):
 
     ship = AsyncShipper(lambda: Slow(), max_queue=2)
     ship.submit("a", real_kv)
-    time.sleep(0.05)  # "a" is being shipped; two more fill the queue
+    assert shipping.wait(10)  # "a" is being shipped (out of the queue); two more fill the queue
     ship.submit("b", real_kv)
     ship.submit("c", real_kv)
     with pytest.raises(ShipError, match="2 KV caches already wait .* d dropped"):

@@ -8,6 +8,8 @@ worker's live windows. Timing is never asserted tightly: the machine is shared."
 from __future__ import annotations
 
 import json
+import os
+import select
 import subprocess
 import sys
 import threading
@@ -22,6 +24,7 @@ from testbed_core.contracts.bubbletea import BubbleTeaSettings, LivePaths
 from testbed_runtime.device import Device
 from testbed_runtime.live import Nudger, StatusWriter, status_path, wake_path
 from testbed_runtime.live_reporter import LiveReporter
+from testbed_runtime.readiness import READY_FD_ENV
 from testbed_runtime.slots import Slot, SlotPublisher
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -213,7 +216,7 @@ def play_worker(device: Device, run_dir: Path, slots: Path, t0: float, iteration
     rep.close()
 
 
-def test_agent_fills_live_windows_on_the_emulated_gpu(tmp_path: Path) -> None:
+def test_agent_fills_live_windows_on_the_emulated_gpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from bubbletea_agent.runtime import run
 
     run_dir = tmp_path / "run"
@@ -230,9 +233,17 @@ def test_agent_fills_live_windows_on_the_emulated_gpu(tmp_path: Path) -> None:
                                shard_count=1, duration_s=30.0, seed=2, live=live, arrivals_until_iteration=5)
     assert cfg.window == "live" and cfg.live is not None
     result: dict = {}
+    ready_r, ready_w = os.pipe()  # the agent announces readiness on it (testbed_runtime.readiness)
+    monkeypatch.setenv(READY_FD_ENV, str(ready_w))
     agent = threading.Thread(target=lambda: result.update(run(cfg, install_signals=False)), daemon=True)
     agent.start()
-    time.sleep(1.5)  # the agent loads
+    give_up = time.monotonic() + 60  # the agent loads (seconds on a busy machine)
+    while agent.is_alive() and time.monotonic() < give_up and not select.select([ready_r], [], [], 0.1)[0]:
+        pass
+    line = os.read(ready_r, 4096) if select.select([ready_r], [], [], 0)[0] else b""
+    os.close(ready_r)
+    assert line, "the agent did not announce readiness within 60 s (or died: see the log above)"
+    assert json.loads(line)["requests"] > 0
     t0 = time.time() + 0.2
     play_worker(device, run_dir, slots, t0, 6, 0.4, [(0.0, 0.1), (0.2, 0.1)])
     agent.join(60)

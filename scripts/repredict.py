@@ -17,6 +17,13 @@ did not time a DP ring alone inside the DCs (before that probe), it takes one ri
 alone to move what all of them moved at once (the emulation's case, where every ring
 shares the machine's cores), so that the staggered-rings model can be judged on them.
 
+`--turns-from-run` is a what-if too: each run's own measured WAN transfers of its
+temporal variant (its transfers.csv, measured iterations) stand in for the turns probe
+that runs before the variants (testbed/run/calibration.py `calibrate_turns`; kept runs
+calibrated before it have none), so that the planner's use of the plan's holds can be
+judged on runs that ran a plan. It is fitted to the run: a check of the model, never a
+prediction.
+
 The before/after figures for the planner's channel windows (docs/scenarios.md, 'What a
 run writes'): this script on the paper sweep kept at commit 3386d5b (`git worktree add
 /tmp/old 3386d5b`, then the folders /tmp/old/results/sweep-paper/p00*): the `stored`
@@ -27,6 +34,8 @@ summary.json's `prediction_error` gives it (measured / predicted - 1).
 from __future__ import annotations
 
 import argparse
+import csv
+import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
@@ -36,7 +45,7 @@ import yaml
 from testbed.report.loading import ReportError
 from testbed.report.replan import replan_run
 from testbed.run.scenario import load_scenario
-from testbed_core.contracts.calibration import Calibration
+from testbed_core.contracts.calibration import Calibration, TurnsCalibration
 
 TOLERANCE = 0.05
 
@@ -68,6 +77,43 @@ def _assume_lan_alone() -> None:
     Calibration.from_report = classmethod(from_report)  # type: ignore[method-assign]
 
 
+def _turns_from_run() -> None:
+    """The what-if: a run's calibration gets, on each path its temporal variant crossed,
+    the turns figures of that variant's own measured transfers (each way, planned holds
+    of the alone probe's time on the wire, token_margin longer). Sets the run to read
+    before each `replan_run` (`_TURNS_RUN`)."""
+    plain = Calibration.from_report.__func__  # type: ignore[attr-defined]
+
+    def from_report(cls, r):  # noqa: ANN001, ANN202
+        cal = plain(cls, r)
+        run = _TURNS_RUN.get("run")
+        if run is None:
+            return cal
+        summary = json.loads((run / "summary.json").read_text())
+        margin = float((summary.get("runner") or {}).get("token_margin", 0.2) or 0.0)
+        variants = summary.get("variants") or {}
+        for name, v in (variants.items() if isinstance(variants, dict) else ()):
+            if v.get("sharing") != "temporal" or not (run / name / "transfers.csv").exists():
+                continue
+            with open(run / name / "transfers.csv") as f:
+                rows = [x for x in csv.DictReader(f) if x["links"] and int(x["iteration"]) >= summary["warmup"]]
+            n = int(v["streams"])
+            for pc in cal.paths:
+                a, z = pc.dcs
+                ways = [[float(x["arrived"]) - float(x["sent"]) for x in rows if x["links"] == link]
+                        for link in (f"{a}->{z}", f"{z}->{a}")]
+                if n in pc.transfer_s and all(ways):
+                    slot = (statistics.median(pc.transfer_s[n]) - pc.latency_s) * (1 + margin)
+                    pc.turns = [TurnsCalibration(streams=n, channels=1, slot_s=slot, untimed=0,
+                                                 transfer_s=ways[0], return_s=ways[1])]
+        return cal
+
+    Calibration.from_report = classmethod(from_report)  # type: ignore[method-assign]
+
+
+_TURNS_RUN: dict[str, Path] = {}
+
+
 def _line(errors: list[float]) -> str:
     within = sum(abs(e) <= TOLERANCE + 1e-9 for e in errors)
     return (f"{within:3d}/{len(errors):<3d} median {statistics.median(errors):+6.1%}  "
@@ -81,13 +127,18 @@ def main() -> None:
     ap.add_argument("--by-kind", action="store_true", help="also the errors grouped by variant and regime")
     ap.add_argument("--lan-alone-as-aggregate", action="store_true",
                     help="what-if: a LAN ring alone moves what all the calibration's rings moved at once")
+    ap.add_argument("--turns-from-run", action="store_true",
+                    help="what-if: each run's own measured transfers of its temporal plan stand in for the turns probe")
     args = ap.parse_args()
     if args.lan_alone_as_aggregate:
         _assume_lan_alone()
+    if args.turns_from_run:
+        _turns_from_run()
     groups: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
     refused = []
     print(f"{'run':34} {'variant':13} {'measured':>8} {'stored':>13} {'now':>13}  streams, sharing now")
     for run in args.runs:
+        _TURNS_RUN["run"] = run
         try:
             planned = replan_run(run, args.scenario)
         except ReportError as exc:

@@ -206,7 +206,11 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
             rate = weighed_rate(rate, together.rate_bps, load)
             colliding = weighed_rate(colliding, together.colliding_bps, load)
         ringed = pc is not None and on_ring and pc.ring_streams == streams
-        turns = pc.turns_for(streams) if pc and on_pipe else None
+        # not on a lossy route: the loss model spreads its transfers (testbed_core/planning/lossy.py),
+        # and the probe's transfers met the same loss
+        route = topology.route(a, z)
+        lossy = any(topology.link(x, y).loss > 0 for x, y in zip(route, route[1:], strict=False))
+        turns = pc.turns_for(streams) if pc and on_pipe and not lossy else None
         out[(a, z)] = PathRates(
             (a, z), rate_bps=rate, colliding_bps=colliding, nominal_bps=topology.bottleneck_rate(a, z),
             ring_bps=pc.ring_bps if ringed else None,

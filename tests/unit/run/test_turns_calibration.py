@@ -199,3 +199,17 @@ def test_the_plans_slots_take_the_measured_holds_each_way() -> None:
         a = plan_variant(name, scenario, wl, None, _cal(), None).prediction.iteration_time_s
         b = plan_variant(name, scenario, wl, None, _cal({("east", "west"): (0.15, 0.25)}), None)
         assert b.prediction.iteration_time_s == pytest.approx(a)
+
+
+def test_a_lossy_route_keeps_its_loss_model_not_the_turns_probe() -> None:
+    """On a route with configured loss the loss model spreads the plan's transfers
+    (testbed_core/planning/lossy.py), and the probe's transfers met the same loss: its
+    figures would count the loss twice, so they are not used there."""
+    scenario = _scenario(**{"runner.atlas_sharing": "temporal"})
+    links = [sorted(link.between) for link in scenario.topology.wan]
+    lossy = _scenario(**{"runner.atlas_sharing": "temporal",
+                         f"topology.wan.{links.index(['east', 'west'])}.loss": 0.001})
+    turns = _cal({("east", "west"): (0.15, 0.25), ("west", "mid"): (0.15, 0.25)})
+    setup = plan_variant("atlas", lossy, lossy.workload, None, turns, None)
+    assert setup.path_rates["east", "west"].turns_rate_bps is None
+    assert setup.path_rates["west", "mid"].turns_rate_bps is not None

@@ -172,6 +172,7 @@ class _Stream:
     peer_closed: bool = False
     close_pending: bool = False
     busy: bool = False
+    waiting: bool = False  # its writer waits for work (for a chunk, a control frame, a heartbeat)
     last_send: float = field(default_factory=time.monotonic)
     ctrl: deque = field(default_factory=deque)
     exited: int = 0
@@ -531,17 +532,24 @@ class Channel:
                         frame = P.encode_control(P.CLOSE, reason="channel closed")
                         closing = True
                         break
-                    chunk = self._sendq.next_chunk(s.index)
+                    waiting = [x.index for x in self._streams if x.waiting and not x.busy and x is not s]
+                    chunk = self._sendq.next_chunk(s.index, waiting)
                     if chunk is not None:
                         if chunk.transfer.started_at is None:
                             chunk.transfer.started_at = time.monotonic()
                         break
+                    if waiting and self._sendq.pending_chunks():
+                        self._cv.notify_all()  # left to a waiting stream that carried fewer: wake it
                     hb = beat if self._warm_s is None else min(beat, self._warm_s)
                     wait = hb - (time.monotonic() - s.last_send)
                     if wait <= 0:
                         frame = _PING
                         break
-                    self._cv.wait(wait)
+                    s.waiting = True
+                    try:
+                        self._cv.wait(wait)
+                    finally:
+                        s.waiting = False
                 s.busy = True
             try:
                 if chunk is not None:

@@ -19,7 +19,10 @@ that they carry to another topology:
   devices: gradient exchange, optimizer step; else 0), added to each prediction;
 * ``temporal_hold``: how much longer than its calibrated wire time Atlas's runner
   holds a link for one planned transfer (``1 + runner.token_margin``, so that a
-  transfer running late does not collide with the next); temporal predictions use it.
+  transfer running late does not collide with the next; where the run's calibration
+  timed the primary path as a plan uses it, the turns probe's mean hold over the alone
+  probe's wire time, the slower direction's: testbed_core/planning/calibrated.py
+  `turns_hold_s`); temporal predictions use it.
 
 Without a calibration the what-if uses the model's own numbers (efficiency 1, the
 fluid model's sharing, no overhead).
@@ -34,8 +37,9 @@ from pathlib import Path
 import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from testbed_core.contracts.calibration import dc_of_host
+from testbed_core.contracts.calibration import CalibrationReport, dc_of_host
 from testbed_core.contracts.summary import Summary, VariantResult, read_summary
+from testbed_core.planning.calibrated import turns_hold_s
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.topology import Topology, TopologyError, parse_topology
 from testbed_core.workload import EffectiveWorkload, Workload, WorkloadError, parse_workload
@@ -134,11 +138,32 @@ def load_efficiencies(run_dir: str | Path) -> Efficiencies:
     return Efficiencies(
         source=str(folder), flow_efficiency=flow_eff, link_efficiency=link_eff, crowded_fraction=crowded,
         compute_scale=_compute_scale(summary), overhead_s=_overhead(summary),
-        temporal_hold=1.0 + float(summary.runner.get("token_margin", 0.0) or 0.0)
-        if summary.runner.get("temporal_mode", "token") == "token" else 1.0,
+        temporal_hold=_temporal_hold(summary, cal),
         measured_on=f"{summary.scenario}: {src} -> {dst}, {model.rtt_s * 1e3:.0f} ms RTT, "
                     f"{model.bottleneck_bps / 1e6:.0f} Mbit/s nominal",
     )
+
+
+def _temporal_hold(summary: Summary, cal: CalibrationReport) -> float:
+    """How much longer than its calibrated wire time a planned transfer holds its link:
+    1 + token_margin (token mode; slots: 1), or, where the primary path was timed as a
+    plan uses it, the turns probe's mean hold over the alone probe's median wire time at
+    the same stream count (the slower direction; the most streams timed so)."""
+    if summary.runner.get("temporal_mode", "token") != "token":
+        return 1.0
+    hold = 1.0 + float(summary.runner.get("token_margin", 0.0) or 0.0)
+    if not cal.paths:
+        return hold
+    primary = cal.paths[0]
+    turns = max(primary.turns or [], key=lambda t: t.streams, default=None)
+    alone = primary.transfer_s.get(str(turns.streams)) if turns is not None else None
+    if turns is None or not alone or not turns.transfer_s or not turns.return_s:
+        return hold
+    wire = statistics.median(alone) - primary.one_way_delay_s
+    if wire <= 0:
+        return hold
+    return max(turns_hold_s(way, primary.one_way_delay_s, turns.slot_s)
+               for way in (turns.transfer_s, turns.return_s)) / wire
 
 
 def run_setting(run_dir: str | Path) -> tuple[Topology, Workload]:

@@ -181,6 +181,28 @@ def _run_folder(tmp_path: Path, *, calibrated: bool = True) -> Path:
     return folder
 
 
+def test_a_run_with_the_turns_probe_carries_its_measured_holds(tmp_path: Path) -> None:
+    """A run whose calibration timed the primary path as a plan uses it carries the
+    plan's measured hold over the alone wire time (the slower way), not the token
+    margin alone."""
+    from testbed_core.contracts.calibration import PathCalibration, TurnsCalibration
+
+    folder = _run_folder(tmp_path)
+    # alone: 8 streams in 25 ms one way + 40 ms on the wire; planned 48 ms holds; the
+    # turns probe's transfers 25 + 40 ms one way (on time) and 25 + 70 ms back (75 ms held)
+    pc = PathCalibration(dcs=("dc1", "dc2"), src="dc1-h1", dst="dc2-h1", nbytes=8_388_608, latency_s=0.025,
+                         rates_bps={1: 108e6, 8: 700e6}, transfer_s={8: [0.065]}, concurrent=2,
+                         colliding_bps={8: 420e6},
+                         turns=[TurnsCalibration(streams=8, channels=2, slot_s=0.048, untimed=8,
+                                                 transfer_s=[0.065], return_s=[0.095])])
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8_388_608, latency_s=0.025, paths=[pc])
+    cal.mirror_primary()
+    data = json.loads((folder / "summary.json").read_text())
+    data["calibration"] = json.loads(cal.report().model_dump_json())
+    (folder / "summary.json").write_text(json.dumps(data))
+    assert load_efficiencies(folder).temporal_hold == pytest.approx(0.075 / 0.040)
+
+
 def test_calibration_ratios_from_a_run_folder(tmp_path: Path) -> None:
     eff = load_efficiencies(_run_folder(tmp_path))
     # 2dc: 1 MB windows (rmem 1 MB x 0.5 advertised) over 50 ms RTT: 80 Mbit/s modelled, 108 measured

@@ -272,7 +272,7 @@ except Exception as exc:
     errors["sizes"] = f"{type(exc).__name__}: {exc}"
 res["errors"] = errors
 save({"res": res, "ref": ref})
-os._exit(0)
+exit_together()  # a peer may still read its size error
 """
 
 

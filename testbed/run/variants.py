@@ -297,7 +297,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
-                    paced=scenario.transport.pacing is True)
+                    paced=scenario.transport.pacing is True,
+                    stripe_windows=scenario.workload.gpu.mode != "real")
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -330,7 +331,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
-                    paced=scenario.transport.pacing is True)
+                    paced=scenario.transport.pacing is True,
+                    stripe_windows=scenario.workload.gpu.mode != "real")
     return net, path_topology(scenario.topology, links, local)
 
 

@@ -71,6 +71,10 @@ class NetParams:
     lossy_history: tuple[int, ...] | None = None
     # the streams are paced (transport.pacing): a lossy path's rounds leave spread, not at once
     paced: bool = False
+    # the channels only ever carry the workload's tensors (modelled devices: no warm-up
+    # tensor): a stream's congestion window stays within STRIPE_WINDOW x the stripe it
+    # carries (`stripe_window`), which holds back tensors sent back to back
+    stripe_windows: bool = False
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
@@ -184,6 +188,21 @@ def wan_path(
     if loss > 0 and rtt > 0 and transfer_bytes:  # the short-transfer model replaces Mathis's long flow
         flow = min(unlossy, lossy_flow_rate(float(transfer_bytes), n, rtt, loss, window, bottleneck,
                                             net.slow_start_after_idle, net.lossy_history, net.paced))
+    if net.stripe_windows and transfer_bytes and loss <= 0:
+        window = min(window, stripe_window(float(transfer_bytes), n))
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
                    latency, bottleneck, flow, n, window, measured is not None)
+
+
+STRIPE_WINDOW = 2.0
+"""Linux grows an application-limited flow's congestion window only while the flow
+fills it (in slow start, while the window is under twice the packets in flight:
+tcp_is_cwnd_limited), so a stream that only ever carries stripes of one tensor keeps a
+window of at most about twice its stripe."""
+
+
+def stripe_window(transfer_bytes: float, streams: int) -> float:
+    """The congestion window (bytes) a stream keeps that only carries its stripe of
+    `transfer_bytes` tensors over `streams` streams: STRIPE_WINDOW stripes."""
+    return STRIPE_WINDOW * transfer_bytes / max(1, streams)
 

@@ -137,6 +137,27 @@ def test_a_measured_rate_keeps_the_channels_windows() -> None:
     assert wan_path(t, "dc1", "dc2", 8, NetParams()).window_bits == math.inf
 
 
+def test_streams_that_only_carry_stripes_keep_windows_of_two_stripes() -> None:
+    """A channel whose streams only ever carry the workload's tensors (stripe_windows)
+    keeps a window of at most STRIPE_WINDOW stripes per stream, which holds back tensors
+    sent back to back (a GPipe burst: one transfer alone is not slowed); not on a lossy
+    route (its loss model has its own windows), not without the tensor size."""
+    from testbed_core.planning.network import STRIPE_WINDOW, stripe_window
+
+    t = topo(rmem="1MB")
+    net = NetParams(flow_rate_bps=107e6, stripe_windows=True)
+    assert STRIPE_WINDOW == 2.0 and stripe_window(256 << 10, 8) == 64 << 10
+    small = wan_path(t, "dc1", "dc2", 8, net, transfer_bytes=256 << 10)
+    assert small.window_bytes == 64 << 10 and small.window_bits == 8 * (64 << 10) * 8
+    big = wan_path(t, "dc1", "dc2", 8, net, transfer_bytes=8 << 20)  # 2 MiB stripes: the socket's 0.5 MB
+    assert big.window_bytes == pytest.approx(0.5e6)
+    assert wan_path(t, "dc1", "dc2", 8, net).window_bytes == pytest.approx(0.5e6)
+    assert wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=107e6), transfer_bytes=256 << 10).window_bytes \
+        == pytest.approx(0.5e6)
+    lossy = wan_path(topo(rmem="1MB", loss=0.001), "dc1", "dc2", 8, net, transfer_bytes=256 << 10)
+    assert lossy.window_bytes == pytest.approx(0.5e6)
+
+
 def test_loss_caps_a_flow_by_mathis() -> None:
     t = topo(rmem="64MB", loss=0.01)
     wp = wan_path(t, "dc1", "dc2", 1, NetParams())

@@ -209,7 +209,32 @@ def test_a_lossy_route_keeps_its_loss_model_not_the_turns_probe() -> None:
     links = [sorted(link.between) for link in scenario.topology.wan]
     lossy = _scenario(**{"runner.atlas_sharing": "temporal",
                          f"topology.wan.{links.index(['east', 'west'])}.loss": 0.001})
+    from testbed_core.planning.wan_paths import path_rates_of
+
     turns = _cal({("east", "west"): (0.15, 0.25), ("west", "mid"): (0.15, 0.25)})
-    setup = plan_variant("atlas", lossy, lossy.workload, None, turns, None)
-    assert setup.path_rates["east", "west"].turns_rate_bps is None
-    assert setup.path_rates["west", "mid"].turns_rate_bps is not None
+    placement = place_variants(lossy, run_variants(lossy, ["atlas"]))["atlas"]
+    rates = path_rates_of(placement, lossy.topology, turns, 8, False)
+    assert rates["east", "west"].turns_rate_bps is None
+    assert rates["west", "mid"].turns_rate_bps is not None
+
+
+def test_modelled_channels_keep_windows_of_their_stripes_real_ones_do_not() -> None:
+    """Modelled workers' channels only ever carry the workload's tensors (no warm-up
+    tensor): the prediction holds each stream to the window its stripes leave it
+    (testbed_core/planning/network.py `stripe_window`); real devices' workers warm their
+    channels first, so theirs keep the socket's window."""
+    from testbed_core.planning.network import NetParams, stripe_window, wan_path
+
+    scenario = _scenario(**{"workload.model.seq_len": 256})  # stripes far under the sockets' windows
+    small = scenario.workload.effective(None).wire_activation_bytes
+    setup = plan_variant("multi-tcp", scenario, scenario.workload, None, _cal(), None)
+    for p in setup.prediction.paths.values():
+        assert stripe_window(small, 8) < wan_path(scenario.topology, p.src, p.dst, 8, NetParams()).window_bytes
+        assert p.window_bytes == stripe_window(small, 8)
+    real, _ = load_scenario(ROOT / "scenarios" / "real-tiny-2dc.yaml")
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=real.workload.effective(None).wire_activation_bytes,
+                      latency_s=0.025, rates_bps={1: 5e7}, transfer_s={1: [0.05]})
+    setup = plan_variant("baseline", real, real.workload, None, cal, None)
+    for p in setup.prediction.paths.values():  # the socket's window, as without the stripes
+        assert p.window_bytes == wan_path(real.topology, p.src, p.dst, p.streams, NetParams()).window_bytes
+        assert p.window_bytes > stripe_window(cal.nbytes, p.streams)

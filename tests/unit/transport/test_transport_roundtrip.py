@@ -72,7 +72,10 @@ def test_recv_into_contiguous_and_strided_destinations(pair) -> None:
     assert h.wait(10) is dest and torch.equal(dest, x)
     strided = torch.zeros(30, 40, dtype=torch.int32).t()
     a.send(x, 4)
-    time.sleep(0.05)  # let it arrive before the receive is posted
+    deadline = time.monotonic() + 10  # let it arrive before the receive is posted (the late path)
+    while b.held_bytes() < x.numel() * x.element_size() and time.monotonic() < deadline:
+        time.sleep(0.005)
+    assert b.held_bytes() == x.numel() * x.element_size()
     assert torch.equal(b.recv_into(strided, 4, timeout=10), x)
 
 

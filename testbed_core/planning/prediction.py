@@ -47,8 +47,10 @@ TEMPORAL_MARGIN = 0.05
 fastest shared way it may run by more than this (`plan_wins`; the run's
 testbed/run/variants.py `_choose_configuration` and the what-if's fast prediction
 both). The plan gives each transfer its link for the calibrated time (token_margin
-longer) and no one else, so it assumes every channel moves at the rate the calibration
-measured for one channel sending alone, again and again. A channel in a run need not:
+longer; where the calibration timed the path as a plan uses it, cold channels taking
+turns, the mean hold it measured each way: testbed/run/calibration.py
+`calibrate_turns`) and no one else, so it assumes every channel moves as the calibration
+measured, again and again. A channel in a run need not:
 its streams' windows are what its history left them (a loss, an early end of slow
 start), and a transfer lasts only a few round trips, so a window left small reopens
 slowly (with the link idle meanwhile), most of all at long RTTs. Such a channel holds

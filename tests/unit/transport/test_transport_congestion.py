@@ -235,7 +235,13 @@ def test_keep_warm_pings_an_idle_stream():
             time.sleep(0.5)
             warm = len(sent)
             a.keep_warm(None)
-            time.sleep(0.15)
+            # a PING a stream decided on just before may still go out (late on a loaded host):
+            # wait for 0.3 s without one (a warm stream pings every 0.05 s), then none in 0.4 s
+            quiet_from, n, give_up = time.monotonic(), len(sent), time.monotonic() + 10
+            while time.monotonic() - quiet_from < 0.3 and time.monotonic() < give_up:
+                time.sleep(0.01)
+                if len(sent) != n:
+                    quiet_from, n = time.monotonic(), len(sent)
             sent.clear()
             time.sleep(0.4)
         finally:

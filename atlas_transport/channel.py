@@ -172,7 +172,6 @@ class _Stream:
     peer_closed: bool = False
     close_pending: bool = False
     busy: bool = False
-    waiting: bool = False  # its writer waits for work (for a chunk, a control frame, a heartbeat)
     last_send: float = field(default_factory=time.monotonic)
     ctrl: deque = field(default_factory=deque)
     exited: int = 0
@@ -532,24 +531,17 @@ class Channel:
                         frame = P.encode_control(P.CLOSE, reason="channel closed")
                         closing = True
                         break
-                    waiting = [x.index for x in self._streams if x.waiting and not x.busy and x is not s]
-                    chunk = self._sendq.next_chunk(s.index, waiting)
+                    chunk = self._sendq.next_chunk(s.index)
                     if chunk is not None:
                         if chunk.transfer.started_at is None:
                             chunk.transfer.started_at = time.monotonic()
                         break
-                    if waiting and self._sendq.pending_chunks():
-                        self._cv.notify_all()  # left to a waiting stream that carried fewer: wake it
                     hb = beat if self._warm_s is None else min(beat, self._warm_s)
                     wait = hb - (time.monotonic() - s.last_send)
                     if wait <= 0:
                         frame = _PING
                         break
-                    s.waiting = True
-                    try:
-                        self._cv.wait(wait)
-                    finally:
-                        s.waiting = False
+                    self._cv.wait(wait)
                 s.busy = True
             try:
                 if chunk is not None:

@@ -1,8 +1,6 @@
 """Bookkeeping of striped transfers, without sockets or threads.
 
-`SendQueue` hands chunks to whichever stream asks first (work stealing), except that a
-stream does not take another chunk of a transfer while a stream waiting for work has
-carried fewer of its chunks (see `next_chunk`), remembers
+`SendQueue` hands chunks to whichever stream asks first (work stealing), remembers
 which stream carried which chunk until the receiver confirms the whole transfer, and
 puts the chunks of a lost stream back at the head of the queue. `Reassembly` tracks,
 per incoming transfer, which chunks have landed (a bitmap, so re-sent duplicates are
@@ -15,7 +13,6 @@ Callers hold their own lock around every method; these classes are not thread-sa
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -59,25 +56,14 @@ class SendQueue:
         self.inflight[t.tid] = t
         self._fresh.append(t)
 
-    def next_chunk(self, stream: int, waiting: Collection[int] = ()) -> Chunk | None:
-        """The next chunk this stream should send, or None. Re-sends go first.
-
-        `waiting`: the other streams whose writers wait for work right now. A stream
-        does not take a further chunk of a transfer that one of them has carried fewer
-        chunks of (None: the waiting one takes it). Taking a chunk only means the
-        kernel's send buffer accepted the previous one, not that it left: without this,
-        the writer that woke first on a 2-core host took a third 512 KiB chunk of an
-        8 MiB tensor over 8 streams before a late writer took its first, and that
-        tensor took about 60 ms longer on the 2dc WAN (145 -> 205 ms). A stream busy in
-        a send is not waiting, so the others still take over its share."""
+    def next_chunk(self, stream: int) -> Chunk | None:
+        """The next chunk this stream should send, or None. Re-sends go first."""
         for i, (t, off) in enumerate(self._resend):
             if _may(t, stream):
                 del self._resend[i]
                 return self._take(t, off, stream)
         for t in self._fresh:
             if _may(t, stream):
-                if waiting and _ahead(t, stream, waiting):
-                    return None
                 off = t.next_offset
                 t.next_offset = off + t.meta.chunk_bytes
                 if t.next_offset >= t.meta.total_bytes:
@@ -138,12 +124,6 @@ class SendQueue:
 
 def _may(t: OutTransfer, stream: int) -> bool:
     return t.lanes is None or stream < t.lanes
-
-
-def _ahead(t: OutTransfer, stream: int, waiting: Collection[int]) -> bool:
-    """Whether a waiting stream that may carry `t` has carried fewer of its chunks."""
-    mine = len(t.sent_on.get(stream, ()))
-    return any(w != stream and _may(t, w) and len(t.sent_on.get(w, ())) < mine for w in waiting)
 
 
 @dataclass(eq=False)

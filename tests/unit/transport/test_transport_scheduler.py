@@ -154,29 +154,3 @@ def test_soft_lanes_are_lifted_when_a_stream_is_lost() -> None:
     q.add(probe)
     q.stream_lost(0)
     assert probe.lanes == 1
-
-
-def test_a_stream_leaves_a_further_chunk_to_a_waiting_stream_that_carried_fewer() -> None:
-    # 8 MiB over 8 streams in 512 KiB chunks on the 2dc WAN: the writer that woke first
-    # took a third chunk before a late writer took its first, and the tensor took 60 ms
-    # longer. Stream 0 asks again while streams 1 and 2 wait with fewer chunks.
-    q = SendQueue()
-    t = transfer(0, total=6 * 4096)
-    q.add(t)
-    assert q.next_chunk(0, waiting=[1, 2]).offset == 0  # nobody carried any: it takes one
-    assert q.next_chunk(0, waiting=[1, 2]) is None  # 1 and 2 carried none: theirs
-    assert q.next_chunk(1, waiting=[0, 2]).offset == 4096  # stream 0 is ahead, not behind
-    assert q.next_chunk(0, waiting=[2]) is None
-    assert q.next_chunk(0, waiting=[1]).offset == 8192  # 1 carried as many: stealing as before
-    assert q.next_chunk(0).offset == 12288  # nobody waits (all busy in a send): it takes more
-    assert q.next_chunk(2, waiting=[0, 1]).offset == 16384
-    assert {s: len(v) for s, v in t.sent_on.items()} == {0: 3, 1: 1, 2: 1}
-
-
-def test_a_waiting_stream_outside_the_lanes_does_not_hold_a_transfer_back() -> None:
-    q = SendQueue()
-    q.add(transfer(0, total=4 * 4096, lanes=2))
-    assert q.next_chunk(0, waiting=[2, 3]).offset == 0
-    assert q.next_chunk(0, waiting=[2, 3]).offset == 4096  # 2 and 3 may not carry it
-    assert q.next_chunk(0, waiting=[1]) is None  # 1 may
-    assert q.next_chunk(1).offset == 8192

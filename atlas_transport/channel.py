@@ -578,7 +578,8 @@ class Channel:
             if t is not None:
                 self._learn_rate(t, now)
         if t is not None:
-            if self.cfg.restart_cut_slow_start and t.meta.total_bytes >= SPLIT_MIN_BYTES:
+            if self.cfg.restart_cut_slow_start and self.cfg.pacing_rate_mbps \
+                    and t.meta.total_bytes >= SPLIT_MIN_BYTES:
                 # before the send completes: the caller's next send finds the streams repaired
                 self._repair_slow_start(list(t.sent_on))
             t.owner._finish(None)

@@ -55,12 +55,15 @@ class TransportConfig:
     checksum: per-chunk checksum added by the sender: none, xxh3, xxh64, crc32.
     zero_copy: send chunk payloads with vmsplice + splice instead of copying them into
         the kernel (Linux; see `splice`); off or unavailable: one gathered sendmsg.
-    restart_cut_slow_start: after each confirmed send of at least 128 KiB, put every
-        stream that carried it and left slow start below the window its peer allows
-        without ever losing a segment (cubic's HyStart reacting to a delay: another
-        channel's queue, a loaded host) back into slow start (`sockets.WindowState`,
-        `sockets.restart_slow_start`); off: such a stream stays slow until congestion
-        avoidance has grown its window, dozens of bursts on a bursty channel.
+    restart_cut_slow_start: on a paced channel (pacing_rate_mbps set), after each
+        confirmed send of at least 128 KiB, put every stream that carried it and left
+        slow start below the window its peer allows without ever losing a segment
+        (cubic's HyStart reacting to a delay: another channel's queue, a loaded host)
+        back into slow start (`sockets.WindowState`, `sockets.restart_slow_start`); off,
+        or unpaced: such a stream stays slow until congestion avoidance has grown its
+        window, dozens of bursts on a bursty channel. Unpaced channels are left alone
+        because the restart passes through BBR, which turns the kernel's pacing on for
+        the stream for good: an unpaced channel would silently become a paced one.
     auto_*: stream-count probe: candidates tried in order, stop when goodput grows by
         less than auto_margin; each candidate sends for at least auto_probe_s.
     """

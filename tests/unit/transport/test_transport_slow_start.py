@@ -30,6 +30,7 @@ from atlas_transport.sockets import (
     window_state,
 )
 
+PACED = 10_000.0  # SO_MAX_PACING_RATE that never binds: paced, as the testbed's channels are
 needs_bbr = pytest.mark.skipif(not {"bbr", "cubic"} <= set(available_congestion()),
                                reason="the kernel offers no bbr or cubic")
 
@@ -107,7 +108,7 @@ def _send_rounds(a, b, rounds: int = 3) -> None:
 
 @needs_bbr
 def test_a_channel_leaves_no_stream_cut_short_after_a_confirmed_send():
-    with loopback_pair(TransportConfig(streams=2, secret=b"s", congestion="cubic")) as (a, b):
+    with loopback_pair(TransportConfig(streams=2, secret=b"s", congestion="cubic", pacing_rate_mbps=PACED)) as (a, b):
         _send_rounds(a, b)
         states = [window_state(s.sock) for s in a._streams]  # the last send is confirmed: repaired by now
         if a.slow_start_restarts == 0:
@@ -122,7 +123,7 @@ def test_a_refused_restart_is_said_once_and_not_tried_again(monkeypatch, caplog)
     monkeypatch.setattr(channel_mod, "window_state", lambda sock: cut)
     monkeypatch.setattr(channel_mod, "restart_slow_start", lambda sock: calls.append(sock) or False)
     caplog.set_level(logging.INFO, logger="atlas_transport")
-    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):
+    with loopback_pair(TransportConfig(streams=2, secret=b"s", pacing_rate_mbps=PACED)) as (a, b):
         _send_rounds(a, b, rounds=2)
         assert len(calls) == 1 and a.slow_start_restarts == 0
     said = [r.getMessage() for r in caplog.records if "refused to restart" in r.getMessage()]
@@ -131,15 +132,18 @@ def test_a_refused_restart_is_said_once_and_not_tried_again(monkeypatch, caplog)
     assert "net.ipv4.tcp_allowed_congestion_control" in said[0]
 
 
-def test_no_repair_when_turned_off_or_for_small_sends(monkeypatch):
+def test_no_repair_when_turned_off_unpaced_or_for_small_sends(monkeypatch):
     cut = WindowState.parse(_tcp_info())
     calls = []
     monkeypatch.setattr(channel_mod, "window_state", lambda sock: cut)
     monkeypatch.setattr(channel_mod, "restart_slow_start", lambda sock: calls.append(sock) or True)
-    with loopback_pair(TransportConfig(streams=2, secret=b"s"), restart_cut_slow_start=False) as (a, b):
+    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):  # unpaced: BBR would pace it for good
         _send_rounds(a, b, rounds=1)
     assert calls == []
-    with loopback_pair(TransportConfig(streams=2, secret=b"s")) as (a, b):
+    with loopback_pair(TransportConfig(streams=2, secret=b"s", pacing_rate_mbps=PACED), restart_cut_slow_start=False) as (a, b):
+        _send_rounds(a, b, rounds=1)
+    assert calls == []
+    with loopback_pair(TransportConfig(streams=2, secret=b"s", pacing_rate_mbps=PACED)) as (a, b):
         h = a.isend(torch.zeros(1024, dtype=torch.uint8), tag=1)  # 1 KiB: latency, not window
         b.recv(1, timeout=10)
         h.wait(10)

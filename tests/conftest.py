@@ -10,10 +10,12 @@ Markers (registered in pyproject.toml):
   ``TESTBED_LONG_TESTS=1`` (``make test-long``), so ``make test`` stays within its time.
 * ``alone``: a root test whose checks are measurements of the emulated network (RTT,
   loss, order) that a concurrent run would skew; ``make test`` runs these one at a time,
-  after the others. The other root and cluster tests run two at a time there (xdist
+  after the others. The other root and cluster tests run three at a time there (xdist
   ``--dist loadgroup``): each test file is one group, so the tests of a file never
-  overlap; all of ``tests/cluster`` and the root tests that crash runs and clean up after
-  them (``_CLEANING``) are one group more, "clean": one rig, one ``testbed clean`` at a time.
+  overlap (and share one rig); the tests that crash runs on purpose and clean up after
+  them (``_CLEANING`` files, and single tests marked ``cleans``) are one group,
+  "clean": one ``testbed clean`` at a time, and no dead record of one test in view of
+  another's clean.
 * ``floor``: asserts a throughput, a speedup ratio or a duration that depends on the
   machine's speed (a benchmark floor, mostly under ``tests/floors/``); skipped unless
   ``TESTBED_FLOOR_TESTS=1`` (``make floors``, on a quiet machine), so that noise on busy
@@ -48,10 +50,13 @@ import pytest
 
 from testbed_core.constants import REPO_ROOT, WORKLOADS_DIR
 
-# Root test files that crash a run on purpose and then end what it left (`testbed clean`, or
-# its record's plan): with pytest-xdist they share one group with the cluster tests (whose
-# rigs do the same), so that no other test's clean ends their leftovers first.
-_CLEANING = {"test_teardown.py", "test_kill_anywhere.py", "test_launch.py"}
+# Test files that crash a run on purpose or leave a dead run's record, and then end what
+# it left with `testbed clean` (which ends every dead run on the machine) or its record's
+# plan; single such tests elsewhere carry the `cleans` mark. With pytest-xdist they share
+# one group, "clean", so that no other test's clean ends their leftovers first, and no
+# clean from one rig's head tries another rig's dead run over SSH (both rigs have the
+# same addresses, each in its own namespaces).
+_CLEANING = {"test_teardown.py", "test_kill_anywhere.py", "test_launch.py", "test_cluster_clean_remote.py"}
 
 
 def _cuda_available() -> bool:
@@ -62,7 +67,6 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.hookimpl(tryfirst=True)  # before pytest-xdist reads the xdist_group marks
 def pytest_configure(config: pytest.Config) -> None:
     """Give SIGINT its default meaning back when the suite was started with it ignored.
 
@@ -74,12 +78,15 @@ def pytest_configure(config: pytest.Config) -> None:
         signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
+@pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns xdist_group marks into groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
-        if "cluster" in item.keywords or item.path.name in _CLEANING:
+        if item.path.name in _CLEANING or "cleans" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("clean"))
-        elif "root" in item.keywords:
+        elif "root" in item.keywords or "cluster" in item.keywords:
             item.add_marker(pytest.mark.xdist_group(item.path.stem))
+    if config.getoption("loadgroup", default=False):
+        _group_ids(items)
     if os.geteuid() != 0:
         skip = pytest.mark.skip(reason="needs root and network namespaces (run as root, e.g. sudo make test)")
         for item in items:
@@ -100,6 +107,20 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         skip = pytest.mark.skip(reason="needs a CUDA GPU (torch.cuda.is_available() is false here)")
         for item in gpu_items:
             item.add_marker(skip)
+
+
+def _group_ids(items: list[pytest.Item]) -> None:
+    """What pytest-xdist's --dist loadgroup does to a grouped test's id (the group after an
+    ``@``, from which its scheduler groups the tests), done here on the id pytest 9 reads:
+    xdist 3.8 writes ``item._nodeid``, which pytest 9 no longer uses, so its groups were
+    silently dropped (every test its own group)."""
+    from _pytest.nodeid import NodeId
+
+    for item in items:
+        names = sorted({str(m.args[0] if m.args else m.kwargs.get("name", "default"))
+                        for m in item.iter_markers("xdist_group")})
+        if names and "@" not in item.nodeid:
+            item._id = NodeId.parse(f"{item.nodeid}@{'_'.join(names)}")  # type: ignore[attr-defined]
 
 
 def _cpu_s() -> float:

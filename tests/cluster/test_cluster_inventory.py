@@ -92,6 +92,7 @@ def test_a_key_the_machines_refuse_stops_the_run_naming_the_machine(rig, tmp_pat
     assert "machines.1 (s2, root@10.202.0.3:22)" in res.stderr
 
 
+@pytest.mark.cleans
 def test_testbed_clean_ends_what_a_killed_inventory_run_left_on_the_machines(rig, tmp_path):
     """The run's controller killed (SIGKILL) once its first process runs on a machine:
     its folders there and its processes (marked with the run's prefix) stay, with the

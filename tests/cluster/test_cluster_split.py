@@ -207,6 +207,7 @@ def test_a_tunnel_mtu_too_small_is_refused(tmp_path):
     assert "raise the MTU of" in res.stderr
 
 
+@pytest.mark.cleans
 def test_testbed_clean_undoes_a_rig_whose_owner_was_killed(tmp_path):
     code = ("from testbed.emulation.cluster.rig import ServerRig\n"
             "import sys, time\n"

@@ -36,7 +36,7 @@ $(STAMP): pyproject.toml
 #    that crash runs and clean up after them are one group (tests/conftest.py);
 # 3. the tests marked `alone` one at a time, nothing beside them: their checks are
 #    measurements (RTT, loss, order) that a concurrent run would skew.
-PYTEST_UNIT  := $(VENV)/bin/pytest -q -n 3 --dist loadfile --ignore=tests/root --ignore=tests/cluster tests
+PYTEST_UNIT  := $(VENV)/bin/pytest -q -n 3 --dist loadgroup --ignore=tests/root --ignore=tests/cluster tests
 PYTEST_ROOT  := $(VENV)/bin/pytest -q -n 3 --dist loadgroup -m "not alone" tests/cluster tests/root
 PYTEST_ALONE := $(VENV)/bin/pytest -q -m alone tests/cluster tests/root
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 import signal
 import time
@@ -83,8 +84,10 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.path.name in _CLEANING or "cleans" in item.keywords:
             item.add_marker(pytest.mark.xdist_group("clean"))
-        elif "root" in item.keywords or "cluster" in item.keywords:
-            item.add_marker(pytest.mark.xdist_group(item.path.stem))
+        elif "root" in item.keywords or "cluster" in item.keywords or "spread" not in item.keywords:
+            item.add_marker(pytest.mark.xdist_group(item.path.stem))  # as --dist loadfile: one worker a file
+        else:  # slow tests that share nothing: each its own group, so they spread over the workers
+            item.add_marker(pytest.mark.xdist_group(re.sub(r"[^\w.-]", "_", f"{item.path.stem}-{item.name}")))
     if config.getoption("loadgroup", default=False):
         _group_ids(items)
     if os.geteuid() != 0:

@@ -118,6 +118,7 @@ MATRIX = [pytest.param(case, backend, id=f"{case}-{backend}",
 
 
 @pytest.mark.slow
+@pytest.mark.spread
 @pytest.mark.parametrize(("case", "backend"), MATRIX)
 def test_example_equals_reference(case: str, backend: str, child_env: dict[str, str], tmp_path: Path) -> None:
     script, world, args, ref_args = CASES[case]

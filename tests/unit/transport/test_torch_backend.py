@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 import torch
 
+pytestmark = pytest.mark.spread  # each test starts its own ranks and shares nothing
+
 PRELUDE = """\
 import os, sys, time, torch, torch.distributed as dist
 import atlas_transport.torch

@@ -118,13 +118,19 @@ _TCP_INFO_LAST_DATA_RECV = 52  # struct tcp_info: u32 ms since the last data seg
 _MIN_REWAIT_S = 0.01
 
 
-def _tcp_info_u32(sock: socket.socket, offset: int) -> int | None:
-    """The u32 at `offset` of the socket's struct tcp_info, None where unavailable."""
+def _tcp_info(sock: socket.socket, nbytes: int) -> bytes | None:
+    """The first `nbytes` of the socket's struct tcp_info (fewer where the kernel's is
+    shorter), None where unavailable."""
     try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, 104)
+        return sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, nbytes)
     except (OSError, AttributeError):
         return None
-    if len(raw) < offset + 4:
+
+
+def _tcp_info_u32(sock: socket.socket, offset: int) -> int | None:
+    """The u32 at `offset` of the socket's struct tcp_info, None where unavailable."""
+    raw = _tcp_info(sock, 104)
+    if raw is None or len(raw) < offset + 4:
         return None
     return int(struct.unpack_from("I", raw, offset)[0])
 
@@ -213,11 +219,8 @@ class WindowState:
 
 def window_state(sock: socket.socket) -> WindowState | None:
     """The stream's `WindowState`, None where TCP_INFO is unavailable or too old."""
-    try:
-        raw = sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-    except (OSError, AttributeError):
-        return None
-    return WindowState.parse(raw)
+    raw = _tcp_info(sock, _TCP_INFO_LEN)
+    return None if raw is None else WindowState.parse(raw)
 
 
 def congestion_of(sock: socket.socket) -> str | None:

@@ -441,13 +441,13 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     fig = TurnsCalibration(streams=streams, channels=len(pairs), slot_s=slot, untimed=untimed, transfer_s=ways[0],
                            return_s=ways[1])
     pc.turns = [t for t in pc.turns if t.streams != streams] + [fig]
-    holds = ", ".join(f"{turns_hold_s(w, pc.latency_s, slot) * 1e3:.0f}" for w in ways)
+    holds = ", ".join(f"{turns_hold_s(way, pc.latency_s, slot) * 1e3:.0f}" for way in ways)
     progress.log(f"  calibration{_where(pc)}: {len(pairs)} {'warmed' if warm else 'cold'} channel(s) of {streams} "
                  "streams taking turns each "
                  f"way, {untimed} untimed tensors first: a planned transfer holds its link {holds} ms on average "
                  f"each way (planned {slot * 1e3:.0f} ms; transfers median "
-                 f"{', '.join(f'{median(w) * 1e3:.0f}' for w in ways)} ms, slowest "
-                 f"{max(max(w) for w in ways) * 1e3:.0f} ms)")
+                 f"{', '.join(f'{median(way) * 1e3:.0f}' for way in ways)} ms, slowest "
+                 f"{max(max(way) for way in ways) * 1e3:.0f} ms)")
 
 
 def calibrate_wan_rings(net: Network, scenario: Scenario, folder: Path, secret: str,

@@ -35,6 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from testbed_core.planning.calibrated import TOKEN_HANDOVER_S
 from testbed_core.simulate import TransferKey
 
 if TYPE_CHECKING:
@@ -45,8 +46,9 @@ MAX_ITERATION = (1 << ITER_BITS) - 1
 MAX_BOUNDARY = (1 << BOUNDARY_BITS) - 1
 MAX_MB = (1 << MB_BITS) - 1
 # A token holder looks at its transfer this long before the end it announced: the next
-# holder (another host of the DC, over the LAN) must hear of a later end before it starts
-WATCH_LEAD_S = 0.005
+# holder (another host of the DC, over the LAN) must hear of a later end before it starts.
+# The planner's hand-over (testbed_core/planning/calibrated.py) is this one figure.
+WATCH_LEAD_S = TOKEN_HANDOVER_S
 
 
 VERIFY_SEED = 0x5EED  # the seeded bytes every worker's patterns are rotations of (TransportComm verify)

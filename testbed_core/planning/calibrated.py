@@ -98,7 +98,7 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
 TOKEN_HANDOVER_S = 0.005
 """How long after its last byte left a planned transfer hands its link on: a sender
 looks at its channel this long before its announced end and announces a later one while
-bytes are left (testbed/training/transport_comm.py ``WATCH_LEAD_S``, kept equal by a test)."""
+bytes are left (testbed/training/transport_comm.py ``WATCH_LEAD_S`` is this figure)."""
 
 
 def turns_hold_s(transfer_s: Sequence[float], latency_s: float, slot_s: float,

@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from testbed_core.planning.lossy import lossy_flow_rate
+from testbed_core.planning.lossy import lossy_flow_rate, route_loss
 from testbed_core.topology import Topology, shortest_path
 
 MSS = 1448
@@ -179,7 +179,7 @@ def wan_path(
     # a connection its warm-up just opened and keeps the median, which a tensor that met
     # no loss (or one without a timeout) sets; a run's tensors, each after a pipeline
     # bubble, meet the path's loss over the whole iteration
-    loss = 1 - math.prod(1 - link.loss for link in links)
+    loss = route_loss(topology, dcs)
     flow = min(flow, loss_limited_rate(rtt, loss))
     fill = 1 if flow >= bottleneck else min(net.max_streams, math.ceil(bottleneck / flow - 1e-9))
     n = fill if streams == "auto" else int(streams)

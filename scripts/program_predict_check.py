@@ -49,6 +49,7 @@ from testbed_core.program.predict import (  # noqa: E402
     retarget,
 )
 from testbed_core.program.profile import read_profile  # noqa: E402
+from testbed_core.program.transport import read_calibration  # noqa: E402
 
 TOPOLOGY = REPO / "topologies" / "2dc.yaml"
 PROGRAMS = {"pipeline": ["examples/pipeline.py", "--steps", "6"], "ddp": ["examples/ddp.py", "--steps", "40"]}
@@ -116,7 +117,13 @@ def measured(launch_json: Path) -> tuple[float, list[float]]:
 FROZEN = "predictions-a-priori.json"
 
 
-def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -> None:
+def _calibration(directory: Path, profile, use: bool):
+    """The transport calibration measured with the profile (DIR/transport-calibration.json),
+    None where there is none (profiles before it) or `use` is off."""
+    return read_calibration(directory, profile) if use else None
+
+
+def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int], use_cost: bool = True) -> None:
     """The predictions from the 50 ms profiles alone, added to those kept before, with when and
     at which commit (model) they were made: made before a target's launch
     (target_launched_already false), they cannot have been fitted to it."""
@@ -124,17 +131,22 @@ def _freeze(out: Path, progs: list[str], backends: list[str], rtts: list[int]) -
     kept = json.loads(path.read_text()) if path.is_file() else []
     for prog in progs:
         for be in backends:
-            profile = read_profile(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}")
-            windows = measured_windows(profile, profile.network)
+            pdir = out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"
+            profile = read_profile(pdir)
+            cal = _calibration(pdir, profile, use_cost)
+            windows = measured_windows(profile, profile.network, transport=cal)
             for rtt in rtts:
-                pred = predict(profile, retarget(profile.network, rtt / 1000), windows=windows)
+                pred = predict(profile, retarget(profile.network, rtt / 1000), windows=windows, transport=cal)
                 targets = out / f"profile-{rtt}-{prog}-{be}" / META_FILE
                 kept.append({"program": prog, "backend": be, "rtt_ms": rtt, "commit": _commit(),
                              "made_utc": time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime()),
                              "target_launched_already": targets.is_file(),
                              "rank0_s_per_step": round(pred.seconds_per_step or 0, 4),
                              "ranks_mean_s_per_step": round(pred.ranks_mean_s_per_step or 0, 4),
-                             "extra_rtts": round(pred.extra_rtts, 3)})
+                             "extra_rtts": round(pred.extra_rtts, 3),
+                             "transport_calibration": None if cal is None else
+                             {"measured_utc": cal.measured_utc, "load_average": cal.load_average,
+                              "costs": [c.model_dump() for c in cal.costs]}})
                 print(kept[-1])
     path.write_text(json.dumps(kept, indent=1) + "\n")
 
@@ -179,6 +191,8 @@ def main() -> None:
                     "scripts/program_predict_check.py ...): launch without taking it per launch")
     ap.add_argument("--predict-only", action="store_true", help="launch nothing: predict from OUT's 50 ms profiles "
                     f"and add the figures to OUT/{FROZEN} with the commit and time (before the targets are launched)")
+    ap.add_argument("--no-transport-cost", action="store_true", help="predict without the transport calibration "
+                    "measured with each 50 ms profile (transport-calibration.json): the network alone")
     ap.add_argument("--no-profile-launch", action="store_true", help="launch only the targets (the 50 ms profiles "
                     "are in OUT already)")
     args = ap.parse_args()
@@ -189,7 +203,7 @@ def main() -> None:
     backends = [b for b in args.backends.split(",") if b]
     t0 = time.time()
     if args.predict_only:
-        _freeze(out, progs, backends, rtts)
+        _freeze(out, progs, backends, rtts, not args.no_transport_cost)
         return
     if not args.reuse:
         for rtt in ([] if args.no_profile_launch else [PROFILE_RTT_MS]) + rtts:
@@ -207,11 +221,14 @@ def main() -> None:
     rows, preds = [], []
     for prog in progs:
         for be in backends:
-            profile = read_profile(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}")
-            windows = measured_windows(profile, profile.network)
+            pdir = out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"
+            profile = read_profile(pdir)
+            cal = _calibration(pdir, profile, not args.no_transport_cost)
+            windows = measured_windows(profile, profile.network, transport=cal)
             compute0 = statistics.median(compute_per_step(profile.ranks[0])[1:])
             for rtt in rtts:
-                pred = predict(profile, retarget(profile.network, rtt / 1000), label=f"RTT {rtt} ms", windows=windows)
+                pred = predict(profile, retarget(profile.network, rtt / 1000), label=f"RTT {rtt} ms", windows=windows,
+                               transport=cal)
                 target_dir = out / f"profile-{rtt}-{prog}-{be}"
                 m, steps = measured(target_dir / "launch.json")
                 err = pred.seconds_per_step / m - 1 if pred.seconds_per_step else None
@@ -219,7 +236,7 @@ def main() -> None:
                 m_mean = ranks_mean_median(measured_steps(target), 1)
                 p_mean = pred.ranks_mean_s_per_step
                 err_mean = p_mean / m_mean - 1 if p_mean and m_mean else None
-                own = predict(target, target.network, windows=windows, extra_rtts=pred.extra_rtts)
+                own = predict(target, target.network, windows=windows, extra_rtts=pred.extra_rtts, transport=cal)
                 compute_t = statistics.median(compute_per_step(target.ranks[0])[1:])
                 meta_p, meta_t = _meta(out / f"profile-{PROFILE_RTT_MS}-{prog}-{be}"), _meta(target_dir)
                 rows.append({"program": prog, "backend": be, "rtt_ms": rtt,
@@ -237,6 +254,8 @@ def main() -> None:
                              "predicted_ranks_mean_s": round(p_mean or 0, 4), "measured_ranks_mean_s": round(m_mean or 0, 4),
                              "error_ranks_mean": None if err_mean is None else round(err_mean, 4),
                              "extra_rtts": round(pred.extra_rtts, 3),
+                             "transport_cost": "none" if cal is None else " ".join(
+                                 f"{c.pattern}:{c.overhead_s * 1e3:.2f}ms+{c.rate_Bps / 1e6:.0f}MB/s" for c in cal.costs),
                              "rank0_compute_profiled_s": round(compute0, 4), "rank0_compute_target_s": round(compute_t, 4),
                              "replay_with_target_compute_s": round(own.ranks_mean_s_per_step or 0, 4),
                              "rank0_wall_over_cpu_profiled": _load(profile), "rank0_wall_over_cpu_target": _load(target),

@@ -208,7 +208,7 @@ def _check_plan(topology: Topology, spec: LaunchSpec) -> None:
 def _write_profile(report: LaunchReport, out: Path, cwd: str, env: dict[str, str],
                    line_times: dict[int, list[float]], say: Say) -> None:
     """``profile.json`` from the ranks' records (a failed launch still gets the part it ran)."""
-    from testbed.launch.profile import build_profile, write_profile
+    from testbed.launch.profile import build_profile, calibrate_transport, write_profile
     from testbed_core.configfile import ConfigError
     from testbed_core.topology import load_topology
 
@@ -225,6 +225,7 @@ def _write_profile(report: LaunchReport, out: Path, cwd: str, env: dict[str, str
     share = (f"; {prof.recorded_wan_bytes / prof.wan_bytes:.0%} of the WAN counters' bytes recorded"
              if prof.wan_bytes else "")
     say(f"profile: {ops} communications and {steps} step lines over {len(prof.ranks)} ranks{share}: {path}")
+    calibrate_transport(prof, out, say)
 
 
 def _built(file: str, servers: str | None, backend: str, spec: LaunchSpec, out: Path, quiet: bool,

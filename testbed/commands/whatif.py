@@ -71,11 +71,15 @@ def _human_bytes(n: float | None) -> str:
               help="With --program: the host of each rank on --topology, in rank order (default: the hosts it ran on).")
 @click.option("--command", "command_text", default=None, metavar="COMMAND",
               help="With --program: the command you mean to run; refused unless it is the profiled one.")
+@click.option("--transport-cost", "transport_cost", type=click.Choice(["profile", "measure", "none"]),
+              default="profile", show_default=True,
+              help="With --program: the atlas transport's own cost per transfer: as measured with the profile "
+                   "(DIR/transport-calibration.json), measured now on this machine (written there), or none.")
 def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Path | None, out_dir: Path | None,
            gpus_text: str | None, variants: str, streams: str, baseline_placement: str,
            calibration_dir: Path | None, chunk_tokens: int, guard: float, no_allreduce: bool, as_json: bool,
            program_dir: Path | None, rtt_text: str | None, bandwidth_text: str | None, hosts_text: str | None,
-           command_text: str | None) -> None:
+           command_text: str | None, transport_cost: str) -> None:
     """Predict iteration time, utilization, bubbles, WAN bytes and BubbleTea's prefill
     capacity per variant, at any scale (no emulation is started); with --program, the
     seconds per step of your own profiled program on another network."""
@@ -88,7 +92,7 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
         ctx = click.get_current_context()
         given = ctx.get_parameter_source("streams") == click.core.ParameterSource.COMMANDLINE
         program_whatif(program_dir, topology_path, rtt_text, bandwidth_text, hosts_text, command_text,
-                       streams if given else None, as_json)
+                       streams if given else None, as_json, transport_cost)
         return
     if rtt_text is not None or bandwidth_text is not None or hosts_text is not None or command_text is not None:
         raise click.UsageError("--rtt, --bandwidth, --hosts and --command go with --program DIR")

@@ -31,9 +31,41 @@ def _values(text: str | None, parse, what: str) -> list[float | None]:
     return out
 
 
+def _transport(profile, program_dir: Path, choice: str, quiet: bool):
+    """The atlas transport's calibration the prediction uses (None: the network alone)."""
+    from testbed_core.program.profile import ProfileError
+    from testbed_core.program.transport import CALIBRATION_FILE, needs_calibration, read_calibration
+
+    if choice == "none" or not needs_calibration(profile):
+        return None
+    if choice == "measure":
+        from testbed.launch.transport_calibration import CalibrationError, measure, write
+
+        if not quiet:
+            click.echo("measuring the atlas transport's own cost on this machine (two ranks on 127.0.0.1) ...",
+                       err=True)
+        try:
+            cal = measure()
+        except CalibrationError as exc:
+            raise click.ClickException(str(exc)) from None
+        write(cal, program_dir if Path(program_dir).is_dir() else Path(program_dir).parent)
+        return cal
+    cal = read_calibration(program_dir, profile)
+    if cal is None:
+        raise ProfileError(f"--program {program_dir}: the program used atlas across DCs, but there is no "
+                           f"{CALIBRATION_FILE} there (the transport's own cost per transfer on this machine, which "
+                           "`testbed launch --profile` measures after the ranks end; profiles made before it have "
+                           "none): measure it now with --transport-cost measure, or predict the network alone with "
+                           "--transport-cost none")
+    return cal
+
+
 def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str | None, bandwidth_text: str | None,
-                   hosts_text: str | None, command_text: str | None, streams: str | None, as_json: bool) -> None:
-    """Print (or give as JSON) the profiled program's predicted seconds per step per target."""
+                   hosts_text: str | None, command_text: str | None, streams: str | None, as_json: bool,
+                   transport_cost: str = "profile") -> None:
+    """Print (or give as JSON) the profiled program's predicted seconds per step per target;
+    `transport_cost`: 'profile' (the folder's transport-calibration.json, required where
+    the program used atlas across DCs), 'measure' (measured now, written there) or 'none'."""
     from testbed_core.configfile import ConfigError
     from testbed_core.program.predict import measured_windows, predict, retarget
     from testbed_core.program.profile import ProfileError, check_program, read_profile
@@ -54,7 +86,8 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
         base = load_topology(topology_path) if topology_path is not None else profile.network
         source = str(topology_path) if topology_path is not None else f"the profile's topology ({base.name})"
         hosts = [h.strip() for h in hosts_text.split(",") if h.strip()] if hosts_text else None
-        windows = measured_windows(profile, profile.network)
+        transport = _transport(profile, program_dir, transport_cost, as_json)
+        windows = measured_windows(profile, profile.network, transport=transport)
         t0 = time.perf_counter()
         rows = []
         for rtt in rtts:
@@ -62,7 +95,7 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
                 label = ", ".join(x for x in (f"RTT {rtt * 1e3:g} ms" if rtt else "",
                                               f"{rate / 1e9:g} Gbit/s" if rate else "") if x) or base.name
                 rows.append(predict(profile, retarget(base, rtt, rate), label=label, streams=n_streams,
-                                    hosts=hosts, source=source, windows=windows))
+                                    hosts=hosts, source=source, windows=windows, transport=transport))
         took = time.perf_counter() - t0
     except (ProfileError, ConfigError) as exc:
         raise click.ClickException(str(exc)) from None
@@ -82,6 +115,11 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
         click.echo(f"  the ranks' compute took {min(loads):.1f}-{max(loads):.1f}x its CPU time in wall time there (1.0: "
                    "cores to spare); it is replayed as profiled, so a machine busier or idler then than at the "
                    "target moves the prediction by as much")
+    if transport is not None:
+        costs = ", ".join(f"{c.pattern} {c.overhead_s * 1e3:.2f} ms + bytes at {c.rate_Bps / 1e6:,.0f} MB/s"
+                          for c in transport.costs)
+        click.echo(f"  atlas transport's own cost per WAN transfer (measured {transport.measured_utc} UTC on "
+                   f"127.0.0.1, load {transport.load_average:g}): {costs}")
     click.echo(f"  fitted on the profile's own network: {rows[0].extra_rtts:+.2f} round trips per WAN transfer "
                "beyond the model")
     for p in rows[0].paths:

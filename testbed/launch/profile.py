@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from testbed.launch.models import LaunchReport
@@ -156,8 +157,46 @@ def build_profile(report: LaunchReport, topology: Topology, out_dir: Path, cwd: 
                              topology_file=report.topology_file, env=dict(report.env), world_size=report.world_size,
                              nproc_per_host=report.nproc_per_host, started=report.started, wall_s=report.wall_s,
                              ranks=ranks, wan_bytes=wan, recorded_wan_bytes=crossing,
-                             atlas_all_reduce=atlas_all_reduce_algorithm())
+                             atlas_all_reduce=atlas_all_reduce_algorithm(), transport_fingerprint=_fingerprint())
     return profile
+
+
+def _fingerprint() -> str | None:
+    try:
+        from testbed.launch.transport_calibration import transport_fingerprint
+
+        return transport_fingerprint()
+    except (ImportError, OSError):
+        return None
+
+
+def calibrate_transport(profile: ProgramProfile, out_dir: Path, say: Callable[[str], None]) -> Path | None:
+    """Where the profiled program's ranks used atlas across DCs: the transport's own cost
+    on this machine, measured now (testbed/launch/transport_calibration.py: two ranks on
+    127.0.0.1, seconds), written beside ``profile.json``; None where it needs none. A
+    measure that fails is said, not raised: the profile stands, and
+    `testbed whatif --program DIR --transport-cost measure` measures it later."""
+    from testbed.launch.transport_calibration import STREAMS, CalibrationError, measure, write
+    from testbed_core.program.transport import needs_calibration
+
+    if not needs_calibration(profile):
+        return None
+    env_streams = profile.env.get("ATLAS_STREAMS", "").strip()
+    group_streams = [g.streams for r in profile.ranks for g in r.groups if g.backend == "atlas" and g.streams]
+    streams = int(env_streams) if env_streams.isdigit() and int(env_streams) > 0 else (
+        group_streams[0] if group_streams else STREAMS)
+    try:
+        cal = measure(streams=streams)
+    except CalibrationError as exc:
+        say(f"transport calibration: {exc}; measure it later: testbed whatif --program {out_dir} "
+            "--transport-cost measure")
+        return None
+    path = write(cal, out_dir)
+    costs = ", ".join(f"{c.pattern} {c.overhead_s * 1e3:.2f} ms + bytes at {c.rate_Bps / 1e6:,.0f} MB/s"
+                      for c in cal.costs)
+    say(f"transport calibration (atlas on 127.0.0.1, {streams} streams, {cal.took_s:.0f} s, load "
+        f"{cal.load_average}): {costs}: {path}")
+    return path
 
 
 def _relative(path: str, cwd: str) -> str:

@@ -69,6 +69,12 @@ from pydantic import BaseModel, ConfigDict, Field
 from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.planning.lossy import RTO_MIN_S  # Linux's minimum retransmission timeout
 from testbed_core.program.profile import OpRecord, ProfileError, ProgramProfile, RankProfile
+from testbed_core.program.transport import (
+    CALIBRATED_BACKENDS,
+    Pattern,
+    PatternCost,
+    TransportCalibration,
+)
 from testbed_core.topology import Topology
 
 MSS = 1448
@@ -188,6 +194,9 @@ class ProgramPrediction(_Model):
     paths: list[PathFigures]
     streams: dict[str, int] = Field(description="streams per pair by backend, on WAN paths")
     extra_rtts: float = Field(description="round trips added to each WAN transfer, fitted on the profile's network")
+    transport_costs: list[PatternCost] | None = Field(
+        None, description="the atlas transport's measured cost per transfer the replay used (transport-calibration"
+                          ".json); None: none given, the network alone")
 
 
 @dataclass
@@ -375,9 +384,10 @@ class Replay:
     def __init__(self, profile: ProgramProfile, paths: Mapping[tuple[str, str], _Path],
                  dc_of: Mapping[int, str], streams_of: Callable[[str, _Path], int],
                  algorithms: Mapping[str, Mapping[str, Algorithm]], slow_start_after_idle: bool,
-                 extra_rtts: float = 0.0) -> None:
+                 extra_rtts: float = 0.0, transport: TransportCalibration | None = None) -> None:
         self.profile, self.paths, self.dc_of = profile, paths, dc_of
         self.extra_rtts = extra_rtts
+        self.transport = transport
         self.streams_of, self.algorithms = streams_of, algorithms
         self.cold_restart = slow_start_after_idle
         self.link_free: dict[tuple[str, str], float] = {}  # when each direction's link last sent
@@ -410,8 +420,12 @@ class Replay:
     def path(self, a: int, b: int) -> _Path:
         return self.paths[(self.dc_of[a], self.dc_of[b])]
 
-    def _transfer(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, start: float) -> tuple[float, float]:
-        """(last byte out, arrival) of `nbytes` from `src` to `dst` on the group's connection."""
+    def _transfer(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, start: float,
+                  pattern: Pattern = "send") -> tuple[float, float]:
+        """(last byte out, arrival) of `nbytes` from `src` to `dst` on the group's connection;
+        a calibrated backend's transfer across a WAN takes at least its bytes at the
+        transport's measured rate, plus the measured overhead per transfer of its
+        `pattern` (testbed_core/program/transport.py), on the channel's time."""
         path = self.path(src, dst)
         ch = self.channels[(gkey, src, dst)]
         begin = max(start, ch.free)
@@ -425,12 +439,20 @@ class Replay:
         tokens = 0.0 if path.lan else min(link_burst_bytes(path.link_Bps), max(0.0, begin - idle_since) * path.link_Bps)
         took, ch.cwnd = _serialization(nbytes, streams, path, cwnd, self._paced(gkey, backend, src, dst, nbytes,
                                                                               streams, path), tokens)
+        cost = self._cost(backend, path, pattern)
+        if cost is not None:
+            took = max(took, nbytes / cost.rate_Bps) + cost.overhead_s
         ch.free = ch.sent = begin + took
         self.link_free[link] = max(idle_since, ch.free)
         # the fitted round trips are what a transfer's data costs beyond the model (pacing, ramp-up,
         # the protocol's own exchanges); a message within each stream's first flight pays none of them
         extra = self.extra_rtts if nbytes / streams > INITIAL_WINDOW else min(0.0, self.extra_rtts)
         return ch.free, ch.free + max(0.0, path.latency + extra * path.rtt)
+
+    def _cost(self, backend: str, path: _Path, pattern: Pattern) -> PatternCost | None:
+        if self.transport is None or path.lan or backend not in CALIBRATED_BACKENDS:
+            return None
+        return self.transport.cost(pattern)
 
     def _paced(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, streams: int, path: _Path) -> bool:
         """Whether this send leaves paced (BBR): a paced backend's WAN channel, unless its
@@ -523,7 +545,8 @@ class Replay:
         for a in coll.members:
             for b in coll.members:
                 if a != b:
-                    arrived = self._transfer(gkey, coll.backend, a, b, nbytes, coll.ops[a].issued)[1]  # type: ignore[arg-type]
+                    arrived = self._transfer(gkey, coll.backend, a, b, nbytes, coll.ops[a].issued,  # type: ignore[arg-type]
+                                             "exchange")[1]
                     arrivals[b] = max(arrivals[b], arrived)
         for m, o in coll.ops.items():
             o.done = arrivals[m]
@@ -551,7 +574,8 @@ class Replay:
         if coll.algorithm == "hierarchical" and rec.op.startswith("all_reduce"):
             return self._hierarchical(gkey, coll, nbytes, t)
         # exchange: every member sends its whole tensor to every other, at once
-        return max(send(gkey, coll.backend, a, b, nbytes, t) for a in members for b in members if a != b)
+        return max(self._transfer(gkey, coll.backend, a, b, nbytes, t, "exchange")[1]
+                   for a in members for b in members if a != b)
 
     def _round_transfer(self, gkey: tuple, backend: str, src: int, dst: int, nbytes: float, start: float) -> float:
         """Arrival of one round's transfer of a collective that starts at `start`: a
@@ -639,7 +663,8 @@ class Replay:
 # --------------------------------------------------------------------------- calibration from the profile
 
 
-def measured_windows(profile: ProgramProfile, topology: Topology, fit: bool = True) -> dict[frozenset[str], float]:
+def measured_windows(profile: ProgramProfile, topology: Topology, fit: bool = True,
+                     transport: TransportCalibration | None = None) -> dict[frozenset[str], float]:
     """Per pair of DCs, one TCP flow's effective window as the profile shows it: each
     timed transfer on a one-stream connection (its arrival less the one-way delay, from
     when the connection could start it) gives the flow's rate; a rate under
@@ -695,11 +720,11 @@ def measured_windows(profile: ProgramProfile, topology: Topology, fit: bool = Tr
             if rate < WINDOW_LIMITED * link:  # window-limited: service = (bytes - window) / window round trips
                 rates[frozenset((a, b))].append(s.bytes * rtt / (service + rtt) / streams)
     measured = {pair: statistics.median(v) for pair, v in rates.items() if v}
-    return {**measured, **fit_windows(profile, measured)} if fit else measured
+    return {**measured, **fit_windows(profile, measured, transport=transport)} if fit else measured
 
 
-def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float], warmup: int = 1
-                ) -> dict[frozenset[str], float]:
+def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float], warmup: int = 1,
+                transport: TransportCalibration | None = None) -> dict[frozenset[str], float]:
     """The stream window of the WAN paths that only striped channels crossed in the
     profile (atlas: no one-stream transfer there to measure it), where the program's
     step on the profile's own network depends on it: the window, as a share of each
@@ -737,7 +762,7 @@ def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float
     def step(share: float) -> float:
         windows = {**measured, **{pair: share * n for pair, n in nominal.items()}}
         paths, _ = _paths(topo, dcs, windows)
-        marks = Replay(profile, paths, dc_of, rule, algos, slow, 0.0).run()
+        marks = Replay(profile, paths, dc_of, rule, algos, slow, 0.0, transport).run()
         return ranks_mean_median(_replayed_steps(profile, marks), warmup) or 0.0
 
     lo, hi = WINDOW_FIT_RANGE
@@ -899,7 +924,8 @@ def measured_steps(profile: ProgramProfile) -> dict[int, dict[int, float]]:
 
 
 def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], float], streams: int | None,
-                   algorithms: Mapping[str, Mapping[str, Algorithm]] | None, warmup: int) -> float:
+                   algorithms: Mapping[str, Mapping[str, Algorithm]] | None, warmup: int,
+                   transport: TransportCalibration | None = None) -> float:
     """The round trips each WAN transfer takes beyond the model (a protocol's own
     exchanges, a restart the model makes too slow or too fast), fitted so that the
     replay on the profile's own network gives rank 0's measured median step: a number
@@ -917,7 +943,7 @@ def fit_extra_rtts(profile: ProgramProfile, windows: Mapping[frozenset[str], flo
     algos = algorithms or algorithms_for(profile.atlas_all_reduce)
 
     def error(x: float) -> float:
-        marks = Replay(profile, paths, dc_of, rule, algos, slow, x).run()
+        marks = Replay(profile, paths, dc_of, rule, algos, slow, x, transport).run()
         got = ranks_mean_median(_replayed_steps(profile, marks), warmup)
         return (got or 0.0) - measured
 
@@ -939,9 +965,11 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
             streams: int | None = None, hosts: list[str] | None = None, source: str = "the topology",
             algorithms: Mapping[str, Mapping[str, Algorithm]] | None = None,
             windows: Mapping[frozenset[str], float] | None = None,
-            extra_rtts: float | None = None) -> ProgramPrediction:
+            extra_rtts: float | None = None, transport: TransportCalibration | None = None) -> ProgramPrediction:
     """The profiled program replayed on `topology` (see the module docstring);
-    `extra_rtts` None: fitted on the profile's own network (`fit_extra_rtts`)."""
+    `extra_rtts` None: fitted on the profile's own network (`fit_extra_rtts`);
+    `transport`: the atlas transport's measured cost per transfer (a floor and an
+    overhead on each of its WAN transfers, in the fits too), None: the network alone."""
     if not any(r.steps for r in profile.ranks):
         raise PredictError("the profile has no step lines: the program printed no {\"step\": k, \"step_s\": s} "
                            "JSON lines, so there is no step to predict")
@@ -949,18 +977,18 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
     fitted: frozenset[frozenset[str]] = frozenset()
     if windows is None:
         measured = measured_windows(profile, profile.network, fit=False)
-        fits = fit_windows(profile, measured)
+        fits = fit_windows(profile, measured, transport=transport)
         windows, fitted = {**measured, **fits}, frozenset(fits)
     paths, figures = _paths(topology, set(dc_of.values()), windows, fitted)
     streams_of = _streams_rule(profile, streams)
     slow_start = any(topology.tcp_for(dc).slow_start_after_idle for dc in set(dc_of.values()))
     algos = algorithms or algorithms_for(profile.atlas_all_reduce)
     if extra_rtts is None:
-        extra_rtts = fit_extra_rtts(profile, windows, streams, algos, warmup)
+        extra_rtts = fit_extra_rtts(profile, windows, streams, algos, warmup, transport)
 
     def replay_on(topo: Topology, paths_: Mapping[tuple[str, str], _Path], dcs: Mapping[int, str], slow: bool,
                   extra: float) -> dict[int, dict[tuple[int, str], float]]:
-        return Replay(profile, paths_, dcs, streams_of, algos, slow, extra).run()
+        return Replay(profile, paths_, dcs, streams_of, algos, slow, extra, transport).run()
 
     marks = replay_on(topology, paths, dc_of, slow_start, extra_rtts)
     ranks = []
@@ -979,7 +1007,7 @@ def predict(profile: ProgramProfile, topology: Topology, *, label: str = "", war
         ranks_mean_s_per_step=ranks_mean_median(_replayed_steps(profile, marks), warmup),
         measured_ranks_mean_s_per_step=ranks_mean_median(measured_steps(profile), warmup),
         streams={"gloo": 1, "atlas": streams_of("atlas", wan_paths[0]) if wan_paths else streams_of("atlas", _LAN)},
-        extra_rtts=extra_rtts)
+        extra_rtts=extra_rtts, transport_costs=list(transport.costs) if transport is not None else None)
 
 
 _LAN = _Path(0.0, 0.0, math.inf, math.inf, math.inf, True)

@@ -125,6 +125,9 @@ class ProgramProfile(_Model):
     atlas_all_reduce: Literal["ring", "hierarchical"] = Field(
         "ring", description="the all-reduce of the atlas backend the program ran with: a ring (collectives.py) or "
                             "two levels by site (hierarchical.py)")
+    transport_fingerprint: str | None = Field(
+        None, description="sha256 over atlas_transport's sources the program ran with (a transport calibration of "
+                          "another version is refused); None in profiles made before it was recorded")
 
     @field_validator("topology")
     @classmethod

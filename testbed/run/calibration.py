@@ -55,6 +55,7 @@ from testbed_core.contracts.calibration import (
     PathCalibration,
     TogetherCalibration,
     TurnsCalibration,
+    VerifyCalibration,
 )
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 from testbed_core.planning.calibrated import turns_hold_s
@@ -82,11 +83,12 @@ from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload
 
 __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_together", "calibrate_turns", "calibrate_variants", "calibrate_wan_rings",
-           "effective_rate"]
+           "calibrate_link", "calibrate_together", "calibrate_turns", "calibrate_variants", "calibrate_verify",
+           "calibrate_wan_rings", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
+VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
 
@@ -112,10 +114,13 @@ def aggregate_rate(nbytes: int, durations: Sequence[float], channels: int, laten
 
 class ProbeTimes(NamedTuple):
     """One channel's probe: when each tensor was handed over (the sender's clock) and
-    when it arrived (the receiver's; the hosts share the machine's clock)."""
+    when it arrived (the receiver's; the hosts share the machine's clock); a probe with
+    the tensor checks (verify) also each fill (sender) and check (receiver), seconds."""
 
     sent: list[float]
     arrived: list[float]
+    fill_s: list[float] | None = None
+    check_s: list[float] | None = None
 
     def timed(self) -> list[float]:
         """Each tensor's transfer time, the untimed warm-up tensors (PROBE_WARMUP) left out."""
@@ -231,11 +236,12 @@ class Prober:
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
-            offsets: Sequence[float] | None = None, warm: bool = True) -> list[ProbeTimes]:
+            offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start); `warm`: each
-        channel first sends one untimed tensor that opens its windows (warmup_bytes)."""
+        channel first sends one untimed tensor that opens its windows (warmup_bytes);
+        `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed."""
         transport = transport_job(self.scenario.transport)
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
@@ -247,11 +253,11 @@ class Prober:
             agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,
-                                        warmup_bytes=warm_bytes))
+                                        warmup_bytes=warm_bytes, verify=verify))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
-                                        wait_go=True, period_s=period_s, warmup_bytes=warm_bytes,
+                                        wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport))
             names.append(name)
         for name in names:  # every sender connected: one common start
@@ -266,7 +272,7 @@ class Prober:
         for name in names:
             snd = json.loads((self.folder / f"{name}-send.json").read_text())
             rcv = json.loads((self.folder / f"{name}-recv.json").read_text())
-            results.append(ProbeTimes(snd["sent"], rcv["arrived"]))
+            results.append(ProbeTimes(snd["sent"], rcv["arrived"], snd.get("fill_s"), rcv.get("check_s")))
         return results
 
 
@@ -538,6 +544,36 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in alone)} ms)")
 
 
+def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
+                     streams: int, nbytes: int, progress: Progress,
+                     agents: ProbeAgents | None = None) -> VerifyCalibration:
+    """The tensor checks' CPU time (``runner.verify_tensors``): tensors of the
+    workload's wire size over one channel per pair of `pairs` (a forward and a reverse
+    one, `two_way`), as the rate probe sends them, each filled with the training's
+    pattern by its sender and checked byte for byte by its receiver
+    (testbed/training/worker/probe.py), every fill and check timed, the first
+    PROBE_WARMUP of each channel not counted (the run's warm-up iterations pay those)."""
+    count = max(scenario.runner.calibration_transfers, VERIFY_ROUNDS) + PROBE_WARMUP
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    fill: list[float] = []
+    check: list[float] = []
+    try:
+        for res in prober.run(pairs, streams, nbytes, count, "verify-", verify=True):
+            fill += (res.fill_s or [])[PROBE_WARMUP:]
+            check += (res.check_s or [])[PROBE_WARMUP:]
+    finally:
+        if agents is None:
+            prober.agents.close()
+    if not fill or not check:
+        raise RunnerError(f"calibration: the tensor-check probe between {pairs[0][0]} and {pairs[0][1]} timed "
+                          f"{len(fill)} fill(s) and {len(check)} check(s); see {folder}/agent-*.log")
+    verify = VerifyCalibration(nbytes=nbytes, fill_s=fill, check_s=check)
+    progress.log(f"  calibration: tensor checks (verify_tensors), {nbytes / 1e6:.2f} MB tensors: fill "
+                 f"{verify.fill_mean_s * 1e3:.1f} ms, check {verify.check_mean_s * 1e3:.1f} ms on average "
+                 f"(checks {', '.join(f'{c * 1e3:.0f}' for c in check)} ms)")
+    return verify
+
+
 # ------------------------------------------------------------------ the run's calibration
 
 def path_uses(scenario: Scenario, placements: Mapping[str, Placement | ValueError]) -> dict[DcPair, PathUse]:
@@ -673,6 +709,11 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                 grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
                 calibrate_wan_rings(net, scenario, folder, secret, use.ring_pairs, n, grad, pc, progress, agents)
             cal.mirror_primary()
+        first_use = next(iter(uses.values()))
+        if scenario.runner.verify_tensors and scenario.workload.gpu.mode != "real" and first_use.pairs:
+            # real devices send their own tensors: only modelled sends carry the patterns
+            cal.verify = calibrate_verify(net, scenario, folder, secret, two_way(first_use.pairs),
+                                          configured_streams(s, auto), nbytes, progress, agents)
         loads = together_of(scenario, runs, placements, cal, auto, nominal)
         for n, groups in together_loads(loads, uses, paths).items():
             for group in groups:

@@ -46,6 +46,7 @@ from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import Calibration
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
 from testbed_core.planning.calibrated import calibrated_rates, calibrated_topology, path_topology
+from testbed_core.planning.host_cpu import VerifyCost, with_verify
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
@@ -116,6 +117,7 @@ class VariantSetup:
     schedule_alternatives: dict[str, float] | None = None  # atlas_schedule auto: a-priori prediction of each
     schedules_refused: dict[str, str] = field(default_factory=dict)  # schedules not weighed, and why
     placement_label: str = ""  # how `configurations` names its placement
+    verify: VerifyCost | None = None  # the tensor checks' calibrated CPU time (runner.verify_tensors)
     # Atlas with calibrated, auto sharing: every configuration predicted (streams, sharing,
     # placement), the one taken marked; None where there was nothing to choose
     configurations: list[ConfigurationCandidate] | None = None
@@ -344,8 +346,10 @@ def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Workload,
     """The planner's prediction (and, for temporal sharing, the plan) of a placed
     variant whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
+    if effective is None and setup.verify is not None:
+        effective = workload.effective(base_dir)
     return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
-                   effective=effective)
+                   effective=with_verify(effective, setup.verify) if effective is not None else None)
 
 
 def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
@@ -372,7 +376,7 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
         return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff,
                                colliding_bps).iteration_time_s
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
-    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, eff, net)
+    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, with_verify(eff, setup.verify), net)
     sim = simulate(plan.apply(spec))
     ring = allreduce_time(topo, workload, setup.placement, eff, sim, setup.variant, net) if net.allreduce else 0.0
     return sim.makespan + ring
@@ -468,6 +472,8 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     setup = VariantSetup(run, streams, Variant(definition.name, streams, "shared", strategy), placement, None,
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
+    if cal is not None and cal.verify is not None and scenario.runner.verify_tensors:
+        setup.verify = VerifyCost.of(cal.verify)
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     if cal is not None and cal.lan_alone_rate_bps is not None and cal.lan_pairs:
         setup.lan_rings, setup.lan_alone_bps = len(cal.lan_pairs), cal.lan_alone_rate_bps

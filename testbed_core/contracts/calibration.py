@@ -124,6 +124,34 @@ class TurnsCalibration(BaseModel):
     return_s: list[float] = Field(default_factory=list)  # each timed transfer dcs[1] -> dcs[0], seconds
 
 
+class VerifyCalibration(BaseModel):
+    """The host CPU time of the tensor checks (``runner.verify_tensors``, ``summary.json``
+    ``calibration.verify``, seconds as they are): a sender fills each modelled tensor
+    with its own pattern before handing it over, its receiver compares every byte on
+    arrival (testbed/training/transport_comm.py `TransportComm`), each in the rank's
+    own thread, so both hold up the pipeline like compute. Timed with the training's
+    own code on tensors of the workload's wire size sent both ways over the first WAN
+    path (as a pipeline's activations and gradients cross while the checks run); the
+    planner adds the means to the stages that send and receive
+    (testbed_core/planning/host_cpu.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    nbytes: int  # bytes of each checked tensor (the workload's wire size)
+    fill_s: list[float] = Field(min_length=1)  # each timed pattern fill on a sender, seconds
+    check_s: list[float] = Field(min_length=1)  # each timed byte-for-byte check on a receiver, seconds
+
+    @property
+    def fill_mean_s(self) -> float:
+        """A send's mean fill: the rank pays every one, the slow ones included."""
+        return sum(self.fill_s) / len(self.fill_s)
+
+    @property
+    def check_mean_s(self) -> float:
+        """A receive's mean check."""
+        return sum(self.check_s) / len(self.check_s)
+
+
 class PathCalibrationReport(BaseModel):
     """``summary.json`` ``calibration.paths[]``: one WAN path's measured speed."""
 
@@ -301,6 +329,9 @@ class CalibrationReport(BaseModel):
     # every WAN path the variants' placements cross, each timed on its own (the first: the
     # primary path above); None in summaries written before per-path calibration
     paths: list[PathCalibrationReport] | None = None
+    # the tensor checks' CPU time (runner.verify_tensors on modelled devices; None: off,
+    # or a summary written before this probe)
+    verify: VerifyCalibration | None = None
     wall_s: float | None = None  # how long the calibration took
 
     def rate_mbps(self, streams: int) -> float | None:
@@ -325,6 +356,7 @@ class Calibration(_Figures):
     lan_alone_rate_bps: float | None = None
     lan_alone_transfer_s: list[float] | None = None
     paths: list[PathCalibration] = Field(default_factory=list)
+    verify: VerifyCalibration | None = None
     wall_s: float | None = None
 
     def primary(self) -> PathCalibration:
@@ -378,7 +410,10 @@ class Calibration(_Figures):
                        "each way, each transfer two planned holds after the last, both ways at once; a planned "
                        "transfer holds its link the later of its planned end and its time on the wire plus the "
                        "hand-over, the mean taken"
-                       if any(p.turns for p in self.paths) else "")),
+                       if any(p.turns for p in self.paths) else "")
+                    + ("; the tensor checks (verify): each pattern fill on a sender and each byte-for-byte check "
+                       "on a receiver timed with the training's code, tensors crossing the first path both ways"
+                       if self.verify is not None else "")),
             src=self.src, dst=self.dst, nbytes=self.nbytes, one_way_delay_s=self.latency_s,
             **self.figures_report(), lan_pairs=self.lan_pairs, lan_nbytes=self.lan_nbytes,
             lan_channel_rate_mbps=None if self.lan_rate_bps is None else self.lan_rate_bps / 1e6,
@@ -386,6 +421,7 @@ class Calibration(_Figures):
             lan_alone_channel_rate_mbps=None if self.lan_alone_rate_bps is None else self.lan_alone_rate_bps / 1e6,
             lan_alone_transfer_s=self.lan_alone_transfer_s,
             paths=[p.report() for p in self.paths] or None,
+            verify=self.verify,
             wall_s=self.wall_s,
         )
 
@@ -397,4 +433,5 @@ class Calibration(_Figures):
                    lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
-                   paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], wall_s=r.wall_s)
+                   paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
+                   wall_s=r.wall_s)

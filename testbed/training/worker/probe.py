@@ -19,7 +19,7 @@ import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, TYPE_CHECKING, Literal
+from typing import IO, TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict
 
@@ -46,6 +46,8 @@ class ProbeResult(BaseModel):
     arrived: list[float | None] | None = None  # probe-recv (None: a receive that did not complete)
     sent: list[float] | None = None  # probe-send
     confirmed: list[float | None] | None = None  # probe-send
+    fill_s: list[float] | None = None  # probe-send with verify: each timed pattern fill, seconds
+    check_s: list[float] | None = None  # probe-recv with verify: each timed check, seconds
 
 
 class RingProbeResult(BaseModel):
@@ -161,15 +163,51 @@ def _open_channel(job: ProbeJob | RingProbeJob, listening: bool, deadline: float
     return connect_with_retry(job.peer_ip, job.port, cfg, deadline, what)
 
 
+def _checker(job: ProbeJob) -> Callable[..., Any] | None:
+    """With `job.verify`: the training's tensor checks (testbed/training/transport_comm.py
+    `TransportComm` with verify, its own pattern and byte-for-byte check, no channel of
+    its own): the sender's fill of tensor k returns the tensor to send, the receiver's
+    check takes (k, the tensor that came) and fails on a damaged one."""
+    if not job.verify:
+        return None
+    import torch
+
+    from testbed.training.transport_comm import ChannelPath, TransportComm
+    from testbed_core.simulate import TransferKey
+
+    # boundary 0 stands for the probe's channel (named in a failed check's message); no
+    # send or receive goes through this comm
+    comm = TransportComm(0, job.name, {0: None}, {0: ChannelPath(peer=job.peer_ip or "the probe's sender")},  # type: ignore[dict-item]
+                         filler=torch.zeros(job.nbytes, dtype=torch.uint8), verify=True)
+
+    def key(k: int) -> TransferKey:
+        return TransferKey(0, 0, k, "fwd")
+
+    if job.role == "probe-send":
+        return lambda k: comm.pattern(key(k), 0)
+    return lambda k, tensor: comm._check(key(k), tensor)  # noqa: SLF001 (the training's own check, timed)
+
+
+def _timed(times: list[float], fn: Callable[..., Any], *args: Any) -> Any:
+    t0 = time.perf_counter()
+    out = fn(*args)
+    times.append(time.perf_counter() - t0)
+    return out
+
+
 def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     """Time `count` tensors over one channel. The receiver writes the arrival times,
-    the sender the hand-over and confirmation times (wall clock), to `out`."""
+    the sender the hand-over and confirmation times (wall clock), to `out`; with
+    `job.verify` each tensor carries the training's pattern, filled (sender) and
+    checked (receiver) as the training does, each fill and check timed."""
     import torch
 
     from testbed.training.transport_comm import wall_of
 
     io = io or ProbeIO()
     result = ProbeResult(name=job.name, role=job.role, streams=job.streams, nbytes=job.nbytes)
+    verify = _checker(job)
+    checks: list[float] = []
     deadline = time.monotonic() + job.timeout_s
     receiver = job.role == "probe-recv"
     ch = _open_channel(job, receiver, deadline, f"probe {job.name}", io)
@@ -178,11 +216,14 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
             if job.warmup_bytes:
                 ch.irecv(2).wait(max(0.1, deadline - time.monotonic()))
             arrived = []
-            for _ in range(job.count):
+            for k in range(job.count):
                 h = ch.irecv(1)
-                h.wait(max(0.1, deadline - time.monotonic()))
+                got = h.wait(max(0.1, deadline - time.monotonic()))
                 arrived.append(wall_of(h.completed_at))
+                if verify is not None:
+                    _timed(checks, verify, k, got)
             result.arrived = arrived
+            result.check_s = checks if verify is not None else None
         else:
             if job.warmup_bytes:
                 ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), 2).wait(max(0.1, deadline - time.monotonic()))
@@ -202,11 +243,13 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                         time.sleep(left)
                 elif k and job.gap_s:
                     time.sleep(job.gap_s)
+                tensor = payload if verify is None else _timed(checks, verify, k)
                 sent.append(time.time())
-                h = ch.isend(payload, 1)
+                h = ch.isend(tensor, 1)
                 h.wait(max(0.1, deadline - time.monotonic()))
                 confirmed.append(wall_of(h.completed_at))
             result.sent, result.confirmed = sent, confirmed
+            result.fill_s = checks if verify is not None else None
     finally:
         ch.close(timeout=5.0)
     write_text_atomic(job.out, result.model_dump_json(exclude_none=True))

@@ -30,10 +30,28 @@ def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
         assert cal.paths and all(p.rates_bps and 1 in p.rates_bps for p in cal.paths)
         assert cal.rates_bps[1] == data["channel_rate_mbps"]["1"] * 1e6
         back = json.loads(cal.report().model_dump_json())
-        for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s"):  # probes added later: kept or not
+        for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s", "verify"):  # probes added later
             if key not in data:
                 assert back.pop(key) is None
         for path, kept in zip(back["paths"], data["paths"], strict=True):
             if "turns" not in kept:  # the turns probe, added later
                 assert path.pop("turns") is None
         assert _close(back, data), name
+
+
+def test_the_tensor_checks_calibration_reads_back() -> None:
+    """``calibration.verify`` (runner.verify_tensors) survives the round trip, and a
+    report without a fill or a check is refused (the planner needs both means)."""
+    import pytest
+    from pydantic import ValidationError
+
+    from testbed_core.contracts.calibration import VerifyCalibration
+
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=4096, latency_s=0.025,
+                      verify=VerifyCalibration(nbytes=4096, fill_s=[0.004, 0.006], check_s=[0.01, 0.03]))
+    back = Calibration.from_report(CalibrationReport.model_validate_json(cal.report().model_dump_json()))
+    assert back.verify == cal.verify
+    assert math.isclose(back.verify.fill_mean_s, 0.005) and math.isclose(back.verify.check_mean_s, 0.02)
+    assert "the tensor checks (verify)" in cal.report().method
+    with pytest.raises(ValidationError, match="check_s"):
+        VerifyCalibration(nbytes=4096, fill_s=[0.004], check_s=[])

@@ -59,3 +59,42 @@ def test_the_agent_reports_what_it_cannot_run(tmp_path: Path) -> None:
     assert lines[1].startswith("train.job.json failed WorkerError: ") and "train.job.json: " in lines[1]
     assert lines[2].startswith("none.json failed WorkerError: ") and "no such job file" in lines[2]
     assert lines[3] == ("agent failed WorkerError: cannot read 'hello there' (job <file> | go <name> <time> | quit)")
+
+
+def test_a_probe_with_verify_times_the_trainings_tensor_checks(tmp_path: Path, monkeypatch) -> None:
+    """With verify (runner.verify_tensors), the sender fills each tensor with the
+    training's pattern and the receiver checks every byte, each timed: one fill and one
+    check per tensor (a tensor not of its pattern fails the check: the next test)."""
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 16, "count": 3, "transport": TRANSPORT,
+              "timeout_s": 30, "verify": True}
+    recv = ProbeJob(role="probe-recv", name="v-recv", out=str(tmp_path / "r.json"), **common)
+    send = ProbeJob(role="probe-send", name="v-send", peer_ip="127.0.0.1", wait_go=True,
+                    out=str(tmp_path / "s.json"), **common)
+    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
+        (tmp_path / name).write_text(job.model_dump_json())
+    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
+                        f"go v-send {time.time() + 0.3}\nquit\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    assert {"v-recv done", "v-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
+    fill = json.loads((tmp_path / "s.json").read_text())["fill_s"]
+    check = json.loads((tmp_path / "r.json").read_text())["check_s"]
+    assert len(fill) == len(check) == 3 and all(t > 0 for t in fill + check)
+
+
+def test_the_probe_check_fails_on_a_tensor_not_of_its_pattern() -> None:
+    """The receiver's timed check is the training's: zeros (a sender without verify)
+    fail it with a message naming the probe and the bytes that differ."""
+    import pytest
+    import torch
+
+    from testbed.training.transport_comm import CommError
+    from testbed.training.worker.probe import _checker
+
+    job = ProbeJob(role="probe-recv", name="v-recv", port=_free_port(), streams=1, nbytes=4096, count=1,
+                   out="unused", transport=TRANSPORT, verify=True)
+    check = _checker(job)
+    assert check is not None
+    with pytest.raises(CommError, match=r"v-recv: .* failed verification \(\d+ of 4096 bytes differ\)"):
+        check(0, torch.zeros(4096, dtype=torch.uint8))

@@ -59,6 +59,14 @@ INLINE_MAX_BYTES = 32 << 10
 # Smallest chunk a transfer is cut into to spread it over several streams (the
 # lowest-numbered ones first, see _warm_lanes): a 512 KiB transfer rides 4 streams.
 SPLIT_MIN_BYTES = 128 << 10
+# A transfer cut into several chunks over several streams: until this share of the
+# path's smoothed RTT (at most SPREAD_MAX_S) has passed since it was queued, no stream
+# takes more than its even share of the chunks (`_spread`). A 128 KiB write returns at
+# once into a large send buffer, so the writer that woke first could take a second and
+# third chunk before the other writers woke, and its stream then needed extra round
+# trips for them (README, "Even spread"). The wait bounds what a writer slow to wake costs.
+SPREAD_RTT_FRACTION = 0.25
+SPREAD_MAX_S = 0.02
 
 
 def _mib(n: int) -> str:
@@ -428,6 +436,7 @@ class Channel:
                 lanes = self._warm_lanes(meta.n_chunks)
             t = OutTransfer(tid, meta, out.view, lanes=lanes, owner=h, keepalive=out.host,
                             soft_lanes=soft and lanes is not None)
+            self._spread(t)
             self._sendq.add(t)
             inline = self._take_inline(t)
             if inline is None:
@@ -435,6 +444,21 @@ class Channel:
         if inline is not None:
             self._write_inline(*inline)
         return h
+
+    def _spread(self, t: OutTransfer) -> None:
+        """Give a transfer of several chunks for several streams its quota: each stream
+        at most its even share of the chunks until SPREAD_RTT_FRACTION of the smoothed
+        RTT (SPREAD_MAX_S at most) has passed; then any stream takes what is left (a
+        writer slow to wake, a stream stuck behind a full window). No RTT measured yet
+        (a new channel): no quota. Lock held."""
+        alive = [s for s in self._streams if s.alive and (t.lanes is None or s.index < t.lanes)]
+        if len(alive) < 2 or t.meta.n_chunks < 2:
+            return
+        rtt = rtt_s(alive[0].sock)
+        if not rtt:
+            return
+        t.quota = -(-t.meta.n_chunks // len(alive))
+        t.spread_until = time.monotonic() + min(SPREAD_MAX_S, SPREAD_RTT_FRACTION * rtt)
 
     def _warm_lanes(self, n_chunks: int) -> int | None:
         """A transfer of fewer chunks than live streams goes on the lowest-numbered live
@@ -459,7 +483,7 @@ class Channel:
                   and (t.lanes is None or x.index < t.lanes) and kernel_outq(x.sock) == 0), None)
         if s is None:
             return None
-        chunk = self._sendq.next_chunk(s.index)
+        chunk = self._sendq.next_chunk(s.index, time.monotonic())
         if chunk is None or chunk.transfer is not t:  # cannot happen with one chunk queued; be safe
             self._cv.notify_all()
             return None
@@ -531,16 +555,20 @@ class Channel:
                         frame = P.encode_control(P.CLOSE, reason="channel closed")
                         closing = True
                         break
-                    chunk = self._sendq.next_chunk(s.index)
+                    now = time.monotonic()
+                    chunk = self._sendq.next_chunk(s.index, now)
                     if chunk is not None:
                         if chunk.transfer.started_at is None:
-                            chunk.transfer.started_at = time.monotonic()
+                            chunk.transfer.started_at = now
                         break
+                    opens_at = self._sendq.opens_at  # chunks held for streams still waking up
                     hb = beat if self._warm_s is None else min(beat, self._warm_s)
-                    wait = hb - (time.monotonic() - s.last_send)
+                    wait = hb - (now - s.last_send)
                     if wait <= 0:
                         frame = _PING
                         break
+                    if opens_at is not None:
+                        wait = min(wait, max(opens_at - now, 1e-4))
                     self._cv.wait(wait)
                 s.busy = True
             try:

@@ -2,7 +2,10 @@
 
 `SendQueue` hands chunks to whichever stream asks first (work stealing), remembers
 which stream carried which chunk until the receiver confirms the whole transfer, and
-puts the chunks of a lost stream back at the head of the queue. `Reassembly` tracks,
+puts the chunks of a lost stream back at the head of the queue. A transfer spread over
+several streams may carry a quota: until its `spread_until`, no stream takes more than
+`quota` of its chunks, so the writer that wakes first cannot take the chunks of the
+streams still waking up (see `Channel._spread`). `Reassembly` tracks,
 per incoming transfer, which chunks have landed (a bitmap, so re-sent duplicates are
 dropped) and how many streams are writing into it right now, so a transfer is handed
 to the user only when nobody writes into its memory any more.
@@ -35,6 +38,10 @@ class OutTransfer:
     handed_out: bool = False
     meta_sent_on: set[int] = field(default_factory=set)
     sent_on: dict[int, list[int]] = field(default_factory=dict)  # stream -> chunk offsets
+    # at most this many of its chunks per stream until spread_until (time.monotonic());
+    # None: no quota. Lifted for good when a stream is lost.
+    quota: int | None = None
+    spread_until: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -51,19 +58,28 @@ class SendQueue:
         self._resend: deque[tuple[OutTransfer, int]] = deque()
         self.inflight: dict[int, OutTransfer] = {}  # tid -> not yet confirmed by DONE
         self.resent = 0  # chunks queued again after a stream loss
+        # after a next_chunk() that found only chunks held back by a quota: when the
+        # earliest of those quotas lifts (the asking stream may look again then); else None
+        self.opens_at: float | None = None
 
     def add(self, t: OutTransfer) -> None:
         self.inflight[t.tid] = t
         self._fresh.append(t)
 
-    def next_chunk(self, stream: int) -> Chunk | None:
-        """The next chunk this stream should send, or None. Re-sends go first."""
+    def next_chunk(self, stream: int, now: float = 0.0) -> Chunk | None:
+        """The next chunk this stream should send, or None. Re-sends go first; a fresh
+        transfer's chunk only while the stream carries fewer than its quota of them or
+        once the quota lifted (`now` >= its spread_until; `opens_at` says when)."""
+        self.opens_at = None
         for i, (t, off) in enumerate(self._resend):
             if _may(t, stream):
                 del self._resend[i]
                 return self._take(t, off, stream)
         for t in self._fresh:
             if _may(t, stream):
+                if t.quota is not None and now < t.spread_until and len(t.sent_on.get(stream, ())) >= t.quota:
+                    self.opens_at = t.spread_until if self.opens_at is None else min(self.opens_at, t.spread_until)
+                    continue
                 off = t.next_offset
                 t.next_offset = off + t.meta.chunk_bytes
                 if t.next_offset >= t.meta.total_bytes:
@@ -94,6 +110,7 @@ class SendQueue:
         """Queue again every unconfirmed chunk the lost stream carried; returns the ids
         of all unconfirmed transfers, whose DONE may have been lost with the stream."""
         for t in self.inflight.values():
+            t.quota = None
             if t.soft_lanes:
                 t.lanes = None
             t.meta_sent_on.discard(stream)

@@ -154,3 +154,32 @@ def test_soft_lanes_are_lifted_when_a_stream_is_lost() -> None:
     q.add(probe)
     q.stream_lost(0)
     assert probe.lanes == 1
+
+
+def test_a_quota_holds_each_stream_to_its_share_until_the_spread_ends() -> None:
+    q = SendQueue()
+    t = transfer(0, total=4 * 4096)
+    t.quota, t.spread_until = 1, 10.0
+    q.add(t)
+    assert q.next_chunk(0, now=1.0).offset == 0
+    assert q.next_chunk(0, now=1.0) is None  # the chunks left are the other streams' share ...
+    assert q.opens_at == 10.0  # ... until the spread ends
+    assert q.next_chunk(1, now=1.0).offset == 4096 and q.opens_at is None
+    assert q.next_chunk(0, now=10.0).offset == 8192  # then any stream takes what is left
+    later = transfer(1, total=4096)
+    q.add(later)
+    t.spread_until = 20.0
+    assert q.next_chunk(0, now=11.0).transfer is later  # a held chunk does not hold back the next transfer
+
+
+def test_a_lost_stream_lifts_the_quota() -> None:
+    q = SendQueue()
+    t = transfer(0, total=4 * 4096)
+    t.quota, t.spread_until = 2, 10.0
+    q.add(t)
+    assert [q.next_chunk(0, now=1.0).offset for _ in range(2)] == [0, 4096]
+    assert q.next_chunk(0, now=1.0) is None
+    q.next_chunk(1, now=1.0)
+    q.stream_lost(1)
+    assert t.quota is None
+    assert [q.next_chunk(0, now=1.0).offset for _ in range(2)] == [8192, 12288]

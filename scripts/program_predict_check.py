@@ -20,7 +20,9 @@ table can set beside each prediction the ranks' compute per step there and the r
 the target's own profile with the 50 ms profile's network figures (its window and fitted
 round trips): that isolates the network model from the compute the replay keeps as
 profiled. Writes OUT/profile-<rtt>-<prog>-<backend>/ (profile.json, launch.json,
-run-meta.json: commit, time, load), OUT/results.csv, OUT/predictions.json, OUT/table.md.
+run-meta.json: commit, time, load; an atlas launch's transport-calibration.json, which
+`testbed launch --profile` measures after its ranks end: the predictions use the 50 ms
+profile's, --no-transport-cost none), OUT/results.csv, OUT/predictions.json, OUT/table.md.
 Timing figures: the machine's load shows in them (say so when keeping them).
 """
 

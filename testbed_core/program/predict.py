@@ -45,13 +45,18 @@ transfers one after another):
   an all-gather in each site; an exchange (one per site: the two-level one too) one
   round in which each member sends from its own issue and is done once every other
   member's tensor reached it; a direct (rooted) one from the root;
+* the atlas transport's own cost, measured on the machine before the prediction
+  (testbed_core/program/transport.py: ``transport-calibration.json``, where given): each
+  atlas transfer across a WAN takes at least its bytes at the measured rate, plus the
+  measured overhead per transfer of its pattern (a send, an exchange), which does not
+  scale with the RTT;
 * what the model still misses at the profiled RTT (a protocol's own exchanges, a restart
   it makes too slow or too fast) is fitted there as round trips added to each WAN
   transfer's arrival (`fit_extra_rtts`, bounded), and scales with the target's RTT.
 
 What it leaves out: transfers of different pairs sharing a WAN link (each pair has the
-link to itself), loss and retransmission timeouts, and the CPU the transport and the
-emulation take from the ranks: the compute between communications is kept as profiled,
+link to itself), loss and retransmission timeouts, and the CPU the emulation (and the
+transport, beyond its calibrated cost) takes from the ranks: the compute between communications is kept as profiled,
 as on a cluster whose GPUs compute whatever the network does; on one shared machine a
 faster network takes CPU from the ranks and their compute stretches.
 """

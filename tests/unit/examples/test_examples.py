@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import zygote  # tests/zygote.py: programs forked from a process that imported torch once
 
 from testbed_core.constants import REPO_ROOT
 
@@ -53,8 +54,7 @@ def run_local(script: str, world: int, args: list[str], backend: str, child_env:
         env = dict(child_env, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
                    LOCAL_WORLD_SIZE=str(world), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port),
                    BACKEND=backend, GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1")
-        procs.append(subprocess.Popen([sys.executable, str(EXAMPLES / script), *args], env=env,
-                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+        procs.append(zygote.popen([str(EXAMPLES / script), *args], env))
     outs = []
     try:
         for rank, proc in enumerate(procs):
@@ -70,9 +70,10 @@ def run_local(script: str, world: int, args: list[str], backend: str, child_env:
 
 
 def run_reference(script: str, args: list[str], child_env: dict[str, str]) -> list[dict]:
-    done = subprocess.run([sys.executable, str(EXAMPLES / script), "--reference", *args], env=child_env,
-                          capture_output=True, text=True, timeout=240, check=True)
-    return json_lines(done.stdout)
+    proc = zygote.popen([str(EXAMPLES / script), "--reference", *args], child_env)
+    out, err = proc.communicate(timeout=240)
+    assert proc.returncode == 0, f"the reference exited {proc.returncode}:\n{err[-3000:]}"
+    return json_lines(out)
 
 
 def losses(lines: list[dict]) -> dict[int, float]:

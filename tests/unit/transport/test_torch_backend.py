@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import os
 import socket
-import subprocess
-import sys
 import textwrap
 import time
 from pathlib import Path
 
 import pytest
 import torch
+import zygote  # tests/zygote.py: ranks forked from a process that imported torch once
 
 pytestmark = pytest.mark.spread  # each test starts its own ranks and shares nothing
 
@@ -55,8 +54,7 @@ def launch(tmp_path: Path, body: str, world: int, env: dict[str, str] | None = N
     port = free_port()
     base = {**os.environ, "PYTHONPATH": os.getcwd(), "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port),
             "WORLD_SIZE": str(world), "OUT": str(tmp_path), **(env or {})}
-    procs = [subprocess.Popen([sys.executable, str(script)], env={**base, "RANK": str(r)}, stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True) for r in range(world)]
+    procs = [zygote.popen([str(script)], {**base, "RANK": str(r)}, merge=True) for r in range(world)]
     outs = []
     deadline = time.monotonic() + timeout
     try:
@@ -70,7 +68,7 @@ def launch(tmp_path: Path, body: str, world: int, env: dict[str, str] | None = N
                 p.kill()
                 p.wait()
     if stop_rank is not None:
-        outs.insert(stop_rank, procs[stop_rank].stdout.read())
+        outs.insert(stop_rank, procs[stop_rank].communicate(timeout=30)[0])
     results = []
     for r in range(world):
         f = tmp_path / f"r{r}.pt"

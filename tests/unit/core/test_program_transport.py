@@ -46,8 +46,10 @@ def _topology():
         "wan": [{"between": ["dc1", "dc2"], "rate": "1Gbit", "delay": "25ms"}]}, "t.yaml")
 
 
-def _profile(tmp_path: Path, backend: str = "atlas", fingerprint: str | None = None) -> ProgramProfile:
-    """Rank 0 sends one 4 MiB tensor a step to rank 1 (4 steps of 1 s), which waits for it."""
+def _profile(tmp_path: Path, backend: str = "atlas", fingerprint: str | None = None, wait: float = 0.5
+             ) -> ProgramProfile:
+    """Rank 0 sends one 4 MiB tensor a step to rank 1 (4 steps of 1 s), which waits for it
+    `wait` s; each rank's step starts 0.04 s before the send and ends 0.01 s after the wait."""
     script = tmp_path / "prog.py"
     script.write_text("print('hi')\n")
     ops0, ops1, lines0, lines1 = [], [], [], []
@@ -55,9 +57,9 @@ def _profile(tmp_path: Path, backend: str = "atlas", fingerprint: str | None = N
         t = 1.0 + k
         for ops, kind, peer in ((ops0, "send", 1), (ops1, "recv", 0)):
             ops.append(OpRecord(id=k + 1, kind=kind, op="i" + kind, bytes=MB4, peer=peer, group=0, blocking=False,
-                                t_issue=t, t_issue_end=t, waits=[(t, t + 0.5)]))
-        lines0.append(StepRecord(step=k, step_s=0.55, t_line=t + 0.5))
-        lines1.append(StepRecord(step=k, step_s=0.55, t_line=t + 0.5))
+                                t_issue=t, t_issue_end=t, waits=[(t, t + wait)]))
+        lines0.append(StepRecord(step=k, step_s=wait + 0.05, t_line=t + wait + 0.01))
+        lines1.append(StepRecord(step=k, step_s=wait + 0.05, t_line=t + wait + 0.01))
     group = [GroupRecord(index=0, ranks=[0, 1], backend=backend)]
     ranks = [RankProfile(rank=0, host="dc1-h1", dc="dc1", groups=group, ops=ops0, steps=lines0, t_start=0.5),
              RankProfile(rank=1, host="dc2-h1", dc="dc2", groups=group, ops=ops1, steps=lines1, t_start=0.5)]
@@ -100,6 +102,24 @@ def test_each_atlas_wan_transfer_pays_the_overhead_and_the_floor(tmp_path):
     floor = predict(prof, topo, extra_rtts=0.0, windows={}, transport=_calibration(0.0, 1e7))
     assert floor.ranks[1].steps[1] > MB4 / 1e7  # 4 MiB at 10 MB/s: 0.42 s, more than the link's 35 ms
     assert base.ranks[1].steps[1] < 0.1
+
+
+def test_the_overhead_leaves_the_fitted_round_trips_and_stays_at_a_shorter_rtt(tmp_path):
+    """Transfers waited for 0.2 s at 50 ms RTT: without a calibration the fit puts what the
+    network model lacks into round trips, which shrink at 10 ms; a measured overhead per
+    transfer takes its share out of them and keeps it at 10 ms."""
+    from testbed_core.program.predict import algorithms_for, fit_extra_rtts
+
+    prof = _profile(tmp_path, wait=0.2)
+    cal = _calibration(0.02)
+    algos = algorithms_for(prof.atlas_all_reduce)
+    alone = fit_extra_rtts(prof, {}, None, algos, 1)
+    with_cost = fit_extra_rtts(prof, {}, None, algos, 1, cal)
+    assert 0 < with_cost < alone and alone - with_cost == pytest.approx(0.02 / 0.05, abs=0.02)
+    at10 = retarget(prof.network, 0.01)
+    gap = (predict(prof, at10, windows={}, transport=cal).ranks_mean_s_per_step
+           - predict(prof, at10, windows={}).ranks_mean_s_per_step)
+    assert gap == pytest.approx(0.02 - 0.02 / 0.05 * 0.01, abs=0.002)  # the overhead, less the round trips it took
 
 
 def test_gloo_needs_no_calibration_and_ignores_one(tmp_path):

@@ -218,12 +218,16 @@ def kill_and_wait(targets: list[tuple[int, int]], procfs: ProcFS, sig: int = sig
             pass
     deadline = time.monotonic() + timeout
     while pending and time.monotonic() < deadline:
-        for pid, _ in pending:
-            try:  # reap our own children so they do not linger as zombies
+        still = []
+        for pid, start in pending:
+            if _running(pid, start, procfs):
+                still.append((pid, start))
+                continue
+            try:  # reap our own children, after they ended, so they do not linger as zombies
                 os.waitpid(pid, os.WNOHANG)
             except ChildProcessError:
                 pass
-        pending = [(pid, start) for pid, start in pending if _running(pid, start, procfs)]
+        pending = still
         if pending:
             time.sleep(0.02)
     return [pid for pid, _ in pending]

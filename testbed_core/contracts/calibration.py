@@ -333,6 +333,12 @@ class CalibrationReport(BaseModel):
     # or a summary written before this probe)
     verify: VerifyCalibration | None = None
     wall_s: float | None = None  # how long the calibration took
+    # the channels spread each tensor evenly over their streams (atlas_transport's even
+    # spread, since 1745c66): a tensor handed to a channel behind another goes after it
+    # on every stream; false (and absent, in summaries written before): the first
+    # streams to wake took a tensor's chunks, and one handed over behind it went side by
+    # side on the others (testbed_core/planning/interleave.py)
+    even_spread: bool = False
 
     def rate_mbps(self, streams: int) -> float | None:
         return self.channel_rate_mbps.get(str(streams))
@@ -358,6 +364,9 @@ class Calibration(_Figures):
     paths: list[PathCalibration] = Field(default_factory=list)
     verify: VerifyCalibration | None = None
     wall_s: float | None = None
+    # measured with this checkout's transport, which spreads each tensor evenly over a
+    # channel's streams (CalibrationReport.even_spread); from_report keeps a kept run's word
+    even_spread: bool = True
 
     def primary(self) -> PathCalibration:
         """The primary path: the first of `paths`, or the top-level figures as one path."""
@@ -423,6 +432,7 @@ class Calibration(_Figures):
             paths=[p.report() for p in self.paths] or None,
             verify=self.verify,
             wall_s=self.wall_s,
+            even_spread=self.even_spread,
         )
 
     @classmethod
@@ -434,4 +444,4 @@ class Calibration(_Figures):
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
-                   wall_s=r.wall_s)
+                   wall_s=r.wall_s, even_spread=r.even_spread)

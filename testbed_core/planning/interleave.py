@@ -20,6 +20,12 @@ together). Its link, where colliding channels were measured to lose part of it
 gets back the rest as more tensors than channels cross it at once (`Filling`): each
 tensor adds streams, and the link's goodput bounds the total (dp-2dc: four 4 MiB
 tensors one way at 900-956 Mbit/s where two colliding channels moved 716).
+
+That was atlas_transport before its even spread (1745c66): since then each stream takes
+at most its share of a tensor's chunks while the other writers wake, so a tensor handed
+over behind another lands behind it on every stream and the two go one after the other.
+The prediction applies this model only to runs whose calibration says their channels
+took chunks greedily (`Calibration.even_spread` false: kept runs from before it).
 """
 
 from __future__ import annotations

@@ -75,6 +75,12 @@ class NetParams:
     # tensor): a stream's congestion window stays within STRIPE_WINDOW x the stripe it
     # carries (`stripe_window`), which holds back tensors sent back to back
     stripe_windows: bool = False
+    # the channels spread each tensor evenly over their streams (atlas_transport's even
+    # spread; a calibration says so, `Calibration.even_spread`): tensors handed to a
+    # channel back to back go one after another on every stream. False: the first
+    # streams to wake take a tensor's chunks and the next goes side by side on the
+    # others (testbed_core/planning/interleave.py), as kept runs before it measured
+    even_spread: bool = False
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""

@@ -386,8 +386,9 @@ def predict(
                           hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host)
     spec, paths = build_spec(topology, workload, placement, variant, eff, net)
     # tensors handed to a multi-stream channel back to back cross side by side
-    # (testbed_core/planning/interleave.py)
-    spec = interleave(spec, paths, lambda dc: topology.tcp_for(dc).wmem_max, simulate)
+    # (testbed_core/planning/interleave.py), unless the channels spread each evenly
+    if not net.even_spread:
+        spec = interleave(spec, paths, lambda dc: topology.tcp_for(dc).wmem_max, simulate)
     plan = None
     alternatives = None
     sim = None

@@ -29,7 +29,9 @@ def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
         cal = Calibration.from_report(CalibrationReport.model_validate(data))
         assert cal.paths and all(p.rates_bps and 1 in p.rates_bps for p in cal.paths)
         assert cal.rates_bps[1] == data["channel_rate_mbps"]["1"] * 1e6
+        assert cal.even_spread is False  # a run before the even spread: its channels took chunks greedily
         back = json.loads(cal.report().model_dump_json())
+        assert back.pop("even_spread") is False
         for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s", "verify"):  # probes added later
             if key not in data:
                 assert back.pop(key) is None
@@ -55,3 +57,13 @@ def test_the_tensor_checks_calibration_reads_back() -> None:
     assert "the tensor checks (verify)" in cal.report().method
     with pytest.raises(ValidationError, match="check_s"):
         VerifyCalibration(nbytes=4096, fill_s=[0.004], check_s=[])
+
+
+def test_a_new_calibration_says_its_channels_spread_tensors_evenly() -> None:
+    """This checkout's transport spreads each tensor evenly over a channel's streams
+    (the planner then sends a channel's tensors one after another); the report keeps it."""
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=4096, latency_s=0.025)
+    assert cal.even_spread is True
+    report = cal.report()
+    assert report.even_spread is True
+    assert Calibration.from_report(CalibrationReport.model_validate_json(report.model_dump_json())).even_spread is True

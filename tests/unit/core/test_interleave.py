@@ -74,6 +74,14 @@ def test_dp_2dc_tensors_sent_together_arrive_together() -> None:
     assert second - first < 0.005
     assert side.spec.resources["chan:p0:b0:fwd"].policy == "shared"
     assert isinstance(side.spec.resources["wan:a->b"], Filling)
+    # channels that spread each tensor evenly over their streams (a calibration after
+    # atlas_transport's even spread) send them one after another
+    even = predict(topo, wl, Variant("multi-tcp", 8, "shared", "even"),
+                   net=NetParams(flow_rate_bps=4.4e8 / 8, crowded_fraction=0.75, allreduce=False, even_spread=True))
+    assert even.spec.resources["chan:p0:b0:fwd"].policy == "exclusive"
+    assert not isinstance(even.spec.resources["wan:a->b"], Filling)
+    a, b = _arrivals(even)[:2]
+    assert b - a > 0.05
     # the window model (no measured rate) keeps one tensor after another, as the fast predictor
     window = predict(topo, wl, Variant("multi-tcp", 8, "shared", "even"), net=NetParams(allreduce=False))
     assert window.spec.resources["chan:p0:b0:fwd"].policy == "exclusive"

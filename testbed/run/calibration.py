@@ -83,11 +83,13 @@ from testbed_core.variants import RunVariant
 from testbed_core.workload import EffectiveWorkload
 
 __all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_together", "calibrate_turns", "calibrate_variants", "calibrate_verify",
+           "calibrate_link", "calibrate_one_way", "calibrate_together", "calibrate_turns", "calibrate_variants",
+           "calibrate_verify",
            "calibrate_wan_rings", "effective_rate"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
+ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
@@ -305,6 +307,32 @@ def calibrate(
         if agents is None:
             prober.agents.close()
     return cal
+
+
+def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: str, pair: tuple[str, str],
+                      stream_counts: Sequence[int], path: PathCalibration, progress: Progress,
+                      agents: ProbeAgents | None = None) -> None:
+    """Time tensors of the path's size over one channel of `pair` alone, nothing sent
+    the other way, once per stream count not timed so yet: the rate probe (`calibrate`)
+    has a channel each way at once, as pipelines whose activations and gradients cross
+    together load the path; a channel that fills the link moves less so (the other
+    way's data delays its acknowledgements), and a pipeline whose transfers take turns
+    across the path (one way, then the other) moves more. The planner weighs the two
+    by how much its transfers overlap the other way's (testbed_core/planning/reverse_load.py)."""
+    count = scenario.runner.calibration_transfers + PROBE_WARMUP
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    try:
+        for n in sorted(set(stream_counts) - set(path.one_way_bps)):
+            (res,) = prober.run([pair], n, path.nbytes, count, f"{_label(path)}oneway-")
+            durations = res.timed()
+            path.one_way_s = {**path.one_way_s, n: durations}
+            path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
+            progress.log(f"  calibration{_where(path)}: {n:2d} stream(s) one way alone: "
+                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel "
+                         f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+    finally:
+        if agents is None:
+            prober.agents.close()
 
 
 def _label(cal: Measured) -> str:
@@ -693,6 +721,13 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
             for n, k in sorted(collide.items()):
                 if k > 1:
                     calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
+            # a channel far below the link's rate is window-limited: the other way's data
+            # queues none of its acknowledgements, both ways move the same (measured: 1 and
+            # 4 streams of 1 MB windows at 50 ms on 1 Gbit/s); one near it fills the link
+            near = [n for n in collide if pc.nominal_bps is None
+                    or pc.rates_bps.get(n, 0.0) >= ONE_WAY_MIN_SHARE * pc.nominal_bps]
+            if use.pairs and near:
+                calibrate_one_way(net, scenario, folder, secret, use.pairs[0], near, pc, progress, agents)
             for name, k in use.channels.items():  # a plan's channels taking turns (Atlas's temporal sharing)
                 if name not in by_name or \
                         requested_sharing(by_name[name].variant, scenario.runner.atlas_sharing) == "shared":

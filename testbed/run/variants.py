@@ -61,6 +61,7 @@ from testbed_core.planning.prediction import (
     plan_wins,
     predict,
 )
+from testbed_core.planning.reverse_load import reverse_loads, weighed_one_way
 from testbed_core.planning.schedule import schedule_options, with_schedule
 from testbed_core.planning.search import search_placement
 from testbed_core.planning.streams import (
@@ -615,16 +616,44 @@ def _predict_loaded(setup: VariantSetup, scenario: Scenario, workload: Workload,
     figures). Where the calibration also timed the placement's paths loaded at once,
     the first prediction takes their together figures (every other path busy
     throughout); it is then made again LOAD_PASSES times, each path's figures weighed
-    by how loaded the last predicted iteration keeps it (``setup.path_rates`` updated)."""
+    by how loaded the last predicted iteration keeps it (``setup.path_rates`` updated);
+    then once more where a shared channel was also timed one way alone (`_weigh_one_way`)."""
     pred = predict_variant(setup, scenario, workload, base_dir, None if setup.path_rates else rate_bps, pair, local)
-    if cal is None or all(pr.load is None for pr in setup.path_rates.values()):
+    if cal is None:
         return pred
-    for _ in range(LOAD_PASSES):
+    for _ in range(LOAD_PASSES if any(pr.load is not None for pr in setup.path_rates.values()) else 0):
         loads = path_loads(pred.sim, pred.spec.schedule, setup.placement)
         setup.path_rates = path_rates_of(setup.placement, scenario.topology, cal, setup.streams,
                                          _allreduce_on(scenario), loads)
         pred = predict_variant(setup, scenario, workload, base_dir, None, pair, local)
-    return pred
+    return _weigh_one_way(setup, scenario, workload, base_dir, cal, pair, local, pred)
+
+
+def _weigh_one_way(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                   cal: Calibration | None, pair: tuple[str, str] | None, local: bool, pred: Prediction) -> Prediction:
+    """`pred` made again where the calibration also timed the shared variant's channels
+    alone one way (`PathCalibration.one_way_bps`): each path's channel rate weighed
+    between the rate probe's (the other way busy too) and the one-way figure by how
+    much the last predicted iteration's transfers overlap the other way's
+    (testbed_core/planning/reverse_load.py), ``setup.path_rates`` updated."""
+    if cal is None or setup.variant.sharing != "shared" or not setup.path_rates:
+        return pred
+    factors: dict[tuple[str, str], float] = {}
+    loads = None
+    for key, pr in setup.path_rates.items():
+        pc = cal.path(*key)
+        both = pc.rates_bps.get(setup.streams) if pc is not None else None
+        one = pc.one_way_bps.get(setup.streams) if pc is not None else None
+        if pr.rate_bps is None or both is None or one is None or one <= both:
+            continue
+        if loads is None:
+            loads = reverse_loads(pred.sim, pred.spec.schedule, setup.placement)
+        factors[key] = weighed_one_way(both, one, loads.get(frozenset(key), 1.0)) / both
+    if not factors:
+        return pred
+    setup.path_rates = {key: replace(pr, rate_bps=pr.rate_bps * factors[key]) if key in factors else pr  # type: ignore[operator]
+                        for key, pr in setup.path_rates.items()}
+    return predict_variant(setup, scenario, workload, base_dir, None, pair, local)
 
 
 def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,

@@ -184,6 +184,10 @@ class PathCalibrationReport(BaseModel):
     # the path timed as a temporal plan uses it, per stream count (None: not timed, or a
     # summary written before this probe)
     turns: list[TurnsCalibration] | None = None
+    # per stream count, one channel timed alone one way (no traffic the other way), Mbit/s,
+    # and each of its timed transfers, seconds (None: not timed, or a summary before this probe)
+    one_way_channel_rate_mbps: dict[str, float] | None = None
+    one_way_transfer_s: dict[str, list[float]] | None = None
 
 
 class _FiguresReport(TypedDict):
@@ -262,6 +266,9 @@ class PathCalibration(_Figures):
     ring_s: list[float] | None = None
     together: list[TogetherCalibration] = Field(default_factory=list)  # timed with other paths loaded at once
     turns: list[TurnsCalibration] = Field(default_factory=list)  # timed as a temporal plan uses it
+    # one channel alone one way (the rate probe sends both ways at once), per stream count
+    one_way_bps: dict[int, float] = Field(default_factory=dict)
+    one_way_s: dict[int, list[float]] = Field(default_factory=dict)
 
     def turns_for(self, streams: int) -> TurnsCalibration | None:
         """This path timed as a temporal plan uses it with channels of `streams`, if it was."""
@@ -284,6 +291,8 @@ class PathCalibration(_Figures):
             ring_nbytes=self.ring_nbytes, ring_aggregate_mbps=None if self.ring_bps is None else self.ring_bps / 1e6,
             ring_s=self.ring_s, together=[t.report() for t in self.together] or None,
             turns=list(self.turns) or None,
+            one_way_channel_rate_mbps={str(n): r / 1e6 for n, r in sorted(self.one_way_bps.items())} or None,
+            one_way_transfer_s={str(n): v for n, v in sorted(self.one_way_s.items())} or None,
         )
 
     @classmethod
@@ -295,7 +304,8 @@ class PathCalibration(_Figures):
                    ring_channels=r.ring_channels, ring_streams=r.ring_streams, ring_nbytes=r.ring_nbytes,
                    ring_bps=_bps(r.ring_aggregate_mbps), ring_s=r.ring_s,
                    together=[TogetherCalibration.from_report(t) for t in r.together or []],
-                   turns=list(r.turns or []))
+                   turns=list(r.turns or []), one_way_bps=_by_count(r.one_way_channel_rate_mbps or {}, 1e6),
+                   one_way_s=_by_count(r.one_way_transfer_s or {}))
 
 
 class CalibrationReport(BaseModel):
@@ -420,6 +430,9 @@ class Calibration(_Figures):
                        "transfer holds its link the later of its planned end and its time on the wire plus the "
                        "hand-over, the mean taken"
                        if any(p.turns for p in self.paths) else "")
+                    + ("; a path shared multi-stream channels cross: one such channel alone one way too, nothing "
+                       "the other way (one_way_channel_rate_mbps; the rate above has a channel each way)"
+                       if any(p.one_way_bps for p in self.paths) else "")
                     + ("; the tensor checks (verify): each pattern fill on a sender and each byte-for-byte check "
                        "on a receiver timed with the training's code, tensors crossing the first path both ways"
                        if self.verify is not None else "")),

@@ -158,6 +158,9 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     monkeypatch.setattr(calibration, "calibrate_wan_rings", fake_rings)
     monkeypatch.setattr(calibration, "calibrate_lan", fake_lan)
     monkeypatch.setattr(calibration, "calibrate_together", fake_together)
+    monkeypatch.setattr(calibration, "calibrate_one_way",
+                        lambda net, scenario, folder, secret, pair, counts, pc, progress, agents:
+                        calls.append(("one-way", pc.dcs, pair, tuple(counts))))
 
     class Net:
         local = False
@@ -180,6 +183,11 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     assert {c[1:] for c in calls if c[0] == "collide"} == {(p, 2, 8) for p in (("east", "west"), ("west", "mid"),
                                                                                ("mid", "edge"))}
     assert [c for c in calls if c[0] == "rings"] == [("rings", ("east", "west"), 5, 1)]  # one stream per flow
+    # the shared 8-stream channels move 3e8 of the paths' nominal rate: timed one way alone too where that is
+    # at least half the link (ONE_WAY_MIN_SHARE), from the first pipeline's hosts; window-limited ones not
+    nominal = {p.dcs: p.nominal_bps for p in cal.paths}
+    assert {c[1] for c in calls if c[0] == "one-way"} == {k for k, v in nominal.items() if 3e8 >= 0.5 * v}
+    assert all(c[3] == (8,) for c in calls if c[0] == "one-way")
     assert ("lan", 5) in calls
     # the paths each shared multi-stream placement crosses, loaded at once with its two pipelines on each:
     # multi-tcp (and atlas's configured-count alternative, its own placement) at 8 streams

@@ -145,7 +145,7 @@ def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_cro
         monkeypatch.setattr(calibration, "ProbeAgents", Agents)
         monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
         monkeypatch.setattr(calibration, "calibrate_turns", fake_turns)
-        for name in ("calibrate_link", "calibrate_wan_rings", "calibrate_lan", "calibrate_together"):
+        for name in ("calibrate_link", "calibrate_wan_rings", "calibrate_lan", "calibrate_together", "calibrate_one_way"):
             monkeypatch.setattr(calibration, name, lambda *a, **k: None)
 
         class Net:

@@ -242,6 +242,11 @@ def _profile() -> type[BaseModel]:
     return ProgramProfile
 
 
+def _transport_calibration() -> type[BaseModel]:
+    from testbed_core.program.transport import TransportCalibration
+    return TransportCalibration
+
+
 def _adapt_scenario(schema: dict[str, Any]) -> None:
     """A scenario file names its topology and workload as a file (relative to the
     scenario) or inline; `source` and `workload_source` are filled in by the loader."""
@@ -313,6 +318,9 @@ FORMATS: tuple[Format, ...] = (
     Format("profile", "profile.json", _profile,
            "What `testbed launch --profile` writes beside launch.json: each rank's communications and steps, "
            "read by `testbed whatif --program DIR`."),
+    Format("transport-calibration", "transport-calibration.json", _transport_calibration,
+           "What `testbed launch --profile` writes beside profile.json where atlas crossed DCs: the atlas "
+           "transport's own cost per transfer on this machine, read by `testbed whatif --program DIR`."),
     Format("sweep-record", "sweep.json", _sweep_record,
            "What `testbed sweep` writes in its result folder: the plan it ran (parameters, points, overrides); "
            "read back by `report` and by the sweep itself when it resumes."),

@@ -51,7 +51,7 @@ class CalibrationPoint(_Model):
 class PatternCost(_Model):
     """A pattern's fitted cost: ``overhead_s + bytes / rate_Bps`` per transfer."""
 
-    pattern: Pattern
+    pattern: Pattern = Field(description="the pattern fitted ('send' or 'exchange', as in its points)")
     overhead_s: float = Field(ge=0, description="seconds per transfer beyond its bytes (the fit's intercept, >= 0)")
     rate_Bps: float = Field(gt=0, description="bytes per second the transport moves (the fit's slope's inverse)")
 

@@ -187,7 +187,7 @@ class PathCalibrationReport(BaseModel):
     # per stream count, one channel timed alone one way (no traffic the other way), Mbit/s,
     # and each of its timed transfers, seconds (None: not timed, or a summary before this probe)
     one_way_channel_rate_mbps: dict[str, float] | None = None
-    one_way_transfer_s: dict[str, list[float]] | None = None
+    one_way_transfer_s: dict[str, list[float]] | None = None  # per stream count, each one-way transfer, seconds
 
 
 class _FiguresReport(TypedDict):

@@ -190,6 +190,53 @@ def stage_compute_times(
     return out["forward"], out["backward"]
 
 
+def stage_hold_times(
+    timelines: Mapping[str, Sequence[WorkRecord]], transfers: Sequence[TransferRecord],
+    spans: Mapping[int, tuple[float, float]], stages: int,
+) -> tuple[list[float], list[float]] | None:
+    """Mean seconds each (virtual) stage's forward and backward hold its worker's
+    pipeline over the training work that began in the iterations of `spans` (iteration
+    index -> its start and end): the work itself, the wait from when it could begin (the
+    later of its worker's previous piece of work ending and its input tensor arriving)
+    to its start, and the time from its end to handing its output tensor to the
+    transport (posted). Real devices on the machine's shared cores pay all three on
+    every micro-batch, and the slow ones too: the mean, not the median
+    (`stage_compute_times`); None when a stage has no record of either kind."""
+    arrived = {(t.iteration, t.dst, t.direction, t.mb): t.arrived for t in transfers if t.arrived is not None}
+    posted = {(t.iteration, t.src, t.direction, t.mb): t.posted for t in transfers if t.posted is not None}
+    times: dict[tuple[str, int], list[float]] = {}
+    for recs in timelines.values():
+        prev: dict[tuple[str, int], float] = {}  # (worker, iteration) -> its last piece of work's end
+        for r in sorted(recs, key=lambda r: r.start):
+            if r.kind not in ("forward", "backward") or "@s" not in r.label:
+                continue
+            iteration = next((i for i, (t0, t1) in spans.items() if t0 <= r.start < t1), None)
+            if iteration is None:
+                continue
+            worker = r.owner.split(":", 1)[-1]
+            # an iteration's first piece of work waits on its input only (the time before it
+            # is the pipeline's overhead, `pipeline_overhead`)
+            before, prev[worker, iteration] = prev.get((worker, iteration)), r.end
+            try:
+                stage = int(r.label.rsplit("@s", 1)[1])
+                mb = int(r.label[1:].split("@", 1)[0])
+            except ValueError:
+                continue
+            key = (iteration, worker, "fwd" if r.kind == "forward" else "bwd", mb)
+            ready = max((t for t in (before, arrived.get(key)) if t is not None), default=r.start)
+            handed = posted.get(key)
+            held = r.end - r.start + max(0.0, r.start - ready) + (max(0.0, handed - r.end) if handed else 0.0)
+            times.setdefault((r.kind, stage), []).append(held)
+    out: dict[str, list[float]] = {"forward": [], "backward": []}
+    for kind, values in out.items():
+        for k in range(stages):
+            got = times.get((kind, k))
+            if not got:
+                return None
+            values.append(sum(got) / len(got))
+    return out["forward"], out["backward"]
+
+
 def pipeline_overhead(timelines: Mapping[str, Sequence[WorkRecord]], spans: Sequence[tuple[float, float]]) -> float:
     """Median time of each iteration outside its forward/backward pipeline: from the
     common start to the first forward, and from the last backward to the iteration's

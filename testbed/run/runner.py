@@ -555,7 +555,9 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
     The headline is made before the measured iterations from the calibration probe's
     rates (a shared link: a channel's rate alone on it, the probe's colliding
     aggregate while transfers collide); real devices add the stage times their
-    warm-up measured (the compute model does not know this machine). The same model
+    warm-up measured (the compute model does not know this machine): each stage's mean
+    hold of its worker, the work with the wait to begin it and the hand-over after it
+    (metrics.stage_hold_times). The same model
     fed with the variant's own warm-up (solo channel rate, and the aggregate its
     colliding transfers reached) is kept as a diagnostic: TCP's loss recovery under
     collisions varies from iteration to iteration, so a few warm-up iterations are a
@@ -565,7 +567,7 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
         channel_rate,
         colliding_rate,
         pipeline_overhead,
-        stage_compute_times,
+        stage_hold_times,
     )
     from testbed.run.metrics import iterations as iteration_spans
 
@@ -580,9 +582,11 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
     first = 1 if workload.warmup >= 2 else 0  # iteration 0 also opens TCP windows, pays lazy init
     warmup_its = range(first, workload.warmup)
     if workload.gpu.mode == "real" and workload.warmup:
-        spans = [(it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
-                 if it.index in warmup_its]
-        compute = stage_compute_times(run.timelines, spans, len(pred.effective.stage_forward_s))
+        its = {it.index: (it.start, it.end) for it in iteration_spans(run.timelines, run.starts, run.ends)
+               if it.index in warmup_its}
+        spans = list(its.values())
+        # each stage's mean hold of its worker (work, the wait to begin it, the hand-over after)
+        compute = stage_hold_times(run.timelines, run.transfers, its, len(pred.effective.stage_forward_s))
         if compute is not None:
             overhead = pipeline_overhead(run.timelines, spans)
             how += " and warm-up compute times"

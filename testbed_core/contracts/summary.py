@@ -126,9 +126,10 @@ class Prediction(_Doc):
     # the planner's prediction before any of this variant ran, seconds
     a_priori_iteration_time_s: float
     a_priori_error: float  # (measured - a priori) / a priori iteration time
-    # real devices: each stage's forward time the warm-up measured, seconds
+    # real devices: each stage's forward time the warm-up measured (its mean hold of the worker: the
+    # work, the wait to begin it, the hand-over of its tensor; in older summaries the median work), s
     measured_stage_forward_s: list[float] | None
-    # real devices: each stage's backward time the warm-up measured, seconds
+    # real devices: each stage's backward time the warm-up measured, the same way, seconds
     measured_stage_backward_s: list[float] | None
     # real devices: the warm-up's time outside the pipeline's work per iteration, seconds
     measured_overhead_s: float | None

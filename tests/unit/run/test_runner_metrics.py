@@ -266,3 +266,31 @@ def test_summary_table_counts_the_gradient_rings_on_the_wan() -> None:
     assert lines[3].split()[0] == "dp-across-dc" and lines[3].split()[6] == "300.0"
     assert lines[2].split()[6] == "5.0"
     assert "DP all-reduce rings' bytes" in table
+
+
+def test_real_stage_times_are_each_stages_mean_hold_of_its_worker() -> None:
+    """Real devices (metrics.stage_hold_times): a stage's time is the mean over the
+    warm-up's micro-batches of its work, the wait from its input's arrival (or its
+    worker's last work) to its start, and the hand-over of its output after it; an
+    iteration's first work waits on its input only; work outside the spans is left out."""
+    from testbed.run.metrics import TransferRecord, stage_hold_times
+
+    def r(owner, kind, label, start, end):
+        return WorkRecord(owner, kind, f"train:{owner}", label, start, start, end, "real")
+
+    def t(mb, way, src, dst, posted, arrived):
+        return TransferRecord(1, 0, 0, mb, way, src, dst, 16, posted=posted, sent=posted, arrived=arrived)
+
+    timelines = {
+        "a": [r("p0r0", "forward", "F0@s0", 10.0, 10.1), r("p0r0", "forward", "F1@s0", 10.1, 10.2),
+              r("p0r0", "backward", "B0@s0", 10.65, 10.7), r("p0r0", "forward", "F0@s0", 99.0, 99.5)],
+        "b": [r("p0r1", "forward", "F0@s1", 10.35, 10.4), r("p0r1", "backward", "B0@s1", 10.4, 10.5)],
+    }
+    transfers = [t(0, "fwd", "p0r0", "p0r1", 10.12, 10.3), t(1, "fwd", "p0r0", "p0r1", 10.2, 10.45),
+                 t(0, "bwd", "p0r1", "p0r0", 10.5, 10.6)]
+    fwd, bwd = stage_hold_times(timelines, transfers, {1: (10.0, 11.0)}, 2)
+    # F0@s0 0.1 + 0.02 hand-over; F1@s0 0.1; F0@s1 0.05 + 0.05 after its tensor came
+    assert fwd == pytest.approx([(0.12 + 0.1) / 2, 0.1])
+    # B0@s0 0.05 + 0.05 after the gradient came (its worker was free since 10.2); B0@s1 0.1
+    assert bwd == pytest.approx([0.1, 0.1])
+    assert stage_hold_times(timelines, transfers, {1: (10.0, 11.0)}, 3) is None  # stage 2 never ran

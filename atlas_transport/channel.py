@@ -59,12 +59,13 @@ INLINE_MAX_BYTES = 32 << 10
 # Smallest chunk a transfer is cut into to spread it over several streams (the
 # lowest-numbered ones first, see _warm_lanes): a 512 KiB transfer rides 4 streams.
 SPLIT_MIN_BYTES = 128 << 10
-# A transfer cut into several chunks over several streams: until this share of the
-# path's smoothed RTT (at most SPREAD_MAX_S) has passed since it was queued, no stream
-# takes more than its even share of the chunks (`_spread`). A 128 KiB write returns at
-# once into a large send buffer, so the writer that woke first could take a second and
-# third chunk before the other writers woke, and its stream then needed extra round
-# trips for them (README, "Even spread"). The wait bounds what a writer slow to wake costs.
+# A transfer of at most one chunk per stream: until this share of the path's smoothed
+# RTT (at most SPREAD_MAX_S) has passed since it was queued, no stream takes a second
+# chunk of it (`_spread`). A 128 KiB write returns at once into a large send buffer, so
+# the writer that woke first could take a second and third chunk before the other
+# writers woke, and its stream, whose window follows the one chunk it usually carries,
+# then needed extra round trips (README, "Even spread"). The wait bounds what a writer
+# slow to wake costs. Transfers of several chunks per stream keep plain work stealing.
 SPREAD_RTT_FRACTION = 0.25
 SPREAD_MAX_S = 0.02
 
@@ -446,18 +447,18 @@ class Channel:
         return h
 
     def _spread(self, t: OutTransfer) -> None:
-        """Give a transfer of several chunks for several streams its quota: each stream
-        at most its even share of the chunks until SPREAD_RTT_FRACTION of the smoothed
-        RTT (SPREAD_MAX_S at most) has passed; then any stream takes what is left (a
-        writer slow to wake, a stream stuck behind a full window). No RTT measured yet
-        (a new channel): no quota. Lock held."""
+        """Give a transfer of several chunks, at most one per stream it may ride, its
+        quota: each stream one chunk until SPREAD_RTT_FRACTION of the smoothed RTT
+        (SPREAD_MAX_S at most) has passed; then any stream takes what is left (a writer
+        slow to wake, a stream stuck behind a full window). Transfers of more chunks
+        than streams, and a channel with no RTT measured yet: no quota. Lock held."""
         alive = [s for s in self._streams if s.alive and (t.lanes is None or s.index < t.lanes)]
-        if len(alive) < 2 or t.meta.n_chunks < 2:
+        if len(alive) < 2 or not 2 <= t.meta.n_chunks <= len(alive):
             return
         rtt = rtt_s(alive[0].sock)
         if not rtt:
             return
-        t.quota = -(-t.meta.n_chunks // len(alive))
+        t.quota = 1
         t.spread_until = time.monotonic() + min(SPREAD_MAX_S, SPREAD_RTT_FRACTION * rtt)
 
     def _warm_lanes(self, n_chunks: int) -> int | None:

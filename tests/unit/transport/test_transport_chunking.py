@@ -62,30 +62,35 @@ def test_a_channel_learns_its_stream_rate_and_sends_larger_chunks() -> None:
         assert torch.equal(b.recv(3, timeout=10), x)  # whatever the chunk, the tensor arrives whole
 
 
-def test_a_transfer_over_several_streams_is_spread_evenly(monkeypatch) -> None:
-    """Each stream carries at most its share of a transfer's chunks while the spread
-    lasts (made long here, so that the share binds however the writers wake)."""
+def test_a_transfer_of_one_chunk_per_stream_is_spread_evenly(monkeypatch) -> None:
+    """A transfer of at most one chunk per stream: each stream carries one of its
+    chunks while the spread lasts (made long here, so that it binds however the writers
+    wake); a transfer of more chunks than streams keeps plain work stealing (no quota)."""
     import atlas_transport.channel as channel_mod
 
     monkeypatch.setattr(channel_mod, "SPREAD_RTT_FRACTION", 1e6)
     monkeypatch.setattr(channel_mod, "SPREAD_MAX_S", 2.0)
-    carried: list[dict[int, list[int]]] = []
+    carried: list[tuple[int | None, dict[int, list[int]]]] = []
     complete = channel_mod.SendQueue.complete
 
     def record(self, tid):
         t = complete(self, tid)
         if t is not None:
-            carried.append({s: list(offs) for s, offs in t.sent_on.items()})
+            carried.append((t.quota, {s: list(offs) for s, offs in t.sent_on.items()}))
         return t
 
     monkeypatch.setattr(channel_mod.SendQueue, "complete", record)
-    x = torch.arange(MiB // 4, dtype=torch.int32)  # 1 MiB: 8 chunks of 128 KiB over 4 streams
+    x = torch.arange(MiB // 8, dtype=torch.int32)  # 512 KiB: 4 chunks of 128 KiB over 4 streams
     with loopback_pair(TransportConfig(streams=4, secret="x", idle_timeout_s=10)) as (a, b):
         a.send(x, 1, timeout=10)  # the first send measures the RTT the spread is sized by
         assert torch.equal(b.recv(1, timeout=10), x)
         for tag in range(2, 6):
             a.send(x, tag, timeout=10)
             assert torch.equal(b.recv(tag, timeout=10), x)
-    assert len(carried) == 5
-    for sent_on in carried[1:]:
-        assert sorted(len(offs) for offs in sent_on.values()) == [2, 2, 2, 2], sent_on
+        big = torch.arange(MiB // 4, dtype=torch.int32)  # 1 MiB: 8 chunks over 4 streams
+        a.send(big, 6, timeout=10)
+        assert torch.equal(b.recv(6, timeout=10), big)
+    assert len(carried) == 6
+    for quota, sent_on in carried[1:5]:
+        assert quota == 1 and sorted(len(offs) for offs in sent_on.values()) == [1, 1, 1, 1], sent_on
+    assert carried[5][0] is None

@@ -91,6 +91,7 @@ PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-b
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
+ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
 
@@ -319,7 +320,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
     way's data delays its acknowledgements), and a pipeline whose transfers take turns
     across the path (one way, then the other) moves more. The planner weighs the two
     by how much its transfers overlap the other way's (testbed_core/planning/reverse_load.py)."""
-    count = scenario.runner.calibration_transfers + PROBE_WARMUP
+    count = max(scenario.runner.calibration_transfers, ONE_WAY_ROUNDS) + PROBE_WARMUP
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         for n in sorted(set(stream_counts) - set(path.one_way_bps)):

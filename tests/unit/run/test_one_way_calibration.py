@@ -49,8 +49,10 @@ def test_one_channel_is_timed_alone_one_way_per_count_not_timed_yet(monkeypatch,
     path = _path(one_way_bps={4: 5e8}, one_way_s={4: [0.2]})
     calibration.calibrate_one_way(object(), scenario, tmp_path, "s", ("dc1-h2", "dc2-h1"), [4, 8], path,
                                   Progress(label="t", tty=False), agents=object())
-    assert calls == [([("dc1-h2", "dc2-h1")], 8, 3 + PROBE_WARMUP, "dc1-dc2-oneway-")]  # 4 was timed already
-    assert path.one_way_bps[8] == pytest.approx(MB8 * 8 / 0.1) and path.one_way_s[8] == [0.125] * 3
+    # 4 was timed already; at least ONE_WAY_ROUNDS timed transfers (3 asked for)
+    assert calls == [([("dc1-h2", "dc2-h1")], 8, calibration.ONE_WAY_ROUNDS + PROBE_WARMUP, "dc1-dc2-oneway-")]
+    assert path.one_way_bps[8] == pytest.approx(MB8 * 8 / 0.1)
+    assert path.one_way_s[8] == [0.125] * calibration.ONE_WAY_ROUNDS
     back = PathCalibration.from_report(path.report(), MB8)
     assert back.one_way_bps == path.one_way_bps and back.one_way_s == path.one_way_s
 

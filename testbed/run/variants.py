@@ -120,6 +120,7 @@ class VariantSetup:
     placement_label: str = ""  # how `configurations` names its placement
     verify: VerifyCost | None = None  # the tensor checks' calibrated CPU time (runner.verify_tensors)
     even_spread: bool = False  # the calibration's channels spread each tensor evenly (Calibration.even_spread)
+    even_spread_stream_bytes: int | None = None  # up to this many bytes per stream (None: every size)
     # Atlas with calibrated, auto sharing: every configuration predicted (streams, sharing,
     # placement), the one taken marked; None where there was nothing to choose
     configurations: list[ConfigurationCandidate] | None = None
@@ -302,7 +303,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True,
-                    stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread)
+                    stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -336,7 +338,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True,
-                    stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread)
+                    stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes)
     return net, path_topology(scenario.topology, links, local)
 
 
@@ -478,6 +481,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         setup.verify = VerifyCost.of(cal.verify)
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     setup.even_spread = cal.even_spread if cal else False
+    setup.even_spread_stream_bytes = cal.even_spread_stream_bytes if cal else None
     if cal is not None and cal.lan_alone_rate_bps is not None and cal.lan_pairs:
         setup.lan_rings, setup.lan_alone_bps = len(cal.lan_pairs), cal.lan_alone_rate_bps
     if cal is not None and cal.paths:

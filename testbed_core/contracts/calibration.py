@@ -46,6 +46,11 @@ def _by_count(values: Mapping[str, _V], factor: float = 1.0) -> dict[int, _V]:
     return {int(n): (v * factor if factor != 1.0 else v) for n, v in values.items()}  # type: ignore[operator, misc]
 
 
+EVEN_SPREAD_STREAM_BYTES = 128 << 10
+"""The largest tensor atlas_transport spreads one chunk per stream, per stream of the
+channel (its smallest chunk, ``atlas_transport.channel.SPLIT_MIN_BYTES``; a unit test
+holds the two equal): what a calibration made with this checkout records."""
+
 class _Together(BaseModel):
     """What a probe with every path of a placement loaded at once is: `streams` per
     channel, the DC pairs loaded together, the colliding channels each way."""
@@ -349,6 +354,10 @@ class CalibrationReport(BaseModel):
     # streams to wake took a tensor's chunks, and one handed over behind it went side by
     # side on the others (testbed_core/planning/interleave.py)
     even_spread: bool = False
+    # with even_spread: the largest tensor the spread applies to, per stream of the
+    # channel (a tensor of at most streams x this many bytes goes one chunk per stream;
+    # larger ones keep plain work stealing, since 80ce329); None: every size (1745c66)
+    even_spread_stream_bytes: int | None = None
 
     def rate_mbps(self, streams: int) -> float | None:
         return self.channel_rate_mbps.get(str(streams))
@@ -377,6 +386,7 @@ class Calibration(_Figures):
     # measured with this checkout's transport, which spreads each tensor evenly over a
     # channel's streams (CalibrationReport.even_spread); from_report keeps a kept run's word
     even_spread: bool = True
+    even_spread_stream_bytes: int | None = EVEN_SPREAD_STREAM_BYTES
 
     def primary(self) -> PathCalibration:
         """The primary path: the first of `paths`, or the top-level figures as one path."""
@@ -446,6 +456,7 @@ class Calibration(_Figures):
             verify=self.verify,
             wall_s=self.wall_s,
             even_spread=self.even_spread,
+            even_spread_stream_bytes=self.even_spread_stream_bytes,
         )
 
     @classmethod
@@ -457,4 +468,5 @@ class Calibration(_Figures):
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
-                   wall_s=r.wall_s, even_spread=r.even_spread)
+                   wall_s=r.wall_s, even_spread=r.even_spread,
+                   even_spread_stream_bytes=r.even_spread_stream_bytes)

@@ -24,8 +24,12 @@ tensors one way at 900-956 Mbit/s where two colliding channels moved 716).
 That was atlas_transport before its even spread (1745c66): since then each stream takes
 at most its share of a tensor's chunks while the other writers wake, so a tensor handed
 over behind another lands behind it on every stream and the two go one after the other.
-The prediction applies this model only to runs whose calibration says their channels
-took chunks greedily (`Calibration.even_spread` false: kept runs from before it).
+Since 80ce329 only tensors of at most one chunk per stream (128 KiB a stream) are spread
+so; larger ones are taken greedily again. The prediction applies this model to every
+tensor where the calibration says the channels took chunks greedily
+(`Calibration.even_spread` false: kept runs from before 1745c66), to none where they
+spread every tensor (even_spread without a size: runs at 1745c66), and else to the
+tensors above `even_spread_stream_bytes` per stream.
 """
 
 from __future__ import annotations
@@ -73,12 +77,15 @@ def close_pairs(spans: list[TransferSpan], close: float = CLOSE) -> int:
 
 
 def interleave(spec: SimSpec, wan: Mapping[tuple[str, str], WanPath], send_buffer: Callable[[str], float],
-               simulate: Callable[[SimSpec], SimResult], close: float = CLOSE) -> SimSpec:
+               simulate: Callable[[SimSpec], SimResult], close: float = CLOSE,
+               even_stream_bytes: float | None = None) -> SimSpec:
     """`spec` with each multi-stream WAN channel whose tensors fill some but not all of
     its streams' send buffers (`send_buffer(dc)`: the sending hosts' tcp_wmem max) and
     which the simulation hands tensors `close` together made ``shared``, and the links
     it crosses `Filling` (module docstring). Channels are added until none is left
     (tensors that arrive together are answered together); `spec` itself is unchanged.
+    A channel whose tensors are at most `even_stream_bytes` per stream is left in turn:
+    the transport spreads such a tensor one chunk per stream (module docstring).
     Only channels whose rate was measured (a run's calibration: one tensor's time on as
     many streams as it fills): the window model's what-ifs give every tensor all of a
     channel's streams, one tensor after another, as the fast predictor
@@ -91,6 +98,8 @@ def interleave(spec: SimSpec, wan: Mapping[tuple[str, str], WanPath], send_buffe
         if wp is None or wp.streams < 2 or not wp.measured:
             continue
         nbytes = (spec.bytes_fwd if direction == "fwd" else spec.bytes_bwd)[b]
+        if even_stream_bytes is not None and nbytes <= wp.streams * even_stream_bytes:
+            continue  # spread one chunk per stream: one tensor after another
         if 2 <= streams_taken(nbytes, send_buffer(wp.src)) < wp.streams:
             candidates[path.resources[0]] = wp
     if not candidates:

@@ -81,6 +81,8 @@ class NetParams:
     # streams to wake take a tensor's chunks and the next goes side by side on the
     # others (testbed_core/planning/interleave.py), as kept runs before it measured
     even_spread: bool = False
+    # with even_spread: the largest tensor spread so, per stream (None: every size)
+    even_spread_stream_bytes: float | None = None
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""

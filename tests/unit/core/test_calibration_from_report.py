@@ -32,6 +32,7 @@ def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
         assert cal.even_spread is False  # a run before the even spread: its channels took chunks greedily
         back = json.loads(cal.report().model_dump_json())
         assert back.pop("even_spread") is False
+        assert back.pop("even_spread_stream_bytes") is None
         for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s", "verify"):  # probes added later
             if key not in data:
                 assert back.pop(key) is None
@@ -63,10 +64,17 @@ def test_the_tensor_checks_calibration_reads_back() -> None:
 
 
 def test_a_new_calibration_says_its_channels_spread_tensors_evenly() -> None:
-    """This checkout's transport spreads each tensor evenly over a channel's streams
-    (the planner then sends a channel's tensors one after another); the report keeps it."""
+    """This checkout's transport spreads a tensor of at most one chunk per stream evenly
+    over a channel's streams (the planner then sends such tensors one after another);
+    the report keeps it."""
+    from atlas_transport.channel import SPLIT_MIN_BYTES
+
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=4096, latency_s=0.025)
-    assert cal.even_spread is True
+    assert cal.even_spread is True and cal.even_spread_stream_bytes == SPLIT_MIN_BYTES  # one chunk a stream
     report = cal.report()
-    assert report.even_spread is True
-    assert Calibration.from_report(CalibrationReport.model_validate_json(report.model_dump_json())).even_spread is True
+    assert report.even_spread is True and report.even_spread_stream_bytes == SPLIT_MIN_BYTES
+    back = Calibration.from_report(CalibrationReport.model_validate_json(report.model_dump_json()))
+    assert back.even_spread is True and back.even_spread_stream_bytes == SPLIT_MIN_BYTES
+    # a run at 1745c66 spread every tensor: no size in its report
+    at_1745c66 = CalibrationReport.model_validate({**report.model_dump(), "even_spread_stream_bytes": None})
+    assert Calibration.from_report(at_1745c66).even_spread_stream_bytes is None

@@ -82,6 +82,14 @@ def test_dp_2dc_tensors_sent_together_arrive_together() -> None:
     assert not isinstance(even.spec.resources["wan:a->b"], Filling)
     a, b = _arrivals(even)[:2]
     assert b - a > 0.05
+    # since 80ce329 only tensors of at most one chunk per stream are spread so: these
+    # 4 MiB tensors (512 KiB a stream) are taken greedily and go side by side again
+    def spread_up_to(stream_bytes):
+        return predict(topo, wl, Variant("multi-tcp", 8, "shared", "even"),
+                       net=NetParams(flow_rate_bps=4.4e8 / 8, crowded_fraction=0.75, allreduce=False,
+                                     even_spread=True, even_spread_stream_bytes=stream_bytes))
+    assert spread_up_to(128 << 10).spec.resources["chan:p0:b0:fwd"].policy == "shared"
+    assert spread_up_to(512 << 10).spec.resources["chan:p0:b0:fwd"].policy == "exclusive"
     # the window model (no measured rate) keeps one tensor after another, as the fast predictor
     window = predict(topo, wl, Variant("multi-tcp", 8, "shared", "even"), net=NetParams(allreduce=False))
     assert window.spec.resources["chan:p0:b0:fwd"].policy == "exclusive"

@@ -72,6 +72,9 @@ DECODE_NICE = 10
 # the controller answers every agent's sync and every client: on a busy machine it must not
 # wait behind the emulator's bulk work (a stale status makes it dispatch blind)
 CONTROLLER_NICE = -5
+# an agent's device holds run at SCHED_FIFO 1: their ends must not wait for a core, even in an
+# idle cgroup (runner.bubbletea_cpu_idle: idle concerns the normal class only)
+AGENT_REALTIME_HOLDS = True
 CONTROLLER_PORT_INDEX = 63  # the controller's port: this one of the decode range (decode servers count from 0)
 
 
@@ -172,7 +175,7 @@ def build_agent_jobs(jobs: Mapping[str, TrainJob], folder: Path, scenario: Scena
             out=folder / "agents" / f"{wid}.json",
             agent_index=k, agent_count=len(jobs), iterations=iterations, duration_s=duration_s,
             gpu=workload.gpu, tp=workload.parallelism.tp, base_dir=base_dir,
-            wire_scale=kv_wire_scale(scenario, workload), decode=ship, nice=AGENT_NICE, realtime_holds=True,
+            wire_scale=kv_wire_scale(scenario, workload), decode=ship, nice=AGENT_NICE, realtime_holds=AGENT_REALTIME_HOLDS,
             live=None if live is None else LivePaths(status=live.status_path, wake=live.wake_path,
                                                      gate=Path(live.status_path).parent / "gate.status"),
             controller=None if controller is None else ControllerAddress(

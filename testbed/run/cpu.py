@@ -13,7 +13,13 @@ share, and when a core is free they still get all of it.
 * cgroup v1 (``/sys/fs/cgroup/cpu``): ``cpu.shares`` (default 1024), and, where the
   kernel schedules real-time tasks per group (``cpu.rt_runtime_us`` exists), a
   real-time budget, so that an agent's device holds can still run at SCHED_FIFO
-  (they must end on time: on an emulated GPU a hold ends when its thread wakes).
+  (they must end on time: on an emulated GPU a hold ends when its thread wakes);
+* with `idle` (``runner.bubbletea_cpu_idle``), ``cpu.idle`` 1 (v1 and v2, Linux 5.15+):
+  the whole group is scheduled like SCHED_IDLE tasks. A weight only shares the cores
+  out in proportion; an idle group runs its normal (CFS) threads only on a core no
+  other process wants, and a waking worker preempts them at once. Its real-time
+  threads (the holds) are untouched: idle concerns the normal class only. Where the
+  file is missing (an older kernel) the group keeps its weight and says so.
 
 The group is named with the run's prefix and recorded in the run record before it is
 created (testbed/emulation/records.py), so the teardown, or `testbed clean` after a
@@ -59,6 +65,10 @@ class CpuGroup:
     version: int
     weight: float
     """Relative to a default group or process (1.0: the same share)."""
+    idle: bool = False
+    """cpu.idle 1: the group's normal threads run only where no other process wants the core."""
+    note: str = ""
+    """What was asked but could not be set (an idle group on a kernel without cpu.idle)."""
 
     def add(self, pid: int) -> None:
         """Move process `pid` (all its threads) into the group."""
@@ -98,7 +108,9 @@ class CpuGroup:
 
     def describe(self) -> str:
         what = "cpu.weight" if self.version == 2 else "cpu.shares"
-        return f"agents in cgroup v{self.version} {self.path.name} at {self.weight:g} of a normal {what}"
+        if self.idle:
+            return f"agents in cgroup v{self.version} {self.path.name}, idle (cpu.idle 1: SCHED_IDLE)"
+        return f"agents in cgroup v{self.version} {self.path.name} at {self.weight:g} of a normal {what}{self.note}"
 
 
 def find_controller(root: Path = CGROUP_ROOT) -> tuple[int, Path] | None:
@@ -120,9 +132,10 @@ def weight_value(version: int, weight: float) -> int:
 
 
 def create_group(name: str, weight: float, record: Callable[[Path], None] | None = None,
-                 root: Path = CGROUP_ROOT) -> tuple[CpuGroup | None, str]:
-    """A new cgroup `name` with `weight` times the default CPU weight, recorded with
-    `record(path)` before it is created. Returns (group, how) or (None, why not)."""
+                 root: Path = CGROUP_ROOT, idle: bool = False) -> tuple[CpuGroup | None, str]:
+    """A new cgroup `name` with `weight` times the default CPU weight (and with `idle`,
+    ``cpu.idle`` 1 where the kernel has it), recorded with `record(path)` before it is
+    created. Returns (group, how) or (None, why not)."""
     if not 0 < weight <= 1:
         raise ValueError(f"cpu weight must be in (0, 1] of the default, got {weight}")
     found = find_controller(root)
@@ -146,6 +159,12 @@ def create_group(name: str, weight: float, record: Callable[[Path], None] | None
             if rt.exists():
                 (path / "cpu.rt_period_us").write_text(f"{RT_PERIOD_US}\n")  # first: the budget must fit
                 rt.write_text(f"{RT_RUNTIME_US}\n")
+        if idle:
+            if (path / "cpu.idle").exists():
+                (path / "cpu.idle").write_text("1\n")
+                group.idle = True
+            else:
+                group.note = " (no cpu.idle in this kernel, before Linux 5.15: not idle, weighted only)"
     except OSError as exc:
         group.remove()
         return None, f"cannot set the CPU weight of {path} ({exc.strerror}): agents run without one"

@@ -500,7 +500,7 @@ def tail_line(t: BubbleTeaTail) -> str:
 
 def decompose_slowdown(plain_times_s: Sequence[float], with_times_s: Sequence[float],
                        idle_times_s: Sequence[float] | None, waited_on_prefill_s: float,
-                       **cpu: float | str | None) -> SlowdownDecomposition:
+                       **cpu: Any) -> SlowdownDecomposition:
     """Where a +bubbletea variant's slowdown comes from, against its plain twin: the
     measured iteration times of the plain twin, of the variant with prefill, and of the
     idle twin (agents running, admitting nothing; None: not played), and the total time

@@ -411,7 +411,8 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                 plain.iteration_times_s, m.iteration_times_s, idle.iteration_times_s if idle is not None else None,
                 bt.training_wait_on_prefill_s, agents_cpu_cores=cores.get("agents"),
                 idle_agents_cpu_cores=None if idle_d is None else idle_d.agents_cpu_cores,
-                emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights)
+                emulator_cpu_cores=cores.get("workers"), cpu_weights=run.cpu_weights,
+                agents_cpu=run.agents_cpu)
             progress.log(f"  {name}: {decomposition_line(decomposition)}")
     real = real_check(folder, workload, progress, setup.name)  # real devices: equivalence check (real_check.py)
     result = VariantResult(

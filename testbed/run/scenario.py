@@ -164,6 +164,12 @@ class RunnerSettings(_Model):
         0.1, gt=0, le=1, description="BubbleTea agents and decode servers run in a cgroup of their own with this "
         "fraction of a normal CPU weight, so that on a small machine they never take a core from the workers and "
         "delay lines (testbed/run/cpu.py); null: no cgroup (the agents compete at their nice level)")
+    bubbletea_cpu_idle: bool = Field(
+        True, description="the agents' cgroup is idle (cgroup cpu.idle 1, Linux 5.15+): its processes run like "
+        "SCHED_IDLE tasks, only on a core no worker, delay line or other process wants, and a waking worker "
+        "preempts them at once: the agents' own CPU work waits for free cores, not the workers (their device "
+        "holds still run at SCHED_FIFO); false: the group only has its weight (bubbletea_cpu_weight), which shares contended "
+        "cores in proportion; ignored with bubbletea_cpu_weight null")
 
 
     @field_validator("base_port")

@@ -24,7 +24,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from testbed.process import Process
 from testbed.progress import Progress
-from testbed.run.bubbletea import start_agents, wait_ready
+from testbed.run.bubbletea import (
+    AGENT_NICE,
+    AGENT_REALTIME_HOLDS,
+    CONTROLLER_NICE,
+    DECODE_NICE,
+    start_agents,
+    wait_ready,
+)
 from testbed.run.common import (
     REPO_ROOT,
     RUN_PRELOAD,
@@ -49,6 +56,7 @@ from testbed_core.contracts.control import (
     WorkerMessage,
     parse_worker_message,
 )
+from testbed_core.contracts.summary import AgentsCpu
 from testbed_core.contracts.worker_job import TrainJob
 
 if TYPE_CHECKING:
@@ -192,6 +200,7 @@ class VariantRun:
     # process: "workers", "agents", "decode" (None: not read, e.g. no measured iteration)
     cpu_cores: dict[str, float] | None = None
     cpu_weights: str | None = None  # how BubbleTea's processes were weighted (testbed/run/cpu.py)
+    agents_cpu: AgentsCpu | None = None  # the same, typed (summary: slowdown_decomposition.agents_cpu)
 
 
 def run_workers(
@@ -230,6 +239,7 @@ def run_workers(
     gate = None
     group = None
     weights: str | None = None
+    agents_cpu: AgentsCpu | None = None
     cpu_from: dict[str, float] = {}
     cpu: dict[str, float] | None = None
     try:
@@ -265,7 +275,9 @@ def run_workers(
             wait_ready({**agents, **decoders}, scenario.runner.setup_timeout)
             # weighed once ready: loading (imports, the request stream) is no time to be starved
             group, weights = weigh_agents(net, setup.name, scenario.runner.bubbletea_cpu_weight,
-                                          [p.pid for p in (*agents.values(), *decoders.values())], progress)
+                                          [p.pid for p in (*agents.values(), *decoders.values())], progress,
+                                          idle=scenario.runner.bubbletea_cpu_idle)
+            agents_cpu = agents_cpu_record(group, scenario.runner.bubbletea_cpu_weight, weights)
         at = gate.decide(0, max(0.2, lead)) if gate else time.time() + max(0.2, lead)
         for i in range(iterations):
             if i == workload.warmup:
@@ -313,14 +325,16 @@ def run_workers(
         timelines[job.device.name] = Device(job.device.name, run_dir).timeline()
     sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
     verified = sum(1 for r in recvs if r.get("verified"))
-    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified, cpu, weights)
+    return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified, cpu, weights,
+                      agents_cpu)
 
 
 def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequence[int],
-                 progress: Progress) -> tuple[Any, str | None]:
+                 progress: Progress, idle: bool = False) -> tuple[Any, str | None]:
     """Put BubbleTea's processes (`pids`) in a cgroup with `weight` of a normal CPU weight
-    (testbed/run/cpu.py), recorded in the run record so that `testbed clean`
-    removes it. Returns (the group or None, what was done, for the summary)."""
+    (testbed/run/cpu.py), idle with `idle` (``cpu.idle`` 1: they run only on a core
+    nothing else wants), recorded in the run record so that `testbed clean` removes
+    it. Returns (the group or None, what was done, for the summary)."""
     from testbed.run.cpu import CpuGroupError, create_group
 
     if weight is None:
@@ -329,7 +343,7 @@ def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequenc
     record = getattr(emu, "record", None)
     prefix = getattr(emu, "prefix", None) or "tbrun"
     name = f"{prefix}-bubbletea-{''.join(c if c.isalnum() else '-' for c in variant)}-{os.getpid()}"
-    group, how = create_group(name, weight, record.add_path if record is not None else None)
+    group, how = create_group(name, weight, record.add_path if record is not None else None, idle=idle)
     if group is None:
         progress.log(f"  {variant}: {how}")
         return None, how
@@ -341,6 +355,15 @@ def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequenc
         group.remove()
         return None, f"no CPU weights ({exc})"
     return group, how
+
+
+def agents_cpu_record(group: Any, weight: float | None, how: str | None) -> AgentsCpu:
+    """The summary's typed record of how BubbleTea's processes were kept off the workers'
+    cores: the group `weigh_agents` made (or None) and the fixed priorities they start at."""
+    return AgentsCpu(cgroup=None if group is None else group.path.name, weight=None if group is None else weight,
+                     idle=bool(getattr(group, "idle", False)), agent_nice=AGENT_NICE,
+                     controller_nice=CONTROLLER_NICE, decode_nice=DECODE_NICE, realtime_holds=AGENT_REALTIME_HOLDS,
+                     how=how or "no CPU weights")
 
 
 def _cpu_now(procs: Mapping[str, subprocess.Popen], servers: Mapping[str, subprocess.Popen]) -> dict[str, float]:

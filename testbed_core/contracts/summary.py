@@ -353,6 +353,32 @@ class BubbleTeaTail(_Doc):
     """Measured iterations with BubbleTea longer than 1.05 x the plain twin's median."""
 
 
+class AgentsCpu(_Doc):
+    """How a ``+bubbletea`` variant kept BubbleTea's processes (agents, decode servers,
+    controller) off the cores the training workers need (testbed/run/cpu.py,
+    testbed/run/bubbletea.py): BubbleTea promises prefill in training's idle slots
+    without slowing training, and on a small machine the agents' own CPU is what could."""
+
+    cgroup: str | None
+    """The agents' cgroup (None: none was made; ``how`` says why)."""
+    weight: float | None
+    """Its CPU weight, a fraction of a normal process's (``runner.bubbletea_cpu_weight``)."""
+    idle: bool
+    """The group is idle (``runner.bubbletea_cpu_idle``, cgroup ``cpu.idle`` 1): its normal
+    threads run only on a core no other process wants (SCHED_IDLE)."""
+    agent_nice: int
+    """Nice level of the agents inside the group (orders them against the controller and
+    decode servers there, not against the workers outside it)."""
+    controller_nice: int
+    """Nice level of the prefill service's controller inside the group."""
+    decode_nice: int
+    """Nice level of the decode servers inside the group."""
+    realtime_holds: bool
+    """The agents' device holds run at SCHED_FIFO 1 (their ends must not wait for a core)."""
+    how: str
+    """In words, as the run's log says it."""
+
+
 class SlowdownDecomposition(_Doc):
     """Where a ``+bubbletea`` variant's training slowdown comes from, each part a
     fraction of the plain twin's iteration time (testbed/run/metrics.py
@@ -390,6 +416,8 @@ class SlowdownDecomposition(_Doc):
     """CPU the workers and decode servers used over the measured iterations, in cores."""
     cpu_weights: str | None = None
     """How the emulator's processes were kept ahead of the agents (testbed/run/cpu.py)."""
+    agents_cpu: AgentsCpu | None = None
+    """The same, typed: the agents' cgroup, weight, idle flag, nice levels and holds."""
     tail: BubbleTeaTail | None = None
     """p50, p95, p99 and max iteration time with and without BubbleTea (issue 30)."""
 

@@ -45,7 +45,7 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
     req = bt["prefill_requests"]
     assert req["arrived"] > 0 and req["unaccounted"] == 0
     assert req["arrived"] == req["served"] + req["rejected"] == sum(req["rejected_by_reason"].values()) + req["served"]
-    assert req["served"] > 0
+    assert req["served"] > 0  # at idle CPU priority (runner.bubbletea_cpu_idle) the agents still fill bubbles
     assert bt["ttft_s"]["p50"] <= bt["ttft_s"]["p95"] <= bt["ttft_s"]["p99"]
     assert bt["bubbletea_agents"]["engine_mode"] == ["modelled"]
     # prefill work filled former bubbles: utilization with prefill above training alone (by how
@@ -76,8 +76,12 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
                  for line in p.read_text().splitlines()]
     assert idle_rows and not [r for r in idle_rows if r["status"] == "served"]  # the idle twin admitted nothing
     assert parts["agents_cpu_cores"] is not None and parts["emulator_cpu_cores"] > 0
-    if parts["cpu_weights"].startswith("agents in cgroup"):  # the agents' cgroup is gone with the run
-        name = parts["cpu_weights"].split()[4]
+    agents_cpu = parts["agents_cpu"]  # how the agents were kept off the workers' cores (runner defaults: idle)
+    assert agents_cpu["how"] == parts["cpu_weights"] and agents_cpu["realtime_holds"]
+    if agents_cpu["cgroup"] is not None:  # the agents' cgroup is gone with the run
+        name = agents_cpu["cgroup"]
+        if Path("/sys/fs/cgroup/cpu/cpu.idle").exists():  # cgroup v1 with cpu.idle (Linux 5.15+)
+            assert agents_cpu["idle"], agents_cpu
         assert not (Path("/sys/fs/cgroup/cpu") / name).exists() and not (Path("/sys/fs/cgroup") / name).exists()
     # the step files played in memory (/dev/shm, testbed/emulation/memfs.py) and were kept here after
     for variant in ("atlas", "atlas+bubbletea"):

@@ -36,7 +36,7 @@ def test_no_weight_asked_no_group() -> None:
 
 
 def test_no_controller_is_logged_and_the_run_goes_on(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(cpu, "create_group", lambda name, weight, record: (None, "no cpu cgroup controller"))
+    monkeypatch.setattr(cpu, "create_group", lambda name, weight, record, idle=False: (None, "no cpu cgroup controller"))
     log = Log()
     group, how = workers.weigh_agents(SimpleNamespace(), "atlas+bubbletea", 0.1, [1], log)
     assert group is None and how == "no cpu cgroup controller"
@@ -60,7 +60,7 @@ def test_group_named_with_the_run_prefix_recorded_and_filled(monkeypatch: pytest
         def remove(self) -> None:
             self.removed = True
 
-    def create(name: str, weight: float, record: object) -> tuple[FakeGroup, str]:
+    def create(name: str, weight: float, record: object, idle: bool = False) -> tuple[FakeGroup, str]:
         made.update(name=name, weight=weight, record=record)
         g = FakeGroup()
         made["group"] = g
@@ -77,3 +77,20 @@ def test_group_named_with_the_run_prefix_recorded_and_filled(monkeypatch: pytest
     group, how = workers.weigh_agents(net, "atlas+bubbletea", 0.1, [11, 666], log)
     assert group is None and made["group"].removed and "No such process" in how
     assert "agents run without a CPU weight" in log.lines[0]
+
+
+def test_idle_is_passed_on_and_recorded_typed(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    asked: dict[str, object] = {}
+
+    def create(name: str, weight: float, record: object, idle: bool = False) -> tuple[object, str]:
+        asked.update(weight=weight, idle=idle)
+        return SimpleNamespace(path=tmp_path / name, idle=idle, add=lambda pid: None), "agents in cgroup v1 g, idle"
+
+    monkeypatch.setattr(cpu, "create_group", create)
+    group, how = workers.weigh_agents(SimpleNamespace(), "atlas+bubbletea", 0.1, [1], Log(), idle=True)
+    assert asked == {"weight": 0.1, "idle": True}
+    rec = workers.agents_cpu_record(group, 0.1, how)
+    assert rec.cgroup == group.path.name and rec.idle and rec.weight == 0.1 and rec.how == how
+    assert rec.realtime_holds and rec.agent_nice < 0 < rec.decode_nice  # holds end on time; decode yields
+    none = workers.agents_cpu_record(None, 0.1, "no cpu cgroup controller under /sys/fs/cgroup")
+    assert none.cgroup is None and none.weight is None and not none.idle

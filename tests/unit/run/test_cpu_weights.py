@@ -147,3 +147,52 @@ def test_cpu_seconds_of_this_process_and_of_a_fake_one(tmp_path: Path) -> None:
     (fake / "stat").write_text(f"123 (a (b) c) S 1 1 1 0 -1 0 0 0 0 0 {3 * tck} {tck} 0 0 20 0 1 0 5 0 0\n")
     assert cpu_seconds(123, proc=tmp_path) == pytest.approx(4.0)
     assert cpu_seconds(999, proc=tmp_path) is None
+
+
+def _v1_kernel(root: Path, files: tuple[str, ...]) -> pytest.MonkeyPatch:
+    """Path.mkdir that makes the files the kernel makes in a new v1 cpu group."""
+    real_mkdir = Path.mkdir
+
+    def kernel_mkdir(self: Path, *a, **kw) -> None:  # noqa: ANN001
+        real_mkdir(self, *a, **kw)
+        if self.parent == root / "cpu":
+            for f in files:
+                (self / f).write_text("")
+
+    mp = pytest.MonkeyPatch()
+    mp.setattr(Path, "mkdir", kernel_mkdir)
+    return mp
+
+
+def test_an_idle_group_sets_cpu_idle_and_says_so(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    mp = _v1_kernel(root, ("cgroup.procs", "cpu.shares", "cpu.idle"))
+    try:
+        group, how = create_group("tbx-idle", 0.1, root=root, idle=True)
+    finally:
+        mp.undo()
+    assert group is not None and group.idle
+    assert (group.path / "cpu.idle").read_text() == "1\n" and (group.path / "cpu.shares").read_text() == "102\n"
+    assert how == "agents in cgroup v1 tbx-idle, idle (cpu.idle 1: SCHED_IDLE)"
+
+
+def test_idle_on_a_kernel_without_cpu_idle_keeps_the_weight_and_says_so(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    mp = _v1_kernel(root, ("cgroup.procs", "cpu.shares"))
+    try:
+        group, how = create_group("tbx-old", 0.1, root=root, idle=True)
+    finally:
+        mp.undo()
+    assert group is not None and not group.idle and not (group.path / "cpu.idle").exists()
+    assert how == ("agents in cgroup v1 tbx-old at 0.1 of a normal cpu.shares (no cpu.idle in this kernel, "
+                   "before Linux 5.15: not idle, weighted only)")
+
+
+def test_not_idle_unless_asked(tmp_path: Path) -> None:
+    root = v1_tree(tmp_path)
+    mp = _v1_kernel(root, ("cgroup.procs", "cpu.shares", "cpu.idle"))
+    try:
+        group, _ = create_group("tbx-w", 0.5, root=root)
+    finally:
+        mp.undo()
+    assert group is not None and not group.idle and (group.path / "cpu.idle").read_text() == ""

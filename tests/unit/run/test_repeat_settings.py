@@ -1,4 +1,4 @@
-"""`runner.repeat`, `runner.bubbletea_idle_twin` and `runner.bubbletea_cpu_weight`:
+"""`runner.repeat`, `runner.bubbletea_idle_twin`, `runner.bubbletea_cpu_weight` and `_idle`:
 defaults, `testbed run --repeat N`, and the messages of bad values."""
 
 from __future__ import annotations
@@ -18,12 +18,15 @@ def test_defaults_one_repeat_idle_twin_and_a_small_agent_weight() -> None:
     scenario, _ = load_scenario(SCENARIO)
     r = scenario.runner
     assert r.repeat == 1 and r.bubbletea_idle_twin is True and r.bubbletea_cpu_weight == pytest.approx(0.1)
+    assert r.bubbletea_cpu_idle is True  # agents yield every core training wants (testbed/run/cpu.py)
 
 
 def test_overrides_set_them() -> None:
     scenario, resolved = load_scenario(SCENARIO, {"runner.repeat": 3, "runner.bubbletea_cpu_weight": None,
-                                                  "runner.bubbletea_idle_twin": False})
+                                                  "runner.bubbletea_idle_twin": False,
+                                                  "runner.bubbletea_cpu_idle": False})
     assert scenario.runner.repeat == 3 and scenario.runner.bubbletea_cpu_weight is None
+    assert scenario.runner.bubbletea_cpu_idle is False
     assert resolved["runner"]["repeat"] == 3
 
 
@@ -32,6 +35,7 @@ def test_overrides_set_them() -> None:
     ("runner.repeat", 21, r"runner.repeat: .*less than or equal to 20"),
     ("runner.bubbletea_cpu_weight", 0, r"runner.bubbletea_cpu_weight: .*greater than 0"),
     ("runner.bubbletea_cpu_weight", 2, r"runner.bubbletea_cpu_weight: .*less than or equal to 1"),
+    ("runner.bubbletea_cpu_idle", "sometimes", r"runner.bubbletea_cpu_idle: .*valid boolean"),
 ])
 def test_bad_values_name_the_field_and_the_bound(key: str, value: object, message: str) -> None:
     with pytest.raises(ScenarioError, match=message) as info:

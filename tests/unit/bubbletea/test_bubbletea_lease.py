@@ -95,3 +95,61 @@ def test_no_lease_arguments_for_a_device_without_leases() -> None:
     assert agent._lease_kw(float("inf")) == {}
 
 
+
+
+def test_only_the_sleeps_of_a_hold_run_real_time(tmp_path: Path, monkeypatch: Any) -> None:
+    """Inside a hold the agent sleeps to each group's end at SCHED_FIFO (the hold ends on
+    time) but settles, observes and admits at normal priority: a real-time thread runs
+    ahead of every training worker, and in the run's idle cgroup bookkeeping must wait
+    for a core training leaves free (issue 40)."""
+    import os
+
+    import bubbletea_agent.agent as agent_mod
+
+    events: list[str] = []
+    policy = {"now": "other"}
+
+    def sched(pid: int, pol: int, param: Any) -> None:
+        policy["now"] = "fifo" if pol == os.SCHED_FIFO else "other"
+
+    monkeypatch.setattr(agent_mod.os, "sched_setscheduler", sched, raising=False)
+    monkeypatch.setattr(agent_mod.os, "SCHED_FIFO", 1, raising=False)
+    monkeypatch.setattr(agent_mod.os, "SCHED_OTHER", 0, raising=False)
+    t0 = time.time()
+
+    def fast(tokens: int, context: int) -> float:
+        return 0.02  # 4 layers of 5 ms
+
+    agent = Agent(clock=WallClock(), device=Device("gpu0", tmp_path), slots=Feed([Slot(0, 0, t0, 5.0)]),
+                  timeline=NoTimeline(), tracker=SlotTracker(),
+                  admission=Admission(FunctionLatency(fast), AdmissionConfig(),
+                                      AdaptiveGuard(GuardConfig(initial_rel=0.0, rel_floor=0.0, abs_floor_s=0.0005))),
+                  engine=ModelledEngine(PrefillModelSpec(preset="tiny", num_hidden_layers=4), fast),
+                  requests=[Request("r1", 0.0, 512, deadline_s=30.0)], epoch=t0, owner="bubbletea:gpu0",
+                  live_bound=lambda: t0 + 5.0, window="live", realtime_holds=True)
+    for name in ("_settle", "_arrivals"):
+        real = getattr(agent, name)
+
+        def spy(*a: Any, _real: Any = real, _name: str = name) -> Any:
+            events.append(f"{_name}@{policy['now']}")
+            return _real(*a)
+
+        monkeypatch.setattr(agent, name, spy)
+    real_sleep = agent._sleep_in_hold
+
+    def sleep_spy(until: float) -> bool:
+        events.append(f"sleep@{policy['now']}")
+        return real_sleep(until)
+
+    monkeypatch.setattr(agent, "_sleep_in_hold", sleep_spy)
+    def served() -> bool:
+        return "r1" in agent.ledger.records and agent.ledger.get("r1").end is not None
+
+    while not served() and time.time() - t0 < 1.5:
+        agent.step()
+        time.sleep(0.001)
+    assert served() and agent.realtime_holds  # prefilled, its holds real-time throughout
+    in_hold = [e for e in events if e.startswith(("sleep", "_settle"))]
+    assert in_hold and {e for e in in_hold if e.startswith("sleep")} == {"sleep@fifo"}
+    assert {e for e in events if not e.startswith("sleep")} <= {"_settle@other", "_arrivals@other"}
+    assert policy["now"] == "other"  # back to normal once the hold is over

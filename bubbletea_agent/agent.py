@@ -559,7 +559,9 @@ class Agent:
                     return
                 run, end = pick(t)
                 if run is None and not self.queue:
+                    self._realtime(False)  # bookkeeping: at normal priority (below)
                     self._arrivals(now)  # the queue ran dry: take what arrived meanwhile
+                    self._realtime(True)
                     run, end = pick(t)
                 if run is None:
                     if not ran:
@@ -570,10 +572,11 @@ class Agent:
                 if leased:
                     dev.extend_lease(min(end, cursor + run.guard_s))  # what this group committed to
                 # while these layers run: settle what finished, look around, admit new arrivals,
-                # at normal priority (in the run's idle cgroup: on a core training leaves free);
-                # only the sleep to the layers' end is real-time, so that the hold ends on time
-                # without the bookkeeping taking a core from training (issue 40). Starved
-                # here, the hold only loses time of its own: its lease ends where committed
+                # at normal priority (in the run's idle cgroup: on a core training leaves free):
+                # a real-time thread runs ahead of every training worker (issue 40). Starved
+                # here, the hold only loses time of its own: its lease ends where committed.
+                # Deciding, sleeping to the layers' end and handing the device back stay
+                # real-time: training may be waiting for them
                 self._realtime(False)
                 self._settle(finished)
                 if not ran:
@@ -584,7 +587,6 @@ class Agent:
                 self._realtime(True)
                 stopped = self._sleep_in_hold(cursor) if leased else clock.sleep(cursor - clock.now())
                 woke = clock.now()
-                self._realtime(False)
                 late = woke - cursor
                 self.counters.hold_wake_late_max_s = max(self.counters.hold_wake_late_max_s, late)
                 if leased and late > run.guard_s:
@@ -661,7 +663,7 @@ class Agent:
 
     def _realtime(self, on: bool) -> bool:
         """Switch this thread to SCHED_FIFO 1 (on) or back to normal; False where not allowed.
-        On while it sleeps inside a hold and while it sleeps waiting for the worker (so that
+        On while it holds the device and while it sleeps waiting for the worker (so that
         it wakes at once), off for its bookkeeping, inside holds too (a real-time thread
         runs ahead of every training worker)."""
         if not self.realtime_holds or on == self._rt_on:

@@ -97,11 +97,11 @@ def test_no_lease_arguments_for_a_device_without_leases() -> None:
 
 
 
-def test_only_the_sleeps_of_a_hold_run_real_time(tmp_path: Path, monkeypatch: Any) -> None:
+def test_a_holds_bookkeeping_runs_at_normal_priority(tmp_path: Path, monkeypatch: Any) -> None:
     """Inside a hold the agent sleeps to each group's end at SCHED_FIFO (the hold ends on
-    time) but settles, observes and admits at normal priority: a real-time thread runs
-    ahead of every training worker, and in the run's idle cgroup bookkeeping must wait
-    for a core training leaves free (issue 40)."""
+    time, and hands the device back at once) but settles and admits at normal priority:
+    a real-time thread runs ahead of every training worker, and in the run's idle cgroup
+    bookkeeping must wait for a core training leaves free (issue 40)."""
     import os
 
     import bubbletea_agent.agent as agent_mod

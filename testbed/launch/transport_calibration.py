@@ -84,30 +84,24 @@ def _rank(rank: int, sizes: list[int], repeats: int, out: Path) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("atlas", timeout=__import__("datetime").timedelta(seconds=TIMEOUT_S))
     times: dict[str, dict[int, list[float]]] = {"send": {}, "exchange": {}}
+    def send(x: torch.Tensor) -> None:
+        if rank == 0:
+            dist.send(x, 1)
+        else:
+            dist.recv(x, 0)
+
     try:
-        for size in sizes:
-            x = torch.ones(size // 4, dtype=torch.float32)
-            got = []
-            for k in range(WARMUP + repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                if rank == 0:
-                    dist.send(x, 1)
-                else:
-                    dist.recv(x, 0)
-                if k >= WARMUP:
-                    got.append(time.perf_counter() - t0)
-            times["send"][size] = got
-        for size in sizes:
-            x = torch.ones(size // 4, dtype=torch.float32)
-            got = []
-            for k in range(WARMUP + repeats):
-                dist.barrier()
-                t0 = time.perf_counter()
-                dist.all_reduce(x)
-                if k >= WARMUP:
-                    got.append(time.perf_counter() - t0)
-            times["exchange"][size] = got
+        for pattern, op in (("send", send), ("exchange", dist.all_reduce)):
+            for size in sizes:
+                x = torch.ones(size // 4, dtype=torch.float32)
+                got = []
+                for k in range(WARMUP + repeats):
+                    dist.barrier()
+                    t0 = time.perf_counter()
+                    op(x)
+                    if k >= WARMUP:
+                        got.append(time.perf_counter() - t0)
+                times[pattern][size] = got
     finally:
         dist.destroy_process_group()
     out.write_text(json.dumps(times))

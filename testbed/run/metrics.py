@@ -23,7 +23,7 @@ every iteration (the runner's barrier). Definitions, as printed in the summary:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from statistics import median
 from typing import Any
@@ -180,13 +180,20 @@ def stage_compute_times(
             except ValueError:
                 continue
             times.setdefault((r.kind, stage), []).append(r.end - r.start)
+    return _per_stage(times, stages, median)
+
+
+def _per_stage(times: Mapping[tuple[str, int], Sequence[float]], stages: int,
+               reduce: Callable[[Sequence[float]], float]) -> tuple[list[float], list[float]] | None:
+    """(forward, backward) per stage, each `reduce`d over its samples; None when a
+    stage has no sample of either kind."""
     out: dict[str, list[float]] = {"forward": [], "backward": []}
     for kind, values in out.items():
         for k in range(stages):
             got = times.get((kind, k))
             if not got:
                 return None
-            values.append(median(got))
+            values.append(reduce(got))
     return out["forward"], out["backward"]
 
 
@@ -227,14 +234,7 @@ def stage_hold_times(
             handed = posted.get(key)
             held = r.end - r.start + max(0.0, r.start - ready) + (max(0.0, handed - r.end) if handed else 0.0)
             times.setdefault((r.kind, stage), []).append(held)
-    out: dict[str, list[float]] = {"forward": [], "backward": []}
-    for kind, values in out.items():
-        for k in range(stages):
-            got = times.get((kind, k))
-            if not got:
-                return None
-            values.append(sum(got) / len(got))
-    return out["forward"], out["backward"]
+    return _per_stage(times, stages, lambda got: sum(got) / len(got))
 
 
 def pipeline_overhead(timelines: Mapping[str, Sequence[WorkRecord]], spans: Sequence[tuple[float, float]]) -> float:

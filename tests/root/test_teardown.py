@@ -55,6 +55,9 @@ def _other_run(pid: int, prefix: str, cmd: str) -> bool:
     number to the next one made, and other runs may be making namespaces meanwhile."""
     if re.search(r"mininet:tb[0-9a-f]{3}", cmd) and f"mininet:{prefix}" not in cmd:
         return True
+    marks = set(re.findall(r"/tb[0-9a-f]{3}(?=-)", cmd))  # a run's folder: /tmp/tbXXX-rig-..., /tmp/tbXXX-ctl-...
+    if marks and f"/{prefix}" not in marks:  # e.g. a test rig's ssh in a namespace that got a freed number
+        return True
     try:
         env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
     except OSError:

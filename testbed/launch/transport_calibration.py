@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -36,6 +35,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from testbed.launch.run import free_port
 from testbed_core.program.transport import (
     CALIBRATION_FILE,
     CalibrationPoint,
@@ -66,12 +66,6 @@ def transport_fingerprint() -> str:
     for path in sorted(root.rglob("*.py")):
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _rank(rank: int, sizes: list[int], repeats: int, out: Path) -> None:
@@ -110,7 +104,7 @@ def _rank(rank: int, sizes: list[int], repeats: int, out: Path) -> None:
 def measure(streams: int = STREAMS, sizes: tuple[int, ...] = SIZES, repeats: int = REPEATS,
             python: str = sys.executable) -> TransportCalibration:
     """Both ranks on 127.0.0.1 (each its own process), their times fitted per pattern."""
-    port = _free_port()
+    port = free_port()
     load = os.getloadavg()[0]
     started = time.time()
     with tempfile.TemporaryDirectory(prefix="atlas-calibration-") as tmp:

@@ -55,12 +55,11 @@ def _child(req: dict) -> None:
         os.chdir(req["cwd"])
         os.environ.clear()
         os.environ.update(req["env"])
-        import atexit as _atexit
         import runpy
 
         import torch
 
-        _atexit._clear()  # the zygote's own, not the program's
+        atexit._clear()  # the zygote's own, not the program's
         threads = os.environ.get("OMP_NUM_THREADS", "")
         if threads.isdigit() and int(threads) > 0:
             torch.set_num_threads(int(threads))
@@ -84,7 +83,7 @@ def _child(req: dict) -> None:
             traceback.print_exc()
             code = 1
         threading._shutdown()  # type: ignore[attr-defined]  (Python's own exit: non-daemon threads first)
-        _atexit._run_exitfuncs()
+        atexit._run_exitfuncs()
     finally:
         for stream in (sys.stdout, sys.stderr):
             try:
@@ -161,11 +160,6 @@ class Forked:
     def communicate(self, timeout: float | None = None) -> tuple[str | bytes, str | bytes | None]:
         self.wait(timeout)
         return self._read("out"), None if self._merged else self._read("err")
-
-    @property
-    def stdout_text(self) -> str | bytes:
-        """What it wrote so far (its stdout, with stderr when merged)."""
-        return self._read("out")
 
     def send_signal(self, sig: int) -> None:
         if self.poll() is None:

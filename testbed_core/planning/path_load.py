@@ -19,16 +19,26 @@ from testbed_core.schedules import Schedule
 from testbed_core.simulate import SimResult
 
 
-def path_busy(sim: SimResult, schedule: Schedule, placement: Placement) -> dict[frozenset[str], list[Interval]]:
-    """Per WAN path (its two DCs, either direction), when a pipeline transfer of the
-    simulated iteration was on its wire (first to last byte sent), merged."""
-    spans: dict[frozenset[str], list[Interval]] = {}
+def way_busy(sim: SimResult, schedule: Schedule, placement: Placement) -> dict[tuple[str, str], list[Interval]]:
+    """Per WAN path and direction (sending DC, receiving DC), when each pipeline
+    transfer of the simulated iteration was on its wire (first to last byte sent), as
+    the simulation gives them (not merged)."""
+    spans: dict[tuple[str, str], list[Interval]] = {}
     for t in sim.transfers:
         k = t.key
         a = placement.dc_of(k.pipeline, schedule.rank_of(k.boundary))
         z = placement.dc_of(k.pipeline, schedule.rank_of(k.boundary + 1))
         if a != z:
-            spans.setdefault(frozenset((a, z)), []).append((t.start, t.end))
+            spans.setdefault((a, z) if k.direction == "fwd" else (z, a), []).append((t.start, t.end))
+    return spans
+
+
+def path_busy(sim: SimResult, schedule: Schedule, placement: Placement) -> dict[frozenset[str], list[Interval]]:
+    """Per WAN path (its two DCs, either direction), when a pipeline transfer of the
+    simulated iteration was on its wire (first to last byte sent), merged."""
+    spans: dict[frozenset[str], list[Interval]] = {}
+    for way, iv in way_busy(sim, schedule, placement).items():
+        spans.setdefault(frozenset(way), []).extend(iv)
     return {path: union(iv) for path, iv in spans.items()}
 
 

@@ -14,7 +14,7 @@ its two figures by it.
 from __future__ import annotations
 
 from testbed_core.intervals import overlap, union
-from testbed_core.planning.path_load import path_busy
+from testbed_core.planning.path_load import way_busy
 from testbed_core.planning.placement import Placement
 from testbed_core.schedules import Schedule
 from testbed_core.simulate import SimResult
@@ -25,17 +25,9 @@ def reverse_loads(sim: SimResult, schedule: Schedule, placement: Placement) -> d
     is on its wire one way while one is on the wire the other way too: 0, the two ways
     took turns throughout; 1, both ways were busy together throughout (as the rate probe
     loads the path)."""
-    busy: dict[tuple[str, str], list[tuple[float, float]]] = {}
-    for t in sim.transfers:
-        k = t.key
-        a = placement.dc_of(k.pipeline, schedule.rank_of(k.boundary))
-        z = placement.dc_of(k.pipeline, schedule.rank_of(k.boundary + 1))
-        if a == z:
-            continue
-        way = (a, z) if k.direction == "fwd" else (z, a)
-        busy.setdefault(way, []).append((t.start, t.end))
+    busy = way_busy(sim, schedule, placement)
     out: dict[frozenset[str], float] = {}
-    for path in path_busy(sim, schedule, placement):
+    for path in dict.fromkeys(frozenset(way) for way in busy):
         a, z = sorted(path)
         there, back = union(busy.get((a, z), [])), union(busy.get((z, a), []))
         wire = sum(e - s for s, e in there) + sum(e - s for s, e in back)

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from testbed.report.loading import ReportError, read_summary_file
-from testbed.run.scenario import load_scenario
+from testbed.run.scenario import Scenario, load_scenario
 from testbed.run.variants import VariantSetup, plan_variant
 from testbed_core.contracts.calibration import Calibration
 from testbed_core.contracts.summary import VariantResult
@@ -27,11 +27,12 @@ class Replanned:
     name: str
     ran: VariantResult
     setup: VariantSetup
+    with_faults_s: float | None = None  # the mean with the scenario's faults forecast (testbed/run/faults.py)
 
     @property
     def now_s(self) -> float:
         assert self.setup.prediction is not None
-        return self.setup.prediction.iteration_time_s
+        return self.setup.prediction.iteration_time_s if self.with_faults_s is None else self.with_faults_s
 
     @property
     def error(self) -> float:
@@ -55,5 +56,21 @@ def replan_run(folder: Path, scenario_file: Path | None = None) -> list[Replanne
         source = scenario_file
     scenario, _ = load_scenario(source)
     cal = Calibration.from_report(summary.calibration)
-    return [Replanned(name, ran, plan_variant(name, scenario, scenario.workload, scenario.workload_dir, cal, None))
-            for name, ran in summary.variants.items() if isinstance(ran, VariantResult) and "+" not in name]
+    out = []
+    for name, ran in summary.variants.items():
+        if isinstance(ran, VariantResult) and "+" not in name:
+            setup = plan_variant(name, scenario, scenario.workload, scenario.workload_dir, cal, None)
+            out.append(Replanned(name, ran, setup, _with_faults(scenario, setup)))
+    return out
+
+
+def _with_faults(scenario: Scenario, setup: VariantSetup) -> float | None:
+    """The variant's mean over its measured iterations with the scenario's faults
+    forecast as the run forecasts them (testbed/run/faults.py), None without faults."""
+    if not scenario.faults or setup.prediction is None:
+        return None
+    from testbed.run.faults import forecast, with_forecasts
+
+    w = scenario.workload
+    forecasts = forecast(scenario.faults, w.warmup, setup.prediction, scenario.topology)
+    return with_forecasts(setup.prediction.iteration_time_s, forecasts, w.warmup, w.iterations)

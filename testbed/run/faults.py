@@ -14,14 +14,22 @@ The specs are validated with the scenario, before anything is built (`check_faul
 A link outage is known before the run (it is in the scenario), so it is predicted,
 not left out of the judgement (`forecast`): the planner's healthy iteration says
 which WAN transfers are under way when the link goes down; each of their streams
-gets nothing through until its first retransmission after the link is back (the
-retransmission timeout, RTT + 200 ms on Linux, doubling at every retry: an outage
-of 2 s at 50 ms RTT is over after the fourth retry, 3.75 s after it began), then
-sends its lost window again from one packet in slow start. That stall, the longest
-over the transfers caught, is added to the iteration the outage starts in (the WAN
-is on its critical path while its micro-batches cross); the variant's headline
-prediction is the mean over the measured iterations. A delay spike is not
-forecast (its iterations are predicted as healthy ones, and the record says so).
+gets nothing through until its first retransmission after the link is back, then
+sends its lost window again from one packet in slow start. A stream's retries
+(`resume_after_outage`) are Linux's: the tail-loss probe two smoothed RTTs after the
+last packet left, then the retransmission timeout (the smoothed RTT + 200 ms),
+doubling at every retry. The smoothed RTT is not known before the run: it is the
+path's RTT plus whatever the link's queue (and a loaded relay) adds while the tensors
+cross, so the forecast takes it anywhere from the RTT to the RTT plus the link's full
+queue (`SRTT_SAMPLES` values, evenly) and keeps the mean stall over them, with its
+range. Where that range holds two retries (the link comes back close to one: the
+same outage then costs one back-off more or less), the forecast says so: a run lands
+on either side by chance, and a scenario should time its outage between retries
+(scenarios/faults-2dc.yaml does). The stall, the longest over the transfers caught,
+is added to the iteration the outage starts in (the WAN is on its critical path
+while its micro-batches cross); the variant's headline prediction is the mean over
+the measured iterations. A delay spike is not forecast (its iterations are predicted
+as healthy ones, and the record says so).
 """
 
 from __future__ import annotations
@@ -39,7 +47,7 @@ from pydantic import ConfigDict, Discriminator, Field, Tag, field_validator
 
 from testbed_core.configfile import ConfigModel
 from testbed_core.contracts.summary import FaultRecord, IterationAround
-from testbed_core.planning.lossy import MSS, rto_s
+from testbed_core.planning.lossy import MSS, pto_s, rto_s
 from testbed_core.topology import MAX_DOWN_S, Delay, Duration, _seconds, _within
 from testbed_core.units import parse_duration, unit_validator
 
@@ -53,6 +61,7 @@ if TYPE_CHECKING:
 MAX_FAULTS = 100
 MAX_FAULT_AT_S = 3_600.0
 RTO_MAX_S = 120.0  # Linux's TCP_RTO_MAX: the retransmission timeout stops doubling there
+SRTT_SAMPLES = 21  # smoothed RTTs the outage forecast averages over (RTT to RTT + the link's queue)
 
 
 At = Annotated[float, unit_validator(parse_duration), Field(ge=0),
@@ -196,16 +205,19 @@ class FaultForecast:
     why: str
 
 
-def resume_after_outage(head_s: float, up_s: float, rtt_s: float) -> float:
-    """When a TCP stream whose oldest unacknowledged packet left at `head_s` gets data
-    through again after an outage ending at `up_s`: its retransmissions leave at
-    ``head + RTO (2^k - 1)`` (the timeout doubling at each retry, at most RTO_MAX_S
-    apart), and the first at or after `up_s` is delivered."""
-    step = rto_s(rtt_s)
-    t = head_s + step
+def resume_after_outage(head_s: float, up_s: float, rtt_s: float, srtt_s: float | None = None) -> float:
+    """When a TCP stream whose last packet before the outage left at `head_s` gets data
+    through again after an outage ending at `up_s`: the tail-loss probe leaves
+    ``pto_s(srtt)`` after it, the retransmissions ``RTO (2^k - 1)`` after the probe (the
+    timeout, ``rto_s(srtt)``, doubling at each retry, at most RTO_MAX_S apart), and the
+    first at or after `up_s` is delivered. `srtt_s`: the stream's smoothed RTT (default
+    the path's `rtt_s`)."""
+    srtt = rtt_s if srtt_s is None else srtt_s
+    t = head_s + pto_s(srtt)
+    step = rto_s(srtt)
     while t < up_s:
-        step = min(2 * step, RTO_MAX_S)
         t += step
+        step = min(2 * step, RTO_MAX_S)
     return t
 
 
@@ -246,7 +258,7 @@ def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
             a, _, b = name.partition("-")
             ways |= {f"wan:{a}->{b}", f"wan:{b}->{a}"}
         down, up = at, at + f.duration
-        stall, caught = 0.0, 0
+        caught = []  # (head, rtt, window, queue_s) of each transfer on the link while it is down
         for t in prediction.sim.transfers:
             if not ways & set(t.resources) or t.arrival <= down or t.start >= up:
                 continue
@@ -257,16 +269,57 @@ def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
             streams = wp.streams if wp is not None else 1
             window = min(wp.window_bytes if wp is not None else math.inf, t.nbytes / max(1, streams))
             window = window if math.isfinite(window) else t.nbytes / max(1, streams)
-            caught += 1
-            stall = max(stall, resume_after_outage(head, up, rtt) + slow_start_extra_s(window, rtt) - head)
+            caught.append((head, rtt, window, _queue_s(topology, names)))
         what = f"{describe(f, warmup)}: "
         if not caught:
             out.append(FaultForecast(n, it, 0.0, what + "no WAN transfer on the link while it is down"))
             continue
-        out.append(FaultForecast(n, it, stall, what + f"+{stall:.2f} s in iteration {it} (the outage, TCP's "
-                                                     "retransmission back-off after it and the lost windows "
-                                                     "sent again in slow start)"))
+        out.append(_outage_forecast(n, it, what, caught, up))
     return out
+
+
+def _queue_s(topology: Topology | None, names: Sequence[str]) -> float:
+    """The most the cut links' queues add to a stream's RTT (a full queue at the link's
+    rate, the longest of them); 0 without the topology."""
+    if topology is None:
+        return 0.0
+    links = [link for link in topology.wan if link.name in names]
+    return max((link.queue_bytes * 8 / link.rate for link in links if link.rate > 0), default=0.0)
+
+
+def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, float, float, float]],
+                     up: float) -> FaultForecast:
+    """The stall of the transfers `caught` by an outage ending at `up` (the longest over
+    them), averaged over the smoothed RTTs they may have (module docstring)."""
+    stalls, retries = [], set()
+    for j in range(SRTT_SAMPLES):
+        x = j / (SRTT_SAMPLES - 1)
+        worst, tries = 0.0, 0
+        for head, rtt, window, queue_s in caught:
+            srtt = rtt + x * queue_s
+            back = resume_after_outage(head, up, rtt, srtt)
+            worst = max(worst, back + slow_start_extra_s(window, rtt) - head)  # the queue empty again
+            tries = max(tries, _retries(head, up, srtt))
+        stalls.append(worst)
+        retries.add(tries)
+    stall, lo, hi = sum(stalls) / len(stalls), min(stalls), max(stalls)
+    text = what + f"+{stall:.2f} s in iteration {it} (the outage, TCP's retransmission back-off after it and the " \
+                  "lost windows sent again in slow start"
+    if hi - lo > 0.005:
+        text += f"; {lo:.2f}-{hi:.2f} s as the streams' smoothed RTT runs from the path's RTT to it plus the " \
+                "link's full queue"
+    if len(retries) > 1:
+        text += ("; the link comes back close to a retry: the same outage costs one back-off more or less by "
+                 "chance (time it between retries to predict it)")
+    return FaultForecast(n, it, stall, text + ")")
+
+
+def _retries(head_s: float, up_s: float, srtt_s: float) -> int:
+    """Which retry (the probe 0, then each retransmission timeout) first reaches the link after `up_s`."""
+    t, step, k = head_s + pto_s(srtt_s), rto_s(srtt_s), 0
+    while t < up_s:
+        t, step, k = t + step, min(2 * step, RTO_MAX_S), k + 1
+    return k
 
 
 def with_forecasts(healthy_s: float, forecasts: Sequence[FaultForecast], warmup: int, iterations: int) -> float:

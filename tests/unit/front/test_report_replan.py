@@ -65,3 +65,19 @@ def test_a_file_that_is_not_a_summary_is_refused(tmp_path: Path) -> None:
     (tmp_path / "summary.json").write_text('{"scenario": "x"}')
     with pytest.raises(ReportError, match="not the summary.json of a `testbed run`"):
         replan_run(tmp_path)
+
+
+def test_a_run_with_an_outage_is_replanned_with_its_forecast() -> None:
+    """The kept faults-2dc run (a 2 s outage in its second of three measured iterations):
+    the prediction now is the healthy iteration plus the outage's forecast over the three,
+    as the run makes it (testbed/run/faults.py `forecast`), not the healthy iteration alone."""
+    from testbed.run.faults import forecast
+    from testbed.run.scenario import load_scenario
+
+    run = ROOT / "results" / "prediction-errors" / "head-1205" / "runs" / "faults-2dc"
+    (v,) = replan_run(run)
+    healthy = v.setup.prediction.iteration_time_s
+    scenario, _ = load_scenario(run / "scenario.resolved.yaml")
+    (fc,) = forecast(scenario.faults, scenario.workload.warmup, v.setup.prediction, scenario.topology)
+    assert fc.delay_s is not None and fc.delay_s > 2.0
+    assert v.now_s == pytest.approx(healthy + fc.delay_s / 3)

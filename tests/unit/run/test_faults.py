@@ -34,7 +34,7 @@ def _write(tmp_path: Path, faults: list[Any], **runner: Any) -> Path:
 def test_shipped_scenario_loads_with_its_outage() -> None:
     scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
     (fault,) = scenario.faults
-    assert isinstance(fault, LinkDown) and fault.duration == 2.0 and fault.link == "dc1-dc2"
+    assert isinstance(fault, LinkDown) and fault.duration == 0.7 and fault.link == "dc1-dc2"
     assert scenario.runner.verify_tensors and not scenario.runner.dp_allreduce
 
 
@@ -270,11 +270,14 @@ def test_partition_cuts_every_link_of_its_dc_and_restores_them() -> None:
 def test_retransmissions_back_off_until_the_link_is_back() -> None:
     from testbed.run.faults import resume_after_outage, slow_start_extra_s
 
-    # RTT 50 ms: RTO 250 ms, retries at 0.25, 0.75, 1.75, 3.75 s: a 2 s outage ends before the fourth
-    assert resume_after_outage(0.0, 2.0, 0.05) == pytest.approx(3.75)
-    assert resume_after_outage(0.0, 1.7, 0.05) == pytest.approx(1.75)
-    # a stream that first sent half a second into the outage: 0.75, 1.25, 2.25
-    assert resume_after_outage(0.5, 2.0, 0.05) == pytest.approx(2.25)
+    # RTT 50 ms: the tail-loss probe at 0.1 s, then RTO 250 ms doubling: 0.35, 0.85, 1.85, 3.85 s
+    assert resume_after_outage(0.0, 2.0, 0.05) == pytest.approx(3.85)
+    assert resume_after_outage(0.0, 1.7, 0.05) == pytest.approx(1.85)
+    assert resume_after_outage(0.0, 0.05, 0.05) == pytest.approx(0.1)  # the probe itself gets through
+    # a stream that first sent half a second into the outage: 0.6, 0.85, 1.35, 2.35
+    assert resume_after_outage(0.5, 2.0, 0.05) == pytest.approx(2.35)
+    # a smoothed RTT of 100 ms (the link's queue full): probe 0.2 s, RTO 300 ms: 0.5, 1.1, 2.3
+    assert resume_after_outage(0.0, 2.0, 0.05, 0.1) == pytest.approx(2.3)
     # a 512 KB window (363 packets) from one packet: 9 round trips, 8 more than with it open
     assert slow_start_extra_s(524288, 0.05) == pytest.approx(0.4)
     assert slow_start_extra_s(1000, 0.05) == 0.0
@@ -293,14 +296,31 @@ def test_the_shipped_outage_is_forecast_in_its_iteration() -> None:
     scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
     pred = _planned(scenario)
     (fc,) = forecast(scenario.faults, scenario.workload.warmup, pred, scenario.topology)
-    # 0.3 s in, WAN transfers under way: stalled 3.75 s (back-off) + 0.4 s (8 MB tensors over
-    # 8 streams: 1 MB stripes, 512 KB windows sent again from one packet)
-    assert fc.iteration == 2 and fc.delay_s == pytest.approx(4.15)
-    assert "+4.15 s in iteration 2" in fc.why
+    # 0.3 s in, WAN transfers under way, 0.7 s down: every stream resumes on its second retry,
+    # 5 srtt + 0.6 s after the cut (0.85 s at 50 ms, 1.1 s at 100 ms: the queue full), then
+    # 0.4 s (8 MB tensors over 8 streams: 1 MB stripes, 512 KB windows sent again from one packet)
+    assert fc.iteration == 2 and fc.delay_s == pytest.approx(1.375)
+    assert "+1.38 s in iteration 2" in fc.why and "1.25-1.50 s" in fc.why and "close to a retry" not in fc.why
     mean = with_forecasts(pred.iteration_time_s, [fc], scenario.workload.warmup, scenario.workload.iterations)
-    assert mean == pytest.approx(pred.iteration_time_s + 4.15 / 3)
+    assert mean == pytest.approx(pred.iteration_time_s + 1.375 / 3)
     # in a warm-up it leaves the measured mean alone
     assert with_forecasts(1.0, [fc], 3, 3) == 1.0
+
+
+def test_an_outage_ending_within_a_retrys_spread_says_it_is_a_toss_up() -> None:
+    from testbed.run.faults import forecast
+
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    pred = _planned(scenario)
+    # 2 s: the third retry lands 1.85-2.3 s after the cut: before the link is back below a
+    # smoothed RTT of 67 ms (the fourth then, +4.25-4.5 s), after it above (+2.4-2.7 s)
+    (fc,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=2, at=0.3, duration=2.0)],
+                     1, pred, scenario.topology)
+    assert "2.41-4.51 s" in fc.why and "the link comes back close to a retry" in fc.why
+    assert 2.41 < fc.delay_s < 4.51
+    # without the topology no queue is known: the path's RTT alone, one figure
+    (bare,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=2, at=0.3, duration=2.0)], 1, pred)
+    assert bare.delay_s == pytest.approx(3.85 + 0.4) and "as the streams' smoothed RTT" not in bare.why
 
 
 def test_faults_without_a_model_or_without_traffic_say_so(tmp_path: Path) -> None:
@@ -317,7 +337,9 @@ def test_faults_without_a_model_or_without_traffic_say_so(tmp_path: Path) -> Non
     assert kill.delay_s is None and "fails the variant" in kill.why
     # the first tensor leaves after stage 0's first forward: nothing on the link in its first millisecond
     assert blink.delay_s == 0.0 and "no WAN transfer" in blink.why
-    assert part.delay_s == pytest.approx(4.15)  # dc2's only link: as the link-down
+    (down,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=1, at=0.3, duration=2.0)], 1, pred,
+                       scenario.topology)
+    assert part.delay_s == pytest.approx(down.delay_s)  # dc2's only link: as the link-down
     # timed past the healthy iteration's end: a later iteration
     (late,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=1,
                                  at=pred.iteration_time_s + 0.3, duration=2.0)], 1, pred, scenario.topology)
@@ -329,8 +351,8 @@ def test_the_injector_keeps_its_forecast_in_the_record() -> None:
     pred = _planned(scenario)
     inj = FaultInjector(scenario.faults, "atlas", 1, FakeEmulation(), topology=_topology())
     mean, note = inj.predict(pred, 3)
-    assert mean == pytest.approx(pred.iteration_time_s + 4.15 / 3)
-    assert note.startswith("faults forecast: link-down dc1-dc2 for 2s at iteration 2 + 300ms: +4.15 s")
+    assert mean == pytest.approx(pred.iteration_time_s + 1.375 / 3)
+    assert note.startswith("faults forecast: link-down dc1-dc2 for 700ms at iteration 2 + 300ms: +1.38 s")
     (rec,) = inj.records()
-    assert rec.outcome == "not-reached" and rec.predicted_delay_s == pytest.approx(4.15)
+    assert rec.outcome == "not-reached" and rec.predicted_delay_s == pytest.approx(1.375)
     assert rec.forecast is not None and "retransmission back-off" in rec.forecast

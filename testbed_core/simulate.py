@@ -9,7 +9,10 @@ per-transfer rate cap (streams x window/RTT). The last byte arrives
   to its own cap), re-computed whenever a transfer starts or ends, as TCP flows
   roughly do;
 * ``exclusive`` resource: one transfer at a time, at full rate; in first-come order,
-  or in a planned order (a token list, as Atlas's temporal sharing enforces).
+  or in a planned order (a token list, as Atlas's temporal sharing enforces). With a
+  ``hold_factor`` above 1 the next transfer gets it only that many times the last
+  one's time on the wire after the last one began (a planned transfer's token passes
+  at the end of its hold), while the last one's bytes arrive as they left.
 
 With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
 has posted its receive and its notice has reached the sender: the notice is a message
@@ -83,6 +86,11 @@ class Resource:
     # Colliding multi-stream TCP channels lose packets and recover; measured, their
     # total falls well short of what one channel alone gets from the link.
     crowded_bps: float | None = None
+    # exclusive only: a transfer holds the resource this many times its time on the
+    # wire (>= 1; a temporal plan's token passes after the transfer's planned hold,
+    # while its bytes arrive after their time on the wire: the next holder waits, the
+    # receiver does not)
+    hold_factor: float = 1.0
 
     def capacity(self, users: int) -> float:
         return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
@@ -139,6 +147,12 @@ class TransferSpan:
     arrival: float  # last byte at the receiver
     nbytes: float
     resources: tuple[str, ...]
+    released: float | None = None  # its exclusive resources handed on (None: at `end`; `Resource.hold_factor`)
+
+    @property
+    def held_until(self) -> float:
+        """When the next transfer may take its exclusive resources."""
+        return self.end if self.released is None else self.released
 
 
 @dataclass
@@ -430,13 +444,21 @@ class _Sim:
                 sent = max(f.hold, t - last / f.rate) if 0 < f.rate < INF else t
                 self.unacked.setdefault((f.key.pipeline, f.key.boundary, f.key.direction), []).append(
                     (sent + 2 * f.path.latency_s, last))
+            released = t
             for name in f.path.resources:
                 if self.holder.get(name) == f.ident:
-                    del self.holder[name]
+                    factor = 1.0 if f.notice else self.spec.resources[name].hold_factor
+                    if factor > 1.0:  # handed on after the transfer's hold, not its last byte
+                        until = t + (factor - 1.0) * (t - f.hold)
+                        released = max(released, until)
+                        self.push(until, "release", (name, f.ident))
+                    else:
+                        del self.holder[name]
             if f.notice:
                 self.push(t + f.path.latency_s, "notice", f.key)
                 continue
-            self.transfers.append(TransferSpan(f.key, f.ready, f.start, t, t + f.path.latency_s, f.bits / 8, f.path.resources))
+            self.transfers.append(TransferSpan(f.key, f.ready, f.start, t, t + f.path.latency_s, f.bits / 8,
+                                               f.path.resources, None if released == t else released))
             self.push(t + f.path.latency_s, "arrive", f.key)
         self.reschedule(t)
         if done:
@@ -465,6 +487,11 @@ class _Sim:
                     self.advance(w, t)
             elif kind == "net":
                 self.on_net(t, payload)  # type: ignore[arg-type]
+            elif kind == "release":
+                name, ident = payload  # type: ignore[misc]
+                if self.holder.get(name) == ident:
+                    del self.holder[name]
+                    self.try_start(t)
             elif kind == "notice":
                 self.noticed[payload] = t  # type: ignore[index]
                 ready = self.held.pop(payload, None)  # type: ignore[call-overload]

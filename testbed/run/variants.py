@@ -316,12 +316,16 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     links: dict[tuple[str, str], float] = {}
     rings: dict[tuple[str, str], float] = {}
     rings_alone: dict[tuple[str, str], float] = {}
+    holds: dict[tuple[str, str], float] = {}
     for key, pr in setup.path_rates.items():
         if pr.rate_bps is not None and temporal and pr.turns_rate_bps is not None:
             # a plan's transfers where the path was timed as a plan uses it: its holds
-            # measured, each way (the return way often the slower)
-            for dcs, rate in zip((key, key[::-1]), pr.turns_rate_bps, strict=True):
-                flows[dcs], link, _ = calibrated_rates(True, setup.streams, rate, pr.nominal_bps)
+            # measured, each way (the return way often the slower); the bytes move at
+            # the probe's rate on the wire and the link is held the hold's multiple of it
+            wires = pr.turns_wire_bps or pr.turns_rate_bps
+            for dcs, rate, wire in zip((key, key[::-1]), pr.turns_rate_bps, wires, strict=True):
+                flows[dcs], link, _ = calibrated_rates(True, setup.streams, max(rate, wire), pr.nominal_bps)
+                holds[dcs] = max(1.0, wire / rate)
                 links[key] = max(links.get(key, 0.0), link or 0.0)
         elif pr.rate_bps is not None:  # else the alone rate (a plan's transfers token_margin longer)
             flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
@@ -339,7 +343,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True,
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
-                    even_spread_stream_bytes=setup.even_spread_stream_bytes)
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None)
     return net, path_topology(scenario.topology, links, local)
 
 

@@ -119,3 +119,19 @@ def turns_rate_bps(nbytes: int, transfer_s: Sequence[float], latency_s: float, s
     """The rate at which a temporal plan's transfers of `nbytes` move through their link,
     holds included (`turns_hold_s`): the channel rate its slots are planned with."""
     return nbytes * 8 / turns_hold_s(transfer_s, latency_s, slot_s)
+
+
+MIN_WIRE_S = 1e-4
+"""The shortest time on the wire a turns probe's transfer is taken to have (its
+hand-over-to-arrival time less the one-way delay can come out at zero or below it by
+the delay line's timer)."""
+
+
+def turns_wire_rate_bps(nbytes: int, transfer_s: Sequence[float], latency_s: float) -> float:
+    """The rate at which a temporal plan's transfers of `nbytes` reach their receiver:
+    over their mean time on the wire in the turns probe (hand-over to arrival less the
+    one-way delay), without the hold's hand-over. A planned transfer's bytes arrive as
+    they left; only the next holder waits for its hold (`turns_hold_s`)."""
+    if not transfer_s:
+        raise ValueError("the turns probe timed no transfer")
+    return nbytes * 8 / max(MIN_WIRE_S, sum(t - latency_s for t in transfer_s) / len(transfer_s))

@@ -83,6 +83,11 @@ class NetParams:
     even_spread: bool = False
     # with even_spread: the largest tensor spread so, per stream (None: every size)
     even_spread_stream_bytes: float | None = None
+    # per WAN path, this way (src DC, dst DC): how many times its time on the wire a
+    # transfer of a temporal plan holds the path's links (the token passes at the end of
+    # its hold, its bytes arrive as they left; simulate.Resource.hold_factor). None or
+    # a path not listed: 1
+    path_hold_factor: Mapping[tuple[str, str], float] | None = None
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""

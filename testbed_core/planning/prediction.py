@@ -197,11 +197,14 @@ def build_spec(
                     wan[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link,
                                            transfer_bytes=nbytes[b])
                 wp = wan[(a, z)]
+                hold = (net.path_hold_factor or {}).get((a, z), 1.0)
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
                     rate = topology.link(x, y).rate
                     fraction = net.crowded_for(x, y)
                     crowded = None if fraction is None else rate * fraction
-                    resources[wan_resource(x, y)] = Resource(rate, crowded_bps=crowded)
+                    before = resources.get(wan_resource(x, y))
+                    resources[wan_resource(x, y)] = Resource(
+                        rate, crowded_bps=crowded, hold_factor=max(hold, before.hold_factor if before else 1.0))
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits)
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),

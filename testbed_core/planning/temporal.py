@@ -28,7 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed_core.simulate import Resource, SimResult, SimSpec, TransferKey, simulate
+from testbed_core.simulate import SimResult, SimSpec, TransferKey, simulate
 
 
 class TemporalPlanError(ValueError):
@@ -90,7 +90,7 @@ class TemporalPlan:
         """`spec` with the offsets and the token order enforced on the planned links."""
         resources = dict(spec.resources)
         for name, keys in self.order.items():
-            resources[name] = Resource(resources[name].capacity_bps, "exclusive", tuple(keys))
+            resources[name] = dataclasses.replace(resources[name], policy="exclusive", order=tuple(keys))
         return dataclasses.replace(spec, resources=resources, offsets=list(self.offsets))
 
     def to_json(self) -> dict[str, Any]:
@@ -108,7 +108,8 @@ class TemporalPlan:
 
 
 def _transfer_alone_s(spec: SimSpec, links: set[str]) -> float:
-    """Longest wire time of one boundary transfer alone on a planned link."""
+    """Longest hold of a planned link by one boundary transfer alone on it (its time
+    on the wire, times the link's `hold_factor`)."""
     longest = 0.0
     for (_, boundary, direction), path in spec.paths.items():
         used = [r for r in path.resources if r in links]
@@ -116,8 +117,9 @@ def _transfer_alone_s(spec: SimSpec, links: set[str]) -> float:
             continue
         rate = min([path.cap_bps] + [spec.resources[r].capacity_bps for r in path.resources])
         nbytes = (spec.bytes_fwd if direction == "fwd" else spec.bytes_bwd)[boundary]
+        hold = max(spec.resources[r].hold_factor for r in used)
         if rate > 0 and rate != math.inf:
-            longest = max(longest, nbytes * 8 / rate)
+            longest = max(longest, nbytes * 8 / rate * hold)
     return longest
 
 
@@ -136,7 +138,7 @@ def stagger_candidates(spec: SimSpec, links: set[str], grid: int = 16) -> list[f
 def _exclusive(spec: SimSpec, links: set[str], offsets: list[float]) -> SimSpec:
     resources = dict(spec.resources)
     for name in links:
-        resources[name] = Resource(resources[name].capacity_bps, "exclusive", None)
+        resources[name] = dataclasses.replace(resources[name], policy="exclusive", order=None)
     return dataclasses.replace(spec, resources=resources, offsets=offsets)
 
 
@@ -159,7 +161,9 @@ def derive_plan(spec: SimSpec, links: Iterable[str], candidates: list[float] | N
     delta, _, result = best
     order = {name: result.order_on(name) for name in sorted(links)}
     order = {name: keys for name, keys in order.items() if keys}
-    slots = {t.key: (t.start, t.end) for t in result.transfers if set(t.resources) & links}
+    # a slot is the transfer's hold of its links (its token passes at its end), which
+    # outlasts its time on the wire where a link's `hold_factor` says so
+    slots = {t.key: (t.start, t.held_until) for t in result.transfers if set(t.resources) & links}
     resources_of = {t.key: t.resources for t in result.transfers}
     plan = TemporalPlan(
         offsets=[d * delta for d in range(spec.pipelines)], order=order, slots=slots, resources_of=resources_of,

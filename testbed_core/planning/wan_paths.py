@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
 from testbed_core.contracts.calibration import Calibration, PathCalibration, TurnsCalibration
-from testbed_core.planning.calibrated import turns_rate_bps
+from testbed_core.planning.calibrated import turns_rate_bps, turns_wire_rate_bps
 from testbed_core.planning.lossy import route_loss
 from testbed_core.planning.path_load import load_of, weighed_rate
 from testbed_core.planning.placement import Placement
@@ -180,6 +180,9 @@ class PathRates:
     # (testbed_core/planning/calibrated.py `turns_rate_bps`; None: not timed so, the
     # plan's holds are the alone rate's, token_margin longer)
     turns_rate_bps: tuple[float, float] | None = None
+    # the same transfers' rate on the wire, each way (`turns_wire_rate_bps`: their bytes
+    # arrive as they left, the next holder waits for the hold); None: not timed so
+    turns_wire_bps: tuple[float, float] | None = None
 
 
 def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, streams: int, allreduce: bool,
@@ -217,17 +220,23 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
             ring_alone_bps=pc.rates_bps.get(streams) if ringed else None,
             load=load,
             turns_rate_bps=None if turns is None else _turns_rates(pc, turns, (a, z)),
+            turns_wire_bps=None if turns is None else _turns_rates(pc, turns, (a, z), wire=True),
         )
         if pc and on_ring and not on_pipe and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
             out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])
     return out
 
 
-def _turns_rates(pc: PathCalibration, turns: TurnsCalibration, dcs: DcPair) -> tuple[float, float]:
-    """The turns probe's rates on `pc`, `dcs[0]` -> `dcs[1]` first (the probe's path may
-    be named the other way round)."""
-    ahead = turns_rate_bps(pc.nbytes, turns.transfer_s, pc.latency_s, turns.slot_s)
-    back = turns_rate_bps(pc.nbytes, turns.return_s, pc.latency_s, turns.slot_s)
+def _turns_rates(pc: PathCalibration, turns: TurnsCalibration, dcs: DcPair,
+                 wire: bool = False) -> tuple[float, float]:
+    """The turns probe's rates on `pc` (holds included; `wire`: on the wire), `dcs[0]`
+    -> `dcs[1]` first (the probe's path may be named the other way round)."""
+    if wire:
+        ahead = turns_wire_rate_bps(pc.nbytes, turns.transfer_s, pc.latency_s)
+        back = turns_wire_rate_bps(pc.nbytes, turns.return_s, pc.latency_s)
+    else:
+        ahead = turns_rate_bps(pc.nbytes, turns.transfer_s, pc.latency_s, turns.slot_s)
+        back = turns_rate_bps(pc.nbytes, turns.return_s, pc.latency_s, turns.slot_s)
     return (ahead, back) if pc.dcs == dcs else (back, ahead)
 
 

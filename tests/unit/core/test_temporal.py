@@ -3,6 +3,8 @@ workload's sizes and times, reproducible when enforced, and no slower than shari
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from testbed_core.planning.network import NetParams, wan_resource
@@ -134,3 +136,30 @@ def test_apply_keeps_other_resources() -> None:
     assert spec.resources[LINKS[0]] == Resource(1e9)  # the input is not modified
     assert applied.offsets == plan.offsets and spec.offsets is None  # the plan's stagger, on a copy
     assert isinstance(plan.tokens(LINKS[1])[0], TransferKey)
+
+
+def test_a_link_held_past_the_wire_delays_the_next_holder_not_the_receiver() -> None:
+    """A link direction with hold_factor 3 (a planned transfer's token passes after its
+    hold, 3x its time on the wire): the bytes arrive after their wire time and one
+    latency, the next transfer on the link starts only when the hold ends, and the plan's
+    slots are the holds (what the runner hands its senders)."""
+    wl = workload(dp=2, m=2)
+    spec = spec_for(wl, free={"dc1": 2, "dc2": 2})
+    plan_spec = spec
+    held = dataclasses.replace(spec, resources={
+        n: (dataclasses.replace(r, hold_factor=3.0) if n in LINKS else r) for n, r in spec.resources.items()})
+    plain, slow = derive_plan(plan_spec, LINKS), derive_plan(held, LINKS)
+    run = simulate(slow.apply(held))
+    keys = slow.tokens(LINKS[0])
+    first, second = run.transfer(keys[0]), run.transfer(keys[1])
+    wire = first.end - first.start
+    assert wire == pytest.approx(wl.effective().wire_activation_bytes * 8 / 1e9)  # 13 streams fill the link
+    assert first.arrival == pytest.approx(first.end + 0.025)  # the bytes do not wait for the hold
+    assert first.held_until == pytest.approx(first.start + 3 * wire)
+    assert second.start >= first.held_until - 1e-12  # the next holder does
+    assert slow.slots[keys[0]] == pytest.approx((first.start, first.start + 3 * wire))
+    assert all(e - s == pytest.approx(3 * wire) for s, e in slow.slots.values())
+    assert all(t.released is None for t in simulate(plain.apply(plan_spec)).transfers)
+    assert plain.predicted_iteration_s < slow.predicted_iteration_s
+    # the plan's stagger candidates count a transfer's hold, not its wire time alone
+    assert any(c == pytest.approx(3 * wire) for c in stagger_candidates(held, set(LINKS)))

@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from testbed.training.transport_comm import WATCH_LEAD_S
-from testbed_core.planning.calibrated import TOKEN_HANDOVER_S, turns_hold_s, turns_rate_bps
+from testbed_core.planning.calibrated import (
+    MIN_WIRE_S,
+    TOKEN_HANDOVER_S,
+    turns_hold_s,
+    turns_rate_bps,
+    turns_wire_rate_bps,
+)
 
 
 def test_a_transfer_on_time_holds_its_slot_and_a_late_one_its_wire_time_and_hand_over() -> None:
@@ -29,3 +35,13 @@ def test_the_hand_over_is_the_senders_watch_lead() -> None:
 def test_what_cannot_give_a_hold_is_refused(times: list[float], slot: float, message: str) -> None:
     with pytest.raises(ValueError, match=message):
         turns_hold_s(times, 0.025, slot)
+
+
+def test_the_bytes_reach_the_receiver_at_the_wire_rate_without_the_hand_over() -> None:
+    # 16 KiB tensors, 25 ms one way, 2 ms slots: on the wire 1 ms, held 6 ms (1 + the 5 ms hand-over)
+    times = [0.0255, 0.0265]
+    assert turns_wire_rate_bps(16384, times, 0.025) == pytest.approx(16384 * 8 / 0.001)
+    assert turns_hold_s(times, 0.025, 0.002) == pytest.approx(0.001 + TOKEN_HANDOVER_S)
+    assert turns_wire_rate_bps(16384, [0.0249], 0.025) == pytest.approx(16384 * 8 / MIN_WIRE_S)  # timer noise
+    with pytest.raises(ValueError, match="the turns probe timed no transfer"):
+        turns_wire_rate_bps(16384, [], 0.025)

@@ -6,6 +6,7 @@ way), and the plan's slots take the holds it measured, each way, where it was ti
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ import pytest
 from testbed.progress import Progress
 from testbed.run.calibration import path_uses
 from testbed.run.scenario import load_scenario
-from testbed.run.variants import place_variants, plan_variant, run_variants
+from testbed.run.variants import place_variants, plan_variant, predict_variant, run_variants
 from testbed_core.contracts.calibration import (
     TURNS_MAX_UNTIMED,
     Calibration,
@@ -199,6 +200,30 @@ def test_the_plans_slots_take_the_measured_holds_each_way() -> None:
         a = plan_variant(name, scenario, wl, None, _cal(), None).prediction.iteration_time_s
         b = plan_variant(name, scenario, wl, None, _cal({("east", "west"): (0.15, 0.25)}), None)
         assert b.prediction.iteration_time_s == pytest.approx(a)
+
+
+def test_a_plans_bytes_arrive_after_their_wire_time_its_link_is_held_for_the_hold() -> None:
+    """The turns probe's transfers took 150 ms (120 on the wire): the plan's slots (what
+    the senders hold their links for) are the hold, wire time and hand-over, while each
+    transfer's bytes reach its receiver after its wire time and one latency; so the
+    iteration is predicted faster than with the bytes held back to the hold's end."""
+    scenario = _scenario(**{"runner.atlas_sharing": "temporal"})
+    setup = plan_variant("atlas", scenario, scenario.workload, None,
+                         _cal({("east", "west"): (0.15, 0.15), ("west", "mid"): (0.15, 0.15)}), None)
+    pr = setup.path_rates["east", "west"]
+    assert pr.turns_wire_bps == pytest.approx((BITS / 0.12, BITS / 0.12))
+    hold = 0.12 + 0.005
+    plan, sim = setup.prediction.plan, setup.prediction.sim
+    for key in plan.order["wan:east->west"]:
+        span = sim.transfer(key)
+        assert span.end - span.start == pytest.approx(0.12)
+        assert span.arrival == pytest.approx(span.end + 0.03)
+        assert plan.slots[key][1] - plan.slots[key][0] == pytest.approx(hold)
+    held_back = replace(pr, turns_wire_bps=None)  # as before: the bytes arrive at the end of the hold
+    setup.path_rates = {**setup.path_rates, ("east", "west"): held_back,
+                        ("west", "mid"): replace(setup.path_rates["west", "mid"], turns_wire_bps=None)}
+    before = predict_variant(setup, scenario, scenario.workload, None, None, None, False)
+    assert before.iteration_time_s > setup.prediction.iteration_time_s
 
 
 def test_a_lossy_route_keeps_its_loss_model_not_the_turns_probe() -> None:

@@ -23,9 +23,13 @@ from pydantic import BaseModel, ConfigDict, Field
 PROBE_WARMUP = 2
 """Calibration tensors sent first and not timed (connection set-up, window growth)."""
 
-TURNS_MAX_UNTIMED = 8
+TURNS_MAX_UNTIMED = 3
 """The turns probe (`TurnsCalibration`) sends each channel at most this many untimed
-tensors first (the run's warm-up iterations' tensors, capped to keep the probe short)."""
+tensors first (the run's warm-up iterations' tensors, capped to keep the probe short).
+In the probes kept at 8 (results/prediction-errors/head-1205, fresh) the first tensor
+of a channel took 1.4-4.4 x its steady time (slow start), the second up to 1.9 x, the
+third on were at it within the path's spread; timed from the fourth, the holds came
+out the same within that spread (docs/results/fidelity.md, "The turns probe")."""
 
 
 def dc_of_host(host: str) -> str:

@@ -83,8 +83,8 @@ def test_calibrate_turns_times_cold_channels_taking_turns_each_way(tmp_path: Pat
                                 agents=object())
     (run,) = runs
     slot = (ALONE_S - 0.03) * (1 + scenario.runner.token_margin)
-    untimed = 3  # one warm-up iteration's tensors
-    assert untimed < TURNS_MAX_UNTIMED
+    untimed = 3  # one warm-up iteration's tensors, and the cap
+    assert untimed == TURNS_MAX_UNTIMED
     assert run["pairs"] == [*pairs, ("west-h1", "east-h3"), ("west-h2", "east-h4")]  # both ways at once
     assert run["warm"] is False and run["count"] == untimed + 6  # cold: no warm-up tensor
     assert run["offsets"] == pytest.approx([0, 2 * slot, 0, 2 * slot]) and run["period"] == pytest.approx(4 * slot)
@@ -100,6 +100,9 @@ def test_calibrate_turns_times_cold_channels_taking_turns_each_way(tmp_path: Pat
     calibration.calibrate_turns(None, real, tmp_path, "s", pairs, 8, pc, Progress(label="t", tty=False),
                                 agents=object())
     assert runs[-1]["warm"] is True
+    # its 2 warm-up iterations of 4 micro-batches carry 8 tensors: the probe sends the cap's untimed first
+    assert real.workload.warmup * real.workload.parallelism.num_micro_batches == 8
+    assert runs[-1]["count"] == TURNS_MAX_UNTIMED + 6 and pc.turns_for(8).untimed == TURNS_MAX_UNTIMED
 
 
 def test_calibrate_turns_skips_a_count_the_alone_probe_did_not_time(tmp_path: Path, monkeypatch) -> None:

@@ -22,10 +22,13 @@ doubling at every retry. The smoothed RTT is not known before the run: it is the
 path's RTT plus whatever the link's queue (and a loaded relay) adds while the tensors
 cross, so the forecast takes it anywhere from the RTT to the RTT plus the link's full
 queue (`SRTT_SAMPLES` values, evenly) and keeps the mean stall over them, with its
-range. Where that range holds two retries (the link comes back close to one: the
-same outage then costs one back-off more or less), the forecast says so: a run lands
-on either side by chance, and a scenario should time its outage between retries
-(scenarios/faults-2dc.yaml does). The stall, the longest over the transfers caught,
+range. Nor is each stream's phase known: its oldest unacknowledged packet may have left
+up to a delayed ACK's longest wait (Linux's TCP_DELACK_MAX, `HEAD_AGE_S`) before the
+cut, its retries that much earlier; with many streams, one of them is in the worst
+phase, and it sets the stall. Where the link comes back while some streams retry (the
+same outage then costs one back-off more or less, by chance), the forecast says so: a
+scenario should time its outage between the retries' spans (scenarios/faults-2dc.yaml
+does). The stall, the longest over the transfers caught,
 is added to the iteration the outage starts in (the WAN is on its critical path
 while its micro-batches cross); the variant's headline prediction is the mean over
 the measured iterations. A delay spike is not forecast (its iterations are predicted
@@ -62,6 +65,8 @@ MAX_FAULTS = 100
 MAX_FAULT_AT_S = 3_600.0
 RTO_MAX_S = 120.0  # Linux's TCP_RTO_MAX: the retransmission timeout stops doubling there
 SRTT_SAMPLES = 21  # smoothed RTTs the outage forecast averages over (RTT to RTT + the link's queue)
+HEAD_AGE_S = 0.2  # how much older than the cut a stream's oldest unacknowledged packet may be (TCP_DELACK_MAX)
+HEAD_SAMPLES = 9  # ages the forecast tries in that span (the stream that waits longest sets the stall)
 
 
 At = Annotated[float, unit_validator(parse_duration), Field(ge=0),
@@ -258,7 +263,7 @@ def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
             a, _, b = name.partition("-")
             ways |= {f"wan:{a}->{b}", f"wan:{b}->{a}"}
         down, up = at, at + f.duration
-        caught = []  # (head, rtt, window, queue_s) of each transfer on the link while it is down
+        caught = []  # (stopped, rtt, window, queue_s, under way) of each transfer on the link while it is down
         for t in prediction.sim.transfers:
             if not ways & set(t.resources) or t.arrival <= down or t.start >= up:
                 continue
@@ -269,7 +274,7 @@ def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
             streams = wp.streams if wp is not None else 1
             window = min(wp.window_bytes if wp is not None else math.inf, t.nbytes / max(1, streams))
             window = window if math.isfinite(window) else t.nbytes / max(1, streams)
-            caught.append((head, rtt, window, _queue_s(topology, names)))
+            caught.append((head, rtt, window, _queue_s(topology, names), t.start < down))
         what = f"{describe(f, warmup)}: "
         if not caught:
             out.append(FaultForecast(n, it, 0.0, what + "no WAN transfer on the link while it is down"))
@@ -287,30 +292,41 @@ def _queue_s(topology: Topology | None, names: Sequence[str]) -> float:
     return max((link.queue_bytes * 8 / link.rate for link in links if link.rate > 0), default=0.0)
 
 
-def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, float, float, float]],
+def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, float, float, float, bool]],
                      up: float) -> FaultForecast:
-    """The stall of the transfers `caught` by an outage ending at `up` (the longest over
-    them), averaged over the smoothed RTTs they may have (module docstring)."""
-    stalls, retries = [], set()
+    """The stall of the transfers `caught` by an outage ending at `up`: from when each
+    stopped to its streams' latest first retry after `up`, plus its lost window in slow
+    start, the longest over them; averaged over the smoothed RTTs they may have, with
+    the oldest unacknowledged packet of a stream under way anywhere in the HEAD_AGE_S
+    before the cut (module docstring)."""
+    stalls, setting, toss = [], set(), False
     for j in range(SRTT_SAMPLES):
         x = j / (SRTT_SAMPLES - 1)
-        worst, tries = 0.0, 0
-        for head, rtt, window, queue_s in caught:
+        worst, worst_k = 0.0, 0
+        for stopped, rtt, window, queue_s, under_way in caught:
             srtt = rtt + x * queue_s
-            back = resume_after_outage(head, up, rtt, srtt)
-            worst = max(worst, back + slow_start_extra_s(window, rtt) - head)  # the queue empty again
-            tries = max(tries, _retries(head, up, srtt))
+            heads = [stopped - HEAD_AGE_S * i / (HEAD_SAMPLES - 1) for i in range(HEAD_SAMPLES)] if under_way \
+                else [stopped]
+            ks = set()
+            for head in heads:
+                stall = resume_after_outage(head, up, rtt, srtt) + slow_start_extra_s(window, rtt) - stopped
+                k = _retries(head, up, srtt)
+                ks.add(k)
+                if stall > worst:  # the queue empty again: slow start at the path's RTT
+                    worst, worst_k = stall, k
+            toss |= len(ks) > 1  # the stream's phase decides which retry gets through
         stalls.append(worst)
-        retries.add(tries)
+        setting.add(worst_k)
+    toss |= len(setting) > 1  # the smoothed RTT decides it
     stall, lo, hi = sum(stalls) / len(stalls), min(stalls), max(stalls)
     text = what + f"+{stall:.2f} s in iteration {it} (the outage, TCP's retransmission back-off after it and the " \
                   "lost windows sent again in slow start"
     if hi - lo > 0.005:
         text += f"; {lo:.2f}-{hi:.2f} s as the streams' smoothed RTT runs from the path's RTT to it plus the " \
                 "link's full queue"
-    if len(retries) > 1:
-        text += ("; the link comes back close to a retry: the same outage costs one back-off more or less by "
-                 "chance (time it between retries to predict it)")
+    if toss:
+        text += ("; the link comes back while some streams retry: the same outage costs one back-off more or "
+                 "less by chance (time it between retries to predict it)")
     return FaultForecast(n, it, stall, text + ")")
 
 

@@ -41,6 +41,7 @@ from testbed_core.contracts.worker_job import (
     TrainJob,
     TransportJob,
 )
+from testbed_core.planning.host_cpu import compute_only
 from testbed_core.planning.wan_paths import grad_wire_bytes
 
 if TYPE_CHECKING:
@@ -96,7 +97,8 @@ def build_jobs(
     from testbed_core.schedules import build_schedule
 
     par = workload.parallelism
-    eff = setup.prediction.effective or workload.effective()
+    # the workers hold their devices for the compute alone: they fill and check their tensors themselves
+    eff = compute_only(setup.prediction.effective or workload.effective(), setup.verify)
     sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
     pl = setup.placement
     plan = setup.prediction.plan

@@ -6,7 +6,9 @@ before handing it over, and compares every byte of each one it receives before t
 work that needs it starts, both in the rank's own thread. Neither is on the wire: the
 rank is busy, as with compute, so the planner adds them to the stage times of the
 stages that send and receive. The calibration times both with the training's own code
-(testbed/run/calibration.py `calibrate_verify`, `VerifyCalibration`).
+(testbed/run/calibration.py `calibrate_verify`, `VerifyCalibration`). The workers hold
+their devices for the compute alone (`compute_only`, testbed/run/jobs.py): they do the
+checks themselves, and a modelled hold that counted them too paid every check twice.
 """
 
 from __future__ import annotations
@@ -44,3 +46,19 @@ def with_verify(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWor
     bwd = [t + (cost.check_s if k < last else 0.0) + (cost.fill_s if k > 0 else 0.0)
            for k, t in enumerate(eff.stage_backward_s)]
     return replace(eff, stage_forward_s=fwd, stage_backward_s=bwd)
+
+
+def compute_only(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWorkload:
+    """`eff` (a prediction's stage times, `with_verify(compute, cost)`) without the
+    tensor checks: the compute a worker holds its modelled device for. The worker fills
+    and checks its tensors for real beside that hold, so its job must not count them
+    again (`cost` None: `eff` as it is)."""
+    if cost is None:
+        return eff
+    neg = VerifyCost(-cost.fill_s, -cost.check_s)
+    out = with_verify(eff, neg)
+    if min(out.stage_forward_s + out.stage_backward_s) < 0:
+        raise ValueError(f"stage times {eff.stage_forward_s} / {eff.stage_backward_s} s do not include the tensor "
+                         f"checks' {cost.fill_s * 1e3:.1f} ms fill and {cost.check_s * 1e3:.1f} ms check: "
+                         "give compute_only a prediction's stage times (with_verify)")
+    return out

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import math
 
-from testbed_core.planning.host_cpu import VerifyCost, with_verify
+import pytest
+
+from testbed_core.planning.host_cpu import VerifyCost, compute_only, with_verify
 from testbed_core.planning.prediction import Variant, predict
 from testbed_core.topology import Topology
 from testbed_core.workload import Workload
@@ -39,3 +41,14 @@ def test_a_verified_run_is_predicted_slower_by_its_checks_on_the_critical_path()
     checked = predict(topo, wl, variant, effective=eff).iteration_time_s
     # at least one fill and one check per boundary each way lie on the pipeline's path
     assert checked >= plain + 2 * 2 * (0.002 + 0.005) - 1e-9
+
+
+def test_compute_only_takes_the_checks_back_out() -> None:
+    eff = Workload.model_validate(WORKLOAD).effective()
+    cost = VerifyCost(fill_s=0.002, check_s=0.005)
+    back = compute_only(with_verify(eff, cost), cost)
+    assert back.stage_forward_s == pytest.approx(eff.stage_forward_s, abs=1e-12)
+    assert back.stage_backward_s == pytest.approx(eff.stage_backward_s, abs=1e-12)
+    assert compute_only(eff, None) is eff
+    with pytest.raises(ValueError, match="do not include the tensor checks"):
+        compute_only(eff, VerifyCost(fill_s=10.0, check_s=10.0))  # stage times without the checks

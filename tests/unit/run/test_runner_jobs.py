@@ -383,3 +383,26 @@ def test_torch_gloo_jobs_join_one_group_with_the_baselines_placement(tmp_path: P
 
     assert all(_ends(job) == [] for job in jobs.values())
 
+
+
+def test_verified_workers_hold_their_devices_for_the_compute_alone(tmp_path: Path) -> None:
+    # runner.verify_tensors: the prediction's stage times carry the tensor checks, but the
+    # workers fill and check their tensors for real, so their modelled holds are the compute
+    # model's (holding the checks too paid each one twice: faults-2dc ran 6-10% over its plan)
+    from testbed.run.variants import predict_variant
+    from testbed_core.planning.host_cpu import VerifyCost
+
+    scenario, _ = load_scenario(scenario_file(tmp_path))
+    workload = scenario.workload
+    setup = plan_variant("atlas", scenario, workload, None, None, None)
+    setup.verify = VerifyCost(fill_s=0.004, check_s=0.015)
+    setup.prediction = predict_variant(setup, scenario, workload, None, None, None, False)
+    compute = workload.effective()
+    assert setup.prediction.effective.stage_forward_s[1] == pytest.approx(compute.stage_forward_s[1] + 0.015)
+    jobs = build_jobs(setup=setup, workload=workload, topology=scenario.topology,
+                      host_ips={h: "10.0.0.1" for dc in scenario.topology.dcs for h in (f"{dc.name}-{x}" for x in dc.hosts)},
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", ports=PortPlan(30000), iterations=3,
+                      transport=TRANSPORT)
+    for job in jobs.values():
+        assert job.forward_s == pytest.approx(compute.stage_forward_s, abs=1e-12)
+        assert job.backward_s == pytest.approx(compute.stage_backward_s, abs=1e-12)

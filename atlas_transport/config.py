@@ -26,6 +26,9 @@ MIN_SPLIT_CHUNK = 256 << 10
 # stream 10 ms is 125 KB, so WAN streams keep chunk_bytes.
 DEFAULT_CHUNK_TARGET_S = 0.01
 DEFAULT_CHUNK_MAX_BYTES = 16 << 20
+# Smallest window_clamp accepted: Linux raises a smaller clamp to half its minimum receive
+# buffer (SOCK_MIN_RCVBUF / 2, about 2 KB); below a few segments a stream barely moves.
+MIN_WINDOW_CLAMP = 16 << 10
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,10 @@ class TransportConfig:
     congestion: TCP congestion control per stream (cubic, bbr, reno); None = system default.
     sndbuf / rcvbuf: SO_SNDBUF / SO_RCVBUF in bytes; None = kernel autotuning.
     pacing_rate_mbps: per-stream cap via SO_MAX_PACING_RATE; None = unpaced.
+    window_clamp: TCP_WINDOW_CLAMP in bytes per stream: the most this end advertises as
+        its receive window, so the most its peer may have in flight on the stream; sets
+        SO_RCVBUF to twice it where rcvbuf is None (Linux's autotuning raises the clamp
+        with the buffer it grows); None = what the receive buffer allows.
     connect_timeout_s: to open all streams and finish the handshake.
     idle_timeout_s: a stream that neither sends nor receives anything (heartbeats
         included) for this long is declared dead; bounds failure detection.
@@ -77,6 +84,7 @@ class TransportConfig:
     sndbuf: int | None = None
     rcvbuf: int | None = None
     pacing_rate_mbps: float | None = None
+    window_clamp: int | None = None
     connect_timeout_s: float = 10.0
     idle_timeout_s: float = 30.0
     checksum: str = "none"
@@ -121,6 +129,10 @@ class TransportConfig:
             v = getattr(self, name)
             if v is not None and (not isinstance(v, int) or v <= 0):
                 raise ConfigError(f"{name}={v!r}: use a positive number of bytes, or None for autotuning")
+        if self.window_clamp is not None and (isinstance(self.window_clamp, bool) or not isinstance(
+                self.window_clamp, int) or self.window_clamp < MIN_WINDOW_CLAMP):
+            raise ConfigError(f"window_clamp={self.window_clamp!r}: use at least {MIN_WINDOW_CLAMP} bytes "
+                              "(the most a stream's peer may have in flight), or None for what the buffer allows")
         if self.pacing_rate_mbps is not None and not self.pacing_rate_mbps > 0:
             raise ConfigError(f"pacing_rate_mbps={self.pacing_rate_mbps!r}: use a positive rate or None")
         for name in ("connect_timeout_s", "idle_timeout_s", "auto_probe_s"):

@@ -25,6 +25,7 @@ from .errors import ConfigError, ConnectError
 SO_MAX_PACING_RATE = getattr(socket, "SO_MAX_PACING_RATE", 47)
 TCP_CONGESTION = getattr(socket, "TCP_CONGESTION", 13)
 TCP_USER_TIMEOUT = getattr(socket, "TCP_USER_TIMEOUT", 18)
+TCP_WINDOW_CLAMP = getattr(socket, "TCP_WINDOW_CLAMP", 10)
 _AVAILABLE_CC = Path("/proc/sys/net/ipv4/tcp_available_congestion_control")
 
 
@@ -39,8 +40,11 @@ def tune(sock: socket.socket, cfg: TransportConfig, *, before_connect: bool = Tr
     if before_connect:
         if cfg.sndbuf:
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, cfg.sndbuf)
-        if cfg.rcvbuf:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, cfg.rcvbuf)
+        # a window clamp needs a fixed buffer (Linux's autotuning raises the clamp with the
+        # buffer), one whose window is not below the clamp: twice it (the kernel doubles a
+        # SO_RCVBUF and advertises 40-50% of a buffer as window)
+        if cfg.rcvbuf or cfg.window_clamp:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, cfg.rcvbuf or 2 * cfg.window_clamp)
     if cfg.congestion:
         try:
             sock.setsockopt(socket.IPPROTO_TCP, TCP_CONGESTION, cfg.congestion.encode())
@@ -52,6 +56,8 @@ def tune(sock: socket.socket, cfg: TransportConfig, *, before_connect: bool = Tr
             ) from None
     if cfg.pacing_rate_mbps:
         sock.setsockopt(socket.SOL_SOCKET, SO_MAX_PACING_RATE, int(cfg.pacing_rate_mbps * 1e6 / 8))
+    if cfg.window_clamp:  # on accepted sockets too (tune after accept): what this end receives
+        sock.setsockopt(socket.IPPROTO_TCP, TCP_WINDOW_CLAMP, cfg.window_clamp)
     # Unacknowledged data older than the idle timeout kills the connection in the
     # kernel even when the peer's host vanished without a reset.
     sock.setsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT, int(cfg.idle_timeout_s * 1000))

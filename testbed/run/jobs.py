@@ -163,12 +163,13 @@ def boundary_channels(setup: VariantSetup, workload: Workload, topology: Topolog
             streams = setup.streams if fwd_links else 1
             port = ports.channels.port(k)
             k += 1
+            a, z = pl.dc_of(d, up), pl.dc_of(d, down)  # each end clamps the window of what it receives
             out[uw].append(ChannelJob(boundary=b, role="connect", peer=dw, peer_ip=host_ips[hosts[dw]], port=port,
                                       streams=streams, links=list(fwd_links), recv_links=list(bwd_links),
-                                      latency_s=delay))
+                                      latency_s=delay, window_clamp=setup.window_caps.get((z, a))))
             out[dw].append(ChannelJob(boundary=b, role="listen", peer=uw, peer_ip=host_ips[hosts[uw]], port=port,
                                       streams=streams, links=list(bwd_links), recv_links=list(fwd_links),
-                                      latency_s=delay))
+                                      latency_s=delay, window_clamp=setup.window_caps.get((a, z))))
     return out
 
 

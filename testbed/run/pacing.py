@@ -22,6 +22,14 @@ hold their predictions (docs/scenarios.md, 'TCP pacing'). The choice is made onc
 run, before the calibration, so that the calibration measures the streams the
 variants then use; every variant of the run is paced alike. ``pacing: true`` or
 ``false`` in a scenario keeps its word.
+
+Pacing spreads a window over the round trip but does not bound it: where two or more
+pipelines' multi-stream channels share a WAN direction and their windows together
+exceed what the path holds, a shared variant's streams are also capped to their share
+of it (`window_caps`, each receiving end's TCP_WINDOW_CLAMP; the planner's window
+model takes the same figure). The cap never goes below a stream's stripe of one
+tensor, so a tensor alone still leaves in one window, as the calibration's one-tensor
+probes (uncapped) time it.
 """
 
 from __future__ import annotations
@@ -30,8 +38,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology, bdp_bytes
 from testbed_core.variants import RunVariant
+
+RMEM_FRACTION = 0.5  # of the receive buffer advertised as window, as the planner's window model has it (NetParams)
 
 AUTO_STREAMS_MAX = 16
 """The most streams ``transport.streams: auto`` may choose (runner.AUTO_CANDIDATES' largest)."""
@@ -91,3 +102,51 @@ def choose_pacing(topology: Topology, dp: int, configured_streams: int | str, pa
                                    "that may cross it at once)")
     return PacingChoice(True, f"transport.pacing auto: on, unpaced channels would overflow a WAN queue: {worst[1]} "
                               "(set transport.pacing: false to run unpaced)")
+
+
+def route_holds(topology: Topology, src: str, dst: str) -> float:
+    """What the route from DC `src` to `dst` holds in flight, bytes: the bandwidth-delay
+    product at its slowest link's rate over the route's round trip, plus that link's queue."""
+    route = topology.route(src, dst)
+    links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
+    slow = min(links, key=lambda link: link.rate)
+    return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes
+
+
+def window_caps(topology: Topology, placement: Placement, streams: int, tensor_bytes: float) -> dict[tuple[str, str], int]:
+    """The receive window each stream of a shared multi-stream variant's WAN channels
+    advertises at most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) that
+    two or more of its pipelines' channels cross: where their windows together (channels
+    x streams x the window the planner gives a stream, min of the sender's tcp wmem max
+    and RMEM_FRACTION of the receiver's rmem max) exceed what the route holds (`route_holds`),
+    each stream gets its share of that, never less than its stripe of one tensor
+    (`tensor_bytes` / streams: a tensor alone still leaves in one window, as the
+    calibration's one-tensor probes time it).
+
+    Why (issue 40): several tensors handed to colliding channels at once, or a channel
+    that keeps its streams busy, let the windows fill past the queue; the tail drops and
+    retransmission timeouts that follow cost 150-400 ms a transfer now and then, which
+    no calibration probe shows (scenarios/atlas-3dc.yaml's multi-tcp ran 2.40-3.34 s an
+    iteration against 2.3-2.4 predicted; docs/results/fidelity.md). Pacing spreads a
+    window over the round trip but does not bound it. A stream's buffer sized to its
+    share of the path is how parallel streams are tuned by hand (the aggregate window
+    about the bandwidth-delay product); Linux's autotuning alone grows each to the
+    buffer's maximum. No cap (empty) with one stream, one channel a direction, or where
+    the windows fit."""
+    if streams < 2:
+        return {}
+    channels: dict[tuple[str, str], int] = {}
+    for d, b in placement.wan_boundaries():
+        a, z = placement.dc_of(d, b), placement.dc_of(d, b + 1)
+        for way in ((a, z), (z, a)):
+            channels[way] = channels.get(way, 0) + 1
+    caps: dict[tuple[str, str], int] = {}
+    for (a, z), n in channels.items():
+        window = min(topology.tcp_for(a).wmem_max, topology.tcp_for(z).rmem_max * RMEM_FRACTION)
+        holds = route_holds(topology, a, z)
+        if n < 2 or n * streams * window <= holds:
+            continue
+        cap = max(int(holds // (n * streams)), math.ceil(tensor_bytes / streams))
+        if cap < window:
+            caps[(a, z)] = cap
+    return caps

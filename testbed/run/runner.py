@@ -369,7 +369,10 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     # a fault is in the scenario, so known before the run: its predicted effect joins the headline
     fault_mean, fault_note = faults.predict(pred, workload.iterations) if faults is not None else (None, "")
     progress.log(f"{setup.name}: {len(jobs)} workers, {setup.streams} stream(s) per WAN channel, placement "
-                 f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}, predicted "
+                 f"{setup.placement.strategy}, {setup.sharing} links{_alternatives(setup)}"
+                 + ("".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream" for (a, z), c
+                            in sorted(setup.window_caps.items())) + " (testbed/run/pacing.py window_caps)"
+                    if setup.window_caps else "") + ", predicted "
                  f"{pred.iteration_time_s:.3f} s per iteration"
                  + (f"; {fault_note}: {fault_mean:.3f} s over the measured iterations" if fault_note else ""))
     lines_before = net.delay_line_stats()

@@ -42,6 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError, nominal_link
+from testbed.run.pacing import window_caps
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import Calibration
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
@@ -121,6 +122,9 @@ class VariantSetup:
     verify: VerifyCost | None = None  # the tensor checks' calibrated CPU time (runner.verify_tensors)
     even_spread: bool = False  # the calibration's channels spread each tensor evenly (Calibration.even_spread)
     even_spread_stream_bytes: int | None = None  # up to this many bytes per stream (None: every size)
+    # shared multi-stream channels: per (sending DC, receiving DC), each stream's receive
+    # window clamp (testbed/run/pacing.py `window_caps`), in the prediction and the run's channels
+    window_caps: dict[tuple[str, str], int] = field(default_factory=dict)
     # Atlas with calibrated, auto sharing: every configuration predicted (streams, sharing,
     # placement), the one taken marked; None where there was nothing to choose
     configurations: list[ConfigurationCandidate] | None = None
@@ -304,7 +308,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True,
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
-                    even_spread_stream_bytes=setup.even_spread_stream_bytes)
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes,
+                    path_window_bytes=setup.window_caps or None)
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -343,7 +348,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=scenario.transport.pacing is True,
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
-                    even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None)
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None,
+                    path_window_bytes=setup.window_caps or None)
     return net, path_topology(scenario.topology, links, local)
 
 
@@ -495,12 +501,17 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
             rate, setup.colliding_bps = first.rate_bps, first.colliding_bps
             pc = cal.path(*first.dcs)
             pair = (pc.src, pc.dst) if pc is not None else pair
-    options: dict[str, tuple[Variant, Prediction, float | None, float | None, dict[tuple[str, str], PathRates]]] = {}
+    options: dict[str, tuple[Variant, Prediction, float | None, float | None, dict[tuple[str, str], PathRates],
+                             dict[tuple[str, str], int]]] = {}
     timed, colliding = setup.path_rates, setup.colliding_bps
+    tensor_bytes = workload.effective(base_dir).wire_activation_bytes
     for option in ("temporal", "shared"):
         if sharing not in (option, "auto"):
             continue
         setup.variant = Variant(definition.name, streams, option, strategy)
+        # shared channels colliding past what a path holds: each stream's window capped
+        setup.window_caps = {} if option == "temporal" or local else \
+            window_caps(topo, placement, streams, tensor_bytes)
         # a planned transfer holds its link token_margin longer than its measured time on
         # the wire, so that one running late does not collide with the next
         hold = 1 + scenario.runner.token_margin if option == "temporal" else 1.0
@@ -512,14 +523,15 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         way_rate = None if way_rate is None else way_rate / hold
         if option == "temporal" and first is not None and first.turns_rate_bps is not None:
             way_rate = min(first.turns_rate_bps)  # the plan's transfers as the turns probe timed them (slower way)
-        options[option] = (setup.variant, pred, way_rate, way_colliding, setup.path_rates)
+        options[option] = (setup.variant, pred, way_rate, way_colliding, setup.path_rates, setup.window_caps)
     if len(options) == 2:
         times = {option: opt[1].iteration_time_s for option, opt in options.items()}
         setup.sharing_alternatives = times
         chosen = choose_sharing(times["temporal"], times["shared"])
     else:
         (chosen,) = options
-    setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates = options[chosen]
+    (setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates,
+     setup.window_caps) = options[chosen]
     if setup.prediction.plan is None and chosen == "temporal":
         chosen = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = chosen

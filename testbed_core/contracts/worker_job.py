@@ -51,6 +51,9 @@ class ChannelJob(_Model):
     links: list[str]  # WAN link directions ("dc1->dc2") of this worker's *sends* on the channel
     recv_links: list[str]  # ... and of what it receives on it (empty inside a DC)
     latency_s: float = Field(ge=0)  # the path's one-way delay
+    # per stream, the most this end advertises as receive window (TCP_WINDOW_CLAMP; the
+    # run's cap on shared multi-stream channels, testbed/run/pacing.py `window_caps`); None: the buffers'
+    window_clamp: int | None = Field(None, gt=0)
 
 
 class PlannedSend(_Model):

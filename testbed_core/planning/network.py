@@ -83,6 +83,10 @@ class NetParams:
     even_spread: bool = False
     # with even_spread: the largest tensor spread so, per stream (None: every size)
     even_spread_stream_bytes: float | None = None
+    # per (sending DC, receiving DC), the receive window each stream of a channel there
+    # is clamped to (the run's cap on shared multi-stream channels, testbed/run/pacing.py
+    # `window_caps`): the window model's window where smaller
+    path_window_bytes: Mapping[tuple[str, str], float] | None = None
     # per WAN path, this way (src DC, dst DC): how many times its time on the wire a
     # transfer of a temporal plan holds the path's links (the token passes at the end of
     # its hold, its bytes arrive as they left; simulate.Resource.hold_factor). None or
@@ -187,6 +191,7 @@ def wan_path(
     bottleneck = min(link.rate for link in links)
     measured = net.flow_rate_for(src, dst)
     window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
+    window = min(window, (net.path_window_bytes or {}).get((src, dst), window))
     flow = unlossy = measured if measured is not None else window * 8 / rtt if rtt > 0 else math.inf
     # the loss bound holds for a measured rate too: the calibration times a few tensors on
     # a connection its warm-up just opened and keeps the median, which a tensor that met

@@ -16,13 +16,19 @@ if TYPE_CHECKING:
     from atlas_transport.endpoints import Listener
 
 
-def transport_config(transport: TransportJob, streams: int) -> TransportConfig:
-    """The atlas_transport endpoint settings of one channel of `streams` streams."""
+def transport_config(transport: TransportJob, streams: int, window_clamp: int | None = None) -> TransportConfig:
+    """The atlas_transport endpoint settings of one channel of `streams` streams
+    (`window_clamp`: the most each stream advertises as receive window, ChannelJob.window_clamp)."""
     from atlas_transport import TransportConfig
 
     return TransportConfig(streams=streams, chunk_bytes=transport.chunk_bytes, congestion=transport.congestion,
-                           pacing_rate_mbps=transport.pacing_rate_mbps,
+                           pacing_rate_mbps=transport.pacing_rate_mbps, window_clamp=window_clamp,
                            connect_timeout_s=transport.connect_timeout_s)
+
+
+def _clamp(c: ChannelJob | DpPeerJob) -> int | None:
+    """A boundary channel's window clamp (DP gradient channels have none)."""
+    return c.window_clamp if isinstance(c, ChannelJob) else None
 
 
 def connect_with_retry(ip: str, port: int, cfg: TransportConfig, deadline: float, what: str) -> Channel:
@@ -66,10 +72,12 @@ def open_all_channels(job: TrainJob) -> tuple[dict[int, Channel], dict[int, Chan
     try:
         for key, c, _ in ends:
             if c.role == "listen":
-                listeners[key] = (c, listen(job.bind_ip, c.port, transport_config(job.transport, c.streams)))
+                listeners[key] = (c, listen(job.bind_ip, c.port, transport_config(job.transport, c.streams,
+                                                                                   _clamp(c))))
         for key, c, what in ends:
             if c.role == "connect":
-                channels[key] = connect_with_retry(c.peer_ip, c.port, transport_config(job.transport, c.streams),
+                channels[key] = connect_with_retry(c.peer_ip, c.port,
+                                                   transport_config(job.transport, c.streams, _clamp(c)),
                                                    deadline, f"{job.worker}: {what} to {c.peer}")
         whats = {key: what for key, _, what in ends}
         for key, (c, lst) in listeners.items():

@@ -1,0 +1,78 @@
+"""Shared multi-stream channels capped to their share of a path (testbed/run/pacing.py
+`window_caps`): where two or more pipelines' channels cross a WAN direction and their
+windows together exceed what the path holds, each stream's receive window is clamped
+to its share, never below its stripe of one tensor; the cap reaches both ends of each
+channel (the end that receives clamps) and the planner's window. Of the shipped
+scenarios only atlas-3dc's shared variants are capped."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from testbed.run.jobs import build_jobs
+from testbed.run.pacing import route_holds, window_caps
+from testbed.run.ports import PortPlan
+from testbed.run.scenario import load_scenario
+from testbed.run.variants import place_variants, plan_variant
+from testbed.training.worker.channels import transport_config
+from testbed_core.contracts.worker_job import TransportJob
+from testbed_core.variants import RunVariant, get_variant
+
+ROOT = Path(__file__).resolve().parents[3]
+MIB = 1 << 20
+TRANSPORT = TransportJob(chunk_bytes=4 << 20, congestion=None, pacing_rate_mbps=None, connect_timeout_s=10.0)
+
+
+def _placed(name: str, variant: str):
+    scenario, _ = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
+    placement = place_variants(scenario, [RunVariant(get_variant(variant))])[variant]
+    return scenario, placement
+
+
+def test_atlas_3dc_multi_tcp_gets_each_path_s_share_never_below_a_tensor_s_stripe() -> None:
+    scenario, placement = _placed("atlas-3dc", "multi-tcp")
+    topo = scenario.topology
+    # mid-big: 200 Mbit/s x 50 ms = 1.25 MB and a queue as large; 2 channels x 8 streams
+    assert route_holds(topo, "mid", "big") == pytest.approx(2.5e6)
+    caps = window_caps(topo, placement, 8, MIB)
+    assert caps[("mid", "big")] == caps[("big", "mid")] == 156_250
+    # big-small holds 2 MB: 125 KB a stream would not take a 1 MiB tensor's 128 KiB stripe
+    assert caps[("big", "small")] == caps[("small", "big")] == MIB // 8
+    assert window_caps(topo, placement, 1, MIB) == {}  # one stream: 2 x 256 KB fit
+    # a stripe as large as the planner's window (256 KB of a 512 KB buffer): no cap
+    assert window_caps(topo, placement, 8, 4 * MIB) == {}
+
+
+@pytest.mark.parametrize("name", ["atlas-2dc", "quickstart", "dp-2dc", "atlas-4dc", "lossy-4dc", "real-tiny-2dc",
+                                  "prefill-service-2dc", "atlas-search-3dc"])
+def test_the_other_shipped_scenarios_are_not_capped(name: str) -> None:
+    scenario, _ = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
+    tensor = scenario.workload.effective(None).wire_activation_bytes
+    for variant in ("multi-tcp", "atlas"):
+        placement = place_variants(scenario, [RunVariant(get_variant(variant))])[variant]
+        if isinstance(placement, Exception):
+            continue
+        assert window_caps(scenario.topology, placement, 8, tensor) == {}, (name, variant)
+
+
+def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_cap(tmp_path: Path) -> None:
+    scenario, _ = load_scenario(ROOT / "scenarios" / "atlas-3dc.yaml")
+    setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
+    assert setup.sharing == "shared" and setup.window_caps[("mid", "big")] == 156_250
+    assert setup.prediction.paths[("mid", "big")].window_bytes == 156_250  # the planner's window too
+    atlas = plan_variant("atlas", scenario, scenario.workload, None, None, None)
+    assert atlas.sharing == "temporal" and atlas.window_caps == {}  # one transfer at a time on a link
+    ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(scenario.topology.dcs)
+           for j, h in enumerate(dc.hosts)}
+    jobs = build_jobs(setup=setup, workload=scenario.workload, topology=scenario.topology, host_ips=ips,
+                      run_dir=tmp_path / "run", control="/tmp/ctl.sock", ports=PortPlan(30000), iterations=3,
+                      transport=TRANSPORT)
+    ends = {(c.boundary, c.role): c.window_clamp for job in jobs.values() for c in job.channels}
+    # boundary 1 crosses mid->big: stage 2 (listen) receives the activations, stage 1 the gradients
+    assert ends[(1, "listen")] == ends[(1, "connect")] == 156_250
+    assert ends[(2, "listen")] == ends[(2, "connect")] == MIB // 8
+    assert ends[(0, "listen")] is ends[(0, "connect")] is None  # inside mid
+    boundary2 = next(c for job in jobs.values() for c in job.channels if c.boundary == 2)
+    assert transport_config(TRANSPORT, boundary2.streams, boundary2.window_clamp).window_clamp == MIB // 8

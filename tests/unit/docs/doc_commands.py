@@ -31,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[3]
 FENCE = re.compile(r"^[ \t]*(```|~~~)([\w-]*)[^\n]*\n(.*?)^[ \t]*\1[ \t]*$", re.S | re.M)
 SHELL_LANGS = {"sh", "bash", "shell", "console"}
 CLI = ".venv/bin/testbed"
+LIST_VALUE = re.compile(r"^[\w.-]+=\[[^\[\]]*\]$")
 PLACEHOLDER = re.compile(r"^(\.\.\.|[A-Z][A-Z0-9_]*(=[A-Z0-9_]+)?(\.[a-z]+)?)$")
 WRAPPERS = {"sudo", "-E", "env", "time", "nice"}
 OUTPUT_FLAGS = {"--out", "-o"}  # another program's output folder: made by the command
@@ -182,8 +183,10 @@ def check_command(line: str, made: set[str] | None = None) -> None:
 
 
 def _check_testbed(line: str, args: list[str], made: set[str]) -> None:
-    synopsis = any(t.startswith("[") or t.endswith("]") for t in args)
-    args = [t.strip("[]") for t in args]
+    # `[--json]` is a synopsis bracket; `variants=[a,b]` (an --set value) is a literal
+    bracketed = [(t.startswith("[") or t.endswith("]")) and not LIST_VALUE.match(t) for t in args]
+    synopsis = any(bracketed)
+    args = [t.strip("[]") if b else t for t, b in zip(args, bracketed, strict=True)]
     args = [t for t in args if t]
     elided = "..." in args or synopsis
     cmd: click.Command = _cli()
@@ -232,7 +235,7 @@ def _check_testbed(line: str, args: list[str], made: set[str]) -> None:
                 continue
             if not eq:
                 assert i < len(args), f"{line!r}: {opt} needs a value"
-                value = args[i].strip("[]")
+                value = args[i] if LIST_VALUE.match(args[i]) else args[i].strip("[]")
                 i += 1
             _check_value(line, name, opt, param, value, made)
             given.setdefault(param.name, []).append(value)

@@ -66,6 +66,7 @@ def test_every_page_is_looked_at() -> None:
     (".venv/bin/testbed whatif --grid scenarios/whatif-scale.yaml --out results/whatif-scale",
      "writes into results/whatif-scale, a kept result"),
     (".venv/bin/python scripts/bubbletea_runs.py --out results/bubbletea-ten-runs", "a kept result"),
+    (".venv/bin/testbed run scenarios/quickstart.yaml --set 'variants=[baseline,no-such-variant]'", "no-such-variant"),
 ])
 def test_the_check_is_real(bad: str, message: str) -> None:
     with pytest.raises(AssertionError, match=None) as info:
@@ -79,7 +80,8 @@ def test_the_check_passes_what_runs() -> None:
                  "sudo .venv/bin/testbed topo check topologies/2dc.yaml [--json] [--deep [--out DIR]] [--no-tcp]",
                  ".venv/bin/testbed whatif --grid scenarios/whatif-scale.yaml --out results/new-grid",
                  ".venv/bin/testbed report results/new-grid", ".venv/bin/testbed plan ... [--exact]",
-                 "sudo .venv/bin/testbed launch topologies/2dc.yaml -- .venv/bin/python examples/ddp.py"):
+                 "sudo .venv/bin/testbed launch topologies/2dc.yaml -- .venv/bin/python examples/ddp.py",
+                 ".venv/bin/testbed run scenarios/quickstart.yaml --set 'variants=[baseline,atlas]'"):
         check_command(good, made)
 
 

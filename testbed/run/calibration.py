@@ -56,10 +56,9 @@ from testbed_core.contracts.calibration import (
     TogetherCalibration,
     TurnsCalibration,
     VerifyCalibration,
-    dc_of_host,
 )
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
-from testbed_core.planning.calibrated import LINK_GOODPUT, turns_hold_s
+from testbed_core.planning.calibrated import turns_hold_s
 from testbed_core.planning.placement import Placement
 from testbed_core.planning.streams import (
     choose_streams,
@@ -574,19 +573,6 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in alone)} ms)")
 
 
-def verify_stagger_s(scenario: Scenario, pairs: Sequence[tuple[str, str]], nbytes: int) -> float:
-    """How long after the first pair each next one starts in the tensor-check probe:
-    half a tensor's crossing (its bytes at the route's TCP goodput plus the one-way
-    delay). Started together, the two ways' senders fill at the same moments and their
-    receivers check at the same moments, on each host one agent checking one channel
-    while it fills the other; a rank fills and checks in its one thread, one after the
-    other. Half a crossing apart, the four fall at four different moments of a round."""
-    topo = scenario.topology
-    a, b = dc_of_host(pairs[0][0]), dc_of_host(pairs[0][1])
-    rate = topo.bottleneck_rate(a, b) or topo.dc(a).lan_rate
-    return (nbytes * 8 / (LINK_GOODPUT * rate) + topo.path_delay(a, b)) / 2
-
-
 def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
                      streams: int, nbytes: int, progress: Progress,
                      agents: ProbeAgents | None = None) -> VerifyCalibration:
@@ -595,16 +581,13 @@ def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str
     one, `two_way`), as the rate probe sends them, each filled with the training's
     pattern by its sender and checked byte for byte by its receiver
     (testbed/training/worker/probe.py), every fill and check timed, the first
-    PROBE_WARMUP of each channel not counted (the run's warm-up iterations pay those);
-    each next pair starts `verify_stagger_s` after the one before."""
+    PROBE_WARMUP of each channel not counted (the run's warm-up iterations pay those)."""
     count = max(scenario.runner.calibration_transfers, VERIFY_ROUNDS) + PROBE_WARMUP
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
-    stagger = verify_stagger_s(scenario, pairs, nbytes)
     fill: list[float] = []
     check: list[float] = []
     try:
-        for res in prober.run(pairs, streams, nbytes, count, "verify-", verify=True,
-                              offsets=[k * stagger for k in range(len(pairs))]):
+        for res in prober.run(pairs, streams, nbytes, count, "verify-", verify=True):
             fill += (res.fill_s or [])[PROBE_WARMUP:]
             check += (res.check_s or [])[PROBE_WARMUP:]
     finally:

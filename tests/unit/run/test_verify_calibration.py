@@ -14,7 +14,6 @@ from testbed.run.calibration import ProbeTimes, RunnerError
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import plan_variant
 from testbed_core.contracts.calibration import PROBE_WARMUP, Calibration, VerifyCalibration
-from testbed_core.planning.calibrated import LINK_GOODPUT
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -29,7 +28,7 @@ def test_the_checks_are_timed_on_the_rate_probes_channels_warm_ups_left_out(monk
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
                  verify=False):
-        calls.append((list(pairs), streams, nbytes, count, label, verify, offsets))
+        calls.append((list(pairs), streams, nbytes, count, label, verify))
         first = [9.0] * PROBE_WARMUP  # warm-up tensors: slow, not counted
         return [ProbeTimes([], [], first + [0.004] * (count - PROBE_WARMUP), first + [0.02] * (count - PROBE_WARMUP))
                 for _ in pairs]
@@ -40,9 +39,7 @@ def test_the_checks_are_timed_on_the_rate_probes_channels_warm_ups_left_out(monk
     got = calibration.calibrate_verify(object(), scenario, tmp_path, "s", pairs, 8, 1 << 20,
                                        Progress(label="t", tty=False), agents=object())
     count = calibration.VERIFY_ROUNDS + PROBE_WARMUP  # at least VERIFY_ROUNDS timed, more than the 3 asked
-    # the reverse way starts half a crossing later (1 MiB at the link's goodput + 25 ms, halved)
-    stagger = (8 * (1 << 20) / (LINK_GOODPUT * 1e9) + 0.025) / 2
-    assert calls == [(pairs, 8, 1 << 20, count, "verify-", True, [0.0, pytest.approx(stagger)])]
+    assert calls == [(pairs, 8, 1 << 20, count, "verify-", True)]
     assert got.fill_s == [0.004] * (2 * calibration.VERIFY_ROUNDS) and got.check_mean_s == pytest.approx(0.02)
     # a probe that timed nothing (an agent without the checks) is an error naming the path
     monkeypatch.setattr(calibration.Prober, "run", lambda self, pairs, *a, **k: [ProbeTimes([], [])])
@@ -63,15 +60,3 @@ def test_a_verified_run_is_planned_with_its_checks() -> None:
     # the checks off (runner.verify_tensors: false): a calibration's figures are not used
     off = _scenario(**{"runner.verify_tensors": False})
     assert plan_variant("atlas", off, off.workload, None, cal, None).verify is None
-
-
-def test_the_two_ways_fill_and_check_at_different_moments() -> None:
-    # faults-2dc's 8 MiB tensors over 1 Gbit/s and 25 ms: about 95 ms from fill to arrival,
-    # the reverse way starting halfway: fills at 0 and 48 ms, checks near 95 and 143 ms
-    scenario = _scenario()
-    half = calibration.verify_stagger_s(scenario, [("dc1-h1", "dc2-h1"), ("dc2-h2", "dc1-h2")], 8 << 20)
-    assert half == pytest.approx((8 * (8 << 20) / (LINK_GOODPUT * 1e9) + 0.025) / 2)
-    assert 0.045 < half < 0.05
-    # inside one DC: the DC's LAN rate, no delay
-    lan = calibration.verify_stagger_s(scenario, [("dc1-h1", "dc1-h2")], 8 << 20)
-    assert lan == pytest.approx(8 * (8 << 20) / (LINK_GOODPUT * 10e9) / 2)

@@ -22,7 +22,13 @@ that they carry to another topology:
   transfer running late does not collide with the next; where the run's calibration
   timed the primary path as a plan uses it, the turns probe's mean hold over the alone
   probe's wire time, the slower direction's: testbed_core/planning/calibrated.py
-  `turns_hold_s`); temporal predictions use it.
+  `turns_hold_s`); temporal predictions use it;
+* ``temporal_wire``: where the turns probe timed the path, how much longer than the
+  alone probe's a planned transfer's bytes are on the wire (the same direction's mean
+  time on the wire, `turns_wire_rate_bps`): a planned transfer's bytes arrive after
+  that, while its links stay held for ``temporal_hold`` (as the run's planner models a
+  temporal plan, `NetParams.path_hold_factor`); None (no turns probe): the bytes are
+  held to the end of the hold.
 
 Without a calibration the what-if uses the model's own numbers (efficiency 1, the
 fluid model's sharing, no overhead).
@@ -39,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from testbed_core.contracts.calibration import CalibrationReport, dc_of_host
 from testbed_core.contracts.summary import Summary, VariantResult, read_summary
-from testbed_core.planning.calibrated import turns_hold_s
+from testbed_core.planning.calibrated import turns_hold_s, turns_wire_rate_bps
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.topology import Topology, TopologyError, parse_topology
 from testbed_core.workload import EffectiveWorkload, Workload, WorkloadError, parse_workload
@@ -61,6 +67,7 @@ class Efficiencies(BaseModel):
     compute_scale: float = 1.0
     overhead_s: float = 0.0
     temporal_hold: float = 1.0
+    temporal_wire: float | None = None
     measured_on: str = ""
 
     def apply(self, topology: Topology, net: NetParams) -> tuple[Topology, NetParams]:
@@ -138,32 +145,38 @@ def load_efficiencies(run_dir: str | Path) -> Efficiencies:
     return Efficiencies(
         source=str(folder), flow_efficiency=flow_eff, link_efficiency=link_eff, crowded_fraction=crowded,
         compute_scale=_compute_scale(summary), overhead_s=_overhead(summary),
-        temporal_hold=_temporal_hold(summary, cal),
+        **_temporal(summary, cal),
         measured_on=f"{summary.scenario}: {src} -> {dst}, {model.rtt_s * 1e3:.0f} ms RTT, "
                     f"{model.bottleneck_bps / 1e6:.0f} Mbit/s nominal",
     )
 
 
-def _temporal_hold(summary: Summary, cal: CalibrationReport) -> float:
-    """How much longer than its calibrated wire time a planned transfer holds its link:
-    1 + token_margin (token mode; slots: 1), or, where the primary path was timed as a
-    plan uses it, the turns probe's mean hold over the alone probe's median wire time at
-    the same stream count (the slower direction; the most streams timed so)."""
+def _temporal(summary: Summary, cal: CalibrationReport) -> dict[str, float | None]:
+    """``temporal_hold``: how much longer than its calibrated wire time a planned
+    transfer holds its link: 1 + token_margin (token mode; slots: 1), or, where the
+    primary path was timed as a plan uses it, the turns probe's mean hold over the alone
+    probe's median wire time at the same stream count (the slower direction; the most
+    streams timed so); ``temporal_wire``, there: that direction's mean time on the wire
+    in the turns probe over the same alone wire time (its bytes arrive after it:
+    `turns_wire_rate_bps`), never above the hold; else None."""
     if summary.runner.get("temporal_mode", "token") != "token":
-        return 1.0
+        return {"temporal_hold": 1.0}
     hold = 1.0 + float(summary.runner.get("token_margin", 0.0) or 0.0)
     if not cal.paths:
-        return hold
+        return {"temporal_hold": hold}
     primary = cal.paths[0]
     turns = max(primary.turns or [], key=lambda t: t.streams, default=None)
     alone = primary.transfer_s.get(str(turns.streams)) if turns is not None else None
     if turns is None or not alone or not turns.transfer_s or not turns.return_s:
-        return hold
+        return {"temporal_hold": hold}
     wire = statistics.median(alone) - primary.one_way_delay_s
     if wire <= 0:
-        return hold
-    return max(turns_hold_s(way, primary.one_way_delay_s, turns.slot_s)
-               for way in (turns.transfer_s, turns.return_s)) / wire
+        return {"temporal_hold": hold}
+    delay = primary.one_way_delay_s
+    held, way = max((turns_hold_s(way, delay, turns.slot_s), way) for way in (turns.transfer_s, turns.return_s))
+    # the same bytes over the way's mean wire time: turns_wire_rate_bps's time on the wire
+    on_wire = 8 / turns_wire_rate_bps(1, way, delay)
+    return {"temporal_hold": held / wire, "temporal_wire": min(held, on_wire) / wire}
 
 
 def run_setting(run_dir: str | Path) -> tuple[Topology, Workload]:

@@ -62,7 +62,8 @@ class Route:
     """How one (boundary, direction) channel of a pipeline travels: `seconds` on the
     wire per tensor (bytes / rate), then `latency_s`; `links` are the WAN link
     directions it holds while on the wire (indices into the engine's link table; they
-    are waited for only when the engine runs with exclusive links)."""
+    are waited for only when the engine runs with exclusive links, each then held
+    `link_hold[k]` times the transfer's wire time: see `run`)."""
 
     seconds: float
     latency_s: float
@@ -130,7 +131,7 @@ class Compiled:
 
 def _run_python(compiled: Compiled, forward_s: list[float], backward_s: list[float], routes: list[list[Route]],
                 route_class: list[int], offsets: list[float] | None, links: int, exclusive_links: bool,
-                record_wan: bool, rendezvous: bool) -> EngineResult:
+                record_wan: bool, rendezvous: bool, link_hold: list[float] | None = None) -> EngineResult:
     """`run` as a plain Python loop (``run(..., reference=True)``): the readable form of
     the compiled kernel (testbed_core/whatif/kernel.py), kept as its reference in the tests."""
     p = compiled.schedule.ranks
@@ -184,6 +185,7 @@ def _run_python(compiled: Compiled, forward_s: list[float], backward_s: list[flo
     waiting: dict[int, int] = {}
     chan_free = [0.0] * (D * nch)
     link_free = [0.0] * links
+    hold_of = list(link_hold) if link_hold is not None else [1.0] * links
     clock = [offsets[w // p] for w in range(W)]
     pos = [0] * W
     starts: list[list[float]] = [[] for _ in range(W)]
@@ -312,7 +314,7 @@ def _run_python(compiled: Compiled, forward_s: list[float], backward_s: list[flo
         e = s0 + sec
         chan_free[c] = e
         for k in lk:
-            link_free[k] = e
+            link_free[k] = s0 + sec * hold_of[k]  # handed on after its hold; its bytes arrive as they left
         arrival[g] = e + lat
         if record_wan:
             wan.append((d, x, s0, e))
@@ -405,6 +407,7 @@ def run(
     rendezvous: bool = False,
     reference: bool = False,
     cutoff: float = math.inf,
+    link_hold: list[float] | None = None,
 ) -> EngineResult:
     """One iteration of ``len(route_class)`` pipelines; pipeline d's channels travel
     ``routes[route_class[d]][channel]``. With `exclusive_links`, a transfer on WAN
@@ -415,10 +418,17 @@ def run(
     `cutoff`: the caller only needs the result if the makespan is below it (a stride
     search that has a best already); the compiled run stops as soon as a lower bound
     on the makespan reaches it and returns ``stopped=True`` with incomplete timelines
-    (see `kernel.run_steps`). The reference twin never stops."""
+    (see `kernel.run_steps`). The reference twin never stops.
+
+    `link_hold`: per link, how many times its wire time an exclusive transfer holds it
+    (>= 1; None: 1 each). A temporal plan's transfer hands its links on after its planned
+    hold while its bytes arrive as they left, its channel free at its last byte: the
+    exact simulator's `Resource.hold_factor`."""
+    if link_hold is not None and (len(link_hold) != links or min(link_hold, default=1.0) < 1.0):
+        raise EngineError(f"link_hold needs one factor >= 1 per link ({links}), got {list(link_hold)}")
     if reference:
         return _run_python(compiled, forward_s, backward_s, routes, route_class, offsets, links, exclusive_links,
-                           record_wan, rendezvous)
+                           record_wan, rendezvous, link_hold)
     from testbed_core.whatif.kernel import run_steps
 
     p, n = compiled.schedule.ranks, compiled.compute_per_rank
@@ -458,13 +468,14 @@ def run(
                     link_min_s[k] = min(link_min_s[k], rt.seconds)
                     link_min_lat[k] = min(link_min_lat[k], rt.latency_s)
     link_min_s[~np.isfinite(link_min_s)] = 0.0
+    hold_arr = np.ones(nl) if link_hold is None else np.asarray(link_hold, float)
     link_min_lat[~np.isfinite(link_min_lat)] = 0.0
     starts = np.zeros((D * p, n))
     wan = np.zeros((D * compiled.transfers if record_wan else 0, 4))
     nw, left, stopped = run_steps(*arrays, cls, np.asarray(offsets, float), ch_sec, ch_lat, ch_links,
                                   compiled.transfers, compiled.channels, 2 * compiled.schedule.microbatches, links,
                                   record_wan, rendezvous, starts, wan, rest, link_left, link_min_s, link_min_lat,
-                                  float(cutoff))
+                                  hold_arr, float(cutoff))
     durations = arrays[1][0]
     if stopped:
         return EngineResult(math.inf, starts, durations.copy(), [], D, p, stopped=True)

@@ -90,10 +90,11 @@ def evaluate(
         variant = Variant.of(definition, streams, baseline_placement)  # type: ignore[arg-type]
         t0 = time.perf_counter()
         hold = calibration.temporal_hold if calibration is not None else 1.0
+        wire = calibration.temporal_wire if calibration is not None else None
         margin = TEMPORAL_MARGIN if calibration is not None else None  # as a calibrated run chooses
         try:
             p = _predict_variant(topology, workload, definition, variant, baseline_placement, free, net, eff, hold,
-                                 margin)
+                                 margin, wire)
         except PlacementError as exc:
             out.append(Outcome(variant=definition.name, feasible=False, error=str(exc)))
             continue
@@ -120,16 +121,17 @@ def outcome_fields() -> list[str]:
 
 def _predict_variant(topology: Topology, workload: Workload, definition: VariantDef, variant: Variant,
                      baseline_placement: str, free: dict[str, int] | None, net: NetParams, eff: EffectiveWorkload,
-                     hold: float, plan_margin: float | None = None) -> FastPrediction:
+                     hold: float, plan_margin: float | None = None, wire: float | None = None) -> FastPrediction:
     """`fast_predict` of the variant; Atlas (its placement, sharing ``auto``) follows its own
     prediction as a run does (testbed/run/variants.py `_choose_configuration`): where the
     baseline's placement differs from its own, it runs there when that is predicted
     faster by more than CHOICE_MARGIN. The baseline's placement is predicted first, and
     its own only as far as it can still be kept (`fast_predict_below`). `plan_margin`:
     with a run's calibration, a temporal plan only where sharing is predicted slower by
-    more than TEMPORAL_MARGIN, as the run's `_choose_configuration` takes it."""
+    more than TEMPORAL_MARGIN, as the run's `_choose_configuration` takes it. `hold`,
+    `wire`: a calibration's planned holds and time on the wire (`fast_predict`)."""
     if definition.placement != "atlas" or definition.sharing != "auto" or variant.placement == baseline_placement:
-        return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold, plan_margin=plan_margin)
+        return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold, plan_margin=plan_margin, wire=wire)
     par = workload.parallelism
     free = free if free is not None else free_gpus(topology)
     own = place(free, par.pp, par.dp, par.tp, strategy=variant.placement)
@@ -139,12 +141,12 @@ def _predict_variant(topology: Topology, workload: Workload, definition: Variant
         other = None
     if other is None or other.stage_dc == own.stage_dc:
         return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold, placement=own,
-                            plan_margin=plan_margin)
+                            plan_margin=plan_margin, wire=wire)
     alt = fast_predict(topology, workload, replace(variant, placement=baseline_placement), free=free, net=net,
-                       effective=eff, hold=hold, placement=other, plan_margin=plan_margin)
+                       effective=eff, hold=hold, placement=other, plan_margin=plan_margin, wire=wire)
     keep = alt.iteration_time_s / (1 - CHOICE_MARGIN)  # its own is kept up to this
     mine = fast_predict_below(keep * (1 + 1e-12), topology, workload, variant, free=free, net=net, effective=eff,
-                              hold=hold, placement=own, plan_margin=plan_margin)
+                              hold=hold, placement=own, plan_margin=plan_margin, wire=wire)
     if mine is None or alt.iteration_time_s < mine.iteration_time_s * (1 - CHOICE_MARGIN):
         return alt
     return mine

@@ -123,7 +123,7 @@ def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w,
 def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, rank, step)
               route_class, offsets, ch_sec, ch_lat, ch_links,  # per pipeline; per (class, channel)
               transfers, channels, m2, links, record_wan, rendezvous, starts,
-              wan, rest, link_left, link_min_s, link_min_lat, cutoff):  # pragma: no cover - compiled
+              wan, rest, link_left, link_min_s, link_min_lat, link_hold, cutoff):  # pragma: no cover - compiled
     """Run every worker; fill `starts` (workers x steps) and `wan` (rows of pipeline,
     transfer, start, end); return (number of wan rows, workers left unfinished, stopped).
     `rendezvous`: a send waits for its receive (see `engine.run(..., reference=True)`).
@@ -134,7 +134,8 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
     transfer that ends at e on link k leaves `link_left[k]` transfers for that link,
     each at least `link_min_s[k]` on the wire after e, the last then at least
     `link_min_lat[k]` from its receiver (links are held one transfer at a time and
-    decided in order, so every later one starts after e)."""
+    decided in order, so every later one starts after e; a transfer holds link k
+    `link_hold[k]` >= 1 times its wire time, so the bound stands)."""
     n_classes, p, n = recv.shape
     D = route_class.shape[0]
     W = D * p
@@ -298,7 +299,7 @@ def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, ran
         for j in range(maxl):
             lk = ch_links[c, y, j]
             if lk >= 0:
-                link_free[lk] = e
+                link_free[lk] = s0 + ch_sec[c, y] * link_hold[lk]  # handed on after its hold; bytes arrive as they left
                 link_left[lk] -= 1
                 if e + link_left[lk] * link_min_s[lk] + link_min_lat[lk] >= cutoff:
                     return nw, 0, True

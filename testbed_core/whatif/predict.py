@@ -6,7 +6,8 @@ wire activation bytes each way per micro-batch over a channel (LAN rate inside a
 on the WAN ``streams x per-flow rate``, through the link directions of the route,
 plus the one-way latency), shared links or Atlas's temporal sharing (pipelines
 staggered by each of the planner's candidate strides, links one transfer at a time,
-first come first served, the fastest stride kept), ``auto`` choosing between them
+first come first served, each held `NetParams.path_hold_factor` times the transfer's
+wire time while its bytes arrive as they left, the fastest stride kept), ``auto`` choosing between them
 with the same margin (or, as a calibrated run chooses, `plan_margin`: the plan only
 where sharing is predicted slower by more than it, `plan_wins`), and the DP
 all-reduce added by the planner's own
@@ -141,6 +142,7 @@ class _Net:
     links: list[str]  # link direction resource ids
     capacity: list[float]
     crowded: list[float | None]
+    hold: list[float]  # per link: how many times its wire time a planned transfer holds it
     wan_channels: dict[tuple[int, int], tuple[str, WanPath]]  # (row, channel) -> (channel resource, path)
     paths: dict[tuple[str, str], WanPath]
     lan: dict[tuple[int, int], float]  # (row, channel) -> LAN rate
@@ -156,6 +158,7 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
     links: list[str] = []
     capacity: list[float] = []
     crowded: list[float | None] = []
+    hold: list[float] = []
     wan_channels: dict[tuple[int, int], tuple[str, WanPath]] = {}
     lan: dict[tuple[int, int], float] = {}
     raw: list[list[tuple[float, float, tuple[int, ...]]]] = []  # per row, per channel: (cap, latency, links)
@@ -174,6 +177,9 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
                     paths[(a, z)] = wan_path(topology, a, z, variant.streams, net, fill_link=variant.fill_link,
                                              transfer_bytes=bits / 8)  # as build_spec: the loss model's tensor
                 wp = paths[(a, z)]
+                # as build_spec: a link direction is held the most times its wire time of
+                # any way crossing it (NetParams.path_hold_factor, the turns probe's hold)
+                factor = (net.path_hold_factor or {}).get((a, z), 1.0)
                 ids = []
                 for x, y in zip(wp.dcs, wp.dcs[1:], strict=False):
                     res = wan_resource(x, y)
@@ -182,7 +188,10 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
                         links.append(res)
                         capacity.append(rate)
                         crowded.append(None if net.crowded_fraction is None else rate * net.crowded_fraction)
-                    ids.append(links.index(res))
+                        hold.append(1.0)
+                    k = links.index(res)
+                    hold[k] = max(hold[k], factor)
+                    ids.append(k)
                 wan_channels[(i, len(chans))] = (f"chan:{b}:{direction}", wp)
                 chans.append((wp.streams * wp.flow_rate_bps, wp.latency_s, tuple(ids)))
         raw.append(chans)
@@ -199,7 +208,7 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
             ex.append(Route(bits / alone, lat, ids))
         shared.append(sh)
         exclusive.append(ex)
-    return _Net(rows, row_of, shared, exclusive, links, capacity, crowded, wan_channels, paths, lan)
+    return _Net(rows, row_of, shared, exclusive, links, capacity, crowded, hold, wan_channels, paths, lan)
 
 
 def _lockstep_share(capacity: float, crowded: float | None, pipelines: int) -> float:
@@ -308,16 +317,18 @@ def _allreduce(topology: Topology, workload: Workload, placement: Placement, eff
 
 
 def _stub_spec(sched: Schedule, pipelines: int, fwd: list[float], bwd: list[float], nbytes: float,
-               netw: _Net) -> SimSpec:
+               netw: _Net, wire: float = 1.0) -> SimSpec:
     """A spec with the WAN paths of one pipeline per row: enough for the planner's
-    `stagger_candidates` (which looks at one transfer alone on a link and the stage times)."""
+    `stagger_candidates` (which looks at one transfer alone on a link, its hold, and the
+    stage times). `wire`: planned transfers' time on the wire over the paths' model (a
+    calibration's; their rates divided by it, as the planner's calibrated rates)."""
     resources: dict[str, Resource] = {}
     paths: dict[tuple[int, int, str], Path] = {}
     for (row, ch), (chan, wp) in netw.wan_channels.items():
         b, direction = divmod(ch, 2)
-        resources[f"{chan}:{row}"] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+        resources[f"{chan}:{row}"] = Resource(wp.streams * wp.flow_rate_bps / wire, "exclusive")
         for k in netw.exclusive[row][ch].links:
-            resources[netw.links[k]] = Resource(netw.capacity[k])
+            resources[netw.links[k]] = Resource(netw.capacity[k] / wire, hold_factor=netw.hold[k])
         paths[(row, b, "fwd" if direction == 0 else "bwd")] = Path((f"{chan}:{row}", *wp.resources), wp.latency_s)
     nb = [nbytes] * max(sched.stages - 1, 0)
     return SimSpec(sched, pipelines, list(fwd), list(bwd), nb, list(nb), paths, resources)
@@ -333,8 +344,9 @@ def _plan(result: EngineResult, compiled: Compiled, netw: _Net, offsets: list[fl
         b, mb, direction = compiled.channel_of(x)
         key = TransferKey(d, b, mb, "fwd" if direction == 0 else "bwd")
         ch = b * 2 + direction
-        names = tuple(netw.links[k] for k in netw.exclusive[netw.row_of[d]][ch].links)
-        slots[key] = (s, e)
+        ids = netw.exclusive[netw.row_of[d]][ch].links
+        names = tuple(netw.links[k] for k in ids)
+        slots[key] = (s, s + (e - s) * max([netw.hold[k] for k in ids], default=1.0))  # its hold, as derive_plan
         resources_of[key] = names
         for name in names:
             order.setdefault(name, []).append((s, key))
@@ -356,17 +368,22 @@ def fast_predict(
     keep_plan: bool = False,
     hold: float = 1.0,
     plan_margin: float | None = None,
+    wire: float | None = None,
 ) -> FastPrediction:
     """The planner's prediction of `workload` on `topology` under `variant`, computed
     the fast way (see the module docstring); `keep_plan` also builds Atlas's token
     order (as `TemporalPlan`, for display). `hold` > 1: under temporal sharing a
     transfer holds its links that many times its wire time (a runner that plans each
     transfer longer than calibrated, as `testbed run`'s token margin does; 1 is the
-    planner's model). `plan_margin`: with sharing ``auto``, the plan runs only where
+    planner's model). `wire`: under temporal sharing a transfer's bytes reach its
+    receiver after that many times its wire time (the turns probe's time on the wire,
+    0 < wire <= hold), its links held `hold` times it, as the planner's
+    `NetParams.path_hold_factor` (hold / wire); None: `hold`, the bytes held to the
+    hold's end. `plan_margin`: with sharing ``auto``, the plan runs only where
     sharing is predicted slower by more than this (`plan_wins`, as a calibrated run
     chooses: TEMPORAL_MARGIN); None: `choose_sharing`, as the planner's `predict`."""
     out = _predict(topology, workload, variant, free, gpus_per_host, net, base_dir, placement, effective, keep_plan,
-                   hold, math.inf, plan_margin)
+                   hold, math.inf, plan_margin, wire)
     assert out is not None  # nothing to beat
     return out
 
@@ -383,18 +400,19 @@ def fast_predict_below(
     effective: EffectiveWorkload | None = None,
     hold: float = 1.0,
     plan_margin: float | None = None,
+    wire: float | None = None,
 ) -> FastPrediction | None:
     """`fast_predict`, when its pipeline time (the iteration without the all-reduce) is
     below `beat`; None as soon as it is known not to be (an alternative that only
     matters if it wins: Atlas's stride search then stops every stride at `beat`)."""
     return _predict(topology, workload, variant, free, 1, net, None, placement, effective, False, hold, beat,
-                    plan_margin)
+                    plan_margin, wire)
 
 
 def _predict(topology: Topology, workload: Workload, variant: Variant, free: dict[str, int] | None,
              gpus_per_host: int, net: NetParams | None, base_dir: str | None, placement: Placement | None,
              effective: EffectiveWorkload | None, keep_plan: bool, hold: float, beat: float,
-             plan_margin: float | None = None) -> FastPrediction | None:
+             plan_margin: float | None = None, wire: float | None = None) -> FastPrediction | None:
     net = net or NetParams()
     par = workload.parallelism
     eff = effective or workload.effective(base_dir)
@@ -409,10 +427,16 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
     nbytes = float(eff.wire_activation_bytes)
     if hold < 1:
         raise ValueError(f"hold must be >= 1, got {hold}")
+    wire = hold if wire is None else wire
+    if not 0 < wire <= hold:
+        raise ValueError(f"wire must be above 0 and at most hold ({hold}), got {wire}")
     netw = _network(topology, sched, placement, variant, net, nbytes * 8)
-    if hold != 1.0:
-        netw.exclusive = [[Route(r.seconds * hold, r.latency_s, r.links) if r.links else r for r in row]
+    if wire != 1.0:
+        netw.exclusive = [[Route(r.seconds * wire, r.latency_s, r.links) if r.links else r for r in row]
                           for row in netw.exclusive]
+    if hold != wire:  # the bytes arrive after `wire`, the links are handed on after `hold`
+        netw.hold = [max(h, hold / wire) for h in netw.hold]
+    link_hold = netw.hold if any(h != 1.0 for h in netw.hold) else None
     D = par.dp
     counts = [netw.row_of.count(i) for i in range(len(netw.rows))]
     wan_rows = sorted({row for row, _ in netw.wan_channels})
@@ -454,11 +478,11 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
     def temporal_run(limit: float = math.inf
                      ) -> tuple[float, EngineResult, float, list[tuple[float, float | None]], list[float]] | None:
         """The stride search; None where every stride reaches `limit`."""
-        stub = _stub_spec(sched, D, fwd, bwd, nbytes, netw)
+        stub = _stub_spec(sched, D, fwd, bwd, nbytes, netw, wire)
         candidates = stagger_candidates(stub, set(netw.links))
         last_row = netw.row_of[-1]
         alone = run(compiled, fwd, bwd, [netw.exclusive[last_row]], [0], links=len(netw.links),
-                    exclusive_links=True).makespan
+                    exclusive_links=True, link_hold=link_hold).makespan
         # The skip bound holds when a pipeline has at most one channel on each link
         # direction: its own transfers there then keep their order, and the others only
         # delay them. Otherwise (an order among its own transfers could change) every
@@ -482,7 +506,7 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
             # engine's bounds show it (the margin keeps rounding from stopping a winner)
             cutoff = bar * (1 + 1e-12) if math.isfinite(bar) else math.inf
             res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
-                      exclusive_links=True, record_wan=keep_plan, cutoff=cutoff)
+                      exclusive_links=True, record_wan=keep_plan, cutoff=cutoff, link_hold=link_hold)
             if res.stopped:
                 tried.append((delta, None))
                 continue

@@ -267,3 +267,92 @@ def test_plan_margin_takes_the_plan_only_where_it_wins_clearly() -> None:
     assert taken.sharing == "shared"
     assert taken.iteration_time_s == pytest.approx(fast_predict(topo, wl, replace(auto, sharing="shared")).iteration_time_s)
     assert plan_wins(1.0, 1.06) and not plan_wins(1.0, 1.05) and not plan_wins(1.0, 0.9)
+
+
+def test_compiled_loop_matches_python_loop_with_links_held_past_the_wire() -> None:
+    """`link_hold`: a transfer hands an exclusive link on after that many times its wire
+    time, its bytes arriving as they left; both loops alike, and never earlier than
+    without the holds."""
+    rng = random.Random(7)
+    for schedule, p, m in (("gpipe", 3, 4), ("1f1b", 4, 6)):
+        c = Compiled.of(build_schedule(schedule, p, m))
+        fwd = [rng.uniform(0.005, 0.02) for _ in range(p)]
+        bwd = [2 * x for x in fwd]
+        routes = [[Route(rng.uniform(0.001, 0.03), rng.uniform(0, 0.02), (rng.randrange(2),)) for _ in range(c.channels)]
+                  for _ in range(2)]
+        cls, offsets, hold = [0, 1, 0, 1], [0.0, 0.01, 0.02, 0.03], [2.5, 1.5]
+        a = run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True, link_hold=hold)
+        b = run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True, reference=True,
+                link_hold=hold)
+        assert a.makespan == b.makespan
+        np.testing.assert_array_equal(a.starts, b.starts)
+        assert sorted(a.wan) == sorted(b.wan)
+        plain = run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, record_wan=True)
+        assert a.makespan > plain.makespan and (a.starts >= plain.starts - 1e-12).all()
+        for (_, x, s, e) in a.wan:  # the wire time is the route's; only the next holder waits
+            y = x % 2 + (x // (2 * m)) * 2
+            assert e - s == pytest.approx(routes[0][y].seconds) or e - s == pytest.approx(routes[1][y].seconds)
+    with pytest.raises(Exception, match="one factor >= 1 per link"):
+        run(c, fwd, bwd, routes, cls, offsets, links=2, exclusive_links=True, link_hold=[0.5, 1.0])
+
+
+def test_fast_agrees_with_exact_where_a_plan_holds_links_past_the_wire() -> None:
+    """NetParams.path_hold_factor (the turns probe's hold over its time on the wire, per
+    way: the run's planner's model of a temporal plan, commit b9c43e0): the exact
+    simulator hands a link on after the hold and delivers the bytes after their wire
+    time; the fast engine does the same, on random cases that run a plan (where the
+    holds lengthen the iteration, by up to tens of percent here)."""
+    rng = random.Random(40)
+    errors, lengthened = [], 0
+    while len(errors) < 6:
+        topo, wl, free, net, _ = _random_case(rng)
+        names = [dc.name for dc in topo.dcs]
+        holds = {(a, z): rng.uniform(1.0, 3.0) for a in names for z in names if a != z}
+        net = replace(net, path_hold_factor=holds)
+        v = Variant("atlas", rng.choice([1, 8]), "temporal", "atlas")
+        try:
+            exact = predict(topo, wl, v, free=free, net=net)
+        except PlacementError:
+            continue
+        if exact.sharing != "temporal":  # one pipeline: no plan
+            continue
+        fast = fast_predict(topo, wl, v, free=free, net=net)
+        plain = fast_predict(topo, wl, v, free=free, net=replace(net, path_hold_factor=None))
+        err = abs(fast.iteration_time_s - exact.iteration_time_s) / exact.iteration_time_s
+        assert err < 0.01, (len(errors), exact.iteration_time_s, fast.iteration_time_s)
+        errors.append(err)
+        lengthened += fast.iteration_time_s > plain.iteration_time_s * 1.01
+    assert sum(e < 1e-9 for e in errors) >= 0.8 * len(errors)
+    assert lengthened >= 3
+
+
+def test_wire_moves_the_bytes_at_the_wire_time_and_holds_the_links_for_the_hold() -> None:
+    """`wire` (a calibration's turns probe): under a plan the bytes arrive after `wire`
+    times their modelled wire time, the links are held `hold` times it: the planner's
+    path_hold_factor of hold / wire on rates divided by wire. Without it, the bytes wait
+    for the hold's end, as before; shared links are untouched."""
+    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
+                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
+    wl = parse_workload({
+        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
+        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
+    })
+    temporal = Variant("atlas", "auto", "temporal", "atlas", fill_link=True)
+    net = NetParams(path_hold_factor={("a", "b"): 3.0, ("b", "a"): 3.0})
+    exact = predict(topo, wl, temporal, net=net)
+    fast = fast_predict(topo, wl, temporal, hold=3.0, wire=1.0, keep_plan=True)
+    assert fast.iteration_time_s == pytest.approx(exact.iteration_time_s, rel=1e-9)
+    assert fast_predict(topo, wl, temporal, net=net).iteration_time_s == pytest.approx(fast.iteration_time_s, rel=1e-12)
+    held = fast_predict(topo, wl, temporal, hold=3.0)  # the bytes held to the hold's end
+    assert fast.iteration_time_s < held.iteration_time_s
+    assert held.iteration_time_s == pytest.approx(fast_predict(topo, wl, temporal, hold=3.0, wire=3.0).iteration_time_s)
+    # the plan's slots are the holds (what the runner's senders hold), as derive_plan's
+    assert fast.plan is not None and exact.plan is not None
+    assert sorted(e - s for s, e in fast.plan.slots.values()) == pytest.approx(
+        sorted(e - s for s, e in exact.plan.slots.values()), rel=1e-9)
+    shared = Variant("multi-tcp", 8, "shared", "even")
+    assert fast_predict(topo, wl, shared, hold=3.0, wire=1.0).iteration_time_s == fast_predict(
+        topo, wl, shared).iteration_time_s
+    with pytest.raises(ValueError, match=r"wire must be above 0 and at most hold \(3.0\), got 4"):
+        fast_predict(topo, wl, temporal, hold=3.0, wire=4.0)

@@ -200,7 +200,42 @@ def test_a_run_with_the_turns_probe_carries_its_measured_holds(tmp_path: Path) -
     data = json.loads((folder / "summary.json").read_text())
     data["calibration"] = json.loads(cal.report().model_dump_json())
     (folder / "summary.json").write_text(json.dumps(data))
-    assert load_efficiencies(folder).temporal_hold == pytest.approx(0.075 / 0.040)
+    eff = load_efficiencies(folder)
+    assert eff.temporal_hold == pytest.approx(0.075 / 0.040)
+    # that way's bytes were 70 ms on the wire (95 less the 25 ms delay): they arrive then
+    assert eff.temporal_wire == pytest.approx(0.070 / 0.040)
+    (tmp_path / "plain").mkdir()
+    assert load_efficiencies(_run_folder(tmp_path / "plain")).temporal_wire is None  # no turns probe
+
+
+KEPT = ROOT / "results/prediction-errors/head-1205/runs"
+
+
+@pytest.mark.parametrize("run", ["atlas-2dc", "bubbletea-soak"])
+def test_a_runs_calibration_reproduces_its_temporal_plans_prediction(run: str) -> None:
+    """A kept run whose calibration timed its path as a plan uses it (the turns probe),
+    Atlas on a temporal plan: `testbed whatif --calibration` of the run predicts the run's
+    own setting as the run's planner does now (testbed/report/replan.py, from the same
+    calibration): a planned transfer's bytes arrive after their time on the wire, its
+    link held for the hold. Holding the bytes to the hold's end (before) came out 1.6%
+    slower on both."""
+    from testbed.report.replan import replan_run
+    from testbed_core.planning.network import NetParams
+    from testbed_core.whatif.calibration import run_setting
+    from testbed_core.whatif.evaluate import evaluate
+
+    folder = KEPT / run
+    planned = {r.name: r.setup.prediction for r in replan_run(folder)}["atlas"]
+    assert planned is not None and planned.sharing == "temporal"
+    cal = load_efficiencies(folder)
+    assert cal.temporal_wire is not None and 1.0 < cal.temporal_wire < cal.temporal_hold
+    topo, workload = run_setting(folder)
+    (atlas,) = evaluate(topo, workload, ["atlas"], calibration=cal, net=NetParams(allreduce=False))
+    assert atlas.sharing == "temporal"
+    assert atlas.iteration_s == pytest.approx(planned.iteration_time_s, rel=0.002)
+    (held,) = evaluate(topo, workload, ["atlas"], calibration=cal.model_copy(update={"temporal_wire": None}),
+                       net=NetParams(allreduce=False))
+    assert held.iteration_s > planned.iteration_time_s * 1.01
 
 
 def test_calibration_ratios_from_a_run_folder(tmp_path: Path) -> None:

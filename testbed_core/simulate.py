@@ -14,6 +14,12 @@ per-transfer rate cap (streams x window/RTT). The last byte arrives
   one's time on the wire after the last one began (a planned transfer's token passes
   at the end of its hold), while the last one's bytes arrive as they left.
 
+A resource with ``busy_bps`` (a shaped WAN link direction) also caps each transfer that
+starts while it is busy, another transfer on it or its last one ended less than
+``refill_s`` before (the shaper's token bucket not yet full again), at ``busy_bps`` (the
+link's sustained goodput): only a transfer onto an idle link gets the bucket's burst, as
+the calibration's isolated tensors did.
+
 With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
 has posted its receive and its notice has reached the sender: the notice is a message
 on the receiver's own connection back to the sender (the opposite channel of the same
@@ -91,6 +97,10 @@ class Resource:
     # while its bytes arrive after their time on the wire: the next holder waits, the
     # receiver does not)
     hold_factor: float = 1.0
+    # a transfer that starts while the resource is busy (another on it, or the last one
+    # ended less than `refill_s` before) moves at most at this rate (None: no such cap)
+    busy_bps: float | None = None
+    refill_s: float = 0.0
 
     def capacity(self, users: int) -> float:
         return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
@@ -209,6 +219,7 @@ class _Flow:
     rate: float = 0.0
     notice: bool = False  # rendezvous: the receiver's notice for `key`, not its bytes
     hold: float = 0.0  # no bytes move before this: the channel's window is still full
+    cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
 
     @property
     def ident(self) -> tuple[TransferKey, bool]:
@@ -272,6 +283,7 @@ class _Sim:
         self.net_version = 0
         # per channel: (when its last window is acknowledged, bits of it) of finished transfers
         self.unacked: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+        self.last_end: dict[str, float] = {}  # per resource: when its last transfer's last byte left
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")
@@ -366,6 +378,7 @@ class _Sim:
                     self.progress(t)
                 started = True
                 flow.start = flow.hold = self._window_free(flow, t)
+                flow.cap = self._busy_cap(flow)
                 for name in flow.path.resources:
                     if self._exclusive(name):
                         self.holder[name] = flow.ident
@@ -399,6 +412,23 @@ class _Sim:
             at = ack
         return at
 
+    def _busy_cap(self, flow: _Flow) -> float:
+        """The sustained rate of the busiest link `flow` starts on (`Resource.busy_bps`):
+        one that another transfer is on, or whose last transfer ended less than its
+        `refill_s` before `flow` starts; INF where every link is idle."""
+        if flow.notice:
+            return INF
+        cap = INF
+        for name in flow.path.resources:
+            res = self.spec.resources[name]
+            if res.busy_bps is None:
+                continue
+            busy = self.last_end.get(name, -INF) > flow.start - res.refill_s or any(
+                f is not flow and not f.notice and name in f.path.resources for f in self.active.values())
+            if busy:
+                cap = min(cap, res.busy_bps)
+        return cap
+
     def progress(self, t: float) -> None:
         dt = t - self.net_time
         if dt > 0:
@@ -416,7 +446,7 @@ class _Sim:
             for name in f.path.resources:
                 users[name] = users.get(name, 0) + 1
         caps = {name: res.capacity(users.get(name, 0)) for name, res in self.spec.resources.items()}
-        rates = max_min_rates([(f.path.cap_bps, f.path.resources) for f in flows], caps)
+        rates = max_min_rates([(min(f.path.cap_bps, f.cap), f.path.resources) for f in flows], caps)
         nxt = INF
         for f, rate in zip(flows, rates, strict=True):
             f.rate = rate
@@ -446,6 +476,8 @@ class _Sim:
                     (sent + 2 * f.path.latency_s, last))
             released = t
             for name in f.path.resources:
+                if not f.notice:
+                    self.last_end[name] = t
                 if self.holder.get(name) == f.ident:
                     factor = 1.0 if f.notice else self.spec.resources[name].hold_factor
                     if factor > 1.0:  # handed on after the transfer's hold, not its last byte

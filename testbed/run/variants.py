@@ -309,7 +309,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     paced=scenario.transport.pacing is True,
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes,
-                    path_window_bytes=setup.window_caps or None)
+                    path_window_bytes=setup.window_caps or None,
+                    link_line_bps=None if rate_bps is None else _line_rates(setup, scenario, local))
     return net, calibrated_topology(scenario.topology, link, pair, local)
 
 
@@ -349,8 +350,21 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     paced=scenario.transport.pacing is True,
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None,
-                    path_window_bytes=setup.window_caps or None)
+                    path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local))
     return net, path_topology(scenario.topology, links, local)
+
+
+def _line_rates(setup: VariantSetup, scenario: Scenario, local: bool) -> dict[tuple[str, str], float] | None:
+    """Each WAN link's shaper rate from the scenario's topology, for a calibrated
+    prediction of shared links: tensors queued behind another there move at most at
+    the link's sustained goodput, not at the calibration's rate of isolated tensors,
+    which had the shaper's burst (simulate.Resource.busy_bps). None in local mode (no
+    shaper) and for a temporal plan, whose transfers never start on a busy link (the
+    token passes after a hand-over) and whose rates are its holds (the turns probe, or
+    the alone rate token_margin longer)."""
+    if local or setup.variant.sharing == "temporal":
+        return None
+    return {link.between: link.rate for link in scenario.topology.wan}
 
 
 # ------------------------------------------------------------------ prediction

@@ -123,5 +123,6 @@ def interleave(spec: SimSpec, wan: Mapping[tuple[str, str], WanPath], send_buffe
             res = resources[link]
             if res.crowded_bps is not None and not isinstance(res, Filling):
                 channels = sum(1 for p in spec.paths.values() if link in p.resources)
-                resources[link] = Filling(res.capacity_bps, res.policy, res.order, res.crowded_bps, channels)
+                resources[link] = Filling(res.capacity_bps, res.policy, res.order, res.crowded_bps, res.hold_factor,
+                                          res.busy_bps, res.refill_s, channels)
     return out

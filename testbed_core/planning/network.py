@@ -15,7 +15,10 @@ channel moves, the cap is what each stream delivers of such a tensor through the
 (testbed_core/planning/lossy.py: short stripes, the channel's slowest stripe and the
 repairs of late losses), not a long flow's rate. A
 route between two DCs is the lowest-latency path of WAN links; its bottleneck is the
-slowest of them.
+slowest of them. A shaped link's token bucket lets a transfer onto an idle link through
+faster than one queued behind another: given the links' shaper rates
+(`NetParams.link_line_bps`), a transfer that finds its link busy moves at most at the
+link's sustained TCP goodput (`sustained_bps`, `refill_s`; simulate.Resource.busy_bps).
 """
 
 from __future__ import annotations
@@ -92,6 +95,11 @@ class NetParams:
     # its hold, its bytes arrive as they left; simulate.Resource.hold_factor). None or
     # a path not listed: 1
     path_hold_factor: Mapping[tuple[str, str], float] | None = None
+    # per WAN link (its two DCs, either order), the rate its shaper is set to (the
+    # scenario's topology, not the calibrated one): a transfer that starts while the
+    # link's direction is busy gets no burst from its token bucket and moves at most at
+    # the link's sustained TCP goodput (`sustained_bps`). None or a link not listed: no cap
+    link_line_bps: Mapping[tuple[str, str], float] | None = None
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""
@@ -108,6 +116,10 @@ class NetParams:
     def crowded_for(self, a: str, z: str) -> float | None:
         """The crowded fraction of the link between DCs `a` and `z`, if any."""
         return _either(self.link_crowded_fraction, a, z, self.crowded_fraction)
+
+    def line_rate_for(self, a: str, z: str) -> float | None:
+        """The shaper's rate of the link between DCs `a` and `z`, if given."""
+        return _either(self.link_line_bps, a, z, None)
 
 
 def _either(table: Mapping[tuple[str, str], float] | None, a: str, z: str, default: float | None) -> float | None:
@@ -154,6 +166,25 @@ class WanPath:
                 "one_way_latency_s": self.latency_s, "bottleneck_bps": self.bottleneck_bps,
                 "per_flow_rate_bps": self.flow_rate_bps, "streams": self.streams,
                 "transfer_rate_bps": self.rate_bps}
+
+
+FRAME = 1514  # a full-MTU Ethernet frame (testbed/emulation/shaping.py ETH_FRAME): MSS + headers
+SHAPER_BURST_S = 0.001  # the shaper's token bucket: 1 ms at line rate (shaping.py BURST_TIME_S) ...
+SHAPER_MIN_BURST = 65536 + FRAME  # ... at least one GSO super-packet and a frame (shaping.htb_burst_bytes)
+
+
+def sustained_bps(line_bps: float) -> float:
+    """What a shaped link carries of TCP payload once its token bucket is empty (a
+    transfer queued behind another): its line rate x MSS / frame."""
+    return line_bps * MSS / FRAME
+
+
+def refill_s(line_bps: float) -> float:
+    """How long a shaped link must stay idle for its token bucket (1 ms at line rate,
+    at least a GSO packet and a frame) to fill again: the bucket over the line rate."""
+    if line_bps <= 0 or not math.isfinite(line_bps):
+        return 0.0
+    return max(line_bps / 8 * SHAPER_BURST_S, SHAPER_MIN_BURST) * 8 / line_bps
 
 
 MATHIS_C = 1.22

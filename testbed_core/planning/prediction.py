@@ -28,7 +28,14 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from testbed_core.planning.interleave import interleave
 from testbed_core.planning.lossy import lossy_routes, spread_makespan
-from testbed_core.planning.network import NetParams, WanPath, wan_path, wan_resource
+from testbed_core.planning.network import (
+    NetParams,
+    WanPath,
+    refill_s,
+    sustained_bps,
+    wan_path,
+    wan_resource,
+)
 from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
 from testbed_core.planning.temporal import TemporalPlan, derive_plan
 from testbed_core.schedules import build_schedule
@@ -203,8 +210,11 @@ def build_spec(
                     fraction = net.crowded_for(x, y)
                     crowded = None if fraction is None else rate * fraction
                     before = resources.get(wan_resource(x, y))
+                    line = net.line_rate_for(x, y)
                     resources[wan_resource(x, y)] = Resource(
-                        rate, crowded_bps=crowded, hold_factor=max(hold, before.hold_factor if before else 1.0))
+                        rate, crowded_bps=crowded, hold_factor=max(hold, before.hold_factor if before else 1.0),
+                        busy_bps=None if line is None else sustained_bps(line),
+                        refill_s=0.0 if line is None else refill_s(line))
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits)
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),

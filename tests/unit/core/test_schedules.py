@@ -295,3 +295,30 @@ def test_network_costs_only_add_time(name, p, m, tf, tb, latency, nbytes) -> Non
     # micro-batch 0 goes down the pipeline and back: all compute plus every hop twice
     first_round_trip = p * (tf + tb) + 2 * (p - 1) * (latency + nbytes * 8 / 1e8)
     assert slow.makespan >= first_round_trip * (1 - 1e-9)
+
+
+def _busy_spec(forward_s: float) -> SimSpec:
+    """GPipe, 3 micro-batches over one channel and one shaped link direction: 1 MB
+    tensors, 8 ms at the channel's 1 Gbit/s; the link sustains 0.9 Gbit/s once busy,
+    its bucket refilling in 1 ms."""
+    s = build_schedule("gpipe", 2, 3)
+    paths = {(0, 0, d): NetPath((f"c-{d}", f"l-{d}"), 0.0) for d in ("fwd", "bwd")}
+    res = {**{f"c-{d}": Resource(1e9, "exclusive") for d in ("fwd", "bwd")},
+           **{f"l-{d}": Resource(1e9, busy_bps=0.9e9, refill_s=0.001) for d in ("fwd", "bwd")}}
+    return SimSpec(s, 1, [forward_s, 0.001], [0.001, 0.001], [1_000_000], [1_000_000], paths, res)
+
+
+def test_a_busy_link_moves_the_next_transfer_at_its_sustained_rate() -> None:
+    """Queued behind another (or less than the bucket's refill after it), a transfer
+    gets the link's sustained rate; onto an idle link, the full rate (the burst)."""
+    def wire(forward_s: float) -> list[float]:
+        res = simulate(_busy_spec(forward_s))
+        return [(t := res.transfer(TransferKey(0, 0, m, "fwd"))).end - t.start for m in range(3)]
+
+    assert wire(0.001) == pytest.approx([0.008, 0.008 / 0.9, 0.008 / 0.9])  # handed over back to back
+    assert wire(0.0085) == pytest.approx([0.008, 0.008 / 0.9, 0.008 / 0.9])  # 0.5 ms idle: bucket not full
+    assert wire(0.02) == pytest.approx([0.008] * 3)  # 12 ms idle between them: each gets the burst
+    spec = _busy_spec(0.001)
+    spec.resources = {k: Resource(r.capacity_bps, r.policy) for k, r in spec.resources.items()}
+    assert [t.end - t.start for t in simulate(spec).transfers if t.key.direction == "fwd"] == pytest.approx(
+        [0.008] * 3)  # no busy_bps: every transfer at the channel's rate, as before

@@ -41,6 +41,7 @@ from dataclasses import dataclass
 from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology, bdp_bytes
 from testbed_core.variants import RunVariant
+from testbed_core.workload import Parallelism
 
 RMEM_FRACTION = 0.5  # of the receive buffer advertised as window, as the planner's window model has it (NetParams)
 
@@ -113,13 +114,26 @@ def route_holds(topology: Topology, src: str, dst: str) -> float:
     return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes
 
 
-def window_caps(topology: Topology, placement: Placement, streams: int, tensor_bytes: float) -> dict[tuple[str, str], int]:
+def tensors_at_once(parallelism: Parallelism) -> int:
+    """The most activation or gradient tensors one pipeline's channel may have handed to
+    one direction at once under its schedule: GPipe sends every micro-batch back to back
+    (as does interleaved 1F1B at worst, counted so), 1F1B's first stage at most its
+    warm-up's pp - 1 forwards before its first backward (one at a time after)."""
+    if parallelism.schedule == "1f1b":
+        return max(1, min(parallelism.num_micro_batches, parallelism.pp - 1))
+    return parallelism.num_micro_batches * parallelism.chunks
+
+
+def window_caps(topology: Topology, placement: Placement, streams: int, tensor_bytes: float,
+                at_once: int) -> dict[tuple[str, str], int]:
     """The receive window each stream of a shared multi-stream variant's WAN channels
     advertises at most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) that
-    two or more of its pipelines' channels cross: where their windows together (channels
-    x streams x the window the planner gives a stream, min of the sender's tcp wmem max
-    and RMEM_FRACTION of the receiver's rmem max) exceed what the route holds (`route_holds`),
-    each stream gets its share of that, never less than its stripe of one tensor
+    two or more of its pipelines' channels cross: where what they may have in flight
+    together (channels x the lesser of streams x the window the planner gives a stream,
+    min of the sender's tcp wmem max and RMEM_FRACTION of the receiver's rmem max, and the
+    `at_once` tensors a channel may be handed at once, `tensors_at_once`) exceeds what the
+    route holds (`route_holds`), each stream gets its share of that, never less than its
+    stripe of one tensor
     (`tensor_bytes` / streams: a tensor alone still leaves in one window, as the
     calibration's one-tensor probes time it).
 
@@ -132,7 +146,8 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     share of the path is how parallel streams are tuned by hand (the aggregate window
     about the bandwidth-delay product); Linux's autotuning alone grows each to the
     buffer's maximum. No cap (empty) with one stream, one channel a direction, or where
-    the windows fit."""
+    the windows, or the tensors, fit: a stream has no more in flight than it was given,
+    so a cap there would only slow it (docs/results/fidelity.md, multi-tcp on shared links)."""
     if streams < 2:
         return {}
     channels: dict[tuple[str, str], int] = {}
@@ -144,7 +159,7 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     for (a, z), n in channels.items():
         window = min(topology.tcp_for(a).wmem_max, topology.tcp_for(z).rmem_max * RMEM_FRACTION)
         holds = route_holds(topology, a, z)
-        if n < 2 or n * streams * window <= holds:
+        if n < 2 or n * min(streams * window, at_once * tensor_bytes) <= holds:
             continue
         cap = max(int(holds // (n * streams)), math.ceil(tensor_bytes / streams))
         if cap < window:

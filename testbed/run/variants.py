@@ -42,7 +42,7 @@ from dataclasses import dataclass, field, replace
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError, nominal_link
-from testbed.run.pacing import window_caps
+from testbed.run.pacing import tensors_at_once, window_caps
 from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import Calibration
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
@@ -525,7 +525,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         setup.variant = Variant(definition.name, streams, option, strategy)
         # shared channels colliding past what a path holds: each stream's window capped
         setup.window_caps = {} if option == "temporal" or local else \
-            window_caps(topo, placement, streams, tensor_bytes)
+            window_caps(topo, placement, streams, tensor_bytes, tensors_at_once(workload.parallelism))
         # a planned transfer holds its link token_margin longer than its measured time on
         # the wire, so that one running late does not collide with the next
         hold = 1 + scenario.runner.token_margin if option == "temporal" else 1.0

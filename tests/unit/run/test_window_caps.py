@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from testbed.run.jobs import build_jobs
-from testbed.run.pacing import route_holds, window_caps
+from testbed.run.pacing import route_holds, tensors_at_once, window_caps
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import place_variants, plan_variant
@@ -36,13 +36,13 @@ def test_atlas_3dc_multi_tcp_gets_each_path_s_share_never_below_a_tensor_s_strip
     topo = scenario.topology
     # mid-big: 200 Mbit/s x 50 ms = 1.25 MB and a queue as large; 2 channels x 8 streams
     assert route_holds(topo, "mid", "big") == pytest.approx(2.5e6)
-    caps = window_caps(topo, placement, 8, MIB)
+    caps = window_caps(topo, placement, 8, MIB, 3)
     assert caps[("mid", "big")] == caps[("big", "mid")] == 156_250
     # big-small holds 2 MB: 125 KB a stream would not take a 1 MiB tensor's 128 KiB stripe
     assert caps[("big", "small")] == caps[("small", "big")] == MIB // 8
-    assert window_caps(topo, placement, 1, MIB) == {}  # one stream: 2 x 256 KB fit
+    assert window_caps(topo, placement, 1, MIB, 3) == {}  # one stream: 2 x 256 KB fit
     # a stripe as large as the planner's window (256 KB of a 512 KB buffer): no cap
-    assert window_caps(topo, placement, 8, 4 * MIB) == {}
+    assert window_caps(topo, placement, 8, 4 * MIB, 3) == {}
 
 
 @pytest.mark.parametrize("name", ["atlas-2dc", "quickstart", "dp-2dc", "atlas-4dc", "lossy-4dc", "real-tiny-2dc",
@@ -54,7 +54,28 @@ def test_the_other_shipped_scenarios_are_not_capped(name: str) -> None:
         placement = place_variants(scenario, [RunVariant(get_variant(variant))])[variant]
         if isinstance(placement, Exception):
             continue
-        assert window_caps(scenario.topology, placement, 8, tensor) == {}, (name, variant)
+        assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(scenario.workload.parallelism)) == {}, \
+            (name, variant)
+
+
+def test_tensors_that_fit_the_path_are_not_capped() -> None:
+    """A stream has no more in flight than it was handed: the paper sweep's 0.26 MB
+    tensors (sequences of 512), three at once under 1F1B on 2 channels, fit big-small's
+    2 MB, so its shared variants keep their windows; GPipe's 16 back to back do not."""
+    paper = {"topology.wan.0.delay": "100ms", "topology.wan.0.rate": "1Gbit", "topology.wan.2.delay": "65ms",
+             "workload.model.seq_len": 512}
+    scenario, _ = load_scenario(ROOT / "scenarios" / "atlas-3dc.yaml", paper)
+    placement = place_variants(scenario, [RunVariant(get_variant("multi-tcp"))])["multi-tcp"]
+    par = scenario.workload.parallelism
+    tensor = scenario.workload.effective(None).wire_activation_bytes
+    assert (par.schedule, par.pp, tensor) == ("1f1b", 4, 262_144)
+    assert tensors_at_once(par) == 3
+    assert window_caps(scenario.topology, placement, 8, tensor, 3) == {}
+    gpipe = par.model_copy(update={"schedule": "gpipe"})
+    assert tensors_at_once(gpipe) == par.num_micro_batches
+    assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(gpipe))[("big", "small")] == 125_000
+    setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
+    assert setup.window_caps == {}
 
 
 def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_cap(tmp_path: Path) -> None:

@@ -248,13 +248,7 @@ def test_plan_margin_takes_the_plan_only_where_it_wins_clearly() -> None:
     """With `plan_margin` (a calibrated run's TEMPORAL_MARGIN) Atlas's ``auto`` runs the
     plan only where sharing is predicted slower by more than the margin, as the run's
     `_choose_configuration` does; without it, `choose_sharing` as the planner's `predict`."""
-    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
-                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],
-                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
-    wl = parse_workload({
-        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
-        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
-    })
+    topo, wl = _two_dcs()
     auto = Variant("atlas", "auto", "auto", "atlas", fill_link=True)
     plain = fast_predict(topo, wl, auto)
     assert plain.sharing_alternatives is not None
@@ -331,13 +325,7 @@ def test_wire_moves_the_bytes_at_the_wire_time_and_holds_the_links_for_the_hold(
     times their modelled wire time, the links are held `hold` times it: the planner's
     path_hold_factor of hold / wire on rates divided by wire. Without it, the bytes wait
     for the hold's end, as before; shared links are untouched."""
-    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
-                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],
-                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
-    wl = parse_workload({
-        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
-        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
-    })
+    topo, wl = _two_dcs()
     temporal = Variant("atlas", "auto", "temporal", "atlas", fill_link=True)
     net = NetParams(path_hold_factor={("a", "b"): 3.0, ("b", "a"): 3.0})
     exact = predict(topo, wl, temporal, net=net)
@@ -356,3 +344,15 @@ def test_wire_moves_the_bytes_at_the_wire_time_and_holds_the_links_for_the_hold(
         topo, wl, shared).iteration_time_s
     with pytest.raises(ValueError, match=r"wire must be above 0 and at most hold \(3.0\), got 4"):
         fast_predict(topo, wl, temporal, hold=3.0, wire=4.0)
+
+
+def _two_dcs():
+    """Two DCs over one 1 Gbit/s, 25 ms link with 8 MB buffers, and a 2 x 2 1F1B workload."""
+    topo = parse_topology({"name": "two", "tcp": {"rmem_max": "8MB", "wmem_max": "8MB"},
+                           "dcs": [{"name": "a", "gpus": 2}, {"name": "b", "gpus": 2}],
+                           "wan": [{"between": ["a", "b"], "rate": "1Gbit", "delay": "25ms"}]})
+    wl = parse_workload({
+        "name": "w", "model": {"layers": 4, "hidden": 2048, "heads": 8, "seq_len": 1024, "vocab": 1000},
+        "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
+    })
+    return topo, wl

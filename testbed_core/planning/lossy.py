@@ -34,7 +34,8 @@ the measured ones (at 0.1% loss a channel meets a few losses an iteration, so a 
 run's windows stay above the steady state). Those times are random, and a pipeline
 waits for its slow transfers: the planner simulates the iteration with each lossy
 channel's tensors taking the model's times in turn and keeps the mean
-(`spread_makespan`); `run_interval` says how far one run's mean may fall from it by
+(`spread_makespan`; a run's channels at the same iteration of their run, since their
+windows come down from slow start together); `run_interval` says how far one run's mean may fall from it by
 chance. Random draws come from a seeded generator: the same inputs give the same
 figure. Nothing here is fitted to a run.
 """
@@ -368,14 +369,17 @@ SPREAD_RUNS = 32
 @lru_cache(maxsize=1024)
 def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
                     bottleneck_bps: float, idle_restart: bool = False, history: tuple[int, ...] | None = None,
-                    block: int = 1, paced: bool = False) -> tuple[tuple[float, ...], int]:
+                    block: int = 1, paced: bool = False) -> tuple[tuple[float, ...], int, int]:
     """The spread of a lossy channel's tensors around the mean the planner's rate gives
     them: each transfer's service time (its time less the one-way latency, rtt_s / 2)
     over their mean, in the order they ran on the channel's connections (windows carried
     from one to the next), with the `block` they come in: a long-lived connection's
     steady state (`transfer_times`), any one after another (block 1); with `history`,
     the measured transfers of the run's replicas (`run_times`) one after another, in
-    blocks of `block` (an iteration's tensors on the channel)."""
+    blocks of `block` (an iteration's tensors on the channel). The third element is the
+    length of one replica's run (`run_times`' measured transfers; 0 for the steady
+    state, where every block is alike)."""
+    per_run = 0
     if history is None or history[1] <= 0:
         times = transfer_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart=idle_restart,
                                paced=paced)
@@ -385,27 +389,53 @@ def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, wind
                          idle_restart, paced, _warm(history))
         times = [t for run in runs for t in run]
         block = max(1, block) if history[1] % max(1, block) == 0 else 1
+        per_run = history[1]
     service = [max(1e-9, t - rtt_s / 2) for t in times]
     mean = sum(service) / len(service)
-    return tuple(x / mean for x in service), block
+    return tuple(x / mean for x in service), block, per_run
 
 
-def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple[float, ...], int]],
+Factors = tuple[tuple[float, ...], int] | tuple[tuple[float, ...], int, int]
+"""A lossy route's `service_factors`: the factors, their block and (optionally) one
+replica's run length."""
+
+
+def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k: int) -> dict:
+    """Where each channel takes the `k`-th simulation's block of its factors. Channels
+    whose factors are runs of a run's replicas (a third element: a replica's length)
+    take the same iteration of the run, cycled over the simulations, each from its own
+    random replica: a run's channels were opened together, so their windows come down
+    from slow start together (the first iterations fast on every channel, the later
+    ones slow), while their losses are independent. Others: a random block each."""
+    out = {}
+    for key, v in chans.items():
+        f, block = v[0], v[1]
+        per_run = v[2] if len(v) > 2 else 0
+        if per_run and per_run % block == 0 and len(f) % per_run == 0:
+            out[key] = per_run * rng.randrange(len(f) // per_run) + block * (k % (per_run // block))
+        else:
+            out[key] = block * rng.randrange(max(1, len(f) // block))
+    return out
+
+
+def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
                     run: Callable[[SimSpec], SimResult], runs: int = SPREAD_RUNS, seed: int = SEED) -> float:
     """The mean iteration (makespan) over `runs` simulations of `spec` in which every
     channel whose WAN route (its path's link resources, `factors`' keys) is lossy takes
     each tensor in the time the rate gives it times the next of its route's
     `service_factors`, from a seeded random block of them (channels lose packets
-    independently). Random times on a pipeline's dependent transfers make it wait for
-    the slowest more often than the mean time says: the mean iteration is longer than the
-    iteration of mean transfers."""
+    independently; where the factors are a run's replicas, every channel takes the same
+    iteration of its replica, as `run_interval` does, the iterations in turn: `_starts`).
+    Random times on a pipeline's dependent transfers make it wait for the slowest more
+    often than the mean time says: the mean iteration is longer than the iteration of
+    mean transfers."""
     chans = {key: factors[path.resources[1:]] for key, path in spec.paths.items() if path.resources[1:] in factors}
     if not chans:
         return run(spec).makespan
     rng = random.Random(seed)
     total = 0.0
-    for _ in range(runs):
-        start = {key: block * rng.randrange(max(1, len(f) // block)) for key, (f, block) in chans.items()}
+    for k in range(runs):
+        start = _starts(chans, rng, k)
 
         def scale(key: TransferKey, start: dict = start) -> float:
             ch = (key.pipeline, key.boundary, key.direction)
@@ -418,7 +448,7 @@ def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple
     return total / runs
 
 
-def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple[float, ...], int]],
+def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
                  run: Callable[[SimSpec], SimResult], iterations: int, runs: int = 200,
                  seed: int = SEED) -> tuple[float, float]:
     """The 5th and 95th percentiles of a run's mean iteration over `iterations`
@@ -444,8 +474,8 @@ def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], tuple[tuple[fl
 
     means = []
     for _ in range(runs):
-        first = {key: block * iterations * rng.randrange(max(1, len(f) // (block * iterations)))
-                 for key, (f, block) in chans.items()}  # a replica's run from its start
+        first = {key: v[1] * iterations * rng.randrange(max(1, len(v[0]) // (v[1] * iterations)))
+                 for key, v in chans.items()}  # a replica's run from its start
         means.append(sum(one({k: (v + i * chans[k][1]) % max(1, len(chans[k][0])) for k, v in first.items()})
                          for i in range(iterations)) / iterations)
     means.sort()
@@ -459,7 +489,7 @@ def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
 
 def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
                  history: tuple[int, ...] | None = None, per_iteration: int = 1,
-                 paced: bool = False) -> dict[tuple[str, ...], tuple[tuple[float, ...], int]]:
+                 paced: bool = False) -> dict[tuple[str, ...], Factors]:
     """The `service_factors` of every lossy route among `paths` (by its link resources),
     for tensors of `nbytes` at the route's streams and windows; `history` and
     `per_iteration` (tensors a channel carries an iteration) as `service_factors` takes them."""

@@ -244,8 +244,8 @@ def test_the_spread_lengthens_a_pipeline_that_waits_on_it() -> None:
                    resources={"chan:f": Resource(8e7, "exclusive"), "chan:b": Resource(8e7, "exclusive"),
                               "wan:a->b": Resource(1e9), "wan:b->a": Resource(1e9)})
     flat = simulate(spec).makespan
-    factors, block = service_factors(838_861, 1, 0.05, 0.001, 524_288, 1e9)
-    assert block == 1 and sum(factors) / len(factors) == pytest.approx(1.0)
+    factors, block, per_run = service_factors(838_861, 1, 0.05, 0.001, 524_288, 1e9)
+    assert block == 1 and per_run == 0 and sum(factors) / len(factors) == pytest.approx(1.0)
     # only the forward channel's route is lossy: its tensors take the spread, the mean kept
     spread = spread_makespan(spec, {link: (factors, block)}, simulate)
     assert spread > flat
@@ -254,6 +254,35 @@ def test_the_spread_lengthens_a_pipeline_that_waits_on_it() -> None:
     assert spread_makespan(spec, {}, simulate) == flat
     # every factor 1: the same iteration as without
     assert spread_makespan(spec, {link: ((1.0,), 1)}, simulate, runs=3) == pytest.approx(flat)
+
+
+def test_a_runs_channels_come_down_from_slow_start_together() -> None:
+    # two lossy channels (forward a->b, backward b->a) whose replicas run a fast
+    # iteration (fresh windows) then a slow one: each simulation takes the same
+    # iteration on both, so the mean iteration is the mean of the all-fast and the
+    # all-slow iterations, never a fast forward with a slow backward
+    from testbed_core.schedules import build_schedule
+    from testbed_core.simulate import Path as SimPath
+    from testbed_core.simulate import Resource, SimSpec, simulate
+
+    spec = SimSpec(build_schedule("1f1b", 2, 8), 1, [0.01, 0.01], [0.02, 0.02], [838_861.0], [838_861.0],
+                   paths={(0, 0, "fwd"): SimPath(("chan:f", "wan:a->b"), 0.025),
+                          (0, 0, "bwd"): SimPath(("chan:b", "wan:b->a"), 0.025)},
+                   resources={"chan:f": Resource(1e7, "exclusive"), "chan:b": Resource(1e7, "exclusive"),
+                              "wan:a->b": Resource(1e9), "wan:b->a": Resource(1e9)})
+    run = (0.4,) * 8 + (1.6,) * 8  # one replica: two iterations of 8 tensors
+    fwd = (run * 5, 8, 16)
+    bwd = (run * 7, 8, 16)
+    spread = spread_makespan(spec, {("wan:a->b",): fwd, ("wan:b->a",): bwd}, simulate)
+
+    def flat(f: float) -> float:
+        return spread_makespan(spec, {("wan:a->b",): ((f,), 1), ("wan:b->a",): ((f,), 1)}, simulate, runs=1)
+
+    assert spread == pytest.approx((flat(0.4) + flat(1.6)) / 2)
+    # without the replica's length (a steady state's factors) the blocks are drawn each
+    # on its own: fast and slow iterations mixed
+    mixed = spread_makespan(spec, {("wan:a->b",): fwd[:2], ("wan:b->a",): bwd[:2]}, simulate)
+    assert mixed != pytest.approx(spread)
 
 
 def test_one_short_runs_mean_may_fall_far_from_the_expected_iteration() -> None:

@@ -630,14 +630,14 @@ def lossy_note(pred: Prediction, scenario: Scenario,
                workload: Workload) -> tuple[str, tuple[float, float] | None]:
     """What the prediction of a run over lossy links is, and where one run's mean may
     fall by chance (testbed_core/planning/lossy.py `chance_interval`), with that interval."""
-    from testbed.run.variants import lossy_history
+    from testbed.run.variants import lossy_history, lossy_paced
     from testbed_core.planning.lossy import chance_interval
 
     note = (", held on lossy paths to the short-transfer loss model (testbed_core/planning/lossy.py: the run's "
             "fresh connections, the iteration averaged over the spread of their transfer times)")
     band = chance_interval(pred, scenario.topology, workload.iterations,
                            lossy_history(scenario, not pred.variant.rendezvous),
-                           scenario.transport.pacing is True, scenario.runner.slow_start_after_idle)
+                           lossy_paced(scenario, pred.variant.rendezvous), scenario.runner.slow_start_after_idle)
     if band is not None:
         note += (f"; one run's mean over {workload.iterations} iteration(s) falls by chance between "
                  f"{band[0]:.3f} and {band[1]:.3f} s (5th-95th percentile)")

@@ -285,6 +285,15 @@ def lossy_history(scenario: Scenario, warmed: bool = True) -> tuple[int, int, in
     return w.warmup * per_iteration, w.iterations * per_iteration, warm
 
 
+def lossy_paced(scenario: Scenario, rendezvous: bool = False) -> bool:
+    """Whether a variant's WAN streams leave paced, as the loss model times them
+    (testbed_core/planning/lossy.py `paced`): ``transport.pacing`` on and the variant's
+    channels atlas_transport's, which ask for Linux's internal pacing
+    (SO_MAX_PACING_RATE); gloo's sockets (`rendezvous`, the torch-gloo variant) ask
+    for none, and without sch_fq Linux paces only the sockets that ask."""
+    return scenario.transport.pacing is True and not rendezvous
+
+
 def _allreduce_on(scenario: Scenario) -> bool:
     return scenario.workload.parallelism.dp > 1 and (
         scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
@@ -306,7 +315,7 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
-                    paced=scenario.transport.pacing is True,
+                    paced=lossy_paced(scenario, setup.variant.rendezvous),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes,
                     path_window_bytes=setup.window_caps or None,
@@ -347,7 +356,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
-                    paced=scenario.transport.pacing is True,
+                    paced=lossy_paced(scenario, setup.variant.rendezvous),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None,
                     path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local))

@@ -325,3 +325,27 @@ def test_the_shipped_lossy_scenario_says_where_one_run_may_fall() -> None:
     # a topology without loss: no interval
     clean = sc.topology.model_copy(update={"wan": [w.model_copy(update={"loss": 0.0}) for w in sc.topology.wan]})
     assert chance_interval(pred, clean, 8) is None
+
+
+def test_gloo_streams_are_timed_unpaced_on_a_paced_run() -> None:
+    # transport.pacing paces atlas_transport's streams (SO_MAX_PACING_RATE); gloo's
+    # sockets ask for no pacing, so the loss model times torch-gloo's tensors unpaced
+    from pathlib import Path
+
+    from testbed.run.scenario import load_scenario
+    from testbed.run.variants import lossy_paced, plan_variant
+
+    root = Path(__file__).resolve().parents[3]
+    sc, _ = load_scenario(root / "scenarios" / "lossy-4dc.yaml")
+
+    def pacing(on: bool):  # noqa: ANN202
+        return sc.model_copy(update={"transport": sc.transport.model_copy(update={"pacing": on})})
+
+    paced, unpaced = pacing(True), pacing(False)
+    assert lossy_paced(paced) and not lossy_paced(paced, rendezvous=True) and not lossy_paced(unpaced)
+
+    def iteration(name: str, scenario) -> float:  # noqa: ANN001
+        return plan_variant(name, scenario, scenario.workload, scenario.workload_dir, None, None).prediction.iteration_time_s
+
+    assert iteration("torch-gloo", paced) == iteration("torch-gloo", unpaced)
+    assert iteration("baseline", paced) != iteration("baseline", unpaced)

@@ -31,6 +31,7 @@ from testbed_core.configfile import (
 )
 from testbed_core.constants import TOPOLOGIES_DIR
 from testbed_core.servers import ServerPlan
+from testbed_core.shaper import ETH_FRAME
 from testbed_core.units import (
     UnitError,
     format_rate,
@@ -51,7 +52,7 @@ MAX_DELAY_S = 10.0  # one way; geostationary satellite paths are ~0.3 s, netem s
 MAX_CHANGE_AT_S = 86_400.0  # a link change at most a day into the run
 MAX_CHANGES = 10_000  # rate/delay steps of one link (each is a tc or delay-line command)
 MAX_DOWN_S = 3_600.0  # a link taken down on purpose stays down at most an hour (a fault, not a topology)
-QUEUE_MIN_BYTES = 1514  # one full Ethernet frame (testbed/emulation/shaping.py ETH_FRAME)
+QUEUE_MIN_BYTES = ETH_FRAME  # one full Ethernet frame
 QUEUE_MAX_BYTES = 2**31 - 1  # bfifo's limit is a signed 32-bit byte count
 MAX_IN_FLIGHT_BYTES = 256 * 2**20  # the delay line's queue (its --max-queue default): rate x (delay + jitter)
 TCP_BUFFER_MIN = 4096  # the hosts' tcp_rmem/tcp_wmem minimum (testbed/emulation/nodes.py)

@@ -24,6 +24,8 @@ from pyroute2.netlink.exceptions import NetlinkError
 from pyroute2.netlink.rtnl.tcmsg import plugins as _tc_plugins
 from pyroute2.netlink.rtnl.tcmsg import sched_pfifo
 
+from testbed_core.shaper import ETH_FRAME, GSO_MAX, burst_bytes
+
 if TYPE_CHECKING:
     from pyroute2 import IPRoute
 
@@ -36,9 +38,6 @@ ROOT_HANDLE = 0x10000  # 1:
 CLASS_HANDLE = 0x10001  # 1:1
 LEAF_HANDLE = 0x100000  # 10:
 
-ETH_FRAME = 1514  # bytes of a full-MTU Ethernet frame (1500 + 14)
-GSO_MAX = 65536  # largest GSO super-packet on veth by default
-BURST_TIME_S = 0.001  # HTB bucket: 1 ms of line rate (tc's rate/HZ), at least one GSO packet
 QUEUE_FLOOR_BYTES = 2 * GSO_MAX + 4 * ETH_FRAME  # never below two GSO packets and a few MTUs
 NETEM_SMALL_PACKET = 512  # netem limit counts packets: assume small ones while in flight
 NETEM_MIN_LIMIT = 1000  # netem's own default
@@ -132,8 +131,7 @@ def queue_bytes_for(rate_bps: float, rtt_s: float, floor_bytes: int = QUEUE_FLOO
 def htb_burst_bytes(rate_bps: float) -> int:
     """Token bucket depth: 1 ms at line rate (so 10 Gbit/s does not starve on timer
     granularity) and at least one GSO super-packet plus one frame."""
-    rate = _check_rate("htb_burst_bytes", rate_bps)
-    return max(int(math.ceil(rate * BURST_TIME_S)), GSO_MAX + ETH_FRAME)
+    return int(math.ceil(burst_bytes(_check_rate("htb_burst_bytes", rate_bps) * 8)))
 
 
 def _htb_class_params(rate_bps: float) -> dict[str, int]:

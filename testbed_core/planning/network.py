@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from testbed_core.planning.lossy import lossy_flow_rate, route_loss
+from testbed_core.shaper import ETH_FRAME, burst_bytes
 from testbed_core.topology import Topology, shortest_path
 
 MSS = 1448
@@ -168,15 +169,10 @@ class WanPath:
                 "transfer_rate_bps": self.rate_bps}
 
 
-FRAME = 1514  # a full-MTU Ethernet frame (testbed/emulation/shaping.py ETH_FRAME): MSS + headers
-SHAPER_BURST_S = 0.001  # the shaper's token bucket: 1 ms at line rate (shaping.py BURST_TIME_S) ...
-SHAPER_MIN_BURST = 65536 + FRAME  # ... at least one GSO super-packet and a frame (shaping.htb_burst_bytes)
-
-
 def sustained_bps(line_bps: float) -> float:
     """What a shaped link carries of TCP payload once its token bucket is empty (a
     transfer queued behind another): its line rate x MSS / frame."""
-    return line_bps * MSS / FRAME
+    return line_bps * MSS / ETH_FRAME
 
 
 def refill_s(line_bps: float) -> float:
@@ -184,7 +180,7 @@ def refill_s(line_bps: float) -> float:
     at least a GSO packet and a frame) to fill again: the bucket over the line rate."""
     if line_bps <= 0 or not math.isfinite(line_bps):
         return 0.0
-    return max(line_bps / 8 * SHAPER_BURST_S, SHAPER_MIN_BURST) * 8 / line_bps
+    return burst_bytes(line_bps) * 8 / line_bps
 
 
 MATHIS_C = 1.22

@@ -80,6 +80,7 @@ from testbed_core.program.transport import (
     PatternCost,
     TransportCalibration,
 )
+from testbed_core.shaper import burst_bytes
 from testbed_core.topology import Topology
 
 MSS = 1448
@@ -87,8 +88,6 @@ INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window (RFC 6928)
 LAN_STREAMS_RTT_S = 0.002  # atlas: 1 stream under this RTT, else WAN_STREAMS (atlas_transport/torch/options.py)
 WAN_STREAMS = 8
 RING_MIN_BYTES = 256 << 10  # atlas: all_reduce by ring from this size (atlas_transport/torch/collectives.py)
-BURST_TIME_S = 0.001  # the emulated links' HTB bucket: 1 ms at line rate (testbed/emulation/shaping.py)
-GSO_MAX, ETH_FRAME = 65536, 1514
 WINDOW_LIMITED = 0.8  # a path moving less than this share of its link's goodput is window-limited
 BLOCKED_S = 1e-3
 EXTRA_RTTS_MIN, EXTRA_RTTS_MAX = -0.5, 8.0  # bounds of the fitted round trips per transfer (fit_extra_rtts)
@@ -351,7 +350,7 @@ def _restart(cwnd: float, idle: float, rto: float) -> float:
 def link_burst_bytes(link_Bps: float) -> float:
     """The emulated link's token bucket (testbed/emulation/shaping.py's HTB burst: 1 ms at
     line rate, at least a GSO packet and a frame): an idle link passes this much at once."""
-    return max(link_Bps / LINK_GOODPUT * BURST_TIME_S, GSO_MAX + ETH_FRAME)
+    return burst_bytes(link_Bps * 8 / LINK_GOODPUT)
 
 
 def _serialization(nbytes: float, streams: int, path: _Path, cwnd: float, paced: bool = False,

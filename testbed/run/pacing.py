@@ -38,12 +38,11 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed_core.planning.network import stream_window
 from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
-
-RMEM_FRACTION = 0.5  # of the receive buffer advertised as window, as the planner's window model has it (NetParams)
 
 AUTO_STREAMS_MAX = 16
 """The most streams ``transport.streams: auto`` may choose (runner.AUTO_CANDIDATES' largest)."""
@@ -130,11 +129,9 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     advertises at most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) that
     two or more of its pipelines' channels cross: where what they may have in flight
     together (channels x the lesser of streams x the window the planner gives a stream,
-    min of the sender's tcp wmem max and RMEM_FRACTION of the receiver's rmem max, and the
-    `at_once` tensors a channel may be handed at once, `tensors_at_once`) exceeds what the
-    route holds (`route_holds`), each stream gets its share of that, never less than its
-    stripe of one tensor
-    (`tensor_bytes` / streams: a tensor alone still leaves in one window, as the
+    `network.stream_window`, and the `at_once` tensors a channel may be handed at once,
+    `tensors_at_once`) exceeds what the route holds (`route_holds`), each stream gets
+    its share of that, never less than its stripe of one tensor (`tensor_bytes` / streams: a tensor alone still leaves in one window, as the
     calibration's one-tensor probes time it).
 
     Why (issue 40): several tensors handed to colliding channels at once, or a channel
@@ -157,7 +154,7 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
             channels[way] = channels.get(way, 0) + 1
     caps: dict[tuple[str, str], int] = {}
     for (a, z), n in channels.items():
-        window = min(topology.tcp_for(a).wmem_max, topology.tcp_for(z).rmem_max * RMEM_FRACTION)
+        window = stream_window(topology, a, z)
         holds = route_holds(topology, a, z)
         if n < 2 or n * min(streams * window, at_once * tensor_bytes) <= holds:
             continue

@@ -35,11 +35,20 @@ from testbed_core.topology import Topology, shortest_path
 MSS = 1448
 
 
+RMEM_FRACTION = 0.5  # share of tcp_rmem a receiver advertises as window (Linux tcp_adv_win_scale=1)
+
+
+def stream_window(topology: Topology, src: str, dst: str, rmem_fraction: float = RMEM_FRACTION) -> float:
+    """The window one TCP stream from DC `src` to `dst` opens to: the lesser of the
+    sender's tcp wmem max and `rmem_fraction` of the receiver's tcp rmem max."""
+    return min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * rmem_fraction)
+
+
 @dataclass(frozen=True)
 class NetParams:
     """Knobs of the network model (all visible in the output)."""
 
-    rmem_fraction: float = 0.5  # share of tcp_rmem advertised as window (Linux tcp_adv_win_scale=1)
+    rmem_fraction: float = RMEM_FRACTION  # share of tcp_rmem advertised as window
     flow_rate_bps: float | None = None  # a measured single-flow rate; overrides the window model
     lan_latency_s: float = 0.0
     max_streams: int = 64
@@ -217,7 +226,7 @@ def wan_path(
     rtt = 2 * latency
     bottleneck = min(link.rate for link in links)
     measured = net.flow_rate_for(src, dst)
-    window = min(topology.tcp_for(src).wmem_max, topology.tcp_for(dst).rmem_max * net.rmem_fraction)
+    window = stream_window(topology, src, dst, net.rmem_fraction)
     window = min(window, (net.path_window_bytes or {}).get((src, dst), window))
     flow = unlossy = measured if measured is not None else window * 8 / rtt if rtt > 0 else math.inf
     # the loss bound holds for a measured rate too: the calibration times a few tensors on

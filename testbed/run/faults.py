@@ -217,13 +217,16 @@ def resume_after_outage(head_s: float, up_s: float, rtt_s: float, srtt_s: float 
     timeout, ``rto_s(srtt)``, doubling at each retry, at most RTO_MAX_S apart), and the
     first at or after `up_s` is delivered. `srtt_s`: the stream's smoothed RTT (default
     the path's `rtt_s`)."""
-    srtt = rtt_s if srtt_s is None else srtt_s
-    t = head_s + pto_s(srtt)
-    step = rto_s(srtt)
+    return _first_retry(head_s, up_s, rtt_s if srtt_s is None else srtt_s)[0]
+
+
+def _first_retry(head_s: float, up_s: float, srtt_s: float) -> tuple[float, int]:
+    """When the first retry at or after `up_s` leaves (`resume_after_outage`), and which
+    it is: the tail-loss probe 0, then each retransmission timeout."""
+    t, step, k = head_s + pto_s(srtt_s), rto_s(srtt_s), 0
     while t < up_s:
-        t += step
-        step = min(2 * step, RTO_MAX_S)
-    return t
+        t, step, k = t + step, min(2 * step, RTO_MAX_S), k + 1
+    return t, k
 
 
 def slow_start_extra_s(window_bytes: float, rtt_s: float) -> float:
@@ -309,8 +312,8 @@ def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, f
                 else [stopped]
             ks = set()
             for head in heads:
-                stall = resume_after_outage(head, up, rtt, srtt) + slow_start_extra_s(window, rtt) - stopped
-                k = _retries(head, up, srtt)
+                resume, k = _first_retry(head, up, srtt)
+                stall = resume + slow_start_extra_s(window, rtt) - stopped
                 ks.add(k)
                 if stall > worst:  # the queue empty again: slow start at the path's RTT
                     worst, worst_k = stall, k
@@ -328,14 +331,6 @@ def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, f
         text += ("; the link comes back while some streams retry: the same outage costs one back-off more or "
                  "less by chance (time it between retries to predict it)")
     return FaultForecast(n, it, stall, text + ")")
-
-
-def _retries(head_s: float, up_s: float, srtt_s: float) -> int:
-    """Which retry (the probe 0, then each retransmission timeout) first reaches the link after `up_s`."""
-    t, step, k = head_s + pto_s(srtt_s), rto_s(srtt_s), 0
-    while t < up_s:
-        t, step, k = t + step, min(2 * step, RTO_MAX_S), k + 1
-    return k
 
 
 def with_forecasts(healthy_s: float, forecasts: Sequence[FaultForecast], warmup: int, iterations: int) -> float:

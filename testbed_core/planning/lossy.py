@@ -395,9 +395,9 @@ def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, wind
     return tuple(x / mean for x in service), block, per_run
 
 
-Factors = tuple[tuple[float, ...], int] | tuple[tuple[float, ...], int, int]
-"""A lossy route's `service_factors`: the factors, their block and (optionally) one
-replica's run length."""
+Factors = tuple[tuple[float, ...], int, int]
+"""A lossy route's `service_factors`: the factors, their block and one replica's run
+length (0: a steady state's, every block alike)."""
 
 
 def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k: int) -> dict:
@@ -406,11 +406,10 @@ def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k
     take the same iteration of the run, cycled over the simulations, each from its own
     random replica: a run's channels were opened together, so their windows come down
     from slow start together (the first iterations fast on every channel, the later
-    ones slow), while their losses are independent. Others: a random block each."""
+    ones slow), while their losses are independent. Others (run length 0): a random
+    block each."""
     out = {}
-    for key, v in chans.items():
-        f, block = v[0], v[1]
-        per_run = v[2] if len(v) > 2 else 0
+    for key, (f, block, per_run) in chans.items():
         if per_run and per_run % block == 0 and len(f) % per_run == 0:
             out[key] = per_run * rng.randrange(len(f) // per_run) + block * (k % (per_run // block))
         else:
@@ -435,17 +434,21 @@ def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
     rng = random.Random(seed)
     total = 0.0
     for k in range(runs):
-        start = _starts(chans, rng, k)
-
-        def scale(key: TransferKey, start: dict = start) -> float:
-            ch = (key.pipeline, key.boundary, key.direction)
-            if ch not in chans:
-                return 1.0
-            f = chans[ch][0]
-            return f[(start[ch] + key.mb) % len(f)]
-
-        total += run(replace(spec, transfer_scale=scale)).makespan
+        total += run(_scaled(spec, chans, _starts(chans, rng, k))).makespan
     return total / runs
+
+
+def _scaled(spec: SimSpec, chans: Mapping[tuple[int, int, str], Factors], start: Mapping) -> SimSpec:
+    """`spec` with each lossy channel's tensors taking its factors from `start` on (a
+    micro-batch's tensor the next factor), the others as the rate gives them."""
+    def scale(key: TransferKey) -> float:
+        ch = (key.pipeline, key.boundary, key.direction)
+        if ch not in chans:
+            return 1.0
+        f = chans[ch][0]
+        return f[(start[ch] + key.mb) % len(f)]
+
+    return replace(spec, transfer_scale=scale)
 
 
 def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
@@ -466,10 +469,7 @@ def run_interval(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
     def one(start: dict) -> float:
         key = tuple(sorted(start.items()))
         if key not in memo:
-            def scale(k: TransferKey) -> float:
-                ch = (k.pipeline, k.boundary, k.direction)
-                return chans[ch][0][(start[ch] + k.mb) % len(chans[ch][0])] if ch in chans else 1.0
-            memo[key] = run(replace(spec, transfer_scale=scale)).makespan
+            memo[key] = run(_scaled(spec, chans, start)).makespan
         return memo[key]
 
     means = []

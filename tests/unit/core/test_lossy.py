@@ -247,13 +247,13 @@ def test_the_spread_lengthens_a_pipeline_that_waits_on_it() -> None:
     factors, block, per_run = service_factors(838_861, 1, 0.05, 0.001, 524_288, 1e9)
     assert block == 1 and per_run == 0 and sum(factors) / len(factors) == pytest.approx(1.0)
     # only the forward channel's route is lossy: its tensors take the spread, the mean kept
-    spread = spread_makespan(spec, {link: (factors, block)}, simulate)
+    spread = spread_makespan(spec, {link: (factors, block, per_run)}, simulate)
     assert spread > flat
-    assert spread == spread_makespan(spec, {link: (factors, block)}, simulate)  # seeded
+    assert spread == spread_makespan(spec, {link: (factors, block, per_run)}, simulate)  # seeded
     # no lossy route: the plain simulation
     assert spread_makespan(spec, {}, simulate) == flat
     # every factor 1: the same iteration as without
-    assert spread_makespan(spec, {link: ((1.0,), 1)}, simulate, runs=3) == pytest.approx(flat)
+    assert spread_makespan(spec, {link: ((1.0,), 1, 0)}, simulate, runs=3) == pytest.approx(flat)
 
 
 def test_a_runs_channels_come_down_from_slow_start_together() -> None:
@@ -276,12 +276,12 @@ def test_a_runs_channels_come_down_from_slow_start_together() -> None:
     spread = spread_makespan(spec, {("wan:a->b",): fwd, ("wan:b->a",): bwd}, simulate)
 
     def flat(f: float) -> float:
-        return spread_makespan(spec, {("wan:a->b",): ((f,), 1), ("wan:b->a",): ((f,), 1)}, simulate, runs=1)
+        return spread_makespan(spec, {("wan:a->b",): ((f,), 1, 0), ("wan:b->a",): ((f,), 1, 0)}, simulate, runs=1)
 
     assert spread == pytest.approx((flat(0.4) + flat(1.6)) / 2)
     # without the replica's length (a steady state's factors) the blocks are drawn each
     # on its own: fast and slow iterations mixed
-    mixed = spread_makespan(spec, {("wan:a->b",): fwd[:2], ("wan:b->a",): bwd[:2]}, simulate)
+    mixed = spread_makespan(spec, {("wan:a->b",): (*fwd[:2], 0), ("wan:b->a",): (*bwd[:2], 0)}, simulate)
     assert mixed != pytest.approx(spread)
 
 

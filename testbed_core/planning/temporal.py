@@ -18,6 +18,11 @@ transfer's simulated window its slot.
 A runner enforces the plan with ``offsets`` (delay pipeline d's start) and either
 the token lists (a transfer waits until the previous token on its link is done) or
 the slots (a transfer does not start before ``iteration_start + slot[0]``).
+
+A turn puts one tensor at a time on a link direction, all of its streams' windows at
+once; where that is more than the route holds without overflowing its queue, each
+stream's window is capped (`turn_window_caps`), so that a planned turn does not lose
+its tail and wait out a retransmission timeout.
 """
 
 from __future__ import annotations
@@ -28,7 +33,15 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from testbed_core.planning.calibrated import LINK_GOODPUT
+from testbed_core.planning.network import stream_window
+from testbed_core.planning.placement import Placement
 from testbed_core.simulate import SimResult, SimSpec, TransferKey, simulate
+from testbed_core.topology import Topology, bdp_bytes
+
+MIN_TURN_WINDOW = 16 << 10
+"""The smallest per-stream window cap a turn gets (atlas_transport's MIN_WINDOW_CLAMP:
+below a few segments a stream barely moves)."""
 
 
 class TemporalPlanError(ValueError):
@@ -173,3 +186,52 @@ def derive_plan(spec: SimSpec, links: Iterable[str], candidates: list[float] | N
     check = simulate(plan.apply(spec))
     plan.predicted_iteration_s = check.makespan
     return plan
+
+
+def turn_flight_bytes(topology: Topology, src: str, dst: str) -> float:
+    """What one turn may put in flight from DC `src` to `dst` (bytes on the wire) with
+    no tail drop: the route's bandwidth-delay product (its slowest link's rate over the
+    route's round trip: a window of that keeps the link busy) plus half that link's
+    queue. The window's first round leaves paced at about 1.2 windows per smoothed RTT
+    (Linux's pacing in congestion avoidance; slow start after idle is off in a run, so
+    a turn after a pause starts with its window open), so about all of it but
+    BDP / 1.2 waits in the queue: at most a third of a BDP past half the queue."""
+    route = topology.route(src, dst)
+    links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
+    if not links:
+        return math.inf
+    slow = min(links, key=lambda link: link.rate)
+    return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes / 2
+
+
+def turn_window_caps(topology: Topology, placement: Placement, streams: int,
+                     tensor_bytes: float) -> dict[tuple[str, str], int]:
+    """The receive window each stream of a temporal plan's WAN channels advertises at
+    most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) the plan crosses
+    where one turn would put more in flight than the route takes (`turn_flight_bytes`).
+
+    A turn hands one tensor to its channel; its streams send all of it their windows
+    allow at once (their stripes of the tensor, each at most `network.stream_window`).
+    On a route whose bandwidth-delay product and queue together hold less (issue 40:
+    scenarios/atlas-4dc.yaml's west-mid, 200 Mbit/s over 40 ms with a one-BDP queue,
+    2.0 MB against a 2 MB tensor's 2.19 MB of frames), the queue drops the turn's last
+    segments now and then; with no segment after them to signal the loss, the stream
+    waits out a retransmission timeout, 0.2-0.3 s that hold up the pipeline, which no
+    plan foresees. Capped to their share of what the route takes, the streams still keep
+    the link busy (the cap is at least a BDP) and lose nothing. Empty where every turn
+    fits (or one stream's window alone could not fill the cap)."""
+    caps: dict[tuple[str, str], int] = {}
+    for d, b in placement.wan_boundaries():
+        a, z = placement.dc_of(d, b), placement.dc_of(d, b + 1)
+        for way in ((a, z), (z, a)):
+            if way in caps:
+                continue
+            window = stream_window(topology, *way)
+            at_once = min(streams * window, tensor_bytes) / LINK_GOODPUT  # one turn's frames, bytes on the wire
+            flight = turn_flight_bytes(topology, *way)
+            if at_once <= flight:
+                continue
+            cap = max(MIN_TURN_WINDOW, int(flight * LINK_GOODPUT / streams))
+            if cap < window:
+                caps[way] = cap
+    return caps

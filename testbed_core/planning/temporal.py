@@ -190,18 +190,24 @@ def derive_plan(spec: SimSpec, links: Iterable[str], candidates: list[float] | N
 
 def turn_flight_bytes(topology: Topology, src: str, dst: str) -> float:
     """What one turn may put in flight from DC `src` to `dst` (bytes on the wire) with
-    no tail drop: the route's bandwidth-delay product (its slowest link's rate over the
-    route's round trip: a window of that keeps the link busy) plus half that link's
-    queue. The window's first round leaves paced at about 1.2 windows per smoothed RTT
-    (Linux's pacing in congestion avoidance; slow start after idle is off in a run, so
-    a turn after a pause starts with its window open), so about all of it but
-    BDP / 1.2 waits in the queue: at most a third of a BDP past half the queue."""
+    no tail drop: a quarter of the route's bandwidth-delay product (its slowest link's
+    rate over the route's round trip) past that link's queue, and never less than the
+    BDP (a window of that keeps the link busy). A turn's window leaves paced at up to
+    about four windows per round trip (Linux paces at twice cwnd / srtt while in slow
+    start, and lets cwnd grow to twice what is in flight; slow start after idle is off
+    in a run, so a turn after a pause starts with its window open): the link drains at
+    least a quarter of a BDP while it arrives, the queue takes the rest.
+
+    Measured (issue 40, atlas-4dc's west-mid, 1.0 MB BDP and queue): uncapped, 2.19 MB
+    of frames a turn, 65-82 tail drops a run; capped to the BDP plus half the queue
+    (1.5 MB), still 93."""
     route = topology.route(src, dst)
     links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
     if not links:
         return math.inf
     slow = min(links, key=lambda link: link.rate)
-    return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes / 2
+    bdp = bdp_bytes(slow.rate, sum(link.rtt_s for link in links))
+    return max(bdp, slow.queue_bytes + bdp / 4)
 
 
 def turn_window_caps(topology: Topology, placement: Placement, streams: int,
@@ -212,10 +218,9 @@ def turn_window_caps(topology: Topology, placement: Placement, streams: int,
 
     A turn hands one tensor to its channel; its streams send all of it their windows
     allow at once (their stripes of the tensor, each at most `network.stream_window`).
-    On a route whose bandwidth-delay product and queue together hold less (issue 40:
-    scenarios/atlas-4dc.yaml's west-mid, 200 Mbit/s over 40 ms with a one-BDP queue,
-    2.0 MB against a 2 MB tensor's 2.19 MB of frames), the queue drops the turn's last
-    segments now and then; with no segment after them to signal the loss, the stream
+    On a route that takes less (issue 40: scenarios/atlas-4dc.yaml's west-mid, 200
+    Mbit/s over 40 ms with a one-BDP queue, 1.25 MB against a 2 MiB tensor's 2.19 MB of
+    frames), the queue drops the turn's last segments now and then; with no segment after them to signal the loss, the stream
     waits out a retransmission timeout, 0.2-0.3 s that hold up the pipeline, which no
     plan foresees. Capped to their share of what the route takes, the streams still keep
     the link busy (the cap is at least a BDP) and lose nothing. Empty where every turn

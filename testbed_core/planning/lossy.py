@@ -17,7 +17,9 @@ next as on a long-lived connection):
   estimate, where its window sits at these loss rates and RTTs: together the AIMD
   average ``sqrt(ALPHA (1 + BETA) / (2 (1 - BETA) p))`` = Mathis's 1.22 / sqrt(p)), or
   doubles it below ssthresh (slow start: a fresh connection, up to twice what the
-  receiver lets it have in flight, or after idle with ``slow_start_after_idle``);
+  receiver lets it have in flight, or after idle with ``slow_start_after_idle``; a round
+  that does not fill the window still grows it to twice its flight, Linux's
+  tcp_is_cwnd_limited);
 - a loss before the stripe's last round is repaired while later rounds go out (SACK):
   it costs only the window cut. A loss in the last round is what the stripe waits for
   (`repair_delay`): with ``DUPTHRESH`` or more packets after it, fast retransmit, one
@@ -36,7 +38,10 @@ waits for its slow transfers: the planner simulates the iteration with each loss
 channel's tensors taking the model's times in turn and keeps the mean
 (`spread_makespan`; a run's channels at the same iteration of their run, since their
 windows come down from slow start together); `run_interval` says how far one run's mean may fall from it by
-chance. Random draws come from a seeded generator: the same inputs give the same
+chance. Tensors the schedule hands a channel back to back (1F1B's warm-up forwards, where
+compute is short: `channel_groups`, from the planner's own simulation) queue on the same
+streams as one flight (`_Channel.transfer_many`), whose slow start opens the windows
+wider than one tensor's, and the wider windows last through the run's first losses. Random draws come from a seeded generator: the same inputs give the same
 figure. Nothing here is fitted to a run.
 """
 
@@ -195,27 +200,38 @@ class _Channel:
 
     def transfer(self, chunks: list[int], rtt_s: float) -> float:
         """Send one tensor cut into `chunks` (packets each); the time from its first
-        packet out to its last packet in, without serialization."""
-        queue = list(chunks)
-        lanes = self.streams[:max(1, min(len(self.streams), len(queue)))]
+        packet out to its last packet in, without serialization (`transfer_many` of one)."""
+        return self.transfer_many([chunks], rtt_s)[0]
+
+    def transfer_many(self, tensors: Sequence[Sequence[int]], rtt_s: float) -> list[float]:
+        """Send `tensors` (each cut into chunks of packets) handed to the channel at once,
+        their chunks queued in order on the same streams (work stealing); each one's time
+        from the first packet out to its own last packet in, without serialization.
+        Tensors behind the first are in the streams' flight, and slow start grows the
+        window while it is under twice the flight (Linux's tcp_is_cwnd_limited), so
+        back-to-back tensors (1F1B's warm-up forwards) open it wider than one alone."""
+        queue = [(t, n) for t, chunks in enumerate(tensors) for n in chunks]
+        lanes = self.streams[:max(1, min(len(self.streams), max(len(c) for c in tensors)))]
         if self.idle_restart:
             for s in lanes:  # slow start after idle: back to the initial window
                 s.ssthresh = max(s.ssthresh, 0.75 * s.cwnd)
                 s.cwnd = min(s.cwnd, INITIAL_WINDOW)
-        left = [queue.pop(0) if queue else 0 for _ in lanes]
-        done = [0.0] * len(lanes)
+        head = [queue.pop(0) if queue else (0, 0) for _ in lanes]
+        cur = [t for t, _ in head]
+        left = [n for _, n in head]
+        done = [0.0] * len(tensors)
         active = list(range(len(lanes)))
         rnd = 0
         while active:
             for i in list(active):
                 s = lanes[i]
                 budget = max(1, int(min(s.cwnd, self.cap)))
-                sent, losses = 0, []
+                sent, losses, completed = 0, [], []
                 while sent < budget:
                     if left[i] == 0:
                         if not queue:
                             break
-                        left[i] = queue.pop(0)  # work stealing: the next chunk of the tensor
+                        cur[i], left[i] = queue.pop(0)  # work stealing: the next chunk
                     k = min(budget - sent, left[i])
                     while s.gap <= k:  # a lost packet in this burst
                         losses.append(sent + s.gap)
@@ -227,6 +243,8 @@ class _Channel:
                     s.gap -= k
                     sent += k
                     left[i] -= k
+                    if left[i] == 0:
+                        completed.append((cur[i], sent))
                 last = left[i] == 0 and not queue
                 # paced (Linux's internal pacing): the round's packets leave spread at
                 # 2 (slow start) or 1.2 (congestion avoidance) x cwnd a round trip
@@ -237,16 +255,23 @@ class _Channel:
                     self._cut(s)
                 elif sent >= budget:  # window-limited: the window grows
                     self._grow(s, sent, rtt_s)
-                if last:
-                    end = rnd * rtt_s + (sent - 1) / rate + rtt_s / 2
+                elif s.cwnd < s.ssthresh:  # slow start grows while cwnd < 2 x the flight (tcp_is_cwnd_limited)
+                    s.cwnd = max(s.cwnd, min(s.cwnd + sent, 2 * sent, s.ssthresh, 2 * self.cap))
+                    s.w_est = s.cwnd
+                lo = 0
+                for t, at_end in completed:  # a chunk's last packet, and its packets lost this round
+                    end = rnd * rtt_s + (at_end - 1) / rate + rtt_s / 2
                     for at in losses:
-                        probe_lost = sent - at == 0 and self.draws.random() < self.loss
-                        end = max(end, rnd * rtt_s + (at - 1) / rate + rtt_s / 2
-                                  + repair_delay(sent - at, rtt_s, probe_lost))
-                    done[i] = end
+                        if lo < at <= at_end:
+                            probe_lost = sent - at == 0 and self.draws.random() < self.loss
+                            end = max(end, rnd * rtt_s + (at - 1) / rate + rtt_s / 2
+                                      + repair_delay(sent - at, rtt_s, probe_lost))
+                    done[t] = max(done[t], end)
+                    lo = at_end
+                if last:
                     active.remove(i)
             rnd += 1
-        return max(done)
+        return done
 
 
 def channel_time(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
@@ -302,7 +327,8 @@ RUN_WORK_PACKETS = 4_000_000  # what `run_times` simulates at most (a second or 
 @lru_cache(maxsize=1024)
 def run_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float, bottleneck_bps: float,
               before: int, measured: int, idle_restart: bool = False,
-              paced: bool = False, warm_per_stream: int = 0) -> tuple[tuple[float, ...], ...]:
+              paced: bool = False, warm_per_stream: int = 0,
+              groups: tuple[int, ...] = ()) -> tuple[tuple[float, ...], ...]:
     """A run's transfers on a channel opened for it: from a fresh connection (the
     initial window, slow start until the first loss), the worker's untimed warm-up
     tensor of `warm_per_stream` bytes a stream (at most WARM_MAX_BYTES; 0: none), then
@@ -321,14 +347,31 @@ def run_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_byt
     draws = random.Random(SEED)
     wire = nbytes * 8 / bottleneck_bps
     out = []
+    sizes = _group_sizes(groups, before + measured)
     for _ in range(replicas):
         ch = _Channel(streams, loss, window_bytes / MSS, draws, idle_restart, fresh=True, paced=paced)
         if warm_chunks:
             ch.transfer(warm_chunks, rtt_s)
-        for _ in range(before):
-            ch.transfer(chunks, rtt_s)
-        out.append(tuple(ch.transfer(chunks, rtt_s) + wire for _ in range(measured)))
+        times: list[float] = []
+        for k in sizes:
+            # a group's tensors serialize one after the other at the bottleneck
+            ends = [end + (j + 1) * wire for j, end in enumerate(ch.transfer_many([chunks] * k, rtt_s))]
+            # the planner's channel takes them in turn: each its time past the one before it
+            times += [ends[0]] + [max(0.0, b - a) + rtt_s / 2 for a, b in zip(ends, ends[1:], strict=False)]
+        out.append(tuple(times[before:]))
     return tuple(out)
+
+
+def _group_sizes(groups: tuple[int, ...], count: int) -> list[int]:
+    """`count` tensors cut into the back-to-back groups of `groups` (sizes, one
+    iteration's tensors on the channel, repeated; empty: one at a time)."""
+    sizes, pattern = [], list(groups) or [1]
+    while sum(sizes) < count:
+        sizes += pattern
+    while sum(sizes) > count:
+        sizes[-1] -= sum(sizes) - count
+        sizes = [k for k in sizes if k > 0]
+    return sizes
 
 
 def _warm(history: tuple[int, ...]) -> int:
@@ -369,7 +412,7 @@ SPREAD_RUNS = 32
 @lru_cache(maxsize=1024)
 def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, window_bytes: float,
                     bottleneck_bps: float, idle_restart: bool = False, history: tuple[int, ...] | None = None,
-                    block: int = 1, paced: bool = False) -> tuple[tuple[float, ...], int, int]:
+                    block: int = 1, paced: bool = False, groups: tuple[int, ...] = ()) -> tuple[tuple[float, ...], int, int]:
     """The spread of a lossy channel's tensors around the mean the planner's rate gives
     them: each transfer's service time (its time less the one-way latency, rtt_s / 2)
     over their mean, in the order they ran on the channel's connections (windows carried
@@ -386,12 +429,17 @@ def service_factors(nbytes: float, streams: int, rtt_s: float, loss: float, wind
         block = 1
     else:
         runs = run_times(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, history[0], history[1],
-                         idle_restart, paced, _warm(history))
+                         idle_restart, paced, _warm(history), groups)
         times = [t for run in runs for t in run]
         block = max(1, block) if history[1] % max(1, block) == 0 else 1
         per_run = history[1]
     service = [max(1e-9, t - rtt_s / 2) for t in times]
     mean = sum(service) / len(service)
+    if groups and history is not None and history[1] > 0:
+        # around the rate's mean (`lossy_flow_rate`: tensors one at a time), so that what
+        # back-to-back tensors gain moves the mean iteration too
+        mean = _mean_time(nbytes, streams, rtt_s, loss, window_bytes, bottleneck_bps, idle_restart, history,
+                          paced) - rtt_s / 2
     return tuple(x / mean for x in service), block, per_run
 
 
@@ -489,17 +537,51 @@ def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
 
 def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
                  history: tuple[int, ...] | None = None, per_iteration: int = 1,
-                 paced: bool = False) -> dict[tuple[str, ...], Factors]:
+                 paced: bool = False, groups: Mapping[tuple[str, ...], tuple[int, ...]] | None = None,
+                 ) -> dict[tuple[str, ...], Factors]:
     """The `service_factors` of every lossy route among `paths` (by its link resources),
     for tensors of `nbytes` at the route's streams and windows; `history` and
-    `per_iteration` (tensors a channel carries an iteration) as `service_factors` takes them."""
+    `per_iteration` (tensors a channel carries an iteration) as `service_factors` takes
+    them; `groups`: a route's back-to-back groups in an iteration (`channel_groups`)."""
     out = {}
     for wp in paths:
         loss = route_loss(topology, wp.dcs)
         if loss > 0 and wp.rtt_s > 0 and nbytes > 0:
             window = wp.window_bytes if math.isfinite(wp.window_bytes) else wp.flow_rate_bps * wp.rtt_s / 8
             out[wp.resources] = service_factors(float(nbytes), wp.streams, wp.rtt_s, loss, window,
-                                                wp.bottleneck_bps, idle_restart, history, per_iteration, paced)
+                                                wp.bottleneck_bps, idle_restart, history, per_iteration, paced,
+                                                (groups or {}).get(wp.resources, ()))
+    return out
+
+
+def channel_groups(spec: SimSpec, sim: SimResult) -> dict[tuple[str, ...], tuple[int, ...]]:
+    """Each WAN route's tensors of one iteration in the groups its channel is handed them
+    back to back (sizes in hand-over order): a tensor handed over while the one before
+    it is still on the channel (in `sim`, the iteration at the rate's mean) rides the
+    same streams' flight (`run_times`' `groups`; 1F1B's warm-up forwards, where compute
+    is short). Routes over a planned (exclusive) link are left out: a temporal plan's
+    dispatcher hands the transport one tensor at a time; gloo's pairs (rendezvous) send
+    a tensor once its receive is posted. The first channel on a route speaks for it."""
+    spans: dict[tuple[int, int, str], list] = {}
+    for t in sim.transfers:
+        spans.setdefault((t.key.pipeline, t.key.boundary, t.key.direction), []).append(t)
+    out: dict[tuple[str, ...], tuple[int, ...]] = {}
+    for key in sorted(spec.paths):
+        route = spec.paths[key].resources[1:]
+        if route in out or not route or key not in spans \
+                or any(spec.resources[r].policy != "shared" for r in route if r in spec.resources):
+            continue
+        sizes: list[int] = []
+        prev = None
+        for t in sorted(spans[key], key=lambda t: (t.ready, t.key.mb)):
+            # gloo's pairs (rendezvous) send a tensor only once its receive is posted
+            handed = t.start if spec.rendezvous else t.ready
+            if prev is not None and handed < prev.end:
+                sizes[-1] += 1
+            else:
+                sizes.append(1)
+            prev = t
+        out[route] = tuple(sizes)
     return out
 
 
@@ -513,7 +595,8 @@ def chance_interval(prediction: Prediction, topology: Topology, iterations: int,
 
     assert prediction.effective is not None
     factors = lossy_routes(topology, prediction.paths.values(), prediction.effective.wire_activation_bytes,
-                           idle_restart, history, prediction.spec.schedule.microbatches, paced)
+                           idle_restart, history, prediction.spec.schedule.microbatches, paced,
+                           channel_groups(prediction.spec, prediction.sim))
     if not factors:
         return None
     lo, hi = run_interval(prediction.spec, factors, simulate, max(1, iterations), runs)

@@ -349,3 +349,75 @@ def test_gloo_streams_are_timed_unpaced_on_a_paced_run() -> None:
 
     assert iteration("torch-gloo", paced) == iteration("torch-gloo", unpaced)
     assert iteration("baseline", paced) != iteration("baseline", unpaced)
+
+
+def test_slow_start_grows_to_twice_the_flight_of_a_tensor_that_fits_its_window() -> None:
+    # Linux grows a slow-start window while it is under twice the packets in flight
+    # (tcp_is_cwnd_limited), not only in rounds the window held back: a fresh stream that
+    # carries 91-packet stripes reaches 182, where window-limited rounds alone stop at 160
+    ch = _Channel(1, 0.001, 10_000, _Never(), False, gaps=lambda: 1 << 40, fresh=True)
+    for _ in range(4):
+        ch.transfer([91], 0.05)
+    assert ch.streams[0].cwnd == 182
+    # after a loss (congestion avoidance) a round that does not fill the window grows nothing
+    ch._cut(ch.streams[0])
+    cut = ch.streams[0].cwnd
+    ch.transfer([91], 0.05)
+    assert ch.streams[0].cwnd == cut
+
+
+def test_back_to_back_tensors_ride_one_flight() -> None:
+    # three tensors handed at once queue on the same streams: each arrives after the one
+    # before it, and their flight opens slow start wider than one tensor at a time does
+    def fresh() -> _Channel:
+        return _Channel(4, 0.001, 10_000, _Never(), False, gaps=lambda: 1 << 40, fresh=True)
+
+    together = fresh()
+    ends = together.transfer_many([[91, 91, 91, 19]] * 3, 0.05)
+    assert ends == sorted(ends) and ends[0] < ends[-1]
+    apart = fresh()
+    for _ in range(3):
+        apart.transfer([91, 91, 91, 19], 0.05)
+    assert together.streams[0].cwnd > apart.streams[0].cwnd
+    # a run whose iterations hand the channel its first three tensors at once: the later
+    # iterations' tensors move faster than one at a time (the wider windows last)
+    args = (419_430.0, 8, 0.05, 0.001, 2_000_000.0, 4e8, 8, 16)
+    one = run_times(*args, paced=True)
+    grouped = run_times(*args, paced=True, groups=(3, 1, 1, 1, 1, 1))
+    assert len(grouped) == len(one) and all(len(r) == 16 for r in grouped)
+
+    def mean(runs: tuple[tuple[float, ...], ...]) -> float:
+        return sum(map(sum, runs)) / sum(map(len, runs))
+
+    assert mean(grouped) < 0.95 * mean(one)
+    # the factors keep the rate's mean (tensors one at a time) as their unit: the gain moves
+    # the planner's mean iteration
+    factors = service_factors(*args[:6], history=(8, 16), block=8, paced=True, groups=(3, 1, 1, 1, 1, 1))[0]
+    assert sum(factors) / len(factors) < 0.95
+
+
+def test_the_simulation_says_which_tensors_come_back_to_back() -> None:
+    from testbed_core.planning.lossy import channel_groups
+    from testbed_core.schedules import build_schedule
+    from testbed_core.simulate import Path as SimPath
+    from testbed_core.simulate import Resource, SimSpec, simulate
+
+    # 1F1B over 4 stages, compute far shorter than a transfer: the first stage's warm-up
+    # forwards (pp - 1) and its first steady one are handed to its channel at once
+    def spec(policy: str) -> SimSpec:
+        paths, resources = {}, {}
+        for b in range(3):
+            for d, (x, y) in (("fwd", (b, b + 1)), ("bwd", (b + 1, b))):
+                paths[(0, b, d)] = SimPath((f"chan:{b}{d}", f"wan:{x}->{y}"), 0.025)
+                resources[f"chan:{b}{d}"] = Resource(3e7, "exclusive")
+                resources[f"wan:{x}->{y}"] = Resource(4e8, policy)  # type: ignore[arg-type]
+        return SimSpec(build_schedule("1f1b", 4, 8), 1, [0.002] * 4, [0.004] * 4, [419_430.0] * 3,
+                       [419_430.0] * 3, paths=paths, resources=resources)
+
+    shared = spec("shared")
+    groups = channel_groups(shared, simulate(shared))
+    assert groups[("wan:0->1",)][0] == 4 and sum(groups[("wan:0->1",)]) == 8
+    assert all(sum(g) == 8 for g in groups.values())
+    # a planned (exclusive) link: its dispatcher hands the transport one tensor at a time
+    planned = spec("exclusive")
+    assert channel_groups(planned, simulate(planned)) == {}

@@ -137,6 +137,20 @@ def test_a_measured_rate_keeps_the_channels_windows() -> None:
     assert wan_path(t, "dc1", "dc2", 8, NetParams()).window_bits == math.inf
 
 
+def test_a_capped_window_bounds_a_measured_rate() -> None:
+    """The run's cap on shared channels' windows (path_window_bytes, testbed/run/pacing.py
+    `window_caps`) holds each stream to a window a round trip, below the rate the
+    calibration timed uncapped; a cap above the measured rate, or none, leaves it."""
+    t = topo(rmem="1MB")
+    capped = wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=107e6, path_window_bytes={("dc1", "dc2"): 100_000}))
+    assert capped.flow_rate_bps == pytest.approx(100_000 * 8 / 0.05)  # 16 Mbit/s a stream
+    assert capped.window_bytes == 100_000
+    other_way = wan_path(t, "dc2", "dc1", 8, NetParams(flow_rate_bps=107e6, path_window_bytes={("dc1", "dc2"): 100_000}))
+    assert other_way.flow_rate_bps == 107e6
+    wide = wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=10e6, path_window_bytes={("dc1", "dc2"): 100_000}))
+    assert wide.flow_rate_bps == 10e6
+
+
 def test_streams_that_only_carry_stripes_keep_windows_of_two_stripes() -> None:
     """A channel whose streams only ever carry the workload's tensors (stripe_windows)
     keeps a window of at most STRIPE_WINDOW stripes per stream, which holds back tensors

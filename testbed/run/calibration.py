@@ -94,6 +94,24 @@ VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
+PROBE_SLACK_S = 60.0  # a probe's time budget beyond its tensors (connect, start, the warm-up tensor)
+PROBE_TRANSFER_SLACK_S = 5.0  # each tensor's budget beyond its bytes at the slowest WAN rate (probe_budget_s)
+
+
+def probe_budget_s(count: int, nbytes: int, period_s: float | None, offsets: Sequence[float] | None,
+                   wan: Sequence[tuple[float, float]]) -> float:
+    """How long a probe of `count` tensors of `nbytes` may take before it counts as hung,
+    seconds: per tensor its round (`period_s`) or gap, its bytes at the slowest WAN link's
+    rate (`wan`: each link's (rate bits/s, RTT s)), a round trip of the slowest-to-
+    answer link per MiB (a window-limited stream: one stream at 200 ms RTT moves about
+    3 MB/s) and PROBE_TRANSFER_SLACK_S, plus the latest start offset and PROBE_SLACK_S.
+    A fixed 60 s failed sweep-rtt's 100 ms point: Atlas's one-stream turns probe there
+    (two channels' 2.5 s turns a round) needs more than a minute."""
+    slowest = min((rate for rate, _ in wan), default=0.0)
+    rtt = max((r for _, r in wan), default=0.0)
+    per = (PROBE_TRANSFER_SLACK_S + (period_s if period_s is not None else PROBE_GAP_S)
+           + (nbytes * 8 / slowest if slowest > 0 else 0.0) + nbytes / 2**20 * rtt)
+    return PROBE_SLACK_S + max(offsets or [0.0]) + count * per
 
 
 def effective_rate(nbytes: int, durations: Sequence[float], latency_s: float) -> float:
@@ -246,6 +264,8 @@ class Prober:
         channel first sends one untimed tensor that opens its windows (warmup_bytes);
         `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed."""
         transport = transport_job(self.scenario.transport)
+        budget = probe_budget_s(count, nbytes, period_s, offsets,
+                                [(link.rate, link.rtt_s) for link in self.scenario.topology.wan])
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
         names = []
@@ -256,12 +276,13 @@ class Prober:
             agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,
-                                        warmup_bytes=warm_bytes, verify=verify))
+                                        warmup_bytes=warm_bytes, verify=verify, timeout_s=budget))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
                                         wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
-                                        out=str(self.folder / f"{name}-send.json"), transport=transport))
+                                        out=str(self.folder / f"{name}-send.json"), transport=transport,
+                                        timeout_s=budget))
             names.append(name)
         for name in names:  # every sender connected: one common start
             agents.expect(f"{name}-send", "connected", 60)
@@ -270,7 +291,7 @@ class Prober:
             agents.go(f"{name}-send", t_go + (offsets[k] if offsets else 0.0))
         for name in names:
             for end in ("send", "recv"):
-                agents.expect(f"{name}-{end}", "done", 60 + count * 5)
+                agents.expect(f"{name}-{end}", "done", budget + 30)  # the probe's own timeout first
         results = []
         for name in names:
             snd = json.loads((self.folder / f"{name}-send.json").read_text())

@@ -40,8 +40,9 @@ channel's tensors taking the model's times in turn and keeps the mean
 windows come down from slow start together); `run_interval` says how far one run's mean may fall from it by
 chance. Tensors the schedule hands a channel back to back (1F1B's warm-up forwards, where
 compute is short: `channel_groups`, from the planner's own simulation) queue on the same
-streams as one flight (`_Channel.transfer_many`), whose slow start opens the windows
-wider than one tensor's, and the wider windows last through the run's first losses. Random draws come from a seeded generator: the same inputs give the same
+streams as one flight (`_Channel.transfer_many`): they share its round trips, and its
+slow start opens the windows wider than one tensor's, which lasts through the run's
+first losses. Random draws come from a seeded generator: the same inputs give the same
 figure. Nothing here is fitted to a run.
 """
 
@@ -207,9 +208,11 @@ class _Channel:
         """Send `tensors` (each cut into chunks of packets) handed to the channel at once,
         their chunks queued in order on the same streams (work stealing); each one's time
         from the first packet out to its own last packet in, without serialization.
-        Tensors behind the first are in the streams' flight, and slow start grows the
-        window while it is under twice the flight (Linux's tcp_is_cwnd_limited), so
-        back-to-back tensors (1F1B's warm-up forwards) open it wider than one alone."""
+        Tensors behind the first share its round trips (they leave in the same rounds,
+        each after the one before it, not each in rounds of its own) and are in the
+        streams' flight, and slow start grows the window while it is under twice the
+        flight (Linux's tcp_is_cwnd_limited), so back-to-back tensors (1F1B's warm-up
+        forwards) open it wider than one alone."""
         queue = [(t, n) for t, chunks in enumerate(tensors) for n in chunks]
         lanes = self.streams[:max(1, min(len(self.streams), max(len(c) for c in tensors)))]
         if self.idle_restart:

@@ -38,11 +38,21 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.planning.network import stream_window
 from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
+
+PACED_BURST = 1.2
+"""Linux paces a flow in congestion avoidance at about 1.2 windows per smoothed round
+trip: a window whose first round leaves onto an idle link queues all of itself but
+the BDP / 1.2 the link drains meanwhile (testbed_core/planning/temporal.py
+`turn_flight_bytes` reads the temporal plan's turns the same way)."""
+
+MIN_CAP_WINDOW = 16 << 10
+"""The smallest window cap: a few segments a stream."""
 
 AUTO_STREAMS_MAX = 16
 """The most streams ``transport.streams: auto`` may choose (runner.AUTO_CANDIDATES' largest)."""
@@ -105,12 +115,26 @@ def choose_pacing(topology: Topology, dp: int, configured_streams: int | str, pa
 
 
 def route_holds(topology: Topology, src: str, dst: str) -> float:
-    """What the route from DC `src` to `dst` holds in flight, bytes: the bandwidth-delay
-    product at its slowest link's rate over the route's round trip, plus that link's queue."""
+    """What the route from DC `src` to `dst` holds in flight, bytes: the
+    bandwidth-delay product at its slowest link's rate over the route's round trip, plus
+    that link's queue."""
     route = topology.route(src, dst)
     links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
     slow = min(links, key=lambda link: link.rate)
     return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes
+
+
+def route_takes(topology: Topology, src: str, dst: str) -> float:
+    """What channels may have in flight together from DC `src` to `dst` (bytes on the
+    wire) with no tail drop: the slowest link's queue plus the bandwidth-delay product
+    over PACED_BURST. In steady state the route holds its BDP and queue; a round that
+    leaves paced onto an idle link at PACED_BURST windows a round trip queues all of
+    itself but BDP / PACED_BURST (the link busy, the queue holds only what exceeds the
+    BDP: less)."""
+    route = topology.route(src, dst)
+    links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
+    slow = min(links, key=lambda link: link.rate)
+    return slow.queue_bytes + bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) / PACED_BURST
 
 
 def tensors_at_once(parallelism: Parallelism) -> int:
@@ -130,21 +154,29 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     two or more of its pipelines' channels cross: where what they may have in flight
     together (channels x the lesser of streams x the window the planner gives a stream,
     `network.stream_window`, and the `at_once` tensors a channel may be handed at once,
-    `tensors_at_once`) exceeds what the route holds (`route_holds`), each stream gets
-    its share of that, never less than its stripe of one tensor (`tensor_bytes` / streams: a tensor alone still leaves in one window, as the
-    calibration's one-tensor probes time it).
+    `tensors_at_once`), as frames on the wire, exceeds what the route takes without a
+    tail drop (`route_takes`: its queue and its bandwidth-delay product over
+    PACED_BURST), each stream gets its share of that, in payload (LINK_GOODPUT of the frames),
+    at least MIN_CAP_WINDOW. The planner's per-flow rate is then at most the cap over the
+    round trip (network.wan_path), where the cap holds a stream below what the
+    calibration's uncapped one-tensor probes timed.
 
     Why (issue 40): several tensors handed to colliding channels at once, or a channel
     that keeps its streams busy, let the windows fill past the queue; the tail drops and
     retransmission timeouts that follow cost 150-400 ms a transfer now and then, which
     no calibration probe shows (scenarios/atlas-3dc.yaml's multi-tcp ran 2.40-3.34 s an
     iteration against 2.3-2.4 predicted; docs/results/fidelity.md). Pacing spreads a
-    window over the round trip but does not bound it. A stream's buffer sized to its
-    share of the path is how parallel streams are tuned by hand (the aggregate window
-    about the bandwidth-delay product); Linux's autotuning alone grows each to the
-    buffer's maximum. No cap (empty) with one stream, one channel a direction, or where
-    the windows, or the tensors, fit: a stream has no more in flight than it was given,
-    so a cap there would only slow it (docs/results/fidelity.md, multi-tcp on shared links)."""
+    window over the round trip but does not bound it. A cap of exactly the path's share
+    in payload bytes (before this, never below a stream's stripe of one tensor) still
+    overflowed it: the frames carry 4.6% more than the payload, big-small's stripe
+    (128 KiB) was above its share (125 KB), and a window that leaves paced at about 1.2
+    windows per smoothed round trip queues all of itself but BDP / 1.2 in its first
+    round (`route_takes`): 718-877 tail drops and +12-14% in the kept runs. A stream's buffer sized to
+    its share of the path is how parallel streams are tuned by hand; Linux's autotuning
+    alone grows each to the buffer's maximum. No cap (empty) with one stream, one
+    channel a direction, or where the windows, or the tensors, fit: a stream has no
+    more in flight than it was given, so a cap there would only slow it
+    (docs/results/fidelity.md, multi-tcp on shared links)."""
     if streams < 2:
         return {}
     channels: dict[tuple[str, str], int] = {}
@@ -155,10 +187,10 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     caps: dict[tuple[str, str], int] = {}
     for (a, z), n in channels.items():
         window = stream_window(topology, a, z)
-        holds = route_holds(topology, a, z)
-        if n < 2 or n * min(streams * window, at_once * tensor_bytes) <= holds:
+        holds = route_takes(topology, a, z)
+        if n < 2 or n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= holds:
             continue
-        cap = max(int(holds // (n * streams)), math.ceil(tensor_bytes / streams))
+        cap = max(MIN_CAP_WINDOW, int(holds * LINK_GOODPUT / (n * streams)))
         if cap < window:
             caps[(a, z)] = cap
     return caps

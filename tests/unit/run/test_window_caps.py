@@ -1,9 +1,10 @@
 """Shared multi-stream channels capped to their share of a path (testbed/run/pacing.py
 `window_caps`): where two or more pipelines' channels cross a WAN direction and their
 windows together exceed what the path holds, each stream's receive window is clamped
-to its share, never below its stripe of one tensor; the cap reaches both ends of each
-channel (the end that receives clamps) and the planner's window. Of the shipped
-scenarios only atlas-3dc's shared variants are capped."""
+to its share of what the path takes without a tail drop (its BDP and half its queue, as
+frames); the cap reaches both ends of each channel (the end that receives clamps) and
+the planner's window and per-flow rate. Of the shipped scenarios atlas-3dc's and
+atlas-4dc's shared variants are capped."""
 
 from __future__ import annotations
 
@@ -12,7 +13,14 @@ from pathlib import Path
 import pytest
 
 from testbed.run.jobs import build_jobs
-from testbed.run.pacing import route_holds, tensors_at_once, window_caps
+from testbed.run.pacing import (
+    MIN_CAP_WINDOW,
+    PACED_BURST,
+    route_holds,
+    route_takes,
+    tensors_at_once,
+    window_caps,
+)
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import place_variants, plan_variant
@@ -31,21 +39,43 @@ def _placed(name: str, variant: str):
     return scenario, placement
 
 
-def test_atlas_3dc_multi_tcp_gets_each_path_s_share_never_below_a_tensor_s_stripe() -> None:
+def test_atlas_3dc_multi_tcp_gets_each_path_s_share_of_what_it_takes_without_a_tail_drop() -> None:
+    """What the route takes (`route_takes`): its queue and its BDP over PACED_BURST, as
+    frames on the wire; the windows are payload (LINK_GOODPUT of a frame). No floor at a
+    tensor's stripe: big-small's 128 KiB stripe was past its share and its queue
+    overflowed."""
     scenario, placement = _placed("atlas-3dc", "multi-tcp")
     topo = scenario.topology
+    assert PACED_BURST == 1.2
     # mid-big: 200 Mbit/s x 50 ms = 1.25 MB and a queue as large; 2 channels x 8 streams
     assert route_holds(topo, "mid", "big") == pytest.approx(2.5e6)
+    assert route_takes(topo, "mid", "big") == pytest.approx(1.25e6 + 1.25e6 / 1.2)
     caps = window_caps(topo, placement, 8, MIB, 3)
-    assert caps[("mid", "big")] == caps[("big", "mid")] == 156_250
-    # big-small holds 2 MB: 125 KB a stream would not take a 1 MiB tensor's 128 KiB stripe
-    assert caps[("big", "small")] == caps[("small", "big")] == MIB // 8
+    assert caps[("mid", "big")] == caps[("big", "mid")] == int((1.25e6 + 1.25e6 / 1.2) * 1448 / 1514 / 16) == 136_985
+    assert 16 * caps[("mid", "big")] * 1514 / 1448 <= route_takes(topo, "mid", "big")  # the frames fit
+    # big-small: 100 Mbit/s x 80 ms = 1 MB, a 1 MB queue: 1.83 MB of frames for 16 streams
+    assert caps[("big", "small")] == caps[("small", "big")] == 109_588 < MIB // 8
     assert window_caps(topo, placement, 1, MIB, 3) == {}  # one stream: 2 x 256 KB fit
-    # a stripe as large as the planner's window (256 KB of a 512 KB buffer): no cap
-    assert window_caps(topo, placement, 8, 4 * MIB, 3) == {}
+    # one 0.5 MiB tensor a channel at once, 1.1 MB of frames, fits big-small's 1.83 MB: no cap there
+    assert ("big", "small") not in window_caps(topo, placement, 8, MIB // 2, 1)
 
 
-@pytest.mark.parametrize("name", ["atlas-2dc", "quickstart", "dp-2dc", "atlas-4dc", "lossy-4dc", "real-tiny-2dc",
+def test_a_cap_never_goes_below_a_few_segments() -> None:
+    scenario, placement = _placed("atlas-3dc", "multi-tcp")
+    assert MIN_CAP_WINDOW == 16 << 10
+    assert window_caps(scenario.topology, placement, 64, MIB, 3)[("big", "small")] == MIN_CAP_WINDOW
+
+
+def test_atlas_4dc_multi_tcp_is_capped_now_that_no_stripe_floor_lifts_the_cap_past_its_window() -> None:
+    """2 MiB tensors, 4 at once under 1F1B (pp 5): 2 channels x 8 streams x 256 KB put
+    4.3 MB of frames on each path against 1.8-2.3 MB; the old floor (a 256 KiB stripe,
+    above the 256 KB window) left it uncapped, with 2,499-2,740 tail drops a run."""
+    scenario, placement = _placed("atlas-4dc", "multi-tcp")
+    caps = window_caps(scenario.topology, placement, 8, 2 * MIB, tensors_at_once(scenario.workload.parallelism))
+    assert caps[("west", "mid")] == 109_588 and caps[("east", "west")] == 164_382
+
+
+@pytest.mark.parametrize("name", ["atlas-2dc", "quickstart", "dp-2dc", "lossy-4dc", "real-tiny-2dc",
                                   "prefill-service-2dc", "atlas-search-3dc"])
 def test_the_other_shipped_scenarios_are_not_capped(name: str) -> None:
     scenario, _ = load_scenario(ROOT / "scenarios" / f"{name}.yaml")
@@ -60,8 +90,9 @@ def test_the_other_shipped_scenarios_are_not_capped(name: str) -> None:
 
 def test_tensors_that_fit_the_path_are_not_capped() -> None:
     """A stream has no more in flight than it was handed: the paper sweep's 0.26 MB
-    tensors (sequences of 512), three at once under 1F1B on 2 channels, fit big-small's
-    2 MB, so its shared variants keep their windows; GPipe's 16 back to back do not."""
+    tensors (sequences of 512), three at once under 1F1B on 2 channels (1.65 MB of
+    frames), fit what big-small takes (1.83 MB), so its shared variants keep their
+    windows; GPipe's 16 back to back do not."""
     paper = {"topology.wan.0.delay": "100ms", "topology.wan.0.rate": "1Gbit", "topology.wan.2.delay": "65ms",
              "workload.model.seq_len": 512}
     scenario, _ = load_scenario(ROOT / "scenarios" / "atlas-3dc.yaml", paper)
@@ -73,7 +104,7 @@ def test_tensors_that_fit_the_path_are_not_capped() -> None:
     assert window_caps(scenario.topology, placement, 8, tensor, 3) == {}
     gpipe = par.model_copy(update={"schedule": "gpipe"})
     assert tensors_at_once(gpipe) == par.num_micro_batches
-    assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(gpipe))[("big", "small")] == 125_000
+    assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(gpipe))[("big", "small")] == 109_588
     setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
     assert setup.window_caps == {}
 
@@ -81,8 +112,8 @@ def test_tensors_that_fit_the_path_are_not_capped() -> None:
 def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_cap(tmp_path: Path) -> None:
     scenario, _ = load_scenario(ROOT / "scenarios" / "atlas-3dc.yaml")
     setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
-    assert setup.sharing == "shared" and setup.window_caps[("mid", "big")] == 156_250
-    assert setup.prediction.paths[("mid", "big")].window_bytes == 156_250  # the planner's window too
+    assert setup.sharing == "shared" and setup.window_caps[("mid", "big")] == 136_985
+    assert setup.prediction.paths[("mid", "big")].window_bytes == 136_985  # the planner's window too
     atlas = plan_variant("atlas", scenario, scenario.workload, None, None, None)
     assert atlas.sharing == "temporal" and atlas.window_caps == {}  # one transfer at a time on a link
     ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(scenario.topology.dcs)
@@ -92,8 +123,8 @@ def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_c
                       transport=TRANSPORT)
     ends = {(c.boundary, c.role): c.window_clamp for job in jobs.values() for c in job.channels}
     # boundary 1 crosses mid->big: stage 2 (listen) receives the activations, stage 1 the gradients
-    assert ends[(1, "listen")] == ends[(1, "connect")] == 156_250
-    assert ends[(2, "listen")] == ends[(2, "connect")] == MIB // 8
+    assert ends[(1, "listen")] == ends[(1, "connect")] == 136_985
+    assert ends[(2, "listen")] == ends[(2, "connect")] == 109_588
     assert ends[(0, "listen")] is ends[(0, "connect")] is None  # inside mid
     boundary2 = next(c for job in jobs.values() for c in job.channels if c.boundary == 2)
-    assert transport_config(TRANSPORT, boundary2.streams, boundary2.window_clamp).window_clamp == MIB // 8
+    assert transport_config(TRANSPORT, boundary2.streams, boundary2.window_clamp).window_clamp == 109_588

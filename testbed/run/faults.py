@@ -277,7 +277,9 @@ def forecast(faults: Sequence[AnyFault], warmup: int, prediction: Prediction,
             streams = wp.streams if wp is not None else 1
             window = min(wp.window_bytes if wp is not None else math.inf, t.nbytes / max(1, streams))
             window = window if math.isfinite(window) else t.nbytes / max(1, streams)
-            caught.append((head, rtt, window, _queue_s(topology, names), t.start < down))
+            # mid-flight: some of its packets got across before the cut (it started more than a
+            # one-way delay before it); one started later lost all it sent on the wire
+            caught.append((head, rtt, window, _queue_s(topology, names), t.start < down - path.latency_s))
         what = f"{describe(f, warmup)}: "
         if not caught:
             out.append(FaultForecast(n, it, 0.0, what + "no WAN transfer on the link while it is down"))
@@ -300,9 +302,11 @@ def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, f
     """The stall of the transfers `caught` by an outage ending at `up`: from when each
     stopped to its streams' latest first retry after `up`, plus its lost window in slow
     start, the longest over them; averaged over the smoothed RTTs they may have, with
-    the oldest unacknowledged packet of a stream under way anywhere in the HEAD_AGE_S
-    before the cut (module docstring)."""
-    stalls, setting, toss = [], set(), False
+    the oldest unacknowledged packet of a stream caught mid-flight anywhere in the
+    HEAD_AGE_S before the cut (module docstring). A stream caught mid-flight may also
+    have its retry judged spurious (`undo_extra_s`): the forecast's mean leaves that out,
+    and says by how much it may exceed its range."""
+    stalls, setting, toss, undo = [], set(), False, 0.0
     for j in range(SRTT_SAMPLES):
         x = j / (SRTT_SAMPLES - 1)
         worst, worst_k = 0.0, 0
@@ -315,6 +319,8 @@ def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, f
                 resume, k = _first_retry(head, up, srtt)
                 stall = resume + slow_start_extra_s(window, rtt) - stopped
                 ks.add(k)
+                if under_way:
+                    undo = max(undo, stall + undo_extra_s(resume - head, srtt, window, rtt))
                 if stall > worst:  # the queue empty again: slow start at the path's RTT
                     worst, worst_k = stall, k
             toss |= len(ks) > 1  # the stream's phase decides which retry gets through
@@ -330,7 +336,25 @@ def _outage_forecast(n: int, it: int, what: str, caught: Sequence[tuple[float, f
     if toss:
         text += ("; the link comes back while some streams retry: the same outage costs one back-off more or "
                  "less by chance (time it between retries to predict it)")
+    if undo > hi + 0.005:
+        text += (f"; up to {undo:.2f} s where a stream caught mid-flight has its retry judged spurious (its "
+                 "oldest packets had arrived, only their acknowledgements were lost), by chance (cut the link "
+                 "between transfers to predict it)")
     return FaultForecast(n, it, stall, text + ")")
+
+
+def undo_extra_s(silent_s: float, srtt_s: float, window_bytes: float, rtt_s: float) -> float:
+    """What a stream caught mid-flight may pay after its retry gets through, beyond the
+    stall `_outage_forecast` counts: its oldest packets had arrived before the cut and
+    only their acknowledgements were lost, so the retry is acknowledged as a duplicate
+    (DSACK) past data never sent again, Linux judges the timeout spurious (F-RTO) and
+    undoes it: the window is restored and the packets really lost count as still in
+    flight. Nothing repairs them until the tail-loss probe, two smoothed RTTs later, and
+    that smoothed RTT took in one sample spanning the silence (`silent_s`, the retry's
+    acknowledgement echoing a timestamp from before the cut, weight 1/8); then they are
+    sent again from a window of a packet or two (`slow_start_extra_s` once more)."""
+    inflated = srtt_s + (silent_s + rtt_s - srtt_s) / 8
+    return pto_s(inflated) + slow_start_extra_s(window_bytes, rtt_s)
 
 
 def with_forecasts(healthy_s: float, forecasts: Sequence[FaultForecast], warmup: int, iterations: int) -> float:
@@ -369,6 +393,7 @@ class FaultInjector:
     _closed: bool = False
     forecasts: list[FaultForecast] = field(default_factory=list)  # `predict`: each fault's a-priori effect
     _drops_before: dict[int, int] = field(default_factory=dict)  # by fault: the links' down_drops when it began
+    _cut: set[int] = field(default_factory=set)  # link faults whose cut has begun (no early reading after it)
     _dropped: dict[int, int] = field(default_factory=dict)  # by fault: frames its links dropped while it lasted (-1: unknown)
 
     # ------------------------------------------------------------ forecast
@@ -389,6 +414,8 @@ class FaultInjector:
         for n, f in enumerate(self.faults):
             base = f.iteration if f.iteration is not None else self.warmup
             if base == i:
+                if isinstance(f, LinkDown | Partition):  # the drop counters now, off the cut's own path
+                    self._arm(0.0, lambda n=n: self._count_drops_before(n))
                 self._arm(at + f.at - self.clock(), lambda n=n: self._begin(n))
 
     def iteration_ended(self, i: int, end: float) -> None:
@@ -450,7 +477,11 @@ class FaultInjector:
                 return
             if isinstance(f, LinkDown | Partition):
                 names = self._links(f)
-                self._drops_before[n] = self._down_drops(names)
+                with self._lock:
+                    self._cut.add(n)
+                    counted = n in self._drops_before
+                if not counted:  # the early reading has not come back: read now, before the cut
+                    self._drops_before[n] = self._down_drops(names)
                 for name in names:
                     self.emulation.change_link(name, down=True)
 
@@ -472,6 +503,18 @@ class FaultInjector:
                 self._arm(f.duration, lambda: self._end(n, restore))
         except Exception as exc:  # recorded; the run goes on
             self.errors[n] = f"could not apply {describe(f, self.warmup)}: {exc}"
+
+    def _count_drops_before(self, n: int) -> None:
+        """Read the links' drop counters for fault `n` ahead of its cut: a reading is a
+        round trip to the delay line (tens of milliseconds on a loaded host), which, taken
+        at the cut, would delay the cut by as much and could let a transfer timed to start
+        just after it get under way first (`forecast` then no longer holds). Frames are
+        counted only while the link is down, so any reading before the cut serves; one
+        that comes back after it is dropped."""
+        before = self._down_drops(self._links(self.faults[n]))  # type: ignore[arg-type]
+        with self._lock:
+            if n not in self._cut:
+                self._drops_before[n] = before
 
     def _end(self, n: int, restore: Callable[[], None]) -> None:
         with self._lock:

@@ -137,6 +137,53 @@ def test_link_down_is_applied_from_its_iteration_restored_and_recorded() -> None
     assert '"recovery_s"' in summary.to_json()
 
 
+class SlowStats(FakeEmulation):
+    """A delay line whose counters take 0.3 s to read (a loaded host)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.reads: list[float] = []
+
+    def delay_line_stats(self) -> dict[str, RelaySnapshot]:
+        time.sleep(0.3)
+        self.reads.append(time.time())
+        return super().delay_line_stats()
+
+
+def test_the_cut_lands_on_time_however_slow_the_drop_counters_are() -> None:
+    emu = SlowStats()
+    emu.drops = 5  # from an earlier fault
+    cut_at: list[float] = []
+    change = emu.change_link
+
+    def timed(name: str, **kw: Any) -> None:
+        if kw.get("down"):
+            cut_at.append(time.time())
+        change(name, **kw)
+
+    emu.change_link = timed  # type: ignore[method-assign]
+    inj = FaultInjector([LinkDown(kind="link-down", link="dc1-dc2", iteration=1, at=0.4, duration=0.05)],
+                        "atlas", 1, emu, topology=_topology())
+    t1 = time.time()
+    inj.iteration_started(1, t1)
+    _wait(lambda: len(emu.calls) == 2 and len(emu.reads) == 2)
+    # the counters were read as the iteration was armed, not at the cut: the cut is not 0.3 s late
+    assert emu.reads[0] < cut_at[0] and 0.4 <= cut_at[0] - t1 < 0.6
+    inj.iteration_ended(1, time.time())
+    inj.close()
+    (rec,) = inj.records()
+    assert rec.dropped_frames == 7  # 12 after, 5 before
+
+
+def test_a_drop_reading_that_comes_back_after_the_cut_is_not_used() -> None:
+    emu = SlowStats()
+    inj = FaultInjector([LinkDown(kind="link-down", link="dc1-dc2", iteration=1, at=0.0, duration=0.3)],
+                        "atlas", 1, emu, topology=_topology())
+    inj._cut.add(0)  # the cut began before the early reading came back
+    inj._count_drops_before(0)
+    assert 0 not in inj._drops_before
+
+
 def test_delay_spike_restores_the_delay_it_found() -> None:
     emu = FakeEmulation()
     inj = FaultInjector([DelaySpike(kind="delay-spike", link="dc1-dc2", delay=0.3, duration=0.03)], "atlas", 0, emu,
@@ -296,10 +343,10 @@ def test_the_shipped_outage_is_forecast_in_its_iteration() -> None:
     scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
     pred = _planned(scenario)
     (fc,) = forecast(scenario.faults, scenario.workload.warmup, pred, scenario.topology)
-    # 0.3 s in, WAN transfers under way, 1.4 s down: every stream, whatever its phase, resumes on
-    # its third retry, 9 srtt + 1.4 s after its last packet (1.85 s at 50 ms, 2.3 s at 100 ms: the
-    # queue full), then 0.4 s (8 MB tensors over 8 streams: 1 MB stripes, 512 KB windows sent
-    # again from one packet)
+    # down as the iteration starts, 1.4 s: the first tensors leave 19 ms later into the dead link
+    # and their streams resume on their third retry, 9 srtt + 1.75 s after it (1.85 s at 50 ms,
+    # 2.3 s at 100 ms: the queue full), then 0.4 s (8 MB tensors over 8 streams: 1 MB stripes,
+    # 512 KB windows sent again from one packet); no stream is caught mid-flight
     assert fc.iteration == 2 and fc.delay_s == pytest.approx(2.475)
     assert "+2.48 s in iteration 2" in fc.why and "2.25-2.70 s" in fc.why and "by chance" not in fc.why
     mean = with_forecasts(pred.iteration_time_s, [fc], scenario.workload.warmup, scenario.workload.iterations)
@@ -322,6 +369,36 @@ def test_an_outage_ending_within_a_retrys_span_says_it_is_a_toss_up(duration: fl
     assert "the link comes back while some streams retry" in fc.why
     (lo, hi) = {0.7: (1.30, 2.12), 2.0: (2.61, 4.69)}[duration]
     assert f"{lo:.2f}-{hi:.2f} s" in fc.why and lo < fc.delay_s < hi
+
+
+def test_a_retry_judged_spurious_waits_for_a_probe_at_the_inflated_rtt() -> None:
+    from testbed.run.faults import undo_extra_s
+
+    # silent 2 s: one RTT sample of 2.05 s takes the smoothed RTT from 50 to 300 ms, the probe
+    # 0.6 s later; then the 512 KB window again from one packet (0.4 s)
+    assert undo_extra_s(2.0, 0.05, 524288, 0.05) == pytest.approx(0.6 + 0.4)
+    # a short silence inflates it less
+    assert undo_extra_s(0.4, 0.05, 524288, 0.05) == pytest.approx(2 * (0.05 + 0.4 / 8) + 0.4)
+
+
+@pytest.mark.parametrize(("at", "mid_flight"), [(0.009, False), (0.1, True), (0.3, True)])
+def test_an_outage_says_when_a_stream_is_caught_mid_flight(at: float, mid_flight: bool) -> None:
+    from testbed.run.faults import forecast
+
+    scenario, _ = load_scenario(REPO / "scenarios" / "faults-2dc.yaml")
+    pred = _planned(scenario)
+    first = min(t.start for t in pred.sim.transfers)
+    # the first tensors leave at 19 ms: 10 ms before the cut (less than the 25 ms one-way delay)
+    # all they sent is lost on the wire; earlier, some of it arrived and only the acknowledgements
+    # were lost
+    assert first == pytest.approx(0.019, abs=0.002)
+    (fc,) = forecast([LinkDown(kind="link-down", link="dc1-dc2", iteration=2, at=at, duration=1.4)],
+                     1, pred, scenario.topology)
+    assert ("judged spurious" in fc.why) is mid_flight
+    if mid_flight:
+        # the mean leaves it out; the bound adds the probe at the inflated RTT and the window again
+        upto = float(fc.why.split("; up to ")[1].split(" s ")[0])
+        assert upto > fc.delay_s + 0.9 and "cut the link between transfers" in fc.why
 
 
 def test_an_outage_forecast_without_the_topology_takes_the_paths_rtt() -> None:
@@ -363,7 +440,7 @@ def test_the_injector_keeps_its_forecast_in_the_record() -> None:
     inj = FaultInjector(scenario.faults, "atlas", 1, FakeEmulation(), topology=_topology())
     mean, note = inj.predict(pred, 3)
     assert mean == pytest.approx(pred.iteration_time_s + 2.475 / 3)
-    assert note.startswith("faults forecast: link-down dc1-dc2 for 1.4s at iteration 2 + 300ms: +2.48 s")
+    assert note.startswith("faults forecast: link-down dc1-dc2 for 1.4s at iteration 2 + 0s: +2.48 s")
     (rec,) = inj.records()
     assert rec.outcome == "not-reached" and rec.predicted_delay_s == pytest.approx(2.475)
     assert rec.forecast is not None and "retransmission back-off" in rec.forecast

@@ -28,8 +28,13 @@ cut, its retries that much earlier; with many streams, one of them is in the wor
 phase, and it sets the stall. Where the link comes back while some streams retry (the
 same outage then costs one back-off more or less, by chance), the forecast says so: a
 scenario should time its outage between the retries' spans (scenarios/faults-2dc.yaml
-does). The stall, the longest over the transfers caught,
-is added to the iteration the outage starts in (the WAN is on its critical path
+does). A stream caught mid-flight (its oldest packets arrived, only their
+acknowledgements were lost) may have its retry judged spurious and undone, its lost
+packets then waiting for a probe at an RTT the outage inflated (`undo_extra_s`): by
+chance, so the forecast leaves it out of its mean and says how far past its range it
+may go; a scenario predicts its outage by cutting the link while the WAN is idle, the
+first tensors sent into the dead link (scenarios/faults-2dc.yaml does). The stall, the
+longest over the transfers caught, is added to the iteration the outage starts in (the WAN is on its critical path
 while its micro-batches cross); the variant's headline prediction is the mean over
 the measured iterations. A delay spike is not forecast (its iterations are predicted
 as healthy ones, and the record says so).

@@ -72,7 +72,6 @@ from testbed_core.planning.streams import (
     timed_counts,
     variant_streams,
 )
-from testbed_core.planning.temporal import turn_window_caps
 from testbed_core.planning.wan_paths import PathRates, first_rated, path_rates_of
 from testbed_core.simulate import simulate
 from testbed_core.topology import Topology
@@ -533,10 +532,8 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         if sharing not in (option, "auto"):
             continue
         setup.variant = Variant(definition.name, streams, option, strategy)
-        # shared channels colliding past what a path holds, or one turn's tensor past what
-        # it takes without a tail drop (temporal): each stream's window capped
-        setup.window_caps = {} if local else turn_window_caps(topo, placement, streams, tensor_bytes) \
-            if option == "temporal" else \
+        # shared channels colliding past what a path holds: each stream's window capped
+        setup.window_caps = {} if option == "temporal" or local else \
             window_caps(topo, placement, streams, tensor_bytes, tensors_at_once(workload.parallelism))
         # a planned transfer holds its link token_margin longer than its measured time on
         # the wire, so that one running late does not collide with the next

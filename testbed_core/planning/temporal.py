@@ -18,11 +18,6 @@ transfer's simulated window its slot.
 A runner enforces the plan with ``offsets`` (delay pipeline d's start) and either
 the token lists (a transfer waits until the previous token on its link is done) or
 the slots (a transfer does not start before ``iteration_start + slot[0]``).
-
-A turn puts one tensor at a time on a link direction, all of its streams' windows at
-once; where that is more than the route holds without overflowing its queue, each
-stream's window is capped (`turn_window_caps`), so that a planned turn does not lose
-its tail and wait out a retransmission timeout.
 """
 
 from __future__ import annotations
@@ -33,15 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
-from testbed_core.planning.calibrated import LINK_GOODPUT
-from testbed_core.planning.network import stream_window
-from testbed_core.planning.placement import Placement
 from testbed_core.simulate import SimResult, SimSpec, TransferKey, simulate
-from testbed_core.topology import Topology, bdp_bytes
-
-MIN_TURN_WINDOW = 16 << 10
-"""The smallest per-stream window cap a turn gets (atlas_transport's MIN_WINDOW_CLAMP:
-below a few segments a stream barely moves)."""
 
 
 class TemporalPlanError(ValueError):
@@ -186,57 +173,3 @@ def derive_plan(spec: SimSpec, links: Iterable[str], candidates: list[float] | N
     check = simulate(plan.apply(spec))
     plan.predicted_iteration_s = check.makespan
     return plan
-
-
-def turn_flight_bytes(topology: Topology, src: str, dst: str) -> float:
-    """What one turn may put in flight from DC `src` to `dst` (bytes on the wire) with
-    no tail drop: a quarter of the route's bandwidth-delay product (its slowest link's
-    rate over the route's round trip) past that link's queue, and never less than the
-    BDP (a window of that keeps the link busy). A turn's window leaves paced at up to
-    about four windows per round trip (Linux paces at twice cwnd / srtt while in slow
-    start, and lets cwnd grow to twice what is in flight; slow start after idle is off
-    in a run, so a turn after a pause starts with its window open): the link drains at
-    least a quarter of a BDP while it arrives, the queue takes the rest.
-
-    Measured (issue 40, atlas-4dc's west-mid, 1.0 MB BDP and queue): uncapped, 2.19 MB
-    of frames a turn, 65-82 tail drops a run; capped to the BDP plus half the queue
-    (1.5 MB), still 93."""
-    route = topology.route(src, dst)
-    links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
-    if not links:
-        return math.inf
-    slow = min(links, key=lambda link: link.rate)
-    bdp = bdp_bytes(slow.rate, sum(link.rtt_s for link in links))
-    return max(bdp, slow.queue_bytes + bdp / 4)
-
-
-def turn_window_caps(topology: Topology, placement: Placement, streams: int,
-                     tensor_bytes: float) -> dict[tuple[str, str], int]:
-    """The receive window each stream of a temporal plan's WAN channels advertises at
-    most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) the plan crosses
-    where one turn would put more in flight than the route takes (`turn_flight_bytes`).
-
-    A turn hands one tensor to its channel; its streams send all of it their windows
-    allow at once (their stripes of the tensor, each at most `network.stream_window`).
-    On a route that takes less (issue 40: scenarios/atlas-4dc.yaml's west-mid, 200
-    Mbit/s over 40 ms with a one-BDP queue, 1.25 MB against a 2 MiB tensor's 2.19 MB of
-    frames), the queue drops the turn's last segments now and then; with no segment after them to signal the loss, the stream
-    waits out a retransmission timeout, 0.2-0.3 s that hold up the pipeline, which no
-    plan foresees. Capped to their share of what the route takes, the streams still keep
-    the link busy (the cap is at least a BDP) and lose nothing. Empty where every turn
-    fits (or one stream's window alone could not fill the cap)."""
-    caps: dict[tuple[str, str], int] = {}
-    for d, b in placement.wan_boundaries():
-        a, z = placement.dc_of(d, b), placement.dc_of(d, b + 1)
-        for way in ((a, z), (z, a)):
-            if way in caps:
-                continue
-            window = stream_window(topology, *way)
-            at_once = min(streams * window, tensor_bytes) / LINK_GOODPUT  # one turn's frames, bytes on the wire
-            flight = turn_flight_bytes(topology, *way)
-            if at_once <= flight:
-                continue
-            cap = max(MIN_TURN_WINDOW, int(flight * LINK_GOODPUT / streams))
-            if cap < window:
-                caps[way] = cap
-    return caps

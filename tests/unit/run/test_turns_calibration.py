@@ -174,11 +174,8 @@ def test_the_plans_slots_take_the_measured_holds_each_way() -> None:
     """With the turns probe on Atlas's paths, its temporal plan holds each link for the
     measured hold of that direction (a slow return way: longer slots there, a slower
     prediction), not the alone rate token_margin longer; the shared variants' predictions
-    do not change; without the probe the plan is as before. Queues that take a whole
-    turn: the 300 Mbit/s calibrated here is past the links' 200, and a turn's window
-    cap (test_turn_window_caps.py), sized to the nominal rate, would hold it back."""
-    scenario = _scenario(**{"runner.atlas_sharing": "temporal", "topology.wan.0.queue": "4MB",
-                            "topology.wan.1.queue": "4MB"})
+    do not change; without the probe the plan is as before."""
+    scenario = _scenario(**{"runner.atlas_sharing": "temporal"})
     wl = scenario.workload
     plain = plan_variant("atlas", scenario, wl, None, _cal(), None)
     even = plan_variant("atlas", scenario, wl, None, _cal({("east", "west"): (0.15, 0.15),

@@ -39,6 +39,7 @@ from __future__ import annotations
 import json
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from testbed.progress import Progress
 from testbed.run.common import RunnerError, nominal_link
@@ -475,6 +476,18 @@ def plan_variant(
     return best
 
 
+class _SharingOption(NamedTuple):
+    """One sharing way `_plan_one` planned (temporal plan or shared links), with what the
+    variant takes from it if it is chosen."""
+
+    variant: Variant
+    prediction: Prediction
+    rate_bps: float | None  # the first crossing's channel rate as the prediction weighed it
+    colliding_bps: float | None  # its channels colliding there, in all
+    path_rates: dict[tuple[str, str], PathRates]
+    window_caps: dict[tuple[str, str], int]  # each stream's window clamp per direction (shared ways only)
+
+
 def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement: Placement | ValueError,
               base_dir: str | None,
               cal: Calibration | None, auto_streams: int | None, local: bool,
@@ -524,8 +537,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
             rate, setup.colliding_bps = first.rate_bps, first.colliding_bps
             pc = cal.path(*first.dcs)
             pair = (pc.src, pc.dst) if pc is not None else pair
-    options: dict[str, tuple[Variant, Prediction, float | None, float | None, dict[tuple[str, str], PathRates],
-                             dict[tuple[str, str], int]]] = {}
+    options: dict[str, _SharingOption] = {}
     timed, colliding = setup.path_rates, setup.colliding_bps
     tensor_bytes = workload.effective(base_dir).wire_activation_bytes
     for option in ("temporal", "shared"):
@@ -546,15 +558,17 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         way_rate = None if way_rate is None else way_rate / hold
         if option == "temporal" and first is not None and first.turns_rate_bps is not None:
             way_rate = min(first.turns_rate_bps)  # the plan's transfers as the turns probe timed them (slower way)
-        options[option] = (setup.variant, pred, way_rate, way_colliding, setup.path_rates, setup.window_caps)
+        options[option] = _SharingOption(setup.variant, pred, way_rate, way_colliding, setup.path_rates,
+                                         setup.window_caps)
     if len(options) == 2:
-        times = {option: opt[1].iteration_time_s for option, opt in options.items()}
+        times = {option: opt.prediction.iteration_time_s for option, opt in options.items()}
         setup.sharing_alternatives = times
         chosen = choose_sharing(times["temporal"], times["shared"])
     else:
         (chosen,) = options
-    (setup.variant, setup.prediction, setup.rate_bps, setup.colliding_bps, setup.path_rates,
-     setup.window_caps) = options[chosen]
+    taken = options[chosen]
+    setup.variant, setup.prediction, setup.path_rates = taken.variant, taken.prediction, taken.path_rates
+    setup.rate_bps, setup.colliding_bps, setup.window_caps = taken.rate_bps, taken.colliding_bps, taken.window_caps
     if setup.prediction.plan is None and chosen == "temporal":
         chosen = "shared"  # no WAN link to plan (every crossing inside one DC)
     setup.sharing = chosen

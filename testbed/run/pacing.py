@@ -41,15 +41,14 @@ from dataclasses import dataclass
 from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.planning.network import stream_window
 from testbed_core.planning.placement import Placement
-from testbed_core.topology import Topology, bdp_bytes
+from testbed_core.topology import Topology, WanLink, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
 
 PACED_BURST = 1.2
 """Linux paces a flow in congestion avoidance at about 1.2 windows per smoothed round
 trip: a window whose first round leaves onto an idle link queues all of itself but
-the BDP / 1.2 the link drains meanwhile (testbed_core/planning/temporal.py
-`turn_flight_bytes` reads the temporal plan's turns the same way)."""
+the BDP / 1.2 the link drains meanwhile (`route_takes`)."""
 
 MIN_CAP_WINDOW = 16 << 10
 """The smallest window cap: a few segments a stream."""
@@ -114,14 +113,12 @@ def choose_pacing(topology: Topology, dp: int, configured_streams: int | str, pa
                               "(set transport.pacing: false to run unpaced)")
 
 
-def route_holds(topology: Topology, src: str, dst: str) -> float:
-    """What the route from DC `src` to `dst` holds in flight, bytes: the
-    bandwidth-delay product at its slowest link's rate over the route's round trip, plus
-    that link's queue."""
+def route_bottleneck(topology: Topology, src: str, dst: str) -> tuple[WanLink, float]:
+    """The route from DC `src` to `dst`: its slowest link (whose queue fills) and its
+    round trip, seconds (every link's on the way)."""
     route = topology.route(src, dst)
     links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
-    slow = min(links, key=lambda link: link.rate)
-    return bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) + slow.queue_bytes
+    return min(links, key=lambda link: link.rate), sum(link.rtt_s for link in links)
 
 
 def route_takes(topology: Topology, src: str, dst: str) -> float:
@@ -131,10 +128,8 @@ def route_takes(topology: Topology, src: str, dst: str) -> float:
     leaves paced onto an idle link at PACED_BURST windows a round trip queues all of
     itself but BDP / PACED_BURST (the link busy, the queue holds only what exceeds the
     BDP: less)."""
-    route = topology.route(src, dst)
-    links = [topology.link(x, y) for x, y in zip(route, route[1:], strict=False)]
-    slow = min(links, key=lambda link: link.rate)
-    return slow.queue_bytes + bdp_bytes(slow.rate, sum(link.rtt_s for link in links)) / PACED_BURST
+    slow, rtt = route_bottleneck(topology, src, dst)
+    return slow.queue_bytes + bdp_bytes(slow.rate, rtt) / PACED_BURST
 
 
 def tensors_at_once(parallelism: Parallelism) -> int:

@@ -16,7 +16,7 @@ from testbed.run.jobs import build_jobs
 from testbed.run.pacing import (
     MIN_CAP_WINDOW,
     PACED_BURST,
-    route_holds,
+    route_bottleneck,
     route_takes,
     tensors_at_once,
     window_caps,
@@ -26,6 +26,7 @@ from testbed.run.scenario import load_scenario
 from testbed.run.variants import place_variants, plan_variant
 from testbed.training.worker.channels import transport_config
 from testbed_core.contracts.worker_job import TransportJob
+from testbed_core.topology import bdp_bytes
 from testbed_core.variants import RunVariant, get_variant
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -48,7 +49,8 @@ def test_atlas_3dc_multi_tcp_gets_each_path_s_share_of_what_it_takes_without_a_t
     topo = scenario.topology
     assert PACED_BURST == 1.2
     # mid-big: 200 Mbit/s x 50 ms = 1.25 MB and a queue as large; 2 channels x 8 streams
-    assert route_holds(topo, "mid", "big") == pytest.approx(2.5e6)
+    slow, rtt = route_bottleneck(topo, "mid", "big")
+    assert slow.queue_bytes + bdp_bytes(slow.rate, rtt) == pytest.approx(2.5e6)  # what the route holds
     assert route_takes(topo, "mid", "big") == pytest.approx(1.25e6 + 1.25e6 / 1.2)
     caps = window_caps(topo, placement, 8, MIB, 3)
     assert caps[("mid", "big")] == caps[("big", "mid")] == int((1.25e6 + 1.25e6 / 1.2) * 1448 / 1514 / 16) == 136_985

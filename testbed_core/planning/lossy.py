@@ -48,6 +48,7 @@ figure. Nothing here is fitted to a run.
 
 from __future__ import annotations
 
+import itertools
 import math
 import random
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -367,13 +368,10 @@ def run_times(nbytes: float, streams: int, rtt_s: float, loss: float, window_byt
 
 def _group_sizes(groups: tuple[int, ...], count: int) -> list[int]:
     """`count` tensors cut into the back-to-back groups of `groups` (sizes, one
-    iteration's tensors on the channel, repeated; empty: one at a time)."""
-    sizes, pattern = [], list(groups) or [1]
-    while sum(sizes) < count:
-        sizes += pattern
-    while sum(sizes) > count:
-        sizes[-1] -= sum(sizes) - count
-        sizes = [k for k in sizes if k > 0]
+    iteration's tensors on the channel, repeated, the last cut short; empty: one at a time)."""
+    sizes, pattern = [], itertools.cycle(groups or (1,))
+    while (done := sum(sizes)) < count:
+        sizes.append(min(next(pattern), count - done))
     return sizes
 
 
@@ -540,20 +538,22 @@ def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
 
 def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
                  history: tuple[int, ...] | None = None, per_iteration: int = 1,
-                 paced: bool = False, groups: Mapping[tuple[str, ...], tuple[int, ...]] | None = None,
+                 paced: bool = False, plan: tuple[SimSpec, SimResult] | None = None,
                  ) -> dict[tuple[str, ...], Factors]:
     """The `service_factors` of every lossy route among `paths` (by its link resources),
     for tensors of `nbytes` at the route's streams and windows; `history` and
     `per_iteration` (tensors a channel carries an iteration) as `service_factors` takes
-    them; `groups`: a route's back-to-back groups in an iteration (`channel_groups`)."""
+    them; `plan`: the iteration simulated at the rates' mean, whose back-to-back groups
+    (`channel_groups`, read only where a route is lossy) the routes' channels carry."""
+    lossy = [(wp, loss) for wp in paths
+             if (loss := route_loss(topology, wp.dcs)) > 0 and wp.rtt_s > 0 and nbytes > 0]
+    groups = channel_groups(*plan) if plan is not None and lossy else {}
     out = {}
-    for wp in paths:
-        loss = route_loss(topology, wp.dcs)
-        if loss > 0 and wp.rtt_s > 0 and nbytes > 0:
-            window = wp.window_bytes if math.isfinite(wp.window_bytes) else wp.flow_rate_bps * wp.rtt_s / 8
-            out[wp.resources] = service_factors(float(nbytes), wp.streams, wp.rtt_s, loss, window,
-                                                wp.bottleneck_bps, idle_restart, history, per_iteration, paced,
-                                                (groups or {}).get(wp.resources, ()))
+    for wp, loss in lossy:
+        window = wp.window_bytes if math.isfinite(wp.window_bytes) else wp.flow_rate_bps * wp.rtt_s / 8
+        out[wp.resources] = service_factors(float(nbytes), wp.streams, wp.rtt_s, loss, window,
+                                            wp.bottleneck_bps, idle_restart, history, per_iteration, paced,
+                                            groups.get(wp.resources, ()))
     return out
 
 
@@ -599,7 +599,7 @@ def chance_interval(prediction: Prediction, topology: Topology, iterations: int,
     assert prediction.effective is not None
     factors = lossy_routes(topology, prediction.paths.values(), prediction.effective.wire_activation_bytes,
                            idle_restart, history, prediction.spec.schedule.microbatches, paced,
-                           channel_groups(prediction.spec, prediction.sim))
+                           (prediction.spec, prediction.sim))
     if not factors:
         return None
     lo, hi = run_interval(prediction.spec, factors, simulate, max(1, iterations), runs)

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from testbed_core.planning.interleave import interleave
-from testbed_core.planning.lossy import channel_groups, lossy_routes, spread_makespan
+from testbed_core.planning.lossy import lossy_routes, spread_makespan
 from testbed_core.planning.network import (
     NetParams,
     WanPath,
@@ -425,7 +425,7 @@ def predict(
     # a lossy route's tensors take random times around the rate's mean: the pipeline
     # waits for the slow ones (testbed_core/planning/lossy.py `spread_makespan`)
     lossy = lossy_routes(topology, paths.values(), eff.wire_activation_bytes, net.slow_start_after_idle,
-                         net.lossy_history, par.num_micro_batches, net.paced, channel_groups(spec, sim))
+                         net.lossy_history, par.num_micro_batches, net.paced, (spec, sim))
     makespan = spread_makespan(spec, lossy, simulate) if lossy else sim.makespan
     idle_net = replace(spec, paths={}, resources={}, offsets=None)
     compute_only = simulate(idle_net).makespan

@@ -226,6 +226,10 @@ class ProbeJob(_Model):
     period_s: float | None = Field(None, gt=0, description="send tensor k at start_at + k x period (rounds)")
     wait_go: bool = Field(False, description="once connected, print 'connected' and read 'go <start_at>' on stdin")
     warmup_bytes: int = Field(0, ge=0, description="one untimed tensor of this size first: opens the TCP windows")
+    window_clamp: int | None = Field(None, gt=0, description="per stream, the most this end advertises as receive "
+                                                             "window (TCP_WINDOW_CLAMP), as the run clamps the "
+                                                             "channels it times (ChannelJob.window_clamp); None: "
+                                                             "the buffers'")
     verify: bool = Field(False, description="the tensor checks of runner.verify_tensors, timed: the sender fills "
                                             "each tensor with the training's pattern, the receiver checks every byte")
     out: str

@@ -152,10 +152,12 @@ def run_agent(stdin: IO[str] | None = None, stdout: IO[str] | None = None) -> No
 def _open_channel(job: ProbeJob | RingProbeJob, listening: bool, deadline: float, what: str,
                   io: ProbeIO) -> Channel:
     """The probe's one channel: accepted on the job's address (after saying 'listening'),
-    or connected to its peer, retried until `deadline`."""
+    or connected to its peer, retried until `deadline`; each stream's receive window
+    clamped as the job says (`ProbeJob.window_clamp`: the run's cap on the channels the
+    probe stands for; a ring probe's channel, as the DP channels, has none)."""
     from atlas_transport import listen
 
-    cfg = transport_config(job.transport, job.streams)
+    cfg = transport_config(job.transport, job.streams, job.window_clamp if isinstance(job, ProbeJob) else None)
     if listening:
         with listen(job.bind_ip, job.port, cfg) as lst:
             io.say("listening")

@@ -98,3 +98,41 @@ def test_the_probe_check_fails_on_a_tensor_not_of_its_pattern() -> None:
     assert check is not None
     with pytest.raises(CommError, match=r"v-recv: .* failed verification \(\d+ of 4096 bytes differ\)"):
         check(0, torch.zeros(4096, dtype=torch.uint8))
+
+
+def test_a_probe_clamps_its_streams_windows_as_its_job_says(tmp_path: Path, monkeypatch) -> None:
+    """ProbeJob.window_clamp (the run's cap on the channels a probe stands for,
+    testbed/run/pacing.py window_caps): every stream of that end advertises at most it
+    (TCP_WINDOW_CLAMP), the receiver's accepted streams included, and the tensors still
+    cross; an end without one keeps the kernel's own."""
+    import socket as sk
+
+    from atlas_transport.sockets import TCP_WINDOW_CLAMP
+    from testbed.training.worker import probe
+
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    clamps: dict[str, list[int]] = {}
+    opened = probe._open_channel
+
+    def record(job, listening, deadline, what, io):
+        ch = opened(job, listening, deadline, what, io)
+        clamps[job.name] = [s.sock.getsockopt(sk.IPPROTO_TCP, TCP_WINDOW_CLAMP) for s in ch._streams]
+        return ch
+
+    monkeypatch.setattr(probe, "_open_channel", record)
+    common = {"port": _free_port(), "streams": 3, "nbytes": 1 << 20, "count": 2, "transport": TRANSPORT,
+              "timeout_s": 30}
+    recv = ProbeJob(role="probe-recv", name="c-recv", out=str(tmp_path / "r.json"), window_clamp=150_000, **common)
+    send = ProbeJob(role="probe-send", name="c-send", peer_ip="127.0.0.1", wait_go=True,
+                    out=str(tmp_path / "s.json"), **common)
+    assert send.window_clamp is None
+    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
+        (tmp_path / name).write_text(job.model_dump_json())
+    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
+                        f"go c-send {time.time() + 0.3}\nquit\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    assert {"c-recv done", "c-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
+    assert clamps["c-recv"] == [150_000] * 3
+    assert all(c != 150_000 for c in clamps["c-send"])
+    assert len(json.loads((tmp_path / "r.json").read_text())["arrived"]) == 2

@@ -2,8 +2,10 @@
 of the workload's wire size, measured before the variants play.
 
 Tensors of the workload's wire size are timed over one channel each way between hosts
-on either side of a WAN path (after an untimed tensor that opens the TCP windows), once
-per stream count the variants use there, and the shared variants' channels are timed
+on either side of a WAN path, once per stream count the variants use there, over
+channels opened as the run opens its own (`run_channels`: cold on modelled devices,
+warmed with the workers' untimed tensor on real ones, then the run's untimed warm-up
+tensors) and clamped as the run clamps them (`probe_caps`), and the shared variants' channels are timed
 colliding (all sending at once); a path the DP rings cross (dp-across-dc) times the
 workers' own ring all-reduce, all rings at once; inside a DC, the ring between DP
 neighbours. Which paths, stream counts and rings (`calibrate_variants`): from the
@@ -45,6 +47,7 @@ from testbed.run.common import (
     worker_env,
 )
 from testbed.run.network import Network
+from testbed.run.pacing import tensors_at_once, window_caps
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
 from testbed_core.constants import WARMUP_BYTES_PER_STREAM, warmup_bytes
@@ -56,11 +59,13 @@ from testbed_core.contracts.calibration import (
     TogetherCalibration,
     TurnsCalibration,
     VerifyCalibration,
+    dc_of_host,
 )
 from testbed_core.contracts.worker_job import ProbeJob, RingProbeJob
 from testbed_core.planning.calibrated import turns_hold_s
 from testbed_core.planning.placement import Placement
 from testbed_core.planning.streams import (
+    StreamsSetting,
     choose_streams,
     configured_streams,
     mean_rate,
@@ -79,13 +84,13 @@ from testbed_core.planning.wan_paths import (
     two_way,
     wan_uses,
 )
-from testbed_core.variants import RunVariant
+from testbed_core.variants import RunVariant, VariantDef
 from testbed_core.workload import EffectiveWorkload
 
-__all__ = ["PROBE_WARMUP", "Calibration", "PathCalibration", "ProbeAgents", "Prober", "aggregate_rate", "calibrate",
-           "calibrate_link", "calibrate_one_way", "calibrate_together", "calibrate_turns", "calibrate_variants",
-           "calibrate_verify",
-           "calibrate_wan_rings", "effective_rate"]
+__all__ = ["PROBE_WARMUP", "Calibration", "ChannelState", "PathCalibration", "ProbeAgents", "Prober",
+           "aggregate_rate", "calibrate", "calibrate_link", "calibrate_one_way", "calibrate_together",
+           "calibrate_turns", "calibrate_variants", "calibrate_verify", "calibrate_wan_rings", "effective_rate",
+           "probe_caps", "run_channels", "variant_caps"]
 
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
@@ -93,7 +98,7 @@ ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both w
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
-PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # one big untimed tensor first (testbed_core/constants.py)
+PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # a warmed channel's untimed tensor (testbed_core/constants.py)
 PROBE_SLACK_S = 60.0  # a probe's time budget beyond its tensors (connect, start, the warm-up tensor)
 PROBE_TRANSFER_SLACK_S = 5.0  # each tensor's budget beyond its bytes at the slowest WAN rate (probe_budget_s)
 
@@ -143,9 +148,63 @@ class ProbeTimes(NamedTuple):
     fill_s: list[float] | None = None
     check_s: list[float] | None = None
 
-    def timed(self) -> list[float]:
-        """Each tensor's transfer time, the untimed warm-up tensors (PROBE_WARMUP) left out."""
-        return [a - s for s, a in zip(self.sent, self.arrived, strict=True)][PROBE_WARMUP:]
+    def timed(self, untimed: int = PROBE_WARMUP) -> list[float]:
+        """Each tensor's transfer time, the `untimed` first tensors left out."""
+        return [a - s for s, a in zip(self.sent, self.arrived, strict=True)][untimed:]
+
+
+class ChannelState(NamedTuple):
+    """How the run's channels are when its measured iterations use them (`run_channels`):
+    `warm`, opened with the workers' untimed warm-up tensor (warmup_bytes), and `untimed`,
+    the tensors each carried before (its warm-up iterations', at most TURNS_MAX_UNTIMED)."""
+
+    warm: bool
+    untimed: int
+
+
+def run_channels(scenario: Scenario) -> ChannelState:
+    """How a probe opens its channels to time them as the run's: warmed where the
+    workers warm each WAN channel (real devices, testbed/training/worker/warm.py), cold
+    on modelled devices (no warm-up tensor); then as many untimed tensors as a run's
+    channel carries in its warm-up iterations, at most TURNS_MAX_UNTIMED (the turns
+    probe's rule: the first tensor of a cold channel took 1.4-4.4 x its steady time, the
+    third on were at it). Why (issue 40): at 200 ms RTT with 1 MB buffers a stream's
+    usable window is half an 8-stream stripe of the 8.4 MB tensor, and whether a big
+    warm-up tensor had opened the windows decided whether a tensor took two round trips
+    or three: the probe read 159 or 277-287 Mbit/s from one calibration to the next,
+    while the run's cold channels moved every tensor in three (sweep-rtt's 200 ms point,
+    docs/results/sweep-rtt.md: predicted 3.47 s, ran 5.02-5.05)."""
+    w = scenario.workload
+    return ChannelState(w.gpu.mode == "real", min(TURNS_MAX_UNTIMED, w.warmup * w.parallelism.num_micro_batches))
+
+
+def variant_caps(scenario: Scenario, run: RunVariant, placement: Placement, streams: int, nbytes: int,
+                 local: bool, auto_capped: bool) -> dict[DcPair, int] | None:
+    """The receive window the run clamps each stream of `run`'s channels of `streams`
+    streams on `placement` to, per direction (sending DC, receiving DC), as
+    testbed/run/variants.py `_plan_one` gives its shared way (testbed/run/pacing.py
+    `window_caps`; none in local mode); None where it runs uncapped: a temporal plan by
+    request, or, unless `auto_capped`, a variant that weighs both ways (sharing
+    ``auto``: its plan's channels are not capped)."""
+    sharing = requested_sharing(run.variant, scenario.runner.atlas_sharing)
+    if sharing == "temporal" or (sharing == "auto" and not auto_capped):
+        return None
+    if local:
+        return {}
+    return window_caps(scenario.topology, placement, streams, nbytes, tensors_at_once(scenario.workload.parallelism))
+
+
+def probe_caps(caps: Sequence[Mapping[DcPair, int] | None]) -> dict[DcPair, int]:
+    """The window caps of a probe whose figure serves every variant of `caps` (each
+    `variant_caps`; None: one that runs uncapped): per direction, the cap all of them run
+    with; none where one runs uncapped or with another cap (the probe then times the
+    streams as the uncapped run them, and the planner holds a capped stream to its cap a
+    round trip, testbed_core/planning/network.py `wan_path`)."""
+    if not caps or any(c is None for c in caps):
+        return {}
+    first, *rest = caps
+    assert first is not None
+    return {way: cap for way, cap in first.items() if all(c is not None and c.get(way) == cap for c in rest)}
 
 
 class ProbeAgents:
@@ -257,12 +316,15 @@ class Prober:
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
-            offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False) -> list[ProbeTimes]:
+            offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False,
+            caps: Mapping[DcPair, int] | None = None) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start); `warm`: each
         channel first sends one untimed tensor that opens its windows (warmup_bytes);
-        `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed."""
+        `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed;
+        `caps`: per direction (sending DC, receiving DC), each stream's window clamp
+        (`probe_caps`), each end clamping what it receives as the run's channels do."""
         transport = transport_job(self.scenario.transport)
         budget = probe_budget_s(count, nbytes, period_s, offsets,
                                 [(link.rate, link.rtt_s) for link in self.scenario.topology.wan])
@@ -273,16 +335,18 @@ class Prober:
             name = f"{label}s{streams}-c{k}"
             port = self.ports.port(k)
             warm_bytes = warmup_bytes(streams) if warm else 0
+            ahead, back = (dc_of_host(src), dc_of_host(dst)), (dc_of_host(dst), dc_of_host(src))
             agents.submit(dst, ProbeJob(role="probe-recv", name=f"{name}-recv", bind_ip="0.0.0.0", port=port,
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,
-                                        warmup_bytes=warm_bytes, verify=verify, timeout_s=budget))
+                                        warmup_bytes=warm_bytes, verify=verify, timeout_s=budget,
+                                        window_clamp=(caps or {}).get(ahead)))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
                                         wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport,
-                                        timeout_s=budget))
+                                        timeout_s=budget, window_clamp=(caps or {}).get(back)))
             names.append(name)
         for name in names:  # every sender connected: one common start
             agents.expect(f"{name}-send", "connected", 60)
@@ -306,25 +370,27 @@ Measured = Calibration | PathCalibration  # what a probe step fills in: the run'
 def calibrate(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
     stream_counts: Sequence[int], nbytes: int, latency_s: float, progress: Progress,
-    cal: Measured | None = None, agents: ProbeAgents | None = None,
+    cal: Measured | None = None, agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None,
 ) -> Measured:
     """Time tensors of `nbytes` over one channel per pair, all at once, once per stream
-    count (added to `cal` when given). Pass a forward and a reverse pair: pipelines
+    count (added to `cal` when given), the channels opened as the run's (`run_channels`)
+    and clamped by `caps` (`Prober.run`). Pass a forward and a reverse pair: pipelines
     send activations and gradients across the WAN at the same time, and the reverse
     traffic (and its ACKs) slows the forward one."""
-    count = scenario.runner.calibration_transfers + PROBE_WARMUP
+    state = run_channels(scenario)
+    count = scenario.runner.calibration_transfers + state.untimed
     cal = cal or Calibration(src=pairs[0][0], dst=pairs[0][1], nbytes=nbytes, latency_s=latency_s)
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         for n in sorted(set(stream_counts) - set(cal.rates_bps)):
             durations = []
-            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-"):
-                durations += res.timed()
+            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", warm=state.warm, caps=caps):
+                durations += res.timed(state.untimed)
             cal.transfer_s = {**cal.transfer_s, n: durations}
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
                          f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
-                         f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+                         f"({_opened(state, caps)}; transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
             prober.agents.close()
@@ -333,25 +399,27 @@ def calibrate(
 
 def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: str, pair: tuple[str, str],
                       stream_counts: Sequence[int], path: PathCalibration, progress: Progress,
-                      agents: ProbeAgents | None = None) -> None:
+                      agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None) -> None:
     """Time tensors of the path's size over one channel of `pair` alone, nothing sent
     the other way, once per stream count not timed so yet: the rate probe (`calibrate`)
     has a channel each way at once, as pipelines whose activations and gradients cross
     together load the path; a channel that fills the link moves less so (the other
     way's data delays its acknowledgements), and a pipeline whose transfers take turns
     across the path (one way, then the other) moves more. The planner weighs the two
-    by how much its transfers overlap the other way's (testbed_core/planning/reverse_load.py)."""
-    count = max(scenario.runner.calibration_transfers, ONE_WAY_ROUNDS) + PROBE_WARMUP
+    by how much its transfers overlap the other way's (testbed_core/planning/reverse_load.py).
+    Channels opened as the run's (`run_channels`), clamped by `caps`."""
+    state = run_channels(scenario)
+    count = max(scenario.runner.calibration_transfers, ONE_WAY_ROUNDS) + state.untimed
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         for n in sorted(set(stream_counts) - set(path.one_way_bps)):
-            (res,) = prober.run([pair], n, path.nbytes, count, f"{_label(path)}oneway-")
-            durations = res.timed()
+            (res,) = prober.run([pair], n, path.nbytes, count, f"{_label(path)}oneway-", warm=state.warm, caps=caps)
+            durations = res.timed(state.untimed)
             path.one_way_s = {**path.one_way_s, n: durations}
             path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
             progress.log(f"  calibration{_where(path)}: {n:2d} stream(s) one way alone: "
-                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel "
-                         f"(transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state, caps)}; "
+                         f"transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
             prober.agents.close()
@@ -365,42 +433,53 @@ def _where(cal: Measured) -> str:
     return f" {cal.dcs[0]}<->{cal.dcs[1]}" if isinstance(cal, PathCalibration) else ""
 
 
+def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None) -> str:
+    """How a probe's channels were opened and clamped, for the log."""
+    return (f"{'warmed' if state.warm else 'cold'} channels, {state.untimed} untimed tensor(s) first"
+            + "".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream" for (a, z), c in sorted((caps or {}).items())))
+
+
 def calibrate_link(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
     streams: int, cal: Measured, progress: Progress, agents: ProbeAgents | None = None,
+    caps: Mapping[DcPair, int] | None = None,
 ) -> None:
     """The link's total while the variants' channels collide on it: one channel of
     `streams` per pair and per direction, sending in synchronised rounds (as the
     data-parallel pipelines do), at least COLLISION_ROUNDS timed rounds (the mean of
-    a heavy-tailed time needs more samples than a median)."""
-    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
+    a heavy-tailed time needs more samples than a median); the channels opened as the
+    run's (`run_channels`) and clamped as the shared variants' are (`caps`)."""
+    state = run_channels(scenario)
+    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + state.untimed
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     single = cal.transfer_s.get(streams) or [1.0]
     period = 2.5 * sum(single) / len(single) + PROBE_GAP_S
     both = list(pairs) + [(b, a) for a, b in pairs]
     try:
-        res = prober.run(both, streams, cal.nbytes, count, f"{_label(cal)}x{len(pairs)}-", period_s=period)
+        res = prober.run(both, streams, cal.nbytes, count, f"{_label(cal)}x{len(pairs)}-", period_s=period,
+                         warm=state.warm, caps=caps)
     finally:
         if agents is None:
             prober.agents.close()
     rates = []
     durations: list[float] = []
     for group in (res[:len(pairs)], res[len(pairs):]):
-        timed = [d for r in group for d in r.timed()]
+        timed = [d for r in group for d in r.timed(state.untimed)]
         durations += timed
         rates.append(aggregate_rate(cal.nbytes, timed, len(pairs), cal.latency_s))
     cal.concurrent = len(pairs)
     cal.colliding_bps = {**cal.colliding_bps, streams: sum(rates) / len(rates)}
     cal.colliding_s = {**cal.colliding_s, streams: durations}
     progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
-                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all (transfers: median "
-                 f"{median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state, caps)}; transfers: "
+                 f"median {median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
 
 def calibrate_together(
     net: Network, scenario: Scenario, folder: Path, secret: str,
     loads: Sequence[tuple[PathCalibration, Sequence[tuple[str, str]]]], streams: int, progress: Progress,
-    agents: ProbeAgents | None = None,
+    agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None,
+    colliding_caps: Mapping[DcPair, int] | None = None,
 ) -> None:
     """Every path of a placement loaded at once, as the placement's pipelines load them
     (every WAN link is a delay line on the machine's cores, so a path gives less while
@@ -410,8 +489,10 @@ def calibrate_together(
     path's channel rate, the median as `calibrate` takes it), then, where two or more
     pipelines cross a path, all of their channels each way on every path (that path's
     colliding aggregate, the mean as `calibrate_link` takes it). The figures go to each
-    path's ``together`` list."""
-    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + PROBE_WARMUP
+    path's ``together`` list. The channels opened as the run's (`run_channels`), clamped
+    by `caps` (one channel each way) and `colliding_caps` (every pipeline's)."""
+    state = run_channels(scenario)
+    count = max(scenario.runner.calibration_transfers, COLLISION_ROUNDS) + state.untimed
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     means = [sum(v) / len(v) for pc, _ in loads if (v := pc.transfer_s.get(streams))] or [1.0]
     period = 2.5 * max(means) + PROBE_GAP_S  # the slowest path's transfers fit a round
@@ -419,26 +500,29 @@ def calibrate_together(
     label = "+".join(f"{a}-{z}" for a, z in dcs)
     figures = {pc.dcs: TogetherCalibration(streams=streams, paths=dcs, channels=len(pairs)) for pc, pairs in loads}
 
-    def play(per_path: Sequence[Sequence[tuple[str, str]]], tag: str) -> list[list[list[float]]]:
+    def play(per_path: Sequence[Sequence[tuple[str, str]]], tag: str,
+             clamp: Mapping[DcPair, int] | None) -> list[list[list[float]]]:
         """Per path, per direction: the timed transfers of its channels."""
         both = [list(pairs) + [(b, a) for a, b in pairs] for pairs in per_path]
         res = prober.run([p for pairs in both for p in pairs], streams, loads[0][0].nbytes, count,
-                         f"{label}-{tag}-", period_s=period)
+                         f"{label}-{tag}-", period_s=period, warm=state.warm, caps=clamp)
         out, k = [], 0
         for pairs in both:
             group = res[k:k + len(pairs)]
             k += len(pairs)
             half = len(pairs) // 2
-            out.append([[d for r in group[:half] for d in r.timed()], [d for r in group[half:] for d in r.timed()]])
+            out.append([[d for r in group[:half] for d in r.timed(state.untimed)],
+                        [d for r in group[half:] for d in r.timed(state.untimed)]])
         return out
 
     try:
-        for (pc, _), ways in zip(loads, play([[pairs[0]] for _, pairs in loads], "one"), strict=True):
+        for (pc, _), ways in zip(loads, play([[pairs[0]] for _, pairs in loads], "one", caps), strict=True):
             fig = figures[pc.dcs]
             fig.transfer_s = ways[0] + ways[1]
             fig.rate_bps = sum(effective_rate(pc.nbytes, w, pc.latency_s) for w in ways) / 2
         if any(len(pairs) > 1 for _, pairs in loads):
-            for (pc, pairs), ways in zip(loads, play([pairs for _, pairs in loads], "all"), strict=True):
+            for (pc, pairs), ways in zip(loads, play([pairs for _, pairs in loads], "all", colliding_caps),
+                                         strict=True):
                 if len(pairs) > 1:
                     fig = figures[pc.dcs]
                     fig.colliding_s = ways[0] + ways[1]
@@ -451,7 +535,8 @@ def calibrate_together(
         pc.together = [t for t in pc.together if not (t.streams == streams and t.loads(dcs))] + [fig]
         alone = pc.rates_bps.get(streams)
         progress.log(f"  calibration{_where(pc)} with {len(dcs) - 1} other path(s) loaded at once, {streams} "
-                     f"streams: {(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"
+                     f"streams ({_opened(state, {**(caps or {}), **(colliding_caps or {})})}): "
+                     f"{(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"
                      + (f" (alone {alone / 1e6:.0f})" if alone else "")
                      + ("" if fig.colliding_bps is None else
                         f", {fig.channels} channels colliding each way: {fig.colliding_bps / 1e6:.0f} Mbit/s in all"
@@ -470,18 +555,15 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     tensors as a run channel carries in its warm-up iterations (at most
     TURNS_MAX_UNTIMED), then at least TURNS_ROUNDS timed rounds. A planned
     transfer holds its link until the later of its planned end and its last byte out
-    (testbed/training/transport_comm.py), and the run's channels, which only ever carry
-    the workload's tensors, move them slower than a channel opened by the alone probe's
-    big warm-up tensor: the planner takes the plan's holds from these transfers
-    (testbed_core/planning/calibrated.py `turns_hold_s`)."""
+    (testbed/training/transport_comm.py), and transfers taking turns on a path move
+    otherwise than the alone probe's, both ways at once: the planner takes the plan's
+    holds from these transfers (testbed_core/planning/calibrated.py `turns_hold_s`)."""
     single = pc.transfer_s.get(streams)
     if not single or not pairs:
         return
-    w = scenario.workload
-    untimed = min(TURNS_MAX_UNTIMED, w.warmup * w.parallelism.num_micro_batches)
+    warm, untimed = run_channels(scenario)
     slot = max(1e-3, median(single) - pc.latency_s) * (1 + scenario.runner.token_margin)
     turn = 2 * slot
-    warm = w.gpu.mode == "real"
     count = untimed + max(scenario.runner.calibration_transfers, TURNS_ROUNDS)
     both = list(pairs) + [(b, a) for a, b in pairs]
     offsets = [k * turn for k in range(len(pairs))] * 2
@@ -641,6 +723,15 @@ def _hosted(placements: Mapping[str, Placement | ValueError]) -> dict[str, Place
     return {name: pl for name, pl in placements.items() if isinstance(pl, Placement) and all(pl.hosts.values())}
 
 
+def _may_take(definition: VariantDef, setting: StreamsSetting, flow_bps: float | None, nominal_bps: float | None,
+               auto: int | None) -> set[int]:
+    """The stream counts a variant may run with, before the calibration has timed them:
+    its policy's count (`choose_streams`), and for fill-link also the configured count
+    and one (`fill_link_streams` keeps the fewest of those timed near the fastest)."""
+    n = choose_streams(definition, setting, flow_bps, nominal_bps, auto)
+    return {n, configured_streams(setting, auto), 1} if definition.streams == "fill-link" else {n}
+
+
 def together_of(scenario: Scenario, runs: Sequence[RunVariant], placements: Mapping[str, Placement | ValueError],
                 cal: Calibration, auto: int | None, nominal: float | None) -> list[TogetherLoad]:
     """How each multi-stream variant of `runs` loads its paths at once (single streams
@@ -691,10 +782,16 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
     lan = dp_lan_pairs(atlas_pl) if atlas_pl is not None and par.dp > 1 and scenario.runner.dp_allreduce \
         and scenario.workload.gpu.mode != "real" else []
     s = scenario.transport.streams
-    counts = {1} | (set(auto_candidates) if s == "auto" else {int(s)})
+    counts = {1} | (set(auto_candidates) if s == "auto" else set())  # before the variants' counts are known
     folder = out / "calibration"
     nbytes = eff.wire_activation_bytes
     by_name = {r.variant.name: r for r in runs}
+    hosted = _hosted(placements)
+
+    def caps_of(names: Sequence[str], n: int, auto_capped: bool) -> dict[DcPair, int]:
+        """The window caps of a probe of `n` streams whose figure serves the variants `names`."""
+        return probe_caps([variant_caps(scenario, by_name[v], hosted[v], n, nbytes, net.local, auto_capped)
+                           for v in names if v in by_name and v in hosted])
     agents = ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
     progress.log(f"calibrating {len(uses)} WAN path(s): "
                  + ", ".join(f"{a}<->{z} ({', '.join(u.variants) or 'probe'})" for (a, z), u in uses.items()))
@@ -708,7 +805,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
             pc = PathCalibration(dcs=(a, z), src=first[0], dst=first[1], nbytes=nbytes, latency_s=latency,
                                  nominal_bps=nominal_link(topo, first), variants=use.variants)
             paths.append(pc)
-            if use.pairs:
+            if use.pairs:  # one stream (never capped) and the auto candidates (the count is chosen from them)
                 calibrate(net, scenario, folder, secret, two_way(use.pairs), sorted(counts), nbytes, latency,
                           progress, pc, agents)
         cal = Calibration(src=paths[0].src, dst=paths[0].dst, nbytes=nbytes, latency_s=paths[0].latency_s,
@@ -721,16 +818,20 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
             auto = choose({n: cal.rates_bps[n] for n in auto_candidates}, auto_margin)
         nominal = nominal_link(topo, (cal.src, cal.dst))
         for pc, use in zip(paths, uses.values(), strict=True):
-            # the count each variant's policy asks for (fill-link: by formula on the primary
-            # path); plan_variant then keeps, of the counts measured, the fastest on the primary
-            runs_here = [by_name[v] for v in use.channels if v in by_name]
-            if use.pairs and runs_here:
-                wanted = {choose_streams(run.variant, s, cal.rate(1), nominal, auto) for run in runs_here}
-                calibrate(net, scenario, folder, secret, two_way(use.pairs), sorted(wanted), nbytes, pc.latency_s,
-                          progress, pc, agents)
+            # the configured count and the count each variant's policy asks for (fill-link: by
+            # formula on the primary path, or the configured count, or one: plan_variant keeps,
+            # of the counts measured, the fastest on the primary), each clamped as the variants
+            # that may take it run it
+            takes = {v: _may_take(by_name[v].variant, s, cal.rate(1), nominal, auto)
+                     for v in use.channels if v in by_name}
+            wanted = set().union(*takes.values()) | ({int(s)} if s != "auto" else set())
+            for n in sorted(wanted - set(pc.rates_bps) if use.pairs else ()):
+                calibrate(net, scenario, folder, secret, two_way(use.pairs), [n], nbytes, pc.latency_s,
+                          progress, pc, agents, caps_of([v for v, ns in takes.items() if n in ns], n, False))
             cal.mirror_primary()
         for pc, use in zip(paths, uses.values(), strict=True):
             collide: dict[int, int] = {}
+            sharers: dict[int, list[str]] = {}  # the variants whose shared way reads each count's figures
             for name in use.channels:
                 if name not in by_name:
                     continue
@@ -740,16 +841,19 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                     continue
                 n = variant_streams(definition, s, cal, auto, nominal)
                 collide[n] = max(collide.get(n, 0), use.channels[name])
+                sharers.setdefault(n, []).append(name)
             for n, k in sorted(collide.items()):
                 if k > 1:
-                    calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents)
+                    calibrate_link(net, scenario, folder, secret, use.pairs[:k], n, pc, progress, agents,
+                                   caps_of(sharers[n], n, True))
             # a channel far below the link's rate is window-limited: the other way's data
             # queues none of its acknowledgements, both ways move the same (measured: 1 and
             # 4 streams of 1 MB windows at 50 ms on 1 Gbit/s); one near it fills the link
             near = [n for n in collide if pc.nominal_bps is None
                     or pc.rates_bps.get(n, 0.0) >= ONE_WAY_MIN_SHARE * pc.nominal_bps]
-            if use.pairs and near:
-                calibrate_one_way(net, scenario, folder, secret, use.pairs[0], near, pc, progress, agents)
+            for n in sorted(near if use.pairs else ()):
+                calibrate_one_way(net, scenario, folder, secret, use.pairs[0], [n], pc, progress, agents,
+                                  caps_of(sharers[n], n, True))
             for name, k in use.channels.items():  # a plan's channels taking turns (Atlas's temporal sharing)
                 if name not in by_name or \
                         requested_sharing(by_name[name].variant, scenario.runner.atlas_sharing) == "shared":
@@ -773,8 +877,11 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                                           configured_streams(s, auto), nbytes, progress, agents)
         loads = together_of(scenario, runs, placements, cal, auto, nominal)
         for n, groups in together_loads(loads, uses, paths).items():
+            at_n = [load for load in loads if load.streams == n]
+            one = caps_of([load.variant for load in at_n], n, False)
+            colliding = caps_of([load.variant for load in at_n if not load.temporal], n, True)
             for group in groups:
-                calibrate_together(net, scenario, folder, secret, group, n, progress, agents)
+                calibrate_together(net, scenario, folder, secret, group, n, progress, agents, one, colliding)
         cal.mirror_primary()
         if lan:
             grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))

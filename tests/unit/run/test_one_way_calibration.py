@@ -16,7 +16,6 @@ from testbed.run.calibration import ProbeTimes
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import plan_variant
 from testbed_core.contracts.calibration import (
-    PROBE_WARMUP,
     Calibration,
     CalibrationReport,
     PathCalibration,
@@ -40,17 +39,21 @@ def _path(**figures) -> PathCalibration:
 def test_one_channel_is_timed_alone_one_way_per_count_not_timed_yet(monkeypatch, tmp_path: Path) -> None:
     calls = []
 
-    def fake_run(self, pairs, streams, nbytes, count, label="", **kwargs):
-        calls.append((list(pairs), streams, count, label))
-        return [ProbeTimes([0.0] * count, [9.0] * PROBE_WARMUP + [0.1 + 0.025] * (count - PROBE_WARMUP))]
+    def fake_run(self, pairs, streams, nbytes, count, label="", warm=True, caps=None, **kwargs):
+        calls.append((list(pairs), streams, count, label, warm, caps))
+        return [ProbeTimes([0.0] * count, [9.0] * untimed + [0.1 + 0.025] * (count - untimed))]
 
     monkeypatch.setattr(calibration.Prober, "run", fake_run)
     scenario = _scenario(**{"runner.calibration_transfers": 3, "runner.base_port": 20000})
+    untimed = calibration.run_channels(scenario).untimed
+    assert untimed == 3  # the run's channels carry 2 warm-up iterations' tensors (the turns probe's cap) first
     path = _path(one_way_bps={4: 5e8}, one_way_s={4: [0.2]})
     calibration.calibrate_one_way(object(), scenario, tmp_path, "s", ("dc1-h2", "dc2-h1"), [4, 8], path,
-                                  Progress(label="t", tty=False), agents=object())
-    # 4 was timed already; at least ONE_WAY_ROUNDS timed transfers (3 asked for)
-    assert calls == [([("dc1-h2", "dc2-h1")], 8, calibration.ONE_WAY_ROUNDS + PROBE_WARMUP, "dc1-dc2-oneway-")]
+                                  Progress(label="t", tty=False), agents=object(), caps={("dc1", "dc2"): 65536})
+    # 4 was timed already; at least ONE_WAY_ROUNDS timed transfers (3 asked for), cold channels as the run's
+    # (modelled devices), clamped as asked
+    assert calls == [([("dc1-h2", "dc2-h1")], 8, calibration.ONE_WAY_ROUNDS + untimed, "dc1-dc2-oneway-", False,
+                      {("dc1", "dc2"): 65536})]
     assert path.one_way_bps[8] == pytest.approx(MB8 * 8 / 0.1)
     assert path.one_way_s[8] == [0.125] * calibration.ONE_WAY_ROUNDS
     back = PathCalibration.from_report(path.report(), MB8)

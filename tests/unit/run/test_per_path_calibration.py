@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from testbed.run.calibration import path_uses
+from testbed.run.pacing import tensors_at_once, window_caps
 from testbed.run.scenario import load_scenario
 from testbed.run.variants import place_variants, plan_variant, run_variants
 from testbed_core.contracts.calibration import Calibration, PathCalibration, dc_of_host
@@ -132,14 +133,19 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
         def close(self) -> None:
             calls.append(("close",))
 
-    def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents):
+    caps: dict[tuple, dict] = {}
+
+    def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents,
+                       caps_=None):
         calls.append(("single", pc.dcs, tuple(pairs), tuple(counts)))
+        caps.update({("single", pc.dcs, n): caps_ or {} for n in counts})
         for n in counts:
             pc.rates_bps = {**pc.rates_bps, n: 1e8 if n == 1 else 3e8}
         return pc
 
-    def fake_link(net, scenario, folder, secret, pairs, n, pc, progress, agents):
+    def fake_link(net, scenario, folder, secret, pairs, n, pc, progress, agents, caps_=None):
         calls.append(("collide", pc.dcs, len(pairs), n))
+        caps[("collide", pc.dcs, n)] = caps_ or {}
         pc.colliding_bps = {**pc.colliding_bps, n: 2e8}
 
     def fake_rings(net, scenario, folder, secret, pairs, n, grad, pc, progress, agents):
@@ -149,8 +155,9 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     def fake_lan(net, scenario, folder, secret, pairs, grad, cal, progress, agents):
         calls.append(("lan", len(pairs)))
 
-    def fake_together(net, scenario, folder, secret, loads, n, progress, agents):
+    def fake_together(net, scenario, folder, secret, loads, n, progress, agents, one=None, colliding=None):
         calls.append(("together", n, tuple((pc.dcs, len(pairs)) for pc, pairs in loads)))
+        caps[("together", n)] = (one, colliding)
 
     monkeypatch.setattr(calibration, "ProbeAgents", Agents)
     monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
@@ -159,8 +166,8 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     monkeypatch.setattr(calibration, "calibrate_lan", fake_lan)
     monkeypatch.setattr(calibration, "calibrate_together", fake_together)
     monkeypatch.setattr(calibration, "calibrate_one_way",
-                        lambda net, scenario, folder, secret, pair, counts, pc, progress, agents:
-                        calls.append(("one-way", pc.dcs, pair, tuple(counts))))
+                        lambda net, scenario, folder, secret, pair, counts, pc, progress, agents, caps_=None:
+                        calls.append(("one-way", pc.dcs, pair, tuple(counts), caps_)))
 
     class Net:
         local = False
@@ -173,8 +180,9 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     assert auto is None and calls[0][0] == "start" and calls[-1] == ("close",)
     assert [p.dcs for p in cal.paths] == [("east", "west"), ("west", "mid"), ("mid", "edge")]
     singles = [c for c in calls if c[0] == "single"]
-    assert [(c[1], c[3]) for c in singles[:3]] == [(p, (1, 8)) for p in (("east", "west"), ("west", "mid"),
-                                                                           ("mid", "edge"))]
+    # one stream first on every path (never capped), then each count the variants may take
+    paths = (("east", "west"), ("west", "mid"), ("mid", "edge"))
+    assert [(c[1], c[3]) for c in singles] == [(p, (1,)) for p in paths] + [(p, (8,)) for p in paths]
     for c in singles:
         (a, b), (c2, d) = c[2]
         assert dc_of_host(a) == c[1][0] and dc_of_host(b) == c[1][1]  # forward
@@ -188,6 +196,21 @@ def test_the_calibration_probes_each_path_with_what_crosses_it(tmp_path: Path, m
     nominal = {p.dcs: p.nominal_bps for p in cal.paths}
     assert {c[1] for c in calls if c[0] == "one-way"} == {k for k, v in nominal.items() if 3e8 >= 0.5 * v}
     assert all(c[3] == (8,) for c in calls if c[0] == "one-way")
+    # the run's window caps (pacing.window_caps on each shared variant's placement): the collisions (multi-tcp's
+    # and atlas's shared way) take them where both run the same; the alone probes where atlas crosses serve its
+    # plan too (uncapped): none there, multi-tcp's on the path only it crosses (mid-edge)
+    placements = place_variants(scenario, runs)
+    mt = window_caps(scenario.topology, placements["multi-tcp"], 8, eff.wire_activation_bytes,
+                     tensors_at_once(scenario.workload.parallelism))
+    at = window_caps(scenario.topology, placements["atlas"], 8, eff.wire_activation_bytes,
+                     tensors_at_once(scenario.workload.parallelism))
+    assert mt, "atlas-4dc's multi-tcp runs capped"
+    for p in paths:
+        users = [v for v in ("multi-tcp", "atlas") if v in cal.path(*p).variants]
+        assert caps["single", p, 1] == {} and caps["single", p, 8] == ({} if "atlas" in users else mt)
+        want = {w: c for w, c in mt.items() if "atlas" not in users or at.get(w) == c}
+        assert caps["collide", p, 8] == want  # (the probe's channels look up their own directions)
+    assert caps["together", 8][0] == {}
     assert ("lan", 5) in calls
     # the paths each shared multi-stream placement crosses, loaded at once with its two pipelines on each:
     # multi-tcp (and atlas's configured-count alternative, its own placement) at 8 streams
@@ -250,8 +273,8 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
         def __init__(self, *a, **k) -> None:
             self.agents = None
 
-        def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None):
-            runs.append((len(pairs), streams))
+        def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True, caps=None):
+            runs.append((len(pairs), streams, warm, caps))
             assert period_s is not None and period_s > 0.5  # rounds that fit the slowest path
             out = []
             for a, b in pairs:  # 1 MiB in 0.03 s + (0.1 s east-west, 0.2 s west-mid) each, +0.1 s colliding
@@ -270,7 +293,8 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
     calibration.calibrate_together(None, _scenario(**{"runner.base_port": "29500"}), tmp_path, "s",
                                    [(ew, ew_pairs), (wm, wm_pairs)], 8, Progress(label="t", tty=False),
                                    agents=object())
-    assert runs == [(4, 8), (8, 8)]  # one channel each way per path, then both pipelines' channels
+    # one channel each way per path, then both pipelines' channels: cold (modelled devices), as clamped
+    assert runs == [(4, 8, False, None), (8, 8, False, None)]
     t_ew, t_wm = ew.together_for(8, [("west", "east"), ("mid", "west")]), wm.together[0]
     bits = (1 << 20) * 8
     assert t_ew.rate_bps == pytest.approx(bits / 0.1)

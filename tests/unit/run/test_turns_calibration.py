@@ -136,7 +136,8 @@ def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_cro
             def close(self) -> None:
                 pass
 
-        def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents):
+        def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents,
+                           caps=None):
             for n in counts:
                 pc.rates_bps = {**pc.rates_bps, n: 1e8 if n == 1 else 3e8}
             return pc

@@ -45,10 +45,11 @@ from testbed.progress import Progress
 from testbed.run.common import RunnerError, nominal_link
 from testbed.run.pacing import tensors_at_once, window_caps
 from testbed.run.scenario import Scenario
-from testbed_core.contracts.calibration import Calibration
+from testbed_core.contracts.calibration import Calibration, dc_of_host
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
 from testbed_core.planning.calibrated import calibrated_rates, calibrated_topology, path_topology
 from testbed_core.planning.host_cpu import VerifyCost, with_verify
+from testbed_core.planning.lossy import route_loss
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
@@ -311,7 +312,9 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
         return _net_per_path(setup, scenario, local)
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
-                                           nominal, colliding_bps or setup.colliding_bps)
+                                           nominal, colliding_bps or setup.colliding_bps,
+                                           lossy=pair is not None and _lossy(scenario, (dc_of_host(pair[0]),
+                                                                                        dc_of_host(pair[1]))))
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
@@ -322,6 +325,13 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     path_window_bytes=setup.window_caps or None,
                     link_line_bps=None if rate_bps is None else _line_rates(setup, scenario, local))
     return net, calibrated_topology(scenario.topology, link, pair, local)
+
+
+def _lossy(scenario: Scenario, dcs: tuple[str, str]) -> bool:
+    """Whether the route between DCs `dcs` loses packets (a link with configured loss):
+    its calibrated rates were measured through the loss, which the planner's loss
+    model brings back on its own (`calibrated_rates`)."""
+    return route_loss(scenario.topology, scenario.topology.route(*dcs)) > 0
 
 
 def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple[NetParams, Topology]:
@@ -340,12 +350,13 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
             # the probe's rate on the wire and the link is held the hold's multiple of it
             wires = pr.turns_wire_bps or pr.turns_rate_bps
             for dcs, rate, wire in zip((key, key[::-1]), pr.turns_rate_bps, wires, strict=True):
-                flows[dcs], link, _ = calibrated_rates(True, setup.streams, max(rate, wire), pr.nominal_bps)
+                flows[dcs], link, _ = calibrated_rates(True, setup.streams, max(rate, wire), pr.nominal_bps,
+                                                       lossy=_lossy(scenario, key))
                 holds[dcs] = max(1.0, wire / rate)
                 links[key] = max(links.get(key, 0.0), link or 0.0)
         elif pr.rate_bps is not None:  # else the alone rate (a plan's transfers token_margin longer)
             flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
-                                                   pr.colliding_bps)
+                                                   pr.colliding_bps, lossy=_lossy(scenario, key))
             flows[key], links[key] = flow, link
             if crowded is not None and not local:
                 crowd[key] = crowded

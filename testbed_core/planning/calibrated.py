@@ -67,7 +67,7 @@ def path_topology(topology: Topology, link_bps: dict[tuple[str, str], float], lo
 
 
 def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
-                     nominal_bps: float | None, colliding_bps: float | None = None
+                     nominal_bps: float | None, colliding_bps: float | None = None, lossy: bool = False,
                      ) -> tuple[float | None, float | None, float | None]:
     """(per-flow rate, link capacity, crowded fraction) the prediction of a variant
     uses, from the measured rate of one channel of `streams` streams.
@@ -83,11 +83,20 @@ def calibrated_rates(temporal: bool, streams: int, rate_bps: float | None,
     window-limited, their windows together stay under the link's bandwidth-delay
     product, so no queue builds and nothing is lost in a run's steady state; the
     probe's lockstep collision (both channels starting at once, in slow start) then
-    measures its own bursts, and a plan chosen on that figure loses to plain sharing."""
+    measures its own bursts, and a plan chosen on that figure loses to plain sharing.
+
+    On a `lossy` path (a link with configured loss) a temporal plan's link keeps its
+    TCP goodput (at least the channel's rate), as a shared one does: the channel's rate
+    was measured through the loss, and the planner's loss model (planning/lossy.py, via
+    network.wan_path) times the channel's tensors through it at the link's rate, so
+    the measured rate as the link's capacity counted the loss twice (issue 40,
+    lossy-4dc: atlas's plans at 48-124 Mbit/s on a 400 Mbit/s link)."""
     if rate_bps is None:
         return None, None, None
-    if temporal:
+    if temporal and not (lossy and nominal_bps is not None):
         return rate_bps / streams, rate_bps, None
+    if temporal:
+        return rate_bps / streams, max(rate_bps, LINK_GOODPUT * nominal_bps), None
     link = rate_bps if nominal_bps is None else max(rate_bps, LINK_GOODPUT * nominal_bps)
     crowded = None if colliding_bps is None else min(1.0, colliding_bps / link)
     if crowded is not None and nominal_bps is not None and 2 * rate_bps <= link:

@@ -247,6 +247,34 @@ def test_a_lossy_route_keeps_its_loss_model_not_the_turns_probe() -> None:
     assert rates["west", "mid"].turns_rate_bps is not None
 
 
+def test_a_lossy_routes_plan_keeps_the_links_goodput_not_the_rate_measured_through_the_loss() -> None:
+    """A temporal plan's link carries one channel's measured rate, but on a route with
+    configured loss that rate was measured through the loss, which the loss model
+    (testbed_core/planning/lossy.py) brings back on its own: there the link keeps its
+    TCP goodput, and the channel's tensors take the loss model's time (issue 40,
+    lossy-4dc's plans were made at 48-124 Mbit/s on a 400 Mbit/s link)."""
+    from testbed_core.planning.calibrated import LINK_GOODPUT
+
+    links = [sorted(link.between) for link in _scenario().topology.wan]
+    at = links.index(["east", "west"])
+    clean = _scenario(**{"runner.atlas_sharing": "temporal"})
+    lossy = _scenario(**{"runner.atlas_sharing": "temporal", f"topology.wan.{at}.loss": 0.001})
+    nominal = clean.topology.wan[at].rate
+    cal = _cal()
+    cal.paths[0].rates_bps = {1: 1e7, 8: 6e7}  # east-west timed far below its link (through the loss)
+    cal.mirror_primary()
+    plans = {name: plan_variant("atlas", sc, sc.workload, None, cal, None) for name, sc in
+             (("clean", clean), ("lossy", lossy))}
+    assert plans["clean"].sharing == plans["lossy"].sharing == "temporal"
+    bottleneck = {name: next(wp.bottleneck_bps for wp in s.prediction.paths.values() if wp.dcs == ("east", "west"))
+                  for name, s in plans.items()}
+    assert bottleneck["clean"] == pytest.approx(6e7 / (1 + clean.runner.token_margin))
+    assert bottleneck["lossy"] == pytest.approx(LINK_GOODPUT * nominal)
+    # the lossless links of the lossy scenario keep the measured rate
+    others = [wp.bottleneck_bps for wp in plans["lossy"].prediction.paths.values() if wp.dcs == ("west", "mid")]
+    assert others and others[0] == pytest.approx(3e8 / (1 + clean.runner.token_margin))
+
+
 def test_modelled_channels_keep_windows_of_their_stripes_real_ones_do_not() -> None:
     """Modelled workers' channels only ever carry the workload's tensors (no warm-up
     tensor): the prediction holds each stream to the window its stripes leave it

@@ -449,10 +449,19 @@ Factors = tuple[tuple[float, ...], int, int]
 length (0: a steady state's, every block alike)."""
 
 
-def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k: int) -> dict:
-    """Where each channel takes the `k`-th simulation's block of its factors. Channels
-    whose factors are runs of a run's replicas (a third element: a replica's length)
-    take the same iteration of the run, cycled over the simulations, each from its own
+def _iteration(k: int, runs: int, count: int) -> int:
+    """The iteration of a run of `count` the `k`-th of `runs` simulations takes: cycled
+    (every one equally often where `runs` is a multiple of `count`), or, in a run longer
+    than the simulations, `runs` evenly spread over it, not its first `runs` only
+    (whose windows have not come down yet)."""
+    return k % count if runs >= count else ((2 * k + 1) * count) // (2 * runs)
+
+
+def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k: int,
+            runs: int = SPREAD_RUNS) -> dict:
+    """Where each channel takes the `k`-th of `runs` simulations' block of its factors.
+    Channels whose factors are runs of a run's replicas (a third element: a replica's
+    length) take the same iteration of the run (`_iteration`), each from its own
     random replica: a run's channels were opened together, so their windows come down
     from slow start together (the first iterations fast on every channel, the later
     ones slow), while their losses are independent. Others (run length 0): a random
@@ -460,7 +469,7 @@ def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k
     out = {}
     for key, (f, block, per_run) in chans.items():
         if per_run and per_run % block == 0 and len(f) % per_run == 0:
-            out[key] = per_run * rng.randrange(len(f) // per_run) + block * (k % (per_run // block))
+            out[key] = per_run * rng.randrange(len(f) // per_run) + block * _iteration(k, runs, per_run // block)
         else:
             out[key] = block * rng.randrange(max(1, len(f) // block))
     return out
@@ -483,7 +492,7 @@ def spread_makespan(spec: SimSpec, factors: Mapping[tuple[str, ...], Factors],
     rng = random.Random(seed)
     total = 0.0
     for k in range(runs):
-        total += run(_scaled(spec, chans, _starts(chans, rng, k))).makespan
+        total += run(_scaled(spec, chans, _starts(chans, rng, k, runs))).makespan
     return total / runs
 
 

@@ -285,6 +285,29 @@ def test_a_runs_channels_come_down_from_slow_start_together() -> None:
     assert mixed != pytest.approx(spread)
 
 
+def test_a_run_longer_than_the_simulations_is_taken_over_its_whole_length() -> None:
+    # one replica of 64 iterations whose windows come down halfway (fast, then slow): 32
+    # simulations take every other iteration of the whole run, not its first 32 (all
+    # fast), so the mean iteration is the mean of the fast and the slow ones
+    from testbed_core.planning.lossy import _iteration
+    from testbed_core.schedules import build_schedule
+    from testbed_core.simulate import Path as SimPath
+    from testbed_core.simulate import Resource, SimSpec, simulate
+
+    assert sorted(_iteration(k, 32, 8) for k in range(32)) == sorted(list(range(8)) * 4)
+    assert [_iteration(k, 4, 16) for k in range(4)] == [2, 6, 10, 14]
+    spec = SimSpec(build_schedule("1f1b", 2, 8), 1, [0.01, 0.01], [0.02, 0.02], [838_861.0], [838_861.0],
+                   paths={(0, 0, "fwd"): SimPath(("chan:f", "wan:a->b"), 0.025)},
+                   resources={"chan:f": Resource(1e7, "exclusive"), "wan:a->b": Resource(1e9)})
+    run = (0.5,) * 8 * 32 + (1.5,) * 8 * 32
+
+    def flat(f: float) -> float:
+        return spread_makespan(spec, {("wan:a->b",): ((f,), 1, 0)}, simulate, runs=1)
+
+    spread = spread_makespan(spec, {("wan:a->b",): (run, 8, 64 * 8)}, simulate, runs=32)
+    assert spread == pytest.approx((flat(0.5) + flat(1.5)) / 2)
+
+
 def test_one_short_runs_mean_may_fall_far_from_the_expected_iteration() -> None:
     from testbed_core.planning.lossy import run_interval
     from testbed_core.schedules import build_schedule

@@ -1,12 +1,13 @@
 """WAN calibration of `testbed run`: how fast the emulated paths really move tensors
 of the workload's wire size, measured before the variants play.
 
-Tensors of the workload's wire size are timed over one channel each way between hosts
-on either side of a WAN path, once per stream count the variants use there, over
-channels opened as the run opens its own (`run_channels`: cold on modelled devices,
-warmed with the workers' untimed tensor on real ones, then the run's untimed warm-up
-tensors) and clamped as the run clamps them (`probe_caps`), and the shared variants' channels are timed
-colliding (all sending at once); a path the DP rings cross (dp-across-dc) times the
+Tensors of the workload's wire size are timed over a channel between hosts on either
+side of a WAN path, both ways at once as a pipeline's boundary channel carries them,
+once per stream count the variants use there, and the shared variants' channels
+colliding (all sending at once); every probe's channels opened as the run opens its own
+(`run_channels`: cold on modelled devices, warmed with the workers' untimed tensor on
+real ones, then the run's untimed warm-up tensors) and clamped as the run clamps them
+(`probe_caps`); a path the DP rings cross (dp-across-dc) times the
 workers' own ring all-reduce, all rings at once; inside a DC, the ring between DP
 neighbours. Which paths, stream counts and rings (`calibrate_variants`): from the
 placements of the run's variants (testbed/run/variants.py `place_variants`, the same
@@ -92,6 +93,13 @@ __all__ = ["PROBE_WARMUP", "Calibration", "ChannelState", "PathCalibration", "Pr
            "calibrate_turns", "calibrate_variants", "calibrate_verify", "calibrate_wan_rings", "effective_rate",
            "probe_caps", "run_channels", "variant_caps"]
 
+ALONE_MAX_UNTIMED = 8
+"""The alone probe's (`calibrate`) untimed tensors a channel at most, where the run's
+channels carry more in their warm-up iterations. Why more than the other probes'
+TURNS_MAX_UNTIMED: where a stream's window is near its stripe of a tensor (sweep-rtt's
+200 ms point: 1 MB buffers, 8 streams of an 8.4 MB tensor) a channel moves a tensor in
+two round trips or three, and a cold channel carrying tensors both ways settled into
+the run's three only after a few tensors more than three (docs/results/sweep-rtt.md)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
@@ -147,10 +155,16 @@ class ProbeTimes(NamedTuple):
     arrived: list[float]
     fill_s: list[float] | None = None
     check_s: list[float] | None = None
+    back_sent: list[float] | None = None  # a duplex probe's: when the receiver handed each tensor back
+    back_arrived: list[float] | None = None  # ... and when it came back to the sender
 
     def timed(self, untimed: int = PROBE_WARMUP) -> list[float]:
         """Each tensor's transfer time, the `untimed` first tensors left out."""
         return [a - s for s, a in zip(self.sent, self.arrived, strict=True)][untimed:]
+
+    def timed_back(self, untimed: int = PROBE_WARMUP) -> list[float]:
+        """A duplex probe's: each tensor's time back, the `untimed` first left out."""
+        return [a - s for s, a in zip(self.back_sent or [], self.back_arrived or [], strict=True)][untimed:]
 
 
 class ChannelState(NamedTuple):
@@ -162,20 +176,20 @@ class ChannelState(NamedTuple):
     untimed: int
 
 
-def run_channels(scenario: Scenario) -> ChannelState:
+def run_channels(scenario: Scenario, most: int = TURNS_MAX_UNTIMED) -> ChannelState:
     """How a probe opens its channels to time them as the run's: warmed where the
     workers warm each WAN channel (real devices, testbed/training/worker/warm.py), cold
     on modelled devices (no warm-up tensor); then as many untimed tensors as a run's
     channel carries in its warm-up iterations, at most TURNS_MAX_UNTIMED (the turns
     probe's rule: the first tensor of a cold channel took 1.4-4.4 x its steady time, the
-    third on were at it). Why (issue 40): at 200 ms RTT with 1 MB buffers a stream's
-    usable window is half an 8-stream stripe of the 8.4 MB tensor, and whether a big
-    warm-up tensor had opened the windows decided whether a tensor took two round trips
-    or three: the probe read 159 or 277-287 Mbit/s from one calibration to the next,
-    while the run's cold channels moved every tensor in three (sweep-rtt's 200 ms point,
-    docs/results/sweep-rtt.md: predicted 3.47 s, ran 5.02-5.05)."""
+    third on were at it; `most`: another cap). Why (issue 40): where a stream's window is
+    near its stripe of a tensor (sweep-rtt's 200 ms point: 1 MB buffers, 8 streams of an
+    8.4 MB tensor), how a channel was opened and used decides whether a tensor takes two
+    round trips or three, and a big warm-up tensor the run's modelled workers never send
+    had the probe read the faster way on some calibrations while the run took the slower
+    (docs/results/sweep-rtt.md)."""
     w = scenario.workload
-    return ChannelState(w.gpu.mode == "real", min(TURNS_MAX_UNTIMED, w.warmup * w.parallelism.num_micro_batches))
+    return ChannelState(w.gpu.mode == "real", min(most, w.warmup * w.parallelism.num_micro_batches))
 
 
 def variant_caps(scenario: Scenario, run: RunVariant, placement: Placement, streams: int, nbytes: int,
@@ -317,16 +331,17 @@ class Prober:
     def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
             offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False,
-            caps: Mapping[DcPair, int] | None = None) -> list[ProbeTimes]:
+            caps: Mapping[DcPair, int] | None = None, duplex: bool = False) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start); `warm`: each
         channel first sends one untimed tensor that opens its windows (warmup_bytes);
         `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed;
         `caps`: per direction (sending DC, receiving DC), each stream's window clamp
-        (`probe_caps`), each end clamping what it receives as the run's channels do."""
+        (`probe_caps`), each end clamping what it receives as the run's channels do;
+        `duplex`: each receiver hands a tensor back over the same channel as each arrives."""
         transport = transport_job(self.scenario.transport)
-        budget = probe_budget_s(count, nbytes, period_s, offsets,
+        budget = probe_budget_s(count * (2 if duplex else 1), nbytes, period_s, offsets,
                                 [(link.rate, link.rtt_s) for link in self.scenario.topology.wan])
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
@@ -340,13 +355,13 @@ class Prober:
                                         streams=streams, nbytes=nbytes, count=count,
                                         out=str(self.folder / f"{name}-recv.json"), transport=transport,
                                         warmup_bytes=warm_bytes, verify=verify, timeout_s=budget,
-                                        window_clamp=(caps or {}).get(ahead)))
+                                        window_clamp=(caps or {}).get(ahead), duplex=duplex))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
                                         wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport,
-                                        timeout_s=budget, window_clamp=(caps or {}).get(back)))
+                                        timeout_s=budget, window_clamp=(caps or {}).get(back), duplex=duplex))
             names.append(name)
         for name in names:  # every sender connected: one common start
             agents.expect(f"{name}-send", "connected", 60)
@@ -360,7 +375,8 @@ class Prober:
         for name in names:
             snd = json.loads((self.folder / f"{name}-send.json").read_text())
             rcv = json.loads((self.folder / f"{name}-recv.json").read_text())
-            results.append(ProbeTimes(snd["sent"], rcv["arrived"], snd.get("fill_s"), rcv.get("check_s")))
+            results.append(ProbeTimes(snd["sent"], rcv["arrived"], snd.get("fill_s"), rcv.get("check_s"),
+                                      rcv.get("returned_sent"), snd.get("returned")))
         return results
 
 
@@ -373,24 +389,27 @@ def calibrate(
     cal: Measured | None = None, agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None,
 ) -> Measured:
     """Time tensors of `nbytes` over one channel per pair, all at once, once per stream
-    count (added to `cal` when given), the channels opened as the run's (`run_channels`)
-    and clamped by `caps` (`Prober.run`). Pass a forward and a reverse pair: pipelines
-    send activations and gradients across the WAN at the same time, and the reverse
-    traffic (and its ACKs) slows the forward one."""
-    state = run_channels(scenario)
+    count (added to `cal` when given), each channel carrying them both ways (duplex: the
+    receiver hands one back as each arrives), as a pipeline's boundary channel carries
+    activations one way and gradients the other, the reverse traffic (and its ACKs) on
+    the same connections; the channels opened as the run's (`run_channels`, up to
+    ALONE_MAX_UNTIMED untimed tensors first) and clamped by `caps` (`Prober.run`). The
+    figures: both ways' transfers, forward ones first."""
+    state = run_channels(scenario, ALONE_MAX_UNTIMED)
     count = scenario.runner.calibration_transfers + state.untimed
     cal = cal or Calibration(src=pairs[0][0], dst=pairs[0][1], nbytes=nbytes, latency_s=latency_s)
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         for n in sorted(set(stream_counts) - set(cal.rates_bps)):
             durations = []
-            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", warm=state.warm, caps=caps):
-                durations += res.timed(state.untimed)
+            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", warm=state.warm, caps=caps,
+                                  duplex=True):
+                durations += res.timed(state.untimed) + res.timed_back(state.untimed)
             cal.transfer_s = {**cal.transfer_s, n: durations}
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
                          f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
-                         f"({_opened(state, caps)}; transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
+                         f"({_opened(state, caps, getattr(cal, 'dcs', ()))}; transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
             prober.agents.close()
@@ -418,7 +437,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
             path.one_way_s = {**path.one_way_s, n: durations}
             path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
             progress.log(f"  calibration{_where(path)}: {n:2d} stream(s) one way alone: "
-                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state, caps)}; "
+                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state, caps, path.dcs)}; "
                          f"transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
@@ -433,10 +452,12 @@ def _where(cal: Measured) -> str:
     return f" {cal.dcs[0]}<->{cal.dcs[1]}" if isinstance(cal, PathCalibration) else ""
 
 
-def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None) -> str:
-    """How a probe's channels were opened and clamped, for the log."""
+def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None, dcs: Sequence[str] = ()) -> str:
+    """How a probe's channels were opened and clamped (the caps between `dcs` only, where
+    given), for the log."""
     return (f"{'warmed' if state.warm else 'cold'} channels, {state.untimed} untimed tensor(s) first"
-            + "".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream" for (a, z), c in sorted((caps or {}).items())))
+            + "".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream"
+                      for (a, z), c in sorted((caps or {}).items()) if not dcs or {a, z} <= set(dcs)))
 
 
 def calibrate_link(
@@ -471,7 +492,8 @@ def calibrate_link(
     cal.colliding_bps = {**cal.colliding_bps, streams: sum(rates) / len(rates)}
     cal.colliding_s = {**cal.colliding_s, streams: durations}
     progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
-                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state, caps)}; transfers: "
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state, caps, getattr(cal, 'dcs', ()))}; "
+                 "transfers: "
                  f"median {median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
 
@@ -535,7 +557,7 @@ def calibrate_together(
         pc.together = [t for t in pc.together if not (t.streams == streams and t.loads(dcs))] + [fig]
         alone = pc.rates_bps.get(streams)
         progress.log(f"  calibration{_where(pc)} with {len(dcs) - 1} other path(s) loaded at once, {streams} "
-                     f"streams ({_opened(state, {**(caps or {}), **(colliding_caps or {})})}): "
+                     f"streams ({_opened(state, {**(caps or {}), **(colliding_caps or {})}, pc.dcs)}): "
                      f"{(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"
                      + (f" (alone {alone / 1e6:.0f})" if alone else "")
                      + ("" if fig.colliding_bps is None else
@@ -806,7 +828,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                                  nominal_bps=nominal_link(topo, first), variants=use.variants)
             paths.append(pc)
             if use.pairs:  # one stream (never capped) and the auto candidates (the count is chosen from them)
-                calibrate(net, scenario, folder, secret, two_way(use.pairs), sorted(counts), nbytes, latency,
+                calibrate(net, scenario, folder, secret, use.pairs[:1], sorted(counts), nbytes, latency,
                           progress, pc, agents)
         cal = Calibration(src=paths[0].src, dst=paths[0].dst, nbytes=nbytes, latency_s=paths[0].latency_s,
                           paths=paths)
@@ -826,7 +848,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                      for v in use.channels if v in by_name}
             wanted = set().union(*takes.values()) | ({int(s)} if s != "auto" else set())
             for n in sorted(wanted - set(pc.rates_bps) if use.pairs else ()):
-                calibrate(net, scenario, folder, secret, two_way(use.pairs), [n], nbytes, pc.latency_s,
+                calibrate(net, scenario, folder, secret, use.pairs[:1], [n], nbytes, pc.latency_s,
                           progress, pc, agents, caps_of([v for v, ns in takes.items() if n in ns], n, False))
             cal.mirror_primary()
         for pc, use in zip(paths, uses.values(), strict=True):

@@ -230,6 +230,9 @@ class ProbeJob(_Model):
                                                              "window (TCP_WINDOW_CLAMP), as the run clamps the "
                                                              "channels it times (ChannelJob.window_clamp); None: "
                                                              "the buffers'")
+    duplex: bool = Field(False, description="the receiver sends a tensor of the same size back over the same channel "
+                                            "as each arrives, as a run's boundary channel carries activations one way "
+                                            "and gradients the other: both ways timed")
     verify: bool = Field(False, description="the tensor checks of runner.verify_tensors, timed: the sender fills "
                                             "each tensor with the training's pattern, the receiver checks every byte")
     out: str

@@ -32,6 +32,9 @@ if TYPE_CHECKING:
     from atlas_transport.channel import Channel
 
 
+TENSOR_TAG, WARMUP_TAG, RETURN_TAG = 1, 2, 3  # a probe channel's timed tensors, its warm-up, what comes back
+
+
 class ProbeResult(BaseModel):
     """What a probe writes to its job's `out`: the receiver the wall-clock arrival of
     each tensor, the sender when it handed each over and when the receiver confirmed it
@@ -48,6 +51,8 @@ class ProbeResult(BaseModel):
     confirmed: list[float | None] | None = None  # probe-send
     fill_s: list[float] | None = None  # probe-send with verify: each timed pattern fill, seconds
     check_s: list[float] | None = None  # probe-recv with verify: each timed check, seconds
+    returned_sent: list[float] | None = None  # probe-recv with duplex: when it handed each tensor back
+    returned: list[float | None] | None = None  # probe-send with duplex: when each came back
 
 
 class RingProbeResult(BaseModel):
@@ -201,7 +206,10 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     """Time `count` tensors over one channel. The receiver writes the arrival times,
     the sender the hand-over and confirmation times (wall clock), to `out`; with
     `job.verify` each tensor carries the training's pattern, filled (sender) and
-    checked (receiver) as the training does, each fill and check timed."""
+    checked (receiver) as the training does, each fill and check timed; with
+    `job.duplex` the receiver hands a tensor of the same size back as each arrives
+    (each end its warm-up tensor too, as testbed/training/worker/warm.py warms a run's
+    channel both ways) and writes when, the sender when each came back."""
     import torch
 
     from testbed.training.transport_comm import wall_of
@@ -215,20 +223,37 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     ch = _open_channel(job, receiver, deadline, f"probe {job.name}", io)
     try:
         if receiver:
+            back = torch.zeros(job.nbytes, dtype=torch.uint8) if job.duplex else None
             if job.warmup_bytes:
-                ch.irecv(2).wait(max(0.1, deadline - time.monotonic()))
-            arrived = []
+                warm = ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), WARMUP_TAG) if job.duplex else None
+                ch.irecv(WARMUP_TAG).wait(max(0.1, deadline - time.monotonic()))
+                if warm is not None:
+                    warm.wait(max(0.1, deadline - time.monotonic()))
+            arrived, returned_sent, returns = [], [], []
             for k in range(job.count):
-                h = ch.irecv(1)
+                h = ch.irecv(TENSOR_TAG)
                 got = h.wait(max(0.1, deadline - time.monotonic()))
                 arrived.append(wall_of(h.completed_at))
+                if back is not None:  # handed back at once; the next receive is posted meanwhile
+                    returned_sent.append(time.time())
+                    returns.append(ch.isend(back, RETURN_TAG))
                 if verify is not None:
                     _timed(checks, verify, k, got)
+            for r in returns:
+                r.wait(max(0.1, deadline - time.monotonic()))
             result.arrived = arrived
             result.check_s = checks if verify is not None else None
+            result.returned_sent = returned_sent if job.duplex else None
         else:
+            comebacks = []
             if job.warmup_bytes:
-                ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), 2).wait(max(0.1, deadline - time.monotonic()))
+                warm_back = ch.irecv(WARMUP_TAG) if job.duplex else None
+                ch.isend(torch.zeros(job.warmup_bytes, dtype=torch.uint8), WARMUP_TAG).wait(
+                    max(0.1, deadline - time.monotonic()))
+                if warm_back is not None:
+                    warm_back.wait(max(0.1, deadline - time.monotonic()))
+            if job.duplex:  # every tensor coming back, posted before the first goes out
+                comebacks = [ch.irecv(RETURN_TAG) for _ in range(job.count)]
             payload = torch.zeros(job.nbytes, dtype=torch.uint8)
             start_at = job.start_at
             if job.wait_go:  # all probes connected: the runner gives them one start instant
@@ -247,10 +272,15 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                     time.sleep(job.gap_s)
                 tensor = payload if verify is None else _timed(checks, verify, k)
                 sent.append(time.time())
-                h = ch.isend(tensor, 1)
+                h = ch.isend(tensor, TENSOR_TAG)
                 h.wait(max(0.1, deadline - time.monotonic()))
                 confirmed.append(wall_of(h.completed_at))
+            returned: list[float | None] = []
+            for r in comebacks:
+                r.wait(max(0.1, deadline - time.monotonic()))
+                returned.append(wall_of(r.completed_at))
             result.sent, result.confirmed = sent, confirmed
+            result.returned = returned if job.duplex else None
             result.fill_s = checks if verify is not None else None
     finally:
         ch.close(timeout=5.0)

@@ -43,42 +43,49 @@ def test_the_probes_open_channels_as_the_run_does() -> None:
     assert real.workload.gpu.mode == "real" and run_channels(real) == (True, TURNS_MAX_UNTIMED)
 
 
-def test_the_alone_probe_times_cold_channels_after_the_runs_untimed_tensors(monkeypatch, tmp_path: Path) -> None:
+def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed_tensors(monkeypatch,
+                                                                                         tmp_path: Path) -> None:
     """sweep-rtt's 200 ms point (issue 40): a warm-up tensor opened the 8-stream
-    channel's windows on some calibrations and not on others (159 or 277-287 Mbit/s),
-    while the run's cold channels took three round trips a tensor. The rate probe now
-    sends no warm-up tensor on modelled devices, leaves the run's untimed count out and
-    takes the median of the rest."""
+    channel's windows on some calibrations and not on others, while the run's cold
+    boundary channels, carrying activations one way and gradients the other, took three
+    round trips a tensor. The rate probe sends no warm-up tensor on modelled devices,
+    sends tensors both ways over each channel (duplex), leaves the run's untimed count
+    out (at most ALONE_MAX_UNTIMED) and takes the median of both ways' rest."""
     calls = []
+    untimed = calibration.ALONE_MAX_UNTIMED
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None):
-        calls.append((streams, count, warm, caps))
-        untimed = [2.0] * TURNS_MAX_UNTIMED  # slow start: not counted
-        return [ProbeTimes([0.0] * count, untimed + [0.1 + 0.42] * (count - TURNS_MAX_UNTIMED)) for _ in pairs]
+                 verify=False, caps=None, duplex=False):
+        calls.append((list(pairs), streams, count, warm, caps, duplex))
+        first = [2.0] * untimed  # slow start: not counted
+        return [ProbeTimes([0.0] * count, first + [0.1 + 0.42] * (count - untimed), back_sent=[1.0] * count,
+                           back_arrived=[3.0] * untimed + [1.1 + 0.44] * (count - untimed)) for _ in pairs]
 
     monkeypatch.setattr(calibration.Prober, "run", fake_run)
     scenario = _scenario(**{"runner.calibration_transfers": 4})
+    assert scenario.workload.warmup * scenario.workload.parallelism.num_micro_batches > untimed
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=MB8, latency_s=0.1)
-    calibration.calibrate(object(), scenario, tmp_path, "s", [("dc1-h1", "dc2-h1"), ("dc2-h2", "dc1-h2")], [8],
+    calibration.calibrate(object(), scenario, tmp_path, "s", [("dc1-h1", "dc2-h1")], [8],
                           MB8, 0.1, Progress(label="t", tty=False), cal, agents=object())
-    assert calls == [(8, 4 + TURNS_MAX_UNTIMED, False, None)]
-    assert cal.transfer_s[8] == [pytest.approx(0.52)] * 8  # two channels' timed transfers
-    assert cal.rates_bps[8] == pytest.approx(MB8 * 8 / 0.42)
-    # real devices: the same count, warmed
+    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, False, None, True)]
+    assert cal.transfer_s[8] == pytest.approx([0.52] * 4 + [0.54] * 4)  # forward, then back
+    assert cal.rates_bps[8] == pytest.approx(MB8 * 8 / 0.43)
+    # real devices: warmed; a run with fewer warm-up tensors: that many untimed
     calls.clear()
-    real = _scenario("real-tiny-2dc.yaml", **{"runner.calibration_transfers": 4})
+    real = _scenario("real-tiny-2dc.yaml", **{"runner.calibration_transfers": 4, "workload.warmup": 1})
+    untimed = real.workload.warmup * real.workload.parallelism.num_micro_batches
+    assert untimed < calibration.ALONE_MAX_UNTIMED
     calibration.calibrate(object(), real, tmp_path, "s", [("dc1-h1", "dc2-h1")], [8], MB8, 0.1,
                           Progress(label="t", tty=False), agents=object(), caps={("dc1", "dc2"): 1 << 17})
-    assert calls == [(8, 4 + TURNS_MAX_UNTIMED, True, {("dc1", "dc2"): 1 << 17})]
+    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, True, {("dc1", "dc2"): 1 << 17}, True)]
 
 
 def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path: Path) -> None:
     calls = []
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None):
-        calls.append((len(pairs), count, warm, caps))
+                 verify=False, caps=None, duplex=False):
+        calls.append((len(pairs), count, warm, caps, duplex))
         return [ProbeTimes([0.0] * count, [9.0] * TURNS_MAX_UNTIMED + [0.3] * (count - TURNS_MAX_UNTIMED))
                 for _ in pairs]
 
@@ -88,7 +95,7 @@ def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path:
     caps = {("dc1", "dc2"): 200_000, ("dc2", "dc1"): 150_000}
     calibration.calibrate_link(object(), scenario, tmp_path, "s", [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")], 8,
                                cal, Progress(label="t", tty=False), agents=object(), caps=caps)
-    assert calls == [(4, calibration.COLLISION_ROUNDS + TURNS_MAX_UNTIMED, False, caps)]
+    assert calls == [(4, calibration.COLLISION_ROUNDS + TURNS_MAX_UNTIMED, False, caps, False)]
     assert cal.colliding_bps[8] == pytest.approx(2 * MB8 * 8 / 0.2)  # the slow untimed ones left out
 
 
@@ -106,6 +113,8 @@ def test_each_probe_end_clamps_what_it_receives(tmp_path: Path) -> None:
         def submit(self, host, job) -> str:
             jobs[job.name] = job
             times = {"sent": [0.0, 1.0]} if job.role == "probe-send" else {"arrived": [0.5, 1.5]}
+            if job.duplex:
+                times |= {"returned": [0.9, 1.9]} if job.role == "probe-send" else {"returned_sent": [0.5, 1.5]}
             Path(job.out).write_text(json.dumps(times))
             return job.name
 
@@ -131,8 +140,11 @@ def test_each_probe_end_clamps_what_it_receives(tmp_path: Path) -> None:
     assert jobs["t-s8-c0-recv"].window_clamp == 200_000 and jobs["t-s8-c0-send"].window_clamp is None
     assert jobs["t-s8-c1-recv"].window_clamp is None and jobs["t-s8-c1-send"].window_clamp == 200_000
     assert {j.warmup_bytes for j in jobs.values()} == {0}
-    prober.run([("dc1-h1", "dc2-h1")], 8, MB8, 2, "w-")
+    assert not any(j.duplex for j in jobs.values()) and res[0].timed_back(0) == []
+    (res,) = prober.run([("dc1-h1", "dc2-h1")], 8, MB8, 2, "w-", duplex=True)
     assert jobs["w-s8-c0-recv"].window_clamp is None and jobs["w-s8-c0-send"].warmup_bytes == warmup_bytes(8)
+    assert jobs["w-s8-c0-recv"].duplex and jobs["w-s8-c0-send"].duplex
+    assert res.timed_back(0) == pytest.approx([0.4, 0.4])  # handed back on arrival, back at the sender
 
 
 def test_a_probe_takes_the_cap_only_where_every_variant_it_serves_runs_with_it() -> None:

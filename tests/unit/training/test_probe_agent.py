@@ -136,3 +136,27 @@ def test_a_probe_clamps_its_streams_windows_as_its_job_says(tmp_path: Path, monk
     assert clamps["c-recv"] == [150_000] * 3
     assert all(c != 150_000 for c in clamps["c-send"])
     assert len(json.loads((tmp_path / "r.json").read_text())["arrived"]) == 2
+
+
+def test_a_duplex_probe_times_tensors_both_ways_over_one_channel(tmp_path: Path, monkeypatch) -> None:
+    """ProbeJob.duplex: the receiver hands a tensor back over the same channel as each
+    arrives (a run's boundary channel carries activations one way, gradients the
+    other); it writes when it handed each back, the sender when each came back, every
+    one after it was handed back; each end's warm-up tensor crosses both ways first."""
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    common = {"port": _free_port(), "streams": 2, "nbytes": 1 << 16, "count": 3, "transport": TRANSPORT,
+              "timeout_s": 30, "duplex": True, "warmup_bytes": 1 << 16}
+    recv = ProbeJob(role="probe-recv", name="d-recv", out=str(tmp_path / "r.json"), **common)
+    send = ProbeJob(role="probe-send", name="d-send", peer_ip="127.0.0.1", wait_go=True, gap_s=0.01,
+                    out=str(tmp_path / "s.json"), **common)
+    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
+        (tmp_path / name).write_text(job.model_dump_json())
+    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
+                        f"go d-send {time.time() + 0.3}\nquit\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    assert {"d-recv done", "d-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
+    r, s = json.loads((tmp_path / "r.json").read_text()), json.loads((tmp_path / "s.json").read_text())
+    assert len(r["returned_sent"]) == len(s["returned"]) == len(r["arrived"]) == 3
+    assert all(a <= b < c for a, b, c in zip(r["arrived"], r["returned_sent"], s["returned"], strict=True))
+    assert "returned" not in r and "returned_sent" not in s

@@ -95,11 +95,13 @@ __all__ = ["PROBE_WARMUP", "Calibration", "ChannelState", "PathCalibration", "Pr
 
 ALONE_MAX_UNTIMED = 8
 """The alone probe's (`calibrate`) untimed tensors a channel at most, where the run's
-channels carry more in their warm-up iterations. Why more than the other probes'
-TURNS_MAX_UNTIMED: where a stream's window is near its stripe of a tensor (sweep-rtt's
-200 ms point: 1 MB buffers, 8 streams of an 8.4 MB tensor) a channel moves a tensor in
-two round trips or three, and a cold channel carrying tensors both ways settled into
-the run's three only after a few tensors more than three (docs/results/sweep-rtt.md)."""
+channels carry more in their warm-up iterations: its channel is used more as a run's
+boundary channel is before the run's timed iterations than with TURNS_MAX_UNTIMED, at
+the price of a longer probe (one stream at 200 ms RTT: 2.6 s a tensor). Where a
+stream's window is near its stripe of a tensor (sweep-rtt's 200 ms point: 1 MB buffers,
+8 streams of an 8.4 MB tensor) a channel moves a tensor in two round trips or three,
+and which one a channel settles in differs from one channel to the next: neither more
+untimed tensors nor the two-way channel make the reading certain there."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
@@ -182,12 +184,9 @@ def run_channels(scenario: Scenario, most: int = TURNS_MAX_UNTIMED) -> ChannelSt
     on modelled devices (no warm-up tensor); then as many untimed tensors as a run's
     channel carries in its warm-up iterations, at most TURNS_MAX_UNTIMED (the turns
     probe's rule: the first tensor of a cold channel took 1.4-4.4 x its steady time, the
-    third on were at it; `most`: another cap). Why (issue 40): where a stream's window is
-    near its stripe of a tensor (sweep-rtt's 200 ms point: 1 MB buffers, 8 streams of an
-    8.4 MB tensor), how a channel was opened and used decides whether a tensor takes two
-    round trips or three, and a big warm-up tensor the run's modelled workers never send
-    had the probe read the faster way on some calibrations while the run took the slower
-    (docs/results/sweep-rtt.md)."""
+    third on were at it; `most`: another cap). Why (issue 40): the probe's channels are
+    to be in the state of the run's; a big warm-up tensor that the run's modelled workers
+    never send opens windows they do not have."""
     w = scenario.workload
     return ChannelState(w.gpu.mode == "real", min(most, w.warmup * w.parallelism.num_micro_batches))
 

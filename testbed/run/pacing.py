@@ -27,9 +27,9 @@ Pacing spreads a window over the round trip but does not bound it: where two or 
 pipelines' multi-stream channels share a WAN direction and their windows together
 exceed what the path holds, a shared variant's streams are also capped to their share
 of it (`window_caps`, each receiving end's TCP_WINDOW_CLAMP; the planner's window
-model takes the same figure). The cap never goes below a stream's stripe of one
-tensor, so a tensor alone still leaves in one window, as the calibration's one-tensor
-probes (uncapped) time it.
+model takes the same figure), at least MIN_CAP_WINDOW. The calibration's probes clamp
+their streams as the run clamps the channels they stand for (testbed/run/calibration.py
+`probe_caps`).
 """
 
 from __future__ import annotations
@@ -153,8 +153,9 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     tail drop (`route_takes`: its queue and its bandwidth-delay product over
     PACED_BURST), each stream gets its share of that, in payload (LINK_GOODPUT of the frames),
     at least MIN_CAP_WINDOW. The planner's per-flow rate is then at most the cap over the
-    round trip (network.wan_path), where the cap holds a stream below what the
-    calibration's uncapped one-tensor probes timed.
+    round trip (network.wan_path), where the cap holds a stream below what a probe
+    timed (one that serves uncapped variants too runs uncapped,
+    testbed/run/calibration.py `probe_caps`).
 
     Why (issue 40): several tensors handed to colliding channels at once, or a channel
     that keeps its streams busy, let the windows fill past the queue; the tail drops and

@@ -425,8 +425,11 @@ class Calibration(_Figures):
             method=(("every WAN path the variants' placements cross timed on its own (paths; the top level is "
                      "the first of them), each as follows: " if self.paths else "")
                     + "tensors of the workload's wire size timed over one atlas_transport channel from "
-                    f"{self.src} to {self.dst} while another sends the other way, the first {PROBE_WARMUP} "
-                    "not timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
+                    f"{self.src} to {self.dst} whose receiver hands each one back as it arrives (a pipeline's "
+                    "boundary channel carries activations one way and gradients the other), opened as the run "
+                    "opens its channels (cold on modelled devices, warmed on real ones) and clamped as the run "
+                    "clamps them, the tensors a run's channel carries in its warm-up iterations (at most 8) not "
+                    "timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
                     f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
                     "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"
                     + ("; inside the DCs: the workers' DP ring all-reduce of the largest stage's gradients "

@@ -231,8 +231,9 @@ def wan_path(
     window = min(window, capped) if capped is not None else window
     flow = unlossy = measured if measured is not None else window * 8 / rtt if rtt > 0 else math.inf
     if capped is not None and measured is not None and rtt > 0:
-        # the run's cap on the streams' windows (testbed/run/pacing.py `window_caps`); the
-        # calibration timed them uncapped: a capped stream moves at most a window a round trip
+        # the run's cap on the streams' windows (testbed/run/pacing.py `window_caps`); a probe
+        # that also serves uncapped variants timed them uncapped (calibration.probe_caps): a
+        # capped stream moves at most a window a round trip
         flow = unlossy = min(flow, window * 8 / rtt)
     # the loss bound holds for a measured rate too: the calibration times a few tensors on
     # a connection its warm-up just opened and keeps the median, which a tensor that met

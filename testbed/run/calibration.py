@@ -4,10 +4,11 @@ of the workload's wire size, measured before the variants play.
 Tensors of the workload's wire size are timed over a channel between hosts on either
 side of a WAN path, both ways at once as a pipeline's boundary channel carries them,
 once per stream count the variants use there, and the shared variants' channels
-colliding (all sending at once); every probe's channels opened as the run opens its own
-(`run_channels`: cold on modelled devices, warmed with the workers' untimed tensor on
-real ones, then the run's untimed warm-up tensors) and clamped as the run clamps them
-(`probe_caps`); a path the DP rings cross (dp-across-dc) times the
+colliding (all sending at once); every WAN probe's channels opened as the run opens
+its own (`run_channels`: cold on modelled devices, warmed with the workers' untimed
+tensor on real ones, then the run's untimed warm-up tensors) and clamped as the variants
+they stand for clamp theirs (`probe_caps`); the tensor-check probe (`calibrate_verify`)
+times CPU work, its channels warmed; a path the DP rings cross (dp-across-dc) times the
 workers' own ring all-reduce, all rings at once; inside a DC, the ring between DP
 neighbours. Which paths, stream counts and rings (`calibrate_variants`): from the
 placements of the run's variants (testbed/run/variants.py `place_variants`, the same
@@ -26,6 +27,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import queue
 import subprocess
 import sys
@@ -97,11 +99,11 @@ ALONE_MAX_UNTIMED = 8
 """The alone probe's (`calibrate`) untimed tensors a channel at most, where the run's
 channels carry more in their warm-up iterations: its channel is used more as a run's
 boundary channel is before the run's timed iterations than with TURNS_MAX_UNTIMED, at
-the price of a longer probe (one stream at 200 ms RTT: 2.6 s a tensor). Where a
-stream's window is near its stripe of a tensor (sweep-rtt's 200 ms point: 1 MB buffers,
-8 streams of an 8.4 MB tensor) a channel moves a tensor in two round trips or three,
-and which one a channel settles in differs from one channel to the next: neither more
-untimed tensors nor the two-way channel make the reading certain there."""
+the price of a longer probe (a window-limited one-stream channel pays a whole tensor's
+round trips for each). Where a stream's window is near its stripe of a tensor, a
+channel moves a tensor in one round trip more or fewer, and which one a channel settles
+in differs from one channel to the next: neither more untimed tensors nor the two-way
+channel make the reading certain there (results/probe-rtt200/, docs/results/sweep-rtt.md)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
@@ -114,18 +116,21 @@ PROBE_TRANSFER_SLACK_S = 5.0  # each tensor's budget beyond its bytes at the slo
 
 
 def probe_budget_s(count: int, nbytes: int, period_s: float | None, offsets: Sequence[float] | None,
-                   wan: Sequence[tuple[float, float]]) -> float:
+                   wan: Sequence[tuple[float, float]], clamped_bytes: int | None = None) -> float:
     """How long a probe of `count` tensors of `nbytes` may take before it counts as hung,
     seconds: per tensor its round (`period_s`) or gap, its bytes at the slowest WAN link's
     rate (`wan`: each link's (rate bits/s, RTT s)), a round trip of the slowest-to-
     answer link per MiB (a window-limited stream: one stream at 200 ms RTT moves about
-    3 MB/s) and PROBE_TRANSFER_SLACK_S, plus the latest start offset and PROBE_SLACK_S.
+    3 MB/s; a channel whose streams are clamped, `clamped_bytes` in flight at most, a
+    round trip per that many bytes where that is more) and PROBE_TRANSFER_SLACK_S, plus
+    the latest start offset and PROBE_SLACK_S.
     A fixed 60 s failed sweep-rtt's 100 ms point: Atlas's one-stream turns probe there
     (two channels' 2.5 s turns a round) needs more than a minute."""
     slowest = min((rate for rate, _ in wan), default=0.0)
     rtt = max((r for _, r in wan), default=0.0)
+    trips = max(nbytes / 2**20, math.ceil(nbytes / clamped_bytes) if clamped_bytes else 0)
     per = (PROBE_TRANSFER_SLACK_S + (period_s if period_s is not None else PROBE_GAP_S)
-           + (nbytes * 8 / slowest if slowest > 0 else 0.0) + nbytes / 2**20 * rtt)
+           + (nbytes * 8 / slowest if slowest > 0 else 0.0) + trips * rtt)
     return PROBE_SLACK_S + max(offsets or [0.0]) + count * per
 
 
@@ -160,11 +165,11 @@ class ProbeTimes(NamedTuple):
     back_sent: list[float] | None = None  # a duplex probe's: when the receiver handed each tensor back
     back_arrived: list[float] | None = None  # ... and when it came back to the sender
 
-    def timed(self, untimed: int = PROBE_WARMUP) -> list[float]:
+    def timed(self, untimed: int) -> list[float]:
         """Each tensor's transfer time, the `untimed` first tensors left out."""
         return [a - s for s, a in zip(self.sent, self.arrived, strict=True)][untimed:]
 
-    def timed_back(self, untimed: int = PROBE_WARMUP) -> list[float]:
+    def timed_back(self, untimed: int) -> list[float]:
         """A duplex probe's: each tensor's time back, the `untimed` first left out."""
         return [a - s for s, a in zip(self.back_sent or [], self.back_arrived or [], strict=True)][untimed:]
 
@@ -341,7 +346,8 @@ class Prober:
         `duplex`: each receiver hands a tensor back over the same channel as each arrives."""
         transport = transport_job(self.scenario.transport)
         budget = probe_budget_s(count * (2 if duplex else 1), nbytes, period_s, offsets,
-                                [(link.rate, link.rtt_s) for link in self.scenario.topology.wan])
+                                [(link.rate, link.rtt_s) for link in self.scenario.topology.wan],
+                                streams * min(caps.values()) if caps else None)
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
         names = []
@@ -420,7 +426,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
                       agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None) -> None:
     """Time tensors of the path's size over one channel of `pair` alone, nothing sent
     the other way, once per stream count not timed so yet: the rate probe (`calibrate`)
-    has a channel each way at once, as pipelines whose activations and gradients cross
+    carries tensors both ways on one channel, as pipelines whose activations and gradients cross
     together load the path; a channel that fills the link moves less so (the other
     way's data delays its acknowledgements), and a pipeline whose transfers take turns
     across the path (one way, then the other) moves more. The planner weighs the two
@@ -507,7 +513,8 @@ def calibrate_together(
     the others are busy than it gave timed alone). `loads`: per path, the (upstream,
     downstream) hosts of the pipelines crossing it. Two probes, in synchronised rounds
     of at least COLLISION_ROUNDS: one channel of `streams` each way on every path (each
-    path's channel rate, the median as `calibrate` takes it), then, where two or more
+    path's channel rate, the median as `calibrate` takes it, but one channel each way
+    rather than one carrying both), then, where two or more
     pipelines cross a path, all of their channels each way on every path (that path's
     colliding aggregate, the mean as `calibrate_link` takes it). The figures go to each
     path's ``together`` list. The channels opened as the run's (`run_channels`), clamped
@@ -785,7 +792,11 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
     where two or more of a shared variant's pipelines cross it at once, their colliding
     aggregate; a path the DP rings cross (dp-across-dc) times those rings themselves, all
     at once. Inside the DCs, the DP ring of Atlas's placement. The first path is Atlas's
-    first crossing (or, with no crossing, the path between the first and the last DC)."""
+    first crossing (or, with no crossing, the path between the first and the last DC).
+    Probes are clamped as the variants whose figure they give run (`probe_caps`): one
+    stream and the auto candidates are timed first, unclamped (the count is chosen from
+    them), so a capped variant at an auto count reads the unclamped figure, which the
+    planner holds to its cap a round trip (testbed_core/planning/network.py `wan_path`)."""
     if not scenario.runner.calibrate:
         return None, None
     t0 = time.monotonic()

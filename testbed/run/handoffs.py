@@ -128,14 +128,21 @@ def _read_csv(path: Path) -> list[dict[str, str]]:
 def load_run(folder: Path, variant: str) -> RunRecords:
     """The records of `variant` in the run folder `folder`."""
     where = folder / variant
+    if not folder.is_dir():
+        raise HandoffError(f"{folder}: no such folder; give the folder of a `testbed run` (its -o)")
     if not where.is_dir():
         ran = sorted(p.name for p in folder.iterdir() if (p / "timeline.csv").is_file()) if folder.is_dir() else []
         raise HandoffError(f"{folder}: no variant '{variant}' (variants with records here: {', '.join(ran) or 'none'})")
     iters_file = where / "iterations.json"
     if not iters_file.is_file():
         raise HandoffError(f"{iters_file}: missing; the variant did not finish its iterations")
-    iters = json.loads(iters_file.read_text())
-    starts = [float(s) for s in iters["starts"]]
+    try:
+        iters = json.loads(iters_file.read_text())
+        starts = [float(s) for s in iters["starts"]]
+        warmup, ends = int(iters.get("warmup", 0)), [float(e) for e in iters.get("ends") or []]
+    except (ValueError, KeyError, TypeError, AttributeError) as e:
+        raise HandoffError(f"{iters_file}: not a run's iterations record ({type(e).__name__}: {e}); it needs "
+                           "'starts', each iteration's start in seconds: run the variant again") from None
     ops: dict[int, dict[tuple[int, int, str, int], Op]] = {}
     for row in _read_csv(where / "timeline.csv"):
         label, owner = LABEL.match(row.get("label", "")), OWNER.match(row.get("owner", ""))
@@ -154,8 +161,7 @@ def load_run(folder: Path, variant: str) -> RunRecords:
                  for r in _read_csv(where / "transfers.csv") if r.get("sent") and r.get("arrived")]
     pred_file = where / "prediction.json"
     predicted = json.loads(pred_file.read_text()).get("allreduce_s") if pred_file.is_file() else None
-    return RunRecords(ops, transfers, starts, int(iters.get("warmup", 0)),
-                      [float(e) for e in iters.get("ends") or []], predicted)
+    return RunRecords(ops, transfers, starts, warmup, ends, predicted)
 
 
 def _landed(row: dict[str, str]) -> float:
@@ -209,7 +215,9 @@ def critical_path(rec: RunRecords, iteration: int) -> list[tuple[Op | Transfer, 
         ahead.update(zip(queue[1:], queue, strict=False))
     node: Op | Transfer | None = max(ops.values(), key=lambda o: o.end)
     chain: list[tuple[Op | Transfer, str]] = []
-    while node is not None:
+    seen: set[int] = set()  # two zero-length ops on one device may each come before the other
+    while node is not None and id(node) not in seen:
+        seen.add(id(node))
         if isinstance(node, Transfer):
             before_t = ahead.get(node)
             if before_t is not None and before_t.landed - before_t.latency_s > node.sent:

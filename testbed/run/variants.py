@@ -350,8 +350,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
             # the probe's rate on the wire and the link is held the hold's multiple of it
             wires = pr.turns_wire_bps or pr.turns_rate_bps
             for dcs, rate, wire in zip((key, key[::-1]), pr.turns_rate_bps, wires, strict=True):
-                flows[dcs], link, _ = calibrated_rates(True, setup.streams, max(rate, wire), pr.nominal_bps,
-                                                       lossy=_lossy(scenario, key))
+                # (no turns figures on a lossy route: wan_paths.path_rates_of drops them)
+                flows[dcs], link, _ = calibrated_rates(True, setup.streams, max(rate, wire), pr.nominal_bps)
                 holds[dcs] = max(1.0, wire / rate)
                 links[key] = max(links.get(key, 0.0), link or 0.0)
         elif pr.rate_bps is not None:  # else the alone rate (a plan's transfers token_margin longer)

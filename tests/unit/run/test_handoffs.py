@@ -127,6 +127,14 @@ def test_what_is_missing_is_named(tmp_path: Path, three_stages: Path, capsys: py
         load_run(tmp_path / "empty", "atlas")
     assert main([str(tmp_path / "empty"), "atlas"]) == 2
     assert "error: " in capsys.readouterr().err
+    with pytest.raises(HandoffError, match=r"nowhere: no such folder; give the folder of a `testbed run`"):
+        load_run(tmp_path / "nowhere", "atlas")
+    (tmp_path / "empty" / "atlas" / "iterations.json").write_text('{"ends": []}')
+    with pytest.raises(HandoffError, match=r"iterations.json: not a run's iterations record \(KeyError: 'starts'\)"):
+        load_run(tmp_path / "empty", "atlas")
+    (tmp_path / "empty" / "atlas" / "iterations.json").write_text("{not json")
+    with pytest.raises(HandoffError, match=r"not a run's iterations record \(JSONDecodeError"):
+        load_run(tmp_path / "empty", "atlas")
 
 
 def test_an_iteration_without_work_is_refused(three_stages: Path) -> None:

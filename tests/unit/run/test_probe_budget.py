@@ -69,3 +69,11 @@ def test_the_prober_hands_its_budget_to_both_ends_and_waits_longer_itself(tmp_pa
     budget = calibration.probe_budget_s(9, MIB8, 11.2, [0.0], wan)
     assert len(agents.jobs) == 2 and all(j.timeout_s == pytest.approx(budget) for j in agents.jobs)
     assert all(t == pytest.approx(budget + 30) for _, word, t in agents.waits if word == "done")
+
+
+def test_a_clamped_channel_gets_a_round_trip_per_window_it_may_have_in_flight() -> None:
+    # 8 MiB over 8 streams clamped to 16 KiB: 64 windows, each a round trip of 50 ms
+    free = calibration.probe_budget_s(4, MIB8, None, None, [(1e9, 0.05)])
+    clamped = calibration.probe_budget_s(4, MIB8, None, None, [(1e9, 0.05)], 8 * 16 * 2**10)
+    assert clamped - free == pytest.approx(4 * (64 - 8) * 0.05)
+    assert calibration.probe_budget_s(4, MIB8, None, None, [(1e9, 0.05)], 8 * 2**20) == free  # wide clamp: as free

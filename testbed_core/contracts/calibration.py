@@ -391,6 +391,9 @@ class Calibration(_Figures):
     # channel's streams (CalibrationReport.even_spread); from_report keeps a kept run's word
     even_spread: bool = True
     even_spread_stream_bytes: int | None = EVEN_SPREAD_STREAM_BYTES
+    # how the figures were measured, as a kept run's report said (from_report); None: as
+    # this checkout's probes measure them (the method `report` spells out)
+    method: str | None = None
 
     def primary(self) -> PathCalibration:
         """The primary path: the first of `paths`, or the top-level figures as one path."""
@@ -422,14 +425,15 @@ class Calibration(_Figures):
     def report(self) -> CalibrationReport:
         """The ``summary.json`` block of this calibration."""
         return CalibrationReport(
-            method=(("every WAN path the variants' placements cross timed on its own (paths; the top level is "
+            method=self.method or (("every WAN path the variants' placements cross timed on its own (paths; the top level is "
                      "the first of them), each as follows: " if self.paths else "")
                     + "tensors of the workload's wire size timed over one atlas_transport channel from "
                     f"{self.src} to {self.dst} whose receiver hands each one back as it arrives (a pipeline's "
                     "boundary channel carries activations one way and gradients the other), opened as the run "
                     "opens its channels (cold on modelled devices, warmed on real ones) and clamped as the "
-                    "variants it stands for clamp theirs (one stream and the auto candidates unclamped), the tensors a run's channel carries in its warm-up iterations (at most 8) not "
-                    "timed; channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
+                    "variants it stands for clamp theirs (one stream and the auto candidates unclamped), "
+                    "the tensors a run's channel carries in its warm-up iterations (at most 8) not timed; "
+                    "channel rate = bytes / (median hand-over-to-arrival time - one-way delay); "
                     f"apart: {self.concurrent} channels colliding (sending at once) each way, their aggregate = "
                     "channels x bytes / (mean hand-over-to-arrival time - one-way delay)"
                     + ("; inside the DCs: the workers' DP ring all-reduce of the largest stage's gradients "
@@ -448,7 +452,7 @@ class Calibration(_Figures):
                        "hand-over, the mean taken"
                        if any(p.turns for p in self.paths) else "")
                     + ("; a path shared multi-stream channels cross: one such channel alone one way too, nothing "
-                       "the other way (one_way_channel_rate_mbps; the rate above has a channel each way)"
+                       "the other way (one_way_channel_rate_mbps; the rate above carries tensors both ways)"
                        if any(p.one_way_bps for p in self.paths) else "")
                     + ("; the tensor checks (verify): each pattern fill on a sender and each byte-for-byte check "
                        "on a receiver timed with the training's code, tensors crossing the first path both ways"
@@ -476,4 +480,4 @@ class Calibration(_Figures):
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
                    wall_s=r.wall_s, even_spread=r.even_spread,
-                   even_spread_stream_bytes=r.even_spread_stream_bytes)
+                   even_spread_stream_bytes=r.even_spread_stream_bytes, method=r.method)

@@ -22,6 +22,24 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def _play(tmp_path: Path, tag: str, common: dict, recv_extra: dict | None = None,
+          send_extra: dict | None = None) -> tuple[dict, dict]:
+    """One probe (`tag`-recv, `tag`-send) over loopback in one agent, the sender told to go
+    0.3 s on; both ends must say done. Returns what the receiver and the sender wrote."""
+    recv = ProbeJob(role="probe-recv", name=f"{tag}-recv", out=str(tmp_path / "r.json"), **common,
+                    **(recv_extra or {}))
+    send = ProbeJob(role="probe-send", name=f"{tag}-send", peer_ip="127.0.0.1", wait_go=True,
+                    out=str(tmp_path / "s.json"), **common, **(send_extra or {}))
+    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
+        (tmp_path / name).write_text(job.model_dump_json())
+    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
+                        f"go {tag}-send {time.time() + 0.3}\nquit\n")
+    stdout = io.StringIO()
+    run_agent(stdin, stdout)
+    assert {f"{tag}-recv done", f"{tag}-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
+    return json.loads((tmp_path / "r.json").read_text()), json.loads((tmp_path / "s.json").read_text())
+
+
 def test_one_agent_runs_both_ends_of_a_probe(tmp_path: Path, monkeypatch) -> None:
     """A receiver and a sender in one agent, over loopback: both say where they are,
     the sender starts at the instant its 'go' gives, both write their times."""
@@ -68,18 +86,8 @@ def test_a_probe_with_verify_times_the_trainings_tensor_checks(tmp_path: Path, m
     monkeypatch.setenv("ATLAS_SECRET", "agent-test")
     common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 16, "count": 3, "transport": TRANSPORT,
               "timeout_s": 30, "verify": True}
-    recv = ProbeJob(role="probe-recv", name="v-recv", out=str(tmp_path / "r.json"), **common)
-    send = ProbeJob(role="probe-send", name="v-send", peer_ip="127.0.0.1", wait_go=True,
-                    out=str(tmp_path / "s.json"), **common)
-    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
-        (tmp_path / name).write_text(job.model_dump_json())
-    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
-                        f"go v-send {time.time() + 0.3}\nquit\n")
-    stdout = io.StringIO()
-    run_agent(stdin, stdout)
-    assert {"v-recv done", "v-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
-    fill = json.loads((tmp_path / "s.json").read_text())["fill_s"]
-    check = json.loads((tmp_path / "r.json").read_text())["check_s"]
+    r, s = _play(tmp_path, "v", common)
+    fill, check = s["fill_s"], r["check_s"]
     assert len(fill) == len(check) == 3 and all(t > 0 for t in fill + check)
 
 
@@ -122,20 +130,10 @@ def test_a_probe_clamps_its_streams_windows_as_its_job_says(tmp_path: Path, monk
     monkeypatch.setattr(probe, "_open_channel", record)
     common = {"port": _free_port(), "streams": 3, "nbytes": 1 << 20, "count": 2, "transport": TRANSPORT,
               "timeout_s": 30}
-    recv = ProbeJob(role="probe-recv", name="c-recv", out=str(tmp_path / "r.json"), window_clamp=150_000, **common)
-    send = ProbeJob(role="probe-send", name="c-send", peer_ip="127.0.0.1", wait_go=True,
-                    out=str(tmp_path / "s.json"), **common)
-    assert send.window_clamp is None
-    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
-        (tmp_path / name).write_text(job.model_dump_json())
-    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
-                        f"go c-send {time.time() + 0.3}\nquit\n")
-    stdout = io.StringIO()
-    run_agent(stdin, stdout)
-    assert {"c-recv done", "c-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
+    r, _ = _play(tmp_path, "c", common, recv_extra={"window_clamp": 150_000})
     assert clamps["c-recv"] == [150_000] * 3
-    assert all(c != 150_000 for c in clamps["c-send"])
-    assert len(json.loads((tmp_path / "r.json").read_text())["arrived"]) == 2
+    assert all(c != 150_000 for c in clamps["c-send"])  # the sender's job has none
+    assert len(r["arrived"]) == 2
 
 
 def test_a_duplex_probe_times_tensors_both_ways_over_one_channel(tmp_path: Path, monkeypatch) -> None:
@@ -146,17 +144,7 @@ def test_a_duplex_probe_times_tensors_both_ways_over_one_channel(tmp_path: Path,
     monkeypatch.setenv("ATLAS_SECRET", "agent-test")
     common = {"port": _free_port(), "streams": 2, "nbytes": 1 << 16, "count": 3, "transport": TRANSPORT,
               "timeout_s": 30, "duplex": True, "warmup_bytes": 1 << 16}
-    recv = ProbeJob(role="probe-recv", name="d-recv", out=str(tmp_path / "r.json"), **common)
-    send = ProbeJob(role="probe-send", name="d-send", peer_ip="127.0.0.1", wait_go=True, gap_s=0.01,
-                    out=str(tmp_path / "s.json"), **common)
-    for job, name in ((recv, "r.job.json"), (send, "s.job.json")):
-        (tmp_path / name).write_text(job.model_dump_json())
-    stdin = io.StringIO(f"job {tmp_path / 'r.job.json'}\njob {tmp_path / 's.job.json'}\n"
-                        f"go d-send {time.time() + 0.3}\nquit\n")
-    stdout = io.StringIO()
-    run_agent(stdin, stdout)
-    assert {"d-recv done", "d-send done"} <= set(stdout.getvalue().splitlines()), stdout.getvalue()
-    r, s = json.loads((tmp_path / "r.json").read_text()), json.loads((tmp_path / "s.json").read_text())
+    r, s = _play(tmp_path, "d", common, send_extra={"gap_s": 0.01})
     assert len(r["returned_sent"]) == len(s["returned"]) == len(r["arrived"]) == 3
     assert all(a <= b < c for a, b, c in zip(r["arrived"], r["returned_sent"], s["returned"], strict=True))
     assert "returned" not in r and "returned_sent" not in s

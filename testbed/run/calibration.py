@@ -602,8 +602,7 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     finally:
         if agents is None:
             prober.agents.close()
-    ways = [[a - s for r in group for s, a in list(zip(r.sent, r.arrived, strict=True))[untimed:]]
-            for group in (res[:len(pairs)], res[len(pairs):])]
+    ways = [[d for r in group for d in r.timed(untimed)] for group in (res[:len(pairs)], res[len(pairs):])]
     fig = TurnsCalibration(streams=streams, channels=len(pairs), slot_s=slot, untimed=untimed, transfer_s=ways[0],
                            return_s=ways[1])
     pc.turns = [t for t in pc.turns if t.streams != streams] + [fig]

@@ -49,7 +49,7 @@ from testbed_core.contracts.calibration import Calibration, dc_of_host
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
 from testbed_core.planning.calibrated import calibrated_rates, calibrated_topology, path_topology
 from testbed_core.planning.host_cpu import VerifyCost, with_verify
-from testbed_core.planning.lossy import route_loss
+from testbed_core.planning.lossy import lossy_between
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
 from testbed_core.planning.placement import SEARCH, Placement, free_gpus, place, strategy_for
@@ -313,8 +313,8 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     nominal = nominal_link(scenario.topology, pair) if pair else None
     flow, link, crowded = calibrated_rates(setup.variant.sharing == "temporal", setup.streams, rate_bps,
                                            nominal, colliding_bps or setup.colliding_bps,
-                                           lossy=pair is not None and _lossy(scenario, (dc_of_host(pair[0]),
-                                                                                        dc_of_host(pair[1]))))
+                                           lossy=pair is not None and lossy_between(
+                                               scenario.topology, dc_of_host(pair[0]), dc_of_host(pair[1])))
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
@@ -325,13 +325,6 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     path_window_bytes=setup.window_caps or None,
                     link_line_bps=None if rate_bps is None else _line_rates(setup, scenario, local))
     return net, calibrated_topology(scenario.topology, link, pair, local)
-
-
-def _lossy(scenario: Scenario, dcs: tuple[str, str]) -> bool:
-    """Whether the route between DCs `dcs` loses packets (a link with configured loss):
-    its calibrated rates were measured through the loss, which the planner's loss
-    model brings back on its own (`calibrated_rates`)."""
-    return route_loss(scenario.topology, scenario.topology.route(*dcs)) > 0
 
 
 def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple[NetParams, Topology]:
@@ -356,7 +349,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                 links[key] = max(links.get(key, 0.0), link or 0.0)
         elif pr.rate_bps is not None:  # else the alone rate (a plan's transfers token_margin longer)
             flow, link, crowded = calibrated_rates(temporal, setup.streams, pr.rate_bps / hold, pr.nominal_bps,
-                                                   pr.colliding_bps, lossy=_lossy(scenario, key))
+                                                   pr.colliding_bps, lossy=lossy_between(scenario.topology, *key))
             flows[key], links[key] = flow, link
             if crowded is not None and not local:
                 crowd[key] = crowded

@@ -545,6 +545,13 @@ def route_loss(topology: Topology, dcs: Sequence[str]) -> float:
     return 1 - math.prod(1 - topology.link(x, y).loss for x, y in zip(dcs, dcs[1:], strict=False))
 
 
+def lossy_between(topology: Topology, a: str, z: str) -> bool:
+    """Whether the route between DCs `a` and `z` loses packets (a link on it with
+    configured loss): what a probe measures there came through the loss, which the loss
+    model brings back on its own."""
+    return route_loss(topology, topology.route(a, z)) > 0
+
+
 def lossy_routes(topology: Topology, paths: Iterable[WanPath], nbytes: float, idle_restart: bool = False,
                  history: tuple[int, ...] | None = None, per_iteration: int = 1,
                  paced: bool = False, plan: tuple[SimSpec, SimResult] | None = None,

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 from testbed_core.contracts.calibration import Calibration, PathCalibration, TurnsCalibration
 from testbed_core.planning.calibrated import turns_rate_bps, turns_wire_rate_bps
-from testbed_core.planning.lossy import route_loss
+from testbed_core.planning.lossy import lossy_between
 from testbed_core.planning.path_load import load_of, weighed_rate
 from testbed_core.planning.placement import Placement
 from testbed_core.topology import Topology
@@ -212,8 +212,7 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
         ringed = pc is not None and on_ring and pc.ring_streams == streams
         # not on a lossy route: the loss model spreads its transfers (testbed_core/planning/lossy.py),
         # and the probe's transfers met the same loss
-        lossy = route_loss(topology, topology.route(a, z)) > 0
-        turns = pc.turns_for(streams) if pc and on_pipe and not lossy else None
+        turns = pc.turns_for(streams) if pc and on_pipe and not lossy_between(topology, a, z) else None
         out[(a, z)] = PathRates(
             (a, z), rate_bps=rate, colliding_bps=colliding, nominal_bps=topology.bottleneck_rate(a, z),
             ring_bps=pc.ring_bps if ringed else None,

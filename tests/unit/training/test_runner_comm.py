@@ -248,8 +248,10 @@ def test_token_holder_still_sending_at_its_planned_end_announces_a_later_end() -
         up1.send(TransferKey(1, 0, 0, "fwd"), None)
         r0, r1 = both_records(up0, up1, s0, s1)
     # looked at 5 ms before its end: half the bytes left at the plan's rate -> 150 ms more,
-    # and again until the backlog cleared (0.6 s after the send)
-    assert up0.slot_extensions >= 2 and r0["slot_extended_s"] > 0.27
+    # and again until the backlog cleared (0.6 s after the send). A first watch a loaded
+    # machine wakes 0.15 s late announces an end past 0.6 s at once (one extension, a
+    # fresh-clone CI run), so the count is at least one and the extension covers the backlog
+    assert up0.slot_extensions >= 1 and r0["slot_extended_s"] > 0.27
     # p1 waits at least for the first later end (0.45 s); the second comes WATCH_LEAD_S
     # (5 ms) before that end, and a watch a loaded machine wakes later than that lets p1
     # start at 0.45 s instead of 0.6 (a fresh-clone CI run: 0.456 s)

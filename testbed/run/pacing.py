@@ -45,10 +45,16 @@ from testbed_core.topology import Topology, WanLink, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
 
-PACED_BURST = 1.2
-"""Linux paces a flow in congestion avoidance at about 1.2 windows per smoothed round
-trip: a window whose first round leaves onto an idle link queues all of itself but
-the BDP / 1.2 the link drains meanwhile (`route_takes`)."""
+PACED_BURST = 2.0
+"""How many windows per smoothed round trip a capped stream's round leaves at: Linux
+paces at 2 x cwnd / srtt while cwnd is below half of ssthresh (tcp_pacing_ss_ratio,
+200%) and at 1.2 x in congestion avoidance (tcp_pacing_ca_ratio). A stream held to a
+window cap that never lost a packet has no ssthresh, so it stays paced as in slow start,
+and its cwnd (grown to twice its flight, tcp_is_cwnd_limited) is at least its window: a
+window whose first round leaves onto an idle link queues all of itself but the BDP / 2
+the link drains meanwhile (`route_takes`). At 1.2 (congestion avoidance) the caps of
+scenarios/atlas-3dc.yaml's multi-tcp left mid->big with 409-451 tail drops a run and
+its iterations 2.33-2.56 s; at 2.0, 26 drops and 2.32-2.51 s (results/window-caps/README.md)."""
 
 MIN_CAP_WINDOW = 16 << 10
 """The smallest window cap: a few segments a stream."""
@@ -165,9 +171,9 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     window over the round trip but does not bound it. A cap of exactly the path's share
     in payload bytes (before this, never below a stream's stripe of one tensor) still
     overflowed it: the frames carry 4.6% more than the payload, big-small's stripe
-    (128 KiB) was above its share (125 KB), and a window that leaves paced at about 1.2
-    windows per smoothed round trip queues all of itself but BDP / 1.2 in its first
-    round (`route_takes`): 718-877 tail drops and +12-14% in the kept runs. A stream's buffer sized to
+    (128 KiB) was above its share (125 KB), and a window that leaves paced at
+    PACED_BURST windows per smoothed round trip queues all of itself but the BDP over
+    that in its first round (`route_takes`): 718-877 tail drops and +12-14% in the kept runs. A stream's buffer sized to
     its share of the path is how parallel streams are tuned by hand; Linux's autotuning
     alone grows each to the buffer's maximum. No cap (empty) with one stream, one
     channel a direction, or where the windows, or the tensors, fit: a stream has no

@@ -74,7 +74,12 @@ from testbed_core.planning.streams import (
     timed_counts,
     variant_streams,
 )
-from testbed_core.planning.wan_paths import PathRates, first_rated, path_rates_of
+from testbed_core.planning.wan_paths import (
+    PathRates,
+    first_rated,
+    path_rates_of,
+    pipeline_crossings,
+)
 from testbed_core.simulate import simulate
 from testbed_core.topology import Topology
 from testbed_core.variants import (
@@ -595,8 +600,9 @@ def _choose_configuration(run: RunVariant, scenario: Scenario, workload: Workloa
     predicted faster by the sharing margin) is kept unless another is predicted faster
     by more than CHOICE_MARGIN, and a temporal plan only where no shared way is
     predicted within TEMPORAL_MARGIN of it. A shared way at a count above one is weighed only
-    where that count's collision was calibrated (the prediction needs its aggregate)
-    or it is the policy's own count. Every candidate and the one taken are kept in
+    where that count's collision was calibrated on every path two pipelines' channels
+    cross (the prediction needs its aggregate; `_collision_timed`) or it is the
+    policy's own count. Every candidate and the one taken are kept in
     ``setup.configurations`` (summary.json). Other variants, and Atlas without a
     calibration or with fixed sharing: `_plan_one` as it is."""
     definition = run.variant
@@ -663,11 +669,18 @@ def _timed(placement: Placement, scenario: Scenario, cal: Calibration) -> bool:
 
 
 def _collision_timed(placement: Placement, scenario: Scenario, cal: Calibration, streams: int) -> bool:
-    """Whether `streams`-stream channels colliding were calibrated on every path of `placement`."""
+    """Whether `streams`-stream channels colliding were calibrated on every path of
+    `placement` where they collide: where two or more pipelines' channels cross it. A
+    path one pipeline crosses has nothing to collide with, so its alone figure is all its
+    prediction needs, as it is for multi-TCP there (a one-pipeline run, such as
+    scenarios/lossy-4dc.yaml, has no collision probe: Atlas could not weigh sharing at
+    the count it runs, and took a temporal plan predicted slower than that)."""
+    crowded = {frozenset(k) for k, ends in pipeline_crossings(placement).items() if len(ends) > 1}
     if cal.paths:
         rates = path_rates_of(placement, scenario.topology, cal, streams, _allreduce_on(scenario))
-        return bool(rates) and all(pr.colliding_bps is not None for pr in rates.values())
-    return streams in cal.colliding_bps and streams in cal.rates_bps
+        return bool(rates) and all(pr.colliding_bps is not None or frozenset(k) not in crowded
+                                   for k, pr in rates.items())
+    return streams in cal.rates_bps and (streams in cal.colliding_bps or not crowded)
 
 
 def _predict_loaded(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,

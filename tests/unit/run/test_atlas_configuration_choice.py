@@ -175,3 +175,37 @@ def test_the_summary_keeps_the_candidates() -> None:
     with pytest.raises(ValueError, match="sharing"):
         ConfigurationCandidate(streams=1, sharing="sometimes", placement="atlas", stage_dcs=[],  # type: ignore[arg-type]
                                predicted_iteration_time_s=1.0, taken=False, own=False)
+
+
+def test_one_pipeline_weighs_sharing_at_every_timed_count_without_a_collision_probe() -> None:
+    """scenarios/lossy-4dc.yaml runs one pipeline: no two channels cross a path, so the
+    calibration times no collision, and atlas could not weigh 8 streams shared (what
+    multi-TCP runs there) and took an 8-stream plan predicted 1.572 s against multi-TCP's
+    1.435 s (the kept run at 2c37227). Where nothing collides, the alone figures are the
+    prediction's: atlas weighs it and takes it, predicted as multi-TCP."""
+    run = ROOT / "results/prediction-errors/at-2c37227/runs/lossy-4dc"
+    from testbed.report.replan import replan_run
+
+    plans = {r.name: r.setup for r in replan_run(run)}
+    atlas, multi = plans["atlas"], plans["multi-tcp"]
+    weighed = {(c.streams, c.sharing) for c in atlas.configurations}
+    assert (8, "shared") in weighed and (8, "temporal") in weighed
+    assert (atlas.streams, atlas.sharing) == (8, "shared")
+    assert atlas.prediction.iteration_time_s == pytest.approx(multi.prediction.iteration_time_s, rel=1e-6)
+    assert atlas.prediction.iteration_time_s < 1.5
+
+
+def test_two_pipelines_on_one_path_still_need_their_collision_timed() -> None:
+    """Where two pipelines' channels cross a path, sharing at a count above one is
+    weighed only where that count's collision was timed (the prediction needs their
+    aggregate); where one pipeline crosses each path, its alone figure is enough."""
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 << 20, latency_s=0.005,
+                      rates_bps={1: 5.3e8, 4: 6.5e8, 8: 7.0e8}, colliding_bps={8: 6.0e8})
+    two = _sweep_point("5ms")  # dp=2: both pipelines cross dc1-dc2
+    placement = variant_placement(get_variant("atlas"), two, two.workload)
+    assert variants_module._collision_timed(placement, two, cal, 8)
+    assert not variants_module._collision_timed(placement, two, cal, 4)
+    one = load_scenario(ROOT / "scenarios/atlas-2dc.yaml", {"workload.parallelism.dp": 1})[0]
+    placement = variant_placement(get_variant("atlas"), one, one.workload)
+    assert variants_module._collision_timed(placement, one, cal, 4)
+    assert not variants_module._collision_timed(placement, one, cal, 2)  # never timed at all

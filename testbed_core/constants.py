@@ -23,3 +23,14 @@ WARMUP_MAX_BYTES = 64 << 20
 def warmup_bytes(streams: int) -> int:
     """The warm-up tensor of a channel of `streams` streams."""
     return min(WARMUP_BYTES_PER_STREAM * streams, WARMUP_MAX_BYTES)
+
+
+RMEM_FRACTION = 0.66
+"""The share of its receive buffer a Linux receiver advertises as window at most. Before
+Linux 6.6 it was tcp_adv_win_scale's 1/2; since, the kernel scales the buffer by the
+payload / truesize ratio of the segments it receives (tp->scaling_ratio). Measured on
+this machine's kernel (6.18) over the emulation's veths: a stream to a receiver with
+tcp_rmem max 4,000,000 saw snd_wnd 2,653,440, 0.663 of it (results/window-fraction).
+At 0.5 the planner held a one-stream channel's second 1 MiB tensor back a round trip
+behind the first (2 x 1.05 MB past a 2 MB window): 4dc-regions' baseline was predicted
+2.036 s and ran 1.717 (the kept run at 085e8ae)."""

@@ -29,7 +29,7 @@ from testbed_core.configfile import (
     read_text,
     read_yaml,
 )
-from testbed_core.constants import TOPOLOGIES_DIR
+from testbed_core.constants import RMEM_FRACTION, TOPOLOGIES_DIR
 from testbed_core.servers import ServerPlan
 from testbed_core.shaper import ETH_FRAME
 from testbed_core.units import (
@@ -122,14 +122,11 @@ class TcpSettings(_Model):
     slow_start_after_idle: bool = True
 
     def window_limited_rate(self, rtt_s: float) -> float:
-        """Upper bound on one TCP flow's goodput over `rtt_s`, bits/s.
-
-        Linux uses about half of tcp_rmem for the advertised window by default
-        (tcp_adv_win_scale=1), hence the factor.
-        """
+        """Upper bound on one TCP flow's goodput over `rtt_s`, bits/s: the window the
+        receiver advertises at most (RMEM_FRACTION of its tcp_rmem) per round trip."""
         if rtt_s <= 0:
             return float("inf")
-        return min(self.rmem_max / 2, self.wmem_max) * 8 / rtt_s
+        return min(self.rmem_max * RMEM_FRACTION, self.wmem_max) * 8 / rtt_s
 
 
 MAX_DC_GPUS = 10_000_000

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 
 import click
 
+from testbed_core.constants import RMEM_FRACTION
 from testbed_core.units import UnitError, format_size, parse_rate
 from testbed_core.variants import (
     REGISTRY,
@@ -125,8 +126,9 @@ def _stage_ranges(stages: list[int]) -> str:
 @click.option("--baseline-placement", default="even", show_default=True,
               type=click.Choice(["atlas", "in-order", "even", "round-robin"]),
               help=f"Placement of {_names(lambda v: v.placement == 'baseline')}.")
-@click.option("--rmem-fraction", type=click.FloatRange(0.05, 1.0), default=0.5, show_default=True,
-              help="Share of tcp_rmem used as TCP window (0.5: tcp_adv_win_scale=1; newer kernels measure it).")
+@click.option("--rmem-fraction", type=click.FloatRange(0.05, 1.0), default=RMEM_FRACTION, show_default=True,
+              help="Share of tcp_rmem a receiver advertises as TCP window (Linux 6.6+ measures it from "
+                   "the segments it receives; 0.5 before: tcp_adv_win_scale=1).")
 @click.option("--flow-rate", default=None, metavar="RATE",
               help="Measured single-flow rate (e.g. 107Mbit) instead of the window model.")
 @click.option("--no-allreduce", is_flag=True, help="Leave the DP gradient all-reduce out of the iteration time.")

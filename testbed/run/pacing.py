@@ -127,6 +127,21 @@ def route_bottleneck(topology: Topology, src: str, dst: str) -> tuple[WanLink, f
     return min(links, key=lambda link: link.rate), sum(link.rtt_s for link in links)
 
 
+def route_holds(topology: Topology, src: str, dst: str) -> float:
+    """What the route from DC `src` to `dst` holds in steady state (bytes on the wire):
+    the slowest link's queue plus the route's bandwidth-delay product. Channels whose
+    windows may put more than this in flight together overflow the queue every round
+    they are full; below it, only a first round that leaves faster than the link drains
+    can (`route_takes`), which the runs did not show: scenarios/atlas-2dc.yaml's
+    multi-tcp (2 channels x 8 streams x 0.66 MB windows, 11.0 MB of frames against
+    12.5 MB) ran uncapped with 30 tail drops a run and within 2.5% of its prediction,
+    capped to the first round's share (560 KB a stream) with 346 drops and 10-15% faster
+    than predicted from a calibration whose capped collisions read 547-767 Mbit/s
+    (results/window-caps/README.md)."""
+    slow, rtt = route_bottleneck(topology, src, dst)
+    return slow.queue_bytes + bdp_bytes(slow.rate, rtt)
+
+
 def route_takes(topology: Topology, src: str, dst: str) -> float:
     """What channels may have in flight together from DC `src` to `dst` (bytes on the
     wire) with no tail drop: the slowest link's queue plus the bandwidth-delay product
@@ -155,10 +170,11 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     two or more of its pipelines' channels cross: where what they may have in flight
     together (channels x the lesser of streams x the window the planner gives a stream,
     `network.stream_window`, and the `at_once` tensors a channel may be handed at once,
-    `tensors_at_once`), as frames on the wire, exceeds what the route takes without a
-    tail drop (`route_takes`: its queue and its bandwidth-delay product over
-    PACED_BURST), each stream gets its share of that, in payload (LINK_GOODPUT of the frames),
-    at least MIN_CAP_WINDOW. The planner's per-flow rate is then at most the cap over the
+    `tensors_at_once`), as frames on the wire, exceeds what the route holds in steady
+    state (`route_holds`: its queue and its bandwidth-delay product), each stream gets its
+    share of what the route takes without a tail drop in a first round (`route_takes`:
+    its queue and its bandwidth-delay product over PACED_BURST), in payload (LINK_GOODPUT
+    of the frames), at least MIN_CAP_WINDOW. The planner's per-flow rate is then at most the cap over the
     round trip (network.wan_path), where the cap holds a stream below what a probe
     timed (one that serves uncapped variants too runs uncapped,
     testbed/run/calibration.py `probe_caps`).
@@ -190,7 +206,7 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     for (a, z), n in channels.items():
         window = stream_window(topology, a, z)
         holds = route_takes(topology, a, z)
-        if n < 2 or n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= holds:
+        if n < 2 or n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= route_holds(topology, a, z):
             continue
         cap = max(MIN_CAP_WINDOW, int(holds * LINK_GOODPUT / (n * streams)))
         if cap < window:

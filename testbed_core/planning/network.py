@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from testbed_core.constants import RMEM_FRACTION
 from testbed_core.planning.lossy import lossy_flow_rate, route_loss
 from testbed_core.shaper import ETH_FRAME, burst_bytes
 from testbed_core.topology import Topology, shortest_path
@@ -35,7 +36,7 @@ from testbed_core.topology import Topology, shortest_path
 MSS = 1448
 
 
-RMEM_FRACTION = 0.5  # share of tcp_rmem a receiver advertises as window (Linux tcp_adv_win_scale=1)
+
 
 
 def stream_window(topology: Topology, src: str, dst: str, rmem_fraction: float = RMEM_FRACTION) -> float:

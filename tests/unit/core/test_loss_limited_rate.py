@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from testbed_core.constants import RMEM_FRACTION
 from testbed_core.planning.network import MSS, NetParams, loss_limited_rate, wan_path
 from testbed_core.topology import parse_topology
 
@@ -31,7 +32,7 @@ def test_the_formula_s_numbers() -> None:
 def test_a_lossy_path_s_flow_is_held_to_it_by_the_window_model() -> None:
     lossless = wan_path(_topo(), "a", "b", 1, NetParams())
     lossy = wan_path(_topo("0.1%"), "a", "b", 1, NetParams())
-    assert lossless.flow_rate_bps == pytest.approx(2e6 * 8 / 0.05)  # window-limited: 4 MB / 2 over 50 ms, 320 Mbit/s
+    assert lossless.flow_rate_bps == pytest.approx(4e6 * RMEM_FRACTION * 8 / 0.05)  # window-limited: 4 MB x 0.66 over 50 ms, 422 Mbit/s
     assert lossy.flow_rate_bps == pytest.approx(1.22 * MSS * 8 / (0.05 * math.sqrt(0.001)))
 
 

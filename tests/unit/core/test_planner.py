@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from testbed_core.constants import RMEM_FRACTION
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.planning.placement import PlacementError, free_gpus, place
 from testbed_core.planning.prediction import Variant, choose_sharing, predict
@@ -117,12 +118,13 @@ def test_crossing_follows_lowest_latency_route() -> None:
 def test_per_flow_rate_is_window_over_rtt_and_streams_multiply() -> None:
     t = topo(rmem="1MB")
     one = wan_path(t, "dc1", "dc2", 1, NetParams())
-    assert one.flow_rate_bps == pytest.approx(0.5e6 * 8 / 0.05)  # half of 1 MB per 50 ms RTT = 80 Mbit/s
-    assert one.rate_bps == pytest.approx(80e6)
-    assert wan_path(t, "dc1", "dc2", 8, NetParams()).rate_bps == pytest.approx(640e6)
+    assert RMEM_FRACTION == 0.66
+    assert one.flow_rate_bps == pytest.approx(0.66e6 * 8 / 0.05)  # 0.66 of 1 MB per 50 ms RTT = 105.6 Mbit/s
+    assert one.rate_bps == pytest.approx(105.6e6)
+    assert wan_path(t, "dc1", "dc2", 8, NetParams()).rate_bps == pytest.approx(844.8e6)
     assert wan_path(t, "dc1", "dc2", 64, NetParams()).rate_bps == 1e9  # capped by the link
-    assert wan_path(t, "dc1", "dc2", "auto", NetParams()).streams == 13  # ceil(1000 / 80)
-    assert wan_path(t, "dc1", "dc2", 4, NetParams(), fill_link=True).streams == 13
+    assert wan_path(t, "dc1", "dc2", "auto", NetParams()).streams == 10  # ceil(1000 / 105.6)
+    assert wan_path(t, "dc1", "dc2", 4, NetParams(), fill_link=True).streams == 10
     assert wan_path(t, "dc1", "dc2", 1, NetParams(flow_rate_bps=107e6)).rate_bps == 107e6
     assert wan_path(t, "dc1", "dc2", 1, NetParams(rmem_fraction=1.0)).rate_bps == pytest.approx(160e6)
 
@@ -133,7 +135,7 @@ def test_a_measured_rate_keeps_the_channels_windows() -> None:
     window model's rate is window / RTT already, so no second limit there."""
     t = topo(rmem="1MB")
     measured = wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=107e6))
-    assert measured.window_bytes == pytest.approx(0.5e6) and measured.window_bits == pytest.approx(8 * 0.5e6 * 8)
+    assert measured.window_bytes == pytest.approx(0.66e6) and measured.window_bits == pytest.approx(8 * 0.66e6 * 8)
     assert wan_path(t, "dc1", "dc2", 8, NetParams()).window_bits == math.inf
 
 
@@ -163,13 +165,13 @@ def test_streams_that_only_carry_stripes_keep_windows_of_two_stripes() -> None:
     assert STRIPE_WINDOW == 2.0 and stripe_window(256 << 10, 8) == 64 << 10
     small = wan_path(t, "dc1", "dc2", 8, net, transfer_bytes=256 << 10)
     assert small.window_bytes == 64 << 10 and small.window_bits == 8 * (64 << 10) * 8
-    big = wan_path(t, "dc1", "dc2", 8, net, transfer_bytes=8 << 20)  # 2 MiB stripes: the socket's 0.5 MB
-    assert big.window_bytes == pytest.approx(0.5e6)
-    assert wan_path(t, "dc1", "dc2", 8, net).window_bytes == pytest.approx(0.5e6)
+    big = wan_path(t, "dc1", "dc2", 8, net, transfer_bytes=8 << 20)  # 2 MiB stripes: the socket's 0.66 MB
+    assert big.window_bytes == pytest.approx(0.66e6)
+    assert wan_path(t, "dc1", "dc2", 8, net).window_bytes == pytest.approx(0.66e6)
     assert wan_path(t, "dc1", "dc2", 8, NetParams(flow_rate_bps=107e6), transfer_bytes=256 << 10).window_bytes \
-        == pytest.approx(0.5e6)
+        == pytest.approx(0.66e6)
     lossy = wan_path(topo(rmem="1MB", loss=0.001), "dc1", "dc2", 8, net, transfer_bytes=256 << 10)
-    assert lossy.window_bytes == pytest.approx(0.5e6)
+    assert lossy.window_bytes == pytest.approx(0.66e6)
 
 
 def test_loss_caps_a_flow_by_mathis() -> None:
@@ -185,7 +187,7 @@ def test_one_microbatch_over_one_crossing_is_the_closed_form() -> None:
     eff = wl.effective()
     pred = predict(t, wl, Variant("x", 1, "shared", "even"))
     assert pred.placement.stage_dc[0] == ("dc1", "dc2")
-    tx = eff.wire_activation_bytes * 8 / 80e6
+    tx = eff.wire_activation_bytes * 8 / 105.6e6  # one stream: 0.66 x 1 MB per 50 ms RTT
     expected = sum(eff.stage_forward_s) + sum(eff.stage_backward_s) + 2 * (0.025 + tx)
     assert pred.pipeline_time_s == pytest.approx(expected, rel=1e-9)
     assert pred.allreduce_s == 0.0  # dp = 1
@@ -237,7 +239,7 @@ def test_json_carries_placement_and_paths() -> None:
     doc = pred.to_json(t)
     assert doc["placement"]["stage_dc"] == [["dc1", "dc2"], ["dc1", "dc2"]]
     assert doc["placement"]["wan_crossings"][0]["path"] == ["dc1", "dc2"]
-    assert doc["wan_paths"][0]["streams"] == 13
+    assert doc["wan_paths"][0]["streams"] == 10
     assert doc["temporal_plan"]["order"]
 
 

@@ -240,8 +240,8 @@ def test_a_runs_calibration_reproduces_its_temporal_plans_prediction(run: str) -
 
 def test_calibration_ratios_from_a_run_folder(tmp_path: Path) -> None:
     eff = load_efficiencies(_run_folder(tmp_path))
-    # 2dc: 1 MB windows (rmem 1 MB x 0.5 advertised) over 50 ms RTT: 80 Mbit/s modelled, 108 measured
-    assert eff.flow_efficiency == pytest.approx(108e6 / (0.5e6 * 8 / 0.05))
+    # 2dc: rmem 1 MB x 0.66 advertised over 50 ms RTT: 105.6 Mbit/s modelled, 108 measured
+    assert eff.flow_efficiency == pytest.approx(108e6 / (0.66e6 * 8 / 0.05))
     assert eff.link_efficiency == pytest.approx(0.7)
     assert eff.crowded_fraction == pytest.approx(0.6)
     assert eff.temporal_hold == pytest.approx(1.2)  # the run's token margin

@@ -328,7 +328,7 @@ def test_the_largest_ring_ends_at_the_rate_one_ring_gets_alone() -> None:
     link, at the path's measured channel rate at the rings' stream count, held to what
     one stream's window carries per round trip (the rate was measured with 1 MiB
     tensors; the gradients are many windows long): atlas-4dc's 512 KB rmem_max gives a
-    256000-byte window, over 60 ms 256000 x 8 / 0.06 = 34.13 Mbit/s. A channel measured
+    337920-byte window (RMEM_FRACTION 0.66), over 60 ms 337920 x 8 / 0.06 = 45.06 Mbit/s. A channel measured
     at 1e8 is predicted as one measured at that window rate; a slower one (2e7, under
     the rings' share with all five running, 1.5e8 / 5) takes longer."""
     scenario = _scenario()
@@ -341,7 +341,7 @@ def test_the_largest_ring_ends_at_the_rate_one_ring_gets_alone() -> None:
         assert setup.path_rates["east", "west"].ring_alone_bps == rate
         return setup.prediction.allreduce_s
 
-    window = 256000 * 8 / 0.06
+    window = 512_000 * 0.66 * 8 / 0.06
     assert allreduce(1e8) == pytest.approx(allreduce(window))
     assert allreduce(1e8) < allreduce(window * 0.99)
     assert allreduce(2e7) > allreduce(1e8)

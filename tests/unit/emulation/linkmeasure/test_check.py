@@ -48,8 +48,8 @@ def test_goodput_tolerance_is_90_percent():
 
 def test_streams_cover_the_window_limit():
     capped = TcpSettings(rmem_max=1_000_000, wmem_max=1_000_000)
-    # one flow: 0.5 MB / 50 ms = 80 Mbit/s, so 1 Gbit/s needs 12.5 flows, plus 10%
-    assert streams_for(1e9, 0.05, capped) == 14
+    # one flow: 0.66 MB / 50 ms = 105.6 Mbit/s, so 1 Gbit/s needs 9.5 flows, plus 10%
+    assert streams_for(1e9, 0.05, capped) == 11
     assert streams_for(1e9, 0.05, None) == 8  # gateways: no per-flow cap
     assert streams_for(1e8, 0.05, capped) == 8  # never fewer than 8
     assert streams_for(1e11, 0.2, capped) == 64  # bounded

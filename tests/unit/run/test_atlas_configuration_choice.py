@@ -183,11 +183,13 @@ def test_one_pipeline_weighs_sharing_at_every_timed_count_without_a_collision_pr
     multi-TCP runs there) and took an 8-stream plan predicted 1.572 s against multi-TCP's
     1.435 s (the kept run at 2c37227). Where nothing collides, the alone figures are the
     prediction's: atlas weighs it and takes it, predicted as multi-TCP."""
-    run = ROOT / "results/prediction-errors/at-2c37227/runs/lossy-4dc"
-    from testbed.report.replan import replan_run
+    from testbed.report.loading import read_summary_file
 
-    plans = {r.name: r.setup for r in replan_run(run)}
-    atlas, multi = plans["atlas"], plans["multi-tcp"]
+    run = ROOT / "results/prediction-errors/at-2c37227/runs/lossy-4dc"
+    summary = read_summary_file(run / "summary.json", AssertionError)
+    scenario, _ = load_scenario(run / "scenario.resolved.yaml")
+    cal = Calibration.from_report(summary.calibration)
+    atlas, multi = (_plan(name, scenario, cal) for name in ("atlas", "multi-tcp"))
     weighed = {(c.streams, c.sharing) for c in atlas.configurations}
     assert (8, "shared") in weighed and (8, "temporal") in weighed
     assert (atlas.streams, atlas.sharing) == (8, "shared")

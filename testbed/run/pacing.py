@@ -205,10 +205,9 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     caps: dict[tuple[str, str], int] = {}
     for (a, z), n in channels.items():
         window = stream_window(topology, a, z)
-        holds = route_takes(topology, a, z)
         if n < 2 or n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= route_holds(topology, a, z):
             continue
-        cap = max(MIN_CAP_WINDOW, int(holds * LINK_GOODPUT / (n * streams)))
+        cap = max(MIN_CAP_WINDOW, int(route_takes(topology, a, z) * LINK_GOODPUT / (n * streams)))
         if cap < window:
             caps[(a, z)] = cap
     return caps

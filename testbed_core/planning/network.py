@@ -36,9 +36,6 @@ from testbed_core.topology import Topology, shortest_path
 MSS = 1448
 
 
-
-
-
 def stream_window(topology: Topology, src: str, dst: str, rmem_fraction: float = RMEM_FRACTION) -> float:
     """The window one TCP stream from DC `src` to `dst` opens to: the lesser of the
     sender's tcp wmem max and `rmem_fraction` of the receiver's tcp rmem max."""

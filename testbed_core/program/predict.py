@@ -71,9 +71,9 @@ from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from testbed_core.constants import RMEM_FRACTION
 from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.planning.lossy import RTO_MIN_S  # Linux's minimum retransmission timeout
+from testbed_core.planning.network import stream_window
 from testbed_core.program.profile import OpRecord, ProfileError, ProgramProfile, RankProfile
 from testbed_core.program.transport import (
     CALIBRATED_BACKENDS,
@@ -734,7 +734,7 @@ def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float
     profile (atlas: no one-stream transfer there to measure it), where the program's
     step on the profile's own network depends on it: the window, as a share of each
     path's nominal one (`WINDOW_FIT_RANGE`), that makes the replay there (no round trips
-    added) give the measured step. Why: the nominal ``rmem_max x RMEM_FRACTION`` is
+    added) give the measured step. Why: the nominal window (`stream_window`) is
     what this machine's kernel advertised (testbed_core/constants.py); kernels advertise
     the share of the buffer they measure, and a window assumed too small at the profiled RTT would otherwise be
     taken up by the fitted round trips (`fit_extra_rtts`), negative then, which scale
@@ -758,8 +758,7 @@ def fit_windows(profile: ProgramProfile, measured: Mapping[frozenset[str], float
     target = ranks_mean_median(measured_steps(profile), warmup)
     if not missing or target is None:
         return {}
-    nominal = {pair: min(topo.tcp_for(a).wmem_max, topo.tcp_for(b).rmem_max * RMEM_FRACTION)
-               for pair in missing for a, b in [sorted(pair)]}
+    nominal = {pair: stream_window(topo, a, b) for pair in missing for a, b in [sorted(pair)]}
     slow = any(topo.tcp_for(dc).slow_start_after_idle for dc in dcs)
     rule = _streams_rule(profile, None)
     algos = algorithms_for(profile.atlas_all_reduce)

@@ -469,7 +469,7 @@ def _replicated(factors: Factors) -> bool:
 
 
 def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k: int,
-            runs: int = SPREAD_RUNS, orders: Mapping[tuple[int, int, str], list[list[int]]] | None = None) -> dict:
+            runs: int, orders: Mapping[tuple[int, int, str], list[list[int]]]) -> dict:
     """Where each channel takes the `k`-th of `runs` simulations' block of its factors.
     Channels whose factors are runs of a run's replicas (a third element: a replica's
     length) take the same iteration of the run (`_iteration`), each from its own
@@ -478,20 +478,15 @@ def _starts(chans: Mapping[tuple[int, int, str], Factors], rng: random.Random, k
     ones slow), while their losses are independent. The replica is the next of the
     channel's shuffled order for that iteration (`orders`, `_orders`: every replica
     once before any twice, so that the simulations' mean comes near the replicas'
-    own, not a random draw of them), or a random one without `orders`. Others (run
-    length 0): a random block each."""
+    own, not a random draw of them). Others (run length 0): a random block each."""
     out = {}
     for key, (f, block, per_run) in chans.items():
         if _replicated((f, block, per_run)):
             count = per_run // block
             it = _iteration(k, runs, count)
-            if orders is not None and key in orders:
-                order = orders[key][it]
-                seen = k // count if runs >= count else 0  # simulations of iteration `it` before this one
-                replica = order[seen % len(order)]
-            else:
-                replica = rng.randrange(len(f) // per_run)
-            out[key] = per_run * replica + block * it
+            order = orders[key][it]
+            seen = k // count if runs >= count else 0  # simulations of iteration `it` before this one
+            out[key] = per_run * order[seen % len(order)] + block * it
         else:
             out[key] = block * rng.randrange(max(1, len(f) // block))
     return out

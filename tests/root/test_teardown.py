@@ -51,8 +51,28 @@ def leftovers(prefix: str, netns: set[int]) -> list[str]:
 
 
 def _other_run(pid: int, prefix: str, cmd: str) -> bool:
-    """Whether `pid` carries another run's mark: the kernel gives a freed namespace's
-    number to the next one made, and other runs may be making namespaces meanwhile."""
+    """Whether `pid` or one of its ancestors carries another run's mark: the kernel gives
+    a freed namespace's number to the next one made, and other runs may be making
+    namespaces meanwhile (e.g. a test rig's sshd whose pre-auth child, `sshd: [accepted]`,
+    carries no mark of its own)."""
+    seen = 0
+    while pid > 1 and seen < 64:
+        if _marked_by_other(pid, prefix, cmd):
+            return True
+        pid, seen = _parent(pid), seen + 1
+        cmd = ProcFS().cmdline(pid) or ""
+    return False
+
+
+def _parent(pid: int) -> int:
+    try:
+        text = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return 0
+    return int(text[text.rfind(")") + 2:].split()[1])
+
+
+def _marked_by_other(pid: int, prefix: str, cmd: str) -> bool:
     if re.search(r"mininet:tb[0-9a-f]{3}", cmd) and f"mininet:{prefix}" not in cmd:
         return True
     marks = set(re.findall(r"/tb[0-9a-f]{3}(?=-)", cmd))  # a run's folder: /tmp/tbXXX-rig-..., /tmp/tbXXX-ctl-...

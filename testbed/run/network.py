@@ -188,16 +188,22 @@ def open_network(scenario: Scenario, progress: Progress) -> Iterator[Network]:
     if os.geteuid() != 0:
         raise RunnerError("emulating the topology needs root: run as root (sudo), or set runner.local: true "
                           "(testbed run --local) to run the workers on 127.0.0.1 without an emulated WAN")
-    with built_emulation(scenario.topology, progress, scenario.runner.slow_start_after_idle) as emu:
+    base = scenario.runner.base_port
+    ports = (base, base + PORT_SPAN - 1) if isinstance(base, int) else None
+    with built_emulation(scenario.topology, progress, scenario.runner.slow_start_after_idle, ports) as emu:
         yield EmulatedNetwork(emu)
 
 
 @contextlib.contextmanager
-def built_emulation(topology: Topology, progress: Progress,
-                    slow_start_after_idle: bool = False) -> Iterator[Emulation]:
+def built_emulation(topology: Topology, progress: Progress, slow_start_after_idle: bool = False,
+                    run_ports: tuple[int, int] | None = None) -> Iterator[Emulation]:
     """`topology` emulated (root needed), torn down on exit. Unless
     `slow_start_after_idle`, every host's TCP keeps its window across idle periods
-    (``runner.slow_start_after_idle: false``): a pipeline's transfers come in bursts."""
+    (``runner.slow_start_after_idle: false``): a pipeline's transfers come in bursts.
+    `run_ports` (first, last), the run's port block, is reserved on every host
+    (``net.ipv4.ip_local_reserved_ports``, per namespace): the block lies inside Linux's
+    ephemeral range, and an outgoing connection could otherwise take a port a worker
+    is about to listen on."""
     from testbed.emulation.network import Emulation, EmulationError
 
     try:
@@ -206,9 +212,12 @@ def built_emulation(topology: Topology, progress: Progress,
     except EmulationError as exc:
         raise RunnerError(f"building topology {topology.name}: {exc}") from None
     try:
-        if not slow_start_after_idle:
+        values = [] if slow_start_after_idle else ["net.ipv4.tcp_slow_start_after_idle=0"]
+        if run_ports is not None:
+            values.append(f"net.ipv4.ip_local_reserved_ports={run_ports[0]}-{run_ports[1]}")
+        if values:
             for h in emu.hosts():
-                h.run(["sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0"], check=True, timeout=10)
+                h.run(["sysctl", "-q", "-w", *values], check=True, timeout=10)
         yield emu
     finally:
         emu.stop()

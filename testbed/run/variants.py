@@ -301,6 +301,15 @@ def lossy_paced(scenario: Scenario, rendezvous: bool = False) -> bool:
     return scenario.transport.pacing is True and not rendezvous
 
 
+def unpaced_bursts(setup: VariantSetup, scenario: Scenario, local: bool) -> bool:
+    """Whether the prediction of `setup` has its WAN tensors leave as unpaced bursts
+    (`NetParams.unpaced_bursts`): gloo's sockets (`rendezvous`) ask for no pacing, so a
+    tensor that fits their windows leaves at once and crosses the bottleneck whole, one
+    after another at the link's rate. Under emulation only: loopback has no bottleneck
+    queue."""
+    return setup.variant.rendezvous and setup.variant.sharing == "shared" and not local
+
+
 def _allreduce_on(scenario: Scenario) -> bool:
     return scenario.workload.parallelism.dp > 1 and (
         scenario.runner.dp_allreduce or scenario.workload.gpu.mode == "real")
@@ -325,6 +334,7 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=lossy_paced(scenario, setup.variant.rendezvous),
+                    unpaced_bursts=unpaced_bursts(setup, scenario, local),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes,
                     path_window_bytes=setup.window_caps or None,
@@ -367,6 +377,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=lossy_paced(scenario, setup.variant.rendezvous),
+                    unpaced_bursts=unpaced_bursts(setup, scenario, local),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None,
                     path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local))

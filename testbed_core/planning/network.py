@@ -82,6 +82,12 @@ class NetParams:
     lossy_history: tuple[int, ...] | None = None
     # the streams are paced (transport.pacing): a lossy path's rounds leave spread, not at once
     paced: bool = False
+    # the variant's sockets ask for no pacing (gloo's pairs): a tensor that fits its
+    # channel's windows leaves as one burst at the sender's line rate and waits whole in
+    # the bottleneck's queue, so the tensors on a link cross one after another in the
+    # order they came, each at the link's rate (prediction.py `build_spec`), not side by
+    # side at a paced channel's measured rate
+    unpaced_bursts: bool = False
     # the channels only ever carry the workload's tensors (modelled devices: no warm-up
     # tensor): a stream's congestion window stays within STRIPE_WINDOW x the stripe it
     # carries (`stripe_window`), which holds back tensors sent back to back

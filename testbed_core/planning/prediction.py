@@ -27,11 +27,12 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
 from testbed_core.planning.interleave import interleave
-from testbed_core.planning.lossy import lossy_routes, spread_makespan
+from testbed_core.planning.lossy import lossy_between, lossy_routes, spread_makespan
 from testbed_core.planning.network import (
     NetParams,
     WanPath,
     refill_s,
+    stream_window,
     sustained_bps,
     wan_path,
     wan_resource,
@@ -188,6 +189,7 @@ def build_spec(
     resources: dict[str, Resource] = {}
     paths: dict[tuple[int, int, str], Path] = {}
     wan: dict[tuple[str, str], WanPath] = {}
+    bursts: dict[str, bool] = {}  # net.unpaced_bursts: whether every tensor crossing a link fits its windows
     for d in range(par.dp):
         for b in range(sched.stages - 1):
             ra, rb = sched.rank_of(b), sched.rank_of(b + 1)
@@ -216,7 +218,18 @@ def build_spec(
                         busy_bps=None if line is None else sustained_bps(line),
                         refill_s=0.0 if line is None else refill_s(line))
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+                if net.unpaced_bursts:
+                    # (a lossy route's tensors keep the loss model's rounds: planning/lossy.py)
+                    fits = nbytes[b] <= wp.streams * stream_window(topology, a, z, net.rmem_fraction) \
+                        and not lossy_between(topology, a, z)
+                    if fits:  # one burst: at the link's rate, however the channel was timed paced
+                        resources[chan] = Resource(wp.bottleneck_bps, "exclusive")
+                    for name in wp.resources:
+                        bursts[name] = bursts.get(name, True) and fits
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits)
+    for name, only_bursts in bursts.items():
+        if only_bursts:  # first come, first served: a burst waits whole behind the one before it
+            resources[name] = replace(resources[name], policy="exclusive")
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
                    paths, resources, rendezvous=variant.rendezvous)
     return spec, wan

@@ -154,8 +154,12 @@ def _undescribed(schema: dict) -> dict[str, int]:
     return out
 
 
-@pytest.mark.parametrize("fmt", sorted(load_generator().available()))
+# The formats' names, not `available()`: that generates every schema (about 3 CPU seconds,
+# the models' sources read for their field notes) in each process that collects this file.
+@pytest.mark.parametrize("fmt", sorted(f.name for f in load_generator().FORMATS))
 def test_every_field_has_a_description(fmt: str, schemas) -> None:
+    if fmt not in schemas:  # its model does not import: test_every_file_format_has_a_committed_schema names it
+        pytest.skip(f"{fmt}: its model does not import")
     top_title = schemas[fmt].get("title", "")
     found = _undescribed(schemas[fmt])
     model = load_generator().FORMATS[[f.name for f in load_generator().FORMATS].index(fmt)].model().__name__

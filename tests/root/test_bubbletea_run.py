@@ -49,10 +49,9 @@ def test_short_bubbletea_run(tmp_path: Path, namespaces) -> None:
     assert bt["ttft_s"]["p50"] <= bt["ttft_s"]["p95"] <= bt["ttft_s"]["p99"]
     assert bt["bubbletea_agents"]["engine_mode"] == ["modelled"]
     # prefill work filled former bubbles: utilization with prefill above training alone (by how
-    # much depends on the CPU the agents get at idle priority beside the other root tests, the
-    # demo's run among them: printed; its figure on an idle machine is
-    # results/bubbletea-ten-runs, scripts/bubbletea_runs.py)
-    assert bt["device_utilization"] > bt["device_utilization_training"]
+    # much depends on the CPU the agents get beside two other root tests: printed; its figure
+    # on an idle machine is results/bubbletea-ten-runs, scripts/bubbletea_runs.py)
+    assert bt["device_utilization"] > bt["device_utilization_training"] + 0.02
     print(f"utilization {bt['device_utilization_training']:.1%} training -> {bt['device_utilization']:.1%} with prefill")
     assert plain["device_utilization"] == pytest.approx(plain["device_utilization_training"])
     # how long training waited on prefill (a duration the machine's load sets): printed here,

@@ -112,43 +112,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
-# The root and cluster parts' xdist groups and their seconds in `make test` (measured twice
-# at 511b8ab, 2026-12-06, on the shared 2-core machine): the order in which they are handed
-# out, longest first, never an assertion. pytest-xdist hands out groups with the most tests
-# first, so the one-test runs of a minute (the demo, the 2-DC runs) went last and one worker
-# ran on alone for 15-25 s at the end (the workers' last tests ended 154/168/181 s into the
-# part; longest first: 153/154/155 s). A group not named here follows those that are, in
-# xdist's own order; a stale figure only costs balance.
-_GROUP_SECONDS = {
-    "clean": 100, "test_cluster_split": 80, "test_run_2dc": 62, "test_cluster_inventory": 60,
-    "test_demo_e2e": 48, "test_bubbletea_run": 28, "test_faults_2dc": 23, "test_bubbletea_stopped_agent": 22,
-    "test_program_examples": 20, "test_equivalence_2dc": 19, "test_real_run_2dc": 12, "test_emulation": 8,
-    "test_cluster_remote_process": 8,
-}
-
-
-@pytest.hookimpl(tryfirst=True, optionalhook=True)  # before xdist's own; absent without pytest-xdist
-def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> object:
-    """`--dist loadgroup` handing out the groups of `_GROUP_SECONDS` longest first (LPT)."""
-    if config.getvalue("dist") != "loadgroup":
-        return None
-    from xdist.scheduler import LoadGroupScheduling
-
-    class LongestFirst(LoadGroupScheduling):
-        ordered = False
-
-        def _assign_work_unit(self, node: object) -> None:
-            if not self.ordered:  # the first call: schedule() has queued every group
-                self.ordered = True
-                units = list(self.workqueue.items())
-                units.sort(key=lambda unit: -_GROUP_SECONDS.get(unit[0], 0))  # stable: xdist's order otherwise
-                self.workqueue.clear()
-                self.workqueue.update(units)
-            super()._assign_work_unit(node)
-
-    return LongestFirst(config, log)
-
-
 def _group_ids(items: list[pytest.Item]) -> None:
     """What pytest-xdist's --dist loadgroup does to a grouped test's id (the group after an
     ``@``, from which its scheduler groups the tests), done here on the id pytest 9 reads:

@@ -68,6 +68,14 @@ class ProcFS:
         except (IndexError, ValueError):
             return None
 
+    def ppid(self, pid: int) -> int | None:
+        """The parent's PID, or None when the PID is gone."""
+        fields = self._stat_fields(pid)
+        try:
+            return int(fields[1]) if fields is not None else None
+        except (IndexError, ValueError):
+            return None
+
     def cmdline(self, pid: int) -> str | None:
         try:
             raw = (self.root / str(pid) / "cmdline").read_bytes()

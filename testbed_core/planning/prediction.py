@@ -32,7 +32,6 @@ from testbed_core.planning.network import (
     NetParams,
     WanPath,
     refill_s,
-    stream_window,
     sustained_bps,
     wan_path,
     wan_resource,
@@ -220,8 +219,7 @@ def build_spec(
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
                 if net.unpaced_bursts:
                     # (a lossy route's tensors keep the loss model's rounds: planning/lossy.py)
-                    fits = nbytes[b] <= wp.streams * stream_window(topology, a, z, net.rmem_fraction) \
-                        and not lossy_between(topology, a, z)
+                    fits = nbytes[b] <= wp.streams * wp.window_bytes and not lossy_between(topology, a, z)
                     if fits:  # one burst: at the link's rate, however the channel was timed paced
                         resources[chan] = Resource(wp.bottleneck_bps, "exclusive")
                     for name in wp.resources:

@@ -55,21 +55,15 @@ def _other_run(pid: int, prefix: str, cmd: str) -> bool:
     a freed namespace's number to the next one made, and other runs may be making
     namespaces meanwhile (e.g. a test rig's sshd whose pre-auth child, `sshd: [accepted]`,
     carries no mark of its own)."""
-    seen = 0
-    while pid > 1 and seen < 64:
+    procfs = ProcFS()
+    for _ in range(64):
         if _marked_by_other(pid, prefix, cmd):
             return True
-        pid, seen = _parent(pid), seen + 1
-        cmd = ProcFS().cmdline(pid) or ""
+        pid = procfs.ppid(pid) or 0
+        if pid <= 1:
+            return False
+        cmd = procfs.cmdline(pid) or ""
     return False
-
-
-def _parent(pid: int) -> int:
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return 0
-    return int(text[text.rfind(")") + 2:].split()[1])
 
 
 def _marked_by_other(pid: int, prefix: str, cmd: str) -> bool:

@@ -26,10 +26,10 @@ OTHER_NS = 4026533111
 
 
 def add_proc(root: Path, pid: int, start: int, cmdline: str = "", env: dict[str, str] | None = None,
-             netns: int | None = ROOT_NS, comm: str = "proc") -> None:
+             netns: int | None = ROOT_NS, comm: str = "proc", ppid: int = 0) -> None:
     d = root / str(pid)
     d.mkdir()
-    fields = ["S"] + ["0"] * 18 + [str(start)] + ["0"] * 10
+    fields = ["S", str(ppid)] + ["0"] * 17 + [str(start)] + ["0"] * 10
     (d / "stat").write_text(f"{pid} ({comm}) " + " ".join(fields) + "\n")
     (d / "cmdline").write_bytes(b"\0".join(p.encode() for p in cmdline.split()) + b"\0")
     (d / "environ").write_bytes(b"\0".join(f"{k}={v}".encode() for k, v in (env or {}).items()))
@@ -57,6 +57,8 @@ def test_procfs_reads_stat_with_odd_comm(proc):
     assert procfs.start_time(99999) is None
     assert procfs.netns(4242) == ROOT_NS
     assert procfs.cmdline(4242) == "x"
+    add_proc(root, 4243, 778, "y", comm="a) b (c", ppid=4242)
+    assert procfs.ppid(4243) == 4242 and procfs.ppid(99999) is None
 
 
 def test_claim_is_exclusive_and_private(tmp_path, proc):

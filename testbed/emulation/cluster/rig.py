@@ -217,6 +217,11 @@ class ServerRig:
             "MaxSessions 64",
             "MaxStartups 64:30:128",
             "LogLevel ERROR",
+            # The servers share this machine's files, the head's login files included:
+            # bash would source root's ~/.bashrc in every SSH session (Debian's bash does
+            # for sshd's sessions at shell level 1), and a controller's profile (pyenv and
+            # the like, 0.2-0.4 s a session) is not a server's. At level 2 bash skips it.
+            "SetEnv SHLVL=1",
             "",
         ]))
         env = dict(os.environ, **{ENV_RUN: self.prefix})

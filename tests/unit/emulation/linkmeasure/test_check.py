@@ -3,13 +3,20 @@
 from __future__ import annotations
 
 import math
+import subprocess
+import time
 
 import numpy as np
 import pytest
 
 from testbed.commands.topo import render_check
 from testbed.emulation.linkmeasure import packet_trains
-from testbed.emulation.linkmeasure.check import omit_for, parse_ping, streams_for
+from testbed.emulation.linkmeasure.check import (
+    measure_rtt_both_ways,
+    omit_for,
+    parse_ping,
+    streams_for,
+)
 from testbed.emulation.linkmeasure.results import Direction, LinkResult, Tolerance
 from testbed_core.constants import TOPOLOGIES_DIR
 from testbed_core.topology import TcpSettings
@@ -28,6 +35,31 @@ rtt min/avg/max/mdev = 0.045/33.748/50.700/23.780 ms
 def test_parse_ping():
     assert parse_ping(PING) == pytest.approx([0.0505, 0.0507, 0.000045])
     assert parse_ping("From 10.0.0.1 icmp_seq=1 Destination Host Unreachable") == []
+
+
+class _PingNode:
+    """A node whose ping takes `took` seconds and answers with `ms` per echo."""
+
+    def __init__(self, name: str, ms: float, took: float) -> None:
+        self.name, self.ms, self.took, self.calls = name, ms, took, []
+
+    def run(self, argv, timeout=None):
+        start = time.monotonic()
+        time.sleep(self.took)
+        self.calls.append((argv[-1], start, time.monotonic()))
+        count = int(argv[argv.index("-c") + 1])
+        lines = "".join(f"64 bytes from {argv[-1]}: icmp_seq={i} ttl=62 time={self.ms} ms\n" for i in range(count))
+        return subprocess.CompletedProcess(argv, 0, stdout=lines, stderr="")
+
+
+def test_both_directions_are_pinged_at_once_and_kept_apart():
+    a, b = _PingNode("a", 50.5, 0.3), _PingNode("b", 50.7, 0.3)
+    a_to_b, b_to_a = measure_rtt_both_ways(a, "10.0.0.1", b, "10.0.0.2", count=5)
+    assert a_to_b == pytest.approx([0.0505] * 5) and b_to_a == pytest.approx([0.0507] * 5)
+    assert [c[0] for c in a.calls] == ["10.0.0.2"] * 2 and [c[0] for c in b.calls] == ["10.0.0.1"] * 2
+    (_, a_start, _), (_, b_start, _) = a.calls[0], b.calls[0]
+    (_, _, a_end), (_, _, b_end) = a.calls[1], b.calls[1]
+    assert a_start < b_end and b_start < a_end, "the two directions were pinged one after the other"
 
 
 def test_rtt_tolerance_is_0_3_ms_at_any_rtt():

@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from testbed.process import Process, ProcessError, start
-from testbed.run.common import REPO_ROOT, RUN_PRELOAD, RunnerError, path_links
+from testbed.run.common import REPO_ROOT, RunnerError, path_links, run_preload
 from testbed.run.network import Network
 from testbed.run.ports import PortPlan
 from testbed.run.scenario import Scenario
@@ -238,7 +238,9 @@ def popen_of(net: Network, host: str, scenario: Scenario) -> Callable[..., Any]:
     """How a BubbleTea process starts on `host`: warm (forked from the run's fork server
     that imported torch, testbed/emulation/warmstart.py) unless ``runner.warm_start`` is off."""
     node = net.host(host)
-    return functools.partial(node.popen_warm, preload=RUN_PRELOAD) if scenario.runner.warm_start else node.popen
+    if not scenario.runner.warm_start:
+        return node.popen
+    return functools.partial(node.popen_warm, preload=run_preload(scenario))
 
 
 def controller_host(scenario: Scenario) -> str:

@@ -45,6 +45,7 @@ from testbed.run.common import (
     RunnerError,
     log_tail,
     nominal_link,
+    run_preload,
     stop_processes,
     transport_job,
     worker_env,
@@ -231,9 +232,11 @@ class ProbeAgents:
     Python process that imports torch once per host, all hosts at once, instead of once
     per probe end and one after another. `close` ends them."""
 
-    def __init__(self, net: Network, folder: Path, secret: str, timeout_s: float = 180.0, warm: bool = True) -> None:
+    def __init__(self, net: Network, folder: Path, secret: str, timeout_s: float = 180.0, warm: bool = True,
+                 preload: tuple[str, ...] = RUN_PRELOAD) -> None:
         self.net, self.folder, self.env, self.timeout_s = net, folder, worker_env(secret), timeout_s
         self.warm = warm  # forked from the run's fork server that imported torch (runner.warm_start)
+        self.preload = preload  # what that server imports (run_preload: the run's first warm start decides)
         self.procs: dict[str, subprocess.Popen] = {}
         self.logs: dict[str, IO[str]] = {}
         self.queues: dict[str, queue.Queue[str]] = {}
@@ -263,7 +266,7 @@ class ProbeAgents:
             host, argv = self.net.host(h), [sys.executable, "-m", "testbed.training.worker", "--probe-agent"]
             kwargs: dict[str, Any] = {"env": self.env, "stdout": subprocess.PIPE, "stderr": log,
                                       "stdin": subprocess.PIPE, "text": True, "cwd": str(REPO_ROOT)}
-            self.procs[h] = (host.popen_warm(argv, preload=RUN_PRELOAD, **kwargs) if self.warm
+            self.procs[h] = (host.popen_warm(argv, preload=self.preload, **kwargs) if self.warm
                              else host.popen(argv, **kwargs))
             threading.Thread(target=self._read, args=(h, self.procs[h]), daemon=True).start()
         for h in new:
@@ -328,7 +331,8 @@ class Prober:
         self.folder = folder
         self.scenario = scenario
         self.ports = ports
-        self.agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
+        self.agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start,
+                                            preload=run_preload(scenario))
         self.net = net
         self.folder.mkdir(parents=True, exist_ok=True)
 
@@ -644,7 +648,8 @@ def time_rings(net: Network, scenario: Scenario, folder: Path, secret: str, pair
     transport = transport_job(scenario.transport)
     folder.mkdir(parents=True, exist_ok=True)
     own = agents is None
-    agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
+    agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start,
+                                   preload=run_preload(scenario))
     try:
         agents.start([h for pair in pairs for h in pair])
         names = []
@@ -823,7 +828,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
         """The window caps of a probe of `n` streams whose figure serves the variants `names`."""
         return probe_caps([variant_caps(scenario, by_name[v], hosted[v], n, nbytes, net.local, auto_capped)
                            for v in names if v in by_name and v in hosted])
-    agents = ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start)
+    agents = ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start, preload=run_preload(scenario))
     progress.log(f"calibrating {len(uses)} WAN path(s): "
                  + ", ".join(f"{a}<->{z} ({', '.join(u.variants) or 'probe'})" for (a, z), u in uses.items()))
     try:

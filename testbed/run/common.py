@@ -20,7 +20,7 @@ from testbed_core.contracts.calibration import dc_of_host
 from testbed_core.contracts.worker_job import TransportJob
 
 if TYPE_CHECKING:
-    from testbed.run.scenario import TransportSettings
+    from testbed.run.scenario import Scenario, TransportSettings
     from testbed_core.topology import Topology
 
 
@@ -42,6 +42,14 @@ def worker_env(secret: str) -> dict[str, str]:
 # training loop (workers, probe agents) and the BubbleTea programs (agents, decode servers, controller)
 RUN_PRELOAD = ("torch", "testbed.training.worker.train", "testbed.training.executor",
                "testbed.training.transport_comm", "atlas_transport", "bubbletea_agent.__main__")
+
+
+def run_preload(scenario: Scenario) -> tuple[str, ...]:
+    """What the fork server of `scenario`'s run imports (its first warm start decides, so
+    every warm start of a run passes this): RUN_PRELOAD, and with real devices
+    (``gpu.mode: real``) torch._dynamo too, which torch's optimizers import on first use,
+    about a CPU second in every training worker otherwise (once in the server instead)."""
+    return (*RUN_PRELOAD, "torch._dynamo") if scenario.workload.gpu.mode == "real" else RUN_PRELOAD
 
 
 def worker_argv(job_path: Path) -> list[str]:

@@ -34,9 +34,9 @@ from testbed.run.bubbletea import (
 )
 from testbed.run.common import (
     REPO_ROOT,
-    RUN_PRELOAD,
     RunnerError,
     log_tail,
+    run_preload,
     stop_processes,
     worker_argv,
     worker_env,
@@ -251,7 +251,7 @@ def run_workers(
             handles.append(fh)
             host = net.host(job.host)
             kwargs: dict[str, Any] = {"env": env, "stdout": fh, "stderr": subprocess.STDOUT, "cwd": str(REPO_ROOT)}
-            procs[wid] = (host.popen_warm(worker_argv(path), preload=RUN_PRELOAD, **kwargs)
+            procs[wid] = (host.popen_warm(worker_argv(path), preload=run_preload(scenario), **kwargs)
                           if scenario.runner.warm_start else host.popen(worker_argv(path), **kwargs))
         lead = scenario.runner.iteration_lead
         if faults is not None:

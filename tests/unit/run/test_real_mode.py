@@ -16,7 +16,7 @@ import yaml
 from click.testing import CliRunner
 
 from testbed.run import real_check
-from testbed.run.common import RunnerError
+from testbed.run.common import RUN_PRELOAD, RunnerError, run_preload
 from testbed.run.jobs import build_jobs, dp_sync_jobs
 from testbed.run.ports import PortPlan
 from testbed.run.real_check import RealModeError, equivalence, model_params, resolve_device
@@ -71,6 +71,15 @@ def test_the_shipped_scenario_is_real_and_loads(no_cuda) -> None:
     assert model_params(wl) == 234_880  # what testbed/training/model.py builds (untied head)
     # a modelled GPU stays the default
     assert load_workload(ROOT / "scenarios/workloads/tiny.yaml").gpu.mode == "modelled"
+
+
+def test_a_real_runs_fork_server_imports_what_the_optimizers_import(tmp_path) -> None:
+    """torch's optimizers import torch._dynamo on first use (about a CPU second): a real
+    run's fork server imports it once for all its workers; a modelled run's has no use for it."""
+    real, _ = load_scenario(SCENARIO)
+    assert run_preload(real) == (*RUN_PRELOAD, "torch._dynamo")
+    modelled, _ = load_scenario(scenario_file(tmp_path, real_tiny(gpu__mode="modelled")))
+    assert run_preload(modelled) == RUN_PRELOAD
 
 
 def test_a_model_too_big_for_the_cpu_is_refused_with_its_size_and_what_to_do(tmp_path, no_cuda) -> None:

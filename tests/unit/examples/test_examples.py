@@ -12,8 +12,6 @@ from __future__ import annotations
 import importlib.util
 import json
 import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -74,6 +72,14 @@ def run_reference(script: str, args: list[str], child_env: dict[str, str]) -> li
     out, err = proc.communicate(timeout=240)
     assert proc.returncode == 0, f"the reference exited {proc.returncode}:\n{err[-3000:]}"
     return json_lines(out)
+
+
+def run_alone(argv: list[str], env: dict[str, str]) -> tuple[int, str]:
+    """`python argv...` with `env` (forked from the zygote: the refusals below are the
+    program's own, torch imported or not): its exit status and stderr."""
+    proc = zygote.popen([str(a) for a in argv], env)
+    _, err = proc.communicate(timeout=120)
+    return proc.returncode, err  # type: ignore[return-value]
 
 
 def losses(lines: list[dict]) -> dict[int, float]:
@@ -141,26 +147,23 @@ def test_example_equals_reference(case: str, backend: str, child_env: dict[str, 
 
 def test_unknown_backend_is_refused(child_env: dict[str, str]) -> None:
     env = dict(child_env, BACKEND="nccl2", RANK="0", WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT="1")
-    done = subprocess.run([sys.executable, str(EXAMPLES / "ddp.py")], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0
-    assert "BACKEND='nccl2': unknown backend; use one of gloo, atlas" in done.stderr
+    rc, err = run_alone([EXAMPLES / "ddp.py"], env)
+    assert rc != 0
+    assert "BACKEND='nccl2': unknown backend; use one of gloo, atlas" in err
 
 
 def test_missing_environment_says_how_to_start(child_env: dict[str, str]) -> None:
     env = {k: v for k, v in child_env.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
-    done = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py")], env=env, capture_output=True, text=True,
-                          timeout=120)
-    assert done.returncode != 0
-    assert "missing RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in done.stderr
-    assert "testbed launch" in done.stderr
+    rc, err = run_alone([EXAMPLES / "pipeline.py"], env)
+    assert rc != 0
+    assert "missing RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT" in err
+    assert "testbed launch" in err
 
 
 def test_bad_size_flag_is_refused(child_env: dict[str, str]) -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLES / "pipeline.py"), "--reference", "--steps", "0"],
-                          env=child_env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert "--steps must be at least 1, got 0" in done.stderr
+    rc, err = run_alone([EXAMPLES / "pipeline.py", "--reference", "--steps", "0"], child_env)
+    assert rc == 2
+    assert "--steps must be at least 1, got 0" in err
 
 
 @pytest.mark.parametrize(("script", "args", "message"), [
@@ -171,7 +174,6 @@ def test_bad_size_flag_is_refused(child_env: dict[str, str]) -> None:
 ])
 def test_bad_mesh_or_moe_flag_is_refused(script: str, args: list[str], message: str,
                                          child_env: dict[str, str]) -> None:
-    done = subprocess.run([sys.executable, str(EXAMPLES / script), "--reference", *args],
-                          env=child_env, capture_output=True, text=True, timeout=120)
-    assert done.returncode == 2
-    assert message in done.stderr
+    rc, err = run_alone([EXAMPLES / script, "--reference", *args], child_env)
+    assert rc == 2
+    assert message in err

@@ -5,11 +5,11 @@ tensor through GlooChannel and all-reducing gradients in buckets."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
+import os
 from pathlib import Path
 
 import pytest
+import zygote  # tests/zygote.py: ranks forked from a process that imported torch once
 
 from testbed.run.ports import free_port_block
 from testbed.training.gloo_comm import GLOO_TAG_MASK, GlooError, interface_of
@@ -45,10 +45,12 @@ def test_the_interface_of_an_address() -> None:
     assert GLOO_TAG_MASK == (1 << 31) - 1
 
 
-def test_two_ranks_exchange_a_tensor_and_all_reduce_over_gloo() -> None:
+def test_two_ranks_exchange_a_tensor_and_all_reduce_over_gloo(tmp_path: Path) -> None:
     port = free_port_block(1)
-    procs = [subprocess.Popen([sys.executable, "-c", PEER, str(r), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, cwd=ROOT) for r in (0, 1)]
+    script = tmp_path / "peer.py"
+    script.write_text(PEER)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    procs = [zygote.popen([str(script), str(r), str(port)], env, cwd=str(ROOT)) for r in (0, 1)]
     outs = []
     for p in procs:
         out, err = p.communicate(timeout=120)

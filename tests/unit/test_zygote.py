@@ -67,3 +67,18 @@ def test_a_killed_program_reports_its_signal(tmp_path: Path) -> None:
     assert proc.poll() is None
     proc.kill()
     assert proc.wait(10) == -signal.SIGKILL
+
+
+def test_a_piped_program_reads_its_stdin_and_writes_its_stdout(tmp_path: Path) -> None:
+    script = tmp_path / "echo.py"
+    script.write_text("import sys\nfor line in sys.stdin:\n    print(line.strip().upper(), flush=True)\n"
+                      "print('end of input', flush=True)\nprint('to stderr', file=sys.stderr)\n")
+    proc = zygote.popen([str(script)], {}, cwd=str(tmp_path), pipes=True, err=str(tmp_path / "err.log"))
+    for word in ("one", "two"):  # each answer comes before the next line is sent
+        proc.stdin.write(word + "\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline() == word.upper() + "\n"
+    proc.stdin.close()
+    assert proc.stdout.read() == "end of input\n"  # then the end of its output, as it exits
+    assert proc.wait(30) == 0
+    assert (tmp_path / "err.log").read_text() == "to stderr\n"

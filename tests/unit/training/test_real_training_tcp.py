@@ -461,7 +461,17 @@ def tiny():
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory, tiny):
-    with WorkerCluster(tiny.parallelism.dp, tiny.parallelism.pp, tmp_path_factory.mktemp("tcp")) as c:
+    import zygote  # tests/zygote.py (the tests' folder is on sys.path under pytest, not in a worker)
+
+    def forked(wid: WorkerId, argv: list[str], *, stdin: Any, stdout: Any, stderr: IO[str], text: bool,
+               env: dict[str, str], cwd: str) -> Any:
+        """The worker forked from the zygote, which imported torch once (no fresh
+        interpreter per worker): stdin and stdout are pipes, as WorkerCluster's Popen has them."""
+        assert stdin == stdout == subprocess.PIPE and text and argv[0] == sys.executable
+        stderr.close()  # the log file: the worker opens it by name
+        return zygote.popen(argv[1:], env, cwd=cwd, pipes=True, err=stderr.name)
+
+    with WorkerCluster(tiny.parallelism.dp, tiny.parallelism.pp, tmp_path_factory.mktemp("tcp"), spawn=forked) as c:
         yield c
 
 

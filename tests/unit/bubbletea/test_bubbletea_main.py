@@ -21,11 +21,12 @@ ROOT = Path(__file__).resolve().parents[3]
 
 
 def test_cli_reports_config_errors(tmp_path):
+    # the command in this process (`python -m bubbletea_agent` itself is started by the
+    # decode-server test below)
     (tmp_path / "a.yaml").write_text("owner: x\n")
-    proc = subprocess.run([sys.executable, "-m", "bubbletea_agent", "run", "--config", str(tmp_path / "a.yaml")],
-                          cwd=ROOT, capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 1
-    assert "device: required field is missing" in proc.stderr
+    res = CliRunner().invoke(main, ["run", "--config", str(tmp_path / "a.yaml")])
+    assert res.exit_code == 1
+    assert "device: required field is missing" in res.stderr
 
 
 def test_decode_server_command_receives_and_acknowledges(tmp_path):

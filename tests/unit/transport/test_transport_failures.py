@@ -6,13 +6,14 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import subprocess
-import sys
 import textwrap
 import time
+from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
+import zygote  # tests/zygote.py: the peers forked from a process that imported torch once
 
 from atlas_transport import ChannelClosed, PeerLost, TransportConfig, TransportError, listen
 from atlas_transport.loopback import loopback_pair
@@ -32,18 +33,19 @@ PEER = textwrap.dedent("""
 """).replace("{secret}", SECRET)
 
 
-def spawn_peer(env: dict[str, str], role: str, port: int, pacing_mbps: float = 10000) -> subprocess.Popen:
-    p = subprocess.Popen([sys.executable, "-c", PEER, role, str(port), str(pacing_mbps)], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    return p
+def spawn_peer(script: Path, env: dict[str, str], role: str, port: int, pacing_mbps: float = 10000) -> Any:
+    """The peer process, forked from the test zygote (tests/zygote.py: torch imported once)."""
+    return zygote.popen([str(script), role, str(port), str(pacing_mbps)], env)
 
 
 @pytest.fixture()
-def peer_factory(child_env: dict[str, str]):
+def peer_factory(child_env: dict[str, str], tmp_path: Path):
     procs = []
+    script = tmp_path / "peer.py"
+    script.write_text(PEER)
 
     def make(*args, **kw):
-        p = spawn_peer(child_env, *args, **kw)
+        p = spawn_peer(script, child_env, *args, **kw)
         procs.append(p)
         return p
 

@@ -43,7 +43,9 @@ import json
 import os
 import re
 import resource
+import shutil
 import signal
+import subprocess
 import time
 from collections.abc import Generator
 
@@ -74,9 +76,87 @@ def pytest_configure(config: pytest.Config) -> None:
     A shell starts a background job (`make test &`, nohup) with SIGINT ignored, and an
     ignored signal stays ignored across exec: every toolkit command the tests start would
     then ignore the Ctrl-C that the teardown tests send it, and those tests would fail for
-    a reason that is not the toolkit's."""
+    a reason that is not the toolkit's.
+
+    Under pytest-xdist, the what-if kernel is compiled once for all workers where numba has
+    not cached it yet (`_warm_whatif_kernel`)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
+    if hasattr(config, "workerinput"):
+        if os.environ.get(_KERNEL_LOCK_ENV):
+            _await_whatif_kernel(os.environ[_KERNEL_LOCK_ENV])
+    elif config.getoption("dist", "no") != "no" and not config.getoption("collectonly"):
+        _warm_whatif_kernel(config)
+
+
+# The what-if engine's loop (testbed_core/whatif/kernel.py) is compiled by numba on first
+# use and cached next to it (__pycache__), once per checkout: in a fresh clone each xdist
+# worker that reached a what-if before another had written the cache compiled it too, about
+# 5 CPU s each. Instead, the controller compiles it once in a background process, started
+# before the workers (which take seconds to start and collect), holding a lock until it
+# is cached; a worker's first call of the kernel waits for that lock, then loads the cache.
+_KERNEL_LOCK_ENV = "TESTBED_TEST_KERNEL_LOCK"
+_WHATIF_KERNEL = REPO_ROOT / "testbed_core" / "whatif" / "kernel.py"
+_WARM_KERNEL = ("from testbed.cli import main; main(['whatif', '--topology', 'topologies/2dc.yaml', "
+                "'--workload', 'scenarios/workloads/tiny.yaml', '--variants', 'baseline'], standalone_mode=False)")
+
+
+def _kernel_cached() -> bool:
+    """Whether numba's cache index of the kernel is there and no older than its source."""
+    source = _WHATIF_KERNEL.stat().st_mtime
+    return any(p.stat().st_mtime >= source for p in (_WHATIF_KERNEL.parent / "__pycache__").glob("kernel.run_steps-*.nbi"))
+
+
+def _warm_whatif_kernel(config: pytest.Config) -> None:
+    import fcntl
+    import sys
+    import tempfile
+
+    if _kernel_cached():
+        return
+    lock = os.path.join(tempfile.mkdtemp(prefix="testbed-kernel-"), "lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)  # held by the compiling child (it inherits this open file) until it exits
+    try:
+        env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+        proc = subprocess.Popen([sys.executable, "-c", _WARM_KERNEL], cwd=REPO_ROOT, env=env, pass_fds=(fd,),
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return  # the workers compile it, as without this
+    finally:
+        os.close(fd)  # the child's copy keeps the lock
+    os.environ[_KERNEL_LOCK_ENV] = lock  # inherited by the workers, started after this hook
+    config.add_cleanup(lambda: _end(proc, lock))
+
+
+def _end(proc: subprocess.Popen, lock: str) -> None:
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    shutil.rmtree(os.path.dirname(lock), ignore_errors=True)
+
+
+def _await_whatif_kernel(lock: str) -> None:
+    """In a worker: the kernel's first call waits until the controller's compile has
+    ended (its lock is free), then runs the kernel numba loads from the cache."""
+    import fcntl
+
+    from testbed_core.whatif import kernel
+
+    compiled = kernel.run_steps
+
+    def run_steps(*args: object, **kwargs: object) -> object:
+        try:
+            with open(lock) as f:
+                fcntl.flock(f, fcntl.LOCK_SH)
+        except OSError:
+            pass
+        kernel.run_steps = compiled
+        return compiled(*args, **kwargs)
+
+    kernel.run_steps = run_steps
 
 
 @pytest.hookimpl(tryfirst=True)  # before pytest-xdist's own hook turns xdist_group marks into groups

@@ -245,6 +245,12 @@ class Emulation:
     def nodes(self) -> list[NodeHandle]:
         return list(self._all)
 
+    def relay_pids(self) -> list[int]:
+        """The process ids of the relay delay lines running on this machine (none with
+        netem; a relay on another server is left out)."""
+        return [w.relay.pid for w in self._wans
+                if w.relay is not None and w.relay.poll() is None and not w.remote]
+
     def node(self, name: str) -> NodeHandle:
         """A node by display name (dc1-h1, dc1-gw, wan-dc1-dc2) or Mininet name."""
         for n in self._all:

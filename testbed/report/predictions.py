@@ -8,7 +8,9 @@ sweep's point folders, a kept ``*.summary.json``) into one table: scenario, vari
 predicted, measured and the error ``measured / predicted - 1``, marking the rows
 beyond the tolerance (5%, issue 40). Each row also carries what usually explains a
 large error: the WAN queues' tail drops over the variant (loss the model may not
-know), whether the run was calibrated, and where the prediction's rates came from.
+know), whether the run was calibrated, where the prediction's rates came from, and
+what other programs took of the machine's cores while the variant measured (the
+prediction assumes the run has them to itself).
 
 A repeated variant (``runner.repeat``) counts its median iteration time, as the rest
 of the report does. Program scenarios (their summary.json has ``"kind": "program"``)
@@ -61,6 +63,9 @@ class PredictionRow:
     # on lossy paths: where one run's mean falls by chance (the prediction's chance_interval_s)
     chance_low_s: float | None = None
     chance_high_s: float | None = None
+    # other programs' CPU over the measured iterations, in cores (summary's machine_cpu;
+    # None: not recorded, e.g. a run over several servers or from before it was)
+    outside_cores: float | None = None
 
 
 @dataclass
@@ -76,12 +81,17 @@ class PredictionTable:
 
     def text(self) -> str:
         """The table for the terminal (and a results page), beyond-tolerance rows marked."""
-        headers = ["source", "scenario", "variant", "predicted s", "measured s", "error", "", "drops"]
+        headers = ["source", "scenario", "variant", "predicted s", "measured s", "error", "", "drops",
+                   "other CPU"]
         body = [[r.source, r.scenario, r.variant, f"{r.predicted_s:.3f}", f"{r.measured_s:.3f}",
-                 f"{r.error:+.1%}", "" if r.within else "BEYOND", "-" if r.tail_drops is None else str(r.tail_drops)]
+                 f"{r.error:+.1%}", "" if r.within else "BEYOND", "-" if r.tail_drops is None else str(r.tail_drops),
+                 "-" if r.outside_cores is None else f"{r.outside_cores:.2f}"]
                 for r in self.rows]
         n, ok = len(self.rows), len(self.rows) - len(self.beyond())
         foot = f"{ok} of {n} variant rows within {self.tolerance:.0%} of their a-priori prediction"
+        if any(r.outside_cores is not None for r in self.rows):
+            foot += ("\n(other CPU: cores other programs used during the variant's measured iterations; "
+                     "the prediction assumes the run has the machine to itself)")
         if self.skipped:
             foot += f"; {len(self.skipped)} skipped"
         notes = [f"{r.source} {r.variant}: {r.faults}" for r in self.rows if r.faults]
@@ -175,7 +185,8 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing,
                 faults=fault_note(summary, variant, entry),
                 chance_low_s=(entry.prediction.chance_interval_s or [None])[0],
-                chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1]))
+                chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1],
+                outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores))
     return table
 
 

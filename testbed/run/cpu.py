@@ -28,7 +28,10 @@ writable cpu controller exists (no root, a container without one), `create_group
 returns None and says why: the run goes on without weights.
 
 `cpu_seconds` reads a process's CPU time from /proc (the runner's accounting of
-what agents and workers used over the measured iterations).
+what agents and workers used over the measured iterations); `machine_busy_s` the
+machine's busy CPU time, so that a run can say what programs outside it took of the
+cores while it measured (`outside_cores`): the prediction assumes the run has the
+machine to itself.
 """
 
 from __future__ import annotations
@@ -180,3 +183,48 @@ def cpu_seconds(pid: int, proc: Path = Path("/proc")) -> float | None:
     fields = text.rsplit(")", 1)[1].split()
     # after the comm: state is field 3; utime and stime are fields 14 and 15
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def machine_busy_s(proc: Path = Path("/proc")) -> float | None:
+    """CPU seconds this machine's cores have spent busy since boot (/proc/stat's first
+    line: user, nice, system, irq, softirq and steal; idle and iowait left out), None
+    where it cannot be read."""
+    try:
+        first = (proc / "stat").read_text().split("\n", 1)[0].split()
+    except OSError:
+        return None
+    if not first or first[0] != "cpu" or len(first) < 8:
+        return None
+    user, nice, system, _idle, _iowait, irq, softirq = (int(x) for x in first[1:8])
+    steal = int(first[8]) if len(first) > 8 else 0
+    return (user + nice + system + irq + softirq + steal) / os.sysconf("SC_CLK_TCK")
+
+
+@dataclass(frozen=True)
+class MachineReading:
+    """One reading of this machine's CPU: busy seconds of all its cores, and of them the
+    run's own outside its workers (this process and its helpers, e.g. the delay lines)."""
+
+    busy_s: float
+    own_s: float
+
+
+def machine_reading(helper_pids: list[int], proc: Path = Path("/proc")) -> MachineReading | None:
+    busy = machine_busy_s(proc)
+    if busy is None:
+        return None
+    me = os.times()
+    own = me.user + me.system + sum(used for pid in helper_pids if (used := cpu_seconds(pid, proc)) is not None)
+    return MachineReading(busy, own)
+
+
+def outside_cores(before: MachineReading, after: MachineReading, wall_s: float,
+                  workers_cores: float) -> tuple[float, float, float] | None:
+    """(busy, the run's, outside) cores over `wall_s` between two readings: the run's
+    are its workers' (agents and decode servers included, `workers_cores`) plus its own
+    process and helpers; outside is what is left of the busy cores (never below 0)."""
+    if wall_s <= 0:
+        return None
+    busy = (after.busy_s - before.busy_s) / wall_s
+    run = workers_cores + (after.own_s - before.own_s) / wall_s
+    return busy, run, max(0.0, busy - run)

@@ -300,6 +300,9 @@ class InventoryNetwork:
     _tunnels: dict[tuple[str, str], tuple[subprocess.Popen, str]] = field(default_factory=dict)
     _tunnel_lock: threading.Lock = field(default_factory=threading.Lock)
 
+    def helper_pids(self) -> list[int] | None:
+        return None  # the workers run on other machines: this one's CPU says nothing of theirs
+
     def forward(self, remote: Remote, sock: str) -> str:
         """The path on `remote` where the runner's control socket `sock` answers: one
         ``ssh -N -R`` per machine and socket, kept for the run (a process's own ssh

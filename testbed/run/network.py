@@ -96,6 +96,12 @@ class Network(Protocol):
 
     def delay_line_stats(self) -> dict[str, RelaySnapshot]: ...
 
+    def helper_pids(self) -> list[int] | None:
+        """The run's processes on this machine besides its workers and this process (the
+        delay lines), so the runner can tell its own CPU use from other programs'; None
+        where the run's processes are not all on this machine (other servers, real machines)."""
+        ...
+
 
 @dataclass
 class LocalNetwork:
@@ -127,6 +133,9 @@ class LocalNetwork:
 
     def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return {}
+
+    def helper_pids(self) -> list[int] | None:
+        return []
 
     def warm_folder(self) -> Path:
         """The folder of this run's fork server (warm starts), made on first use."""
@@ -161,6 +170,9 @@ class EmulatedNetwork:
 
     def delay_line_stats(self) -> dict[str, RelaySnapshot]:
         return self.emu.delay_line_stats()
+
+    def helper_pids(self) -> list[int] | None:
+        return None if self.emu.cluster is not None else self.emu.relay_pids()
 
 
 @contextlib.contextmanager

@@ -105,6 +105,7 @@ if TYPE_CHECKING:
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
 AUTO_MARGIN = 0.10
+OUTSIDE_CORES_NOTED = 0.25  # other programs' CPU over a variant's measured iterations that the run reports
 
 
 def default_out_dir(scenario: Scenario) -> Path:
@@ -462,6 +463,12 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
         result.tensors_verified = run.tensors_verified
     if real is not None:
         result.device_mode, result.real = "real", real
+    if run.machine_cpu is not None:
+        result.machine_cpu = mc = run.machine_cpu
+        if mc.outside_cores >= OUTSIDE_CORES_NOTED:
+            progress.log(f"  {name}: other programs used {mc.outside_cores:.2f} of the machine's {mc.cores} cores "
+                         f"during its measured iterations (the run {mc.run_cores:.2f}): its times are slowed by "
+                         "them, and its prediction assumes the run has the machine to itself")
     if bt is not None:
         for key, value in bt:  # the agents' figures, each the entry's field of the same name
             setattr(result, key, value)

@@ -41,6 +41,7 @@ from testbed.run.common import (
     worker_argv,
     worker_env,
 )
+from testbed.run.cpu import MachineReading, machine_reading, outside_cores
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
 from testbed.run.variants import VariantSetup
@@ -56,7 +57,7 @@ from testbed_core.contracts.control import (
     WorkerMessage,
     parse_worker_message,
 )
-from testbed_core.contracts.summary import AgentsCpu
+from testbed_core.contracts.summary import AgentsCpu, MachineCpu
 from testbed_core.contracts.worker_job import TrainJob
 
 if TYPE_CHECKING:
@@ -201,6 +202,9 @@ class VariantRun:
     cpu_cores: dict[str, float] | None = None
     cpu_weights: str | None = None  # how BubbleTea's processes were weighted (testbed/run/cpu.py)
     agents_cpu: AgentsCpu | None = None  # the same, typed (summary: slowdown_decomposition.agents_cpu)
+    # this machine's CPU over the measured iterations, the run's and other programs' (None:
+    # the run's processes are not all on this machine, or /proc could not be read)
+    machine_cpu: MachineCpu | None = None
 
 
 def run_workers(
@@ -242,6 +246,9 @@ def run_workers(
     agents_cpu: AgentsCpu | None = None
     cpu_from: dict[str, float] = {}
     cpu: dict[str, float] | None = None
+    machine_from: MachineReading | None = None
+    machine: MachineCpu | None = None
+    helpers = net.helper_pids()
     try:
         for wid, job in jobs.items():
             path = jobs_dir / f"{wid}.json"
@@ -282,6 +289,7 @@ def run_workers(
         for i in range(iterations):
             if i == workload.warmup:
                 cpu_from = _cpu_now(procs, servers)
+                machine_from = None if helpers is None else machine_reading(helpers)
             starts.append(at)
             if faults is not None:
                 faults.iteration_started(i, at)
@@ -296,7 +304,11 @@ def run_workers(
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
             at = gate.decide(i + 1, lead) if gate else time.time() + lead
         if cpu_from and len(starts) > workload.warmup:
-            cpu = _cpu_cores(cpu_from, _cpu_now(procs, servers), ends[-1] - starts[workload.warmup])
+            wall = ends[-1] - starts[workload.warmup]
+            cpu = _cpu_cores(cpu_from, _cpu_now(procs, servers), wall)
+            machine_to = None if helpers is None else machine_reading(helpers)
+            if machine_from is not None and machine_to is not None and cpu is not None:
+                machine = _machine_cpu(machine_from, machine_to, wall, sum(cpu.values()))
         if group is not None:
             group.remove()  # training is over: the agents write their outputs and exit at full weight
         ctl.broadcast(Stop())
@@ -326,7 +338,17 @@ def run_workers(
     sends, recvs = read_transfer_logs([Path(j.transfers_path) for j in jobs.values()])
     verified = sum(1 for r in recvs if r.get("verified"))
     return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified, cpu, weights,
-                      agents_cpu)
+                      agents_cpu, machine)
+
+
+def _machine_cpu(before: MachineReading, after: MachineReading, wall_s: float,
+                 workers_cores: float) -> MachineCpu | None:
+    got = outside_cores(before, after, wall_s, workers_cores)
+    if got is None:
+        return None
+    busy, run, outside = got
+    return MachineCpu(cores=os.cpu_count() or 1, busy_cores=round(busy, 3), run_cores=round(run, 3),
+                      outside_cores=round(outside, 3))
 
 
 def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequence[int],

@@ -139,6 +139,19 @@ class Prediction(_Doc):
     chance_interval_s: list[float] | None = None
 
 
+class MachineCpu(_Doc):
+    """``machine_cpu``: this machine's CPU over a variant's measured iterations, in cores
+    (CPU seconds over wall seconds). Every process of an emulated run shares the
+    machine's cores, and its prediction assumes the run has them to itself: what other
+    programs took meanwhile (`outside_cores`) slows the run's transport, delay lines and
+    rings, a slowdown the prediction does not hold."""
+
+    cores: int  # the machine's cores
+    busy_cores: float  # all its cores' busy time over the wall time
+    run_cores: float  # the run's: its workers (agents, decode servers), the runner and its delay lines
+    outside_cores: float  # the rest: other programs (never below 0)
+
+
 class AllReduceResult(_Doc):
     """``allreduce``: the DP gradient all-reduce of modelled workers (a ring over the
     network after each iteration's last backward)."""
@@ -606,7 +619,7 @@ class VariantResult(_Doc):
     per-variant files are (relative to the run folder)."""
 
     ABSENT_UNLESS_SET = BUBBLETEA_KEYS | {"device_mode", "real", "wan_tail_drops", "training_slowdown_note",
-                                          "tensors_verified", "repeats"}
+                                          "tensors_verified", "repeats", "machine_cpu"}
 
     iteration_time_s: float  # mean measured iteration time, seconds (definitions.iteration_time_s)
     # the prediction made before the run, seconds (definitions.predicted_iteration_time_s)
@@ -687,6 +700,9 @@ class VariantResult(_Doc):
     stalls: list[IterationStall] | None = None
     # runner.repeat > 1: every repeat, median and spread
     repeats: Repeats | None = None
+    machine_cpu: MachineCpu | None = None
+    """This machine's CPU over the measured iterations, the run's and other programs'
+    (absent where the run's processes are not all on this machine)."""
     # the variant's files
     timeline_csv: str
     transfers_csv: str  # every WAN transfer of the variant, relative to the run folder

@@ -43,6 +43,7 @@ def test_short_atlas_2dc_run(tmp_path: Path, namespaces) -> None:
         assert link.bytes == 1 * 2 * 8 * 2 * summary.wire_activation_bytes  # 1 iteration, dp, m, fwd+bwd
         assert link.goodput_mbps > 0
         assert (out / v.gantt_png).exists() and (out / v.timeline_csv).exists()
+        assert v.machine_cpu is not None and v.machine_cpu.cores >= 1  # the run and its delay line are on this machine
         if summary.delay_backend == "relay":  # the relay's counters over the variant
             line = v.delay_line["dc1-dc2"]
             frames = [d.rx_frames for d in line.directions().values()]

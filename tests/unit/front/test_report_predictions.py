@@ -166,3 +166,15 @@ def test_a_lossy_run_says_where_one_run_falls_by_chance(tmp_path: Path) -> None:
     assert (row.chance_low_s, row.chance_high_s) == (3.07, 4.43)
     assert next(r for r in table.rows if r.variant == "atlas").chance_low_s is None
     assert f"{row.source} baseline: 3.070-4.430 s, measured 3.720: inside" in table.text()
+
+
+def test_each_row_says_what_other_programs_took_of_the_cores(tmp_path: Path) -> None:
+    from testbed_core.contracts.summary import MachineCpu
+
+    busy = MachineCpu(cores=2, busy_cores=1.9, run_cores=0.7, outside_cores=1.2)
+    _write(tmp_path / "run", b.summary({"baseline": b.variant("baseline", 1.0, machine_cpu=busy),
+                                        "atlas": b.variant("atlas", 1.0)}))
+    got = {r.variant: r for r in prediction_table([tmp_path]).rows}
+    assert got["baseline"].outside_cores == pytest.approx(1.2) and got["atlas"].outside_cores is None
+    text = prediction_table([tmp_path]).text()
+    assert "other CPU" in text and " 1.20" in text and "assumes the run has the machine to itself" in text

@@ -12,9 +12,13 @@ from testbed.run.cpu import (
     RT_PERIOD_US,
     RT_RUNTIME_US,
     CpuGroupError,
+    MachineReading,
     cpu_seconds,
     create_group,
     find_controller,
+    machine_busy_s,
+    machine_reading,
+    outside_cores,
     weight_value,
 )
 
@@ -147,6 +151,37 @@ def test_cpu_seconds_of_this_process_and_of_a_fake_one(tmp_path: Path) -> None:
     (fake / "stat").write_text(f"123 (a (b) c) S 1 1 1 0 -1 0 0 0 0 0 {3 * tck} {tck} 0 0 20 0 1 0 5 0 0\n")
     assert cpu_seconds(123, proc=tmp_path) == pytest.approx(4.0)
     assert cpu_seconds(999, proc=tmp_path) is None
+
+
+def test_machine_busy_time_leaves_idle_and_iowait_out(tmp_path: Path) -> None:
+    tck = os.sysconf("SC_CLK_TCK")
+    # user nice system idle iowait irq softirq steal guest guest_nice
+    (tmp_path / "stat").write_text(f"cpu  {10 * tck} {tck} {2 * tck} {500 * tck} {40 * tck} 0 {tck} {tck} 0 0\n"
+                                   "cpu0 1 2 3 4 5 6 7 8 9 10\nintr 1 2\n")
+    assert machine_busy_s(tmp_path) == pytest.approx(15.0)
+    (tmp_path / "stat").write_text("garbage\n")
+    assert machine_busy_s(tmp_path) is None
+    assert machine_busy_s(tmp_path / "missing") is None
+
+
+def test_a_reading_counts_this_process_and_its_helpers(tmp_path: Path) -> None:
+    tck = os.sysconf("SC_CLK_TCK")
+    (tmp_path / "stat").write_text(f"cpu  {tck} 0 0 0 0 0 0 0 0 0\n")
+    (tmp_path / "77").mkdir()
+    (tmp_path / "77" / "stat").write_text(f"77 (relay) S 1 1 1 0 -1 0 0 0 0 0 {2 * tck} {tck} 0 0 20 0 1 0 5 0 0\n")
+    got = machine_reading([77, 999_999], proc=tmp_path)  # a helper that is gone counts nothing
+    me = os.times()
+    assert got is not None and got.busy_s == pytest.approx(1.0)
+    assert 3.0 <= got.own_s <= 3.0 + me.user + me.system + 1.0
+
+
+def test_outside_cores_are_what_the_run_did_not_use() -> None:
+    before, after = MachineReading(busy_s=100.0, own_s=10.0), MachineReading(busy_s=103.0, own_s=10.5)
+    # 3 busy CPU seconds over 2 s: 1.5 cores; the workers 0.6 cores, the runner and relays 0.25
+    busy, run, outside = outside_cores(before, after, 2.0, workers_cores=0.6)
+    assert (busy, run, outside) == pytest.approx((1.5, 0.85, 0.65))
+    assert outside_cores(before, after, 2.0, workers_cores=2.0)[2] == 0.0  # never below 0
+    assert outside_cores(before, after, 0.0, 0.6) is None
 
 
 def _v1_kernel(root: Path, files: tuple[str, ...]) -> pytest.MonkeyPatch:

@@ -4,6 +4,7 @@ emulated network, no root), and the command's error messages."""
 from __future__ import annotations
 
 import io
+import os
 from pathlib import Path
 
 import pytest
@@ -55,6 +56,10 @@ def test_local_run_writes_summary_timelines_and_gantt(tmp_path: Path) -> None:
         assert link.transfers == 8
         assert link.bytes == 8 * summary.wire_activation_bytes
         assert (out / v.gantt_png).stat().st_size > 10_000
+        mc = v.machine_cpu  # everything of a local run is on this machine: its CPU is accounted (in
+        # clock ticks: over one short iteration the run's share can round to 0)
+        assert mc is not None and mc.cores == os.cpu_count() and mc.busy_cores >= 0 and mc.run_cores >= 0
+        assert mc.outside_cores == pytest.approx(max(0.0, mc.busy_cores - mc.run_cores), abs=1e-2)
         rows = (out / v.timeline_csv).read_text().splitlines()
         assert rows[0].startswith("device,kind,owner") and len(rows) == 1 + 4 * 2 * 2 * 2  # 4 devices, F+B
     assert summary.result("atlas").temporal_plan is not None

@@ -202,9 +202,11 @@ def machine_busy_s(proc: Path = Path("/proc")) -> float | None:
 
 @dataclass(frozen=True)
 class MachineReading:
-    """One reading of this machine's CPU: busy seconds of all its cores, and of them the
-    run's own outside its workers (this process and its helpers, e.g. the delay lines)."""
+    """One reading of this machine's CPU: when (monotonic seconds), the busy seconds of
+    all its cores, and of them the run's own outside its workers (this process and its
+    helpers, e.g. the delay lines)."""
 
+    at_s: float
     busy_s: float
     own_s: float
 
@@ -215,16 +217,18 @@ def machine_reading(helper_pids: list[int], proc: Path = Path("/proc")) -> Machi
         return None
     me = os.times()
     own = me.user + me.system + sum(used for pid in helper_pids if (used := cpu_seconds(pid, proc)) is not None)
-    return MachineReading(busy, own)
+    return MachineReading(time.monotonic(), busy, own)
 
 
-def outside_cores(before: MachineReading, after: MachineReading, wall_s: float,
-                  workers_cores: float) -> tuple[float, float, float] | None:
-    """(busy, the run's, outside) cores over `wall_s` between two readings: the run's
-    are its workers' (agents and decode servers included, `workers_cores`) plus its own
-    process and helpers; outside is what is left of the busy cores (never below 0)."""
+def outside_cores(before: MachineReading, after: MachineReading,
+                  workers_cpu_s: float) -> tuple[float, float, float] | None:
+    """(busy, the run's, outside) cores between two readings: the run's are its workers'
+    CPU seconds between them (agents and decode servers included, `workers_cpu_s`) and its
+    own process's and helpers', over the time between the readings; outside is what is
+    left of the busy cores (never below 0)."""
+    wall_s = after.at_s - before.at_s
     if wall_s <= 0:
         return None
     busy = (after.busy_s - before.busy_s) / wall_s
-    run = workers_cores + (after.own_s - before.own_s) / wall_s
+    run = (workers_cpu_s + after.own_s - before.own_s) / wall_s
     return busy, run, max(0.0, busy - run)

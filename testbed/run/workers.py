@@ -304,11 +304,12 @@ def run_workers(
             progress.log(f"  {setup.name}: {kind} {i}: {ends[-1] - at:.3f} s (a-priori prediction {pred:.3f} s)")
             at = gate.decide(i + 1, lead) if gate else time.time() + lead
         if cpu_from and len(starts) > workload.warmup:
-            wall = ends[-1] - starts[workload.warmup]
-            cpu = _cpu_cores(cpu_from, _cpu_now(procs, servers), wall)
+            cpu_to = _cpu_now(procs, servers)
             machine_to = None if helpers is None else machine_reading(helpers)
-            if machine_from is not None and machine_to is not None and cpu is not None:
-                machine = _machine_cpu(machine_from, machine_to, wall, sum(cpu.values()))
+            cpu = _cpu_cores(cpu_from, cpu_to, ends[-1] - starts[workload.warmup])
+            if machine_from is not None and machine_to is not None:
+                used = sum(after - cpu_from[n] for n, after in cpu_to.items() if n in cpu_from)
+                machine = _machine_cpu(machine_from, machine_to, used)
         if group is not None:
             group.remove()  # training is over: the agents write their outputs and exit at full weight
         ctl.broadcast(Stop())
@@ -341,9 +342,8 @@ def run_workers(
                       agents_cpu, machine)
 
 
-def _machine_cpu(before: MachineReading, after: MachineReading, wall_s: float,
-                 workers_cores: float) -> MachineCpu | None:
-    got = outside_cores(before, after, wall_s, workers_cores)
+def _machine_cpu(before: MachineReading, after: MachineReading, workers_cpu_s: float) -> MachineCpu | None:
+    got = outside_cores(before, after, workers_cpu_s)
     if got is None:
         return None
     busy, run, outside = got

@@ -176,12 +176,13 @@ def test_a_reading_counts_this_process_and_its_helpers(tmp_path: Path) -> None:
 
 
 def test_outside_cores_are_what_the_run_did_not_use() -> None:
-    before, after = MachineReading(busy_s=100.0, own_s=10.0), MachineReading(busy_s=103.0, own_s=10.5)
-    # 3 busy CPU seconds over 2 s: 1.5 cores; the workers 0.6 cores, the runner and relays 0.25
-    busy, run, outside = outside_cores(before, after, 2.0, workers_cores=0.6)
+    before = MachineReading(at_s=50.0, busy_s=100.0, own_s=10.0)
+    after = MachineReading(at_s=52.0, busy_s=103.0, own_s=10.5)
+    # 3 busy CPU seconds over 2 s: 1.5 cores; the workers 1.2 CPU s (0.6 cores), the runner and relays 0.25
+    busy, run, outside = outside_cores(before, after, workers_cpu_s=1.2)
     assert (busy, run, outside) == pytest.approx((1.5, 0.85, 0.65))
-    assert outside_cores(before, after, 2.0, workers_cores=2.0)[2] == 0.0  # never below 0
-    assert outside_cores(before, after, 0.0, 0.6) is None
+    assert outside_cores(before, after, workers_cpu_s=4.0)[2] == 0.0  # never below 0
+    assert outside_cores(before, before, 1.2) is None
 
 
 def _v1_kernel(root: Path, files: tuple[str, ...]) -> pytest.MonkeyPatch:

@@ -31,7 +31,8 @@ Fixtures:
 
 Measuring the suite: with ``TESTBED_TEST_TIMES=<file>`` each test appends a JSON line to
 that file with its node id, its wall time and the CPU time it used (this process and the
-children it waited for), so a slow test shows whether it computes or waits.
+children it waited for), so a slow test shows whether it computes or waits, and its xdist
+worker and end time (epoch seconds), so the order of each worker's tests shows.
 
 Paths to shipped files come from ``testbed_core.constants`` (REPO_ROOT,
 TOPOLOGIES_DIR, SCENARIOS_DIR, WORKLOADS_DIR), not from each test's own ``__file__``.
@@ -39,6 +40,7 @@ TOPOLOGIES_DIR, SCENARIOS_DIR, WORKLOADS_DIR), not from each test's own ``__file
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import re
@@ -46,8 +48,10 @@ import resource
 import shutil
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Generator
+from pathlib import Path
 
 import pytest
 
@@ -78,8 +82,9 @@ def pytest_configure(config: pytest.Config) -> None:
     then ignore the Ctrl-C that the teardown tests send it, and those tests would fail for
     a reason that is not the toolkit's.
 
-    Under pytest-xdist, the what-if kernel is compiled once for all workers where numba has
-    not cached it yet (`_warm_whatif_kernel`)."""
+    Under pytest-xdist, in a fresh checkout, the controller compiles for all its workers
+    once what each of them compiled again: the what-if kernel numba has not cached yet
+    (`_warm_whatif_kernel`) and the test modules' assertion rewrites (`_rewrite_test_modules`)."""
     if signal.getsignal(signal.SIGINT) == signal.SIG_IGN:
         signal.signal(signal.SIGINT, signal.default_int_handler)
     if hasattr(config, "workerinput"):
@@ -87,6 +92,60 @@ def pytest_configure(config: pytest.Config) -> None:
             _await_whatif_kernel(os.environ[_KERNEL_LOCK_ENV])
     elif config.getoption("dist", "no") != "no" and not config.getoption("collectonly"):
         _warm_whatif_kernel(config)
+        _rewrite_test_modules(config)
+
+
+def _rewrite_test_modules(config: pytest.Config) -> None:
+    """Under pytest-xdist in a fresh checkout each worker rewrites every test module
+    (pytest's assertion rewriting) and caches it in __pycache__ itself, about 5 CPU s a
+    worker; done here once instead, before the workers start, in two processes, for the
+    modules without a cached rewrite (those the workers then load; a stale one they redo)."""
+    try:
+        from _pytest.assertion.rewrite import (
+            PYC_TAIL,
+            _rewrite_test,
+            _write_pyc,
+            assertstate_key,
+            get_cache_dir,
+        )
+    except ImportError:  # another pytest: the workers rewrite, as without this
+        return
+    if sys.dont_write_bytecode or assertstate_key not in config.stash:
+        return
+    ignored = [os.path.abspath(p) for p in config.getoption("ignore") or []]
+    todo = []
+    for arg in config.args:
+        root = os.path.abspath(arg.split("::")[0])
+        files = [root] if root.endswith(".py") else sorted(glob.glob(os.path.join(root, "**", "*.py"), recursive=True))
+        for fn in files:
+            name = os.path.basename(fn)
+            if not (name.startswith("test_") or name == "conftest.py") or any(
+                    fn == i or fn.startswith(i + os.sep) for i in ignored):
+                continue
+            path = Path(fn)
+            if not (get_cache_dir(path) / (name[:-3] + PYC_TAIL)).exists():
+                todo.append(path)
+    if len(todo) < 8:
+        return
+    state = config.stash[assertstate_key]
+
+    def rewrite(paths: list[Path]) -> None:
+        for path in paths:
+            try:
+                os.makedirs(get_cache_dir(path), exist_ok=True)
+                source_hash, co = _rewrite_test(path, config)
+                _write_pyc(state, co, source_hash, get_cache_dir(path) / (path.name[:-3] + PYC_TAIL))
+            except Exception:  # noqa: BLE001 (a file that does not compile: its worker reports it)
+                continue
+
+    pid = os.fork()
+    if pid == 0:  # half of them in a child (no threads run yet: xdist starts its gateways later)
+        try:
+            rewrite(todo[::2])
+        finally:
+            os._exit(0)
+    rewrite(todo[1::2])
+    os.waitpid(pid, 0)
 
 
 # The what-if engine's loop (testbed_core/whatif/kernel.py) is compiled by numba on first
@@ -109,7 +168,6 @@ def _kernel_cached() -> bool:
 
 def _warm_whatif_kernel(config: pytest.Config) -> None:
     import fcntl
-    import sys
     import tempfile
 
     if _kernel_cached():
@@ -214,7 +272,7 @@ def _cpu_s() -> float:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Generator[None, object, object]:
     """With TESTBED_TEST_TIMES set: the test's wall and CPU seconds (setup to teardown),
-    appended to that file as a JSON line."""
+    its worker and when it ended, appended to that file as a JSON line."""
     path = os.environ.get("TESTBED_TEST_TIMES")
     if not path:
         return (yield)
@@ -223,7 +281,8 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
         return (yield)
     finally:
         line = {"test": item.nodeid, "wall_s": round(time.monotonic() - wall0, 2),
-                "cpu_s": round(_cpu_s() - cpu0, 2)}
+                "cpu_s": round(_cpu_s() - cpu0, 2), "worker": os.environ.get("PYTEST_XDIST_WORKER"),
+                "end": round(time.time(), 2)}
         with open(path, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -169,6 +169,8 @@ class Forked:
         return data.decode(errors="replace") if self._text else data
 
     def communicate(self, timeout: float | None = None) -> tuple[str | bytes, str | bytes | None]:
+        if self.stdout is not None:  # its output went through the pipe, not to the file read here
+            raise RuntimeError("a program started with pipes: read its .stdout and wait() instead")
         self.wait(timeout)
         return self._read("out"), None if self._merged else self._read("err")
 

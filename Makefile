@@ -24,7 +24,7 @@ sysdeps:
 WARM_IMPORTS := torch torch.distributed torch.distributed.pipelining torch.testing._internal.common_utils \
   numpy matplotlib.pyplot pydantic click yaml scapy.all pyroute2 iperf3 transformers \
   transformers.models.llama.modeling_llama jsonschema mkdocs.commands.build material \
-  mkdocstrings_handlers.python hypothesis importlinter pytest xdist pytest_timeout testbed.cli
+  mkdocstrings_handlers.python hypothesis importlinter pytest xdist pytest_timeout numba testbed.cli
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || python3 -m venv $(VENV)

@@ -45,16 +45,20 @@ from testbed_core.topology import Topology, WanLink, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
 
-PACED_BURST = 2.0
-"""How many windows per smoothed round trip a capped stream's round leaves at: Linux
-paces at 2 x cwnd / srtt while cwnd is below half of ssthresh (tcp_pacing_ss_ratio,
-200%) and at 1.2 x in congestion avoidance (tcp_pacing_ca_ratio). A stream held to a
-window cap that never lost a packet has no ssthresh, so it stays paced as in slow start,
-and its cwnd (grown to twice its flight, tcp_is_cwnd_limited) is at least its window: a
-window whose first round leaves onto an idle link queues all of itself but the BDP / 2
-the link drains meanwhile (`route_takes`). At 1.2 (congestion avoidance) the caps of
-scenarios/atlas-3dc.yaml's multi-tcp left mid->big with 409-451 tail drops a run and
-its iterations 2.33-2.56 s; at 2.0, 26 drops and 2.32-2.51 s (results/window-caps/README.md)."""
+PACED_BURST = 4.0
+"""How many windows per smoothed round trip a capped stream's round leaves at. Linux
+paces at ratio x max(cwnd, packets in flight) / srtt (tcp_update_pacing_rate), the ratio
+2 (tcp_pacing_ss_ratio, 200%) while cwnd is below half of ssthresh and 1.2 in congestion
+avoidance (tcp_pacing_ca_ratio). A stream held to a window cap that never lost a packet
+has no ssthresh, so it stays in slow start, where cwnd grows while it is below twice the
+most the stream had in flight (tcp_is_cwnd_limited): to twice its window. Its rounds then
+leave at 2 x 2 windows per srtt, and a window whose round leaves onto an idle link queues
+all of itself but the BDP / 4 the link drains meanwhile (`route_takes`). History, on
+scenarios/atlas-3dc.yaml's multi-tcp (results/window-caps/README.md): at 1.2, 409-451
+tail drops a run on mid->big; at 2.0 (which counted cwnd as one window), 26-44, but
+held-back/3dc-triangle's multi-tcp still dropped 18-21 a run on dc1->dc2 with
+200-340 ms retransmission stalls in measured iterations and ran +11% to +27% over its
+prediction; at 4.0, 10-13 drops, no stall, +2% and +3% (results/window-caps/paced-4.0/)."""
 
 MIN_CAP_WINDOW = 16 << 10
 """The smallest window cap: a few segments a stream."""

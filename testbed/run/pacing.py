@@ -53,12 +53,9 @@ avoidance (tcp_pacing_ca_ratio). A stream held to a window cap that never lost a
 has no ssthresh, so it stays in slow start, where cwnd grows while it is below twice the
 most the stream had in flight (tcp_is_cwnd_limited): to twice its window. Its rounds then
 leave at 2 x 2 windows per srtt, and a window whose round leaves onto an idle link queues
-all of itself but the BDP / 4 the link drains meanwhile (`route_takes`). History, on
-scenarios/atlas-3dc.yaml's multi-tcp (results/window-caps/README.md): at 1.2, 409-451
-tail drops a run on mid->big; at 2.0 (which counted cwnd as one window), 26-44, but
-held-back/3dc-triangle's multi-tcp still dropped 18-21 a run on dc1->dc2 with
-200-340 ms retransmission stalls in measured iterations and ran +11% to +27% over its
-prediction; at 4.0, 10-13 drops, no stall, +2% and +3% (results/window-caps/paced-4.0/)."""
+all of itself but the BDP / 4 the link drains meanwhile (`route_takes`). It was 2.0,
+which counted cwnd as one window; 1.2 before that. What each figure did to the tail
+drops and iteration times of the kept runs: results/window-caps/README.md."""
 
 MIN_CAP_WINDOW = 16 << 10
 """The smallest window cap: a few segments a stream."""

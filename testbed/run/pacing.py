@@ -45,17 +45,20 @@ from testbed_core.topology import Topology, WanLink, bdp_bytes
 from testbed_core.variants import RunVariant
 from testbed_core.workload import Parallelism
 
-PACED_BURST = 4.0
-"""How many windows per smoothed round trip a capped stream's round leaves at. Linux
-paces at ratio x max(cwnd, packets in flight) / srtt (tcp_update_pacing_rate), the ratio
-2 (tcp_pacing_ss_ratio, 200%) while cwnd is below half of ssthresh and 1.2 in congestion
-avoidance (tcp_pacing_ca_ratio). A stream held to a window cap that never lost a packet
-has no ssthresh, so it stays in slow start, where cwnd grows while it is below twice the
-most the stream had in flight (tcp_is_cwnd_limited): to twice its window. Its rounds then
-leave at 2 x 2 windows per srtt, and a window whose round leaves onto an idle link queues
-all of itself but the BDP / 4 the link drains meanwhile (`route_takes`). It was 2.0,
-which counted cwnd as one window; 1.2 before that. What each figure did to the tail
-drops and iteration times of the kept runs: results/window-caps/README.md."""
+PACED_BURST = 2.0
+"""How many windows per smoothed round trip a capped stream's round leaves at: Linux
+paces at 2 x cwnd / srtt while cwnd is below half of ssthresh (tcp_pacing_ss_ratio,
+200%) and at 1.2 x in congestion avoidance (tcp_pacing_ca_ratio). A stream held to a
+window cap that never lost a packet has no ssthresh, so it stays paced as in slow start,
+and its cwnd (grown to twice its flight, tcp_is_cwnd_limited) is at least its window: a
+window whose first round leaves onto an idle link queues all of itself but the BDP / 2
+the link drains meanwhile (`route_takes`). At 1.2 (congestion avoidance) the caps of
+scenarios/atlas-3dc.yaml's multi-tcp left mid->big with 409-451 tail drops a run and
+its iterations 2.33-2.56 s; at 2.0, 26 drops and 2.32-2.51 s (results/window-caps/README.md).
+Strictly, cwnd grows to twice the window (tcp_is_cwnd_limited) and Linux paces at 2 x
+max(cwnd, in flight) / srtt, which makes it 4; caps sized for 4 were tried and taken back:
+fewer drops on held-back/3dc-triangle, but atlas-4dc's atlas and multi-tcp ran slower
+and further from their predictions (the same README)."""
 
 MIN_CAP_WINDOW = 16 << 10
 """The smallest window cap: a few segments a stream."""

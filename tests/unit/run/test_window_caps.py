@@ -47,16 +47,16 @@ def test_atlas_3dc_multi_tcp_gets_each_path_s_share_of_what_it_takes_without_a_t
     overflowed."""
     scenario, placement = _placed("atlas-3dc", "multi-tcp")
     topo = scenario.topology
-    assert PACED_BURST == 4.0
+    assert PACED_BURST == 2.0
     # mid-big: 200 Mbit/s x 50 ms = 1.25 MB and a queue as large; 2 channels x 8 streams
     slow, rtt = route_bottleneck(topo, "mid", "big")
     assert slow.queue_bytes + bdp_bytes(slow.rate, rtt) == pytest.approx(2.5e6)  # what the route holds
-    assert route_takes(topo, "mid", "big") == pytest.approx(1.25e6 + 1.25e6 / 4)
+    assert route_takes(topo, "mid", "big") == pytest.approx(1.25e6 + 1.25e6 / 2)
     caps = window_caps(topo, placement, 8, MIB, 3)
-    assert caps[("mid", "big")] == caps[("big", "mid")] == int((1.25e6 + 1.25e6 / 4) * 1448 / 1514 / 16) == 93_399
+    assert caps[("mid", "big")] == caps[("big", "mid")] == int((1.25e6 + 1.25e6 / 2) * 1448 / 1514 / 16) == 112_078
     assert 16 * caps[("mid", "big")] * 1514 / 1448 <= route_takes(topo, "mid", "big")  # the frames fit
-    # big-small: 100 Mbit/s x 80 ms = 1 MB, a 1 MB queue: 1.25 MB of frames for 16 streams
-    assert caps[("big", "small")] == caps[("small", "big")] == 74_719 < MIB // 8
+    # big-small: 100 Mbit/s x 80 ms = 1 MB, a 1 MB queue: 1.5 MB of frames for 16 streams
+    assert caps[("big", "small")] == caps[("small", "big")] == 89_663 < MIB // 8
     assert window_caps(topo, placement, 1, MIB, 3) == {}  # one stream: 2 x 256 KB fit
     # one 0.5 MiB tensor a channel at once, 1.1 MB of frames, fits big-small's 1.5 MB: no cap there
     assert ("big", "small") not in window_caps(topo, placement, 8, MIB // 2, 1)
@@ -74,7 +74,7 @@ def test_atlas_4dc_multi_tcp_is_capped_now_that_no_stripe_floor_lifts_the_cap_pa
     above the 256 KB window) left it uncapped, with 2,499-2,740 tail drops a run."""
     scenario, placement = _placed("atlas-4dc", "multi-tcp")
     caps = window_caps(scenario.topology, placement, 8, 2 * MIB, tensors_at_once(scenario.workload.parallelism))
-    assert caps[("west", "mid")] == 74_719 and caps[("east", "west")] == 112_078
+    assert caps[("west", "mid")] == 89_663 and caps[("east", "west")] == 134_494
 
 
 @pytest.mark.parametrize("name", ["atlas-2dc", "quickstart", "dp-2dc", "lossy-4dc", "real-tiny-2dc",
@@ -106,7 +106,7 @@ def test_tensors_that_fit_the_path_are_not_capped() -> None:
     assert window_caps(scenario.topology, placement, 8, tensor, 3) == {}
     gpipe = par.model_copy(update={"schedule": "gpipe"})
     assert tensors_at_once(gpipe) == par.num_micro_batches
-    assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(gpipe))[("big", "small")] == 74_719
+    assert window_caps(scenario.topology, placement, 8, tensor, tensors_at_once(gpipe))[("big", "small")] == 89_663
     setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
     assert setup.window_caps == {}
 
@@ -114,8 +114,8 @@ def test_tensors_that_fit_the_path_are_not_capped() -> None:
 def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_cap(tmp_path: Path) -> None:
     scenario, _ = load_scenario(ROOT / "scenarios" / "atlas-3dc.yaml")
     setup = plan_variant("multi-tcp", scenario, scenario.workload, None, None, None)
-    assert setup.sharing == "shared" and setup.window_caps[("mid", "big")] == 93_399
-    assert setup.prediction.paths[("mid", "big")].window_bytes == 93_399  # the planner's window too
+    assert setup.sharing == "shared" and setup.window_caps[("mid", "big")] == 112_078
+    assert setup.prediction.paths[("mid", "big")].window_bytes == 112_078  # the planner's window too
     atlas = plan_variant("atlas", scenario, scenario.workload, None, None, None)
     assert atlas.sharing == "temporal" and atlas.window_caps == {}  # one transfer at a time on a link
     ips = {f"{dc.name}-{h}": f"10.0.{i}.{j}" for i, dc in enumerate(scenario.topology.dcs)
@@ -125,8 +125,8 @@ def test_the_receiving_end_of_each_channel_clamps_and_the_prediction_keeps_the_c
                       transport=TRANSPORT)
     ends = {(c.boundary, c.role): c.window_clamp for job in jobs.values() for c in job.channels}
     # boundary 1 crosses mid->big: stage 2 (listen) receives the activations, stage 1 the gradients
-    assert ends[(1, "listen")] == ends[(1, "connect")] == 93_399
-    assert ends[(2, "listen")] == ends[(2, "connect")] == 74_719
+    assert ends[(1, "listen")] == ends[(1, "connect")] == 112_078
+    assert ends[(2, "listen")] == ends[(2, "connect")] == 89_663
     assert ends[(0, "listen")] is ends[(0, "connect")] is None  # inside mid
     boundary2 = next(c for job in jobs.values() for c in job.channels if c.boundary == 2)
-    assert transport_config(TRANSPORT, boundary2.streams, boundary2.window_clamp).window_clamp == 74_719
+    assert transport_config(TRANSPORT, boundary2.streams, boundary2.window_clamp).window_clamp == 89_663

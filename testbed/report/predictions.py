@@ -66,6 +66,9 @@ class PredictionRow:
     # other programs' CPU over the measured iterations, in cores (summary's machine_cpu;
     # None: not recorded, e.g. a run over several servers or from before it was)
     outside_cores: float | None = None
+    # the run's own CPU over the same time, in cores (workers, agents, runner, delay lines):
+    # near the machine's cores, the emulator's own work shapes the times it measures
+    run_cores: float | None = None
 
 
 @dataclass
@@ -82,16 +85,19 @@ class PredictionTable:
     def text(self) -> str:
         """The table for the terminal (and a results page), beyond-tolerance rows marked."""
         headers = ["source", "scenario", "variant", "predicted s", "measured s", "error", "", "drops",
-                   "other CPU"]
+                   "run CPU", "other CPU"]
         body = [[r.source, r.scenario, r.variant, f"{r.predicted_s:.3f}", f"{r.measured_s:.3f}",
                  f"{r.error:+.1%}", "" if r.within else "BEYOND", "-" if r.tail_drops is None else str(r.tail_drops),
+                 "-" if r.run_cores is None else f"{r.run_cores:.2f}",
                  "-" if r.outside_cores is None else f"{r.outside_cores:.2f}"]
                 for r in self.rows]
         n, ok = len(self.rows), len(self.rows) - len(self.beyond())
         foot = f"{ok} of {n} variant rows within {self.tolerance:.0%} of their a-priori prediction"
         if any(r.outside_cores is not None for r in self.rows):
-            foot += ("\n(other CPU: cores other programs used during the variant's measured iterations; "
-                     "the prediction assumes the run has the machine to itself)")
+            foot += ("\n(run CPU: cores the run itself used during the variant's measured iterations - workers, "
+                     "agents, runner, delay lines - where it nears the machine's cores the emulator's own work "
+                     "shapes what it measures; other CPU: cores other programs used meanwhile; the prediction "
+                     "assumes the run has the machine to itself)")
         if self.skipped:
             foot += f"; {len(self.skipped)} skipped"
         notes = [f"{r.source} {r.variant}: {r.faults}" for r in self.rows if r.faults]
@@ -186,7 +192,8 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 faults=fault_note(summary, variant, entry),
                 chance_low_s=(entry.prediction.chance_interval_s or [None])[0],
                 chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1],
-                outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores))
+                outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores,
+                run_cores=None if entry.machine_cpu is None else entry.machine_cpu.run_cores))
     return table
 
 

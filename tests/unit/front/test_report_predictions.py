@@ -176,5 +176,7 @@ def test_each_row_says_what_other_programs_took_of_the_cores(tmp_path: Path) -> 
                                         "atlas": b.variant("atlas", 1.0)}))
     got = {r.variant: r for r in prediction_table([tmp_path]).rows}
     assert got["baseline"].outside_cores == pytest.approx(1.2) and got["atlas"].outside_cores is None
+    assert got["baseline"].run_cores == pytest.approx(0.7) and got["atlas"].run_cores is None
     text = prediction_table([tmp_path]).text()
     assert "other CPU" in text and " 1.20" in text and "assumes the run has the machine to itself" in text
+    assert "run CPU" in text and " 0.70" in text and "the emulator's own work" in text

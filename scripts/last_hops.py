@@ -22,27 +22,34 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from testbed.run.jobs import device_parts  # noqa: E402
 
 
 @dataclass(frozen=True)
 class Hop:
-    """One step of the chain: a transfer (wire = arrived - sent, hand = the next
-    compute's request - arrived) or a backward (its run time and modelled time)."""
+    """One step of the chain: a backward (its run time and modelled time), the wait from
+    it to its gradient's send, the gradient on the wire (arrived - sent) or its hand-over
+    to the next stage's backward (that backward's request - arrived)."""
 
+    kind: str  # "backward", "wait", "wire" or "hand-over"
     what: str
     at_ms: float  # when it began, after the iteration's start
     took_ms: float
-    modelled_ms: float | None  # a backward's modelled time; a transfer: None
+    modelled_ms: float | None  # a backward's modelled time (None: a real device's, or not a backward)
     rings: int  # stages whose rings had started when it began
 
 
 def _stage(device: str) -> tuple[int, int]:
-    """(pipeline, stage) of a device named <host>-p<pipeline>r<stage>."""
-    tail = device.rsplit("-p", 1)[-1]
-    pipeline, stage = tail.split("r")
-    return int(pipeline), int(stage)
+    """(pipeline, stage) of a worker's device (testbed/run/jobs.py `device_name`)."""
+    _host, pipeline, stage = device_parts(device)
+    return pipeline, stage
 
 
 def chain(timeline: list[dict[str, str]], transfers: list[dict[str, str]], start: float, end: float,
@@ -70,21 +77,21 @@ def chain(timeline: list[dict[str, str]], transfers: list[dict[str, str]], start
                 t = moved[0]
                 sent, arrived = float(t["sent"]), float(t["arrived"])
                 where = t["links"] or "LAN"
-                if hops and hops[-1].modelled_ms is not None:  # from the backward's end to the send
+                if hops and hops[-1].kind == "backward":  # from the backward's end to the send
                     ended = hops[-1].at_ms + hops[-1].took_ms
-                    hops.append(Hop("until sent (plan, channel)", ended, (sent - start) * 1e3 - ended, None,
+                    hops.append(Hop("wait", "until sent (plan, channel)", ended, (sent - start) * 1e3 - ended, None,
                                     rings_at(start + ended / 1e3)))
-                hops.append(Hop(f"grad s{s + 1}->s{s} ({where})", (sent - start) * 1e3, (arrived - sent) * 1e3,
-                                None, rings_at(sent)))
+                hops.append(Hop("wire", f"grad s{s + 1}->s{s} ({where})", (sent - start) * 1e3,
+                                (arrived - sent) * 1e3, None, rings_at(sent)))
         row = backward.get(((pipeline, s), f"B{last_mb}@s{s}"))
         if row is None:
             continue
-        if hops and hops[-1].modelled_ms is None:
+        if hops and hops[-1].kind == "wire":
             arrived = start + (hops[-1].at_ms + hops[-1].took_ms) / 1e3
-            hops.append(Hop(f"hand-over to B{last_mb}@s{s}", (arrived - start) * 1e3,
+            hops.append(Hop("hand-over", f"hand-over to B{last_mb}@s{s}", (arrived - start) * 1e3,
                             (float(row["requested"]) - arrived) * 1e3, None, rings_at(arrived)))
         modelled = float(row["modelled_s"]) * 1e3 if row.get("modelled_s") else None
-        hops.append(Hop(f"B{last_mb}@s{s}", (float(row["start"]) - start) * 1e3,
+        hops.append(Hop("backward", f"B{last_mb}@s{s}", (float(row["start"]) - start) * 1e3,
                         (float(row["end"]) - float(row["start"])) * 1e3, modelled, rings_at(float(row["start"]))))
     return hops
 

@@ -28,6 +28,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+from testbed.run.jobs import device_parts  # noqa: E402
 from testbed_core.planning.prediction import staggered_rings_finish  # noqa: E402
 
 LEFT_OUT = ("dp-across-dc", "torch-gloo")
@@ -36,10 +37,10 @@ LEFT_OUT = ("dp-across-dc", "torch-gloo")
 def stage_ends(rows: list[dict[str, str]], start: float, end: float) -> list[float]:
     """Each stage's last backward end in one iteration (seconds after its start), the
     later of its replicas' (devices are named <host>-p<pipeline>r<stage>)."""
-    last: dict[str, float] = {}
+    last: dict[int, float] = {}
     for row in rows:
         if row["kind"] == "backward" and start <= float(row["start"]) < end:
-            stage = row["device"].rsplit("r", 1)[-1]
+            _host, _pipeline, stage = device_parts(row["device"])
             last[stage] = max(last.get(stage, 0.0), float(row["end"]) - start)
     return [last[k] for k in sorted(last)]
 

@@ -30,7 +30,7 @@ returns None and says why: the run goes on without weights.
 `cpu_seconds` reads a process's CPU time from /proc (the runner's accounting of
 what agents and workers used over the measured iterations); `machine_busy_s` the
 machine's busy CPU time, so that a run can say what programs outside it took of the
-cores while it measured (`outside_cores`): the prediction assumes the run has the
+cores while it measured (`machine_cpu`'s outside_cores): the prediction assumes the run has the
 machine to itself.
 """
 
@@ -43,6 +43,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+
+from testbed_core.contracts.summary import MachineCpu
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 V2_DEFAULT_WEIGHT = 100
@@ -220,15 +222,16 @@ def machine_reading(helper_pids: list[int], proc: Path = Path("/proc")) -> Machi
     return MachineReading(time.monotonic(), busy, own)
 
 
-def outside_cores(before: MachineReading, after: MachineReading,
-                  workers_cpu_s: float) -> tuple[float, float, float] | None:
-    """(busy, the run's, outside) cores between two readings: the run's are its workers'
-    CPU seconds between them (agents and decode servers included, `workers_cpu_s`) and its
-    own process's and helpers', over the time between the readings; outside is what is
-    left of the busy cores (never below 0)."""
+def machine_cpu(before: MachineReading, after: MachineReading, workers_cpu_s: float) -> MachineCpu | None:
+    """This machine's busy cores between two readings, the run's and other programs'
+    (summary ``machine_cpu``): the run's are its workers' CPU seconds between them
+    (agents and decode servers included, `workers_cpu_s`) and its own process's and
+    helpers', over the time between the readings; outside is what is left of the busy
+    cores (never below 0). None when no time passed between them."""
     wall_s = after.at_s - before.at_s
     if wall_s <= 0:
         return None
     busy = (after.busy_s - before.busy_s) / wall_s
     run = (workers_cpu_s + after.own_s - before.own_s) / wall_s
-    return busy, run, max(0.0, busy - run)
+    return MachineCpu(cores=os.cpu_count() or 1, busy_cores=round(busy, 3), run_cores=round(run, 3),
+                      outside_cores=round(max(0.0, busy - run), 3))

@@ -19,6 +19,7 @@ publish its live status (testbed_runtime/live.py). Every port comes from the run
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -64,6 +65,14 @@ def worker_id(pipeline: int, rank: int) -> str:
 def device_name(pipeline: int, rank: int, host: str) -> str:
     """The name of a worker's emulated GPU (its timeline, BubbleTea's slot feed and live status)."""
     return f"{host}-p{pipeline}r{rank}"
+
+
+def device_parts(device: str) -> tuple[str, int, int]:
+    """(host, pipeline, rank) of a name `device_name` made; ValueError for any other."""
+    m = re.fullmatch(r"(.+)-p(\d+)r(\d+)", device)
+    if m is None:
+        raise ValueError(f"{device!r} is not a worker's device name (<host>-p<pipeline>r<rank>)")
+    return m.group(1), int(m.group(2)), int(m.group(3))
 
 
 def build_jobs(

@@ -41,7 +41,7 @@ from testbed.run.common import (
     worker_argv,
     worker_env,
 )
-from testbed.run.cpu import MachineReading, machine_reading, outside_cores
+from testbed.run.cpu import MachineReading, machine_cpu, machine_reading
 from testbed.run.network import Network
 from testbed.run.scenario import Scenario
 from testbed.run.variants import VariantSetup
@@ -309,7 +309,7 @@ def run_workers(
             cpu = _cpu_cores(cpu_from, cpu_to, ends[-1] - starts[workload.warmup])
             if machine_from is not None and machine_to is not None:
                 used = sum(after - cpu_from[n] for n, after in cpu_to.items() if n in cpu_from)
-                machine = _machine_cpu(machine_from, machine_to, used)
+                machine = machine_cpu(machine_from, machine_to, used)
         if group is not None:
             group.remove()  # training is over: the agents write their outputs and exit at full weight
         ctl.broadcast(Stop())
@@ -340,15 +340,6 @@ def run_workers(
     verified = sum(1 for r in recvs if r.get("verified"))
     return VariantRun(starts, ends, timelines, merge_transfer_sides(sends, recvs), allreduce, verified, cpu, weights,
                       agents_cpu, machine)
-
-
-def _machine_cpu(before: MachineReading, after: MachineReading, workers_cpu_s: float) -> MachineCpu | None:
-    got = outside_cores(before, after, workers_cpu_s)
-    if got is None:
-        return None
-    busy, run, outside = got
-    return MachineCpu(cores=os.cpu_count() or 1, busy_cores=round(busy, 3), run_cores=round(run, 3),
-                      outside_cores=round(outside, 3))
 
 
 def weigh_agents(net: Network, variant: str, weight: float | None, pids: Sequence[int],

@@ -17,8 +17,8 @@ from testbed.run.cpu import (
     create_group,
     find_controller,
     machine_busy_s,
+    machine_cpu,
     machine_reading,
-    outside_cores,
     weight_value,
 )
 
@@ -179,10 +179,11 @@ def test_outside_cores_are_what_the_run_did_not_use() -> None:
     before = MachineReading(at_s=50.0, busy_s=100.0, own_s=10.0)
     after = MachineReading(at_s=52.0, busy_s=103.0, own_s=10.5)
     # 3 busy CPU seconds over 2 s: 1.5 cores; the workers 1.2 CPU s (0.6 cores), the runner and relays 0.25
-    busy, run, outside = outside_cores(before, after, workers_cpu_s=1.2)
-    assert (busy, run, outside) == pytest.approx((1.5, 0.85, 0.65))
-    assert outside_cores(before, after, workers_cpu_s=4.0)[2] == 0.0  # never below 0
-    assert outside_cores(before, before, 1.2) is None
+    got = machine_cpu(before, after, workers_cpu_s=1.2)
+    assert got is not None
+    assert (got.busy_cores, got.run_cores, got.outside_cores) == pytest.approx((1.5, 0.85, 0.65))
+    assert machine_cpu(before, after, workers_cpu_s=4.0).outside_cores == 0.0  # never below 0
+    assert machine_cpu(before, before, 1.2) is None
 
 
 def _v1_kernel(root: Path, files: tuple[str, ...]) -> pytest.MonkeyPatch:

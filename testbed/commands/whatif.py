@@ -23,6 +23,10 @@ from testbed.commands.plan import _streams, parse_gpus
 from testbed_core.variants import REGISTRY, VariantError, allowed_text, help_text, parse_variants
 
 PAPER_SPEEDUP = 17.0  # arXiv 2411.14458: Atlas up to 17x faster than the baselines it compares with
+# options of the built-in workload model's prediction, refused beside --program (parameter: flag)
+_WORKLOAD_ONLY = {"out_dir": "--out", "gpus_text": "--gpus", "variants": "--variants",
+                  "baseline_placement": "--baseline-placement", "chunk_tokens": "--chunk-tokens", "guard": "--guard",
+                  "no_allreduce": "--no-allreduce"}
 
 
 def _human_bytes(n: float | None) -> str:
@@ -91,6 +95,14 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
                                    "--calibration")
         ctx = click.get_current_context()
         given = ctx.get_parameter_source("streams") == click.core.ParameterSource.COMMANDLINE
+        # the options of the built-in workload's prediction mean nothing for a profiled program:
+        # say so rather than predict as if they had been taken
+        ignored = [flag for name, flag in _WORKLOAD_ONLY.items()
+                   if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
+        if ignored:
+            raise click.UsageError(f"{', '.join(ignored)} predict the built-in workload model, not a profiled program: "
+                                   "drop them with --program (its own options: --topology, --rtt, --bandwidth, "
+                                   "--hosts, --streams, --command, --transport-cost, --json)")
         program_whatif(program_dir, topology_path, rtt_text, bandwidth_text, hosts_text, command_text,
                        streams if given else None, as_json, transport_cost)
         return

@@ -70,7 +70,7 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
     from testbed_core.program.predict import measured_windows, predict, retarget
     from testbed_core.program.profile import ProfileError, check_program, read_profile
     from testbed_core.topology import load_topology
-    from testbed_core.units import parse_duration, parse_rate
+    from testbed_core.units import format_rate, parse_duration, parse_rate
 
     rtts = _values(rtt_text, parse_duration, "--rtt")
     rates = _values(bandwidth_text, parse_rate, "--bandwidth")
@@ -93,7 +93,7 @@ def program_whatif(program_dir: Path, topology_path: Path | None, rtt_text: str 
         for rtt in rtts:
             for rate in rates:
                 label = ", ".join(x for x in (f"RTT {rtt * 1e3:g} ms" if rtt else "",
-                                              f"{rate / 1e9:g} Gbit/s" if rate else "") if x) or base.name
+                                              f"{format_rate(rate)}/s" if rate else "") if x) or base.name
                 rows.append(predict(profile, retarget(base, rtt, rate), label=label, streams=n_streams,
                                     hosts=hosts, source=source, windows=windows, transport=transport))
         took = time.perf_counter() - t0

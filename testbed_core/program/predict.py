@@ -69,8 +69,9 @@ from collections import defaultdict
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from testbed_core.configfile import format_validation_error
 from testbed_core.planning.calibrated import LINK_GOODPUT
 from testbed_core.planning.lossy import RTO_MIN_S  # Linux's minimum retransmission timeout
 from testbed_core.planning.network import stream_window
@@ -82,7 +83,8 @@ from testbed_core.program.transport import (
     TransportCalibration,
 )
 from testbed_core.shaper import burst_bytes
-from testbed_core.topology import Topology
+from testbed_core.topology import MAX_DELAY_S, MAX_RATE_BPS, MIN_RATE_BPS, Topology, TopologyError
+from testbed_core.units import format_rate
 
 MSS = 1448
 INITIAL_WINDOW = 10 * MSS  # Linux's initial congestion window (RFC 6928)
@@ -834,20 +836,34 @@ def map_ranks(profile: ProgramProfile, topology: Topology, source: str, hosts: l
 
 
 def retarget(topology: Topology, rtt_s: float | None = None, bandwidth_bps: float | None = None) -> Topology:
-    """`topology` with every WAN link at `rtt_s` (one-way delay rtt/2) and/or `bandwidth_bps`."""
+    """`topology` with every WAN link at `rtt_s` (one-way delay rtt/2) and/or `bandwidth_bps`.
+    Each link is checked as a topology file's would be (delay and rate within the ranges a
+    link takes), but not against what the emulation's delay line can hold in flight: the
+    result is predicted, never emulated (a 10 Tbit/s link at 200 ms is a fair question)."""
     if rtt_s is None and bandwidth_bps is None:
         return topology
-    data = topology.model_dump()
-    for link in data["wan"]:
+    if rtt_s is not None and not 0 < rtt_s <= 2 * MAX_DELAY_S:
+        raise TopologyError(f"RTT {rtt_s * 1e3:g} ms is out of range for a WAN link: allowed above 0 up to "
+                            f"{2 * MAX_DELAY_S:g} s ({MAX_DELAY_S:g} s one way; satellite paths are about 0.6 s)")
+    if bandwidth_bps is not None and not MIN_RATE_BPS <= bandwidth_bps <= MAX_RATE_BPS:
+        raise TopologyError(f"bandwidth {format_rate(bandwidth_bps)}/s is out of range for a WAN link: allowed "
+                            f"{format_rate(MIN_RATE_BPS)}/s to {format_rate(MAX_RATE_BPS)}/s")
+    links = []
+    for i, link in enumerate(topology.wan):
+        data = link.model_dump()
         if rtt_s is not None:
-            link["delay"] = rtt_s / 2
-            link["jitter"] = min(link.get("jitter") or 0.0, rtt_s / 2)
+            data["delay"] = rtt_s / 2
+            data["jitter"] = min(data.get("jitter") or 0.0, rtt_s / 2)
         if bandwidth_bps is not None:
-            link["rate"] = bandwidth_bps
-        link["changes"] = []
-        link["trace"] = None
-    data.pop("source", None)
-    return type(topology).model_validate(data)
+            data["rate"] = bandwidth_bps
+        data["changes"] = []
+        data["trace"] = None
+        try:
+            links.append(type(link).model_validate(data))
+        except ValidationError as exc:
+            raise TopologyError(format_validation_error(f"{topology.name} retargeted", exc, "topology",
+                                                        prefix=f"wan.{i}")) from None
+    return topology.model_copy(update={"wan": links})
 
 
 def _paths(topology: Topology, dcs: set[str], windows: Mapping[frozenset[str], float],

@@ -34,7 +34,7 @@ from testbed_core.program.profile import (
     program_identity,
     read_profile,
 )
-from testbed_core.topology import load_topology, parse_topology
+from testbed_core.topology import TopologyError, load_topology, parse_topology
 
 ROOT = Path(__file__).resolve().parents[3]
 TOPO = ROOT / "topologies" / "2dc.yaml"
@@ -340,7 +340,7 @@ def test_whatif_program_prints_one_row_per_target(tmp_path):
     out = _saved(tmp_path)
     result = CliRunner().invoke(main, ["whatif", "--program", str(out), "--rtt", "10ms,200ms", "--bandwidth", "10Gbit"])
     assert result.exit_code == 0, result.output
-    assert "RTT 10 ms, 10 Gbit/s" in result.output and "RTT 200 ms, 10 Gbit/s" in result.output
+    assert "RTT 10 ms, 10Gbit/s" in result.output and "RTT 200 ms, 10Gbit/s" in result.output
     rows = [line.split() for line in result.output.splitlines() if line.strip().startswith("RTT")]
     assert float(rows[0][5]) < float(rows[1][5])
     assert not math.isnan(float(rows[0][5]))
@@ -360,6 +360,28 @@ def test_whatif_program_refusals(tmp_path):
     result = run(main, ["whatif", "--program", str(out), "--topology", str(ROOT / "topologies" / "1dc-lan.yaml")])
     assert result.exit_code != 0
     assert "rank 1 ran on dc2-h1 in the profile, but" in result.output and "has no host dc2-h1" in result.output
+
+
+def test_whatif_program_out_of_range_targets_and_workload_options(tmp_path):
+    """A target a link cannot take is refused naming the range; one the emulation could not
+    hold in flight (10 Tbit/s at 200 ms) is still predicted: nothing is emulated. The
+    built-in workload's options are refused beside --program, not silently dropped."""
+    out = _saved(tmp_path)
+    run = CliRunner().invoke
+    result = run(main, ["whatif", "--program", str(out), "--rtt", "30s"])
+    assert result.exit_code != 0 and "RTT 30000 ms is out of range for a WAN link: allowed above 0 up to 20 s" \
+        in result.output and "Traceback" not in result.output
+    result = run(main, ["whatif", "--program", str(out), "--bandwidth", "20Tbit"])
+    assert result.exit_code != 0 and "bandwidth 20Tbit/s is out of range for a WAN link: allowed 1kbit/s to 10Tbit/s" \
+        in result.output
+    result = run(main, ["whatif", "--program", str(out), "--rtt", "200ms", "--bandwidth", "10Tbit"])
+    assert result.exit_code == 0, result.output
+    assert "RTT 200 ms, 10Tbit/s" in result.output
+    result = run(main, ["whatif", "--program", str(out), "--gpus", "dc1=1", "--no-allreduce"])
+    assert result.exit_code != 0
+    assert "--gpus, --no-allreduce predict the built-in workload model, not a profiled program" in result.output
+    with pytest.raises(TopologyError, match=r"RTT 0 ms is out of range"):
+        retarget(_topology(), 0.0)
 
 
 def _all_reduce_profile(tmp_path: Path, backend: str, hosts: int, nbytes: int) -> ProgramProfile:

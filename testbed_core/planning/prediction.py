@@ -196,9 +196,7 @@ def build_spec(
                 a, z = placement.dc_of(d, src), placement.dc_of(d, dst)
                 chan = channel_resource(d, b, direction)
                 if a == z:
-                    # a pipeline tensor inside a DC: the measured LAN channel rate (the
-                    # calibration's DP ring inside the DCs), else the DC's nominal rate
-                    resources[chan] = Resource(net.lan_rate_bps or topology.dc(a).lan_rate, "exclusive")
+                    resources[chan] = Resource(lan_tensor_rate(topology, a, variant, net), "exclusive")
                     paths[(d, b, direction)] = Path((chan,), net.lan_latency_s)
                     continue
                 if (a, z) not in wan:
@@ -231,6 +229,19 @@ def build_spec(
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
                    paths, resources, rendezvous=variant.rendezvous)
     return spec, wan
+
+
+def lan_tensor_rate(topology: Topology, dc: str, variant: Variant, net: NetParams) -> float:
+    """The rate of a pipeline tensor between two stages inside DC `dc`. Over atlas_transport:
+    the calibration's measured LAN channel rate (its DP rings inside the DCs: the
+    transport's own Python loop is what bounds a channel on the emulated LAN), else the
+    DC's nominal rate. Through torch.distributed's gloo (`variant.rendezvous`): the DC's
+    nominal rate, as gloo's C++ pairs are not bound by that loop (1 MiB in 0.6-1.0 ms on
+    the 10 Gbit/s LANs of the held-back triangle and line runs, where the transport's
+    rings measured 1.3 Gbit/s a replica: 6-8 ms)."""
+    if variant.rendezvous or net.lan_rate_bps is None:
+        return topology.dc(dc).lan_rate
+    return net.lan_rate_bps
 
 
 def allreduce_time(

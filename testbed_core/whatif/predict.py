@@ -51,6 +51,7 @@ from testbed_core.planning.prediction import (
     Variant,
     allreduce_time,
     choose_sharing,
+    lan_tensor_rate,
     plan_wins,
     prediction_fields,
 )
@@ -169,7 +170,7 @@ def _network(topology: Topology, sched: Schedule, placement: Placement, variant:
             for direction, src, dst in (("fwd", ra, rb), ("bwd", rb, ra)):
                 a, z = row[src], row[dst]
                 if a == z:
-                    lan_bps = net.lan_rate_bps or topology.dc(a).lan_rate  # measured, as in build_spec
+                    lan_bps = lan_tensor_rate(topology, a, variant, net)  # as build_spec
                     lan[(i, len(chans))] = lan_bps
                     chans.append((lan_bps, net.lan_latency_s, ()))
                     continue

@@ -8,8 +8,14 @@ from __future__ import annotations
 import pytest
 
 from testbed_core.planning.network import NetParams
-from testbed_core.planning.prediction import Variant, predict, staggered_rings_finish
+from testbed_core.planning.prediction import (
+    Variant,
+    lan_tensor_rate,
+    predict,
+    staggered_rings_finish,
+)
 from testbed_core.topology import parse_topology
+from testbed_core.variants import REGISTRY
 from testbed_core.workload import parse_workload
 
 
@@ -73,3 +79,21 @@ def test_the_allreduce_inside_a_dc_follows_the_stages_ends() -> None:
     same = predict(topo, wl, Variant("x", 1, "shared", "atlas"), free={"a": 4, "b": 0},
                    net=NetParams(lan_rate_bps=1e9, lan_rings=2))
     assert same.allreduce_s == pytest.approx(crowd.allreduce_s)
+
+
+def test_pipeline_tensors_inside_a_dc_move_at_the_measured_rate_over_atlas_and_nominal_over_gloo() -> None:
+    """A pipeline tensor between two stages in one DC: over atlas_transport at the
+    calibration's LAN channel rate (the transport's own loop bounds it on the emulated
+    LAN), through gloo's C++ pairs at the DC's nominal rate (held-back runs: 1 MiB in
+    0.6-1.0 ms on 10 Gbit/s LANs, where the transport's rings measured 6-8 ms)."""
+    topo, wl = _one_dc(2)
+    net = NetParams(lan_rate_bps=1e9)
+    nbytes = wl.effective().wire_activation_bytes
+    for name, rate in (("baseline", 1e9), ("torch-gloo", 100e9)):
+        variant = Variant.of(REGISTRY[name], baseline_placement="in-order")  # both stages in DC a
+        pred = predict(topo, wl, variant, free={"a": 4, "b": 0}, net=net)
+        lan = [t for t in pred.sim.transfers if not any(r.startswith("wan:") for r in t.resources)]
+        assert lan, name
+        assert min(t.end - t.start for t in lan) == pytest.approx(nbytes * 8 / rate, rel=1e-6), name
+        assert lan_tensor_rate(topo, "a", variant, net) == rate
+    assert lan_tensor_rate(topo, "a", Variant.of(REGISTRY["baseline"]), NetParams()) == 100e9  # nothing measured

@@ -63,6 +63,9 @@ _lock = threading.Lock()
 _owner: str | None = None  # the folder of the run whose fork server this process runs (claim)
 _preloaded: tuple[str, ...] | None = None
 _mark: dict[str, str] = {}  # put in the environment the fork server starts with (claim)
+_tracker: int | None = None  # the resource tracker's PID where the run's start_server started it
+_unreaped: list[int] = []  # trackers let go that had not exited yet (`_stop_tracker`)
+TRACKER_EXIT_S = 1.0  # how long `release` waits for a tracker it let go to exit
 SERVER_ENV = "TESTBED_WARM_PARENT"  # the controller's PID, in the fork server's environment only
 
 
@@ -217,6 +220,7 @@ def start_server(folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
         tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
         if server._forkserver_pid is not None:
             return []
+        _reap()
         tracker_before = tracker._pid
         saved = {key: os.environ.get(key) for key in (*_mark, SERVER_ENV)}
         os.environ.update(_mark)  # both spawn with this process's environment at this moment
@@ -231,7 +235,9 @@ def start_server(folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
                     os.environ[key] = value
         started = [("forkserver", int(server._forkserver_pid))]
         if tracker._pid is not None and tracker._pid != tracker_before:
-            started.append(("resource-tracker", int(tracker._pid)))
+            global _tracker
+            _tracker = int(tracker._pid)
+            started.append(("resource-tracker", _tracker))
         return started
 
 
@@ -239,8 +245,8 @@ def release(folder: str | os.PathLike[str]) -> None:
     """End the fork server of the run that owns `folder`, if it runs (before that run
     removes the folder); its programs are ended by then: a program the server forked
     reads as exited (255) once the server is gone."""
-    global _owner, _preloaded
-    from multiprocessing import forkserver
+    global _owner, _preloaded, _tracker
+    from multiprocessing import forkserver, resource_tracker
 
     with _lock:
         if _owner != os.fspath(folder):
@@ -250,9 +256,49 @@ def release(folder: str | os.PathLike[str]) -> None:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(server._forkserver_pid, signal.SIGKILL)
         server._stop()  # reaps it, closes our end of its pipe, removes its socket
+        tracker = resource_tracker._resource_tracker  # type: ignore[attr-defined]
+        if _tracker is not None and tracker._pid == _tracker:
+            # the run's resource tracker (marked as the run's) is let go here rather than left
+            # for the teardown to kill under this process's feet, which made the process's next
+            # run warn "resource_tracker: process died unexpectedly ... Some resources might
+            # leak" (a sweep, the demo)
+            _stop_tracker(tracker)
+        _tracker = None
         multiprocessing.process.current_process()._config.pop("tempdir", None)  # type: ignore[attr-defined]
         _owner, _preloaded = None, None
         _mark.clear()
+
+
+def _stop_tracker(tracker: Any) -> None:  # multiprocessing's private ResourceTracker
+    """Let the standard library's resource tracker go as its own `_stop` does, without
+    waiting on it: our end of its pipe closed, it frees what is still registered and exits
+    once no program of the run holds the pipe either (the teardown kills any that still
+    does, the tracker with them: it is in the run's record); reaped when it has exited
+    within TRACKER_EXIT_S, else by the next `start_server` or `release`. This process's
+    next use of multiprocessing starts a tracker of its own."""
+    pid, fd = tracker._pid, tracker._fd
+    tracker._fd = tracker._pid = None
+    if fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(fd)
+    if pid is not None:
+        _unreaped.append(pid)
+    deadline = time.monotonic() + TRACKER_EXIT_S
+    while _unreaped and time.monotonic() < deadline:
+        _reap()
+        if _unreaped:
+            time.sleep(0.01)
+
+
+def _reap() -> None:
+    """Reap the trackers `_stop_tracker` let go that have exited (never blocks)."""
+    for pid in list(_unreaped):
+        try:
+            done, _ = os.waitpid(pid, os.WNOHANG)
+        except ChildProcessError:
+            done = pid  # not ours to reap any more
+        if done:
+            _unreaped.remove(pid)
 
 
 def _arm_server() -> None:

@@ -96,3 +96,37 @@ def test_a_killed_controller_takes_its_fork_server_and_children_along(tmp_path: 
         assert _gone(child), "a warm child outlived its controller"
     finally:
         proc.kill()
+
+
+TWO_RUNS = textwrap.dedent('''
+    import os, signal, sys, warnings
+    warnings.simplefilter("error")  # "resource_tracker: process died unexpectedly" fails the run
+    from testbed.emulation.warmstart import claim, release, start_server
+    for i in range(2):
+        folder = os.path.join(sys.argv[1], f"run{i}")
+        os.makedirs(folder)
+        claim(folder, (), {"TESTBED_RUN": f"tb9f{i}"})
+        started = dict(start_server(folder))
+        release(folder)
+        for pid in started.values():  # what the run's teardown does with what its record lists
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        print(" ".join(sorted(started)), flush=True)
+''')
+
+
+def test_a_process_runs_again_after_its_run_without_a_dead_resource_tracker(tmp_path: Path) -> None:
+    """A run's resource tracker starts with its fork server (marked as the run's, in its
+    record) and `release` lets it go, so that the teardown killing what the record lists
+    leaves this process no dead tracker: its next run (a sweep's next point, the demo's
+    next scenario) starts its own, without multiprocessing's warning that resources may
+    leak."""
+    import subprocess
+
+    res = subprocess.run([sys.executable, "-c", TWO_RUNS, str(tmp_path)], capture_output=True, text=True,
+                         timeout=120, cwd=Path(__file__).resolve().parents[3])
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert "died unexpectedly" not in res.stderr
+    assert res.stdout.split("\n")[:2] == ["forkserver resource-tracker"] * 2, res.stdout

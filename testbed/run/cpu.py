@@ -235,3 +235,30 @@ def machine_cpu(before: MachineReading, after: MachineReading, workers_cpu_s: fl
     run = (workers_cpu_s + after.own_s - before.own_s) / wall_s
     return MachineCpu(cores=os.cpu_count() or 1, busy_cores=round(busy, 3), run_cores=round(run, 3),
                       outside_cores=round(max(0.0, busy - run), 3))
+
+
+OUTSIDE_CORES_NOTED = 0.25  # other programs' CPU over a variant's measured iterations that the run reports
+RUN_SHARE_NOTED = 0.7  # the share of the machine's cores a variant's own run may keep busy unreported
+
+
+def cpu_notes(name: str, mc: MachineCpu, agents: bool = False) -> list[str]:
+    """What the runner says about variant `name`'s CPU over its measured iterations (`mc`):
+    other programs' use where it reaches OUTSIDE_CORES_NOTED, and the run's own where it
+    reaches RUN_SHARE_NOTED of the cores without BubbleTea agents (`agents`: theirs fill idle
+    cores by design). A run whose own packet work keeps the cores that busy is near CPU-bound
+    emulation: its workers, delay lines and the kernel's packet path wait for one another,
+    which the prediction (network and modelled compute, no CPU limit) does not hold; held-back
+    runs there measured from about as predicted to 75% slower (docs/results/fidelity.md)."""
+    notes = []
+    if mc.outside_cores >= OUTSIDE_CORES_NOTED:
+        notes.append(f"{name}: other programs used {mc.outside_cores:.2f} of the machine's {mc.cores} cores "
+                     f"during its measured iterations (the run {mc.run_cores:.2f}): its times are slowed by "
+                     "them, and its prediction assumes the run has the machine to itself")
+    if not agents and mc.run_cores >= RUN_SHARE_NOTED * mc.cores:
+        notes.append(f"{name}: the run itself kept {mc.run_cores:.2f} of the machine's {mc.cores} cores busy during "
+                     "its measured iterations (workers, delay lines, the kernel's packet path): the emulation is "
+                     "near CPU-bound here, which its prediction does not hold (held-back runs in this regime "
+                     "measured up to 75% slower than predicted, docs/results/fidelity.md); fewer packets per second "
+                     "keep it faithful: lower the WAN rates and workload.scale together (the rates stand for "
+                     "rate / scale), or run on a machine with more cores")
+    return notes

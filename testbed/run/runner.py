@@ -60,6 +60,7 @@ from testbed.progress import Progress
 from testbed.run.bubbletea import bubbletea_metrics, uses_controller, write_client_token
 from testbed.run.calibration import Calibration, calibrate_variants
 from testbed.run.common import RunnerError, transport_job
+from testbed.run.cpu import cpu_notes
 from testbed.run.jobs import build_jobs
 from testbed.run.metrics import VariantMetrics, iteration_tail, repeat_stats
 from testbed.run.network import Network, open_network, with_ports
@@ -105,7 +106,6 @@ if TYPE_CHECKING:
 
 AUTO_CANDIDATES = (1, 2, 4, 8, 16)
 AUTO_MARGIN = 0.10
-OUTSIDE_CORES_NOTED = 0.25  # other programs' CPU over a variant's measured iterations that the run reports
 
 
 def default_out_dir(scenario: Scenario) -> Path:
@@ -464,11 +464,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
     if real is not None:
         result.device_mode, result.real = "real", real
     if run.machine_cpu is not None:
-        result.machine_cpu = mc = run.machine_cpu
-        if mc.outside_cores >= OUTSIDE_CORES_NOTED:
-            progress.log(f"  {name}: other programs used {mc.outside_cores:.2f} of the machine's {mc.cores} cores "
-                         f"during its measured iterations (the run {mc.run_cores:.2f}): its times are slowed by "
-                         "them, and its prediction assumes the run has the machine to itself")
+        result.machine_cpu = run.machine_cpu
+        for note in cpu_notes(name, run.machine_cpu, agents=bt is not None):
+            progress.log(f"  {note}")
     if bt is not None:
         for key, value in bt:  # the agents' figures, each the entry's field of the same name
             setattr(result, key, value)

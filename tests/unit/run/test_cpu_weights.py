@@ -13,6 +13,7 @@ from testbed.run.cpu import (
     RT_RUNTIME_US,
     CpuGroupError,
     MachineReading,
+    cpu_notes,
     cpu_seconds,
     create_group,
     find_controller,
@@ -21,6 +22,7 @@ from testbed.run.cpu import (
     machine_reading,
     weight_value,
 )
+from testbed_core.contracts.summary import MachineCpu
 
 
 def v1_tree(tmp_path: Path) -> Path:
@@ -233,3 +235,18 @@ def test_not_idle_unless_asked(tmp_path: Path) -> None:
     finally:
         mp.undo()
     assert group is not None and not group.idle and (group.path / "cpu.idle").read_text() == ""
+
+
+def test_the_runner_notes_other_programs_and_a_near_cpu_bound_run() -> None:
+    """Other programs' CPU from 0.25 cores; the run's own from 70% of the cores, unless
+    BubbleTea's agents run (they fill idle cores by design); the note says what to do."""
+    quiet = MachineCpu(cores=2, busy_cores=0.9, run_cores=0.85, outside_cores=0.05)
+    assert cpu_notes("atlas", quiet) == []
+    busy = MachineCpu(cores=2, busy_cores=1.7, run_cores=1.55, outside_cores=0.3)
+    notes = cpu_notes("multi-tcp", busy)
+    assert len(notes) == 2
+    assert notes[0].startswith("multi-tcp: other programs used 0.30 of the machine's 2 cores")
+    assert notes[1].startswith("multi-tcp: the run itself kept 1.55 of the machine's 2 cores busy")
+    assert "lower the WAN rates and workload.scale together" in notes[1]
+    assert cpu_notes("atlas+bubbletea", busy, agents=True) == [notes[0].replace("multi-tcp", "atlas+bubbletea")]
+    assert cpu_notes("x", MachineCpu(cores=8, busy_cores=1.6, run_cores=1.55, outside_cores=0.05)) == []

@@ -211,6 +211,7 @@ def start_server(folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
     yet, with the run's mark in its environment (and the resource tracker, if that
     starts with it); returns [(kind, pid)] of the processes started here, for the run's
     record ([] when none started)."""
+    global _tracker
     from multiprocessing import forkserver, resource_tracker
 
     with _lock:
@@ -235,7 +236,6 @@ def start_server(folder: str | os.PathLike[str]) -> list[tuple[str, int]]:
                     os.environ[key] = value
         started = [("forkserver", int(server._forkserver_pid))]
         if tracker._pid is not None and tracker._pid != tracker_before:
-            global _tracker
             _tracker = int(tracker._pid)
             started.append(("resource-tracker", _tracker))
         return started

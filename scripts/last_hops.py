@@ -30,6 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.run.jobs import device_parts  # noqa: E402
+from testbed_core.schedules import Op  # noqa: E402
 
 
 @dataclass(frozen=True)
@@ -60,7 +61,7 @@ def chain(timeline: list[dict[str, str]], transfers: list[dict[str, str]], start
     stages = sorted({s for (p, s), _ in backward if p == pipeline})
     if not stages:
         return []
-    last_mb = max(int(label[1:].split("@")[0]) for (p, _s), label in backward if p == pipeline)
+    last_mb = max(Op.parse_compute(label).mb for (p, _s), label in backward if p == pipeline)
     stage_end: dict[int, float] = {}  # a stage's ring starts when its last replica's last backward ends
     for ((_p, s), _label), r in backward.items():
         stage_end[s] = max(stage_end.get(s, 0.0), float(r["end"]))

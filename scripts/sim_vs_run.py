@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from testbed.report.replan import replan_run  # noqa: E402
+from testbed.run.jobs import device_parts  # noqa: E402
+from testbed_core.schedules import Op  # noqa: E402
 from testbed_core.simulate import SimResult  # noqa: E402
 
 
@@ -95,15 +97,13 @@ def compute_rows(sim: SimResult, timeline: list[dict[str, str]], start: float, e
     simulated = {(c.kind, c.mb, c.stage): c for c in sim.compute if c.pipeline == pipeline}
     ran: dict[tuple[str, int, int], tuple[float, float]] = {}
     for r in timeline:
-        if r["kind"] not in ("forward", "backward") or not r["owner"].startswith(f"train:p{pipeline}r"):
+        if r["kind"] not in ("forward", "backward") or device_parts(r["device"])[1] != pipeline:
             continue
         at = float(r["start"])
         if not start - 1e-3 <= at < end:
             continue
-        label = r["label"]  # F3@s1
-        kind, rest = label[0], label[1:]
-        mb, stage = rest.split("@s")
-        ran[(kind, int(mb), int(stage))] = (at - start, float(r["end"]) - start)
+        op = Op.parse_compute(r["label"])
+        ran[(op.kind, op.mb, op.stage)] = (at - start, float(r["end"]) - start)
     rows = []
     for key in sorted(set(simulated) & set(ran), key=lambda k: simulated[k].start):
         c, (s, e) = simulated[key], ran[key]

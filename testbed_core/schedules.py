@@ -54,6 +54,16 @@ class Op:
     def is_compute(self) -> bool:
         return self.kind in COMPUTE
 
+    @classmethod
+    def parse_compute(cls, text: str) -> Op:
+        """The compute op `str(op)` gave (``F3@s1``: kind, micro-batch, stage), as the
+        devices' timelines label it; ValueError for any other text."""
+        kind, rest = text[:1], text[1:]
+        mb, sep, stage = rest.partition("@s")
+        if kind not in COMPUTE or not sep or not mb.isdigit() or not stage.isdigit():
+            raise ValueError(f"{text!r} is not a compute op's label (F<mb>@s<stage> or B<mb>@s<stage>)")
+        return cls(kind, int(mb), int(stage))  # type: ignore[arg-type]
+
     def boundary(self) -> int:
         """Boundary index of a transfer: b is between virtual stages b and b+1."""
         if self.peer is None:

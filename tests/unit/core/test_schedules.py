@@ -322,3 +322,12 @@ def test_a_busy_link_moves_the_next_transfer_at_its_sustained_rate() -> None:
     spec.resources = {k: Resource(r.capacity_bps, r.policy) for k, r in spec.resources.items()}
     assert [t.end - t.start for t in simulate(spec).transfers if t.key.direction == "fwd"] == pytest.approx(
         [0.008] * 3)  # no busy_bps: every transfer at the channel's rate, as before
+
+
+def test_a_compute_ops_label_reads_back() -> None:
+    """`Op.parse_compute` is the inverse of a compute op's str (the devices' timeline labels)."""
+    for op in (Op("F", 3, 1), Op("B", 12, 0)):
+        assert Op.parse_compute(str(op)) == op
+    for bad in ("F3", "X3@s1", "B@s1", "F3@s", "SEND_F0@s0->s1", ""):
+        with pytest.raises(ValueError, match="is not a compute op's label"):
+            Op.parse_compute(bad)

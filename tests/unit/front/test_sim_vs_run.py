@@ -52,10 +52,10 @@ def test_transfer_medians_of_the_model_and_of_the_measured_iterations() -> None:
 
 def test_compute_lag_of_one_pipeline_in_one_iteration() -> None:
     mod = _module()
-    timeline = [{"kind": "forward", "owner": "train:p0r0", "label": "F0@s0", "start": "100.001", "end": "100.012"},
-                {"kind": "forward", "owner": "train:p0r1", "label": "F0@s1", "start": "100.045", "end": "100.055"},
-                {"kind": "forward", "owner": "train:p1r0", "label": "F0@s0", "start": "100.0", "end": "100.01"},
-                {"kind": "forward", "owner": "train:p0r0", "label": "F0@s0", "start": "101.0", "end": "101.01"}]
+    timeline = [{"kind": "forward", "device": "x-h1-p0r0", "label": "F0@s0", "start": "100.001", "end": "100.012"},
+                {"kind": "forward", "device": "x-h2-p0r1", "label": "F0@s1", "start": "100.045", "end": "100.055"},
+                {"kind": "forward", "device": "x-h3-p1r0", "label": "F0@s0", "start": "100.0", "end": "100.01"},
+                {"kind": "forward", "device": "x-h1-p0r0", "label": "F0@s0", "start": "101.0", "end": "101.01"}]
     rows = mod.compute_rows(_sim(), timeline, 100.0, 100.5, pipeline=0)
     assert [r.label for r in rows] == ["F0@s0", "F0@s1"]  # the next iteration's F0@s0 left out
     assert rows[1].lag_ms == pytest.approx(15.0) and rows[0].run_end_ms == pytest.approx(12.0)

@@ -24,7 +24,8 @@ from testbed_core.variants import REGISTRY, VariantError, allowed_text, help_tex
 
 PAPER_SPEEDUP = 17.0  # arXiv 2411.14458: Atlas up to 17x faster than the baselines it compares with
 # options of the built-in workload model's prediction, refused beside --program (parameter: flag)
-_WORKLOAD_ONLY = {"out_dir": "--out", "gpus_text": "--gpus", "variants": "--variants",
+_WORKLOAD_ONLY = {"workload_path": "--workload", "grid_path": "--grid", "calibration_dir": "--calibration",
+                  "out_dir": "--out", "gpus_text": "--gpus", "variants": "--variants",
                   "baseline_placement": "--baseline-placement", "chunk_tokens": "--chunk-tokens", "guard": "--guard",
                   "no_allreduce": "--no-allreduce"}
 
@@ -90,9 +91,6 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
     if program_dir is not None:
         from testbed.commands.whatif_program import program_whatif
 
-        if workload_path is not None or grid_path is not None or calibration_dir is not None:
-            raise click.UsageError("--program predicts the profiled program itself: drop --workload, --grid and "
-                                   "--calibration")
         ctx = click.get_current_context()
         given = ctx.get_parameter_source("streams") == click.core.ParameterSource.COMMANDLINE
         # the options of the built-in workload's prediction mean nothing for a profiled program:
@@ -100,9 +98,9 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
         ignored = [flag for name, flag in _WORKLOAD_ONLY.items()
                    if ctx.get_parameter_source(name) == click.core.ParameterSource.COMMANDLINE]
         if ignored:
-            raise click.UsageError(f"{', '.join(ignored)} predict the built-in workload model, not a profiled program: "
-                                   "drop them with --program (its own options: --topology, --rtt, --bandwidth, "
-                                   "--hosts, --streams, --command, --transport-cost, --json)")
+            raise click.UsageError(f"{', '.join(ignored)} predict the built-in workload model; --program predicts the "
+                                   "profiled program itself: drop them with --program (its own options: --topology, "
+                                   "--rtt, --bandwidth, --hosts, --streams, --command, --transport-cost, --json)")
         program_whatif(program_dir, topology_path, rtt_text, bandwidth_text, hosts_text, command_text,
                        streams if given else None, as_json, transport_cost)
         return

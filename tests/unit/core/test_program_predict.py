@@ -355,8 +355,10 @@ def test_whatif_program_refusals(tmp_path):
     assert result.exit_code != 0 and "--rtt, --bandwidth, --hosts and --command go with --program DIR" in result.output
     result = run(main, ["whatif", "--program", str(out), "--rtt", "0ms"])
     assert result.exit_code != 0 and "must be more than 0" in result.output
-    result = run(main, ["whatif", "--program", str(out), "--workload", "w.yaml"])
-    assert result.exit_code != 0 and "--program predicts the profiled program itself" in result.output
+    result = run(main, ["whatif", "--program", str(out), "--workload", "w.yaml", "--calibration", str(tmp_path)])
+    assert result.exit_code != 0
+    assert "--workload, --calibration predict the built-in workload model; --program predicts the profiled program " \
+        "itself" in result.output
     result = run(main, ["whatif", "--program", str(out), "--topology", str(ROOT / "topologies" / "1dc-lan.yaml")])
     assert result.exit_code != 0
     assert "rank 1 ran on dc2-h1 in the profile, but" in result.output and "has no host dc2-h1" in result.output
@@ -379,7 +381,7 @@ def test_whatif_program_out_of_range_targets_and_workload_options(tmp_path):
     assert "RTT 200 ms, 10Tbit/s" in result.output
     result = run(main, ["whatif", "--program", str(out), "--gpus", "dc1=1", "--no-allreduce"])
     assert result.exit_code != 0
-    assert "--gpus, --no-allreduce predict the built-in workload model, not a profiled program" in result.output
+    assert "--gpus, --no-allreduce predict the built-in workload model; --program predicts" in result.output
     with pytest.raises(TopologyError, match=r"RTT 0 ms is out of range"):
         retarget(_topology(), 0.0)
 

@@ -20,6 +20,13 @@ starts while it is busy, another transfer on it or its last one ended less than
 link's sustained goodput): only a transfer onto an idle link gets the bucket's burst, as
 the calibration's isolated tensors did.
 
+A channel (an ``exclusive`` resource) may carry a tensor handed over while the one before
+it was still leaving (a backlog: GPipe's forwards, 1F1B's warm-up) at ``backlog_bps``
+rather than its capacity, and with its path's ``backlog_window_bits`` unacknowledged:
+its streams then never run dry, so their windows grow to what the sockets allow and the
+tensors follow each other at what the link and those windows allow, where a tensor
+that finds the channel idle takes the time one tensor alone was measured to take.
+
 With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
 has posted its receive and its notice has reached the sender: the notice is a message
 on the receiver's own connection back to the sender (the opposite channel of the same
@@ -81,6 +88,7 @@ class Path:
     latency_s: float = 0.0
     cap_bps: float = INF
     window_bits: float = INF
+    backlog_window_bits: float | None = None  # a backlogged transfer's window (None: `window_bits`)
 
 
 @dataclass(frozen=True)
@@ -101,6 +109,9 @@ class Resource:
     # ended less than `refill_s` before) moves at most at this rate (None: no such cap)
     busy_bps: float | None = None
     refill_s: float = 0.0
+    # exclusive only: the rate of a transfer handed over while the one before it on this
+    # resource was still leaving (None: `capacity_bps` for every transfer)
+    backlog_bps: float | None = None
 
     def capacity(self, users: int) -> float:
         return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
@@ -220,6 +231,13 @@ class _Flow:
     notice: bool = False  # rendezvous: the receiver's notice for `key`, not its bytes
     hold: float = 0.0  # no bytes move before this: the channel's window is still full
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
+    backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
+    unacked: bool = False  # handed over before the first window of the one before it was acknowledged
+
+    @property
+    def window_bits(self) -> float:
+        w = self.path.backlog_window_bits
+        return w if self.unacked and w is not None else self.path.window_bits
 
     @property
     def ident(self) -> tuple[TransferKey, bool]:
@@ -284,6 +302,7 @@ class _Sim:
         # per channel: (when its last window is acknowledged, bits of it) of finished transfers
         self.unacked: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
         self.last_end: dict[str, float] = {}  # per resource: when its last transfer's last byte left
+        self.last_start: dict[str, float] = {}  # per backlog resource: when its last transfer's first byte left
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")
@@ -377,8 +396,15 @@ class _Sim:
                 if not started:
                     self.progress(t)
                 started = True
+                queued = [n for n in flow.path.resources
+                          if self._exclusive(n) and self.spec.resources[n].backlog_bps is not None]
+                flow.backlogged = not flow.notice and any(flow.ready < self.last_end.get(n, -INF) for n in queued)
+                flow.unacked = not flow.notice and any(
+                    flow.ready < self.last_start.get(n, -INF) + 2 * flow.path.latency_s for n in queued)
                 flow.start = flow.hold = self._window_free(flow, t)
                 flow.cap = self._busy_cap(flow)
+                for n in queued:
+                    self.last_start[n] = flow.start
                 for name in flow.path.resources:
                     if self._exclusive(name):
                         self.holder[name] = flow.ident
@@ -396,7 +422,7 @@ class _Sim:
         """When `flow`'s first bytes may leave: `t`, or later where earlier transfers on
         its channel still hold more of the window than leaves room for it (its first
         window: all of it, up to the channel's window)."""
-        window = flow.path.window_bits
+        window = flow.window_bits
         if flow.notice or window == INF:
             return t
         key = (flow.key.pipeline, flow.key.boundary, flow.key.direction)
@@ -446,6 +472,12 @@ class _Sim:
             for name in f.path.resources:
                 users[name] = users.get(name, 0) + 1
         caps = {name: res.capacity(users.get(name, 0)) for name, res in self.spec.resources.items()}
+        for f in flows:  # an exclusive resource has one transfer on it: its rate is that one's
+            if f.backlogged:
+                for name in f.path.resources:
+                    backlog = self.spec.resources[name].backlog_bps
+                    if backlog is not None and self._exclusive(name):
+                        caps[name] = backlog
         rates = max_min_rates([(min(f.path.cap_bps, f.cap), f.path.resources) for f in flows], caps)
         nxt = INF
         for f, rate in zip(flows, rates, strict=True):
@@ -467,10 +499,10 @@ class _Sim:
         done = [f for f in self.active.values() if f.hold <= t and f.left <= 1e-9 * f.bits + 1e-6]
         for f in done:
             del self.active[f.ident]
-            if not f.notice and f.path.window_bits != INF:
+            if not f.notice and f.window_bits != INF:
                 # its last window's bytes left over the last bits / rate seconds and are
                 # acknowledged a round trip after each left: the window frees from then on
-                last = min(f.bits, f.path.window_bits)
+                last = min(f.bits, f.window_bits)
                 sent = max(f.hold, t - last / f.rate) if 0 < f.rate < INF else t
                 self.unacked.setdefault((f.key.pipeline, f.key.boundary, f.key.direction), []).append(
                     (sent + 2 * f.path.latency_s, last))

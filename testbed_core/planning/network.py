@@ -159,12 +159,21 @@ class WanPath:
     # which the measured rate of one transfer does not show (simulate.Path.window_bits)
     window_bytes: float = math.inf
     measured: bool = False
+    # one stream's window where its tensors come back to back (never capped to stripes of
+    # one tensor: `stripe_window`); inf: as `window_bytes`
+    backlog_window_bytes: float = math.inf
 
     @property
     def window_bits(self) -> float:
         """What the channel may have unacknowledged, where its rate was measured (the
         window model's rate, window / RTT, already holds it to that)."""
         return self.streams * self.window_bytes * 8 if self.measured else math.inf
+
+    @property
+    def backlog_window_bits(self) -> float:
+        """What the channel may have unacknowledged while its tensors come back to back:
+        its streams' whole windows (inf where its rate is the window model's)."""
+        return self.streams * self.backlog_window_bytes * 8 if self.measured else math.inf
 
     @property
     def rtt_s(self) -> float:
@@ -252,10 +261,11 @@ def wan_path(
     if loss > 0 and rtt > 0 and transfer_bytes:  # the short-transfer model replaces Mathis's long flow
         flow = min(unlossy, lossy_flow_rate(float(transfer_bytes), n, rtt, loss, window, bottleneck,
                                             net.slow_start_after_idle, net.lossy_history, net.paced))
+    whole = window
     if net.stripe_windows and transfer_bytes and loss <= 0:
         window = min(window, stripe_window(float(transfer_bytes), n))
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
-                   latency, bottleneck, flow, n, window, measured is not None)
+                   latency, bottleneck, flow, n, window, measured is not None, whole)
 
 
 STRIPE_WINDOW = 2.0

@@ -214,7 +214,12 @@ def build_spec(
                         rate, crowded_bps=crowded, hold_factor=max(hold, before.hold_factor if before else 1.0),
                         busy_bps=None if line is None else sustained_bps(line),
                         refill_s=0.0 if line is None else refill_s(line))
-                resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive")
+                # a tensor that finds its channel idle: the measured time of one alone; one
+                # handed over behind another (a backlog): at the link's rate, within the
+                # streams' whole windows (simulate.py, `Resource.backlog_bps`)
+                backlog = wp.measured and wp.streams > 1 and not lossy_between(topology, a, z)
+                resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",
+                                           backlog_bps=wp.bottleneck_bps if backlog else None)
                 if net.unpaced_bursts:
                     # (a lossy route's tensors keep the loss model's rounds: planning/lossy.py)
                     fits = nbytes[b] <= wp.streams * wp.window_bytes and not lossy_between(topology, a, z)
@@ -222,7 +227,8 @@ def build_spec(
                         resources[chan] = Resource(wp.bottleneck_bps, "exclusive")
                     for name in wp.resources:
                         bursts[name] = bursts.get(name, True) and fits
-                paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits)
+                paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits,
+                                                backlog_window_bits=wp.backlog_window_bits if backlog else None)
     for name, only_bursts in bursts.items():
         if only_bursts:  # first come, first served: a burst waits whole behind the one before it
             resources[name] = replace(resources[name], policy="exclusive")

@@ -225,6 +225,42 @@ def test_a_channel_waits_for_its_window_before_the_next_transfer() -> None:
     assert one.makespan > wide.makespan + 0.15
 
 
+def test_a_backlogged_channel_moves_at_its_backlog_rate_within_its_whole_window() -> None:
+    """GPipe's forwards reach the channel back to back: the first finds it idle and takes
+    one tensor's measured time (200 Mbit/s: 40 ms); the two handed over while it was
+    leaving follow at the link's rate (1 Gbit/s: 8 ms each), their window the streams'
+    whole one rather than the stripe window that would hold them a round trip."""
+    spec = _window_spec(1_000_000)
+    spec.resources = {k: Resource(2e8, "exclusive", backlog_bps=1e9) for k in spec.resources}
+    spec.paths = {k: NetPath(p.resources, p.latency_s, window_bits=p.window_bits, backlog_window_bits=3e6 * 8)
+                  for k, p in spec.paths.items()}
+    res = simulate(spec)
+    spans = [res.transfer(TransferKey(0, 0, m, "fwd")) for m in range(3)]
+    assert spans[0].end - spans[0].start == pytest.approx(0.04)
+    assert [s.start for s in spans[1:]] == pytest.approx([spans[0].end, spans[0].end + 0.008])
+    assert spans[2].end - spans[2].start == pytest.approx(0.008)
+    # without a backlog rate every tensor takes one alone's time, and the stripe window
+    # (one tensor) makes each wait for the round trip of the one before
+    plain = _window_spec(1_000_000)
+    plain.resources = {k: Resource(2e8, "exclusive") for k in plain.resources}
+    slow = simulate(plain)
+    assert slow.transfer(TransferKey(0, 0, 2, "fwd")).start - slow.transfer(TransferKey(0, 0, 1, "fwd")).start \
+        == pytest.approx(0.08)
+    assert slow.makespan > res.makespan + 0.1
+
+
+def test_a_tensor_that_finds_its_channel_idle_is_not_backlogged() -> None:
+    """1F1B's steady state: each tensor is handed over after the one before has left, so
+    the backlog rate never applies (each takes one alone's time)."""
+    s = build_schedule("1f1b", 2, 3)
+    paths = {(0, 0, d): NetPath((f"c-{d}",), 0.04) for d in ("fwd", "bwd")}
+    res = {f"c-{d}": Resource(1e9, "exclusive", backlog_bps=1e10) for d in ("fwd", "bwd")}
+    spec = SimSpec(s, 1, [0.05, 0.05], [0.1, 0.1], [1_000_000], [1_000_000], paths, res)
+    got = simulate(spec)
+    for t in got.transfers:
+        assert t.end - t.start == pytest.approx(0.008)
+
+
 def test_contradictory_plan_is_reported() -> None:
     # 1F1B, p=2, m=3: stage 0 sends activation 2 only after backward 0, which needs
     # activation 0 to have crossed; a plan putting activation 2 first cannot run.

@@ -203,7 +203,7 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
         return {}
     channels: dict[tuple[str, str], int] = {}
     for d, b in placement.wan_boundaries():
-        a, z = placement.dc_of(d, b), placement.dc_of(d, b + 1)
+        a, z = placement.dc_of(d, b), placement.dc_of(d, placement.next_stage(b))
         for way in ((a, z), (z, a)):
             channels[way] = channels.get(way, 0) + 1
     caps: dict[tuple[str, str], int] = {}

@@ -18,7 +18,7 @@ turns it into the strategy `place` runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 from testbed_core.topology import Topology, shortest_path
@@ -58,6 +58,17 @@ class Placement:
     stage_dc: tuple[tuple[str, ...], ...]  # [pipeline][stage] -> DC
     hosts: dict[tuple[int, int], tuple[str, ...]]  # (pipeline, stage) -> its tp hosts, "dc-host"
     free: dict[str, int]
+    # an interleaved schedule's chunks (chunks > 1) also go from the last stage back to the
+    # first: one more boundary, pp-1 -> 0 (`with_chunks`)
+    wrap: bool = False
+
+    def with_chunks(self, chunks: int) -> Placement:
+        """This placement for a schedule of `chunks` model chunks per stage."""
+        return replace(self, wrap=chunks > 1)
+
+    def next_stage(self, boundary: int) -> int:
+        """The stage after `boundary`'s upstream stage (0 after the last, where `wrap`)."""
+        return (boundary + 1) % self.pp
 
     def dc_of(self, pipeline: int, stage: int) -> str:
         return self.stage_dc[pipeline][stage]
@@ -75,12 +86,14 @@ class Placement:
 
     def wan_boundaries(self) -> Iterator[tuple[int, int]]:
         """(pipeline, boundary) of every pipeline boundary whose two stages sit in
-        different DCs, pipeline by pipeline, boundaries in order: the one enumeration of
-        WAN crossings that `crossings` and the calibration's paths
+        different DCs, pipeline by pipeline, boundaries in order (boundary b: stage b to
+        `next_stage(b)`; with `wrap`, pp-1 to 0 last): the one enumeration of WAN
+        crossings that `crossings` and the calibration's paths
         (testbed_core/planning/wan_paths.py) are derived from."""
+        last = self.pp if self.wrap and self.pp > 1 else self.pp - 1
         for d, row in enumerate(self.stage_dc):
-            for b in range(self.pp - 1):
-                if row[b] != row[b + 1]:
+            for b in range(last):
+                if row[b] != row[self.next_stage(b)]:
                     yield d, b
 
     def replica_pairs(self) -> Iterator[tuple[int, str, str]]:
@@ -96,7 +109,7 @@ class Placement:
         pipelines that cross there."""
         found: dict[tuple[int, str, str], list[int]] = {}
         for d, b in self.wan_boundaries():
-            found.setdefault((b, self.dc_of(d, b), self.dc_of(d, b + 1)), []).append(d)
+            found.setdefault((b, self.dc_of(d, b), self.dc_of(d, self.next_stage(b))), []).append(d)
         out = []
         for (b, src, dst), pipes in sorted(found.items()):
             path = tuple(shortest_path(src, dst, topology.wan)) if topology else (src, dst)

@@ -424,7 +424,7 @@ def predict(
     free = free if free is not None else free_gpus(topology, gpus_per_host)
     if placement is None:
         placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement,
-                          hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host)
+                          hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host).with_chunks(par.chunks)
     spec, paths = build_spec(topology, workload, placement, variant, eff, net)
     # tensors handed to a multi-stream channel back to back cross side by side
     # (testbed_core/planning/interleave.py), unless the channels spread each evenly

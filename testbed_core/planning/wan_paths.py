@@ -39,11 +39,11 @@ def pipeline_crossings(placement: Placement) -> Crossings:
     out: Crossings = {}
     seen: set[tuple[int, DcPair]] = set()
     for d, s in placement.wan_boundaries():
-        key = path_key(out, placement.dc_of(d, s), placement.dc_of(d, s + 1))
+        key = path_key(out, placement.dc_of(d, s), placement.dc_of(d, placement.next_stage(s)))
         if (d, key) in seen:
             continue
         seen.add((d, key))
-        out.setdefault(key, []).append((placement.hosts[(d, s)][0], placement.hosts[(d, s + 1)][0]))
+        out.setdefault(key, []).append((placement.hosts[(d, s)][0], placement.hosts[(d, placement.next_stage(s))][0]))
     return out
 
 

@@ -263,6 +263,24 @@ def test_the_crossings_follow_each_pipelines_first_boundary_across(tmp_path: Pat
     assert pipeline_crossings(setup.placement) == {("dc1", "dc2"): [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")]}
 
 
+def test_an_interleaved_schedule_also_crosses_from_its_last_stage_back_to_its_first(tmp_path: Path) -> None:
+    """With chunks, the last stage hands each chunk back to the first: on three DCs in a
+    row (stages mid, big, small) that is a third WAN path, small -> mid, which the
+    calibration probes and the planner's rates cover like the others; 1F1B crosses two."""
+    changes = {"parallelism__pp": 3, "parallelism__num_micro_batches": 6}
+    setup, _, _ = jobs_for(tmp_path, "baseline", "3dc-unequal.yaml", parallelism__schedule="interleaved-1f1b",
+                           parallelism__chunks=2, **changes)
+    placement = setup.placement
+    assert placement.stage_dc[0] == ("mid", "big", "small")
+    assert placement.wrap and placement.next_stage(2) == 0
+    assert [(c.boundary, c.src, c.dst) for c in placement.crossings()] == [
+        (0, "mid", "big"), (1, "big", "small"), (2, "small", "mid")]
+    assert list(pipeline_crossings(placement)) == [("mid", "big"), ("big", "small"), ("small", "mid")]
+    plain, _, _ = jobs_for(tmp_path, "baseline", "3dc-unequal.yaml", **changes)
+    assert not plain.placement.wrap
+    assert list(pipeline_crossings(plain.placement)) == [("mid", "big"), ("big", "small")]
+
+
 def test_pp1_has_no_boundary_and_is_refused_by_name(tmp_path: Path) -> None:
     with pytest.raises(RunnerError, match="same rank"):
         jobs_for(tmp_path, "baseline", parallelism__pp=1, parallelism__schedule="interleaved-1f1b",

@@ -105,8 +105,12 @@ def run_worker(
     *,
     owner: str | None = None,
     start_at: float | None = None,
+    flush: bool = True,
 ) -> list[WorkRecord]:
-    """Run one worker's op list; returns its device records (in order)."""
+    """Run one worker's op list; returns its device records (in order). With `flush`
+    (the default) it returns once every send was delivered (`Comm.flush`); without, the
+    caller flushes later (a training worker starts its DP ring first, as a framework's
+    all-reduce does not wait for the pipeline's last send to be acknowledged)."""
     owner = owner or f"train:p{pipeline}r{rank}"
     if start_at is not None:
         while (left := start_at - time.time()) > 0:
@@ -133,7 +137,8 @@ def run_worker(
             )
             outbox[box] = rec.result
             records.append(rec)
-    comm.flush()
+    if flush:
+        comm.flush()
     return records
 
 

@@ -126,8 +126,11 @@ def run_train(job: TrainJob) -> None:
                     publish_slots(publisher, job, i, at)
                 if live is not None:
                     live.scheduled(i, at + job.offset_s)
+                # the ring starts at the last backward and the pipeline's sends are confirmed
+                # after it: a DP all-reduce does not wait for the stage before to acknowledge
+                # the last gradient (a WAN latency after it arrived)
                 records = run_worker(schedule, job.rank, job.pipeline, device, driver, work,
-                                     owner=owner, start_at=at + job.offset_s)
+                                     owner=owner, start_at=at + job.offset_s, flush=ring is None)
                 loss, allreduce_s = None, None
                 if ring is not None or gloo_buffer is not None:
                     if live is not None:
@@ -137,6 +140,8 @@ def run_train(job: TrainJob) -> None:
                     else:
                         allreduce_s = gloo_allreduce(gloo_group, job.dp.grad_bytes, job.dp.bucket_bytes, gloo_buffer)
                     ring_end = time.time()
+                if ring is not None:
+                    driver.flush()
                 if real is not None:  # DP gradient average (network), then the step on the device
                     if live is not None:
                         live.busy()

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from testbed.training.executor import LocalComm, ModelledWork, run_local
+from testbed.training.executor import LocalComm, ModelledWork, run_local, run_worker
 from testbed_core.device_records import WorkRecord, busy_time
 from testbed_core.schedules import build_schedule
 from testbed_core.simulate import TransferKey
@@ -80,3 +80,20 @@ def test_executor_passes_tensors_along_the_pipeline(tmp_path: Path) -> None:
     got = dict(seen)
     assert got[TransferKey(0, 1, 1, "fwd")] == 1 + 1 + 1  # mb 1 through stages 0 and 1
     assert got[TransferKey(0, 0, 0, "bwd")] == 100 * 2 * 2  # gradient through stages 2 and 1
+
+
+def test_a_worker_flushes_its_sends_unless_its_caller_will(tmp_path: Path) -> None:
+    """`run_worker` ends with `Comm.flush` by default; a training worker that runs its DP
+    ring first passes flush=False and flushes after the ring (testbed/training/worker/train.py)."""
+    flushed = []
+
+    class Counting(LocalComm):
+        def flush(self) -> None:
+            flushed.append(1)
+
+    sched = build_schedule("1f1b", 1, 2)
+    device = Device("solo", tmp_path)
+    run_worker(sched, 0, 0, device, Counting(), ModelledWork([0.0], [0.0]))
+    assert flushed == [1]
+    run_worker(sched, 0, 0, device, Counting(), ModelledWork([0.0], [0.0]), flush=False)
+    assert flushed == [1]

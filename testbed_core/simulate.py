@@ -22,10 +22,11 @@ the calibration's isolated tensors did.
 
 A channel (an ``exclusive`` resource) may carry a tensor handed over while the one before
 it was still leaving (a backlog: GPipe's forwards, 1F1B's warm-up) at ``backlog_bps``
-rather than its capacity, and with its path's ``backlog_window_bits`` unacknowledged:
-its streams then never run dry, so their windows grow to what the sockets allow and the
-tensors follow each other at what the link and those windows allow, where a tensor
-that finds the channel idle takes the time one tensor alone was measured to take.
+rather than its capacity, and one handed over before the one before it was acknowledged
+(a round trip after it began to leave) with its path's ``backlog_window_bits``
+unacknowledged: the streams never run dry, so their windows grow to what the sockets
+allow and the tensors follow each other at what the link and those windows allow, where
+a tensor that finds the channel idle takes the time one tensor alone was measured to take.
 
 With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
 has posted its receive and its notice has reached the sender: the notice is a message

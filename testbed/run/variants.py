@@ -242,7 +242,7 @@ def variant_placement(definition: VariantDef, scenario: Scenario, workload: Work
     par = workload.parallelism
     hosts = {dc.name: list(dc.hosts) for dc in topo.dcs}
     if strategy != SEARCH:
-        return place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts).with_chunks(par.chunks)
+        return place(free_gpus(topo), par.pp, par.dp, par.tp, strategy=strategy, hosts=hosts, chunks=par.chunks)
     streams = choose_streams(definition, scenario.transport.streams, None, None, None)
     sharing = requested_sharing(definition, scenario.runner.atlas_sharing)
     allreduce = par.dp > 1 and scenario.runner.dp_allreduce
@@ -252,7 +252,7 @@ def variant_placement(definition: VariantDef, scenario: Scenario, workload: Work
         scored = Variant(definition.name, streams, sharing, SEARCH, fill_link=definition.streams == "fill-link")
         _searched[key] = search_placement(topo, workload, scored, predictor=fast_predict, hosts=hosts,
                                           base_dir=scenario.workload_dir,
-                                          net=NetParams(allreduce=allreduce)).placement.with_chunks(par.chunks)
+                                          net=NetParams(allreduce=allreduce)).placement
     return _searched[key]
 
 

@@ -18,7 +18,7 @@ turns it into the strategy `place` runs.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from testbed_core.topology import Topology, shortest_path
@@ -58,13 +58,9 @@ class Placement:
     stage_dc: tuple[tuple[str, ...], ...]  # [pipeline][stage] -> DC
     hosts: dict[tuple[int, int], tuple[str, ...]]  # (pipeline, stage) -> its tp hosts, "dc-host"
     free: dict[str, int]
-    # an interleaved schedule's chunks (chunks > 1) also go from the last stage back to the
-    # first: one more boundary, pp-1 -> 0 (`with_chunks`)
+    # an interleaved schedule's chunks (`place`'s chunks > 1) also go from the last stage
+    # back to the first: one more boundary, pp-1 -> 0
     wrap: bool = False
-
-    def with_chunks(self, chunks: int) -> Placement:
-        """This placement for a schedule of `chunks` model chunks per stage."""
-        return replace(self, wrap=chunks > 1)
 
     def next_stage(self, boundary: int) -> int:
         """The stage after `boundary`'s upstream stage (0 after the last, where `wrap`)."""
@@ -150,8 +146,10 @@ def place(
     strategy: str = "atlas",
     hosts: dict[str, list[str]] | None = None,
     gpus_per_host: int = 1,
+    chunks: int = 1,
 ) -> Placement:
-    """Place `pp` stages of `dp` pipelines (each stage `tp` GPUs) on DCs with `free` GPUs.
+    """Place `pp` stages of `dp` pipelines (each stage `tp` GPUs) on DCs with `free` GPUs;
+    `chunks` model chunks per stage (an interleaved schedule's: the placement's `wrap`).
 
     Strategies: ``atlas`` (largest DC first, consecutive stages, floor(free/(tp*dp))
     per DC), ``in-order`` (the same in the listed DC order), ``even`` (stages spread
@@ -210,15 +208,17 @@ def place(
     else:
         raise PlacementError(f"unknown placement strategy {strategy!r} (allowed: {', '.join(STRATEGIES)}, "
                              f"or {SEARCH} through search_placement)")
-    return Placement(strategy, pp, dp, tp, tuple(rows), _assign_hosts(rows, tp, hosts, gpus_per_host), dict(free))
+    return Placement(strategy, pp, dp, tp, tuple(rows), _assign_hosts(rows, tp, hosts, gpus_per_host), dict(free),
+                     chunks > 1)
 
 
 def from_rows(strategy: str, rows: list[tuple[str, ...]], free: dict[str, int], tp: int,
-              hosts: dict[str, list[str]] | None = None, gpus_per_host: int = 1) -> Placement:
+              hosts: dict[str, list[str]] | None = None, gpus_per_host: int = 1, chunks: int = 1) -> Placement:
     """A placement of the given stage rows (one per pipeline), with hosts assigned as
-    `place` assigns them; the caller has checked that the rows fit `free`."""
+    `place` assigns them (and `chunks` as it takes them); the caller has checked that the
+    rows fit `free`."""
     return Placement(strategy, len(rows[0]), len(rows), tp, tuple(rows), _assign_hosts(rows, tp, hosts, gpus_per_host),
-                     dict(free))
+                     dict(free), chunks > 1)
 
 
 def _assign_hosts(

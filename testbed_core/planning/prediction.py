@@ -217,12 +217,13 @@ def build_spec(
                 # a tensor that finds its channel idle: the measured time of one alone; one
                 # handed over behind another (a backlog): at the link's rate, within the
                 # streams' whole windows (simulate.py, `Resource.backlog_bps`)
-                backlog = wp.measured and wp.streams > 1 and not lossy_between(topology, a, z)
+                lossy = lossy_between(topology, a, z)
+                backlog = wp.measured and wp.streams > 1 and not lossy
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",
                                            backlog_bps=wp.bottleneck_bps if backlog else None)
                 if net.unpaced_bursts:
                     # (a lossy route's tensors keep the loss model's rounds: planning/lossy.py)
-                    fits = nbytes[b] <= wp.streams * wp.window_bytes and not lossy_between(topology, a, z)
+                    fits = nbytes[b] <= wp.streams * wp.window_bytes and not lossy
                     if fits:  # one burst: at the link's rate, however the channel was timed paced
                         resources[chan] = Resource(wp.bottleneck_bps, "exclusive")
                     for name in wp.resources:
@@ -424,7 +425,8 @@ def predict(
     free = free if free is not None else free_gpus(topology, gpus_per_host)
     if placement is None:
         placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement,
-                          hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host).with_chunks(par.chunks)
+                          hosts={dc.name: list(dc.hosts) for dc in topology.dcs}, gpus_per_host=gpus_per_host,
+                          chunks=par.chunks)
     spec, paths = build_spec(topology, workload, placement, variant, eff, net)
     # tensors handed to a multi-stream channel back to back cross side by side
     # (testbed_core/planning/interleave.py), unless the channels spread each evenly

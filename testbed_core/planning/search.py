@@ -212,7 +212,8 @@ def search_placement(
     free = free if free is not None else free_gpus(topology, gpus_per_host)
     if hosts is None:
         hosts = {dc.name: list(dc.hosts) for dc in topology.dcs if dc.hosts} or None
-    heuristic = place(free, par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts, gpus_per_host=gpus_per_host)
+    heuristic = place(free, par.pp, par.dp, par.tp, strategy="atlas", hosts=hosts, gpus_per_host=gpus_per_host,
+                      chunks=par.chunks)
     space = count_candidates(free, par.pp, par.dp, par.tp)
     start = clock()
     scored: list[tuple[Row, float]] = []
@@ -229,7 +230,7 @@ def search_placement(
             stopped_by = "seconds"
             break
         seen.add(row)
-        candidate = from_rows(SEARCH, [row] * par.dp, free, par.tp, hosts, gpus_per_host)
+        candidate = from_rows(SEARCH, [row] * par.dp, free, par.tp, hosts, gpus_per_host, par.chunks)
         t = predictor(topology, workload, variant, free=free, gpus_per_host=gpus_per_host, net=net,
                       placement=candidate, effective=eff).iteration_time_s
         scored.append((row, t))
@@ -239,7 +240,7 @@ def search_placement(
     assert best is not None  # the heuristic's row is always scored first
     ranked = sorted(scored, key=lambda item: item[1])[:KEEP]
     return SearchResult(
-        placement=from_rows(SEARCH, [best[0]] * par.dp, free, par.tp, hosts, gpus_per_host),
+        placement=from_rows(SEARCH, [best[0]] * par.dp, free, par.tp, hosts, gpus_per_host, par.chunks),
         iteration_time_s=best[1], heuristic=heuristic, heuristic_time_s=scored[0][1],
         evaluated=len(scored), space=space, budget=budget, stopped_by=stopped_by, elapsed_s=elapsed,
         ranked=ranked,

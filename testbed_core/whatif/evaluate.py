@@ -134,9 +134,9 @@ def _predict_variant(topology: Topology, workload: Workload, definition: Variant
         return fast_predict(topology, workload, variant, free=free, net=net, effective=eff, hold=hold, plan_margin=plan_margin, wire=wire)
     par = workload.parallelism
     free = free if free is not None else free_gpus(topology)
-    own = place(free, par.pp, par.dp, par.tp, strategy=variant.placement)
+    own = place(free, par.pp, par.dp, par.tp, strategy=variant.placement, chunks=par.chunks)
     try:
-        other = place(free, par.pp, par.dp, par.tp, strategy=baseline_placement)
+        other = place(free, par.pp, par.dp, par.tp, strategy=baseline_placement, chunks=par.chunks)
     except PlacementError:
         other = None
     if other is None or other.stage_dc == own.stage_dc:

@@ -421,7 +421,7 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
     if placement is None:
         hosts = {dc.name: list(dc.hosts) for dc in topology.dcs if dc.hosts}
         placement = place(free, par.pp, par.dp, par.tp, strategy=variant.placement, hosts=hosts or None,
-                          gpus_per_host=gpus_per_host)
+                          gpus_per_host=gpus_per_host, chunks=par.chunks)
     sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
     compiled = Compiled.of(sched)
     fwd, bwd = list(eff.stage_forward_s), list(eff.stage_backward_s)

@@ -84,6 +84,10 @@ def test_other_strategies() -> None:
     assert place(free, 4, strategy="even").stage_dc[0] == ("a", "a", "b", "c")
     assert place(free, 4, strategy="round-robin").stage_dc[0] == ("a", "b", "c", "a")
     assert len(place(free, 4, strategy="round-robin").crossings()) == 3
+    # with chunks the last stage hands each back to the first: "even"'s c -> a is a third crossing
+    assert [(c.src, c.dst) for c in place(free, 4, strategy="even", chunks=2).crossings()] == [
+        ("a", "b"), ("b", "c"), ("c", "a")]
+    assert len(place(free, 4, strategy="even").crossings()) == 2
     dp = place({"a": 2, "b": 4, "c": 2}, 2, dp=3, strategy="dp-across")
     assert [row[0] for row in dp.stage_dc] == ["b", "a", "b"]  # whole pipelines, most free GPUs left first
     assert dp.crossings() == []

@@ -198,6 +198,9 @@ class Placement(_Doc):
     used_gpus: dict[str, int]  # GPUs used per DC
     stage_dc: list[list[str]]  # per pipeline, the DC of each stage
     hosts: dict[str, list[str]]  # per p<pipeline>s<stage>, the hosts that run it
+    # an interleaved schedule's chunks also go from the last stage back to the first (its
+    # boundary pp-1 -> 0 is among `wan_crossings` where those two stages sit in different DCs)
+    wrap: bool = False
     wan_crossings: list[Crossing]  # every stage boundary whose tensors cross the WAN
 
 

@@ -165,15 +165,20 @@ class WanPath:
 
     @property
     def window_bits(self) -> float:
-        """What the channel may have unacknowledged, where its rate was measured (the
-        window model's rate, window / RTT, already holds it to that)."""
-        return self.streams * self.window_bytes * 8 if self.measured else math.inf
+        """What the channel may have unacknowledged (`_unacked_bits` of one stream's window)."""
+        return self._unacked_bits(self.window_bytes)
 
     @property
     def backlog_window_bits(self) -> float:
         """What the channel may have unacknowledged while its tensors come back to back:
-        its streams' whole windows (inf where its rate is the window model's)."""
-        return self.streams * self.backlog_window_bytes * 8 if self.measured else math.inf
+        its streams' whole windows (`_unacked_bits`)."""
+        return self._unacked_bits(self.backlog_window_bytes)
+
+    def _unacked_bits(self, stream_window_bytes: float) -> float:
+        """The channel's streams' windows of `stream_window_bytes` each, in bits, where its
+        rate was measured; inf where its rate is the window model's (window / RTT already
+        holds it to that)."""
+        return self.streams * stream_window_bytes * 8 if self.measured else math.inf
 
     @property
     def rtt_s(self) -> float:

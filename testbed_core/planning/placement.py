@@ -120,6 +120,7 @@ class Placement:
             "used_gpus": self.used(),
             "stage_dc": [list(row) for row in self.stage_dc],
             "hosts": {f"p{d}s{s}": list(h) for (d, s), h in sorted(self.hosts.items())},
+            "wrap": self.wrap,
             "wan_crossings": [c.to_json() for c in self.crossings(topology)],
         }
 

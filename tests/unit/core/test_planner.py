@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from testbed_core.constants import RMEM_FRACTION
+from testbed_core.contracts.summary import Placement as SummaryPlacement
 from testbed_core.planning.network import NetParams, wan_path
 from testbed_core.planning.placement import PlacementError, free_gpus, place
 from testbed_core.planning.prediction import Variant, choose_sharing, predict
@@ -88,6 +89,10 @@ def test_other_strategies() -> None:
     assert [(c.src, c.dst) for c in place(free, 4, strategy="even", chunks=2).crossings()] == [
         ("a", "b"), ("b", "c"), ("c", "a")]
     assert len(place(free, 4, strategy="even").crossings()) == 2
+    # the record says so, and a summary reads it back (testbed_core/contracts/summary.py)
+    record = place(free, 4, strategy="even", chunks=2).to_json()
+    assert record["wrap"] is True and place(free, 4, strategy="even").to_json()["wrap"] is False
+    assert SummaryPlacement.model_validate(record).wrap is True
     dp = place({"a": 2, "b": 4, "c": 2}, 2, dp=3, strategy="dp-across")
     assert [row[0] for row in dp.stage_dc] == ["b", "a", "b"]  # whole pipelines, most free GPUs left first
     assert dp.crossings() == []

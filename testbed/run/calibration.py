@@ -96,19 +96,20 @@ __all__ = ["PROBE_WARMUP", "Calibration", "ChannelState", "PathCalibration", "Pr
            "calibrate_turns", "calibrate_variants", "calibrate_verify", "calibrate_wan_rings", "effective_rate",
            "probe_caps", "run_channels", "variant_caps"]
 
-ALONE_MAX_UNTIMED = 16
+ALONE_MAX_UNTIMED = 8
 """The alone probe's (`calibrate`) untimed tensors a channel at most, where the run's
 channels carry more in their warm-up iterations: its channel is used more as a run's
 boundary channel is before the run's timed iterations than with TURNS_MAX_UNTIMED, at
 the price of a longer probe (a window-limited one-stream channel pays a whole tensor's
-round trips for each). 16: two warm-up iterations of 8 micro-batches, most scenarios'
-warm-up. With 8 (before 2026-12-06), the one-stream channel on 4dc-regions' 201 ms path
-was still warming when timed (150, 150, 133, 133 ms a 1 MiB tensor) while the run's
-tensors took 133.7 ms (results/held-back/README.md). Where a stream's window is near
-its stripe of a tensor, a channel moves a tensor in one round trip more or fewer, and
-which one a channel settles in differs from one channel to the next: neither more
-untimed tensors nor the two-way channel make the reading certain there
-(results/probe-rtt200/, docs/results/sweep-rtt.md)."""
+round trips for each). Where a stream's window is near its stripe of a tensor, a
+channel moves a tensor in one round trip more or fewer, and which one a channel settles
+in differs from one channel to the next: neither more untimed tensors nor the two-way
+channel make the reading certain there (results/probe-rtt200/, docs/results/sweep-rtt.md).
+16 (two warm-up iterations of 8 micro-batches, 7531158) was tried on every shipped
+scenario and on 4dc-regions: no reading moved beyond its scatter, and calibrations took
+0-20 s longer. The one-stream reading on 4dc-regions' 201 ms path (150 ms forward, 133
+back) is the probe's direction, not a channel still warming: it reads so after 16 too,
+while the run's tensors take 133-134 ms both ways (results/held-back/README.md)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link

@@ -33,6 +33,12 @@ from testbed_core.variants import sort_key
 TOLERANCE = 0.05
 """The error (either way) a prediction may have and count as within: issue 40's 5%."""
 
+WARMING = 0.2
+"""A variant's first measured iteration this much or more above the median of its other
+measured ones counts as still warming up (`first_excess`): the run's warm-up iterations
+did not bring its channels to their steady state, and its mean counts one that had not
+(4dc-regions under GPipe, 8 streams over 201 ms: 1.60 s, then 1.12 and 1.10)."""
+
 SUMMARY_NAME = "summary.json"
 SUMMARY_SUFFIXES = (".summary.json", "-summary.json")
 """Files read: a run folder's summary.json, or a kept copy named ``<name>.summary.json``
@@ -69,6 +75,16 @@ class PredictionRow:
     # the run's own CPU over the same time, in cores (workers, agents, runner, delay lines):
     # near the machine's cores, the emulator's own work shapes the times it measures
     run_cores: float | None = None
+    # how far the first measured iteration stands above the median of the others
+    # (first / median - 1; None with fewer than 3 measured, or with faults injected)
+    first_excess: float | None = None
+    # the error with the first measured iteration left out (None where first_excess is)
+    error_without_first: float | None = None
+
+    @property
+    def warming(self) -> bool:
+        """The first measured iteration was still warming up (WARMING)."""
+        return self.first_excess is not None and self.first_excess >= WARMING - 1e-9
 
 
 @dataclass
@@ -111,6 +127,14 @@ class PredictionTable:
                      + "\n".join(f"{r.source} {r.variant}: {r.chance_low_s:.3f}-{r.chance_high_s:.3f} s, measured "
                                   f"{r.measured_s:.3f}: {'inside' if r.chance_low_s <= r.measured_s <= r.chance_high_s else 'outside'}"
                                   for r in chance))
+        warming = [r for r in self.rows if r.warming]
+        if warming:
+            foot += ("\n\nstill warming up: the first measured iteration stands well above the others "
+                     f"({WARMING:.0%} or more over their median), so the run's warm-up iterations did not bring "
+                     "its channels to a steady state and its mean counts one that had not (raise "
+                     "workload.warmup); the error without that iteration beside it:\n"
+                     + "\n".join(f"{r.source} {r.variant}: first +{r.first_excess:.0%} over the rest, error "
+                                  f"{r.error:+.1%}, without it {r.error_without_first:+.1%}" for r in warming))
         return format_table(headers, body) + "\n\n" + foot
 
     def write(self, folder: Path) -> tuple[Path, Path]:
@@ -184,6 +208,8 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
             measured = float(entry.headline("iteration_time_s"))
             predicted = entry.predicted_iteration_time_s
             error = measured / predicted - 1
+            first = first_excess(entry.iteration_times_s) if not fault_note(summary, variant, entry) else None
+            rest = entry.iteration_times_s[1:]
             table.rows.append(PredictionRow(
                 source=name, scenario=summary.scenario, topology=summary.topology, variant=variant,
                 predicted_s=predicted, measured_s=measured, error=error, within=abs(error) <= tolerance + 1e-9,
@@ -193,8 +219,21 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 chance_low_s=(entry.prediction.chance_interval_s or [None])[0],
                 chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1],
                 outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores,
-                run_cores=None if entry.machine_cpu is None else entry.machine_cpu.run_cores))
+                run_cores=None if entry.machine_cpu is None else entry.machine_cpu.run_cores,
+                first_excess=first,
+                error_without_first=None if first is None else (sum(rest) / len(rest)) / predicted - 1))
     return table
+
+
+def first_excess(times: list[float]) -> float | None:
+    """How far the first of a variant's measured iteration `times` stands above the
+    median of the others (first / median - 1); None with fewer than 3."""
+    if len(times) < 3:
+        return None
+    rest = sorted(times[1:])
+    mid = len(rest) // 2
+    median = rest[mid] if len(rest) % 2 else (rest[mid - 1] + rest[mid]) / 2
+    return times[0] / median - 1 if median > 0 else None
 
 
 def fault_note(summary: Summary, variant: str, entry: VariantResult) -> str:

@@ -76,7 +76,8 @@ class PredictionRow:
     # near the machine's cores, the emulator's own work shapes the times it measures
     run_cores: float | None = None
     # how far the first measured iteration stands above the median of the others
-    # (first / median - 1; None with fewer than 3 measured, or with faults injected)
+    # (first / median - 1; None with fewer than 3 measured, with faults injected, or
+    # for a repeated variant, whose headline is the median of its repeats)
     first_excess: float | None = None
     # the error with the first measured iteration left out (None where first_excess is)
     error_without_first: float | None = None
@@ -208,14 +209,16 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
             measured = float(entry.headline("iteration_time_s"))
             predicted = entry.predicted_iteration_time_s
             error = measured / predicted - 1
-            first = first_excess(entry.iteration_times_s) if not fault_note(summary, variant, entry) else None
+            faults = fault_note(summary, variant, entry)
+            # a repeated variant's headline is the median of its repeats, its iteration list one repeat's
+            first = None if faults or entry.repeats is not None else first_excess(entry.iteration_times_s)
             rest = entry.iteration_times_s[1:]
             table.rows.append(PredictionRow(
                 source=name, scenario=summary.scenario, topology=summary.topology, variant=variant,
                 predicted_s=predicted, measured_s=measured, error=error, within=abs(error) <= tolerance + 1e-9,
                 calibrated=summary.calibration is not None, rates_from=entry.prediction.rates_from,
                 tail_drops=entry.tail_drops(), streams=entry.streams, sharing=entry.sharing,
-                faults=fault_note(summary, variant, entry),
+                faults=faults,
                 chance_low_s=(entry.prediction.chance_interval_s or [None])[0],
                 chance_high_s=(entry.prediction.chance_interval_s or [None, None])[-1],
                 outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores,

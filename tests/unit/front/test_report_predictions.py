@@ -207,3 +207,18 @@ def test_a_first_measured_iteration_still_warming_up_is_said_with_the_error_with
 
 def test_no_warming_note_where_nothing_warms(runs: Path) -> None:
     assert "still warming up" not in prediction_table([runs]).text()
+
+
+def test_a_repeated_variant_is_not_judged_warming(tmp_path: Path) -> None:
+    """Its headline is the median of its repeats; its iteration list is one repeat's."""
+    from testbed_core.contracts.summary import RepeatFigures, RepeatRun, Repeats
+
+    def fig(t: float) -> dict:
+        return dict(iteration_time_s=t, device_utilization=0.5, device_utilization_training=0.5)
+
+    repeats = Repeats(runs=[RepeatRun(repeat=i, folder=f"r{i}", **fig(t)) for i, t in enumerate([1.0, 1.1, 1.2], 1)],
+                      median=RepeatFigures(**fig(1.1)), spread=RepeatFigures(**fig(0.2)))
+    _write(tmp_path / "run", b.summary({"atlas": b.variant("atlas", 1.1, predicted_s=1.0, repeats=repeats,
+                                                           iteration_times_s=[1.6, 1.0, 1.0])}))
+    (row,) = prediction_table([tmp_path]).rows
+    assert row.first_excess is None and not row.warming

@@ -216,9 +216,11 @@ def build_spec(
                         refill_s=0.0 if line is None else refill_s(line))
                 # a tensor that finds its channel idle: the measured time of one alone; one
                 # handed over behind another (a backlog): at the link's rate, within the
-                # streams' whole windows (simulate.py, `Resource.backlog_bps`)
+                # streams' whole windows (simulate.py, `Resource.backlog_bps`), unless the
+                # streams are paced (they leave at the pacing rate however tensors queue:
+                # the paper sweep's Atlas chose GPipe on 0.48 s predicted and ran 1.56 s)
                 lossy = lossy_between(topology, a, z)
-                backlog = wp.measured and wp.streams > 1 and not lossy
+                backlog = wp.measured and wp.streams > 1 and not lossy and not net.paced
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",
                                            backlog_bps=wp.bottleneck_bps if backlog else None)
                 if net.unpaced_bursts:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 import json
+import statistics
 from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -37,7 +38,7 @@ WARMING = 0.2
 """A variant's first measured iteration this much or more above the median of its other
 measured ones counts as still warming up (`first_excess`): the run's warm-up iterations
 did not bring its channels to their steady state, and its mean counts one that had not
-(4dc-regions under GPipe, 8 streams over 201 ms: 1.60 s, then 1.12 and 1.10)."""
+(results/held-back/README.md: 4dc-regions under GPipe)."""
 
 SUMMARY_NAME = "summary.json"
 SUMMARY_SUFFIXES = (".summary.json", "-summary.json")
@@ -233,10 +234,8 @@ def first_excess(times: list[float]) -> float | None:
     median of the others (first / median - 1); None with fewer than 3."""
     if len(times) < 3:
         return None
-    rest = sorted(times[1:])
-    mid = len(rest) // 2
-    median = rest[mid] if len(rest) % 2 else (rest[mid - 1] + rest[mid]) / 2
-    return times[0] / median - 1 if median > 0 else None
+    rest = statistics.median(times[1:])
+    return times[0] / rest - 1 if rest > 0 else None
 
 
 def fault_note(summary: Summary, variant: str, entry: VariantResult) -> str:

@@ -105,11 +105,10 @@ round trips for each). Where a stream's window is near its stripe of a tensor, a
 channel moves a tensor in one round trip more or fewer, and which one a channel settles
 in differs from one channel to the next: neither more untimed tensors nor the two-way
 channel make the reading certain there (results/probe-rtt200/, docs/results/sweep-rtt.md).
-16 (two warm-up iterations of 8 micro-batches, 7531158) was tried on every shipped
-scenario and on 4dc-regions: no reading moved beyond its scatter, and calibrations took
-0-20 s longer. The one-stream reading on 4dc-regions' 201 ms path (150 ms forward, 133
-back) is the probe's direction, not a channel still warming: it reads so after 16 too,
-while the run's tensors take 133-134 ms both ways (results/held-back/README.md)."""
+16 (two warm-up iterations of 8 micro-batches) moved no reading beyond its scatter and
+made calibrations longer (docs/results/fidelity.md, at 7531158); where a one-stream
+channel's forward and back legs differ, that is the probe's direction, not a channel
+still warming (results/held-back/README.md, twelfth session)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link

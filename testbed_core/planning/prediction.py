@@ -217,8 +217,8 @@ def build_spec(
                 # a tensor that finds its channel idle: the measured time of one alone; one
                 # handed over behind another (a backlog): at the link's rate, within the
                 # streams' whole windows (simulate.py, `Resource.backlog_bps`), unless the
-                # streams are paced (they leave at the pacing rate however tensors queue:
-                # the paper sweep's Atlas chose GPipe on 0.48 s predicted and ran 1.56 s)
+                # streams are paced: they leave at the pacing rate however tensors queue
+                # (docs/results/sweep-paper.md, at fed2003c)
                 lossy = lossy_between(topology, a, z)
                 backlog = wp.measured and wp.streams > 1 and not lossy and not net.paced
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",

@@ -9,7 +9,7 @@ import pytest
 from testbed.emulation.shaping import htb_burst_bytes
 from testbed_core.planning.network import NetParams, refill_s, sustained_bps, wan_resource
 from testbed_core.planning.placement import place
-from testbed_core.planning.prediction import Variant, build_spec, predict
+from testbed_core.planning.prediction import Variant, build_spec, channel_resource, predict
 from testbed_core.topology import parse_topology
 from testbed_core.workload import parse_workload
 
@@ -96,7 +96,7 @@ def test_a_paced_channel_gets_no_backlog_rate_or_whole_windows() -> None:
 
     def channel(paced: bool):
         spec, _ = build_spec(TOPO, WL, SPLIT, multi, WL.effective(), NetParams(flow_rate_bps=1e8, paced=paced))
-        name = "chan:p0:b0:fwd"
+        name = channel_resource(0, 0, "fwd")
         path = next(p for p in spec.paths.values() if p.resources[0] == name)
         return spec.resources[name], path
 

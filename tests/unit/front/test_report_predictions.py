@@ -68,14 +68,21 @@ def test_tolerance_moves_the_mark(runs: Path) -> None:
     assert len(prediction_table([runs], tolerance=0.10).beyond()) == 1
 
 
-def test_a_repeated_variant_counts_its_median(tmp_path: Path) -> None:
+def _repeats(times: list[float]):
+    """A repeated variant's figures: one repeat per time, their median and spread."""
     from testbed_core.contracts.summary import RepeatFigures, RepeatRun, Repeats
 
     def fig(t: float) -> dict:
         return dict(iteration_time_s=t, device_utilization=0.5, device_utilization_training=0.5)
 
-    runs = [RepeatRun(repeat=i, folder=f"r{i}", **fig(t)) for i, t in enumerate([1.0, 1.2, 1.4], 1)]
-    repeats = Repeats(runs=runs, median=RepeatFigures(**fig(1.2)), spread=RepeatFigures(**fig(0.4)))
+    runs = [RepeatRun(repeat=i, folder=f"r{i}", **fig(t)) for i, t in enumerate(times, 1)]
+    ordered = sorted(times)
+    return Repeats(runs=runs, median=RepeatFigures(**fig(ordered[len(ordered) // 2])),
+                   spread=RepeatFigures(**fig(ordered[-1] - ordered[0])))
+
+
+def test_a_repeated_variant_counts_its_median(tmp_path: Path) -> None:
+    repeats = _repeats([1.0, 1.2, 1.4])
     _write(tmp_path / "run", b.summary({"atlas": b.variant("atlas", 1.0, predicted_s=1.0, repeats=repeats)}))
     (row,) = prediction_table([tmp_path]).rows
     assert row.measured_s == pytest.approx(1.2) and not row.within
@@ -211,13 +218,7 @@ def test_no_warming_note_where_nothing_warms(runs: Path) -> None:
 
 def test_a_repeated_variant_is_not_judged_warming(tmp_path: Path) -> None:
     """Its headline is the median of its repeats; its iteration list is one repeat's."""
-    from testbed_core.contracts.summary import RepeatFigures, RepeatRun, Repeats
-
-    def fig(t: float) -> dict:
-        return dict(iteration_time_s=t, device_utilization=0.5, device_utilization_training=0.5)
-
-    repeats = Repeats(runs=[RepeatRun(repeat=i, folder=f"r{i}", **fig(t)) for i, t in enumerate([1.0, 1.1, 1.2], 1)],
-                      median=RepeatFigures(**fig(1.1)), spread=RepeatFigures(**fig(0.2)))
+    repeats = _repeats([1.0, 1.1, 1.2])
     _write(tmp_path / "run", b.summary({"atlas": b.variant("atlas", 1.1, predicted_s=1.0, repeats=repeats,
                                                            iteration_times_s=[1.6, 1.0, 1.0])}))
     (row,) = prediction_table([tmp_path]).rows

@@ -162,6 +162,10 @@ class WanPath:
     # one stream's window where its tensors come back to back (never capped to stripes of
     # one tensor: `stripe_window`); inf: as `window_bytes`
     backlog_window_bytes: float = math.inf
+    # the streams that carry tensors handed over back to back: atlas_transport puts a
+    # tensor of fewer chunks than streams on the lowest-numbered streams (its warm lanes),
+    # so a backlog of such tensors queues on those (None: every stream)
+    backlog_lanes: int | None = None
 
     @property
     def window_bits(self) -> float:
@@ -171,8 +175,9 @@ class WanPath:
     @property
     def backlog_window_bits(self) -> float:
         """What the channel may have unacknowledged while its tensors come back to back:
-        its streams' whole windows (`_unacked_bits`)."""
-        return self._unacked_bits(self.backlog_window_bytes)
+        the whole windows of the streams that carry them (`_unacked_bits`)."""
+        lanes = self.streams if self.backlog_lanes is None else self.backlog_lanes
+        return self._unacked_bits(self.backlog_window_bytes) * lanes / max(1, self.streams)
 
     def _unacked_bits(self, stream_window_bytes: float) -> float:
         """The channel's streams' windows of `stream_window_bytes` each, in bits, where its
@@ -269,8 +274,23 @@ def wan_path(
     whole = window
     if net.stripe_windows and transfer_bytes and loss <= 0:
         window = min(window, stripe_window(float(transfer_bytes), n))
+    lanes = None
+    if transfer_bytes and net.even_spread and net.even_spread_stream_bytes:
+        lanes = warm_lanes(float(transfer_bytes), n, net.even_spread_stream_bytes)
     return WanPath(src, dst, dcs, tuple(wan_resource(x, y) for x, y in zip(dcs, dcs[1:], strict=False)),
-                   latency, bottleneck, flow, n, window, measured is not None, whole)
+                   latency, bottleneck, flow, n, window, measured is not None, whole, lanes)
+
+
+def warm_lanes(transfer_bytes: float, streams: int, stream_bytes: float) -> int:
+    """How many of a channel's `streams` carry its tensors of `transfer_bytes` when they
+    come back to back: atlas_transport cuts a tensor into chunks of at least
+    `stream_bytes` (its SPLIT_MIN_BYTES, recorded by the calibration) and puts one of
+    fewer chunks than streams, but more than one, on the lowest-numbered streams
+    (`Channel._warm_lanes`), so a backlog of them queues on those streams' windows; a
+    one-chunk tensor takes whichever stream is free, and a larger one every stream. A
+    256 KiB tensor on 8 streams rides 2 (docs/results/sweep-paper.md)."""
+    chunks = math.ceil(transfer_bytes / stream_bytes)
+    return streams if chunks <= 1 or chunks >= streams else chunks
 
 
 STRIPE_WINDOW = 2.0

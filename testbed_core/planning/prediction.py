@@ -215,12 +215,12 @@ def build_spec(
                         busy_bps=None if line is None else sustained_bps(line),
                         refill_s=0.0 if line is None else refill_s(line))
                 # a tensor that finds its channel idle: the measured time of one alone; one
-                # handed over behind another (a backlog): at the link's rate, within the
-                # streams' whole windows (simulate.py, `Resource.backlog_bps`), unless the
-                # streams are paced: they leave at the pacing rate however tensors queue
-                # (docs/results/sweep-paper.md, at fed2003c)
+                # handed over behind another (a backlog): at the link's rate, within the whole
+                # windows of the streams that carry it (simulate.py, `Resource.backlog_bps`;
+                # network.py `warm_lanes`: a small tensor rides only the first few streams),
+                # paced or not (docs/results/sweep-paper.md, held-back/README.md)
                 lossy = lossy_between(topology, a, z)
-                backlog = wp.measured and wp.streams > 1 and not lossy and not net.paced
+                backlog = wp.measured and wp.streams > 1 and not lossy
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",
                                            backlog_bps=wp.bottleneck_bps if backlog else None)
                 if net.unpaced_bursts:

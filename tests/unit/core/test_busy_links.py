@@ -7,7 +7,13 @@ from __future__ import annotations
 import pytest
 
 from testbed.emulation.shaping import htb_burst_bytes
-from testbed_core.planning.network import NetParams, refill_s, sustained_bps, wan_resource
+from testbed_core.planning.network import (
+    NetParams,
+    refill_s,
+    sustained_bps,
+    wan_resource,
+    warm_lanes,
+)
 from testbed_core.planning.placement import place
 from testbed_core.planning.prediction import Variant, build_spec, channel_resource, predict
 from testbed_core.topology import parse_topology
@@ -86,21 +92,37 @@ def test_a_kept_run_re_planned_queues_its_tensors_at_the_link_s_goodput() -> Non
     assert rates["idle"] == pytest.approx([probe] * len(rates["idle"]))
 
 
-def test_a_paced_channel_gets_no_backlog_rate_or_whole_windows() -> None:
+def test_a_backlog_rides_the_whole_windows_of_the_streams_that_carry_it_paced_or_not() -> None:
     """A multi-stream channel's tensor handed over behind another moves at the link's rate
-    within the streams' whole windows (simulate.Resource.backlog_bps) only where its
-    streams are unpaced: paced (transport.pacing), its tensors leave at the pacing rate
-    however they queue. The paper sweep (paced, 8 streams) at 200 ms RTT had Atlas pick
-    GPipe on a 0.48 s prediction that ran 1.56 s, behind multi-tcp's 1.41."""
+    (simulate.Resource.backlog_bps) within the whole windows of the streams that carry
+    it, paced or not: every stream where a tensor has a chunk for each, the first few
+    where it has fewer chunks than streams (atlas_transport's warm lanes). With the
+    backlog taken from every paced channel (0f7d38b), held-back 4dc-regions under GPipe
+    (1 MiB tensors, 8 streams, paced) ran multi-tcp 39% under its prediction and Atlas
+    fell back to one stream; with every stream's whole window for small tensors, the
+    paper sweep's Atlas (256 KiB tensors, 2 of 8 streams) picked GPipe and lost."""
     multi = Variant("multi-tcp", 8, "shared", "atlas")
+    wire = float(WL.effective().wire_activation_bytes)
 
-    def channel(paced: bool):
-        spec, _ = build_spec(TOPO, WL, SPLIT, multi, WL.effective(), NetParams(flow_rate_bps=1e8, paced=paced))
+    def channel(paced: bool, stream_bytes: float):
+        net = NetParams(flow_rate_bps=1e8, paced=paced, even_spread=True, even_spread_stream_bytes=stream_bytes)
+        spec, wan = build_spec(TOPO, WL, SPLIT, multi, WL.effective(), net)
         name = channel_resource(0, 0, "fwd")
         path = next(p for p in spec.paths.values() if p.resources[0] == name)
-        return spec.resources[name], path
+        return spec.resources[name], path, next(iter(wan.values()))
 
-    res, path = channel(False)
-    assert res.backlog_bps is not None and path.backlog_window_bits is not None
-    res, path = channel(True)
-    assert res.backlog_bps is None and path.backlog_window_bits is None
+    for paced in (False, True):
+        res, path, wp = channel(paced, wire / 8)  # a chunk for every stream
+        assert res.backlog_bps == wp.bottleneck_bps
+        assert path.backlog_window_bits == pytest.approx(8 * wp.backlog_window_bytes * 8)
+        res, path, wp = channel(paced, wire / 2)  # two chunks: the first two streams
+        assert res.backlog_bps == wp.bottleneck_bps
+        assert path.backlog_window_bits == pytest.approx(2 * wp.backlog_window_bytes * 8)
+
+
+def test_warm_lanes_follow_the_transports_chunks() -> None:
+    assert warm_lanes(256 << 10, 8, 128 << 10) == 2
+    assert warm_lanes(1 << 20, 8, 128 << 10) == 8
+    assert warm_lanes(16 << 20, 8, 128 << 10) == 8
+    assert warm_lanes(100, 8, 128 << 10) == 8  # one chunk: whichever stream is free
+    assert warm_lanes(384 << 10, 4, 128 << 10) == 3

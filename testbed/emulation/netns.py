@@ -224,10 +224,33 @@ def delete_named_netns(name: str) -> None:
         raise NetnsError(errno.EBUSY, f"could not delete netns {name}: {out.stderr.strip()}")
 
 
+def stale_netns_names(prefix: str, names: list[str]) -> list[str]:
+    """Those of `names` that `unique_netns_name(prefix)` gave a process no longer alive
+    (``<prefix><pid>-<n>``): what a block of `temporary_netns` left when its process
+    died before its end ran (SIGTERM, SIGKILL)."""
+    stale = []
+    for name in names:
+        pid, sep, n = name.removeprefix(prefix).partition("-")
+        if not name.startswith(prefix) or not sep or not pid.isdigit() or not n.isdigit():
+            continue
+        if not os.path.exists(f"/proc/{pid}"):
+            stale.append(name)
+    return stale
+
+
+def named_netns() -> list[str]:
+    """The names ``ip netns list`` shows."""
+    out = _ip("netns", "list")
+    return [line.split()[0] for line in out.stdout.splitlines() if line.strip()] if out.returncode == 0 else []
+
+
 @contextlib.contextmanager
 def temporary_netns(prefix: str) -> Iterator[str]:
     """A named namespace (``ip netns add``) for tests that run programs in it with
-    ``ip netns exec``; always deleted, with its processes killed, when the block ends."""
+    ``ip netns exec``; always deleted, with its processes killed, when the block ends.
+    Those of the same prefix that a dead process left are deleted first."""
+    for stale in stale_netns_names(prefix, named_netns()):
+        delete_named_netns(stale)
     name = unique_netns_name(prefix)
     out = _ip("netns", "add", name)
     if out.returncode != 0:

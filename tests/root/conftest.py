@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 from collections.abc import Callable
 
 import pytest
+
+from testbed.emulation.netns import named_netns
 
 # testbed.emulation.netns.unique_netns_name: <prefix><pid>-<n>
 _TEMPORARY = re.compile(r"[A-Za-z]+(\d+)-\d+")
@@ -16,8 +17,7 @@ _TEMPORARY = re.compile(r"[A-Za-z]+(\d+)-\d+")
 def _namespaces() -> set[str]:
     """The named namespaces now, less the temporary ones of other processes (another test,
     another checkout's run of the suite, made with testbed.emulation.netns.temporary_netns)."""
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=False).stdout
-    names = {line.split()[0] for line in out.splitlines() if line.strip()}
+    names = set(named_netns())
     return {n for n in names if not ((m := _TEMPORARY.fullmatch(n)) and int(m.group(1)) != os.getpid())}
 
 

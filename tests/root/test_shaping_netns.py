@@ -14,17 +14,15 @@ from testbed.emulation import kernel
 from testbed.emulation.netns import (
     NetnsError,
     in_netns,
+    named_netns,
     open_iproute,
     private_netns,
     run_in_netns,
+    stale_netns_names,
     temporary_netns,
 )
 
 pytestmark = [pytest.mark.root, pytest.mark.alone]  # named namespaces come and go: run alone
-
-
-def netns_list() -> str:
-    return subprocess.run(["ip", "netns", "list"], capture_output=True, text=True, check=True).stdout
 
 
 @pytest.fixture
@@ -41,14 +39,14 @@ def unnamed_host():
 
 
 def test_open_iproute_by_pid_leaves_no_named_netns(unnamed_host: int) -> None:
-    before = netns_list()
+    before = named_netns()
     with open_iproute(unnamed_host) as ipr:
         names = {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()}
         ipr.link("add", ifname="nsx0", kind="veth", peer="nsx1")
         assert {link.get_attr("IFLA_IFNAME") for link in ipr.get_links()} >= {"nsx0", "nsx1"}
     assert names == {"lo"}  # the host's namespace, not ours
     assert "nsx0" not in {name for _, name in socket.if_nameindex()}
-    assert netns_list() == before
+    assert named_netns() == before
 
 
 def test_in_netns_and_run_in_netns(unnamed_host: int) -> None:
@@ -78,10 +76,33 @@ def test_private_netns_vanishes() -> None:
 
 def test_temporary_netns_is_always_deleted() -> None:
     with pytest.raises(RuntimeError, match="boom"), temporary_netns("tbtst") as name:
-        assert name.startswith(f"tbtst{os.getpid()}-") and name in netns_list()
+        assert name.startswith(f"tbtst{os.getpid()}-") and name in named_netns()
         subprocess.Popen(["ip", "netns", "exec", name, "sleep", "60"])
         raise RuntimeError("boom")
-    assert name not in netns_list()
+    assert name not in named_netns()
+
+
+def test_temporary_netns_deletes_what_a_dead_process_of_its_prefix_left() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = f"tbstl{dead.pid}-0"  # as a block killed before its end leaves it
+    live = f"tbstl{os.getpid()}-999"
+    for name in (left, live):
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        with temporary_netns("tbstl") as name:
+            assert left not in named_netns() and live in named_netns() and name in named_netns()
+    finally:
+        for name in (left, live):
+            subprocess.run(["ip", "netns", "delete", name], capture_output=True, check=False)
+    assert live not in named_netns() and left not in named_netns()
+
+
+def test_stale_netns_names_reads_only_its_own_pattern() -> None:
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    names = [f"tbx{dead.pid}-0", f"tbx{os.getpid()}-1", f"tby{dead.pid}-0", "tbx", f"tbx{dead.pid}", f"tbx{dead.pid}-a"]
+    assert stale_netns_names("tbx", names) == [f"tbx{dead.pid}-0"]
 
 
 def test_probe_on_this_machine() -> None:

@@ -83,6 +83,7 @@ from testbed_core.planning.wan_paths import (
     TogetherLoad,
     dp_lan_pairs,
     grad_wire_bytes,
+    lan_boundary_pair,
     path_key,
     together_loads,
     two_way,
@@ -712,6 +713,31 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in alone)} ms)")
 
 
+def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret: str, pair: tuple[str, str],
+                         nbytes: int, cal: Calibration, progress: Progress,
+                         agents: ProbeAgents | None = None) -> None:
+    """The rate of a pipeline tensor inside a DC where no DP ring is timed there
+    (`calibrate_lan`): tensors of `nbytes` (the wire size) over a one-stream channel
+    between the two hosts of a boundary inside a DC, as the run's channels there, both
+    ways (duplex, as a boundary's channel carries activations and gradients), opened as
+    the run opens its channels; rate = bytes / median hand-over-to-arrival time (the
+    LAN's delay is the planner's `lan_latency_s`, none)."""
+    state = run_channels(scenario, ALONE_MAX_UNTIMED)
+    count = scenario.runner.calibration_transfers + state.untimed
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    try:
+        res = prober.run([pair], 1, nbytes, count, "lan-tensor-", warm=state.warm, duplex=True)
+    finally:
+        if agents is None:
+            prober.agents.close()
+    timed = res[0].timed(state.untimed) + res[0].timed_back(state.untimed)
+    cal.lan_tensor_pair, cal.lan_tensor_transfer_s = (pair[0], pair[1]), timed
+    cal.lan_tensor_rate_bps = nbytes * 8 / max(1e-6, median(timed))
+    progress.log(f"  calibration: a pipeline tensor inside {dc_of_host(pair[0])} ({pair[0]} <-> {pair[1]}, "
+                 f"{nbytes / 1e6:.1f} MB, one stream, both ways): {cal.lan_tensor_rate_bps / 1e6:.0f} Mbit/s "
+                 f"(median {median(timed) * 1e3:.1f} ms, slowest {max(timed) * 1e3:.1f} ms of {len(timed)})")
+
+
 def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
                      streams: int, nbytes: int, progress: Progress,
                      agents: ProbeAgents | None = None) -> VerifyCalibration:
@@ -751,6 +777,22 @@ def path_uses(scenario: Scenario, placements: Mapping[str, Placement | ValueErro
     rings = scenario.workload.parallelism.dp > 1 and scenario.runner.dp_allreduce \
         and scenario.workload.gpu.mode != "real"
     return wan_uses(_hosted(placements), rings)
+
+
+def lan_tensor_pair_of(hosted: Mapping[str, Placement], runs: Mapping[str, RunVariant]) -> tuple[str, str] | None:
+    """The boundary inside a DC the LAN tensor probe times: on Atlas's placement first,
+    else the first placement with one, of the variants whose tensors go over
+    atlas_transport (gloo's are not bound by its loop: planning/prediction.py
+    `lan_tensor_rate`)."""
+    order = sorted(hosted, key=lambda name: name != "atlas")
+    for name in order:
+        run = runs.get(name)
+        if run is not None and run.variant.comm != "atlas":
+            continue
+        pair = lan_boundary_pair(hosted[name])
+        if pair is not None:
+            return pair
+    return None
 
 
 def _hosted(placements: Mapping[str, Placement | ValueError]) -> dict[str, Placement]:
@@ -926,6 +968,10 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
         if lan:
             grad = max(grad_wire_bytes(scenario.workload, eff, r) for r in range(par.pp))
             calibrate_lan(net, scenario, folder, secret, lan, grad, cal, progress, agents)
+        else:  # no DP ring inside a DC: a pipeline boundary there, if any, timed with its own tensors
+            inside = lan_tensor_pair_of(hosted, by_name)
+            if inside is not None:
+                calibrate_lan_tensor(net, scenario, folder, secret, inside, nbytes, cal, progress, agents)
     finally:
         agents.close()
     cal.wall_s = time.monotonic() - t0

@@ -345,6 +345,12 @@ class CalibrationReport(BaseModel):
     # ring only, or a summary written before this probe)
     lan_alone_channel_rate_mbps: float | None = None
     lan_alone_transfer_s: list[float] | None = None  # each timed run of that ring alone, seconds
+    # a pipeline boundary inside a DC where no DP ring was timed there: one tensor of the
+    # workload's wire size at a time over a one-stream channel between its two hosts, both
+    # ways (None: no such boundary, a DP ring timed, or a summary written before this probe)
+    lan_tensor_pair: tuple[str, str] | None = None
+    lan_tensor_channel_rate_mbps: float | None = None  # bytes / median transfer time, Mbit/s
+    lan_tensor_transfer_s: list[float] | None = None  # each timed transfer, seconds
     # every WAN path the variants' placements cross, each timed on its own (the first: the
     # primary path above); None in summaries written before per-path calibration
     paths: list[PathCalibrationReport] | None = None
@@ -384,6 +390,9 @@ class Calibration(_Figures):
     lan_transfer_s: list[float] | None = None
     lan_alone_rate_bps: float | None = None
     lan_alone_transfer_s: list[float] | None = None
+    lan_tensor_pair: tuple[str, str] | None = None
+    lan_tensor_rate_bps: float | None = None
+    lan_tensor_transfer_s: list[float] | None = None
     paths: list[PathCalibration] = Field(default_factory=list)
     verify: VerifyCalibration | None = None
     wall_s: float | None = None
@@ -442,6 +451,10 @@ class Calibration(_Figures):
                        + ("; then the first of those rings alone, the same way (lan_alone_channel_rate_mbps)"
                           if self.lan_alone_rate_bps is not None else "")
                        if self.lan_rate_bps is not None else "")
+                    + ("; inside a DC where no DP ring was timed, a pipeline boundary's two hosts "
+                       "(lan_tensor_pair): tensors of the wire size over a one-stream channel, as the run's "
+                       "channels inside a DC, both ways, rate = bytes / median hand-over-to-arrival time"
+                       if self.lan_tensor_rate_bps is not None else "")
                     + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
                        "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
                        "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
@@ -463,6 +476,9 @@ class Calibration(_Figures):
             lan_transfer_s=self.lan_transfer_s,
             lan_alone_channel_rate_mbps=None if self.lan_alone_rate_bps is None else self.lan_alone_rate_bps / 1e6,
             lan_alone_transfer_s=self.lan_alone_transfer_s,
+            lan_tensor_pair=self.lan_tensor_pair,
+            lan_tensor_channel_rate_mbps=None if self.lan_tensor_rate_bps is None else self.lan_tensor_rate_bps / 1e6,
+            lan_tensor_transfer_s=self.lan_tensor_transfer_s,
             paths=[p.report() for p in self.paths] or None,
             verify=self.verify,
             wall_s=self.wall_s,
@@ -478,6 +494,8 @@ class Calibration(_Figures):
                    lan_pairs=r.lan_pairs, lan_nbytes=r.lan_nbytes,
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
+                   lan_tensor_pair=r.lan_tensor_pair, lan_tensor_rate_bps=_bps(r.lan_tensor_channel_rate_mbps),
+                   lan_tensor_transfer_s=r.lan_tensor_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
                    wall_s=r.wall_s, even_spread=r.even_spread,
                    even_spread_stream_bytes=r.even_spread_stream_bytes, method=r.method)

@@ -56,6 +56,9 @@ class NetParams:
     # each, and what one of them moved timed alone (None: not measured)
     lan_rings: int | None = None
     lan_ring_alone_bps: float | None = None
+    # a pipeline tensor's measured rate over a one-stream channel inside a DC (the LAN
+    # tensor probe, where no DP ring was timed); below lan_rate_bps, above the DC's lan_rate
+    lan_tensor_bps: float | None = None
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)
     crowded_fraction: float | None = None

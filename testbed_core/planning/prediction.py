@@ -242,15 +242,22 @@ def build_spec(
 
 def lan_tensor_rate(topology: Topology, dc: str, variant: Variant, net: NetParams) -> float:
     """The rate of a pipeline tensor between two stages inside DC `dc`. Over atlas_transport:
-    the calibration's measured LAN channel rate (its DP rings inside the DCs: the
-    transport's own Python loop is what bounds a channel on the emulated LAN), else the
-    DC's nominal rate. Through torch.distributed's gloo (`variant.rendezvous`): the DC's
-    nominal rate, as gloo's C++ pairs are not bound by that loop (1 MiB in 0.6-1.0 ms on
-    the 10 Gbit/s LANs of the held-back triangle and line runs, where the transport's
-    rings measured 1.3 Gbit/s a replica: 6-8 ms)."""
-    if variant.rendezvous or net.lan_rate_bps is None:
+    the calibration's measured LAN channel rate (its DP rings inside the DCs, which run
+    beside the pipeline's tensors, or, where it timed no ring, the pipeline's own tensor
+    on a one-stream channel between two hosts of a DC: the transport's own Python loop is
+    what bounds a channel on the emulated LAN, 8.4 MB tensors took 11-36 ms where the
+    10 Gbit/s nominal rate gives 6.7), else the DC's nominal rate. Through
+    torch.distributed's gloo (`variant.rendezvous`): the DC's nominal rate, as gloo's C++
+    pairs are not bound by that loop (1 MiB in 0.6-1.0 ms on the 10 Gbit/s LANs of the
+    held-back triangle and line runs, where the transport's rings measured 1.3 Gbit/s a
+    replica: 6-8 ms)."""
+    if variant.rendezvous:
         return topology.dc(dc).lan_rate
-    return net.lan_rate_bps
+    if net.lan_rate_bps is not None:
+        return net.lan_rate_bps
+    if net.lan_tensor_bps is not None:
+        return net.lan_tensor_bps
+    return topology.dc(dc).lan_rate
 
 
 def allreduce_time(

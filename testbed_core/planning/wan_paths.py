@@ -66,6 +66,19 @@ def dp_lan_pairs(placement: Placement) -> list[HostPair]:
     return [(a, b) for r, a, b in placement.replica_pairs() if a != b and placement.dc_of(0, r) == placement.dc_of(1, r)]
 
 
+def lan_boundary_pair(placement: Placement) -> HostPair | None:
+    """(upstream host, downstream host) of pipeline 0's first boundary whose two stages
+    sit in one DC on different hosts: the channel the LAN tensor probe times (None:
+    every boundary crosses a WAN or stays on one host)."""
+    last = placement.pp if placement.wrap and placement.pp > 1 else placement.pp - 1
+    for b in range(last):
+        nxt = placement.next_stage(b)
+        a, z = placement.hosts[(0, b)][0], placement.hosts[(0, nxt)][0]
+        if a != z and placement.dc_of(0, b) == placement.dc_of(0, nxt):
+            return a, z
+    return None
+
+
 def two_way(pairs: Sequence[HostPair]) -> list[HostPair]:
     """A forward channel and a reverse one (another pipeline's, when there is one):
     pipelines send activations and gradients across the WAN at the same time."""

@@ -245,8 +245,7 @@ def lan_tensor_rate(topology: Topology, dc: str, variant: Variant, net: NetParam
     the calibration's measured LAN channel rate (its DP rings inside the DCs, which run
     beside the pipeline's tensors, or, where it timed no ring, the pipeline's own tensor
     on a one-stream channel between two hosts of a DC: the transport's own Python loop is
-    what bounds a channel on the emulated LAN, 8.4 MB tensors took 11-36 ms where the
-    10 Gbit/s nominal rate gives 6.7), else the DC's nominal rate. Through
+    what bounds a channel on the emulated LAN), else the DC's nominal rate. Through
     torch.distributed's gloo (`variant.rendezvous`): the DC's nominal rate, as gloo's C++
     pairs are not bound by that loop (1 MiB in 0.6-1.0 ms on the 10 Gbit/s LANs of the
     held-back triangle and line runs, where the transport's rings measured 1.3 Gbit/s a

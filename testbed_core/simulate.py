@@ -90,6 +90,13 @@ class Path:
     cap_bps: float = INF
     window_bits: float = INF
     backlog_window_bits: float | None = None  # a backlogged transfer's window (None: `window_bits`)
+    # one TCP stream: its window frees byte by byte as acknowledgements come back, so a
+    # transfer the window holds back starts at once, its bytes following the
+    # acknowledgements at the window a round trip (`_Sim._window_free`); False: whole
+    # transfers wait for the room they need (a multi-stream channel hands its streams
+    # whole chunks, and a small tensor rides a few of them: testbed_core/planning/network.py
+    # `warm_lanes`)
+    fluid_window: bool = False
 
 
 @dataclass(frozen=True)
@@ -234,6 +241,7 @@ class _Flow:
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
     backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
     unacked: bool = False  # handed over before the first window of the one before it was acknowledged
+    window_cap: float = INF  # a fluid window's rate: the window a round trip (`_Sim._window_free`)
 
     @property
     def window_bits(self) -> float:
@@ -403,7 +411,7 @@ class _Sim:
                 flow.unacked = not flow.notice and any(
                     flow.ready < self.last_start.get(n, -INF) + 2 * flow.path.latency_s for n in queued)
                 flow.start = flow.hold = self._window_free(flow, t)
-                flow.cap = self._busy_cap(flow)
+                flow.cap = min(self._busy_cap(flow), flow.window_cap)
                 for n in queued:
                     self.last_start[n] = flow.start
                 for name in flow.path.resources:
@@ -422,7 +430,10 @@ class _Sim:
     def _window_free(self, flow: _Flow, t: float) -> float:
         """When `flow`'s first bytes may leave: `t`, or later where earlier transfers on
         its channel still hold more of the window than leaves room for it (its first
-        window: all of it, up to the channel's window)."""
+        window: all of it, up to the channel's window). On a fluid window
+        (`Path.fluid_window`) over shared links, a transfer held back starts at `t` and
+        moves at most at the window a round trip, or faster where that would end it
+        after the whole-transfer wait would have (the wait was short)."""
         window = flow.window_bits
         if flow.notice or window == INF:
             return t
@@ -437,6 +448,12 @@ class _Sim:
                 break
             held -= bits
             at = ack
+        if at > t and flow.path.fluid_window and flow.path.latency_s > 0 \
+                and not any(self._exclusive(n) for n in flow.path.resources[1:]):
+            chan = self.spec.resources[flow.path.resources[0]]
+            rate = chan.backlog_bps if flow.backlogged and chan.backlog_bps is not None else chan.capacity_bps
+            flow.window_cap = max(window / (2 * flow.path.latency_s), flow.bits / (at - t + flow.bits / rate))
+            return t
         return at
 
     def _busy_cap(self, flow: _Flow) -> float:

@@ -231,7 +231,8 @@ def build_spec(
                     for name in wp.resources:
                         bursts[name] = bursts.get(name, True) and fits
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits,
-                                                backlog_window_bits=wp.backlog_window_bits if backlog else None)
+                                                backlog_window_bits=wp.backlog_window_bits if backlog else None,
+                                                fluid_window=wp.streams == 1)
     for name, only_bursts in bursts.items():
         if only_bursts:  # first come, first served: a burst waits whole behind the one before it
             resources[name] = replace(resources[name], policy="exclusive")

@@ -249,6 +249,36 @@ def test_a_backlogged_channel_moves_at_its_backlog_rate_within_its_whole_window(
     assert slow.makespan > res.makespan + 0.1
 
 
+def test_a_one_stream_window_frees_byte_by_byte_where_whole_transfers_wait_for_room() -> None:
+    """A window of 2.5 tensors (2.5 MB, 80 ms round trip): a channel handing its streams
+    whole tensors sends two, then waits a round trip for the room the third needs; one
+    TCP stream (`fluid_window`) sends the third at once, its bytes following the
+    acknowledgements at the window a round trip (250 Mbit/s: 32 ms for 1 MB) - where the
+    wait would be short it keeps its own rate instead (never later than the wait's end)."""
+    def run(fluid: bool, window: float = 2_500_000) -> list:
+        spec = _window_spec(window)
+        spec.paths = {k: NetPath(p.resources, p.latency_s, window_bits=p.window_bits, fluid_window=fluid)
+                      for k, p in spec.paths.items()}
+        res = simulate(spec)
+        return [res.transfer(TransferKey(0, 0, m, "fwd")) for m in range(3)]
+
+    whole, fluid = run(False), run(True)
+    assert whole[2].start == pytest.approx(whole[0].start + 0.08)  # two fit; the third waits for the first's ACKs
+    assert fluid[2].start == pytest.approx(fluid[1].end)  # the channel's FIFO, not the window, sets its start
+    assert fluid[2].end - fluid[2].start == pytest.approx(0.032)  # 2.5 MB a round trip
+    assert fluid[2].arrival < whole[2].arrival - 0.03
+    assert [s.end for s in fluid[:2]] == pytest.approx([s.end for s in whole[:2]])
+    # a window that fits all three holds nothing back either way
+    assert [s.end for s in run(True, 3_000_000)] == pytest.approx([s.end for s in run(False, 3_000_000)])
+    # shared links only: a planned (exclusive) link keeps whole transfers
+    spec = _window_spec(2_500_000)
+    spec.paths = {k: NetPath((*p.resources, f"l-{k[2]}"), p.latency_s, window_bits=p.window_bits, fluid_window=True)
+                  for k, p in spec.paths.items()}
+    spec.resources.update({f"l-{d}": Resource(1e9, "exclusive") for d in ("fwd", "bwd")})
+    planned = simulate(spec)
+    assert planned.transfer(TransferKey(0, 0, 2, "fwd")).start == pytest.approx(whole[2].start)
+
+
 def test_a_tensor_that_finds_its_channel_idle_is_not_backlogged() -> None:
     """1F1B's steady state: each tensor is handed over after the one before has left, so
     the backlog rate never applies (each takes one alone's time)."""

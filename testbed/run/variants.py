@@ -755,7 +755,9 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
     link (long RTTs: two pipelines' channels side by side carry more than one at a
     time), neither of its ways is the faster one. Taken when it is predicted faster
     than the choice by more than the sharing margin (choose_sharing), and only when
-    that count was calibrated colliding (the prediction needs its aggregate)."""
+    that count was calibrated colliding (the prediction needs its aggregate); with
+    multi-TCP's window caps, as the collision probe ran it (before, the caps were dropped:
+    Atlas ran uncapped on figures timed capped, 4dc-regions GPipe -8..-11%)."""
     n = configured_streams(scenario.transport.streams, auto)
     if n == setup.streams or setup.prediction is None:
         return
@@ -765,7 +767,13 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
                 if cal.paths else n in cal.colliding_bps and n in cal.rates_bps)
     if not measured:
         return
-    alt = replace(setup, streams=n, variant=Variant(setup.variant.name, n, "shared", setup.variant.placement))
+    # multi-TCP's way, its window caps included: the collision it is predicted from was
+    # timed with them (calibration `variant_caps`, a shared way of `auto` capped)
+    caps = {} if local else window_caps(scenario.topology, setup.placement, n,
+                                        workload.effective(base_dir).wire_activation_bytes,
+                                        tensors_at_once(workload.parallelism))
+    alt = replace(setup, streams=n, variant=Variant(setup.variant.name, n, "shared", setup.variant.placement),
+                  window_caps=caps)
     alt.path_rates = paths_at_n
     rate = cal.rates_bps.get(n)
     alt.colliding_bps = cal.colliding_bps.get(n)
@@ -779,6 +787,7 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
     if choose_sharing(setup.prediction.iteration_time_s, pred.iteration_time_s) == "shared":
         setup.streams, setup.variant, setup.prediction, setup.rate_bps = n, alt.variant, pred, rate
         setup.colliding_bps, setup.path_rates, setup.sharing = alt.colliding_bps, alt.path_rates, "shared"
+        setup.window_caps = alt.window_caps
 
 
 def plan_variants(runs: Sequence[RunVariant], scenario: Scenario, workload: Workload, base_dir: str | None,

@@ -57,20 +57,11 @@ def test_the_probe_times_atlas_placement_first_and_never_a_gloo_variant() -> Non
 
 
 def _calibrate(scenario_file: Path, monkeypatch, tmp_path: Path) -> tuple[list[tuple], Calibration]:
-    """calibrate_variants on `scenario_file` with every probe recorded, not run."""
+    """calibrate_variants on `scenario_file` with every probe recorded, not run (with the
+    `no_probe_agents` fixture)."""
     import testbed.run.calibration as calibration
 
     calls: list[tuple] = []
-
-    class Agents:
-        def __init__(self, *a, **k) -> None:
-            pass
-
-        def start(self, hosts) -> None:
-            pass
-
-        def close(self) -> None:
-            pass
 
     def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents,
                        caps=None):
@@ -78,7 +69,6 @@ def _calibrate(scenario_file: Path, monkeypatch, tmp_path: Path) -> tuple[list[t
             pc.rates_bps = {**pc.rates_bps, n: 1e8 * n}
         return pc
 
-    monkeypatch.setattr(calibration, "ProbeAgents", Agents)
     monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
     for name in ("calibrate_link", "calibrate_wan_rings", "calibrate_together", "calibrate_one_way",
                  "calibrate_turns", "calibrate_verify"):
@@ -97,13 +87,14 @@ def _calibrate(scenario_file: Path, monkeypatch, tmp_path: Path) -> tuple[list[t
     return calls, cal
 
 
-def test_a_boundary_inside_a_dc_without_rings_is_timed_with_the_pipelines_tensor(monkeypatch, tmp_path) -> None:
+def test_a_boundary_inside_a_dc_without_rings_is_timed_with_the_pipelines_tensor(monkeypatch, tmp_path,
+                                                                                  no_probe_agents) -> None:
     calls, _ = _calibrate(UNEQUAL, monkeypatch, tmp_path)
     nbytes = load_scenario(UNEQUAL)[0].workload.effective(None).wire_activation_bytes
     assert calls == [("tensor", ("dc1-h1", "dc1-h2"), nbytes)]
 
 
-def test_where_the_dp_rings_are_timed_inside_a_dc_no_tensor_probe_runs(monkeypatch, tmp_path) -> None:
+def test_where_the_dp_rings_are_timed_inside_a_dc_no_tensor_probe_runs(monkeypatch, tmp_path, no_probe_agents) -> None:
     calls, _ = _calibrate(DP, monkeypatch, tmp_path)
     assert [c[0] for c in calls] == ["rings"]
 

@@ -115,8 +115,8 @@ def test_calibrate_turns_skips_a_count_the_alone_probe_did_not_time(tmp_path: Pa
     assert pc.turns == []
 
 
-def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_crosses(tmp_path: Path,
-                                                                                        monkeypatch) -> None:
+def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_crosses(tmp_path: Path, monkeypatch,
+                                                                                        no_probe_agents) -> None:
     """calibrate_variants on atlas-4dc (probes recorded, not run): the turns probe runs on
     Atlas's two paths with its two pipelines' channels, at each count it may plan with
     (1 and 8 streams), not on the path only shared variants cross; none with shared
@@ -125,16 +125,6 @@ def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_cro
 
     def plays(**changes) -> list[tuple]:
         calls: list[tuple] = []
-
-        class Agents:
-            def __init__(self, *a, **k) -> None:
-                pass
-
-            def start(self, hosts) -> None:
-                pass
-
-            def close(self) -> None:
-                pass
 
         def fake_calibrate(net, scenario, folder, secret, pairs, counts, nbytes, latency, progress, pc, agents,
                            caps=None):
@@ -147,7 +137,6 @@ def test_the_calibration_times_turns_for_the_plans_counts_on_the_paths_atlas_cro
             pc.turns = [*pc.turns, TurnsCalibration(streams=n, channels=len(pairs), slot_s=0.1, untimed=0,
                                                     transfer_s=[0.2], return_s=[0.2])]
 
-        monkeypatch.setattr(calibration, "ProbeAgents", Agents)
         monkeypatch.setattr(calibration, "calibrate", fake_calibrate)
         monkeypatch.setattr(calibration, "calibrate_turns", fake_turns)
         for name in ("calibrate_link", "calibrate_wan_rings", "calibrate_lan", "calibrate_together", "calibrate_one_way"):

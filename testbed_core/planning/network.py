@@ -57,7 +57,8 @@ class NetParams:
     lan_rings: int | None = None
     lan_ring_alone_bps: float | None = None
     # a pipeline tensor's measured rate over a one-stream channel inside a DC (the LAN
-    # tensor probe, where no DP ring was timed); below lan_rate_bps, above the DC's lan_rate
+    # tensor probe, where no DP ring was timed); prediction.lan_tensor_rate takes
+    # lan_rate_bps first where measured, then this, then the DC's nominal lan_rate
     lan_tensor_bps: float | None = None
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)

@@ -241,7 +241,6 @@ class _Flow:
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
     backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
     unacked: bool = False  # handed over before the first window of the one before it was acknowledged
-    window_cap: float = INF  # a fluid window's rate: the window a round trip (`_Sim._window_free`)
 
     @property
     def window_bits(self) -> float:
@@ -410,8 +409,9 @@ class _Sim:
                 flow.backlogged = not flow.notice and any(flow.ready < self.last_end.get(n, -INF) for n in queued)
                 flow.unacked = not flow.notice and any(
                     flow.ready < self.last_start.get(n, -INF) + 2 * flow.path.latency_s for n in queued)
-                flow.start = flow.hold = self._window_free(flow, t)
-                flow.cap = min(self._busy_cap(flow), flow.window_cap)
+                flow.start, window_cap = self._window_free(flow, t)
+                flow.hold = flow.start
+                flow.cap = min(self._busy_cap(flow), window_cap)
                 for n in queued:
                     self.last_start[n] = flow.start
                 for name in flow.path.resources:
@@ -427,16 +427,16 @@ class _Sim:
         if started:
             self.reschedule(t)
 
-    def _window_free(self, flow: _Flow, t: float) -> float:
-        """When `flow`'s first bytes may leave: `t`, or later where earlier transfers on
-        its channel still hold more of the window than leaves room for it (its first
-        window: all of it, up to the channel's window). On a fluid window
-        (`Path.fluid_window`) over shared links, a transfer held back starts at `t` and
-        moves at most at the window a round trip, or faster where that would end it
-        after the whole-transfer wait would have (the wait was short)."""
+    def _window_free(self, flow: _Flow, t: float) -> tuple[float, float]:
+        """When `flow`'s first bytes may leave, and the rate its window holds it to: `t`,
+        or later where earlier transfers on its channel still hold more of the window than
+        leaves room for it (its first window: all of it, up to the channel's window), at
+        no cap. On a fluid window (`Path.fluid_window`) over shared links, a transfer held
+        back leaves at `t`, at most at the window a round trip, or faster where that would
+        end it after the whole-transfer wait would have (the wait was short)."""
         window = flow.window_bits
         if flow.notice or window == INF:
-            return t
+            return t, INF
         key = (flow.key.pipeline, flow.key.boundary, flow.key.direction)
         acks = sorted(a for a in self.unacked.get(key, []) if a[0] > t)
         self.unacked[key] = acks
@@ -452,9 +452,8 @@ class _Sim:
                 and not any(self._exclusive(n) for n in flow.path.resources[1:]):
             chan = self.spec.resources[flow.path.resources[0]]
             rate = chan.backlog_bps if flow.backlogged and chan.backlog_bps is not None else chan.capacity_bps
-            flow.window_cap = max(window / (2 * flow.path.latency_s), flow.bits / (at - t + flow.bits / rate))
-            return t
-        return at
+            return t, max(window / (2 * flow.path.latency_s), flow.bits / (at - t + flow.bits / rate))
+        return at, INF
 
     def _busy_cap(self, flow: _Flow) -> float:
         """The sustained rate of the busiest link `flow` starts on (`Resource.busy_bps`):

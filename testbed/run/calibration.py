@@ -717,25 +717,14 @@ def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret:
                          nbytes: int, cal: Calibration, progress: Progress,
                          agents: ProbeAgents | None = None) -> None:
     """The rate of a pipeline tensor inside a DC where no DP ring is timed there
-    (`calibrate_lan`): tensors of `nbytes` (the wire size) over a one-stream channel
-    between the two hosts of a boundary inside a DC, as the run's channels there, both
-    ways (duplex, as a boundary's channel carries activations and gradients), opened as
-    the run opens its channels; rate = bytes / median hand-over-to-arrival time (the
-    LAN's delay is the planner's `lan_latency_s`, none)."""
-    state = run_channels(scenario, ALONE_MAX_UNTIMED)
-    count = scenario.runner.calibration_transfers + state.untimed
-    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
-    try:
-        res = prober.run([pair], 1, nbytes, count, "lan-tensor-", warm=state.warm, duplex=True)
-    finally:
-        if agents is None:
-            prober.agents.close()
-    timed = res[0].timed(state.untimed) + res[0].timed_back(state.untimed)
-    cal.lan_tensor_pair, cal.lan_tensor_transfer_s = (pair[0], pair[1]), timed
-    cal.lan_tensor_rate_bps = nbytes * 8 / max(1e-6, median(timed))
-    progress.log(f"  calibration: a pipeline tensor inside {dc_of_host(pair[0])} ({pair[0]} <-> {pair[1]}, "
-                 f"{nbytes / 1e6:.1f} MB, one stream, both ways): {cal.lan_tensor_rate_bps / 1e6:.0f} Mbit/s "
-                 f"(median {median(timed) * 1e3:.1f} ms, slowest {max(timed) * 1e3:.1f} ms of {len(timed)})")
+    (`calibrate_lan`): the single-channel probe (`calibrate`: both ways, opened as the run
+    opens its channels, bytes / median hand-over-to-arrival time) of one stream between
+    the two hosts of a boundary inside a DC, as the run's channels there, with tensors of
+    `nbytes` (the wire size) and no delay (the planner's `lan_latency_s`)."""
+    dc = dc_of_host(pair[0])
+    pc = calibrate(net, scenario, folder, secret, [pair], [1], nbytes, 0.0, progress,
+                   PathCalibration(dcs=(dc, dc), src=pair[0], dst=pair[1], nbytes=nbytes, latency_s=0.0), agents)
+    cal.lan_tensor_pair, cal.lan_tensor_transfer_s, cal.lan_tensor_rate_bps = pair, pc.transfer_s[1], pc.rates_bps[1]
 
 
 def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],

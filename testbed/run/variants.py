@@ -563,14 +563,12 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
             pair = (pc.src, pc.dst) if pc is not None else pair
     options: dict[str, _SharingOption] = {}
     timed, colliding = setup.path_rates, setup.colliding_bps
-    tensor_bytes = workload.effective(base_dir).wire_activation_bytes
     for option in ("temporal", "shared"):
         if sharing not in (option, "auto"):
             continue
         setup.variant = Variant(definition.name, streams, option, strategy)
-        # shared channels colliding past what a path holds: each stream's window capped
-        setup.window_caps = {} if option == "temporal" or local else \
-            window_caps(topo, placement, streams, tensor_bytes, tensors_at_once(workload.parallelism))
+        setup.window_caps = {} if option == "temporal" else \
+            shared_caps(scenario, workload, base_dir, placement, streams, local)
         # a planned transfer holds its link token_margin longer than its measured time on
         # the wire, so that one running late does not collide with the next
         hold = 1 + scenario.runner.token_margin if option == "temporal" else 1.0
@@ -745,6 +743,17 @@ def _weigh_one_way(setup: VariantSetup, scenario: Scenario, workload: Workload, 
     return predict_variant(setup, scenario, workload, base_dir, None, pair, local)
 
 
+def shared_caps(scenario: Scenario, workload: Workload, base_dir: str | None, placement: Placement,
+                streams: int, local: bool) -> dict[tuple[str, str], int]:
+    """The window caps of a shared way of `streams` streams on `placement`: shared
+    channels colliding past what a path holds get each stream's window capped
+    (testbed/run/pacing.py `window_caps`; none in local mode)."""
+    if local:
+        return {}
+    return window_caps(scenario.topology, placement, streams, workload.effective(base_dir).wire_activation_bytes,
+                       tensors_at_once(workload.parallelism))
+
+
 def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
                                 cal: Calibration, auto: int | None, pair: tuple[str, str] | None,
                                 local: bool) -> None:
@@ -769,11 +778,8 @@ def _consider_configured_shared(setup: VariantSetup, scenario: Scenario, workloa
         return
     # multi-TCP's way, its window caps included: the collision it is predicted from was
     # timed with them (calibration `variant_caps`, a shared way of `auto` capped)
-    caps = {} if local else window_caps(scenario.topology, setup.placement, n,
-                                        workload.effective(base_dir).wire_activation_bytes,
-                                        tensors_at_once(workload.parallelism))
     alt = replace(setup, streams=n, variant=Variant(setup.variant.name, n, "shared", setup.variant.placement),
-                  window_caps=caps)
+                  window_caps=shared_caps(scenario, workload, base_dir, setup.placement, n, local))
     alt.path_rates = paths_at_n
     rate = cal.rates_bps.get(n)
     alt.colliding_bps = cal.colliding_bps.get(n)

@@ -97,6 +97,12 @@ class Path:
     # whole chunks, and a small tensor rides a few of them: testbed_core/planning/network.py
     # `warm_lanes`)
     fluid_window: bool = False
+    # a channel whose hosts also carry other channels (a boundary inside a DC whose end
+    # ranks also send and receive over the WAN): a transfer that starts while a transfer
+    # is on any of `loaded_by` moves at most at `loaded_bps` (the hosts' transport loops
+    # share their cores with those channels; None: no such cap)
+    loaded_by: tuple[str, ...] = ()
+    loaded_bps: float | None = None
 
 
 @dataclass(frozen=True)
@@ -458,10 +464,16 @@ class _Sim:
     def _busy_cap(self, flow: _Flow) -> float:
         """The sustained rate of the busiest link `flow` starts on (`Resource.busy_bps`):
         one that another transfer is on, or whose last transfer ended less than its
-        `refill_s` before `flow` starts; INF where every link is idle."""
+        `refill_s` before `flow` starts; and its path's loaded rate where a transfer is on
+        one of the resources that load its hosts (`Path.loaded_by`); INF where none
+        applies."""
         if flow.notice:
             return INF
         cap = INF
+        loaded = flow.path.loaded_bps
+        if loaded is not None and any(not f.notice and not set(f.path.resources).isdisjoint(flow.path.loaded_by)
+                                      for f in self.active.values() if f is not flow):
+            cap = loaded
         for name in flow.path.resources:
             res = self.spec.resources[name]
             if res.busy_bps is None:

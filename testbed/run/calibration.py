@@ -81,6 +81,7 @@ from testbed_core.planning.wan_paths import (
     DcPair,
     PathUse,
     TogetherLoad,
+    boundary_pairs,
     dp_lan_pairs,
     grad_wire_bytes,
     lan_boundary_pair,
@@ -114,6 +115,7 @@ PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-b
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
+LOADED_ROUNDS = 6  # timed rounds of the loaded LAN tensor probe, at least
 ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # a warmed channel's untimed tensor (testbed_core/constants.py)
@@ -341,26 +343,30 @@ class Prober:
         self.net = net
         self.folder.mkdir(parents=True, exist_ok=True)
 
-    def run(self, pairs: Sequence[tuple[str, str]], streams: int, nbytes: int, count: int,
+    def run(self, pairs: Sequence[tuple[str, str]], streams: int | Sequence[int], nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
             offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False,
             caps: Mapping[DcPair, int] | None = None, duplex: bool = False) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
-        `period_s`, pair k starting `offsets[k]` after the common start); `warm`: each
+        `period_s`, pair k starting `offsets[k]` after the common start); `streams`: every
+        channel's stream count, or one per pair; `warm`: each
         channel first sends one untimed tensor that opens its windows (warmup_bytes);
         `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed;
         `caps`: per direction (sending DC, receiving DC), each stream's window clamp
         (`probe_caps`), each end clamping what it receives as the run's channels do;
         `duplex`: each receiver hands a tensor back over the same channel as each arrives."""
         transport = transport_job(self.scenario.transport)
+        per_pair = [streams] * len(pairs) if isinstance(streams, int) else list(streams)
+        if len(per_pair) != len(pairs):
+            raise ValueError(f"{len(per_pair)} stream counts for {len(pairs)} pairs")
         budget = probe_budget_s(count * (2 if duplex else 1), nbytes, period_s, offsets,
                                 [(link.rate, link.rtt_s) for link in self.scenario.topology.wan],
-                                streams * min(caps.values()) if caps else None)
+                                min(per_pair) * min(caps.values()) if caps else None)
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
         names = []
-        for k, (src, dst) in enumerate(pairs):
+        for k, ((src, dst), streams) in enumerate(zip(pairs, per_pair, strict=True)):
             name = f"{label}s{streams}-c{k}"
             port = self.ports.port(k)
             warm_bytes = warmup_bytes(streams) if warm else 0
@@ -727,6 +733,55 @@ def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret:
     cal.lan_tensor_pair, cal.lan_tensor_transfer_s, cal.lan_tensor_rate_bps = pair, pc.transfer_s[1], pc.rates_bps[1]
 
 
+def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret: str,
+                         boundaries: Sequence[tuple[str, str, int]], nbytes: int, cal: Calibration,
+                         progress: Progress, agents: ProbeAgents | None = None) -> None:
+    """A pipeline's channels inside a DC and over the WAN at once: the hosts' transport
+    loops share the machine's two cores, so a tensor inside a DC moves slower while the
+    pipeline's other channels move theirs (the LAN tensor probe, `calibrate_lan_tensor`,
+    times one alone). `boundaries`: (upstream host, downstream host, streams) of each
+    of a placement's boundaries (`boundary_pairs`), with the stream count of the variant
+    whose placement it is (one inside a DC). In synchronised rounds of at least
+    LOADED_ROUNDS, one channel each way per boundary (a pipeline's activations and
+    gradients cross at once), a tensor of `nbytes` (the wire size) on every channel at
+    the start of each round. Figures (`lan_loaded_*`): the tensors inside a DC, bytes /
+    median time, and the WAN's transfers beside them. Channels opened as the run's
+    (`run_channels`); unclamped."""
+    wan = [(a, z, n) for a, z, n in boundaries if dc_of_host(a) != dc_of_host(z)]
+    inside = [(a, z, 1) for a, z, _ in boundaries if dc_of_host(a) == dc_of_host(z)]
+    if not wan or not inside:
+        return
+    state = run_channels(scenario)
+    count = max(scenario.runner.calibration_transfers, LOADED_ROUNDS) + state.untimed
+    prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
+    timed_wan = [sum(v) / len(v) for pc in cal.paths for a, z, n in wan
+                 if set(pc.dcs) == {dc_of_host(a), dc_of_host(z)} and (v := pc.transfer_s.get(n))]
+    period = 2.5 * max(timed_wan or [1.0]) + PROBE_GAP_S  # the slowest WAN transfer fits a round
+
+    def play(chans: Sequence[tuple[str, str, int]], tag: str) -> list[list[float]]:
+        both = [*chans, *((z, a, n) for a, z, n in chans)]
+        res = prober.run([(a, z) for a, z, _ in both], [n for *_, n in both], nbytes, count, tag,
+                         period_s=period, warm=state.warm)
+        per = [r.timed(state.untimed) for r in res]
+        k = len(chans)
+        return [per[i] + per[i + k] for i in range(k)]
+
+    try:
+        loaded = play(wan + inside, "lan-loaded-")
+    finally:
+        if agents is None:
+            prober.agents.close()
+    cal.lan_loaded_with = [tuple(b) for b in wan]
+    cal.lan_loaded_transfer_s = [d for per in loaded[len(wan):] for d in per]
+    cal.lan_loaded_rate_bps = effective_rate(nbytes, cal.lan_loaded_transfer_s, 0.0)
+    cal.lan_loaded_wan_s = [d for per in loaded[:len(wan)] for d in per]
+    progress.log("  calibration: a pipeline's channels inside the DCs and over the WAN at once ("
+                 + ", ".join(f"{a}->{z}{f' {n} streams' if n > 1 else ''}" for a, z, n in wan + inside)
+                 + f", each way, {nbytes / 1e6:.1f} MB tensors in rounds): inside a DC "
+                 f"{cal.lan_loaded_rate_bps / 1e6:.0f} Mbit/s (median {median(cal.lan_loaded_transfer_s) * 1e3:.1f} ms), "
+                 f"the WAN's transfers beside them median {median(cal.lan_loaded_wan_s) * 1e3:.0f} ms")
+
+
 def calibrate_verify(net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
                      streams: int, nbytes: int, progress: Progress,
                      agents: ProbeAgents | None = None) -> VerifyCalibration:
@@ -768,10 +823,11 @@ def path_uses(scenario: Scenario, placements: Mapping[str, Placement | ValueErro
     return wan_uses(_hosted(placements), rings)
 
 
-def lan_tensor_pair_of(hosted: Mapping[str, Placement], runs: Mapping[str, RunVariant]) -> tuple[str, str] | None:
-    """The boundary inside a DC the LAN tensor probe times: on Atlas's placement first,
-    else the first placement with one, of the variants whose tensors go over
-    atlas_transport (gloo's are not bound by its loop: planning/prediction.py
+def lan_tensor_pair_of(hosted: Mapping[str, Placement],
+                       runs: Mapping[str, RunVariant]) -> tuple[str, tuple[str, str]] | None:
+    """The variant and the boundary inside a DC the LAN tensor probe times: on Atlas's
+    placement first, else the first placement with one, of the variants whose tensors go
+    over atlas_transport (gloo's are not bound by its loop: planning/prediction.py
     `lan_tensor_rate`)."""
     order = sorted(hosted, key=lambda name: name != "atlas")
     for name in order:
@@ -780,7 +836,7 @@ def lan_tensor_pair_of(hosted: Mapping[str, Placement], runs: Mapping[str, RunVa
             continue
         pair = lan_boundary_pair(hosted[name])
         if pair is not None:
-            return pair
+            return name, pair
     return None
 
 
@@ -960,7 +1016,13 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
         else:  # no DP ring inside a DC: a pipeline boundary there, if any, timed with its own tensors
             inside = lan_tensor_pair_of(hosted, by_name)
             if inside is not None:
-                calibrate_lan_tensor(net, scenario, folder, secret, inside, nbytes, cal, progress, agents)
+                name, pair = inside
+                calibrate_lan_tensor(net, scenario, folder, secret, pair, nbytes, cal, progress, agents)
+                n = variant_streams(by_name[name].variant, s, cal, auto, nominal) if name in by_name \
+                    else configured_streams(s, auto)
+                boundaries = [(a, z, n if dc_of_host(a) != dc_of_host(z) else 1)
+                              for a, z in boundary_pairs(hosted[name])]
+                calibrate_lan_loaded(net, scenario, folder, secret, boundaries, nbytes, cal, progress, agents)
     finally:
         agents.close()
     cal.wall_s = time.monotonic() - t0

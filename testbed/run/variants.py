@@ -117,6 +117,7 @@ class VariantSetup:
     lan_rings: int | None = None  # how many rings inside the DCs the calibration timed at once
     lan_alone_bps: float | None = None  # and one of them alone (calibrated)
     lan_tensor_bps: float | None = None  # a pipeline tensor on a one-stream channel inside a DC (calibrated)
+    lan_loaded_bps: float | None = None  # and with its pipeline's WAN channels busy (calibrated)
     final_prediction: float | None = None  # the headline prediction (real devices: measured compute)
     sharing: str = "shared"  # how the variant uses WAN links: "temporal" (a plan) or "shared"
     sharing_requested: str = "shared"  # what the scenario asked for: "shared", "temporal" or "auto"
@@ -333,7 +334,7 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
     net = NetParams(flow_rate_bps=flow, allreduce=_allreduce_on(scenario),
                     crowded_fraction=None if local else crowded, lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
-                    lan_tensor_bps=setup.lan_tensor_bps,
+                    lan_tensor_bps=setup.lan_tensor_bps, lan_loaded_bps=setup.lan_loaded_bps,
                     lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=lossy_paced(scenario, setup.variant.rendezvous),
                     unpaced_bursts=unpaced_bursts(setup, scenario, local),
@@ -376,7 +377,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                 rings_alone[key] = pr.ring_alone_bps
     net = NetParams(allreduce=_allreduce_on(scenario), lan_rate_bps=setup.lan_rate_bps,
                     lan_rings=setup.lan_rings, lan_ring_alone_bps=setup.lan_alone_bps,
-                    lan_tensor_bps=setup.lan_tensor_bps,
+                    lan_tensor_bps=setup.lan_tensor_bps, lan_loaded_bps=setup.lan_loaded_bps,
                     path_flow_rate_bps=flows, link_crowded_fraction=crowd, link_ring_rate_bps=rings,
                     link_ring_alone_bps=rings_alone or None, lossy_history=lossy_history(scenario, not setup.variant.rendezvous),
                     paced=lossy_paced(scenario, setup.variant.rendezvous),
@@ -550,6 +551,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
         setup.verify = VerifyCost.of(cal.verify)
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     setup.lan_tensor_bps = cal.lan_tensor_rate_bps if cal else None
+    setup.lan_loaded_bps = cal.lan_loaded_rate_bps if cal else None
     setup.even_spread = cal.even_spread if cal else False
     setup.even_spread_stream_bytes = cal.even_spread_stream_bytes if cal else None
     if cal is not None and cal.lan_alone_rate_bps is not None and cal.lan_pairs:

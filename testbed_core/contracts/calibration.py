@@ -351,6 +351,14 @@ class CalibrationReport(BaseModel):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_channel_rate_mbps: float | None = None  # bytes / median transfer time, Mbit/s
     lan_tensor_transfer_s: list[float] | None = None  # each timed transfer, seconds
+    # a pipeline's channels inside the DCs and over the WAN at once, one each way per
+    # boundary, in rounds (testbed/run/calibration.py `calibrate_lan_loaded`;
+    # lan_loaded_with: the WAN boundaries' host pairs, each with its stream count; None:
+    # not timed so): the tensors inside a DC then, and the WAN's beside them
+    lan_loaded_with: list[tuple[str, str, int]] | None = None
+    lan_loaded_channel_rate_mbps: float | None = None  # bytes / median transfer time, Mbit/s
+    lan_loaded_transfer_s: list[float] | None = None  # each timed transfer inside a DC, seconds
+    lan_loaded_wan_transfer_s: list[float] | None = None  # the WAN's, beside them
     # every WAN path the variants' placements cross, each timed on its own (the first: the
     # primary path above); None in summaries written before per-path calibration
     paths: list[PathCalibrationReport] | None = None
@@ -393,6 +401,10 @@ class Calibration(_Figures):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_rate_bps: float | None = None
     lan_tensor_transfer_s: list[float] | None = None
+    lan_loaded_with: list[tuple[str, str, int]] | None = None
+    lan_loaded_rate_bps: float | None = None
+    lan_loaded_transfer_s: list[float] | None = None
+    lan_loaded_wan_s: list[float] | None = None
     paths: list[PathCalibration] = Field(default_factory=list)
     verify: VerifyCalibration | None = None
     wall_s: float | None = None
@@ -455,6 +467,11 @@ class Calibration(_Figures):
                        "(lan_tensor_pair): tensors of the wire size over a one-stream channel, as the run's "
                        "channels inside a DC, both ways, rate = bytes / median hand-over-to-arrival time"
                        if self.lan_tensor_rate_bps is not None else "")
+                    + ("; then that placement's pipeline, every boundary at once (the WAN ones: lan_loaded_with, "
+                       "with their stream counts), one channel each way per boundary, a tensor of the wire size on "
+                       "each in synchronised rounds: the tensors inside a DC (lan_loaded_channel_rate_mbps, bytes / "
+                       "median time) and the WAN's beside them"
+                       if self.lan_loaded_rate_bps is not None else "")
                     + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
                        "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
                        "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
@@ -479,6 +496,10 @@ class Calibration(_Figures):
             lan_tensor_pair=self.lan_tensor_pair,
             lan_tensor_channel_rate_mbps=None if self.lan_tensor_rate_bps is None else self.lan_tensor_rate_bps / 1e6,
             lan_tensor_transfer_s=self.lan_tensor_transfer_s,
+            lan_loaded_with=self.lan_loaded_with,
+            lan_loaded_channel_rate_mbps=None if self.lan_loaded_rate_bps is None else self.lan_loaded_rate_bps / 1e6,
+            lan_loaded_transfer_s=self.lan_loaded_transfer_s,
+            lan_loaded_wan_transfer_s=self.lan_loaded_wan_s,
             paths=[p.report() for p in self.paths] or None,
             verify=self.verify,
             wall_s=self.wall_s,
@@ -495,7 +516,9 @@ class Calibration(_Figures):
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    lan_tensor_pair=r.lan_tensor_pair, lan_tensor_rate_bps=_bps(r.lan_tensor_channel_rate_mbps),
-                   lan_tensor_transfer_s=r.lan_tensor_transfer_s,
+                   lan_tensor_transfer_s=r.lan_tensor_transfer_s, lan_loaded_with=r.lan_loaded_with,
+                   lan_loaded_rate_bps=_bps(r.lan_loaded_channel_rate_mbps), lan_loaded_transfer_s=r.lan_loaded_transfer_s,
+                   lan_loaded_wan_s=r.lan_loaded_wan_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
                    wall_s=r.wall_s, even_spread=r.even_spread,
                    even_spread_stream_bytes=r.even_spread_stream_bytes, method=r.method)

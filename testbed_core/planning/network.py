@@ -60,6 +60,10 @@ class NetParams:
     # tensor probe, where no DP ring was timed); prediction.lan_tensor_rate takes
     # lan_rate_bps first where measured, then this, then the DC's nominal lan_rate
     lan_tensor_bps: float | None = None
+    # that probe's tensor while the pipeline's other channels carry theirs both ways (None:
+    # not measured): a channel inside a DC whose ranks also use the WAN moves at most at
+    # this while those WAN channels are busy (prediction.build_spec, `Path.loaded_by`)
+    lan_loaded_bps: float | None = None
     # share of a WAN link's rate that two or more colliding transfers get in total
     # (measured by the runner's collision probe; None: the fluid model, all of it)
     crowded_fraction: float | None = None

@@ -23,6 +23,7 @@ each stage's last backward) is added unless switched off; it is reported apart.
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -38,7 +39,7 @@ from testbed_core.planning.network import (
 )
 from testbed_core.planning.placement import Placement, free_gpus, place, strategy_for
 from testbed_core.planning.temporal import TemporalPlan, derive_plan
-from testbed_core.schedules import build_schedule
+from testbed_core.schedules import Schedule, build_schedule
 from testbed_core.simulate import Path, Resource, SimResult, SimSpec, simulate
 from testbed_core.topology import Topology
 from testbed_core.variants import REGISTRY, VariantDef
@@ -233,12 +234,36 @@ def build_spec(
                 paths[(d, b, direction)] = Path((chan, *wp.resources), wp.latency_s, window_bits=wp.window_bits,
                                                 backlog_window_bits=wp.backlog_window_bits if backlog else None,
                                                 fluid_window=wp.streams == 1)
+    if net.lan_loaded_bps is not None and not variant.rendezvous:
+        paths = _loaded_lan_paths(sched, paths, resources, net.lan_loaded_bps)
     for name, only_bursts in bursts.items():
         if only_bursts:  # first come, first served: a burst waits whole behind the one before it
             resources[name] = replace(resources[name], policy="exclusive")
     spec = SimSpec(sched, par.dp, list(eff.stage_forward_s), list(eff.stage_backward_s), nbytes, list(nbytes),
                    paths, resources, rendezvous=variant.rendezvous)
     return spec, wan
+
+
+def _loaded_lan_paths(sched: Schedule, paths: dict[tuple[int, int, str], Path], resources: Mapping[str, Resource],
+                      loaded_bps: float) -> dict[tuple[int, int, str], Path]:
+    """`paths` with each channel inside a DC loaded by the WAN channels of its pipeline
+    that start or end on one of its two ranks (`Path.loaded_by`): the ranks' transport
+    loops share the machine's cores, and a transfer inside the DC that starts while one
+    of those moves moves at most at `loaded_bps` (the calibration's loaded LAN tensor
+    probe, the pipeline's channels all busy: testbed/run/calibration.py
+    `calibrate_lan_loaded`), or its own rate where that is lower."""
+    inside = {key for key, path in paths.items() if len(path.resources) == 1}
+    out = dict(paths)
+    for d, b, direction in inside:
+        ranks = {sched.rank_of(b), sched.rank_of(b + 1)}
+        near = tuple(channel_resource(d2, b2, dir2) for d2, b2, dir2 in paths
+                     if d2 == d and (d2, b2, dir2) not in inside
+                     and {sched.rank_of(b2), sched.rank_of(b2 + 1)} & ranks)
+        if near:
+            own = resources[paths[(d, b, direction)].resources[0]].capacity_bps
+            out[(d, b, direction)] = replace(paths[(d, b, direction)], loaded_by=near,
+                                             loaded_bps=min(own, loaded_bps))
+    return out
 
 
 def lan_tensor_rate(topology: Topology, dc: str, variant: Variant, net: NetParams) -> float:

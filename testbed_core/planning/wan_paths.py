@@ -79,6 +79,19 @@ def lan_boundary_pair(placement: Placement) -> HostPair | None:
     return None
 
 
+def boundary_pairs(placement: Placement) -> list[HostPair]:
+    """(upstream host, downstream host) of each of pipeline 0's boundaries between two
+    hosts, in the pipeline's order (a boundary inside one host left out): the channels
+    the loaded LAN tensor probe keeps busy at once."""
+    last = placement.pp if placement.wrap and placement.pp > 1 else placement.pp - 1
+    out = []
+    for b in range(last):
+        a, z = placement.hosts[(0, b)][0], placement.hosts[(0, placement.next_stage(b))][0]
+        if a != z and (a, z) not in out:
+            out.append((a, z))
+    return out
+
+
 def two_way(pairs: Sequence[HostPair]) -> list[HostPair]:
     """A forward channel and a reverse one (another pipeline's, when there is one):
     pipelines send activations and gradients across the WAN at the same time."""

@@ -279,6 +279,29 @@ def test_a_one_stream_window_frees_byte_by_byte_where_whole_transfers_wait_for_r
     assert planned.transfer(TransferKey(0, 0, 2, "fwd")).start == pytest.approx(whole[2].start)
 
 
+def test_a_channel_inside_a_dc_moves_at_its_loaded_rate_while_its_ranks_use_the_wan() -> None:
+    """Three stages, the first boundary inside a DC (1 MB: 8 ms at 1 Gbit/s), the second
+    over the WAN (10 MB at 100 Mbit/s: 0.8 s). The first micro-batch's LAN transfer finds
+    the WAN idle and moves at its own rate; the second starts while the first's WAN
+    transfer moves and, its path loaded by the WAN channels (`Path.loaded_by`), moves at
+    the loaded rate (250 Mbit/s: 32 ms). Without `loaded_bps`, both at their own rate."""
+    def run(loaded: float | None) -> list[float]:
+        s = build_schedule("gpipe", 3, 2)
+        wan = ("w-fwd", "w-bwd")
+        paths = {(0, 0, d): NetPath((f"l-{d}",), 0.0, loaded_by=wan, loaded_bps=loaded) for d in ("fwd", "bwd")}
+        paths.update({(0, 1, d): NetPath((f"w-{d}",), 0.01) for d in ("fwd", "bwd")})
+        res = {f"l-{d}": Resource(1e9, "exclusive") for d in ("fwd", "bwd")}
+        res.update({f"w-{d}": Resource(1e8, "exclusive") for d in ("fwd", "bwd")})
+        spec = SimSpec(s, 1, [0.1, 0.01, 0.01], [0.01, 0.01, 0.01], [1_000_000, 10_000_000],
+                       [1_000_000, 10_000_000], paths, res)
+        got = simulate(spec)
+        return [got.transfer(TransferKey(0, 0, m, "fwd")).end - got.transfer(TransferKey(0, 0, m, "fwd")).start
+                for m in range(2)]
+
+    assert run(2.5e8) == pytest.approx([0.008, 0.032])
+    assert run(None) == pytest.approx([0.008, 0.008])
+
+
 def test_a_tensor_that_finds_its_channel_idle_is_not_backlogged() -> None:
     """1F1B's steady state: each tensor is handed over after the one before has left, so
     the backlog rate never applies (each takes one alone's time)."""

@@ -758,23 +758,20 @@ def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret:
                  if set(pc.dcs) == {dc_of_host(a), dc_of_host(z)} and (v := pc.transfer_s.get(n))]
     period = 2.5 * max(timed_wan or [1.0]) + PROBE_GAP_S  # the slowest WAN transfer fits a round
 
-    def play(chans: Sequence[tuple[str, str, int]], tag: str) -> list[list[float]]:
-        both = [*chans, *((z, a, n) for a, z, n in chans)]
-        res = prober.run([(a, z) for a, z, _ in both], [n for *_, n in both], nbytes, count, tag,
-                         period_s=period, warm=state.warm)
-        per = [r.timed(state.untimed) for r in res]
-        k = len(chans)
-        return [per[i] + per[i + k] for i in range(k)]
-
+    chans = wan + inside
+    both = [*chans, *((z, a, n) for a, z, n in chans)]  # each boundary's forward channels, then its reverse ones
     try:
-        loaded = play(wan + inside, "lan-loaded-")
+        res = prober.run([(a, z) for a, z, _ in both], [n for *_, n in both], nbytes, count, "lan-loaded-",
+                         period_s=period, warm=state.warm)
     finally:
         if agents is None:
             prober.agents.close()
+    per = [r.timed(state.untimed) for r in res]
+    ways = [per[i] + per[i + len(chans)] for i in range(len(chans))]  # per boundary, both ways
     cal.lan_loaded_with = [tuple(b) for b in wan]
-    cal.lan_loaded_transfer_s = [d for per in loaded[len(wan):] for d in per]
+    cal.lan_loaded_transfer_s = [d for way in ways[len(wan):] for d in way]
     cal.lan_loaded_rate_bps = effective_rate(nbytes, cal.lan_loaded_transfer_s, 0.0)
-    cal.lan_loaded_wan_s = [d for per in loaded[:len(wan)] for d in per]
+    cal.lan_loaded_wan_s = [d for way in ways[:len(wan)] for d in way]
     progress.log("  calibration: a pipeline's channels inside the DCs and over the WAN at once ("
                  + ", ".join(f"{a}->{z}{f' {n} streams' if n > 1 else ''}" for a, z, n in wan + inside)
                  + f", each way, {nbytes / 1e6:.1f} MB tensors in rounds): inside a DC "

@@ -59,15 +59,17 @@ INLINE_MAX_BYTES = 32 << 10
 # Smallest chunk a transfer is cut into to spread it over several streams (the
 # lowest-numbered ones first, see _warm_lanes): a 512 KiB transfer rides 4 streams.
 SPLIT_MIN_BYTES = 128 << 10
-# A transfer of at most one chunk per stream: until this share of the path's smoothed
-# RTT (at most SPREAD_MAX_S) has passed since it was queued, no stream takes a second
-# chunk of it (`_spread`). A 128 KiB write returns at once into a large send buffer, so
-# the writer that woke first could take a second and third chunk before the other
-# writers woke, and its stream, whose window follows the one chunk it usually carries,
-# then needed extra round trips (README, "Even spread"). The wait bounds what a writer
-# slow to wake costs. Transfers of several chunks per stream keep plain work stealing.
+# A transfer of at most SPREAD_CHUNKS smallest chunks per stream: until this share of
+# the path's smoothed RTT (at most SPREAD_MAX_S) has passed since it was queued, no
+# stream takes more than its even share of its chunks (`_spread`). A 128 KiB write
+# returns at once into a large send buffer, so the writer that woke first could take
+# a second, third and fourth chunk before the other writers woke, and its stream, whose
+# window follows the chunks it usually carries, then needed extra round trips (README,
+# "Even spread"). The wait bounds what a writer slow to wake costs. Larger transfers
+# (chunks above the smallest) keep plain work stealing.
 SPREAD_RTT_FRACTION = 0.25
 SPREAD_MAX_S = 0.02
+SPREAD_CHUNKS = 2
 
 
 def _mib(n: int) -> str:
@@ -447,18 +449,21 @@ class Channel:
         return h
 
     def _spread(self, t: OutTransfer) -> None:
-        """Give a transfer of several chunks, at most one per stream it may ride, its
-        quota: each stream one chunk until SPREAD_RTT_FRACTION of the smoothed RTT
-        (SPREAD_MAX_S at most) has passed; then any stream takes what is left (a writer
-        slow to wake, a stream stuck behind a full window). Transfers of more chunks
-        than streams, and a channel with no RTT measured yet: no quota. Lock held."""
+        """Give a transfer of several chunks, at most SPREAD_CHUNKS of the smallest
+        (SPLIT_MIN_BYTES) per stream it may ride, its quota: each stream its even share
+        of the chunks (one, or two where there are more chunks than streams) until
+        SPREAD_RTT_FRACTION of the smoothed RTT (SPREAD_MAX_S at most) has passed; then
+        any stream takes what is left (a writer slow to wake, a stream stuck behind a
+        full window). Larger transfers, and a channel with no RTT measured yet: no
+        quota. Lock held."""
         alive = [s for s in self._streams if s.alive and (t.lanes is None or s.index < t.lanes)]
-        if len(alive) < 2 or not 2 <= t.meta.n_chunks <= len(alive):
+        if len(alive) < 2 or t.meta.n_chunks < 2 \
+                or t.meta.total_bytes > SPREAD_CHUNKS * len(alive) * SPLIT_MIN_BYTES:
             return
         rtt = rtt_s(alive[0].sock)
         if not rtt:
             return
-        t.quota = 1
+        t.quota = -(-t.meta.n_chunks // len(alive))
         t.spread_until = time.monotonic() + min(SPREAD_MAX_S, SPREAD_RTT_FRACTION * rtt)
 
     def _warm_lanes(self, n_chunks: int) -> int | None:

@@ -130,7 +130,8 @@ class VariantSetup:
     placement_label: str = ""  # how `configurations` names its placement
     verify: VerifyCost | None = None  # the tensor checks' calibrated CPU time (runner.verify_tensors)
     even_spread: bool = False  # the calibration's channels spread each tensor evenly (Calibration.even_spread)
-    even_spread_stream_bytes: int | None = None  # up to this many bytes per stream (None: every size)
+    even_spread_stream_bytes: int | None = None  # chunks of this many bytes (None: every size)
+    even_spread_chunks: int = 1  # up to this many of them per stream
     # shared multi-stream channels: per (sending DC, receiving DC), each stream's receive
     # window clamp (testbed/run/pacing.py `window_caps`), in the prediction and the run's channels
     window_caps: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -340,6 +341,7 @@ def _net_for(setup: VariantSetup, scenario: Scenario, rate_bps: float | None,
                     unpaced_bursts=unpaced_bursts(setup, scenario, local),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes,
+                    even_spread_chunks=setup.even_spread_chunks,
                     path_window_bytes=setup.window_caps or None,
                     link_line_bps=None if rate_bps is None else _line_rates(setup, scenario, local))
     return net, calibrated_topology(scenario.topology, link, pair, local)
@@ -383,7 +385,8 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     paced=lossy_paced(scenario, setup.variant.rendezvous),
                     unpaced_bursts=unpaced_bursts(setup, scenario, local),
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
-                    even_spread_stream_bytes=setup.even_spread_stream_bytes, path_hold_factor=holds or None,
+                    even_spread_stream_bytes=setup.even_spread_stream_bytes,
+                    even_spread_chunks=setup.even_spread_chunks, path_hold_factor=holds or None,
                     path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local))
     return net, path_topology(scenario.topology, links, local)
 
@@ -554,6 +557,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     setup.lan_loaded_bps = cal.lan_loaded_rate_bps if cal else None
     setup.even_spread = cal.even_spread if cal else False
     setup.even_spread_stream_bytes = cal.even_spread_stream_bytes if cal else None
+    setup.even_spread_chunks = cal.even_spread_chunks if cal else 1
     if cal is not None and cal.lan_alone_rate_bps is not None and cal.lan_pairs:
         setup.lan_rings, setup.lan_alone_bps = len(cal.lan_pairs), cal.lan_alone_rate_bps
     if cal is not None and cal.paths:

@@ -54,6 +54,10 @@ EVEN_SPREAD_STREAM_BYTES = 128 << 10
 """The largest tensor atlas_transport spreads one chunk per stream, per stream of the
 channel (its smallest chunk, ``atlas_transport.channel.SPLIT_MIN_BYTES``; a unit test
 holds the two equal): what a calibration made with this checkout records."""
+EVEN_SPREAD_CHUNKS = 2
+"""How many of those smallest chunks per stream a tensor atlas_transport spreads evenly
+may have (``atlas_transport.channel.SPREAD_CHUNKS``; a unit test holds the two equal):
+one until 9d55a21, two since."""
 
 class _Together(BaseModel):
     """What a probe with every path of a placement loaded at once is: `streams` per
@@ -376,6 +380,10 @@ class CalibrationReport(BaseModel):
     # channel (a tensor of at most streams x this many bytes goes one chunk per stream;
     # larger ones keep plain work stealing, since 80ce329); None: every size (1745c66)
     even_spread_stream_bytes: int | None = None
+    # with even_spread_stream_bytes: how many such chunks per stream the spread covers (a
+    # tensor of at most streams x this x even_spread_stream_bytes goes in even shares;
+    # 1, and absent, in summaries before the two-chunk spread)
+    even_spread_chunks: int = 1
 
     def rate_mbps(self, streams: int) -> float | None:
         return self.channel_rate_mbps.get(str(streams))
@@ -412,6 +420,7 @@ class Calibration(_Figures):
     # channel's streams (CalibrationReport.even_spread); from_report keeps a kept run's word
     even_spread: bool = True
     even_spread_stream_bytes: int | None = EVEN_SPREAD_STREAM_BYTES
+    even_spread_chunks: int = EVEN_SPREAD_CHUNKS
     # how the figures were measured, as a kept run's report said (from_report); None: as
     # this checkout's probes measure them (the method `report` spells out)
     method: str | None = None
@@ -505,6 +514,7 @@ class Calibration(_Figures):
             wall_s=self.wall_s,
             even_spread=self.even_spread,
             even_spread_stream_bytes=self.even_spread_stream_bytes,
+            even_spread_chunks=self.even_spread_chunks,
         )
 
     @classmethod
@@ -521,4 +531,5 @@ class Calibration(_Figures):
                    lan_loaded_wan_s=r.lan_loaded_wan_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,
                    wall_s=r.wall_s, even_spread=r.even_spread,
-                   even_spread_stream_bytes=r.even_spread_stream_bytes, method=r.method)
+                   even_spread_stream_bytes=r.even_spread_stream_bytes, even_spread_chunks=r.even_spread_chunks,
+                   method=r.method)

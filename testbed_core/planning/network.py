@@ -106,8 +106,10 @@ class NetParams:
     # streams to wake take a tensor's chunks and the next goes side by side on the
     # others (testbed_core/planning/interleave.py), as kept runs before it measured
     even_spread: bool = False
-    # with even_spread: the largest tensor spread so, per stream (None: every size)
+    # with even_spread: the transport's smallest chunk, and how many of them per stream
+    # the largest tensor spread so has (None: every size)
     even_spread_stream_bytes: float | None = None
+    even_spread_chunks: int = 1
     # per (sending DC, receiving DC), the receive window each stream of a channel there
     # is clamped to (the run's cap on shared multi-stream channels, testbed/run/pacing.py
     # `window_caps`): the window model's window where smaller

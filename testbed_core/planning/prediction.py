@@ -465,8 +465,9 @@ def predict(
     # tensors handed to a multi-stream channel back to back cross side by side
     # (testbed_core/planning/interleave.py), unless the channels spread each evenly
     if not net.even_spread or net.even_spread_stream_bytes is not None:
-        spec = interleave(spec, paths, lambda dc: topology.tcp_for(dc).wmem_max, simulate,
-                          even_stream_bytes=net.even_spread_stream_bytes if net.even_spread else None)
+        spread = None if not net.even_spread or net.even_spread_stream_bytes is None \
+            else net.even_spread_stream_bytes * net.even_spread_chunks
+        spec = interleave(spec, paths, lambda dc: topology.tcp_for(dc).wmem_max, simulate, even_stream_bytes=spread)
     plan = None
     alternatives = None
     sim = None

@@ -33,6 +33,7 @@ def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
         back = json.loads(cal.report().model_dump_json())
         assert back.pop("even_spread") is False
         assert back.pop("even_spread_stream_bytes") is None
+        assert back.pop("even_spread_chunks") == 1
         for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s", "verify",  # probes added later
                     "lan_tensor_pair", "lan_tensor_channel_rate_mbps", "lan_tensor_transfer_s",
                     "lan_loaded_with", "lan_loaded_channel_rate_mbps", "lan_loaded_transfer_s",
@@ -67,17 +68,22 @@ def test_the_tensor_checks_calibration_reads_back() -> None:
 
 
 def test_a_new_calibration_says_its_channels_spread_tensors_evenly() -> None:
-    """This checkout's transport spreads a tensor of at most one chunk per stream evenly
-    over a channel's streams (the planner then sends such tensors one after another);
-    the report keeps it."""
-    from atlas_transport.channel import SPLIT_MIN_BYTES
+    """This checkout's transport spreads a tensor of at most two smallest chunks per
+    stream evenly over a channel's streams (the planner then sends such tensors one after
+    another); the report keeps it. A kept report without the chunk count spread one."""
+    from atlas_transport.channel import SPLIT_MIN_BYTES, SPREAD_CHUNKS
 
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=4096, latency_s=0.025)
-    assert cal.even_spread is True and cal.even_spread_stream_bytes == SPLIT_MIN_BYTES  # one chunk a stream
+    assert cal.even_spread is True and cal.even_spread_stream_bytes == SPLIT_MIN_BYTES  # the smallest chunk
+    assert cal.even_spread_chunks == SPREAD_CHUNKS == 2
     report = cal.report()
     assert report.even_spread is True and report.even_spread_stream_bytes == SPLIT_MIN_BYTES
     back = Calibration.from_report(CalibrationReport.model_validate_json(report.model_dump_json()))
     assert back.even_spread is True and back.even_spread_stream_bytes == SPLIT_MIN_BYTES
+    assert back.even_spread_chunks == SPREAD_CHUNKS
+    before = report.model_dump()
+    del before["even_spread_chunks"]
+    assert Calibration.from_report(CalibrationReport.model_validate(before)).even_spread_chunks == 1
     # a run at 1745c66 spread every tensor: no size in its report
     at_1745c66 = CalibrationReport.model_validate({**report.model_dump(), "even_spread_stream_bytes": None})
     assert Calibration.from_report(at_1745c66).even_spread_stream_bytes is None

@@ -62,10 +62,11 @@ def test_a_channel_learns_its_stream_rate_and_sends_larger_chunks() -> None:
         assert torch.equal(b.recv(3, timeout=10), x)  # whatever the chunk, the tensor arrives whole
 
 
-def test_a_transfer_of_one_chunk_per_stream_is_spread_evenly(monkeypatch) -> None:
-    """A transfer of at most one chunk per stream: each stream carries one of its
-    chunks while the spread lasts (made long here, so that it binds however the writers
-    wake); a transfer of more chunks than streams keeps plain work stealing (no quota)."""
+def test_a_transfer_of_up_to_two_smallest_chunks_per_stream_is_spread_evenly(monkeypatch) -> None:
+    """A transfer of at most SPREAD_CHUNKS smallest chunks (128 KiB) per stream: each
+    stream carries its even share of them while the spread lasts (made long here, so
+    that it binds however the writers wake): one each for 4 chunks over 4 streams, two
+    each for 8; a transfer of larger chunks keeps plain work stealing (no quota)."""
     import atlas_transport.channel as channel_mod
 
     monkeypatch.setattr(channel_mod, "SPREAD_RTT_FRACTION", 1e6)
@@ -87,10 +88,14 @@ def test_a_transfer_of_one_chunk_per_stream_is_spread_evenly(monkeypatch) -> Non
         for tag in range(2, 6):
             a.send(x, tag, timeout=10)
             assert torch.equal(b.recv(tag, timeout=10), x)
-        big = torch.arange(MiB // 4, dtype=torch.int32)  # 1 MiB: 8 chunks over 4 streams
-        a.send(big, 6, timeout=10)
-        assert torch.equal(b.recv(6, timeout=10), big)
-    assert len(carried) == 6
+        two = torch.arange(MiB // 4, dtype=torch.int32)  # 1 MiB: 8 chunks of 128 KiB over 4 streams
+        a.send(two, 6, timeout=10)
+        assert torch.equal(b.recv(6, timeout=10), two)
+        big = torch.arange(MiB // 2, dtype=torch.int32)  # 2 MiB: 8 chunks of 256 KiB over 4 streams
+        a.send(big, 7, timeout=10)
+        assert torch.equal(b.recv(7, timeout=10), big)
+    assert len(carried) == 7
     for quota, sent_on in carried[1:5]:
         assert quota == 1 and sorted(len(offs) for offs in sent_on.values()) == [1, 1, 1, 1], sent_on
-    assert carried[5][0] is None
+    assert carried[5][0] == 2 and sorted(len(offs) for offs in carried[5][1].values()) == [2, 2, 2, 2]
+    assert carried[6][0] is None

@@ -25,11 +25,12 @@ That was atlas_transport before its even spread (1745c66): since then each strea
 at most its share of a tensor's chunks while the other writers wake, so a tensor handed
 over behind another lands behind it on every stream and the two go one after the other.
 Since 80ce329 only tensors of at most one chunk per stream (128 KiB a stream) are spread
-so; larger ones are taken greedily again. The prediction applies this model to every
-tensor where the calibration says the channels took chunks greedily
-(`Calibration.even_spread` false: kept runs from before 1745c66), to none where they
-spread every tensor (even_spread without a size: runs at 1745c66), and else to the
-tensors above `even_spread_stream_bytes` per stream.
+so, since 639fd19 of at most two (`Calibration.even_spread_chunks`); larger ones are
+taken greedily. The prediction applies this model to every tensor where the calibration
+says the channels took chunks greedily (`Calibration.even_spread` false: kept runs from
+before 1745c66), to none where they spread every tensor (even_spread without a size:
+runs at 1745c66), and else to the tensors above `even_spread_chunks` x
+`even_spread_stream_bytes` per stream.
 """
 
 from __future__ import annotations

@@ -120,7 +120,9 @@ def test_where_the_dp_rings_are_timed_inside_a_dc_no_tensor_probe_runs(monkeypat
     assert [c[0] for c in calls] == ["rings"]
 
 
-def test_calibrate_lan_tensor_times_one_stream_both_ways_and_takes_the_median(monkeypatch, tmp_path) -> None:
+def _fake_prober(monkeypatch, answer) -> dict:
+    """Replace the calibration's Prober with one that records its call (returned) and
+    answers `answer(pairs, sent)`: the ProbeTimes of each pair, `sent` the hand-over times."""
     import testbed.run.calibration as calibration
 
     seen: dict = {}
@@ -130,12 +132,20 @@ def test_calibrate_lan_tensor_times_one_stream_both_ways_and_takes_the_median(mo
             pass
 
         def run(self, pairs, streams, nbytes, count, label="", **k):
-            seen.update(pairs=pairs, streams=streams, nbytes=nbytes, count=count, duplex=k.get("duplex"))
-            sent = [float(i) for i in range(count)]
-            # forward 10 ms each, back 20 ms each: the median of both ways
-            return [ProbeTimes(sent, [s + 0.010 for s in sent], back_sent=sent, back_arrived=[s + 0.020 for s in sent])]
+            seen.update(pairs=pairs, streams=streams, nbytes=nbytes, count=count, period=k.get("period_s"),
+                        duplex=k.get("duplex"))
+            return answer(pairs, [float(i) for i in range(count)])
 
     monkeypatch.setattr(calibration, "Prober", FakeProber)
+    return seen
+
+
+def test_calibrate_lan_tensor_times_one_stream_both_ways_and_takes_the_median(monkeypatch, tmp_path) -> None:
+    import testbed.run.calibration as calibration
+
+    # forward 10 ms each, back 20 ms each: the median of both ways
+    seen = _fake_prober(monkeypatch, lambda pairs, sent: [
+        ProbeTimes(sent, [s + 0.010 for s in sent], back_sent=sent, back_arrived=[s + 0.020 for s in sent])])
     scenario, _ = load_scenario(UNEQUAL, {"runner.base_port": "29500"})
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 * 2**20, latency_s=0.025)
     calibration.calibrate_lan_tensor(None, scenario, tmp_path, "s", ("dc1-h1", "dc1-h2"), 8 * 2**20, cal,
@@ -150,21 +160,11 @@ def test_calibrate_lan_tensor_times_one_stream_both_ways_and_takes_the_median(mo
 def test_calibrate_lan_loaded_times_every_channel_each_way_at_once_in_rounds(monkeypatch, tmp_path) -> None:
     import testbed.run.calibration as calibration
 
-    seen: dict = {}
-
-    class FakeProber:
-        def __init__(self, *a, **k) -> None:
-            pass
-
-        def run(self, pairs, streams, nbytes, count, label="", **k):
-            seen.update(pairs=pairs, streams=streams, count=count, period=k.get("period_s"), duplex=k.get("duplex"))
-            sent = [float(i) for i in range(count)]
-            # the WAN's channels 120 ms, the ones inside the DCs 20 ms forward and 40 back
-            took = {("dc1-h2", "dc2-h1"): 0.12, ("dc2-h1", "dc1-h2"): 0.12, ("dc1-h1", "dc1-h2"): 0.02,
-                    ("dc1-h2", "dc1-h1"): 0.04, ("dc2-h1", "dc2-h2"): 0.02, ("dc2-h2", "dc2-h1"): 0.04}
-            return [ProbeTimes(sent, [x + took[p] for x in sent]) for p in pairs]
-
-    monkeypatch.setattr(calibration, "Prober", FakeProber)
+    # the WAN's channels 120 ms, the ones inside the DCs 20 ms forward and 40 back
+    took = {("dc1-h2", "dc2-h1"): 0.12, ("dc2-h1", "dc1-h2"): 0.12, ("dc1-h1", "dc1-h2"): 0.02,
+            ("dc1-h2", "dc1-h1"): 0.04, ("dc2-h1", "dc2-h2"): 0.02, ("dc2-h2", "dc2-h1"): 0.04}
+    seen = _fake_prober(monkeypatch, lambda pairs, sent: [ProbeTimes(sent, [x + took[p] for x in sent])
+                                                          for p in pairs])
     scenario, _ = load_scenario(UNEQUAL, {"runner.base_port": "29500"})
     pc = PathCalibration(dcs=("dc1", "dc2"), src="dc1-h2", dst="dc2-h1", nbytes=1000, latency_s=0.025,
                          rates_bps={8: 8e8}, transfer_s={8: [0.1, 0.1]})

@@ -741,14 +741,14 @@ def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret:
     pipeline's other channels move theirs (the LAN tensor probe, `calibrate_lan_tensor`,
     times one alone). `boundaries`: (upstream host, downstream host, streams) of each
     of a placement's boundaries (`boundary_pairs`), with the stream count of the variant
-    whose placement it is (one inside a DC). In synchronised rounds of at least
+    whose placement it is (one inside a DC, as the run's channels there). In synchronised rounds of at least
     LOADED_ROUNDS, one channel each way per boundary (a pipeline's activations and
     gradients cross at once), a tensor of `nbytes` (the wire size) on every channel at
     the start of each round. Figures (`lan_loaded_*`): the tensors inside a DC, bytes /
     median time, and the WAN's transfers beside them. Channels opened as the run's
     (`run_channels`); unclamped."""
-    wan = [(a, z, n) for a, z, n in boundaries if dc_of_host(a) != dc_of_host(z)]
-    inside = [(a, z, 1) for a, z, _ in boundaries if dc_of_host(a) == dc_of_host(z)]
+    wan = [b for b in boundaries if dc_of_host(b[0]) != dc_of_host(b[1])]
+    inside = [b for b in boundaries if dc_of_host(b[0]) == dc_of_host(b[1])]
     if not wan or not inside:
         return
     state = run_channels(scenario)

@@ -51,13 +51,13 @@ def _by_count(values: Mapping[str, _V], factor: float = 1.0) -> dict[int, _V]:
 
 
 EVEN_SPREAD_STREAM_BYTES = 128 << 10
-"""The largest tensor atlas_transport spreads one chunk per stream, per stream of the
-channel (its smallest chunk, ``atlas_transport.channel.SPLIT_MIN_BYTES``; a unit test
-holds the two equal): what a calibration made with this checkout records."""
+"""atlas_transport's smallest chunk (``atlas_transport.channel.SPLIT_MIN_BYTES``; a unit
+test holds the two equal): the chunk size of the tensors it spreads evenly, what a
+calibration made with this checkout records."""
 EVEN_SPREAD_CHUNKS = 2
 """How many of those smallest chunks per stream a tensor atlas_transport spreads evenly
 may have (``atlas_transport.channel.SPREAD_CHUNKS``; a unit test holds the two equal):
-one until 9d55a21, two since."""
+one until 639fd19, two since."""
 
 class _Together(BaseModel):
     """What a probe with every path of a placement loaded at once is: `streams` per

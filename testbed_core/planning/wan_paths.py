@@ -15,7 +15,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from testbed_core.contracts.calibration import Calibration, PathCalibration, TurnsCalibration
+from testbed_core.contracts.calibration import (
+    Calibration,
+    PathCalibration,
+    TurnsCalibration,
+    dc_of_host,
+)
 from testbed_core.planning.calibrated import turns_rate_bps, turns_wire_rate_bps
 from testbed_core.planning.lossy import lossy_between
 from testbed_core.planning.path_load import load_of, weighed_rate
@@ -70,13 +75,7 @@ def lan_boundary_pair(placement: Placement) -> HostPair | None:
     """(upstream host, downstream host) of pipeline 0's first boundary whose two stages
     sit in one DC on different hosts: the channel the LAN tensor probe times (None:
     every boundary crosses a WAN or stays on one host)."""
-    last = placement.pp if placement.wrap and placement.pp > 1 else placement.pp - 1
-    for b in range(last):
-        nxt = placement.next_stage(b)
-        a, z = placement.hosts[(0, b)][0], placement.hosts[(0, nxt)][0]
-        if a != z and placement.dc_of(0, b) == placement.dc_of(0, nxt):
-            return a, z
-    return None
+    return next(((a, z) for a, z in boundary_pairs(placement) if dc_of_host(a) == dc_of_host(z)), None)
 
 
 def boundary_pairs(placement: Placement) -> list[HostPair]:

@@ -11,7 +11,7 @@ _TRANSPORT_EXPORTS = {
     "forget_streams": "auto", "ProbeResult": "auto",
     "TransportError": "errors", "ProtocolError": "errors", "AuthenticationError": "errors",
     "ConnectError": "errors", "ChannelClosed": "errors", "PeerLost": "errors",
-    "ConfigError": "errors",
+    "ConfigError": "errors", "ShapeMismatch": "errors",
 }
 
 

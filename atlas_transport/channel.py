@@ -23,7 +23,7 @@ import torch
 
 from . import protocol as P
 from .config import TransportConfig
-from .errors import ChannelClosed, PeerLost, ProtocolError, TransportError
+from .errors import ChannelClosed, PeerLost, ProtocolError, ShapeMismatch, TransportError
 from .scheduler import Chunk, InTransfer, OutTransfer, Reassembly, SendQueue
 from .sockets import (
     StreamDown,
@@ -736,7 +736,7 @@ class Channel:
                 if req.into is not None:
                     why = check_into(req.into, m.dtype, m.shape)
                     if why is not None:
-                        raise TransportError(f"cannot receive into the given tensor: {why}")
+                        raise ShapeMismatch(f"cannot receive into the given tensor: {why}")
                     dest = into_destination(req.into)
                 else:
                     dest = new_destination(m.dtype, m.shape, req.device)
@@ -763,7 +763,7 @@ class Channel:
                 buf = state.dest.buffer
                 why = check_into(req.into, _dtype_str(buf), tuple(buf.shape))
                 if why is not None:
-                    raise TransportError(f"cannot receive into the given tensor: {why}")
+                    raise ShapeMismatch(f"cannot receive into the given tensor: {why}")
                 result = copy_into(req.into, buf)
             elif req.device is not None and req.device.type != "cpu":
                 result = state.dest.buffer.to(req.device)

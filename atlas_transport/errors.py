@@ -29,6 +29,12 @@ class ConnectError(TransportError):
     """A channel could not be established (refused, unreachable, timed out)."""
 
 
+class ShapeMismatch(TransportError):
+    """A transfer's dtype or element count does not fit the tensor posted to receive
+    it. The peer is alive and the channel stays open: the caller's two programs
+    disagree about what they exchange."""
+
+
 class ChannelClosed(TransportError):
     """The channel was closed (locally or by the peer) before the operation finished."""
 

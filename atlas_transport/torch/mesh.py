@@ -43,7 +43,7 @@ import torch
 
 from ..config import TransportConfig
 from ..endpoints import connect, listen
-from ..errors import AuthenticationError, ChannelClosed, ConnectError, TransportError
+from ..errors import AuthenticationError, ChannelClosed, ConnectError, ShapeMismatch, TransportError
 from ..sockets import available_congestion
 from .options import LAN_RTT_S, WAN_STREAMS, AtlasOptions
 from .rendezvous import PeerAddress, addr_key, group_secret, own_address
@@ -190,6 +190,15 @@ class PeerMesh:
                 f"(stopped or hung) or never posted the matching {other}")
             self.peer_failed(op.peer, err)
             raise err from None
+        except ShapeMismatch as exc:
+            # The peer is alive and sent what its program holds. Our own sends of this
+            # operation still reach it before the channel closes (it names the mismatch
+            # from its side, not a closed channel), and this operation raises its own
+            # cause even where another wait on the peer failed first (an abandoned
+            # receive failing as the peer closes its side after its own mismatch).
+            err = AtlasError(f"atlas: {op.what} {direction} {peer} (group {self.group!r}) failed: {exc}")
+            self._fail_quietly(op.peer, err, flush_s=max(0.5, op.deadline - time.monotonic()))
+            raise err from None
         except TransportError as exc:
             err = AtlasError(f"atlas: {op.what} {direction} {peer} (group {self.group!r}) failed: lost {peer}: {exc}")
             self.peer_failed(op.peer, err)
@@ -200,9 +209,11 @@ class PeerMesh:
         direction = "to" if op.kind == "send" else "from"
         return AtlasError(f"atlas: {op.what} {direction} {peer} (group {self.group!r}): {peer} failed earlier: {err}")
 
-    def peer_failed(self, peer: int, err: AtlasError) -> None:
+    def peer_failed(self, peer: int, err: AtlasError, flush_s: float = 0.5) -> None:
         """Fail every queued and later operation with `peer`, and close its channel so
-        the peer's own waits end too; raises `err`."""
+        the peer's own waits end too, after at most `flush_s` for the sends already on
+        it to be confirmed (a lost peer confirms none; a live one reads them); raises
+        `err`."""
         p = self._peer(peer)
         with p.lock:
             first = p.error is None
@@ -213,7 +224,7 @@ class PeerMesh:
         for op in pending:
             op.fail(self._earlier(op, p.error))
         if ch is not None:
-            threading.Thread(target=ch.close, kwargs={"timeout": 0.5}, daemon=True).start()
+            threading.Thread(target=ch.close, kwargs={"timeout": flush_s}, daemon=True).start()
         raise p.error
 
     def close(self) -> None:
@@ -288,9 +299,9 @@ class PeerMesh:
         except Exception as exc:  # noqa: BLE001 - store timeouts, probe failures: fail the peer's ops
             self._fail_quietly(peer, AtlasError(f"atlas: {what}: {type(exc).__name__}: {exc}"))
 
-    def _fail_quietly(self, peer: int, err: AtlasError) -> None:
+    def _fail_quietly(self, peer: int, err: AtlasError, flush_s: float = 0.5) -> None:
         try:
-            self.peer_failed(peer, err)
+            self.peer_failed(peer, err, flush_s)
         except AtlasError:
             pass
 

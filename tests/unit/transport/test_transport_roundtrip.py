@@ -7,7 +7,7 @@ import time
 import pytest
 import torch
 
-from atlas_transport import ConfigError, TransportConfig, TransportError, connect, listen
+from atlas_transport import ConfigError, ShapeMismatch, TransportConfig, connect, listen
 from atlas_transport.loopback import loopback_pair
 
 CFG = TransportConfig(streams=3, secret="unit-test", chunk_bytes=64 << 10, connect_timeout_s=5, idle_timeout_s=10)
@@ -82,11 +82,11 @@ def test_recv_into_contiguous_and_strided_destinations(pair) -> None:
 def test_recv_into_wrong_destination_is_refused_with_reason(pair) -> None:
     a, b = pair
     a.send(sample(torch.float32, (10,)), 5)
-    with pytest.raises(TransportError, match=r"carries float32\[10\], the destination is float64\[10\] \(dtype differs\)"):
+    with pytest.raises(ShapeMismatch, match=r"carries float32\[10\], the destination is float64\[10\] \(dtype differs\)"):
         b.recv_into(torch.zeros(10, dtype=torch.float64), 5, timeout=10)
     h = b.irecv(5, into=torch.zeros(11))
     a.send(sample(torch.float32, (10,)), 5)
-    with pytest.raises(TransportError, match="element count differs"):
+    with pytest.raises(ShapeMismatch, match="element count differs"):
         h.wait(10)
     a.send(torch.ones(2), 5)  # the channel is fine afterwards
     assert torch.equal(b.recv(5, timeout=10), torch.ones(2))

@@ -7,6 +7,11 @@ memory read from the kernel's accounting of that process.
 
     .venv/bin/python scripts/whatif_timing.py [--gpus 1024,4096,...] [--out results/whatif-scale]
 
+Other shapes and the stride search's threads, side by side (timing-shapes.csv and .json
+under --out, no plot): `--micro-batches 64,128,256` (the workload's micro-batches) and
+`--threads 1,auto` ($TESTBED_WHATIF_THREADS of each command; auto: unset), every
+combination at every --gpus, the thread counts interleaved per shape.
+
 DC sizes at dp pipelines (u = dp x tp GPUs, one stage with its replicas): 5u + 5tp,
 4u + 4tp, 3u + 3tp, 3u and 3u + tp, so that Atlas's largest-first placement is the same
 at every size (5, 4, 3 stages in dc1-dc3, 3 in dc5, the last in dc4) and the even one
@@ -19,6 +24,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -27,16 +33,20 @@ from pathlib import Path
 
 import yaml
 
+from testbed_core.whatif.predict import THREADS_ENV
+
 REPO = Path(__file__).resolve().parent.parent
 TOPOLOGY = REPO / "topologies" / "5dc-131k.yaml"
 WORKLOAD = REPO / "scenarios" / "workloads" / "qwen-32b-131k.yaml"
 DEFAULT_GPUS = [1024, 2048, 4096, 8192, 16384, 32768, 65536, 131072, 262144, 524288, 1048576]
 
 
-def setup(gpus: int, work: Path) -> tuple[Path, Path]:
+def setup(gpus: int, work: Path, micro_batches: int | None = None) -> tuple[Path, Path]:
     """The topology and workload files of one point (see the module docstring)."""
     wl = yaml.safe_load(WORKLOAD.read_text())
     par = wl["parallelism"]
+    if micro_batches is not None:
+        par["num_micro_batches"] = micro_batches
     unit = par["pp"] * par["tp"]
     if gpus % unit:
         raise SystemExit(f"--gpus: {gpus} is not a multiple of pp x tp = {unit}")
@@ -54,19 +64,23 @@ def setup(gpus: int, work: Path) -> tuple[Path, Path]:
     return t, w
 
 
-def measure(gpus: int, work: Path) -> dict:
+def measure(gpus: int, work: Path, micro_batches: int | None = None, threads: str = "auto") -> dict:
     """One `testbed whatif --json` of the point, in its own process (the caller reads its
     CPU seconds and peak RSS from the children's accounting)."""
-    t, w = setup(gpus, work)
+    t, w = setup(gpus, work, micro_batches)
     cmd = [str(Path(sys.executable).parent / "testbed"), "whatif", "--topology", str(t), "--workload", str(w), "--json"]
+    env = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
+    if threads != "auto":
+        env[THREADS_ENV] = threads
     wall0 = time.perf_counter()
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     out, err = proc.communicate()
     wall = time.perf_counter() - wall0
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
     doc = json.loads(out)
-    return {"gpus": gpus, "dp": gpus // 128, "wall_s": wall, "predict_s": doc["predict_s"],
+    return {"gpus": gpus, "dp": gpus // 128, "micro_batches": micro_batches, "threads": threads,
+            "wall_s": wall, "predict_s": doc["predict_s"],
             "variants": {v["variant"]: {"iteration_s": v["iteration_s"], "sharing": v["sharing"],
                                         "method": v["method"], "predict_s": v["predict_s"]}
                          for v in doc["variants"] if v["feasible"]}}
@@ -77,12 +91,18 @@ def main() -> None:
     ap.add_argument("--gpus", default=",".join(map(str, DEFAULT_GPUS)), help="comma-separated GPU counts")
     ap.add_argument("--out", type=Path, default=REPO / "results" / "whatif-scale")
     ap.add_argument("--replot", action="store_true", help="only redraw timing.png from --out's timing.json")
+    ap.add_argument("--micro-batches", default=None, help="comma-separated micro-batch counts (other shapes)")
+    ap.add_argument("--threads", default=None, help="comma-separated $TESTBED_WHATIF_THREADS values (auto: unset)")
     args = ap.parse_args()
     if args.replot:
         plot(json.loads((args.out / "timing.json").read_text())["points"], args.out / "timing.png")
         return
     counts = [int(x) for x in args.gpus.split(",") if x.strip()]
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.micro_batches is not None or args.threads is not None:
+        shapes(counts, [int(x) for x in (args.micro_batches or "64").split(",") if x.strip()],
+               [x.strip() for x in (args.threads or "auto").split(",") if x.strip()], args.out)
+        return
     import resource
 
     rows = []
@@ -113,6 +133,38 @@ def main() -> None:
                                                     indent=1))
     plot(rows, args.out / "timing.png")
     print(f"wrote {args.out / 'timing.csv'}, {args.out / 'timing.json'}, {args.out / 'timing.png'}")
+
+
+def shapes(counts: list[int], mbs: list[int], threads: list[str], out: Path) -> None:
+    """Every (GPUs, micro-batches) point once per thread setting, the settings one after
+    the other per point (so a machine's slower minutes fall on both): timing-shapes.*."""
+    import resource
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        measure(1024, Path(tmp))  # compile the engine's loop first
+        for gpus in counts:
+            for mb in mbs:
+                for th in threads:
+                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    row = measure(gpus, Path(tmp), mb, th)
+                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+                    row["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+                    rows.append(row)
+                    print(f"{gpus:>9,} GPUs, {mb} micro-batches, threads {th}: {row['wall_s']:6.2f} s wall, "
+                          f"{row['cpu_s']:6.2f} s CPU; atlas {row['variants']['atlas']['iteration_s']:.6g} s "
+                          f"({row['variants']['atlas']['predict_s']:.2f} s)", flush=True)
+    with open(out / "timing-shapes.csv", "w", newline="") as fh:
+        wr = csv.writer(fh)
+        names = _names(rows)
+        wr.writerow(["gpus", "dp", "micro_batches", "threads", "wall_s", "cpu_s",
+                     *[f"{n}_iteration_s" for n in names]])
+        for r in rows:
+            wr.writerow([r["gpus"], r["dp"], r["micro_batches"], r["threads"], f"{r['wall_s']:.3f}",
+                         f"{r['cpu_s']:.3f}", *[_get(r, n, "iteration_s", ".9g") for n in names]])
+    (out / "timing-shapes.json").write_text(json.dumps({"command": "scripts/whatif_timing.py", "points": rows},
+                                                      indent=1))
+    print(f"wrote {out / 'timing-shapes.csv'}, {out / 'timing-shapes.json'}")
 
 
 def _names(rows: list[dict]) -> list[str]:

@@ -119,7 +119,7 @@ def _settle(todo, ntodo, in_todo, posted, noticed, issued, rel, left_at, held_w,
     return top, nw
 
 
-@njit(cache=True)
+@njit(cache=True, nogil=True)  # a stride search runs several at once (whatif/predict.py)
 def run_steps(recv, dur, send, sendch, sec, lat, queued, rec,  # per (class, rank, step)
               route_class, offsets, ch_sec, ch_lat, ch_links,  # per pipeline; per (class, channel)
               transfers, channels, m2, links, record_wan, rendezvous, starts,

@@ -39,6 +39,8 @@ capacity.
 from __future__ import annotations
 
 import math
+import os
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -71,6 +73,48 @@ from testbed_core.whatif.engine import Compiled, EngineResult, Route, overlaps, 
 from testbed_core.workload import EffectiveWorkload, Workload
 
 PLAN_TIE = 1e-9  # a stride replaces the best only when faster by this fraction (as derive_plan)
+STRIDE_PARALLEL_STEPS = 2_000_000
+"""A stride search whose runs have at least this many steps (pipelines x ranks x steps a
+rank) runs strides beside each other, one per core up to `STRIDE_MAX_WORKERS`: at 131,072
+GPUs one run is most of a second; below it, threads cost more than they give."""
+STRIDE_MAX_WORKERS = 4
+THREADS_ENV = "TESTBED_WHATIF_THREADS"
+"""Set to a count to cap the cores a stride search uses (1: one stride at a time)."""
+_stride_pools: dict[int, ThreadPoolExecutor] = {}
+
+
+def stride_threads_cap() -> int:
+    """The most strides a search runs at once: STRIDE_MAX_WORKERS, or
+    $TESTBED_WHATIF_THREADS where set (ValueError naming it where it is not a count >= 1)."""
+    raw = os.environ.get(THREADS_ENV, "").strip()
+    if not raw:
+        return STRIDE_MAX_WORKERS
+    try:
+        cap = int(raw)
+    except ValueError:
+        cap = 0
+    if cap < 1:
+        raise ValueError(f"${THREADS_ENV}={raw!r} is not a count: set a whole number >= 1 (1 runs one stride at "
+                         "a time) or unset it")
+    return cap
+
+
+def _stride_workers(steps: int) -> int:
+    """How many strides a search of runs of `steps` steps runs at once: one below
+    STRIDE_PARALLEL_STEPS, else the cores this process may use, at most
+    `stride_threads_cap()`."""
+    if steps < STRIDE_PARALLEL_STEPS:
+        return 1
+    return max(1, min(stride_threads_cap(), len(os.sched_getaffinity(0))))
+
+
+def _stride_pool(workers: int) -> ThreadPoolExecutor:
+    """The threads that run the strides ahead of the one the search takes next (one per
+    process and size: a what-if grid runs many searches)."""
+    pool = _stride_pools.get(workers)
+    if pool is None:
+        pool = _stride_pools[workers] = ThreadPoolExecutor(workers - 1, thread_name_prefix="whatif-stride")
+    return pool
 
 
 @dataclass
@@ -493,22 +537,48 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
         # Always sound: the last pipeline starts (D - 1) x stride late and its busiest
         # rank still has all its compute to run.
         compute = max(sum(bwd[x] if y else fwd[x] for kind, x, y in ops if kind == 0) for ops in compiled.ops)
+        def stride(delta: float, cutoff: float) -> EngineResult:
+            return run(compiled, fwd, bwd, netw.exclusive, netw.row_of, [d * delta for d in range(D)],
+                       links=len(netw.links), exclusive_links=True, record_wan=keep_plan, cutoff=cutoff,
+                       link_hold=link_hold)
+
         best: tuple[float, float, EngineResult] | None = None
         tried: list[tuple[float, float | None]] = []
-        for delta in candidates:
-            bar = limit if best is None else best[1] * (1 - PLAN_TIE)
-            if best is not None or math.isfinite(limit):
-                floor = (D - 1) * delta + (alone if may_skip else compute)
-                if floor >= bar:
-                    tried.append((delta, None))
-                    continue
-            offsets = [d * delta for d in range(D)]
+
+        def bar_now() -> float:
+            return limit if best is None else best[1] * (1 - PLAN_TIE)
+
+        def skipped(delta: float, bar: float) -> bool:
+            floor = (D - 1) * delta + (alone if may_skip else compute)
+            return (best is not None or math.isfinite(limit)) and floor >= bar
+
+        def cutoff_of(bar: float) -> float:
             # a stride that cannot beat the best (or the limit) is stopped as soon as the
             # engine's bounds show it (the margin keeps rounding from stopping a winner)
-            cutoff = bar * (1 + 1e-12) if math.isfinite(bar) else math.inf
-            res = run(compiled, fwd, bwd, netw.exclusive, netw.row_of, offsets, links=len(netw.links),
-                      exclusive_links=True, record_wan=keep_plan, cutoff=cutoff, link_hold=link_hold)
-            if res.stopped:
+            return bar * (1 + 1e-12) if math.isfinite(bar) else math.inf
+
+        # Where the search is large, the next strides run beside this one (the compiled
+        # engine releases the GIL; `_stride_workers`), each under the bar known when it
+        # starts, which is never below the bar it meets in order. The results are taken in
+        # candidate order under that bar, so the choice and `tried` are the one-at-a-time
+        # search's: a stride that ran past the bar it meets in order counts as stopped, one
+        # the bar would have skipped as skipped.
+        workers = _stride_workers(D * compiled.schedule.ranks * compiled.compute_per_rank)
+        ahead: dict[int, Any] = {}
+        nxt = 0
+        for i, delta in enumerate(candidates):
+            bar = bar_now()
+            nxt = max(nxt, i + 1)
+            while workers > 1 and nxt < len(candidates) and len(ahead) < workers - 1:
+                if not skipped(candidates[nxt], bar):
+                    ahead[nxt] = _stride_pool(workers).submit(stride, candidates[nxt], cutoff_of(bar))
+                nxt += 1
+            job = ahead.pop(i, None)
+            if skipped(delta, bar):
+                tried.append((delta, None))
+                continue
+            res = job.result() if job is not None else stride(delta, cutoff_of(bar))
+            if res.stopped or res.makespan >= cutoff_of(bar):
                 tried.append((delta, None))
                 continue
             tried.append((delta, res.makespan))

@@ -356,3 +356,49 @@ def _two_dcs():
         "parallelism": {"dp": 2, "pp": 2, "num_micro_batches": 4, "schedule": "1f1b"}, "gpu": {"type": "A100"},
     })
     return topo, wl
+
+
+def test_strides_run_side_by_side_choose_what_one_at_a_time_chooses(monkeypatch) -> None:
+    """A large stride search runs the next strides on other cores, each under the bar
+    known when it starts (a higher one than it meets in order): the chosen stride, its
+    time and the list of strides tried are the one-at-a-time search's."""
+    import testbed_core.whatif.predict as P
+
+    rng = random.Random(7)
+    compared = temporal = 0
+    while temporal < 6:
+        topo, wl, free, net, variants = _random_case(rng)
+        for v in variants.values():
+            monkeypatch.setattr(P, "_stride_workers", lambda steps: 1)
+            try:
+                alone = fast_predict(topo, wl, v, free=free, net=net)
+            except PlacementError:
+                continue
+            for workers in (2, 3):
+                monkeypatch.setattr(P, "_stride_workers", lambda steps, w=workers: w)
+                side = fast_predict(topo, wl, v, free=free, net=net)
+                assert side.iteration_time_s == alone.iteration_time_s, (v.name, workers)
+                assert side.stagger_s == alone.stagger_s and side.staggers == alone.staggers, (v.name, workers)
+                assert side.sharing == alone.sharing and side.offsets == alone.offsets
+            compared += 1
+            temporal += alone.sharing == "temporal" and sum(t is not None for _, t in alone.staggers) >= 2
+    assert compared >= 12
+
+
+def test_only_large_stride_searches_use_threads_and_the_environment_caps_them(monkeypatch) -> None:
+    import os
+
+    from testbed_core.whatif.predict import STRIDE_PARALLEL_STEPS, THREADS_ENV, _stride_workers
+
+    cores = len(os.sched_getaffinity(0))
+    monkeypatch.delenv(THREADS_ENV, raising=False)
+    assert _stride_workers(STRIDE_PARALLEL_STEPS - 1) == 1
+    assert _stride_workers(STRIDE_PARALLEL_STEPS) == min(4, cores)
+    monkeypatch.setenv(THREADS_ENV, "1")
+    assert _stride_workers(STRIDE_PARALLEL_STEPS) == 1
+    monkeypatch.setenv(THREADS_ENV, "64")
+    assert _stride_workers(STRIDE_PARALLEL_STEPS) == cores
+    for bad in ("two", "0"):
+        monkeypatch.setenv(THREADS_ENV, bad)
+        with pytest.raises(ValueError, match=rf"\$TESTBED_WHATIF_THREADS='{bad}' is not a count: set a whole number"):
+            _stride_workers(STRIDE_PARALLEL_STEPS)

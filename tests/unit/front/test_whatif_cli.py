@@ -68,6 +68,14 @@ def test_whatif_usage_errors_say_what_to_do(args: list[str], message: str) -> No
     assert message in res.output
 
 
+def test_a_bad_thread_count_in_the_environment_is_refused_by_name(monkeypatch) -> None:
+    monkeypatch.setenv("TESTBED_WHATIF_THREADS", "all")
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD])
+    assert res.exit_code == 1
+    assert ("Error: $TESTBED_WHATIF_THREADS='all' is not a count: set a whole number >= 1 (1 runs one stride at a "
+            "time) or unset it") in res.output
+
+
 def test_whatif_all_variants_infeasible_says_why() -> None:
     res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc1=1,dc2=1"])
     assert res.exit_code != 0

@@ -108,6 +108,12 @@ def whatif(topology_path: Path | None, workload_path: Path | None, grid_path: Pa
         raise click.UsageError("--rtt, --bandwidth, --hosts and --command go with --program DIR")
     from testbed_core.planning.network import NetParams
     from testbed_core.whatif.calibration import CalibrationError, load_efficiencies, run_setting
+    from testbed_core.whatif.predict import stride_threads_cap
+
+    try:
+        stride_threads_cap()
+    except ValueError as exc:
+        raise click.ClickException(str(exc)) from None
 
     own_run = calibration_dir is not None and grid_path is None and topology_path is None and workload_path is None
     if grid_path is None and not own_run and (topology_path is None or workload_path is None):

@@ -199,7 +199,8 @@ def _single(topology_path: Path | None, workload_path: Path | None, gpus_text: s
          f"{'AR WAN':>10}{'prefill tok/s':>15}{'util+BT':>9}  sharing")
     for r in rows:
         if not r.feasible:
-            echo(f"  {r.variant:<13}infeasible: {r.error}")
+            why = str(r.error)
+            echo(f"  {r.variant:<13}{why if why.startswith('infeasible') else f'infeasible: {why}'}")
             continue
         echo(f"  {r.variant:<13}{r.iteration_s:>10.3f}s{r.utilization:>7.1%}{r.bubble_fraction:>8.1%}"
              f"{_human_bytes(r.wan_bytes):>11}{r.allreduce_s:>10.3f}s{_human_bytes(r.allreduce_wan_bytes):>10}"

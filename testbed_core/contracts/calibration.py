@@ -355,6 +355,9 @@ class CalibrationReport(BaseModel):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_channel_rate_mbps: float | None = None  # bytes / median transfer time, Mbit/s
     lan_tensor_transfer_s: list[float] | None = None  # each timed transfer, seconds
+    # the wait between its tensors (one pipeline period of the workload's slowest stage;
+    # None: a summary written before the probe followed the workload: 0.1 s)
+    lan_tensor_gap_s: float | None = None
     # a pipeline's channels inside the DCs and over the WAN at once, one each way per
     # boundary, in rounds (testbed/run/calibration.py `calibrate_lan_loaded`;
     # lan_loaded_with: the WAN boundaries' host pairs, each with its stream count; None:
@@ -409,6 +412,7 @@ class Calibration(_Figures):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_rate_bps: float | None = None
     lan_tensor_transfer_s: list[float] | None = None
+    lan_tensor_gap_s: float | None = None
     lan_loaded_with: list[tuple[str, str, int]] | None = None
     lan_loaded_rate_bps: float | None = None
     lan_loaded_transfer_s: list[float] | None = None
@@ -474,7 +478,8 @@ class Calibration(_Figures):
                        if self.lan_rate_bps is not None else "")
                     + ("; inside a DC where no DP ring was timed, a pipeline boundary's two hosts "
                        "(lan_tensor_pair): tensors of the wire size over a one-stream channel, as the run's "
-                       "channels inside a DC, both ways, rate = bytes / median hand-over-to-arrival time"
+                       "channels inside a DC, both ways, one every pipeline period (lan_tensor_gap_s), "
+                       "rate = bytes / median hand-over-to-arrival time"
                        if self.lan_tensor_rate_bps is not None else "")
                     + ("; then that placement's pipeline, every boundary at once (the WAN ones: lan_loaded_with, "
                        "with their stream counts), one channel each way per boundary, a tensor of the wire size on "
@@ -505,6 +510,7 @@ class Calibration(_Figures):
             lan_tensor_pair=self.lan_tensor_pair,
             lan_tensor_channel_rate_mbps=None if self.lan_tensor_rate_bps is None else self.lan_tensor_rate_bps / 1e6,
             lan_tensor_transfer_s=self.lan_tensor_transfer_s,
+            lan_tensor_gap_s=self.lan_tensor_gap_s,
             lan_loaded_with=self.lan_loaded_with,
             lan_loaded_channel_rate_mbps=None if self.lan_loaded_rate_bps is None else self.lan_loaded_rate_bps / 1e6,
             lan_loaded_transfer_s=self.lan_loaded_transfer_s,
@@ -526,7 +532,8 @@ class Calibration(_Figures):
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    lan_tensor_pair=r.lan_tensor_pair, lan_tensor_rate_bps=_bps(r.lan_tensor_channel_rate_mbps),
-                   lan_tensor_transfer_s=r.lan_tensor_transfer_s, lan_loaded_with=r.lan_loaded_with,
+                   lan_tensor_transfer_s=r.lan_tensor_transfer_s, lan_tensor_gap_s=r.lan_tensor_gap_s,
+                   lan_loaded_with=r.lan_loaded_with,
                    lan_loaded_rate_bps=_bps(r.lan_loaded_channel_rate_mbps), lan_loaded_transfer_s=r.lan_loaded_transfer_s,
                    lan_loaded_wan_s=r.lan_loaded_wan_transfer_s,
                    paths=[PathCalibration.from_report(p, r.nbytes) for p in r.paths or []], verify=r.verify,

@@ -191,7 +191,7 @@ def place(
         over = {dc: n for dc, n in need.items() if n > free[dc]}
         if over:
             detail = ", ".join(f"{dc} needs {n}, has {free[dc]}" for dc, n in over.items())
-            raise PlacementError(f"infeasible: placement {strategy} puts more GPUs in a DC than it has ({detail})")
+            raise PlacementError(f"infeasible: the {strategy} placement puts more GPUs in a DC than it has ({detail})")
         rows = [tuple(stage_of)] * dp
     elif strategy == "dp-across":
         per_pipe = pp * tp

@@ -96,7 +96,7 @@ def test_other_strategies() -> None:
     dp = place({"a": 2, "b": 4, "c": 2}, 2, dp=3, strategy="dp-across")
     assert [row[0] for row in dp.stage_dc] == ["b", "a", "b"]  # whole pipelines, most free GPUs left first
     assert dp.crossings() == []
-    with pytest.raises(PlacementError, match=r"placement even puts more GPUs in a DC than it has \(a needs 3, has 2\)"):
+    with pytest.raises(PlacementError, match=r"the even placement puts more GPUs in a DC than it has \(a needs 3, has 2\)"):
         place(free, 9, strategy="even")
     with pytest.raises(PlacementError, match="each pipeline needs pp x tp = 2 x 1 = 2 GPUs .* short by 1 pipelines"):
         place({"a": 2, "b": 2}, 2, dp=3, strategy="dp-across")

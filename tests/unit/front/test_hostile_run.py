@@ -39,7 +39,7 @@ def test_infeasible_placement(scenario_file: Path) -> None:
     out = refused(scenario_file, "--set", "workload.parallelism.dp=9", "--out", "out")
     assert "this run cannot start (nothing was built)" in out
     assert "variant baseline: " in out and ": workload.parallelism (pp=2, dp=9, tp=1) cannot be placed" in out
-    assert "infeasible: placement even puts more GPUs in a DC than it has" in out
+    assert "infeasible: the even placement puts more GPUs in a DC than it has" in out
     assert "infeasible: each stage needs dp x tp = 9 x 1 = 9 GPUs in one DC" in out
     assert "what would fit: workload.parallelism.dp: 2 (with pp=2)" in out
     assert "drop these from the scenario's variants, or choose others with --variants" in out
@@ -52,7 +52,7 @@ def test_one_infeasible_variant_is_enough(scenario_file: Path, tmp_path: Path) -
                        "wan": [{"between": ["dc1", "dc2"], "rate": "1Gbit", "delay": "5ms"}]}
     scenario_file.write_text(yaml.safe_dump(doc))
     out = refused(scenario_file)
-    assert "variant baseline: " in out and "infeasible: placement even puts more GPUs in a DC than it has" in out
+    assert "variant baseline: " in out and "infeasible: the even placement puts more GPUs in a DC than it has" in out
     assert "variant atlas" not in out
 
 

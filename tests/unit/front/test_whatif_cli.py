@@ -76,6 +76,14 @@ def test_a_bad_thread_count_in_the_environment_is_refused_by_name(monkeypatch) -
             "time) or unset it") in res.output
 
 
+def test_a_variant_that_cannot_be_placed_says_why_once() -> None:
+    res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc1=8,dc2=1"])
+    assert res.exit_code == 0, res.output
+    assert ("baseline     infeasible: the even placement puts more GPUs in a DC than it has (dc2 needs 2, has 1)"
+            in res.output)
+    assert "infeasible: infeasible" not in res.output
+
+
 def test_whatif_all_variants_infeasible_says_why() -> None:
     res = CliRunner().invoke(whatif, ["--topology", TOPO, "--workload", WORKLOAD, "--gpus", "dc1=1,dc2=1"])
     assert res.exit_code != 0

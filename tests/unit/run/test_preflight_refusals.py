@@ -53,7 +53,7 @@ def test_placement_that_does_not_fit_names_the_field_and_what_fits(scenario_file
     assert msg.startswith("variant baseline: ")
     assert "gpt-1.3b.yaml: workload.parallelism (pp=8, dp=2, tp=1) cannot be placed by placement even" in msg
     assert "GPUs per DC: dc1: 2, dc2: 2" in msg
-    assert "infeasible: placement even puts more GPUs in a DC than it has" in msg
+    assert "infeasible: the even placement puts more GPUs in a DC than it has" in msg
     assert "what would fit: workload.parallelism.pp: 2 (with dp=2) or workload.parallelism.dp: 1 (with pp=8)" \
         not in msg  # pp=8 with dp=1 needs 8 GPUs: it does not fit either
     assert "what would fit: workload.parallelism.pp: 2 (with dp=2)" in msg

@@ -113,6 +113,9 @@ channel's forward and back legs differ, that is the probe's direction, not a cha
 still warming (results/held-back/README.md, twelfth session)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
 LAN_GAP_MIN_S = 0.001  # the LAN tensor probe's shortest wait between tensors (`lan_tensor_gap_s`)
+OPS_HOLD_S = 0.002  # each hold of the device-overhead probe (`calibrate_host_ops`): a short stage's compute
+OPS_COUNT = 40  # its timed holds
+OPS_WARMUP = 5  # its untimed holds first (the device's files created, the code warm)
 COLLISION_ROUNDS = 12  # timed rounds of the collision probe, at least
 ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both ways it moves this share of the link
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
@@ -759,6 +762,29 @@ def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret:
     cal.lan_tensor_gap_s = gap_s
 
 
+def calibrate_host_ops(run_dir: Path, cal: Calibration, progress: Progress) -> None:
+    """What a worker's compute op costs past its modelled time: an emulated device
+    (testbed_runtime/device.py, as the workers open theirs, in `run_dir`: where their
+    step files live while a variant plays) held OPS_COUNT times for OPS_HOLD_S, one after
+    another, each hold's wall time past its modelled time (the device's lock, its
+    records, the sleep's overshoot). The planner adds the median to every compute op
+    (testbed_core/planning/host_cpu.py); a pipeline of millisecond stages pays it at
+    every op (held-far-pp4: a quarter of a millisecond at each of 16 ops a rank)."""
+    from testbed_runtime.device import Device
+
+    dev = Device("calibration-ops", run_dir, mode="modelled", time_scale=1.0)
+    past = []
+    for k in range(OPS_WARMUP + OPS_COUNT):
+        t0 = time.perf_counter()
+        dev.run("forward", "calibration", duration_s=OPS_HOLD_S, label=f"op{k}")
+        past.append(max(0.0, time.perf_counter() - t0 - OPS_HOLD_S))
+    cal.op_overhead_samples_s = past[OPS_WARMUP:]
+    cal.op_overhead_s = median(cal.op_overhead_samples_s)
+    progress.log(f"  calibration: an emulated device's hold past its modelled time, {OPS_COUNT} holds of "
+                 f"{OPS_HOLD_S * 1e3:g} ms: median {cal.op_overhead_s * 1e3:.2f} ms "
+                 f"(max {max(cal.op_overhead_samples_s) * 1e3:.2f} ms)")
+
+
 def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret: str,
                          boundaries: Sequence[tuple[str, str, int]], nbytes: int, cal: Calibration,
                          progress: Progress, agents: ProbeAgents | None = None) -> None:
@@ -1047,6 +1073,8 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
                 boundaries = [(a, z, n if dc_of_host(a) != dc_of_host(z) else 1)
                               for a, z in boundary_pairs(hosted[name])]
                 calibrate_lan_loaded(net, scenario, folder, secret, boundaries, nbytes, cal, progress, agents)
+        memory = getattr(net, "memory_dir", None)
+        calibrate_host_ops((memory("calibration-ops") if memory else None) or folder / "ops", cal, progress)
     finally:
         agents.close()
     cal.wall_s = time.monotonic() - t0

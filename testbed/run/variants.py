@@ -550,8 +550,8 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
     setup = VariantSetup(run, streams, Variant(definition.name, streams, "shared", strategy), placement, None,
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
-    if cal is not None and cal.verify is not None and scenario.runner.verify_tensors:
-        setup.verify = VerifyCost.of(cal.verify)
+    if cal is not None:
+        setup.verify = VerifyCost.of(cal.verify if scenario.runner.verify_tensors else None, cal.op_overhead_s)
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     setup.lan_tensor_bps = cal.lan_tensor_rate_bps if cal else None
     setup.lan_loaded_bps = cal.lan_loaded_rate_bps if cal else None

@@ -358,6 +358,11 @@ class CalibrationReport(BaseModel):
     # the wait between its tensors (one pipeline period of the workload's slowest stage;
     # None: a summary written before the probe followed the workload: 0.1 s)
     lan_tensor_gap_s: float | None = None
+    # a piece of modelled work on an emulated device past its modelled time (its lock,
+    # records and sleep), seconds: the median over short holds, each worker's compute op
+    # pays it (testbed/run/calibration.py `calibrate_host_ops`; None: not timed)
+    op_overhead_s: float | None = None
+    op_overhead_samples_s: list[float] | None = None  # each timed hold's time past its modelled time, seconds
     # a pipeline's channels inside the DCs and over the WAN at once, one each way per
     # boundary, in rounds (testbed/run/calibration.py `calibrate_lan_loaded`;
     # lan_loaded_with: the WAN boundaries' host pairs, each with its stream count; None:
@@ -413,6 +418,8 @@ class Calibration(_Figures):
     lan_tensor_rate_bps: float | None = None
     lan_tensor_transfer_s: list[float] | None = None
     lan_tensor_gap_s: float | None = None
+    op_overhead_s: float | None = None
+    op_overhead_samples_s: list[float] | None = None
     lan_loaded_with: list[tuple[str, str, int]] | None = None
     lan_loaded_rate_bps: float | None = None
     lan_loaded_transfer_s: list[float] | None = None
@@ -486,6 +493,9 @@ class Calibration(_Figures):
                        "each in synchronised rounds: the tensors inside a DC (lan_loaded_channel_rate_mbps, bytes / "
                        "median time) and the WAN's beside them"
                        if self.lan_loaded_rate_bps is not None else "")
+                    + ("; short holds of an emulated device as the workers hold theirs, one after another "
+                       "(op_overhead_s: the median time each took past its modelled time)"
+                       if self.op_overhead_s is not None else "")
                     + ("; a path the DP rings cross (dp-across-dc): the workers' ring all-reduce of the largest "
                        "stage's gradients between the replicas of every stage crossing it, all at once, aggregate = "
                        "rings x bytes each replica sends / (median ring time - 2 one-way delays)"
@@ -511,6 +521,8 @@ class Calibration(_Figures):
             lan_tensor_channel_rate_mbps=None if self.lan_tensor_rate_bps is None else self.lan_tensor_rate_bps / 1e6,
             lan_tensor_transfer_s=self.lan_tensor_transfer_s,
             lan_tensor_gap_s=self.lan_tensor_gap_s,
+            op_overhead_s=self.op_overhead_s,
+            op_overhead_samples_s=self.op_overhead_samples_s,
             lan_loaded_with=self.lan_loaded_with,
             lan_loaded_channel_rate_mbps=None if self.lan_loaded_rate_bps is None else self.lan_loaded_rate_bps / 1e6,
             lan_loaded_transfer_s=self.lan_loaded_transfer_s,
@@ -533,6 +545,7 @@ class Calibration(_Figures):
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    lan_tensor_pair=r.lan_tensor_pair, lan_tensor_rate_bps=_bps(r.lan_tensor_channel_rate_mbps),
                    lan_tensor_transfer_s=r.lan_tensor_transfer_s, lan_tensor_gap_s=r.lan_tensor_gap_s,
+                   op_overhead_s=r.op_overhead_s, op_overhead_samples_s=r.op_overhead_samples_s,
                    lan_loaded_with=r.lan_loaded_with,
                    lan_loaded_rate_bps=_bps(r.lan_loaded_channel_rate_mbps), lan_loaded_transfer_s=r.lan_loaded_transfer_s,
                    lan_loaded_wan_s=r.lan_loaded_wan_transfer_s,

@@ -9,6 +9,13 @@ stages that send and receive. The calibration times both with the training's own
 (testbed/run/calibration.py `calibrate_verify`, `VerifyCalibration`). The workers hold
 their devices for the compute alone (`compute_only`, testbed/run/jobs.py): they do the
 checks themselves, and a modelled hold that counted them too paid every check twice.
+
+The emulated device itself (testbed_runtime/device.py): every compute op takes its lock,
+writes its records and sleeps a little past its modelled time; a pipeline of millisecond
+stages pays that at every op. The calibration times it with the device's own code
+(`calibrate_host_ops`), and the planner adds it to every forward and backward (`op_s`);
+the workers' holds are for the modelled compute alone, so `compute_only` takes it out
+again.
 """
 
 from __future__ import annotations
@@ -21,29 +28,36 @@ from testbed_core.workload import EffectiveWorkload
 
 @dataclass(frozen=True)
 class VerifyCost:
-    """Seconds a rank spends on one sent tensor's pattern (`fill_s`) and on one
-    received tensor's check (`check_s`)."""
+    """Seconds a rank spends on one sent tensor's pattern (`fill_s`), on one received
+    tensor's check (`check_s`), and on each compute op past its modelled time (`op_s`:
+    the emulated device's lock, records and sleep, `calibrate_host_ops`)."""
 
     fill_s: float
     check_s: float
+    op_s: float = 0.0
 
     @classmethod
-    def of(cls, cal: VerifyCalibration) -> VerifyCost:
-        """The calibrated means: a rank pays every fill and check, the slow ones included."""
-        return cls(cal.fill_mean_s, cal.check_mean_s)
+    def of(cls, cal: VerifyCalibration | None, op_s: float | None = None) -> VerifyCost | None:
+        """The calibrated means (a rank pays every fill and check, the slow ones
+        included) and the device's median overhead an op; None where neither was timed."""
+        if cal is None and not op_s:
+            return None
+        fill, check = (cal.fill_mean_s, cal.check_mean_s) if cal is not None else (0.0, 0.0)
+        return cls(fill, check, op_s or 0.0)
 
 
 def with_verify(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWorkload:
-    """`eff` with the tensor checks in its stage times (`cost` None: as it is). A
-    forward of virtual stage k checks the activation it received (k > 0) and fills the
-    one it sends (k < last); a backward checks the gradient it received (k < last) and
-    fills the one it sends (k > 0)."""
+    """`eff` with the tensor checks and the device's overhead in its stage times (`cost`
+    None: as it is). A forward of virtual stage k checks the activation it received
+    (k > 0) and fills the one it sends (k < last); a backward checks the gradient it
+    received (k < last) and fills the one it sends (k > 0); every forward and backward
+    pays `op_s`."""
     if cost is None:
         return eff
     last = eff.stages - 1
-    fwd = [t + (cost.check_s if k > 0 else 0.0) + (cost.fill_s if k < last else 0.0)
+    fwd = [t + (cost.check_s if k > 0 else 0.0) + (cost.fill_s if k < last else 0.0) + cost.op_s
            for k, t in enumerate(eff.stage_forward_s)]
-    bwd = [t + (cost.check_s if k < last else 0.0) + (cost.fill_s if k > 0 else 0.0)
+    bwd = [t + (cost.check_s if k < last else 0.0) + (cost.fill_s if k > 0 else 0.0) + cost.op_s
            for k, t in enumerate(eff.stage_backward_s)]
     return replace(eff, stage_forward_s=fwd, stage_backward_s=bwd)
 
@@ -55,10 +69,11 @@ def compute_only(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWo
     again (`cost` None: `eff` as it is)."""
     if cost is None:
         return eff
-    neg = VerifyCost(-cost.fill_s, -cost.check_s)
+    neg = VerifyCost(-cost.fill_s, -cost.check_s, -cost.op_s)
     out = with_verify(eff, neg)
     if min(out.stage_forward_s + out.stage_backward_s) < 0:
         raise ValueError(f"stage times {eff.stage_forward_s} / {eff.stage_backward_s} s do not include the tensor "
-                         f"checks' {cost.fill_s * 1e3:.1f} ms fill and {cost.check_s * 1e3:.1f} ms check: "
-                         "give compute_only a prediction's stage times (with_verify)")
+                         f"checks' {cost.fill_s * 1e3:.1f} ms fill and {cost.check_s * 1e3:.1f} ms check and the "
+                         f"device's {cost.op_s * 1e3:.2f} ms an op: give compute_only a prediction's stage times "
+                         "(with_verify)")
     return out

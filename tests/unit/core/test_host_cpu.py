@@ -52,3 +52,25 @@ def test_compute_only_takes_the_checks_back_out() -> None:
     assert compute_only(eff, None) is eff
     with pytest.raises(ValueError, match="do not include the tensor checks"):
         compute_only(eff, VerifyCost(fill_s=10.0, check_s=10.0))  # stage times without the checks
+
+
+def test_every_op_pays_the_devices_overhead_and_the_workers_hold_for_compute_alone() -> None:
+    eff = Workload.model_validate(WORKLOAD).effective()
+    cost = VerifyCost(fill_s=0.0, check_s=0.0, op_s=0.0003)
+    got = with_verify(eff, cost)
+    assert got.stage_forward_s == pytest.approx([t + 0.0003 for t in eff.stage_forward_s])
+    assert got.stage_backward_s == pytest.approx([t + 0.0003 for t in eff.stage_backward_s])
+    back = compute_only(got, cost)
+    assert back.stage_forward_s == pytest.approx(eff.stage_forward_s, abs=1e-12)
+    with pytest.raises(ValueError, match=r"the device's 300.00 ms an op"):
+        compute_only(eff, VerifyCost(fill_s=0.0, check_s=0.0, op_s=0.3))
+
+
+def test_the_cost_is_built_from_whichever_was_timed() -> None:
+    from testbed_core.contracts.calibration import VerifyCalibration
+
+    assert VerifyCost.of(None, None) is None and VerifyCost.of(None, 0.0) is None
+    assert VerifyCost.of(None, 0.0002) == VerifyCost(0.0, 0.0, 0.0002)
+    v = VerifyCalibration(nbytes=1000, fill_s=[0.002], check_s=[0.004])
+    assert VerifyCost.of(v, None) == VerifyCost(0.002, 0.004, 0.0)
+    assert VerifyCost.of(v, 0.0002) == VerifyCost(0.002, 0.004, 0.0002)

@@ -278,3 +278,23 @@ def test_only_a_channel_inside_a_dc_whose_ranks_use_the_wan_is_loaded_and_never_
     assert paths[(0, 1, "fwd")].loaded_bps is None
     gloo = plan_variant("torch-gloo", scenario, scenario.workload, None, cal, None).prediction.spec.paths
     assert all(p.loaded_bps is None for p in gloo.values())
+
+
+def test_the_device_overhead_probe_holds_a_real_device_and_keeps_the_median(tmp_path) -> None:
+    import testbed.run.calibration as calibration
+
+    cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=1000, latency_s=0.025)
+    lines: list[str] = []
+    progress = Progress(label="t", tty=False)
+    progress.log = lines.append  # type: ignore[method-assign]
+    calibration.calibrate_host_ops(tmp_path, cal, progress)
+    assert len(cal.op_overhead_samples_s) == calibration.OPS_COUNT
+    assert all(0.0 <= x < 0.5 for x in cal.op_overhead_samples_s)
+    assert cal.op_overhead_s == pytest.approx(sorted(cal.op_overhead_samples_s)[calibration.OPS_COUNT // 2], abs=0.01)
+    # the holds are on the device's own timeline, as a worker's are
+    timeline = (tmp_path / "devices" / "calibration-ops.timeline.jsonl").read_text().splitlines()
+    assert len(timeline) == calibration.OPS_WARMUP + calibration.OPS_COUNT
+    assert "an emulated device's hold past its modelled time, 40 holds of 2 ms: median" in lines[-1]
+    back = Calibration.from_report(CalibrationReport.model_validate_json(cal.report().model_dump_json()))
+    assert back.op_overhead_s == cal.op_overhead_s and back.op_overhead_samples_s == cal.op_overhead_samples_s
+    assert "op_overhead_s" in cal.report().method

@@ -112,7 +112,6 @@ made calibrations longer (docs/results/fidelity.md, at 7531158); where a one-str
 channel's forward and back legs differ, that is the probe's direction, not a channel
 still warming (results/held-back/README.md, twelfth session)."""
 PROBE_GAP_S = 0.1  # between calibration tensors: like a channel between micro-batches
-LAN_GAP_MIN_S = 0.001  # the LAN tensor probe's shortest wait between tensors (`lan_tensor_gap_s`)
 OPS_HOLD_S = 0.002  # each hold of the device-overhead probe (`calibrate_host_ops`): a short stage's compute
 OPS_COUNT = 40  # its timed holds
 OPS_WARMUP = 5  # its untimed holds first (the device's files created, the code warm)
@@ -350,10 +349,9 @@ class Prober:
     def run(self, pairs: Sequence[tuple[str, str]], streams: int | Sequence[int], nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
             offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False,
-            caps: Mapping[DcPair, int] | None = None, duplex: bool = False,
-            gap_s: float = PROBE_GAP_S) -> list[ProbeTimes]:
+            caps: Mapping[DcPair, int] | None = None, duplex: bool = False) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
-        (each sender waits `gap_s` after a confirmation, or sends in rounds of
+        (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start); `streams`: every
         channel's stream count, or one per pair; `warm`: each
         channel first sends one untimed tensor that opens its windows (warmup_bytes);
@@ -383,7 +381,7 @@ class Prober:
                                         window_clamp=(caps or {}).get(ahead), duplex=duplex))
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
-                                        port=port, streams=streams, nbytes=nbytes, count=count, gap_s=gap_s,
+                                        port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
                                         wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport,
                                         timeout_s=budget, window_clamp=(caps or {}).get(back), duplex=duplex))
@@ -412,7 +410,6 @@ def calibrate(
     net: Network, scenario: Scenario, folder: Path, secret: str, pairs: Sequence[tuple[str, str]],
     stream_counts: Sequence[int], nbytes: int, latency_s: float, progress: Progress,
     cal: Measured | None = None, agents: ProbeAgents | None = None, caps: Mapping[DcPair, int] | None = None,
-    gap_s: float = PROBE_GAP_S,
 ) -> Measured:
     """Time tensors of `nbytes` over one channel per pair, all at once, once per stream
     count (added to `cal` when given), each channel carrying them both ways (duplex: the
@@ -429,15 +426,14 @@ def calibrate(
         for n in sorted(set(stream_counts) - set(cal.rates_bps)):
             durations = []
             for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", warm=state.warm, caps=caps,
-                                  duplex=True, gap_s=gap_s):
+                                  duplex=True):
                 durations += res.timed(state.untimed) + res.timed_back(state.untimed)
             cal.transfer_s = {**cal.transfer_s, n: durations}
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
                          f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
                          f"({_opened(state, caps, getattr(cal, 'dcs', ()))}"
-                         + (f", {gap_s * 1e3:.3g} ms apart" if gap_s != PROBE_GAP_S else "")
-                         + f"; transfers {', '.join(_ms(d) for d in durations)} ms)")
+                         f"; transfers {', '.join(_ms(d) for d in durations)} ms)")
     finally:
         if agents is None:
             prober.agents.close()
@@ -732,34 +728,24 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
                  f"(rings {', '.join(f'{t * 1e3:.0f}' for t in alone)} ms)")
 
 
-def lan_tensor_gap_s(eff: EffectiveWorkload) -> float:
-    """The wait between the LAN tensor probe's tensors: one period of the pipeline, the
-    slowest stage's forward and backward compute (1F1B's steady state sends a tensor each
-    way per period), within LAN_GAP_MIN_S and PROBE_GAP_S. A channel inside a DC that
-    idles the WAN probe's 0.1 s moves its next tensor slower where it is paced (TCP's
-    own pacing restarts from the idle channel's state): 1 MiB between two hosts of
-    2dc-far took 2.8-4.8 ms after a 0.1 s gap and 1.0 ms after 5 ms, the tensors handed
-    back at once 1.2-1.6 ms either way (results/held-back/README.md, sixteenth session);
-    the run's channels carry a tensor every period."""
-    period = max((f + b for f, b in zip(eff.stage_forward_s, eff.stage_backward_s, strict=True)), default=PROBE_GAP_S)
-    return min(PROBE_GAP_S, max(LAN_GAP_MIN_S, period))
-
-
 def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret: str, pair: tuple[str, str],
                          nbytes: int, cal: Calibration, progress: Progress,
-                         agents: ProbeAgents | None = None, gap_s: float = PROBE_GAP_S) -> None:
+                         agents: ProbeAgents | None = None) -> None:
     """The rate of a pipeline tensor inside a DC where no DP ring is timed there
     (`calibrate_lan`): the single-channel probe (`calibrate`: both ways, opened as the run
     opens its channels, bytes / median hand-over-to-arrival time) of one stream between
     the two hosts of a boundary inside a DC, as the run's channels there, with tensors of
-    `nbytes` (the wire size), `gap_s` apart (`lan_tensor_gap_s`), and no delay (the
-    planner's `lan_latency_s`)."""
+    `nbytes` (the wire size) and no delay (the planner's `lan_latency_s`). Its tensors
+    are PROBE_GAP_S apart, as the WAN probes': on a paced channel the one sent after that
+    idle moves slower than the one handed back at once (1 MiB on 2dc-far: 2.8-4.8 ms
+    against 1.2-1.6; 1.0 ms both ways 5 ms apart), and a pipeline of millisecond stages
+    moves its tensors inside a DC in 1.5-2.1 ms while its other channels and devices
+    share the cores; the median of both ways is nearer that than a warm channel alone
+    (results/held-back/README.md, sixteenth session)."""
     dc = dc_of_host(pair[0])
     pc = calibrate(net, scenario, folder, secret, [pair], [1], nbytes, 0.0, progress,
-                   PathCalibration(dcs=(dc, dc), src=pair[0], dst=pair[1], nbytes=nbytes, latency_s=0.0), agents,
-                   gap_s=gap_s)
+                   PathCalibration(dcs=(dc, dc), src=pair[0], dst=pair[1], nbytes=nbytes, latency_s=0.0), agents)
     cal.lan_tensor_pair, cal.lan_tensor_transfer_s, cal.lan_tensor_rate_bps = pair, pc.transfer_s[1], pc.rates_bps[1]
-    cal.lan_tensor_gap_s = gap_s
 
 
 def calibrate_host_ops(run_dir: Path, cal: Calibration, progress: Progress) -> None:
@@ -1066,8 +1052,7 @@ def calibrate_variants(scenario: Scenario, runs: Sequence[RunVariant], placement
             inside = lan_tensor_pair_of(hosted, by_name)
             if inside is not None:
                 name, pair = inside
-                calibrate_lan_tensor(net, scenario, folder, secret, pair, nbytes, cal, progress, agents,
-                                     lan_tensor_gap_s(eff))
+                calibrate_lan_tensor(net, scenario, folder, secret, pair, nbytes, cal, progress, agents)
                 n = variant_streams(by_name[name].variant, s, cal, auto, nominal) if name in by_name \
                     else configured_streams(s, auto)
                 boundaries = [(a, z, n if dc_of_host(a) != dc_of_host(z) else 1)

@@ -355,9 +355,6 @@ class CalibrationReport(BaseModel):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_channel_rate_mbps: float | None = None  # bytes / median transfer time, Mbit/s
     lan_tensor_transfer_s: list[float] | None = None  # each timed transfer, seconds
-    # the wait between its tensors (one pipeline period of the workload's slowest stage;
-    # None: a summary written before the probe followed the workload: 0.1 s)
-    lan_tensor_gap_s: float | None = None
     # a piece of modelled work on an emulated device past its modelled time (its lock,
     # records and sleep), seconds: the median over short holds, each worker's compute op
     # pays it (testbed/run/calibration.py `calibrate_host_ops`; None: not timed)
@@ -417,7 +414,6 @@ class Calibration(_Figures):
     lan_tensor_pair: tuple[str, str] | None = None
     lan_tensor_rate_bps: float | None = None
     lan_tensor_transfer_s: list[float] | None = None
-    lan_tensor_gap_s: float | None = None
     op_overhead_s: float | None = None
     op_overhead_samples_s: list[float] | None = None
     lan_loaded_with: list[tuple[str, str, int]] | None = None
@@ -485,8 +481,7 @@ class Calibration(_Figures):
                        if self.lan_rate_bps is not None else "")
                     + ("; inside a DC where no DP ring was timed, a pipeline boundary's two hosts "
                        "(lan_tensor_pair): tensors of the wire size over a one-stream channel, as the run's "
-                       "channels inside a DC, both ways, one every pipeline period (lan_tensor_gap_s), "
-                       "rate = bytes / median hand-over-to-arrival time"
+                       "channels inside a DC, both ways, rate = bytes / median hand-over-to-arrival time"
                        if self.lan_tensor_rate_bps is not None else "")
                     + ("; then that placement's pipeline, every boundary at once (the WAN ones: lan_loaded_with, "
                        "with their stream counts), one channel each way per boundary, a tensor of the wire size on "
@@ -520,7 +515,6 @@ class Calibration(_Figures):
             lan_tensor_pair=self.lan_tensor_pair,
             lan_tensor_channel_rate_mbps=None if self.lan_tensor_rate_bps is None else self.lan_tensor_rate_bps / 1e6,
             lan_tensor_transfer_s=self.lan_tensor_transfer_s,
-            lan_tensor_gap_s=self.lan_tensor_gap_s,
             op_overhead_s=self.op_overhead_s,
             op_overhead_samples_s=self.op_overhead_samples_s,
             lan_loaded_with=self.lan_loaded_with,
@@ -544,7 +538,7 @@ class Calibration(_Figures):
                    lan_rate_bps=_bps(r.lan_channel_rate_mbps), lan_transfer_s=r.lan_transfer_s,
                    lan_alone_rate_bps=_bps(r.lan_alone_channel_rate_mbps), lan_alone_transfer_s=r.lan_alone_transfer_s,
                    lan_tensor_pair=r.lan_tensor_pair, lan_tensor_rate_bps=_bps(r.lan_tensor_channel_rate_mbps),
-                   lan_tensor_transfer_s=r.lan_tensor_transfer_s, lan_tensor_gap_s=r.lan_tensor_gap_s,
+                   lan_tensor_transfer_s=r.lan_tensor_transfer_s,
                    op_overhead_s=r.op_overhead_s, op_overhead_samples_s=r.op_overhead_samples_s,
                    lan_loaded_with=r.lan_loaded_with,
                    lan_loaded_rate_bps=_bps(r.lan_loaded_channel_rate_mbps), lan_loaded_transfer_s=r.lan_loaded_transfer_s,

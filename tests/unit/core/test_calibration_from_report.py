@@ -35,7 +35,7 @@ def test_a_kept_calibration_reads_back_to_the_same_report() -> None:
         assert back.pop("even_spread_stream_bytes") is None
         assert back.pop("even_spread_chunks") == 1
         for key in ("lan_alone_channel_rate_mbps", "lan_alone_transfer_s", "verify",  # probes added later
-                    "lan_tensor_pair", "lan_tensor_channel_rate_mbps", "lan_tensor_transfer_s", "lan_tensor_gap_s",
+                    "lan_tensor_pair", "lan_tensor_channel_rate_mbps", "lan_tensor_transfer_s",
                     "op_overhead_s", "op_overhead_samples_s",
                     "lan_loaded_with", "lan_loaded_channel_rate_mbps", "lan_loaded_transfer_s",
                     "lan_loaded_wan_transfer_s"):

@@ -55,7 +55,7 @@ def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed
     untimed = calibration.ALONE_MAX_UNTIMED
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None, duplex=False, gap_s=0.1):
+                 verify=False, caps=None, duplex=False):
         calls.append((list(pairs), streams, count, warm, caps, duplex))
         first = [2.0] * untimed  # slow start: not counted
         return [ProbeTimes([0.0] * count, first + [0.1 + 0.42] * (count - untimed), back_sent=[1.0] * count,
@@ -84,7 +84,7 @@ def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path:
     calls = []
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None, duplex=False, gap_s=0.1):
+                 verify=False, caps=None, duplex=False):
         calls.append((len(pairs), count, warm, caps, duplex))
         return [ProbeTimes([0.0] * count, [9.0] * TURNS_MAX_UNTIMED + [0.3] * (count - TURNS_MAX_UNTIMED))
                 for _ in pairs]

@@ -84,8 +84,7 @@ def _calibrate(scenario_file: Path, monkeypatch, tmp_path: Path) -> tuple[list[t
                  "calibrate_turns", "calibrate_verify"):
         monkeypatch.setattr(calibration, name, lambda *a, **k: None)
     monkeypatch.setattr(calibration, "calibrate_lan", lambda *a, **k: calls.append(("rings", a[4])))
-    monkeypatch.setattr(calibration, "calibrate_lan_tensor",
-                        lambda *a, **k: calls.append(("tensor", a[4], a[5], a[9])))  # a[9]: the gap
+    monkeypatch.setattr(calibration, "calibrate_lan_tensor", lambda *a, **k: calls.append(("tensor", a[4], a[5])))
     monkeypatch.setattr(calibration, "calibrate_lan_loaded", lambda *a, **k: calls.append(("loaded", a[4], a[5])))
 
     class Net:
@@ -112,10 +111,7 @@ def test_a_boundary_inside_a_dc_without_rings_is_timed_with_the_pipelines_tensor
     n = variant_streams(REGISTRY["atlas"], scenario.transport.streams, cal, None,
                         nominal_link(scenario.topology, (cal.src, cal.dst)))
     assert n > 1
-    # one tensor each pipeline period of the slowest stage
-    eff = scenario.workload.effective(None)
-    period = max(f + b for f, b in zip(eff.stage_forward_s, eff.stage_backward_s, strict=True))
-    assert calls == [("tensor", ("dc1-h1", "dc1-h2"), nbytes, min(0.1, period)),
+    assert calls == [("tensor", ("dc1-h1", "dc1-h2"), nbytes),
                      ("loaded", [("dc1-h1", "dc1-h2", 1), ("dc1-h2", "dc2-h1", n), ("dc2-h1", "dc2-h2", 1)], nbytes)]
 
 
@@ -137,7 +133,7 @@ def _fake_prober(monkeypatch, answer) -> dict:
 
         def run(self, pairs, streams, nbytes, count, label="", **k):
             seen.update(pairs=pairs, streams=streams, nbytes=nbytes, count=count, period=k.get("period_s"),
-                        duplex=k.get("duplex"), gap=k.get("gap_s"))
+                        duplex=k.get("duplex"))
             return answer(pairs, [float(i) for i in range(count)])
 
     monkeypatch.setattr(calibration, "Prober", FakeProber)
@@ -153,25 +149,12 @@ def test_calibrate_lan_tensor_times_one_stream_both_ways_and_takes_the_median(mo
     scenario, _ = load_scenario(UNEQUAL, {"runner.base_port": "29500"})
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=8 * 2**20, latency_s=0.025)
     calibration.calibrate_lan_tensor(None, scenario, tmp_path, "s", ("dc1-h1", "dc1-h2"), 8 * 2**20, cal,
-                                     Progress(label="t", tty=False), agents=object(), gap_s=0.005)
+                                     Progress(label="t", tty=False), agents=object())
     assert seen["pairs"] == [("dc1-h1", "dc1-h2")] and seen["streams"] == 1 and seen["duplex"] is True
-    assert seen["gap"] == 0.005 and cal.lan_tensor_gap_s == 0.005
     assert cal.lan_tensor_pair == ("dc1-h1", "dc1-h2")
     assert len(cal.lan_tensor_transfer_s) == 2 * (seen["count"] - calibration.run_channels(
         scenario, calibration.ALONE_MAX_UNTIMED).untimed)
     assert cal.lan_tensor_rate_bps == pytest.approx(8 * 2**20 * 8 / 0.015)
-
-
-def test_the_lan_tensors_come_one_pipeline_period_apart_within_bounds() -> None:
-    from dataclasses import replace
-
-    from testbed.run.calibration import LAN_GAP_MIN_S, PROBE_GAP_S, lan_tensor_gap_s
-
-    eff = load_scenario(UNEQUAL)[0].workload.effective(None)
-    for fwd, bwd, want in (([0.002, 0.003], [0.004, 0.005], 0.008),  # the slowest stage's F + B
-                           ([0.0001], [0.0002], LAN_GAP_MIN_S),      # never shorter than the floor
-                           ([0.2], [0.4], PROBE_GAP_S)):             # never longer than the WAN probe's gap
-        assert lan_tensor_gap_s(replace(eff, stage_forward_s=fwd, stage_backward_s=bwd)) == pytest.approx(want)
 
 
 def test_calibrate_lan_loaded_times_every_channel_each_way_at_once_in_rounds(monkeypatch, tmp_path) -> None:
@@ -211,7 +194,6 @@ def test_the_report_keeps_the_probe_and_says_how_it_was_timed() -> None:
                       paths=[PathCalibration(dcs=("dc1", "dc2"), src="dc1-h1", dst="dc2-h1", nbytes=1000,
                                              latency_s=0.025, rates_bps={1: 1e8}, transfer_s={1: [0.1]})],
                       lan_tensor_pair=("dc1-h1", "dc1-h2"), lan_tensor_rate_bps=5e9, lan_tensor_transfer_s=[0.01],
-                      lan_tensor_gap_s=0.004,
                       lan_loaded_with=[("dc1-h2", "dc2-h1", 8)], lan_loaded_rate_bps=2e9,
                       lan_loaded_transfer_s=[0.03], lan_loaded_wan_s=[0.12])
     cal.mirror_primary()
@@ -221,7 +203,6 @@ def test_the_report_keeps_the_probe_and_says_how_it_was_timed() -> None:
     assert "lan_tensor_pair" in report.method and "lan_loaded_with" in report.method
     back = Calibration.from_report(CalibrationReport.model_validate_json(report.model_dump_json()))
     assert back.lan_tensor_pair == ("dc1-h1", "dc1-h2") and back.lan_tensor_rate_bps == pytest.approx(5e9)
-    assert back.lan_tensor_gap_s == 0.004
     assert back.lan_loaded_with == [("dc1-h2", "dc2-h1", 8)] and back.lan_loaded_rate_bps == pytest.approx(2e9)
     assert back.lan_loaded_transfer_s == [0.03] and back.lan_loaded_wan_s == [0.12]
 

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -443,12 +444,13 @@ def run(
         raise EngineError("rendezvous sends (gloo) run on shared links only")
     key = (id(compiled), tuple(forward_s), tuple(backward_s), tuple(tuple(c) for c in routes), exclusive_links,
            record_wan)
-    prep = _prepared.get(key)
-    if prep is None or prep[0] is not compiled:
-        prep = (compiled, _prepare(compiled, forward_s, backward_s, routes, exclusive_links, record_wan))
-        if len(_prepared) >= 8:
-            _prepared.pop(next(iter(_prepared)))
-        _prepared[key] = prep
+    with _prepared_lock:  # a stride search runs strides on several threads (whatif/predict.py)
+        prep = _prepared.get(key)
+        if prep is None or prep[0] is not compiled:
+            prep = (compiled, _prepare(compiled, forward_s, backward_s, routes, exclusive_links, record_wan))
+            if len(_prepared) >= 8:
+                _prepared.pop(next(iter(_prepared)))
+            _prepared[key] = prep
     arrays, rest, ch_sec, ch_lat, ch_links = prep[1]
     cls = np.asarray(route_class, np.int64)
     # per link: how many queued transfers will hold it, the shortest wire time and latency among them
@@ -489,6 +491,7 @@ def run(
 # The step arrays of the last few (schedule, stage times, routes) runs: a stride search
 # runs the same ones once per stride, only the offsets change.
 _prepared: dict[tuple, tuple[Compiled, tuple]] = {}
+_prepared_lock = threading.Lock()
 
 
 def _prepare(compiled: Compiled, forward_s: list[float], backward_s: list[float], routes: list[list[Route]],

@@ -109,11 +109,11 @@ def _stride_workers(steps: int) -> int:
 
 
 def _stride_pool(workers: int) -> ThreadPoolExecutor:
-    """The threads that run the strides ahead of the one the search takes next (one per
-    process and size: a what-if grid runs many searches)."""
+    """The threads that run a search's strides, the one it takes next and those after it
+    (one pool per process and size: a what-if grid runs many searches)."""
     pool = _stride_pools.get(workers)
     if pool is None:
-        pool = _stride_pools[workers] = ThreadPoolExecutor(workers - 1, thread_name_prefix="whatif-stride")
+        pool = _stride_pools[workers] = ThreadPoolExecutor(workers, thread_name_prefix="whatif-stride")
     return pool
 
 
@@ -557,9 +557,9 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
             # engine's bounds show it (the margin keeps rounding from stopping a winner)
             return bar * (1 + 1e-12) if math.isfinite(bar) else math.inf
 
-        # Where the search is large, the next strides run beside this one (the compiled
-        # engine releases the GIL; `_stride_workers`), each under the bar known when it
-        # starts, which is never below the bar it meets in order. The results are taken in
+        # Where the search is large, the strides run on `workers` threads, this one and the
+        # next ones (the compiled engine releases the GIL; `_stride_workers`), each under
+        # the bar known when it starts, which is never below the bar it meets in order. The results are taken in
         # candidate order under that bar, so the choice and `tried` are the one-at-a-time
         # search's: a stride that ran past the bar it meets in order counts as stopped, one
         # the bar would have skipped as skipped.
@@ -569,14 +569,18 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
         for i, delta in enumerate(candidates):
             bar = bar_now()
             nxt = max(nxt, i + 1)
-            while workers > 1 and nxt < len(candidates) and len(ahead) < workers - 1:
+            while workers > 1 and nxt < len(candidates) and len(ahead) < workers:
                 if not skipped(candidates[nxt], bar):
                     ahead[nxt] = _stride_pool(workers).submit(stride, candidates[nxt], cutoff_of(bar))
                 nxt += 1
             job = ahead.pop(i, None)
             if skipped(delta, bar):
+                if job is not None:
+                    job.cancel()  # not started yet: never run it
                 tried.append((delta, None))
                 continue
+            if job is not None and job.cancel():  # still queued behind a stride the bar skipped: run it here
+                job = None
             res = job.result() if job is not None else stride(delta, cutoff_of(bar))
             if res.stopped or res.makespan >= cutoff_of(bar):
                 tried.append((delta, None))

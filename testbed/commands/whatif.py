@@ -39,7 +39,9 @@ def _human_bytes(n: float | None) -> str:
     return f"{n:.0f} B"
 
 
-@click.command(epilog="\b\nVariants:\n" + help_text())
+@click.command(epilog="\b\nVariants:\n" + help_text() + "\n\n\b\nEnvironment:\n  TESTBED_WHATIF_THREADS  the most "
+               "strides Atlas's stride search runs at once on a large case (default: the cores, at most 4; 1: "
+               "one at a time); the predictions are the same either way")
 @click.option("--topology", "topology_path", type=click.Path(dir_okay=False, path_type=Path),
               help="Topology YAML; DCs may be given as GPU counts (e.g. topologies/5dc-8k.yaml).")
 @click.option("--workload", "workload_path", type=click.Path(dir_okay=False, path_type=Path),

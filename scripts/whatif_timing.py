@@ -25,6 +25,7 @@ import argparse
 import csv
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -65,8 +66,10 @@ def setup(gpus: int, work: Path, micro_batches: int | None = None) -> tuple[Path
 
 
 def measure(gpus: int, work: Path, micro_batches: int | None = None, threads: str = "auto") -> dict:
-    """One `testbed whatif --json` of the point, in its own process (the caller reads its
-    CPU seconds and peak RSS from the children's accounting)."""
+    """One `testbed whatif --json` of the point, in its own process; its CPU seconds and
+    the largest child's peak RSS so far from the children's accounting (the points run in
+    increasing size, so the peak is this one's there)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t, w = setup(gpus, work, micro_batches)
     cmd = [str(Path(sys.executable).parent / "testbed"), "whatif", "--topology", str(t), "--workload", str(w), "--json"]
     env = {k: v for k, v in os.environ.items() if k != THREADS_ENV}
@@ -79,8 +82,11 @@ def measure(gpus: int, work: Path, micro_batches: int | None = None, threads: st
     if proc.returncode:
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}):\n{err}")
     doc = json.loads(out)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
     return {"gpus": gpus, "dp": gpus // 128, "micro_batches": micro_batches, "threads": threads,
             "wall_s": wall, "predict_s": doc["predict_s"],
+            "cpu_s": (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime),
+            "peak_rss_gb": after.ru_maxrss / 2**20,
             "variants": {v["variant"]: {"iteration_s": v["iteration_s"], "sharing": v["sharing"],
                                         "method": v["method"], "predict_s": v["predict_s"]}
                          for v in doc["variants"] if v["feasible"]}}
@@ -103,19 +109,12 @@ def main() -> None:
         shapes(counts, [int(x) for x in (args.micro_batches or "64").split(",") if x.strip()],
                [x.strip() for x in (args.threads or "auto").split(",") if x.strip()], args.out)
         return
-    import resource
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         # the first use on a machine compiles the engine's loop (numba, cached afterwards)
         measure(1024, Path(tmp))
         for gpus in counts:
-            before = resource.getrusage(resource.RUSAGE_CHILDREN)
             row = measure(gpus, Path(tmp))
-            after = resource.getrusage(resource.RUSAGE_CHILDREN)
-            row["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
-            # the largest child so far: the points run in increasing size, so this is this one's
-            row["peak_rss_gb"] = after.ru_maxrss / 2**20
             rows.append(row)
             print(f"{gpus:>9,} GPUs (dp={row['dp']:,}): {row['cpu_s']:6.2f} s CPU, {row['wall_s']:6.2f} s wall, "
                   f"peak {row['peak_rss_gb']:.2f} GB; " + ", ".join(
@@ -138,18 +137,13 @@ def main() -> None:
 def shapes(counts: list[int], mbs: list[int], threads: list[str], out: Path) -> None:
     """Every (GPUs, micro-batches) point once per thread setting, the settings one after
     the other per point (so a machine's slower minutes fall on both): timing-shapes.*."""
-    import resource
-
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         measure(1024, Path(tmp))  # compile the engine's loop first
         for gpus in counts:
             for mb in mbs:
                 for th in threads:
-                    before = resource.getrusage(resource.RUSAGE_CHILDREN)
                     row = measure(gpus, Path(tmp), mb, th)
-                    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-                    row["cpu_s"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
                     rows.append(row)
                     print(f"{gpus:>9,} GPUs, {mb} micro-batches, threads {th}: {row['wall_s']:6.2f} s wall, "
                           f"{row['cpu_s']:6.2f} s CPU; atlas {row['variants']['atlas']['iteration_s']:.6g} s "

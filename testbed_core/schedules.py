@@ -177,9 +177,8 @@ def with_transfers(compute: list[list[Op]], stages: int) -> tuple[tuple[Op, ...]
 @functools.lru_cache(maxsize=32)
 def build_schedule(name: str, p: int, m: int, chunks: int = 1) -> Schedule:
     """The schedule `name` (gpipe, 1f1b, interleaved-1f1b) for p ranks and m micro-batches.
-    Kept for the next caller (a frozen value): a prediction builds it once per variant,
-    and at paper scale (hundreds of micro-batches) building and checking it takes a
-    fifth of a second."""
+    Kept for the next caller (a frozen value): a prediction asks for the same one once per
+    variant, and at paper scale building and checking it is not free."""
     if name == "gpipe":
         order, v = gpipe_order(p, m), 1
     elif name == "1f1b":

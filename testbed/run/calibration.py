@@ -737,11 +737,10 @@ def calibrate_lan_tensor(net: Network, scenario: Scenario, folder: Path, secret:
     the two hosts of a boundary inside a DC, as the run's channels there, with tensors of
     `nbytes` (the wire size) and no delay (the planner's `lan_latency_s`). Its tensors
     are PROBE_GAP_S apart, as the WAN probes': on a paced channel the one sent after that
-    idle moves slower than the one handed back at once (1 MiB on 2dc-far: 2.8-4.8 ms
-    against 1.2-1.6; 1.0 ms both ways 5 ms apart), and a pipeline of millisecond stages
-    moves its tensors inside a DC in 1.5-2.1 ms while its other channels and devices
-    share the cores; the median of both ways is nearer that than a warm channel alone
-    (results/held-back/README.md, sixteenth session)."""
+    idle moves slower than the one handed back at once, and a pipeline of millisecond
+    stages moves its tensors inside a DC slower than a warm channel alone while its other
+    channels and devices share the cores; the median of both ways is nearer the run's
+    (measured: results/held-back/README.md, sixteenth session)."""
     dc = dc_of_host(pair[0])
     pc = calibrate(net, scenario, folder, secret, [pair], [1], nbytes, 0.0, progress,
                    PathCalibration(dcs=(dc, dc), src=pair[0], dst=pair[1], nbytes=nbytes, latency_s=0.0), agents)
@@ -754,8 +753,8 @@ def calibrate_host_ops(run_dir: Path, cal: Calibration, progress: Progress) -> N
     step files live while a variant plays) held OPS_COUNT times for OPS_HOLD_S, one after
     another, each hold's wall time past its modelled time (the device's lock, its
     records, the sleep's overshoot). The planner adds the median to every compute op
-    (testbed_core/planning/host_cpu.py); a pipeline of millisecond stages pays it at
-    every op (held-far-pp4: a quarter of a millisecond at each of 16 ops a rank)."""
+    (testbed_core/planning/host_cpu.py): a pipeline of millisecond stages pays it at
+    every op."""
     from testbed_runtime.device import Device
 
     dev = Device("calibration-ops", run_dir, mode="modelled", time_scale=1.0)

@@ -107,7 +107,7 @@ def build_jobs(
 
     par = workload.parallelism
     # the workers hold their devices for the compute alone: they fill and check their tensors themselves
-    eff = compute_only(setup.prediction.effective or workload.effective(), setup.verify)
+    eff = compute_only(setup.prediction.effective or workload.effective(), setup.host_cost)
     sched = build_schedule(par.schedule, par.pp, par.num_micro_batches, par.chunks)
     pl = setup.placement
     plan = setup.prediction.plan

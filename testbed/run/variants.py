@@ -48,7 +48,7 @@ from testbed.run.scenario import Scenario
 from testbed_core.contracts.calibration import Calibration, dc_of_host
 from testbed_core.contracts.summary import ConfigurationCandidate, PathRatesUsed
 from testbed_core.planning.calibrated import calibrated_rates, calibrated_topology, path_topology
-from testbed_core.planning.host_cpu import VerifyCost, with_verify
+from testbed_core.planning.host_cpu import HostCost, with_host_cost
 from testbed_core.planning.lossy import lossy_between
 from testbed_core.planning.network import NetParams
 from testbed_core.planning.path_load import path_loads
@@ -128,7 +128,7 @@ class VariantSetup:
     schedule_alternatives: dict[str, float] | None = None  # atlas_schedule auto: a-priori prediction of each
     schedules_refused: dict[str, str] = field(default_factory=dict)  # schedules not weighed, and why
     placement_label: str = ""  # how `configurations` names its placement
-    verify: VerifyCost | None = None  # the tensor checks' calibrated CPU time (runner.verify_tensors)
+    host_cost: HostCost | None = None  # calibrated: the tensor checks (runner.verify_tensors), the device's overhead an op
     even_spread: bool = False  # the calibration's channels spread each tensor evenly (Calibration.even_spread)
     even_spread_stream_bytes: int | None = None  # chunks of this many bytes (None: every size)
     even_spread_chunks: int = 1  # up to this many of them per stream
@@ -412,10 +412,10 @@ def predict_variant(setup: VariantSetup, scenario: Scenario, workload: Workload,
     """The planner's prediction (and, for temporal sharing, the plan) of a placed
     variant whose WAN channels move `rate_bps` each (`effective`: measured compute times)."""
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
-    if effective is None and setup.verify is not None:
+    if effective is None and setup.host_cost is not None:
         effective = workload.effective(base_dir)
     return predict(topo, workload, setup.variant, net=net, base_dir=base_dir, placement=setup.placement,
-                   effective=with_verify(effective, setup.verify) if effective is not None else None)
+                   effective=with_host_cost(effective, setup.host_cost) if effective is not None else None)
 
 
 def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
@@ -442,7 +442,7 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
         return predict_variant(setup, scenario, workload, base_dir, rate_bps, pair, local, eff,
                                colliding_bps).iteration_time_s
     net, topo = _net_for(setup, scenario, rate_bps, pair, local, colliding_bps)
-    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, with_verify(eff, setup.verify), net)
+    spec, _ = build_spec(topo, workload, setup.placement, setup.variant, with_host_cost(eff, setup.host_cost), net)
     sim = simulate(plan.apply(spec))
     ring = allreduce_time(topo, workload, setup.placement, eff, sim, setup.variant, net) if net.allreduce else 0.0
     return sim.makespan + ring
@@ -551,7 +551,7 @@ def _plan_one(run: RunVariant, scenario: Scenario, workload: Workload, placement
                          sharing_requested=sharing)
     setup.colliding_bps = cal.colliding_bps.get(streams) if cal else None
     if cal is not None:
-        setup.verify = VerifyCost.of(cal.verify if scenario.runner.verify_tensors else None, cal.op_overhead_s)
+        setup.host_cost = HostCost.of(cal.verify if scenario.runner.verify_tensors else None, cal.op_overhead_s)
     setup.lan_rate_bps = cal.lan_rate_bps if cal else None
     setup.lan_tensor_bps = cal.lan_tensor_rate_bps if cal else None
     setup.lan_loaded_bps = cal.lan_loaded_rate_bps if cal else None

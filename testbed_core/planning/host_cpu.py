@@ -27,7 +27,7 @@ from testbed_core.workload import EffectiveWorkload
 
 
 @dataclass(frozen=True)
-class VerifyCost:
+class HostCost:
     """Seconds a rank spends on one sent tensor's pattern (`fill_s`), on one received
     tensor's check (`check_s`), and on each compute op past its modelled time (`op_s`:
     the emulated device's lock, records and sleep, `calibrate_host_ops`)."""
@@ -37,7 +37,7 @@ class VerifyCost:
     op_s: float = 0.0
 
     @classmethod
-    def of(cls, cal: VerifyCalibration | None, op_s: float | None = None) -> VerifyCost | None:
+    def of(cls, cal: VerifyCalibration | None, op_s: float | None = None) -> HostCost | None:
         """The calibrated means (a rank pays every fill and check, the slow ones
         included) and the device's median overhead an op; None where neither was timed."""
         if cal is None and not op_s:
@@ -46,7 +46,7 @@ class VerifyCost:
         return cls(fill, check, op_s or 0.0)
 
 
-def with_verify(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWorkload:
+def with_host_cost(eff: EffectiveWorkload, cost: HostCost | None) -> EffectiveWorkload:
     """`eff` with the tensor checks and the device's overhead in its stage times (`cost`
     None: as it is). A forward of virtual stage k checks the activation it received
     (k > 0) and fills the one it sends (k < last); a backward checks the gradient it
@@ -62,18 +62,18 @@ def with_verify(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWor
     return replace(eff, stage_forward_s=fwd, stage_backward_s=bwd)
 
 
-def compute_only(eff: EffectiveWorkload, cost: VerifyCost | None) -> EffectiveWorkload:
-    """`eff` (a prediction's stage times, `with_verify(compute, cost)`) without the
+def compute_only(eff: EffectiveWorkload, cost: HostCost | None) -> EffectiveWorkload:
+    """`eff` (a prediction's stage times, `with_host_cost(compute, cost)`) without the
     tensor checks: the compute a worker holds its modelled device for. The worker fills
     and checks its tensors for real beside that hold, so its job must not count them
     again (`cost` None: `eff` as it is)."""
     if cost is None:
         return eff
-    neg = VerifyCost(-cost.fill_s, -cost.check_s, -cost.op_s)
-    out = with_verify(eff, neg)
+    neg = HostCost(-cost.fill_s, -cost.check_s, -cost.op_s)
+    out = with_host_cost(eff, neg)
     if min(out.stage_forward_s + out.stage_backward_s) < 0:
         raise ValueError(f"stage times {eff.stage_forward_s} / {eff.stage_backward_s} s do not include the tensor "
                          f"checks' {cost.fill_s * 1e3:.1f} ms fill and {cost.check_s * 1e3:.1f} ms check and the "
                          f"device's {cost.op_s * 1e3:.2f} ms an op: give compute_only a prediction's stage times "
-                         "(with_verify)")
+                         "(with_host_cost)")
     return out

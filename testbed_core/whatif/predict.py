@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import math
 import os
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -559,12 +559,12 @@ def _predict(topology: Topology, workload: Workload, variant: Variant, free: dic
 
         # Where the search is large, the strides run on `workers` threads, this one and the
         # next ones (the compiled engine releases the GIL; `_stride_workers`), each under
-        # the bar known when it starts, which is never below the bar it meets in order. The results are taken in
-        # candidate order under that bar, so the choice and `tried` are the one-at-a-time
-        # search's: a stride that ran past the bar it meets in order counts as stopped, one
-        # the bar would have skipped as skipped.
+        # the bar known when it starts, which is never below the bar it meets in order.
+        # The results are taken in candidate order under that bar, so the choice and
+        # `tried` are the one-at-a-time search's: a stride that ran past the bar it meets
+        # in order counts as stopped, one the bar would have skipped as skipped.
         workers = _stride_workers(D * compiled.schedule.ranks * compiled.compute_per_rank)
-        ahead: dict[int, Any] = {}
+        ahead: dict[int, Future[EngineResult]] = {}
         nxt = 0
         for i, delta in enumerate(candidates):
             bar = bar_now()

@@ -408,12 +408,12 @@ def test_verified_workers_hold_their_devices_for_the_compute_alone(tmp_path: Pat
     # workers fill and check their tensors for real, so their modelled holds are the compute
     # model's (holding the checks too paid each one twice: faults-2dc ran 6-10% over its plan)
     from testbed.run.variants import predict_variant
-    from testbed_core.planning.host_cpu import VerifyCost
+    from testbed_core.planning.host_cpu import HostCost
 
     scenario, _ = load_scenario(scenario_file(tmp_path))
     workload = scenario.workload
     setup = plan_variant("atlas", scenario, workload, None, None, None)
-    setup.verify = VerifyCost(fill_s=0.004, check_s=0.015)
+    setup.host_cost = HostCost(fill_s=0.004, check_s=0.015)
     setup.prediction = predict_variant(setup, scenario, workload, None, None, None, False)
     compute = workload.effective()
     assert setup.prediction.effective.stage_forward_s[1] == pytest.approx(compute.stage_forward_s[1] + 0.015)

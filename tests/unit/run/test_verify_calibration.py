@@ -1,5 +1,5 @@
 """The tensor checks' calibration (testbed/run/calibration.py `calibrate_verify`) and its
-use in a run's plan (testbed/run/variants.py: `VariantSetup.verify`): a scenario with
+use in a run's plan (testbed/run/variants.py: `VariantSetup.host_cost`): a scenario with
 ``runner.verify_tensors`` is predicted with each fill and check on its ranks' time."""
 
 from __future__ import annotations
@@ -55,8 +55,8 @@ def test_a_verified_run_is_planned_with_its_checks() -> None:
     plain = plan_variant("atlas", scenario, scenario.workload, None, cal, None)
     cal.verify = VerifyCalibration(nbytes=1 << 20, fill_s=[0.005], check_s=[0.012])
     checked = plan_variant("atlas", scenario, scenario.workload, None, cal, None)
-    assert plain.verify is None and checked.verify is not None
+    assert plain.host_cost is None and checked.host_cost is not None
     assert checked.prediction.iteration_time_s > plain.prediction.iteration_time_s + 4 * 0.017 - 1e-9
     # the checks off (runner.verify_tensors: false): a calibration's figures are not used
     off = _scenario(**{"runner.verify_tensors": False})
-    assert plan_variant("atlas", off, off.workload, None, cal, None).verify is None
+    assert plan_variant("atlas", off, off.workload, None, cal, None).host_cost is None

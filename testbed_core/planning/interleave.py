@@ -37,7 +37,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from testbed_core.planning.network import WanPath
 from testbed_core.simulate import Resource, SimResult, SimSpec, TransferSpan
@@ -124,6 +124,6 @@ def interleave(spec: SimSpec, wan: Mapping[tuple[str, str], WanPath], send_buffe
             res = resources[link]
             if res.crowded_bps is not None and not isinstance(res, Filling):
                 channels = sum(1 for p in spec.paths.values() if link in p.resources)
-                resources[link] = Filling(res.capacity_bps, res.policy, res.order, res.crowded_bps, res.hold_factor,
-                                          res.busy_bps, res.refill_s, channels)
+                resources[link] = Filling(**{f.name: getattr(res, f.name) for f in fields(Resource)},
+                                          channels=channels)
     return out

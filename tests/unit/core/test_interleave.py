@@ -73,7 +73,12 @@ def test_dp_2dc_tensors_sent_together_arrive_together() -> None:
     first, second = _arrivals(side)[:2]
     assert second - first < 0.005
     assert side.spec.resources["chan:p0:b0:fwd"].policy == "shared"
-    assert isinstance(side.spec.resources["wan:a->b"], Filling)
+    link = side.spec.resources["wan:a->b"]
+    assert isinstance(link, Filling)
+    # the link keeps its own figures and counts the channels that cross it (two pipelines'
+    # forward channels); before, they were handed over by position and the count landed
+    # in backlog_bps, every Filling counting 2
+    assert (link.channels, link.backlog_bps, link.crowded_bps) == (2, None, pytest.approx(0.75 * 1e9))
     # channels that spread each tensor evenly over their streams (a calibration after
     # atlas_transport's even spread) send them one after another
     even = predict(topo, wl, Variant("multi-tcp", 8, "shared", "even"),

@@ -20,6 +20,14 @@ starts while it is busy, another transfer on it or its last one ended less than
 link's sustained goodput): only a transfer onto an idle link gets the bucket's burst, as
 the calibration's isolated tensors did.
 
+A crowded ``shared`` resource with ``split_shares`` divides its crowded total unequally
+while exactly two transfers are on it: one of them, drawn at random, moves at a share
+drawn from ``split_shares`` and the other at the rest, until one leaves. Two TCP channels
+that collide do not finish together: which one gets ahead, and by how much, is a draw
+(the calibration's collision rounds), and the one ahead starts its pipeline's next step
+first. The draws come from ``SimSpec.seed``: one seed, one iteration as it may run
+(testbed_core/planning/collisions.py averages several).
+
 A channel (an ``exclusive`` resource) may carry a tensor handed over while the one before
 it was still leaving (a backlog: GPipe's forwards, 1F1B's warm-up) at ``backlog_bps``
 rather than its capacity, and one handed over before the one before it was acknowledged
@@ -44,6 +52,7 @@ from __future__ import annotations
 
 import heapq
 import math
+import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Literal
@@ -126,6 +135,9 @@ class Resource:
     # exclusive only: the rate of a transfer handed over while the one before it on this
     # resource was still leaving (None: `capacity_bps` for every transfer)
     backlog_bps: float | None = None
+    # shared with crowded_bps only: the favoured transfer's share of the crowded total
+    # while exactly two are on it, each a draw (each >= 0.5; empty: an even split)
+    split_shares: tuple[float, ...] = ()
 
     def capacity(self, users: int) -> float:
         return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
@@ -149,6 +161,8 @@ class SimSpec:
     # 1): the planner's spread of lossy channels (testbed_core/planning/lossy.py
     # `spread_makespan`, which keeps only the makespan: the spans carry the scaled bytes)
     transfer_scale: Callable[[TransferKey], float] | None = None
+    # the draws of the resources' `split_shares` (who gets ahead in a collision, by how much)
+    seed: int = 0
 
     def path(self, key: TransferKey) -> Path:
         return self.paths.get((key.pipeline, key.boundary, key.direction), Path())
@@ -317,6 +331,9 @@ class _Sim:
         self.unacked: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
         self.last_end: dict[str, float] = {}  # per resource: when its last transfer's last byte left
         self.last_start: dict[str, float] = {}  # per backlog resource: when its last transfer's first byte left
+        self.rng = random.Random(spec.seed)
+        # per split resource: the two transfers on it, the favoured one and its share
+        self.splits: dict[str, tuple[frozenset[tuple[TransferKey, bool]], tuple[TransferKey, bool], float]] = {}
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")
@@ -507,7 +524,9 @@ class _Sim:
                     backlog = self.spec.resources[name].backlog_bps
                     if backlog is not None and self._exclusive(name):
                         caps[name] = backlog
-        rates = max_min_rates([(min(f.path.cap_bps, f.cap), f.path.resources) for f in flows], caps)
+        shares = self._split_caps(flows, caps)
+        rates = max_min_rates([(min(f.path.cap_bps, f.cap, shares.get(f.ident, INF)), f.path.resources)
+                               for f in flows], caps)
         nxt = INF
         for f, rate in zip(flows, rates, strict=True):
             f.rate = rate
@@ -520,6 +539,28 @@ class _Sim:
         self.net_version += 1
         if nxt < INF:
             self.push(nxt, "net", self.net_version)
+
+    def _split_caps(self, flows: list[_Flow], caps: dict[str, float]) -> dict[tuple[TransferKey, bool], float]:
+        """Each transfer's cap from the crowded resources it collides on with exactly one
+        other (`Resource.split_shares`): the favoured one, drawn when the two meet, at
+        its drawn share of the crowded total, the other at the rest."""
+        out: dict[tuple[TransferKey, bool], float] = {}
+        for name, res in self.spec.resources.items():
+            if not res.split_shares or res.policy != "shared" or res.crowded_bps is None:
+                continue
+            on = [f for f in flows if not f.notice and name in f.path.resources]
+            if len(on) != 2:
+                self.splits.pop(name, None)
+                continue
+            pair = frozenset(f.ident for f in on)
+            if name not in self.splits or self.splits[name][0] != pair:
+                favoured = self.rng.choice(sorted(pair, key=lambda i: (str(i[0]), i[1])))
+                self.splits[name] = (pair, favoured, self.rng.choice(res.split_shares))
+            _, favoured, share = self.splits[name]
+            for f in on:
+                part = share if f.ident == favoured else 1.0 - share
+                out[f.ident] = min(out.get(f.ident, INF), part * caps[name])
+        return out
 
     def on_net(self, t: float, version: int) -> None:
         if version != self.net_version:

@@ -132,6 +132,10 @@ class VariantSetup:
     even_spread: bool = False  # the calibration's channels spread each tensor evenly (Calibration.even_spread)
     even_spread_stream_bytes: int | None = None  # chunks of this many bytes (None: every size)
     even_spread_chunks: int = 1  # up to this many of them per stream
+    # the prediction draws who gets ahead where two channels collide on a link
+    # (testbed_core/planning/collisions.py): set once the variant's way is chosen
+    # (`_drawn_prediction`); its choices are made with every collision split evenly
+    draw_collisions: bool = False
     # shared multi-stream channels: per (sending DC, receiving DC), each stream's receive
     # window clamp (testbed/run/pacing.py `window_caps`), in the prediction and the run's channels
     window_caps: dict[tuple[str, str], int] = field(default_factory=dict)
@@ -356,6 +360,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
     rings: dict[tuple[str, str], float] = {}
     rings_alone: dict[tuple[str, str], float] = {}
     holds: dict[tuple[str, str], float] = {}
+    splits: dict[tuple[str, str], tuple[float, ...]] = {}
     for key, pr in setup.path_rates.items():
         if pr.rate_bps is not None and temporal and pr.turns_rate_bps is not None:
             # a plan's transfers where the path was timed as a plan uses it: its holds
@@ -373,6 +378,7 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
             flows[key], links[key] = flow, link
             if crowded is not None and not local:
                 crowd[key] = crowded
+                splits.update(_split_shares(setup, scenario, key, pr))
         if pr.ring_bps is not None:
             rings[key] = pr.ring_bps
             if pr.ring_alone_bps is not None:
@@ -387,8 +393,25 @@ def _net_per_path(setup: VariantSetup, scenario: Scenario, local: bool) -> tuple
                     stripe_windows=scenario.workload.gpu.mode != "real", even_spread=setup.even_spread,
                     even_spread_stream_bytes=setup.even_spread_stream_bytes,
                     even_spread_chunks=setup.even_spread_chunks, path_hold_factor=holds or None,
-                    path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local))
+                    path_window_bytes=setup.window_caps or None, link_line_bps=_line_rates(setup, scenario, local),
+                    link_split_shares=(splits or None) if setup.draw_collisions else None)
     return net, path_topology(scenario.topology, links, local)
+
+
+def _split_shares(setup: VariantSetup, scenario: Scenario, key: tuple[str, str],
+                  pr: PathRates) -> dict[tuple[str, str], tuple[float, ...]]:
+    """The collision probe's shares (testbed_core/planning/collisions.py) for each way of
+    the path `key` where two of the variant's channels colliding there split the link
+    unequally: a path of one link, without configured loss (the loss model draws its
+    tensors' times), each way whose streams the run does not clamp (`setup.window_caps`:
+    a clamped stream cannot take what the other leaves, and the runs' pipelines stay in
+    lockstep there)."""
+    if not pr.collision_shares or lossy_between(scenario.topology, *key) \
+            or len(scenario.topology.route(*key)) != 2:
+        return {}
+    caps = setup.window_caps or {}
+    return {way: shares for way, shares in zip((key, key[::-1]), pr.collision_shares, strict=True)
+            if way not in caps}
 
 
 def _line_rates(setup: VariantSetup, scenario: Scenario, local: bool) -> dict[tuple[str, str], float] | None:
@@ -479,7 +502,7 @@ def plan_variant(
             placement = exc
     setup = _choose_configuration(run, scenario, workload, placement, base_dir, cal, auto_streams, local, others)
     if requested_schedule(run, scenario) != "auto":
-        return setup
+        return _drawn_prediction(setup, scenario, workload, base_dir, local)
     options, refused = schedule_options(workload)
     assert setup.prediction is not None
     times = {workload.parallelism.schedule: setup.prediction.iteration_time_s}
@@ -500,7 +523,30 @@ def plan_variant(
         if alt.prediction.iteration_time_s < best.prediction.iteration_time_s * (1 - SCHEDULE_MARGIN):
             best, alt.workload = alt, other
     best.schedule_alternatives, best.schedules_refused = times, refused
-    return best
+    return _drawn_prediction(best, scenario, workload, base_dir, local)
+
+
+def _drawn_prediction(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                      local: bool) -> VariantSetup:
+    """`setup` with its prediction made again where its shared channels collide on a
+    link whose collision probe split them unequally (testbed_core/planning/collisions.py:
+    who gets ahead is a draw, and pipelines that drift apart collide less), and
+    ``draw_collisions`` set for every prediction of it after (`repredict`).
+
+    Its choices (streams, sharing, placement, schedule) were made with every collision
+    split evenly, the lockstep in which no collision ends early, as the margins they
+    use were set against (TEMPORAL_MARGIN, SHARING_MARGIN): a plan takes the collisions
+    out, and whether a run's shared pipelines drift apart is the draw. Over the kept
+    runs, choices made with the drawn predictions would have moved Atlas from its plan
+    to shared links where multi-TCP's shared links ran slower than the plan
+    (docs/results/fidelity.md, "Collisions drawn from the probe's rounds")."""
+    setup.draw_collisions = True
+    if setup.prediction is None or setup.variant.sharing == "temporal" or not setup.path_rates:
+        return setup
+    net, _ = _net_for(setup, scenario, None, None, local)
+    if net.link_split_shares:
+        setup.prediction = predict_variant(setup, scenario, setup.workload or workload, base_dir, None, None, local)
+    return setup
 
 
 class _SharingOption(NamedTuple):

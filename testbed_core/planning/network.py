@@ -124,6 +124,11 @@ class NetParams:
     # link's direction is busy gets no burst from its token bucket and moves at most at
     # the link's sustained TCP goodput (`sustained_bps`). None or a link not listed: no cap
     link_line_bps: Mapping[tuple[str, str], float] | None = None
+    # per WAN link direction (sending DC, receiving DC), the shares of its crowded total
+    # that the channel ahead in a collision of two takes, one per collision-probe round
+    # (testbed_core/planning/collisions.py; simulate.Resource.split_shares). None or a
+    # direction not listed: colliding transfers split it evenly
+    link_split_shares: Mapping[tuple[str, str], tuple[float, ...]] | None = None
 
     def flow_rate_for(self, a: str, z: str) -> float | None:
         """The measured per-flow rate of the path between DCs `a` and `z`, if any."""

@@ -27,6 +27,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 
+from testbed_core.planning.collisions import drawn
 from testbed_core.planning.interleave import interleave
 from testbed_core.planning.lossy import lossy_between, lossy_routes, spread_makespan
 from testbed_core.planning.network import (
@@ -214,7 +215,8 @@ def build_spec(
                     resources[wan_resource(x, y)] = Resource(
                         rate, crowded_bps=crowded, hold_factor=max(hold, before.hold_factor if before else 1.0),
                         busy_bps=None if line is None else sustained_bps(line),
-                        refill_s=0.0 if line is None else refill_s(line))
+                        refill_s=0.0 if line is None else refill_s(line),
+                        split_shares=(net.link_split_shares or {}).get((x, y), ()))
                 # a tensor that finds its channel idle: the measured time of one alone; one
                 # handed over behind another (a backlog): at the link's rate, within the whole
                 # windows of the streams that carry it (simulate.py, `Resource.backlog_bps`;
@@ -475,9 +477,9 @@ def predict(
     if variant.sharing != "shared" and links:
         plan = derive_plan(spec, links)
         planned = plan.apply(spec)
-        sim = simulate(planned)
+        sim = drawn(simulate, planned)
         if variant.sharing == "auto":
-            shared = simulate(spec)
+            shared = drawn(simulate, spec)
             alternatives = {"temporal": sim.makespan, "shared": shared.makespan}
             if choose_sharing(sim.makespan, shared.makespan) == "shared":
                 plan, sim = None, shared
@@ -485,13 +487,13 @@ def predict(
                 spec = planned
         else:
             spec = planned
-    if sim is None:
-        sim = simulate(spec)
+    if sim is None:  # two channels colliding on a link: who gets ahead is a draw (planning/collisions.py)
+        sim = drawn(simulate, spec)
     # a lossy route's tensors take random times around the rate's mean: the pipeline
     # waits for the slow ones (testbed_core/planning/lossy.py `spread_makespan`)
     lossy = lossy_routes(topology, paths.values(), eff.wire_activation_bytes, net.slow_start_after_idle,
                          net.lossy_history, par.num_micro_batches, net.paced, (spec, sim))
-    makespan = spread_makespan(spec, lossy, simulate) if lossy else sim.makespan
+    makespan = spread_makespan(spec, lossy, lambda s: drawn(simulate, s)) if lossy else sim.makespan
     idle_net = replace(spec, paths={}, resources={}, offsets=None)
     compute_only = simulate(idle_net).makespan
     ar = allreduce_time(topology, workload, placement, eff, sim, variant, net)

@@ -22,6 +22,7 @@ from testbed_core.contracts.calibration import (
     dc_of_host,
 )
 from testbed_core.planning.calibrated import turns_rate_bps, turns_wire_rate_bps
+from testbed_core.planning.collisions import round_shares
 from testbed_core.planning.lossy import lossy_between
 from testbed_core.planning.path_load import load_of, weighed_rate
 from testbed_core.planning.placement import Placement
@@ -208,6 +209,10 @@ class PathRates:
     # the same transfers' rate on the wire, each way (`turns_wire_rate_bps`: their bytes
     # arrive as they left, the next holder waits for the hold); None: not timed so
     turns_wire_bps: tuple[float, float] | None = None
+    # each way (dcs[0] -> dcs[1], then back), the collision probe's rounds as shares of
+    # the crowded total the channel that ended first moved (testbed_core/planning/
+    # collisions.py `round_shares`; None: no collision of two channels timed)
+    collision_shares: tuple[tuple[float, ...], tuple[float, ...]] | None = None
 
 
 def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, streams: int, allreduce: bool,
@@ -238,6 +243,12 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
         # not on a lossy route: the loss model spreads its transfers (testbed_core/planning/lossy.py),
         # and the probe's transfers met the same loss
         turns = pc.turns_for(streams) if pc and on_pipe and not lossy_between(topology, a, z) else None
+        shares = None
+        if pc and on_pipe and pc.colliding_s.get(streams) and pc.colliding_bps.get(streams):
+            ahead, back = round_shares(pc.colliding_s[streams], pc.concurrent, pc.nbytes, pc.latency_s,
+                                       pc.colliding_bps[streams])
+            if ahead and back:
+                shares = (ahead, back) if pc.dcs == (a, z) else (back, ahead)
         out[(a, z)] = PathRates(
             (a, z), rate_bps=rate, colliding_bps=colliding, nominal_bps=topology.bottleneck_rate(a, z),
             ring_bps=pc.ring_bps if ringed else None,
@@ -245,6 +256,7 @@ def path_rates_of(placement: Placement, topology: Topology, cal: Calibration, st
             load=load,
             turns_rate_bps=None if turns is None else _turns_rates(pc, turns, (a, z)),
             turns_wire_bps=None if turns is None else _turns_rates(pc, turns, (a, z), wire=True),
+            collision_shares=shares,
         )
         if pc and on_ring and not on_pipe and out[(a, z)].ring_bps is None and pc.rates_bps.get(streams):
             out[(a, z)] = replace(out[(a, z)], rate_bps=pc.rates_bps[streams])

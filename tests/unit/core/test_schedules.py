@@ -198,6 +198,33 @@ def test_crowded_link_carries_its_measured_total_only_while_transfers_collide() 
     assert alone.transfer(TransferKey(1, 0, 0, "fwd")).end - 0.6 == pytest.approx(0.01)
 
 
+def test_a_collision_of_two_splits_the_crowded_total_as_drawn() -> None:
+    """Crowded at 0.5 Gbit/s with the favoured transfer's share drawn from (0.8,): it
+    moves its 1e7 bits at 4e8 (25 ms), the other at 1e8 until then and its last 7.5e6
+    bits alone at the link's 1e9 (7.5 ms more); which one is favoured is the seed's
+    draw, the same for the same seed, each pipeline in some."""
+    ends = {}
+    for seed in range(12):
+        spec = _two_pipelines("shared")
+        spec.resources = {k: Resource(1e9, crowded_bps=5e8, split_shares=(0.8,)) for k in spec.resources}
+        spec.seed = seed
+        res = simulate(spec)
+        a, b = (res.transfer(TransferKey(d, 0, 0, "fwd")).end for d in range(2))
+        assert sorted([a, b]) == pytest.approx([0.125, 0.1325])
+        assert (res.transfer(TransferKey(0, 0, 0, "fwd")).end, res.makespan) == \
+            (simulate(spec).transfer(TransferKey(0, 0, 0, "fwd")).end, simulate(spec).makespan)
+        ends[seed] = a < b
+    assert set(ends.values()) == {True, False}
+    even = _two_pipelines("shared")
+    even.resources = {k: Resource(1e9, crowded_bps=5e8, split_shares=(0.5,)) for k in even.resources}
+    a, b = (simulate(even).transfer(TransferKey(d, 0, 0, "fwd")).end for d in range(2))
+    assert a == pytest.approx(0.14) and b == pytest.approx(0.14)  # a share of half: the even split
+    uncrowded = _two_pipelines("shared")  # no crowded total measured: shares are not applied
+    uncrowded.resources = {k: Resource(1e9, split_shares=(0.8,)) for k in uncrowded.resources}
+    a, b = (simulate(uncrowded).transfer(TransferKey(d, 0, 0, "fwd")).end for d in range(2))
+    assert a == pytest.approx(0.12) and b == pytest.approx(0.12)
+
+
 def _window_spec(window_bytes: float) -> SimSpec:
     """GPipe, 3 micro-batches over one WAN boundary, 40 ms one way: the forwards leave
     back to back on one channel (1 MB each, 8 ms alone at 1 Gbit/s)."""

@@ -28,11 +28,17 @@ class Replanned:
     ran: VariantResult
     setup: VariantSetup
     with_faults_s: float | None = None  # the mean with the scenario's faults forecast (testbed/run/faults.py)
+    # real devices: with the stage times and overhead the run's warm-up measured, as its headline
+    with_measured_compute_s: float | None = None
 
     @property
     def now_s(self) -> float:
         assert self.setup.prediction is not None
-        return self.setup.prediction.iteration_time_s if self.with_faults_s is None else self.with_faults_s
+        if self.with_faults_s is not None:
+            return self.with_faults_s
+        if self.with_measured_compute_s is not None:
+            return self.with_measured_compute_s
+        return self.setup.prediction.iteration_time_s
 
     @property
     def error(self) -> float:
@@ -60,8 +66,25 @@ def replan_run(folder: Path, scenario_file: Path | None = None) -> list[Replanne
     for name, ran in summary.variants.items():
         if isinstance(ran, VariantResult) and "+" not in name:
             setup = plan_variant(name, scenario, scenario.workload, scenario.workload_dir, cal, None)
-            out.append(Replanned(name, ran, setup, _with_faults(scenario, setup)))
+            out.append(Replanned(name, ran, setup, _with_faults(scenario, setup),
+                                 _with_measured_compute(scenario, setup, ran)))
     return out
+
+
+def _with_measured_compute(scenario: Scenario, setup: VariantSetup, ran: VariantResult) -> float | None:
+    """Real devices: the plan's prediction with each stage's hold and the pipeline's
+    overhead that the run's warm-up measured (summary.json `prediction.measured_*`), as
+    the run's headline was made (testbed/run/runner.py `_predictions`; the compute
+    model does not know the machine); None where the run measured none."""
+    p = ran.prediction
+    if p is None or p.measured_stage_forward_s is None or p.measured_stage_backward_s is None \
+            or setup.prediction is None:
+        return None
+    from testbed.run.variants import repredict
+
+    compute = (list(p.measured_stage_forward_s), list(p.measured_stage_backward_s))
+    return repredict(setup, scenario, scenario.workload, scenario.workload_dir, None, None, False,
+                     compute) + (p.measured_overhead_s or 0.0)
 
 
 def _with_faults(scenario: Scenario, setup: VariantSetup) -> float | None:

@@ -81,3 +81,16 @@ def test_a_run_with_an_outage_is_replanned_with_its_forecast() -> None:
     (fc,) = forecast(scenario.faults, scenario.workload.warmup, v.setup.prediction, scenario.topology)
     assert fc.delay_s is not None and fc.delay_s > 2.0
     assert v.now_s == pytest.approx(healthy + fc.delay_s / 3)
+
+
+def test_a_real_device_run_is_planned_again_with_its_warm_up_compute() -> None:
+    """A kept real-device run (real-tiny-2dc at 424521c): its headline took the stage
+    times and overhead its warm-up measured; planned again with them, each variant meets
+    its stored prediction, where the compute model alone is far off (the machine's
+    own small-tensor costs)."""
+    run = ROOT / "results" / "prediction-errors" / "at-424521c" / "runs" / "real-tiny-2dc"
+    for v in replan_run(run):
+        stored = v.ran.predicted_iteration_time_s
+        assert v.with_measured_compute_s is not None
+        assert v.now_s == pytest.approx(stored, rel=0.01), v.name
+        assert abs(v.setup.prediction.iteration_time_s / stored - 1) > 0.2  # the a-priori compute model's

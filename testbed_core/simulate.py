@@ -211,6 +211,9 @@ class SimResult:
     transfers: list[TransferSpan]
     pipelines: int
     ranks: int
+    # where this is one of several draws of the links' collisions (testbed_core/planning/
+    # collisions.py `drawn`): every draw's makespan, this one's among them
+    draws_s: tuple[float, ...] = ()
 
     def spans(self, pipeline: int, rank: int) -> list[ComputeSpan]:
         return [c for c in self.compute if c.pipeline == pipeline and c.rank == rank]

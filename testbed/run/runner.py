@@ -375,6 +375,9 @@ def play_variant(net: Network, setup: VariantSetup, scenario: Scenario, workload
                             in sorted(setup.window_caps.items())) + " (testbed/run/pacing.py window_caps)"
                     if setup.window_caps else "") + ", predicted "
                  f"{pred.iteration_time_s:.3f} s per iteration"
+                 + (f" (its pipeline the draw nearest the mean of {len(pred.sim.draws_s)} draws of who gets ahead "
+                    f"where its channels collide: {min(pred.sim.draws_s):.3f}-{max(pred.sim.draws_s):.3f} s)"
+                    if pred.sim.draws_s else "")
                  + (f"; {fault_note}: {fault_mean:.3f} s over the measured iterations" if fault_note else ""))
     lines_before = net.delay_line_stats()
     try:

@@ -73,9 +73,11 @@ def splits(spec: SimSpec) -> bool:
 def drawn(simulate: Callable[[SimSpec], SimResult], spec: SimSpec, draws: int = COLLISION_DRAWS) -> SimResult:
     """`spec` simulated: once where no link splits its collisions (`splits`), else
     `draws` times (seeds 0 to draws - 1) and the iteration nearest their mean makespan
-    (the first such seed on a tie): the same result for the same spec, every time."""
+    (the first such seed on a tie), with every draw's makespan (`SimResult.draws_s`):
+    the same result for the same spec, every time."""
     if not splits(spec) or draws <= 1:
         return simulate(spec)
     results = [simulate(replace(spec, seed=seed)) for seed in range(draws)]
     mean = statistics.fmean(r.makespan for r in results)
-    return min(results, key=lambda r: abs(r.makespan - mean))
+    nearest = min(results, key=lambda r: abs(r.makespan - mean))
+    return replace(nearest, draws_s=tuple(r.makespan for r in results))

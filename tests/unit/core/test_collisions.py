@@ -55,6 +55,7 @@ def test_the_prediction_is_the_draw_nearest_the_mean_of_the_draws() -> None:
     mean = sum(spans) / len(spans)
     assert abs(chosen.makespan - mean) == pytest.approx(min(abs(m - mean) for m in spans))
     assert drawn(simulate, spec).makespan == chosen.makespan  # the same spec, the same prediction
+    assert list(chosen.draws_s) == spans
     assert len(set(spans)) > 1  # the draws differ
     even = simulate(_two_pipelines(()))
     assert chosen.makespan < even.makespan  # pipelines that drift apart collide less

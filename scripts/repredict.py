@@ -17,6 +17,14 @@ did not time a DP ring alone inside the DCs (before that probe), it takes one ri
 alone to move what all of them moved at once (the emulation's case, where every ring
 shares the machine's cores), so that the staggered-rings model can be judged on them.
 
+`--collisions even` is a what-if: every collision of two channels on a link split
+evenly (the lockstep: the planner before 344bf99); `--collisions drawn-choices`: Atlas's
+choices of streams, sharing, placement and schedule made with the collisions drawn too,
+where the planner makes them with the even split and predicts only the way it chose with
+them drawn (testbed/run/variants.py `_drawn_prediction`; docs/results/fidelity.md,
+"Collisions drawn from the probe's rounds"). Either way the last line counts the rows
+within 5%.
+
 `--turns-from-run` is a what-if too: each run's own measured WAN transfers of its
 temporal variant (its transfers.csv, measured iterations) stand in for the turns probe
 that runs before the variants (testbed/run/calibration.py `calibrate_turns`; kept runs
@@ -77,6 +85,23 @@ def _assume_lan_alone() -> None:
     Calibration.from_report = classmethod(from_report)  # type: ignore[method-assign]
 
 
+def _collisions(how: str) -> None:
+    """The what-ifs of `--collisions`: "even" keeps every prediction on the even split;
+    "drawn-choices" draws the collisions in every prediction Atlas's choices weigh."""
+    import testbed.run.variants as variants
+
+    if how == "even":
+        variants._drawn_prediction = lambda setup, scenario, workload, base_dir, local: setup  # type: ignore[assignment]
+    elif how == "drawn-choices":
+        plain = variants._net_per_path
+
+        def drawn_everywhere(setup, scenario, local):  # noqa: ANN001, ANN202
+            setup.draw_collisions = True
+            return plain(setup, scenario, local)
+
+        variants._net_per_path = drawn_everywhere  # type: ignore[assignment]
+
+
 def _turns_from_run() -> None:
     """The what-if: a run's calibration gets, on each path its temporal variant crossed,
     the turns figures of that variant's own measured transfers (each way, planned holds
@@ -127,6 +152,8 @@ def main() -> None:
     ap.add_argument("--by-kind", action="store_true", help="also the errors grouped by variant and regime")
     ap.add_argument("--lan-alone-as-aggregate", action="store_true",
                     help="what-if: a LAN ring alone moves what all the calibration's rings moved at once")
+    ap.add_argument("--collisions", choices=("drawn", "even", "drawn-choices"), default="drawn",
+                    help="what-if: collisions split evenly, or drawn in Atlas's choices too (default: the planner)")
     ap.add_argument("--turns-from-run", action="store_true",
                     help="what-if: each run's own measured transfers of its temporal plan stand in for the turns probe")
     args = ap.parse_args()
@@ -134,7 +161,10 @@ def main() -> None:
         _assume_lan_alone()
     if args.turns_from_run:
         _turns_from_run()
+    if args.collisions != "drawn":
+        _collisions(args.collisions)
     groups: dict[tuple[str, str], tuple[list[float], list[float]]] = defaultdict(lambda: ([], []))
+    rows: list[tuple[float, float]] = []
     refused = []
     print(f"{'run':34} {'variant':13} {'measured':>8} {'stored':>13} {'now':>13}  streams, sharing now")
     for run in args.runs:
@@ -153,6 +183,9 @@ def main() -> None:
                   f"{v.now_s:7.3f} {v.error:+5.0%}  {v.setup.streams}, {v.setup.sharing}")
             groups[v.name, kind][0].append(measured / stored - 1)
             groups[v.name, kind][1].append(v.error)
+            rows.append((measured / stored - 1, v.error))
+    within = [sum(abs(e[k]) <= TOLERANCE + 1e-9 for e in rows) for k in (0, 1)]
+    print(f"\n{within[1]} of {len(rows)} rows within {TOLERANCE:.0%} now (stored: {within[0]})")
     if args.by_kind:
         print(f"\n{'variant':13} {'regime':28} {'stored: within, median, range':42} now: within, median, range")
         for (name, kind), (stored, now) in sorted(groups.items()):

@@ -8,8 +8,8 @@ in lockstep for the whole iteration and every one of their tensors collides. In 
 probe's own rounds they do not end together: one channel ends first, by a margin that
 varies from round to round, and in the runs the pipeline whose tensor got through first
 starts its next step first, so the two drift apart and collide less (atlas-2dc's
-multi-TCP at 50 ms RTT: the lockstep over-predicted it in every kept table, -1.5% to
--11.9%; docs/results/fidelity.md).
+multi-TCP at 50 ms RTT, which the lockstep over-predicted in every kept table:
+docs/results/fidelity.md, "Collisions drawn from the probe's rounds").
 
 So each round of the probe gives a share: what the channel that ended first moved of the
 crowded total while both moved (`round_shares`; its tensor over its time on the wire,

@@ -337,6 +337,8 @@ class _Sim:
         self.rng = random.Random(spec.seed)
         # per split resource: the two transfers on it, the favoured one and its share
         self.splits: dict[str, tuple[frozenset[tuple[TransferKey, bool]], tuple[TransferKey, bool], float]] = {}
+        self.split_links = [name for name, r in spec.resources.items()
+                            if r.split_shares and r.policy == "shared" and r.crowded_bps is not None]
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")
@@ -548,9 +550,8 @@ class _Sim:
         other (`Resource.split_shares`): the favoured one, drawn when the two meet, at
         its drawn share of the crowded total, the other at the rest."""
         out: dict[tuple[TransferKey, bool], float] = {}
-        for name, res in self.spec.resources.items():
-            if not res.split_shares or res.policy != "shared" or res.crowded_bps is None:
-                continue
+        for name in self.split_links:
+            res = self.spec.resources[name]
             on = [f for f in flows if not f.notice and name in f.path.resources]
             if len(on) != 2:
                 self.splits.pop(name, None)

@@ -142,6 +142,12 @@ class Resource:
     def capacity(self, users: int) -> float:
         return self.crowded_bps if users >= 2 and self.crowded_bps is not None else self.capacity_bps
 
+    @property
+    def splits_collisions(self) -> bool:
+        """Whether two transfers colliding here split its crowded total as drawn
+        (`split_shares` on a shared resource with a crowded total)."""
+        return bool(self.split_shares) and self.policy == "shared" and self.crowded_bps is not None
+
 
 @dataclass
 class SimSpec:
@@ -337,8 +343,7 @@ class _Sim:
         self.rng = random.Random(spec.seed)
         # per split resource: the two transfers on it, the favoured one and its share
         self.splits: dict[str, tuple[frozenset[tuple[TransferKey, bool]], tuple[TransferKey, bool], float]] = {}
-        self.split_links = [name for name, r in spec.resources.items()
-                            if r.split_shares and r.policy == "shared" and r.crowded_bps is not None]
+        self.split_links = [name for name, r in spec.resources.items() if r.splits_collisions]
         for name in {r for path in spec.paths.values() for r in path.resources}:
             if name not in spec.resources:
                 raise SimulationError(f"path uses resource {name!r}, which is not defined")

@@ -66,8 +66,7 @@ def round_shares(durations: Sequence[float], channels: int, nbytes: int, latency
 
 def splits(spec: SimSpec) -> bool:
     """Whether any shared link of `spec` splits its collisions unequally."""
-    return any(r.split_shares and r.policy == "shared" and r.crowded_bps is not None
-               for r in spec.resources.values())
+    return any(r.splits_collisions for r in spec.resources.values())
 
 
 def drawn(simulate: Callable[[SimSpec], SimResult], spec: SimSpec, draws: int = COLLISION_DRAWS) -> SimResult:

@@ -67,11 +67,12 @@ def replan_run(folder: Path, scenario_file: Path | None = None) -> list[Replanne
         if isinstance(ran, VariantResult) and "+" not in name:
             setup = plan_variant(name, scenario, scenario.workload, scenario.workload_dir, cal, None)
             out.append(Replanned(name, ran, setup, _with_faults(scenario, setup),
-                                 _with_measured_compute(scenario, setup, ran)))
+                                 _with_measured_compute(scenario, setup, ran, (cal.src, cal.dst))))
     return out
 
 
-def _with_measured_compute(scenario: Scenario, setup: VariantSetup, ran: VariantResult) -> float | None:
+def _with_measured_compute(scenario: Scenario, setup: VariantSetup, ran: VariantResult,
+                           pair: tuple[str, str]) -> float | None:
     """Real devices: the plan's prediction with each stage's hold and the pipeline's
     overhead that the run's warm-up measured (summary.json `prediction.measured_*`), as
     the run's headline was made (testbed/run/runner.py `_predictions`; the compute
@@ -80,11 +81,11 @@ def _with_measured_compute(scenario: Scenario, setup: VariantSetup, ran: Variant
     if p is None or p.measured_stage_forward_s is None or p.measured_stage_backward_s is None \
             or setup.prediction is None:
         return None
-    from testbed.run.variants import repredict
+    from testbed.run.variants import real_device_prediction
 
     compute = (list(p.measured_stage_forward_s), list(p.measured_stage_backward_s))
-    return repredict(setup, scenario, scenario.workload, scenario.workload_dir, None, None, False,
-                     compute) + (p.measured_overhead_s or 0.0)
+    return real_device_prediction(setup, scenario, scenario.workload, scenario.workload_dir, pair, False,
+                                  compute, p.measured_overhead_s or 0.0)
 
 
 def _with_faults(scenario: Scenario, setup: VariantSetup) -> float | None:

@@ -72,6 +72,7 @@ from testbed.run.variants import (
     check_runnable,
     place_variants,
     plan_variants,
+    real_device_prediction,
     repredict,
     run_variants,
 )
@@ -602,7 +603,7 @@ def _predictions(setup: VariantSetup, scenario: Scenario, workload: Workload, ba
         if compute is not None:
             overhead = pipeline_overhead(run.timelines, spans)
             how += " and warm-up compute times"
-            predicted = repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead
+            predicted = real_device_prediction(setup, scenario, workload, base_dir, pair, local, compute, overhead)
     temporal = setup.sharing == "temporal"
     crowd = None
     if not temporal and setup.colliding_bps is not None and pair is not None and workload.warmup:

@@ -471,6 +471,17 @@ def repredict(setup: VariantSetup, scenario: Scenario, workload: Workload, base_
     return sim.makespan + ring
 
 
+def real_device_prediction(setup: VariantSetup, scenario: Scenario, workload: Workload, base_dir: str | None,
+                           pair: tuple[str, str] | None, local: bool, compute: tuple[list[float], list[float]],
+                           overhead_s: float) -> float:
+    """The headline prediction of a run on real devices: its plan again with each stage
+    computing for the (forward, backward) seconds of `compute`, as its warm-up measured
+    them, plus the pipeline's `overhead_s` measured there (the compute model does not
+    know the machine). The runner makes it (testbed/run/runner.py `_predictions`), and
+    `testbed report`'s re-planning makes it again from the summary's figures."""
+    return repredict(setup, scenario, workload, base_dir, None, pair, local, compute) + overhead_s
+
+
 # ------------------------------------------------------------------ one variant's plan
 
 def requested_schedule(variant: str | VariantDef | RunVariant, scenario: Scenario) -> str:

@@ -78,7 +78,13 @@ def _mib(n: int) -> str:
 
 class Handle:
     """A transfer in progress. `wait()` returns the received tensor (recv) or None
-    (send, once the peer confirmed it) and raises the transfer's error if it failed."""
+    (send, once the peer confirmed it) and raises the transfer's error if it failed.
+
+    `completed_at` (time.monotonic) is when the handle completed: a send at the peer's
+    confirmation; a receive when its tensor was delivered, which for a tensor that had
+    landed before the receive was posted is the moment of posting. `arrived_at` (a
+    receive only) is when the tensor's last byte landed, before or after the posting:
+    the time a transfer took on the wire ends there, not at the receiver's request."""
 
     def __init__(self, kind: str, tag: int, peer: str, seq: int) -> None:
         self.kind = kind
@@ -90,6 +96,7 @@ class Handle:
         self.describe_tensor = ""
         self.started_at = time.monotonic()
         self.completed_at: float | None = None
+        self.arrived_at: float | None = None  # recv: when the last byte landed (time.monotonic)
         self._event = threading.Event()
         self._out = threading.Event()  # send: every byte handed to the kernel (or the transfer ended)
         self._result: torch.Tensor | None = None
@@ -171,6 +178,7 @@ class _RxState:
     req: _RecvReq | None = None
     late: bool = False  # request matched after allocation: deliver by copy/move
     ready: bool = False
+    landed_at: float | None = None  # when its last byte landed (time.monotonic)
     orphan: bool = False  # its request failed (wrong destination): read off the wire, not stored
 
 
@@ -718,7 +726,7 @@ class Channel:
                 if finished:
                     self._queue_ctrl(P.encode_control(P.DONE, t.tid), prefer=s)
                     state: _RxState = t.owner
-                    state.ready = True
+                    state.ready, state.landed_at = True, time.monotonic()
                     deliver = state.req is not None
             if finished and deliver:
                 self._deliver(state)
@@ -756,6 +764,7 @@ class Channel:
 
     def _deliver(self, state: _RxState) -> None:
         req = state.req
+        req.handle.arrived_at = state.landed_at
         try:
             if not state.late:
                 result = state.dest.finish()

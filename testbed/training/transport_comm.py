@@ -111,11 +111,20 @@ def wall_of(monotonic_t: float | None) -> float | None:
 
 class CommHandle(Protocol):
     """A send or receive in flight: `wait` returns the received tensor (None for a
-    send); `completed_at` (time.monotonic) is set once it completed."""
+    send); `completed_at` (time.monotonic) is set once it completed. An atlas_transport
+    receive also has `arrived_at`, when its last byte landed (`_landed`)."""
 
     completed_at: float | None
 
     def wait(self, timeout: float | None = None) -> torch.Tensor | None: ...
+
+
+def _landed(handle: CommHandle) -> float | None:
+    """When a received tensor's last byte landed: atlas_transport's `arrived_at`, which
+    a receive posted after the tensor landed keeps (its `completed_at` is the posting);
+    gloo's futures tell only when `wait` saw them done (`completed_at`)."""
+    arrived = getattr(handle, "arrived_at", None)
+    return arrived if arrived is not None else handle.completed_at
 
 
 class CommChannel(Protocol):
@@ -374,7 +383,7 @@ class TransportComm:
             "iteration": self.iteration, "pipeline": self.pipeline, "boundary": key.boundary, "mb": key.mb,
             "direction": key.direction, "src": self.paths[key.boundary].peer, "dst": self.worker,
             "nbytes": _nbytes(tensor), "links": list(self.paths[key.boundary].recv_links),
-            "latency_s": self.paths[key.boundary].latency_s, "arrived": wall_of(handle.completed_at),
+            "latency_s": self.paths[key.boundary].latency_s, "arrived": wall_of(_landed(handle)),
             "streams": self.paths[key.boundary].streams,
             **({} if checked is None else {"verified": checked}),
         })

@@ -233,7 +233,7 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
             for k in range(job.count):
                 h = ch.irecv(TENSOR_TAG)
                 got = h.wait(max(0.1, deadline - time.monotonic()))
-                arrived.append(wall_of(h.completed_at))
+                arrived.append(wall_of(h.arrived_at))  # its last byte, even if it landed before the posting
                 if back is not None:  # handed back at once; the next receive is posted meanwhile
                     returned_sent.append(time.time())
                     returns.append(ch.isend(back, RETURN_TAG))
@@ -278,7 +278,7 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
             returned: list[float | None] = []
             for r in comebacks:
                 r.wait(max(0.1, deadline - time.monotonic()))
-                returned.append(wall_of(r.completed_at))
+                returned.append(wall_of(r.arrived_at))
             result.sent, result.confirmed = sent, confirmed
             result.returned = returned if job.duplex else None
             result.fill_s = checks if verify is not None else None

@@ -307,3 +307,23 @@ def test_unknown_boundary_is_named() -> None:
         with pytest.raises(CommError, match=r"no channel for boundary 4 \(have: \[0\]\)"):
             up.send(TransferKey(0, 4, 0, "fwd"), None)
         up.close()
+
+
+def test_a_tensor_received_after_it_landed_is_recorded_when_it_landed() -> None:
+    """A stage busy when its input lands asks for it later: the record's `arrived` is
+    the landing (before the sender's confirmation), not the asking (the wire time the
+    run's metrics and sim_vs_run read ends there)."""
+    with loopback_pair(streams=2) as (client, server):
+        up, down = comms(client, server)
+        for c in (up, down):
+            c.begin_iteration(0, time.time())
+        up.send(TransferKey(0, 0, 0, "fwd"), None)
+        up.flush()  # confirmed: every byte is at the receiver
+        time.sleep(0.2)  # the receiving stage is busy
+        asked = time.time()
+        down.recv(TransferKey(0, 0, 0, "fwd"))
+        (s,), _ = up.take_records()
+        _, (r,) = down.take_records()
+        up.close()
+        down.close()
+    assert s["sent"] <= r["arrived"] <= s["confirmed"] + 0.01 and r["arrived"] < asked - 0.15

@@ -198,3 +198,25 @@ def test_cuda_tensors(pair) -> None:
     dest = torch.zeros(1000, 17, device="cuda")
     a.send(x[:, ::2].cpu(), 10)
     assert b.recv_into(dest, 10, timeout=10) is dest and torch.equal(dest, x[:, ::2])
+
+
+def test_a_receive_tells_when_its_tensor_landed_before_or_after_it_was_posted(pair) -> None:
+    """`Handle.arrived_at` is when the tensor's last byte landed: for a receive posted
+    after the tensor landed, before the handle's completion (the posting); for one posted
+    first, the moment it completed. The sender's confirmation comes after the landing."""
+    a, b = pair
+    x = sample(torch.float32, (1 << 18,))  # 1 MiB
+    send = a.isend(x, 7)
+    send.wait(10)  # confirmed: the receiver has every byte, nobody asked for it yet
+    time.sleep(0.2)
+    late = b.irecv(7)
+    assert torch.equal(late.wait(10), x)
+    assert late.arrived_at is not None and late.completed_at is not None
+    assert late.completed_at - late.arrived_at >= 0.19  # landed before the posting
+    assert late.arrived_at <= send.completed_at
+    early = b.irecv(8)
+    time.sleep(0.05)
+    a.send(x, 8)
+    assert torch.equal(early.wait(10), x)
+    assert early.arrived_at is not None and 0 <= early.completed_at - early.arrived_at < 0.05
+    assert send.arrived_at is None  # a send's end is the peer's confirmation

@@ -23,10 +23,10 @@ run, before the calibration, so that the calibration measures the streams the
 variants then use; every variant of the run is paced alike. ``pacing: true`` or
 ``false`` in a scenario keeps its word.
 
-Pacing spreads a window over the round trip but does not bound it: where two or more
-pipelines' multi-stream channels share a WAN direction and their windows together
-exceed what the path holds, a shared variant's streams are also capped to their share
-of it (`window_caps`, each receiving end's TCP_WINDOW_CLAMP; the planner's window
+Pacing spreads a window over the round trip but does not bound it: where the
+multi-stream channels that share a WAN direction (one pipeline's, or several) may put
+more in flight than the path holds, a shared variant's streams are also capped to their
+share of it (`window_caps`, each receiving end's TCP_WINDOW_CLAMP; the planner's window
 model takes the same figure), at least MIN_CAP_WINDOW. The calibration's probes clamp
 their streams as the run clamps the channels they stand for (testbed/run/calibration.py
 `probe_caps`).
@@ -170,8 +170,8 @@ def tensors_at_once(parallelism: Parallelism) -> int:
 def window_caps(topology: Topology, placement: Placement, streams: int, tensor_bytes: float,
                 at_once: int) -> dict[tuple[str, str], int]:
     """The receive window each stream of a shared multi-stream variant's WAN channels
-    advertises at most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) that
-    two or more of its pipelines' channels cross: where what they may have in flight
+    advertises at most (TCP_WINDOW_CLAMP), per direction (sending DC, receiving DC) its
+    channels cross: where what they may have in flight
     together (channels x the lesser of streams x the window the planner gives a stream,
     `network.stream_window`, and the `at_once` tensors a channel may be handed at once,
     `tensors_at_once`), as frames on the wire, exceeds what the route holds in steady
@@ -195,10 +195,14 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     PACED_BURST windows per smoothed round trip queues all of itself but the BDP over
     that in its first round (`route_takes`): 718-877 tail drops and +12-14% in the kept runs. A stream's buffer sized to
     its share of the path is how parallel streams are tuned by hand; Linux's autotuning
-    alone grows each to the buffer's maximum. No cap (empty) with one stream, one
-    channel a direction, or where the windows, or the tensors, fit: a stream has no
-    more in flight than it was given, so a cap there would only slow it
-    (docs/results/fidelity.md, multi-tcp on shared links)."""
+    alone grows each to the buffer's maximum. One pipeline's channel alone on a
+    direction is capped too where the tensors its schedule may hand it at once overflow
+    the path: its streams stay busy and their windows grow past it, as two pipelines'
+    do (results/held-back/held-line-pp6.yaml's multi-tcp: tail drops on its one 8-stream
+    channel a direction and the runs far slower than predicted uncapped;
+    docs/results/fidelity.md, "One channel alone on a path"). No cap (empty) with one stream, or where the windows,
+    or the tensors, fit: a stream has no more in flight than it was given, so a cap there
+    would only slow it (docs/results/fidelity.md, multi-tcp on shared links)."""
     if streams < 2:
         return {}
     channels: dict[tuple[str, str], int] = {}
@@ -209,7 +213,7 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     caps: dict[tuple[str, str], int] = {}
     for (a, z), n in channels.items():
         window = stream_window(topology, a, z)
-        if n < 2 or n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= route_holds(topology, a, z):
+        if n * min(streams * window, at_once * tensor_bytes) / LINK_GOODPUT <= route_holds(topology, a, z):
             continue
         cap = max(MIN_CAP_WINDOW, int(route_takes(topology, a, z) * LINK_GOODPUT / (n * streams)))
         if cap < window:

@@ -198,11 +198,12 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
     alone grows each to the buffer's maximum. One pipeline's channel alone on a
     direction is capped too where the tensors its schedule may hand it at once overflow
     the path: its streams stay busy and their windows grow past it, as two pipelines'
-    do (results/held-back/held-line-pp6.yaml's multi-tcp: tail drops on its one 8-stream
-    channel a direction and the runs far slower than predicted uncapped;
-    docs/results/fidelity.md, "One channel alone on a path"). No cap (empty) with one stream, or where the windows,
-    or the tensors, fit: a stream has no more in flight than it was given, so a cap there
-    would only slow it (docs/results/fidelity.md, multi-tcp on shared links)."""
+    do (results/held-back/held-line-pp6.yaml's multi-tcp: tail drops on its one
+    8-stream channel a direction and the runs far slower than predicted uncapped;
+    docs/results/fidelity.md, "One channel alone on a path"). No cap (empty) with one
+    stream, or where the windows, or the tensors, fit: a stream has no more in flight
+    than it was given, so a cap there would only slow it (docs/results/fidelity.md,
+    multi-tcp on shared links)."""
     if streams < 2:
         return {}
     channels: dict[tuple[str, str], int] = {}

@@ -12,16 +12,16 @@ lists each such group in kept runs:
 
 A group: the plain variants (no ``+bubbletea`` twins) of one run with the same streams,
 sharing, schedule, stages' DCs and hosts, no temporal plan, and the same a-priori
-prediction (within 0.1%: the planner sees them as one configuration). Spread: the
-slower's measured iteration time over the faster's, minus 1. The last line counts the
-groups whose spread is above 5%.
+prediction (within 0.1%: the planner sees them as one configuration;
+testbed/report/predictions.py `same_way_groups`, which `testbed report predictions`
+also shows). Spread: the slower's measured iteration time over the faster's, minus 1.
+The last line counts the groups whose spread is above 5%.
 """
 
 from __future__ import annotations
 
 import argparse
 import csv
-import json
 import sys
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -29,10 +29,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.report.loading import ReportError, read_summary_file  # noqa: E402
+from testbed.report.predictions import same_way_groups  # noqa: E402
 from testbed_core.contracts.summary import VariantResult  # noqa: E402
-
-SAME_PREDICTION = 1e-3
-"""Two predictions this close (relative) are one configuration to the planner."""
 
 
 @dataclass(frozen=True)
@@ -49,30 +47,21 @@ class Group:
         return max(self.measured_s) / min(self.measured_s) - 1
 
 
-def _key(v: VariantResult) -> str:
-    p = v.placement
-    return json.dumps([v.streams, v.sharing, v.schedule, p.stage_dc, p.hosts], sort_keys=True)
-
-
 def groups_of(folder: Path) -> list[Group]:
-    """The same-configuration groups of the run in `folder` (none without a summary)."""
+    """The same-way groups of the run in `folder` (testbed/report/predictions.py
+    `same_way_groups`; none without a summary), each variant's headline iteration time
+    (the median of its repeats where repeated)."""
     summary = read_summary_file(folder / "summary.json", ReportError)
     if summary is None:
         return []
-    by_key: dict[str, list[tuple[str, VariantResult]]] = {}
-    for name, v in summary.variants.items():
-        if isinstance(v, VariantResult) and "+" not in name and v.temporal_plan is None:
-            by_key.setdefault(_key(v), []).append((name, v))
     out = []
-    for members in by_key.values():
-        members.sort(key=lambda m: m[1].predicted_iteration_time_s)
-        while len(members) >= 2:
-            first = members[0][1].predicted_iteration_time_s
-            same = [m for m in members if abs(m[1].predicted_iteration_time_s / first - 1) <= SAME_PREDICTION]
-            members = [m for m in members if m not in same]
-            if len(same) >= 2:
-                out.append(Group(str(folder), tuple(n for n, _ in same), same[0][1].streams, same[0][1].sharing,
-                                 first, tuple(v.iteration_time_s for _, v in same)))
+    for names in same_way_groups(summary):
+        vs = [summary.variants[n] for n in names]
+        assert all(isinstance(v, VariantResult) for v in vs)
+        first = vs[0]
+        out.append(Group(str(folder), names, first.streams, first.sharing,  # type: ignore[union-attr]
+                         min(v.predicted_iteration_time_s for v in vs),  # type: ignore[union-attr]
+                         tuple(float(v.headline("iteration_time_s")) for v in vs)))  # type: ignore[union-attr]
     return out
 
 

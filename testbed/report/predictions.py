@@ -82,6 +82,11 @@ class PredictionRow:
     first_excess: float | None = None
     # the error with the first measured iteration left out (None where first_excess is)
     error_without_first: float | None = None
+    # other variants of the same run that ran the same way (`same_way_groups`), and how
+    # far apart they all measured (slower / faster - 1): the run's own spread for one
+    # configuration, which one prediction cannot be closer than about half of
+    same_way_as: tuple[str, ...] = ()
+    same_way_spread: float | None = None
 
     @property
     def warming(self) -> bool:
@@ -129,6 +134,12 @@ class PredictionTable:
                      + "\n".join(f"{r.source} {r.variant}: {r.chance_low_s:.3f}-{r.chance_high_s:.3f} s, measured "
                                   f"{r.measured_s:.3f}: {'inside' if r.chance_low_s <= r.measured_s <= r.chance_high_s else 'outside'}"
                                   for r in chance))
+        twins = [r for r in self.rows if r.same_way_spread is not None and not r.within]
+        if twins:
+            foot += ("\n\nran the same way as another variant of the run (streams, sharing, schedule, hosts and "
+                     "prediction alike): how far apart they measured, the run's own spread for that way:\n"
+                     + "\n".join(f"{r.source} {r.variant}: as {', '.join(r.same_way_as)}, "
+                                  f"{r.same_way_spread:.1%} apart" for r in twins))
         warming = [r for r in self.rows if r.warming]
         if warming:
             foot += ("\n\nstill warming up: the first measured iteration stands well above the others "
@@ -202,6 +213,7 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
             continue
         summary = read_summary_file(file, _fail)
         assert summary is not None  # the file was just read
+        twins = {name: group for group in same_way_groups(summary) for name in group}
         for variant in sorted(summary.variants, key=sort_key):
             entry = summary.variants[variant]
             if not isinstance(entry, VariantResult):
@@ -225,8 +237,44 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 outside_cores=None if entry.machine_cpu is None else entry.machine_cpu.outside_cores,
                 run_cores=None if entry.machine_cpu is None else entry.machine_cpu.run_cores,
                 first_excess=first,
-                error_without_first=None if first is None else (sum(rest) / len(rest)) / predicted - 1))
+                error_without_first=None if first is None else (sum(rest) / len(rest)) / predicted - 1,
+                same_way_as=tuple(n for n in twins.get(variant, ()) if n != variant),
+                same_way_spread=_spread(summary, twins[variant]) if variant in twins else None))
     return table
+
+
+SAME_PREDICTION = 1e-3
+"""Two a-priori predictions this close (relative) are one configuration to the planner."""
+
+
+def same_way_groups(summary: Summary) -> list[tuple[str, ...]]:
+    """The plain variants of one run (no ``+`` twins, no temporal plan) that ran the same
+    way: the same streams, sharing, schedule, stages' DCs and hosts, and a-priori
+    predictions within SAME_PREDICTION of each other. Multi-TCP and Atlas often do (Atlas
+    may take multi-TCP's own way, or the baseline's one stream); their measurements are
+    then two samples of one configuration, one after the other on the same network."""
+    by_way: dict[str, list[tuple[str, VariantResult]]] = {}
+    for name, v in summary.variants.items():
+        if isinstance(v, VariantResult) and "+" not in name and v.temporal_plan is None:
+            way = json.dumps([v.streams, v.sharing, v.schedule, v.placement.stage_dc, v.placement.hosts],
+                             sort_keys=True)
+            by_way.setdefault(way, []).append((name, v))
+    groups = []
+    for members in by_way.values():
+        members.sort(key=lambda m: m[1].predicted_iteration_time_s)
+        while len(members) >= 2:
+            first = members[0][1].predicted_iteration_time_s
+            same = [m for m in members if abs(m[1].predicted_iteration_time_s / first - 1) <= SAME_PREDICTION]
+            members = [m for m in members if m not in same]
+            if len(same) >= 2:
+                groups.append(tuple(sorted((n for n, _ in same), key=sort_key)))
+    return groups
+
+
+def _spread(summary: Summary, group: tuple[str, ...]) -> float:
+    """How far apart the variants of `group` measured: the slowest over the fastest, minus 1."""
+    times = [float(summary.variants[n].headline("iteration_time_s")) for n in group]  # type: ignore[union-attr]
+    return max(times) / min(times) - 1
 
 
 def first_excess(times: list[float]) -> float | None:

@@ -223,3 +223,21 @@ def test_a_repeated_variant_is_not_judged_warming(tmp_path: Path) -> None:
                                                            iteration_times_s=[1.6, 1.0, 1.0])}))
     (row,) = prediction_table([tmp_path]).rows
     assert row.first_excess is None and not row.warming
+
+
+def test_a_row_beyond_names_the_variants_that_ran_its_way_and_how_far_apart() -> None:
+    """dp-2dc at c742db2 (kept): multi-TCP and Atlas ran the same 8 shared streams on the
+    same hosts, predicted alike (1.475 s), and measured 1.342 and 1.422 s (6.0% apart);
+    the baseline and dp-across-dc ran other ways. multi-TCP's -9.0% is beyond 5%, and the
+    table says what its run's own spread for that way was; Atlas, within, carries the
+    same figures in the CSV and JSON but no line."""
+    run = Path(__file__).resolve().parents[3] / "results" / "prediction-errors" / "at-c742db2" / "runs" / "dp-2dc"
+    table = prediction_table([run])
+    rows = {r.variant: r for r in table.rows}
+    assert rows["multi-tcp"].same_way_as == ("atlas",) and rows["atlas"].same_way_as == ("multi-tcp",)
+    assert rows["multi-tcp"].same_way_spread == rows["atlas"].same_way_spread == pytest.approx(1.422104 / 1.342104 - 1,
+                                                                                               abs=1e-5)
+    assert rows["baseline"].same_way_as == () and rows["baseline"].same_way_spread is None
+    assert not rows["multi-tcp"].within and rows["atlas"].within
+    text = table.text()
+    assert f"{run} multi-tcp: as atlas, 6.0% apart" in text and f"{run} atlas: as" not in text

@@ -23,13 +23,13 @@ from __future__ import annotations
 import argparse
 import csv
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from testbed.report.loading import ReportError, read_summary_file  # noqa: E402
-from testbed.report.predictions import same_way_groups  # noqa: E402
+from testbed.report.predictions import same_way_groups, same_way_spread, same_way_times  # noqa: E402
 from testbed_core.contracts.summary import VariantResult  # noqa: E402
 
 
@@ -41,10 +41,7 @@ class Group:
     sharing: str
     predicted_s: float
     measured_s: tuple[float, ...]
-
-    @property
-    def spread(self) -> float:
-        return max(self.measured_s) / min(self.measured_s) - 1
+    spread: float  # testbed/report/predictions.py `same_way_spread`
 
 
 def groups_of(folder: Path) -> list[Group]:
@@ -61,7 +58,7 @@ def groups_of(folder: Path) -> list[Group]:
         first = vs[0]
         out.append(Group(str(folder), names, first.streams, first.sharing,  # type: ignore[union-attr]
                          min(v.predicted_iteration_time_s for v in vs),  # type: ignore[union-attr]
-                         tuple(float(v.headline("iteration_time_s")) for v in vs)))  # type: ignore[union-attr]
+                         tuple(same_way_times(summary, names)), same_way_spread(summary, names)))
     return out
 
 
@@ -86,9 +83,8 @@ def main(argv: list[str] | None = None) -> int:
             w = csv.writer(f)
             w.writerow(["run", "variants", "streams", "sharing", "predicted_s", "measured_s", "spread"])
             for g in groups:
-                row = asdict(g)
                 w.writerow([g.run, " ".join(g.variants), g.streams, g.sharing, f"{g.predicted_s:.6f}",
-                            " ".join(f"{m:.6f}" for m in row["measured_s"]), f"{g.spread:.6f}"])
+                            " ".join(f"{m:.6f}" for m in g.measured_s), f"{g.spread:.6f}"])
     wide = sum(g.spread > 0.05 for g in groups)
     print(f"{wide} of {len(groups)} groups measured more than 5% apart")
     return 0

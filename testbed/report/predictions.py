@@ -239,7 +239,7 @@ def prediction_table(paths: Iterable[Path], tolerance: float = TOLERANCE) -> Pre
                 first_excess=first,
                 error_without_first=None if first is None else (sum(rest) / len(rest)) / predicted - 1,
                 same_way_as=tuple(n for n in twins.get(variant, ()) if n != variant),
-                same_way_spread=_spread(summary, twins[variant]) if variant in twins else None))
+                same_way_spread=same_way_spread(summary, twins[variant]) if variant in twins else None))
     return table
 
 
@@ -271,9 +271,14 @@ def same_way_groups(summary: Summary) -> list[tuple[str, ...]]:
     return groups
 
 
-def _spread(summary: Summary, group: tuple[str, ...]) -> float:
+def same_way_times(summary: Summary, group: tuple[str, ...]) -> list[float]:
+    """The headline iteration times (the median of repeats where repeated) of `group`."""
+    return [float(summary.variants[n].headline("iteration_time_s")) for n in group]  # type: ignore[union-attr]
+
+
+def same_way_spread(summary: Summary, group: tuple[str, ...]) -> float:
     """How far apart the variants of `group` measured: the slowest over the fastest, minus 1."""
-    times = [float(summary.variants[n].headline("iteration_time_s")) for n in group]  # type: ignore[union-attr]
+    times = same_way_times(summary, group)
     return max(times) / min(times) - 1
 
 

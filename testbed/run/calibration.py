@@ -187,11 +187,14 @@ class ProbeTimes(NamedTuple):
 
 class ChannelState(NamedTuple):
     """How the run's channels are when its measured iterations use them (`run_channels`):
-    `warm`, opened with the workers' untimed warm-up tensor (warmup_bytes), and `untimed`,
-    the tensors each carried before (its warm-up iterations', at most TURNS_MAX_UNTIMED)."""
+    `warm`, opened with the workers' untimed warm-up tensor (warmup_bytes), `untimed`,
+    the tensors each carried before (its warm-up iterations', at most TURNS_MAX_UNTIMED),
+    and `at_once`, how many of them the schedule may have handed a channel at once
+    (testbed/run/pacing.py `tensors_at_once`)."""
 
     warm: bool
     untimed: int
+    at_once: int = 1
 
 
 def run_channels(scenario: Scenario, most: int = TURNS_MAX_UNTIMED) -> ChannelState:
@@ -200,11 +203,18 @@ def run_channels(scenario: Scenario, most: int = TURNS_MAX_UNTIMED) -> ChannelSt
     on modelled devices (no warm-up tensor); then as many untimed tensors as a run's
     channel carries in its warm-up iterations, at most TURNS_MAX_UNTIMED (the turns
     probe's rule: the first tensor of a cold channel took 1.4-4.4 x its steady time, the
-    third on were at it; `most`: another cap). Why (issue 40): the probe's channels are
-    to be in the state of the run's; a big warm-up tensor that the run's modelled workers
-    never send opens windows they do not have."""
+    third on were at it; `most`: another cap), handed over as many at once as the
+    schedule may hand a channel (`tensors_at_once`). Why (issue 40): the probe's
+    channels are to be in the state of the run's; a big warm-up tensor that the run's
+    modelled workers never send opens windows they do not have, and a stream only ever
+    handed one tensor at a time settles in slow start at a window of twice that tensor,
+    which Linux paces at twice the window a round trip: its tensor then takes a quarter
+    of the round trip on the wire, slower than the link on a long path, where the run's
+    streams, handed several at once by its warm-up, grew past it
+    (results/held-back/held-far-pp4-tcpinfo/)."""
     w = scenario.workload
-    return ChannelState(w.gpu.mode == "real", min(most, w.warmup * w.parallelism.num_micro_batches))
+    return ChannelState(w.gpu.mode == "real", min(most, w.warmup * w.parallelism.num_micro_batches),
+                        tensors_at_once(w.parallelism))
 
 
 def variant_caps(scenario: Scenario, run: RunVariant, placement: Placement, streams: int, nbytes: int,
@@ -349,7 +359,8 @@ class Prober:
     def run(self, pairs: Sequence[tuple[str, str]], streams: int | Sequence[int], nbytes: int, count: int,
             label: str = "", period_s: float | None = None,
             offsets: Sequence[float] | None = None, warm: bool = True, verify: bool = False,
-            caps: Mapping[DcPair, int] | None = None, duplex: bool = False) -> list[ProbeTimes]:
+            caps: Mapping[DcPair, int] | None = None, duplex: bool = False,
+            opened: ChannelState | None = None) -> list[ProbeTimes]:
         """`count` tensors over one channel per (src, dst) pair, all pairs at once
         (each sender waits PROBE_GAP_S after a confirmation, or sends in rounds of
         `period_s`, pair k starting `offsets[k]` after the common start); `streams`: every
@@ -358,8 +369,13 @@ class Prober:
         `verify`: each tensor filled and checked as ``runner.verify_tensors`` does, timed;
         `caps`: per direction (sending DC, receiving DC), each stream's window clamp
         (`probe_caps`), each end clamping what it receives as the run's channels do;
-        `duplex`: each receiver hands a tensor back over the same channel as each arrives."""
+        `duplex`: each receiver hands a tensor back over the same channel as each arrives;
+        `opened`: how the run's channels are opened, its `untimed` first tensors handed
+        `at_once` at a time (`warm` is then its `warm`)."""
         transport = transport_job(self.scenario.transport)
+        if opened is not None:
+            warm = opened.warm
+        untimed, at_once = (opened.untimed, opened.at_once) if opened is not None else (0, 1)
         per_pair = [streams] * len(pairs) if isinstance(streams, int) else list(streams)
         if len(per_pair) != len(pairs):
             raise ValueError(f"{len(per_pair)} stream counts for {len(pairs)} pairs")
@@ -382,7 +398,7 @@ class Prober:
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
-                                        wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
+                                        untimed=min(untimed, count), untimed_at_once=at_once, wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport,
                                         timeout_s=budget, window_clamp=(caps or {}).get(back), duplex=duplex))
             names.append(name)
@@ -425,7 +441,7 @@ def calibrate(
     try:
         for n in sorted(set(stream_counts) - set(cal.rates_bps)):
             durations = []
-            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", warm=state.warm, caps=caps,
+            for res in prober.run(pairs, n, nbytes, count, f"{_label(cal)}single-", opened=state, caps=caps,
                                   duplex=True):
                 durations += res.timed(state.untimed) + res.timed_back(state.untimed)
             cal.transfer_s = {**cal.transfer_s, n: durations}
@@ -456,7 +472,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
     prober = Prober(net, folder, scenario, secret, PortPlan(scenario.runner.base_port).calibration, agents)
     try:
         for n in sorted(set(stream_counts) - set(path.one_way_bps)):
-            (res,) = prober.run([pair], n, path.nbytes, count, f"{_label(path)}oneway-", warm=state.warm, caps=caps)
+            (res,) = prober.run([pair], n, path.nbytes, count, f"{_label(path)}oneway-", opened=state, caps=caps)
             durations = res.timed(state.untimed)
             path.one_way_s = {**path.one_way_s, n: durations}
             path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
@@ -485,6 +501,7 @@ def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None, dcs: 
     """How a probe's channels were opened and clamped (the caps between `dcs` only, where
     given), for the log."""
     return (f"{'warmed' if state.warm else 'cold'} channels, {state.untimed} untimed tensor(s) first"
+            + (f", {state.at_once} at a time" if state.at_once > 1 and state.untimed > 1 else "")
             + "".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream"
                       for (a, z), c in sorted((caps or {}).items()) if not dcs or {a, z} <= set(dcs)))
 
@@ -507,7 +524,7 @@ def calibrate_link(
     both = list(pairs) + [(b, a) for a, b in pairs]
     try:
         res = prober.run(both, streams, cal.nbytes, count, f"{_label(cal)}x{len(pairs)}-", period_s=period,
-                         warm=state.warm, caps=caps)
+                         opened=state, caps=caps)
     finally:
         if agents is None:
             prober.agents.close()
@@ -557,7 +574,7 @@ def calibrate_together(
         """Per path, per direction: the timed transfers of its channels."""
         both = [list(pairs) + [(b, a) for a, b in pairs] for pairs in per_path]
         res = prober.run([p for pairs in both for p in pairs], streams, loads[0][0].nbytes, count,
-                         f"{label}-{tag}-", period_s=period, warm=state.warm, caps=clamp)
+                         f"{label}-{tag}-", period_s=period, opened=state, caps=clamp)
         out, k = [], 0
         for pairs in both:
             group = res[k:k + len(pairs)]
@@ -613,7 +630,7 @@ def calibrate_turns(net: Network, scenario: Scenario, folder: Path, secret: str,
     single = pc.transfer_s.get(streams)
     if not single or not pairs:
         return
-    warm, untimed = run_channels(scenario)
+    warm, untimed, _ = run_channels(scenario)  # a plan's turns hand a channel one tensor at a time
     slot = max(1e-3, median(single) - pc.latency_s) * (1 + scenario.runner.token_margin)
     turn = 2 * slot
     count = untimed + max(scenario.runner.calibration_transfers, TURNS_ROUNDS)
@@ -799,7 +816,7 @@ def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret:
     both = [*chans, *((z, a, n) for a, z, n in chans)]  # each boundary's forward channels, then its reverse ones
     try:
         res = prober.run([(a, z) for a, z, _ in both], [n for *_, n in both], nbytes, count, "lan-loaded-",
-                         period_s=period, warm=state.warm)
+                         period_s=period, opened=state)
     finally:
         if agents is None:
             prober.agents.close()

@@ -226,6 +226,12 @@ class ProbeJob(_Model):
     period_s: float | None = Field(None, gt=0, description="send tensor k at start_at + k x period (rounds)")
     wait_go: bool = Field(False, description="once connected, print 'connected' and read 'go <start_at>' on stdin")
     warmup_bytes: int = Field(0, ge=0, description="one untimed tensor of this size first: opens the TCP windows")
+    untimed: int = Field(0, ge=0, description="the first tensors, which the runner does not time (the run's warm-up "
+                                              "iterations' tensors on its channels)")
+    untimed_at_once: int = Field(1, ge=1, description="the untimed tensors handed over this many at once, the next "
+                                                      "group once the last is confirmed, as the run's schedule hands "
+                                                      "its channels several at once (testbed/run/pacing.py "
+                                                      "tensors_at_once); the timed ones one at a time")
     window_clamp: int | None = Field(None, gt=0, description="per stream, the most this end advertises as receive "
                                                              "window (TCP_WINDOW_CLAMP), as the run clamps the "
                                                              "channels it times (ChannelJob.window_clamp); None: "

@@ -203,7 +203,8 @@ def _timed(times: list[float], fn: Callable[..., Any], *args: Any) -> Any:
 
 
 def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
-    """Time `count` tensors over one channel. The receiver writes the arrival times,
+    """Time `count` tensors over one channel, one at a time (the `job.untimed` first
+    `job.untimed_at_once` at a time). The receiver writes the arrival times,
     the sender the hand-over and confirmation times (wall clock), to `out`; with
     `job.verify` each tensor carries the training's pattern, filled (sender) and
     checked (receiver) as the training does, each fill and check timed; with
@@ -264,17 +265,23 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                     time.sleep(left)
             sent, confirmed = [], []
             first = start_at if start_at is not None else time.time()
-            for k in range(job.count):
+            k = 0
+            while k < job.count:
                 if job.period_s is not None:  # synchronised rounds with the other probes
                     while (left := first + k * job.period_s - time.time()) > 0:
                         time.sleep(left)
                 elif k and job.gap_s:
                     time.sleep(job.gap_s)
-                tensor = payload if verify is None else _timed(checks, verify, k)
-                sent.append(time.time())
-                h = ch.isend(tensor, TENSOR_TAG)
-                h.wait(max(0.1, deadline - time.monotonic()))
-                confirmed.append(wall_of(h.completed_at))
+                group = min(job.untimed_at_once, job.untimed - k) if k < job.untimed else 1
+                handles = []
+                for j in range(k, k + group):
+                    tensor = payload if verify is None else _timed(checks, verify, j)
+                    sent.append(time.time())
+                    handles.append(ch.isend(tensor, TENSOR_TAG))
+                for h in handles:
+                    h.wait(max(0.1, deadline - time.monotonic()))
+                    confirmed.append(wall_of(h.completed_at))
+                k += group
             returned: list[float | None] = []
             for r in comebacks:
                 r.wait(max(0.1, deadline - time.monotonic()))

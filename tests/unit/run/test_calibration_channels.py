@@ -35,12 +35,15 @@ def test_the_probes_open_channels_as_the_run_does() -> None:
     """Modelled devices: cold channels (the workers send no warm-up tensor); real ones:
     warmed (testbed/training/worker/warm.py); first the tensors of the run's warm-up
     iterations, at most TURNS_MAX_UNTIMED, none without warm-up iterations."""
-    assert run_channels(_scenario()) == (False, TURNS_MAX_UNTIMED)  # 3 warm-up iterations of 8 micro-batches
-    assert run_channels(_scenario(**{"workload.warmup": 0})) == (False, 0)
+    at_once = tensors_at_once(_scenario().workload.parallelism)  # pp 2, 1F1B: one at a time
+    assert run_channels(_scenario()) == (False, TURNS_MAX_UNTIMED, at_once)  # 3 warm-up iterations of 8 micro-batches
+    assert run_channels(_scenario(**{"workload.warmup": 0})) == (False, 0, at_once)
     one = _scenario(**{"workload.warmup": 1, "workload.parallelism.num_micro_batches": 2})
-    assert run_channels(one) == (False, 2)
+    assert run_channels(one) == (False, 2, tensors_at_once(one.workload.parallelism))
+    gpipe = _scenario(**{"workload.parallelism.schedule": "gpipe"})  # every micro-batch at once
+    assert run_channels(gpipe).at_once == gpipe.workload.parallelism.num_micro_batches == 8
     real = _scenario("real-tiny-2dc.yaml")
-    assert real.workload.gpu.mode == "real" and run_channels(real) == (True, TURNS_MAX_UNTIMED)
+    assert real.workload.gpu.mode == "real" and run_channels(real)[:2] == (True, TURNS_MAX_UNTIMED)
 
 
 def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed_tensors(monkeypatch,
@@ -55,8 +58,8 @@ def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed
     untimed = calibration.ALONE_MAX_UNTIMED
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None, duplex=False):
-        calls.append((list(pairs), streams, count, warm, caps, duplex))
+                 verify=False, caps=None, duplex=False, opened=None):
+        calls.append((list(pairs), streams, count, opened, caps, duplex))
         first = [2.0] * untimed  # slow start: not counted
         return [ProbeTimes([0.0] * count, first + [0.1 + 0.42] * (count - untimed), back_sent=[1.0] * count,
                            back_arrived=[3.0] * untimed + [1.1 + 0.44] * (count - untimed)) for _ in pairs]
@@ -67,7 +70,9 @@ def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed
     cal = Calibration(src="dc1-h1", dst="dc2-h1", nbytes=MB8, latency_s=0.1)
     calibration.calibrate(object(), scenario, tmp_path, "s", [("dc1-h1", "dc2-h1")], [8],
                           MB8, 0.1, Progress(label="t", tty=False), cal, agents=object())
-    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, False, None, True)]
+    opened = run_channels(scenario, untimed)
+    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, opened, None, True)]
+    assert not opened.warm and opened.untimed == untimed
     assert cal.transfer_s[8] == pytest.approx([0.52] * 4 + [0.54] * 4)  # forward, then back
     assert cal.rates_bps[8] == pytest.approx(MB8 * 8 / 0.43)
     # real devices: warmed; a run with fewer warm-up tensors: that many untimed
@@ -77,15 +82,17 @@ def test_the_alone_probe_times_one_cold_channel_both_ways_after_the_runs_untimed
     assert untimed < calibration.ALONE_MAX_UNTIMED
     calibration.calibrate(object(), real, tmp_path, "s", [("dc1-h1", "dc2-h1")], [8], MB8, 0.1,
                           Progress(label="t", tty=False), agents=object(), caps={("dc1", "dc2"): 1 << 17})
-    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, True, {("dc1", "dc2"): 1 << 17}, True)]
+    assert calls == [([("dc1-h1", "dc2-h1")], 8, 4 + untimed, run_channels(real, calibration.ALONE_MAX_UNTIMED),
+                      {("dc1", "dc2"): 1 << 17}, True)]
+    assert calls[0][3].warm
 
 
 def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path: Path) -> None:
     calls = []
 
     def fake_run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True,
-                 verify=False, caps=None, duplex=False):
-        calls.append((len(pairs), count, warm, caps, duplex))
+                 verify=False, caps=None, duplex=False, opened=None):
+        calls.append((len(pairs), count, opened, caps, duplex))
         return [ProbeTimes([0.0] * count, [9.0] * TURNS_MAX_UNTIMED + [0.3] * (count - TURNS_MAX_UNTIMED))
                 for _ in pairs]
 
@@ -95,7 +102,7 @@ def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path:
     caps = {("dc1", "dc2"): 200_000, ("dc2", "dc1"): 150_000}
     calibration.calibrate_link(object(), scenario, tmp_path, "s", [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")], 8,
                                cal, Progress(label="t", tty=False), agents=object(), caps=caps)
-    assert calls == [(4, calibration.COLLISION_ROUNDS + TURNS_MAX_UNTIMED, False, caps, False)]
+    assert calls == [(4, calibration.COLLISION_ROUNDS + TURNS_MAX_UNTIMED, run_channels(scenario), caps, False)]
     assert cal.colliding_bps[8] == pytest.approx(2 * MB8 * 8 / 0.2)  # the slow untimed ones left out
 
 

@@ -39,8 +39,8 @@ def _path(**figures) -> PathCalibration:
 def test_one_channel_is_timed_alone_one_way_per_count_not_timed_yet(monkeypatch, tmp_path: Path) -> None:
     calls = []
 
-    def fake_run(self, pairs, streams, nbytes, count, label="", warm=True, caps=None, **kwargs):
-        calls.append((list(pairs), streams, count, label, warm, caps))
+    def fake_run(self, pairs, streams, nbytes, count, label="", warm=True, caps=None, opened=None, **kwargs):
+        calls.append((list(pairs), streams, count, label, opened.warm, caps))
         return [ProbeTimes([0.0] * count, [9.0] * untimed + [0.1 + 0.025] * (count - untimed))]
 
     monkeypatch.setattr(calibration.Prober, "run", fake_run)

@@ -271,8 +271,9 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
         def __init__(self, *a, **k) -> None:
             self.agents = None
 
-        def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True, caps=None):
-            runs.append((len(pairs), streams, warm, caps))
+        def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True, caps=None,
+                opened=None):
+            runs.append((len(pairs), streams, opened.warm if opened else warm, caps))
             assert period_s is not None and period_s > 0.5  # rounds that fit the slowest path
             out = []
             for a, b in pairs:  # 1 MiB in 0.03 s + (0.1 s east-west, 0.2 s west-mid) each, +0.1 s colliding

@@ -148,3 +148,23 @@ def test_a_duplex_probe_times_tensors_both_ways_over_one_channel(tmp_path: Path,
     assert len(r["returned_sent"]) == len(s["returned"]) == len(r["arrived"]) == 3
     assert all(a <= b < c for a, b, c in zip(r["arrived"], r["returned_sent"], s["returned"], strict=True))
     assert "returned" not in r and "returned_sent" not in s
+
+
+def test_the_untimed_tensors_go_out_as_many_at_once_as_the_job_says(tmp_path: Path, monkeypatch) -> None:
+    """ProbeJob.untimed / untimed_at_once (issue 40, held-far-pp4): the first tensors are
+    handed over in groups, each group at once (as a 1F1B warm-up hands a channel pp - 1),
+    the next group after the last one's confirmation and the gap; the timed ones one at a
+    time, each after the one before was confirmed and the gap."""
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    common = {"port": _free_port(), "streams": 2, "nbytes": 1 << 16, "count": 7, "transport": TRANSPORT,
+              "timeout_s": 30, "duplex": True}
+    gap = 0.05
+    r, s = _play(tmp_path, "u", common, send_extra={"gap_s": gap, "untimed": 5, "untimed_at_once": 3})
+    sent, confirmed = s["sent"], s["confirmed"]
+    assert len(sent) == len(confirmed) == len(r["arrived"]) == len(s["returned"]) == 7
+    # groups of 3 and 2: handed within one another's instant, before any of them was confirmed
+    for group in ((0, 1, 2), (3, 4)):
+        assert all(sent[k] < min(confirmed[j] for j in group) for k in group)
+        assert sent[group[-1]] - sent[group[0]] < gap
+    for k in (3, 5, 6):  # the next group, and each timed tensor, after the last confirmation and the gap
+        assert sent[k] >= max(confirmed[:k]) + gap * 0.9

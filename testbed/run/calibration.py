@@ -120,6 +120,7 @@ ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both w
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 LOADED_ROUNDS = 6  # timed rounds of the loaded LAN tensor probe, at least
 ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
+LAN_RING_ROUNDS = 5  # timed rings of the DP ring probe inside the DCs, at least (`calibrate_lan`: a ring is 0.04-0.4 s)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # a warmed channel's untimed tensor (testbed_core/constants.py)
 PROBE_SLACK_S = 60.0  # a probe's time budget beyond its tensors (connect, start, the warm-up tensor)
@@ -722,10 +723,13 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
     """The rate of the DP all-reduce inside a DC: the workers' own ring of `grad_bytes`
     (the largest stage's gradients) between the hosts of DP neighbours, all pairs at
     once (as the rings of every stage run together), single-stream channels; rate =
-    bytes each replica sends / median time (the first run, which opens the connections'
-    windows, not counted). With several pairs, then the first pair alone, the same way
-    (the planner shares the aggregate among the rings that overlap, each at most that)."""
-    count = scenario.runner.calibration_transfers + 1
+    bytes each replica sends / median time of at least LAN_RING_ROUNDS rings (the first
+    run, which opens the connections' windows, not counted; the rings share the
+    machine's cores, and a median of two let one slow moment set the rate: atlas-3dc's
+    4 rings once timed 236 and 316 ms where 107 kept calibrations timed 55-185). With
+    several pairs, then the first pair alone, the same way (the planner shares the
+    aggregate among the rings that overlap, each at most that)."""
+    count = max(scenario.runner.calibration_transfers, LAN_RING_ROUNDS) + 1
     times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-", agents)
     timed = times[1:]
     cal.lan_pairs, cal.lan_nbytes, cal.lan_transfer_s = [tuple(p) for p in pairs], grad_bytes, timed

@@ -51,7 +51,7 @@ from testbed.run.common import (
     worker_env,
 )
 from testbed.run.network import Network
-from testbed.run.pacing import tensors_at_once, window_caps
+from testbed.run.pacing import probe_burst, tensors_at_once, window_caps
 from testbed.run.ports import PortPlan, PortRange
 from testbed.run.scenario import Scenario
 from testbed_core.constants import WARMUP_BYTES_PER_STREAM, warmup_bytes
@@ -120,7 +120,7 @@ ONE_WAY_MIN_SHARE = 0.5  # a shared channel timed one way alone too where both w
 VERIFY_ROUNDS = 6  # timed tensors of the tensor-check probe each way, at least
 LOADED_ROUNDS = 6  # timed rounds of the loaded LAN tensor probe, at least
 ONE_WAY_ROUNDS = 4  # timed transfers of the one-way probe, at least (its median: one slow transfer of two halves the rate)
-LAN_RING_ROUNDS = 5  # timed rings of the DP ring probe inside the DCs, at least (`calibrate_lan`: a ring is 0.04-0.4 s)
+LAN_RING_ROUNDS = 5  # timed rings of the DP ring probe inside the DCs, at least (`calibrate_lan`; each a fraction of a second)
 TURNS_ROUNDS = 6  # timed rounds of the turns probe, at least (each channel each way: 4 x this at 2 pipelines)
 PROBE_WARMUP_BYTES_PER_STREAM = WARMUP_BYTES_PER_STREAM  # a warmed channel's untimed tensor (testbed_core/constants.py)
 PROBE_SLACK_S = 60.0  # a probe's time budget beyond its tensors (connect, start, the warm-up tensor)
@@ -355,6 +355,7 @@ class Prober:
         self.agents = agents or ProbeAgents(net, folder, secret, warm=scenario.runner.warm_start,
                                             preload=run_preload(scenario))
         self.net = net
+        self.burst = 1  # the last run's untimed tensors handed at once (`run`'s `opened`), for the log
         self.folder.mkdir(parents=True, exist_ok=True)
 
     def run(self, pairs: Sequence[tuple[str, str]], streams: int | Sequence[int], nbytes: int, count: int,
@@ -372,7 +373,8 @@ class Prober:
         (`probe_caps`), each end clamping what it receives as the run's channels do;
         `duplex`: each receiver hands a tensor back over the same channel as each arrives;
         `opened`: how the run's channels are opened, its `untimed` first tensors handed
-        `at_once` at a time (`warm` is then its `warm`)."""
+        `at_once` at a time, or as many as the routes hold (testbed/run/pacing.py
+        `probe_burst`; `warm` is then its `warm`)."""
         transport = transport_job(self.scenario.transport)
         if opened is not None:
             warm = opened.warm
@@ -383,6 +385,12 @@ class Prober:
         budget = probe_budget_s(count * (2 if duplex else 1), nbytes, period_s, offsets,
                                 [(link.rate, link.rtt_s) for link in self.scenario.topology.wan],
                                 min(per_pair) * min(caps.values()) if caps else None)
+        if at_once > 1 and untimed > 1:  # as many as the routes hold, each way a channel carries tensors
+            ways = [(dc_of_host(a), dc_of_host(z), n, (caps or {}).get((dc_of_host(a), dc_of_host(z))))
+                    for (src, dst), n in zip(pairs, per_pair, strict=True)
+                    for a, z in ([(src, dst), (dst, src)] if duplex else [(src, dst)])]
+            at_once = probe_burst(self.scenario.topology, ways, nbytes, at_once)
+        self.burst = at_once
         agents = self.agents
         agents.start([h for pair in pairs for h in pair])
         names = []
@@ -399,7 +407,8 @@ class Prober:
             agents.expect(f"{name}-recv", "listening", 60)
             agents.submit(src, ProbeJob(role="probe-send", name=f"{name}-send", peer_ip=self.net.host(dst).ip,
                                         port=port, streams=streams, nbytes=nbytes, count=count, gap_s=PROBE_GAP_S,
-                                        untimed=min(untimed, count), untimed_at_once=at_once, wait_go=True, period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
+                                        untimed=min(untimed, count), untimed_at_once=at_once, wait_go=True,
+                                        period_s=period_s, warmup_bytes=warm_bytes, verify=verify,
                                         out=str(self.folder / f"{name}-send.json"), transport=transport,
                                         timeout_s=budget, window_clamp=(caps or {}).get(back), duplex=duplex))
             names.append(name)
@@ -449,7 +458,7 @@ def calibrate(
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
                          f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
-                         f"({_opened(state, caps, getattr(cal, 'dcs', ()))}"
+                         f"({_opened(state._replace(at_once=prober.burst), caps, getattr(cal, 'dcs', ()))}"
                          f"; transfers {', '.join(_ms(d) for d in durations)} ms)")
     finally:
         if agents is None:
@@ -478,7 +487,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
             path.one_way_s = {**path.one_way_s, n: durations}
             path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
             progress.log(f"  calibration{_where(path)}: {n:2d} stream(s) one way alone: "
-                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state, caps, path.dcs)}; "
+                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state._replace(at_once=prober.burst), caps, path.dcs)}; "
                          f"transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
@@ -539,7 +548,7 @@ def calibrate_link(
     cal.colliding_bps = {**cal.colliding_bps, streams: sum(rates) / len(rates)}
     cal.colliding_s = {**cal.colliding_s, streams: durations}
     progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
-                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state, caps, getattr(cal, 'dcs', ()))}; "
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state._replace(at_once=prober.burst), caps, getattr(cal, 'dcs', ()))}; "
                  "transfers: "
                  f"median {median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
@@ -604,8 +613,9 @@ def calibrate_together(
         fig = figures[pc.dcs]
         pc.together = [t for t in pc.together if not (t.streams == streams and t.loads(dcs))] + [fig]
         alone = pc.rates_bps.get(streams)
+        opened = _opened(state._replace(at_once=prober.burst), {**(caps or {}), **(colliding_caps or {})}, pc.dcs)
         progress.log(f"  calibration{_where(pc)} with {len(dcs) - 1} other path(s) loaded at once, {streams} "
-                     f"streams ({_opened(state, {**(caps or {}), **(colliding_caps or {})}, pc.dcs)}): "
+                     f"streams ({opened}): "
                      f"{(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"
                      + (f" (alone {alone / 1e6:.0f})" if alone else "")
                      + ("" if fig.colliding_bps is None else
@@ -725,10 +735,10 @@ def calibrate_lan(net: Network, scenario: Scenario, folder: Path, secret: str, p
     once (as the rings of every stage run together), single-stream channels; rate =
     bytes each replica sends / median time of at least LAN_RING_ROUNDS rings (the first
     run, which opens the connections' windows, not counted; the rings share the
-    machine's cores, and a median of two let one slow moment set the rate: atlas-3dc's
-    4 rings once timed 236 and 316 ms where 107 kept calibrations timed 55-185). With
-    several pairs, then the first pair alone, the same way (the planner shares the
-    aggregate among the rings that overlap, each at most that)."""
+    machine's cores, and a median of two let one slow moment set the rate for the whole
+    run: docs/results/fidelity.md, "The probe's channels handed tensors as the schedule
+    hands them"). With several pairs, then the first pair alone, the same way (the
+    planner shares the aggregate among the rings that overlap, each at most that)."""
     count = max(scenario.runner.calibration_transfers, LAN_RING_ROUNDS) + 1
     times, sent = time_rings(net, scenario, folder, secret, pairs, 1, grad_bytes, count, "lan-", agents)
     timed = times[1:]

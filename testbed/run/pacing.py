@@ -220,3 +220,36 @@ def window_caps(topology: Topology, placement: Placement, streams: int, tensor_b
         if cap < window:
             caps[(a, z)] = cap
     return caps
+
+
+def probe_burst(topology: Topology, channels: Sequence[tuple[str, str, int, int | None]], tensor_bytes: float,
+                at_once: int) -> int:
+    """How many tensors at once a calibration probe hands each of its channels before it
+    times them (testbed/run/calibration.py `run_channels`): the most, up to `at_once`
+    (`tensors_at_once`), that its channels crossing each direction put in flight
+    together without exceeding what the route holds (`route_holds`), at least one.
+    `channels`: each channel's (sending DC, receiving DC, streams, each stream's window
+    clamp or None); a channel inside a DC holds no route. Why: the run's channels,
+    handed several tensors at once by the schedule, grow their windows past a stream
+    that only ever carries one (results/held-back/held-far-pp4-tcpinfo/), but a burst
+    that overflows the queue times loss recovery in the probe that the run's capped
+    channels (`window_caps`) never meet, and a probe that serves capped and uncapped
+    variants runs uncapped (docs/results/fidelity.md, "The probe's channels handed
+    tensors as the schedule hands them")."""
+    ways: dict[tuple[str, str], list[tuple[int, int | None]]] = {}
+    for a, z, streams, clamp in channels:
+        if a != z:
+            ways.setdefault((a, z), []).append((streams, clamp))
+
+    def fits(k: int) -> bool:
+        for (a, z), chans in ways.items():
+            flight = sum(min(k * tensor_bytes, streams * (clamp or stream_window(topology, a, z)))
+                         for streams, clamp in chans)
+            if flight / LINK_GOODPUT > route_holds(topology, a, z):
+                return False
+        return True
+
+    k = max(1, at_once)
+    while k > 1 and not fits(k):
+        k -= 1
+    return k

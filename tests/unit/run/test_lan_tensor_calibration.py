@@ -128,6 +128,8 @@ def _fake_prober(monkeypatch, answer) -> dict:
     seen: dict = {}
 
     class FakeProber:
+        burst = 1
+
         def __init__(self, *a, **k) -> None:
             pass
 

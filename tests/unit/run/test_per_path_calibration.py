@@ -270,6 +270,7 @@ def test_calibrate_together_times_every_path_at_once(tmp_path: Path, monkeypatch
     class FakeProber:
         def __init__(self, *a, **k) -> None:
             self.agents = None
+            self.burst = 1
 
         def run(self, pairs, streams, nbytes, count, label="", period_s=None, offsets=None, warm=True, caps=None,
                 opened=None):

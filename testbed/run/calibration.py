@@ -205,11 +205,7 @@ def run_channels(scenario: Scenario, most: int = TURNS_MAX_UNTIMED) -> ChannelSt
     channel carries in its warm-up iterations, at most TURNS_MAX_UNTIMED (the turns
     probe's rule: the first tensor of a cold channel took 1.4-4.4 x its steady time, the
     third on were at it; `most`: another cap), handed over as many at once as the
-    schedule may hand a channel (`tensors_at_once`) by the probes of a channel's own
-    rate (`calibrate`, `calibrate_one_way`; the probes of colliding and loaded channels
-    hand them one at a time: with bursts there, atlas-4dc's multi-tcp prediction moved
-    away from its runs, not traced: docs/results/fidelity.md, "The probe's channels
-    handed tensors as the schedule hands them"). Why (issue 40): the probe's
+    schedule may hand a channel (`tensors_at_once`). Why (issue 40): the probe's
     channels are to be in the state of the run's; a big warm-up tensor that the run's
     modelled workers never send opens windows they do not have, and a stream only ever
     handed one tensor at a time settles in slow start at a window of twice that tensor,
@@ -538,7 +534,7 @@ def calibrate_link(
     both = list(pairs) + [(b, a) for a, b in pairs]
     try:
         res = prober.run(both, streams, cal.nbytes, count, f"{_label(cal)}x{len(pairs)}-", period_s=period,
-                         opened=state._replace(at_once=1), caps=caps)
+                         opened=state, caps=caps)
     finally:
         if agents is None:
             prober.agents.close()
@@ -588,7 +584,7 @@ def calibrate_together(
         """Per path, per direction: the timed transfers of its channels."""
         both = [list(pairs) + [(b, a) for a, b in pairs] for pairs in per_path]
         res = prober.run([p for pairs in both for p in pairs], streams, loads[0][0].nbytes, count,
-                         f"{label}-{tag}-", period_s=period, opened=state._replace(at_once=1), caps=clamp)
+                         f"{label}-{tag}-", period_s=period, opened=state, caps=clamp)
         out, k = [], 0
         for pairs in both:
             group = res[k:k + len(pairs)]
@@ -834,7 +830,7 @@ def calibrate_lan_loaded(net: Network, scenario: Scenario, folder: Path, secret:
     both = [*chans, *((z, a, n) for a, z, n in chans)]  # each boundary's forward channels, then its reverse ones
     try:
         res = prober.run([(a, z) for a, z, _ in both], [n for *_, n in both], nbytes, count, "lan-loaded-",
-                         period_s=period, opened=state._replace(at_once=1))
+                         period_s=period, opened=state)
     finally:
         if agents is None:
             prober.agents.close()

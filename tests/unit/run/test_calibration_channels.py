@@ -104,6 +104,29 @@ def test_the_collision_probe_is_cold_and_clamped_as_asked(monkeypatch, tmp_path:
                                cal, Progress(label="t", tty=False), agents=object(), caps=caps)
     assert calls == [(4, calibration.COLLISION_ROUNDS + TURNS_MAX_UNTIMED, run_channels(scenario), caps, False)]
     assert cal.colliding_bps[8] == pytest.approx(2 * MB8 * 8 / 0.2)  # the slow untimed ones left out
+    # GPipe: every micro-batch at once (Prober.run then hands at most what the route holds, `probe_burst`)
+    calls.clear()
+    gpipe = _scenario(**{"workload.parallelism.schedule": "gpipe"})
+    calibration.calibrate_link(object(), gpipe, tmp_path, "s", [("dc1-h1", "dc2-h1"), ("dc1-h2", "dc2-h2")], 8,
+                               cal, Progress(label="t", tty=False), agents=object(), caps=caps)
+    assert calls[0][2] == run_channels(gpipe) and run_channels(gpipe).at_once == 8
+
+
+def test_the_rate_probes_hand_their_untimed_tensors_as_the_schedule_does(monkeypatch, tmp_path: Path) -> None:
+    """The alone probe hands the untimed tensors as many at once as the schedule hands a
+    channel (GPipe: every micro-batch)."""
+    seen = []
+
+    def fake_run(self, pairs, streams, nbytes, count, label="", opened=None, **kwargs):
+        seen.append(opened)
+        return [ProbeTimes([0.0] * count, [0.3] * count, back_sent=[0.0] * count, back_arrived=[0.3] * count)
+                for _ in pairs]
+
+    monkeypatch.setattr(calibration.Prober, "run", fake_run)
+    gpipe = _scenario(**{"workload.parallelism.schedule": "gpipe"})
+    calibration.calibrate(object(), gpipe, tmp_path, "s", [("dc1-h1", "dc2-h1")], [8], MB8, 0.1,
+                          Progress(label="t", tty=False), agents=object())
+    assert seen == [run_channels(gpipe, calibration.ALONE_MAX_UNTIMED)] and seen[0].at_once == 8
 
 
 def test_each_probe_end_clamps_what_it_receives(tmp_path: Path) -> None:

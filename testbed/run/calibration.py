@@ -458,7 +458,7 @@ def calibrate(
             cal.rates_bps = {**cal.rates_bps, n: effective_rate(nbytes, durations, latency_s)}
             progress.log(f"  calibration{_where(cal)}: {n:2d} stream(s), {nbytes / 1e6:.2f} MB tensors: "
                          f"{cal.rates_bps[n] / 1e6:.0f} Mbit/s per channel "
-                         f"({_opened(state._replace(at_once=prober.burst), caps, getattr(cal, 'dcs', ()))}"
+                         f"({_opened(state, caps, getattr(cal, 'dcs', ()), prober.burst)}"
                          f"; transfers {', '.join(_ms(d) for d in durations)} ms)")
     finally:
         if agents is None:
@@ -487,7 +487,7 @@ def calibrate_one_way(net: Network, scenario: Scenario, folder: Path, secret: st
             path.one_way_s = {**path.one_way_s, n: durations}
             path.one_way_bps = {**path.one_way_bps, n: effective_rate(path.nbytes, durations, path.latency_s)}
             progress.log(f"  calibration{_where(path)}: {n:2d} stream(s) one way alone: "
-                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state._replace(at_once=prober.burst), caps, path.dcs)}; "
+                         f"{path.one_way_bps[n] / 1e6:.0f} Mbit/s per channel ({_opened(state, caps, path.dcs, prober.burst)}; "
                          f"transfers {', '.join(f'{d * 1e3:.0f}' for d in durations)} ms)")
     finally:
         if agents is None:
@@ -507,11 +507,12 @@ def _ms(seconds: float) -> str:
     return f"{seconds * 1e3:.0f}" if seconds >= 0.01 else f"{seconds * 1e3:.1f}"
 
 
-def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None, dcs: Sequence[str] = ()) -> str:
+def _opened(state: ChannelState, caps: Mapping[DcPair, int] | None = None, dcs: Sequence[str] = (),
+            burst: int = 1) -> str:
     """How a probe's channels were opened and clamped (the caps between `dcs` only, where
-    given), for the log."""
+    given; `burst`: the untimed tensors it handed at once, `Prober.burst`), for the log."""
     return (f"{'warmed' if state.warm else 'cold'} channels, {state.untimed} untimed tensor(s) first"
-            + (f", {state.at_once} at a time" if state.at_once > 1 and state.untimed > 1 else "")
+            + (f", {burst} at a time" if burst > 1 and state.untimed > 1 else "")
             + "".join(f", {a}->{z} windows capped at {c / 1e3:.0f} KB a stream"
                       for (a, z), c in sorted((caps or {}).items()) if not dcs or {a, z} <= set(dcs)))
 
@@ -548,7 +549,7 @@ def calibrate_link(
     cal.colliding_bps = {**cal.colliding_bps, streams: sum(rates) / len(rates)}
     cal.colliding_s = {**cal.colliding_s, streams: durations}
     progress.log(f"  calibration{_where(cal)}: {len(pairs)} channels of {streams} streams colliding, each way: "
-                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state._replace(at_once=prober.burst), caps, getattr(cal, 'dcs', ()))}; "
+                 f"{', '.join(f'{r / 1e6:.0f}' for r in rates)} Mbit/s in all ({_opened(state, caps, getattr(cal, 'dcs', ()), prober.burst)}; "
                  "transfers: "
                  f"median {median(durations) * 1e3:.0f} ms, slowest {max(durations) * 1e3:.0f} ms of {len(durations)})")
 
@@ -613,7 +614,7 @@ def calibrate_together(
         fig = figures[pc.dcs]
         pc.together = [t for t in pc.together if not (t.streams == streams and t.loads(dcs))] + [fig]
         alone = pc.rates_bps.get(streams)
-        opened = _opened(state._replace(at_once=prober.burst), {**(caps or {}), **(colliding_caps or {})}, pc.dcs)
+        opened = _opened(state, {**(caps or {}), **(colliding_caps or {})}, pc.dcs, prober.burst)
         progress.log(f"  calibration{_where(pc)} with {len(dcs) - 1} other path(s) loaded at once, {streams} "
                      f"streams ({opened}): "
                      f"{(fig.rate_bps or 0) / 1e6:.0f} Mbit/s per channel"

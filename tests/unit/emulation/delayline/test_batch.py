@@ -78,3 +78,34 @@ def test_sender_sends_a_batch_in_order_and_reports_a_refusal(pair) -> None:
         if err:
             break
     assert err == errno.EAGAIN and taken > 0
+
+
+def test_the_clock_shift_ignores_a_read_preempted_between_its_two_clocks() -> None:
+    """Realtime runs 1000 s ahead of the monotonic clock; the first bracket loses a
+    millisecond between its reads (a busy core). Read the old way (realtime after one
+    monotonic read) every stamp of that batch would fall 1 ms early and the relay would
+    release its frames 1 ms before their delay; the tightest bracket is kept instead."""
+    from testbed.emulation.delayline.batch import realtime_shift
+
+    t = [10.0]
+    steps = iter([0.0, 1e-3, 2e-6, 2e-6, 2e-6, 2e-6, 2e-6, 2e-6, 2e-6])  # time lost before each read
+
+    def tick() -> float:
+        t[0] += next(steps)
+        return t[0]
+
+    def realtime() -> float:
+        return tick() + 1000.0
+
+    assert realtime_shift(tick, realtime) == pytest.approx(1000.0, abs=5e-6)
+    # one read only (the old way) on the same preempted start: 1 ms off
+    t[0], steps = 10.0, iter([0.0, 1e-3])
+    before = tick()
+    assert realtime() - before == pytest.approx(1000.0 + 1e-3, abs=1e-9)
+
+
+def test_the_clock_shift_of_this_machine_matches_its_clocks() -> None:
+    from testbed.emulation.delayline.batch import realtime_shift
+
+    got = realtime_shift()
+    assert abs(got - (time.time() - time.monotonic())) < 0.01

@@ -210,7 +210,11 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
     checked (receiver) as the training does, each fill and check timed; with
     `job.duplex` the receiver hands a tensor of the same size back as each arrives
     (each end its warm-up tensor too, as testbed/training/worker/warm.py warms a run's
-    channel both ways) and writes when, the sender when each came back."""
+    channel both ways) and writes when, the sender when each came back; the first timed
+    tensor then goes out once every untimed one has come back: handed several at once,
+    their returns still queued on the way back would hold the first timed return behind
+    them, and the probe would time that wait (the schedule's own queueing is the
+    simulation's) instead of the channel."""
     import torch
 
     from testbed.training.transport_comm import wall_of
@@ -272,6 +276,9 @@ def run_probe(job: ProbeJob, io: ProbeIO | None = None) -> None:
                         time.sleep(left)
                 elif k and job.gap_s:
                     time.sleep(job.gap_s)
+                if comebacks and k == job.untimed:  # the untimed tensors back first (see the docstring)
+                    for r in comebacks[:k]:
+                        r.wait(max(0.1, deadline - time.monotonic()))
                 group = min(job.untimed_at_once, job.untimed - k) if k < job.untimed else 1
                 handles = []
                 for j in range(k, k + group):

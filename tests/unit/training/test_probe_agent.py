@@ -168,3 +168,18 @@ def test_the_untimed_tensors_go_out_as_many_at_once_as_the_job_says(tmp_path: Pa
         assert sent[group[-1]] - sent[group[0]] < gap
     for k in (3, 5, 6):  # the next group, and each timed tensor, after the last confirmation and the gap
         assert sent[k] >= max(confirmed[:k]) + gap * 0.9
+
+
+def test_a_duplex_probe_times_its_first_tensor_once_the_untimed_ones_are_back(tmp_path: Path, monkeypatch) -> None:
+    """Issue 40, held-regions-gpipe: handed eight at once, the untimed tensors' returns were
+    still queued on the way back when the first timed tensor arrived, and its return
+    waited behind them (timed at 779 ms where the others took 120-225). The first timed
+    tensor goes out only once every untimed one has come back."""
+    monkeypatch.setenv("ATLAS_SECRET", "agent-test")
+    common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 20, "count": 6, "transport": TRANSPORT,
+              "timeout_s": 30, "duplex": True}
+    r, s = _play(tmp_path, "b", common, send_extra={"gap_s": 0.0, "untimed": 4, "untimed_at_once": 4})
+    sent, returned = s["sent"], s["returned"]
+    assert len(sent) == len(returned) == 6
+    assert sent[4] >= max(returned[:4])  # the first timed tensor after every untimed one came back
+    assert all(sent[k] < min(returned[:4]) for k in range(4))  # the untimed ones handed at once

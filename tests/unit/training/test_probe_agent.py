@@ -14,6 +14,10 @@ from testbed.training.worker.probe import run_agent
 from testbed_core.contracts.worker_job import ProbeJob, TransportJob
 
 TRANSPORT = TransportJob(chunk_bytes=1 << 20, congestion=None, pacing_rate_mbps=None, connect_timeout_s=10.0)
+# streams paced at 100 Mbit/s (SO_MAX_PACING_RATE, loopback too): a 1 MiB tensor takes tens of
+# milliseconds, so tensors handed together are all handed before the first is confirmed even
+# when a busy machine delays the sender's thread between two of them
+PACED = TransportJob(chunk_bytes=1 << 20, congestion=None, pacing_rate_mbps=100.0, connect_timeout_s=10.0)
 
 
 def _free_port() -> int:
@@ -156,7 +160,7 @@ def test_the_untimed_tensors_go_out_as_many_at_once_as_the_job_says(tmp_path: Pa
     the next group after the last one's confirmation and the gap; the timed ones one at a
     time, each after the one before was confirmed and the gap."""
     monkeypatch.setenv("ATLAS_SECRET", "agent-test")
-    common = {"port": _free_port(), "streams": 2, "nbytes": 1 << 16, "count": 7, "transport": TRANSPORT,
+    common = {"port": _free_port(), "streams": 2, "nbytes": 1 << 20, "count": 7, "transport": PACED,
               "timeout_s": 30, "duplex": True}
     gap = 0.05
     r, s = _play(tmp_path, "u", common, send_extra={"gap_s": gap, "untimed": 5, "untimed_at_once": 3})
@@ -176,7 +180,7 @@ def test_a_duplex_probe_times_its_first_tensor_once_the_untimed_ones_are_back(tm
     waited behind them (timed at 779 ms where the others took 120-225). The first timed
     tensor goes out only once every untimed one has come back."""
     monkeypatch.setenv("ATLAS_SECRET", "agent-test")
-    common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 20, "count": 6, "transport": TRANSPORT,
+    common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 20, "count": 6, "transport": PACED,
               "timeout_s": 30, "duplex": True}
     r, s = _play(tmp_path, "b", common, send_extra={"gap_s": 0.0, "untimed": 4, "untimed_at_once": 4})
     sent, returned = s["sent"], s["returned"]

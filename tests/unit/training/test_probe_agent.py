@@ -177,8 +177,8 @@ def test_the_untimed_tensors_go_out_as_many_at_once_as_the_job_says(tmp_path: Pa
 def test_a_duplex_probe_times_its_first_tensor_once_the_untimed_ones_are_back(tmp_path: Path, monkeypatch) -> None:
     """Issue 40, held-regions-gpipe: handed eight at once, the untimed tensors' returns were
     still queued on the way back when the first timed tensor arrived, and its return
-    waited behind them (timed at 779 ms where the others took 120-225). The first timed
-    tensor goes out only once every untimed one has come back."""
+    waited behind them (docs/results/fidelity.md, "the duplex probe's returns"). The first
+    timed tensor goes out only once every untimed one has come back."""
     monkeypatch.setenv("ATLAS_SECRET", "agent-test")
     common = {"port": _free_port(), "streams": 1, "nbytes": 1 << 20, "count": 6, "transport": PACED,
               "timeout_s": 30, "duplex": True}

@@ -99,12 +99,12 @@ class Path:
     cap_bps: float = INF
     window_bits: float = INF
     backlog_window_bits: float | None = None  # a backlogged transfer's window (None: `window_bits`)
-    # one TCP stream: its window frees byte by byte as acknowledgements come back, so a
-    # transfer the window holds back starts at once, its bytes following the
-    # acknowledgements at the window a round trip (`_Sim._window_free`); False: whole
-    # transfers wait for the room they need (a multi-stream channel hands its streams
-    # whole chunks, and a small tensor rides a few of them: testbed_core/planning/network.py
-    # `warm_lanes`)
+    # one TCP stream: its window frees bit by bit as acknowledgements come back, so a
+    # transfer the window holds back sends what it has room for at once and each further
+    # bit as the acknowledgement of the bit a window before it comes back, a round trip
+    # after that one left (`_Sim._clock`); False: whole transfers wait for the room they
+    # need (a multi-stream channel hands its streams whole chunks, and a small tensor
+    # rides a few of them: testbed_core/planning/network.py `warm_lanes`)
     fluid_window: bool = False
     # a channel whose hosts also carry other channels (a boundary inside a DC whose end
     # ranks also send and receive over the WAN): a transfer that starts while a transfer
@@ -270,6 +270,17 @@ class _Flow:
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
     backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
     unacked: bool = False  # handed over before the first window of the one before it was acknowledged
+    # an ACK-clocked stream (`_Sim._clocked`): after its first `left - pause_left` bits, which
+    # its window had room for, no bytes move before `resume`, then at most at `resume_cap`
+    # (None: no pause); `paused_at`: when it paused (its first bits' last left then)
+    pause_left: float | None = None
+    resume: float = 0.0
+    resume_cap: float = INF
+    paused_at: float | None = None
+    paused_left: float = 0.0
+    # an ACK-clocked stream held by its window (`_Sim._clock`): (bits of its channel that
+    # left before it, its bits its window had room for at once, the window, round trip)
+    clock: tuple[float, float, float, float] | None = None
 
     @property
     def window_bits(self) -> float:
@@ -312,6 +323,59 @@ def max_min_rates(flows: list[tuple[float, tuple[str, ...]]], capacity: dict[str
     return rates
 
 
+class _Departures:
+    """When each bit of one channel left, in the order they left (its transfers go one
+    after another): pieces (first left, last left, bits before, bits after), each bit of a
+    piece taken to leave at an even pace between its two times. A TCP stream's bit is
+    acknowledged a round trip after it left, and the stream sends bit x only once bit
+    x - window is acknowledged."""
+
+    def __init__(self) -> None:
+        self.pieces: list[tuple[float, float, float, float]] = []
+
+    @property
+    def bits(self) -> float:
+        """How many bits have left (and been recorded) so far."""
+        return self.pieces[-1][3] if self.pieces else 0.0
+
+    def add(self, first: float, last: float, bits: float) -> None:
+        if bits > 0:
+            x = self.bits
+            self.pieces.append((first, max(first, last), x, x + bits))
+
+    def clocked(self, lo: float, hi: float, window: float, rtt: float,
+                not_before: float) -> list[tuple[float, float, float]]:
+        """When bits `lo` to `hi` (beyond those recorded) leave where each follows the
+        acknowledgement of the bit `window` before it, a round trip after that one left
+        (none before `not_before`): (first left, last left, bits) per piece, in order."""
+        out = []
+        for t0, t1, x0, x1 in self.pieces:
+            a, b = max(x0, lo - window), min(x1, hi - window)
+            if b <= a:
+                continue
+            ta = t0 + (t1 - t0) * (a - x0) / (x1 - x0)
+            tb = t0 + (t1 - t0) * (b - x0) / (x1 - x0)
+            out.append((max(ta + rtt, not_before), max(tb + rtt, not_before), b - a))
+        return out
+
+    def left_at(self, x: float) -> float:
+        """When bit `x` left (the piece it ends where two meet; -INF: before the first
+        recorded bit, none to wait for)."""
+        if x <= 0 or not self.pieces:
+            return -INF
+        for t0, t1, x0, x1 in reversed(self.pieces):
+            if x > x0:
+                return t0 + (t1 - t0) * min(1.0, (x - x0) / (x1 - x0))
+        return -INF
+
+    def left_by(self, t: float) -> float:
+        """How many bits had left by time `t`."""
+        for t0, t1, x0, x1 in reversed(self.pieces):
+            if t >= t0:
+                return x1 if t >= t1 else x0 + (x1 - x0) * (t - t0) / (t1 - t0)
+        return 0.0
+
+
 class _Sim:
     def __init__(self, spec: SimSpec) -> None:
         self.spec = spec
@@ -338,6 +402,8 @@ class _Sim:
         self.net_version = 0
         # per channel: (when its last window is acknowledged, bits of it) of finished transfers
         self.unacked: dict[tuple[int, int, str], list[tuple[float, float]]] = {}
+        # per ACK-clocked channel: when its bits left (`_Departures`)
+        self.departed: dict[tuple[int, int, str], _Departures] = {}
         self.last_end: dict[str, float] = {}  # per resource: when its last transfer's last byte left
         self.last_start: dict[str, float] = {}  # per backlog resource: when its last transfer's first byte left
         self.rng = random.Random(spec.seed)
@@ -460,17 +526,24 @@ class _Sim:
         if started:
             self.reschedule(t)
 
+    def _clocked(self, path: Path) -> bool:
+        """Whether transfers on `path` follow their stream's acknowledgements bit by bit
+        (`Path.fluid_window` with a finite window and a latency, over shared links: a
+        planned link hands whole transfers its token, which keep whole-window waits)."""
+        return path.fluid_window and path.window_bits != INF and path.latency_s > 0 \
+            and not any(self._exclusive(n) for n in path.resources[1:])
+
     def _window_free(self, flow: _Flow, t: float) -> tuple[float, float]:
         """When `flow`'s first bytes may leave, and the rate its window holds it to: `t`,
         or later where earlier transfers on its channel still hold more of the window than
         leaves room for it (its first window: all of it, up to the channel's window), at
-        no cap. On a fluid window (`Path.fluid_window`) over shared links, a transfer held
-        back leaves at `t`, at most at the window a round trip, or faster where that would
-        end it after the whole-transfer wait would have (the wait was short)."""
+        no cap. An ACK-clocked stream (`_clocked`) is `_clock`'s."""
         window = flow.window_bits
         if flow.notice or window == INF:
             return t, INF
         key = (flow.key.pipeline, flow.key.boundary, flow.key.direction)
+        if self._clocked(flow.path):
+            return self._clock(flow, self.departed.setdefault(key, _Departures()), window, t)
         acks = sorted(a for a in self.unacked.get(key, []) if a[0] > t)
         self.unacked[key] = acks
         room = window - min(flow.bits, window)
@@ -481,12 +554,53 @@ class _Sim:
                 break
             held -= bits
             at = ack
-        if at > t and flow.path.fluid_window and flow.path.latency_s > 0 \
-                and not any(self._exclusive(n) for n in flow.path.resources[1:]):
-            chan = self.spec.resources[flow.path.resources[0]]
-            rate = chan.backlog_bps if flow.backlogged and chan.backlog_bps is not None else chan.capacity_bps
-            return t, max(window / (2 * flow.path.latency_s), flow.bits / (at - t + flow.bits / rate))
         return at, INF
+
+    def _clock(self, flow: _Flow, sent: _Departures, window: float, t: float) -> tuple[float, float]:
+        """One TCP stream sends bit x only once bit x - `window` is acknowledged, a round
+        trip after it left (`sent`: when the channel's earlier bits left). The bits its
+        window has room for at `t` leave at once; the rest follow the acknowledgements of
+        the bits a window before them: none before the first of those returns, and the
+        last not before the last of them (at the pace those left, a window a round trip
+        at most). Where the room is part of the transfer, the transfer pauses after it
+        (`_Flow.pause_left`). Its bits beyond one window of its own follow its own
+        acknowledgements, at its channel's rate (the stream's measured rate, which is
+        window-limited already). Returns (first bits leave, cap until the pause)."""
+        rtt = 2 * flow.path.latency_s
+        x = sent.bits
+        room = min(flow.bits, max(0.0, sent.left_by(t - rtt) + window - x))
+        if room >= flow.bits - 1e-6:
+            return t, INF
+        resume = max(t, sent.left_at(x + room + 1 - window) + rtt)  # its next bit's
+        last = sent.left_at(min(x + flow.bits, x + window) - window) + rtt
+        clocked = min(flow.bits, window) - room
+        cap = clocked / (last - resume) if last > resume + 1e-12 and clocked > 0 else INF
+        flow.clock = (x, room, window, rtt)
+        if room <= 1e-6:
+            return resume, cap
+        flow.pause_left, flow.resume, flow.resume_cap = flow.bits - room, resume, cap
+        return t, INF
+
+    def _record_departures(self, f: _Flow, sent: _Departures, t: float) -> None:
+        """When `f`'s bits left (it ended at `t`), for the channel's next transfers' windows:
+        evenly over its time on the wire; held by its window (`_Flow.clock`), the room it
+        had at once (until its pause), then each bit as the acknowledgement of the bit a
+        window before it came back, none before it resumed (the simulation moves those
+        at one even rate that ends as the last of them would: the next transfers' windows
+        take their uneven pace), its bits beyond a window of its own evenly until `t`."""
+        if f.clock is None:
+            sent.add(f.hold, t, f.bits)
+            return
+        x, room, window, rtt = f.clock
+        if room > 0:
+            sent.add(f.start, f.paused_at if f.paused_at is not None else f.hold, room)
+        hi = x + min(f.bits, window)
+        pieces = sent.clocked(x + room, hi, window, rtt, f.hold)
+        for first, last, bits in pieces:
+            sent.add(first, min(last, t), bits)
+        rest = f.bits - (sent.bits - x)
+        if rest > 1e-6:
+            sent.add(sent.pieces[-1][1] if sent.pieces else f.hold, t, rest)
 
     def _busy_cap(self, flow: _Flow) -> float:
         """The sustained rate of the busiest link `flow` starts on (`Resource.busy_bps`):
@@ -515,7 +629,7 @@ class _Sim:
         dt = t - self.net_time
         if dt > 0:
             for f in self.active.values():  # a flow waiting for its window has rate 0 until then
-                f.left = max(0.0, f.left - f.rate * dt) if f.rate != INF else 0.0
+                f.left = max(f.pause_left or 0.0, f.left - f.rate * dt) if f.rate != INF else (f.pause_left or 0.0)
         self.net_time = t
 
     def reschedule(self, t: float) -> None:
@@ -543,7 +657,7 @@ class _Sim:
             if rate == INF:
                 nxt = t
             elif rate > 0:
-                nxt = min(nxt, t + f.left / rate)
+                nxt = min(nxt, t + (f.left - (f.pause_left or 0.0)) / rate)
         for f in waiting:
             nxt = min(nxt, f.hold)
         self.net_version += 1
@@ -575,10 +689,17 @@ class _Sim:
         if version != self.net_version:
             return
         self.progress(t)
+        for f in self.active.values():  # the bits its window had room for have left: it waits for ACKs
+            if f.pause_left is not None and f.hold <= t and f.left <= f.pause_left + 1e-9 * f.bits + 1e-6:
+                f.paused_at, f.paused_left, f.left = t, f.pause_left, f.pause_left
+                f.hold, f.cap, f.pause_left = max(t, f.resume), min(f.cap, f.resume_cap), None
         done = [f for f in self.active.values() if f.hold <= t and f.left <= 1e-9 * f.bits + 1e-6]
         for f in done:
             del self.active[f.ident]
-            if not f.notice and f.window_bits != INF:
+            key = (f.key.pipeline, f.key.boundary, f.key.direction)
+            if key in self.departed and not f.notice:
+                self._record_departures(f, self.departed[key], t)
+            elif not f.notice and f.window_bits != INF:
                 # its last window's bytes left over the last bits / rate seconds and are
                 # acknowledged a round trip after each left: the window frees from then on
                 last = min(f.bits, f.window_bits)

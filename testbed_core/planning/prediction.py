@@ -221,9 +221,13 @@ def build_spec(
                 # handed over behind another (a backlog): at the link's rate, within the whole
                 # windows of the streams that carry it (simulate.py, `Resource.backlog_bps`;
                 # network.py `warm_lanes`: a small tensor rides only the first few streams),
-                # paced or not (docs/results/sweep-paper.md, held-back/README.md)
+                # paced or not (docs/results/sweep-paper.md, held-back/README.md). One
+                # stream too, where its sender hands it tensors as they come (atlas_transport:
+                # a GPipe burst's stream never runs dry and its window grows to the buffer's;
+                # docs/results/fidelity.md, "The one-stream burst, bit by bit"); gloo's pairs
+                # wait for each receiver's notice, their stream idle between tensors
                 lossy = lossy_between(topology, a, z)
-                backlog = wp.measured and wp.streams > 1 and not lossy
+                backlog = wp.measured and not lossy and (wp.streams > 1 or not variant.rendezvous)
                 resources[chan] = Resource(wp.streams * wp.flow_rate_bps, "exclusive",
                                            backlog_bps=wp.bottleneck_bps if backlog else None)
                 if net.unpaced_bursts:

@@ -270,17 +270,26 @@ class _Flow:
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
     backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
     unacked: bool = False  # handed over before the first window of the one before it was acknowledged
-    # an ACK-clocked stream (`_Sim._clocked`): after its first `left - pause_left` bits, which
-    # its window had room for, no bytes move before `resume`, then at most at `resume_cap`
-    # (None: no pause); `paused_at`: when it paused (its first bits' last left then)
+    # an ACK-clocked stream held by its window (`_Sim._clock`): (bits of its channel that
+    # left before it, its bits its window had room for at once, the window, round trip,
+    # when its window's last bit may leave: the acknowledgement of the bit a window before)
+    clock: tuple[float, float, float, float, float] | None = None
+    # its phases: `pause_left` (its room sent, it waits for `resume`), then `clocked_left`
+    # (its bits a window before were acknowledged at the pace they left: none beyond the
+    # window's last before `clock`'s last, then its own pace); None: passed
     pause_left: float | None = None
     resume: float = 0.0
-    resume_cap: float = INF
-    paused_at: float | None = None
-    paused_left: float = 0.0
-    # an ACK-clocked stream held by its window (`_Sim._clock`): (bits of its channel that
-    # left before it, its bits its window had room for at once, the window, round trip)
-    clock: tuple[float, float, float, float] | None = None
+    clocked_left: float | None = None
+    free_cap: float = INF  # its cap outside the clocked phase (its link's, `Resource.busy_bps`)
+    paused_at: float | None = None  # when its room had left
+    clocked_at: float | None = None  # when its window's bits had left
+
+    @property
+    def floor(self) -> float:
+        """The bits left at which its next phase begins (0: its end)."""
+        if self.pause_left is not None:
+            return self.pause_left
+        return self.clocked_left if self.clocked_left is not None else 0.0
 
     @property
     def window_bits(self) -> float:
@@ -559,13 +568,13 @@ class _Sim:
     def _clock(self, flow: _Flow, sent: _Departures, window: float, t: float) -> tuple[float, float]:
         """One TCP stream sends bit x only once bit x - `window` is acknowledged, a round
         trip after it left (`sent`: when the channel's earlier bits left). The bits its
-        window has room for at `t` leave at once; the rest follow the acknowledgements of
-        the bits a window before them: none before the first of those returns, and the
-        last not before the last of them (at the pace those left, a window a round trip
-        at most). Where the room is part of the transfer, the transfer pauses after it
-        (`_Flow.pause_left`). Its bits beyond one window of its own follow its own
-        acknowledgements, at its channel's rate (the stream's measured rate, which is
-        window-limited already). Returns (first bits leave, cap until the pause)."""
+        window has room for at `t` leave at once; it then pauses until the first of the
+        rest may leave (`_Flow.pause_left`, `resume`), and its bits up to a window of its
+        own leave no faster than the acknowledgements of the bits a window before them
+        come back: none of them ends before the last of those returns (`_Flow.clocked_left`:
+        its rate is capped so, where that binds). Its bits beyond a window of its own follow
+        its own acknowledgements, at its channel's rate (the stream's measured rate, which
+        is window-limited already). Returns (first bits leave, cap)."""
         rtt = 2 * flow.path.latency_s
         x = sent.bits
         room = min(flow.bits, max(0.0, sent.left_by(t - rtt) + window - x))
@@ -573,31 +582,56 @@ class _Sim:
             return t, INF
         resume = max(t, sent.left_at(x + room + 1 - window) + rtt)  # its next bit's
         last = sent.left_at(min(x + flow.bits, x + window) - window) + rtt
+        flow.clock = (x, room, window, rtt, last)
+        flow.resume = resume
+        if room > 1e-6:
+            flow.pause_left = flow.bits - room
+            return t, INF
+        flow.free_cap = self._busy_cap(flow)
+        return resume, self._clocked_cap(flow, resume)
+
+    def _clocked_cap(self, flow: _Flow, at: float) -> float:
+        """`flow`'s cap from `at`, when its clocked bits begin to leave: they end no sooner
+        than the last of the acknowledgements they wait for (`_Flow.clock`); it marks where
+        that phase ends (`_Flow.clocked_left`). INF where that wait is over already."""
+        assert flow.clock is not None
+        _, room, window, _, last = flow.clock
         clocked = min(flow.bits, window) - room
-        cap = clocked / (last - resume) if last > resume + 1e-12 and clocked > 0 else INF
-        flow.clock = (x, room, window, rtt)
-        if room <= 1e-6:
-            return resume, cap
-        flow.pause_left, flow.resume, flow.resume_cap = flow.bits - room, resume, cap
-        return t, INF
+        if clocked <= 1e-6 or last <= at + 1e-12:
+            return flow.free_cap
+        flow.clocked_left = flow.bits - min(flow.bits, window)
+        return min(flow.free_cap, clocked / (last - at))
+
+    def _next_phase(self, f: _Flow, t: float) -> None:
+        """`f` has reached its `floor` at `t`: its room has left (it pauses until its
+        `resume`, then its clocked bits leave), or its clocked bits have (its cap lifts)."""
+        f.left = f.floor
+        if f.pause_left is not None:
+            f.paused_at, f.pause_left = t, None
+            f.hold = max(t, f.resume)
+            f.free_cap = f.cap
+            f.cap = self._clocked_cap(f, f.hold)
+        elif f.clocked_left is not None:
+            f.clocked_at, f.clocked_left = t, None
+            f.cap = f.free_cap
 
     def _record_departures(self, f: _Flow, sent: _Departures, t: float) -> None:
         """When `f`'s bits left (it ended at `t`), for the channel's next transfers' windows:
         evenly over its time on the wire; held by its window (`_Flow.clock`), the room it
-        had at once (until its pause), then each bit as the acknowledgement of the bit a
-        window before it came back, none before it resumed (the simulation moves those
-        at one even rate that ends as the last of them would: the next transfers' windows
-        take their uneven pace), its bits beyond a window of its own evenly until `t`."""
+        had (until its pause), then its bits up to a window of its own as the
+        acknowledgements of the bits a window before them came back (none before it
+        resumed, none after its clocked phase ended: the simulation moves them at one even
+        rate, the next transfers' windows take their uneven pace), then the rest evenly
+        until `t`."""
         if f.clock is None:
             sent.add(f.hold, t, f.bits)
             return
-        x, room, window, rtt = f.clock
+        x, room, window, rtt, _ = f.clock
         if room > 0:
             sent.add(f.start, f.paused_at if f.paused_at is not None else f.hold, room)
-        hi = x + min(f.bits, window)
-        pieces = sent.clocked(x + room, hi, window, rtt, f.hold)
-        for first, last, bits in pieces:
-            sent.add(first, min(last, t), bits)
+        done = f.clocked_at if f.clocked_at is not None else t
+        for first, last, bits in sent.clocked(x + room, x + min(f.bits, window), window, rtt, f.hold):
+            sent.add(min(first, done), min(last, done), bits)
         rest = f.bits - (sent.bits - x)
         if rest > 1e-6:
             sent.add(sent.pieces[-1][1] if sent.pieces else f.hold, t, rest)
@@ -629,7 +663,7 @@ class _Sim:
         dt = t - self.net_time
         if dt > 0:
             for f in self.active.values():  # a flow waiting for its window has rate 0 until then
-                f.left = max(f.pause_left or 0.0, f.left - f.rate * dt) if f.rate != INF else (f.pause_left or 0.0)
+                f.left = max(f.floor, f.left - f.rate * dt) if f.rate != INF else f.floor
         self.net_time = t
 
     def reschedule(self, t: float) -> None:
@@ -657,7 +691,7 @@ class _Sim:
             if rate == INF:
                 nxt = t
             elif rate > 0:
-                nxt = min(nxt, t + (f.left - (f.pause_left or 0.0)) / rate)
+                nxt = min(nxt, t + (f.left - f.floor) / rate)
         for f in waiting:
             nxt = min(nxt, f.hold)
         self.net_version += 1
@@ -689,10 +723,9 @@ class _Sim:
         if version != self.net_version:
             return
         self.progress(t)
-        for f in self.active.values():  # the bits its window had room for have left: it waits for ACKs
-            if f.pause_left is not None and f.hold <= t and f.left <= f.pause_left + 1e-9 * f.bits + 1e-6:
-                f.paused_at, f.paused_left, f.left = t, f.pause_left, f.pause_left
-                f.hold, f.cap, f.pause_left = max(t, f.resume), min(f.cap, f.resume_cap), None
+        for f in self.active.values():  # a phase of an ACK-clocked stream has ended (`_next_phase`)
+            while f.floor > 0 and f.hold <= t and f.left <= f.floor + 1e-9 * f.bits + 1e-6:
+                self._next_phase(f, t)
         done = [f for f in self.active.values() if f.hold <= t and f.left <= 1e-9 * f.bits + 1e-6]
         for f in done:
             del self.active[f.ident]

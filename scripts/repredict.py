@@ -10,8 +10,9 @@ judged against runs it did not see:
     .venv/bin/python scripts/repredict.py results/sweep-paper-1f1b/p00* docs/atlas-4dc
 
 `--by-kind` adds the errors grouped by variant and regime (pacing, loss on the path,
-one-way delay): how many within 5%, the median and the range, stored and now; folders
-that cannot be re-planned (uncalibrated, no scenario) are listed with why.
+one-way delay): how many within 5%, the median and the range, stored and now. Folders
+that cannot be re-planned (no summary.json, uncalibrated, no scenario) are listed at the
+end with why (exit status 2 where none could be).
 `--lan-alone-as-aggregate` is a what-if, not a prediction: for runs whose calibration
 did not time a DP ring alone inside the DCs (before that probe), it takes one ring
 alone to move what all of them moved at once (the emulation's case, where every ring
@@ -171,9 +172,7 @@ def main() -> None:
         _TURNS_RUN["run"] = run
         try:
             planned = replan_run(run, args.scenario)
-        except ReportError as exc:
-            if not args.by_kind:
-                raise
+        except ReportError as exc:  # listed at the end, with why
             refused.append(str(exc))
             continue
         kind = regime(run, args.scenario) if args.by_kind else ""
@@ -190,8 +189,10 @@ def main() -> None:
         print(f"\n{'variant':13} {'regime':28} {'stored: within, median, range':42} now: within, median, range")
         for (name, kind), (stored, now) in sorted(groups.items()):
             print(f"{name:13} {kind:28} {_line(stored):42} {_line(now)}")
-        for why in refused:
-            print(f"not re-planned: {why}")
+    for why in refused:
+        print(f"not re-planned: {why}")
+    if refused and not rows:
+        raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -36,3 +36,16 @@ def test_the_lockstep_what_if_slows_only_the_drawn_shared_way() -> None:
     choices, _ = _rows("--collisions", "drawn-choices")
     assert choices["baseline"] == drawn["baseline"]
     assert abs(choices["multi-tcp"] / drawn["multi-tcp"] - 1) < 0.01
+
+
+def test_a_folder_it_cannot_re_plan_is_listed_with_why(tmp_path: Path) -> None:
+    """A folder without summary.json beside a kept run: the run is re-planned, the folder
+    listed at the end with why (status 0); the folder alone: status 2."""
+    script = [sys.executable, str(ROOT / "scripts" / "repredict.py")]
+    both = subprocess.run([*script, str(tmp_path), str(RUN)], capture_output=True, text=True, cwd=ROOT,
+                          timeout=120)
+    assert both.returncode == 0, both.stderr
+    assert re.search(r"^atlas-2dc\s+baseline", both.stdout, re.M)
+    assert f"not re-planned: {tmp_path}: no summary.json" in both.stdout
+    alone = subprocess.run([*script, str(tmp_path)], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert alone.returncode == 2 and "no summary.json" in alone.stdout and "Traceback" not in alone.stderr

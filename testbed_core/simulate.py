@@ -592,19 +592,23 @@ class _Sim:
 
     def _clocked_cap(self, flow: _Flow, at: float) -> float:
         """`flow`'s cap from `at`, when its clocked bits begin to leave: they end no sooner
-        than the last of the acknowledgements they wait for (`_Flow.clock`); it marks where
-        that phase ends (`_Flow.clocked_left`). INF where that wait is over already."""
+        than the last of the acknowledgements they wait for (`_Flow.clock`; no cap where
+        that wait is over already); it marks where that phase ends (`_Flow.clocked_left`),
+        where its bits beyond a window of its own begin (`_next_phase`)."""
         assert flow.clock is not None
         _, room, window, _, last = flow.clock
         clocked = min(flow.bits, window) - room
+        flow.clocked_left = flow.bits - min(flow.bits, window)
         if clocked <= 1e-6 or last <= at + 1e-12:
             return flow.free_cap
-        flow.clocked_left = flow.bits - min(flow.bits, window)
         return min(flow.free_cap, clocked / (last - at))
 
     def _next_phase(self, f: _Flow, t: float) -> None:
         """`f` has reached its `floor` at `t`: its room has left (it pauses until its
-        `resume`, then its clocked bits leave), or its clocked bits have (its cap lifts)."""
+        `resume`, then its clocked bits leave), or its bits up to a window of its own
+        have: the rest follow its own acknowledgements, a window a round trip at most,
+        or its channel's rate where that was measured above it (one tensor alone's: the
+        stream's window is the model's figure, the measured rate the stream's own)."""
         f.left = f.floor
         if f.pause_left is not None:
             f.paused_at, f.pause_left = t, None
@@ -612,8 +616,10 @@ class _Sim:
             f.free_cap = f.cap
             f.cap = self._clocked_cap(f, f.hold)
         elif f.clocked_left is not None:
+            assert f.clock is not None
             f.clocked_at, f.clocked_left = t, None
-            f.cap = f.free_cap
+            own = self.spec.resources[f.path.resources[0]].capacity_bps if f.path.resources else INF
+            f.cap = min(f.free_cap, max(f.clock[2] / f.clock[3], own))
 
     def _record_departures(self, f: _Flow, sent: _Departures, t: float) -> None:
         """When `f`'s bits left (it ended at `t`), for the channel's next transfers' windows:

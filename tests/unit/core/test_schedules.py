@@ -349,6 +349,24 @@ def test_a_one_stream_window_above_the_path_s_bdp_holds_nothing_back(offset: flo
     assert run(2_000_000 * 8) == pytest.approx(free, rel=1e-9)
 
 
+def test_a_one_stream_tensor_beyond_its_window_keeps_the_channel_s_pace_in_a_backlog() -> None:
+    """One stream, 4 MB tensors handed back to back (GPipe), a 0.5 MB window over 50 ms
+    (8 ms of it at the link's 1 Gbit/s), the channel's measured rate 100 Mbit/s: the
+    second tensor's bits beyond its first window follow its own acknowledgements, at the
+    channel's measured pace (above the window's 80 Mbit/s: the window is the model's
+    figure), not at the link's rate that a backlog would give a tensor within its window:
+    about 320 ms each, not 32."""
+    s = build_schedule("gpipe", 2, 2)
+    paths = {(0, 0, d): NetPath((f"c-{d}", f"l-{d}"), 0.025, window_bits=500_000 * 8, fluid_window=True)
+             for d in ("fwd", "bwd")}
+    res = {f"c-{d}": Resource(1e8, "exclusive", backlog_bps=1e9) for d in ("fwd", "bwd")}
+    res.update({f"l-{d}": Resource(1e9) for d in ("fwd", "bwd")})
+    out = simulate(SimSpec(s, 1, [0.001, 0.001], [0.001, 0.001], [4_000_000], [4_000_000], paths, res))
+    first, second = (out.transfer(TransferKey(0, 0, m, "fwd")) for m in range(2))
+    assert first.end - first.start == pytest.approx(0.32)
+    assert 0.3 < second.end - second.start < 0.34
+
+
 def test_a_channel_inside_a_dc_moves_at_its_loaded_rate_while_its_ranks_use_the_wan() -> None:
     """Three stages, the first boundary inside a DC (1 MB: 8 ms at 1 Gbit/s), the second
     over the WAN (10 MB at 100 Mbit/s: 0.8 s). The first micro-batch's LAN transfer finds

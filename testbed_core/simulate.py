@@ -36,6 +36,11 @@ unacknowledged: the streams never run dry, so their windows grow to what the soc
 allow and the tensors follow each other at what the link and those windows allow, where
 a tensor that finds the channel idle takes the time one tensor alone was measured to take.
 
+One TCP stream (``Path.fluid_window``) frees its window bit by bit instead: a transfer
+sends what the window has room for at once, then each bit as the acknowledgement of the
+bit a window before it comes back, a round trip after that one left (the channel keeps
+when its bits left: ``_Departures``), so a burst of tensors lands a window a round trip.
+
 With ``rendezvous`` (gloo's TCP pairs), a send's bytes leave only once the receiver
 has posted its receive and its notice has reached the sender: the notice is a message
 on the receiver's own connection back to the sender (the opposite channel of the same
@@ -573,8 +578,7 @@ class _Sim:
         own leave no faster than the acknowledgements of the bits a window before them
         come back: none of them ends before the last of those returns (`_Flow.clocked_left`:
         its rate is capped so, where that binds). Its bits beyond a window of its own follow
-        its own acknowledgements, at its channel's rate (the stream's measured rate, which
-        is window-limited already). Returns (first bits leave, cap)."""
+        its own acknowledgements (`_next_phase`). Returns (first bits leave, cap)."""
         rtt = 2 * flow.path.latency_s
         x = sent.bits
         room = min(flow.bits, max(0.0, sent.left_by(t - rtt) + window - x))

@@ -60,7 +60,7 @@ import math
 import random
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Literal, NamedTuple
 
 from testbed_core.schedules import Op, Schedule
 
@@ -261,6 +261,16 @@ class SimResult:
         raise KeyError(str(key))
 
 
+class _Clock(NamedTuple):
+    """Where an ACK-clocked transfer stands against its stream's window (`_Sim._clock`)."""
+
+    before: float  # bits of its channel that left before it
+    room: float  # its bits the window had room for at once
+    window: float  # the stream's window, bits
+    rtt: float
+    last: float  # when its window's last bit may leave: the bit a window before acknowledged
+
+
 @dataclass
 class _Flow:
     key: TransferKey
@@ -275,10 +285,7 @@ class _Flow:
     cap: float = INF  # it started on a busy link: at most that link's sustained rate (Resource.busy_bps)
     backlogged: bool = False  # handed over while the transfer before it on its channel was leaving
     unacked: bool = False  # handed over before the first window of the one before it was acknowledged
-    # an ACK-clocked stream held by its window (`_Sim._clock`): (bits of its channel that
-    # left before it, its bits its window had room for at once, the window, round trip,
-    # when its window's last bit may leave: the acknowledgement of the bit a window before)
-    clock: tuple[float, float, float, float, float] | None = None
+    clock: _Clock | None = None  # an ACK-clocked stream held by its window (`_Sim._clock`)
     # its phases: `pause_left` (its room sent, it waits for `resume`), then `clocked_left`
     # (its bits a window before were acknowledged at the pace they left: none beyond the
     # window's last before `clock`'s last, then its own pace); None: passed
@@ -586,7 +593,7 @@ class _Sim:
             return t, INF
         resume = max(t, sent.left_at(x + room + 1 - window) + rtt)  # its next bit's
         last = sent.left_at(min(x + flow.bits, x + window) - window) + rtt
-        flow.clock = (x, room, window, rtt, last)
+        flow.clock = _Clock(x, room, window, rtt, last)
         flow.resume = resume
         if room > 1e-6:
             flow.pause_left = flow.bits - room
@@ -600,7 +607,7 @@ class _Sim:
         that wait is over already); it marks where that phase ends (`_Flow.clocked_left`),
         where its bits beyond a window of its own begin (`_next_phase`)."""
         assert flow.clock is not None
-        _, room, window, _, last = flow.clock
+        room, window, last = flow.clock.room, flow.clock.window, flow.clock.last
         clocked = min(flow.bits, window) - room
         flow.clocked_left = flow.bits - min(flow.bits, window)
         if clocked <= 1e-6 or last <= at + 1e-12:
@@ -623,7 +630,7 @@ class _Sim:
             assert f.clock is not None
             f.clocked_at, f.clocked_left = t, None
             own = self.spec.resources[f.path.resources[0]].capacity_bps if f.path.resources else INF
-            f.cap = min(f.free_cap, max(f.clock[2] / f.clock[3], own))
+            f.cap = min(f.free_cap, max(f.clock.window / f.clock.rtt, own))
 
     def _record_departures(self, f: _Flow, sent: _Departures, t: float) -> None:
         """When `f`'s bits left (it ended at `t`), for the channel's next transfers' windows:
